@@ -1,0 +1,1 @@
+"""haze cloudflare adapter (see the serverless issue)."""

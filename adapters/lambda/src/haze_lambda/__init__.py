@@ -1,0 +1,1 @@
+"""haze lambda adapter (see the serverless issue)."""

@@ -1,0 +1,1 @@
+"""haze infra: Pulumi components (see the infra issue)."""

@@ -1,0 +1,444 @@
+"""Batches: dispatch many jobs, track them as one, and run callbacks exactly once.
+
+>>> # batch = await Queue.batch([import_csv.with_({"file": "a.csv"})]).name("import") \\
+>>> #     .then(notify.with_({"user": 1})).dispatch()
+
+State lives in ``batches.store`` (keys ``haze:batch:<id>…``, kept ``batches.ttl``):
+a record, atomic counters (total, pending, processed, failed) and once-markers.
+A job is counted once (a per-job marker guards against redelivery). The worker whose
+decrement brings ``pending`` to zero ``add()``s the finished marker; only the worker
+whose ``add`` succeeds runs ``then``/``finally``, so they run once among any number
+of workers. ``catch`` runs once, guarded the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ._blocking import blocking_method
+from .errors import BatchFinishedError
+from .jobs import JobDefinition, PendingDispatch
+from .message import Message, new_id
+
+if TYPE_CHECKING:
+    from .manager import QueueManager
+    from .stores import Store
+
+__all__ = ["Batch", "PendingBatch"]
+
+_CALLBACKS = ("then", "catch", "finally", "progress", "failure")
+
+
+def _key(batch_id: str, part: str = "") -> str:
+    return f"haze:batch:{batch_id}{':' + part if part else ''}"
+
+
+def _as_item(item: object, where: str) -> PendingDispatch[Any] | list[PendingDispatch[Any]]:
+    if isinstance(item, PendingDispatch):
+        return item
+    if isinstance(item, JobDefinition):
+        return PendingDispatch(item, None)
+    if isinstance(item, (list, tuple)):
+        if not item:
+            raise ValueError(f"{where}: a chain inside a batch needs at least one job")
+        out: list[PendingDispatch[Any]] = []
+        for i, x in enumerate(item):
+            p = _as_item(x, f"{where}[{i}]")
+            if isinstance(p, list):
+                raise ValueError(f"{where}[{i}]: chains cannot nest inside a chain in a batch")
+            out.append(p)
+        return out
+    raise TypeError(f"{where}: expected job.with_(payload), a job or a list (a chain), got {item!r}")
+
+
+@dataclass
+class Batch:
+    """A snapshot of a batch's state; ``await fresh()`` reads it again."""
+
+    id: str
+    name: str | None = None
+    total: int = 0
+    pending: int = 0
+    processed: int = 0
+    failed: int = 0
+    finished_at: float | None = None
+    cancelled_at: float | None = None
+    created_at: float = 0.0
+    failed_job_ids: list[str] = field(default_factory=list)
+    allows_failures: bool = False
+    options: dict[str, Any] = field(default_factory=dict, repr=False)
+    jobs: list[Any] = field(default_factory=list, repr=False)
+
+    @property
+    def progress(self) -> int:
+        """Percent of jobs that have ended (0-100, rounded down)."""
+        if self.total <= 0:
+            return 100 if self.finished else 0
+        return min(100, (self.total - self.pending) * 100 // self.total)
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_at is not None
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancelled_at is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready state (for APIs and dashboards)."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "total": self.total,
+            "pending": self.pending,
+            "processed": self.processed,
+            "failed": self.failed,
+            "progress": self.progress,
+            "finished": self.finished,
+            "finished_at": self.finished_at,
+            "cancelled": self.cancelled,
+            "cancelled_at": self.cancelled_at,
+            "created_at": self.created_at,
+            "failed_job_ids": list(self.failed_job_ids),
+        }
+
+    async def fresh(self) -> Batch:
+        """Read the batch again from the store."""
+        from .app import use_app
+
+        manager = use_app().manager
+        b = await find(manager, self.id)
+        return b if b is not None else self
+
+    async def cancel(self) -> None:
+        """Cancel: jobs that have not started are skipped (counted as processed)."""
+        from .app import use_app
+
+        store = _store(use_app().manager)
+        await store.add(_key(self.id, "cancelled"), time.time(), self.options.get("ttl"))
+        if self.cancelled_at is None:
+            self.cancelled_at = time.time()
+
+    async def add(self, jobs: Sequence[Any]) -> Batch:
+        """Add jobs to the batch; raises ``BatchFinishedError`` once it has finished."""
+        from .app import use_app
+
+        manager = use_app().manager
+        store = _store(manager)
+        items = [_as_item(j, f"Batch.add[{i}]") for i, j in enumerate(jobs)]
+        if await store.get(_key(self.id, "finished")) is not None:
+            raise BatchFinishedError(
+                f'batch "{self.id}" has finished; start a new batch instead of adding jobs'
+            )
+        n = sum(len(i) if isinstance(i, list) else 1 for i in items)
+        ttl = self.options.get("ttl")
+        await store.increment(_key(self.id, "total"), n, ttl)
+        await store.increment(_key(self.id, "pending"), n, ttl)
+        await _dispatch_items(manager, self.id, items, self.options)
+        return await self.fresh()
+
+    fresh_blocking = blocking_method(fresh)
+    cancel_blocking = blocking_method(cancel)
+    add_blocking = blocking_method(add)
+
+
+def _store(manager: QueueManager) -> Store:
+    from . import testing
+
+    fake = testing._active_fake
+    if fake is not None:
+        return fake.store
+    return manager.app.batch_store
+
+
+class PendingBatch:
+    """Built by ``Queue.batch([...])``; ``await .dispatch()`` returns the ``Batch``."""
+
+    def __init__(self, jobs: Sequence[Any]) -> None:
+        if not isinstance(jobs, (list, tuple)):
+            raise ValueError(f"Queue.batch: expected a list of jobs, got {jobs!r}")
+        self.jobs = [_as_item(j, f"Queue.batch[{i}]") for i, j in enumerate(jobs)]
+        self._name: str | None = None
+        self._allow_failures = False
+        self._callbacks: dict[str, list[Any]] = {k: [] for k in _CALLBACKS}
+        self._connection: str | None = None
+        self._queue: str | None = None
+
+    @property
+    def batch_name(self) -> str | None:
+        return self._name
+
+    def name(self, name: str) -> PendingBatch:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"batch.name: expected a non-empty string, got {name!r}")
+        self._name = name
+        return self
+
+    def allow_failures(self, callback: Any = None) -> PendingBatch:
+        """Keep running after failures; ``callback(batch, error)`` runs for each one."""
+        self._allow_failures = True
+        if callback is not None:
+            self._add("failure", callback, "batch.allow_failures")
+        return self
+
+    def _add(self, kind: str, cb: Any, where: str) -> PendingBatch:
+        if not (callable(cb) or isinstance(cb, (PendingDispatch, JobDefinition))):
+            raise ValueError(f"{where}: expected a job reference or a function, got {cb!r}")
+        self._callbacks[kind].append(cb)
+        return self
+
+    def then(self, callback: Any) -> PendingBatch:
+        """Once, when every job finished with no failure and the batch was not cancelled."""
+        return self._add("then", callback, "batch.then")
+
+    def catch(self, callback: Any) -> PendingBatch:
+        """Once, on the first failure: ``callback(batch, error)`` or a job reference."""
+        return self._add("catch", callback, "batch.catch")
+
+    def finally_(self, callback: Any) -> PendingBatch:
+        """Once, when every job has finished, whatever the outcome."""
+        return self._add("finally", callback, "batch.finally_")
+
+    def progress(self, callback: Any) -> PendingBatch:
+        """After each job that completes successfully: ``callback(batch)``."""
+        return self._add("progress", callback, "batch.progress")
+
+    def on_connection(self, connection: str) -> PendingBatch:
+        self._connection = connection
+        return self
+
+    def on_queue(self, queue: str) -> PendingBatch:
+        self._queue = queue
+        return self
+
+    def to_spec(self, manager: QueueManager, connection: str | None = None) -> dict[str, Any]:
+        """The JSON description of this batch (also how a batch travels inside a chain)."""
+        conn = manager.app.connection_name(self._connection or connection)
+        jobs: list[Any] = []
+        for item in self.jobs:
+            if isinstance(item, list):
+                jobs.append({"chain": [p.to_link() for p in item]})
+            else:
+                jobs.append(item.to_link())
+        return {
+            "name": self._name,
+            "jobs": jobs,
+            "connection": conn,
+            "queue": self._queue,
+            "allow_failures": self._allow_failures,
+            "callbacks": {
+                k: [manager.callback_ref(cb, conn, f"batch.{k}") for cb in v]
+                for k, v in self._callbacks.items()
+                if v
+            },
+        }
+
+    async def dispatch(self) -> Batch:
+        from . import testing
+        from .app import use_app
+
+        manager = use_app().manager
+        spec = self.to_spec(manager)
+        fake = testing._active_fake
+        if fake is not None:
+            return fake.record_batch(self, spec)
+        return await dispatch_spec(manager, spec)
+
+    dispatch_blocking = blocking_method(dispatch)
+
+
+async def dispatch_spec(
+    manager: QueueManager, spec: dict[str, Any], chain: dict[str, Any] | None = None
+) -> Batch:
+    from .manager import link_to_pending
+
+    store = _store(manager)
+    ttl = manager.app.queue_config.batches_ttl
+    if not getattr(store, "atomic", True):
+        manager._check_lock_store(store, manager.app.driver(spec["connection"]), "batches")
+    batch_id = new_id()
+    now = time.time()
+    items: list[PendingDispatch[Any] | list[PendingDispatch[Any]]] = []
+    for j in spec["jobs"]:
+        if "chain" in j:
+            items.append([link_to_pending(x) for x in j["chain"]])
+        else:
+            items.append(link_to_pending(j))
+    total = sum(len(i) if isinstance(i, list) else 1 for i in items)
+    options = {
+        "connection": spec["connection"],
+        "queue": spec.get("queue"),
+        "allow_failures": bool(spec.get("allow_failures")),
+        "ttl": ttl,
+    }
+    record = {
+        "id": batch_id,
+        "name": spec.get("name"),
+        "created_at": now,
+        "options": options,
+        "callbacks": spec.get("callbacks") or {},
+        "chain": chain,
+    }
+    await store.put(_key(batch_id), record, ttl)
+    await store.put(_key(batch_id, "total"), total, ttl)
+    await store.put(_key(batch_id, "pending"), total, ttl)
+    await _dispatch_items(manager, batch_id, items, options)
+    if total == 0:
+        await _finish(manager, batch_id, store)
+    b = await find(manager, batch_id)
+    assert b is not None
+    return b
+
+
+async def _dispatch_items(
+    manager: QueueManager,
+    batch_id: str,
+    items: Sequence[PendingDispatch[Any] | list[PendingDispatch[Any]]],
+    options: dict[str, Any],
+) -> None:
+    from .chains import start_links
+
+    conn, queue = options.get("connection"), options.get("queue")
+    for item in items:
+        if isinstance(item, list):
+            links = []
+            for p in item:
+                link = p.to_link()
+                if queue and "queue" not in link:
+                    link["queue"] = queue
+                if conn and "connection" not in link:
+                    link["connection"] = conn
+                links.append(link)
+            await start_links(manager, links, new_id(), None, batch_id=batch_id)
+        else:
+            await manager.dispatch(item, queue=queue, connection=conn, batch_id=batch_id)
+
+
+async def find(manager: QueueManager, batch_id: str) -> Batch | None:
+    """Read a batch from the store (None when unknown or expired)."""
+    store = _store(manager)
+    names = ("", "total", "pending", "processed", "failed", "finished", "cancelled")
+    values = await store.get_many([_key(batch_id, n) for n in names])
+    record, total, pending, processed, failed, finished, cancelled = values
+    if record is None:
+        return None
+    n_failed = int(failed or 0)
+    ids: list[str] = []
+    if n_failed:
+        got = await store.get_many([_key(batch_id, f"failed:{i}") for i in range(1, n_failed + 1)])
+        ids = [str(x) for x in got if x is not None]
+    options = dict(record.get("options") or {})
+    return Batch(
+        id=batch_id,
+        name=record.get("name"),
+        total=int(total or 0),
+        pending=max(0, int(pending or 0)),
+        processed=int(processed or 0),
+        failed=n_failed,
+        finished_at=None if finished is None else float(finished),
+        cancelled_at=None if cancelled is None else float(cancelled),
+        created_at=float(record.get("created_at") or 0.0),
+        failed_job_ids=ids,
+        allows_failures=bool(options.get("allow_failures")),
+        options=options,
+    )
+
+
+async def load_for_job(manager: QueueManager, batch_id: str) -> Batch | None:
+    return await find(manager, batch_id)
+
+
+async def settle(
+    manager: QueueManager, message: Message, outcome: str, error: BaseException | None
+) -> None:
+    """Count one job of a batch as done, skipped or failed, then run due callbacks."""
+    store = _store(manager)
+    batch_id = message.batch_id
+    assert batch_id is not None
+    record = await store.get(_key(batch_id))
+    if record is None:
+        return  # expired or unknown batch: nothing to count
+    ttl = record["options"].get("ttl")
+    if not await store.add(_key(batch_id, f"done:{message.id}"), 1, ttl):
+        return  # a redelivered job is counted once
+    callbacks = record.get("callbacks") or {}
+    if outcome == "failed":
+        n = await store.increment(_key(batch_id, "failed"), 1, ttl)
+        await store.put(_key(batch_id, f"failed:{n}"), message.id, ttl)
+        if not record["options"].get("allow_failures"):
+            await store.add(_key(batch_id, "cancelled"), time.time(), ttl)
+        if callbacks.get("failure"):
+            await _run(manager, record, callbacks["failure"], error)
+        if callbacks.get("catch") and await store.add(_key(batch_id, "catch"), 1, ttl):
+            await _run(manager, record, callbacks["catch"], error)
+    else:
+        await store.increment(_key(batch_id, "processed"), 1, ttl)
+    pending = await store.increment(_key(batch_id, "pending"), -1, ttl)
+    if outcome == "done" and callbacks.get("progress"):
+        await _run(manager, record, callbacks["progress"], None)
+    if pending <= 0:
+        await _finish(manager, batch_id, store)
+
+
+async def skip_links(manager: QueueManager, batch_id: str, n: int) -> None:
+    """Links of a failed chain inside a batch will never run: count them as skipped."""
+    store = _store(manager)
+    record = await store.get(_key(batch_id))
+    if record is None or n <= 0:
+        return
+    ttl = record["options"].get("ttl")
+    await store.increment(_key(batch_id, "processed"), n, ttl)
+    pending = await store.increment(_key(batch_id, "pending"), -n, ttl)
+    if pending <= 0:
+        await _finish(manager, batch_id, store)
+
+
+async def _finish(manager: QueueManager, batch_id: str, store: Store) -> None:
+    record = await store.get(_key(batch_id))
+    if record is None:
+        return
+    ttl = record["options"].get("ttl")
+    if not await store.add(_key(batch_id, "finished"), time.time(), ttl):
+        return  # another worker finished it
+    batch = await find(manager, batch_id)
+    assert batch is not None
+    callbacks = record.get("callbacks") or {}
+    ok = batch.failed == 0 and not batch.cancelled
+    if ok and callbacks.get("then"):
+        await _run(manager, record, callbacks["then"], None, batch)
+    if callbacks.get("finally"):
+        await _run(manager, record, callbacks["finally"], None, batch)
+    chain = record.get("chain")
+    if chain:
+        from .chains import start_links
+
+        if not batch.cancelled and (ok or batch.allows_failures):
+            if chain.get("links"):
+                await start_links(manager, chain["links"], chain["chain_id"], chain.get("catch"),
+                                  batch_id=None)
+        else:
+            from .errors import HazeError
+
+            err = HazeError(f'batch "{batch_id}" in chain {chain["chain_id"]} failed')
+            for ref in chain.get("catch") or []:
+                await manager.run_callback(ref, (err,), connection=record["options"]["connection"])
+
+
+async def _run(
+    manager: QueueManager,
+    record: dict[str, Any],
+    refs: list[dict[str, Any]],
+    error: BaseException | None,
+    batch: Batch | None = None,
+) -> None:
+    if batch is None:
+        batch = await find(manager, record["id"])
+    args: tuple[Any, ...] = (batch,) if error is None else (batch, error)
+    for ref in refs:
+        await manager.run_callback(ref, args, connection=record["options"]["connection"])
+
+
+_unused: Callable[..., Any] | None = None

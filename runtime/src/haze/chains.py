@@ -1,0 +1,174 @@
+"""Chains: run jobs one after another; the rest of the chain travels in each message.
+
+>>> # await Queue.chain([process_video.with_({"id": 1}), publish.with_({"id": 1})]) \\
+>>> #     .on_queue("media").catch(cleanup.with_({"id": 1})).dispatch()
+
+A link is ``{"job", "payload", "queue"?, "connection"?, "delay"?}`` or, for a batch
+inside a chain, ``{"batch": {...}}``. Any worker that finishes a link dispatches the
+next one, so chains work on every driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._blocking import blocking_method
+from .durations import Duration, parse_duration
+from .jobs import DispatchResult, JobDefinition, PendingDispatch
+from .message import Message, new_id
+
+if TYPE_CHECKING:
+    from .batches import PendingBatch
+    from .context import JobContext
+    from .manager import QueueManager
+
+__all__ = ["PendingChain"]
+
+ChainItem = "PendingDispatch[Any] | JobDefinition[Any] | PendingBatch"
+
+
+def _as_pending(item: object, where: str) -> PendingDispatch[Any] | PendingBatch:
+    from .batches import PendingBatch
+
+    if isinstance(item, (PendingDispatch, PendingBatch)):
+        return item
+    if isinstance(item, JobDefinition):
+        return PendingDispatch(item, None)
+    raise TypeError(f"{where}: expected job.with_(payload), a job or a Queue.batch(...), got {item!r}")
+
+
+class PendingChain:
+    """Built by ``Queue.chain([...])``; ``await .dispatch()`` queues the first link."""
+
+    def __init__(self, jobs: Sequence[Any]) -> None:
+        if not isinstance(jobs, (list, tuple)) or not jobs:
+            raise ValueError("Queue.chain: expected a non-empty list of jobs")
+        self.jobs = [_as_pending(j, f"Queue.chain[{i}]") for i, j in enumerate(jobs)]
+        self._connection: str | None = None
+        self._queue: str | None = None
+        self._delay: float | None = None
+        self._catch: list[Any] = []
+
+    def on_connection(self, connection: str) -> PendingChain:
+        self._connection = connection
+        return self
+
+    def on_queue(self, queue: str) -> PendingChain:
+        self._queue = queue
+        return self
+
+    def delay(self, delay: Duration) -> PendingChain:
+        """Delay the first link."""
+        self._delay = parse_duration(delay, "chain delay")
+        return self
+
+    def catch(self, callback: Any) -> PendingChain:
+        """On a link's final failure: dispatch this job reference or call ``fn(error)``."""
+        if not (callable(callback) or isinstance(callback, (PendingDispatch, JobDefinition))):
+            raise ValueError(f"chain.catch: expected a job reference or a function, got {callback!r}")
+        self._catch.append(callback)
+        return self
+
+    def links(self, manager: QueueManager, connection: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for item in self.jobs:
+            out.append(link_of(manager, item, self._queue, self._connection, connection))
+        return out
+
+    async def dispatch(self) -> DispatchResult:
+        from .app import use_app
+
+        manager = use_app().manager
+        first = self.jobs[0]
+        connection = manager.app.connection_name(
+            (first._connection if isinstance(first, PendingDispatch) else None)
+            or self._connection
+            or (first.job.connection if isinstance(first, PendingDispatch) else None)
+        )
+        chain_id = new_id()
+        catch = [manager.callback_ref(c, connection, "chain.catch") for c in self._catch]
+        links = self.links(manager, connection)
+        if self._delay and "job" in links[0]:
+            links[0]["delay"] = links[0].get("delay") or self._delay
+        from . import testing
+
+        fake = testing._active_fake
+        if fake is not None:
+            fake.record_chain(self, links, chain_id)
+        result = await start_links(manager, links, chain_id, catch or None, batch_id=None)
+        return DispatchResult(result.id, result.skipped, result.deferred, chain_id)
+
+    dispatch_blocking = blocking_method(dispatch)
+
+
+def link_of(
+    manager: QueueManager,
+    item: PendingDispatch[Any] | PendingBatch,
+    queue: str | None,
+    connection: str | None,
+    default_connection: str,
+) -> dict[str, Any]:
+    from .batches import PendingBatch
+
+    if isinstance(item, PendingBatch):
+        return {"batch": item.to_spec(manager, connection or default_connection)}
+    link = item.to_link()
+    if queue is not None and "queue" not in link:
+        link["queue"] = queue
+    if connection is not None and "connection" not in link:
+        link["connection"] = connection
+    return link
+
+
+async def start_links(
+    manager: QueueManager,
+    links: list[dict[str, Any]],
+    chain_id: str,
+    catch: list[dict[str, Any]] | None,
+    *,
+    batch_id: str | None,
+    attempts: int = 0,
+) -> DispatchResult:
+    """Dispatch ``links[0]`` carrying the rest of the chain."""
+    from .manager import link_to_pending
+
+    head, rest = links[0], links[1:]
+    if "batch" in head:
+        from .batches import dispatch_spec
+
+        batch = await dispatch_spec(
+            manager, head["batch"], chain={"links": rest, "chain_id": chain_id, "catch": catch}
+        )
+        return DispatchResult(batch.id, chain_id=chain_id)
+    pending = link_to_pending(head)
+    return await manager.dispatch(
+        pending,
+        chain=rest or None,
+        chain_id=chain_id,
+        chain_catch=catch,
+        batch_id=batch_id,
+    )
+
+
+async def dispatch_next_link(manager: QueueManager, message: Message, ctx: JobContext) -> None:
+    rest = list(message.chain or [])
+    connection = message.connection or manager.app.queue_config.default
+    if ctx._chain_prepended:
+        rest = [link_of(manager, p, None, None, connection) for p in ctx._chain_prepended] + rest
+    if ctx._chain_appended:
+        rest = rest + [link_of(manager, p, None, None, connection) for p in ctx._chain_appended]
+    if not rest:
+        return
+    chain_id = message.chain_id or new_id()
+    await start_links(manager, rest, chain_id, message.chain_catch, batch_id=message.batch_id)
+
+
+async def chain_failed(manager: QueueManager, message: Message, error: BaseException) -> None:
+    """A link failed for good: drop the rest, run the chain's catch callbacks once."""
+    if message.batch_id is not None and message.chain:
+        from .batches import skip_links
+
+        await skip_links(manager, message.batch_id, len(message.chain))
+    for ref in message.chain_catch or []:
+        await manager.run_callback(ref, (error,), connection=message.connection)

@@ -1,0 +1,131 @@
+"""The ``Driver`` protocol: the nine calls every queue backend implements.
+
+Everything else (retries, backoff, chains, batches, unique locks, middleware,
+callbacks) lives in the queue manager above this line, once, for every driver.
+
+One message's life through a driver::
+
+    enqueue / enqueue_many  →  reserve  →  (manager runs the job)
+                                        →  ack            success (or skipped)
+                                        →  release        retry (consume_attempt=True)
+                                                          or job.release() (False)
+                                        →  fail           final failure: into failed jobs
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from ..message import Message
+
+__all__ = ["Driver", "FailedJob", "FailedJobStore", "Reserved"]
+
+
+@dataclass(slots=True)
+class Reserved:
+    """A message a worker has claimed.
+
+    ``attempt`` is the 1-based attempt number of this run (crash restarts count).
+    ``message`` is None when the body could not be decoded; ``error`` then says why.
+    ``token`` is private to the driver (row id + reserved_at, a BullMQ lock, a receipt).
+    """
+
+    message: Message | None
+    attempt: int
+    body: str
+    queue: str
+    token: Any = None
+    error: BaseException | None = None
+
+
+@dataclass
+class FailedJob:
+    """One job that used all its tries (``Queue.failed()``, ``haze queue:failed``)."""
+
+    id: str
+    name: str
+    connection: str
+    queue: str
+    payload: Any
+    exception: str
+    failed_at: float
+    chain_id: str | None = None
+    batch_id: str | None = None
+    body: str = field(default="", repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "id": self.id,
+            "name": self.name,
+            "connection": self.connection,
+            "queue": self.queue,
+            "payload": self.payload,
+            "exception": self.exception,
+            "failed_at": self.failed_at,
+        }
+        if self.chain_id:
+            d["chain_id"] = self.chain_id
+        if self.batch_id:
+            d["batch_id"] = self.batch_id
+        return d
+
+
+@runtime_checkable
+class FailedJobStore(Protocol):
+    """Where final failures are kept for inspection and retry."""
+
+    async def record(self, job: FailedJob) -> None: ...
+    async def list(self, queue: str | None = None) -> list[FailedJob]: ...
+    async def find(self, id: str) -> FailedJob | None: ...
+    async def forget(self, id: str) -> bool: ...
+    async def flush(self, older_than: float | None = None) -> int:
+        """Delete failed jobs (only those older than ``older_than`` seconds when given)."""
+
+
+@runtime_checkable
+class Driver(Protocol):
+    """A queue backend. Methods never run job code; the manager does."""
+
+    name: str
+    #: Messages are consumed by other processes (redis, database, sqs, cloudflare).
+    remote: bool
+    #: The dispatching process also runs the jobs, so plain-function callbacks work.
+    local_callbacks: bool
+    #: Runs the job inside dispatch() (sync): the manager executes it inline.
+    inline: bool
+    #: Largest JSON body in bytes, None = no limit.
+    max_message_size: int | None
+    failed: FailedJobStore
+
+    async def enqueue(self, body: str, message: Message, delay: float) -> None:
+        """Queue one message, available after ``delay`` seconds."""
+
+    async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
+        """Queue several messages with the backend's batch primitive."""
+
+    async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
+        """Claim the next available message, queues in priority order; wait up to ``wait``s."""
+
+    async def ack(self, job: Reserved) -> None:
+        """The job is done: remove it."""
+
+    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:
+        """Put the job back, available after ``delay``.
+
+        ``consume_attempt`` is True for a retry and False for ``job.release()``, which
+        must not count as an attempt.
+        """
+
+    async def fail(self, job: Reserved, failed: FailedJob) -> None:
+        """Final failure: remove the job and keep it in ``failed``."""
+
+    async def size(self, queue: str) -> int:
+        """Messages waiting (ready and delayed) on ``queue``."""
+
+    async def purge(self, queue: str) -> int:
+        """Delete waiting messages on ``queue``; returns how many."""
+
+    async def close(self) -> None:
+        """Release connections; called when the app stops."""

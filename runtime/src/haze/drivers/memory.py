@@ -1,0 +1,258 @@
+"""The ``memory`` driver: an in-process queue with timers for delays and backoff.
+
+Consumed by the same process (``concurrency`` consumers, default 1); everything it
+holds is lost when the process exits. Runs under Pyodide: no threads, only the
+event loop's timers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from ..message import Message, decode
+from .base import FailedJob, Reserved
+
+__all__ = ["MemoryDriver", "MemoryFailedJobs"]
+
+_monotonic = time.monotonic
+
+
+class MemoryFailedJobs:
+    """Failed jobs kept in a dict, newest last."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, FailedJob] = {}
+
+    async def record(self, job: FailedJob) -> None:
+        self._jobs.pop(job.id, None)
+        self._jobs[job.id] = job
+
+    async def list(self, queue: str | None = None) -> list[FailedJob]:
+        return [j for j in self._jobs.values() if queue is None or j.queue == queue]
+
+    async def find(self, id: str) -> FailedJob | None:
+        return self._jobs.get(id)
+
+    async def forget(self, id: str) -> bool:
+        return self._jobs.pop(id, None) is not None
+
+    async def flush(self, older_than: float | None = None) -> int:
+        if older_than is None:
+            n = len(self._jobs)
+            self._jobs.clear()
+            return n
+        cutoff = time.time() - older_than
+        old = [k for k, j in self._jobs.items() if j.failed_at < cutoff]
+        for k in old:
+            del self._jobs[k]
+        return len(old)
+
+
+class MemoryDriver:
+    """In-process queues. ``queues`` (optional) sets the priority order of the consumers."""
+
+    remote = False
+    local_callbacks = True
+    inline = False
+
+    def __init__(self, name: str, options: dict[str, Any], app: Any = None):
+        self.name = name
+        self.options = options
+        self.max_message_size: int | None = options.get("max_message_size")
+        self.concurrency: int = options.get("concurrency") or 1
+        self.priority: list[str] = list(options.get("queues") or [])
+        self.failed = MemoryFailedJobs()
+        # queue name -> deque of (body, attempts already used)
+        self._ready: dict[str, deque[tuple[str, int]]] = {}
+        self._ready_count = 0
+        self._delayed: list[tuple[float, int, str, str, int]] = []
+        self._seq = itertools.count()
+        self._running = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._idle_waiters: list[asyncio.Future[None]] = []
+
+    # -------------------------------------------------------------- loop binding
+
+    def _bind(self) -> asyncio.Event:
+        """Bind timers and the wake-up event to the running loop (tests switch loops)."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop or self._wakeup is None:
+            self._loop = loop
+            self._wakeup = asyncio.Event()
+            self._timer = None
+            self._idle_waiters = []
+            # Messages reserved on a dead loop will never be settled.
+            self._running = 0
+            if self._delayed:
+                self._arm_timer()
+        return self._wakeup
+
+    # -------------------------------------------------------------- producer side
+
+    async def enqueue(self, body: str, message: Message, delay: float) -> None:
+        self._push(message.queue, body, message.attempts, delay)
+
+    async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
+        for body, message, delay in items:
+            self._push(message.queue, body, message.attempts, delay)
+
+    def _push(self, queue: str, body: str, used: int, delay: float) -> None:
+        wakeup = self._bind()
+        if delay > 0:
+            heapq.heappush(self._delayed, (_monotonic() + delay, next(self._seq), queue, body, used))
+            self._arm_timer()
+            return
+        q = self._ready.get(queue)
+        if q is None:
+            q = self._ready[queue] = deque()
+        q.append((body, used))
+        self._ready_count += 1
+        if not wakeup.is_set():
+            wakeup.set()
+
+    def _arm_timer(self) -> None:
+        if not self._delayed or self._loop is None:
+            return
+        due = self._delayed[0][0]
+        if self._timer is not None:
+            if self._timer_at <= due:
+                return
+            self._timer.cancel()
+        self._timer_at = due
+        self._timer = self._loop.call_at(
+            self._loop.time() + max(0.0, due - _monotonic()), self._promote
+        )
+
+    def _promote(self) -> None:
+        self._timer = None
+        now = _monotonic()
+        moved = False
+        while self._delayed and self._delayed[0][0] <= now:
+            _, _, queue, body, used = heapq.heappop(self._delayed)
+            q = self._ready.get(queue)
+            if q is None:
+                q = self._ready[queue] = deque()
+            q.append((body, used))
+            self._ready_count += 1
+            moved = True
+        if moved and self._wakeup is not None:
+            self._wakeup.set()
+        self._arm_timer()
+
+    # -------------------------------------------------------------- consumer side
+
+    def _order(self, queues: Sequence[str] | None) -> Sequence[str]:
+        if queues:
+            return queues
+        if not self.priority:
+            return list(self._ready)
+        rest = [q for q in self._ready if q not in self.priority]
+        return [*self.priority, *rest]
+
+    def reserve_nowait(self, queues: Sequence[str] | None = None) -> Reserved | None:
+        if not self._ready_count:
+            return None
+        for name in self._order(queues):
+            q = self._ready.get(name)
+            if q:
+                body, used = q.popleft()
+                self._ready_count -= 1
+                self._running += 1
+                try:
+                    message: Message | None = decode(body)
+                    error: BaseException | None = None
+                except Exception as e:
+                    message, error = None, e
+                return Reserved(message, used + 1, body, name, None, error)
+        return None
+
+    async def reserve(self, queues: Sequence[str] | None, wait: float) -> Reserved | None:
+        got = self.reserve_nowait(queues)
+        if got is not None or wait <= 0:
+            return got
+        wakeup = self._bind()
+        wakeup.clear()
+        try:
+            await asyncio.wait_for(wakeup.wait(), wait)
+        except asyncio.TimeoutError:
+            return None
+        return self.reserve_nowait(queues)
+
+    def _settled(self) -> None:
+        self._running -= 1
+        if self._running <= 0:
+            self._running = 0
+            if self._idle_waiters and self.pending() == 0:
+                self._wake_idle()
+
+    async def ack(self, job: Reserved) -> None:
+        self._settled()
+
+    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:
+        used = job.attempt if consume_attempt else job.attempt - 1
+        self._push(job.queue, job.body, used, delay)
+        self._settled()
+
+    async def fail(self, job: Reserved, failed: FailedJob) -> None:
+        await self.failed.record(failed)
+        self._settled()
+
+    # -------------------------------------------------------------- inspection
+
+    async def size(self, queue: str) -> int:
+        q = self._ready.get(queue)
+        return (len(q) if q else 0) + sum(1 for d in self._delayed if d[2] == queue)
+
+    async def purge(self, queue: str) -> int:
+        q = self._ready.pop(queue, None)
+        n = len(q) if q else 0
+        self._ready_count -= n
+        before = len(self._delayed)
+        self._delayed = [d for d in self._delayed if d[2] != queue]
+        heapq.heapify(self._delayed)
+        n += before - len(self._delayed)
+        if self._idle_waiters and self.pending() == 0:
+            self._wake_idle()
+        return n
+
+    def pending(self) -> int:
+        """Queued + delayed + running: what ``Queue.idle()`` waits for."""
+        return self._ready_count + len(self._delayed) + self._running
+
+    def waiting(self) -> int:
+        """Queued + delayed (what is lost if the process exits now)."""
+        return self._ready_count + len(self._delayed)
+
+    async def wait_idle(self) -> None:
+        self._bind()
+        if self.pending() == 0:
+            return
+        assert self._loop is not None
+        fut: asyncio.Future[None] = self._loop.create_future()
+        self._idle_waiters.append(fut)
+        await fut
+
+    def _wake_idle(self) -> None:
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    def check_idle(self) -> None:
+        """Called by consumers after they stop: wake idle() waiters if nothing is left."""
+        if self._idle_waiters and self.pending() == 0:
+            self._wake_idle()
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

@@ -1,0 +1,72 @@
+"""The ``sync`` driver: the job runs inside ``dispatch()``, in the caller's context.
+
+No queue at all: delays are ignored, there are no retries, ``job.release()`` drops
+the job with a warning, a failure calls ``failed()`` and is raised to the caller,
+and nothing is stored (``queue:failed`` is always empty; ``queue:work`` refuses it).
+The manager sees ``inline = True`` and runs the pipeline itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..message import Message
+from .base import FailedJob, Reserved
+
+__all__ = ["SyncDriver"]
+
+
+class _NoFailedJobs:
+    async def record(self, job: FailedJob) -> None:
+        return None
+
+    async def list(self, queue: str | None = None) -> list[FailedJob]:
+        return []
+
+    async def find(self, id: str) -> FailedJob | None:
+        return None
+
+    async def forget(self, id: str) -> bool:
+        return False
+
+    async def flush(self, older_than: float | None = None) -> int:
+        return 0
+
+
+class SyncDriver:
+    remote = False
+    local_callbacks = True
+    inline = True
+
+    def __init__(self, name: str, options: dict[str, Any], app: Any = None):
+        self.name = name
+        self.max_message_size: int | None = options.get("max_message_size")
+        self.failed = _NoFailedJobs()
+
+    async def enqueue(self, body: str, message: Message, delay: float) -> None:
+        raise AssertionError("the manager runs sync jobs inline")  # pragma: no cover
+
+    async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
+        raise AssertionError("the manager runs sync jobs inline")  # pragma: no cover
+
+    async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
+        return None
+
+    async def ack(self, job: Reserved) -> None:
+        return None
+
+    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:
+        return None
+
+    async def fail(self, job: Reserved, failed: FailedJob) -> None:
+        return None
+
+    async def size(self, queue: str) -> int:
+        return 0
+
+    async def purge(self, queue: str) -> int:
+        return 0
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,81 @@
+"""Durations and backoff: the one place that parses ``"30s"``, ``"5m"``, ``[10, 60]``.
+
+>>> parse_duration("90s", "timeout")
+90.0
+>>> backoff_delay([10, 60], 3)
+60.0
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Union
+
+__all__ = ["Backoff", "Duration", "backoff_delay", "parse_backoff", "parse_duration"]
+
+Duration = Union[int, float, str]
+Backoff = Union[int, float, str, Sequence[Union[int, float, str]]]
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
+
+
+def parse_duration(value: object, option: str, *, allow_zero: bool = True) -> float:
+    """Turn a number of seconds or a string like ``"500ms"``, ``"30s"``, ``"7d"`` into seconds.
+
+    ``option`` names what is being parsed, so the error says where the bad value is.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{option}: expected seconds or a duration like '30s', got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        m = _PATTERN.match(value)
+        if m is None:
+            try:
+                seconds = float(value.strip())
+            except ValueError:
+                raise ValueError(
+                    f"{option}: {value!r} is not a duration; use seconds (30, 1.5) or a string "
+                    "like '500ms', '30s', '5m', '1h', '1d', '7d'"
+                ) from None
+        else:
+            seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    else:
+        raise ValueError(
+            f"{option}: expected seconds or a duration like '30s', got {type(value).__name__} "
+            f"{value!r}"
+        )
+    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
+        raise ValueError(f"{option}: duration must be a finite number >= 0, got {value!r}")
+    if not allow_zero and seconds == 0:
+        raise ValueError(f"{option}: duration must be greater than 0, got {value!r}")
+    return seconds
+
+
+def parse_backoff(value: object, option: str = "backoff") -> float | tuple[float, ...] | str:
+    """Validate a backoff option once, at definition time.
+
+    Returns seconds, a tuple of seconds (indexed by retry number, last repeats) or
+    ``"exponential"``.
+    """
+    if value == "exponential":
+        return "exponential"
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError(f"{option}: a backoff list needs at least one entry")
+        return tuple(parse_duration(v, f"{option}[{i}]") for i, v in enumerate(value))
+    return parse_duration(value, option)
+
+
+def backoff_delay(backoff: float | tuple[float, ...] | str, retry: int) -> float:
+    """Seconds to wait before retry number ``retry`` (1 = the first retry, i.e. attempt 2)."""
+    if retry < 1:
+        retry = 1
+    if isinstance(backoff, str):  # "exponential": 2, 4, 8, ...
+        return float(2 ** min(retry, 40))
+    if isinstance(backoff, tuple):
+        return backoff[min(retry, len(backoff)) - 1]
+    return backoff

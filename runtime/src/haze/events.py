@@ -1,0 +1,65 @@
+"""Queue events (Laravel's ``Queue::before/after/failing/looping``, plus ``worker_idle``).
+
+>>> from haze import Queue
+>>> @Queue.on("failing")
+... def report(job, error): ...
+
+Listeners may be sync or async. A failing listener is logged and never breaks a job.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["EVENTS", "Events"]
+
+log = logging.getLogger("haze")
+
+#: event -> listener arguments
+EVENTS = {
+    "before": "(job: JobContext)",
+    "after": "(job: JobContext)",
+    "failing": "(job: JobContext, error: BaseException)",
+    "looping": "(connection: str, queues: list[str] | None)",
+    "worker_idle": "(connection: str, queues: list[str] | None)",
+    "queue_busy": "(connection: str, queue: str, size: int)",
+}
+
+
+class Events:
+    """Listener lists per event; an empty list costs nothing on the hot path."""
+
+    def __init__(self) -> None:
+        self.before: list[Callable[..., Any]] = []
+        self.after: list[Callable[..., Any]] = []
+        self.failing: list[Callable[..., Any]] = []
+        self.looping: list[Callable[..., Any]] = []
+        self.worker_idle: list[Callable[..., Any]] = []
+        self.queue_busy: list[Callable[..., Any]] = []
+
+    def on(self, event: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        if event not in EVENTS:
+            raise ValueError(f"unknown queue event {event!r}; events: {', '.join(EVENTS)}")
+        if not callable(fn):
+            raise TypeError(f"Queue.on({event!r}): expected a callable, got {fn!r}")
+        getattr(self, event).append(fn)
+        return fn
+
+    def off(self, event: str, fn: Callable[..., Any] | None = None) -> None:
+        listeners: list[Callable[..., Any]] = getattr(self, event)
+        if fn is None:
+            listeners.clear()
+        elif fn in listeners:
+            listeners.remove(fn)
+
+    async def emit(self, event: str, *args: Any) -> None:
+        for fn in list(getattr(self, event)):
+            try:
+                result = fn(*args)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("queue event listener %r for %r failed", fn, event)

@@ -1,0 +1,932 @@
+"""The queue manager: the dispatch path and the execution pipeline, once for every driver.
+
+Follow one message::
+
+    dispatch ─ build message ─ (after-commit? defer) ─ unique lock ─ driver.enqueue
+    worker ─ driver.reserve ─ process:
+        decode ─ unique(processing) ─ debounce ─ batch cancelled? ─ before
+        ─ middleware → handle (timeout) ─ settle:
+            success  → chain next ─ batch done ─ unique release ─ ack ─ after
+            release  → driver.release(consume_attempt=False)
+            retry    → driver.release(backoff, consume_attempt=True)
+            failure  → failed() ─ driver.fail ─ unique release ─ chain catch ─ batch failed
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import testing as _testing
+from .context import JobContext, _tenant, current_tenant
+from .durations import backoff_delay
+from .errors import (
+    ConfigError,
+    HazeError,
+    JobTimeoutError,
+    MaxExceptionsError,
+    MessageDecodeError,
+    PayloadTooLargeError,
+    RetryUntilExpiredError,
+    UnknownJobError,
+)
+from .events import Events
+from .jobs import DispatchResult, JobDefinition, PendingDispatch, get_job
+from .message import Message, encode, new_id
+from .transactions import current_transaction, wait_pending
+
+if TYPE_CHECKING:
+    from .app import App
+    from .drivers import Driver, FailedJob, Reserved
+    from .worker import Worker
+
+__all__ = ["QueueManager", "events"]
+
+log = logging.getLogger("haze")
+job_log = logging.getLogger("haze.job")
+
+#: Process-wide queue events (``Queue.on``): listeners registered at import time work
+#: for every app.
+events = Events()
+
+_EMSCRIPTEN = sys.platform == "emscripten"
+_DEBUG = logging.DEBUG
+_perf = time.perf_counter
+_time = time.time
+
+Pipeline = Callable[[Any, JobContext], Awaitable[Any]]
+
+
+class _Outcome:
+    SUCCESS = "done"
+    RELEASED = "released"
+    RETRY = "retry"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+class QueueManager:
+    """Dispatch and execution for one app. Chains, batches, unique locks, middleware,
+    retries and callbacks are implemented here and nowhere else."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.events = events
+        self._workers: dict[str, Worker] = {}
+        self._pipelines: dict[JobDefinition[Any], Pipeline] = {}
+        # Plain-function callbacks (sync/memory only): id -> callable.
+        self._local_callbacks: dict[str, Callable[..., Any]] = {}
+        self._warned_store = False
+
+    # ================================================================ dispatch path
+
+    def resolve(
+        self,
+        pending: PendingDispatch[Any],
+        *,
+        queue: str | None = None,
+        connection: str | None = None,
+    ) -> tuple[str, str]:
+        """Connection and queue by precedence: pending > chain/batch > define_job > config."""
+        job = pending.job
+        conn = self.app.connection_name(pending._connection or connection or job.connection)
+        q = pending._queue or queue or job.queue or "default"
+        return conn, q
+
+    def build(
+        self,
+        pending: PendingDispatch[Any],
+        connection: str,
+        queue: str,
+        *,
+        id: str | None = None,
+        chain: list[dict[str, Any]] | None = None,
+        chain_id: str | None = None,
+        chain_catch: list[dict[str, Any]] | None = None,
+        batch_id: str | None = None,
+        attempts: int = 0,
+        meta: dict[str, Any] | None = None,
+    ) -> Message:
+        job = pending.job
+        payload = job.to_wire(pending.payload)
+        if pending._group is not None:
+            meta = {**(meta or {}), "group": pending._group}
+        return Message(
+            id=id or new_id(),
+            job=job.name,
+            payload=payload,
+            queue=queue,
+            connection=connection,
+            ts=_time(),
+            attempts=attempts,
+            tenant=_tenant.get(),
+            chain=chain,
+            chain_id=chain_id,
+            chain_catch=chain_catch,
+            batch_id=batch_id,
+            meta=meta,
+        )
+
+    def encode(self, message: Message, driver: Driver, job: JobDefinition[Any]) -> str:
+        if job.encrypted:
+            from .crypto import encrypt_payload
+
+            encrypt_payload(self.app, message)
+        body = encode(message)
+        limit = driver.max_message_size
+        if limit is not None:
+            size = len(body.encode("utf-8"))
+            if size > limit:
+                raise PayloadTooLargeError(
+                    f'job "{job.name}": the message is {size} bytes, over the {limit}-byte limit '
+                    f'of connection "{driver.name}"; pass ids instead of data (nothing was '
+                    "enqueued)"
+                )
+        return body
+
+    async def dispatch(
+        self,
+        pending: PendingDispatch[Any],
+        *,
+        queue: str | None = None,
+        connection: str | None = None,
+        chain: list[dict[str, Any]] | None = None,
+        chain_id: str | None = None,
+        chain_catch: list[dict[str, Any]] | None = None,
+        batch_id: str | None = None,
+        attempts: int = 0,
+        id: str | None = None,
+        defer: bool = True,
+    ) -> DispatchResult:
+        """Queue one pending dispatch (the path under ``Job.dispatch`` and ``with_().dispatch``)."""
+        job = pending.job
+        conn, q = self.resolve(pending, queue=queue, connection=connection)
+        after_commit = pending._after_commit if pending._after_commit is not None else job.after_commit
+        message = self.build(
+            pending, conn, q, id=id, chain=chain, chain_id=chain_id, chain_catch=chain_catch,
+            batch_id=batch_id, attempts=attempts,
+        )
+        delay = pending._delay or 0.0
+        if defer and after_commit:
+            tx = current_transaction()
+            if tx is not None:
+                return self._defer(tx, message, job, delay)
+        return await self._send(message, job, delay)
+
+    def _defer(self, tx: Any, message: Message, job: JobDefinition[Any], delay: float) -> DispatchResult:
+        async def later() -> None:
+            try:
+                await self._send(message, job, delay)
+            except Exception:
+                log.exception('after-commit dispatch of job "%s" (%s) failed', job.name, message.id)
+
+        tx.on_commit(later)
+        return DispatchResult(message.id, skipped=False, deferred=True, chain_id=message.chain_id)
+
+    async def _send(self, message: Message, job: JobDefinition[Any], delay: float) -> DispatchResult:
+        fake = _testing._active_fake
+        assert message.connection is not None
+        driver = self.app.driver(message.connection)
+        body = self.encode(message, driver, job)
+        if job.debounce is not None and message.batch_id is None:
+            delay = await self._debounce(job, message, delay, fake)
+        if job.unique is not None and message.batch_id is None:
+            holder = await self._lock_unique(job, message, driver, fake)
+            if holder is not None:
+                if fake is not None:
+                    fake.record_skipped(job, message)
+                return DispatchResult(holder, skipped=True, chain_id=message.chain_id)
+            body = encode(message)
+        if fake is not None:
+            fake.record(job, message, delay)
+            return DispatchResult(message.id, chain_id=message.chain_id)
+        try:
+            if driver.inline:
+                await self.run_inline(message, body, driver)
+            else:
+                await driver.enqueue(body, message, delay)
+        except BaseException:
+            if message.unique is not None and not driver.inline:
+                await self._unlock_unique(message)
+            raise
+        if not driver.remote and not driver.inline:
+            self.ensure_local_worker(driver.name)
+        return DispatchResult(message.id, chain_id=message.chain_id)
+
+    async def bulk(self, pendings: Sequence[PendingDispatch[Any]]) -> list[str]:
+        """Queue many jobs, grouped by connection with each driver's batch primitive."""
+        groups: dict[str, list[tuple[str, Message, float]]] = {}
+        ids: list[str] = []
+        singles: list[PendingDispatch[Any]] = []
+        for p in pendings:
+            if not isinstance(p, PendingDispatch):
+                raise TypeError(f"Queue.bulk: expected job.with_(payload) items, got {p!r}")
+            job = p.job
+            if job.unique is not None or job.debounce is not None or _testing._active_fake:
+                singles.append(p)
+                ids.append("")
+                continue
+            conn, q = self.resolve(p)
+            message = self.build(p, conn, q)
+            driver = self.app.driver(conn)
+            body = self.encode(message, driver, job)
+            groups.setdefault(conn, []).append((body, message, p._delay or 0.0))
+            ids.append(message.id)
+        for conn, items in groups.items():
+            driver = self.app.driver(conn)
+            if driver.inline:
+                for body, message, _ in items:
+                    await self.run_inline(message, body, driver)
+            else:
+                await driver.enqueue_many(items)
+                if not driver.remote:
+                    self.ensure_local_worker(conn)
+        if singles:
+            it = iter(singles)
+            for i, v in enumerate(ids):
+                if v == "":
+                    ids[i] = (await self.dispatch(next(it))).id
+        return ids
+
+    # ---------------------------------------------------------------- unique locks
+
+    def scoped_key(self, kind: str, *parts: object) -> str:
+        """A store key scoped by the current tenant (locks and middleware state)."""
+        tenant = current_tenant()
+        rest = ":".join(str(p) for p in parts)
+        return f"haze:{kind}:{tenant}:{rest}" if tenant else f"haze:{kind}:{rest}"
+
+    async def _lock_unique(
+        self, job: JobDefinition[Any], message: Message, driver: Driver, fake: Any
+    ) -> str | None:
+        """Take the unique lock for ``message``; returns the holder's id when it is taken."""
+        opts = job.unique
+        assert opts is not None
+        suffix = ""
+        if opts.key is not None:
+            value = opts.key(job.from_wire(message.payload))
+            if inspect.isawaitable(value):
+                value = await value
+            suffix = str(value)
+        key = self.scoped_key("unique", job.name, suffix)
+        store = fake.store if fake is not None else self.app.queue_store
+        if fake is None:
+            self._check_lock_store(store, driver, "unique jobs")
+        if await store.add(key, message.id, opts.ttl):
+            message.unique = {"key": key, "until": opts.until}
+            return None
+        holder = await store.get(key)
+        return str(holder) if holder is not None else ""
+
+    async def _unlock_unique(self, message: Message) -> None:
+        if message.unique is None:
+            return
+        fake = _testing._active_fake
+        store = fake.store if fake is not None else self.app.queue_store
+        try:
+            await store.delete(message.unique["key"], owner=message.id)
+        except Exception:
+            log.exception("could not release unique lock %s", message.unique.get("key"))
+
+    def _check_lock_store(self, store: Any, driver: Driver, what: str) -> None:
+        if self._warned_store:
+            return
+        if driver.remote and not getattr(store, "shared", False):
+            self._warned_store = True
+            log.warning(
+                'The "%s" store holds %s, but connection "%s" is consumed by other processes, '
+                "which cannot release locks taken here; later dispatches will be skipped until "
+                "the lock expires. Set store='redis' (or 'database') in config/queue.py.",
+                store.name, what, driver.name,
+            )
+        elif not getattr(store, "atomic", True):
+            self._warned_store = True
+            log.warning(
+                'The "%s" store is not atomic: %s may be held twice. Use redis or database.',
+                store.name, what,
+            )
+
+    async def _debounce(
+        self, job: JobDefinition[Any], message: Message, delay: float, fake: Any
+    ) -> float:
+        opts = job.debounce
+        assert opts is not None
+        suffix = ""
+        if opts.key is not None:
+            value = opts.key(job.from_wire(message.payload))
+            if inspect.isawaitable(value):
+                value = await value
+            suffix = str(value)
+        key = self.scoped_key("debounce", job.name, suffix)
+        store = fake.store if fake is not None else self.app.queue_store
+        now = _time()
+        wait = max(delay, opts.wait)
+        ttl = (opts.max_wait or opts.wait) + wait + 60
+        if opts.max_wait is not None:
+            await store.add(key + ":first", now, ttl)
+            first = await store.get(key + ":first")
+            if first is not None:
+                wait = max(0.0, min(wait, float(first) + opts.max_wait - now))
+        await store.put(key, message.id, ttl)
+        message.meta = {**(message.meta or {}), "debounce": key}
+        return wait
+
+    # ================================================================ local workers
+
+    def ensure_local_worker(self, connection: str) -> None:
+        """Make sure an in-process consumer runs for a memory connection on this loop."""
+        worker = self._workers.get(connection)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if worker is not None and worker.loop is loop and not worker.stopping:
+            return
+        from .worker import Worker
+
+        driver = self.app.driver(connection)
+        concurrency = getattr(driver, "concurrency", 1)
+        worker = Worker(self.app, connection, None, concurrency)
+        self._workers[connection] = worker
+        worker.start()
+
+    async def shutdown(self) -> None:
+        """Stop local consumers after their running jobs; warn about what is lost."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # pragma: no cover
+            loop = None
+        workers = [w for w in self._workers.values() if w.loop is loop]
+        await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
+        self._workers.clear()
+        for name, driver in self.app._drivers.items():
+            waiting = getattr(driver, "waiting", None)
+            if waiting is not None and not driver.remote:
+                n = waiting()
+                if n:
+                    log.warning(
+                        'The app stopped with %d queued or delayed job(s) on memory connection '
+                        '"%s"; they are lost (memory queues do not outlive the app).',
+                        n, name,
+                    )
+
+    async def idle(self) -> None:
+        """Wait until memory connections have nothing queued, delayed or running."""
+        while True:
+            await wait_pending()
+            busy = False
+            for name, driver in list(self.app._drivers.items()):
+                wait_idle = getattr(driver, "wait_idle", None)
+                if wait_idle is None or driver.remote:
+                    continue
+                if driver.pending():  # type: ignore[attr-defined]
+                    busy = True
+                    self.ensure_local_worker(name)
+                    await wait_idle()
+            if not busy:
+                await wait_pending()
+                if not any(
+                    getattr(d, "pending", lambda: 0)() for d in self.app._drivers.values()
+                    if not d.remote
+                ):
+                    return
+
+    # ================================================================ execution
+
+    def pipeline(self, job: JobDefinition[Any]) -> Pipeline:
+        """Global middleware, then the job's own, then the handler: composed once per job."""
+        p = self._pipelines.get(job)
+        if p is None:
+            p = self._pipelines[job] = _compose(
+                [*self.app.queue_config.middleware, *job.middleware], job
+            )
+        return p
+
+    async def run_inline(self, message: Message, body: str, driver: Driver) -> None:
+        """The ``sync`` driver: run now in the caller's context; raise a final failure."""
+        reserved = _reserved(message, body)
+        outcome, error = await self._process(reserved, driver, inline=True)
+        if outcome == _Outcome.FAILED and error is not None:
+            raise error
+
+    async def process(self, reserved: Reserved, driver: Driver) -> str:
+        """Run one claimed message to its outcome; never raises for job errors."""
+        outcome, _ = await self._process(reserved, driver, inline=False)
+        return outcome
+
+    async def _process(
+        self, reserved: Reserved, driver: Driver, *, inline: bool
+    ) -> tuple[str, BaseException | None]:
+        message = reserved.message
+        if message is None:
+            err = reserved.error or MessageDecodeError("message could not be decoded")
+            await self._fail_undecodable(reserved, driver, err)
+            return _Outcome.FAILED, err
+        try:
+            job = get_job(message.job)
+        except UnknownJobError as e:
+            await self._fail_undecodable(reserved, driver, e)
+            return _Outcome.FAILED, e
+        from .app import _current
+
+        app_token = _current.set(self.app)
+        tenant_token = _tenant.set(message.tenant)
+        try:
+            return await self._run(job, message, reserved, driver, inline)
+        finally:
+            _tenant.reset(tenant_token)
+            _current.reset(app_token)
+
+    async def _run(
+        self,
+        job: JobDefinition[Any],
+        message: Message,
+        reserved: Reserved,
+        driver: Driver,
+        inline: bool,
+    ) -> tuple[str, BaseException | None]:
+        tries = job.tries
+        ctx = JobContext(
+            id=message.id,
+            name=job.name,
+            attempt=reserved.attempt,
+            tries=tries,
+            queue=message.queue,
+            connection=driver.name,
+            app=self.app,
+            message=message,
+        )
+        try:
+            payload = self._payload(job, message)
+        except Exception as e:
+            return await self._final(job, message, reserved, driver, ctx, None, e, inline)
+
+        if message.unique is not None and message.unique.get("until") == "processing":
+            await self._unlock_unique(message)
+            message.unique = None
+        if message.meta is not None and "debounce" in message.meta:
+            store = self._state_store()
+            latest = await store.get(message.meta["debounce"])
+            if latest is not None and latest != message.id:
+                await driver.ack(reserved)
+                return _Outcome.SKIPPED, None
+        if message.batch_id is not None:
+            from .batches import load_for_job
+
+            batch = await load_for_job(self, message.batch_id)
+            ctx._batch = batch
+            if batch is not None and batch.cancelled:
+                await self._settle_batch(message, "skipped", None)
+                await self._unlock_unique(message)
+                await driver.ack(reserved)
+                return _Outcome.SKIPPED, None
+
+        if self.events.before:
+            await self.events.emit("before", ctx)
+        started = _perf()
+        error: BaseException | None = None
+        try:
+            if job.timeout is None:
+                await self.pipeline(job)(payload, ctx)
+            else:
+                await self._with_timeout(job, payload, ctx)
+        except Exception as e:
+            error = e
+        except asyncio.CancelledError:
+            # The worker itself is being cancelled: put the job back untouched.
+            await driver.release(reserved, 0.0, consume_attempt=False)
+            raise
+        elapsed = _perf() - started
+
+        if ctx._fail_error is not None:
+            return await self._final(job, message, reserved, driver, ctx, payload, ctx._fail_error, inline)
+        if error is not None:
+            return await self._failure(job, message, reserved, driver, ctx, payload, error, inline)
+        if ctx._release_delay is not None:
+            if inline:
+                log.warning(
+                    'Job "%s" (%s) called release() on the sync connection, which cannot run '
+                    "it later; the job was dropped.", job.name, message.id,
+                )
+                await self._unlock_unique(message)
+                return _Outcome.RELEASED, None
+            await driver.release(reserved, ctx._release_delay, consume_attempt=False)
+            return _Outcome.RELEASED, None
+
+        if job_log.isEnabledFor(_DEBUG):
+            job_log.debug(
+                'Job "%s" done in %dms (attempt %d/%d)',
+                job.name, round(elapsed * 1000), reserved.attempt, tries,
+                extra={"job": job.name, "job_id": message.id, "attempt": reserved.attempt},
+            )
+        if message.chain or ctx._chain_appended or ctx._chain_prepended:
+            await self._continue_chain(message, ctx)
+        if message.batch_id is not None:
+            await self._settle_batch(message, "done", None)
+        if message.unique is not None:
+            await self._unlock_unique(message)
+        if job.max_exceptions is not None:
+            await self._state_store().delete(self._exceptions_key(message))
+        await driver.ack(reserved)
+        if self.events.after:
+            await self.events.emit("after", ctx)
+        return _Outcome.SUCCESS, None
+
+    def _payload(self, job: JobDefinition[Any], message: Message) -> Any:
+        if message.enc is not None:
+            from .crypto import decrypt_payload
+
+            message.payload = decrypt_payload(self.app, message)
+            message.enc = None
+        if job._n_params == 0:
+            return None
+        return job.from_wire(message.payload)
+
+    def _state_store(self) -> Any:
+        fake = _testing._active_fake
+        return fake.store if fake is not None else self.app.queue_store
+
+    def _exceptions_key(self, message: Message) -> str:
+        return f"haze:exceptions:{message.id}"
+
+    async def _with_timeout(self, job: JobDefinition[Any], payload: Any, ctx: JobContext) -> None:
+        timeout = job.timeout
+        assert timeout is not None
+        task = asyncio.ensure_future(self.pipeline(job)(payload, ctx))
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if task in done:
+            task.result()
+            return
+        err = JobTimeoutError(f'Job "{job.name}" timed out after {timeout:g}s (attempt {ctx.attempt})')
+        ctx.signal.abort(err)  # the signal is set first, then the handler is cancelled
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            pass
+        raise err
+
+    async def _failure(
+        self,
+        job: JobDefinition[Any],
+        message: Message,
+        reserved: Reserved,
+        driver: Driver,
+        ctx: JobContext,
+        payload: Any,
+        error: BaseException,
+        inline: bool,
+    ) -> tuple[str, BaseException | None]:
+        final_error = await self._final_reason(job, message, reserved, ctx, error)
+        if final_error is not None or inline:
+            return await self._final(job, message, reserved, driver, ctx, payload, final_error or error, inline)
+        delay = ctx._retry_delay if ctx._retry_delay is not None else backoff_delay(job.backoff, reserved.attempt)
+        job_log.warning(
+            'Job "%s" failed (attempt %d/%s), retrying in %ss: %s: %s',
+            job.name, reserved.attempt, "∞" if job.retry_until else job.tries, f"{delay:g}",
+            type(error).__name__, error,
+            extra={"job": job.name, "job_id": message.id, "attempt": reserved.attempt},
+        )
+        await driver.release(reserved, delay, consume_attempt=True)
+        return _Outcome.RETRY, error
+
+    async def _final_reason(
+        self,
+        job: JobDefinition[Any],
+        message: Message,
+        reserved: Reserved,
+        ctx: JobContext,
+        error: BaseException,
+    ) -> BaseException | None:
+        """None to retry; otherwise the error to fail with."""
+        if job.dont_retry and isinstance(error, job.dont_retry):
+            return error
+        if isinstance(error, JobTimeoutError) and job.fail_on_timeout:
+            return error
+        if job.max_exceptions is not None:
+            n = await self._state_store().increment(self._exceptions_key(message), 1, 7 * 86400)
+            if n >= job.max_exceptions:
+                return MaxExceptionsError(
+                    f'Job "{job.name}" raised {n} exceptions (max_exceptions={job.max_exceptions}); '
+                    f"last: {type(error).__name__}: {error}"
+                )
+        if job.retry_until is not None:
+            first = float((message.meta or {}).get("first_ts") or message.ts)
+            if _time() >= first + job.retry_until:
+                return RetryUntilExpiredError(
+                    f'Job "{job.name}" passed retry_until ({job.retry_until:g}s after its first '
+                    f"dispatch); last: {type(error).__name__}: {error}"
+                )
+            return None
+        if reserved.attempt >= job.tries:
+            return error
+        return None
+
+    async def _final(
+        self,
+        job: JobDefinition[Any],
+        message: Message,
+        reserved: Reserved,
+        driver: Driver,
+        ctx: JobContext,
+        payload: Any,
+        error: BaseException,
+        inline: bool,
+    ) -> tuple[str, BaseException | None]:
+        job_log.error(
+            'Job "%s" failed after %d attempt(s): %s: %s',
+            job.name, reserved.attempt, type(error).__name__, error,
+            exc_info=error if not inline else None,
+            extra={"job": job.name, "job_id": message.id, "attempt": reserved.attempt},
+        )
+        if self.events.failing:
+            await self.events.emit("failing", ctx, error)
+        if job.failed is not None:
+            await self._call_failed(job, payload if payload is not None else message.payload, error, ctx)
+        await driver.fail(reserved, self.failed_record(message, driver.name, error))
+        await self._unlock_unique(message)
+        if job.max_exceptions is not None:
+            await self._state_store().delete(self._exceptions_key(message))
+        if message.chain_id is not None:
+            await self._chain_failed(message, error)
+        if message.batch_id is not None:
+            await self._settle_batch(message, "failed", error)
+        return _Outcome.FAILED, error
+
+    async def _call_failed(
+        self, job: JobDefinition[Any], payload: Any, error: BaseException, ctx: JobContext
+    ) -> None:
+        fn = job.failed
+        assert fn is not None
+        try:
+            n = len(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            n = 3
+        args = (payload, error, ctx)[: max(0, min(n, 3))]
+        try:
+            result = fn(*args)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception('the failed() handler of job "%s" raised', job.name)
+
+    def failed_record(self, message: Message, connection: str, error: BaseException) -> FailedJob:
+        from .drivers import FailedJob
+
+        message.unique = None  # a retried job must not release a lock it no longer holds
+        body_message = message
+        if message.enc is None and message.job in _registry_names() and get_job(message.job).encrypted:
+            import copy
+
+            from .crypto import encrypt_payload
+
+            body_message = copy.copy(message)
+            encrypt_payload(self.app, body_message)
+        return FailedJob(
+            id=message.id,
+            name=message.job,
+            connection=connection,
+            queue=message.queue,
+            payload=None if body_message.enc is not None else message.payload,
+            exception=_format_error(error),
+            failed_at=_time(),
+            chain_id=message.chain_id,
+            batch_id=message.batch_id,
+            body=encode(body_message),
+        )
+
+    async def _fail_undecodable(self, reserved: Reserved, driver: Driver, error: BaseException) -> None:
+        from .drivers import FailedJob
+
+        m = reserved.message
+        log.error("haze: cannot run a message on %s/%s: %s", driver.name, reserved.queue, error)
+        await driver.fail(
+            reserved,
+            FailedJob(
+                id=m.id if m else new_id(),
+                name=m.job if m else "<undecodable>",
+                connection=driver.name,
+                queue=reserved.queue,
+                payload=m.payload if m else reserved.body,
+                exception=_format_error(error),
+                failed_at=_time(),
+                chain_id=m.chain_id if m else None,
+                batch_id=m.batch_id if m else None,
+                body=reserved.body,
+            ),
+        )
+
+    # ================================================================ chains
+
+    async def _continue_chain(self, message: Message, ctx: JobContext) -> None:
+        from .chains import dispatch_next_link
+
+        await dispatch_next_link(self, message, ctx)
+
+    async def _chain_failed(self, message: Message, error: BaseException) -> None:
+        from .chains import chain_failed
+
+        await chain_failed(self, message, error)
+
+    async def _settle_batch(self, message: Message, outcome: str, error: BaseException | None) -> None:
+        from .batches import settle
+
+        await settle(self, message, outcome, error)
+
+    # ================================================================ callbacks
+
+    def callback_ref(self, cb: object, connection: str, where: str) -> dict[str, Any]:
+        """Serialise a callback: a job reference anywhere, a function on sync/memory only."""
+        if isinstance(cb, PendingDispatch):
+            return cb.to_link()
+        if isinstance(cb, JobDefinition):
+            return PendingDispatch(cb, None).to_link()
+        if callable(cb):
+            driver = self.app.driver(connection)
+            if not driver.local_callbacks:
+                raise ValueError(
+                    f"{where}: a plain function cannot travel to the workers of connection "
+                    f'"{connection}" (driver {type(driver).__name__}); pass a job reference '
+                    "such as cleanup.with_({...}) instead"
+                )
+            ref = new_id()
+            self._local_callbacks[ref] = cb
+            return {"fn": ref}
+        raise ValueError(f"{where}: expected a job reference or a function, got {cb!r}")
+
+    async def run_callback(self, ref: dict[str, Any], args: tuple[Any, ...], **opts: Any) -> None:
+        """Dispatch a job-reference callback, or call a local function with ``args``."""
+        if "fn" in ref:
+            fn = self._local_callbacks.get(ref["fn"])
+            if fn is None:
+                log.warning("a callback function is no longer registered in this process")
+                return
+            try:
+                result = fn(*args)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("callback %r raised", fn)
+            return
+        await self.dispatch(link_to_pending(ref), **opts)
+
+    # ================================================================ facade helpers
+
+    def connection_names(self, connection: str | None) -> list[str]:
+        return [self.app.connection_name(connection)]
+
+    async def failed(self, connection: str | None = None, queue: str | None = None) -> list[FailedJob]:
+        driver = self.app.driver(connection)
+        return await driver.failed.list(queue)
+
+    async def retry(self, ids: str | Sequence[str] | None = None, *, connection: str | None = None,
+                    queue: str | None = None) -> list[str]:
+        """Put failed jobs back on their queue (all when ``ids`` is None); returns their ids."""
+        from .message import decode
+
+        driver = self.app.driver(connection)
+        if ids is None or ids == "all":
+            records = await driver.failed.list(queue)
+        else:
+            wanted = [ids] if isinstance(ids, str) else list(ids)
+            records = []
+            for i in wanted:
+                rec = await driver.failed.find(i)
+                if rec is None:
+                    raise LookupError(f'no failed job with id "{i}" on connection "{driver.name}"')
+                records.append(rec)
+        done: list[str] = []
+        for rec in records:
+            try:
+                message = decode(rec.body)
+            except MessageDecodeError as e:
+                log.error("failed job %s cannot be retried: %s", rec.id, e)
+                continue
+            message.attempts = 0
+            message.ts = _time()
+            body = encode(message)
+            target = self.app.driver(message.connection or driver.name) if message.connection in self.app.queue_config.connections else driver
+            if target.inline:
+                await self.run_inline(message, body, target)
+            else:
+                await target.enqueue(body, message, 0.0)
+                if not target.remote:
+                    self.ensure_local_worker(target.name)
+            await driver.failed.forget(rec.id)
+            done.append(rec.id)
+        return done
+
+    async def forget(self, id: str, connection: str | None = None) -> bool:
+        return await self.app.driver(connection).failed.forget(id)
+
+    async def flush(self, connection: str | None = None, older_than: float | None = None) -> int:
+        return await self.app.driver(connection).failed.flush(older_than)
+
+    async def size(self, queue: str | None = None, connection: str | None = None) -> int:
+        driver = self.app.driver(connection)
+        return await driver.size(queue or "default")
+
+    async def clear(self, queue: str | None = None, connection: str | None = None) -> int:
+        driver = self.app.driver(connection)
+        return await driver.purge(queue or "default")
+
+
+def _registry_names() -> dict[str, Any]:
+    from .jobs import _registry
+
+    return _registry
+
+
+def link_to_pending(link: dict[str, Any]) -> PendingDispatch[Any]:
+    """Rebuild a pending dispatch from its JSON link (chains, callbacks)."""
+    job = get_job(link["job"])
+    p: PendingDispatch[Any] = PendingDispatch(job, job.from_wire(link.get("payload")))
+    if link.get("queue"):
+        p._queue = link["queue"]
+    if link.get("connection"):
+        p._connection = link["connection"]
+    if link.get("delay"):
+        p._delay = float(link["delay"])
+    if link.get("group"):
+        p._group = link["group"]
+    return p
+
+
+def _reserved(message: Message, body: str) -> Reserved:
+    from .drivers import Reserved
+
+    return Reserved(message, 1, body, message.queue)
+
+
+def _format_error(error: BaseException) -> str:
+    import traceback
+
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return text.strip() or f"{type(error).__name__}: {error}"
+
+
+def _compose(middleware: list[Callable[..., Any]], job: JobDefinition[Any]) -> Pipeline:
+    handler = job.handler
+    n = job._n_params
+    if job.is_async:
+        if n == 0:
+            async def call(payload: Any, ctx: JobContext) -> Any:
+                return await handler()
+        elif n == 1:
+            async def call(payload: Any, ctx: JobContext) -> Any:
+                return await handler(payload)
+        else:
+            call = handler
+    else:
+        call = _sync_call(handler, n)
+    for mw in reversed(middleware):
+        call = _wrap(mw, call)
+    return call
+
+
+def _sync_call(handler: Callable[..., Any], n: int) -> Pipeline:
+    def invoke(payload: Any, ctx: JobContext) -> Any:
+        if n == 0:
+            return handler()
+        if n == 1:
+            return handler(payload)
+        return handler(payload, ctx)
+
+    if _EMSCRIPTEN:  # no threads under Pyodide: run inline
+        async def inline(payload: Any, ctx: JobContext) -> Any:
+            return invoke(payload, ctx)
+
+        return inline
+
+    import contextvars
+
+    async def threaded(payload: Any, ctx: JobContext) -> Any:
+        loop = asyncio.get_running_loop()
+        cv = contextvars.copy_context()
+        return await loop.run_in_executor(None, cv.run, invoke, payload, ctx)
+
+    return threaded
+
+
+def _wrap(mw: Callable[..., Any], nxt: Pipeline) -> Pipeline:
+    async def step(payload: Any, ctx: JobContext) -> Any:
+        async def call_next() -> Any:
+            return await nxt(payload, ctx)
+
+        result = mw(payload, ctx, call_next)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    return step
+
+
+# re-exported for type checkers of the facade
+_ = (ConfigError, HazeError)

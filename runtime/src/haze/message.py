@@ -1,0 +1,177 @@
+"""The message envelope: what a queued job looks like on every driver.
+
+A message is one JSON object. Only ``v``, ``id``, ``job`` and ``payload`` are always
+present; the rest are written only when set, so a plain job stays small::
+
+    {"v": 1, "id": "8f0c…", "job": "send_invoice", "payload": {"invoice_id": 42},
+     "queue": "emails", "ts": 1764433200.12,
+     "attempts": 0,                        # tries already used before this message existed
+     "tenant": "acme",                     # captured from haze.tenant(...)
+     "chain": [{"job": "publish", "payload": {...}, "queue": "media"}],  # links still to run
+     "chain_id": "…", "chain_catch": [{"job": "cleanup", "payload": {...}}],
+     "batch_id": "…",
+     "unique": {"key": "haze:unique:sync_feed:1", "until": "processed"},
+     "meta": {"exceptions": 2, "first_ts": …, "group": "…"}}
+
+An encrypted job (``encrypted=True``) stores ``{"enc": "<base64 AES-GCM>"}`` in
+place of ``payload``. No code is ever named by a message beyond a registered job name.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import MessageDecodeError
+
+__all__ = ["Message", "check_json", "decode", "encode", "new_id"]
+
+_dumps = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":"), check_circular=True
+).encode
+_loads = json.loads
+
+
+def new_id() -> str:
+    """A fresh random id: 32 lowercase hex characters (a UUID4-sized random value)."""
+    return os.urandom(16).hex()
+
+
+@dataclass(slots=True)
+class Message:
+    id: str
+    job: str
+    payload: Any
+    queue: str = "default"
+    connection: str | None = None
+    ts: float = 0.0
+    attempts: int = 0
+    tenant: str | None = None
+    chain: list[dict[str, Any]] | None = None
+    chain_id: str | None = None
+    chain_catch: list[dict[str, Any]] | None = None
+    batch_id: str | None = None
+    unique: dict[str, Any] | None = None
+    meta: dict[str, Any] | None = None
+    enc: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"v": 1, "id": self.id, "job": self.job}
+        if self.enc is not None:
+            d["enc"] = self.enc
+        else:
+            d["payload"] = self.payload
+        d["queue"] = self.queue
+        d["ts"] = self.ts
+        if self.connection is not None:
+            d["connection"] = self.connection
+        if self.attempts:
+            d["attempts"] = self.attempts
+        if self.tenant is not None:
+            d["tenant"] = self.tenant
+        if self.chain:
+            d["chain"] = self.chain
+        if self.chain_id is not None:
+            d["chain_id"] = self.chain_id
+        if self.chain_catch:
+            d["chain_catch"] = self.chain_catch
+        if self.batch_id is not None:
+            d["batch_id"] = self.batch_id
+        if self.unique is not None:
+            d["unique"] = self.unique
+        if self.meta:
+            d["meta"] = self.meta
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Message:
+        if not isinstance(d, dict) or not isinstance(d.get("job"), str) or "id" not in d:
+            raise MessageDecodeError(
+                "not a haze message: expected a JSON object with 'id' and 'job' "
+                f"(got {type(d).__name__})"
+            )
+        if "payload" not in d and "enc" not in d:
+            raise MessageDecodeError(f'haze message {d.get("id")!r} has no "payload"')
+        return cls(
+            id=str(d["id"]),
+            job=d["job"],
+            payload=d.get("payload"),
+            queue=d.get("queue") or "default",
+            connection=d.get("connection"),
+            ts=float(d.get("ts") or 0.0),
+            attempts=int(d.get("attempts") or 0),
+            tenant=d.get("tenant"),
+            chain=d.get("chain"),
+            chain_id=d.get("chain_id"),
+            chain_catch=d.get("chain_catch"),
+            batch_id=d.get("batch_id"),
+            unique=d.get("unique"),
+            meta=d.get("meta"),
+            enc=d.get("enc"),
+        )
+
+
+def encode(message: Message) -> str:
+    """The JSON body of a message. Raises ``TypeError`` naming the bad path in the payload."""
+    try:
+        return _dumps(message.to_dict())
+    except (TypeError, ValueError):
+        check_json(message.payload, "payload")
+        raise
+
+
+def decode(body: str | bytes) -> Message:
+    """Parse a JSON body into a Message, or raise MessageDecodeError saying what is wrong."""
+    try:
+        data = _loads(body)
+    except (ValueError, TypeError) as e:
+        preview = body[:80] if isinstance(body, str) else body[:80].decode("utf-8", "replace")
+        raise MessageDecodeError(f"message body is not valid JSON ({e}): {preview!r}") from None
+    return Message.from_dict(data)
+
+
+def check_json(value: Any, path: str = "payload") -> None:
+    """Raise ``TypeError`` naming the first path in ``value`` that JSON cannot carry."""
+    _walk(value, path, set())
+
+
+def _walk(value: Any, path: str, seen: set[int]) -> None:
+    if value is None or isinstance(value, (str, bool, int)):
+        return
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            raise TypeError(f"{path} is {value!r}, which JSON cannot represent")
+        return
+    if isinstance(value, (list, tuple)):
+        if id(value) in seen:
+            raise TypeError(f"{path} contains a reference to itself")
+        seen.add(id(value))
+        for i, v in enumerate(value):
+            _walk(v, f"{path}[{i}]", seen)
+        seen.discard(id(value))
+        return
+    if isinstance(value, dict):
+        if id(value) in seen:
+            raise TypeError(f"{path} contains a reference to itself")
+        seen.add(id(value))
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(
+                    f"{path} has a key {k!r} of type {type(k).__name__}; JSON object keys "
+                    "must be strings"
+                )
+            _walk(v, f"{path}[{k!r}]", seen)
+        seen.discard(id(value))
+        return
+    raise TypeError(
+        f"{path} is a {type(value).__module__}.{type(value).__qualname__}, which is not "
+        "JSON-serialisable; pass plain data (ids, str, int, float, bool, None, list, dict)"
+    )
+
+
+def now() -> float:
+    return time.time()

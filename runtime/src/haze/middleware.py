@@ -1,0 +1,248 @@
+"""Job middleware: ``(payload, job, call_next)`` wrappers around a job's handle.
+
+>>> @define_job(tries=5, middleware=[rate_limited("github", max=10, per="1m"),
+...                                  skip_if(lambda p, job: p["user_id"] == 0)])
+... async def sync_user(payload: dict) -> None: ...
+
+Not calling ``call_next`` skips the attempt (it counts as done); calling
+``job.release(delay)`` first retries it later without using a try. The built-ins keep
+their state in the queue ``store`` (config/queue.py), with keys scoped by tenant.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from .durations import Duration, parse_duration
+
+if TYPE_CHECKING:
+    from .context import JobContext
+
+__all__ = [
+    "JobMiddleware",
+    "fail_on_exception",
+    "rate_limited",
+    "skip_if",
+    "skip_if_batch_cancelled",
+    "throttles_exceptions",
+    "without_overlapping",
+]
+
+CallNext: TypeAlias = Callable[[], Awaitable[Any]]
+JobMiddleware: TypeAlias = Callable[[Any, "JobContext", CallNext], Awaitable[Any]]
+
+
+async def _maybe(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def _store(job: JobContext) -> Any:
+    return job.app.manager._state_store()
+
+
+def _scoped(job: JobContext, *parts: object) -> str:
+    return job.app.manager.scoped_key("mw", *parts)
+
+
+def _positive_int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: expected an integer >= 1, got {value!r}")
+    return value
+
+
+def _key_fn(key: object, where: str) -> Callable[[Any], Any] | None:
+    if key is not None and not callable(key):
+        raise ValueError(f"{where}: key must be a function of the payload, got {key!r}")
+    return key  # type: ignore[return-value]
+
+
+def rate_limited(
+    name: str, *, max: int, per: Duration, key: Callable[[Any], Any] | None = None
+) -> JobMiddleware:
+    """At most ``max`` runs per fixed window of ``per`` (aligned to the epoch) for every job
+    using ``name``; ``key(payload)`` splits it further. Over the limit: released to the
+    next window."""
+    where = f"rate_limited({name!r})"
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"rate_limited: name must be a non-empty string, got {name!r}")
+    limit = _positive_int(max, f"{where}: max")
+    window = parse_duration(per, f"{where}: per", allow_zero=False)
+    key_fn = _key_fn(key, where)
+
+    async def rate_limit(payload: Any, job: JobContext, call_next: CallNext) -> Any:
+        now = time.time()
+        slot = math.floor(now / window)
+        sub = "" if key_fn is None else str(await _maybe(key_fn(payload)))
+        k = _scoped(job, "rate", name, sub, slot)
+        n = await _store(job).increment(k, 1, window * 2)
+        if n > limit:
+            job.release(max_(0.001, (slot + 1) * window - now))
+            return None
+        return await call_next()
+
+    return rate_limit
+
+
+def max_(a: float, b: float) -> float:
+    return a if a > b else b
+
+
+def without_overlapping(
+    key: Callable[[Any], Any] | str | None = None,
+    *,
+    release_after: Duration | bool = "1s",
+    expire_after: Duration = "1h",
+    shared: bool = False,
+) -> JobMiddleware:
+    """One run at a time per key (default: the job name). Others are released after
+    ``release_after`` (``False``: dropped). The lock expires after ``expire_after``.
+    Keys are scoped to the job name unless ``shared=True``."""
+    where = "without_overlapping"
+    if key is not None and not (callable(key) or isinstance(key, str)):
+        raise ValueError(f"{where}: key must be a string or a function of the payload, got {key!r}")
+    retry: float | None
+    if release_after is False:
+        retry = None
+    elif release_after is True:
+        raise ValueError(f"{where}: release_after must be a duration or False, got True")
+    else:
+        retry = parse_duration(release_after, f"{where}: release_after")
+    expire = parse_duration(expire_after, f"{where}: expire_after", allow_zero=False)
+
+    async def no_overlap(payload: Any, job: JobContext, call_next: CallNext) -> Any:
+        if key is None:
+            sub = ""
+        elif isinstance(key, str):
+            sub = key
+        else:
+            sub = str(await _maybe(key(payload)))
+        k = _scoped(job, "overlap", sub) if shared else _scoped(job, "overlap", job.name, sub)
+        store = _store(job)
+        if not await store.add(k, job.id, expire):
+            if retry is not None:
+                job.release(retry)
+            return None
+        try:
+            return await call_next()
+        finally:
+            await store.delete(k, owner=job.id)
+
+    return no_overlap
+
+
+def throttles_exceptions(
+    *,
+    max: int = 10,
+    per: Duration = "10m",
+    backoff: Duration | None = None,
+    key: Callable[[Any], Any] | str | None = None,
+    when: Callable[[Any, Any], Any] | None = None,
+) -> JobMiddleware:
+    """A circuit breaker: after ``max`` exceptions within ``per``, later runs are released
+    until the window ends. Exceptions still count as failed attempts; ``backoff``
+    replaces the job's retry wait; one success resets the count. ``when(payload, error)``
+    limits which exceptions count."""
+    where = "throttles_exceptions"
+    limit = _positive_int(max, f"{where}: max")
+    window = parse_duration(per, f"{where}: per", allow_zero=False)
+    wait = None if backoff is None else parse_duration(backoff, f"{where}: backoff")
+    if key is not None and not (callable(key) or isinstance(key, str)):
+        raise ValueError(f"{where}: key must be a string or a function of the payload, got {key!r}")
+    if when is not None and not callable(when):
+        raise ValueError(f"{where}: when must be a predicate (payload, error), got {when!r}")
+
+    async def throttle(payload: Any, job: JobContext, call_next: CallNext) -> Any:
+        if key is None:
+            sub = job.name
+        elif isinstance(key, str):
+            sub = key
+        else:
+            sub = str(await _maybe(key(payload)))
+        base = _scoped(job, "throttle", sub)
+        store = _store(job)
+        until = await store.get(base + ":until")
+        now = time.time()
+        if until is not None and float(until) > now:
+            job.release(float(until) - now)
+            return None
+        try:
+            result = await call_next()
+        except Exception as e:
+            if when is not None and not await _maybe(when(payload, e)):
+                raise
+            n = await store.increment(base + ":count", 1, window)
+            if n >= limit:
+                await store.put(base + ":until", time.time() + window, window)
+                await store.delete(base + ":count")
+            if wait is not None:
+                job._retry_delay = wait
+            raise
+        await store.delete(base + ":count")
+        return result
+
+    return throttle
+
+
+def skip_if(predicate: Callable[[Any, Any], Any]) -> JobMiddleware:
+    """Skip the run (it counts as done) when ``predicate(payload, job)`` is true."""
+    if not callable(predicate):
+        raise ValueError(f"skip_if: expected a predicate (payload, job), got {predicate!r}")
+
+    async def skip(payload: Any, job: JobContext, call_next: CallNext) -> Any:
+        if await _maybe(predicate(payload, job)):
+            return None
+        return await call_next()
+
+    return skip
+
+
+def fail_on_exception(
+    exceptions: Sequence[type[BaseException]] | Callable[[BaseException, Any], Any],
+) -> JobMiddleware:
+    """Fail at once, without the remaining tries, when the handler raises one of
+    ``exceptions`` (or when ``exceptions(error, job)`` is true)."""
+    if callable(exceptions) and not isinstance(exceptions, type):
+        test: Callable[[BaseException, Any], Any] = exceptions
+    else:
+        if isinstance(exceptions, type):
+            exceptions = [exceptions]
+        if not isinstance(exceptions, (list, tuple)) or not exceptions:
+            raise ValueError(
+                f"fail_on_exception: expected a list of exception classes, got {exceptions!r}"
+            )
+        for t in exceptions:
+            if not (isinstance(t, type) and issubclass(t, BaseException)):
+                raise ValueError(f"fail_on_exception: {t!r} is not an exception class")
+        types = tuple(exceptions)
+
+        def test(error: BaseException, job: Any) -> bool:
+            return isinstance(error, types)
+
+    async def fail_fast(payload: Any, job: JobContext, call_next: CallNext) -> Any:
+        try:
+            return await call_next()
+        except Exception as e:
+            if await _maybe(test(e, job)):
+                job.fail(e)
+                return None
+            raise
+
+    return fail_fast
+
+
+def skip_if_batch_cancelled() -> JobMiddleware:
+    """Skip the run when the job's batch has been cancelled (read fresh)."""
+
+    async def skip_cancelled(payload: Any, job: JobContext, call_next: CallNext) -> Any:
+        batch = job.batch()
+        if batch is not None and (await batch.fresh()).cancelled:
+            return None
+        return await call_next()
+
+    return skip_cancelled

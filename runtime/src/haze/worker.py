@@ -1,0 +1,179 @@
+"""The worker loop: claim → manager.process → repeat. It never knows which driver it runs.
+
+``concurrency`` slots each run their own claim loop, so a job costs no task creation.
+Used by the in-process ``memory`` consumers, ``haze queue:work`` and ``run_in_server``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .app import App
+    from .drivers import Driver, Reserved
+
+__all__ = ["Worker"]
+
+log = logging.getLogger("haze.worker")
+
+
+class Worker:
+    """Runs jobs from one connection.
+
+    ``queues`` are taken in priority order (None: every queue, for ``memory``).
+    ``once``/``max_jobs``/``max_time``/``stop_when_empty`` stop it like Laravel's worker.
+    ``sleep``/``max_sleep``: idle polling starts at ``sleep`` and doubles to ``max_sleep``.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        connection: str,
+        queues: Sequence[str] | None = None,
+        concurrency: int = 1,
+        *,
+        once: bool = False,
+        max_jobs: int | None = None,
+        max_time: float | None = None,
+        stop_when_empty: bool = False,
+        sleep: float = 1.0,
+        max_sleep: float | None = None,
+        on_job: Callable[[Reserved, str, float], None] | None = None,
+    ) -> None:
+        self.app = app
+        self.connection = connection
+        self.driver: Driver = app.driver(connection)
+        self.queues = list(queues) if queues else None
+        self.concurrency = max(1, concurrency)
+        self.once = once
+        self.max_jobs = 1 if once else max_jobs
+        self.max_time = max_time
+        self.stop_when_empty = stop_when_empty or once
+        self.sleep = sleep
+        self.max_sleep = max_sleep if max_sleep is not None else sleep * 5
+        self.on_job = on_job
+        self.processed = 0
+        self.stopping = False
+        self._busy = 0
+        self._idle_slots = 0
+        self._claimed = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._waiting: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started_at = 0.0
+        self._done: asyncio.Event | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._loop
+
+    @property
+    def running(self) -> int:
+        return self._busy
+
+    def start(self) -> None:
+        """Start the slots as tasks on the running loop."""
+        self._loop = asyncio.get_running_loop()
+        self._started_at = time.monotonic()
+        self._done = asyncio.Event()
+        self.stopping = False
+        self._tasks = [
+            self._loop.create_task(self._slot(i), name=f"haze-worker-{self.connection}-{i}")
+            for i in range(self.concurrency)
+        ]
+
+    async def run(self) -> int:
+        """Run until stopped (signal, limits, or empty with ``stop_when_empty``)."""
+        if not self._tasks:
+            self.start()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        return self.processed
+
+    def request_stop(self) -> None:
+        """Stop claiming; running jobs finish. Slots blocked in a claim are interrupted."""
+        if self.stopping:
+            return
+        self.stopping = True
+        for t in list(self._waiting):
+            t.cancel()
+
+    async def stop(self) -> None:
+        """Stop claiming and wait for the running jobs."""
+        self.request_stop()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _limit_reached(self) -> bool:
+        if self.max_jobs is not None and self._claimed >= self.max_jobs:
+            return True
+        return self.max_time is not None and time.monotonic() - self._started_at >= self.max_time
+
+    async def _claim(self, wait: float) -> Reserved | None:
+        """Claim with an interruptible wait (request_stop cancels it)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._waiting.add(task)
+        try:
+            return await self.driver.reserve(self.queues or [], wait)  # type: ignore[arg-type]
+        except asyncio.CancelledError:
+            if self.stopping:
+                task.uncancel()
+                return None
+            raise
+        finally:
+            self._waiting.discard(task)
+
+    async def _slot(self, index: int) -> None:
+        manager = self.app.manager
+        driver = self.driver
+        events = manager.events
+        idle_wait = self.sleep
+        reserve_nowait = getattr(driver, "reserve_nowait", None)
+        queues = self.queues
+        while not self.stopping:
+            if self._limit_reached():
+                self.request_stop()
+                break
+            if events.looping:
+                await events.emit("looping", self.connection, queues)
+            job = reserve_nowait(queues) if reserve_nowait is not None else None
+            if job is None:
+                job = await self._claim(0.0 if self.stop_when_empty else self._wait_for(idle_wait))
+            if job is None:
+                if self.stopping:
+                    break
+                if events.worker_idle:
+                    await events.emit("worker_idle", self.connection, queues)
+                if self.stop_when_empty:
+                    if self._busy == 0:
+                        self.request_stop()
+                        break
+                    await asyncio.sleep(0.005)  # another slot is busy and may queue more
+                    continue
+                idle_wait = min(idle_wait * 2, self.max_sleep)
+                continue
+            idle_wait = self.sleep
+            self._claimed += 1
+            self._busy += 1
+            started = time.perf_counter()
+            try:
+                outcome = await manager.process(job, driver)
+            except Exception:  # pragma: no cover - process() handles job errors itself
+                log.exception("haze worker: unexpected error while processing a job")
+                outcome = "error"
+            finally:
+                self._busy -= 1
+            self.processed += 1
+            if self.on_job is not None:
+                self.on_job(job, outcome, time.perf_counter() - started)
+        check_idle = getattr(driver, "check_idle", None)
+        if check_idle is not None:
+            check_idle()
+
+    def _wait_for(self, idle_wait: float) -> float:
+        # In-process queues wake the slot on enqueue, so a long wait costs nothing.
+        return 3600.0 if not self.driver.remote else idle_wait
