@@ -1,0 +1,29 @@
+# Start the local servers the integration tests talk to, when they are not running.
+# Sourced by scripts/test. Each start command is this machine kind's documented one.
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_port() {
+    local port=$1 name=$2
+    for _ in $(seq 1 60); do port_open "$port" && return 0; sleep 0.5; done
+    echo "haze: $name did not start on port $port" >&2
+    return 1
+}
+
+ensure_services() {
+    if ! port_open 5432 && command -v pg_ctlcluster >/dev/null 2>&1; then
+        echo "haze: starting PostgreSQL" >&2
+        pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
+        wait_port 5432 PostgreSQL || true
+    fi
+    if ! port_open 6379 && command -v redis-server >/dev/null 2>&1; then
+        echo "haze: starting Redis" >&2
+        redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+            --dir /tmp --logfile /tmp/haze-redis.log || true
+        wait_port 6379 Redis || true
+    fi
+    if ! port_open 3306 && command -v mariadbd >/dev/null 2>&1; then
+        echo "haze: starting MariaDB" >&2
+        start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || true
+        wait_port 3306 MariaDB || true
+    fi
+}

@@ -1,0 +1,88 @@
+// Runs a Python script inside real Pyodide under Node.js, offline.
+//
+//   node run.mjs [--wheel PATH_OR_URL]... SCRIPT.py
+//
+// Every wheel is installed with pyodide.loadPackage before the script runs. The
+// script runs with runPythonAsync (top-level await works); the value of its last
+// expression is printed to stdout as one line of JSON. Python's own stdout and
+// stderr go to this process's stderr so stdout stays machine-readable. Any error
+// exits non-zero with the Python traceback on stderr.
+import { readFile } from "node:fs/promises";
+import { createRequire } from "node:module";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+
+function usage(message) {
+  process.stderr.write(`${message}\nusage: node run.mjs [--wheel PATH_OR_URL]... SCRIPT.py\n`);
+  process.exit(2);
+}
+
+function parseArgs(argv) {
+  const wheels = [];
+  let script = null;
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i];
+    if (arg === "--wheel") {
+      if (i + 1 >= argv.length) usage("--wheel needs a value");
+      wheels.push(argv[++i]);
+    } else if (arg.startsWith("--wheel=")) {
+      wheels.push(arg.slice("--wheel=".length));
+    } else if (script === null && !arg.startsWith("--")) {
+      script = arg;
+    } else {
+      usage(`unexpected argument: ${arg}`);
+    }
+  }
+  if (script === null) usage("missing SCRIPT.py");
+  return { wheels, script };
+}
+
+// loadPackage treats anything that is not a URL as a package name to look up in
+// the lock file, so local paths become file:// URLs.
+function wheelUrl(spec) {
+  if (/^[a-z][a-z0-9+.-]*:\/\//i.test(spec)) return spec;
+  return pathToFileURL(path.resolve(spec)).href;
+}
+
+function writeOut(text) {
+  return new Promise((resolve) => process.stdout.write(text, resolve));
+}
+
+async function main() {
+  const { wheels, script } = parseArgs(process.argv.slice(2));
+  const code = await readFile(script, "utf8");
+
+  // Point indexURL at the installed package so the runtime, stdlib and lock file
+  // come from disk; nothing may be fetched from a CDN.
+  const require = createRequire(import.meta.url);
+  const indexURL = path.dirname(require.resolve("pyodide/package.json")) + path.sep;
+  const { loadPyodide } = await import(pathToFileURL(path.join(indexURL, "pyodide.mjs")).href);
+
+  const toStderr = { batched: (line) => process.stderr.write(line + "\n") };
+  const pyodide = await loadPyodide({ indexURL, stdout: toStderr.batched, stderr: toStderr.batched });
+
+  if (wheels.length > 0) {
+    await pyodide.loadPackage(wheels.map(wheelUrl), {
+      messageCallback: (msg) => process.stderr.write(msg + "\n"),
+      errorCallback: (msg) => process.stderr.write(msg + "\n"),
+    });
+  }
+
+  let result = await pyodide.runPythonAsync(code, { filename: path.resolve(script) });
+  if (result && typeof result.toJs === "function") {
+    const proxy = result;
+    result = proxy.toJs({ dict_converter: Object.fromEntries, create_pyproxies: false });
+    proxy.destroy();
+  }
+  await writeOut(JSON.stringify(result ?? null) + "\n");
+}
+
+// Exit explicitly: timers left behind by the script (e.g. jobs still delayed)
+// would otherwise keep Node alive.
+main().then(
+  () => process.exit(0),
+  (err) => {
+    process.stderr.write(`${err && err.stack ? err.stack : err}\n`);
+    process.exit(1);
+  },
+);
