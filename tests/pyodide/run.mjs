@@ -58,23 +58,51 @@ async function main() {
   const indexURL = path.dirname(require.resolve("pyodide/package.json")) + path.sep;
   const { loadPyodide } = await import(pathToFileURL(path.join(indexURL, "pyodide.mjs")).href);
 
-  const toStderr = { batched: (line) => process.stderr.write(line + "\n") };
-  const pyodide = await loadPyodide({ indexURL, stdout: toStderr.batched, stderr: toStderr.batched });
-
-  if (wheels.length > 0) {
-    await pyodide.loadPackage(wheels.map(wheelUrl), {
-      messageCallback: (msg) => process.stderr.write(msg + "\n"),
-      errorCallback: (msg) => process.stderr.write(msg + "\n"),
-    });
+  // Loading must work offline, so a network fetch here is a bug, not a fallback.
+  // The script itself keeps the real fetch (it may talk to a local test server).
+  const realFetch = globalThis.fetch;
+  globalThis.fetch = (input, init) => {
+    const url = String(input?.url ?? input);
+    if (/^https?:/i.test(url)) {
+      return Promise.reject(new Error(`network fetch while loading Pyodide: ${url}`));
+    }
+    return realFetch(input, init);
+  };
+  const toStderr = (line) => process.stderr.write(line + "\n");
+  let pyodide;
+  try {
+    pyodide = await loadPyodide({ indexURL, stdout: toStderr, stderr: toStderr });
+    if (wheels.length > 0) {
+      // loadPackage reports a failed wheel through errorCallback and still resolves.
+      const errors = [];
+      await pyodide.loadPackage(wheels.map(wheelUrl), {
+        messageCallback: toStderr,
+        errorCallback: (msg) => {
+          errors.push(msg);
+          toStderr(msg);
+        },
+      });
+      if (errors.length > 0) throw new Error(`loadPackage failed: ${errors.join("; ")}`);
+    }
+  } finally {
+    globalThis.fetch = realFetch;
   }
 
-  let result = await pyodide.runPythonAsync(code, { filename: path.resolve(script) });
-  if (result && typeof result.toJs === "function") {
-    const proxy = result;
-    result = proxy.toJs({ dict_converter: Object.fromEntries, create_pyproxies: false });
-    proxy.destroy();
+  const result = await pyodide.runPythonAsync(code, { filename: path.resolve(script) });
+  let text;
+  if (result instanceof pyodide.ffi.PyProxy) {
+    // Python's json keeps None as null inside containers, which toJs would drop.
+    const json = pyodide.pyimport("json");
+    try {
+      text = json.dumps(result);
+    } finally {
+      json.destroy();
+      result.destroy();
+    }
+  } else {
+    text = JSON.stringify(result ?? null);
   }
-  await writeOut(JSON.stringify(result ?? null) + "\n");
+  await writeOut(text + "\n");
 }
 
 // Exit explicitly: timers left behind by the script (e.g. jobs still delayed)

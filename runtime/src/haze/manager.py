@@ -680,14 +680,15 @@ class QueueManager:
     def failed_record(self, message: Message, connection: str, error: BaseException) -> FailedJob:
         from .drivers import FailedJob
 
-        message.unique = None  # a retried job must not release a lock it no longer holds
-        body_message = message
-        if message.enc is None and message.job in _registry_names() and get_job(message.job).encrypted:
-            import copy
+        import copy
 
+        # A retried job must not release a lock it no longer holds: the stored body drops
+        # ``unique``, but ``message`` keeps it so that _final can still release the lock.
+        body_message = copy.copy(message)
+        body_message.unique = None
+        if message.enc is None and message.job in _registry_names() and get_job(message.job).encrypted:
             from .crypto import encrypt_payload
 
-            body_message = copy.copy(message)
             encrypt_payload(self.app, body_message)
         return FailedJob(
             id=message.id,

@@ -1,0 +1,46 @@
+"""The ``haze`` command line: ``haze make:job``, ``haze queue:work``, ``haze queue:failed``, …
+
+Each command group lives in its own module and registers its commands on the root
+group from :mod:`haze.cli._core` with ``@cli.command("group:name")``. A new group is a
+new module plus one entry in :data:`COMMAND_MODULES`; nothing else changes.
+
+click and rich come with the ``haze[cli]`` extra. They are imported only when the
+CLI runs, so the runtime itself stays dependency-free.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import click
+
+__all__ = ["COMMAND_MODULES", "get_cli", "main"]
+
+#: Modules whose import registers commands on the root group, in help order.
+COMMAND_MODULES: tuple[str, ...] = ("haze.cli.make", "haze.cli.queue")
+
+MISSING_DEPENDENCIES = "The haze CLI needs click and rich: pip install 'haze[cli]'"
+
+
+def get_cli() -> click.Group:
+    """The root ``haze`` group with every command module registered (for CliRunner)."""
+    from ._core import cli
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(name)
+    return cli
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the ``haze`` command (the console-script entry point)."""
+    try:
+        import click  # noqa: F401
+        import rich  # noqa: F401
+    except ImportError:
+        print(MISSING_DEPENDENCIES, file=sys.stderr)
+        sys.exit(1)
+    get_cli().main(args=list(argv) if argv is not None else None, prog_name="haze")

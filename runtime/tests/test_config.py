@@ -1,0 +1,256 @@
+"""Config files: defaults, env(), and errors that name the file and the key."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from haze import App, ConfigError, HazeError, define_queue_config, env
+
+pytestmark = pytest.mark.usefixtures("isolated_imports")
+
+
+def write(root: Path, rel: str, body: str) -> Path:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def queue_config(root: Path, body: str) -> Path:
+    return write(root, "config/queue.py", "from haze import *\n" + textwrap.dedent(body))
+
+
+def config_error(root: Path) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        App(root=root)
+    assert isinstance(info.value, HazeError)
+    return info.value
+
+
+def test_no_config_file_means_one_memory_connection(tmp_path: Path) -> None:
+    app = App(root=tmp_path)
+    assert app.queue_config.default == "memory"
+    assert app.queue_config.connections == {"memory": {"driver": "memory"}}
+    assert type(app.driver()).__name__ == "MemoryDriver"
+    assert app.queue_config.batches_ttl == 7 * 86400
+
+
+def test_no_root_and_no_config_means_one_memory_connection() -> None:
+    app = App()
+    assert list(app.queue_config.connections) == ["memory"]
+    assert app.driver().concurrency == 1
+
+
+def test_config_file_is_read(tmp_path: Path) -> None:
+    path = queue_config(
+        tmp_path,
+        """
+        config = define_queue_config(
+            default="sync",
+            connections={
+                "memory": {"driver": "memory", "concurrency": 2, "queues": ["high", "default"]},
+                "sync": {"driver": "sync"},
+            },
+            batches={"ttl": "1d"},
+        )
+        """,
+    )
+    app = App(root=tmp_path)
+    qc = app.queue_config
+    assert qc.default == "sync"
+    assert qc.source == str(path)
+    assert qc.connections["memory"] == {"driver": "memory", "concurrency": 2, "queues": ["high", "default"]}
+    assert qc.batches_ttl == 86400.0
+    assert app.driver("memory").concurrency == 2
+    assert app.driver("memory").priority == ["high", "default"]
+    assert app.driver().inline is True
+
+
+def test_config_object_passed_in_wins_over_the_file(tmp_path: Path) -> None:
+    queue_config(tmp_path, 'config = define_queue_config(default="sync", connections={"sync": {"driver": "sync"}})\n')
+    app = App(root=tmp_path, queue=define_queue_config(connections={"mem": {"driver": "memory"}}))
+    assert app.queue_config.default == "mem"
+
+
+def test_default_is_the_first_connection_when_omitted() -> None:
+    app = App(queue=define_queue_config(connections={"s": {"driver": "sync"}, "m": {"driver": "memory"}}))
+    assert app.queue_config.default == "s"
+
+
+def test_unknown_driver_names_file_and_key(tmp_path: Path) -> None:
+    path = queue_config(
+        tmp_path, 'config = define_queue_config(connections={"jobs": {"driver": "rabbit"}})\n'
+    )
+    err = config_error(tmp_path)
+    assert str(path) in str(err)
+    assert "connections.jobs.driver" in str(err)
+    assert "rabbit" in str(err)
+    assert err.source == str(path)
+    assert err.key == "connections.jobs.driver"
+
+
+def test_missing_driver_key_names_file_and_key(tmp_path: Path) -> None:
+    path = queue_config(tmp_path, 'config = define_queue_config(connections={"jobs": {"concurrency": 2}})\n')
+    err = config_error(tmp_path)
+    assert str(path) in str(err)
+    assert "connections.jobs.driver" in str(err)
+    assert "required" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        ('connections={"m": {"driver": "memory", "concurrency": "2"}}', "connections.m.concurrency"),
+        ('connections={"m": {"driver": "memory", "concurrency": 0}}', "connections.m.concurrency"),
+        ('connections={"m": {"driver": "memory", "queues": 5}}', "connections.m.queues"),
+        ('connections={"m": "memory"}', "connections.m"),
+        ('connections=["memory"]', "connections"),
+        ('connections={"m": {"driver": "memory", "colour": "red"}}', "connections.m.colour"),
+        ('connections={"m": {"driver": "memory"}}, default="other"', "default"),
+        ('connections={"m": {"driver": "memory"}}, default=3', "default"),
+        ('connections={"m": {"driver": "memory"}}, middleware=["not callable"]', "middleware[0]"),
+        ('connections={"m": {"driver": "memory"}}, batches={"store": "memory", "size": 3}', "batches.size"),
+        ('connections={"m": {"driver": "memory"}}, colour="red"', "queue.colour"),
+    ],
+)
+def test_wrong_typed_or_unknown_keys_name_file_and_key(tmp_path: Path, body: str, key: str) -> None:
+    path = queue_config(tmp_path, f"config = define_queue_config({body})\n")
+    err = config_error(tmp_path)
+    assert str(path) in str(err)
+    assert f"{key}:" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        ('batches={"ttl": "a week"}', "batches.ttl"),
+        ('batches={"ttl": 0}', "batches.ttl"),
+        (
+            'connections={"db": {"driver": "database", "retry_after": "soon"}}',
+            "connections.db.retry_after",
+        ),
+        ('connections={"db": {"driver": "database", "sleep": -1}}', "connections.db.sleep"),
+    ],
+)
+def test_bad_durations_name_file_and_key(tmp_path: Path, body: str, key: str) -> None:
+    path = queue_config(tmp_path, f"config = define_queue_config({body})\n")
+    err = config_error(tmp_path)
+    assert str(path) in str(err)
+    assert f"{key}:" in str(err)
+
+
+def test_unknown_store_names_file_and_key(tmp_path: Path) -> None:
+    path = queue_config(tmp_path, 'config = define_queue_config(store="nope")\n')
+    err = config_error(tmp_path)
+    assert str(path) in str(err)
+    assert "store:" in str(err)
+    assert "'nope'" in str(err)
+
+
+def test_unknown_batches_store_names_key(tmp_path: Path) -> None:
+    path = queue_config(tmp_path, 'config = define_queue_config(batches={"store": "nope"})\n')
+    err = config_error(tmp_path)
+    assert str(path) in str(err)
+    assert "batches.store:" in str(err)
+
+
+def test_unknown_cache_store_driver_names_cache_file(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "config/cache.py",
+        """
+        from haze import define_cache_config
+        config = define_cache_config(stores={"memory": {"driver": "memcached"}})
+        """,
+    )
+    err = config_error(tmp_path)
+    assert str(path) in str(err)
+    assert "stores.memory.driver:" in str(err)
+
+
+def test_store_named_in_queue_config_must_exist_in_cache_config(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        "config/cache.py",
+        """
+        from haze import define_cache_config
+        config = define_cache_config(stores={"memory": {"driver": "memory"}, "other": {"driver": "memory"}})
+        """,
+    )
+    queue_config(tmp_path, 'config = define_queue_config(store="other")\n')
+    app = App(root=tmp_path)
+    assert app.queue_store is app.store("other")
+
+
+def test_config_file_without_config_variable(tmp_path: Path) -> None:
+    path = write(tmp_path, "config/queue.py", "QUEUE = 1\n")
+    err = config_error(tmp_path)
+    assert str(path) in str(err)
+    assert "config" in str(err)
+
+
+def test_config_file_with_the_wrong_helper(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, "config/queue.py", "from haze import define_cache_config\nconfig = define_cache_config()\n"
+    )
+    err = config_error(tmp_path)
+    assert str(path) in str(err)
+    assert "define_queue_config" in str(err)
+
+
+def test_config_file_that_raises_names_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "config/queue.py", "raise RuntimeError('boom')\n")
+    err = config_error(tmp_path)
+    assert str(path) in str(err)
+    assert "boom" in str(err)
+
+
+def test_inline_config_error_names_where_it_was_defined() -> None:
+    spec = define_queue_config(connections={"m": {"driver": "nope"}})
+    with pytest.raises(ConfigError, match=r"test_config\.py:\d+: connections\.m\.driver:"):
+        App(queue=spec)
+
+
+def test_root_must_be_a_directory(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not a directory"):
+        App(root=tmp_path / "missing")
+
+
+def test_unknown_connection_name_at_use() -> None:
+    app = App(queue=define_queue_config(connections={"m": {"driver": "memory"}}))
+    with pytest.raises(ConfigError, match="'redis'"):
+        app.driver("redis")
+
+
+def test_env_reads_and_casts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HAZE_TEST_UNSET", raising=False)
+    assert env("HAZE_TEST_UNSET") is None
+    assert env("HAZE_TEST_UNSET", "memory") == "memory"
+    monkeypatch.setenv("HAZE_TEST_STR", "redis")
+    assert env("HAZE_TEST_STR", "memory") == "redis"
+    monkeypatch.setenv("HAZE_TEST_INT", "5")
+    assert env("HAZE_TEST_INT", 1) == 5
+    monkeypatch.setenv("HAZE_TEST_BOOL", "yes")
+    assert env("HAZE_TEST_BOOL", False) is True
+    monkeypatch.setenv("HAZE_TEST_FLOAT", "1.5")
+    assert env("HAZE_TEST_FLOAT", 0.0) == 1.5
+    monkeypatch.setenv("HAZE_TEST_INT", "five")
+    with pytest.raises(ConfigError, match="HAZE_TEST_INT"):
+        env("HAZE_TEST_INT", 1)
+
+
+def test_env_in_a_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    queue_config(
+        tmp_path,
+        """
+        config = define_queue_config(
+            default=env("HAZE_TEST_QUEUE_CONNECTION", "memory"),
+            connections={"memory": {"driver": "memory"}, "sync": {"driver": "sync"}},
+        )
+        """,
+    )
+    monkeypatch.setenv("HAZE_TEST_QUEUE_CONNECTION", "sync")
+    assert App(root=tmp_path).queue_config.default == "sync"

@@ -1,0 +1,368 @@
+"""The driver contract suite: every test here runs once per queue driver.
+
+Fixtures and helpers (keep these stable; other contract files depend on them)
+============================================================================
+
+``driver``          (fixture, parametrised over ``DRIVERS``) -> ``DriverSpec``
+                    ``driver.id`` ("memory", "sync", ...), ``driver.inline``,
+                    ``driver.remote``, ``driver.local_callbacks``,
+                    ``driver.supports_delay``, ``driver.supports_retries``,
+                    ``driver.supports_release``, ``driver.stores_failed``,
+                    ``driver.has("retries")`` ... (see ``CAPABILITIES``).
+``app``             (fixture) an entered ``App`` whose default connection ``"main"`` uses
+                    the driver under test. A second connection ``"other"`` (always a
+                    ``memory`` connection) exists for on_connection tests.
+``make_app``        (fixture) ``async with make_app(**kw) as app:`` -- build and enter an
+                    app with options, e.g. ``make_app(concurrency=16)``,
+                    ``make_app(batches={"ttl": "1h"})``, ``make_app(store="locks",
+                    cache=define_cache_config(...))``, ``make_app(middleware=[...])``,
+                    ``make_app(options={...})`` (merged into the "main" connection),
+                    ``make_app(connections={...})`` (extra connections),
+                    ``make_app(spec=REMOTE_SIM)`` (another DriverSpec), ``key="..."``.
+``done``            (fixture) ``await done()`` waits until every job (and every job those
+                    jobs dispatched) on the current contract app has finished: memory ->
+                    ``Queue.idle()``; sync -> already done (inline); remote drivers -> polls
+                    the driver until nothing is queued/delayed/running. ``await done(app)``
+                    for an explicit app.
+``wait_done(app)``  the same as a plain coroutine function (import from conftest).
+``quietly(aw)``     await ``aw``; return the exception instead of raising it (a failing
+                    job raises out of ``dispatch()`` on the inline ``sync`` driver only).
+``@pytest.mark.requires("retries", "delay", ...)``
+                    skip the test on drivers without those capabilities (the seed forbids
+                    delays, release and retries on ``sync``).
+``skip_unless(driver, *caps)``  the same, inside a test body.
+``REMOTE_SIM``      a test-only DriverSpec: a MemoryDriver subclass with ``remote = True``
+                    and ``local_callbacks = False``, consumed by a worker this fixture
+                    starts (simulates redis/database/sqs).  Use
+                    ``make_app(spec=REMOTE_SIM)``; the driver is registered only while the
+                    app is open (``haze.drivers._DRIVERS`` + ``QUEUE_DRIVER_OPTIONS``).
+Prefer the fixtures ``quietly``, ``remote_sim`` (= REMOTE_SIM) and ``contract`` (a
+namespace: contract.quietly, contract.skip_unless, contract.wait_done, contract.REMOTE_SIM,
+contract.QUEUES, contract.DRIVERS) over ``from conftest import ...``: another
+``conftest`` module (runtime/tests) shares the module name in a full run.
+``QUEUES``          the queue names tests should use ("default", "high", "low", "q1",
+                    "q2"): remote drivers poll these to decide they are idle.
+
+Adding a driver = one entry in ``DRIVERS``::
+
+    DriverSpec("redis", connection=lambda tmp: {"driver": "redis", "url": REDIS_URL},
+               capabilities=FULL | {"remote"}, marks=(needs_redis,))
+
+``connection(tmp_path)`` returns the options of the "main" connection;
+``app_kwargs(tmp_path)`` (optional) returns extra ``App(...)`` kwargs (e.g.
+``database=define_database_config(...)``); remote drivers get an in-process ``Worker``
+on "main" started by the fixture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from haze import App, Queue, define_queue_config
+from haze.drivers.memory import MemoryDriver
+
+# --------------------------------------------------------------------------- capabilities
+
+#: Every capability a driver can have.
+CAPABILITIES = frozenset(
+    {
+        "queued",  # jobs go through a queue (not run inside dispatch())
+        "delay",  # delayed dispatch / backoff delays are honoured
+        "retries",  # a failed attempt is retried (tries > 1)
+        "release",  # job.release() puts the job back
+        "failed_store",  # final failures are kept (Queue.failed / Queue.retry)
+        "concurrency",  # several consumers run jobs at once
+        "local_callbacks",  # plain functions are accepted as callbacks
+        "remote",  # consumed by other processes (workers)
+    }
+)
+#: What a real queue driver offers (memory, database, redis, sqs ...).
+FULL = frozenset(CAPABILITIES - {"remote", "local_callbacks"})
+
+QUEUES = ("default", "high", "low", "q1", "q2")
+
+
+@dataclass(frozen=True)
+class DriverSpec:
+    id: str
+    connection: Callable[[Path], dict[str, Any]]
+    capabilities: frozenset[str]
+    app_kwargs: Callable[[Path], dict[str, Any]] | None = None
+    marks: tuple[Any, ...] = ()
+    #: called with the App before it is entered (e.g. to register a test driver)
+    setup: Callable[[], Callable[[], None]] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def has(self, *caps: str) -> bool:
+        unknown = set(caps) - CAPABILITIES
+        assert not unknown, f"unknown capabilities {unknown}"
+        return all(c in self.capabilities for c in caps)
+
+    @property
+    def inline(self) -> bool:
+        return "queued" not in self.capabilities
+
+    @property
+    def remote(self) -> bool:
+        return "remote" in self.capabilities
+
+    @property
+    def local_callbacks(self) -> bool:
+        return "local_callbacks" in self.capabilities
+
+    @property
+    def supports_delay(self) -> bool:
+        return "delay" in self.capabilities
+
+    @property
+    def supports_retries(self) -> bool:
+        return "retries" in self.capabilities
+
+    @property
+    def supports_release(self) -> bool:
+        return "release" in self.capabilities
+
+    @property
+    def stores_failed(self) -> bool:
+        return "failed_store" in self.capabilities
+
+    def __str__(self) -> str:
+        return self.id
+
+
+# --------------------------------------------------------------------------- test-only remote driver
+
+
+class RemoteMemoryDriver(MemoryDriver):
+    """A memory queue that pretends to be consumed elsewhere (like redis/database/sqs)."""
+
+    remote = True
+    local_callbacks = False
+
+
+def _register_remote_sim() -> Callable[[], None]:
+    from haze import config as haze_config
+    from haze import drivers as haze_drivers
+
+    had_d = "test_remote" in haze_drivers._DRIVERS
+    had_o = "test_remote" in haze_config.QUEUE_DRIVER_OPTIONS
+    haze_drivers._DRIVERS["test_remote"] = (__name__, "RemoteMemoryDriver")
+    haze_config.QUEUE_DRIVER_OPTIONS["test_remote"] = dict(haze_config._COMMON)
+
+    def undo() -> None:
+        if not had_d:
+            haze_drivers._DRIVERS.pop("test_remote", None)
+        if not had_o:
+            haze_config.QUEUE_DRIVER_OPTIONS.pop("test_remote", None)
+
+    return undo
+
+
+# --------------------------------------------------------------------------- the drivers
+
+DRIVERS: list[DriverSpec] = [
+    DriverSpec(
+        "memory",
+        connection=lambda tmp: {"driver": "memory"},
+        capabilities=FULL | {"local_callbacks"},
+    ),
+    DriverSpec(
+        "sync",
+        connection=lambda tmp: {"driver": "sync"},
+        capabilities=frozenset({"local_callbacks"}),
+    ),
+    # later: DriverSpec("database-sqlite", ...), DriverSpec("database-postgres", ...),
+    #        DriverSpec("redis", ...), DriverSpec("sqs", ...)
+]
+
+#: Not in DRIVERS (the real remote drivers cover that); use make_app(spec=REMOTE_SIM).
+REMOTE_SIM = DriverSpec(
+    "remote-sim",
+    connection=lambda tmp: {"driver": "test_remote"},
+    capabilities=FULL | {"remote"},
+    setup=_register_remote_sim,
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "requires(*caps): skip the contract test on drivers without these capabilities"
+    )
+
+
+@pytest.fixture(params=[pytest.param(d, id=d.id, marks=d.marks) for d in DRIVERS])
+def driver(request: pytest.FixtureRequest) -> DriverSpec:
+    spec: DriverSpec = request.param
+    return spec
+
+
+def skip_unless(driver: DriverSpec, *caps: str) -> None:
+    if not driver.has(*caps):
+        missing = [c for c in caps if c not in driver.capabilities]
+        pytest.skip(f"the {driver.id} driver does not support: {', '.join(missing)}")
+
+
+@pytest.fixture(autouse=True)
+def _contract_requires(request: pytest.FixtureRequest) -> None:
+    marker = request.node.get_closest_marker("requires")
+    if marker is None or "driver" not in request.fixturenames:
+        return
+    skip_unless(request.getfixturevalue("driver"), *marker.args)
+
+
+# --------------------------------------------------------------------------- waiting
+
+
+_SPEC_ATTR = "_contract_spec"
+_WORKERS_ATTR = "_contract_workers"
+
+
+async def wait_done(app: App | None = None, timeout: float = 20.0) -> None:
+    """Wait until the app's jobs (local and remote-simulated) have all finished."""
+    if app is None:
+        app = _current_app
+    assert app is not None, "no contract app is open"
+    workers = getattr(app, _WORKERS_ATTR, [])
+    deadline = time.monotonic() + timeout
+
+    async def remote_busy() -> bool:
+        for w in workers:
+            if w.running:
+                return True
+            d = w.driver
+            pending = getattr(d, "pending", None)
+            if pending is not None:
+                if pending():
+                    return True
+                continue
+            for q in QUEUES:
+                if await d.size(q):
+                    return True
+        return False
+
+    stable = 0
+    while True:
+        await asyncio.wait_for(Queue.idle(), max(0.1, deadline - time.monotonic()))
+        if workers and await remote_busy():
+            stable = 0
+        else:
+            stable += 1
+            if stable >= 2:
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError("contract app did not become idle")
+        await asyncio.sleep(0.005 if workers else 0)
+
+
+async def quietly(aw: Awaitable[Any]) -> Any:
+    """Await; return the raised exception instead of propagating it."""
+    try:
+        return await aw
+    except Exception as e:  # noqa: BLE001
+        return e
+
+
+# --------------------------------------------------------------------------- apps
+
+_current_app: App | None = None
+
+
+@pytest.fixture
+def make_app(
+    driver: DriverSpec, tmp_path: Path
+) -> Callable[..., contextlib.AbstractAsyncContextManager[App]]:
+    @contextlib.asynccontextmanager
+    async def factory(
+        *,
+        spec: DriverSpec | None = None,
+        options: dict[str, Any] | None = None,
+        concurrency: int | None = None,
+        connections: dict[str, dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[App]:
+        global _current_app
+        s = spec or driver
+        undo = s.setup() if s.setup else None
+        try:
+            main = dict(s.connection(tmp_path))
+            if options:
+                main.update(options)
+            if concurrency is not None and main["driver"] != "sync":
+                main["concurrency"] = concurrency
+            conns = {"main": main, "other": {"driver": "memory"}}
+            conns.update(connections or {})
+            queue_kw = {
+                k: kwargs.pop(k) for k in ("store", "batches", "middleware") if k in kwargs
+            }
+            app_kw = dict(s.app_kwargs(tmp_path)) if s.app_kwargs else {}
+            app_kw.update(kwargs)
+            app = App(
+                queue=define_queue_config(default="main", connections=conns, **queue_kw),
+                **app_kw,
+            )
+            setattr(app, _SPEC_ATTR, s)
+            previous = _current_app
+            async with app:
+                _current_app = app
+                workers = []
+                if s.remote:
+                    from haze.worker import Worker
+
+                    w = Worker(app, "main", None, concurrency or 1, sleep=0.01, max_sleep=0.02)
+                    w.start()
+                    workers.append(w)
+                setattr(app, _WORKERS_ATTR, workers)
+                try:
+                    yield app
+                finally:
+                    for w in workers:
+                        await w.stop()
+                    _current_app = previous
+        finally:
+            if undo is not None:
+                undo()
+
+    return factory
+
+
+@pytest.fixture
+async def app(make_app: Callable[..., Any]) -> AsyncIterator[App]:
+    async with make_app() as a:
+        yield a
+
+
+@pytest.fixture
+def done() -> Callable[..., Awaitable[None]]:
+    return wait_done
+
+
+def iter_specs() -> Iterable[DriverSpec]:
+    return iter(DRIVERS)
+
+
+@pytest.fixture(name="quietly")
+def _quietly_fixture() -> Callable[[Awaitable[Any]], Awaitable[Any]]:
+    return quietly
+
+
+@pytest.fixture
+def remote_sim() -> DriverSpec:
+    return REMOTE_SIM
+
+
+@pytest.fixture
+def contract() -> SimpleNamespace:
+    return SimpleNamespace(
+        quietly=quietly, skip_unless=skip_unless, wait_done=wait_done, REMOTE_SIM=REMOTE_SIM,
+        QUEUES=QUEUES, DRIVERS=DRIVERS, DriverSpec=DriverSpec, FULL=FULL,
+        RemoteMemoryDriver=RemoteMemoryDriver,
+    )
