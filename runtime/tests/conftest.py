@@ -26,6 +26,12 @@ def make_app(**connections: dict[str, Any]) -> App:
     return App(queue=define_queue_config(default="memory", connections=conns))
 
 
+@pytest.fixture(name="make_app")
+def make_app_fixture() -> Any:
+    """The ``make_app(**extra_connections)`` factory (test modules are not a package)."""
+    return make_app
+
+
 @pytest.fixture
 async def app() -> AsyncIterator[App]:
     """An entered app: ``memory`` (default, concurrency 1) and ``sync`` connections."""

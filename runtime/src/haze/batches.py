@@ -302,19 +302,33 @@ async def _dispatch_items(
     from .chains import start_links
 
     conn, queue = options.get("connection"), options.get("queue")
+    first_error: BaseException | None = None
     for item in items:
-        if isinstance(item, list):
-            links = []
-            for p in item:
-                link = p.to_link()
-                if queue and "queue" not in link:
-                    link["queue"] = queue
-                if conn and "connection" not in link:
-                    link["connection"] = conn
-                links.append(link)
-            await start_links(manager, links, new_id(), None, batch_id=batch_id)
-        else:
-            await manager.dispatch(item, queue=queue, connection=conn, batch_id=batch_id)
+        head = item[0] if isinstance(item, list) else item
+        try:
+            if isinstance(item, list):
+                links = []
+                for p in item:
+                    link = p.to_link()
+                    if queue and "queue" not in link:
+                        link["queue"] = queue
+                    if conn and "connection" not in link:
+                        link["connection"] = conn
+                    links.append(link)
+                await start_links(manager, links, new_id(), None, batch_id=batch_id)
+            else:
+                await manager.dispatch(item, queue=queue, connection=conn, batch_id=batch_id)
+        except Exception as e:
+            # sync runs each job inside dispatch(): a failure is raised here. Dispatch
+            # the rest so the batch still reaches its end (they are skipped once it is
+            # cancelled), then raise the first failure to the caller.
+            target = manager.resolve(head, queue=queue, connection=conn)[0]
+            if not manager.app.driver(target).inline:
+                raise
+            if first_error is None:
+                first_error = e
+    if first_error is not None:
+        raise first_error
 
 
 async def find(manager: QueueManager, batch_id: str) -> Batch | None:

@@ -135,8 +135,22 @@ async def start_links(
 
     head, rest = links[0], links[1:]
     if "batch" in head:
+        from . import testing
         from .batches import dispatch_spec
 
+        if testing._active_fake is not None:
+            # Under Queue.fake() a batch is recorded in fake.batches, not run (seed 测试).
+            from .batches import PendingBatch
+
+            spec = head["batch"]
+            pb = PendingBatch(
+                [[link_to_pending(x) for x in j["chain"]] if "chain" in j else link_to_pending(j)
+                 for j in spec["jobs"]]
+            )
+            pb._name, pb._queue = spec.get("name"), spec.get("queue")
+            pb._connection, pb._allow_failures = spec.get("connection"), bool(spec.get("allow_failures"))
+            batch = testing._active_fake.record_batch(pb, spec)
+            return DispatchResult(batch.id, chain_id=chain_id)
         batch = await dispatch_spec(
             manager, head["batch"], chain={"links": rest, "chain_id": chain_id, "catch": catch}
         )

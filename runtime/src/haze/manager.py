@@ -134,8 +134,13 @@ class QueueManager:
 
     def encode(self, message: Message, driver: Driver, job: JobDefinition[Any]) -> str:
         if job.encrypted:
+            import copy
+
             from .crypto import encrypt_payload
 
+            # Encrypt a copy: the message keeps its plain payload for unique/debounce key
+            # functions, the fake's assertions and inline runs.
+            message = copy.copy(message)
             encrypt_payload(self.app, message)
         body = encode(message)
         limit = driver.max_message_size
@@ -175,6 +180,7 @@ class QueueManager:
         if defer and after_commit:
             tx = current_transaction()
             if tx is not None:
+                encode(message)  # a payload JSON cannot carry raises TypeError now, not after COMMIT
                 return self._defer(tx, message, job, delay)
         return await self._send(message, job, delay)
 
@@ -195,13 +201,14 @@ class QueueManager:
         body = self.encode(message, driver, job)
         if job.debounce is not None and message.batch_id is None:
             delay = await self._debounce(job, message, delay, fake)
+            body = self.encode(message, driver, job)  # now carries meta.debounce
         if job.unique is not None and message.batch_id is None:
             holder = await self._lock_unique(job, message, driver, fake)
             if holder is not None:
                 if fake is not None:
                     fake.record_skipped(job, message)
                 return DispatchResult(holder, skipped=True, chain_id=message.chain_id)
-            body = encode(message)
+            body = self.encode(message, driver, job)  # now carries the lock
         if fake is not None:
             fake.record(job, message, delay)
             return DispatchResult(message.id, chain_id=message.chain_id)
@@ -475,6 +482,9 @@ class QueueManager:
             if latest is not None and latest != message.id:
                 await driver.ack(reserved)
                 return _Outcome.SKIPPED, None
+            if job.debounce is not None and job.debounce.max_wait is not None:
+                # the burst is over: the next dispatch starts a new max_wait window
+                await store.delete(message.meta["debounce"] + ":first")
         if message.batch_id is not None:
             from .batches import load_for_job
 
@@ -524,8 +534,16 @@ class QueueManager:
                 job.name, round(elapsed * 1000), reserved.attempt, tries,
                 extra={"job": job.name, "job_id": message.id, "attempt": reserved.attempt},
             )
+        next_error: BaseException | None = None
         if message.chain or ctx._chain_appended or ctx._chain_prepended:
-            await self._continue_chain(message, ctx)
+            try:
+                await self._continue_chain(message, ctx)
+            except Exception as e:
+                # sync: the next link ran inline and failed; finish this job first,
+                # then raise that failure to the dispatch() caller.
+                if not inline:
+                    raise
+                next_error = e
         if message.batch_id is not None:
             await self._settle_batch(message, "done", None)
         if message.unique is not None:
@@ -535,6 +553,8 @@ class QueueManager:
         await driver.ack(reserved)
         if self.events.after:
             await self.events.emit("after", ctx)
+        if next_error is not None:
+            raise next_error
         return _Outcome.SUCCESS, None
 
     def _payload(self, job: JobDefinition[Any], message: Message) -> Any:

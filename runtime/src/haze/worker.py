@@ -141,12 +141,18 @@ class Worker:
             if events.looping:
                 await events.emit("looping", self.connection, queues)
             job = reserve_nowait(queues) if reserve_nowait is not None else None
+            idle_told = False
             if job is None:
+                if events.worker_idle and reserve_nowait is not None and not self.stop_when_empty:
+                    # an in-process queue blocks (up to an hour) until a job arrives: tell
+                    # listeners it is idle before the wait, not after it
+                    await events.emit("worker_idle", self.connection, queues)
+                    idle_told = True
                 job = await self._claim(0.0 if self.stop_when_empty else self._wait_for(idle_wait))
             if job is None:
                 if self.stopping:
                     break
-                if events.worker_idle:
+                if events.worker_idle and not idle_told:
                     await events.emit("worker_idle", self.connection, queues)
                 if self.stop_when_empty:
                     if self._busy == 0:

@@ -11,6 +11,7 @@ CLI runs, so the runtime itself stays dependency-free.
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -43,4 +44,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ImportError:
         print(MISSING_DEPENDENCIES, file=sys.stderr)
         sys.exit(1)
+    _configure_logging()
     get_cli().main(args=list(argv) if argv is not None else None, prog_name="haze")
+
+
+def _configure_logging() -> None:
+    # Job logs and haze's warnings must reach a worker's stderr; an app that set up
+    # logging itself (e.g. in a job module) keeps its own handlers.
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(
+            level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )

@@ -128,9 +128,9 @@ class MemoryDriver:
                 return
             self._timer.cancel()
         self._timer_at = due
-        self._timer = self._loop.call_at(
-            self._loop.time() + max(0.0, due - _monotonic()), self._promote
-        )
+        # call_later, not call_at: Pyodide's WebLoop raises "Can't schedule in the past"
+        # when a call_at deadline computed from time() has already slipped by.
+        self._timer = self._loop.call_later(max(0.0, due - _monotonic()), self._promote)
 
     def _promote(self) -> None:
         self._timer = None

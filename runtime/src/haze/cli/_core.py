@@ -1,0 +1,137 @@
+"""The root ``haze`` group and what every command module shares.
+
+Command modules register with ``@cli.command("group:name")`` and get the app with
+``state.app()``; :func:`run` executes a coroutine against it and closes it afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+from rich.console import Console
+
+from ..durations import parse_duration
+from ..errors import HazeError
+
+if TYPE_CHECKING:
+    from ..app import App
+
+__all__ = ["DURATION", "State", "cli", "connection_option", "console", "run"]
+
+T = TypeVar("T")
+FC = TypeVar("FC", bound="Callable[..., Any] | click.Command")
+
+
+@dataclass
+class State:
+    """Per-invocation state: the app root, and the app once a command asks for it."""
+
+    root: Path
+    _app: App | None = field(default=None, repr=False)
+
+    def app(self) -> App:
+        """The app at ``root``, created on first use so ``make:*`` works with a broken config."""
+        if self._app is None:
+            from ..app import App
+
+            self._app = App(root=self.root)
+        return self._app
+
+
+class HazeGroup(click.Group):
+    """A group that turns haze's own errors into a one-line message and exit code 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except HazeError as e:
+            raise click.ClickException(str(e)) from None
+        except OSError as e:
+            # Unreachable backends and unwritable paths are the user's to fix, not a bug.
+            raise click.ClickException(f"{type(e).__name__}: {e}") from None
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+@click.group(cls=HazeGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--root",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    envvar="HAZE_APP_ROOT",
+    default=".",
+    show_default="$HAZE_APP_ROOT or the current directory",
+    help="The app root (holds config/ and app/job/).",
+)
+@click.version_option(_version(), prog_name="haze")
+@click.pass_context
+def cli(ctx: click.Context, root: Path) -> None:
+    """haze: background jobs for serverless and edge-first Python apps."""
+    ctx.obj = State(root=root.resolve())
+
+
+def console() -> Console:
+    """A console on the current stdout (CliRunner swaps it per invocation)."""
+    return Console(file=sys.stdout, highlight=False, soft_wrap=not sys.stdout.isatty())
+
+
+def run(state: State, fn: Callable[[App], Awaitable[T]]) -> T:
+    """Run ``fn(app)`` in a fresh event loop with the app current, then close the app."""
+    app = state.app()
+
+    async def runner() -> T:
+        from ..app import run_in_app
+
+        async def call() -> T:
+            return await fn(app)
+
+        try:
+            return await run_in_app(app, call)
+        finally:
+            await app.stop()
+
+    return asyncio.run(runner())
+
+
+if TYPE_CHECKING:
+    _ParamType = click.ParamType[float, Any]
+else:  # click < 8.2 has no type parameters here
+    _ParamType = click.ParamType
+
+
+class DurationType(_ParamType):
+    """Seconds or a duration string (``5``, ``1.5``, ``"500ms"``, ``"5m"``), > 0."""
+
+    name = "duration"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        if isinstance(value, float):
+            return value
+        flag = param.opts[0] if param is not None and param.opts else "duration"
+        try:
+            return parse_duration(value, flag, allow_zero=False)
+        except ValueError as e:
+            # click already prefixes "Invalid value for '--flag'".
+            message = str(e).removeprefix(f"{flag}: ")
+            self.fail(message, param, ctx)
+
+
+DURATION = DurationType()
+
+
+def connection_option(
+    help: str = "The queue connection (default: the config default).",
+) -> Callable[[FC], FC]:
+    """The ``--connection`` option every queue command takes."""
+    return click.option("--connection", "connection", default=None, metavar="NAME", help=help)

@@ -1,0 +1,297 @@
+"""``haze queue:*`` in-process through CliRunner, on an app whose memory queues we fill.
+
+The CLI normally builds ``App(root=...)``; here ``State.app`` hands it a prepared app so
+the memory driver already holds waiting and failed jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from haze import App, JobDefinition, Queue, define_job, define_queue_config
+from haze.cli import MISSING_DEPENDENCIES, get_cli, main
+from haze.cli._core import State
+from haze.cli.queue import SYNC_REFUSAL, exception_summary
+
+ran: list[Any] = []
+
+
+@define_job(name="cli_test_ok")
+async def cli_ok(payload: dict[str, Any]) -> None:
+    ran.append(payload)
+
+
+@define_job(name="cli_test_boom")
+async def cli_boom(payload: dict[str, Any]) -> None:
+    raise ValueError(f"boom {payload['n']}\nsecond line")
+
+
+def make_app() -> App:
+    return App(
+        queue=define_queue_config(
+            default="memory",
+            connections={"memory": {"driver": "memory"}, "sync": {"driver": "sync"}},
+        )
+    )
+
+
+@pytest.fixture
+def app(monkeypatch: pytest.MonkeyPatch) -> App:
+    a = make_app()
+    monkeypatch.setattr(State, "app", lambda self: a)
+    ran.clear()
+    return a
+
+
+def haze(root: Path, *args: str) -> Result:
+    return CliRunner().invoke(get_cli(), ["--root", str(root), *args])
+
+
+async def enqueue(app: App, job: JobDefinition[Any], payload: Any, queue: str = "default") -> str:
+    """Queue a message without starting the app's in-process consumer."""
+    pending = job.with_(payload).on_queue(queue)
+    connection, q = app.manager.resolve(pending)
+    message = app.manager.build(pending, connection, q)
+    driver = app.driver(connection)
+    await driver.enqueue(app.manager.encode(message, driver, job), message, 0.0)
+    return message.id
+
+
+def fail_jobs(app: App, n: int, queue: str = "default") -> list[str]:
+    async def go() -> list[str]:
+        async with app:
+            ids = [(await cli_boom.dispatch({"n": i}, queue=queue)) for i in range(n)]
+            await Queue.idle()
+        return ids
+
+    return asyncio.run(go())
+
+
+def failed_ids(app: App) -> list[str]:
+    return [j.id for j in asyncio.run(app.manager.failed("memory"))]
+
+
+# --------------------------------------------------------------------------- queue:work
+
+
+def test_work_runs_waiting_jobs_and_prints_a_line_per_job(app: App, tmp_path: Path) -> None:
+    async def fill() -> list[str]:
+        return [
+            await enqueue(app, cli_ok, {"n": 1}),
+            await enqueue(app, cli_boom, {"n": 2}, queue="emails"),
+        ]
+
+    ok_id, boom_id = asyncio.run(fill())
+    result = haze(tmp_path, "queue:work", "--stop-when-empty", "-v")
+    assert result.exit_code == 0, result.output
+    assert ran == [{"n": 1}]
+    lines = result.output.splitlines()
+    assert any("DONE" in ln and "cli_test_ok" in ln and ok_id in ln for ln in lines)
+    assert any("FAILED" in ln and "cli_test_boom" in ln and "queue=emails" in ln for ln in lines)
+    assert "Worker stopped after 2 job(s)." in result.output
+    assert failed_ids(app) == [boom_id]
+
+
+def test_work_honours_queue_priority_and_max_jobs(app: App, tmp_path: Path) -> None:
+    async def fill() -> None:
+        await enqueue(app, cli_ok, {"q": "low"}, queue="low")
+        await enqueue(app, cli_ok, {"q": "high"}, queue="high")
+
+    asyncio.run(fill())
+    result = haze(tmp_path, "queue:work", "--queue", "high,low", "--max-jobs", "1")
+    assert result.exit_code == 0, result.output
+    assert ran == [{"q": "high"}]
+    result = haze(tmp_path, "queue:work", "--queue", "high", "--once")
+    assert result.exit_code == 0, result.output
+    assert ran == [{"q": "high"}]  # "low" was not among the queues
+
+
+def test_work_without_jobs_stops_when_empty(app: App, tmp_path: Path) -> None:
+    result = haze(tmp_path, "queue:work", "--stop-when-empty", "--concurrency", "3")
+    assert result.exit_code == 0, result.output
+    assert "concurrency 3" in result.output
+
+
+def test_work_max_time(app: App, tmp_path: Path) -> None:
+    result = haze(tmp_path, "queue:work", "--max-time", "50ms", "--sleep", "0.01")
+    assert result.exit_code == 0, result.output
+
+
+def test_work_refuses_the_sync_connection(app: App, tmp_path: Path) -> None:
+    result = haze(tmp_path, "queue:work", "--connection", "sync")
+    assert result.exit_code == 1
+    assert SYNC_REFUSAL in result.output
+    assert "Traceback" not in result.output
+
+
+def test_work_unknown_connection(app: App, tmp_path: Path) -> None:
+    result = haze(tmp_path, "queue:work", "--connection", "nope")
+    assert result.exit_code == 1
+    assert "unknown queue connection 'nope'" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--sleep", "soon"], "--sleep"),
+        (["--max-time", "-1"], "--max-time"),
+        (["--max-time", "0"], "--max-time"),
+        (["--concurrency", "0"], "--concurrency"),
+        (["--max-jobs", "x"], "--max-jobs"),
+        (["--queue", ","], "--queue"),
+    ],
+)
+def test_work_bad_arguments_name_the_flag(
+    app: App, tmp_path: Path, args: list[str], flag: str
+) -> None:
+    result = haze(tmp_path, "queue:work", *args)
+    assert result.exit_code == 2
+    assert flag in result.output
+    assert "Traceback" not in result.output
+
+
+# --------------------------------------------------------------------------- failed jobs
+
+
+def test_failed_lists_failed_jobs(app: App, tmp_path: Path) -> None:
+    ids = fail_jobs(app, 2)
+    result = haze(tmp_path, "queue:failed")
+    assert result.exit_code == 0, result.output
+    for job_id in ids:
+        assert job_id in result.output
+    assert "cli_test_boom" in result.output
+    assert "ValueError: boom 0" in result.output
+    assert "second line" not in result.output
+
+
+def test_failed_when_there_are_none(app: App, tmp_path: Path) -> None:
+    result = haze(tmp_path, "queue:failed", "--connection", "sync")
+    assert result.exit_code == 0, result.output
+    assert 'No failed jobs on connection "sync".' in result.output
+
+
+def test_retry_all(app: App, tmp_path: Path) -> None:
+    fail_jobs(app, 3)
+    result = haze(tmp_path, "queue:retry")
+    assert result.exit_code == 0, result.output
+    assert "Retried 3 failed job(s)" in result.output
+    assert failed_ids(app) == []
+    assert asyncio.run(app.manager.size("default", "memory")) == 3
+
+
+def test_retry_all_filters_by_queue(app: App, tmp_path: Path) -> None:
+    fail_jobs(app, 1, queue="emails")
+    kept = fail_jobs(app, 1)
+    result = haze(tmp_path, "queue:retry", "all", "--queue", "emails")
+    assert result.exit_code == 0, result.output
+    assert "Retried 1 failed job(s)" in result.output
+    assert failed_ids(app) == kept
+
+
+def test_retry_ids_reports_unknown_ones(app: App, tmp_path: Path) -> None:
+    first, second = fail_jobs(app, 2)
+    result = haze(tmp_path, "queue:retry", first, "nope")
+    assert result.exit_code == 1
+    assert 'no failed job with id "nope"' in result.output
+    assert "Retried 1 failed job(s)" in result.output
+    assert failed_ids(app) == [second]
+
+
+def test_retry_rejects_all_mixed_with_ids(app: App, tmp_path: Path) -> None:
+    result = haze(tmp_path, "queue:retry", "all", "abc")
+    assert result.exit_code == 2
+
+
+def test_forget(app: App, tmp_path: Path) -> None:
+    first, second = fail_jobs(app, 2)
+    result = haze(tmp_path, "queue:forget", first)
+    assert result.exit_code == 0, result.output
+    assert failed_ids(app) == [second]
+    result = haze(tmp_path, "queue:forget", first)
+    assert result.exit_code == 1
+    assert f'no failed job with id "{first}"' in result.output
+
+
+def test_flush(app: App, tmp_path: Path) -> None:
+    fail_jobs(app, 2)
+    result = haze(tmp_path, "queue:flush", "--hours", "1")
+    assert result.exit_code == 0, result.output
+    assert "Deleted 0 failed job(s)" in result.output
+    result = haze(tmp_path, "queue:flush")
+    assert result.exit_code == 0, result.output
+    assert "Deleted 2 failed job(s)" in result.output
+    assert failed_ids(app) == []
+
+
+# --------------------------------------------------------------------------- waiting jobs
+
+
+def test_clear_and_size(app: App, tmp_path: Path) -> None:
+    async def fill() -> None:
+        for i in range(3):
+            await enqueue(app, cli_ok, {"i": i})
+        await enqueue(app, cli_ok, {"i": 9}, queue="emails")
+
+    asyncio.run(fill())
+    result = haze(tmp_path, "queue:size", "--queue", "default,emails")
+    assert result.exit_code == 0, result.output
+    assert [ln.split() for ln in result.output.splitlines() if "default" in ln][0][-2] == "3"
+    result = haze(tmp_path, "queue:clear")
+    assert result.exit_code == 0, result.output
+    assert 'Cleared 3 job(s) from queue "default"' in result.output
+    result = haze(tmp_path, "queue:clear", "--queue", "emails")
+    assert 'Cleared 1 job(s) from queue "emails"' in result.output
+    assert ran == []
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_config_error_is_one_line_naming_file_and_key(tmp_path: Path) -> None:
+    (tmp_path / "config").mkdir()
+    path = tmp_path / "config" / "queue.py"
+    path.write_text(
+        "from haze import define_queue_config\n"
+        'config = define_queue_config(default="x", connections={"x": {"driver": "nope"}})\n'
+    )
+    result = haze(tmp_path, "queue:failed")
+    assert result.exit_code == 1
+    assert str(path) in result.output
+    assert "connections.x.driver" in result.output
+    assert isinstance(result.exception, SystemExit)
+
+
+def test_unknown_command(tmp_path: Path) -> None:
+    result = haze(tmp_path, "queue:nope")
+    assert result.exit_code == 2
+    assert "No such command" in result.output
+
+
+def test_main_without_click(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "click", None)
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 1
+    assert MISSING_DEPENDENCIES in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "summary"),
+    [
+        (
+            'Traceback (most recent call last):\n  File "x.py", line 1, in f\n    raise ValueError("a")\n'
+            "ValueError: a\nmore",
+            "ValueError: a",
+        ),
+        ("RuntimeError: plain\nline two", "RuntimeError: plain"),
+        ("", ""),
+    ],
+)
+def test_exception_summary(text: str, summary: str) -> None:
+    assert exception_summary(text) == summary

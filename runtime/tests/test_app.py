@@ -1,0 +1,208 @@
+"""The app: job discovery, the current app (use_app / run_in_app / implicit default)."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import haze.app as haze_app
+from haze import App, DuplicateJobError, JobContext, Queue, define_job, run_in_app, use_app
+from haze.jobs import get_job
+
+seen: list[tuple[str, Any]] = []
+
+
+async def app_ctx_mw(payload: Any, job: JobContext, call_next: Any) -> Any:
+    seen.append(("middleware", use_app()))
+    return await call_next()
+
+
+@define_job(name="app_ctx_job", middleware=[app_ctx_mw])
+async def app_ctx_job(payload: dict, job: JobContext) -> None:
+    seen.append(("handle", use_app()))
+    seen.append(("ctx.app", job.app))
+    if payload.get("fail"):
+        raise RuntimeError("boom")
+    if payload.get("child"):
+        await Queue.dispatch("app_ctx_child", {})
+
+
+@app_ctx_job.on_failed
+async def _app_ctx_failed(payload: dict, error: BaseException, job: JobContext) -> None:
+    seen.append(("failed", use_app()))
+
+
+@define_job(name="app_ctx_child")
+async def app_ctx_child(payload: dict) -> None:
+    seen.append(("child", use_app()))
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+def _write(root: Path, rel: str, body: str) -> Path:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+JOB_FILE = """\
+from haze import define_job
+
+@define_job(name="{name}")
+async def handler(payload: dict) -> None:
+    pass
+"""
+
+
+@pytest.mark.usefixtures("isolated_imports")
+def test_discovery_imports_every_job_module_under_app_job(tmp_path: Path) -> None:
+    uid = uuid.uuid4().hex[:8]
+    names = [f"disc_top_{uid}", f"disc_nested_{uid}", f"disc_deep_{uid}"]
+    _write(tmp_path, f"app/job/top_{uid}.py", JOB_FILE.format(name=names[0]))
+    _write(tmp_path, f"app/job/admin/nested_{uid}.py", JOB_FILE.format(name=names[1]))
+    _write(tmp_path, f"app/job/a/b/deep_{uid}.py", JOB_FILE.format(name=names[2]))
+    _write(tmp_path, f"app/other/not_a_job_{uid}.py", JOB_FILE.format(name=f"disc_other_{uid}"))
+    app = App(root=tmp_path)
+    for n in names:
+        job = get_job(n)
+        assert Path(job.origin.rsplit(":", 1)[0]).is_relative_to(tmp_path / "app" / "job")
+    with pytest.raises(LookupError):
+        get_job(f"disc_other_{uid}")
+    # discovering again (a second app on the same root) is not a duplicate
+    App(root=tmp_path)
+    app.discover()
+
+
+@pytest.mark.usefixtures("isolated_imports")
+async def test_discovered_jobs_dispatch_by_name(tmp_path: Path) -> None:
+    uid = uuid.uuid4().hex[:8]
+    _write(
+        tmp_path,
+        f"app/job/record_{uid}.py",
+        f"""\
+        from haze import define_job
+        ran = []
+
+        @define_job(name="disc_run_{uid}")
+        async def handler(payload: dict) -> None:
+            ran.append(payload)
+        """,
+    )
+    async with App(root=tmp_path) as app:
+        await Queue.dispatch(f"disc_run_{uid}", {"n": 1})
+        await Queue.idle()
+    module = get_job(f"disc_run_{uid}").handler.__globals__
+    assert module["ran"] == [{"n": 1}]
+    assert app.root == tmp_path.resolve()
+
+
+@pytest.mark.usefixtures("isolated_imports")
+def test_two_discovered_jobs_with_the_same_name_name_both_files(tmp_path: Path) -> None:
+    uid = uuid.uuid4().hex[:8]
+    first = _write(tmp_path, f"app/job/cleanup_{uid}.py", JOB_FILE.format(name=f"cleanup_{uid}"))
+    second = _write(
+        tmp_path, f"app/job/admin/cleanup_{uid}.py", "\n\n" + JOB_FILE.format(name=f"cleanup_{uid}")
+    )
+    with pytest.raises(DuplicateJobError) as info:
+        App(root=tmp_path)
+    msg = str(info.value)
+    assert f"cleanup_{uid}" in msg
+    # both files, each with the line of its definition (the decorator: 3, and 5 in the second)
+    assert f"{second}:5" in msg
+    assert f"{first}:3" in msg
+
+
+@pytest.mark.usefixtures("isolated_imports")
+def test_a_broken_job_module_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    from haze import ConfigError
+
+    uid = uuid.uuid4().hex[:8]
+    path = _write(tmp_path, f"app/job/broken_{uid}.py", "raise RuntimeError('kaputt')\n")
+    with pytest.raises(ConfigError) as info:
+        App(root=tmp_path)
+    assert str(path) in str(info.value)
+    assert "kaputt" in str(info.value)
+
+
+# --------------------------------------------------------------------------- current app
+
+
+def test_implicit_default_app_without_any_app() -> None:
+    assert haze_app._current.get() is None
+    default = use_app()
+    assert isinstance(default, App)
+    assert use_app() is default
+    assert list(default.queue_config.connections) == ["memory"]
+    assert default.queue_config.connections["memory"]["driver"] == "memory"
+
+
+async def test_implicit_default_app_runs_jobs() -> None:
+    seen.clear()
+    await app_ctx_child.dispatch({})
+    await Queue.idle()
+    assert seen == [("child", use_app())]
+    assert use_app() is haze_app._default()
+
+
+async def test_entered_app_is_current_and_nesting_restores(make_app: Any) -> None:
+    outer, inner = make_app(), make_app()
+    default = use_app()
+    async with outer:
+        assert use_app() is outer
+        async with inner:
+            assert use_app() is inner
+        assert use_app() is outer
+    assert use_app() is default
+
+
+async def test_app_fixture_is_current(app: App) -> None:
+    assert use_app() is app
+
+
+async def test_run_in_app_pins_an_app_for_sync_and_async_functions(make_app: Any) -> None:
+    a, b = make_app(), make_app()
+    async with a:
+        assert await run_in_app(b, use_app) is b
+
+        async def body() -> App:
+            await asyncio.sleep(0)
+            return use_app()
+
+        assert await run_in_app(b, body) is b
+        assert use_app() is a
+
+
+async def test_jobs_run_in_their_own_app_context(make_app: Any) -> None:
+    """Handle, middleware, failed and facades inside them resolve to the job's app,
+    even while another app is the most recently entered one."""
+    seen.clear()
+    first, second = make_app(), make_app()
+    async with first, second:
+        assert use_app() is second
+
+        async def go() -> None:
+            await app_ctx_job.dispatch({"child": True})
+            await app_ctx_job.dispatch({"fail": True})
+            await Queue.idle()
+
+        await run_in_app(first, go)
+        assert await Queue.failed() == []  # second app: nothing failed there
+        assert len(await run_in_app(first, Queue.failed)) == 1
+    where = {(what, app) for what, app in seen}
+    assert where == {("middleware", first), ("handle", first), ("ctx.app", first),
+                     ("failed", first), ("child", first)}
+
+
+async def test_app_start_and_stop_are_idempotent_enough(app: App) -> None:
+    # dispatch outside the context manager still works on an entered app
+    seen.clear()
+    await app_ctx_child.dispatch({})
+    await Queue.idle()
+    assert seen == [("child", app)]

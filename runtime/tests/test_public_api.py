@@ -1,0 +1,89 @@
+"""The public surface: ``haze.__all__`` is complete, sorted, and every name imports."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import types
+
+import __future__
+
+import haze
+
+
+def test_all_is_sorted_and_unique() -> None:
+    assert haze.__all__ == sorted(haze.__all__)
+    assert len(set(haze.__all__)) == len(haze.__all__)
+
+
+def test_every_name_in_all_imports() -> None:
+    for name in haze.__all__:
+        assert hasattr(haze, name), name
+    namespace: dict[str, object] = {}
+    exec("from haze import *", namespace)
+    assert set(haze.__all__) <= set(namespace)
+
+
+def test_all_is_complete() -> None:
+    public = {
+        name
+        for name, value in vars(haze).items()
+        if not name.startswith("_")
+        and not isinstance(value, (types.ModuleType, __future__._Feature))
+    }
+    assert public <= set(haze.__all__), sorted(public - set(haze.__all__))
+
+
+def test_spec_names_are_exported() -> None:
+    expected = {
+        # §2 the app
+        "App", "define_queue_config", "use_app", "run_in_app",
+        # §3–§5 jobs, context, dispatch
+        "define_job", "JobContext", "JobDefinition", "PendingDispatch", "DispatchResult",
+        "AbortSignal", "Queue", "FailedJob",
+        # §7 config
+        "define_cache_config", "define_database_config", "define_redis_config", "env",
+        # §9 orchestration
+        "Batch", "PendingBatch", "PendingChain", "rate_limited", "without_overlapping",
+        "throttles_exceptions", "skip_if", "tenant", "current_tenant", "after_commit",
+        # §13 errors
+        "HazeError", "ConfigError", "DuplicateJobError", "UnknownJobError",
+        "BatchFinishedError", "JobTimeoutError",
+    }
+    assert expected <= set(haze.__all__), sorted(expected - set(haze.__all__))
+
+
+def test_every_error_derives_from_haze_error() -> None:
+    from haze import errors
+
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert issubclass(cls, haze.HazeError), name
+        assert getattr(haze, name) is cls
+    assert issubclass(haze.ConfigError, ValueError)
+    assert issubclass(haze.UnknownJobError, LookupError)
+    assert issubclass(haze.JobTimeoutError, TimeoutError)
+
+
+def test_version() -> None:
+    assert isinstance(haze.__version__, str) and haze.__version__.count(".") == 2
+
+
+def test_core_modules_import() -> None:
+    for mod in ("app", "config", "durations", "jobs", "context", "message", "manager", "facade",
+                "testing", "_blocking", "errors", "drivers.memory", "drivers.sync",
+                "stores.memory", "pytest_plugin"):
+        importlib.import_module(f"haze.{mod}")
+
+
+def test_import_haze_loads_no_heavy_dependency() -> None:
+    """The runtime must load inside Pyodide and small Lambda bundles (SPEC §1)."""
+    code = (
+        "import sys, haze\n"
+        "heavy = {'pydantic', 'redis', 'bullmq', 'boto3', 'httpx', 'sqlalchemy', 'psycopg',\n"
+        "         'cryptography', 'click', 'rich', 'pytest', 'aiomysql'}\n"
+        "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

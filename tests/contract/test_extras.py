@@ -1,0 +1,520 @@
+"""Laravel extras (SPEC §12): max_exceptions, retry_until, fail_on_timeout, debounce,
+encrypted, job.fail(), dont_retry, and queue events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import haze
+from haze import (
+    JobContext,
+    JobFailedError,
+    JobTimeoutError,
+    MaxExceptionsError,
+    MessageDecodeError,
+    Queue,
+    RetryUntilExpiredError,
+    define_job,
+)
+from haze.crypto import generate_key
+from haze.errors import ConfigError
+
+from conftest import quietly
+
+RUNS: list[dict[str, Any]] = []
+FAILED: list[dict[str, Any]] = []
+SECRET = "card-4242-4242-4242-4242"
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> Any:
+    RUNS.clear()
+    FAILED.clear()
+    yield
+
+
+def _record(name: str, payload: Any, job: JobContext) -> None:
+    RUNS.append({"job": name, "payload": payload, "id": job.id, "attempt": job.attempt})
+
+
+def _on_failed(payload: Any, error: BaseException, job: JobContext) -> None:
+    FAILED.append({"payload": payload, "error": error, "attempt": job.attempt})
+
+
+# ============================================================================ max_exceptions
+
+
+@define_job(name="ex_max_exc", tries=10, max_exceptions=2, failed=_on_failed)
+async def ex_max_exc(payload: dict, job: JobContext) -> None:
+    _record("max_exc", payload, job)
+    if payload.get("release_first") and len(RUNS) == 1:
+        job.release(0)  # a release is not an exception
+        return
+    raise RuntimeError(f"exception {len(RUNS)}")
+
+
+@pytest.mark.requires("retries")
+async def test_max_exceptions_fails_before_tries_run_out(app, done):
+    await ex_max_exc.dispatch({})
+    await done()
+    assert len(RUNS) == 2
+    assert len(FAILED) == 1
+    assert isinstance(FAILED[0]["error"], MaxExceptionsError)
+    assert "exception 2" in str(FAILED[0]["error"])
+    failed = await Queue.failed()
+    assert len(failed) == 1 and "MaxExceptionsError" in failed[0].exception
+
+
+@pytest.mark.requires("retries", "release")
+async def test_max_exceptions_does_not_count_releases(app, done):
+    await ex_max_exc.dispatch({"release_first": True})
+    await done()
+    assert len(RUNS) == 3  # release, exception, exception
+    assert isinstance(FAILED[0]["error"], MaxExceptionsError)
+    # the per-message counter is cleaned up
+    assert [k for k in app.queue_store._data if k.startswith("haze:exceptions:")] == []
+
+
+def test_max_exceptions_must_be_a_positive_int():
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="max_exceptions"):
+
+            @define_job(name="ex_bad_max_exc", max_exceptions=bad)
+            async def bad_job(payload: dict) -> None: ...
+
+
+# ============================================================================ retry_until
+
+
+@define_job(name="ex_retry_until", tries=1, backoff=0.01, retry_until=0.15, failed=_on_failed)
+async def ex_retry_until(payload: dict, job: JobContext) -> None:
+    _record("retry_until", payload, job)
+    raise RuntimeError("still failing")
+
+
+@pytest.mark.requires("retries", "delay")
+async def test_retry_until_retries_past_tries_until_the_deadline(app, done):
+    await ex_retry_until.dispatch({})
+    await done()
+    assert len(RUNS) >= 2, "retry_until beats tries=1"
+    assert [r["attempt"] for r in RUNS] == list(range(1, len(RUNS) + 1))
+    assert len(FAILED) == 1
+    assert isinstance(FAILED[0]["error"], RetryUntilExpiredError)
+    assert "still failing" in str(FAILED[0]["error"])
+
+
+def test_retry_until_is_a_duration():
+    with pytest.raises(ValueError, match="retry_until"):
+
+        @define_job(name="ex_bad_retry_until", retry_until="tomorrow")
+        async def bad_job(payload: dict) -> None: ...
+
+
+# ============================================================================ fail_on_timeout
+
+
+@define_job(name="ex_timeout_fail", tries=3, timeout=0.05, fail_on_timeout=True, failed=_on_failed)
+async def ex_timeout_fail(payload: dict, job: JobContext) -> None:
+    _record("timeout_fail", payload, job)
+    await asyncio.sleep(2)
+
+
+@define_job(name="ex_timeout_retry", tries=3, timeout=0.05, failed=_on_failed)
+async def ex_timeout_retry(payload: dict, job: JobContext) -> None:
+    _record("timeout_retry", payload, job)
+    await asyncio.sleep(2)
+
+
+@pytest.mark.requires("retries")
+async def test_fail_on_timeout_fails_at_the_first_timeout(app, done):
+    await ex_timeout_fail.dispatch({})
+    await ex_timeout_retry.dispatch({})
+    await done()
+    assert [r["job"] for r in RUNS].count("timeout_fail") == 1
+    assert [r["job"] for r in RUNS].count("timeout_retry") == 3
+    assert all(isinstance(f["error"], JobTimeoutError) for f in FAILED)
+    assert len(FAILED) == 2
+
+
+async def test_timeout_on_sync_raises_to_the_caller(app, driver):
+    if not driver.inline:
+        pytest.skip("sync-only rule")
+    with pytest.raises(JobTimeoutError):
+        await ex_timeout_fail.dispatch({})
+    assert len(FAILED) == 1
+
+
+# ============================================================================ debounce
+
+
+@define_job(name="ex_debounce", debounce=0.1)
+async def ex_debounce(payload: dict, job: JobContext) -> None:
+    _record("debounce", payload, job)
+
+
+@define_job(name="ex_debounce_keyed", debounce={"for": 0.1, "key": lambda p: p["doc"]})
+async def ex_debounce_keyed(payload: dict, job: JobContext) -> None:
+    _record("keyed", payload, job)
+
+
+@define_job(name="ex_debounce_max", debounce=0.12, max_wait=0.2)
+async def ex_debounce_max(payload: dict, job: JobContext) -> None:
+    _record("max", payload, job)
+
+
+@define_job(name="ex_debounce_max2", debounce=0.1, max_wait=0.15)
+async def ex_debounce_max2(payload: dict, job: JobContext) -> None:
+    _record("max2", payload, job)
+
+
+@pytest.mark.requires("delay")
+async def test_debounce_runs_only_the_latest_dispatch(app, done):
+    ids = [await ex_debounce.dispatch({"n": n}) for n in range(4)]
+    assert len(set(ids)) == 4
+    await done()
+    assert [r["payload"]["n"] for r in RUNS] == [3]
+    assert RUNS[0]["id"] == ids[-1]
+    assert await Queue.failed() == []
+
+
+@pytest.mark.requires("delay")
+async def test_debounce_key_separates_streams(app, done):
+    for n in range(3):
+        await ex_debounce_keyed.dispatch({"doc": "a", "n": n})
+        await ex_debounce_keyed.dispatch({"doc": "b", "n": n})
+    await done()
+    assert sorted((r["payload"]["doc"], r["payload"]["n"]) for r in RUNS) == [("a", 2), ("b", 2)]
+
+
+@pytest.mark.requires("delay")
+async def test_debounce_max_wait_caps_the_wait(app, done):
+    ran_during_burst = False
+    for n in range(14):
+        await ex_debounce_max.dispatch({"n": n})
+        await asyncio.sleep(0.03)
+        ran_during_burst = ran_during_burst or bool(RUNS)
+    assert ran_during_burst, "a job ran within max_wait although dispatches kept coming"
+    await done()
+    assert RUNS[-1]["payload"]["n"] == 13
+
+
+@pytest.mark.requires("delay")
+async def test_debounce_max_wait_starts_over_after_a_run(app, done):
+    await ex_debounce_max2.dispatch({"burst": 1})
+    await done()
+    assert len(RUNS) == 1
+    await asyncio.sleep(0.1)  # past the first burst's max_wait
+    # a new burst is debounced again (it does not inherit the old burst's start)
+    await ex_debounce_max2.dispatch({"burst": 2, "n": 0})
+    await asyncio.sleep(0.02)
+    await ex_debounce_max2.dispatch({"burst": 2, "n": 1})
+    await done()
+    assert [r["payload"].get("n") for r in RUNS] == [None, 1]
+
+
+def test_debounce_option_errors():
+    with pytest.raises(ValueError, match="max_wait"):
+
+        @define_job(name="ex_bad_debounce", max_wait="1m")
+        async def a(payload: dict) -> None: ...
+
+    with pytest.raises(ValueError, match="max_wait"):
+
+        @define_job(name="ex_bad_debounce", debounce="1m", max_wait="30s")
+        async def b(payload: dict) -> None: ...
+
+    with pytest.raises(ValueError, match="debounce"):
+
+        @define_job(name="ex_bad_debounce", debounce="soon")
+        async def c(payload: dict) -> None: ...
+
+    with pytest.raises(ValueError, match="wait"):
+
+        @define_job(name="ex_bad_debounce", debounce={"for": "1s", "wait": 2})
+        async def d(payload: dict) -> None: ...
+
+
+# ============================================================================ encrypted
+
+
+@define_job(name="ex_secret", encrypted=True, tries=1)
+async def ex_secret(payload: dict, job: JobContext) -> None:
+    _record("secret", payload, job)
+    if payload.get("fail"):
+        raise RuntimeError("declined")
+
+
+@define_job(name="ex_secret_unique", encrypted=True, unique={"key": lambda p: str(p["card"])})
+async def ex_secret_unique(payload: dict, job: JobContext) -> None:
+    _record("secret_unique", payload, job)
+
+
+def _bodies_at_rest(app: haze.App) -> list[str]:
+    drv = app.driver("main")
+    bodies = [d[3] for d in getattr(drv, "_delayed", [])]
+    for q in getattr(drv, "_ready", {}).values():
+        bodies.extend(b for b, _ in q)
+    return bodies
+
+
+@pytest.mark.requires("delay")
+async def test_encrypted_payload_has_no_plaintext_at_rest(make_app, done):
+    async with make_app(key=generate_key()) as app:
+        await ex_secret.dispatch({"card": SECRET}, delay=0.05)
+        bodies = _bodies_at_rest(app)
+        assert len(bodies) == 1
+        assert SECRET not in bodies[0]
+        data = json.loads(bodies[0])
+        assert "payload" not in data and data["enc"]
+        await done()
+        assert RUNS[0]["payload"] == {"card": SECRET}
+
+
+@pytest.mark.requires("failed_store")
+async def test_encrypted_failed_job_keeps_the_payload_encrypted(make_app, done):
+    async with make_app(key="a passphrase is hashed into a key") as app:
+        await ex_secret.dispatch({"card": SECRET, "fail": True})
+        await done()
+        [failed] = await Queue.failed()
+        assert failed.payload is None
+        assert SECRET not in failed.body and SECRET not in failed.exception
+        # a retry decrypts again
+        await Queue.retry(failed.id)
+        await done()
+        assert [r["payload"]["card"] for r in RUNS] == [SECRET, SECRET]
+        assert app.key
+
+
+async def test_encrypted_job_runs_with_app_key_from_env(make_app, done, monkeypatch):
+    monkeypatch.setenv("APP_KEY", generate_key())
+    async with make_app():
+        await ex_secret.dispatch({"card": SECRET})
+        await done()
+    assert RUNS[0]["payload"] == {"card": SECRET}
+
+
+async def test_encrypted_job_without_a_key_fails_at_dispatch(app, done, monkeypatch):
+    monkeypatch.delenv("APP_KEY", raising=False)
+    with pytest.raises(ConfigError, match="APP_KEY"):
+        await ex_secret.dispatch({"card": SECRET})
+    await done()
+    assert RUNS == []
+
+
+@pytest.mark.requires("delay")
+async def test_key_rotation_reads_old_messages_with_previous_keys(make_app, done, monkeypatch):
+    old, new = generate_key(), generate_key()
+    monkeypatch.setenv("APP_KEY", old)
+    monkeypatch.delenv("APP_PREVIOUS_KEYS", raising=False)
+    async with make_app():
+        await ex_secret.dispatch({"card": SECRET}, delay=0.05)
+        monkeypatch.setenv("APP_KEY", new)
+        monkeypatch.setenv("APP_PREVIOUS_KEYS", f"{generate_key()}, {old}")
+        await done()
+    assert RUNS[0]["payload"] == {"card": SECRET}
+
+
+@pytest.mark.requires("delay", "failed_store")
+async def test_undecryptable_payload_fails_clearly_and_is_kept(make_app, done, monkeypatch):
+    monkeypatch.setenv("APP_KEY", generate_key())
+    monkeypatch.delenv("APP_PREVIOUS_KEYS", raising=False)
+    async with make_app():
+        job_id = await ex_secret.dispatch({"card": SECRET}, delay=0.05)
+        monkeypatch.setenv("APP_KEY", generate_key())
+        await done()
+        assert RUNS == []
+        [failed] = await Queue.failed()
+        assert failed.id == job_id and failed.name == "ex_secret"
+        assert "MessageDecodeError" in failed.exception
+        assert "APP_PREVIOUS_KEYS" in failed.exception
+        assert SECRET not in failed.body
+        assert json.loads(failed.body)["enc"]
+
+
+async def test_decrypt_error_type(app):
+    from haze.crypto import decrypt_payload, encrypt_payload
+    from haze.message import Message
+
+    a = haze.App(key=generate_key())
+    b = haze.App(key=generate_key())
+    m = Message(id="m1", job="ex_secret", payload={"card": SECRET})
+    encrypt_payload(a, m)
+    assert m.payload is None and SECRET not in m.enc
+    with pytest.raises(MessageDecodeError, match="cannot decrypt"):
+        decrypt_payload(b, m)
+    assert decrypt_payload(a, m) == {"card": SECRET}
+
+
+async def test_encrypted_unique_key_sees_the_payload(make_app, done):
+    async with make_app(key=generate_key()):
+        first = await ex_secret_unique.with_({"card": 1}).dispatch()
+        other = await ex_secret_unique.with_({"card": 2}).dispatch()
+        await done()
+    assert not first.skipped and not other.skipped
+    assert sorted(r["payload"]["card"] for r in RUNS) == [1, 2]
+
+
+async def test_fake_records_the_plain_payload_of_encrypted_jobs(make_app, queue_fake):
+    async with make_app(key=generate_key()):
+        await ex_secret.dispatch({"card": SECRET})
+        queue_fake.assert_dispatched(ex_secret, lambda p: p["card"] == SECRET)
+        await queue_fake.drain()
+    assert RUNS[0]["payload"] == {"card": SECRET}
+
+
+# ============================================================================ job.fail and dont_retry
+
+
+class Declined(Exception):
+    pass
+
+
+@define_job(name="ex_job_fail", tries=5, failed=_on_failed)
+async def ex_job_fail(payload: dict, job: JobContext) -> None:
+    _record("job_fail", payload, job)
+    how = payload["how"]
+    if how == "str":
+        job.fail("card expired")
+    elif how == "exc":
+        job.fail(Declined("declined"))
+    else:
+        job.fail()
+
+
+@pytest.mark.parametrize(
+    ("how", "kind", "text"),
+    [("str", JobFailedError, "card expired"), ("exc", Declined, "declined"),
+     ("none", JobFailedError, "ex_job_fail")],
+)
+async def test_job_fail_fails_now_without_remaining_tries(app, driver, done, how, kind, text):
+    err = await quietly(ex_job_fail.dispatch({"how": how}))
+    await done()
+    if driver.inline:
+        assert isinstance(err, kind)
+    assert len(RUNS) == 1
+    assert len(FAILED) == 1
+    assert isinstance(FAILED[0]["error"], kind) and text in str(FAILED[0]["error"])
+    if driver.stores_failed:
+        [f] = await Queue.failed()
+        assert text in f.exception
+
+
+@define_job(name="ex_dont_retry", tries=3, dont_retry=[Declined, KeyError], failed=_on_failed)
+async def ex_dont_retry(payload: dict, job: JobContext) -> None:
+    _record("dont_retry", payload, job)
+    raise {"declined": Declined("no"), "key": KeyError("k"), "other": ConnectionError("x")}[
+        payload["raise"]
+    ]
+
+
+@pytest.mark.requires("retries")
+async def test_dont_retry_fails_at_once_for_listed_types(app, done):
+    for kind in ("declined", "key", "other"):
+        await ex_dont_retry.dispatch({"raise": kind})
+    await done()
+    counts = {k: sum(1 for r in RUNS if r["payload"]["raise"] == k) for k in ("declined", "key", "other")}
+    assert counts == {"declined": 1, "key": 1, "other": 3}
+    assert len(FAILED) == 3
+
+
+def test_dont_retry_must_list_exception_classes():
+    with pytest.raises(ValueError, match="dont_retry"):
+
+        @define_job(name="ex_bad_dont_retry", dont_retry=["ValueError"])
+        async def bad_job(payload: dict) -> None: ...
+
+
+# ============================================================================ queue events
+
+
+@define_job(name="ex_evented", tries=1)
+async def ex_evented(payload: dict, job: JobContext) -> None:
+    _record("evented", payload, job)
+    if payload.get("fail"):
+        raise RuntimeError("event failure")
+
+
+@pytest.fixture
+def listen() -> Any:
+    added: list[tuple[str, Callable[..., Any]]] = []
+
+    def on(event: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        Queue.on(event, fn)
+        added.append((event, fn))
+        return fn
+
+    yield on
+    for event, fn in added:
+        haze.manager.events.off(event, fn)
+
+
+async def test_before_after_failing_events(app, driver, done, listen):
+    seen: list[tuple[str, str, Any]] = []
+    listen("before", lambda job: seen.append(("before", job.name, job.id)))
+
+    async def after(job: JobContext) -> None:
+        seen.append(("after", job.name, job.id))
+
+    listen("after", after)
+    listen("failing", lambda job, error: seen.append(("failing", job.name, str(error))))
+
+    ok = await ex_evented.dispatch({})
+    await quietly(ex_evented.dispatch({"fail": True}))
+    await done()
+    assert ("before", "ex_evented", ok) in seen
+    assert ("after", "ex_evented", ok) in seen
+    assert ("failing", "ex_evented", "event failure") in seen
+    assert [e for e, _, _ in seen].count("before") == 2
+    assert [e for e, _, _ in seen].count("after") == 1
+
+
+async def test_a_failing_listener_never_breaks_a_job(app, done, listen, caplog):
+    def broken(job: JobContext) -> None:
+        raise RuntimeError("listener bug")
+
+    listen("before", broken)
+    with caplog.at_level(logging.ERROR, logger="haze"):
+        await ex_evented.dispatch({})
+        await done()
+    assert len(RUNS) == 1
+    assert "listener bug" in caplog.text
+
+
+@pytest.mark.requires("queued")
+async def test_looping_and_worker_idle_events(app, done, listen):
+    loops: list[tuple[str, Any]] = []
+    idles: list[tuple[str, Any]] = []
+    listen("looping", lambda conn, queues: loops.append((conn, queues)))
+    listen("worker_idle", lambda conn, queues: idles.append((conn, queues)))
+    await ex_evented.dispatch({})
+    await done()
+    for _ in range(50):
+        if loops and idles:
+            break
+        await asyncio.sleep(0.005)
+    assert loops and loops[0][0] == "main"
+    assert idles and idles[0][0] == "main"
+
+
+def test_unknown_event_is_rejected():
+    with pytest.raises(ValueError, match="unknown queue event"):
+        Queue.on("finished", lambda job: None)
+    with pytest.raises(TypeError):
+        Queue.on("before", "not callable")  # type: ignore[arg-type]
+
+
+def test_queue_on_as_decorator():
+    @Queue.on("before")
+    def listener(job: JobContext) -> None: ...
+
+    try:
+        assert listener in haze.manager.events.before
+    finally:
+        haze.manager.events.off("before", listener)
+    assert listener not in haze.manager.events.before

@@ -1,0 +1,172 @@
+"""The Store contract (SPEC §9 "Stores"; haze.stores.base.Store): what unique locks,
+middleware state and batches rely on. Parametrised over stores; adding one is one
+entry in ``STORES``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from haze.stores import Store, create_store
+
+
+async def _memory(tmp_path: Path) -> Store:
+    return create_store("contract", {"driver": "memory"}, None, "test_store_contract")
+
+
+#: id -> async factory(tmp_path) returning a fresh, empty store. Later:
+#: ("redis", _redis, (needs_redis,)), ("database", _database, ()), ("kv", _kv, (...)).
+STORES: list[tuple[str, Callable[[Path], Awaitable[Store]], tuple[Any, ...]]] = [
+    ("memory", _memory, ()),
+]
+
+
+@pytest.fixture(params=[pytest.param(f, id=i, marks=m) for i, f, m in STORES])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    s = await request.param(tmp_path)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+TTL = 0.1
+PAST_TTL = 0.2
+
+
+async def test_protocol_attributes(store):
+    assert isinstance(store, Store)
+    assert isinstance(store.name, str) and store.name
+    assert isinstance(store.atomic, bool)
+    assert isinstance(store.shared, bool)
+
+
+async def test_get_put_roundtrip_json_values(store):
+    assert await store.get("k:absent") is None
+    values = {"k:str": "v", "k:int": 42, "k:float": 1.5, "k:list": [1, "a", None],
+              "k:dict": {"a": {"b": [1, 2]}}, "k:bool": True}
+    for k, v in values.items():
+        await store.put(k, v)
+    for k, v in values.items():
+        assert await store.get(k) == v
+    await store.put("k:str", "w")
+    assert await store.get("k:str") == "w"
+
+
+async def test_put_ttl_expires(store):
+    await store.put("k:ttl", "v", TTL)
+    ttl = await store.ttl("k:ttl")
+    assert ttl is not None and 0 < ttl <= TTL
+    assert await store.get("k:ttl") == "v"
+    await asyncio.sleep(PAST_TTL)
+    assert await store.get("k:ttl") is None
+    assert await store.ttl("k:ttl") is None
+
+
+async def test_ttl_none_without_expiry_or_when_absent(store):
+    await store.put("k:forever", 1)
+    assert await store.ttl("k:forever") is None
+    assert await store.ttl("k:absent") is None
+    await store.put("k:forever", 2, 60)
+    ttl = await store.ttl("k:forever")
+    assert ttl is not None and 59 < ttl <= 60
+
+
+async def test_add_only_when_absent(store):
+    assert await store.add("k:add", "first", 60) is True
+    assert await store.add("k:add", "second", 60) is False
+    assert await store.get("k:add") == "first"
+
+
+async def test_add_succeeds_again_after_expiry(store):
+    assert await store.add("k:lock", "a", TTL) is True
+    assert await store.add("k:lock", "b", TTL) is False
+    await asyncio.sleep(PAST_TTL)
+    assert await store.add("k:lock", "b", TTL) is True
+    assert await store.get("k:lock") == "b"
+
+
+async def test_add_is_atomic_under_concurrency(store):
+    results = await asyncio.gather(*(store.add("k:race", f"owner-{i}", 60) for i in range(50)))
+    assert results.count(True) == 1
+    winner = f"owner-{results.index(True)}"
+    assert await store.get("k:race") == winner
+
+
+async def test_increment(store):
+    assert await store.increment("k:n") == 1
+    assert await store.increment("k:n") == 2
+    assert await store.increment("k:n", 5) == 7
+    assert await store.increment("k:n", -10) == -3
+    assert await store.get("k:n") == -3
+    assert await store.increment("k:neg", -2) == -2
+
+
+async def test_increment_ttl_applies_on_create_only(store):
+    assert await store.increment("k:win", 1, TTL) == 1
+    first = await store.ttl("k:win")
+    assert first is not None and 0 < first <= TTL
+    await asyncio.sleep(TTL / 2)
+    assert await store.increment("k:win", 1, 60) == 2
+    later = await store.ttl("k:win")
+    assert later is not None and later <= first, "an existing key keeps its expiry"
+    await asyncio.sleep(PAST_TTL)
+    assert await store.get("k:win") is None
+    assert await store.increment("k:win", 3, TTL) == 3, "an expired counter starts over"
+
+
+async def test_increment_without_ttl_does_not_expire(store):
+    await store.increment("k:plain")
+    assert await store.ttl("k:plain") is None
+
+
+async def test_concurrent_increments_sum_exactly(store):
+    await asyncio.gather(*(store.increment("k:sum", 1, 60) for _ in range(200)))
+    await asyncio.gather(*(store.increment("k:sum", -1) for _ in range(50)))
+    assert await store.get("k:sum") == 150
+    values = await asyncio.gather(*(store.increment("k:seq") for _ in range(100)))
+    assert sorted(values) == list(range(1, 101)), "every caller sees a distinct value"
+
+
+async def test_delete(store):
+    await store.put("k:del", "v")
+    assert await store.delete("k:del") is True
+    assert await store.get("k:del") is None
+    assert await store.delete("k:del") is False
+
+
+async def test_delete_checks_the_owner(store):
+    await store.add("k:owned", "job-1", 60)
+    assert await store.delete("k:owned", owner="job-2") is False
+    assert await store.get("k:owned") == "job-1"
+    assert await store.delete("k:owned", owner="job-1") is True
+    assert await store.get("k:owned") is None
+    assert await store.delete("k:owned", owner="job-1") is False
+
+
+async def test_owner_checked_delete_does_not_release_a_new_holder(store):
+    await store.add("k:relock", "old", TTL)
+    await asyncio.sleep(PAST_TTL)
+    assert await store.add("k:relock", "new", 60) is True
+    assert await store.delete("k:relock", owner="old") is False
+    assert await store.get("k:relock") == "new"
+
+
+async def test_get_many(store):
+    await store.put("k:m1", 1)
+    await store.put("k:m2", {"x": 2})
+    await store.put("k:m3", "gone", TTL)
+    await asyncio.sleep(PAST_TTL)
+    assert await store.get_many(["k:m1", "k:absent", "k:m2", "k:m3"]) == [1, None, {"x": 2}, None]
+    assert await store.get_many([]) == []
+
+
+async def test_keys_are_independent(store):
+    await store.add("k:a", 1, 60)
+    assert await store.add("k:b", 2, 60) is True
+    await store.increment("k:c")
+    assert await store.get_many(["k:a", "k:b", "k:c"]) == [1, 2, 1]
