@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -69,6 +70,11 @@ import pytest
 
 from haze import App, Queue, define_queue_config
 from haze.drivers.memory import MemoryDriver
+
+# This module under a name no other conftest shares (pytest imports every conftest.py
+# as "conftest"): the test driver registry and the hook below use it.
+_ALIAS = "haze_contract_conftest"
+sys.modules[_ALIAS] = sys.modules[__name__]
 
 # --------------------------------------------------------------------------- capabilities
 
@@ -155,7 +161,7 @@ def _register_remote_sim() -> Callable[[], None]:
 
     had_d = "test_remote" in haze_drivers._DRIVERS
     had_o = "test_remote" in haze_config.QUEUE_DRIVER_OPTIONS
-    haze_drivers._DRIVERS["test_remote"] = (__name__, "RemoteMemoryDriver")
+    haze_drivers._DRIVERS["test_remote"] = (_ALIAS, "RemoteMemoryDriver")
     haze_config.QUEUE_DRIVER_OPTIONS["test_remote"] = dict(haze_config._COMMON)
 
     def undo() -> None:
@@ -197,6 +203,25 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "requires(*caps): skip the contract test on drivers without these capabilities"
     )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Any:
+    """``from conftest import quietly`` in a contract test module must get THIS conftest,
+    even when another directory's conftest (runtime/tests) was imported last under the
+    same module name: point ``sys.modules["conftest"]`` here while the module imports."""
+    if not isinstance(collector, pytest.Module):
+        yield
+        return
+    previous = sys.modules.get("conftest")
+    sys.modules["conftest"] = sys.modules[_ALIAS]
+    try:
+        yield
+    finally:
+        if previous is not None:
+            sys.modules["conftest"] = previous
+        else:
+            sys.modules.pop("conftest", None)
 
 
 @pytest.fixture(params=[pytest.param(d, id=d.id, marks=d.marks) for d in DRIVERS])

@@ -542,3 +542,33 @@ async def test_batch_link_with_allow_failures_lets_the_chain_go_on(app, done, qu
     await done()
     assert names()[-1] == "ch_c"
     assert c.n == 0
+
+
+async def test_function_callback_refused_when_any_job_runs_on_a_remote_connection(
+    make_app, remote_sim, driver, done
+):
+    """The function would be called by whichever worker settles the chain/batch; a link
+    or member on a remote connection means that worker may be another process."""
+    if driver.id != "memory":
+        pytest.skip("driver-independent: runs once")
+    async with make_app(spec=remote_sim) as app:  # "main" remote, "other" local memory
+        with pytest.raises(ValueError, match="job reference"):
+            await Queue.chain([ch_a.with_(1), ch_b.with_(2).on_connection("main")]).on_connection(
+                "other"
+            ).catch(lambda e: None).dispatch()
+        with pytest.raises(ValueError, match="job reference"):
+            await Queue.batch([ch_a.with_(1), ch_b.with_(2).on_connection("main")]).on_connection(
+                "other"
+            ).then(lambda b: None).dispatch()
+        with pytest.raises(ValueError, match="job reference"):
+            await Queue.chain(
+                [ch_a.with_(1), Queue.batch([ch_b.with_(2)]).on_connection("main")]
+            ).on_connection("other").catch(lambda e: None).dispatch()
+        await done(app)
+        assert names() == []
+        # all-local: accepted
+        await Queue.chain([ch_a.with_(1), ch_b.with_(2)]).on_connection("other").catch(
+            lambda e: None
+        ).dispatch()
+        await done(app)
+        assert names() == ["ch_a", "ch_b"]

@@ -25,11 +25,18 @@ from haze import (
 from haze.crypto import generate_key
 from haze.errors import ConfigError
 
-from conftest import quietly
 
 RUNS: list[dict[str, Any]] = []
 FAILED: list[dict[str, Any]] = []
 SECRET = "card-4242-4242-4242-4242"
+
+
+async def quietly(aw: Any) -> Any:
+    """Await; return the raised exception instead of propagating it (sync raises)."""
+    try:
+        return await aw
+    except Exception as e:
+        return e
 
 
 @pytest.fixture(autouse=True)

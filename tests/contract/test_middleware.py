@@ -30,12 +30,19 @@ from haze import (
 )
 from haze.errors import ConfigError
 
-from conftest import quietly
 
 RUNS: list[dict[str, Any]] = []
 ORDER: list[str] = []
 GATES: dict[str, asyncio.Event] = {}
 STATE: dict[str, Any] = {}
+
+
+async def quietly(aw: Any) -> Any:
+    """Await; return the raised exception instead of propagating it (sync raises)."""
+    try:
+        return await aw
+    except Exception as e:
+        return e
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,6 @@ import pytest
 import haze
 from haze import JobContext, Queue, define_job
 
-from conftest import REMOTE_SIM, quietly
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -27,6 +26,14 @@ RUNS: list[dict[str, Any]] = []
 PROBES: dict[str, Callable[[Any, JobContext], Awaitable[Any]]] = {}
 #: Results recorded by probes.
 SEEN: dict[str, Any] = {}
+
+
+async def quietly(aw: Any) -> Any:
+    """Await; return the raised exception instead of propagating it (sync raises)."""
+    try:
+        return await aw
+    except Exception as e:
+        return e
 
 
 @pytest.fixture(autouse=True)
@@ -322,9 +329,9 @@ async def test_batch_members_ignore_unique(app, done):
 # ----------------------------------------------------------------------------- the store warning
 
 
-async def test_warns_once_for_memory_store_with_remote_consumers(make_app, caplog):
+async def test_warns_once_for_memory_store_with_remote_consumers(make_app, remote_sim, caplog):
     with caplog.at_level(logging.WARNING, logger="haze"):
-        async with make_app(spec=REMOTE_SIM):
+        async with make_app(spec=remote_sim):
             await uq_sync_feed.dispatch({"feed_id": 1})
             await uq_sync_feed.dispatch({"feed_id": 2})
             await uq_plain.dispatch({"x": 1})

@@ -38,6 +38,7 @@ from .errors import ConfigError, HazeError
 from .stores import Store, create_store
 
 if TYPE_CHECKING:
+    from .database import Connector
     from .manager import QueueManager
     from .worker import Worker
 
@@ -147,6 +148,7 @@ class App:
         self._check_store_names()
         self._drivers: dict[str, Driver] = {}
         self._stores: dict[str, Store] = {}
+        self._connectors: dict[str, Connector] = {}
         self._workers: list[Worker] = []
         self._discovered = False
         from .manager import QueueManager
@@ -267,6 +269,24 @@ class App:
             s = self._stores[name] = create_store(name, cc.stores[name], self, cc.source)
         return s
 
+    def database(self, name: str | None = None) -> Connector:
+        """A SQL connector from ``config/database.py`` (created on first use, shared)."""
+        from .database import connect
+
+        dc = self.database_config
+        name = name or dc.default
+        c = self._connectors.get(name)
+        if c is None:
+            if name not in dc.connections:
+                raise ConfigError(
+                    f"unknown database connection {name!r}; configured: {', '.join(dc.connections)}",
+                    source=dc.source,
+                    key="connections",
+                )
+            c = self._connectors[name] = connect(name, dc.connections[name], root=self.root,
+                                                 source=dc.source)
+        return c
+
     @property
     def queue_store(self) -> Store:
         """The store for unique locks and middleware state (``store`` in config/queue.py)."""
@@ -313,6 +333,8 @@ class App:
             await d.close()
         for s in self._stores.values():
             await s.close()
+        for c in self._connectors.values():
+            await c.close()
 
     def __repr__(self) -> str:
         return f"<haze.App root={str(self.root) if self.root else None!r}>"

@@ -217,6 +217,12 @@ class PendingBatch:
     def to_spec(self, manager: QueueManager, connection: str | None = None) -> dict[str, Any]:
         """The JSON description of this batch (also how a batch travels inside a chain)."""
         conn = manager.app.connection_name(self._connection or connection)
+        from .chains import check_function_callbacks
+
+        check_function_callbacks(
+            manager, [cb for v in self._callbacks.values() for cb in v], self.jobs, (conn,),
+            "batch callback",
+        )
         jobs: list[Any] = []
         for item in self.jobs:
             if isinstance(item, list):

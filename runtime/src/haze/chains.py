@@ -87,6 +87,7 @@ class PendingChain:
             or (first.job.connection if isinstance(first, PendingDispatch) else None)
         )
         chain_id = new_id()
+        check_function_callbacks(manager, self._catch, self.jobs, (self._connection,), "chain.catch")
         catch = [manager.callback_ref(c, connection, "chain.catch") for c in self._catch]
         links = self.links(manager, connection)
         if self._delay and "job" in links[0]:
@@ -100,6 +101,41 @@ class PendingChain:
         return DispatchResult(result.id, result.skipped, result.deferred, chain_id)
 
     dispatch_blocking = blocking_method(dispatch)
+
+
+def _item_connections(item: Any, defaults: tuple[str | None, ...]) -> list[str | None]:
+    """Connections the jobs of a chain/batch item run on (None: the config default)."""
+    from .batches import PendingBatch
+
+    if isinstance(item, PendingBatch):
+        out: list[str | None] = []
+        for m in item.jobs:
+            for p in m if isinstance(m, list) else [m]:
+                out += _item_connections(p, (item._connection, *defaults))
+        return out
+    if isinstance(item, list):
+        return [c for p in item for c in _item_connections(p, defaults)]
+    return [next((c for c in (item._connection, *defaults, item.job.connection) if c), None)]
+
+
+def check_function_callbacks(
+    manager: QueueManager, callbacks: Sequence[Any], items: Sequence[Any],
+    defaults: tuple[str | None, ...], where: str,
+) -> None:
+    """A plain-function callback needs every job of the chain/batch on a local connection
+    (its settle may run the callback in the worker that ran the job)."""
+    if not any(callable(cb) and not isinstance(cb, (PendingDispatch, JobDefinition)) for cb in callbacks):
+        return
+    for item in items:
+        for c in _item_connections(item, defaults):
+            name = manager.app.connection_name(c)
+            driver = manager.app.driver(name)
+            if not driver.local_callbacks:
+                raise ValueError(
+                    f"{where}: a plain function cannot travel to the workers of connection "
+                    f'"{name}" (driver {type(driver).__name__}); pass a job reference '
+                    "such as cleanup.with_({...}) instead"
+                )
 
 
 def link_of(

@@ -12,6 +12,7 @@ The tree::
     ├── BatchFinishedError          Batch.add() after the batch finished
     ├── JobTimeoutError             an attempt ran past its ``timeout``
     ├── MaxExceptionsError          ``max_exceptions`` reached before ``tries`` ran out
+    ├── MaxAttemptsExceededError    reclaimed after a crash with no try left
     ├── RetryUntilExpiredError      ``retry_until`` passed
     ├── MessageDecodeError          a queued message is not valid haze JSON / cannot be decrypted
     └── JobFailedError              ``job.fail(reason)`` was called with a string
@@ -30,6 +31,7 @@ __all__ = [
     "HazeError",
     "JobFailedError",
     "JobTimeoutError",
+    "MaxAttemptsExceededError",
     "MaxExceptionsError",
     "MessageDecodeError",
     "MissingDependencyError",
@@ -106,6 +108,10 @@ class JobTimeoutError(HazeError, TimeoutError):
 
 class MaxExceptionsError(HazeError):
     """The job raised ``max_exceptions`` times; it fails without using its remaining tries."""
+
+
+class MaxAttemptsExceededError(HazeError):
+    """A job was claimed again (its worker crashed) after it had used all its tries."""
 
 
 class RetryUntilExpiredError(HazeError):

@@ -29,6 +29,7 @@ from .errors import (
     ConfigError,
     HazeError,
     JobTimeoutError,
+    MaxAttemptsExceededError,
     MaxExceptionsError,
     MessageDecodeError,
     PayloadTooLargeError,
@@ -472,6 +473,13 @@ class QueueManager:
             payload = self._payload(job, message)
         except Exception as e:
             return await self._final(job, message, reserved, driver, ctx, None, e, inline)
+        if reserved.attempt > tries and job.retry_until is None and not inline:
+            # Reclaimed after a worker crash with no try left: fail it, do not run it again.
+            err = MaxAttemptsExceededError(
+                f'Job "{job.name}" was claimed for attempt {reserved.attempt} of {tries}: its '
+                "worker stopped (crash or retry_after passed) after using the last try"
+            )
+            return await self._final(job, message, reserved, driver, ctx, payload, err, inline)
 
         if message.unique is not None and message.unique.get("until") == "processing":
             await self._unlock_unique(message)

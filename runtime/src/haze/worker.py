@@ -66,6 +66,8 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started_at = 0.0
         self._done: asyncio.Event | None = None
+        self._active: dict[int, Reserved] = {}
+        self._heartbeat_task: asyncio.Task[None] | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -85,19 +87,46 @@ class Worker:
             self._loop.create_task(self._slot(i), name=f"haze-worker-{self.connection}-{i}")
             for i in range(self.concurrency)
         ]
+        if getattr(self.driver, "heartbeat", None) is not None:
+            self._heartbeat_task = self._loop.create_task(self._heartbeat())
 
     async def run(self) -> int:
         """Run until stopped (signal, limits, or empty with ``stop_when_empty``)."""
         if not self._tasks:
             self.start()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._stop_heartbeat()
         return self.processed
+
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            self._heartbeat_task = None
+
+    async def _heartbeat(self) -> None:
+        """Renew the lease of running jobs (database heartbeat, BullMQ lock, SQS visibility)
+        so a long job is not handed to another worker while this one lives."""
+        interval = float(getattr(self.driver, "heartbeat_interval", 30.0))
+        beat = self.driver.heartbeat  # type: ignore[attr-defined]
+        while True:
+            await asyncio.sleep(interval)
+            if self._active:
+                try:
+                    await beat(list(self._active.values()))
+                except Exception as e:
+                    log.warning("haze worker: heartbeat on %s failed: %s", self.connection, e)
 
     def request_stop(self) -> None:
         """Stop claiming; running jobs finish. Slots blocked in a claim are interrupted."""
         if self.stopping:
             return
         self.stopping = True
+        interrupt = getattr(self.driver, "interrupt", None)
+        if interrupt is not None:
+            # Remote drivers end their idle wait themselves: cancelling a claim midway
+            # could leave a row claimed by nobody until retry_after.
+            interrupt()
+            return
         for t in list(self._waiting):
             t.cancel()
 
@@ -106,6 +135,7 @@ class Worker:
         self.request_stop()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._stop_heartbeat()
 
     def _limit_reached(self) -> bool:
         if self.max_jobs is not None and self._claimed >= self.max_jobs:
@@ -166,6 +196,7 @@ class Worker:
             self._claimed += 1
             self._busy += 1
             started = time.perf_counter()
+            self._active[id(job)] = job
             try:
                 outcome = await manager.process(job, driver)
             except Exception:  # pragma: no cover - process() handles job errors itself
@@ -173,6 +204,7 @@ class Worker:
                 outcome = "error"
             finally:
                 self._busy -= 1
+                del self._active[id(job)]
             self.processed += 1
             if self.on_job is not None:
                 self.on_job(job, outcome, time.perf_counter() - started)

@@ -305,7 +305,8 @@ def _tracker_for(target: Session | Connection) -> _Tracker:
         tracker = _trackers.get(target)
         if tracker is None:
             tracker = _trackers[target] = (
-                _SessionTracker(target) if isinstance(target, Session)
+                _SessionTracker(target)
+                if isinstance(target, Session)
                 else _ConnectionTracker(target)
             )
         return tracker
@@ -366,7 +367,9 @@ class TransactionScope(Generic[T]):
         return self._push()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self._pop()
@@ -378,7 +381,9 @@ class TransactionScope(Generic[T]):
         return self._push()
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self._pop()

@@ -1,0 +1,105 @@
+"""SQL connections from ``config/database.py``: one small ``Connector`` protocol per backend.
+
+The database queue driver, the database store, migrations and the ``Db`` facade all
+talk to a ``Connector``. Each backend lives in its own module and imports its client
+lazily, so a missing client names the extra to install:
+
+======================  ===================  =====================
+URL                     module               client (extra)
+======================  ===================  =====================
+``sqlite:///path``      ``sqlite``           stdlib ``sqlite3``
+``postgresql://…``      ``postgres``         psycopg (``haze[postgres]``)
+``mysql://…``           ``mysql``            aiomysql (``haze[mysql]``)
+``libsql://``/https     ``libsql``           httpx (``haze[libsql]``)
+``d1://ACCOUNT/DB``     ``d1``               httpx (``haze[cloudflare]``)
+======================  ===================  =====================
+
+SQL is written with ``?`` placeholders; connectors translate them for their driver.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import ConfigError
+
+__all__ = ["Connector", "Session", "connect", "dialect_of"]
+
+Row = tuple[Any, ...]
+
+
+@runtime_checkable
+class Session(Protocol):
+    """Statements on one connection (inside a transaction when from ``transaction()``)."""
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement; returns the affected row count."""
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int: ...
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]: ...
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None: ...
+
+
+@runtime_checkable
+class Connector(Session, Protocol):
+    """A connection (or pool) to one database."""
+
+    #: "sqlite", "postgres", "mysql", "libsql" or "d1": picks the SQL dialect files.
+    dialect: str
+    name: str
+
+    def transaction(self, *, immediate: bool = False) -> AbstractAsyncContextManager[Session]:
+        """A transaction; ``immediate`` takes the write lock up front (SQLite)."""
+
+    async def close(self) -> None: ...
+
+
+_BACKENDS = {
+    "sqlite": ("haze.database.sqlite", "SQLiteConnector"),
+    "postgres": ("haze.database.postgres", "PostgresConnector"),
+    "mysql": ("haze.database.mysql", "MySQLConnector"),
+    "libsql": ("haze.database.libsql", "LibSQLConnector"),
+    "d1": ("haze.database.d1", "D1Connector"),
+}
+
+
+def dialect_of(url: str) -> str:
+    scheme = url.split(":", 1)[0].split("+", 1)[0].lower()
+    return {
+        "sqlite": "sqlite",
+        "postgresql": "postgres",
+        "postgres": "postgres",
+        "mysql": "mysql",
+        "mariadb": "mysql",
+        "libsql": "libsql",
+        "https": "libsql",
+        "http": "libsql",
+        "d1": "d1",
+    }.get(scheme, scheme)
+
+
+def connect(name: str, options: dict[str, Any], *, root: Any = None, source: str = "") -> Connector:
+    """A connector for one ``config/database.py`` connection (does not connect yet)."""
+    url = options["url"]
+    dialect = dialect_of(url)
+    if dialect not in _BACKENDS:
+        raise ConfigError(f"unsupported database URL {url!r}", source=source,
+                          key=f"connections.{name}.url")
+    module_name, cls_name = _BACKENDS[dialect]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and module_name.startswith(e.name):
+            raise ConfigError(
+                f"the {dialect} backend is not available in this version of haze",
+                source=source,
+                key=f"connections.{name}.url",
+            ) from None
+        raise
+    connector: Connector = getattr(module, cls_name)(name, options, root=root)
+    return connector

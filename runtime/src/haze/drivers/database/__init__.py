@@ -1,0 +1,329 @@
+"""The ``database`` driver: jobs in a SQL table (SQLite, libSQL/Turso, D1, PostgreSQL,
+MySQL 8 / MariaDB), as the seed's 数据库驱动 section describes.
+
+- Claim: PostgreSQL and MySQL ``SELECT … FOR UPDATE SKIP LOCKED`` then mark the row
+  (``reserved_at``, ``attempts + 1``); SQLite/libSQL/D1 one atomic
+  ``UPDATE … WHERE id = (SELECT … LIMIT 1) RETURNING``.
+- Delays and retries go through ``available_at``; ``job.release()`` re-inserts the
+  row without using a try.
+- A row reserved (or heartbeated) longer ago than ``retry_after`` is reclaimed; a
+  worker only deletes or releases a row that still carries its own ``reserved_at``.
+- Final failures move to ``failed_jobs`` in the same transaction as the delete.
+- While a job runs the worker refreshes ``heartbeat_at`` (lease heartbeats), so a long
+  job is not reclaimed while its worker lives.
+
+SQL lives beside this module: ``common.sql`` plus one file per dialect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ...errors import ConfigError
+from ...message import Message, decode
+from ..base import FailedJob, Reserved
+
+if TYPE_CHECKING:
+    from ...database import Connector
+
+__all__ = ["DatabaseDriver", "load_sql", "schema_sql"]
+
+_HERE = Path(__file__).parent
+_BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.M)
+_DIALECT_FILE = {"sqlite": "sqlite", "libsql": "sqlite", "d1": "sqlite", "postgres": "postgres",
+                 "mysql": "mysql"}
+
+
+@cache
+def _blocks(file: str) -> dict[str, str]:
+    text = (_HERE / f"{file}.sql").read_text()
+    parts = _BLOCK.split(text)
+    out: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
+        out[name] = "\n".join(lines).strip()
+    return out
+
+
+def load_sql(dialect: str, jobs: str, failed: str) -> dict[str, str]:
+    """Every queue statement for ``dialect`` with the (validated) table names filled in."""
+    merged = {**_blocks("common"), **_blocks(_DIALECT_FILE[dialect])}
+    return {k: v.format(jobs=jobs, failed=failed) for k, v in merged.items()}
+
+
+def schema_sql(dialect: str, jobs: str = "jobs", failed: str = "failed_jobs") -> list[str]:
+    """The ``CREATE TABLE``/``INDEX`` statements for the queue tables, one per item."""
+    text = load_sql(dialect, jobs, failed)["schema"]
+    return [s.strip() for s in text.split(";") if s.strip()]
+
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+class _FailedJobs:
+    """``failed_jobs`` table access (``Queue.failed()``, ``haze queue:failed``)."""
+
+    def __init__(self, driver: DatabaseDriver):
+        self._d = driver
+
+    @staticmethod
+    def _row(row: Sequence[Any]) -> FailedJob:
+        uuid, connection, queue, body, exception, failed_at = row
+        try:
+            data = json.loads(body)
+            name = data.get("job", "<unknown>") if isinstance(data, dict) else "<unknown>"
+            payload = data.get("payload") if isinstance(data, dict) else body
+            chain_id = data.get("chain_id") if isinstance(data, dict) else None
+            batch_id = data.get("batch_id") if isinstance(data, dict) else None
+        except ValueError:
+            name, payload, chain_id, batch_id = "<undecodable>", body, None, None
+        return FailedJob(
+            id=str(uuid), name=name, connection=connection, queue=queue, payload=payload,
+            exception=exception, failed_at=float(failed_at), chain_id=chain_id,
+            batch_id=batch_id, body=body,
+        )
+
+    async def record(self, job: FailedJob) -> None:
+        d = self._d
+        await d.db.execute(d.sql["failed_insert"], (job.id, job.connection, job.queue, job.body,
+                                                    job.exception, job.failed_at))
+
+    async def list(self, queue: str | None = None) -> list[FailedJob]:
+        d = self._d
+        if queue is None:
+            rows = await d.db.fetchall(d.sql["failed_list"])
+        else:
+            rows = await d.db.fetchall(d.sql["failed_list_queue"], (queue,))
+        return [self._row(r) for r in rows]
+
+    async def find(self, id: str) -> FailedJob | None:
+        row = await self._d.db.fetchone(self._d.sql["failed_find"], (id,))
+        return None if row is None else self._row(row)
+
+    async def forget(self, id: str) -> bool:
+        return await self._d.db.execute(self._d.sql["failed_forget"], (id,)) > 0
+
+    async def flush(self, older_than: float | None = None) -> int:
+        d = self._d
+        if older_than is None:
+            return await d.db.execute(d.sql["failed_flush"])
+        return await d.db.execute(d.sql["failed_flush_older"], (time.time() - older_than,))
+
+
+class DatabaseDriver:
+    """Queue connection on a SQL table; see the module docstring for the rules."""
+
+    remote = True
+    local_callbacks = False
+    inline = False
+
+    def __init__(self, name: str, options: dict[str, Any], app: Any):
+        self.name = name
+        self.app = app
+        self.options = options
+        self.max_message_size: int | None = options.get("max_message_size")
+        self.concurrency: int = options.get("concurrency") or 1
+        self.retry_after: float = options.get("retry_after") or 90.0
+        self.sleep: float = options.get("sleep") or 1.0
+        self.max_sleep: float = options.get("max_sleep") or self.sleep * 5
+        self.heartbeat_interval: float = max(0.05, self.retry_after / 3)
+        self.table = options.get("table") or "jobs"
+        self.failed_table = options.get("failed_table") or "failed_jobs"
+        for key, value in (("table", self.table), ("failed_table", self.failed_table)):
+            if not _IDENT.match(value):
+                raise ConfigError(f"{value!r} is not a valid SQL identifier",
+                                  key=f"connections.{name}.{key}")
+        self._db_name: str = options.get("connection") or app.database_config.default
+        self._db: Connector | None = None
+        self._sql: dict[str, str] | None = None
+        self.failed = _FailedJobs(self)
+        self._wakeup: asyncio.Event | None = None
+        self._wake_loop: asyncio.AbstractEventLoop | None = None
+        self._last_ts = 0.0
+
+    # -- connection ---------------------------------------------------------------
+
+    @property
+    def db(self) -> Connector:
+        if self._db is None:
+            self._db = self.app.database(self._db_name)
+        return self._db
+
+    @property
+    def dialect(self) -> str:
+        return self.db.dialect
+
+    @property
+    def sql(self) -> dict[str, str]:
+        if self._sql is None:
+            self._sql = load_sql(self.dialect, self.table, self.failed_table)
+        return self._sql
+
+    def _token(self) -> float:
+        """A reserved_at value unique to this process's claims (the ownership token)."""
+        now = time.time()
+        if now <= self._last_ts:
+            now = self._last_ts + 1e-6
+        self._last_ts = now
+        return now
+
+    def _wake(self) -> asyncio.Event:
+        loop = asyncio.get_running_loop()
+        if self._wakeup is None or self._wake_loop is not loop:
+            self._wakeup = asyncio.Event()
+            self._wake_loop = loop
+        return self._wakeup
+
+    # -- producer -----------------------------------------------------------------
+
+    async def enqueue(self, body: str, message: Message, delay: float) -> None:
+        now = time.time()
+        await self.db.execute(self.sql["enqueue"],
+                              (message.queue, body, message.attempts, now + delay, now))
+        self._notify(message.queue)
+
+    async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
+        if not items:
+            return
+        now = time.time()
+        rows = [(m.queue, body, m.attempts, now + delay, now) for body, m, delay in items]
+        await self._insert_many(rows)
+        for q in {m.queue for _, m, _ in items}:
+            self._notify(q)
+
+    async def _insert_many(self, rows: list[tuple[Any, ...]]) -> None:
+        # One multi-row INSERT per chunk: a single round trip and transaction.
+        base = self.sql["enqueue"].split("VALUES", 1)[0]
+        for i in range(0, len(rows), 500):
+            chunk = rows[i : i + 500]
+            values = ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))
+            params = [p for row in chunk for p in row]
+            await self.db.execute(f"{base}VALUES {values}", params)
+
+    def _notify(self, queue: str) -> None:
+        """Same-process dispatch wakes an idle worker at once."""
+        if self._wakeup is not None and self._wake_loop is not None:
+            try:
+                if asyncio.get_running_loop() is self._wake_loop:
+                    self._wakeup.set()
+                    return
+            except RuntimeError:
+                pass
+            self._wake_loop.call_soon_threadsafe(self._wakeup.set)
+        notify = getattr(self.db, "notify", None)
+        if notify is not None:
+            notify(f"haze_{self.table}", queue)
+
+    # -- consumer -----------------------------------------------------------------
+
+    async def _claim(self, queue: str) -> Reserved | None:
+        now = time.time()
+        token = self._token()
+        abandoned = now - self.retry_after
+        sql = self.sql
+        if self.dialect == "mysql":
+            async with self.db.transaction() as tx:
+                row = await tx.fetchone(sql["claim_select"], (queue, now, abandoned))
+                if row is None:
+                    return None
+                await tx.execute(sql["claim_mark"], (token, token, row[0]))
+                row = (row[0], row[1], int(row[2]) + 1, token)
+        elif self.dialect == "postgres":
+            row = await self.db.fetchone(sql["claim"], (queue, now, abandoned, token, token))
+        else:
+            async with self.db.transaction(immediate=True) as tx:
+                row = await tx.fetchone(sql["claim"], (token, token, queue, now, abandoned))
+        if row is None:
+            return None
+        row_id, body, attempts, reserved_at = row
+        if isinstance(body, (bytes, bytearray)):
+            body = body.decode("utf-8", "replace")
+        try:
+            message: Message | None = decode(body)
+            error: BaseException | None = None
+        except Exception as e:
+            message, error = None, e
+        return Reserved(message, int(attempts), body, queue, (row_id, reserved_at), error)
+
+    async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
+        queues = queues or ["default"]
+        for q in queues:
+            job = await self._claim(q)
+            if job is not None:
+                return job
+        if wait <= 0:
+            return None
+        event = self._wake()
+        event.clear()
+        listen = getattr(self.db, "listen", None)
+        waiter = asyncio.ensure_future(event.wait())
+        waiters: set[asyncio.Future[Any]] = {waiter}
+        if listen is not None:
+            waiters.add(asyncio.ensure_future(listen(f"haze_{self.table}", wait)))
+        try:
+            await asyncio.wait(waiters, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+        for q in queues:
+            job = await self._claim(q)
+            if job is not None:
+                return job
+        return None
+
+    def interrupt(self) -> None:
+        """End an idle wait now (the worker is stopping)."""
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    async def ack(self, job: Reserved) -> None:
+        row_id, reserved_at = job.token
+        await self.db.execute(self.sql["ack"], (row_id, reserved_at))
+
+    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:
+        row_id, reserved_at = job.token
+        if consume_attempt:
+            await self.db.execute(self.sql["retry"], (time.time() + delay, row_id, reserved_at))
+            return
+        # release(): a new row with the attempt handed back, only if we still own the old one.
+        now = time.time()
+        async with self.db.transaction(immediate=True) as tx:
+            if await tx.execute(self.sql["ack"], (row_id, reserved_at)) == 0:
+                return
+            await tx.execute(self.sql["enqueue"],
+                             (job.queue, job.body, max(0, job.attempt - 1), now + delay, now))
+        self._notify(job.queue)
+
+    async def fail(self, job: Reserved, failed: FailedJob) -> None:
+        row_id, reserved_at = job.token
+        async with self.db.transaction(immediate=True) as tx:
+            if await tx.execute(self.sql["ack"], (row_id, reserved_at)) == 0:
+                return  # another worker reclaimed the row; it owns the outcome now
+            await tx.execute(self.sql["failed_insert"], (failed.id, failed.connection,
+                             failed.queue, failed.body, failed.exception, failed.failed_at))
+
+    async def heartbeat(self, jobs: Sequence[Reserved]) -> None:
+        """Refresh ``heartbeat_at`` of running jobs so they are not reclaimed."""
+        now = time.time()
+        for job in jobs:
+            row_id, reserved_at = job.token
+            await self.db.execute(self.sql["heartbeat"], (now, row_id, reserved_at))
+
+    # -- inspection ---------------------------------------------------------------
+
+    async def size(self, queue: str) -> int:
+        row = await self.db.fetchone(self.sql["size"], (queue,))
+        return int(row[0]) if row else 0
+
+    async def purge(self, queue: str) -> int:
+        return await self.db.execute(self.sql["purge"], (queue,))
+
+    async def close(self) -> None:
+        return None  # the connector belongs to the app, which closes it

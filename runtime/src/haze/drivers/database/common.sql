@@ -1,0 +1,44 @@
+-- Statements shared by every dialect ({jobs}/{failed}: validated identifiers).
+
+-- name: enqueue
+INSERT INTO {jobs} (queue, payload, attempts, available_at, created_at) VALUES (?, ?, ?, ?, ?)
+
+-- name: ack
+-- Only the worker whose claim is still current (its reserved_at) may delete the row.
+DELETE FROM {jobs} WHERE id = ? AND reserved_at = ?
+
+-- name: retry
+UPDATE {jobs} SET reserved_at = NULL, heartbeat_at = NULL, available_at = ?
+WHERE id = ? AND reserved_at = ?
+
+-- name: heartbeat
+UPDATE {jobs} SET heartbeat_at = ? WHERE id = ? AND reserved_at = ?
+
+-- name: size
+SELECT COUNT(*) FROM {jobs} WHERE queue = ?
+
+-- name: purge
+DELETE FROM {jobs} WHERE queue = ?
+
+-- name: failed_insert
+INSERT INTO {failed} (uuid, connection, queue, payload, exception, failed_at)
+VALUES (?, ?, ?, ?, ?, ?)
+
+-- name: failed_list
+SELECT uuid, connection, queue, payload, exception, failed_at FROM {failed} ORDER BY id
+
+-- name: failed_list_queue
+SELECT uuid, connection, queue, payload, exception, failed_at FROM {failed}
+WHERE queue = ? ORDER BY id
+
+-- name: failed_find
+SELECT uuid, connection, queue, payload, exception, failed_at FROM {failed} WHERE uuid = ?
+
+-- name: failed_forget
+DELETE FROM {failed} WHERE uuid = ?
+
+-- name: failed_flush
+DELETE FROM {failed}
+
+-- name: failed_flush_older
+DELETE FROM {failed} WHERE failed_at < ?

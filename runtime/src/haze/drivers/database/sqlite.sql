@@ -1,0 +1,38 @@
+-- Queue statements for SQLite, libSQL/Turso and D1. {jobs} and {failed} are table
+-- names from config, validated as identifiers before they are formatted in.
+
+-- name: schema
+CREATE TABLE IF NOT EXISTS {jobs} (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    queue TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    reserved_at REAL,
+    heartbeat_at REAL,
+    available_at REAL NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS {jobs}_queue_idx ON {jobs} (queue, reserved_at, available_at);
+CREATE TABLE IF NOT EXISTS {failed} (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    uuid TEXT NOT NULL UNIQUE,
+    connection TEXT NOT NULL,
+    queue TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    exception TEXT NOT NULL,
+    failed_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS {failed}_failed_at_idx ON {failed} (failed_at);
+
+-- name: claim
+-- One atomic statement: pick the oldest available (or abandoned) row and mark it.
+-- params: reserved_at, heartbeat_at, queue, now, abandoned_before
+UPDATE {jobs} SET reserved_at = ?, heartbeat_at = ?, attempts = attempts + 1
+WHERE id = (
+    SELECT id FROM {jobs}
+    WHERE queue = ?
+      AND ((reserved_at IS NULL AND available_at <= ?)
+           OR (reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?))
+    ORDER BY id LIMIT 1
+)
+RETURNING id, payload, attempts, reserved_at
