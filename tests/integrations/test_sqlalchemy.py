@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -733,3 +736,29 @@ def test_wrong_target_type() -> None:
     with pytest.raises(TypeError, match="transaction_scope"):
         transaction_scope(object())
     assert isinstance(transaction_scope(Session()), TransactionScope)
+
+
+def test_missing_sqlalchemy_raises_missing_dependency_error() -> None:
+    code = (
+        "import sys; sys.modules['sqlalchemy'] = None\n"
+        "from haze.errors import MissingDependencyError\n"
+        "try:\n"
+        "    import haze.integrations.sqlalchemy\n"
+        "except MissingDependencyError as e:\n"
+        "    print('ok', e.extra, e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("ok sqlalchemy "), out.stdout + out.stderr
+    assert "pip install 'haze[sqlalchemy]'" in out.stdout
+
+
+def test_scope_left_in_another_context() -> None:
+    from haze.integrations.sqlalchemy import _scopes
+
+    scope = transaction_scope(Session())
+    entered = contextvars.copy_context()
+    entered.run(scope.__enter__)
+    assert len(entered.run(_scopes.get)) == 1
+    elsewhere = entered.copy()
+    elsewhere.run(scope.__exit__, None, None, None)  # the token belongs to `entered`
+    assert elsewhere.run(_scopes.get) == ()

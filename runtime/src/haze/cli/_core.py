@@ -7,6 +7,7 @@ Command modules register with ``@cli.command("group:name")`` and get the app wit
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -81,7 +82,10 @@ def cli(ctx: click.Context, root: Path) -> None:
 
 def console() -> Console:
     """A console on the current stdout (CliRunner swaps it per invocation)."""
-    return Console(file=sys.stdout, highlight=False, soft_wrap=not sys.stdout.isatty())
+    tty = sys.stdout.isatty()
+    # Piped output is read by scripts and grep: wide tables beat wrapped cells there.
+    width = None if tty or os.environ.get("COLUMNS") else 200
+    return Console(file=sys.stdout, highlight=False, soft_wrap=not tty, width=width)
 
 
 def run(state: State, fn: Callable[[App], Awaitable[T]]) -> T:

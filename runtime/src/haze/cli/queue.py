@@ -205,7 +205,10 @@ def queue_work(
             f'Working connection "{escape(name)}" (queues: {escape(shown)}, concurrency '
             f"{worker.concurrency}). Ctrl+C or SIGTERM stops after the running jobs."
         )
-        task = asyncio.get_running_loop().create_task(worker.run())
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(worker.run())
+        # An idle in-process slot sleeps until woken, so it would not see --max-time itself.
+        timer = loop.call_later(max_time, worker.request_stop) if max_time is not None else None
         with _stop_on_signals(worker, out, task) as forced:
             try:
                 processed = await task
@@ -214,6 +217,9 @@ def queue_work(
                     raise
                 out.print("Stopped without waiting for the running jobs.")
                 return 128 + forced[0]
+            finally:
+                if timer is not None:
+                    timer.cancel()
         out.print(f"Worker stopped after {processed} job(s).")
         return 0
 

@@ -345,7 +345,7 @@ class TransactionScope(Generic[T]):
 
     def __init__(self, target: T) -> None:
         self._target = target
-        self._tokens: list[Token[tuple[_Tracker, ...]]] = []
+        self._tokens: list[tuple[Token[tuple[_Tracker, ...]], _Tracker]] = []
         if not isinstance(target, (Session, Connection, scoped_session)):
             _resolve(target)  # fail early on a wrong type (an unstarted connection is fine)
 
@@ -357,11 +357,20 @@ class TransactionScope(Generic[T]):
                 "'async with transaction_scope(conn)' or 'async with engine.connect() as conn'"
             )
         tracker = _tracker_for(resolved)
-        self._tokens.append(_scopes.set((*_scopes.get(), tracker)))
+        self._tokens.append((_scopes.set((*_scopes.get(), tracker)), tracker))
         return self._target
 
     def _pop(self) -> None:
-        _scopes.reset(self._tokens.pop())
+        token, tracker = self._tokens.pop()
+        try:
+            _scopes.reset(token)
+        except ValueError:  # left in another context (an async generator fixture, say)
+            stack = list(_scopes.get())
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i] is tracker:
+                    del stack[i]
+                    break
+            _scopes.set(tuple(stack))
 
     def __enter__(self) -> T:
         return self._push()

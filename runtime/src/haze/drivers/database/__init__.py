@@ -22,10 +22,10 @@ import json
 import re
 import time
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...database.sqlfiles import sql_blocks
 from ...errors import ConfigError
 from ...message import Message, decode
 from ..base import FailedJob, Reserved
@@ -36,20 +36,12 @@ if TYPE_CHECKING:
 __all__ = ["DatabaseDriver", "load_sql", "schema_sql"]
 
 _HERE = Path(__file__).parent
-_BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.M)
 _DIALECT_FILE = {"sqlite": "sqlite", "libsql": "sqlite", "d1": "sqlite", "postgres": "postgres",
                  "mysql": "mysql"}
 
 
-@cache
 def _blocks(file: str) -> dict[str, str]:
-    text = (_HERE / f"{file}.sql").read_text()
-    parts = _BLOCK.split(text)
-    out: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        lines = [ln for ln in body.strip().splitlines() if not ln.lstrip().startswith("--")]
-        out[name] = "\n".join(lines).strip()
-    return out
+    return sql_blocks(_HERE / f"{file}.sql")
 
 
 def load_sql(dialect: str, jobs: str, failed: str) -> dict[str, str]:

@@ -1,0 +1,143 @@
+"""The ``database`` store: unique locks, middleware state and batches in a SQL table.
+
+Every operation is one atomic statement (or one transaction on MySQL):
+``add`` is an upsert that only takes over an expired row, ``increment`` an upsert
+with arithmetic, and ``delete(key, owner)`` a ``DELETE … WHERE value = owner``.
+The table (``haze_cache`` unless ``table`` is set) is created on first use.
+
+>>> # config/cache.py
+>>> # config = define_cache_config(default="database",
+>>> #     stores={"database": {"driver": "database", "connection": "main"}})
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..database.sqlfiles import sql_blocks
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..database import Connector
+
+__all__ = ["DatabaseStore"]
+
+_SQL_DIR = Path(__file__).parent / "sql"
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+class DatabaseStore:
+    atomic = True
+    shared = True
+
+    def __init__(self, name: str, options: dict[str, Any], app: Any):
+        self.name = name
+        self.app = app
+        self.table = options.get("table") or "haze_cache"
+        if not _IDENT.match(self.table):
+            raise ConfigError(f"{self.table!r} is not a valid SQL identifier",
+                              key=f"stores.{name}.table")
+        self._db_name: str = options.get("connection") or app.database_config.default
+        self._db: Connector | None = None
+        self._sql: dict[str, str] | None = None
+        self._ready: set[asyncio.AbstractEventLoop] = set()
+
+    @property
+    def db(self) -> Connector:
+        if self._db is None:
+            self._db = self.app.database(self._db_name)
+        return self._db
+
+    async def _statements(self) -> dict[str, str]:
+        if self._sql is None:
+            dialect = self.db.dialect
+            file = {"postgres": "postgres", "mysql": "mysql"}.get(dialect, "sqlite")
+            k = "`key`" if dialect == "mysql" else "key"
+            t = self.table
+            sql = {n: s.format(table=t) for n, s in sql_blocks(_SQL_DIR / f"{file}.sql").items()}
+            live = "(expires_at IS NULL OR expires_at > ?)"
+            sql.update(
+                get=f"SELECT value FROM {t} WHERE {k} = ? AND {live}",
+                get_many=f"SELECT {k}, value FROM {t} WHERE {k} IN ({{marks}}) AND {live}",
+                ttl=f"SELECT expires_at FROM {t} WHERE {k} = ? AND {live}",
+                delete=f"DELETE FROM {t} WHERE {k} = ?",
+                delete_owner=f"DELETE FROM {t} WHERE {k} = ? AND value = ?",
+                prune=f"DELETE FROM {t} WHERE expires_at IS NOT NULL AND expires_at <= ?",
+            )
+            await self.db.execute(sql["schema"])
+            self._sql = sql
+        return self._sql
+
+    @staticmethod
+    def _exp(ttl: float | None, now: float) -> float | None:
+        return None if ttl is None else now + ttl
+
+    async def get(self, key: str) -> Any | None:
+        sql = await self._statements()
+        row = await self.db.fetchone(sql["get"], (key, time.time()))
+        return None if row is None else json.loads(row[0])
+
+    async def get_many(self, keys: Sequence[str]) -> list[Any | None]:
+        if not keys:
+            return []
+        sql = await self._statements()
+        stmt = sql["get_many"].replace("{marks}", ", ".join("?" * len(keys)))
+        rows = await self.db.fetchall(stmt, (*keys, time.time()))
+        found = {r[0]: json.loads(r[1]) for r in rows}
+        return [found.get(k) for k in keys]
+
+    async def put(self, key: str, value: Any, ttl: float | None = None) -> None:
+        sql = await self._statements()
+        await self.db.execute(sql["put"], (key, _dumps(value), self._exp(ttl, time.time())))
+
+    async def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
+        sql = await self._statements()
+        now = time.time()
+        body, exp = _dumps(value), self._exp(ttl, now)
+        if "add_insert" in sql:  # MySQL: INSERT IGNORE, else take over an expired row
+            if await self.db.execute(sql["add_insert"], (key, body, exp)) > 0:
+                return True
+            return await self.db.execute(sql["add_takeover"], (body, exp, key, now)) > 0
+        return await self.db.execute(sql["add"], (key, body, exp, now)) > 0
+
+    async def increment(self, key: str, by: int = 1, ttl: float | None = None) -> int:
+        sql = await self._statements()
+        now = time.time()
+        params = (key, str(by), self._exp(ttl, now), now, by, now)
+        if "increment_read" in sql:
+            async with self.db.transaction() as tx:
+                await tx.execute(sql["increment"], params)
+                row = await tx.fetchone(sql["increment_read"], (key,))
+        else:
+            row = await self.db.fetchone(sql["increment"], params)
+        assert row is not None
+        return int(row[0])
+
+    async def delete(self, key: str, owner: Any | None = None) -> bool:
+        sql = await self._statements()
+        if owner is None:
+            return await self.db.execute(sql["delete"], (key,)) > 0
+        return await self.db.execute(sql["delete_owner"], (key, _dumps(owner))) > 0
+
+    async def ttl(self, key: str) -> float | None:
+        sql = await self._statements()
+        now = time.time()
+        row = await self.db.fetchone(sql["ttl"], (key, now))
+        if row is None or row[0] is None:
+            return None
+        return max(0.0, float(row[0]) - now)
+
+    async def prune(self) -> int:
+        """Delete expired rows (they are ignored anyway; this reclaims space)."""
+        sql = await self._statements()
+        return await self.db.execute(sql["prune"], (time.time(),))
+
+    async def close(self) -> None:
+        return None  # the connector belongs to the app

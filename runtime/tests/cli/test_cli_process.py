@@ -1,0 +1,134 @@
+"""The CLI as a real process: signals, exit codes, no tracebacks, generated files import."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e.pop("HAZE_APP_ROOT", None)
+    e["PYTHONUNBUFFERED"] = "1"
+    return e
+
+
+def haze(root: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "haze.cli", "--root", str(root), *args],
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=timeout,
+    )
+
+
+def read_line_containing(proc: subprocess.Popen[str], text: str, timeout: float = 15) -> str:
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        if sel.select(deadline - time.monotonic()):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            if text in line:
+                return line
+    raise AssertionError(f"{text!r} not printed; got {seen!r}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_work_exits_0_promptly_on_signal(tmp_path: Path, sig: signal.Signals) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "haze.cli", "--root", str(tmp_path), "queue:work",
+         "--connection", "memory"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
+    try:
+        read_line_containing(proc, "Working connection")
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert time.monotonic() - sent < 5
+    assert "Worker stopped after 0 job(s)." in out
+    assert "Traceback" not in err
+
+
+def test_config_error_names_file_and_key_without_traceback(tmp_path: Path) -> None:
+    config = tmp_path / "config" / "queue.py"
+    config.parent.mkdir()
+    config.write_text(
+        textwrap.dedent(
+            """\
+            from haze import define_queue_config
+            config = define_queue_config(
+                default="main", connections={"main": {"driver": "carrier-pigeon"}}
+            )
+            """
+        )
+    )
+    result = haze(tmp_path, "queue:work")
+    assert result.returncode == 1
+    assert str(config) in result.stderr
+    assert "connections.main.driver" in result.stderr
+    assert "carrier-pigeon" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_unknown_command_exits_2_without_traceback(tmp_path: Path) -> None:
+    result = haze(tmp_path, "queue:frobnicate")
+    assert result.returncode == 2
+    assert "No such command 'queue:frobnicate'" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_make_job_writes_a_module_that_registers(tmp_path: Path) -> None:
+    result = haze(tmp_path, "make:job", "SendInvoice")
+    assert result.returncode == 0, result.stderr
+    path = tmp_path / "app" / "job" / "send_invoice.py"
+    assert str(path) in result.stdout
+    check = textwrap.dedent(
+        f"""\
+        import asyncio
+        from haze import App, Queue
+        from haze.jobs import get_job
+        app = App(root={str(tmp_path)!r})
+        job = get_job("send_invoice")
+        assert job.name == "send_invoice", job.name
+
+        async def main():
+            async with app:
+                await job.dispatch({{"invoice_id": 1}})
+                await Queue.idle()
+            assert await Queue.failed() == []
+            print("ok", job.tries)
+
+        asyncio.run(main())
+        """
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, env=env(), timeout=30
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["ok", "3"]
