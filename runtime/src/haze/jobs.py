@@ -419,14 +419,25 @@ class PendingDispatch(Generic[P]):
         return link
 
     async def dispatch(self) -> DispatchResult:
-        from .app import use_app
-
-        return await use_app().manager.dispatch(self)
+        return await (_use_app or _bind_use_app())().manager.dispatch(self)
 
     dispatch_blocking = blocking_method(dispatch)
 
     def __repr__(self) -> str:
         return f"<PendingDispatch {self.job.name} payload={self.payload!r}>"
+
+
+_use_app: Callable[[], Any] | None = None
+
+
+def _bind_use_app() -> Callable[[], Any]:
+    # haze.app imports this module, so the import waits for the first dispatch; a
+    # function-level import on every dispatch costs about 1us of import machinery.
+    global _use_app
+    from .app import use_app
+
+    _use_app = use_app
+    return use_app
 
 
 # --------------------------------------------------------------------------- define_job

@@ -440,9 +440,7 @@ class QueueManager:
         except UnknownJobError as e:
             await self._fail_undecodable(reserved, driver, e)
             return _Outcome.FAILED, e
-        from .app import _current
-
-        app_token = _current.set(self.app)
+        app_token = (_app_var or _bind_app_var()).set(self.app)
         tenant_token = _tenant.set(message.tenant)
         try:
             return await self._run(job, message, reserved, driver, inline)
@@ -865,6 +863,19 @@ class QueueManager:
     async def clear(self, queue: str | None = None, connection: str | None = None) -> int:
         driver = self.app.driver(connection)
         return await driver.purge(queue or "default")
+
+
+_app_var: Any = None
+
+
+def _bind_app_var() -> Any:
+    # haze.app imports this module; importing its ContextVar inside _process cost
+    # about 1us of import machinery per job.
+    global _app_var
+    from .app import _current
+
+    _app_var = _current
+    return _current
 
 
 def _registry_names() -> dict[str, Any]:

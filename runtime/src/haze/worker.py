@@ -43,6 +43,7 @@ class Worker:
         sleep: float = 1.0,
         max_sleep: float | None = None,
         on_job: Callable[[Reserved, str, float], None] | None = None,
+        control: bool = False,
     ) -> None:
         self.app = app
         self.connection = connection
@@ -67,6 +68,13 @@ class Worker:
         self._started_at = 0.0
         self._done: asyncio.Event | None = None
         self._active: dict[int, Reserved] = {}
+        self._outage = False
+        self._outage_backoff = 0.0
+        #: Queues paused with ``haze queue:pause`` (read from the store by the control task).
+        self._paused: set[str] = set()
+        self.control = control
+        self._control_task: asyncio.Task[None] | None = None
+        self._started_wall = 0.0
         self._heartbeat_task: asyncio.Task[None] | None = None
 
     @property
@@ -89,6 +97,9 @@ class Worker:
         ]
         if getattr(self.driver, "heartbeat", None) is not None:
             self._heartbeat_task = self._loop.create_task(self._heartbeat())
+        self._started_wall = time.time()
+        if self.control:
+            self._control_task = self._loop.create_task(self._control())
 
     async def run(self) -> int:
         """Run until stopped (signal, limits, or empty with ``stop_when_empty``)."""
@@ -99,9 +110,28 @@ class Worker:
         return self.processed
 
     def _stop_heartbeat(self) -> None:
-        if self._heartbeat_task is not None:
-            self._heartbeat_task.cancel()
-            self._heartbeat_task = None
+        for attr in ("_heartbeat_task", "_control_task"):
+            task = getattr(self, attr)
+            if task is not None:
+                task.cancel()
+                setattr(self, attr, None)
+
+    async def _control(self, interval: float = 1.0) -> None:
+        """Follow ``queue:restart`` and ``queue:pause``/``continue`` through the queue store."""
+        from .control import paused_queues, restart_requested_at
+
+        while not self.stopping:
+            try:
+                restart = await restart_requested_at(self.app)
+                if restart is not None and restart >= self._started_wall:
+                    log.warning("haze worker: restart requested (queue:restart); stopping "
+                                "after the running jobs")
+                    self.request_stop()
+                    return
+                self._paused = await paused_queues(self.app, self.connection, self.queues or [])
+            except Exception as e:
+                log.warning("haze worker: cannot read worker signals from the store: %s", e)
+            await asyncio.sleep(interval)
 
     async def _heartbeat(self) -> None:
         """Renew the lease of running jobs (database heartbeat, BullMQ lock, SQS visibility)
@@ -148,14 +178,38 @@ class Worker:
         assert task is not None
         self._waiting.add(task)
         try:
-            return await self.driver.reserve(self.queues or [], wait)  # type: ignore[arg-type]
+            queues = self.queues or []
+            if self._paused:
+                queues = [q for q in queues if q not in self._paused]
+                if not queues:
+                    await asyncio.sleep(min(wait, 1.0) if wait > 0 else 0.05)
+                    return None
+            job = await self.driver.reserve(queues, wait)
         except asyncio.CancelledError:
             if self.stopping:
                 task.uncancel()
                 return None
             raise
+        except Exception as e:
+            # The backend is down or unreachable: keep the worker alive and retry with
+            # backoff; nothing is lost (claimed rows come back after retry_after).
+            self._outage_backoff = min(max(self._outage_backoff * 2, 0.1), self.max_sleep)
+            if not self._outage:
+                log.warning(
+                    "haze worker: connection %r is unavailable (%s: %s); retrying every %.1fs "
+                    "up to %.1fs until it is back",
+                    self.connection, type(e).__name__, e, self._outage_backoff, self.max_sleep,
+                )
+            self._outage = True
+            await asyncio.sleep(self._outage_backoff)
+            return None
         finally:
             self._waiting.discard(task)
+        if self._outage:
+            self._outage = False
+            self._outage_backoff = 0.0
+            log.warning("haze worker: connection %r is reachable again", self.connection)
+        return job
 
     async def _slot(self, index: int) -> None:
         manager = self.app.manager

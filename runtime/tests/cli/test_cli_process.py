@@ -75,6 +75,82 @@ def test_work_exits_0_promptly_on_signal(tmp_path: Path, sig: signal.Signals) ->
     assert "Traceback" not in err
 
 
+# A job module that queues one slow job when the worker first loops. It enqueues through
+# the driver so the CLI's worker, not an in-app consumer, is the one that runs it.
+SLOW_JOB = """\
+import asyncio
+from haze import Queue, define_job, use_app
+
+@define_job(name="cli_process_slow")
+async def slow(payload: dict) -> None:
+    print("started", flush=True)
+    await asyncio.sleep(payload["seconds"])
+    print("finished", flush=True)
+
+sent = []
+
+@Queue.on("looping")
+async def queue_one(connection, queues):
+    if sent:
+        return
+    sent.append(True)
+    app = use_app()
+    pending = slow.with_({"seconds": SECONDS})
+    conn, q = app.manager.resolve(pending)
+    message = app.manager.build(pending, conn, q)
+    driver = app.driver(conn)
+    await driver.enqueue(app.manager.encode(message, driver, slow), message, 0.0)
+"""
+
+
+def start_slow_worker(root: Path, seconds: float) -> subprocess.Popen[str]:
+    job = root / "app" / "job" / "slow.py"
+    job.parent.mkdir(parents=True)
+    job.write_text(SLOW_JOB.replace("SECONDS", repr(seconds)))
+    return subprocess.Popen(
+        [sys.executable, "-m", "haze.cli", "--root", str(root), "queue:work", "-v"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
+
+
+def test_sigterm_lets_the_running_job_finish(tmp_path: Path) -> None:
+    proc = start_slow_worker(tmp_path, 0.5)
+    try:
+        read_line_containing(proc, "started")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "waiting for 1 running job(s)" in out
+    assert "finished" in out
+    assert "DONE" in out and "cli_process_slow" in out
+    assert "Worker stopped after 1 job(s)." in out
+
+
+def test_a_second_signal_quits_without_waiting(tmp_path: Path) -> None:
+    proc = start_slow_worker(tmp_path, 60)
+    try:
+        read_line_containing(proc, "started")
+        proc.send_signal(signal.SIGTERM)
+        read_line_containing(proc, "Send it again")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "finished" not in out
+    assert "Stopped without waiting" in out
+    assert "Traceback" not in err
+
+
 def test_config_error_names_file_and_key_without_traceback(tmp_path: Path) -> None:
     config = tmp_path / "config" / "queue.py"
     config.parent.mkdir()

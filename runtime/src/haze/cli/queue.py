@@ -200,16 +200,19 @@ def queue_work(
             max_sleep=max(ceiling, pace) if ceiling is not None else None,
             on_job=(lambda r, o, s: out.print(job_line(r, o, s))) if verbose else None,
         )
-        shown = ", ".join(chosen) if chosen else "all"
-        out.print(
-            f'Working connection "{escape(name)}" (queues: {escape(shown)}, concurrency '
-            f"{worker.concurrency}). Ctrl+C or SIGTERM stops after the running jobs."
-        )
         loop = asyncio.get_running_loop()
+        # Started before the handlers go in: a stop requested earlier would be reset.
+        worker.start()
         task = loop.create_task(worker.run())
         # An idle in-process slot sleeps until woken, so it would not see --max-time itself.
         timer = loop.call_later(max_time, worker.request_stop) if max_time is not None else None
         with _stop_on_signals(worker, out, task) as forced:
+            # Announced only now, so whoever waits for this line can signal us safely.
+            shown = ", ".join(chosen) if chosen else "all"
+            out.print(
+                f'Working connection "{escape(name)}" (queues: {escape(shown)}, concurrency '
+                f"{worker.concurrency}). Ctrl+C or SIGTERM stops after the running jobs."
+            )
             try:
                 processed = await task
             except asyncio.CancelledError:
