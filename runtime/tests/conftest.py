@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-
 from haze import App, Queue, define_queue_config
 from haze import testing as haze_testing
 

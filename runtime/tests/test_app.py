@@ -8,9 +8,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import haze.app as haze_app
+import pytest
 from haze import App, DuplicateJobError, JobContext, Queue, define_job, run_in_app, use_app
 from haze.jobs import get_job
 
@@ -95,12 +94,13 @@ async def test_discovered_jobs_dispatch_by_name(tmp_path: Path) -> None:
             ran.append(payload)
         """,
     )
+    root = tmp_path.resolve()  # noqa: ASYNC240
     async with App(root=tmp_path) as app:
         await Queue.dispatch(f"disc_run_{uid}", {"n": 1})
         await Queue.idle()
     module = get_job(f"disc_run_{uid}").handler.__globals__
     assert module["ran"] == [{"n": 1}]
-    assert app.root == tmp_path.resolve()
+    assert app.root == root
 
 
 @pytest.mark.usefixtures("isolated_imports")
@@ -196,12 +196,16 @@ async def test_jobs_run_in_their_own_app_context(make_app: Any) -> None:
         assert await Queue.failed() == []  # second app: nothing failed there
         assert len(await run_in_app(first, Queue.failed)) == 1
     where = {(what, app) for what, app in seen}
-    assert where == {("middleware", first), ("handle", first), ("ctx.app", first),
-                     ("failed", first), ("child", first)}
+    assert where == {
+        ("middleware", first),
+        ("handle", first),
+        ("ctx.app", first),
+        ("failed", first),
+        ("child", first),
+    }
 
 
-async def test_app_start_and_stop_are_idempotent_enough(app: App) -> None:
-    # dispatch outside the context manager still works on an entered app
+async def test_the_app_fixture_runs_jobs(app: App) -> None:
     seen.clear()
     await app_ctx_child.dispatch({})
     await Queue.idle()

@@ -7,8 +7,17 @@ import threading
 from typing import Any
 
 import pytest
-
-from haze import App, Batch, JobDefinition, PendingBatch, PendingChain, PendingDispatch, Queue, define_job, tenant
+from haze import (
+    App,
+    Batch,
+    JobDefinition,
+    PendingBatch,
+    PendingChain,
+    PendingDispatch,
+    Queue,
+    define_job,
+    tenant,
+)
 from haze._blocking import blocking, run_blocking
 from haze.context import current_tenant
 
@@ -33,7 +42,8 @@ async def blocking_fails(payload: dict) -> None:
 def test_dispatch_blocking_from_sync_code() -> None:
     assert threading.current_thread() is threading.main_thread()
     job_id = blocking_record.dispatch_blocking({"n": 1})
-    assert isinstance(job_id, str) and len(job_id) == 32
+    assert isinstance(job_id, str)
+    assert len(job_id) == 32
     res = blocking_record.with_({"n": 2}).on_queue("other").dispatch_blocking()
     assert res.skipped is False
     Queue.dispatch_blocking("blocking_record", {"n": 3})
@@ -41,7 +51,11 @@ def test_dispatch_blocking_from_sync_code() -> None:
         blocking_record.dispatch_blocking({"n": 4})
     Queue.idle_blocking()
     assert sorted(seen, key=lambda s: s[0]["n"]) == [
-        ({"n": 1}, None), ({"n": 2}, None), ({"n": 3}, None), ({"n": 4}, "acme")]
+        ({"n": 1}, None),
+        ({"n": 2}, None),
+        ({"n": 3}, None),
+        ({"n": 4}, "acme"),
+    ]
 
 
 def test_facade_blocking_twins_from_sync_code() -> None:

@@ -6,7 +6,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from haze import App, ConfigError, HazeError, define_queue_config, env
 
 pytestmark = pytest.mark.usefixtures("isolated_imports")
@@ -62,7 +61,11 @@ def test_config_file_is_read(tmp_path: Path) -> None:
     qc = app.queue_config
     assert qc.default == "sync"
     assert qc.source == str(path)
-    assert qc.connections["memory"] == {"driver": "memory", "concurrency": 2, "queues": ["high", "default"]}
+    assert qc.connections["memory"] == {
+        "driver": "memory",
+        "concurrency": 2,
+        "queues": ["high", "default"],
+    }
     assert qc.batches_ttl == 86400.0
     assert app.driver("memory").concurrency == 2
     assert app.driver("memory").priority == ["high", "default"]
@@ -70,13 +73,18 @@ def test_config_file_is_read(tmp_path: Path) -> None:
 
 
 def test_config_object_passed_in_wins_over_the_file(tmp_path: Path) -> None:
-    queue_config(tmp_path, 'config = define_queue_config(default="sync", connections={"sync": {"driver": "sync"}})\n')
+    queue_config(
+        tmp_path,
+        'config = define_queue_config(default="sync", connections={"sync": {"driver": "sync"}})\n',
+    )
     app = App(root=tmp_path, queue=define_queue_config(connections={"mem": {"driver": "memory"}}))
     assert app.queue_config.default == "mem"
 
 
 def test_default_is_the_first_connection_when_omitted() -> None:
-    app = App(queue=define_queue_config(connections={"s": {"driver": "sync"}, "m": {"driver": "memory"}}))
+    app = App(
+        queue=define_queue_config(connections={"s": {"driver": "sync"}, "m": {"driver": "memory"}})
+    )
     assert app.queue_config.default == "s"
 
 
@@ -93,7 +101,9 @@ def test_unknown_driver_names_file_and_key(tmp_path: Path) -> None:
 
 
 def test_missing_driver_key_names_file_and_key(tmp_path: Path) -> None:
-    path = queue_config(tmp_path, 'config = define_queue_config(connections={"jobs": {"concurrency": 2}})\n')
+    path = queue_config(
+        tmp_path, 'config = define_queue_config(connections={"jobs": {"concurrency": 2}})\n'
+    )
     err = config_error(tmp_path)
     assert str(path) in str(err)
     assert "connections.jobs.driver" in str(err)
@@ -103,7 +113,10 @@ def test_missing_driver_key_names_file_and_key(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("body", "key"),
     [
-        ('connections={"m": {"driver": "memory", "concurrency": "2"}}', "connections.m.concurrency"),
+        (
+            'connections={"m": {"driver": "memory", "concurrency": "2"}}',
+            "connections.m.concurrency",
+        ),
         ('connections={"m": {"driver": "memory", "concurrency": 0}}', "connections.m.concurrency"),
         ('connections={"m": {"driver": "memory", "queues": 5}}', "connections.m.queues"),
         ('connections={"m": "memory"}', "connections.m"),
@@ -112,7 +125,10 @@ def test_missing_driver_key_names_file_and_key(tmp_path: Path) -> None:
         ('connections={"m": {"driver": "memory"}}, default="other"', "default"),
         ('connections={"m": {"driver": "memory"}}, default=3', "default"),
         ('connections={"m": {"driver": "memory"}}, middleware=["not callable"]', "middleware[0]"),
-        ('connections={"m": {"driver": "memory"}}, batches={"store": "memory", "size": 3}', "batches.size"),
+        (
+            'connections={"m": {"driver": "memory"}}, batches={"store": "memory", "size": 3}',
+            "batches.size",
+        ),
         ('connections={"m": {"driver": "memory"}}, colour="red"', "queue.colour"),
     ],
 )
@@ -177,7 +193,9 @@ def test_store_named_in_queue_config_must_exist_in_cache_config(tmp_path: Path) 
         "config/cache.py",
         """
         from haze import define_cache_config
-        config = define_cache_config(stores={"memory": {"driver": "memory"}, "other": {"driver": "memory"}})
+        config = define_cache_config(
+            stores={"memory": {"driver": "memory"}, "other": {"driver": "memory"}}
+        )
         """,
     )
     queue_config(tmp_path, 'config = define_queue_config(store="other")\n')
@@ -194,7 +212,9 @@ def test_config_file_without_config_variable(tmp_path: Path) -> None:
 
 def test_config_file_with_the_wrong_helper(tmp_path: Path) -> None:
     path = write(
-        tmp_path, "config/queue.py", "from haze import define_cache_config\nconfig = define_cache_config()\n"
+        tmp_path,
+        "config/queue.py",
+        "from haze import define_cache_config\nconfig = define_cache_config()\n",
     )
     err = config_error(tmp_path)
     assert str(path) in str(err)

@@ -10,7 +10,6 @@ import time
 from typing import Any
 
 import pytest
-
 from haze import AbortSignal, App, JobContext, JobTimeoutError, Queue, define_job
 
 state: dict[str, Any] = {}
@@ -129,7 +128,9 @@ async def test_job_context_fields(app: App) -> None:
     assert ctx.logger.logger.name == "haze.job"
 
 
-async def test_job_logger_carries_job_name_id_and_attempt(app: App, caplog: pytest.LogCaptureFixture) -> None:
+async def test_job_logger_carries_job_name_id_and_attempt(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="haze.job")
     job_id = await ctx_fields.dispatch({"x": 1}, connection="sync")
     [rec] = [r for r in caplog.records if r.getMessage() == "hello from ctx_fields"]
@@ -161,11 +162,15 @@ async def test_retry_is_a_warning_and_final_failure_an_error(
     await Queue.idle()
     recs = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "haze.job"]
     assert recs == [
-        (logging.WARNING, 'Job "ctx_log_retry" failed (attempt 1/2), retrying in 0s: RuntimeError: nope 1'),
+        (
+            logging.WARNING,
+            'Job "ctx_log_retry" failed (attempt 1/2), retrying in 0s: RuntimeError: nope 1',
+        ),
         (logging.ERROR, 'Job "ctx_log_retry" failed after 2 attempt(s): RuntimeError: nope 2'),
     ]
-    error = [r for r in caplog.records if r.levelno == logging.ERROR][0]
-    assert error.exc_info is not None and isinstance(error.exc_info[1], RuntimeError)
+    error = next(r for r in caplog.records if r.levelno == logging.ERROR)
+    assert error.exc_info is not None
+    assert isinstance(error.exc_info[1], RuntimeError)
 
 
 # --------------------------------------------------------------------------- timeout
@@ -216,7 +221,8 @@ async def test_no_abort_when_the_job_finishes_in_time(app: App) -> None:
 
 async def test_abort_signal_unit() -> None:
     signal = AbortSignal()
-    assert not signal.aborted and signal.reason is None
+    assert not signal.aborted
+    assert signal.reason is None
     waiter = asyncio.ensure_future(signal.wait())
     await asyncio.sleep(0)
     assert not waiter.done()
@@ -224,7 +230,8 @@ async def test_abort_signal_unit() -> None:
     signal.abort(first)
     signal.abort(JobTimeoutError("second"))
     await asyncio.wait_for(waiter, 1)
-    assert signal.aborted and signal.reason is first
+    assert signal.aborted
+    assert signal.reason is first
     await signal.wait()  # already set: returns at once
 
 
@@ -256,10 +263,14 @@ async def test_release_from_middleware(app: App) -> None:
     assert state["attempts"] == [1]
 
 
-def test_release_validates_the_delay(app: App) -> None:
-    ctx = JobContext(id="x", name="n", attempt=1, tries=1, queue="default", connection="memory", app=app)
+def test_release_validates_the_delay(make_app: Any) -> None:
+    app = make_app()
+    ctx = JobContext(
+        id="x", name="n", attempt=1, tries=1, queue="default", connection="memory", app=app
+    )
     assert not ctx.released
     ctx.release("1m")
-    assert ctx.released and ctx._release_delay == 60.0
+    assert ctx.released
+    assert ctx._release_delay == 60.0
     with pytest.raises(ValueError, match="release"):
         ctx.release("later")

@@ -9,17 +9,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
-
 from haze import App, DispatchResult, JobContext, Queue, UnknownJobError, define_job
+from pydantic import BaseModel
 
 runs: list[dict[str, Any]] = []
 
 
 @define_job(name="dispatch_record", queue="emails")
 async def dispatch_record(payload: Any, job: JobContext) -> None:
-    runs.append({"payload": payload, "queue": job.queue, "connection": job.connection,
-                 "id": job.id, "at": time.monotonic()})
+    runs.append(
+        {
+            "payload": payload,
+            "queue": job.queue,
+            "connection": job.connection,
+            "id": job.id,
+            "at": time.monotonic(),
+        }
+    )
 
 
 @define_job(name="dispatch_no_payload")
@@ -92,8 +98,15 @@ async def test_pending_dispatch_returns_a_dispatch_result(app: App) -> None:
     assert (res.skipped, res.deferred, res.chain_id) == (False, False, None)
     assert await Queue.size("high") == 1
     await Queue.idle()
-    assert runs == [{"payload": {"invoice_id": 42}, "queue": "high", "connection": "memory",
-                     "id": res.id, "at": runs[0]["at"]}]
+    assert runs == [
+        {
+            "payload": {"invoice_id": 42},
+            "queue": "high",
+            "connection": "memory",
+            "id": res.id,
+            "at": runs[0]["at"],
+        }
+    ]
     assert runs[0]["at"] - start >= 0.045
 
 
@@ -182,17 +195,22 @@ async def test_dataclass_payload_travels_as_json_and_is_rebuilt(app: App) -> Non
 
 async def test_pydantic_payload_travels_as_json_and_is_rebuilt(app: App) -> None:
     await dispatch_pydantic.dispatch(Customer(customer_id=1, email="a@example.com"))
-    await dispatch_pydantic.dispatch(Customer(customer_id=2, email="b@example.com"), connection="sync")
+    await dispatch_pydantic.dispatch(
+        Customer(customer_id=2, email="b@example.com"), connection="sync"
+    )
     await Queue.idle()
     payloads = sorted((r["payload"] for r in runs), key=lambda c: c.customer_id)
-    assert payloads == [Customer(customer_id=1, email="a@example.com"),
-                        Customer(customer_id=2, email="b@example.com")]
+    assert payloads == [
+        Customer(customer_id=1, email="a@example.com"),
+        Customer(customer_id=2, email="b@example.com"),
+    ]
     assert all(isinstance(p, Customer) for p in payloads)
 
 
 async def test_bulk_returns_ids_in_order(app: App) -> None:
     ids = await Queue.bulk([dispatch_record.with_({"i": i}) for i in range(3)])
-    assert len(ids) == 3 and all(ID.match(i) for i in ids)
+    assert len(ids) == 3
+    assert all(ID.match(i) for i in ids)
     await Queue.idle()
     assert [r["id"] for r in runs] == ids
 

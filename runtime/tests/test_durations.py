@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from haze import define_job
 from haze.durations import backoff_delay, parse_backoff, parse_duration
 
@@ -29,7 +28,9 @@ def test_parse_duration_accepts_seconds_and_unit_strings(value: object, seconds:
     assert parse_duration(value, "delay") == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("value", ["soon", "5 minutes", "10x", "-5s", -1, float("nan"), True, None, [1]])
+@pytest.mark.parametrize(
+    "value", ["soon", "5 minutes", "10x", "-5s", -1, float("nan"), True, None, [1]]
+)
 def test_parse_duration_rejects_other_values_naming_option_and_value(value: object) -> None:
     with pytest.raises(ValueError, match=r"^timeout: ") as info:
         parse_duration(value, "timeout")

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from haze import DuplicateJobError, JobContext, JobDefinition, PendingDispatch, UnknownJobError, define_job
+from haze import (
+    DuplicateJobError,
+    JobContext,
+    JobDefinition,
+    PendingDispatch,
+    UnknownJobError,
+    define_job,
+)
 from haze.jobs import get_job, registered_jobs
 
 
@@ -33,10 +38,18 @@ async def jobs_no_args() -> str:
     return "none"
 
 
-DUP_LINE = sys._getframe().f_lineno + 1
-@define_job(name="jobs_dup_name")  # noqa: E302
+@define_job(name="jobs_dup_name")
 async def jobs_dup_first(payload: dict) -> None:
     pass
+
+
+def _decorator_lines(text: str) -> list[int]:
+    """Line numbers in this file where ``text`` starts a (stripped) line."""
+    lines = Path(__file__).read_text().splitlines()
+    return [i for i, line in enumerate(lines, 1) if line.strip() == text]
+
+
+DUP_LINE, SECOND_DUP_LINE = _decorator_lines('@define_job(name="jobs_dup_name")')
 
 
 def test_bare_decorator_uses_the_function_name() -> None:
@@ -44,7 +57,12 @@ def test_bare_decorator_uses_the_function_name() -> None:
     assert jobs_bare.name == "jobs_bare"
     assert get_job("jobs_bare") is jobs_bare
     assert "jobs_bare" in registered_jobs()
-    assert (jobs_bare.tries, jobs_bare.backoff, jobs_bare.timeout, jobs_bare.queue) == (1, 0.0, None, None)
+    assert (jobs_bare.tries, jobs_bare.backoff, jobs_bare.timeout, jobs_bare.queue) == (
+        1,
+        0.0,
+        None,
+        None,
+    )
 
 
 def test_options_are_kept() -> None:
@@ -66,9 +84,19 @@ def test_with_returns_a_pending_dispatch() -> None:
     p = jobs_options.with_({"invoice_id": 1}).on_queue("high").delay("1m").on_connection("sync")
     assert isinstance(p, PendingDispatch)
     assert (p.job, p.payload, p._queue, p._delay, p._connection) == (
-        jobs_options, {"invoice_id": 1}, "high", 60.0, "sync")
-    assert p.to_link() == {"job": "jobs_send_invoice", "payload": {"invoice_id": 1},
-                           "queue": "high", "connection": "sync", "delay": 60.0}
+        jobs_options,
+        {"invoice_id": 1},
+        "high",
+        60.0,
+        "sync",
+    )
+    assert p.to_link() == {
+        "job": "jobs_send_invoice",
+        "payload": {"invoice_id": 1},
+        "queue": "high",
+        "connection": "sync",
+        "delay": 60.0,
+    }
 
 
 def test_on_failed_registers_the_failed_handler() -> None:
@@ -109,7 +137,9 @@ def test_failed_option_is_the_same_as_on_failed() -> None:
         ({"failed": 3}, "failed"),
     ],
 )
-def test_invalid_options_raise_value_error_at_definition(options: dict[str, Any], match: str) -> None:
+def test_invalid_options_raise_value_error_at_definition(
+    options: dict[str, Any], match: str
+) -> None:
     async def handler(payload: dict) -> None: ...
 
     name = "jobs_invalid_" + "_".join(options)
@@ -132,8 +162,8 @@ def test_unknown_job_name() -> None:
 
 
 def test_two_different_jobs_with_the_same_name_name_both_files_and_lines() -> None:
-    second_line = sys._getframe().f_lineno + 2
     with pytest.raises(DuplicateJobError) as info:
+
         @define_job(name="jobs_dup_name")
         async def jobs_dup_second(payload: dict) -> None:
             pass
@@ -141,7 +171,7 @@ def test_two_different_jobs_with_the_same_name_name_both_files_and_lines() -> No
     msg = str(info.value)
     assert '"jobs_dup_name"' in msg
     assert f"{__file__}:{DUP_LINE}" in msg
-    assert f"{__file__}:{second_line}" in msg
+    assert f"{__file__}:{SECOND_DUP_LINE}" in msg
     assert get_job("jobs_dup_name") is jobs_dup_first  # the first one stays registered
 
 
@@ -154,7 +184,8 @@ def test_a_job_in_another_file_with_the_same_name(tmp_path: Path) -> None:
         "    pass\n"
     )
     spec = importlib.util.spec_from_file_location("jobs_dup_other_module", other)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     with pytest.raises(DuplicateJobError) as info:
         spec.loader.exec_module(module)
@@ -187,6 +218,7 @@ def test_reimporting_a_module_is_not_a_duplicate(tmp_path: Path) -> None:
     )
     for i in range(2):
         spec = importlib.util.spec_from_file_location(f"jobs_reimported_{i}", path)
-        assert spec is not None and spec.loader is not None
+        assert spec is not None
+        assert spec.loader is not None
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
     assert get_job("jobs_reimported").origin == f"{path}:3"

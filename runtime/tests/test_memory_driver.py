@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 import pytest
-
 from haze import App, FailedJob, JobContext, Queue, define_job, define_queue_config
 
 log: list[Any] = []
@@ -155,7 +154,7 @@ async def test_backoff_forms_delay_the_retries(job: Any, gaps: list[float]) -> N
         await Queue.idle()
         [failed] = await Queue.failed()
     assert [a for a, _ in log] == list(range(1, len(gaps) + 2))
-    for (_, before), (_, after), gap in zip(log, log[1:], gaps):
+    for (_, before), (_, after), gap in zip(log, log[1:], gaps, strict=False):
         assert after - before >= gap * 0.9
     assert failed.name == job.name
 
@@ -201,7 +200,14 @@ async def test_queues_option_sets_the_priority_order() -> None:
         await mem_order.dispatch({"i": 5}, queue="low")
         gate["unblock"].set()
         await Queue.idle()
-    assert log == [("default", 0), ("high", 4), ("default", 3), ("low", 1), ("low", 5), ("other", 2)]
+    assert log == [
+        ("default", 0),
+        ("high", 4),
+        ("default", 3),
+        ("low", 1),
+        ("low", 5),
+        ("other", 2),
+    ]
 
 
 async def test_without_queues_option_every_queue_is_consumed() -> None:
@@ -223,7 +229,12 @@ async def test_failed_jobs_are_kept_and_can_be_retried() -> None:
         assert [f.id for f in failed] == ids
         f0 = failed[0]
         assert isinstance(f0, FailedJob)
-        assert (f0.name, f0.connection, f0.queue, f0.payload) == ("mem_fails", "memory", "q0", {"i": 0})
+        assert (f0.name, f0.connection, f0.queue, f0.payload) == (
+            "mem_fails",
+            "memory",
+            "q0",
+            {"i": 0},
+        )
         assert "ValueError: broken 0" in f0.exception
         assert f0.failed_at > 0
         assert [f.id for f in await Queue.failed(queue="q1")] == ids[1:]

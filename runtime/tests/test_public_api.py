@@ -1,13 +1,12 @@
 """The public surface: ``haze.__all__`` is complete, sorted, and every name imports."""
 
 from __future__ import annotations
+import __future__
 
 import importlib
 import subprocess
 import sys
 import types
-
-import __future__
 
 import haze
 
@@ -38,18 +37,42 @@ def test_all_is_complete() -> None:
 def test_spec_names_are_exported() -> None:
     expected = {
         # §2 the app
-        "App", "define_queue_config", "use_app", "run_in_app",
+        "App",
+        "define_queue_config",
+        "use_app",
+        "run_in_app",
         # §3–§5 jobs, context, dispatch
-        "define_job", "JobContext", "JobDefinition", "PendingDispatch", "DispatchResult",
-        "AbortSignal", "Queue", "FailedJob",
+        "define_job",
+        "JobContext",
+        "JobDefinition",
+        "PendingDispatch",
+        "DispatchResult",
+        "AbortSignal",
+        "Queue",
+        "FailedJob",
         # §7 config
-        "define_cache_config", "define_database_config", "define_redis_config", "env",
+        "define_cache_config",
+        "define_database_config",
+        "define_redis_config",
+        "env",
         # §9 orchestration
-        "Batch", "PendingBatch", "PendingChain", "rate_limited", "without_overlapping",
-        "throttles_exceptions", "skip_if", "tenant", "current_tenant", "after_commit",
+        "Batch",
+        "PendingBatch",
+        "PendingChain",
+        "rate_limited",
+        "without_overlapping",
+        "throttles_exceptions",
+        "skip_if",
+        "tenant",
+        "current_tenant",
+        "after_commit",
         # §13 errors
-        "HazeError", "ConfigError", "DuplicateJobError", "UnknownJobError",
-        "BatchFinishedError", "JobTimeoutError",
+        "HazeError",
+        "ConfigError",
+        "DuplicateJobError",
+        "UnknownJobError",
+        "BatchFinishedError",
+        "JobTimeoutError",
     }
     assert expected <= set(haze.__all__), sorted(expected - set(haze.__all__))
 
@@ -67,13 +90,28 @@ def test_every_error_derives_from_haze_error() -> None:
 
 
 def test_version() -> None:
-    assert isinstance(haze.__version__, str) and haze.__version__.count(".") == 2
+    assert isinstance(haze.__version__, str)
+    assert haze.__version__.count(".") == 2
 
 
 def test_core_modules_import() -> None:
-    for mod in ("app", "config", "durations", "jobs", "context", "message", "manager", "facade",
-                "testing", "_blocking", "errors", "drivers.memory", "drivers.sync",
-                "stores.memory", "pytest_plugin"):
+    for mod in (
+        "app",
+        "config",
+        "durations",
+        "jobs",
+        "context",
+        "message",
+        "manager",
+        "facade",
+        "testing",
+        "_blocking",
+        "errors",
+        "drivers.memory",
+        "drivers.sync",
+        "stores.memory",
+        "pytest_plugin",
+    ):
         importlib.import_module(f"haze.{mod}")
 
 

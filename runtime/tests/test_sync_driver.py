@@ -7,7 +7,6 @@ import logging
 from typing import Any
 
 import pytest
-
 from haze import App, JobContext, Queue, define_job, define_queue_config
 
 events: list[Any] = []
@@ -45,7 +44,9 @@ async def sync_fails(payload: dict, job: JobContext) -> None:
 
 @sync_fails.on_failed
 async def _sync_fails_failed(payload: dict, error: BaseException, job: JobContext) -> None:
-    events.append(("failed", payload, type(error).__name__, str(error), job.attempt, request_id.get()))
+    events.append(
+        ("failed", payload, type(error).__name__, str(error), job.attempt, request_id.get())
+    )
 
 
 @define_job(name="sync_releases")
@@ -100,13 +101,18 @@ async def test_pending_dispatch_and_facade_raise_too(sync_app: App) -> None:
     assert [e[0] for e in events] == ["run", "failed", "run", "failed"]
 
 
-async def test_final_failure_is_logged_once(sync_app: App, caplog: pytest.LogCaptureFixture) -> None:
+async def test_final_failure_is_logged_once(
+    sync_app: App, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.DEBUG, logger="haze")
     with pytest.raises(ValueError):
         await sync_fails.dispatch({})
     job_records = [r for r in caplog.records if r.name == "haze.job"]
     assert [r.levelno for r in job_records] == [logging.ERROR]
-    assert job_records[0].getMessage() == 'Job "sync_fails" failed after 1 attempt(s): ValueError: bad invoice'
+    assert (
+        job_records[0].getMessage()
+        == 'Job "sync_fails" failed after 1 attempt(s): ValueError: bad invoice'
+    )
 
 
 async def test_release_drops_the_job_with_a_warning(

@@ -6,7 +6,6 @@ import logging
 from typing import Any
 
 import pytest
-
 from haze import App, JobContext, Queue, define_job, define_queue_config
 from haze import testing as haze_testing
 from haze.testing import FakeQueue
@@ -31,11 +30,13 @@ async def job_mw(payload: Any, job: JobContext, call_next: Any) -> Any:
 
 @pytest.fixture
 async def mw_app() -> Any:
-    app = App(queue=define_queue_config(
-        default="memory",
-        connections={"memory": {"driver": "memory"}, "sync": {"driver": "sync"}},
-        middleware=[global_mw],
-    ))
+    app = App(
+        queue=define_queue_config(
+            default="memory",
+            connections={"memory": {"driver": "memory"}, "sync": {"driver": "sync"}},
+            middleware=[global_mw],
+        )
+    )
     async with app:
         yield app
 
@@ -97,14 +98,21 @@ async def test_fake_records_instead_of_running(mw_app: App) -> None:
     assert await Queue.size("high") == 0  # nothing reached the real connection
     fake.assert_dispatched(fake_send_invoice)
     fake.assert_dispatched("fake_send_invoice", lambda p: p["invoice_id"] > 0)
-    fake.assert_dispatched(fake_send_invoice, lambda p, rec: rec.queue == "high" and rec.delay == 600)
+    fake.assert_dispatched(
+        fake_send_invoice, lambda p, rec: rec.queue == "high" and rec.delay == 600
+    )
     fake.assert_dispatched(fake_send_invoice, times=2)
     fake.assert_not_dispatched(fake_reminder)
     fake.assert_not_dispatched(fake_send_invoice, lambda p: p["invoice_id"] == 7)
     fake.assert_count(2)
     rec = fake.dispatched[0]
-    assert (rec.name, rec.payload, rec.message.id) == ("fake_send_invoice", {"invoice_id": 42}, job_id)
-    assert rec.connection == "memory" and fake.dispatched[1].connection == "sync"
+    assert (rec.name, rec.payload, rec.message.id) == (
+        "fake_send_invoice",
+        {"invoice_id": 42},
+        job_id,
+    )
+    assert rec.connection == "memory"
+    assert fake.dispatched[1].connection == "sync"
     Queue.restore()
 
 
@@ -132,8 +140,12 @@ async def test_drain_runs_recorded_jobs_in_order_through_middleware(mw_app: App)
     await fake_send_invoice.dispatch({"invoice_id": 2})
     assert await fake.drain() == 2
     assert events == [
-        ("global", "fake_send_invoice"), ("job-mw", "fake_send_invoice"), ("handle", 1, 1),
-        ("global", "fake_send_invoice"), ("job-mw", "fake_send_invoice"), ("handle", 2, 1),
+        ("global", "fake_send_invoice"),
+        ("job-mw", "fake_send_invoice"),
+        ("handle", 1, 1),
+        ("global", "fake_send_invoice"),
+        ("job-mw", "fake_send_invoice"),
+        ("handle", 2, 1),
     ]
     # jobs dispatched while draining are recorded, not run; drain again to go on
     fake.assert_dispatched(fake_reminder, lambda p: p["invoice_id"] == 1)

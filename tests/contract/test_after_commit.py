@@ -14,9 +14,8 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import pytest
-
 import haze
+import pytest
 from haze import JobContext, define_job
 from haze import transactions as tx_registry
 
@@ -111,8 +110,10 @@ async def test_three_ways_to_defer_until_commit(app, done):
         c_id = await ac_notify.dispatch({"order": 2}, after_commit=True)
         await done()
         assert RUNS == [], "nothing is enqueued before COMMIT"
-        assert a.deferred and b.deferred
-        assert not a.skipped and not b.skipped
+        assert a.deferred
+        assert b.deferred
+        assert not a.skipped
+        assert not b.skipped
     # hooks ran before the block returned
     await done()
     ids = {r["id"] for r in RUNS}
@@ -129,7 +130,7 @@ async def test_after_commit_false_does_not_defer(app, done):
 
 
 async def test_rollback_drops_the_dispatch(app, done):
-    with pytest.raises(Rollback):
+    with pytest.raises(Rollback):  # noqa: PT012
         async with transaction():
             await ac_receipt.dispatch({"order": 1})
             await ac_notify.with_({"order": 1}).after_commit().dispatch()
@@ -144,7 +145,7 @@ async def test_savepoints_wait_for_the_outermost_commit(app, done):
             kept = await ac_receipt.with_({"order": "inner"}).dispatch()
         await done()
         assert RUNS == [], "a released savepoint does not fire hooks"
-        with pytest.raises(Rollback):
+        with pytest.raises(Rollback):  # noqa: PT012
             async with transaction():
                 await ac_receipt.dispatch({"order": "rolled back"})
                 raise Rollback
@@ -173,8 +174,10 @@ async def test_unique_lock_is_taken_only_at_the_real_enqueue(app, driver, done):
     async with transaction():
         first = await ac_unique.with_({"order": 5}).dispatch()
         second = await ac_unique.with_({"order": 5}).dispatch()
-        assert first.deferred and second.deferred
-        assert not first.skipped and not second.skipped
+        assert first.deferred
+        assert second.deferred
+        assert not first.skipped
+        assert not second.skipped
         assert [k for k in app.queue_store._data if k.startswith("haze:unique:")] == []
     await done()
     assert RUNS[0]["id"] == first.id
@@ -197,7 +200,8 @@ async def test_errors_in_deferred_dispatch_are_logged_not_raised(app, done, capl
             assert r.deferred
         await done()
     assert RUNS == []
-    assert "after-commit dispatch" in caplog.text and r.id in caplog.text
+    assert "after-commit dispatch" in caplog.text
+    assert r.id in caplog.text
     assert "queue unreachable" in caplog.text
 
 
@@ -230,7 +234,7 @@ async def test_fake_records_only_after_commit(app, queue_fake):
     queue_fake.assert_pushed_unique(ac_unique)
     queue_fake.assert_skipped(ac_unique)
 
-    with pytest.raises(Rollback):
+    with pytest.raises(Rollback):  # noqa: PT012
         async with transaction():
             await ac_notify.with_({"x": 1}).after_commit().dispatch()
             raise Rollback
@@ -249,7 +253,7 @@ async def test_after_commit_callback_sync_and_async(app):
         assert calls == []
     assert calls == ["sync", "async"]
 
-    with pytest.raises(Rollback):
+    with pytest.raises(Rollback):  # noqa: PT012
         async with transaction():
             haze.after_commit(lambda: calls.append("dropped"))
             raise Rollback
@@ -273,7 +277,8 @@ async def test_after_commit_callback_errors_are_logged(app, caplog):
         async with transaction():
             haze.after_commit(boom)
             haze.after_commit(aboom)
-    assert "hook failed" in caplog.text and "async hook failed" in caplog.text
+    assert "hook failed" in caplog.text
+    assert "async hook failed" in caplog.text
 
 
 def test_after_commit_rejects_non_callables():

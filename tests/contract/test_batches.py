@@ -39,6 +39,13 @@ async def bt_bad(payload: Any, job: JobContext) -> None:
     raise RuntimeError(f"bad {payload}")
 
 
+@define_job(name="bt_flaky", tries=3, backoff=0)
+async def bt_flaky(payload: Any, job: JobContext) -> None:
+    LOG.append(("flaky_attempt", job.attempt))
+    if job.attempt < 3:
+        raise RuntimeError("flaky")
+
+
 @define_job(name="bt_record")
 async def bt_record(payload: Any, job: JobContext) -> None:
     """A job-reference callback: counts its own runs."""
@@ -363,6 +370,19 @@ async def test_allow_failures_runs_every_job(make_app, done, quietly, driver):
         assert str(c.calls["catch"][0][1]) == "bad 1"
         assert all(isinstance(b, Batch) and isinstance(e, RuntimeError) for b, e in c.calls["failure"])
     assert c.n("finally") == 1
+
+
+@pytest.mark.requires("retries")
+async def test_member_retried_to_success_is_not_a_failure(app, done, driver):
+    c = Calls(driver)
+    batch = await Queue.batch([bt_flaky.with_(1), bt_ok.with_(2)]).then(c.cb("then")).catch(
+        c.cb("catch")
+    ).finally_(c.cb("finally")).dispatch()
+    await done()
+    b = await batch.fresh()
+    assert count("flaky_attempt") == 3
+    assert (b.processed, b.failed, b.cancelled) == (2, 0, False)
+    assert c.n("then") == 1 and c.n("catch") == 0 and c.n("finally") == 1
 
 
 @pytest.mark.requires("failed_store")

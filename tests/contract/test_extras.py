@@ -9,9 +9,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import pytest
-
 import haze
+import pytest
 from haze import (
     JobContext,
     JobFailedError,
@@ -24,7 +23,6 @@ from haze import (
 )
 from haze.crypto import generate_key
 from haze.errors import ConfigError
-
 
 RUNS: list[dict[str, Any]] = []
 FAILED: list[dict[str, Any]] = []
@@ -43,7 +41,6 @@ async def quietly(aw: Any) -> Any:
 def _reset() -> Any:
     RUNS.clear()
     FAILED.clear()
-    yield
 
 
 def _record(name: str, payload: Any, job: JobContext) -> None:
@@ -75,7 +72,8 @@ async def test_max_exceptions_fails_before_tries_run_out(app, done):
     assert isinstance(FAILED[0]["error"], MaxExceptionsError)
     assert "exception 2" in str(FAILED[0]["error"])
     failed = await Queue.failed()
-    assert len(failed) == 1 and "MaxExceptionsError" in failed[0].exception
+    assert len(failed) == 1
+    assert "MaxExceptionsError" in failed[0].exception
 
 
 @pytest.mark.requires("retries", "release")
@@ -278,7 +276,8 @@ async def test_encrypted_payload_has_no_plaintext_at_rest(make_app, done):
         assert len(bodies) == 1
         assert SECRET not in bodies[0]
         data = json.loads(bodies[0])
-        assert "payload" not in data and data["enc"]
+        assert "payload" not in data
+        assert data["enc"]
         await done()
         assert RUNS[0]["payload"] == {"card": SECRET}
 
@@ -290,7 +289,8 @@ async def test_encrypted_failed_job_keeps_the_payload_encrypted(make_app, done):
         await done()
         [failed] = await Queue.failed()
         assert failed.payload is None
-        assert SECRET not in failed.body and SECRET not in failed.exception
+        assert SECRET not in failed.body
+        assert SECRET not in failed.exception
         # a retry decrypts again
         await Queue.retry(failed.id)
         await done()
@@ -337,7 +337,8 @@ async def test_undecryptable_payload_fails_clearly_and_is_kept(make_app, done, m
         await done()
         assert RUNS == []
         [failed] = await Queue.failed()
-        assert failed.id == job_id and failed.name == "ex_secret"
+        assert failed.id == job_id
+        assert failed.name == "ex_secret"
         assert "MessageDecodeError" in failed.exception
         assert "APP_PREVIOUS_KEYS" in failed.exception
         assert SECRET not in failed.body
@@ -352,7 +353,8 @@ async def test_decrypt_error_type(app):
     b = haze.App(key=generate_key())
     m = Message(id="m1", job="ex_secret", payload={"card": SECRET})
     encrypt_payload(a, m)
-    assert m.payload is None and SECRET not in m.enc
+    assert m.payload is None
+    assert SECRET not in m.enc
     with pytest.raises(MessageDecodeError, match="cannot decrypt"):
         decrypt_payload(b, m)
     assert decrypt_payload(a, m) == {"card": SECRET}
@@ -363,7 +365,8 @@ async def test_encrypted_unique_key_sees_the_payload(make_app, done):
         first = await ex_secret_unique.with_({"card": 1}).dispatch()
         other = await ex_secret_unique.with_({"card": 2}).dispatch()
         await done()
-    assert not first.skipped and not other.skipped
+    assert not first.skipped
+    assert not other.skipped
     assert sorted(r["payload"]["card"] for r in RUNS) == [1, 2]
 
 
@@ -375,7 +378,7 @@ async def test_fake_records_the_plain_payload_of_encrypted_jobs(make_app, queue_
     assert RUNS[0]["payload"] == {"card": SECRET}
 
 
-# ============================================================================ job.fail and dont_retry
+# ========================================================================== job.fail and dont_retry
 
 
 class Declined(Exception):
@@ -396,8 +399,11 @@ async def ex_job_fail(payload: dict, job: JobContext) -> None:
 
 @pytest.mark.parametrize(
     ("how", "kind", "text"),
-    [("str", JobFailedError, "card expired"), ("exc", Declined, "declined"),
-     ("none", JobFailedError, "ex_job_fail")],
+    [
+        ("str", JobFailedError, "card expired"),
+        ("exc", Declined, "declined"),
+        ("none", JobFailedError, "ex_job_fail"),
+    ],
 )
 async def test_job_fail_fails_now_without_remaining_tries(app, driver, done, how, kind, text):
     err = await quietly(ex_job_fail.dispatch({"how": how}))
@@ -406,7 +412,8 @@ async def test_job_fail_fails_now_without_remaining_tries(app, driver, done, how
         assert isinstance(err, kind)
     assert len(RUNS) == 1
     assert len(FAILED) == 1
-    assert isinstance(FAILED[0]["error"], kind) and text in str(FAILED[0]["error"])
+    assert isinstance(FAILED[0]["error"], kind)
+    assert text in str(FAILED[0]["error"])
     if driver.stores_failed:
         [f] = await Queue.failed()
         assert text in f.exception
@@ -425,7 +432,9 @@ async def test_dont_retry_fails_at_once_for_listed_types(app, done):
     for kind in ("declined", "key", "other"):
         await ex_dont_retry.dispatch({"raise": kind})
     await done()
-    counts = {k: sum(1 for r in RUNS if r["payload"]["raise"] == k) for k in ("declined", "key", "other")}
+    counts = {
+        k: sum(1 for r in RUNS if r["payload"]["raise"] == k) for k in ("declined", "key", "other")
+    }
     assert counts == {"declined": 1, "key": 1, "other": 3}
     assert len(FAILED) == 3
 
@@ -505,8 +514,10 @@ async def test_looping_and_worker_idle_events(app, done, listen):
         if loops and idles:
             break
         await asyncio.sleep(0.005)
-    assert loops and loops[0][0] == "main"
-    assert idles and idles[0][0] == "main"
+    assert loops
+    assert loops[0][0] == "main"
+    assert idles
+    assert idles[0][0] == "main"
 
 
 def test_unknown_event_is_rejected():

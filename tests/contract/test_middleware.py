@@ -12,9 +12,8 @@ import math
 import time
 from typing import Any
 
-import pytest
-
 import haze
+import pytest
 from haze import (
     JobContext,
     Queue,
@@ -29,7 +28,6 @@ from haze import (
     without_overlapping,
 )
 from haze.errors import ConfigError
-
 
 RUNS: list[dict[str, Any]] = []
 ORDER: list[str] = []
@@ -51,12 +49,12 @@ def _reset() -> Any:
     ORDER.clear()
     GATES.clear()
     STATE.clear()
-    yield
 
 
 def _record(name: str, payload: Any, job: JobContext) -> None:
-    RUNS.append({"job": name, "payload": payload, "id": job.id, "attempt": job.attempt,
-                 "t": time.time()})
+    RUNS.append(
+        {"job": name, "payload": payload, "id": job.id, "attempt": job.attempt, "t": time.time()}
+    )
 
 
 def _mw_keys(store: Any, kind: str) -> list[str]:
@@ -123,7 +121,8 @@ async def test_rate_limited_on_sync_drops_the_released_run(app, driver, caplog):
         for i in range(3):
             await mw_rate_a.dispatch({"n": i})
     assert [r["payload"]["n"] for r in RUNS] == [0, 1]
-    assert "release()" in caplog.text and "dropped" in caplog.text
+    assert "release()" in caplog.text
+    assert "dropped" in caplog.text
 
 
 async def test_rate_limited_is_shared_by_name_across_jobs(app, driver, done):
@@ -160,7 +159,8 @@ async def test_rate_limited_keys_are_scoped_by_tenant(app, done):
     await done()
     assert len(RUNS) == 2
     keys = _mw_keys(app.queue_store, "rate")
-    assert any(":t1:" in k for k in keys) and any(":t2:" in k for k in keys)
+    assert any(":t1:" in k for k in keys)
+    assert any(":t2:" in k for k in keys)
 
 
 # ============================================================================ without_overlapping
@@ -200,22 +200,25 @@ async def mw_overlap_k2(payload: dict, job: JobContext) -> None:
     await _gated("k2", payload, job)
 
 
-@define_job(name="mw_overlap_s1",
-            middleware=[without_overlapping("k", release_after=0.02, shared=True)])
+@define_job(
+    name="mw_overlap_s1", middleware=[without_overlapping("k", release_after=0.02, shared=True)]
+)
 async def mw_overlap_s1(payload: dict, job: JobContext) -> None:
     await _gated("s1", payload, job)
 
 
-@define_job(name="mw_overlap_s2",
-            middleware=[without_overlapping("k", release_after=0.02, shared=True)])
+@define_job(
+    name="mw_overlap_s2", middleware=[without_overlapping("k", release_after=0.02, shared=True)]
+)
 async def mw_overlap_s2(payload: dict, job: JobContext) -> None:
     await _gated("s2", payload, job)
 
 
 @define_job(
     name="mw_overlap_keyfn",
-    middleware=[without_overlapping(lambda p: f"user:{p['user']}", release_after=0.02,
-                                    expire_after="5m")],
+    middleware=[
+        without_overlapping(lambda p: f"user:{p['user']}", release_after=0.02, expire_after="5m")
+    ],
 )
 async def mw_overlap_keyfn(payload: dict, job: JobContext) -> None:
     keys = _mw_keys(job.app.queue_store, "overlap")
@@ -280,7 +283,8 @@ async def test_without_overlapping_key_function_and_expiry(app, done):
     await mw_overlap_keyfn.dispatch({"user": 7})
     await done()
     assert len(RUNS) == 1
-    assert len(STATE["keys"]) == 1 and "mw_overlap_keyfn" in STATE["keys"][0]
+    assert len(STATE["keys"]) == 1
+    assert "mw_overlap_keyfn" in STATE["keys"][0]
     assert "user:7" in STATE["keys"][0]
     assert 0 < STATE["ttls"][0] <= 300
     assert _mw_keys(app.queue_store, "overlap") == []  # released after the run
@@ -327,8 +331,11 @@ async def mw_throttle_once(payload: dict, job: JobContext) -> None:
 @define_job(
     name="mw_throttle_when",
     tries=1,
-    middleware=[throttles_exceptions(max=1, per="1m", key="mw_throttle_when_key",
-                                     when=lambda p, _x: p["count"])],
+    middleware=[
+        throttles_exceptions(
+            max=1, per="1m", key="mw_throttle_when_key", when=lambda p, _x: p["count"]
+        )
+    ],
 )
 async def mw_throttle_when(payload: dict, job: JobContext) -> None:
     _record("when", payload, job)
@@ -354,7 +361,8 @@ async def test_throttles_exceptions_opens_the_circuit(app, done, monkeypatch):
     assert [r["attempt"] for r in RUNS] == [1, 2, 3]
     assert releases[0] == (0.01, True)
     assert releases[1] == (0.01, True)
-    assert releases[2][1] is False and 0 < releases[2][0] <= 0.25
+    assert releases[2][1] is False
+    assert 0 < releases[2][0] <= 0.25
     failed = await Queue.failed()
     assert [f.name for f in failed] == ["mw_throttle"]
     assert "upstream down" in failed[0].exception
@@ -618,7 +626,7 @@ async def test_fail_on_exception_on_sync_raises_to_the_caller(app, driver):
         await mw_fail_on.dispatch({"kind": "perm"})
 
 
-# ============================================================================ skip_if_batch_cancelled
+# ========================================================================== skip_if_batch_cancelled
 
 
 async def _cancel_batch_mw(payload: Any, job: JobContext, call_next: Any) -> Any:
@@ -634,7 +642,9 @@ async def mw_batch_guarded(payload: dict, job: JobContext) -> None:
 
 
 async def test_skip_if_batch_cancelled_reads_the_batch_fresh(app, done):
-    batch = await Queue.batch([mw_batch_guarded.with_({"cancel": True})]).allow_failures().dispatch()
+    batch = (
+        await Queue.batch([mw_batch_guarded.with_({"cancel": True})]).allow_failures().dispatch()
+    )
     await done()
     assert RUNS == [], "cancelled between the snapshot and the handler: skipped"
     assert (await batch.fresh()).cancelled

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from haze.stores import Store, create_store
 
 
@@ -40,15 +39,22 @@ PAST_TTL = 0.2
 
 async def test_protocol_attributes(store):
     assert isinstance(store, Store)
-    assert isinstance(store.name, str) and store.name
+    assert isinstance(store.name, str)
+    assert store.name
     assert isinstance(store.atomic, bool)
     assert isinstance(store.shared, bool)
 
 
 async def test_get_put_roundtrip_json_values(store):
     assert await store.get("k:absent") is None
-    values = {"k:str": "v", "k:int": 42, "k:float": 1.5, "k:list": [1, "a", None],
-              "k:dict": {"a": {"b": [1, 2]}}, "k:bool": True}
+    values = {
+        "k:str": "v",
+        "k:int": 42,
+        "k:float": 1.5,
+        "k:list": [1, "a", None],
+        "k:dict": {"a": {"b": [1, 2]}},
+        "k:bool": True,
+    }
     for k, v in values.items():
         await store.put(k, v)
     for k, v in values.items():
@@ -60,7 +66,8 @@ async def test_get_put_roundtrip_json_values(store):
 async def test_put_ttl_expires(store):
     await store.put("k:ttl", "v", TTL)
     ttl = await store.ttl("k:ttl")
-    assert ttl is not None and 0 < ttl <= TTL
+    assert ttl is not None
+    assert 0 < ttl <= TTL
     assert await store.get("k:ttl") == "v"
     await asyncio.sleep(PAST_TTL)
     assert await store.get("k:ttl") is None
@@ -73,7 +80,8 @@ async def test_ttl_none_without_expiry_or_when_absent(store):
     assert await store.ttl("k:absent") is None
     await store.put("k:forever", 2, 60)
     ttl = await store.ttl("k:forever")
-    assert ttl is not None and 59 < ttl <= 60
+    assert ttl is not None
+    assert 59 < ttl <= 60
 
 
 async def test_add_only_when_absent(store):
@@ -109,11 +117,13 @@ async def test_increment(store):
 async def test_increment_ttl_applies_on_create_only(store):
     assert await store.increment("k:win", 1, TTL) == 1
     first = await store.ttl("k:win")
-    assert first is not None and 0 < first <= TTL
+    assert first is not None
+    assert 0 < first <= TTL
     await asyncio.sleep(TTL / 2)
     assert await store.increment("k:win", 1, 60) == 2
     later = await store.ttl("k:win")
-    assert later is not None and later <= first, "an existing key keeps its expiry"
+    assert later is not None
+    assert later <= first, "an existing key keeps its expiry"
     await asyncio.sleep(PAST_TTL)
     assert await store.get("k:win") is None
     assert await store.increment("k:win", 3, TTL) == 3, "an expired counter starts over"

@@ -12,11 +12,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import pytest
-
 import haze
+import pytest
 from haze import JobContext, Queue, define_job
-
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -46,8 +44,9 @@ def _reset() -> Any:
 
 
 async def _probe(payload: Any, job: JobContext) -> None:
-    RUNS.append({"id": job.id, "payload": payload, "attempt": job.attempt,
-                 "tenant": haze.current_tenant()})
+    RUNS.append(
+        {"id": job.id, "payload": payload, "attempt": job.attempt, "tenant": haze.current_tenant()}
+    )
     name = (payload or {}).get("probe")
     if name and name in PROBES:
         await PROBES[name](payload, job)
@@ -147,7 +146,8 @@ async def test_second_dispatch_is_skipped_while_the_job_runs(app, done):
 async def test_queued_job_holds_the_lock_until_processed(app, done):
     first = await uq_plain.with_({"n": 1}).delay(0.05).dispatch()
     dup = await uq_plain.with_({"n": 2}).dispatch()
-    assert dup.skipped is True and dup.id == first.id
+    assert dup.skipped is True
+    assert dup.id == first.id
     assert await uq_plain.dispatch({"n": 3}) == first.id
     # the lock lives in the queue store, owned by the message id
     keys = _lock_keys(app, "uq_plain")
@@ -256,10 +256,12 @@ async def test_lock_expires_after_for(app, done):
     assert (await uq_short.with_({"feed_id": 1}).dispatch()).skipped is True
     keys = _lock_keys(app, "uq_short")
     ttl = await app.queue_store.ttl(keys[0])
-    assert ttl is not None and 0 < ttl <= 0.1
+    assert ttl is not None
+    assert 0 < ttl <= 0.1
     await asyncio.sleep(0.15)
     second = await uq_short.with_({"feed_id": 1}).dispatch()
-    assert second.skipped is False and second.id != first.id
+    assert second.skipped is False
+    assert second.id != first.id
     await done()
 
 
@@ -338,7 +340,9 @@ async def test_warns_once_for_memory_store_with_remote_consumers(make_app, remot
     warnings = [r for r in caplog.records if "consumed by other processes" in r.getMessage()]
     assert len(warnings) == 1
     msg = warnings[0].getMessage()
-    assert '"memory" store' in msg and "unique jobs" in msg and "redis" in msg
+    assert '"memory" store' in msg
+    assert "unique jobs" in msg
+    assert "redis" in msg
 
 
 async def test_no_warning_for_local_connections(app, done, caplog):
@@ -380,7 +384,9 @@ async def test_fake_simulates_locks_and_drain_releases_them(app, queue_fake):
     dup = await uq_sync_feed.with_({"feed_id": 1}).dispatch()
     holder = await uq_sync_feed.dispatch({"feed_id": 1})
     other = await uq_sync_feed.with_({"feed_id": 2}).dispatch()
-    assert dup.skipped is True and dup.id == first.id and holder == first.id
+    assert dup.skipped is True
+    assert dup.id == first.id
+    assert holder == first.id
     assert other.skipped is False
 
     queue_fake.assert_pushed_unique(uq_sync_feed, lambda p: p["feed_id"] == 1)

@@ -431,6 +431,8 @@ async def _finish(manager: QueueManager, batch_id: str, store: Store) -> None:
         await _run(manager, record, callbacks["then"], None, batch)
     if callbacks.get("finally"):
         await _run(manager, record, callbacks["finally"], None, batch)
+    for refs in callbacks.values():
+        manager.forget_callbacks(refs)  # nothing of this batch can fire any more
     chain = record.get("chain")
     if chain:
         from .chains import start_links
@@ -460,5 +462,3 @@ async def _run(
     for ref in refs:
         await manager.run_callback(ref, args, connection=record["options"]["connection"])
 
-
-_unused: Callable[..., Any] | None = None

@@ -222,3 +222,4 @@ async def chain_failed(manager: QueueManager, message: Message, error: BaseExcep
         await skip_links(manager, message.batch_id, len(message.chain))
     for ref in message.chain_catch or []:
         await manager.run_callback(ref, (error,), connection=message.connection)
+    manager.forget_callbacks(message.chain_catch)

@@ -446,7 +446,7 @@ class QueueManager:
             return await self._run(job, message, reserved, driver, inline)
         finally:
             _tenant.reset(tenant_token)
-            _current.reset(app_token)
+            _app_var.reset(app_token)
 
     async def _run(
         self,
@@ -541,15 +541,21 @@ class QueueManager:
                 extra={"job": job.name, "job_id": message.id, "attempt": reserved.attempt},
             )
         next_error: BaseException | None = None
+        if message.chain_catch and not (message.chain or ctx._chain_appended
+                                        or ctx._chain_prepended):
+            self.forget_callbacks(message.chain_catch)  # the chain ended well
         if message.chain or ctx._chain_appended or ctx._chain_prepended:
             try:
                 await self._continue_chain(message, ctx)
             except Exception as e:
                 # sync: the next link ran inline and failed; finish this job first,
                 # then raise that failure to the dispatch() caller.
-                if not inline:
-                    raise
-                next_error = e
+                if inline:
+                    next_error = e
+                else:
+                    # This job did its work; leaving it un-acked would only run it again.
+                    log.exception('job "%s" (%s) succeeded but dispatching the next link of '
+                                  "chain %s failed", job.name, message.id, message.chain_id)
         if message.batch_id is not None:
             await self._settle_batch(message, "done", None)
         if message.unique is not None:
@@ -787,6 +793,12 @@ class QueueManager:
             self._local_callbacks[ref] = cb
             return {"fn": ref}
         raise ValueError(f"{where}: expected a job reference or a function, got {cb!r}")
+
+    def forget_callbacks(self, refs: Any) -> None:
+        """Drop plain-function callbacks that can no longer fire (no leak in long apps)."""
+        for ref in refs or ():
+            if isinstance(ref, dict) and "fn" in ref:
+                self._local_callbacks.pop(ref["fn"], None)
 
     async def run_callback(self, ref: dict[str, Any], args: tuple[Any, ...], **opts: Any) -> None:
         """Dispatch a job-reference callback, or call a local function with ``args``."""

@@ -232,6 +232,8 @@ class Worker:
                     # listeners it is idle before the wait, not after it
                     await events.emit("worker_idle", self.connection, queues)
                     idle_told = True
+                    if self.stopping:  # a stop requested during the listener
+                        break
                 job = await self._claim(0.0 if self.stop_when_empty else self._wait_for(idle_wait))
             if job is None:
                 if self.stopping:
@@ -268,4 +270,8 @@ class Worker:
 
     def _wait_for(self, idle_wait: float) -> float:
         # In-process queues wake the slot on enqueue, so a long wait costs nothing.
-        return 3600.0 if not self.driver.remote else idle_wait
+        wait = 3600.0 if not self.driver.remote else idle_wait
+        if self.max_time is not None:
+            left = self.max_time - (time.monotonic() - self._started_at)
+            wait = max(0.0, min(wait, left))
+        return wait

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from haze.cli import get_cli
 from haze.cli.make import snake_case
 
@@ -52,7 +51,8 @@ def test_make_job_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
     path.write_text("# mine\n")
     result = runner.invoke(cli, ["--root", str(tmp_path), "make:job", "SendInvoice"])
     assert result.exit_code == 1
-    assert "already exists" in result.output and "--force" in result.output
+    assert "already exists" in result.output
+    assert "--force" in result.output
     assert path.read_text() == "# mine\n"
     result = runner.invoke(cli, ["--root", str(tmp_path), "make:job", "SendInvoice", "--force"])
     assert result.exit_code == 0, result.output

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
-import selectors
+import queue
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -33,43 +35,68 @@ def haze(root: Path, *args: str, timeout: float = 30) -> subprocess.CompletedPro
     )
 
 
-def read_line_containing(proc: subprocess.Popen[str], text: str, timeout: float = 15) -> str:
-    assert proc.stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < deadline:
-        if sel.select(deadline - time.monotonic()):
-            line = proc.stdout.readline()
+class Lines:
+    """Stdout lines of a child, read by a thread (select() cannot see Python's buffer)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        self.proc = proc
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True).start()
+
+    def _pump(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.put(line)
+        self.lines.put("")
+
+    def wait_for(self, text: str, timeout: float = 15) -> None:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                break
             if not line:
                 break
-            seen.append(line)
+            self.seen.append(line)
             if text in line:
-                return line
-    raise AssertionError(f"{text!r} not printed; got {seen!r}")
+                return
+        raise AssertionError(f"{text!r} not printed; got {self.seen!r}")
+
+    def finish(self, timeout: float = 10) -> tuple[str, str]:
+        """Wait for the exit; returns (all stdout, stderr)."""
+        assert self.proc.stderr is not None
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        while (line := self.lines.get(timeout=5)) != "":
+            self.seen.append(line)
+        return "".join(self.seen), self.proc.stderr.read()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_work_exits_0_promptly_on_signal(tmp_path: Path, sig: signal.Signals) -> None:
+def spawn(root: Path, *args: str) -> Lines:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "haze.cli", "--root", str(tmp_path), "queue:work",
-         "--connection", "memory"],
+        [sys.executable, "-m", "haze.cli", "--root", str(root), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env(),
     )
-    try:
-        read_line_containing(proc, "Working connection")
-        sent = time.monotonic()
-        proc.send_signal(sig)
-        out, err = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
+    return Lines(proc)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_work_exits_0_promptly_on_signal(tmp_path: Path, sig: signal.Signals) -> None:
+    child = spawn(tmp_path, "queue:work", "--connection", "memory")
+    child.wait_for("Working connection")
+    sent = time.monotonic()
+    child.proc.send_signal(sig)
+    out, err = child.finish()
+    assert child.proc.returncode == 0, err
     assert time.monotonic() - sent < 5
     assert "Worker stopped after 0 job(s)." in out
     assert "Traceback" not in err
@@ -103,49 +130,36 @@ async def queue_one(connection, queues):
 """
 
 
-def start_slow_worker(root: Path, seconds: float) -> subprocess.Popen[str]:
+def start_slow_worker(root: Path, seconds: float) -> Lines:
     job = root / "app" / "job" / "slow.py"
     job.parent.mkdir(parents=True)
     job.write_text(SLOW_JOB.replace("SECONDS", repr(seconds)))
-    return subprocess.Popen(
-        [sys.executable, "-m", "haze.cli", "--root", str(root), "queue:work", "-v"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env(),
-    )
+    return spawn(root, "queue:work", "-v")
 
 
 def test_sigterm_lets_the_running_job_finish(tmp_path: Path) -> None:
-    proc = start_slow_worker(tmp_path, 0.5)
-    try:
-        read_line_containing(proc, "started")
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
+    child = start_slow_worker(tmp_path, 0.5)
+    child.wait_for("started")
+    child.proc.send_signal(signal.SIGTERM)
+    out, err = child.finish()
+    assert child.proc.returncode == 0, err
     assert "waiting for 1 running job(s)" in out
     assert "finished" in out
-    assert "DONE" in out and "cli_process_slow" in out
+    assert "DONE" in out
+    assert "cli_process_slow" in out
     assert "Worker stopped after 1 job(s)." in out
 
 
 def test_a_second_signal_quits_without_waiting(tmp_path: Path) -> None:
-    proc = start_slow_worker(tmp_path, 60)
-    try:
-        read_line_containing(proc, "started")
-        proc.send_signal(signal.SIGTERM)
-        read_line_containing(proc, "Send it again")
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    child = start_slow_worker(tmp_path, 60)
+    child.wait_for("started")
+    child.proc.send_signal(signal.SIGTERM)
+    child.wait_for("Send it again")
+    sent = time.monotonic()
+    child.proc.send_signal(signal.SIGTERM)
+    out, err = child.finish()
+    assert child.proc.returncode == 128 + signal.SIGTERM, err
+    assert time.monotonic() - sent < 5
     assert "finished" not in out
     assert "Stopped without waiting" in out
     assert "Traceback" not in err

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-
 from haze import App, JobDefinition, Queue, define_job, define_queue_config
 from haze.cli import MISSING_DEPENDENCIES, get_cli, main
 from haze.cli._core import State
@@ -247,7 +246,7 @@ def test_clear_and_size(app: App, tmp_path: Path) -> None:
     asyncio.run(fill())
     result = haze(tmp_path, "queue:size", "--queue", "default,emails")
     assert result.exit_code == 0, result.output
-    assert [ln.split() for ln in result.output.splitlines() if "default" in ln][0][-2] == "3"
+    assert next(ln.split() for ln in result.output.splitlines() if "default" in ln)[-2] == "3"
     result = haze(tmp_path, "queue:clear")
     assert result.exit_code == 0, result.output
     assert 'Cleared 3 job(s) from queue "default"' in result.output
@@ -279,7 +278,9 @@ def test_unknown_command(tmp_path: Path) -> None:
     assert "No such command" in result.output
 
 
-def test_main_without_click(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_without_click(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setitem(sys.modules, "click", None)
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
@@ -291,7 +292,9 @@ def test_main_without_click(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
     ("text", "summary"),
     [
         (
-            'Traceback (most recent call last):\n  File "x.py", line 1, in f\n    raise ValueError("a")\n'
+            "Traceback (most recent call last):\n"
+            '  File "x.py", line 1, in f\n'
+            '    raise ValueError("a")\n'
             "ValueError: a\nmore",
             "ValueError: a",
         ),

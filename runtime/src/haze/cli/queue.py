@@ -174,8 +174,6 @@ def queue_work(
     if options["driver"] == "sync" or app.driver(name).inline:
         raise click.ClickException(f'connection "{name}": {SYNC_REFUSAL}')
     out = console()
-    if verbose:
-        logging.getLogger("haze").setLevel(logging.INFO)
 
     async def work(app: App) -> int:
         from ..worker import Worker
@@ -199,6 +197,7 @@ def queue_work(
             sleep=pace,
             max_sleep=max(ceiling, pace) if ceiling is not None else None,
             on_job=(lambda r, o, s: out.print(job_line(r, o, s))) if verbose else None,
+            control=True,  # follow queue:restart and queue:pause through the store
         )
         loop = asyncio.get_running_loop()
         # Started before the handlers go in: a stop requested earlier would be reset.
@@ -226,7 +225,15 @@ def queue_work(
         out.print(f"Worker stopped after {processed} job(s).")
         return 0
 
-    code = run(state, work)
+    haze_log = logging.getLogger("haze")
+    level = haze_log.level
+    if verbose:
+        # Job logs (job.logger.info) belong in a verbose worker's output too.
+        haze_log.setLevel(min(logging.INFO, level or logging.INFO))
+    try:
+        code = run(state, work)
+    finally:
+        haze_log.setLevel(level)
     if code:
         click.get_current_context().exit(code)
 

@@ -1,0 +1,435 @@
+"""libSQL / Turso over HTTP: the Hrana pipeline protocol ("Hrana over HTTP" v2) with httpx.
+
+No native client and no threads: every call is one ``POST /v2/pipeline`` on a shared
+``httpx.AsyncClient``, so producers work from Lambda, Vercel or any asyncio loop.
+
+URLs: ``libsql://db-org.turso.io`` means HTTPS (add ``?tls=0`` for plain HTTP), and
+``http://127.0.0.1:8080`` / ``https://…`` are used as given (a local ``sqld``). The
+token comes from ``auth_token`` (or an ``authToken`` query parameter) and is sent as
+``Authorization: Bearer …``; it never appears in errors or ``repr``.
+
+- A single statement is one pipeline request, ``[execute, close]``: its own stream.
+- ``transaction()`` keeps one stream open by carrying the server's *baton* from request
+  to request. ``BEGIN`` (or ``BEGIN IMMEDIATE``) travels with the first statement in a
+  Hrana batch whose step runs only if ``BEGIN`` succeeded; ``COMMIT``/``ROLLBACK`` go with
+  ``close``. So the queue's claim (``BEGIN IMMEDIATE`` + ``UPDATE … RETURNING``) is
+  atomic and costs two round trips.
+- Values travel typed: ``{"type": "integer", "value": "42"}`` (integers as strings),
+  ``float``, ``text``, ``blob`` (base64) and ``null``; rows come back as Python values.
+
+``sqld`` holds a write transaction for at most about five seconds before another
+stream may take the lock over, so keep transactions short (the queue's are).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import math
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+from ..durations import parse_duration
+from ..errors import ConfigError, HazeError, MissingDependencyError
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["LibSQLConnector", "LibSQLError", "decode_value", "encode_value"]
+
+log = logging.getLogger("haze.database.libsql")
+
+Row = tuple[Any, ...]
+Json = dict[str, Any]
+
+#: Hrana over HTTP version 2: served by sqld and by Turso.
+PIPELINE_PATH = "/v2/pipeline"
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_CLOSE: Json = {"type": "close"}
+
+
+class LibSQLError(HazeError):
+    """The libSQL server refused a request, or could not be reached.
+
+    ``connection`` and ``url`` (never the token) say which database; ``code`` is the
+    server's error code (``"SQLITE_CONSTRAINT"``…) and ``status`` the HTTP status, when
+    there is one.
+    """
+
+    def __init__(
+        self,
+        connection: str,
+        url: str,
+        message: str,
+        *,
+        code: str | None = None,
+        status: int | None = None,
+    ):
+        self.connection = connection
+        self.url = url
+        self.server_message = message
+        self.code = code
+        self.status = status
+        detail = message
+        if code:
+            detail = f"{detail} [{code}]"
+        if status is not None:
+            detail = f"HTTP {status}: {detail}"
+        super().__init__(f"libSQL connection {connection!r} ({url}): {detail}")
+
+
+def _require_httpx() -> ModuleType:
+    try:
+        import httpx
+    except ModuleNotFoundError as e:
+        if e.name != "httpx":
+            raise
+        raise MissingDependencyError("the libSQL backend", "libsql", "httpx") from None
+    return httpx
+
+
+# --------------------------------------------------------------------------- values
+
+
+def encode_value(value: Any) -> Json:
+    """A Python value as a Hrana value."""
+    if value is None:
+        return {"type": "null"}
+    if isinstance(value, bool):
+        return {"type": "integer", "value": "1" if value else "0"}
+    if isinstance(value, int):
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise OverflowError(f"{value} does not fit in a 64-bit SQLite INTEGER")
+        return {"type": "integer", "value": str(value)}
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"libSQL over HTTP cannot carry the float {value!r}")
+        return {"type": "float", "value": value}
+    if isinstance(value, str):
+        return {"type": "text", "value": value}
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"type": "blob", "base64": base64.b64encode(bytes(value)).decode("ascii")}
+    raise TypeError(
+        f"cannot bind a {type(value).__name__} to a libSQL statement; use None, int, float, "
+        "str or bytes"
+    )
+
+
+def decode_value(value: Json) -> Any:
+    """A Hrana value as a Python value (``None``, ``int``, ``float``, ``str``, ``bytes``)."""
+    kind = value.get("type")
+    if kind == "null":
+        return None
+    if kind == "integer":
+        return int(value["value"])
+    if kind == "float":
+        return float(value["value"])
+    if kind == "text":
+        return str(value["value"])
+    if kind == "blob":
+        data = str(value.get("base64") or "")
+        data += "=" * (-len(data) % 4)  # sqld omits the padding
+        if "-" in data or "_" in data:
+            return base64.urlsafe_b64decode(data)
+        return base64.b64decode(data)
+    raise ValueError(f"unknown libSQL value type {kind!r}")
+
+
+def _stmt(sql: str, params: Sequence[Any], *, want_rows: bool) -> Json:
+    return {"sql": sql, "args": [encode_value(p) for p in params], "want_rows": want_rows}
+
+
+def _chain(stmts: Sequence[Json]) -> Json:
+    """A batch whose steps each run only if the previous one succeeded."""
+    steps: list[Json] = []
+    for i, stmt in enumerate(stmts):
+        step: Json = {"stmt": stmt}
+        if i:
+            step["condition"] = {"type": "ok", "step": i - 1}
+        steps.append(step)
+    return {"type": "batch", "batch": {"steps": steps}}
+
+
+def _rows(result: Json) -> list[Row]:
+    return [tuple(decode_value(v) for v in row) for row in result.get("rows") or ()]
+
+
+# --------------------------------------------------------------------------- URLs
+
+
+def _parse_url(url: str) -> tuple[str, str | None]:
+    """(HTTP base URL without query or credentials, token from ``?authToken=``)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    query = dict(parse_qsl(parts.query))
+    if scheme == "libsql":
+        scheme = "http" if query.get("tls") == "0" else "https"
+    elif scheme not in ("http", "https"):
+        raise ValueError(f"bad libSQL URL {url!r}: use libsql://, https:// or http://")
+    if not parts.hostname:
+        raise ValueError(f"bad libSQL URL {url!r}: no host")
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    base = urlunsplit((scheme, netloc, parts.path.rstrip("/"), "", ""))
+    return base, query.get("authToken") or None
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+class _Transaction:
+    """Statements on one Hrana stream, tied together by the baton."""
+
+    def __init__(self, connector: LibSQLConnector, begin: str):
+        self._c = connector
+        self._begin: str | None = begin  # sent with the first statement
+        self._baton: str | None = None
+        self._base_url: str | None = None
+        self._opened = False
+        self._finished = False
+        self._lock = asyncio.Lock()  # requests on a stream must be serial
+
+    async def _send(self, requests: list[Json], *, close: bool = False) -> list[Json]:
+        if self._finished:
+            raise LibSQLError(self._c.name, self._c.url, "the transaction is already finished")
+        if close:
+            requests = [*requests, _CLOSE]
+        try:
+            baton, base_url, results = await self._c._pipeline(
+                requests, baton=self._baton, base_url=self._base_url
+            )
+        except BaseException:
+            self._finished = True  # the stream is gone (HTTP error) or in an unknown state
+            raise
+        self._opened = True
+        self._baton, self._base_url = baton, base_url or self._base_url
+        if close or baton is None:
+            self._finished = True
+        return results
+
+    async def _run(self, stmts: list[Json]) -> list[Json]:
+        """Run statements in order (stopping at the first error); their results."""
+        async with self._lock:
+            begin, self._begin = self._begin, None
+            if begin is not None:
+                stmts = [{"sql": begin, "want_rows": False}, *stmts]
+            if len(stmts) == 1:
+                [result] = await self._send([{"type": "execute", "stmt": stmts[0]}])
+                return [self._c._execute_result(result)]
+            [result] = await self._send([_chain(stmts)])
+            results = self._c._batch_results(result, len(stmts))
+            return results[1:] if begin is not None else results
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        [result] = await self._run([_stmt(sql, params, want_rows=False)])
+        return int(result.get("affected_row_count") or 0)
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        if not rows:
+            return 0
+        results = await self._run([_stmt(sql, p, want_rows=False) for p in rows])
+        return sum(int(r.get("affected_row_count") or 0) for r in results)
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        [result] = await self._run([_stmt(sql, params, want_rows=True)])
+        return _rows(result)
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        rows = await self.fetchall(sql, params)
+        return rows[0] if rows else None
+
+    async def _commit(self) -> None:
+        async with self._lock:
+            if not self._opened:
+                return  # nothing ran: no stream was opened
+            if self._finished:
+                raise LibSQLError(
+                    self._c.name,
+                    self._c.url,
+                    "the server closed the transaction's stream before COMMIT",
+                )
+            [result, _] = await self._send(
+                [{"type": "execute", "stmt": {"sql": "COMMIT", "want_rows": False}}], close=True
+            )
+            self._c._execute_result(result)
+
+    async def _rollback(self) -> None:
+        if not self._opened or self._finished:
+            return
+        try:
+            await self._send(
+                [{"type": "execute", "stmt": {"sql": "ROLLBACK", "want_rows": False}}], close=True
+            )
+        except Exception as e:  # the server rolls back a stream that is closed or expires
+            log.debug("libSQL %r: rollback failed: %s", self._c.name, e)
+
+
+# --------------------------------------------------------------------------- connector
+
+
+class LibSQLConnector:
+    """A libSQL / Turso database over Hrana-over-HTTP (``haze[libsql]``: httpx)."""
+
+    dialect = "libsql"
+
+    def __init__(self, name: str, options: dict[str, Any], *, root: Path | None = None):
+        self._httpx = _require_httpx()
+        self.name = name
+        raw_url = str(options["url"])
+        try:
+            self.url, url_token = _parse_url(raw_url)
+        except ValueError as e:
+            raise ConfigError(str(e), key=f"connections.{name}.url") from None
+        token = options.get("auth_token") or url_token
+        self._headers = {"content-type": "application/json"}
+        if token:
+            self._headers["authorization"] = f"Bearer {token}"
+        extra = options.get("options") or {}
+        self.timeout = parse_duration(
+            extra.get("timeout", 30), f"connections.{name}.options.timeout", allow_zero=False
+        )
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        return f"<LibSQLConnector {self.name!r} {self.url}>"
+
+    # -- HTTP -------------------------------------------------------------------
+
+    def _http(self) -> httpx.AsyncClient:
+        """The shared client, bound to the running loop (a new loop gets a new client)."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop or self._client.is_closed:
+            client: httpx.AsyncClient = self._httpx.AsyncClient(
+                timeout=self.timeout, headers=self._headers
+            )
+            self._client, self._client_loop = client, loop
+        return self._client
+
+    def _error(self, message: str, **kw: Any) -> LibSQLError:
+        return LibSQLError(self.name, self.url, message, **kw)
+
+    async def _pipeline(
+        self, requests: list[Json], *, baton: str | None = None, base_url: str | None = None
+    ) -> tuple[str | None, str | None, list[Json]]:
+        """One ``POST /v2/pipeline``: (next baton, base URL, one result per request)."""
+        body = json.dumps(
+            {"baton": baton, "requests": requests}, separators=(",", ":"), allow_nan=False
+        ).encode()
+        endpoint = (base_url or self.url).rstrip("/") + PIPELINE_PATH
+        try:
+            response = await self._http().post(endpoint, content=body)
+        except self._httpx.HTTPError as e:
+            raise self._error(f"cannot reach the server ({type(e).__name__}: {e})") from e
+        if response.status_code != 200:
+            raise self._error(self._http_message(response), status=response.status_code)
+        try:
+            data = response.json()
+            results = data["results"]
+        except (ValueError, KeyError, TypeError):
+            raise self._error(
+                f"not a Hrana pipeline response: {response.text[:200]!r}",
+                status=response.status_code,
+            ) from None
+        if not isinstance(results, list) or len(results) != len(requests):
+            raise self._error("the server answered a different number of requests")
+        return data.get("baton"), data.get("base_url"), results
+
+    def _http_message(self, response: httpx.Response) -> str:
+        try:
+            data = response.json()
+            message = str(data.get("error") or data.get("message") or data)
+        except (ValueError, AttributeError):
+            message = response.text.strip()[:500] or response.reason_phrase
+        if response.status_code in (401, 403) and "authorization" not in self._headers:
+            message += " (no auth_token is configured for this connection)"
+        return message
+
+    def _ok(self, result: Json) -> Json:
+        if result.get("type") == "error":
+            error = result.get("error") or {}
+            raise self._error(str(error.get("message") or "unknown error"), code=error.get("code"))
+        if result.get("type") != "ok":
+            raise self._error(f"unexpected pipeline result {result!r}")
+        response: Json = result["response"]
+        return response
+
+    def _execute_result(self, result: Json) -> Json:
+        response: Json = self._ok(result)["result"]
+        return response
+
+    def _batch_results(self, result: Json, n: int) -> list[Json]:
+        batch = self._ok(result)["result"]
+        errors = batch.get("step_errors") or []
+        for error in errors:
+            if error:
+                raise self._error(
+                    str(error.get("message") or "unknown error"), code=error.get("code")
+                )
+        results = batch.get("step_results") or []
+        if len(results) != n or any(r is None for r in results):
+            raise self._error("a batch step did not run")
+        return list(results)
+
+    async def _single(self, request: Json) -> Json:
+        """One request on its own stream: ``[request, close]``."""
+        _, _, results = await self._pipeline([request, _CLOSE])
+        return results[0]
+
+    # -- Session ----------------------------------------------------------------
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        result = self._execute_result(
+            await self._single({"type": "execute", "stmt": _stmt(sql, params, want_rows=False)})
+        )
+        return int(result.get("affected_row_count") or 0)
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        """Each row in turn on one stream, stopping at the first error (like ``sqlite3``);
+        inside ``transaction()`` all of them or none."""
+        if not rows:
+            return 0
+        result = await self._single(_chain([_stmt(sql, p, want_rows=False) for p in rows]))
+        return sum(
+            int(r.get("affected_row_count") or 0) for r in self._batch_results(result, len(rows))
+        )
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        result = self._execute_result(
+            await self._single({"type": "execute", "stmt": _stmt(sql, params, want_rows=True)})
+        )
+        return _rows(result)
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        rows = await self.fetchall(sql, params)
+        return rows[0] if rows else None
+
+    @asynccontextmanager
+    async def transaction(self, *, immediate: bool = False) -> AsyncIterator[_Transaction]:
+        """One stream held by its baton; ``immediate`` opens with ``BEGIN IMMEDIATE``."""
+        tx = _Transaction(self, "BEGIN IMMEDIATE" if immediate else "BEGIN")
+        try:
+            yield tx
+        except BaseException:
+            await tx._rollback()
+            raise
+        await tx._commit()
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        loop, self._client_loop = self._client_loop, None
+        if client is None or client.is_closed:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if running is loop:
+            await client.aclose()
+        # a client from another (finished) loop cannot be closed from here; drop it

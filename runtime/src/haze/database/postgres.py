@@ -1,0 +1,497 @@
+"""PostgreSQL through psycopg 3 (async) and ``psycopg_pool``.
+
+- One ``AsyncConnectionPool`` per connector, opened on first use and bound to the
+  running event loop (a new loop gets a new pool). Connections are in autocommit
+  mode, so a single statement is its own transaction; ``transaction()`` runs a block
+  on one pooled connection inside ``BEGIN``/``COMMIT`` (``ROLLBACK`` on error).
+- SQL is written with ``?`` placeholders; they become ``%s`` (and a literal ``%``
+  becomes ``%%``) once per distinct statement.
+- LISTEN/NOTIFY, so an idle worker in another process wakes as soon as a job is
+  dispatched: ``notify()`` queues a ``pg_notify`` that a background task sends right
+  after the INSERT (coalesced, never blocking the producer); ``listen()`` waits on one
+  dedicated LISTEN connection per connector, kept open and reconnected with backoff.
+  Without it (server unreachable, pooler in transaction mode) ``listen()`` simply
+  sleeps and the driver's polling takes over.
+
+URL: ``postgresql://user:password@host:5432/dbname`` (``postgres://`` too; any libpq
+URI parameter such as ``?sslmode=require`` works). Options: ``pool_size`` (default 10)
+and ``options`` (extra ``psycopg.AsyncConnection.connect()`` keyword arguments).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
+
+from ..errors import ConfigError, HazeError, MissingDependencyError
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+    from psycopg_pool import AsyncConnectionPool
+
+__all__ = ["DatabaseConnectionError", "PostgresConnector", "redact_url", "translate_placeholders"]
+
+log = logging.getLogger("haze.database")
+
+Row = tuple[Any, ...]
+
+#: seconds libpq waits for a connection unless the URL sets ``connect_timeout``
+CONNECT_TIMEOUT = 10
+
+
+class DatabaseConnectionError(HazeError, ConnectionError):
+    """A database connection from ``config/database.py`` could not be opened."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+_SECRET_PARAMS = {"password", "passwd", "sslpassword", "auth_token", "api_token", "token"}
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password (in the userinfo or the query) replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
+    query = parts.query
+    if query:
+        query = "&".join(
+            f"{k}={'***' if k.lower() in _SECRET_PARAMS else quote(v, safe='/:,')}"
+            for k, v in parse_qsl(query, keep_blank_values=True)
+        )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+# Quoted strings, quoted identifiers and comments are copied (with % doubled); a bare
+# ? becomes %s and a bare % becomes %%.
+_TOKENS = {
+    "postgres": re.compile(r"'[^']*'|\"[^\"]*\"|--[^\n]*|/\*.*?\*/|[?%]", re.S),
+    "mysql": re.compile(
+        r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|`[^`]*`|(?:--(?=\s)|#)[^\n]*|/\*.*?\*/|[?%]",
+        re.S,
+    ),
+}
+
+
+def _swap(m: re.Match[str]) -> str:
+    token = m.group(0)
+    if token == "?":
+        return "%s"
+    return token.replace("%", "%%")
+
+
+@lru_cache(maxsize=1024)
+def translate_placeholders(sql: str, dialect: str = "postgres") -> str:
+    """``?`` → ``%s`` outside quotes and comments, ``%`` → ``%%`` (pyformat drivers)."""
+    return _TOKENS[dialect].sub(_swap, sql)
+
+
+def _require() -> None:
+    try:
+        import psycopg  # noqa: F401
+        import psycopg_pool  # noqa: F401
+    except ImportError as e:
+        raise MissingDependencyError("the PostgreSQL backend", "postgres", "psycopg") from e
+
+
+def _q(sql: str, params: Sequence[Any]) -> tuple[str, Sequence[Any] | None]:
+    # Without parameters psycopg does no %-parsing: the SQL goes as written.
+    if not params:
+        return sql, None
+    return translate_placeholders(sql, "postgres"), params
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+class _PgSession:
+    """Statements on one connection (inside the transaction of ``transaction()``)."""
+
+    def __init__(self, conn: AsyncConnection[Any]):
+        self._conn = conn
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        cur = await self._conn.execute(*_q(sql, params))
+        return cur.rowcount
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        if not rows:
+            return 0
+        async with self._conn.cursor() as cur:
+            await cur.executemany(translate_placeholders(sql, "postgres"), rows)
+            return cur.rowcount
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        cur = await self._conn.execute(*_q(sql, params))
+        return [tuple(r) for r in await cur.fetchall()]
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        cur = await self._conn.execute(*_q(sql, params))
+        row = await cur.fetchone()
+        return None if row is None else tuple(row)
+
+
+# --------------------------------------------------------------------------- LISTEN
+
+
+class _Listener:
+    """One LISTEN connection of a connector: wakes ``listen()`` callers per channel.
+
+    A notification that arrives while nobody waits on its channel is remembered, so
+    the next ``listen()`` returns at once: the worker was busy claiming when the job
+    came in and must look again before it sleeps.
+    """
+
+    def __init__(self, connector: PostgresConnector):
+        self._c = connector
+        self._conn: AsyncConnection[Any] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._channels: set[str] = set()
+        self._events: dict[str, asyncio.Event] = {}
+        self._waiting: dict[str, int] = {}
+        self._banked: set[str] = set()
+        self._lock = asyncio.Lock()
+        self._failures = 0
+        self._retry_at = 0.0
+        self._closed = False
+
+    async def wait(self, channel: str, timeout: float) -> None:  # noqa: ASYNC109
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if channel in self._banked:
+            self._banked.discard(channel)
+            return
+        ready = await self._ensure(channel)
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return
+        if not ready:  # no LISTEN connection: plain polling
+            await asyncio.sleep(remaining)
+            return
+        event = self._events.get(channel)
+        if event is None:
+            event = self._events[channel] = asyncio.Event()
+        self._waiting[channel] = self._waiting.get(channel, 0) + 1
+        try:
+            async with asyncio.timeout(remaining):
+                await event.wait()
+        except TimeoutError:
+            pass
+        finally:
+            self._waiting[channel] -= 1
+
+    def _deliver(self, channel: str) -> None:
+        event = self._events.pop(channel, None)
+        if event is not None and self._waiting.get(channel):
+            event.set()
+        else:
+            self._banked.add(channel)
+
+    def _wake_all(self) -> None:
+        for event in self._events.values():
+            event.set()
+        self._events.clear()
+
+    async def _ensure(self, channel: str) -> bool:
+        reader = self._reader
+        if (self._conn is not None and channel in self._channels and reader is not None
+                and not reader.done()):
+            return True
+        if self._closed:
+            return False
+        loop = asyncio.get_running_loop()
+        if self._conn is None and loop.time() < self._retry_at:
+            return False
+        async with self._lock:
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = await self._c._connect(listen=True)
+                    self._channels.clear()
+                    if self._failures:
+                        log.info("haze: LISTEN connection to database %r is back", self._c.name)
+                    self._failures = 0
+                if channel not in self._channels:
+                    await self._stop_reader()
+                    from psycopg import sql
+
+                    await self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    self._channels.add(channel)
+                reader = self._reader
+                if reader is None or reader.done():
+                    self._reader = loop.create_task(
+                        self._read(self._conn), name=f"haze-pg-listen-{self._c.name}")
+                return True
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                await self._broken(e)
+                return False
+
+    async def _read(self, conn: AsyncConnection[Any]) -> None:
+        try:
+            async for n in conn.notifies():
+                self._deliver(n.channel)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            if self._conn is conn and not self._closed:
+                await self._broken(e)
+
+    async def _broken(self, error: BaseException) -> None:
+        loop = asyncio.get_running_loop()
+        conn, self._conn = self._conn, None
+        self._channels.clear()
+        self._failures += 1
+        delay = min(30.0, 0.5 * 2 ** (self._failures - 1))
+        self._retry_at = loop.time() + delay
+        (log.warning if self._failures == 1 else log.debug)(
+            "haze: LISTEN connection to database %r failed (%s); idle workers poll "
+            "until it reconnects (next try in %.1fs)", self._c.name,
+            str(error).strip() or type(error).__name__, delay,
+        )
+        self._wake_all()  # a job may have come in unnoticed: look now
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def _stop_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None and not reader.done():
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._stop_reader()
+        self._wake_all()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+
+# --------------------------------------------------------------------------- connector
+
+
+class PostgresConnector:
+    """A psycopg pool to one PostgreSQL database (see the module docstring)."""
+
+    dialect = "postgres"
+
+    def __init__(self, name: str, options: dict[str, Any], *, root: Path | None = None):
+        _require()
+        from psycopg.conninfo import conninfo_to_dict
+
+        self.name = name
+        self.url: str = options["url"]
+        scheme, _, rest = self.url.partition(":")
+        # postgres:// and postgresql+psycopg:// (SQLAlchemy style) → postgresql://
+        if scheme.split("+", 1)[0].lower() in ("postgresql", "postgres"):
+            self.conninfo = "postgresql:" + rest
+        else:
+            self.conninfo = self.url
+        try:
+            params = conninfo_to_dict(self.conninfo)
+        except Exception as e:
+            raise ConfigError(f"bad PostgreSQL URL {redact_url(self.url)!r}: {e}",
+                              key=f"connections.{name}.url") from None
+        self.host = str(params.get("host") or "localhost")
+        self.port = str(params.get("port") or 5432)
+        self.dbname = str(params.get("dbname") or params.get("user") or "")
+        self.pool_size = max(1, int(options.get("pool_size") or 10))
+        self._kwargs: dict[str, Any] = {"autocommit": True}
+        if "connect_timeout" not in params:
+            self._kwargs["connect_timeout"] = CONNECT_TIMEOUT
+        self._kwargs.update(options.get("options") or {})
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
+        self._open_lock: asyncio.Lock | None = None
+        self._listener: _Listener | None = None
+        self._pending: set[tuple[str, str]] = set()
+        self._notify_task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<PostgresConnector {self.name!r} {redact_url(self.url)}>"
+
+    # -- connections ------------------------------------------------------------------
+
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        """The running loop; state made on another loop is dropped (it cannot be used)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop = loop
+            self._pool = None
+            self._listener = None
+            self._notify_task = None
+            self._open_lock = asyncio.Lock()
+        return loop
+
+    def _connect_error(self, error: BaseException) -> DatabaseConnectionError:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return DatabaseConnectionError(
+            f"cannot connect to PostgreSQL for database connection {self.name!r} "
+            f"({redact_url(self.url)}): {reason}. Check that the server is running and "
+            f"reachable at {self.host}:{self.port}, that database {self.dbname!r} exists, "
+            f"and the user and password in the URL (config/database.py, "
+            f"connections.{self.name}.url)"
+        )
+
+    async def _connect(self, *, listen: bool = False) -> AsyncConnection[Any]:
+        """One new autocommit connection; failures name the connection and URL."""
+        import psycopg
+
+        kwargs = dict(self._kwargs)
+        if listen:  # find out about a silently dropped LISTEN connection
+            kwargs.setdefault("keepalives", 1)
+            kwargs.setdefault("keepalives_idle", 30)
+            kwargs.setdefault("keepalives_interval", 10)
+            kwargs.setdefault("keepalives_count", 3)
+        try:
+            return await psycopg.AsyncConnection.connect(self.conninfo, **kwargs)
+        except psycopg.OperationalError as e:
+            raise self._connect_error(e) from None
+
+    async def _get_pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        if self._loop is not asyncio.get_running_loop():
+            self._bind()
+        pool = self._pool
+        if pool is not None:
+            return pool
+        assert self._open_lock is not None
+        async with self._open_lock:
+            if self._pool is None:
+                self._pool = await self._open_pool()
+            return self._pool
+
+    async def _open_pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+        # A plain connection first: it fails fast and says why (the pool would retry
+        # in the background and only report a timeout).
+        probe = await self._connect()
+        await probe.close()
+        pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
+            self.conninfo, kwargs=self._kwargs, min_size=1, max_size=self.pool_size,
+            open=False, name=f"haze-{self.name}",
+        )
+        try:
+            await pool.open(wait=True, timeout=float(self._kwargs.get("connect_timeout") or 30))
+        except PoolTimeout as e:
+            await pool.close()
+            raise self._connect_error(e) from None
+        return pool
+
+    # -- statements -------------------------------------------------------------------
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        pool = await self._get_pool()
+        async with pool.connection() as conn:
+            cur = await conn.execute(*_q(sql, params))
+            return cur.rowcount
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        pool = await self._get_pool()
+        async with pool.connection() as conn:
+            return await _PgSession(conn).executemany(sql, rows)
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        pool = await self._get_pool()
+        async with pool.connection() as conn:
+            cur = await conn.execute(*_q(sql, params))
+            return [tuple(r) for r in await cur.fetchall()]
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        pool = await self._get_pool()
+        async with pool.connection() as conn:
+            cur = await conn.execute(*_q(sql, params))
+            row = await cur.fetchone()
+            return None if row is None else tuple(row)
+
+    @asynccontextmanager
+    async def transaction(self, *, immediate: bool = False) -> AsyncIterator[_PgSession]:
+        """``BEGIN`` … ``COMMIT`` on one pooled connection (``immediate`` is for SQLite)."""
+        pool = await self._get_pool()
+        async with pool.connection() as conn, conn.transaction():
+            yield _PgSession(conn)
+
+    # -- LISTEN/NOTIFY ----------------------------------------------------------------
+
+    def notify(self, channel: str, payload: str = "") -> None:
+        """Send ``NOTIFY channel, payload`` soon, without blocking the caller.
+
+        Called right after a committed INSERT: one background task sends what is
+        pending (a burst of dispatches costs one ``pg_notify`` round trip); errors
+        are logged, and idle workers still find the job by polling.
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if self._loop is not loop:
+            self._bind()
+        self._pending.add((channel, payload))
+        task = self._notify_task
+        if task is None or task.done():
+            self._notify_task = loop.create_task(self._send_notifies(),
+                                                 name=f"haze-pg-notify-{self.name}")
+
+    async def _send_notifies(self) -> None:
+        while self._pending:
+            batch = sorted(self._pending)
+            self._pending.clear()
+            sql = "SELECT " + ", ".join(["pg_notify(%s, %s)"] * len(batch))
+            try:
+                pool = await self._get_pool()
+                async with pool.connection() as conn:
+                    await conn.execute(sql, [p for pair in batch for p in pair])
+            except Exception as e:
+                log.warning("haze: NOTIFY on database %r failed (%s); idle workers will "
+                            "find the job when they next poll", self.name, e)
+
+    async def listen(self, channel: str, timeout: float) -> None:  # noqa: ASYNC109
+        """Return when ``NOTIFY channel`` arrives, or after ``timeout`` seconds."""
+        if self._loop is not asyncio.get_running_loop():
+            self._bind()
+        if self._listener is None:
+            self._listener = _Listener(self)
+        await self._listener.wait(channel, timeout)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def close(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # pragma: no cover - close() is awaited
+            loop = None
+        if self._loop is not loop:
+            # Made on another (finished) loop: nothing here can await it.
+            self._loop = None
+            self._pool = self._listener = self._notify_task = None
+            self._pending.clear()
+            return
+        task, self._notify_task = self._notify_task, None
+        if task is not None and not task.done():
+            done, _ = await asyncio.wait({task}, timeout=5)
+            if not done:
+                task.cancel()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.close()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close(timeout=5)

