@@ -23,6 +23,7 @@ from .config import (
     env,
 )
 from .context import AbortSignal, JobContext, current_tenant, tenant
+from .db import Db
 from .drivers import FailedJob
 from .errors import (
     BatchFinishedError,
@@ -41,6 +42,7 @@ from .errors import (
     UnknownJobError,
 )
 from .facade import Queue
+from .health import QueueHealth, queue_check
 from .jobs import DispatchResult, JobDefinition, PendingDispatch, define_job
 from .middleware import (
     JobMiddleware,
@@ -61,6 +63,7 @@ __all__ = [
     "Batch",
     "BatchFinishedError",
     "ConfigError",
+    "Db",
     "DelayTooLongError",
     "DispatchResult",
     "DuplicateJobError",
@@ -80,6 +83,7 @@ __all__ = [
     "PendingChain",
     "PendingDispatch",
     "Queue",
+    "QueueHealth",
     "RetryUntilExpiredError",
     "UnknownJobError",
     "__version__",
@@ -93,6 +97,7 @@ __all__ = [
     "define_redis_config",
     "env",
     "fail_on_exception",
+    "queue_check",
     "rate_limited",
     "run_in_app",
     "skip_if",

@@ -81,6 +81,24 @@ def _quiet_cursor() -> Any:
     return _cursor_class
 
 
+def _abandon(pool: Any, loop: asyncio.AbstractEventLoop | None) -> None:
+    """Let go of a pool made on another event loop, which this loop cannot await."""
+    with contextlib.suppress(Exception):
+        if loop is not None and loop.is_running() and not loop.is_closed():
+            async def shut() -> None:  # still alive on another thread: close it there
+                pool.close()
+                await pool.wait_closed()
+
+            asyncio.run_coroutine_threadsafe(shut(), loop)
+        elif loop is not None and not loop.is_closed():
+            pool.terminate()
+        else:
+            # The loop is gone: its transports close their sockets when collected;
+            # keep aiomysql's finaliser from calling into the dead loop.
+            for conn in [*pool._free, *pool._used]:
+                conn._writer = conn._reader = None
+
+
 class _MySession:
     """Statements on one connection (inside the transaction of ``transaction()``)."""
 
@@ -171,6 +189,8 @@ class MySQLConnector:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             # a pool made on another loop cannot be used here: start again
+            if self._pool is not None:
+                _abandon(self._pool, self._loop)
             self._loop = loop
             self._pool = None
             self._open_lock = asyncio.Lock()
@@ -250,7 +270,8 @@ class MySQLConnector:
         except RuntimeError:  # pragma: no cover - close() is awaited
             same_loop = False
         if not same_loop:
-            return  # made on another (finished) loop: nothing here can await it
+            _abandon(pool, loop)
+            return
         pool.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(pool.wait_closed(), 5)

@@ -334,12 +334,28 @@ class PostgresConnector:
         """The running loop; state made on another loop is dropped (it cannot be used)."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
+            self._abandon()
             self._loop = loop
             self._pool = None
             self._listener = None
             self._notify_task = None
             self._open_lock = asyncio.Lock()
         return loop
+
+    def _abandon(self) -> None:
+        """Let go of what was made on another event loop (this loop cannot await it).
+
+        Pooled connections close their sockets when collected; the LISTEN connection
+        is closed here, synchronously.
+        """
+        listener = self._listener
+        conn = listener._conn if listener is not None else None
+        if listener is not None:
+            listener._closed = True
+            listener._conn = None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.pgconn.finish()
 
     def _connect_error(self, error: BaseException) -> DatabaseConnectionError:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -479,7 +495,7 @@ class PostgresConnector:
         except RuntimeError:  # pragma: no cover - close() is awaited
             loop = None
         if self._loop is not loop:
-            # Made on another (finished) loop: nothing here can await it.
+            self._abandon()
             self._loop = None
             self._pool = self._listener = self._notify_task = None
             self._pending.clear()

@@ -245,7 +245,8 @@ class DatabaseDriver:
         return Reserved(message, int(attempts), body, queue, (row_id, reserved_at), error)
 
     async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
-        queues = queues or ["default"]
+        # No queues given (Worker(queues=None)): the connection's ``queues``, as queue:work does.
+        queues = queues or self.options.get("queues") or ["default"]
         for q in queues:
             job = await self._claim(q)
             if job is not None:
