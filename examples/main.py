@@ -1,4 +1,10 @@
-"""The example app: dispatch a few jobs, work them off, print what happened.
+"""The example app, end to end on the embedded SQLite default.
+
+1. ``haze db:migrate``: create the queue tables (and this app's ``outcomes`` table);
+2. dispatch a chain, a batch, a unique job (twice) and a job that fails;
+3. ``haze queue:work --stop-when-empty`` works them off in a separate process while
+   a progress bar follows the batch;
+4. print what happened, read back from the database.
 
 Run it with the README's first command (``./scripts/demo``).
 """
@@ -6,62 +12,90 @@ Run it with the README's first command (``./scripts/demo``).
 from __future__ import annotations
 
 import asyncio
-import logging
+import os
+import shutil
+import subprocess
 import sys
-import time
 from pathlib import Path
 
-from haze import App, JobContext, Queue
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
 
-ROOT = Path(__file__).parent
-T0 = time.perf_counter()
+from haze import App, Db, Queue
 
-
-class _Brief(logging.Formatter):
-    """Log lines without tracebacks: the demo shows outcomes, not stack traces."""
-
-    def formatException(self, ei: object) -> str:  # noqa: N802 (logging's name)
-        return ""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return f"  {time.perf_counter() - T0:5.2f}s  log      {record.getMessage()}"
+ROOT = Path(__file__).resolve().parent
+console = Console()
 
 
-def say(line: str) -> None:
-    print(f"  {time.perf_counter() - T0:5.2f}s  {line}")
-
-
-@Queue.on("after")
-def _done(job: JobContext) -> None:
-    say(f"done     {job.name} (attempt {job.attempt}/{job.tries})")
-
-
-@Queue.on("failing")
-def _failed(job: JobContext, error: BaseException) -> None:
-    say(f"failed   {job.name} after {job.attempt} attempt(s): {error}")
+def haze_cli(*args: str, quiet: bool = False) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "haze.cli", "--root", str(ROOT), *args]
+    console.print(f"[dim]$ haze {' '.join(args)}[/dim]")
+    out = subprocess.DEVNULL if quiet else None
+    return subprocess.Popen(cmd, stdout=out, stderr=out)
 
 
 async def main() -> None:
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(_Brief())
-    logging.getLogger("haze").addHandler(handler)
-    logging.getLogger("haze").setLevel(logging.WARNING)
-    app = App(root=ROOT)  # reads config/*.py and imports app/job/**
-    from app.job.charge_card import charge_card
-    from app.job.send_invoice import send_invoice
-    from app.job.send_reminder import send_reminder
+    shutil.rmtree(ROOT / "storage", ignore_errors=True)  # a fresh database every run
+    if haze_cli("db:migrate").wait() != 0:
+        raise SystemExit("db:migrate failed")
 
-    async with app:
-        say(f"dispatching on the {app.queue_config.default!r} connection")
-        await send_invoice.dispatch({"invoice_id": 42})  # fails once, then succeeds
-        await charge_card.dispatch({"card": "4000-0000-0000-0002"})  # fails both tries
-        await send_reminder.dispatch({"user_id": 7}, delay="200ms")  # runs 200 ms later
-        await Queue.idle()
-        failed = await Queue.failed()
-        for f in failed:
-            say(f"kept     {f.name} in failed jobs: {f.exception.splitlines()[-1]}")
-        say(f"{len(failed)} failed job(s); retry them with Queue.retry()")
+    async with App(root=ROOT) as app:
+        from app.job.billing import charge_card
+        from app.job.feeds import sync_feed
+        from app.job.imports import import_finished, import_rows
+        from app.job.media import notify_author, publish_post, resize_image
+
+        console.rule(f"dispatching on the {app.queue_config.default!r} connection")
+        chain = await Queue.chain(
+            [resize_image.with_({"post_id": 7}), publish_post.with_({"post_id": 7}),
+             notify_author.with_({"post_id": 7})]
+        ).dispatch()
+        console.print(f"chain    {chain.chain_id[:8]}: resize_image → publish_post → notify_author")
+        batch = await (
+            Queue.batch([import_rows.with_({"row": i}) for i in range(60)])
+            .name("customers.csv")
+            .then(import_finished.with_({"name": "customers.csv"}))
+            .dispatch()
+        )
+        console.print(f"batch    {batch.id[:8]}: {batch.total} import_rows jobs")
+        first = await sync_feed.with_({"feed_id": 1}).dispatch()
+        second = await sync_feed.with_({"feed_id": 1}).dispatch()
+        console.print(f"unique   sync_feed #1 queued ({first.id[:8]}); "
+                      f"second dispatch skipped={second.skipped}")
+        await charge_card.dispatch({"card": "4000-0000-0000-0002"})
+        console.print("failing  charge_card (2 tries)")
+
+        console.rule("working")
+        worker = haze_cli("queue:work", "--stop-when-empty", "--concurrency", "4",
+                          "--queue", "high,default", quiet=True)
+        columns = (TextColumn("batch {task.description}"), BarColumn(), MofNCompleteColumn())
+        with Progress(*columns, console=console) as bar:
+            task = bar.add_task(batch.name or batch.id, total=batch.total)
+            while worker.poll() is None:
+                fresh = await batch.fresh()
+                bar.update(task, completed=fresh.total - fresh.pending)
+                await asyncio.sleep(0.05)
+            fresh = await batch.fresh()
+            bar.update(task, completed=fresh.total - fresh.pending)
+        if worker.returncode != 0:
+            raise SystemExit(f"queue:work exited with {worker.returncode}")
+
+        console.rule("what happened")
+        table = Table("job", "attempt", "outcome")
+        for job, attempt, what in await Db.connection().fetchall(
+            "SELECT job, attempt, what FROM outcomes ORDER BY id"
+        ):
+            table.add_row(job, str(attempt), what)
+        console.print(table)
+        console.print(f"batch    {fresh.name}: {fresh.processed}/{fresh.total} processed, "
+                      f"{fresh.failed} failed, finished={fresh.finished}")
+        for f in await Queue.failed():
+            console.print(f"failed   {f.name}: {f.exception.strip().splitlines()[-1]}")
+        console.print(f"left     {await Queue.size('default') + await Queue.size('high')} "
+                      "queued jobs")
 
 
 if __name__ == "__main__":
+    os.chdir(ROOT)
     asyncio.run(main())

@@ -1,10 +1,20 @@
 from haze import define_queue_config, env
 
 config = define_queue_config(
-    default=env("QUEUE_CONNECTION", "memory"),
+    default=env("QUEUE_CONNECTION", "database"),
     connections={
+        # The embedded default: jobs in a SQLite table, worked by `haze queue:work`.
+        "database": {
+            "driver": "database",
+            "connection": "main",
+            "retry_after": "90s",
+            "sleep": "100ms",
+            "queues": ["high", "default"],
+        },
         "memory": {"driver": "memory", "concurrency": 2},
         "sync": {"driver": "sync"},
     },
+    # Locks and batch state must be shared by the web process and the workers.
+    store="database",
     batches={"ttl": "7d"},
 )

@@ -57,8 +57,12 @@ on "main" started by the fixture.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import os
+import socket
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -173,6 +177,166 @@ def _register_remote_sim() -> Callable[[], None]:
     return undo
 
 
+# --------------------------------------------------------------------------- database backends
+#
+# The ``database`` driver on each SQL backend. Every test gets empty queue tables:
+# SQLite a fresh file under tmp_path; PostgreSQL and MariaDB one database per test
+# session (dropped at exit) whose tables are emptied before each test; libSQL one
+# ``sqld`` per session (started on first use). Tables are created with the runtime's
+# own ``ensure_queue_tables`` (run on a helper thread: the spec hooks are synchronous).
+
+PG_ADMIN_URL = os.environ.get("HAZE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+MYSQL_ADMIN_URL = os.environ.get("HAZE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/")
+_DB_SESSION = f"haze_contract_{os.getpid()}"
+_db_state: dict[str, Any] = {}
+
+
+def _reachable(url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 0), 0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _in_thread(fn: Callable[[], Awaitable[Any]]) -> Any:
+    """Run ``fn()`` on a fresh event loop in a helper thread (we are inside the test's loop)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = asyncio.run(fn())
+        except BaseException as e:  # noqa: BLE001
+            box["error"] = e
+
+    t = threading.Thread(target=target, name="contract-db-setup")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+def _prepare_tables(url: str, cleanup: Iterable[str] = ()) -> None:
+    """``ensure_queue_tables`` through a throwaway app, then the ``cleanup`` statements."""
+    from haze import define_database_config
+    from haze.database.migrations import ensure_queue_tables
+
+    async def go() -> None:
+        setup_app = App(
+            queue=define_queue_config(default="q", connections={"q": {"driver": "database"}}),
+            database=define_database_config(default="main", connections={"main": {"url": url}}),
+        )
+        try:
+            await ensure_queue_tables(setup_app)
+            db = setup_app.database()
+            for stmt in cleanup:
+                await db.execute(stmt)
+        finally:
+            for c in setup_app._connectors.values():
+                await c.close()
+
+    _in_thread(go)
+
+
+def _server_database(kind: str) -> str:
+    """The session's database on the PostgreSQL/MariaDB server (created once, dropped at exit)."""
+    if kind in _db_state:
+        return str(_db_state[kind])
+    if kind == "postgres":
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
+            c.execute(f"DROP DATABASE IF EXISTS {_DB_SESSION}")
+            c.execute(f"CREATE DATABASE {_DB_SESSION}")
+        url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{_DB_SESSION}"
+
+        def drop() -> None:
+            with contextlib.suppress(Exception), psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
+                c.execute(f"DROP DATABASE IF EXISTS {_DB_SESSION} WITH (FORCE)")
+    else:
+        import pymysql
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(MYSQL_ADMIN_URL)
+        admin = dict(host=parts.hostname, port=parts.port or 3306, user=parts.username or "root",
+                     password=parts.password or "")
+        with contextlib.closing(pymysql.connect(**admin)) as c, c.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS {_DB_SESSION}")
+            cur.execute(f"CREATE DATABASE {_DB_SESSION}")
+        url = MYSQL_ADMIN_URL.rstrip("/") + f"/{_DB_SESSION}"
+
+        def drop() -> None:
+            with contextlib.suppress(Exception), contextlib.closing(pymysql.connect(**admin)) as c:
+                with c.cursor() as cur:
+                    cur.execute(f"DROP DATABASE IF EXISTS {_DB_SESSION}")
+
+    atexit.register(drop)
+    _db_state[kind] = url
+    return url
+
+
+def _sqld_url() -> str:
+    """One real sqld (libSQL server) for the session, from tests/database/sqld.py."""
+    if "libsql" not in _db_state:
+        import importlib.util
+        import tempfile
+
+        path = Path(__file__).resolve().parents[1] / "database" / "sqld.py"
+        spec = importlib.util.spec_from_file_location("haze_contract_sqld", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        reason = module.sqld_available()
+        if reason:
+            pytest.skip(reason)
+        server = module.SqldServer(Path(tempfile.mkdtemp(prefix="haze-contract-sqld-")))
+        server.start()
+        atexit.register(server.stop)
+        _db_state["libsql"] = server.url
+    return str(_db_state["libsql"])
+
+
+#: What the in-process worker (queues=None) polls, in this order: QUEUES plus the
+#: queues two contract tests set with define_job(queue=...).
+_DATABASE_QUEUES = [*QUEUES, "bt_jobq", "ch_jobq"]
+
+
+def _database_connection(tmp: Path) -> dict[str, Any]:
+    return {"driver": "database", "connection": "main", "queues": list(_DATABASE_QUEUES)}
+
+
+_CLEANUP = {
+    "postgres": ("TRUNCATE jobs, failed_jobs RESTART IDENTITY", "DROP TABLE IF EXISTS haze_cache"),
+    "mysql": ("TRUNCATE TABLE jobs", "TRUNCATE TABLE failed_jobs", "DROP TABLE IF EXISTS haze_cache"),
+    "libsql": ("DELETE FROM jobs", "DELETE FROM failed_jobs", "DROP TABLE IF EXISTS haze_cache"),
+}
+
+
+def _database_app_kwargs(kind: str) -> Callable[[Path], dict[str, Any]]:
+    from haze import define_database_config
+
+    def kwargs(tmp: Path) -> dict[str, Any]:
+        if kind == "sqlite":
+            url = f"sqlite:///{tmp}/contract-queue.db"  # tmp is absolute: sqlite:////...
+            _prepare_tables(url)
+        else:
+            url = _sqld_url() if kind == "libsql" else _server_database(kind)
+            _prepare_tables(url, _CLEANUP[kind])
+        return {"database": define_database_config(default="main",
+                                                   connections={"main": {"url": url}})}
+
+    return kwargs
+
+
+needs_postgres = pytest.mark.skipif(not _reachable(PG_ADMIN_URL),
+                                    reason=f"no PostgreSQL at {PG_ADMIN_URL}")
+needs_mysql = pytest.mark.skipif(not _reachable(MYSQL_ADMIN_URL.rstrip("/") + "/x"),
+                                 reason=f"no MySQL/MariaDB at {MYSQL_ADMIN_URL}")
+
 # --------------------------------------------------------------------------- the drivers
 
 DRIVERS: list[DriverSpec] = [
@@ -186,8 +350,33 @@ DRIVERS: list[DriverSpec] = [
         connection=lambda tmp: {"driver": "sync"},
         capabilities=frozenset({"local_callbacks"}),
     ),
-    # later: DriverSpec("database-sqlite", ...), DriverSpec("database-postgres", ...),
-    #        DriverSpec("redis", ...), DriverSpec("sqs", ...)
+    DriverSpec(
+        "database-sqlite",
+        connection=_database_connection,
+        capabilities=FULL | {"remote"},
+        app_kwargs=_database_app_kwargs("sqlite"),
+    ),
+    DriverSpec(
+        "database-postgres",
+        connection=_database_connection,
+        capabilities=FULL | {"remote"},
+        app_kwargs=_database_app_kwargs("postgres"),
+        marks=(needs_postgres,),
+    ),
+    DriverSpec(
+        "database-mariadb",
+        connection=_database_connection,
+        capabilities=FULL | {"remote"},
+        app_kwargs=_database_app_kwargs("mysql"),
+        marks=(needs_mysql,),
+    ),
+    DriverSpec(
+        "database-libsql",
+        connection=_database_connection,
+        capabilities=FULL | {"remote"},
+        app_kwargs=_database_app_kwargs("libsql"),
+    ),
+    # later: DriverSpec("redis", ...), DriverSpec("sqs", ...)
 ]
 
 #: Not in DRIVERS (the real remote drivers cover that); use make_app(spec=REMOTE_SIM).
@@ -269,7 +458,7 @@ async def wait_done(app: App | None = None, timeout: float = 20.0) -> None:
                 if pending():
                     return True
                 continue
-            for q in QUEUES:
+            for q in getattr(d, "options", {}).get("queues") or QUEUES:
                 if await d.size(q):
                     return True
         return False

@@ -84,7 +84,7 @@ def run_blocking(coro: Coroutine[Any, Any, R], name: str = "this call") -> R:
             if t.cancelled():
                 result.cancel()
             elif t.exception() is not None:
-                result.set_exception(t.exception())  # type: ignore[arg-type]
+                result.set_exception(t.exception())
             else:
                 result.set_result(t.result())
 
@@ -114,4 +114,4 @@ def blocking_method(
     fn: Callable[Concatenate[S, P], Awaitable[R]],
 ) -> Callable[Concatenate[S, P], R]:
     """The blocking twin of an async method (``x_blocking = blocking_method(x)``)."""
-    return blocking(fn)  # type: ignore[arg-type,return-value]
+    return blocking(fn)

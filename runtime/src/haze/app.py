@@ -214,6 +214,7 @@ class App:
             return dotted
         top = sys.modules.get(dotted.split(".")[0])
         top_paths = [str(Path(p).resolve()) for p in getattr(top, "__path__", [])]
+        assert self.root is not None
         if top is None or str(self.root / "app") in top_paths:
             try:
                 importlib.import_module(dotted)

@@ -36,6 +36,23 @@ def _key(batch_id: str, part: str = "") -> str:
     return f"haze:batch:{batch_id}{':' + part if part else ''}"
 
 
+# The batch index: slot n (from an ever-growing counter) names the n-th batch created,
+# so ``prune`` can enumerate batches in any store. Slots expire with the batch; the
+# floor is the highest slot below which every slot is known to be gone.
+_INDEX_COUNT = "haze:batches:count"
+_INDEX_FLOOR = "haze:batches:floor"
+_INDEX_SETTLED = "haze:batches:settled"
+
+
+def _index_key(n: int) -> str:
+    return f"haze:batches:index:{n}"
+
+
+async def _index(store: Store, batch_id: str, ttl: float | None) -> None:
+    n = await store.increment(_INDEX_COUNT)
+    await store.put(_index_key(n), batch_id, ttl)
+
+
 def _as_item(item: object, where: str) -> PendingDispatch[Any] | list[PendingDispatch[Any]]:
     if isinstance(item, PendingDispatch):
         return item
@@ -289,6 +306,7 @@ async def dispatch_spec(
         "chain": chain,
     }
     await store.put(_key(batch_id), record, ttl)
+    await _index(store, batch_id, ttl)
     await store.put(_key(batch_id, "total"), total, ttl)
     await store.put(_key(batch_id, "pending"), total, ttl)
     await _dispatch_items(manager, batch_id, items, options)
@@ -462,3 +480,80 @@ async def _run(
     for ref in refs:
         await manager.run_callback(ref, args, connection=record["options"]["connection"])
 
+
+
+_PRUNE_CHUNK = 200
+
+
+async def prune(
+    manager: QueueManager,
+    *,
+    finished_before: float,
+    unfinished_before: float | None = None,
+    cancelled_before: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> int:
+    """Delete batches (``haze queue:prune-batches``); returns how many were deleted.
+
+    Deleted: finished batches that finished before ``finished_before`` (a timestamp);
+    with ``unfinished_before``, unfinished ones created before it; with
+    ``cancelled_before``, cancelled ones created before it. The record, counters and
+    failed-job list go at once; per-job markers expire with ``batches.ttl``.
+    ``progress(done, total)`` is called as index slots are walked.
+    """
+    store = _store(manager)
+    count, floor, settled = (
+        int(v or 0) for v in await store.get_many([_INDEX_COUNT, _INDEX_FLOOR, _INDEX_SETTLED])
+    )
+    floor = max(0, min(floor, count))
+    total = count - floor
+    pruned = walked = 0
+    new_floor, advancing = floor, True
+    for start in range(floor + 1, count + 1, _PRUNE_CHUNK):
+        slots = list(range(start, min(count, start + _PRUNE_CHUNK - 1) + 1))
+        ids = await store.get_many([_index_key(n) for n in slots])
+        for n, value in zip(slots, ids, strict=True):
+            gone = value is None
+            if not gone:
+                batch = await find(manager, str(value))
+                if batch is None or _prunable(batch, finished_before, unfinished_before,
+                                              cancelled_before):
+                    if batch is not None:
+                        await _delete(store, batch)
+                        pruned += 1
+                    await store.delete(_index_key(n))
+                    gone = True
+            # An empty slot allocated after the previous prune began may be a batch
+            # whose slot is being written right now: the floor stops before it.
+            if advancing and gone and (value is not None or n <= settled):
+                new_floor = n
+            else:
+                advancing = False
+        walked += len(slots)
+        if progress is not None:
+            progress(walked, total)
+    if new_floor > floor:
+        await store.put(_INDEX_FLOOR, new_floor)
+    await store.put(_INDEX_SETTLED, count)
+    return pruned
+
+
+def _prunable(
+    batch: Batch,
+    finished_before: float,
+    unfinished_before: float | None,
+    cancelled_before: float | None,
+) -> bool:
+    if batch.finished_at is not None and batch.finished_at < finished_before:
+        return True
+    if unfinished_before is not None and not batch.finished and batch.created_at < unfinished_before:
+        return True
+    return cancelled_before is not None and batch.cancelled and batch.created_at < cancelled_before
+
+
+async def _delete(store: Store, batch: Batch) -> None:
+    # The record first: a job settling meanwhile then finds nothing to count.
+    parts = ["", "total", "pending", "processed", "failed", "finished", "cancelled", "catch"]
+    parts += [f"failed:{i}" for i in range(1, batch.failed + 1)]
+    for part in parts:
+        await store.delete(_key(batch.id, part))

@@ -391,7 +391,7 @@ def validate_queue(spec: object, source: str | None = None) -> QueueConfig:
             middleware=[],
             run_in_server=None,
         )
-    src = source or getattr(spec, "source", "<config>")
+    src: str = source or str(getattr(spec, "source", "<config>"))
     s = _expect_kind(spec, "queue", src)
     v = _V(src)
     raw = s.raw
@@ -479,7 +479,7 @@ def _validate_named(
 ) -> tuple[str, dict[str, dict[str, Any]], str]:
     if spec is None:
         return next(iter(fallback)), fallback, "<default>"
-    src = source or getattr(spec, "source", "<config>")
+    src: str = source or str(getattr(spec, "source", "<config>"))
     s = _expect_kind(spec, kind, src)
     v = _V(src)
     v.unknown(s.raw, {"default", section}, kind)
@@ -568,7 +568,7 @@ def validate_database(spec: object, source: str | None = None) -> DatabaseConfig
 def validate_haze(spec: object, source: str | None = None) -> HazeConfig:
     if spec is None:
         return HazeConfig()
-    src = source or getattr(spec, "source", "<config>")
+    src: str = source or str(getattr(spec, "source", "<config>"))
     s = _expect_kind(spec, "haze", src)
     v = _V(src)
     cf = v.mapping(s.raw.get("cloudflare"), "cloudflare")

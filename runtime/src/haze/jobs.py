@@ -419,7 +419,8 @@ class PendingDispatch(Generic[P]):
         return link
 
     async def dispatch(self) -> DispatchResult:
-        return await (_use_app or _bind_use_app())().manager.dispatch(self)
+        result: DispatchResult = await (_use_app or _bind_use_app())().manager.dispatch(self)
+        return result
 
     dispatch_blocking = blocking_method(dispatch)
 

@@ -710,9 +710,9 @@ class QueueManager:
             log.exception('the failed() handler of job "%s" raised', job.name)
 
     def failed_record(self, message: Message, connection: str, error: BaseException) -> FailedJob:
-        from .drivers import FailedJob
-
         import copy
+
+        from .drivers import FailedJob
 
         # A retried job must not release a lock it no longer holds: the stored body drops
         # ``unique``, but ``message`` keeps it so that _final can still release the lock.
@@ -927,6 +927,7 @@ def _format_error(error: BaseException) -> str:
 def _compose(middleware: list[Callable[..., Any]], job: JobDefinition[Any]) -> Pipeline:
     handler = job.handler
     n = job._n_params
+    call: Pipeline
     if job.is_async:
         if n == 0:
             async def call(payload: Any, ctx: JobContext) -> Any:

@@ -59,7 +59,7 @@ def _positive_int(value: object, where: str) -> int:
 def _key_fn(key: object, where: str) -> Callable[[Any], Any] | None:
     if key is not None and not callable(key):
         raise ValueError(f"{where}: key must be a function of the payload, got {key!r}")
-    return key  # type: ignore[return-value]
+    return key
 
 
 def rate_limited(

@@ -60,6 +60,7 @@ class Worker:
         self.processed = 0
         self.stopping = False
         self._busy = 0
+        self._claiming = 0  # slots inside a claim: it may return a job (stop_when_empty)
         self._idle_slots = 0
         self._claimed = 0
         self._tasks: list[asyncio.Task[None]] = []
@@ -234,14 +235,19 @@ class Worker:
                     idle_told = True
                     if self.stopping:  # a stop requested during the listener
                         break
-                job = await self._claim(0.0 if self.stop_when_empty else self._wait_for(idle_wait))
+                self._claiming += 1
+                try:
+                    job = await self._claim(
+                        0.0 if self.stop_when_empty else self._wait_for(idle_wait))
+                finally:
+                    self._claiming -= 1
             if job is None:
                 if self.stopping:
                     break
                 if events.worker_idle and not idle_told:
                     await events.emit("worker_idle", self.connection, queues)
                 if self.stop_when_empty:
-                    if self._busy == 0:
+                    if self._busy == 0 and self._claiming == 0:
                         self.request_stop()
                         break
                     await asyncio.sleep(0.005)  # another slot is busy and may queue more

@@ -14,6 +14,7 @@ One message's life through a driver::
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -77,7 +78,7 @@ class FailedJobStore(Protocol):
     """Where final failures are kept for inspection and retry."""
 
     async def record(self, job: FailedJob) -> None: ...
-    async def list(self, queue: str | None = None) -> list[FailedJob]: ...
+    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]: ...
     async def find(self, id: str) -> FailedJob | None: ...
     async def forget(self, id: str) -> bool: ...
     async def flush(self, older_than: float | None = None) -> int:
@@ -97,7 +98,10 @@ class Driver(Protocol):
     inline: bool
     #: Largest JSON body in bytes, None = no limit.
     max_message_size: int | None
-    failed: FailedJobStore
+
+    @property
+    def failed(self) -> FailedJobStore:
+        """Where this connection keeps final failures."""
 
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         """Queue one message, available after ``delay`` seconds."""

@@ -8,6 +8,7 @@ event loop's timers.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import heapq
 import itertools
 import time
@@ -33,7 +34,7 @@ class MemoryFailedJobs:
         self._jobs.pop(job.id, None)
         self._jobs[job.id] = job
 
-    async def list(self, queue: str | None = None) -> list[FailedJob]:
+    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
         return [j for j in self._jobs.values() if queue is None or j.queue == queue]
 
     async def find(self, id: str) -> FailedJob | None:
@@ -183,7 +184,7 @@ class MemoryDriver:
         wakeup.clear()
         try:
             await asyncio.wait_for(wakeup.wait(), wait)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
         return self.reserve_nowait(queues)
 

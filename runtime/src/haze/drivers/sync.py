@@ -8,6 +8,7 @@ The manager sees ``inline = True`` and runs the pipeline itself.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ class _NoFailedJobs:
     async def record(self, job: FailedJob) -> None:
         return None
 
-    async def list(self, queue: str | None = None) -> list[FailedJob]:
+    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
         return []
 
     async def find(self, id: str) -> FailedJob | None:

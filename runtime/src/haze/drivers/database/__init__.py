@@ -18,6 +18,7 @@ SQL lives beside this module: ``common.sql`` plus one file per dialect.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import re
 import time
@@ -87,7 +88,7 @@ class _FailedJobs:
         await d.db.execute(d.sql["failed_insert"], (job.id, job.connection, job.queue, job.body,
                                                     job.exception, job.failed_at))
 
-    async def list(self, queue: str | None = None) -> list[FailedJob]:
+    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
         d = self._d
         if queue is None:
             rows = await d.db.fetchall(d.sql["failed_list"])

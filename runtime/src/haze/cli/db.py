@@ -1,0 +1,82 @@
+"""``make:queue-tables`` and ``db:migrate``: the schema of the database queue driver."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+from rich.markup import escape
+
+from ._core import State, cli, connection_option, console, run
+
+if TYPE_CHECKING:
+    from ..app import App
+    from ..database.migrations import MigrationResult
+
+__all__ = ["db_migrate", "make_queue_tables"]
+
+
+@cli.command("make:queue-tables", short_help="Write the migration for the jobs tables.")
+@connection_option(
+    "The database queue connection whose tables to write (default: the default connection "
+    "if it uses the database driver, else the first one that does)."
+)
+@click.option("--force", is_flag=True, help="Rewrite the migration if it exists.")
+@click.pass_obj
+def make_queue_tables(state: State, connection: str | None, force: bool) -> None:
+    """Write database/migrations/<stamp>_create_<jobs>_and_<failed>_tables.sql."""
+    from ..database.migrations import make_queue_tables as write
+    from ..database.migrations import pending_migrations
+
+    async def make(app: App) -> tuple[Path, bool]:
+        before = set(pending_migrations(app))
+        path = write(app, connection, force=force)
+        return path, path in before
+
+    path, existed = run(state, make)
+    out = console()
+    if existed and not force:
+        out.print(f"Migration already exists: {path} (pass --force to rewrite it)", markup=False)
+    elif existed:
+        out.print(f"Migration rewritten: {path}", markup=False)
+    else:
+        out.print(f"Migration written to {path}", markup=False)
+    out.print("Apply it with: haze db:migrate", markup=False)
+
+
+@cli.command("db:migrate", short_help="Apply the app's pending SQL migrations.")
+@click.option(
+    "--database",
+    default=None,
+    metavar="NAME",
+    help="The connection in config/database.py (default: its default connection).",
+)
+@click.pass_obj
+def db_migrate(state: State, database: str | None) -> None:
+    """Apply database/migrations/*.sql not applied yet (recorded in haze_migrations)."""
+    from ..database.migrations import MIGRATIONS_DIR, migrate, pending_migrations
+
+    async def apply(app: App) -> tuple[str, bool, MigrationResult]:
+        name = database or app.database_config.default
+        has_files = bool(pending_migrations(app))
+        return name, has_files, await migrate(app, database)
+
+    name, has_files, result = run(state, apply)
+    out = console()
+    if not has_files:
+        out.print(
+            f"No migrations in {MIGRATIONS_DIR}/; write one with: haze make:queue-tables",
+            markup=False,
+        )
+        return
+    for file in result.skipped:
+        out.print(f"[dim]Skipped {escape(file)} (already applied)[/]")
+    for file in result.applied:
+        out.print(f"[green]Applied[/] {escape(file)}")
+    if result.applied:
+        out.print(
+            f'Applied {len(result.applied)} migration(s) on database "{escape(name)}".'
+        )
+    else:
+        out.print(f'Nothing to migrate on database "{escape(name)}".')
