@@ -326,6 +326,9 @@ def _database_app_kwargs(kind: str) -> Callable[[Path], dict[str, Any]]:
         else:
             url = _sqld_url() if kind == "libsql" else _server_database(kind)
             _prepare_tables(url, _CLEANUP[kind])
+        # The queue store stays the default memory store: the contract's worker runs in
+        # this process, and the contract tests read the memory store's keys. The
+        # DatabaseStore has its own suite (test_store_contract.py), processes included.
         return {"database": define_database_config(default="main",
                                                    connections={"main": {"url": url}})}
 
@@ -376,6 +379,7 @@ DRIVERS: list[DriverSpec] = [
         capabilities=FULL | {"remote"},
         app_kwargs=_database_app_kwargs("libsql"),
     ),
+    __import__("runpy").run_path(f"{Path(__file__).parent.parent}/drivers/redis_spec.py")["SPEC"],
     # later: DriverSpec("redis", ...), DriverSpec("sqs", ...)
 ]
 

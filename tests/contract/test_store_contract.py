@@ -21,6 +21,7 @@ async def _memory(tmp_path: Path) -> Store:
 #: ("redis", _redis, (needs_redis,)), ("database", _database, ()), ("kv", _kv, (...)).
 STORES: list[tuple[str, Callable[[Path], Awaitable[Store]], tuple[Any, ...]]] = [
     ("memory", _memory, ()),
+    __import__("runpy").run_path(f"{Path(__file__).parent.parent}/drivers/redis_spec.py")["STORE"],
 ]
 
 

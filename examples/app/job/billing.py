@@ -3,6 +3,6 @@
 from haze import JobContext, define_job
 
 
-@define_job(tries=2, backoff="50ms")
+@define_job(tries=2)
 async def charge_card(payload: dict, job: JobContext) -> None:
     raise ValueError(f"card {payload['card']} declined")

@@ -14,7 +14,7 @@ async def resize_image(payload: dict, job: JobContext) -> None:
     await record(job, f"resized image {payload['post_id']}")
 
 
-@define_job(tries=3, backoff="50ms")
+@define_job(tries=3)
 async def publish_post(payload: dict, job: JobContext) -> None:
     if job.attempt == 1:
         raise ConnectionError("CDN timed out")  # succeeds on the retry; the chain goes on

@@ -546,9 +546,10 @@ def _prunable(
 ) -> bool:
     if batch.finished_at is not None and batch.finished_at < finished_before:
         return True
-    if unfinished_before is not None and not batch.finished and batch.created_at < unfinished_before:
+    created = batch.created_at
+    if unfinished_before is not None and not batch.finished and created < unfinished_before:
         return True
-    return cancelled_before is not None and batch.cancelled and batch.created_at < cancelled_before
+    return cancelled_before is not None and batch.cancelled and created < cancelled_before
 
 
 async def _delete(store: Store, batch: Batch) -> None:

@@ -22,7 +22,12 @@ if TYPE_CHECKING:
 __all__ = ["COMMAND_MODULES", "get_cli", "main"]
 
 #: Modules whose import registers commands on the root group, in help order.
-COMMAND_MODULES: tuple[str, ...] = ("haze.cli.make", "haze.cli.queue")
+COMMAND_MODULES: tuple[str, ...] = (
+    "haze.cli.make",
+    "haze.cli.db",
+    "haze.cli.queue",
+    "haze.cli.queue_admin",
+)
 
 MISSING_DEPENDENCIES = "The haze CLI needs click and rich: pip install 'haze[cli]'"
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.markup import escape
 
+from ..errors import HazeError
 from ._core import State, cli, connection_option, console, run
 
 if TYPE_CHECKING:
@@ -62,7 +63,16 @@ def db_migrate(state: State, database: str | None) -> None:
         has_files = bool(pending_migrations(app))
         return name, has_files, await migrate(app, database)
 
-    name, has_files, result = run(state, apply)
+    try:
+        name, has_files, result = run(state, apply)
+    except (click.ClickException, HazeError, OSError):
+        raise
+    except Exception as e:
+        # The database's own error (bad SQL, a table that exists): the user's to fix.
+        raise click.ClickException(
+            f"db:migrate stopped: {type(e).__name__}: {e} (migrations applied before it stay "
+            "applied)"
+        ) from None
     out = console()
     if not has_files:
         out.print(
@@ -75,8 +85,6 @@ def db_migrate(state: State, database: str | None) -> None:
     for file in result.applied:
         out.print(f"[green]Applied[/] {escape(file)}")
     if result.applied:
-        out.print(
-            f'Applied {len(result.applied)} migration(s) on database "{escape(name)}".'
-        )
+        out.print(f'Applied {len(result.applied)} migration(s) on database "{escape(name)}".')
     else:
         out.print(f'Nothing to migrate on database "{escape(name)}".')

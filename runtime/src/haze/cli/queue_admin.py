@@ -1,0 +1,352 @@
+"""Operator ``queue:*`` commands: worker signals, monitoring, pruning and batch retries.
+
+``queue:restart``, ``queue:pause`` and ``queue:continue`` write signals into the queue
+store; workers started by ``haze queue:work`` read them about once a second, so they
+need a store every process shares (redis or database).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+
+from ._core import State, cli, connection_option, console, run
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..app import App
+    from ..batches import Batch
+    from ..drivers import FailedJob
+
+__all__ = [
+    "parse_target",
+    "queue_continue",
+    "queue_monitor",
+    "queue_pause",
+    "queue_prune_batches",
+    "queue_prune_failed",
+    "queue_restart",
+    "queue_retry_batch",
+]
+
+_TARGET_HELP = (
+    "expected CONNECTION:QUEUE, e.g. database:default (or QUEUE for the default connection)"
+)
+
+
+def parse_target(app: App, value: str, param_hint: str = "'CONNECTION:QUEUE'") -> tuple[str, str]:
+    """``"redis:emails"`` → ``("redis", "emails")``; a bare ``"emails"`` uses the default
+    connection (as Laravel does). Raises ``click.BadParameter`` for a malformed value or
+    an unknown connection."""
+    connection, sep, queue = value.partition(":")
+    if not sep:
+        connection, queue = app.queue_config.default, value
+    connection, queue = connection.strip(), queue.strip()
+    if not connection or not queue or "," in queue or any(c.isspace() for c in queue):
+        raise click.BadParameter(f"{value!r}: {_TARGET_HELP}", param_hint=param_hint)
+    known = app.queue_config.connections
+    if connection not in known:
+        raise click.BadParameter(
+            f"{value!r}: unknown connection {connection!r}; configured connections: "
+            f"{', '.join(known)}",
+            param_hint=param_hint,
+        )
+    return connection, queue
+
+
+def _require_shared_store(app: App, command: str) -> None:
+    """Signals in a process-local store vanish with this command: refuse, and say why."""
+    store = app.queue_store
+    if not getattr(store, "shared", False):
+        raise click.ClickException(
+            f'{command} needs a store every process shares, but the queue store "{store.name}" '
+            "lives in this process only, so no worker would see the signal. Set store= to a "
+            "redis or database store in config/queue.py (stores are in config/cache.py)."
+        )
+
+
+def _progress(out: Console, description: str) -> Progress:
+    """A bar for long commands, shown only on a terminal (scripts get the summary line)."""
+    return Progress(
+        TextColumn(description),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=out,
+        transient=True,
+        disable=not out.is_terminal,
+    )
+
+
+@contextmanager
+def _bar(out: Console, description: str) -> Iterator[Callable[[int, int], None]]:
+    """Yields ``update(done, total)`` driving a progress bar."""
+    with _progress(out, description) as progress:
+        task = progress.add_task(description, total=None)
+
+        def update(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        yield update
+
+
+# ====================================================================== worker signals
+
+
+@cli.command("queue:restart", short_help="Ask every worker to exit after its running jobs.")
+@click.pass_obj
+def queue_restart(state: State) -> None:
+    """Every queue:work process stops after its running jobs (a supervisor restarts it)."""
+    from ..control import request_restart
+
+    app = state.app()
+    _require_shared_store(app, "queue:restart")
+    run(state, request_restart)
+    console().print("Broadcasting queue restart signal: workers exit after their running jobs.")
+
+
+@cli.command("queue:pause", short_help="Stop workers claiming jobs from a queue.")
+@click.argument("target", metavar="CONNECTION:QUEUE")
+@click.pass_obj
+def queue_pause(state: State, target: str) -> None:
+    """Workers stop claiming from CONNECTION:QUEUE (running jobs finish) until queue:continue."""
+    from ..control import pause
+
+    app = state.app()
+    connection, queue = parse_target(app, target)
+    if app.queue_config.connections[connection]["driver"] == "sync":
+        raise click.ClickException(
+            f'connection "{connection}" is sync: it runs jobs inside dispatch(), no worker '
+            "claims them, so there is nothing to pause"
+        )
+    _require_shared_store(app, "queue:pause")
+    run(state, lambda a: pause(a, connection, queue))
+    console().print(
+        f'Paused queue "{escape(queue)}" on connection "{escape(connection)}": workers finish '
+        "their running jobs and claim no new ones from it until queue:continue."
+    )
+
+
+@cli.command("queue:continue", short_help="Let workers claim from a paused queue again.")
+@click.argument("target", metavar="CONNECTION:QUEUE")
+@click.pass_obj
+def queue_continue(state: State, target: str) -> None:
+    """Undo queue:pause for CONNECTION:QUEUE."""
+    from ..control import resume
+
+    app = state.app()
+    connection, queue = parse_target(app, target)
+    _require_shared_store(app, "queue:continue")
+    was_paused = run(state, lambda a: resume(a, connection, queue))
+    where = f'queue "{escape(queue)}" on connection "{escape(connection)}"'
+    if was_paused:
+        console().print(f"Resumed {where}: workers claim from it again.")
+    else:
+        console().print(f"{where[0].upper()}{where[1:]} was not paused.")
+
+
+# ====================================================================== monitor
+
+
+@cli.command("queue:monitor", short_help="Show queue sizes; emit queue_busy over --max.")
+@click.argument("targets", nargs=-1, required=True, metavar="CONNECTION:QUEUE[,...]")
+@click.option(
+    "--max",
+    "max_size",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="Alert when a queue holds this many jobs or more.",
+)
+@click.pass_obj
+def queue_monitor(state: State, targets: tuple[str, ...], max_size: int) -> None:
+    """Show how many jobs wait on each queue. A queue holding --max jobs or more is
+    marked ALERT and the ``queue_busy`` event fires with (connection, queue, size):
+    listen with ``Queue.on("queue_busy", fn)`` in a job module. Run it every minute."""
+    app = state.app()
+    items = [part for t in targets for part in t.split(",") if part.strip()]
+    if not items:
+        raise click.BadParameter(_TARGET_HELP, param_hint="'CONNECTION:QUEUE'")
+    wanted = list(dict.fromkeys(parse_target(app, item) for item in items))
+
+    async def monitor(app: App) -> list[tuple[str, str, int]]:
+        from .. import manager
+
+        sizes = [(c, q, await app.manager.size(q, c)) for c, q in wanted]
+        for c, q, n in sizes:
+            if n >= max_size:
+                await manager.events.emit("queue_busy", c, q, n)
+        return sizes
+
+    sizes = run(state, monitor)
+    table = Table(title=f"Queue sizes (alert at {max_size})", title_justify="left")
+    table.add_column("Connection")
+    table.add_column("Queue")
+    table.add_column("Size", justify="right")
+    table.add_column("Status")
+    busy = 0
+    for c, q, n in sizes:
+        alert = n >= max_size
+        busy += alert
+        status = "[bold yellow]ALERT[/]" if alert else "[green]OK[/]"
+        table.add_row(escape(c), escape(q), str(n), status)
+    out = console()
+    out.print(table)
+    if busy:
+        out.print(f"{busy} queue(s) at or over {max_size} job(s): queue_busy emitted.")
+
+
+# ====================================================================== pruning
+
+
+@cli.command("queue:prune-failed", short_help="Delete failed jobs older than --hours.")
+@click.option(
+    "--hours",
+    type=click.FloatRange(min=0),
+    default=24.0,
+    show_default=True,
+    help="Keep the failed jobs of the last this many hours.",
+)
+@connection_option()
+@click.pass_obj
+def queue_prune_failed(state: State, hours: float, connection: str | None) -> None:
+    """Delete the failed jobs recorded more than --hours ago."""
+
+    async def prune(app: App) -> tuple[str, int]:
+        name = app.connection_name(connection)
+        return name, await app.manager.flush(name, hours * 3600)
+
+    name, n = run(state, prune)
+    console().print(
+        f'Pruned {n} failed job(s) older than {hours:g} hour(s) on connection "{escape(name)}".'
+    )
+
+
+@cli.command("queue:prune-batches", short_help="Delete old batch records.")
+@click.option(
+    "--hours",
+    type=click.FloatRange(min=0),
+    default=24.0,
+    show_default=True,
+    help="Delete finished batches that finished more than this many hours ago.",
+)
+@click.option(
+    "--unfinished",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="HOURS",
+    help="Also delete unfinished batches created more than this many hours ago.",
+)
+@click.option(
+    "--cancelled",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="HOURS",
+    help="Also delete cancelled batches created more than this many hours ago.",
+)
+@click.pass_obj
+def queue_prune_batches(
+    state: State, hours: float, unfinished: float | None, cancelled: float | None
+) -> None:
+    """Delete batch state from the batches store (all of it expires after batches.ttl
+    anyway; pruning frees it sooner). Schedule it daily."""
+    from ..batches import prune
+
+    app = state.app()
+    out = console()
+    store = app.batch_store
+    if not getattr(store, "shared", False):
+        out.print(
+            f'The batches store "{escape(store.name)}" lives in each process only; this '
+            "process holds no batches. Nothing to prune."
+        )
+        return
+    now = time.time()
+
+    def before(h: float | None) -> float | None:
+        return None if h is None else now - h * 3600
+
+    async def prune_batches(app: App) -> int:
+        with _bar(out, "Pruning batches") as update:
+            finished = before(hours)
+            assert finished is not None
+            return await prune(
+                app.manager,
+                finished_before=finished,
+                unfinished_before=before(unfinished),
+                cancelled_before=before(cancelled),
+                progress=update,
+            )
+
+    n = run(state, prune_batches)
+    out.print(f"Pruned {n} batch(es).")
+
+
+# ====================================================================== retry-batch
+
+
+@cli.command("queue:retry-batch", short_help="Retry the failed jobs of a batch.")
+@click.argument("batch_id")
+@connection_option("The connection holding the failed jobs (default: the batch's connection).")
+@click.pass_obj
+def queue_retry_batch(state: State, batch_id: str, connection: str | None) -> None:
+    """Put every failed job of batch BATCH_ID back on its queue."""
+    out = console()
+
+    async def retry(app: App) -> tuple[str, Batch | None, int, int, list[str]]:
+        from ..batches import find
+
+        manager = app.manager
+        batch = await find(manager, batch_id)
+        conn = connection
+        if conn is None and batch is not None:
+            conn = batch.options.get("connection")
+        name = app.connection_name(conn)
+        jobs: list[FailedJob] = [j for j in await manager.failed(name) if j.batch_id == batch_id]
+        done = 0
+        problems: list[str] = []
+        with _bar(out, "Retrying") as update:
+            for i, job in enumerate(jobs, 1):
+                try:
+                    if await manager.retry([job.id], connection=name):
+                        done += 1
+                    else:
+                        problems.append(f'failed job "{job.id}" cannot be decoded; it was kept')
+                except LookupError:
+                    pass  # retried or forgotten by someone else meanwhile
+                update(i, len(jobs))
+        return name, batch, len(jobs), done, problems
+
+    name, batch, found, done, problems = run(state, retry)
+    where = f'connection "{escape(name)}"'
+    if batch is None and not found:
+        raise click.ClickException(
+            f'no batch "{batch_id}" (unknown, pruned or expired) and no failed jobs of it on '
+            f'connection "{name}"'
+        )
+    if batch is None:
+        out.print(
+            f'[yellow]Batch "{escape(batch_id)}" is gone from the batches store (pruned or '
+            "expired); its failed jobs are retried without batch tracking.[/]"
+        )
+    elif batch.cancelled and found:
+        out.print(
+            f'[yellow]Batch "{escape(batch_id)}" is cancelled: its retried jobs are skipped '
+            "when they run (use allow_failures() for batches whose jobs may be retried).[/]"
+        )
+    for problem in problems:
+        click.echo(f"Error: {problem}", err=True)
+    if not found:
+        out.print(f'Batch "{escape(batch_id)}" has no failed jobs on {where}.')
+    else:
+        out.print(f'Retried {done} failed job(s) of batch "{escape(batch_id)}" on {where}.')
+    if problems:
+        click.get_current_context().exit(1)

@@ -1,0 +1,728 @@
+"""The ``redis`` driver: haze queues as BullMQ queues, through the ``bullmq`` package.
+
+BullMQ's data model is kept as is, so BullMQ tools (bull-board, Taskforce, a Node
+``Queue``) can look at haze queues:
+
+- each haze queue is one BullMQ queue under the key prefix ``prefix`` (default
+  ``haze``): ``haze:<queue>:wait``, ``:active``, ``:delayed``, ``:failed``, ...
+- each message is one BullMQ job with an auto-increment id, named after the haze
+  job, whose ``data`` is the haze envelope (see ``haze.message``)::
+
+      {"v": 1, "id": "8f0c…", "job": "send_invoice", "payload": {"invoice_id": 42},
+       "queue": "emails", "ts": 1764433200.12, "connection": "redis",
+       "attempts": 0, "tenant": "acme", "chain": [...], "batch_id": "…", ...}
+
+  ``v``, ``id`` (32 hex characters, the id haze returns and logs), ``job`` and
+  ``payload`` are required; the rest is written only when set. A Node producer can
+  queue a haze job with ``queue.add("send_invoice", {v: 1, id, job: "send_invoice",
+  payload: {...}})``. A job whose data is not such an envelope, or names a job this
+  app does not define, is moved to the failed set with the reason.
+
+How haze's rules map onto BullMQ:
+
+- Delays use the delayed set. Jobs are created with ``attempts: 1``: BullMQ never
+  retries on its own, haze's manager decides (tries, backoff, ``retry_until``).
+- ``Reserved.attempt`` = envelope ``attempts`` + ``attemptsMade`` (``atm``) +
+  ``stalledCounter`` (``stc``) + 1. A retry moves the job to the delayed set with the
+  backoff timestamp (``moveToDelayed``, which counts ``attemptsMade``); a crash
+  restart is counted by BullMQ's stalled check (``stc``).
+- ``job.release(delay)`` uses BullMQ's ``DelayedError`` machinery: ``moveToDelayed``
+  with ``skipAttempt``, so the job keeps its id and no try is used.
+- Stalled jobs: claiming sets a lock for ``retry_after`` (default 30s); the worker's
+  heartbeat renews the locks of running jobs every ``retry_after / 2``; every
+  ``retry_after`` a stalled check (``moveStalledJobsToWait``, shared by all workers
+  through BullMQ's stalled-check key) puts back the jobs whose lock expired.
+- ``fail()`` moves the job to the failed set (``failedReason`` = the exception line,
+  ``stacktrace`` = the traceback). ``Queue.failed()`` reads the failed sets of the
+  ``queues`` option; ``Queue.retry()`` re-adds the envelope as a new job.
+- Speed: finishing a job (``ack``/``release``/``fail``) fetches the next job of the
+  same queue in the same script call (``fetchNext``) and keeps it for the next
+  ``reserve``; an idle worker blocks on the queues' marker keys (``BZPOPMIN``);
+  ``enqueue_many`` adds a whole group in one ``MULTI`` round trip (``addBulk``).
+- Priority: ``reserve(["high", "default"])`` always tries ``high`` first; a job is
+  only prefetched from the highest-priority queue, so a prefetch never jumps it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+import uuid
+import weakref
+from collections import deque
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import MissingDependencyError
+from ..message import Message, decode
+from .base import FailedJob, Reserved
+
+try:
+    import redis.asyncio as aioredis
+    from bullmq.redis_connection import RedisConnection, loadScript  # type: ignore[import-untyped]
+    from bullmq.scripts import Scripts, raw2NextJobData  # type: ignore[import-untyped]
+    from redis.exceptions import NoScriptError
+except ImportError as e:  # pragma: no cover - exercised without the extra installed
+    raise MissingDependencyError("the redis driver", "redis", "bullmq") from e
+
+from ..stores.redis import new_client, redis_settings
+
+if TYPE_CHECKING:
+    from redis.commands.core import AsyncScript
+
+__all__ = ["RedisDriver", "RedisFailedJobs"]
+
+log = logging.getLogger(__name__)
+
+_HERE = Path(__file__).parent
+#: BullMQ fails a job that stalled more often than this; haze's manager decides instead
+#: (a reclaimed job with no try left is failed without running).
+_MAX_STALLED = 1 << 30
+_BULK_CHUNK = 1000
+_COUNTED = ["wait", "paused", "delayed", "prioritized"]
+_SIZED = [*_COUNTED, "active"]
+_LOCK_ERRORS = {-1: "the job no longer exists", -2: "its lock expired",
+                -3: "it is no longer active", -6: "another worker owns its lock"}
+
+
+def _now_ms() -> int:
+    return round(time.time() * 1000)
+
+
+# ----------------------------------------------------------------------------- bullmq glue
+
+
+class _NewJob:
+    """What ``Scripts.addJob`` reads from a ``bullmq.Job``, with the body already JSON."""
+
+    __slots__ = ("id", "name", "opts", "raw", "timestamp")
+    data = None
+    parent = None
+    parentKey = None
+    deduplication_id = None
+    repeatJobKey = None
+
+    def __init__(self, name: str, raw: str, delay_ms: int, timestamp: int) -> None:
+        self.id = ""
+        self.name = name
+        self.raw = raw
+        self.opts: dict[str, Any] = {"attempts": 1}
+        if delay_ms:
+            self.opts["delay"] = delay_ms
+        self.timestamp = timestamp
+
+
+class _QueueOpts:
+    __slots__ = ("opts",)
+
+    def __init__(self, lock_ms: int) -> None:
+        self.opts = {"lockDuration": lock_ms}
+
+
+class _ActiveJob:
+    """What ``Scripts.moveToFinishedArgs`` reads from a ``bullmq.Job``."""
+
+    __slots__ = ("id", "queue")
+    opts: dict[str, Any] = {}  # noqa: RUF012 - read-only
+    attempts = 1
+    attemptsMade = 0
+
+    def __init__(self, job_id: str, queue: _QueueOpts) -> None:
+        self.id = job_id
+        self.queue = queue
+
+
+class _Scripts(Scripts):  # type: ignore[misc]
+    """BullMQ's script helpers; the job body goes in as the JSON haze already encoded."""
+
+    def addJobArgs(self, job: Any) -> list[Any]:
+        args: list[Any] = super().addJobArgs(job)
+        args[1] = job.raw
+        return args
+
+
+class _Pipe:
+    """A ``client`` for BullMQ script calls that queues ``EVALSHA`` on a pipeline.
+
+    redis-py's own pipelines send ``SCRIPT EXISTS`` before every execute; this keeps a
+    batch to one round trip. A ``NOSCRIPT`` reply (Redis restarted) is handled by the
+    caller: load the scripts and send the failed items again.
+    """
+
+    __slots__ = ("pipe",)
+
+    def __init__(self, pipe: Any) -> None:
+        self.pipe = pipe
+
+    async def evalsha(self, sha: str, numkeys: int, *args: Any) -> None:
+        self.pipe.execute_command("EVALSHA", sha, numkeys, *args)
+
+
+# ----------------------------------------------------------------------------- per loop state
+
+
+class _Link:
+    """The Redis client, BullMQ scripts and consumer state of one event loop."""
+
+    def __init__(self, driver: RedisDriver) -> None:
+        self.client: aioredis.Redis = new_client(driver._url, driver._kwargs)
+        self.connection = RedisConnection(self.client, skipVersionCheck=True)
+        self.commands: dict[str, AsyncScript] = self.connection.commands
+        self.move_back: AsyncScript = self.client.register_script(
+            loadScript("moveJobFromActiveToWait-9.lua"))
+        self.find_failed: AsyncScript = self.client.register_script(
+            (_HERE / "redis_find_failed.lua").read_text())
+        self.prefix = driver.prefix
+        self._scripts: dict[str, _Scripts] = {}
+        #: jobs fetched by ack/release/fail (fetchNext), handed out by the next reserve
+        self.prefetched: deque[Reserved] = deque()
+        self.fetch_next = False
+        self.first: str | None = None
+        self.consumed: list[str] = []
+        self.stop = asyncio.Event()
+        self.waits: dict[tuple[str, ...], asyncio.Task[Any]] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.stalled_task: asyncio.Task[None] | None = None
+
+    def scripts(self, queue: str) -> _Scripts:
+        s = self._scripts.get(queue)
+        if s is None:
+            s = self._scripts[queue] = _Scripts(self.prefix, queue, self.connection)
+        return s
+
+    def take(self, queues: Sequence[str]) -> Reserved | None:
+        for job in self.prefetched:
+            if job.queue in queues:
+                self.prefetched.remove(job)
+                return job
+        return None
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+# ----------------------------------------------------------------------------- failed jobs
+
+
+class RedisFailedJobs:
+    """Failed jobs = BullMQ's failed sets of the connection's ``queues``.
+
+    ``FailedJob.id`` is the haze message id (``bullmq:<queue>:<job id>`` for a job
+    whose data is not a haze envelope). Lookups by haze id scan the failed sets in
+    one server-side script (``redis_find_failed.lua``); ids seen by ``list``/``find``
+    are remembered, so ``Queue.retry()`` of every failed job stays linear.
+    """
+
+    def __init__(self, driver: RedisDriver) -> None:
+        self._d = driver
+        self._where: dict[str, tuple[str, str]] = {}
+
+    def _queues(self, queue: str | None) -> list[str]:
+        return [queue] if queue else list(self._d.queues)
+
+    async def record(self, job: FailedJob) -> None:
+        """Store a failure that did not come from this driver's ``fail()``."""
+        link = self._d._link()
+        s = link.scripts(job.queue)
+        finished = round(job.failed_at * 1000)
+        async with link.client.pipeline(transaction=True) as pipe:
+            pipe.hset(s.toKey(job.id), mapping={
+                "name": job.name, "data": job.body, "opts": '{"attempts":1}',
+                "timestamp": finished, "delay": 0, "priority": 0, "atm": 1,
+                "failedReason": _reason(job.exception), "finishedOn": finished,
+                "stacktrace": json.dumps([job.exception]),
+            })
+            pipe.zadd(s.keys["failed"], {job.id: finished})
+            await pipe.execute()
+
+    async def list(self, queue: str | None = None) -> list[FailedJob]:
+        link = self._d._link()
+        out: list[FailedJob] = []
+        for q in self._queues(queue):
+            s = link.scripts(q)
+            ids = [str(i) for i in await link.client.zrange(s.keys["failed"], 0, -1)]
+            for i in range(0, len(ids), _BULK_CHUNK):
+                chunk = ids[i : i + _BULK_CHUNK]
+                async with link.client.pipeline(transaction=False) as pipe:
+                    for job_id in chunk:
+                        pipe.hmget(s.toKey(job_id), *_FAILED_FIELDS)
+                    rows = await pipe.execute()
+                for job_id, row in zip(chunk, rows, strict=True):
+                    if row[1] is not None:
+                        out.append(self._record(q, job_id, row))
+        out.sort(key=lambda j: j.failed_at)
+        return out
+
+    def _record(self, queue: str, job_id: str, row: Sequence[str | None]) -> FailedJob:
+        name, data, reason, stack, finished_on = row
+        body = data or ""
+        try:
+            envelope = json.loads(body)
+        except ValueError:
+            envelope = None
+        if not isinstance(envelope, dict):
+            envelope = None
+        hid = str(envelope["id"]) if envelope and "id" in envelope else f"bullmq:{queue}:{job_id}"
+        exception = reason or ""
+        if stack:
+            try:
+                frames = json.loads(stack)
+                if isinstance(frames, list) and frames:
+                    exception = str(frames[-1])
+            except ValueError:
+                pass
+        job_name = envelope.get("job") if envelope else None
+        self._where[hid] = (queue, job_id)
+        return FailedJob(
+            id=hid,
+            name=job_name if isinstance(job_name, str) else (name or "<undecodable>"),
+            connection=self._d.name,
+            queue=queue,
+            payload=envelope.get("payload") if envelope else body,
+            exception=exception,
+            failed_at=int(finished_on or 0) / 1000,
+            chain_id=envelope.get("chain_id") if envelope else None,
+            batch_id=envelope.get("batch_id") if envelope else None,
+            body=body,
+        )
+
+    async def _locate(self, id: str) -> tuple[str, str, Sequence[str | None]] | None:
+        link = self._d._link()
+        candidates: list[tuple[str, str]] = []
+        if id.startswith("bullmq:") and id.count(":") >= 2:
+            q, job_id = id[len("bullmq:"):].rsplit(":", 1)
+            candidates.append((q, job_id))
+        elif id in self._where:
+            candidates.append(self._where[id])
+        for q, job_id in candidates:
+            found = await self._failed_row(link, q, job_id)
+            if found is not None and (id.startswith("bullmq:") or _envelope_id(found[1]) == id):
+                return q, job_id, found
+        queues = self._queues(None)
+        keys = [link.scripts(q).keys["failed"] for q in queues]
+        prefixes = [link.scripts(q).keys[""] for q in queues]
+        hit = await link.find_failed(keys=keys, args=[id, *prefixes])
+        if not hit:
+            self._where.pop(id, None)
+            return None
+        q, job_id = queues[int(hit[0]) - 1], str(hit[1])
+        found = await self._failed_row(link, q, job_id)
+        return None if found is None else (q, job_id, found)
+
+    @staticmethod
+    async def _failed_row(link: _Link, queue: str, job_id: str) -> Sequence[str | None] | None:
+        s = link.scripts(queue)
+        async with link.client.pipeline(transaction=False) as pipe:
+            pipe.zscore(s.keys["failed"], job_id)
+            pipe.hmget(s.toKey(job_id), *_FAILED_FIELDS)
+            score, row = await pipe.execute()
+        return None if score is None or row[1] is None else row
+
+    async def find(self, id: str) -> FailedJob | None:
+        found = await self._locate(id)
+        return None if found is None else self._record(*found)
+
+    async def forget(self, id: str) -> bool:
+        found = await self._locate(id)
+        if found is None:
+            return False
+        q, job_id, _ = found
+        self._where.pop(id, None)
+        removed = await self._d._link().scripts(q).remove(job_id, False)
+        return bool(removed)
+
+    async def flush(self, older_than: float | None = None) -> int:
+        link = self._d._link()
+        grace = round((older_than or 0) * 1000)
+        n = 0
+        for q in self._queues(None):
+            n += len(await link.scripts(q).cleanJobsInSet("failed", grace, 0))
+        self._where.clear()
+        return n
+
+
+_FAILED_FIELDS = ("name", "data", "failedReason", "stacktrace", "finishedOn")
+
+
+def _envelope_id(data: str | None) -> str | None:
+    try:
+        d = json.loads(data or "")
+    except ValueError:
+        return None
+    return str(d["id"]) if isinstance(d, dict) and "id" in d else None
+
+
+def _reason(exception: str) -> str:
+    """BullMQ's ``failedReason``: the exception line (the last line of a traceback)."""
+    lines = [ln for ln in exception.strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else exception
+
+
+# ----------------------------------------------------------------------------- the driver
+
+
+class RedisDriver:
+    """A queue connection on Redis with BullMQ's data model; see the module docstring."""
+
+    remote = True
+    local_callbacks = False
+    inline = False
+
+    def __init__(self, name: str, options: dict[str, Any], app: Any = None):
+        self.name = name
+        self.app = app
+        self.options = options
+        self.max_message_size: int | None = options.get("max_message_size")
+        self.concurrency: int = options.get("concurrency") or 1
+        self.prefix: str = options.get("prefix") or "haze"
+        self.queues: list[str] = list(options.get("queues") or ["default"])
+        self.keep_completed: int = options.get("keep_completed") or 1000
+        self.keep_failed: int | None = options.get("keep_failed")
+        lock = float(options.get("retry_after") or 30.0)
+        self.lock_ms = max(1, round(lock * 1000))
+        #: the worker renews running jobs' locks this often (BullMQ's lockRenewTime)
+        self.heartbeat_interval = lock / 2
+        #: how often stalled jobs are looked for (BullMQ's stalledInterval)
+        self.stalled_interval = lock
+        self._url, self._kwargs, _ = redis_settings(
+            app, options.get("connection"), options.get("url"),
+            where=f"connections.{name}.connection",
+        )
+        self._worker_opts = {"lockDuration": self.lock_ms}
+        self._queue_opts = _QueueOpts(self.lock_ms)
+        self._id = uuid.uuid4().hex
+        self._tokens = itertools.count(1)
+        self._links: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Link] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._last: tuple[asyncio.AbstractEventLoop, _Link] | None = None
+        self.failed = RedisFailedJobs(self)
+
+    def _link(self) -> _Link:
+        loop = asyncio.get_running_loop()
+        last = self._last
+        if last is not None and last[0] is loop:
+            return last[1]
+        link = self._links.get(loop)
+        if link is None:
+            link = self._links[loop] = _Link(self)
+        self._last = (loop, link)
+        return link
+
+    # -- producer -----------------------------------------------------------------
+
+    async def enqueue(self, body: str, message: Message, delay: float) -> None:
+        link = self._link()
+        delay_ms = round(delay * 1000) if delay > 0 else 0
+        job = _NewJob(message.job, body, delay_ms, _now_ms())
+        await link.scripts(message.queue).addJob(job)
+
+    async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
+        """BullMQ's ``addBulk``: each chunk of jobs in one ``MULTI`` round trip."""
+        if not items:
+            return
+        link = self._link()
+        now = _now_ms()
+        jobs = [(m.queue, _NewJob(m.job, body, round(d * 1000) if d > 0 else 0, now))
+                for body, m, d in items]
+        for i in range(0, len(jobs), _BULK_CHUNK):
+            await self._add_chunk(link, jobs[i : i + _BULK_CHUNK])
+
+    async def _add_chunk(self, link: _Link, jobs: list[tuple[str, _NewJob]]) -> None:
+        for _ in range(2):
+            async with link.client.pipeline(transaction=True) as pipe:
+                proxy = _Pipe(pipe)
+                for queue, job in jobs:
+                    await link.scripts(queue).addJob(job, proxy)
+                results = await pipe.execute(raise_on_error=False)
+            missing = [j for j, r in zip(jobs, results, strict=True)
+                       if isinstance(r, NoScriptError)]
+            for r in results:
+                if isinstance(r, Exception) and not isinstance(r, NoScriptError):
+                    raise r
+            if not missing:
+                return
+            for name in ("addStandardJob", "addDelayedJob"):
+                script = link.commands[name]
+                script.sha = await link.client.script_load(script.script)
+            jobs = missing
+        raise RuntimeError("Redis did not keep BullMQ's scripts loaded (SCRIPT LOAD failed)")
+
+    # -- consumer -----------------------------------------------------------------
+
+    def _consume(self, link: _Link, queues: Sequence[str]) -> None:
+        link.first = queues[0]
+        link.fetch_next = True
+        if link.stop.is_set():
+            link.stop = asyncio.Event()
+        for q in queues:
+            if q not in link.consumed:
+                link.consumed.append(q)
+        if link.stalled_task is None or link.stalled_task.done():
+            link.stalled_task = asyncio.ensure_future(self._stalled_loop(link))
+
+    def _reserved(self, queue: str, data: dict[str, str], job_id: str, token: str) -> Reserved:
+        body = data.get("data") or ""
+        made = int(data.get("atm") or data.get("attemptsMade") or 0)
+        restarts = int(data.get("stc") or 0)
+        try:
+            message: Message | None = decode(body)
+            error: BaseException | None = None
+        except Exception as e:
+            message, error = None, e
+        base = message.attempts if message is not None else 0
+        attempt = base + made + restarts + 1
+        return Reserved(message, attempt, body, queue, (str(job_id), token), error)
+
+    async def _activate(self, link: _Link, queue: str) -> tuple[Reserved | None, int]:
+        token = f"{self._id}:{next(self._tokens)}"
+        data, job_id, _, due = await link.scripts(queue).moveToActive(token, self._worker_opts)
+        if data:
+            return self._reserved(queue, data, job_id, token), 0
+        return None, int(due or 0)
+
+    async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
+        link = self._link()
+        order = list(queues) if queues else self.queues
+        self._consume(link, order)
+        job = link.take(order) if link.prefetched else None
+        if job is not None:
+            return job
+        stop = link.stop
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, wait)
+        while True:
+            due = 0
+            for q in order:
+                job, next_due = await self._activate(link, q)
+                if job is not None:
+                    return job
+                if next_due and (not due or next_due < due):
+                    due = next_due
+            remaining = deadline - loop.time()
+            if remaining <= 0 or stop.is_set():
+                return None
+            if due:
+                remaining = min(remaining, max(0.001, due / 1000 - time.time()))
+            await self._wait(link, order, remaining, stop)
+            if stop.is_set():
+                return None
+
+    async def _wait(
+        self, link: _Link, queues: list[str], within: float, stop: asyncio.Event
+    ) -> None:
+        """Block on the queues' BullMQ markers (one ``BZPOPMIN`` shared by the slots)."""
+        key = tuple(queues)
+        task = link.waits.get(key)
+        if task is None or task.done():
+            markers = [link.scripts(q).keys["marker"] for q in queues]
+            task = link.waits[key] = asyncio.ensure_future(
+                link.client.bzpopmin(markers, max(0.001, within)))
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((task, stopper), timeout=within,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+        if task.done():
+            if link.waits.get(key) is task:
+                del link.waits[key]
+            if not task.cancelled():
+                task.result()  # a connection error reaches the worker, which backs off
+
+    def interrupt(self) -> None:
+        """The worker is stopping: end idle waits now and hand prefetched jobs back."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        for link_loop, link in list(self._links.items()):
+            if link_loop is loop:
+                self._interrupt(link)
+            elif link_loop.is_running():
+                link_loop.call_soon_threadsafe(self._interrupt, link)
+
+    def _interrupt(self, link: _Link) -> None:
+        link.fetch_next = False
+        link.stop.set()
+        if link.prefetched:
+            link.spawn(self._return_prefetched(link))
+
+    async def _return_prefetched(self, link: _Link) -> None:
+        """Put jobs fetched ahead back at the head of their queue, unchanged."""
+        while link.prefetched:
+            job = link.prefetched.popleft()
+            job_id, token = job.token
+            s = link.scripts(job.queue)
+            keys = [s.keys[k] for k in ("active", "wait", "stalled", "paused", "meta", "limiter",
+                                        "prioritized", "marker", "events")]
+            try:
+                await link.move_back(keys=keys, args=[job_id, token, s.toKey(job_id)])
+            except Exception as e:
+                log.warning("haze redis: could not hand back job %s on %s: %s (it returns "
+                            "when its lock expires)", job_id, job.queue, e)
+
+    async def _settled(self, link: _Link, job: Reserved, result: Any, what: str) -> None:
+        """Check a finishing script's reply; keep the job it fetched, if any."""
+        if isinstance(result, int):
+            if result < 0:
+                log.warning(
+                    "haze redis: %s of job %s on %s/%s skipped: %s (a stalled check gave it "
+                    "to another worker)", what, job.token[0], self.name, job.queue,
+                    _LOCK_ERRORS.get(result, f"BullMQ error {result}"),
+                    extra={"job_id": job.message.id if job.message else None,
+                           "attempt": job.attempt},
+                )
+            return
+        if not result:
+            return
+        data, job_id, _, _ = raw2NextJobData(result)
+        if data:
+            link.prefetched.append(self._reserved(job.queue, data, job_id, job.token[1]))
+            if not link.fetch_next:  # the worker stopped meanwhile
+                await self._return_prefetched(link)
+
+    def _fetch(self, link: _Link, job: Reserved) -> bool:
+        return link.fetch_next and job.queue == link.first
+
+    async def ack(self, job: Reserved) -> None:
+        link = self._link()
+        job_id, token = job.token
+        s = link.scripts(job.queue)
+        fetch = self._fetch(link, job)
+        keys, args = s.moveToFinishedArgs(_ActiveJob(job_id, self._queue_opts), None, "returnvalue",
+                                          self.keep_completed, "completed", token, fetch)
+        result = await link.commands["moveToFinished"](keys=keys, args=args)
+        await self._settled(link, job, result, "completing")
+
+    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:
+        link = self._link()
+        job_id, token = job.token
+        s = link.scripts(job.queue)
+        fetch = self._fetch(link, job)
+        opts = {"skipAttempt": not consume_attempt, "fetchNext": fetch,
+                "workerOpts": self._worker_opts}
+        delay_ms = max(0, round(delay * 1000))
+        keys, args = s.moveToDelayedArgs(job_id, _now_ms(), token, delay_ms, opts)
+        result = await link.commands["moveToDelayed"](keys=keys, args=args)
+        await self._settled(link, job, result, "releasing")
+
+    async def fail(self, job: Reserved, failed: FailedJob) -> None:
+        link = self._link()
+        job_id, token = job.token
+        s = link.scripts(job.queue)
+        fields = {"stacktrace": json.dumps([failed.exception])}
+        if failed.body and failed.body != job.body:
+            fields["data"] = failed.body  # e.g. without the unique lock, or encrypted
+        keep: int | bool = self.keep_failed if self.keep_failed is not None else False
+        keys, args = s.moveToFailedArgs(_ActiveJob(job_id, self._queue_opts),
+                                        _reason(failed.exception), keep, token,
+                                        self._fetch(link, job), fields)
+        result = await link.commands["moveToFinished"](keys=keys, args=args)
+        await self._settled(link, job, result, "failing")
+
+    async def heartbeat(self, jobs: Sequence[Reserved]) -> None:
+        """Renew the BullMQ locks of running jobs (one script call per queue)."""
+        link = self._link()
+        by_queue: dict[str, tuple[list[str], list[str]]] = {}
+        for job in jobs:
+            if isinstance(job.token, tuple):
+                ids, tokens = by_queue.setdefault(job.queue, ([], []))
+                ids.append(job.token[0])
+                tokens.append(job.token[1])
+        results = await asyncio.gather(*(
+            link.scripts(q).extendJobLocks(ids, tokens, self.lock_ms)
+            for q, (ids, tokens) in by_queue.items()
+        ))
+        for q, lost in zip(by_queue, results, strict=True):
+            for job_id in lost or ():
+                log.warning("haze redis: job %s on %s/%s lost its lock; another worker may "
+                            "run it again", job_id, self.name, q)
+
+    async def check_stalled(self, queues: Iterable[str] | None = None) -> list[str]:
+        """Run BullMQ's stalled check now; returns the ids of the jobs put back.
+
+        A check marks the active jobs; a later one (after ``stalled_interval``) moves
+        those whose lock expired back to ``wait`` and counts the restart (``stc``).
+        """
+        link = self._link()
+        moved: list[str] = []
+        for q in list(queues) if queues is not None else list(link.consumed or self.queues):
+            ids = await link.scripts(q).moveStalledJobsToWait(_MAX_STALLED, self.lock_ms)
+            for job_id in ids or ():
+                log.warning("haze redis: job %s on %s/%s stalled (its worker stopped renewing "
+                            "the lock); it is back on the queue", job_id, self.name, q)
+                moved.append(str(job_id))
+        return moved
+
+    async def _stalled_loop(self, link: _Link) -> None:
+        while True:
+            try:
+                await self.check_stalled()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("haze redis: stalled-job check on %s failed: %s", self.name, e)
+            await asyncio.sleep(self.stalled_interval)
+
+    # -- inspection ---------------------------------------------------------------
+
+    async def size(self, queue: str) -> int:
+        """Jobs waiting, delayed or claimed (active), like Laravel's Redis queue size."""
+        counts = await self._link().scripts(queue).getCounts(_SIZED)
+        return sum(int(c) for c in counts)
+
+    async def purge(self, queue: str) -> int:
+        """Delete the waiting and delayed jobs (BullMQ's ``drain``); returns how many."""
+        link = self._link()
+        s = link.scripts(queue)
+        async with link.client.pipeline(transaction=True) as pipe:
+            proxy = _Pipe(pipe)
+            await link.commands["getCounts"](keys=[s.keys[""]], args=_COUNTED,
+                                             client=proxy)  # type: ignore[arg-type]
+            await link.commands["drain"](
+                keys=s.getKeys(["wait", "paused", "delayed", "prioritized", "repeat"]),
+                args=[s.keys[""], "1"], client=proxy)  # type: ignore[arg-type]
+            results = await pipe.execute(raise_on_error=False)
+        if any(isinstance(r, NoScriptError) for r in results):
+            counts = await s.getCounts(_COUNTED)
+            await s.drain(True)
+            return sum(int(c) for c in counts)
+        for r in results:
+            if isinstance(r, Exception):
+                raise r
+        return sum(int(c) for c in results[0])
+
+    async def close(self) -> None:
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # pragma: no cover
+            loop = None
+        links = list(self._links.items())
+        self._links.clear()
+        self._last = None
+        for link_loop, link in links:
+            if link_loop is loop:
+                await self._close_link(link)
+            elif link_loop.is_running() and not link_loop.is_closed():
+                asyncio.run_coroutine_threadsafe(self._close_link(link), link_loop)
+
+    async def _close_link(self, link: _Link) -> None:
+        link.fetch_next = False
+        link.stop.set()
+        pending = [t for t in (link.stalled_task, *link.waits.values()) if t is not None]
+        for t in pending:
+            t.cancel()
+        if link.tasks:
+            await asyncio.gather(*link.tasks, return_exceptions=True)
+        try:
+            await self._return_prefetched(link)
+        finally:
+            await asyncio.gather(*pending, return_exceptions=True)
+            await link.client.aclose()

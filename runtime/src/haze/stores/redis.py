@@ -1,0 +1,189 @@
+"""The ``redis`` store: unique locks, middleware state and batches in Redis.
+
+Every operation is one atomic Redis command or script:
+
+- ``add``: ``SET key value NX PX ttl``
+- ``increment``: ``INCRBY`` plus ``PEXPIRE`` when this call created the key, in one Lua
+  script (``redis_increment.lua``)
+- ``delete(key, owner)``: ``GET`` + compare + ``DEL`` in one Lua script
+  (``redis_delete_owner.lua``)
+- ``get_many``: ``MGET``; ``ttl``: ``PTTL``
+
+Values are stored as JSON text. Keys are prefixed by the connection's ``key_prefix``
+(``config/redis.py``) followed by the store's ``prefix`` option::
+
+    # config/cache.py
+    config = define_cache_config(default="redis", stores={
+        "redis": {"driver": "redis", "connection": "default", "prefix": "cache:"}})
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, MissingDependencyError
+
+try:
+    import redis.asyncio as aioredis
+except ImportError as e:  # pragma: no cover - exercised without the extra installed
+    raise MissingDependencyError("the redis store", "redis", "redis") from e
+
+if TYPE_CHECKING:
+    from redis.commands.core import AsyncScript
+
+__all__ = ["RedisStore", "new_client", "redis_settings"]
+
+_HERE = Path(__file__).parent
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_CLIENT_KEYS = ("host", "port", "db", "username", "password", "ssl")
+_DEFAULT_URL = "redis://127.0.0.1:6379/0"
+_POOL_SIZE = 128
+_POOL_WAIT = 30.0
+
+
+def redis_settings(
+    app: Any, connection: str | None, url: str | None = None, *, where: str = "connection"
+) -> tuple[str | None, dict[str, Any], str]:
+    """``(url, client kwargs, key_prefix)`` of a ``config/redis.py`` connection.
+
+    An inline ``url`` wins over the named connection (its ``key_prefix`` still applies).
+    The key prefix is returned apart: BullMQ gets the settings without it.
+    """
+    cfg = getattr(app, "redis_config", None)
+    settings: dict[str, Any] = {}
+    if cfg is not None:
+        name = connection or cfg.default
+        if name not in cfg.connections:
+            known = ", ".join(cfg.connections) or "none"
+            raise ConfigError(
+                f"{name!r} is not a connection in config/redis.py (connections: {known})",
+                source=cfg.source,
+                key=where,
+            )
+        settings = dict(cfg.connections[name])
+    elif connection is not None:
+        raise ConfigError(f"redis connection {connection!r} needs an app with config/redis.py",
+                          key=where)
+    key_prefix = str(settings.get("key_prefix") or "")
+    if url:
+        return url, {}, key_prefix
+    kwargs = {k: settings[k] for k in _CLIENT_KEYS if settings.get(k) is not None}
+    conn_url = settings.get("url") or (None if kwargs else _DEFAULT_URL)
+    return conn_url, kwargs, key_prefix
+
+
+def new_client(url: str | None, kwargs: dict[str, Any]) -> aioredis.Redis:
+    """An asyncio client that decodes replies to ``str``. Its pool makes callers wait for
+    a free connection (up to ``_POOL_SIZE``) instead of failing with "Too many
+    connections" when many coroutines use it at once."""
+    opts: dict[str, Any] = {"decode_responses": True, "max_connections": _POOL_SIZE,
+                            "timeout": _POOL_WAIT}
+    if url:
+        pool = aioredis.BlockingConnectionPool.from_url(url, **opts, **kwargs)
+    else:
+        kw = dict(kwargs)
+        if kw.pop("ssl", False):
+            kw["connection_class"] = aioredis.SSLConnection
+        pool = aioredis.BlockingConnectionPool(**opts, **kw)
+    return aioredis.Redis.from_pool(pool)
+
+
+def _ms(ttl: float) -> int:
+    return max(1, round(ttl * 1000))
+
+
+def _load(raw: str | bytes | None) -> Any | None:
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw  # written by something else than haze: hand back the text
+
+
+class _Conn:
+    """One client (and its scripts) per event loop: redis-py clients are loop-bound."""
+
+    __slots__ = ("client", "delete_owner", "increment")
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self.client = client
+        self.increment: AsyncScript = client.register_script(
+            (_HERE / "redis_increment.lua").read_text())
+        self.delete_owner: AsyncScript = client.register_script(
+            (_HERE / "redis_delete_owner.lua").read_text())
+
+
+class RedisStore:
+    """Atomic and shared by every process that uses the same Redis connection."""
+
+    atomic = True
+    shared = True
+
+    def __init__(self, name: str, options: dict[str, Any], app: Any = None):
+        self.name = name
+        self._url, self._kwargs, key_prefix = redis_settings(
+            app, options.get("connection"), options.get("url"),
+            where=f"stores.{name}.connection",
+        )
+        self.prefix = key_prefix + str(options.get("prefix") or "")
+        self._conns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Conn] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def _conn(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        conn = self._conns.get(loop)
+        if conn is None:
+            conn = self._conns[loop] = _Conn(new_client(self._url, self._kwargs))
+        return conn
+
+    async def get(self, key: str) -> Any | None:
+        return _load(await self._conn().client.get(self.prefix + key))
+
+    async def get_many(self, keys: Sequence[str]) -> list[Any | None]:
+        if not keys:
+            return []
+        raw = await self._conn().client.mget([self.prefix + k for k in keys])
+        return [_load(r) for r in raw]
+
+    async def put(self, key: str, value: Any, ttl: float | None = None) -> None:
+        px = None if ttl is None else _ms(ttl)
+        await self._conn().client.set(self.prefix + key, _dumps(value), px=px)
+
+    async def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
+        px = None if ttl is None else _ms(ttl)
+        return bool(await self._conn().client.set(self.prefix + key, _dumps(value), nx=True, px=px))
+
+    async def increment(self, key: str, by: int = 1, ttl: float | None = None) -> int:
+        conn = self._conn()
+        ttl_arg = "" if ttl is None else _ms(ttl)
+        return int(await conn.increment(keys=[self.prefix + key], args=[int(by), ttl_arg]))
+
+    async def delete(self, key: str, owner: Any | None = None) -> bool:
+        conn = self._conn()
+        if owner is None:
+            return bool(await conn.client.delete(self.prefix + key))
+        return bool(await conn.delete_owner(keys=[self.prefix + key], args=[_dumps(owner)]))
+
+    async def ttl(self, key: str) -> float | None:
+        ms = int(await self._conn().client.pttl(self.prefix + key))
+        return None if ms < 0 else ms / 1000
+
+    async def close(self) -> None:
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # pragma: no cover
+            loop = None
+        conns = list(self._conns.items())
+        self._conns.clear()
+        for conn_loop, conn in conns:
+            if conn_loop is loop:
+                await conn.client.aclose()
+            elif conn_loop.is_running() and not conn_loop.is_closed():
+                asyncio.run_coroutine_threadsafe(conn.client.aclose(), conn_loop)
