@@ -252,6 +252,9 @@ def _server_database(kind: str) -> str:
         with psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
             c.execute(f"DROP DATABASE IF EXISTS {_DB_SESSION}")
             c.execute(f"CREATE DATABASE {_DB_SESSION}")
+            # A throwaway database: no fsync per commit (the contract is about semantics;
+            # tests/database/test_faults.py runs PostgreSQL with its normal settings).
+            c.execute(f"ALTER DATABASE {_DB_SESSION} SET synchronous_commit = off")
         url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{_DB_SESSION}"
 
         def drop() -> None:
@@ -380,6 +383,8 @@ DRIVERS: list[DriverSpec] = [
         app_kwargs=_database_app_kwargs("libsql"),
     ),
     __import__("runpy").run_path(f"{Path(__file__).parent.parent}/drivers/redis_spec.py")["SPEC"],
+    # sqs: moto in server mode, a fresh set of queues per test (tests/drivers/sqs_spec.py)
+    __import__("runpy").run_path(f"{Path(__file__).parent.parent}/drivers/sqs_spec.py")["SPEC"],
     # later: DriverSpec("redis", ...), DriverSpec("sqs", ...)
 ]
 

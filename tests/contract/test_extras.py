@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -97,18 +98,27 @@ def test_max_exceptions_must_be_a_positive_int():
 # ============================================================================ retry_until
 
 
-@define_job(name="ex_retry_until", tries=1, backoff=0.01, retry_until=0.15, failed=_on_failed)
+#: The manager's clock, frozen by the test and moved forward 0.1 s by every attempt.
+CLOCK: list[float] = [0.0]
+
+
+@define_job(name="ex_retry_until", tries=1, backoff=0.01, retry_until=0.25, failed=_on_failed)
 async def ex_retry_until(payload: dict, job: JobContext) -> None:
     _record("retry_until", payload, job)
+    CLOCK[0] += 0.1
     raise RuntimeError("still failing")
 
 
-@pytest.mark.requires("retries", "delay")
-async def test_retry_until_retries_past_tries_until_the_deadline(app, done):
+@pytest.mark.requires("retries")
+async def test_retry_until_retries_past_tries_until_the_deadline(app, done, monkeypatch):
+    import haze.manager
+
+    CLOCK[0] = time.time()
+    monkeypatch.setattr(haze.manager, "_time", lambda: CLOCK[0])
     await ex_retry_until.dispatch({})
     await done()
-    assert len(RUNS) >= 2, "retry_until beats tries=1"
-    assert [r["attempt"] for r in RUNS] == list(range(1, len(RUNS) + 1))
+    # failures at +0.1 and +0.2 are retried although tries=1; the one at +0.3 is final
+    assert [r["attempt"] for r in RUNS] == [1, 2, 3]
     assert len(FAILED) == 1
     assert isinstance(FAILED[0]["error"], RetryUntilExpiredError)
     assert "still failing" in str(FAILED[0]["error"])
@@ -158,12 +168,12 @@ async def test_timeout_on_sync_raises_to_the_caller(app, driver):
 # ============================================================================ debounce
 
 
-@define_job(name="ex_debounce", debounce=0.1)
+@define_job(name="ex_debounce", debounce=0.3)
 async def ex_debounce(payload: dict, job: JobContext) -> None:
     _record("debounce", payload, job)
 
 
-@define_job(name="ex_debounce_keyed", debounce={"for": 0.1, "key": lambda p: p["doc"]})
+@define_job(name="ex_debounce_keyed", debounce={"for": 0.3, "key": lambda p: p["doc"]})
 async def ex_debounce_keyed(payload: dict, job: JobContext) -> None:
     _record("keyed", payload, job)
 
@@ -173,14 +183,22 @@ async def ex_debounce_max(payload: dict, job: JobContext) -> None:
     _record("max", payload, job)
 
 
-@define_job(name="ex_debounce_max2", debounce=0.1, max_wait=0.15)
+@define_job(name="ex_debounce_max2", debounce=0.3, max_wait=0.4)
 async def ex_debounce_max2(payload: dict, job: JobContext) -> None:
     _record("max2", payload, job)
 
 
+def _skip_if_slower_than(started: float, limit: float) -> None:
+    """The debounce window is 0.3 s: dispatches slower than that cannot supersede."""
+    if time.monotonic() - started > limit:
+        pytest.skip("the dispatches took longer than the debounce window on this driver")
+
+
 @pytest.mark.requires("delay")
 async def test_debounce_runs_only_the_latest_dispatch(app, done):
+    started = time.monotonic()
     ids = [await ex_debounce.dispatch({"n": n}) for n in range(4)]
+    _skip_if_slower_than(started, 0.25)
     assert len(set(ids)) == 4
     await done()
     assert [r["payload"]["n"] for r in RUNS] == [3]
@@ -190,37 +208,52 @@ async def test_debounce_runs_only_the_latest_dispatch(app, done):
 
 @pytest.mark.requires("delay")
 async def test_debounce_key_separates_streams(app, done):
+    started = time.monotonic()
     for n in range(3):
         await ex_debounce_keyed.dispatch({"doc": "a", "n": n})
         await ex_debounce_keyed.dispatch({"doc": "b", "n": n})
+    _skip_if_slower_than(started, 0.25)
     await done()
     assert sorted((r["payload"]["doc"], r["payload"]["n"]) for r in RUNS) == [("a", 2), ("b", 2)]
 
 
 @pytest.mark.requires("delay")
 async def test_debounce_max_wait_caps_the_wait(app, done):
-    ran_during_burst = False
-    for n in range(14):
+    """Dispatches every 30 ms would postpone a 120 ms debounce forever; max_wait=200 ms
+    makes one run while they keep coming."""
+    n = 0
+    deadline = time.monotonic() + 3.0
+    while not RUNS and time.monotonic() < deadline:
         await ex_debounce_max.dispatch({"n": n})
+        n += 1
         await asyncio.sleep(0.03)
-        ran_during_burst = ran_during_burst or bool(RUNS)
-    assert ran_during_burst, "a job ran within max_wait although dispatches kept coming"
+    assert RUNS, "a job ran within max_wait although dispatches kept coming"
     await done()
-    assert RUNS[-1]["payload"]["n"] == 13
+    assert RUNS[-1]["payload"]["n"] == n - 1, "the latest dispatch still runs in the end"
 
 
 @pytest.mark.requires("delay")
-async def test_debounce_max_wait_starts_over_after_a_run(app, done):
+async def test_debounce_max_wait_starts_over_after_a_run(app, done, monkeypatch):
+    drv = app.driver("main")
+    delays: list[float] = []
+    real = drv.enqueue
+
+    async def spy(body: str, message: Any, delay: float) -> None:
+        delays.append(delay)
+        await real(body, message, delay)
+
+    monkeypatch.setattr(drv, "enqueue", spy)
     await ex_debounce_max2.dispatch({"burst": 1})
     await done()
     assert len(RUNS) == 1
-    await asyncio.sleep(0.1)  # past the first burst's max_wait
-    # a new burst is debounced again (it does not inherit the old burst's start)
-    await ex_debounce_max2.dispatch({"burst": 2, "n": 0})
-    await asyncio.sleep(0.02)
-    await ex_debounce_max2.dispatch({"burst": 2, "n": 1})
+    await asyncio.sleep(0.15)  # now past the first burst's max_wait
+    # a new burst is debounced again: it does not inherit the old burst's start (which
+    # would make its max_wait already spent, i.e. no delay at all)
+    await ex_debounce_max2.dispatch({"burst": 2})
+    assert delays[0] == pytest.approx(0.3)
+    assert delays[1] == pytest.approx(0.3, abs=0.05)
     await done()
-    assert [r["payload"].get("n") for r in RUNS] == [None, 1]
+    assert len(RUNS) == 2
 
 
 def test_debounce_option_errors():
@@ -255,31 +288,43 @@ async def ex_secret(payload: dict, job: JobContext) -> None:
         raise RuntimeError("declined")
 
 
-@define_job(name="ex_secret_unique", encrypted=True, unique={"key": lambda p: str(p["card"])})
+# the lock key is derived from a non-secret field: lock keys are stored in plaintext
+@define_job(name="ex_secret_unique", encrypted=True, unique={"key": lambda p: str(p["order"])})
 async def ex_secret_unique(payload: dict, job: JobContext) -> None:
     _record("secret_unique", payload, job)
 
 
-def _bodies_at_rest(app: haze.App) -> list[str]:
-    drv = app.driver("main")
-    bodies = [d[3] for d in getattr(drv, "_delayed", [])]
-    for q in getattr(drv, "_ready", {}).values():
-        bodies.extend(b for b, _ in q)
-    return bodies
-
-
-@pytest.mark.requires("delay")
-async def test_encrypted_payload_has_no_plaintext_at_rest(make_app, done):
+@pytest.mark.requires("queued")
+async def test_encrypted_payload_has_no_plaintext_at_rest(make_app, done, monkeypatch):
+    """What the driver is handed (and stores) carries only the ciphertext: single
+    dispatch, the unique path (re-encoded with its lock) and bulk."""
     async with make_app(key=generate_key()) as app:
-        await ex_secret.dispatch({"card": SECRET}, delay=0.05)
-        bodies = _bodies_at_rest(app)
-        assert len(bodies) == 1
-        assert SECRET not in bodies[0]
-        data = json.loads(bodies[0])
-        assert "payload" not in data
-        assert data["enc"]
+        drv = app.driver("main")
+        bodies: list[str] = []
+        real_one, real_many = drv.enqueue, drv.enqueue_many
+
+        async def one(body: str, message: Any, delay: float) -> None:
+            bodies.append(body)
+            await real_one(body, message, delay)
+
+        async def many(items: Any) -> None:
+            bodies.extend(b for b, _, _ in items)
+            await real_many(items)
+
+        monkeypatch.setattr(drv, "enqueue", one)
+        monkeypatch.setattr(drv, "enqueue_many", many)
+        await ex_secret.dispatch({"card": SECRET})
+        await ex_secret_unique.dispatch({"card": SECRET, "order": 1})
+        await Queue.bulk([ex_secret.with_({"card": SECRET}), ex_secret.with_({"card": SECRET})])
         await done()
-        assert RUNS[0]["payload"] == {"card": SECRET}
+        assert len(bodies) == 4
+        for body in bodies:
+            assert SECRET not in body
+            data = json.loads(body)
+            assert "payload" not in data
+            assert data["enc"]
+        assert json.loads(bodies[1])["unique"]["key"]
+        assert [r["payload"]["card"] for r in RUNS] == [SECRET] * 4
 
 
 @pytest.mark.requires("failed_store")
@@ -362,12 +407,12 @@ async def test_decrypt_error_type(app):
 
 async def test_encrypted_unique_key_sees_the_payload(make_app, done):
     async with make_app(key=generate_key()):
-        first = await ex_secret_unique.with_({"card": 1}).dispatch()
-        other = await ex_secret_unique.with_({"card": 2}).dispatch()
+        first = await ex_secret_unique.with_({"card": SECRET, "order": 1}).dispatch()
+        other = await ex_secret_unique.with_({"card": SECRET, "order": 2}).dispatch()
         await done()
     assert not first.skipped
     assert not other.skipped
-    assert sorted(r["payload"]["card"] for r in RUNS) == [1, 2]
+    assert sorted(r["payload"]["order"] for r in RUNS) == [1, 2]
 
 
 async def test_fake_records_the_plain_payload_of_encrypted_jobs(make_app, queue_fake):

@@ -10,6 +10,8 @@ import asyncio
 import logging
 import math
 import time
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import haze
@@ -97,17 +99,22 @@ async def _fresh_window(window: float) -> float:
     return math.floor(time.time() / window)
 
 
+def _per_window(key: Callable[[dict[str, Any]], Any] = lambda r: None) -> Counter[Any]:
+    """Runs counted by (window, key(run)). Run times are taken in the handler, right after
+    the limiter let the run through."""
+    return Counter((math.floor(r["t"] / RATE_WINDOW), key(r)) for r in RUNS)
+
+
 @pytest.mark.requires("release")
 async def test_rate_limited_releases_over_limit_runs_to_the_next_window(app, driver, done):
-    slot = await _fresh_window(RATE_WINDOW)
+    await _fresh_window(RATE_WINDOW)
     for i in range(3):
         await mw_rate_a.dispatch({"n": i})
     await done()
-    assert sorted(r["payload"]["n"] for r in RUNS) == [0, 1, 2]
-    slots = [math.floor(r["t"] / RATE_WINDOW) for r in RUNS]
-    assert slots.count(slot) == 2, "max=2 per window"
-    assert max(slots) > slot, "the third run waits for the next window"
-    assert RUNS[-1]["attempt"] == 1, "a release is not a failed attempt"
+    assert sorted(r["payload"]["n"] for r in RUNS) == [0, 1, 2], "released, not dropped"
+    assert max(_per_window().values()) <= 2, "max=2 per window"
+    assert len(_per_window()) >= 2, "the third run waited for another window"
+    assert all(r["attempt"] == 1 for r in RUNS), "a release is not a failed attempt"
     assert await _failed_names(driver) == []
     # the counter is in the queue store, keyed by the limiter name and the window
     assert any("mw_rate_shared" in k for k in _mw_keys(app.queue_store, "rate"))
@@ -126,28 +133,29 @@ async def test_rate_limited_on_sync_drops_the_released_run(app, driver, caplog):
 
 
 async def test_rate_limited_is_shared_by_name_across_jobs(app, driver, done):
-    slot = await _fresh_window(RATE_WINDOW)
+    await _fresh_window(RATE_WINDOW)
     await mw_rate_a.dispatch({"n": 1})
     await mw_rate_b.dispatch({"n": 2})
     await mw_rate_b.dispatch({"n": 3})
     await done()
-    in_slot = [r for r in RUNS if math.floor(r["t"] / RATE_WINDOW) == slot]
-    assert len(in_slot) == 2
+    assert max(_per_window().values()) <= 2, "both jobs count against one limit"
     if driver.supports_release:
         assert len(RUNS) == 3
-    else:
-        assert len(RUNS) == 2
+    else:  # sync: the three dispatches ran inside one window; the third was dropped
+        assert [r["payload"]["n"] for r in RUNS] == [1, 2]
 
 
 async def test_rate_limited_key_splits_the_limit(app, driver, done):
-    slot = await _fresh_window(RATE_WINDOW)
+    await _fresh_window(RATE_WINDOW)
     await mw_rate_keyed.dispatch({"acct": "x"})
     await mw_rate_keyed.dispatch({"acct": "y"})
     await mw_rate_keyed.dispatch({"acct": "x"})
     await done()
-    first = [r["payload"]["acct"] for r in RUNS if math.floor(r["t"] / RATE_WINDOW) == slot]
-    assert sorted(first) == ["x", "y"]
-    assert len(RUNS) == (3 if driver.supports_release else 2)
+    assert max(_per_window(lambda r: r["payload"]["acct"]).values()) == 1
+    if driver.supports_release:
+        assert sorted(r["payload"]["acct"] for r in RUNS) == ["x", "x", "y"]
+    else:
+        assert [r["payload"]["acct"] for r in RUNS] == ["x", "y"]
 
 
 async def test_rate_limited_keys_are_scoped_by_tenant(app, done):
@@ -164,6 +172,13 @@ async def test_rate_limited_keys_are_scoped_by_tenant(app, done):
 
 
 # ============================================================================ without_overlapping
+
+
+async def _wait_for(cond: Callable[[], bool], limit: float = 5.0) -> None:
+    """Poll ``cond`` (remote drivers poll their queue, so this may take a moment)."""
+    deadline = time.monotonic() + limit
+    while not cond() and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
 
 
 async def _gated(name: str, payload: dict, job: JobContext) -> None:
@@ -242,12 +257,22 @@ async def test_without_overlapping_releases_the_second_run(make_app, driver, don
 
 @pytest.mark.requires("concurrency")
 async def test_without_overlapping_release_after_false_drops(make_app, done):
+    finished: list[str] = []
+
+    def on_after(job: JobContext) -> None:
+        finished.append(job.id)
+
     async with make_app(concurrency=2):
         GATES["g"] = asyncio.Event()
         await mw_overlap_drop.dispatch({"n": 0, "gate": "g"})
-        await mw_overlap_drop.dispatch({"n": 1})
-        await asyncio.sleep(0.05)
-        GATES["g"].set()
+        await _wait_for(lambda: STATE.get("running") == 1)
+        haze.manager.events.on("after", on_after)
+        try:
+            dropped = await mw_overlap_drop.dispatch({"n": 1})
+            await _wait_for(lambda: dropped in finished)  # dropped = done, without running
+        finally:
+            haze.manager.events.off("after", on_after)
+            GATES["g"].set()
         await done()
         assert [r["payload"]["n"] for r in RUNS] == [0]
         assert await Queue.failed() == []
@@ -259,10 +284,7 @@ async def test_without_overlapping_is_scoped_to_the_job_name(make_app, done):
         GATES["g"] = asyncio.Event()
         await mw_overlap_k1.dispatch({"gate": "g"})
         await mw_overlap_k2.dispatch({"gate": "g"})
-        for _ in range(100):
-            if STATE.get("running") == 2:
-                break
-            await asyncio.sleep(0.005)
+        await _wait_for(lambda: STATE.get("running") == 2)
         assert STATE.get("running") == 2, "same key, different jobs: no overlap lock shared"
         GATES["g"].set()
         await done()
@@ -314,7 +336,7 @@ async def test_without_overlapping_on_sync_nested_run_is_dropped(app, driver, ca
     name="mw_throttle",
     tries=3,
     backoff=60,
-    middleware=[throttles_exceptions(max=2, per=0.25, backoff=0.01)],
+    middleware=[throttles_exceptions(max=2, per=0.4, backoff=0.01)],
 )
 async def mw_throttle(payload: dict, job: JobContext) -> None:
     _record("throttle", payload, job)
@@ -362,7 +384,7 @@ async def test_throttles_exceptions_opens_the_circuit(app, done, monkeypatch):
     assert releases[0] == (0.01, True)
     assert releases[1] == (0.01, True)
     assert releases[2][1] is False
-    assert 0 < releases[2][0] <= 0.25
+    assert 0 < releases[2][0] <= 0.4
     failed = await Queue.failed()
     assert [f.name for f in failed] == ["mw_throttle"]
     assert "upstream down" in failed[0].exception
@@ -387,7 +409,7 @@ async def test_throttles_exceptions_success_resets_the_count(app, done):
     assert not any(k.endswith(":count") for k in _mw_keys(app.queue_store, "throttle"))
 
 
-async def test_throttles_exceptions_when_limits_what_counts(app, done):
+async def test_throttles_exceptions_when_limits_what_counts(app, driver, done, monkeypatch):
     await quietly(mw_throttle_when.dispatch({"count": False}))
     await done()
     assert _mw_keys(app.queue_store, "throttle") == []
@@ -395,10 +417,23 @@ async def test_throttles_exceptions_when_limits_what_counts(app, done):
     await done()
     keys = _mw_keys(app.queue_store, "throttle")
     assert any("mw_throttle_when_key" in k and k.endswith(":until") for k in keys)
-    # the circuit is open: the next run does not reach the handler
+    # the circuit is open: the next run is released (for the rest of the window) before
+    # it reaches the handler
     n = len(RUNS)
+    released: list[float] = []
+    if not driver.inline:
+        drv = app.driver("main")
+        real = drv.release
+
+        async def spy(job: Any, delay: float, *, consume_attempt: bool) -> None:
+            released.append(delay)
+            await real(job, delay, consume_attempt=consume_attempt)
+
+        monkeypatch.setattr(drv, "release", spy)
     await quietly(mw_throttle_when.dispatch({"count": True}))
-    await asyncio.sleep(0.02)
+    if not driver.inline:
+        await _wait_for(lambda: bool(released))
+        assert 0 < released[0] <= 60
     assert len(RUNS) == n
 
 

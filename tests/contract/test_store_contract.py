@@ -5,9 +5,13 @@ entry in ``STORES``."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from haze.stores import Store, create_store
@@ -17,10 +21,63 @@ async def _memory(tmp_path: Path) -> Store:
     return create_store("contract", {"driver": "memory"}, None, "test_store_contract")
 
 
+_PG_URL = os.environ.get("HAZE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+_MYSQL_URL = os.environ.get("HAZE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/")
+_store_tables = itertools.count()
+
+
+def _reachable(url: str) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 0), 0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _database(kind: str) -> Callable[[Path], Awaitable[Store]]:
+    """A DatabaseStore on a fresh table (SQLite: a fresh file; servers: a new table in the
+    server's own database, dropped when the store closes)."""
+
+    async def factory(tmp_path: Path) -> Store:
+        from haze import App, define_database_config
+        from haze.stores.database import DatabaseStore
+
+        url = {
+            "sqlite": f"sqlite:///{tmp_path}/store.db",
+            "postgres": _PG_URL,
+            "mysql": _MYSQL_URL.rstrip("/") + "/mysql",
+        }[kind]
+        table = f"haze_store_contract_{os.getpid()}_{next(_store_tables)}"
+
+        class OwningDatabaseStore(DatabaseStore):
+            async def close(self) -> None:  # this test's app owns the connector: close it too
+                try:
+                    await self.db.execute(f"DROP TABLE IF EXISTS {self.table}")
+                finally:
+                    await super().close()
+                    await self.db.close()
+
+        app = App(
+            database=define_database_config(default="main", connections={"main": {"url": url}})
+        )
+        return OwningDatabaseStore(
+            "contract", {"driver": "database", "connection": "main", "table": table}, app
+        )
+
+    return factory
+
+
+_needs_pg = pytest.mark.skipif(not _reachable(_PG_URL), reason=f"no PostgreSQL at {_PG_URL}")
+_needs_mysql = pytest.mark.skipif(not _reachable(_MYSQL_URL), reason=f"no MySQL at {_MYSQL_URL}")
+
 #: id -> async factory(tmp_path) returning a fresh, empty store. Later:
 #: ("redis", _redis, (needs_redis,)), ("database", _database, ()), ("kv", _kv, (...)).
 STORES: list[tuple[str, Callable[[Path], Awaitable[Store]], tuple[Any, ...]]] = [
     ("memory", _memory, ()),
+    ("database-sqlite", _database("sqlite"), ()),
+    ("database-postgres", _database("postgres"), (_needs_pg,)),
+    ("database-mariadb", _database("mysql"), (_needs_mysql,)),
     __import__("runpy").run_path(f"{Path(__file__).parent.parent}/drivers/redis_spec.py")["STORE"],
 ]
 

@@ -91,7 +91,7 @@ async def uq_release(payload: dict, job: JobContext) -> None:
         job.release(0)
 
 
-@define_job(name="uq_short", unique={"key": _feed_key, "for": 0.1})
+@define_job(name="uq_short", unique={"key": _feed_key, "for": "1m"})
 async def uq_short(payload: dict, job: JobContext) -> None:
     await _probe(payload, job)
 
@@ -250,19 +250,33 @@ async def test_release_on_sync_drops_the_job_and_frees_the_lock(app, driver, don
     assert _lock_keys(app, "uq_release") == []
 
 
-@pytest.mark.requires("delay")
-async def test_lock_expires_after_for(app, done):
-    first = await uq_short.with_({"feed_id": 1}).delay(0.25).dispatch()
-    assert (await uq_short.with_({"feed_id": 1}).dispatch()).skipped is True
-    keys = _lock_keys(app, "uq_short")
-    ttl = await app.queue_store.ttl(keys[0])
-    assert ttl is not None
-    assert 0 < ttl <= 0.1
-    await asyncio.sleep(0.15)
-    second = await uq_short.with_({"feed_id": 1}).dispatch()
-    assert second.skipped is False
-    assert second.id != first.id
+async def test_lock_expires_after_for(app, done, monkeypatch):
+    """The lock's TTL is ``for``; once it has passed, a new dispatch takes the lock. The
+    store's clock is moved forward instead of sleeping for a minute."""
+    from haze.stores import memory as memory_store
+
+    if not isinstance(app.queue_store, memory_store.MemoryStore):
+        pytest.skip("moves the memory store's clock")
+    offset = [0.0]
+    real = memory_store._monotonic
+    monkeypatch.setattr(memory_store, "_monotonic", lambda: real() + offset[0])
+
+    async def probe(payload: dict, job: JobContext) -> None:
+        SEEN["before"] = await uq_short.with_({"feed_id": 1}).dispatch()
+        SEEN["ttl"] = await job.app.queue_store.ttl(_lock_keys(job.app, "uq_short")[0])
+        offset[0] = 61.0
+        SEEN["after"] = await uq_short.with_({"feed_id": 1}).dispatch()
+
+    PROBES["p"] = probe
+    first = await uq_short.with_({"feed_id": 1, "probe": "p"}).dispatch()
     await done()
+    assert SEEN["before"].skipped is True
+    assert 0 < SEEN["ttl"] <= 60
+    assert SEEN["after"].skipped is False
+    assert SEEN["after"].id != first.id
+    assert len(RUNS) == 2
+    # the first job's end did not release the lock the second one now holds: owner check
+    assert _lock_keys(app, "uq_short") == []
 
 
 async def test_default_lock_lifetime_is_one_day(app, driver, done):
@@ -345,11 +359,14 @@ async def test_warns_once_for_memory_store_with_remote_consumers(make_app, remot
     assert "redis" in msg
 
 
-async def test_no_warning_for_local_connections(app, done, caplog):
+async def test_warning_only_for_remote_connections(app, driver, done, caplog):
+    """The contract apps keep the default memory store: remote drivers warn, local ones not."""
     with caplog.at_level(logging.WARNING, logger="haze"):
         await uq_sync_feed.dispatch({"feed_id": 1})
+        await uq_sync_feed.dispatch({"feed_id": 2})
         await done()
-    assert "consumed by other processes" not in caplog.text
+    warned = caplog.text.count("consumed by other processes")
+    assert warned == (1 if driver.remote and not app.queue_store.shared else 0)
 
 
 # ----------------------------------------------------------------------------- definition errors

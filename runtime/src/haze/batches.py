@@ -306,7 +306,6 @@ async def dispatch_spec(
         "chain": chain,
     }
     await store.put(_key(batch_id), record, ttl)
-    await _index(store, batch_id, ttl)
     await store.put(_key(batch_id, "total"), total, ttl)
     await store.put(_key(batch_id, "pending"), total, ttl)
     await _dispatch_items(manager, batch_id, items, options)
@@ -314,6 +313,8 @@ async def dispatch_spec(
         await _finish(manager, batch_id, store)
     b = await find(manager, batch_id)
     assert b is not None
+    # Indexed last: the state above is read back before its TTL can run out.
+    await _index(store, batch_id, ttl)
     return b
 
 

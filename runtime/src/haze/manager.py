@@ -181,7 +181,7 @@ class QueueManager:
         if defer and after_commit:
             tx = current_transaction()
             if tx is not None:
-                encode(message)  # a payload JSON cannot carry raises TypeError now, not after COMMIT
+                encode(message)  # a payload JSON cannot carry raises TypeError now, not at COMMIT
                 return self._defer(tx, message, job, delay)
         return await self._send(message, job, delay)
 
@@ -485,10 +485,17 @@ class QueueManager:
         if message.meta is not None and "debounce" in message.meta:
             store = self._state_store()
             latest = await store.get(message.meta["debounce"])
+            max_wait = job.debounce.max_wait if job.debounce is not None else None
             if latest is not None and latest != message.id:
-                await driver.ack(reserved)
-                return _Outcome.SKIPPED, None
-            if job.debounce is not None and job.debounce.max_wait is not None:
+                # superseded: skip, unless the burst has waited max_wait already (a stream
+                # of dispatches faster than the workers must not postpone the job forever)
+                first = None
+                if max_wait is not None:
+                    first = await store.get(message.meta["debounce"] + ":first")
+                if first is None or max_wait is None or _time() < float(first) + max_wait:
+                    await driver.ack(reserved)
+                    return _Outcome.SKIPPED, None
+            if max_wait is not None:
                 # the burst is over: the next dispatch starts a new max_wait window
                 await store.delete(message.meta["debounce"] + ":first")
         if message.batch_id is not None:

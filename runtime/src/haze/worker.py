@@ -247,6 +247,10 @@ class Worker:
                 if events.worker_idle and not idle_told:
                     await events.emit("worker_idle", self.connection, queues)
                 if self.stop_when_empty:
+                    # Found nothing: wait for the claims still in flight rather than claim
+                    # again (slots re-claiming in turn would keep _claiming above 0 forever).
+                    while self._busy == 0 and self._claiming and not self.stopping:
+                        await asyncio.sleep(0.005)
                     if self._busy == 0 and self._claiming == 0:
                         self.request_stop()
                         break

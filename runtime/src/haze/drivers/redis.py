@@ -184,6 +184,7 @@ class _Link:
         self.first: str | None = None
         self.consumed: list[str] = []
         self.stop = asyncio.Event()
+        self.claiming = asyncio.Lock()
         self.waits: dict[tuple[str, ...], asyncio.Task[Any]] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.stalled_task: asyncio.Task[None] | None = None
@@ -487,6 +488,22 @@ class RedisDriver:
             return self._reserved(queue, data, job_id, token), 0
         return None, int(due or 0)
 
+    async def _claim(self, link: _Link, order: Sequence[str]) -> tuple[Reserved | None, int]:
+        """Queues in priority order. One claim at a time per process: jobs start in the
+        order they were queued (a later claim cannot overtake an earlier one)."""
+        due = 0
+        async with link.claiming:
+            job = link.take(order) if link.prefetched else None
+            if job is not None:
+                return job, 0
+            for q in order:
+                job, next_due = await self._activate(link, q)
+                if job is not None:
+                    return job, 0
+                if next_due and (not due or next_due < due):
+                    due = next_due
+        return None, due
+
     async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
         link = self._link()
         order = list(queues) if queues else self.queues
@@ -498,13 +515,9 @@ class RedisDriver:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, wait)
         while True:
-            due = 0
-            for q in order:
-                job, next_due = await self._activate(link, q)
-                if job is not None:
-                    return job
-                if next_due and (not due or next_due < due):
-                    due = next_due
+            job, due = await self._claim(link, order)
+            if job is not None:
+                return job
             remaining = deadline - loop.time()
             if remaining <= 0 or stop.is_set():
                 return None

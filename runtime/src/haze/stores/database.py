@@ -48,6 +48,7 @@ class DatabaseStore:
         self._db: Connector | None = None
         self._sql: dict[str, str] | None = None
         self._ready: set[asyncio.AbstractEventLoop] = set()
+        self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     @property
     def db(self) -> Connector:
@@ -71,8 +72,21 @@ class DatabaseStore:
                 delete_owner=f"DELETE FROM {t} WHERE {k} = ? AND value = ?",
                 prune=f"DELETE FROM {t} WHERE expires_at IS NOT NULL AND expires_at <= ?",
             )
-            await self.db.execute(sql["schema"])
-            self._sql = sql
+            # Concurrent first uses would each run CREATE TABLE IF NOT EXISTS, which
+            # PostgreSQL does not make race-free (duplicate pg_type row): one per process
+            # under a lock, and a loser of a cross-process race tries once more.
+            loop = asyncio.get_running_loop()
+            if self._lock is None or self._lock[0] is not loop:
+                self._lock = (loop, asyncio.Lock())
+            async with self._lock[1]:
+                if self._sql is None:
+                    try:
+                        await self.db.execute(sql["schema"])
+                    except Exception:
+                        await asyncio.sleep(0.05)
+                        await self.db.execute(sql["schema"])
+                    self._sql = sql
+        assert self._sql is not None
         return self._sql
 
     @staticmethod

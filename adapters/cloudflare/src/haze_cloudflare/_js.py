@@ -1,0 +1,134 @@
+"""Crossing the JavaScript boundary, and the Worker ``env`` haze reads bindings from.
+
+Under Pyodide (a Python Worker) values going to JS pass through ``to_js(...,
+dict_converter=Object.fromEntries)`` so dicts become plain objects (not ``Map``), and
+``None`` becomes JS ``null`` where it matters (D1 parameters: ``undefined`` is not a SQL
+value). Values coming back pass through ``.to_py()``; JS ``null`` may arrive as
+``pyodide.ffi.jsnull`` and ``undefined`` as a JsProxy, both read as ``None``.
+
+Outside Pyodide (CPython tests with plain Python stand-ins) every helper passes values
+through unchanged, so the adapter imports and runs anywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:  # Pyodide (Cloudflare Python Workers, or Pyodide under Node.js in tests)
+    import js  # type: ignore[import-not-found]
+    from pyodide.ffi import JsProxy  # type: ignore[import-not-found]
+    from pyodide.ffi import to_js as _to_js
+
+    IN_PYODIDE = True
+except ImportError:  # CPython
+    js = None
+    JsProxy = None
+    _to_js = None
+    IN_PYODIDE = False
+
+try:
+    from pyodide.ffi import jsnull as _jsnull  # type: ignore[import-not-found]
+except ImportError:
+    _jsnull = None
+
+__all__ = [
+    "IN_PYODIDE",
+    "bind_env",
+    "binding",
+    "current_env",
+    "is_nullish",
+    "js_null",
+    "to_js",
+    "to_py",
+]
+
+_env: Any = None
+
+
+def bind_env(env: Any) -> None:
+    """Make a Worker's ``env`` (its bindings) the one haze uses (``QueueWorker`` calls it on
+    every invocation; call it yourself before dispatching from a plain Worker)."""
+    global _env
+    _env = env
+
+
+def current_env() -> Any:
+    return _env
+
+
+def binding(name: str) -> Any:
+    """The binding ``name`` of the bound env, or None (no env bound, or no such binding)."""
+    env = _env
+    if env is None or not name:
+        return None
+    value = None
+    if isinstance(env, dict):
+        value = env.get(name)
+    else:
+        try:
+            value = getattr(env, name)
+        except AttributeError:
+            value = None
+        if value is None:
+            try:
+                value = env[name]
+            except Exception:
+                value = None
+    return None if is_nullish(value) else value
+
+
+def js_null() -> Any:
+    """JS ``null`` (``None`` outside Pyodide)."""
+    if _jsnull is not None:
+        return _jsnull
+    if js is not None:
+        return js.JSON.parse("null")
+    return None
+
+
+def is_nullish(value: Any) -> bool:
+    """None (also JS ``undefined``) or JS ``null`` (``jsnull``)."""
+    return value is None or (_jsnull is not None and value is _jsnull)
+
+
+def to_js(value: Any) -> Any:
+    """A Python value as a JS value: dicts as plain objects (``Object.fromEntries``) and
+    ``None`` as ``null`` at any depth (``to_js`` alone would make it ``undefined``, which
+    JSON drops: ``{"a": None}`` would arrive as ``{}``)."""
+    if _to_js is None:
+        return value
+    if value is None:
+        return js_null()
+    if isinstance(value, (str, int, float, bool)):
+        return value
+    return _to_js(_nulls(value), dict_converter=js.Object.fromEntries)
+
+
+def _nulls(value: Any) -> Any:
+    if value is None:
+        return js_null()
+    if isinstance(value, dict):
+        return {k: _nulls(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_nulls(v) for v in value]
+    return value
+
+
+def to_py(value: Any) -> Any:
+    """A JS value as plain Python data (``jsnull`` → None at any depth; ``undefined``
+    already arrives as None). Python values pass through (nulls cleaned)."""
+    if JsProxy is not None and isinstance(value, JsProxy):
+        value = value.to_py()
+    return _clean(value)
+
+
+def _clean(value: Any) -> Any:
+    if _jsnull is not None and value is _jsnull:
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    if JsProxy is not None and isinstance(value, JsProxy):
+        return _clean(value.to_py())
+    return value

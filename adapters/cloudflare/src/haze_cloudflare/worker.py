@@ -1,0 +1,343 @@
+"""``QueueWorker``: the Python Worker entrypoint whose ``queue()`` runs haze jobs.
+
+``dist/cloudflare/src/entry.py`` (``haze build --preset cloudflare``) is::
+
+    from haze_cloudflare import QueueWorker
+
+    class Default(QueueWorker):
+        app_root = "."          # the bundled app: config/*.py and app/job/**
+
+Each invocation binds the Worker's ``env`` (Queue, D1 and KV bindings) for haze, boots
+the app once per isolate, and runs every message of the batch through the queue
+manager, exactly as ``haze queue:work`` runs a claimed job. The manager's verdict is
+applied to the Cloudflare message:
+
+=====================  =============================================================
+outcome                what the message gets
+=====================  =============================================================
+success / skipped      ``message.ack()``
+retry (tries left)     ``message.retry(delaySeconds=<haze backoff>)``: Cloudflare counts
+                       the attempt and redelivers after the delay
+``job.release(d)``     a *new* message (same job id) whose envelope ``attempts`` carries
+                       the tries used so far, sent with ``delaySeconds=d`` through the
+                       Queue binding; then ``ack()``: no try is consumed
+final failure          recorded in the connection's failed store, then ``ack()``
+=====================  =============================================================
+
+The attempt number a job sees is ``message.attempts`` (Cloudflare's delivery count,
+1-based) plus the envelope's ``attempts`` offset. Give the queue's consumer a
+``max_retries`` of at least ``tries - 1``: past it Cloudflare moves the message to the
+dead-letter queue itself, before haze's final failure.
+
+``fetch()`` is an optional authenticated dispatch endpoint: ``POST`` a JSON body
+``{"job": "send_invoice", "payload": {...}, "queue"?: str, "connection"?: str,
+"delay"?: seconds}`` with ``Authorization: Bearer <HAZE_DISPATCH_SECRET>`` (a Worker
+secret); it answers ``{"id", "skipped", "deferred"}``. Without the secret it answers 403.
+
+Subclass on the Cloudflare runtime: ``workers.WorkerEntrypoint``. Anywhere else (CPython,
+Pyodide under Node.js in tests) a small local base with the same constructor, so this
+module imports everywhere. No threads are used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import inspect
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from haze.app import App, run_in_app
+from haze.drivers.base import Reserved
+from haze.errors import ConfigError, HazeError
+from haze.message import Message, decode
+
+from . import d1 as _d1  # noqa: F401  (registers the D1 binding executor)
+from . import driver as _driver  # noqa: F401  (registers the Queue binding producer)
+from ._js import bind_env, binding, to_py
+
+__all__ = ["LocalResponse", "MessageDelivery", "QueueWorker"]
+
+log = logging.getLogger("haze.cloudflare")
+
+try:  # the Cloudflare Python Workers runtime
+    from workers import WorkerEntrypoint as _Base  # type: ignore[import-not-found]
+
+    _HAVE_WORKERS = True
+except ImportError:
+    _HAVE_WORKERS = False
+
+    class _Base:  # type: ignore[no-redef]
+        """Stand-in for ``workers.WorkerEntrypoint`` outside the Cloudflare runtime."""
+
+        def __init__(self, ctx: Any = None, env: Any = None):
+            self.ctx = ctx
+            self.env = env
+
+
+async def _settle(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+class MessageDelivery:
+    """A Cloudflare queue message as the token of a ``Reserved``: settled once.
+
+    ``verdict`` is ``"ack"`` or ``"retry"`` after settling, ``delay`` the retry's
+    ``delaySeconds``.
+    """
+
+    __slots__ = ("delay", "message", "verdict")
+
+    def __init__(self, message: Any):
+        self.message = message
+        self.verdict: str | None = None
+        self.delay: int | None = None
+
+    def _settling(self, verdict: str) -> None:
+        if self.verdict is not None:
+            raise HazeError(f"message already settled ({self.verdict}); cannot {verdict}")
+        self.verdict = verdict
+
+    async def ack(self) -> None:
+        self._settling("ack")
+        await _settle(self.message.ack())
+
+    async def retry(self, delay: int) -> None:
+        self._settling("retry")
+        self.delay = delay
+        # Pyodide passes keyword arguments to a JS function as a trailing options object:
+        # this is message.retry({delaySeconds}) in JavaScript.
+        await _settle(self.message.retry(delaySeconds=delay))
+
+
+@dataclass
+class LocalResponse:
+    """What ``fetch()`` returns outside the Cloudflare runtime."""
+
+    body: str
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=lambda: {"content-type": "application/json"})
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+#: One booted app per QueueWorker class and isolate.
+_apps: dict[type, App] = {}
+_boot_locks: dict[type, asyncio.Lock] = {}
+
+
+class QueueWorker(_Base):  # type: ignore[misc,valid-type]
+    """A Worker entrypoint that runs haze jobs from Cloudflare Queues (see the module doc).
+
+    Class attributes a subclass may set:
+
+    ``haze_app``   an ``App`` to use as is;
+    ``app_root``   the app root to boot (``config/*.py``, ``app/job/**``), else the
+                   ``HAZE_APP_ROOT`` env var (a Worker var or ``os.environ``), else an
+                   ``App()`` with no files;
+    ``connection`` the haze connection the consumed queue belongs to (default: the
+                   message's own connection, else the first ``cloudflare`` connection);
+    ``dispatch_secret`` the env var holding the Bearer secret of ``fetch()``.
+    """
+
+    haze_app: App | None = None
+    app_root: str | None = None
+    connection: str | None = None
+    dispatch_secret: str = "HAZE_DISPATCH_SECRET"
+
+    def __init__(self, ctx: Any = None, env: Any = None):
+        super().__init__(ctx, env)
+        #: Outcomes of the last ``queue()`` call, one per message ("success", "retry"…).
+        self.outcomes: list[str] = []
+
+    # -- the app ----------------------------------------------------------------------
+
+    def create_app(self) -> App:
+        """Build the app (once per isolate): ``haze_app``, ``app_root`` or HAZE_APP_ROOT."""
+        if self.haze_app is not None:
+            return self.haze_app
+        root = self.app_root
+        if root is None:
+            value = binding("HAZE_APP_ROOT")
+            root = str(to_py(value)) if value is not None else os.environ.get("HAZE_APP_ROOT")
+        return App(root=root) if root else App()
+
+    async def get_app(self) -> App:
+        """The booted (entered) app of this class."""
+        cls = type(self)
+        app = _apps.get(cls)
+        if app is not None:
+            return app
+        lock = _boot_locks.setdefault(cls, asyncio.Lock())
+        async with lock:
+            app = _apps.get(cls)
+            if app is None:
+                app = self.create_app()
+                if not app._entered:
+                    await app.__aenter__()
+                _apps[cls] = app
+        return app
+
+    def _bind(self, env: Any) -> None:
+        if env is None:
+            env = getattr(self, "env", None)
+        if env is not None:
+            bind_env(env)
+
+    # -- queue() ------------------------------------------------------------------------
+
+    async def queue(self, batch: Any, env: Any = None, ctx: Any = None) -> None:
+        """Run every message of ``batch`` through haze and settle it (see the module doc)."""
+        self._bind(env)
+        app = await self.get_app()
+        messages = list(batch.messages)
+        queue_name = str(to_py(getattr(batch, "queue", "")) or "")
+        concurrency = 1
+        try:
+            concurrency = max(1, int(app.driver(self._connection_for(app, None)).concurrency))  # type: ignore[attr-defined]
+        except (ConfigError, AttributeError):
+            pass
+        if concurrency == 1 or len(messages) <= 1:
+            self.outcomes = [await self.handle_message(app, m, queue_name) for m in messages]
+            return
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(m: Any) -> str:
+            async with sem:
+                return await self.handle_message(app, m, queue_name)
+
+        self.outcomes = list(await asyncio.gather(*(one(m) for m in messages)))
+
+    async def handle_message(self, app: App, message: Any, queue_name: str = "") -> str:
+        """Run one Cloudflare message through the manager; returns the outcome."""
+        delivery = MessageDelivery(message)
+        try:
+            reserved, connection = self.reserved(app, message, delivery)
+            outcome: str = await app.manager.process(reserved, app.driver(connection))
+        except Exception:
+            log.exception("haze: cannot process Cloudflare message %s from queue %r",
+                          _message_id(message), queue_name)
+            if delivery.verdict is None:
+                try:  # let Cloudflare redeliver it (and dead-letter it after max_retries)
+                    await _settle(message.retry())
+                    delivery.verdict = "retry"
+                except Exception:
+                    log.exception("haze: message.retry() failed")
+            return "error"
+        if delivery.verdict is None:  # pragma: no cover - the manager always settles
+            await delivery.ack()
+        return outcome
+
+    def reserved(self, app: App, message: Any, delivery: MessageDelivery) -> tuple[Reserved, str]:
+        """A ``Reserved`` for a Cloudflare message, and the haze connection it belongs to."""
+        cf_attempts = int(to_py(getattr(message, "attempts", 1)) or 1)
+        raw = to_py(message.body)
+        if isinstance(raw, (bytes, bytearray, memoryview)):
+            raw = bytes(raw).decode("utf-8", "replace")
+        body = raw if isinstance(raw, str) else json.dumps(
+            raw, separators=(",", ":"), ensure_ascii=False)
+        try:
+            decoded: Message | None = decode(body)
+            error: BaseException | None = None
+        except Exception as e:
+            decoded, error = None, e
+        connection = self._connection_for(app, decoded)
+        offset = decoded.attempts if decoded is not None else 0
+        queue = decoded.queue if decoded is not None else "default"
+        return Reserved(decoded, offset + cf_attempts, body, queue, delivery, error), connection
+
+    def _connection_for(self, app: App, message: Message | None) -> str:
+        conns = app.queue_config.connections
+        if self.connection is not None:
+            return app.connection_name(self.connection)
+        if message is not None and message.connection in conns and \
+                conns[message.connection]["driver"] == "cloudflare":
+            return message.connection
+        names = [n for n, o in conns.items() if o["driver"] == "cloudflare"]
+        if not names:
+            raise ConfigError(
+                "QueueWorker consumes Cloudflare Queues, but no connection in config/queue.py "
+                'uses the cloudflare driver; add e.g. "cloudflare": {"driver": "cloudflare", '
+                '"binding": "QUEUE"}', source=app.queue_config.source, key="connections",
+            )
+        default = app.queue_config.default
+        return default if default in names else names[0]
+
+    # -- fetch(): authenticated dispatch ---------------------------------------------------
+
+    async def fetch(self, request: Any, env: Any = None, ctx: Any = None) -> Any:
+        """``POST {"job", "payload", "queue"?, "connection"?, "delay"?}`` with a Bearer secret."""
+        self._bind(env)
+        method = str(getattr(request, "method", "GET")).upper()
+        if method != "POST":
+            return self._response({"error": "POST a JSON body {\"job\": ..., \"payload\": ...}"},
+                                  405)
+        secret_value = binding(self.dispatch_secret)
+        secret = str(to_py(secret_value)) if secret_value is not None else \
+            os.environ.get(self.dispatch_secret, "")
+        if not secret:
+            return self._response(
+                {"error": f"dispatch is disabled: set the {self.dispatch_secret} secret"}, 403)
+        given = _header(request, "authorization") or ""
+        if not hmac.compare_digest(given.encode(), f"Bearer {secret}".encode()):
+            return self._response({"error": "unauthorized"}, 401)
+        try:
+            data = json.loads(await _settle(request.text()))
+            if not isinstance(data, dict) or not isinstance(data.get("job"), str):
+                raise ValueError('expected a JSON object with a "job" name')
+        except ValueError as e:
+            return self._response({"error": f"bad request: {e}"}, 400)
+        app = await self.get_app()
+        try:
+            from haze.jobs import get_job
+
+            job = get_job(data["job"])
+            pending = job.with_(data.get("payload"))
+            if data.get("queue"):
+                pending = pending.on_queue(str(data["queue"]))
+            if data.get("connection"):
+                pending = pending.on_connection(str(data["connection"]))
+            if data.get("delay"):
+                pending = pending.delay(data["delay"])
+            result = await run_in_app(app, pending.dispatch)
+        except (HazeError, TypeError, ValueError, LookupError) as e:
+            return self._response({"error": f"{type(e).__name__}: {e}"}, 422)
+        return self._response({"id": result.id, "skipped": result.skipped,
+                               "deferred": result.deferred}, 200)
+
+    @staticmethod
+    def _response(data: Any, status: int) -> Any:
+        body = json.dumps(data)
+        if _HAVE_WORKERS:
+            from workers import Response  # type: ignore[import-not-found]
+
+            return Response(body, status=status, headers={"content-type": "application/json"})
+        return LocalResponse(body, status)
+
+
+def _header(request: Any, name: str) -> str | None:
+    headers = getattr(request, "headers", None)
+    if headers is None:
+        return None
+    for key in (name, name.title()):
+        try:
+            value = headers.get(key)
+        except Exception:
+            value = None
+        value = to_py(value)
+        if value:
+            return str(value)
+    return None
+
+
+def _message_id(message: Any) -> str:
+    try:
+        return str(to_py(message.id))
+    except Exception:
+        return "?"

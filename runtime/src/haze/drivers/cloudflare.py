@@ -1,0 +1,685 @@
+"""The ``cloudflare`` driver: Cloudflare Queues, inside a Worker and from anywhere else.
+
+One haze connection is one Cloudflare queue; the haze queue name (``emails``…) travels
+in the message, so every haze queue dispatched to the connection shares that queue.
+
+Producers
+    Inside a Python Worker (``haze_cloudflare`` installed and the Worker's ``env`` bound
+    with ``haze_cloudflare.bind_env`` — ``QueueWorker`` does it), messages go through the
+    Queue binding: ``env[binding].send(body, {delaySeconds, contentType: "json"})`` and
+    ``sendBatch`` for ``Queue.bulk``. Anywhere else (``haze[cloudflare]``: httpx) they go
+    through the REST API with ``account_id``, ``queue_id`` and ``api_token``:
+    ``POST …/queues/{id}/messages`` and ``…/messages/batch``.
+Limits
+    A delay over 12 hours (43200 s) raises ``DelayTooLongError`` at dispatch, naming the
+    limit; nothing is enqueued. Delays are whole seconds (rounded up). A body over 128 KB
+    (``max_message_size`` overrides) raises ``PayloadTooLargeError``. A retry backoff or a
+    ``job.release(delay)`` over 12 hours is capped at 12 hours with a warning.
+Consumers
+    In a Worker, ``haze_cloudflare.QueueWorker.queue()`` turns each delivered message into
+    a ``Reserved`` whose token is the message; ``ack``/``release``/``fail`` below settle it:
+    success → ``message.ack()``; retry → ``message.retry(delaySeconds=backoff)`` (Cloudflare
+    counts the attempt); ``job.release()`` → a *new* message carrying the attempts used so
+    far (envelope ``attempts``), then ``ack()`` of the old one, so no try is consumed; final
+    failure → the failed store, then ``ack()``.
+    Outside a Worker, ``haze queue:work --connection cloudflare`` is an HTTP pull consumer:
+    ``POST …/messages/pull`` (``batch_size``, ``visibility_timeout_ms``) and
+    ``POST …/messages/ack`` (``acks`` and ``retries`` with ``delay_seconds``). Pulled JSON
+    bodies arrive base64-encoded. A message's attempt number is Cloudflare's ``attempts``
+    plus the envelope's ``attempts`` offset.
+Failed jobs
+    ``failed_store`` names a database connection (its ``failed_jobs`` table: D1 through the
+    binding in a Worker, D1 REST or any SQL database elsewhere) or a cache store. Without
+    it, failures are kept in memory (lost with the isolate) and a warning says so.
+    Messages that exhaust the queue's own ``max_retries`` go to its dead-letter queue, not
+    to the failed store: keep ``max_retries`` >= ``tries - 1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import builtins
+import importlib
+import json
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import ConfigError, DelayTooLongError, HazeError, MissingDependencyError
+from ..message import Message, decode
+from .base import FailedJob, FailedJobStore, Reserved
+
+if TYPE_CHECKING:
+    import httpx
+
+    from ..database import Connector
+    from ..stores import Store
+
+__all__ = [
+    "API_URL",
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "MAX_DELAY_SECONDS",
+    "CloudflareDriver",
+    "CloudflareError",
+    "Delivery",
+    "Producer",
+    "RestClient",
+    "SqlFailedJobs",
+    "StoreFailedJobs",
+    "decode_pulled_body",
+    "delay_seconds",
+    "register_binding_producer",
+]
+
+log = logging.getLogger("haze.drivers.cloudflare")
+
+#: Cloudflare Queues hold a delayed message (or a retry) at most 12 hours.
+MAX_DELAY_SECONDS = 12 * 60 * 60
+#: Cloudflare Queues accept messages up to 128 KB.
+DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024
+#: sendBatch / messages/batch: at most 100 messages and 256 KB per call.
+MAX_BATCH_MESSAGES = 100
+MAX_BATCH_BYTES = 256 * 1024
+API_URL = "https://api.cloudflare.com/client/v4"
+
+Json = dict[str, Any]
+
+
+class CloudflareError(HazeError):
+    """The Cloudflare API refused a request or could not be reached (never shows the token)."""
+
+    def __init__(self, message: str, *, status: int | None = None):
+        self.status = status
+        super().__init__(message if status is None else f"HTTP {status}: {message}")
+
+
+# --------------------------------------------------------------------------- protocols
+
+
+class Producer(Protocol):
+    """Puts bodies on one Cloudflare queue (the binding in a Worker, or the REST API)."""
+
+    async def send(self, body: Json, delay: int) -> None: ...
+
+    async def send_batch(self, items: Sequence[tuple[Json, int]]) -> None: ...
+
+
+class Delivery(Protocol):
+    """One delivered message, settled exactly once: the token of a cloudflare ``Reserved``."""
+
+    async def ack(self) -> None: ...
+
+    async def retry(self, delay: int) -> None: ...
+
+
+#: Set by ``haze_cloudflare`` on import: binding name -> a binding producer, or None when
+#: no Worker env with that binding is bound (then the REST API is used).
+_binding_producer: Callable[[str], Producer | None] | None = None
+_hook_tried = False
+
+
+def register_binding_producer(fn: Callable[[str], Producer | None] | None) -> None:
+    """Install the Worker-binding producer lookup (``haze_cloudflare`` calls this)."""
+    global _binding_producer
+    _binding_producer = fn
+
+
+def _binding_lookup() -> Callable[[str], Producer | None] | None:
+    global _hook_tried
+    if _binding_producer is None and not _hook_tried:
+        _hook_tried = True
+        try:  # the adapter registers itself on import; it is optional outside a Worker
+            importlib.import_module("haze_cloudflare.driver")
+        except ModuleNotFoundError as e:
+            if not (e.name or "").startswith("haze_cloudflare"):
+                raise
+    return _binding_producer
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def delay_seconds(delay: float, connection: str, *, cap: bool = False) -> int:
+    """A delay in whole seconds for Cloudflare (rounded up).
+
+    Over 12 hours: ``DelayTooLongError`` naming the limit, or (``cap=True``, for retries
+    and releases) 12 hours and a warning.
+    """
+    if delay <= 0:
+        return 0
+    seconds = math.ceil(delay - 1e-9)
+    if seconds > MAX_DELAY_SECONDS:
+        if not cap:
+            raise DelayTooLongError(
+                f'connection "{connection}": a delay of {delay:g}s is over the 12-hour '
+                f"({MAX_DELAY_SECONDS} s) limit of Cloudflare Queues; nothing was enqueued. "
+                "Dispatch it later (e.g. from a scheduled job) or use another connection."
+            )
+        log.warning(
+            'connection "%s": a retry/release delay of %gs is over the 12-hour limit of '
+            "Cloudflare Queues; using %d s", connection, delay, MAX_DELAY_SECONDS,
+        )
+        return MAX_DELAY_SECONDS
+    return seconds
+
+
+def decode_pulled_body(body: Any, metadata: Json | None = None) -> str:
+    """The JSON text of a message pulled over HTTP.
+
+    Messages sent with ``content_type: "json"`` come back base64-encoded; ``text`` ones as
+    they were sent. Objects (a server that returns them parsed) are re-encoded.
+    """
+    if isinstance(body, (dict, list)):
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    if isinstance(body, (bytes, bytearray)):
+        return bytes(body).decode("utf-8")
+    if not isinstance(body, str):
+        return json.dumps(body)
+    kind = str((metadata or {}).get("CF-Content-Type") or "").lower()
+    stripped = body.strip()
+    if kind != "text" and stripped and stripped[0] not in "{[\"":
+        try:
+            raw = base64.b64decode(stripped + "=" * (-len(stripped) % 4), validate=True)
+            text = raw.decode("utf-8")
+            json.loads(text)
+            return text
+        except (ValueError, UnicodeDecodeError):
+            pass
+    return body
+
+
+def _body_dict(body: str) -> Json:
+    data = json.loads(body)
+    if not isinstance(data, dict):
+        raise TypeError("a haze message body is a JSON object")
+    return data
+
+
+def _chunks(items: Sequence[tuple[Json, int]]) -> list[list[tuple[Json, int]]]:
+    """Split for sendBatch: at most 100 messages and about 256 KB per call."""
+    out: list[list[tuple[Json, int]]] = []
+    current: list[tuple[Json, int]] = []
+    size = 0
+    for item in items:
+        n = len(json.dumps(item[0], separators=(",", ":"), ensure_ascii=False).encode()) + 64
+        if current and (len(current) >= MAX_BATCH_MESSAGES or size + n > MAX_BATCH_BYTES):
+            out.append(current)
+            current, size = [], 0
+        current.append(item)
+        size += n
+    if current:
+        out.append(current)
+    return out
+
+
+def _require_httpx() -> ModuleType:
+    try:
+        import httpx
+    except ModuleNotFoundError as e:
+        if e.name != "httpx":
+            raise
+        raise MissingDependencyError(
+            "the cloudflare driver outside a Worker (REST API)", "cloudflare", "httpx"
+        ) from None
+    return httpx
+
+
+# --------------------------------------------------------------------------- REST
+
+
+class RestClient:
+    """The Cloudflare Queues REST API for one queue (httpx; ``Authorization: Bearer``)."""
+
+    def __init__(self, account_id: str, queue_id: str, api_token: str, api_url: str = API_URL,
+                 timeout: float = 30.0):
+        self._httpx = _require_httpx()
+        self.base = f"{api_url.rstrip('/')}/accounts/{account_id}/queues/{queue_id}"
+        self._headers = {"authorization": f"Bearer {api_token}",
+                         "content-type": "application/json"}
+        self.timeout = timeout
+        self._client: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        return f"<RestClient {self.base}>"
+
+    def _http(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop or self._client.is_closed:
+            client: httpx.AsyncClient = self._httpx.AsyncClient(
+                timeout=self.timeout, headers=self._headers
+            )
+            self._client, self._loop = client, loop
+        return self._client
+
+    async def post(self, path: str, payload: Json) -> Any:
+        url = self.base + path
+        try:
+            response = await self._http().post(url, json=payload)
+        except self._httpx.HTTPError as e:
+            raise CloudflareError(f"cannot reach {url} ({type(e).__name__}: {e})") from e
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+        if response.status_code >= 400 or not isinstance(data, dict) or not data.get("success"):
+            errors = data.get("errors") if isinstance(data, dict) else None
+            detail = "; ".join(
+                f"{e.get('code', '')} {e.get('message', '')}".strip()
+                for e in errors or [] if isinstance(e, dict)
+            ) or response.text[:300]
+            raise CloudflareError(f"POST {url}: {detail}", status=response.status_code)
+        return data.get("result")
+
+    async def send(self, body: Json, delay: int) -> None:
+        msg: Json = {"body": body, "content_type": "json"}
+        if delay:
+            msg["delay_seconds"] = delay
+        await self.post("/messages", msg)
+
+    async def send_batch(self, items: Sequence[tuple[Json, int]]) -> None:
+        for chunk in _chunks(items):
+            messages = []
+            for body, delay in chunk:
+                m: Json = {"body": body, "content_type": "json"}
+                if delay:
+                    m["delay_seconds"] = delay
+                messages.append(m)
+            await self.post("/messages/batch", {"messages": messages})
+
+    async def pull(self, batch_size: int, visibility_timeout_ms: int) -> Json:
+        result = await self.post(
+            "/messages/pull",
+            {"batch_size": batch_size, "visibility_timeout_ms": visibility_timeout_ms},
+        )
+        return result if isinstance(result, dict) else {"messages": result or []}
+
+    async def settle(self, acks: Sequence[str], retries: Sequence[tuple[str, int]]) -> None:
+        payload: Json = {
+            "acks": [{"lease_id": lease} for lease in acks],
+            "retries": [
+                {"lease_id": lease, "delay_seconds": delay} if delay else {"lease_id": lease}
+                for lease, delay in retries
+            ],
+        }
+        await self.post("/messages/ack", payload)
+
+    async def purge(self) -> None:
+        await self.post("/purge", {"delete_messages_permanently": True})
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        loop, self._loop = self._loop, None
+        if client is None or client.is_closed:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if running is loop:
+            await client.aclose()
+
+
+class _Lease:
+    """A message pulled over HTTP: settled through ``/messages/ack``."""
+
+    __slots__ = ("client", "lease_id")
+
+    def __init__(self, client: RestClient, lease_id: str):
+        self.client = client
+        self.lease_id = lease_id
+
+    async def ack(self) -> None:
+        await self.client.settle([self.lease_id], [])
+
+    async def retry(self, delay: int) -> None:
+        await self.client.settle([], [(self.lease_id, delay)])
+
+
+# --------------------------------------------------------------------------- failed stores
+
+
+class SqlFailedJobs:
+    """Final failures in a ``failed_jobs`` table of a database connection (D1 included)."""
+
+    def __init__(self, db: Connector, table: str = "failed_jobs"):
+        from .database import load_sql, schema_sql
+
+        self.db = db
+        self.table = table
+        self._sql = load_sql(db.dialect, "jobs", table)
+        self._schema = [s for s in schema_sql(db.dialect, "jobs", table) if table in s]
+        self._ready = False
+
+    async def _ensure(self) -> None:
+        if not self._ready:
+            for stmt in self._schema:
+                await self.db.execute(stmt)
+            self._ready = True
+
+    @staticmethod
+    def _row(row: Sequence[Any]) -> FailedJob:
+        from .database import _FailedJobs
+
+        return _FailedJobs._row(row)
+
+    async def record(self, job: FailedJob) -> None:
+        await self._ensure()
+        await self.db.execute(self._sql["failed_forget"], (job.id,))
+        await self.db.execute(self._sql["failed_insert"], (
+            job.id, job.connection, job.queue, job.body, job.exception, job.failed_at))
+
+    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
+        await self._ensure()
+        if queue is None:
+            rows = await self.db.fetchall(self._sql["failed_list"])
+        else:
+            rows = await self.db.fetchall(self._sql["failed_list_queue"], (queue,))
+        return [self._row(r) for r in rows]
+
+    async def find(self, id: str) -> FailedJob | None:
+        await self._ensure()
+        row = await self.db.fetchone(self._sql["failed_find"], (id,))
+        return None if row is None else self._row(row)
+
+    async def forget(self, id: str) -> bool:
+        await self._ensure()
+        return await self.db.execute(self._sql["failed_forget"], (id,)) > 0
+
+    async def flush(self, older_than: float | None = None) -> int:
+        await self._ensure()
+        if older_than is None:
+            return await self.db.execute(self._sql["failed_flush"])
+        return await self.db.execute(self._sql["failed_flush_older"], (time.time() - older_than,))
+
+
+class StoreFailedJobs:
+    """Final failures in a cache store (``kv``, ``redis``…): one key per job plus an index.
+
+    The index is read-modify-write, so on a non-atomic store (KV) two failures recorded at
+    the same instant may race; prefer a database connection (D1) for ``failed_store``.
+    """
+
+    def __init__(self, store: Store, connection: str):
+        self.store = store
+        self.prefix = f"haze:failed:{connection}:"
+
+    async def _ids(self) -> builtins.list[str]:
+        ids = await self.store.get(self.prefix + "index")
+        return [str(i) for i in ids] if isinstance(ids, list) else []
+
+    async def record(self, job: FailedJob) -> None:
+        await self.store.put(self.prefix + job.id, {
+            "id": job.id, "connection": job.connection, "queue": job.queue, "body": job.body,
+            "exception": job.exception, "failed_at": job.failed_at})
+        ids = [i for i in await self._ids() if i != job.id]
+        await self.store.put(self.prefix + "index", [*ids, job.id])
+
+    def _job(self, d: Any) -> FailedJob | None:
+        if not isinstance(d, dict):
+            return None
+        from .database import _FailedJobs
+
+        return _FailedJobs._row((d["id"], d["connection"], d["queue"], d["body"],
+                                 d["exception"], d["failed_at"]))
+
+    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
+        ids = await self._ids()
+        values = await self.store.get_many([self.prefix + i for i in ids])
+        jobs = [j for j in (self._job(v) for v in values) if j is not None]
+        return [j for j in jobs if queue is None or j.queue == queue]
+
+    async def find(self, id: str) -> FailedJob | None:
+        return self._job(await self.store.get(self.prefix + id))
+
+    async def forget(self, id: str) -> bool:
+        ids = await self._ids()
+        existed = await self.store.delete(self.prefix + id)
+        if id in ids:
+            await self.store.put(self.prefix + "index", [i for i in ids if i != id])
+        return existed
+
+    async def flush(self, older_than: float | None = None) -> int:
+        jobs = await self.list()
+        cutoff = None if older_than is None else time.time() - older_than
+        gone = [j.id for j in jobs if cutoff is None or j.failed_at < cutoff]
+        for i in gone:
+            await self.store.delete(self.prefix + i)
+        keep = [j.id for j in jobs if j.id not in gone]
+        await self.store.put(self.prefix + "index", keep)
+        return len(gone)
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+class CloudflareDriver:
+    """Cloudflare Queues; see the module docstring."""
+
+    remote = True
+    local_callbacks = False
+    inline = False
+
+    def __init__(self, name: str, options: dict[str, Any], app: Any = None):
+        self.name = name
+        self.options = options
+        self.app = app
+        size = options.get("max_message_size")
+        self.max_message_size: int | None = size if size is not None else DEFAULT_MAX_MESSAGE_SIZE
+        self.concurrency: int = options.get("concurrency") or 1
+        self.binding: str = options.get("binding") or "QUEUE"
+        self.visibility_timeout: float = options.get("visibility_timeout") or 30.0
+        self._rest: RestClient | None = None
+        self._failed: FailedJobStore | None = None
+        self._warned_memory = False
+        self._buffer: deque[Json] = deque()
+        self._backlog = 0
+        self._wakeup: asyncio.Event | None = None
+        self._wake_loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        return f"<CloudflareDriver {self.name!r} binding={self.binding!r}>"
+
+    # -- transports -----------------------------------------------------------------
+
+    def rest(self) -> RestClient:
+        """The REST client (``account_id``, ``queue_id``, ``api_token``; ``api_url``)."""
+        if self._rest is None:
+            needed = ("account_id", "queue_id", "api_token")
+            missing = [k for k in needed if not self.options.get(k)]
+            if missing:
+                raise ConfigError(
+                    f"outside a Worker the cloudflare driver uses the REST API and needs "
+                    f"{', '.join(missing)} (no Queue binding {self.binding!r} is bound here; "
+                    "inside a Worker, bind the env with haze_cloudflare.bind_env)",
+                    key=f"connections.{self.name}",
+                )
+            self._rest = RestClient(
+                self.options["account_id"], self.options["queue_id"], self.options["api_token"],
+                self.options.get("api_url") or API_URL,
+            )
+        return self._rest
+
+    def producer(self) -> Producer:
+        """The Queue binding inside a Worker, else the REST API."""
+        lookup = _binding_lookup()
+        if lookup is not None:
+            p = lookup(self.binding)
+            if p is not None:
+                return p
+        return self.rest()
+
+    # -- failed jobs ----------------------------------------------------------------
+
+    @property
+    def failed(self) -> FailedJobStore:
+        if self._failed is None:
+            self._failed = self._make_failed()
+        return self._failed
+
+    def _make_failed(self) -> FailedJobStore:
+        name = self.options.get("failed_store")
+        key = f"connections.{self.name}.failed_store"
+        if not name:
+            from .memory import MemoryFailedJobs
+
+            return MemoryFailedJobs()
+        app = self.app
+        if app is None:
+            raise ConfigError("failed_store needs an app", key=key)
+        kind, _, rest = name.partition(":")
+        if rest and kind in ("database", "store"):
+            name = rest
+        else:
+            kind = ""
+        if kind in ("", "database") and name in app.database_config.connections:
+            return SqlFailedJobs(app.database(name))
+        if kind in ("", "store") and name in app.cache_config.stores:
+            return StoreFailedJobs(app.store(name), self.name)
+        raise ConfigError(
+            f"{name!r} is neither a connection in config/database.py nor a store in "
+            "config/cache.py", source=getattr(app.queue_config, "source", None), key=key,
+        )
+
+    async def _record_failed(self, failed: FailedJob) -> None:
+        if not self.options.get("failed_store") and not self._warned_memory:
+            self._warned_memory = True
+            log.warning(
+                'connection "%s" has no failed_store: final failures are kept in this '
+                "process's memory only (lost when the Worker isolate ends). Set "
+                "failed_store to a database connection (D1) in config/queue.py.", self.name,
+            )
+        await self.failed.record(failed)
+
+    # -- producer side ----------------------------------------------------------------
+
+    async def enqueue(self, body: str, message: Message, delay: float) -> None:
+        seconds = delay_seconds(delay, self.name)
+        await self.producer().send(_body_dict(body), seconds)
+
+    async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
+        if not items:
+            return
+        prepared = [(_body_dict(body), delay_seconds(delay, self.name)) for body, _, delay in items]
+        await self.producer().send_batch(prepared)
+
+    # -- settling a delivered message -------------------------------------------------
+
+    @staticmethod
+    def _delivery(job: Reserved) -> Delivery:
+        token = job.token
+        if token is None or not hasattr(token, "ack"):
+            raise HazeError("this message was not delivered by Cloudflare Queues")
+        delivery: Delivery = token
+        return delivery
+
+    async def ack(self, job: Reserved) -> None:
+        await self._delivery(job).ack()
+
+    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:
+        seconds = delay_seconds(delay, self.name, cap=True)
+        delivery = self._delivery(job)
+        if consume_attempt:
+            await delivery.retry(seconds)  # Cloudflare counts this attempt
+            return
+        # job.release(): a new message that carries the tries used so far, then ack the old
+        # one. Sent first: a crash in between runs the job twice rather than never.
+        body = _body_dict(job.body)
+        used = max(0, job.attempt - 1)
+        if used:
+            body["attempts"] = used
+        else:
+            body.pop("attempts", None)
+        await self.producer().send(body, seconds)
+        await delivery.ack()
+
+    async def fail(self, job: Reserved, failed: FailedJob) -> None:
+        await self._record_failed(failed)
+        await self._delivery(job).ack()
+
+    # -- HTTP pull consumer ---------------------------------------------------------
+
+    def _wake(self) -> asyncio.Event:
+        loop = asyncio.get_running_loop()
+        if self._wakeup is None or self._wake_loop is not loop:
+            self._wakeup, self._wake_loop = asyncio.Event(), loop
+        return self._wakeup
+
+    def interrupt(self) -> None:
+        """End an idle wait now (the worker is stopping)."""
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def reserved_from_pull(self, item: Json, client: RestClient) -> Reserved:
+        """A ``Reserved`` for one message of a ``/messages/pull`` result."""
+        cf_attempts = int(item.get("attempts") or 1)
+        lease = _Lease(client, str(item.get("lease_id")))
+        try:
+            body = decode_pulled_body(item.get("body"), item.get("metadata"))
+        except Exception as e:
+            return Reserved(None, cf_attempts, str(item.get("body")), "default", lease, e)
+        try:
+            message: Message | None = decode(body)
+            error: BaseException | None = None
+        except Exception as e:
+            message, error = None, e
+        offset = message.attempts if message is not None else 0
+        queue = message.queue if message is not None else "default"
+        return Reserved(message, offset + cf_attempts, body, queue, lease, error)
+
+    async def _pull(self) -> None:
+        client = self.rest()
+        result = await client.pull(min(100, max(1, self.concurrency)),
+                                   int(self.visibility_timeout * 1000))
+        self._backlog = int(result.get("message_backlog_count") or 0)
+        for item in result.get("messages") or []:
+            self._buffer.append(item)
+
+    async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
+        """Pull (short polling); one Cloudflare queue carries every haze queue of the
+        connection, so ``queues`` does not filter here."""
+        if not self._buffer:
+            await self._pull()
+        if not self._buffer and wait > 0:
+            event = self._wake()
+            event.clear()
+            try:
+                await asyncio.wait_for(event.wait(), wait)
+            except TimeoutError:
+                pass
+            if not event.is_set():
+                await self._pull()
+        if not self._buffer:
+            return None
+        return self.reserved_from_pull(self._buffer.popleft(), self.rest())
+
+    # -- inspection -----------------------------------------------------------------
+
+    async def size(self, queue: str) -> int:
+        """The backlog Cloudflare reported on the last pull (the whole queue; 0 before
+        any pull): Cloudflare has no per-haze-queue count."""
+        return self._backlog + len(self._buffer)
+
+    async def purge(self, queue: str) -> int:
+        """Purge the whole Cloudflare queue (every haze queue on this connection)."""
+        n = self._backlog + len(self._buffer)
+        await self.rest().purge()
+        self._buffer.clear()
+        self._backlog = 0
+        return n
+
+    async def close(self) -> None:
+        if self._rest is not None:
+            await self._rest.close()
+
+
+async def maybe_await(value: Any) -> Any:
+    """Await ``value`` when it is awaitable (JS promises included)."""
+    if isinstance(value, Awaitable) or hasattr(value, "__await__"):
+        return await value
+    return value

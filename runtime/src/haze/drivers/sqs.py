@@ -1,0 +1,965 @@
+"""The ``sqs`` driver (``haze[sqs]``, boto3): Amazon SQS standard and FIFO queues.
+
+Configuration (``config/queue.py``)::
+
+    "sqs": {"driver": "sqs", "queue_url": env("SQS_URL"), "region": "eu-west-1",
+            "endpoint_url": None,          # an SQS-compatible server (moto, ElasticMQ)
+            "retry_after": "90s",          # the visibility timeout asked for on receive
+            "wait_time": "20s",            # cap of one long poll (SQS allows 0-20 s)
+            "fifo": None,                  # default: the URL ends in ".fifo"
+            "failed_store": "main",        # a database connection or a cache store
+            "credentials": {"access_key_id": ..., "secret_access_key": ...},
+            "max_message_size": 1048576, "concurrency": 4, "queues": ["high", "default"]}
+
+**Queues.** ``queue_url`` is the SQS queue of the haze queue ``"default"``; another haze
+queue ``q`` is the sibling queue ``q`` in the same account (``q.fifo`` on FIFO). A
+``queue_url`` containing ``{queue}`` is a template instead:
+``https://sqs.eu-west-1.amazonaws.com/123456789012/myapp-{queue}.fifo``. haze never
+creates queues.
+
+**Attempts.** SQS counts receives (``ApproximateReceiveCount``) but a message body can
+never be changed in place. The attempt number is therefore
+``envelope "attempts" + ApproximateReceiveCount``: a retry changes the message's
+visibility to the backoff (the next receive counts one more), while ``job.release()``
+must not use a try, so it sends a NEW message whose envelope carries
+``attempts = attempt - 1`` and deletes the received one (its receive count starts again
+at zero). A retry whose backoff does not fit in SQS's 12-hour visibility limit is
+re-sent the same way with ``attempts = attempt``. A crashed worker's message comes back
+after ``retry_after`` with a higher receive count, which counts as the lost attempt.
+
+**Delays.** SQS holds a message for at most 15 minutes (``DelaySeconds`` 0-900, whole
+seconds, rounded up). A longer delay is sent with ``DelaySeconds=900`` and
+``meta.due`` (epoch seconds) in the envelope; a worker that receives it before it is
+due forwards it (re-sends it with the time left, up to 900 s, and deletes the old one)
+without running it, until it is due. FIFO queues have no per-message delay: a delayed
+FIFO message (dispatch delay, or ``job.release(delay)``) is sent at once with
+``meta.due`` and, on its first receive, *held* invisible until due
+(``ChangeMessageVisibility``, at most 12 h a hold; a message still not due on a later
+receive is re-sent fresh). Holding keeps the FIFO order: later messages of the group
+wait behind it. That one held receive is not counted as an attempt.
+
+**Visibility.** ``retry_after`` (default 90 s) is the visibility timeout requested on
+every receive: a message whose worker died is received again after it. While a job
+runs, the worker's heartbeat (every ``retry_after / 3``) extends it again
+(``ChangeMessageVisibilityBatch``), so long jobs are not handed to a second worker.
+Success deletes the message; a final failure records it in the failed store and
+deletes it.
+
+**FIFO.** ``MessageGroupId`` is the dispatch's ``on_group(...)`` (``meta.group``),
+else the haze queue name (one ordered stream per queue). ``MessageDeduplicationId`` is
+the haze message id plus its dispatch time in ms (``<id>-<ms>``): SDK resends of one
+dispatch are dropped by SQS, while ``Queue.retry()`` of a failed job (same id, new
+dispatch time) is not; a re-send (release, forwarding) gets a fresh suffix.
+
+**Failed jobs.** SQS has no table to keep them in, so ``failed_store`` names one:
+
+- a database connection of ``config/database.py``: the ``failed_jobs`` table (created
+  if missing, the same schema as the database driver's), rows filtered by connection;
+- a cache store of ``config/cache.py`` (``database`` or ``redis``): records under
+  ``haze:failed:<connection>:``, with an append-only index for listing (see
+  ``StoreFailedJobs``).
+
+Without ``failed_store`` the failures are kept in this process's memory and a warning
+says so on the first one. A dead-letter queue pairs with this: give the source queue a
+redrive policy with ``maxReceiveCount`` of at least ``tries + 2`` (one FIFO hold and one
+crash of slack), so haze's own final failure (``failed()`` callbacks, chain ``catch``,
+batch bookkeeping, the failed store) happens first. The DLQ then only catches messages
+whose consumer died every time (a crash or a Lambda timeout), which haze never saw
+fail; redrive them back with ``StartMessageMoveTask`` once fixed (their envelope is
+intact, and the receive count starts again).
+
+**Sizes.** A body over ``max_message_size`` (default 1 MiB, SQS's limit since 2025) is
+rejected at dispatch. ``size(queue)`` is ``ApproximateNumberOfMessages +
+ApproximateNumberOfMessagesDelayed + ApproximateNumberOfMessagesNotVisible``: waiting,
+delayed, and in flight (running, or waiting out a retry backoff: SQS cannot tell these
+apart). SQS's figures are approximate and lag.
+
+**Receive.** Queues are polled in priority order, one message per call; when all are
+empty the first queue is long-polled for the worker's idle wait (whole seconds, at most
+``wait_time``). ``receive`` is at-least-once: a message may be delivered twice.
+
+boto3 is synchronous: every call runs on the driver's own thread pool with one client
+per driver (boto3 clients are thread-safe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import importlib
+import json
+import logging
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import ConfigError, HazeError, MissingDependencyError
+from ..message import Message, decode, new_id
+from .base import FailedJob, FailedJobStore, Reserved
+from .memory import MemoryFailedJobs
+
+__all__ = [
+    "SQS_MAX_DELAY",
+    "SQS_MAX_MESSAGE_SIZE",
+    "SQS_MAX_VISIBILITY",
+    "DatabaseFailedJobs",
+    "SqsDriver",
+    "SqsError",
+    "SqsReceipt",
+    "StoreFailedJobs",
+]
+
+log = logging.getLogger("haze.sqs")
+
+#: SQS's message size limit (1 MiB since August 2025), also the send_message_batch total.
+SQS_MAX_MESSAGE_SIZE = 1_048_576
+#: The longest ``DelaySeconds`` SQS accepts.
+SQS_MAX_DELAY = 900
+#: The longest a message can stay invisible (visibility timeout), in seconds.
+SQS_MAX_VISIBILITY = 43_200
+#: The longest ``WaitTimeSeconds`` of one long poll.
+SQS_MAX_WAIT = 20
+_BATCH = 10
+#: Seconds kept back from the 12-hour visibility limit (clock skew, call latency).
+_VISIBILITY_MARGIN = 60
+#: A message this close to its ``due`` time counts as due (SQS delays are whole seconds).
+_DUE_TOLERANCE = 1.0
+_SYSTEM_ATTRIBUTES = [
+    "ApproximateReceiveCount",
+    "SentTimestamp",
+    "ApproximateFirstReceiveTimestamp",
+    "MessageGroupId",
+]
+_NO_QUEUE = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
+_BAD_RECEIPT = {"ReceiptHandleIsInvalid", "InvalidParameterValue", "MessageNotInflight",
+                "AWS.SimpleQueueService.MessageNotInflight"}
+
+
+class SqsError(HazeError):
+    """SQS refused a request in a way haze cannot recover from (e.g. a partial batch)."""
+
+
+def _boto3() -> Any:
+    try:
+        return importlib.import_module("boto3")
+    except ImportError:
+        raise MissingDependencyError("the sqs driver", "sqs", "boto3") from None
+
+
+def _error_code(error: BaseException) -> str:
+    response = getattr(error, "response", None)
+    if isinstance(response, dict):
+        return str((response.get("Error") or {}).get("Code") or "")
+    return ""
+
+
+@dataclass(slots=True)
+class SqsReceipt:
+    """The driver's token on a received message (``Reserved.token``)."""
+
+    url: str
+    handle: str
+    message_id: str
+    receive_count: int
+    sent_at: float
+    first_received_at: float
+    group: str | None = None
+
+
+def _rewrite(body: str, *, attempts: int | None = None, due: float | None = None,
+             keep_due: bool = False) -> str:
+    """``body`` with another ``attempts`` offset and ``meta.due`` (None: removed)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(data, dict):
+        return body
+    if attempts is not None:
+        if attempts > 0:
+            data["attempts"] = attempts
+        else:
+            data.pop("attempts", None)
+    meta = dict(data.get("meta") or {})
+    if due is not None:
+        meta["due"] = round(due, 3)
+    elif not keep_due:
+        meta.pop("due", None)
+    if meta:
+        data["meta"] = meta
+    else:
+        data.pop("meta", None)
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _due_of(message: Message | None) -> float | None:
+    if message is None or not message.meta:
+        return None
+    due = message.meta.get("due")
+    try:
+        return float(due) if due is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------- failed stores
+
+
+class StoreFailedJobs:
+    """Failed jobs in a cache store (``database`` or ``redis``), for ``failed_store``.
+
+    Keys, under ``haze:failed:<connection>:``:
+
+    - ``rec:<id>`` the record (``FailedJob`` fields and the message body), no expiry;
+    - ``seq`` a counter and ``slot:<n>`` the id recorded n-th: the index ``list()`` reads,
+      oldest first (an id recorded twice is listed once);
+    - ``floor`` slots at or below it were flushed.
+
+    Every write is one atomic store call, so several processes can record at once.
+    ``forget`` deletes the record and leaves its slot (skipped when listing); a full
+    ``flush`` deletes the slots too. A record written while a full flush runs may be
+    left out of the index (still found by id). Listing reads every slot since the last
+    full flush: for a long failed history, prefer a database connection.
+    """
+
+    def __init__(self, store: Any, connection: str) -> None:
+        self.store = store
+        self.connection = connection
+        self._prefix = f"haze:failed:{connection}:"
+
+    def _k(self, suffix: str) -> str:
+        return self._prefix + suffix
+
+    async def record(self, job: FailedJob) -> None:
+        data = job.to_dict()
+        data["body"] = job.body
+        await self.store.put(self._k(f"rec:{job.id}"), data)
+        n = await self.store.increment(self._k("seq"), 1)
+        await self.store.put(self._k(f"slot:{n}"), job.id)
+
+    @staticmethod
+    def _job(data: Any) -> FailedJob | None:
+        if not isinstance(data, dict):
+            return None
+        return FailedJob(
+            id=str(data.get("id")), name=str(data.get("name")),
+            connection=str(data.get("connection")), queue=str(data.get("queue")),
+            payload=data.get("payload"), exception=str(data.get("exception")),
+            failed_at=float(data.get("failed_at") or 0.0), chain_id=data.get("chain_id"),
+            batch_id=data.get("batch_id"), body=str(data.get("body") or ""),
+        )
+
+    async def _get_many(self, keys: Sequence[str]) -> builtins.list[Any]:
+        out: builtins.list[Any] = []
+        for i in range(0, len(keys), 500):
+            out.extend(await self.store.get_many(keys[i : i + 500]))
+        return out
+
+    async def _ids(self) -> tuple[builtins.list[str], int, int]:
+        seq = int(await self.store.get(self._k("seq")) or 0)
+        floor = int(await self.store.get(self._k("floor")) or 0)
+        values = await self._get_many([self._k(f"slot:{n}") for n in range(floor + 1, seq + 1)])
+        ids = list(dict.fromkeys(str(v) for v in values if v is not None))
+        return ids, floor, seq
+
+    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
+        ids, _, _ = await self._ids()
+        records = await self._get_many([self._k(f"rec:{i}") for i in ids])
+        jobs = [j for j in map(self._job, records) if j is not None]
+        jobs.sort(key=lambda j: j.failed_at)
+        return [j for j in jobs if queue is None or j.queue == queue]
+
+    async def find(self, id: str) -> FailedJob | None:
+        return self._job(await self.store.get(self._k(f"rec:{id}")))
+
+    async def forget(self, id: str) -> bool:
+        return bool(await self.store.delete(self._k(f"rec:{id}")))
+
+    async def flush(self, older_than: float | None = None) -> int:
+        if older_than is not None:
+            cutoff = time.time() - older_than
+            n = 0
+            for job in await self.list():
+                if job.failed_at < cutoff and await self.forget(job.id):
+                    n += 1
+            return n
+        ids, floor, seq = await self._ids()
+        n = 0
+        for i in ids:
+            if await self.store.delete(self._k(f"rec:{i}")):
+                n += 1
+        await self.store.put(self._k("floor"), seq)
+        for slot in range(floor + 1, seq + 1):
+            await self.store.delete(self._k(f"slot:{slot}"))
+        return n
+
+
+class DatabaseFailedJobs:
+    """Failed jobs in the ``failed_jobs`` table of a database connection (the database
+    driver's schema; created on first use), limited to one queue connection's rows."""
+
+    def __init__(self, app: Any, database: str, connection: str, table: str = "failed_jobs"):
+        self.app = app
+        self.database = database
+        self.connection = connection
+        self.table = table
+        self._ready = False
+
+    async def _db(self) -> Any:
+        db = self.app.database(self.database)
+        if not self._ready:
+            from .database import schema_sql
+
+            for stmt in schema_sql(db.dialect, "jobs", self.table):
+                if self.table not in stmt:
+                    continue
+                try:
+                    await db.execute(stmt)
+                except Exception as e:  # an index that already exists (MySQL)
+                    if stmt.lstrip().upper().startswith("CREATE TABLE"):
+                        raise
+                    log.debug("haze sqs: %s: %s", stmt.split("(")[0], e)
+            self._ready = True
+        return db
+
+    _COLUMNS = "uuid, connection, queue, payload, exception, failed_at"
+
+    @staticmethod
+    def _row(row: Sequence[Any]) -> FailedJob:
+        from .database import _FailedJobs
+
+        return _FailedJobs._row(row)
+
+    async def record(self, job: FailedJob) -> None:
+        db = await self._db()
+        t = self.table
+        async with db.transaction() as tx:
+            await tx.execute(f"DELETE FROM {t} WHERE uuid = ?", (job.id,))
+            await tx.execute(
+                f"INSERT INTO {t} ({self._COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                (job.id, job.connection, job.queue, job.body, job.exception, job.failed_at),
+            )
+
+    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
+        db = await self._db()
+        sql = f"SELECT {self._COLUMNS} FROM {self.table} WHERE connection = ?"
+        params: tuple[Any, ...] = (self.connection,)
+        if queue is not None:
+            sql += " AND queue = ?"
+            params += (queue,)
+        rows = await db.fetchall(sql + " ORDER BY id", params)
+        return [self._row(r) for r in rows]
+
+    async def find(self, id: str) -> FailedJob | None:
+        db = await self._db()
+        row = await db.fetchone(
+            f"SELECT {self._COLUMNS} FROM {self.table} WHERE uuid = ? AND connection = ?",
+            (id, self.connection))
+        return None if row is None else self._row(row)
+
+    async def forget(self, id: str) -> bool:
+        db = await self._db()
+        n = await db.execute(f"DELETE FROM {self.table} WHERE uuid = ? AND connection = ?",
+                             (id, self.connection))
+        return bool(n)
+
+    async def flush(self, older_than: float | None = None) -> int:
+        db = await self._db()
+        sql = f"DELETE FROM {self.table} WHERE connection = ?"
+        if older_than is None:
+            return int(await db.execute(sql, (self.connection,)))
+        return int(await db.execute(sql + " AND failed_at < ?",
+                                    (self.connection, time.time() - older_than)))
+
+
+class _WarningFailedJobs(MemoryFailedJobs):
+    """The memory fallback: warns once, on the first failure it keeps."""
+
+    def __init__(self, connection: str, why: str) -> None:
+        super().__init__()
+        self.connection = connection
+        self.why = why
+        self._warned = False
+
+    async def record(self, job: FailedJob) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                'Connection "%s" keeps failed jobs in the memory of this process (%s): they '
+                "are lost when it exits, and other processes (haze queue:failed, other "
+                "Lambda containers) cannot see them. Set failed_store to a database "
+                "connection or a redis/database cache store.", self.connection, self.why,
+            )
+        await super().record(job)
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+class SqsDriver:
+    """Queue connection on Amazon SQS; see the module docstring for the rules."""
+
+    remote = True
+    local_callbacks = False
+    inline = False
+
+    #: The longest DelaySeconds used; tests lower it to exercise forwarding.
+    max_delay: float = SQS_MAX_DELAY
+
+    def __init__(self, name: str, options: dict[str, Any], app: Any = None) -> None:
+        _boto3()  # fail at first use of the connection, naming haze[sqs]
+        self.name = name
+        self.app = app
+        self.options = options
+        queue_url = options.get("queue_url")
+        if not queue_url:
+            raise ConfigError("is required for the sqs driver",
+                              key=f"connections.{name}.queue_url")
+        self.queue_url: str = queue_url
+        self.max_message_size: int | None = options.get("max_message_size") or SQS_MAX_MESSAGE_SIZE
+        self.concurrency: int = options.get("concurrency") or 1
+        self.retry_after: float = float(options.get("retry_after") or 90.0)
+        if not 0 < self.retry_after <= SQS_MAX_VISIBILITY:
+            raise ConfigError(f"must be between 1s and 12h (the SQS visibility timeout range), "
+                              f"got {self.retry_after:g}s", key=f"connections.{name}.retry_after")
+        self.wait_time: float = min(float(options.get("wait_time") or SQS_MAX_WAIT), SQS_MAX_WAIT)
+        self.heartbeat_interval: float = max(1.0, self.retry_after / 3)
+        fifo = options.get("fifo")
+        self.fifo: bool = bool(fifo) if fifo is not None else self._default_name().endswith(".fifo")
+        self.region: str | None = options.get("region") or self._region_from_url()
+        self.endpoint_url: str | None = options.get("endpoint_url")
+        self.credentials: dict[str, Any] = dict(options.get("credentials") or {})
+        self.failed: FailedJobStore = self._failed_store(options.get("failed_store"))
+        #: The wall clock (seconds since the epoch); tests may replace it.
+        self.clock: Callable[[], float] = time.time
+        self._client_obj: Any = None
+        self._client_lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._stop: asyncio.Event | None = None
+        self._stop_loop: asyncio.AbstractEventLoop | None = None
+        self._abandoned: set[asyncio.Future[Any]] = set()
+
+    # -- configuration ------------------------------------------------------------
+
+    def _default_name(self) -> str:
+        return urlsplit(self.queue_url).path.rstrip("/").rsplit("/", 1)[-1]
+
+    def _region_from_url(self) -> str | None:
+        host = urlsplit(self.queue_url).netloc
+        m = re.match(r"^(?:sqs|queue)\.([a-z0-9-]+)\.amazonaws\.com", host)
+        return m.group(1) if m else None
+
+    def _failed_store(self, name: str | None) -> FailedJobStore:
+        key = f"connections.{self.name}.failed_store"
+        if name is None or self.app is None:
+            return _WarningFailedJobs(self.name, "no failed_store is set")
+        kind, _, bare = name.partition(":")
+        if kind not in ("store", "database"):
+            kind, bare = "", name
+        stores = self.app.cache_config.stores
+        databases = self.app.database_config.connections
+        if kind in ("", "store") and bare in stores:
+            store = self.app.store(bare)
+            if not getattr(store, "shared", False):
+                return _WarningFailedJobs(self.name, f'the "{bare}" store is not shared')
+            return StoreFailedJobs(store, self.name)
+        if kind in ("", "database") and bare in databases:
+            return DatabaseFailedJobs(self.app, bare, self.name)
+        raise ConfigError(
+            f"{name!r} is neither a cache store (config/cache.py: {', '.join(stores) or 'none'}) "
+            f"nor a database connection (config/database.py: {', '.join(databases) or 'none'})",
+            source=getattr(self.app.queue_config, "source", None), key=key,
+        )
+
+    def queue_url_for(self, queue: str) -> str:
+        """The SQS queue URL of haze queue ``queue`` (see "Queues" in the module docstring)."""
+        if queue.startswith(("https://", "http://")):
+            return queue
+        if "{queue}" in self.queue_url:
+            return self.queue_url.replace("{queue}", queue)
+        if queue == "default":
+            return self.queue_url
+        base = self.queue_url.rstrip("/").rsplit("/", 1)[0]
+        if self.fifo and not queue.endswith(".fifo"):
+            queue += ".fifo"
+        return f"{base}/{queue}"
+
+    def queue_for_name(self, sqs_name: str) -> str | None:
+        """The haze queue whose SQS queue is named ``sqs_name``, None if not this connection's."""
+        if "{queue}" in self.queue_url:
+            template = self._name_of(self.queue_url)
+            head, _, tail = template.partition("{queue}")
+            fits = len(sqs_name) > len(head) + len(tail)
+            if fits and sqs_name.startswith(head) and sqs_name.endswith(tail):
+                return sqs_name[len(head) : len(sqs_name) - len(tail)]
+            return None
+        if sqs_name == self._default_name():
+            return "default"
+        if self.fifo != sqs_name.endswith(".fifo"):
+            return None
+        return sqs_name[: -len(".fifo")] if self.fifo else sqs_name
+
+    def url_for_arn(self, arn: str) -> str | None:
+        """The URL (through ``endpoint_url`` if set) of the queue ``arn`` names, when this
+        connection serves it (the Lambda SQS trigger gives ARNs, not URLs)."""
+        parts = arn.split(":")
+        if len(parts) < 6 or parts[2] != "sqs":
+            return None
+        account, name = parts[4], parts[5]
+        queue = self.queue_for_name(name)
+        if queue is None:
+            return None
+        url = self.queue_url_for(queue)
+        url_account = urlsplit(url).path.strip("/").split("/")[0]
+        if url_account.isdigit() and account.isdigit() and url_account != account:
+            return None
+        return url
+
+    @staticmethod
+    def _name_of(url: str) -> str:
+        return urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1]
+
+    def _queue_of_url(self, url: str) -> str:
+        return self.queue_for_name(self._name_of(url)) or self._name_of(url)
+
+    # -- the client ---------------------------------------------------------------
+
+    def _client(self) -> Any:
+        with self._client_lock:
+            if self._client_obj is None:
+                boto3 = _boto3()
+                config_mod = importlib.import_module("botocore.config")
+                c = self.credentials
+                session = boto3.session.Session(
+                    aws_access_key_id=(c.get("access_key_id") or c.get("aws_access_key_id")
+                                       or c.get("key")),
+                    aws_secret_access_key=(c.get("secret_access_key")
+                                           or c.get("aws_secret_access_key") or c.get("secret")),
+                    aws_session_token=(c.get("session_token") or c.get("aws_session_token")
+                                       or c.get("token")),
+                    profile_name=c.get("profile"),
+                    region_name=self.region,
+                )
+                config = config_mod.Config(
+                    max_pool_connections=max(10, self.concurrency * 2 + 4),
+                    read_timeout=SQS_MAX_WAIT + 20,
+                    connect_timeout=10,
+                    retries={"max_attempts": 4, "mode": "standard"},
+                )
+                self._client_obj = session.client(
+                    "sqs", region_name=self.region or "us-east-1",
+                    endpoint_url=self.endpoint_url, config=config,
+                )
+            return self._client_obj
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=max(4, self.concurrency * 2 + 2),
+                thread_name_prefix=f"haze-sqs-{self.name}",
+            )
+        return self._executor
+
+    def _submit(self, op: str, **params: Any) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+
+        def call() -> Any:
+            return getattr(self._client(), op)(**params)
+
+        return loop.run_in_executor(self._pool(), call)
+
+    async def _call(self, op: str, **params: Any) -> Any:
+        try:
+            return await self._submit(op, **params)
+        except Exception as e:
+            self._translate(e, params)
+            raise
+
+    def _translate(self, error: BaseException, params: dict[str, Any]) -> None:
+        if _error_code(error) in _NO_QUEUE:
+            url = params.get("QueueUrl", "?")
+            raise ConfigError(
+                f"the SQS queue {url} does not exist; haze does not create queues (create "
+                "it, or check queue_url and the queue name)",
+                key=f"connections.{self.name}.queue_url",
+            ) from error
+
+    def now(self) -> float:
+        return self.clock()
+
+    # -- producer -----------------------------------------------------------------
+
+    def _group_of(self, message: Message | None, queue: str) -> str:
+        group = (message.meta or {}).get("group") if message is not None else None
+        return str(group) if group else queue
+
+    def _entry(self, body: str, message: Message, delay: float, *, resend: bool,
+               attempts: int | None = None, group: str | None = None) -> dict[str, Any]:
+        """SendMessage parameters (without QueueUrl) for ``body`` available after ``delay``."""
+        due: float | None = None
+        seconds = 0
+        if delay > 0:
+            if self.fifo:
+                due = self.now() + delay
+            elif delay > self.max_delay:
+                due = self.now() + delay
+                seconds = math.ceil(self.max_delay)
+            else:
+                seconds = math.ceil(delay)
+        if resend or due is not None:
+            body = _rewrite(body, attempts=attempts, due=due)
+        entry: dict[str, Any] = {"MessageBody": body}
+        if seconds:
+            entry["DelaySeconds"] = min(seconds, SQS_MAX_DELAY)
+        if self.fifo:
+            entry["MessageGroupId"] = group or self._group_of(message, message.queue)
+            if resend:
+                entry["MessageDeduplicationId"] = f"{message.id}-r{new_id()[:16]}"
+            else:
+                entry["MessageDeduplicationId"] = f"{message.id}-{int(message.ts * 1000)}"
+        return entry
+
+    async def enqueue(self, body: str, message: Message, delay: float) -> None:
+        entry = self._entry(body, message, delay, resend=False)
+        await self._call("send_message", QueueUrl=self.queue_url_for(message.queue), **entry)
+
+    async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
+        """``SendMessageBatch`` per SQS queue: 10 entries and at most 1 MiB per call."""
+        by_url: dict[str, list[dict[str, Any]]] = {}
+        for body, message, delay in items:
+            by_url.setdefault(self.queue_url_for(message.queue), []).append(
+                self._entry(body, message, delay, resend=False))
+        calls = []
+        for url, entries in by_url.items():
+            chunk: list[dict[str, Any]] = []
+            size = 0
+            for entry in entries:
+                n = len(entry["MessageBody"].encode("utf-8"))
+                if chunk and (len(chunk) == _BATCH or size + n > SQS_MAX_MESSAGE_SIZE):
+                    calls.append(self._send_batch(url, chunk))
+                    chunk, size = [], 0
+                chunk.append(entry)
+                size += n
+            if chunk:
+                calls.append(self._send_batch(url, chunk))
+        if self.fifo:  # one batch after the other: the order within a group is the order sent
+            for call in calls:
+                await call
+            return
+        for result in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _send_batch(self, url: str, entries: list[dict[str, Any]]) -> None:
+        numbered = [{"Id": str(i), **e} for i, e in enumerate(entries)]
+        response = await self._call("send_message_batch", QueueUrl=url, Entries=numbered)
+        failed = response.get("Failed") or []
+        if failed:
+            # Retry the entries SQS marks as its own fault once; report the rest.
+            retry = [numbered[int(f["Id"])] for f in failed if not f.get("SenderFault")]
+            if retry and len(retry) == len(failed):
+                response = await self._call("send_message_batch", QueueUrl=url, Entries=retry)
+                failed = response.get("Failed") or []
+            if failed:
+                first = failed[0]
+                raise SqsError(
+                    f"SQS rejected {len(failed)} of {len(entries)} messages of a batch to {url} "
+                    f"({first.get('Code')}: {first.get('Message')}); the others were sent"
+                )
+
+    # -- consumer -----------------------------------------------------------------
+
+    def _stop_event(self) -> asyncio.Event:
+        loop = asyncio.get_running_loop()
+        if self._stop is None or self._stop_loop is not loop:
+            self._stop = asyncio.Event()
+            self._stop_loop = loop
+        return self._stop
+
+    def interrupt(self) -> None:
+        """End an idle wait now (the worker is stopping). A long poll still running in its
+        thread is abandoned; a message it returns later is handed back without using a try."""
+        if self._stop is not None:
+            self._stop.set()
+
+    def _receive_params(self, url: str, wait: int) -> dict[str, Any]:
+        return {
+            "QueueUrl": url,
+            "MaxNumberOfMessages": 1,
+            "WaitTimeSeconds": wait,
+            "VisibilityTimeout": math.ceil(self.retry_after),
+            "MessageSystemAttributeNames": _SYSTEM_ATTRIBUTES,
+        }
+
+    async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
+        queues = list(queues) or list(self.options.get("queues") or ["default"])
+        stop = self._stop_event()
+        if stop.is_set():
+            stop.clear()
+        for queue in queues:
+            job = await self._poll(queue, 0)
+            if job is not None:
+                return job
+        if wait <= 0:
+            return None
+        seconds = int(min(wait, self.wait_time))
+        started = time.monotonic()
+        if seconds >= 1:
+            job = await self._poll(queues[0], seconds, stop)
+            if job is not None:
+                return job
+        left = wait - (time.monotonic() - started)
+        if left > 0 and not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), left)
+            except TimeoutError:
+                pass
+        return None
+
+    async def _poll(self, queue: str, wait: int,
+                    stop: asyncio.Event | None = None) -> Reserved | None:
+        url = self.queue_url_for(queue)
+        for _ in range(_BATCH):  # skip past messages forwarded because they are not due
+            params = self._receive_params(url, wait)
+            if stop is None:
+                response = await self._call("receive_message", **params)
+            else:
+                future = self._submit("receive_message", **params)
+                stopper = asyncio.ensure_future(stop.wait())
+                try:
+                    await asyncio.wait({future, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stopper.cancel()
+                if not future.done():
+                    self._abandon(future, url)
+                    return None
+                try:
+                    response = future.result()
+                except Exception as e:
+                    self._translate(e, params)
+                    raise
+            raw = (response.get("Messages") or [None])[0]
+            if raw is None:
+                return None
+            job, _ = await self.admit(url, self.receipt_from_api(url, raw), raw.get("Body") or "")
+            if job is not None:
+                return job
+            wait = 0
+        return None
+
+    def _abandon(self, future: asyncio.Future[Any], url: str) -> None:
+        """A long poll outlived the worker's stop: hand back what it receives."""
+        self._abandoned.add(future)
+
+        def done(f: asyncio.Future[Any]) -> None:
+            self._abandoned.discard(f)
+            if f.cancelled() or f.exception() is not None:
+                return
+            for raw in f.result().get("Messages") or []:
+                task = asyncio.ensure_future(self._hand_back(url, raw))
+                self._abandoned.add(task)
+                task.add_done_callback(self._abandoned.discard)
+
+        future.add_done_callback(done)
+
+    async def _hand_back(self, url: str, raw: dict[str, Any]) -> None:
+        try:
+            job, _ = await self.admit(url, self.receipt_from_api(url, raw), raw.get("Body") or "")
+            if job is None:
+                return
+            if job.message is None:
+                await self._change_visibility(job.token, 0)
+            else:
+                await self.release(job, 0.0, consume_attempt=False)
+        except Exception as e:
+            log.warning("haze sqs: could not hand back a message received after stop: %s", e)
+
+    @staticmethod
+    def receipt_from_api(url: str, raw: dict[str, Any]) -> SqsReceipt:
+        """The token of a ``ReceiveMessage`` result."""
+        attrs = raw.get("Attributes") or {}
+        return SqsReceipt(
+            url=url,
+            handle=raw["ReceiptHandle"],
+            message_id=raw.get("MessageId", ""),
+            receive_count=int(attrs.get("ApproximateReceiveCount") or 1),
+            sent_at=int(attrs.get("SentTimestamp") or 0) / 1000.0,
+            first_received_at=int(attrs.get("ApproximateFirstReceiveTimestamp") or 0) / 1000.0,
+            group=attrs.get("MessageGroupId"),
+        )
+
+    @staticmethod
+    def receipt_from_record(url: str, record: dict[str, Any]) -> SqsReceipt:
+        """The token of one record of a Lambda SQS event (``event["Records"][i]``)."""
+        attrs = record.get("attributes") or {}
+        return SqsReceipt(
+            url=url,
+            handle=record["receiptHandle"],
+            message_id=record.get("messageId", ""),
+            receive_count=int(attrs.get("ApproximateReceiveCount") or 1),
+            sent_at=int(attrs.get("SentTimestamp") or 0) / 1000.0,
+            first_received_at=int(attrs.get("ApproximateFirstReceiveTimestamp") or 0) / 1000.0,
+            group=attrs.get("MessageGroupId"),
+        )
+
+    async def admit(self, url: str, receipt: SqsReceipt, body: str) -> tuple[Reserved | None, bool]:
+        """Turn a received message into a ``Reserved``, or forward it when it is not due.
+
+        Returns ``(job, kept)``: ``job`` is None when the message was not due; ``kept``
+        then says whether it stays in its queue (a FIFO hold: the Lambda handler must
+        report it as a batch item failure) or was replaced by a new message.
+        """
+        try:
+            message: Message | None = decode(body)
+            error: BaseException | None = None
+        except Exception as e:
+            message, error = None, e
+        queue = message.queue if message is not None else self._queue_of_url(url)
+        due = _due_of(message)
+        now = self.now()
+        if message is not None and due is not None and due - now > _DUE_TOLERANCE:
+            return None, await self._not_due(url, receipt, message, body, due - now)
+        attempts = message.attempts if message is not None else 0
+        holds = 0
+        if (self.fifo and due is not None and receipt.receive_count > 1
+                and receipt.first_received_at < due - _DUE_TOLERANCE):
+            holds = 1  # the first receive only held it until due
+        attempt = max(1, attempts + receipt.receive_count - holds)
+        return Reserved(message, attempt, body, queue, receipt, error), False
+
+    async def _not_due(self, url: str, receipt: SqsReceipt, message: Message, body: str,
+                       left: float) -> bool:
+        if self.fifo and receipt.receive_count <= 1:
+            budget = self._visibility_budget(receipt)
+            seconds = min(math.ceil(left) + 1, budget)
+            if seconds > 0:
+                await self._change_visibility(receipt, seconds)
+                return True
+        # Forward: the same envelope (same attempts, same due) as a new message.
+        # (Standard queues: the last hop, within max_delay, drops "due" and its
+        # DelaySeconds ends exactly when due.)
+        entry = self._entry(body, message, left, resend=True, attempts=message.attempts,
+                            group=receipt.group)
+        await self._call("send_message", QueueUrl=url, **entry)
+        await self._delete(receipt)
+        return False
+
+    def _visibility_budget(self, receipt: SqsReceipt) -> int:
+        """Seconds of visibility SQS still allows (12 h counted from the send, which is
+        what moto enforces and never more than SQS allows)."""
+        if not receipt.sent_at:
+            return SQS_MAX_VISIBILITY - _VISIBILITY_MARGIN
+        used = max(0.0, self.now() - receipt.sent_at)
+        return int(SQS_MAX_VISIBILITY - _VISIBILITY_MARGIN - used)
+
+    async def _change_visibility(self, receipt: SqsReceipt, seconds: int) -> None:
+        await self._call("change_message_visibility", QueueUrl=receipt.url,
+                         ReceiptHandle=receipt.handle, VisibilityTimeout=max(0, int(seconds)))
+
+    async def _delete(self, receipt: SqsReceipt) -> None:
+        try:
+            await self._call("delete_message", QueueUrl=receipt.url, ReceiptHandle=receipt.handle)
+        except Exception as e:
+            if _error_code(e) not in _BAD_RECEIPT:
+                raise
+            log.warning("haze sqs: could not delete message %s (%s): its receipt expired, so it "
+                        "may run again", receipt.message_id, _error_code(e))
+
+    async def ack(self, job: Reserved) -> None:
+        await self._delete(job.token)
+
+    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:
+        await self.settle_release(job, delay, consume_attempt=consume_attempt)
+
+    async def settle_release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
+        """``release`` that says how: True when the message stays in its queue with a new
+        visibility timeout (a retry), False when a new message replaced it."""
+        receipt: SqsReceipt = job.token
+        seconds = math.ceil(delay) if delay > 0 else 0
+        if consume_attempt and seconds <= self._visibility_budget(receipt):
+            await self._change_visibility(receipt, seconds)
+            return True
+        if job.message is None:  # undecodable bodies are failed, never released
+            await self._change_visibility(receipt, min(seconds, self._visibility_budget(receipt)))
+            return True
+        used = job.attempt if consume_attempt else job.attempt - 1
+        entry = self._entry(job.body, job.message, delay, resend=True, attempts=max(0, used),
+                            group=receipt.group)
+        await self._call("send_message", QueueUrl=receipt.url, **entry)
+        await self._delete(receipt)
+        return False
+
+    async def fail(self, job: Reserved, failed: FailedJob) -> None:
+        await self.failed.record(failed)
+        await self._delete(job.token)
+
+    async def heartbeat(self, jobs: Sequence[Reserved]) -> None:
+        """Extend the visibility of running jobs to ``retry_after`` again."""
+        by_url: dict[str, list[SqsReceipt]] = {}
+        for job in jobs:
+            if isinstance(job.token, SqsReceipt):
+                by_url.setdefault(job.token.url, []).append(job.token)
+        visibility = math.ceil(self.retry_after)
+        for url, receipts in by_url.items():
+            for i in range(0, len(receipts), _BATCH):
+                chunk = receipts[i : i + _BATCH]
+                entries = [{"Id": str(n), "ReceiptHandle": r.handle,
+                            "VisibilityTimeout": max(0, min(visibility,
+                                                            self._visibility_budget(r)))}
+                           for n, r in enumerate(chunk)]
+                response = await self._call("change_message_visibility_batch", QueueUrl=url,
+                                            Entries=entries)
+                for f in response.get("Failed") or []:
+                    r = chunk[int(f["Id"])]
+                    log.warning("haze sqs: heartbeat of message %s failed (%s: %s)",
+                                r.message_id, f.get("Code"), f.get("Message"))
+
+    # -- inspection ---------------------------------------------------------------
+
+    _SIZE_ATTRIBUTES = ("ApproximateNumberOfMessages", "ApproximateNumberOfMessagesDelayed",
+                        "ApproximateNumberOfMessagesNotVisible")
+
+    async def size(self, queue: str) -> int:
+        """Waiting + delayed + in flight (see "Sizes" in the module docstring)."""
+        response = await self._call("get_queue_attributes", QueueUrl=self.queue_url_for(queue),
+                                    AttributeNames=list(self._SIZE_ATTRIBUTES))
+        attrs = response.get("Attributes") or {}
+        return sum(int(attrs.get(a) or 0) for a in self._SIZE_ATTRIBUTES)
+
+    async def purge(self, queue: str) -> int:
+        """``PurgeQueue`` (every message, in flight too); returns the approximate count.
+        Within 60 s of a previous purge SQS refuses, and the visible messages are received
+        and deleted instead."""
+        url = self.queue_url_for(queue)
+        n = await self.size(queue)
+        try:
+            await self._call("purge_queue", QueueUrl=url)
+            return n
+        except Exception as e:
+            if "PurgeQueueInProgress" not in _error_code(e):
+                raise
+        deleted = 0
+        while True:
+            response = await self._call("receive_message", QueueUrl=url, MaxNumberOfMessages=10,
+                                        WaitTimeSeconds=0, VisibilityTimeout=30)
+            messages = response.get("Messages") or []
+            if not messages:
+                return deleted
+            entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
+                       for i, m in enumerate(messages)]
+            await self._call("delete_message_batch", QueueUrl=url, Entries=entries)
+            deleted += len(messages)
+
+    async def close(self) -> None:
+        pending = [f for f in self._abandoned if not f.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=SQS_MAX_WAIT + 5)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
