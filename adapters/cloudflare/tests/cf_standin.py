@@ -155,7 +155,9 @@ class StandIn:
         self.queue = QueueState(max_retries)
         self.d1 = D1State(db_path)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     @property
     def api_url(self) -> str:

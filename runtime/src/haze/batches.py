@@ -482,7 +482,6 @@ async def _run(
         await manager.run_callback(ref, args, connection=record["options"]["connection"])
 
 
-
 _PRUNE_CHUNK = 200
 
 

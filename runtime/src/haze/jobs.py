@@ -340,7 +340,8 @@ class JobDefinition(Generic[P]):
         pending = PendingDispatch(self, payload)
         pending._set(delay=delay, queue=queue, connection=connection, after_commit=after_commit,
                      group=group)
-        result = await pending.dispatch()
+        # what pending.dispatch() does, minus one coroutine layer per dispatch
+        result = await (_use_app or _bind_use_app())().manager.dispatch(pending)
         return result.id
 
     dispatch_blocking = blocking_method(dispatch)

@@ -61,6 +61,9 @@ class Worker:
         self.stopping = False
         self._busy = 0
         self._claiming = 0  # slots inside a claim: it may return a job (stop_when_empty)
+        #: Remote drivers: one idle slot polls at a time (the seed's "one loop per worker");
+        #: the other idle slots wait for it instead of each polling the backend.
+        self._idle_gate: asyncio.Lock | None = None
         self._idle_slots = 0
         self._claimed = 0
         self._tasks: list[asyncio.Task[None]] = []
@@ -92,6 +95,7 @@ class Worker:
         self._started_at = time.monotonic()
         self._done = asyncio.Event()
         self.stopping = False
+        self._idle_gate = asyncio.Lock() if self.driver.remote and not self.stop_when_empty else None
         self._tasks = [
             self._loop.create_task(self._slot(i), name=f"haze-worker-{self.connection}-{i}")
             for i in range(self.concurrency)
@@ -219,6 +223,7 @@ class Worker:
         idle_wait = self.sleep
         reserve_nowait = getattr(driver, "reserve_nowait", None)
         queues = self.queues
+        idle = False  # this slot's last claim found nothing
         while not self.stopping:
             if self._limit_reached():
                 self.request_stop()
@@ -235,12 +240,24 @@ class Worker:
                     idle_told = True
                     if self.stopping:  # a stop requested during the listener
                         break
-                self._claiming += 1
+                gate = self._idle_gate if idle else None
+                if gate is not None:
+                    # Idle: poll only when no other idle slot is polling. A slot that just
+                    # finished a job claims at once; one that finds a job hands the gate on.
+                    await gate.acquire()
                 try:
-                    job = await self._claim(
-                        0.0 if self.stop_when_empty else self._wait_for(idle_wait))
+                    if self.stopping:
+                        break
+                    self._claiming += 1
+                    try:
+                        job = await self._claim(
+                            0.0 if self.stop_when_empty else self._wait_for(idle_wait))
+                    finally:
+                        self._claiming -= 1
                 finally:
-                    self._claiming -= 1
+                    if gate is not None:
+                        gate.release()
+            idle = job is None
             if job is None:
                 if self.stopping:
                     break

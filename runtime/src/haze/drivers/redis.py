@@ -41,6 +41,9 @@ How haze's rules map onto BullMQ:
   ``enqueue_many`` adds a whole group in one ``MULTI`` round trip (``addBulk``).
 - Priority: ``reserve(["high", "default"])`` always tries ``high`` first; a job is
   only prefetched from the highest-priority queue, so a prefetch never jumps it.
+  Claims are taken one at a time per process, so jobs start in queue order.
+- ``size()`` counts waiting, delayed and active (claimed) jobs, like Laravel's Redis
+  queue; ``purge()`` is BullMQ's ``drain`` (waiting and delayed jobs).
 """
 
 from __future__ import annotations
@@ -183,6 +186,8 @@ class _Link:
         self.fetch_next = False
         self.first: str | None = None
         self.consumed: list[str] = []
+        #: (job id, lock token) of the jobs claimed here and not settled yet
+        self.open: set[tuple[str, str]] = set()
         self.stop = asyncio.Event()
         self.claiming = asyncio.Lock()
         self.waits: dict[tuple[str, ...], asyncio.Task[Any]] = {}
@@ -485,7 +490,9 @@ class RedisDriver:
         token = f"{self._id}:{next(self._tokens)}"
         data, job_id, _, due = await link.scripts(queue).moveToActive(token, self._worker_opts)
         if data:
-            return self._reserved(queue, data, job_id, token), 0
+            job = self._reserved(queue, data, job_id, token)
+            link.open.add(job.token)
+            return job, 0
         return None, int(due or 0)
 
     async def _claim(self, link: _Link, order: Sequence[str]) -> tuple[Reserved | None, int]:
@@ -572,6 +579,7 @@ class RedisDriver:
         while link.prefetched:
             job = link.prefetched.popleft()
             job_id, token = job.token
+            link.open.discard(job.token)
             s = link.scripts(job.queue)
             keys = [s.keys[k] for k in ("active", "wait", "stalled", "paused", "meta", "limiter",
                                         "prioritized", "marker", "events")]
@@ -597,7 +605,9 @@ class RedisDriver:
             return
         data, job_id, _, _ = raw2NextJobData(result)
         if data:
-            link.prefetched.append(self._reserved(job.queue, data, job_id, job.token[1]))
+            fetched = self._reserved(job.queue, data, job_id, job.token[1])
+            link.open.add(fetched.token)
+            link.prefetched.append(fetched)
             if not link.fetch_next:  # the worker stopped meanwhile
                 await self._return_prefetched(link)
 
@@ -606,6 +616,7 @@ class RedisDriver:
 
     async def ack(self, job: Reserved) -> None:
         link = self._link()
+        link.open.discard(job.token)
         job_id, token = job.token
         s = link.scripts(job.queue)
         fetch = self._fetch(link, job)
@@ -616,6 +627,7 @@ class RedisDriver:
 
     async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:
         link = self._link()
+        link.open.discard(job.token)
         job_id, token = job.token
         s = link.scripts(job.queue)
         fetch = self._fetch(link, job)
@@ -628,6 +640,7 @@ class RedisDriver:
 
     async def fail(self, job: Reserved, failed: FailedJob) -> None:
         link = self._link()
+        link.open.discard(job.token)
         job_id, token = job.token
         s = link.scripts(job.queue)
         fields = {"stacktrace": json.dumps([failed.exception])}
@@ -654,7 +667,10 @@ class RedisDriver:
             for q, (ids, tokens) in by_queue.items()
         ))
         for q, lost in zip(by_queue, results, strict=True):
+            tokens_by_id = dict(zip(*by_queue[q], strict=True))
             for job_id in lost or ():
+                if (job_id, tokens_by_id.get(job_id)) not in link.open:
+                    continue  # it finished while the renewal was on its way
                 log.warning("haze redis: job %s on %s/%s lost its lock; another worker may "
                             "run it again", job_id, self.name, q)
 

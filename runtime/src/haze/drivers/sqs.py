@@ -137,8 +137,12 @@ _SYSTEM_ATTRIBUTES = [
     "MessageGroupId",
 ]
 _NO_QUEUE = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
-_BAD_RECEIPT = {"ReceiptHandleIsInvalid", "InvalidParameterValue", "MessageNotInflight",
-                "AWS.SimpleQueueService.MessageNotInflight"}
+_BAD_RECEIPT = {
+    "ReceiptHandleIsInvalid",
+    "InvalidParameterValue",
+    "MessageNotInflight",
+    "AWS.SimpleQueueService.MessageNotInflight",
+}
 
 
 class SqsError(HazeError):
@@ -172,8 +176,9 @@ class SqsReceipt:
     group: str | None = None
 
 
-def _rewrite(body: str, *, attempts: int | None = None, due: float | None = None,
-             keep_due: bool = False) -> str:
+def _rewrite(
+    body: str, *, attempts: int | None = None, due: float | None = None, keep_due: bool = False
+) -> str:
     """``body`` with another ``attempts`` offset and ``meta.due`` (None: removed)."""
     try:
         data = json.loads(body)
@@ -248,11 +253,16 @@ class StoreFailedJobs:
         if not isinstance(data, dict):
             return None
         return FailedJob(
-            id=str(data.get("id")), name=str(data.get("name")),
-            connection=str(data.get("connection")), queue=str(data.get("queue")),
-            payload=data.get("payload"), exception=str(data.get("exception")),
-            failed_at=float(data.get("failed_at") or 0.0), chain_id=data.get("chain_id"),
-            batch_id=data.get("batch_id"), body=str(data.get("body") or ""),
+            id=str(data.get("id")),
+            name=str(data.get("name")),
+            connection=str(data.get("connection")),
+            queue=str(data.get("queue")),
+            payload=data.get("payload"),
+            exception=str(data.get("exception")),
+            failed_at=float(data.get("failed_at") or 0.0),
+            chain_id=data.get("chain_id"),
+            batch_id=data.get("batch_id"),
+            body=str(data.get("body") or ""),
         )
 
     async def _get_many(self, keys: Sequence[str]) -> builtins.list[Any]:
@@ -360,13 +370,15 @@ class DatabaseFailedJobs:
         db = await self._db()
         row = await db.fetchone(
             f"SELECT {self._COLUMNS} FROM {self.table} WHERE uuid = ? AND connection = ?",
-            (id, self.connection))
+            (id, self.connection),
+        )
         return None if row is None else self._row(row)
 
     async def forget(self, id: str) -> bool:
         db = await self._db()
-        n = await db.execute(f"DELETE FROM {self.table} WHERE uuid = ? AND connection = ?",
-                             (id, self.connection))
+        n = await db.execute(
+            f"DELETE FROM {self.table} WHERE uuid = ? AND connection = ?", (id, self.connection)
+        )
         return bool(n)
 
     async def flush(self, older_than: float | None = None) -> int:
@@ -374,8 +386,11 @@ class DatabaseFailedJobs:
         sql = f"DELETE FROM {self.table} WHERE connection = ?"
         if older_than is None:
             return int(await db.execute(sql, (self.connection,)))
-        return int(await db.execute(sql + " AND failed_at < ?",
-                                    (self.connection, time.time() - older_than)))
+        return int(
+            await db.execute(
+                sql + " AND failed_at < ?", (self.connection, time.time() - older_than)
+            )
+        )
 
 
 class _WarningFailedJobs(MemoryFailedJobs):
@@ -394,7 +409,9 @@ class _WarningFailedJobs(MemoryFailedJobs):
                 'Connection "%s" keeps failed jobs in the memory of this process (%s): they '
                 "are lost when it exits, and other processes (haze queue:failed, other "
                 "Lambda containers) cannot see them. Set failed_store to a database "
-                "connection or a redis/database cache store.", self.connection, self.why,
+                "connection or a redis/database cache store.",
+                self.connection,
+                self.why,
             )
         await super().record(job)
 
@@ -419,15 +436,17 @@ class SqsDriver:
         self.options = options
         queue_url = options.get("queue_url")
         if not queue_url:
-            raise ConfigError("is required for the sqs driver",
-                              key=f"connections.{name}.queue_url")
+            raise ConfigError("is required for the sqs driver", key=f"connections.{name}.queue_url")
         self.queue_url: str = queue_url
         self.max_message_size: int | None = options.get("max_message_size") or SQS_MAX_MESSAGE_SIZE
         self.concurrency: int = options.get("concurrency") or 1
         self.retry_after: float = float(options.get("retry_after") or 90.0)
         if not 0 < self.retry_after <= SQS_MAX_VISIBILITY:
-            raise ConfigError(f"must be between 1s and 12h (the SQS visibility timeout range), "
-                              f"got {self.retry_after:g}s", key=f"connections.{name}.retry_after")
+            raise ConfigError(
+                f"must be between 1s and 12h (the SQS visibility timeout range), "
+                f"got {self.retry_after:g}s",
+                key=f"connections.{name}.retry_after",
+            )
         self.wait_time: float = min(float(options.get("wait_time") or SQS_MAX_WAIT), SQS_MAX_WAIT)
         self.heartbeat_interval: float = max(1.0, self.retry_after / 3)
         fifo = options.get("fifo")
@@ -474,7 +493,8 @@ class SqsDriver:
         raise ConfigError(
             f"{name!r} is neither a cache store (config/cache.py: {', '.join(stores) or 'none'}) "
             f"nor a database connection (config/database.py: {', '.join(databases) or 'none'})",
-            source=getattr(self.app.queue_config, "source", None), key=key,
+            source=getattr(self.app.queue_config, "source", None),
+            key=key,
         )
 
     def queue_url_for(self, queue: str) -> str:
@@ -537,12 +557,17 @@ class SqsDriver:
                 config_mod = importlib.import_module("botocore.config")
                 c = self.credentials
                 session = boto3.session.Session(
-                    aws_access_key_id=(c.get("access_key_id") or c.get("aws_access_key_id")
-                                       or c.get("key")),
-                    aws_secret_access_key=(c.get("secret_access_key")
-                                           or c.get("aws_secret_access_key") or c.get("secret")),
-                    aws_session_token=(c.get("session_token") or c.get("aws_session_token")
-                                       or c.get("token")),
+                    aws_access_key_id=(
+                        c.get("access_key_id") or c.get("aws_access_key_id") or c.get("key")
+                    ),
+                    aws_secret_access_key=(
+                        c.get("secret_access_key")
+                        or c.get("aws_secret_access_key")
+                        or c.get("secret")
+                    ),
+                    aws_session_token=(
+                        c.get("session_token") or c.get("aws_session_token") or c.get("token")
+                    ),
                     profile_name=c.get("profile"),
                     region_name=self.region,
                 )
@@ -553,8 +578,10 @@ class SqsDriver:
                     retries={"max_attempts": 4, "mode": "standard"},
                 )
                 self._client_obj = session.client(
-                    "sqs", region_name=self.region or "us-east-1",
-                    endpoint_url=self.endpoint_url, config=config,
+                    "sqs",
+                    region_name=self.region or "us-east-1",
+                    endpoint_url=self.endpoint_url,
+                    config=config,
                 )
             return self._client_obj
 
@@ -599,8 +626,16 @@ class SqsDriver:
         group = (message.meta or {}).get("group") if message is not None else None
         return str(group) if group else queue
 
-    def _entry(self, body: str, message: Message, delay: float, *, resend: bool,
-               attempts: int | None = None, group: str | None = None) -> dict[str, Any]:
+    def _entry(
+        self,
+        body: str,
+        message: Message,
+        delay: float,
+        *,
+        resend: bool,
+        attempts: int | None = None,
+        group: str | None = None,
+    ) -> dict[str, Any]:
         """SendMessage parameters (without QueueUrl) for ``body`` available after ``delay``."""
         due: float | None = None
         seconds = 0
@@ -634,7 +669,8 @@ class SqsDriver:
         by_url: dict[str, list[dict[str, Any]]] = {}
         for body, message, delay in items:
             by_url.setdefault(self.queue_url_for(message.queue), []).append(
-                self._entry(body, message, delay, resend=False))
+                self._entry(body, message, delay, resend=False)
+            )
         calls = []
         for url, entries in by_url.items():
             chunk: list[dict[str, Any]] = []
@@ -722,8 +758,9 @@ class SqsDriver:
                 pass
         return None
 
-    async def _poll(self, queue: str, wait: int,
-                    stop: asyncio.Event | None = None) -> Reserved | None:
+    async def _poll(
+        self, queue: str, wait: int, stop: asyncio.Event | None = None
+    ) -> Reserved | None:
         url = self.queue_url_for(queue)
         for _ in range(_BATCH):  # skip past messages forwarded because they are not due
             params = self._receive_params(url, wait)
@@ -827,14 +864,19 @@ class SqsDriver:
             return None, await self._not_due(url, receipt, message, body, due - now)
         attempts = message.attempts if message is not None else 0
         holds = 0
-        if (self.fifo and due is not None and receipt.receive_count > 1
-                and receipt.first_received_at < due - _DUE_TOLERANCE):
+        if (
+            self.fifo
+            and due is not None
+            and receipt.receive_count > 1
+            and receipt.first_received_at < due - _DUE_TOLERANCE
+        ):
             holds = 1  # the first receive only held it until due
         attempt = max(1, attempts + receipt.receive_count - holds)
         return Reserved(message, attempt, body, queue, receipt, error), False
 
-    async def _not_due(self, url: str, receipt: SqsReceipt, message: Message, body: str,
-                       left: float) -> bool:
+    async def _not_due(
+        self, url: str, receipt: SqsReceipt, message: Message, body: str, left: float
+    ) -> bool:
         if self.fifo and receipt.receive_count <= 1:
             budget = self._visibility_budget(receipt)
             seconds = min(math.ceil(left) + 1, budget)
@@ -844,8 +886,9 @@ class SqsDriver:
         # Forward: the same envelope (same attempts, same due) as a new message.
         # (Standard queues: the last hop, within max_delay, drops "due" and its
         # DelaySeconds ends exactly when due.)
-        entry = self._entry(body, message, left, resend=True, attempts=message.attempts,
-                            group=receipt.group)
+        entry = self._entry(
+            body, message, left, resend=True, attempts=message.attempts, group=receipt.group
+        )
         await self._call("send_message", QueueUrl=url, **entry)
         await self._delete(receipt)
         return False
@@ -859,8 +902,12 @@ class SqsDriver:
         return int(SQS_MAX_VISIBILITY - _VISIBILITY_MARGIN - used)
 
     async def _change_visibility(self, receipt: SqsReceipt, seconds: int) -> None:
-        await self._call("change_message_visibility", QueueUrl=receipt.url,
-                         ReceiptHandle=receipt.handle, VisibilityTimeout=max(0, int(seconds)))
+        await self._call(
+            "change_message_visibility",
+            QueueUrl=receipt.url,
+            ReceiptHandle=receipt.handle,
+            VisibilityTimeout=max(0, int(seconds)),
+        )
 
     async def _delete(self, receipt: SqsReceipt) -> None:
         try:
@@ -868,8 +915,12 @@ class SqsDriver:
         except Exception as e:
             if _error_code(e) not in _BAD_RECEIPT:
                 raise
-            log.warning("haze sqs: could not delete message %s (%s): its receipt expired, so it "
-                        "may run again", receipt.message_id, _error_code(e))
+            log.warning(
+                "haze sqs: could not delete message %s (%s): its receipt expired, so it "
+                "may run again",
+                receipt.message_id,
+                _error_code(e),
+            )
 
     async def ack(self, job: Reserved) -> None:
         await self._delete(job.token)
@@ -889,8 +940,9 @@ class SqsDriver:
             await self._change_visibility(receipt, min(seconds, self._visibility_budget(receipt)))
             return True
         used = job.attempt if consume_attempt else job.attempt - 1
-        entry = self._entry(job.body, job.message, delay, resend=True, attempts=max(0, used),
-                            group=receipt.group)
+        entry = self._entry(
+            job.body, job.message, delay, resend=True, attempts=max(0, used), group=receipt.group
+        )
         await self._call("send_message", QueueUrl=receipt.url, **entry)
         await self._delete(receipt)
         return False
@@ -909,26 +961,41 @@ class SqsDriver:
         for url, receipts in by_url.items():
             for i in range(0, len(receipts), _BATCH):
                 chunk = receipts[i : i + _BATCH]
-                entries = [{"Id": str(n), "ReceiptHandle": r.handle,
-                            "VisibilityTimeout": max(0, min(visibility,
-                                                            self._visibility_budget(r)))}
-                           for n, r in enumerate(chunk)]
-                response = await self._call("change_message_visibility_batch", QueueUrl=url,
-                                            Entries=entries)
+                entries = [
+                    {
+                        "Id": str(n),
+                        "ReceiptHandle": r.handle,
+                        "VisibilityTimeout": max(0, min(visibility, self._visibility_budget(r))),
+                    }
+                    for n, r in enumerate(chunk)
+                ]
+                response = await self._call(
+                    "change_message_visibility_batch", QueueUrl=url, Entries=entries
+                )
                 for f in response.get("Failed") or []:
                     r = chunk[int(f["Id"])]
-                    log.warning("haze sqs: heartbeat of message %s failed (%s: %s)",
-                                r.message_id, f.get("Code"), f.get("Message"))
+                    log.warning(
+                        "haze sqs: heartbeat of message %s failed (%s: %s)",
+                        r.message_id,
+                        f.get("Code"),
+                        f.get("Message"),
+                    )
 
     # -- inspection ---------------------------------------------------------------
 
-    _SIZE_ATTRIBUTES = ("ApproximateNumberOfMessages", "ApproximateNumberOfMessagesDelayed",
-                        "ApproximateNumberOfMessagesNotVisible")
+    _SIZE_ATTRIBUTES = (
+        "ApproximateNumberOfMessages",
+        "ApproximateNumberOfMessagesDelayed",
+        "ApproximateNumberOfMessagesNotVisible",
+    )
 
     async def size(self, queue: str) -> int:
         """Waiting + delayed + in flight (see "Sizes" in the module docstring)."""
-        response = await self._call("get_queue_attributes", QueueUrl=self.queue_url_for(queue),
-                                    AttributeNames=list(self._SIZE_ATTRIBUTES))
+        response = await self._call(
+            "get_queue_attributes",
+            QueueUrl=self.queue_url_for(queue),
+            AttributeNames=list(self._SIZE_ATTRIBUTES),
+        )
         attrs = response.get("Attributes") or {}
         return sum(int(attrs.get(a) or 0) for a in self._SIZE_ATTRIBUTES)
 
@@ -946,13 +1013,19 @@ class SqsDriver:
                 raise
         deleted = 0
         while True:
-            response = await self._call("receive_message", QueueUrl=url, MaxNumberOfMessages=10,
-                                        WaitTimeSeconds=0, VisibilityTimeout=30)
+            response = await self._call(
+                "receive_message",
+                QueueUrl=url,
+                MaxNumberOfMessages=10,
+                WaitTimeSeconds=0,
+                VisibilityTimeout=30,
+            )
             messages = response.get("Messages") or []
             if not messages:
                 return deleted
-            entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
-                       for i, m in enumerate(messages)]
+            entries = [
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)
+            ]
             await self._call("delete_message_batch", QueueUrl=url, Entries=entries)
             deleted += len(messages)
 

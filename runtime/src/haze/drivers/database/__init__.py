@@ -194,8 +194,9 @@ class DatabaseDriver:
     async def _insert_many(self, rows: list[tuple[Any, ...]]) -> None:
         # One multi-row INSERT per chunk: a single round trip and transaction.
         base = self.sql["enqueue"].split("VALUES", 1)[0]
-        for i in range(0, len(rows), 500):
-            chunk = rows[i : i + 500]
+        per = 20 if self.dialect == "d1" else 500  # D1: at most 100 bound values a statement
+        for i in range(0, len(rows), per):
+            chunk = rows[i : i + per]
             values = ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))
             params = [p for row in chunk for p in row]
             await self.db.execute(f"{base}VALUES {values}", params)
@@ -231,8 +232,9 @@ class DatabaseDriver:
         elif self.dialect == "postgres":
             row = await self.db.fetchone(sql["claim"], (queue, now, abandoned, token, token))
         else:
-            async with self.db.transaction(immediate=True) as tx:
-                row = await tx.fetchone(sql["claim"], (token, token, queue, now, abandoned))
+            # One UPDATE … RETURNING is atomic on its own (a write statement takes the write
+            # lock before it reads): no BEGIN/COMMIT round trips (three on libSQL over HTTP).
+            row = await self.db.fetchone(sql["claim"], (token, token, queue, now, abandoned))
         if row is None:
             return None
         row_id, body, attempts, reserved_at = row
@@ -248,14 +250,17 @@ class DatabaseDriver:
     async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
         # No queues given (Worker(queues=None)): the connection's ``queues``, as queue:work does.
         queues = queues or self.options.get("queues") or ["default"]
+        event = self._wake() if wait > 0 else None
+        if event is not None:
+            # Cleared before the claims, not after: a dispatch or a stop (interrupt) that
+            # happens while they run must still cut the wait short.
+            event.clear()
         for q in queues:
             job = await self._claim(q)
             if job is not None:
                 return job
-        if wait <= 0:
+        if event is None:
             return None
-        event = self._wake()
-        event.clear()
         listen = getattr(self.db, "listen", None)
         waiter = asyncio.ensure_future(event.wait())
         waiters: set[asyncio.Future[Any]] = {waiter}

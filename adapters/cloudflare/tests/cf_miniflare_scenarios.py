@@ -1,0 +1,177 @@
+# Runs INSIDE real Pyodide under tests/cloudflare/miniflare-harness.mjs, not under pytest.
+#
+# haze's env is Miniflare's real Queue producer (QUEUE -> local queue "haze-jobs") and
+# real D1 binding (DB -> local database "haze-d1"). Every delivery of "haze-jobs" comes
+# from workerd through the JS consumer Worker and reaches handle_batch() below, which runs
+# haze_cloudflare.QueueWorker.queue(); the JS Worker applies the verdicts to the real
+# messages. The last expression (a dict) is printed as JSON by the harness.
+# ruff: noqa: E402, F704
+import asyncio
+import json
+import time
+import traceback
+
+import js
+from pyodide.ffi import create_proxy
+
+from haze import (
+    App,
+    JobContext,
+    Queue,
+    define_cache_config,
+    define_database_config,
+    define_job,
+    define_queue_config,
+)
+from haze.database.migrations import ensure_queue_tables
+from haze.worker import Worker
+from haze_cloudflare import QueueWorker
+
+H = js.cfHarness
+env = H.env
+loop = asyncio.get_running_loop()
+T0 = time.monotonic()
+
+app = App(
+    queue=define_queue_config(
+        default="cloudflare",
+        connections={
+            # final failures go to failed_jobs in D1, through the binding
+            "cloudflare": {"driver": "cloudflare", "binding": "QUEUE", "failed_store": "main"},
+            # the database driver on D1, through the binding (dispatch from the edge)
+            "database": {"driver": "database", "connection": "main", "queues": ["default"]},
+        },
+        store="d1",
+        batches={"store": "d1"},
+    ),
+    database=define_database_config(
+        default="main",
+        connections={"main": {"url": "d1://local/haze-d1", "options": {"binding": "DB"}}},
+    ),
+    # unique locks in D1 too (the database store: one atomic statement per operation)
+    cache=define_cache_config(default="d1", stores={"d1": {"driver": "database",
+                                                          "connection": "main"}}),
+)
+
+
+class Default(QueueWorker):
+    haze_app = app
+
+
+worker = Default(None, env)
+runs = []
+
+
+def note(name, payload, job):
+    runs.append({"job": name, "key": payload.get("key"), "attempt": job.attempt,
+                 "t": round(time.monotonic() - T0, 3), "connection": job.connection})
+
+
+@define_job()
+async def cf_mf_ok(payload: dict, job: JobContext) -> None:
+    note("ok", payload, job)
+
+
+@define_job(tries=3, backoff=1)
+async def cf_mf_flaky(payload: dict, job: JobContext) -> None:
+    note("flaky", payload, job)
+    if job.attempt < 3:
+        raise RuntimeError(f"flaky attempt {job.attempt}")
+
+
+@define_job(tries=3, backoff=1)
+async def cf_mf_release(payload: dict, job: JobContext) -> None:
+    n = sum(1 for r in runs if r["job"] == "release")
+    note("release", payload, job)
+    if n == 0:
+        raise RuntimeError("the first run fails: a retry uses a try")
+    if n == 1:
+        job.release(1)
+
+
+@define_job(tries=2, backoff=1)
+async def cf_mf_dead(payload: dict, job: JobContext) -> None:
+    note("dead", payload, job)
+    raise ValueError(f"dead {payload['key']}")
+
+
+@define_job(tries=5, backoff=1)
+async def cf_mf_many(payload: dict, job: JobContext) -> None:
+    note("many", payload, job)
+    raise RuntimeError("never works: the queue's max_retries (2) ends it first")
+
+
+@define_job(unique={"key": lambda p: p["key"], "for": "1h"})
+async def cf_mf_unique(payload: dict, job: JobContext) -> None:
+    note("unique", payload, job)
+
+
+async def handle_batch(batch):
+    await worker.queue(batch, env, None)
+
+
+H.setHandler(create_proxy(handle_batch))
+
+
+def count(job):
+    return sum(1 for r in runs if r["job"] == job)
+
+
+async def read(sql):
+    return (await H.read(sql)).to_py()
+
+
+result = {}
+try:
+    await worker.get_app()
+    await ensure_queue_tables(app, "database")  # CREATE TABLE … on D1 through the binding
+    dispatched = {"t": round(time.monotonic() - T0, 3)}
+    dispatched["ok"] = await cf_mf_ok.dispatch({"key": "ok"})
+    dispatched["delayed"] = await cf_mf_ok.dispatch({"key": "delayed"}, delay=2)
+    dispatched["flaky"] = await cf_mf_flaky.dispatch({"key": "flaky"})
+    dispatched["release"] = await cf_mf_release.dispatch({"key": "release"})
+    dispatched["dead"] = await cf_mf_dead.dispatch({"key": "dead"})
+    dispatched["many"] = await cf_mf_many.dispatch({"key": "many"})
+    u1 = await cf_mf_unique.dispatch({"key": "u"})
+    u2 = await cf_mf_unique.with_({"key": "u"}).dispatch()
+    dispatched["unique"] = [u1, u2.id, u2.skipped]
+    dispatched["bulk"] = await Queue.bulk([cf_mf_ok.with_({"key": f"bulk{i}"}) for i in range(3)])
+
+    # database driver: dispatch through the D1 binding (one row, then a 30-row bulk:
+    # 150 bound values, over D1's limit of 100 per statement)
+    d1_one = await cf_mf_ok.dispatch({"key": "d1-0"}, connection="database")
+    d1_bulk = await Queue.bulk([cf_mf_ok.with_({"key": f"d1-{i}"}).on_connection("database")
+                                for i in range(1, 31)])
+    d1_rows = await read("SELECT queue, payload, attempts, reserved_at FROM jobs ORDER BY id")
+    result["d1_dispatch"] = {
+        "ids": [d1_one, *d1_bulk],
+        "row_ids": [json.loads(r["payload"])["id"] for r in d1_rows],
+        "queues": sorted({r["queue"] for r in d1_rows}),
+        "reserved": [r["reserved_at"] for r in d1_rows if r["reserved_at"] is not None],
+        "size": await app.driver("database").size("default"),
+    }
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done = (count("flaky") >= 3 and count("release") >= 3 and count("dead") >= 2
+                and count("many") >= 3 and len(H.dlq) >= 1 and count("unique") >= 1
+                and any(r["key"] == "delayed" for r in runs)
+                and sum(1 for r in runs if str(r["key"]).startswith("bulk")) >= 3)
+        if done:
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(1.5)  # let stray redeliveries (there should be none) show up
+
+    # consume the D1 queue too (a long-running worker would do this elsewhere)
+    w = Worker(app, "database", ["default"], 1, stop_when_empty=True)
+    result["d1_consumed"] = await w.run()
+
+    failed = await Queue.failed()
+    result["failed"] = [{"id": f.id, "name": f.name, "payload": f.payload,
+                         "exception": f.exception.splitlines()[-1]} for f in failed]
+    result["dispatched"] = dispatched
+    result["runs"] = runs
+    result["unique_after"] = await cf_mf_unique.dispatch({"key": "u"})
+except BaseException:
+    result["error"] = traceback.format_exc()
+result

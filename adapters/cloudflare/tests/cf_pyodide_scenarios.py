@@ -1,0 +1,315 @@
+# Runs INSIDE real Pyodide (node tests/pyodide/run.mjs), not under pytest.
+#
+# test_cf_pyodide.py prepends SIM_JS (the JavaScript source of cf_queue_sim.js) and runs
+# this file with the haze, haze_cloudflare and cf_pyo_app wheels loaded. Every scenario
+# drives the generated entry (cf_pyo_app.entry.Default, a QueueWorker) with MessageBatch
+# objects that are real JS objects: message.body is a JS object, message.attempts a JS
+# number, message.ack()/retry() JS functions (retry receives {delaySeconds} from
+# Pyodide's keyword-argument convention). Producers call the JS Queue binding's
+# send/sendBatch; the KV store and the failed store use the JS KV stand-in.
+# The last expression (a dict of scenario outcomes) is printed as JSON.
+# ruff: noqa: F821, E402
+import _thread
+import asyncio
+import json
+import logging
+import sys
+import threading
+import traceback
+
+thread_starts = []
+
+
+def _guard(name, real):
+    def wrapper(*args, **kwargs):
+        thread_starts.append(name)
+        return real(*args, **kwargs)
+
+    return wrapper
+
+
+_thread.start_new_thread = _guard("_thread.start_new_thread", _thread.start_new_thread)
+if hasattr(_thread, "start_joinable_thread"):
+    _thread.start_joinable_thread = _guard(
+        "_thread.start_joinable_thread", _thread.start_joinable_thread
+    )
+threading.Thread.start = _guard("threading.Thread.start", threading.Thread.start)
+
+import js
+from pyodide.code import run_js
+from pyodide.ffi import to_js
+
+run_js(SIM_JS)  # noqa: F821 - prepended by the test
+sim = js.cfSim
+
+import haze
+import haze_cloudflare
+from cf_pyo_app import state
+from cf_pyo_app.entry import Default
+from haze import Queue
+from haze_cloudflare._js import is_nullish
+from haze.errors import DelayTooLongError, PayloadTooLargeError
+from haze.jobs import get_job
+
+
+class _Capture(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(f"{record.name}: {record.getMessage()}")
+
+
+captured = _Capture()
+logging.getLogger("haze").addHandler(captured)
+
+
+def new_env(max_retries=3, dead_letter=None, secret="s3cret"):
+    opts = {"maxRetries": max_retries}
+    if dead_letter is not None:
+        opts["deadLetter"] = dead_letter
+    q = sim.SimQueue.new("cf-pyo-jobs", to_js(opts, dict_converter=js.Object.fromEntries))
+    kv = sim.SimKV.new()
+    make = run_js("(q, kv, s) => (s ? {QUEUE: q, KV: kv, HAZE_DISPATCH_SECRET: s}"
+                  " : {QUEUE: q, KV: kv})")
+    env = make(q, kv, secret)
+    haze_cloudflare.bind_env(env)  # for dispatches made by the scenario itself
+    return env, q, kv
+
+
+worker = Default(None, None)
+
+
+async def pump(env, q, max_batch=10, limit=400):
+    """Deliver batches like Cloudflare until the queue is empty (waiting out delays)."""
+    for _ in range(limit):
+        batch = q.nextBatch(max_batch)
+        if is_nullish(batch):  # JS null arrives as jsnull
+            wait = q.nextIn()
+            if wait < 0:
+                return
+            await asyncio.sleep(wait / 1000 + 0.002)
+            continue
+        threw = False
+        try:
+            await worker.queue(batch, env, None)
+        except Exception:
+            threw = True
+            traceback.print_exc()
+        q.settle(batch, threw)
+    raise RuntimeError("the queue did not drain")
+
+
+def py(x):
+    return x.to_py() if hasattr(x, "to_py") else x
+
+
+def jsonable(x):
+    return json.loads(json.dumps(py(x), default=lambda o: None))
+
+
+def runs(name):
+    return [r for r in state.runs if r[0] == name]
+
+
+async def success_and_boundary():
+    env, q, _ = new_env()
+    await worker.get_app()
+    payload = {"key": "a", "none": None, "nested": {"l": [1, None, 2.5], "s": "é", "t": True}}
+    job_id = await get_job("cf_pyo_ok").dispatch(payload)
+    sends = jsonable(q.sends)
+    await pump(env, q)
+    return {"id": job_id, "sends": sends, "calls": jsonable(q.calls), "runs": runs("ok"),
+            "size": q.size, "outcomes": list(worker.outcomes)}
+
+
+async def retry_backoff():
+    env, q, _ = new_env()
+    await get_job("cf_pyo_flaky").dispatch({"key": "f", "ok_at": 3})
+    await pump(env, q)
+    return {"calls": jsonable(q.calls), "runs": runs("flaky"), "size": q.size}
+
+
+async def release():
+    env, q, _ = new_env()
+    job_id = await get_job("cf_pyo_release").dispatch({"key": "r"})
+    await pump(env, q)
+    return {"id": job_id, "calls": jsonable(q.calls), "sends": jsonable(q.sends),
+            "runs": runs("release"), "size": q.size}
+
+
+async def final_failure():
+    env, q, _ = new_env()
+    job_id = await get_job("cf_pyo_dead").dispatch({"key": "d"})
+    await pump(env, q)
+    failed = await Queue.failed()
+    listed = [{"id": f.id, "name": f.name, "payload": f.payload, "exception": f.exception,
+               "connection": f.connection} for f in failed]
+    retried = await Queue.retry(job_id)
+    after = await Queue.failed()
+    return {"id": job_id, "calls": jsonable(q.calls), "runs": runs("dead"),
+            "failed": listed, "failed_calls": list(state.failed_calls), "retried": retried,
+            "after_retry": [f.id for f in after], "resent": jsonable(q.sends)[-1],
+            "outcomes": list(worker.outcomes)}
+
+
+async def dead_letter():
+    dlq = sim.SimQueue.new("cf-pyo-dlq")
+    env, q, _ = new_env(max_retries=1, dead_letter=dlq)
+    job_id = await get_job("cf_pyo_many").dispatch({"key": "m"})
+    await pump(env, q)
+    return {"id": job_id, "calls": jsonable(q.calls), "runs": runs("many"),
+            "dead": jsonable(q.dead), "dlq": jsonable(dlq.sends),
+            "failed": [f.id for f in await Queue.failed()]}
+
+
+async def limits():
+    env, q, _ = new_env()
+    ok = get_job("cf_pyo_ok")
+    await ok.dispatch({"key": "late"}, delay=30)
+    await ok.dispatch({"key": "max"}, delay="12h")
+    errors = {}
+    try:
+        await ok.dispatch({"key": "too-late"}, delay="13h")
+    except DelayTooLongError as e:
+        errors["delay"] = str(e)
+    try:
+        await ok.dispatch({"key": "big", "blob": "x" * 140_000})
+    except PayloadTooLargeError as e:
+        errors["size"] = str(e)
+    return {"sends": jsonable(q.sends), "errors": errors}
+
+
+async def bulk():
+    env, q, _ = new_env()
+    ok = get_job("cf_pyo_ok")
+    ids = await Queue.bulk([ok.with_({"key": f"b{i}"}) for i in range(120)])
+    batch_calls = jsonable(q.batchCalls)
+    sends = jsonable(q.sends)
+    await pump(env, q, max_batch=100)
+    ran = [r[1] for r in runs("ok") if str(r[1]).startswith("b")]
+    return {"ids": ids, "batch_calls": batch_calls, "vias": sorted({s["via"] for s in sends}),
+            "body_ids": [s["body"]["id"] for s in sends], "ran": ran, "size": q.size}
+
+
+async def chain():
+    env, q, _ = new_env()
+    ok = get_job("cf_pyo_ok")
+    result = await Queue.chain(
+        [ok.with_({"key": "c1"}), ok.with_({"key": "c2"}), ok.with_({"key": "c3"})]
+    ).dispatch()
+    await pump(env, q)
+    ran = [r[1] for r in runs("ok") if str(r[1]).startswith("c")]
+    return {"chain_id": result.chain_id, "ran": ran, "sends": len(jsonable(q.sends))}
+
+
+async def batch():
+    env, q, _ = new_env()
+    ok = get_job("cf_pyo_ok")
+    b = await (
+        Queue.batch([ok.with_({"key": f"x{i}"}) for i in range(3)])
+        .name("import")
+        .then(ok.with_({"key": "then"}))
+        .finally_(ok.with_({"key": "finally"}))
+        .dispatch()
+    )
+    await pump(env, q)
+    fresh = await b.fresh()
+    ran = [r[1] for r in runs("ok") if str(r[1]).startswith(("x", "then", "finally"))]
+    return {"ran": ran, "finished": fresh.finished, "processed": fresh.processed,
+            "failed": fresh.failed, "progress": fresh.progress}
+
+
+async def unique():
+    env, q, _ = new_env()
+    u = get_job("cf_pyo_unique")
+    first = await u.dispatch({"key": "u"})
+    second = await u.dispatch({"key": "u"})
+    skipped = await u.with_({"key": "u"}).dispatch()
+    await pump(env, q)
+    third = await u.dispatch({"key": "u"})
+    await pump(env, q)
+    return {"first": first, "second": second, "skipped": skipped.skipped,
+            "third": third, "runs": runs("unique")}
+
+
+async def rate_limited_release():
+    env, q, _ = new_env()
+    lim = get_job("cf_pyo_limited")
+    a = await lim.dispatch({"key": "l1"})
+    b = await lim.dispatch({"key": "l2"})
+    batch = q.nextBatch(10)
+    await worker.queue(batch, env, None)
+    q.settle(batch, False)
+    return {"ids": [a, b], "runs": runs("limited"), "calls": jsonable(q.calls),
+            "sends": jsonable(q.sends), "outcomes": list(worker.outcomes), "size": q.size}
+
+
+async def undecodable():
+    env, q, _ = new_env()
+    bad = q.inject("this is not JSON", "text")
+    unknown = q.inject(to_js({"v": 1, "id": "nobody-1", "job": "cf_pyo_no_such_job",
+                              "payload": {}}, dict_converter=js.Object.fromEntries))
+    await pump(env, q)
+    failed = {f.id: f.exception for f in await Queue.failed()}
+    return {"bad": bad, "unknown": unknown, "calls": jsonable(q.calls), "failed": failed,
+            "outcomes": list(worker.outcomes)}
+
+
+async def fetch_dispatch():
+    env, q, _ = new_env()
+    body = json.dumps({"job": "cf_pyo_ok", "payload": {"key": "http"}, "delay": 5})
+
+    def request(method="POST", token="s3cret", data=body):
+        headers = {"content-type": "application/json"}
+        if token is not None:
+            headers["authorization"] = f"Bearer {token}"
+        init = {"method": method, "headers": headers}
+        if method == "POST":
+            init["body"] = data
+        return js.Request.new("https://worker.example/dispatch",
+                              to_js(init, dict_converter=js.Object.fromEntries))
+
+    ok = await worker.fetch(request(), env)
+    wrong = await worker.fetch(request(token="nope"), env)
+    missing = await worker.fetch(request(token=None), env)
+    get = await worker.fetch(request(method="GET"), env)
+    unknown = await worker.fetch(
+        request(data=json.dumps({"job": "cf_pyo_nope", "payload": {}})), env)
+    env2, q2, _ = new_env(secret=None)
+    disabled = await worker.fetch(request(), env2)
+    return {
+        "ok": [ok.status, ok.json()], "wrong": wrong.status, "missing": missing.status,
+        "get": get.status, "unknown": [unknown.status, unknown.json()],
+        "disabled": [disabled.status, disabled.json()], "sends": jsonable(q.sends),
+        "sends_disabled": jsonable(q2.sends),
+    }
+
+
+results = {}
+for scenario in (success_and_boundary, retry_backoff, release, final_failure, dead_letter,
+                 limits, bulk, chain, batch, unique, rate_limited_release, undecodable,
+                 fetch_dispatch):
+    try:
+        value = await asyncio.wait_for(scenario(), 30)  # noqa: F704 - top-level await
+        results[scenario.__name__] = {"ok": True, "value": value}
+    except BaseException:
+        results[scenario.__name__] = {"ok": False, "error": traceback.format_exc()}
+
+starts = list(thread_starts)
+try:
+    threading.Thread(target=lambda: None).start()
+except RuntimeError:
+    pass
+results["environment"] = {"ok": True, "value": {
+    "platform": sys.platform,
+    "haze_file": haze.__file__,
+    "adapter_file": haze_cloudflare.__file__,
+    "worker_bases": [c.__module__ + "." + c.__qualname__ for c in Default.__mro__],
+    "thread_starts": starts,
+    "guard_probe": thread_starts[len(starts):],
+    "threads": [t.name for t in threading.enumerate()],
+    "warnings": list(captured.lines),
+}}
+results

@@ -1,0 +1,99 @@
+"""Booting the app once per Lambda execution environment, and running async code.
+
+Lambda keeps a process alive between invocations (a "warm" container) and freezes it
+in between. The app is therefore built once, on the first invocation, and cached at
+module level; every later invocation of that process reuses it.
+
+Async code runs on ONE event loop per process, created with the app and reused by
+every invocation (``loop.run_until_complete``), rather than ``asyncio.run`` per call:
+``asyncio.run`` creates and closes a loop each time, and whatever the app opened on
+the previous loop (SQLite/PostgreSQL/MySQL connections and pools, redis clients,
+httpx clients, the memory driver's timers) is bound to that closed loop and breaks on
+the next call ("attached to a different loop"), or must be reopened on every
+invocation. A persistent loop keeps those connections warm, which is the point of
+a warm start. Nothing runs on it while the process is frozen, which is harmless:
+haze keeps no background work between invocations (heartbeats live inside one).
+
+The app root is ``HAZE_APP_ROOT``; else the bundled app (``haze build --preset
+aws-lambda`` puts ``config/`` and ``app/`` beside ``handler.py``, the function's
+``LAMBDA_TASK_ROOT``); else the working directory, if it holds an app. The cache is
+keyed by process id, so a forked worker (awslambdaric's multi-concurrency mode)
+builds its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from haze import App
+from haze.app import run_in_app
+
+__all__ = ["app_root", "boot", "reset", "run"]
+
+T = TypeVar("T")
+
+_lock = threading.RLock()
+_state: dict[str, Any] = {}
+
+
+def _is_app(path: Path) -> bool:
+    return (path / "config").is_dir() or (path / "app" / "job").is_dir()
+
+
+def app_root() -> Path:
+    """Where the app is: ``HAZE_APP_ROOT``, the bundle (``LAMBDA_TASK_ROOT``), or the cwd."""
+    env = os.environ.get("HAZE_APP_ROOT")
+    if env:
+        path = Path(env)
+        if not path.is_dir():
+            raise RuntimeError(f"HAZE_APP_ROOT={env!r} is not a directory")
+        return path
+    for candidate in (os.environ.get("LAMBDA_TASK_ROOT"), os.getcwd()):
+        if candidate and _is_app(Path(candidate)):
+            return Path(candidate)
+    raise RuntimeError(
+        "haze_lambda: no app found; set HAZE_APP_ROOT to the directory holding config/ and "
+        "app/job/, or deploy the bundle made by `haze build --preset aws-lambda`"
+    )
+
+
+def boot(root: str | os.PathLike[str] | None = None) -> App:
+    """The app of this process, built and entered on first use (on the process's loop)."""
+    with _lock:
+        app: App | None = _state.get("app")
+        if app is not None and _state.get("pid") == os.getpid():
+            return app
+        path = Path(root) if root is not None else app_root()
+        loop = asyncio.new_event_loop()
+        app = App(root=path)
+        loop.run_until_complete(app.__aenter__())
+        _state.update(app=app, loop=loop, pid=os.getpid(), root=path)
+        return app
+
+
+def run(fn: Callable[[App], Awaitable[T]]) -> T:
+    """Run ``fn(app)`` on the process's loop, with the app pinned as the current app."""
+    with _lock:
+        app = boot()
+        loop: asyncio.AbstractEventLoop = _state["loop"]
+
+        async def pinned() -> T:
+            return await run_in_app(app, lambda: fn(app))
+
+        return loop.run_until_complete(pinned())
+
+
+def reset() -> None:
+    """Stop and forget the cached app (tests; a new root on the next ``boot``)."""
+    with _lock:
+        app: App | None = _state.get("app")
+        loop: asyncio.AbstractEventLoop | None = _state.get("loop")
+        if app is not None and loop is not None and _state.get("pid") == os.getpid():
+            loop.run_until_complete(app.__aexit__(None, None, None))
+            loop.close()
+        _state.clear()

@@ -1,0 +1,108 @@
+"""``haze_lambda.schedule_handler``: drain a database or Redis queue from an EventBridge
+schedule.
+
+Lambda has no trigger for haze's ``database`` and ``redis`` queues (nothing pushes
+their jobs to a function), so a schedule (an EventBridge rule ``rate(1 minute)`` or an
+EventBridge Scheduler schedule) invokes this handler, which runs a ``haze.worker.Worker``
+on the connection with ``stop_when_empty`` and a time budget:
+
+    max_time = min(remaining time of the invocation - margin, configured max_time)
+
+The worker stops claiming when the queues are empty or the budget is spent, and waits
+for the jobs it is running (give jobs a ``timeout`` below the margin: a job still running
+when Lambda kills the invocation is reclaimed after the connection's ``retry_after``).
+
+Settings, from the event's ``detail`` (an EventBridge Scheduler input or a rule's
+constant input may also put them at the top level), else the environment:
+
+- ``connection`` / ``HAZE_SCHEDULE_CONNECTION``: default: the app's default connection
+- ``queues`` / ``HAZE_SCHEDULE_QUEUES`` (comma-separated): default: the connection's
+- ``max_time`` / ``HAZE_SCHEDULE_MAX_TIME``: a duration; default: no cap but the deadline
+- ``concurrency`` / ``HAZE_SCHEDULE_CONCURRENCY``: default: the connection's
+- ``HAZE_SCHEDULE_MARGIN``: time kept back before the deadline, default ``10s``
+
+The response counts what ran: ``{"connection", "queues", "processed", "outcomes":
+{"done": n, "retry": n, ...}, "max_time", "stopped": "empty" | "time"}``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from haze import App
+from haze.durations import parse_duration
+from haze.worker import Worker
+
+from ._boot import run
+
+__all__ = ["schedule_handler"]
+
+_DRAINABLE = ("database", "redis")
+
+
+def _setting(event: dict[str, Any], key: str) -> Any:
+    detail = event.get("detail")
+    if isinstance(detail, dict) and detail.get(key) is not None:
+        return detail[key]
+    if event.get(key) is not None:
+        return event[key]
+    return os.environ.get(f"HAZE_SCHEDULE_{key.upper()}") or None
+
+
+async def _drain(app: App, event: dict[str, Any], context: Any) -> dict[str, Any]:
+    connection = app.connection_name(_setting(event, "connection"))
+    kind = app.queue_config.connections[connection]["driver"]
+    if kind not in _DRAINABLE:
+        raise ValueError(
+            f"haze_lambda.schedule_handler drains database and redis connections; connection "
+            f'"{connection}" uses the {kind} driver (an sqs connection uses sqs_handler, a '
+            "memory or sync connection has nothing to drain from Lambda)"
+        )
+    queues = _setting(event, "queues")
+    if isinstance(queues, str):
+        queues = [q.strip() for q in queues.split(",") if q.strip()]
+    configured = _setting(event, "max_time")
+    cap = parse_duration(configured, "max_time") if configured is not None else None
+    margin = parse_duration(os.environ.get("HAZE_SCHEDULE_MARGIN", "10s"), "HAZE_SCHEDULE_MARGIN")
+    budget = cap
+    get_remaining = getattr(context, "get_remaining_time_in_millis", None)
+    if get_remaining is not None:
+        left = float(get_remaining()) / 1000.0 - margin
+        budget = left if budget is None else min(budget, left)
+    result: dict[str, Any] = {
+        "connection": connection,
+        "queues": queues,
+        "processed": 0,
+        "outcomes": {},
+        "max_time": budget,
+    }
+    if budget is not None and budget <= 0:
+        result["stopped"] = "time"
+        return result
+    driver = app.driver(connection)
+    concurrency = int(_setting(event, "concurrency") or getattr(driver, "concurrency", 1) or 1)
+    outcomes: dict[str, int] = {}
+
+    def on_job(job: Any, outcome: str, seconds: float) -> None:
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+    started = time.monotonic()
+    worker = Worker(
+        app, connection, queues, concurrency, max_time=budget, stop_when_empty=True, on_job=on_job
+    )
+    processed = await worker.run()
+    elapsed = time.monotonic() - started
+    result.update(
+        processed=processed,
+        outcomes=outcomes,
+        seconds=round(elapsed, 3),
+        stopped="time" if budget is not None and elapsed >= budget else "empty",
+    )
+    return result
+
+
+def schedule_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """Lambda handler for an EventBridge schedule: drain a database/redis connection."""
+    return run(lambda app: _drain(app, event or {}, context))

@@ -1,0 +1,687 @@
+"""The Lambda handlers under the real AWS Lambda runtime client.
+
+Real:
+- ``awslambdaric`` (AWS's runtime interface client, the one in AWS's Python base
+  images), started as ``python -m awslambdaric haze_lambda.<handler>`` in a subprocess:
+  it imports the handler, long-polls the Runtime API for invocations, builds the
+  ``LambdaContext`` (deadline included) and posts the marshalled responses and errors.
+  One subprocess per handler serves every invocation of a module, as a warm Lambda
+  container does.
+- haze, haze_lambda, boto3 and a SQLite file (the failed store and the database queue).
+- The events' shapes: built as AWS documents them for SQS triggers, EventBridge
+  scheduled events and API Gateway HTTP API payload format 2.0, and validated with
+  ``aws-lambda-powertools``' parser models (``SqsModel``, ``EventBridgeModel``,
+  ``APIGatewayProxyEventV2Model``) before they are sent. SQS records carry receipt
+  handles and attributes from a real ``ReceiveMessage`` on the queue.
+
+Stand-ins:
+- The Lambda service's Runtime API: ``RuntimeAPI`` below, a small HTTP server with the
+  documented routes (``GET /2018-06-01/runtime/invocation/next``,
+  ``POST .../invocation/{id}/response`` and ``.../error``, ``POST .../init/error``).
+- Amazon SQS: ``moto`` in server mode (see ``tests/drivers/sqs_spec.py``); the Lambda
+  poller is this test, which receives messages and builds the event from them.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import queue
+import re
+import runpy
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("awslambdaric", reason="awslambdaric is needed for the Lambda runtime tests")
+models = pytest.importorskip("aws_lambda_powertools.utilities.parser.models")
+pytest.importorskip("boto3")
+
+from haze.drivers.database import schema_sql  # noqa: E402
+from haze.message import Message, encode, new_id  # noqa: E402
+
+_SPEC = runpy.run_path(str(Path(__file__).resolve().parents[3] / "tests/drivers/sqs_spec.py"))
+ACCOUNT: str = _SPEC["ACCOUNT"]
+REGION: str = _SPEC["REGION"]
+SECRET = "lam-test-secret"
+FUNCTION_ARN = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:haze-test"
+
+
+def _trace_id() -> str:
+    return f"Root=1-{uuid.uuid4().hex[:8]}-{uuid.uuid4().hex[:24]}"
+
+
+pytestmark = pytest.mark.timeout(180)
+
+
+# --------------------------------------------------------------------------- Runtime API
+
+
+class RuntimeAPI:
+    """The Lambda Runtime API (2018-06-01) as far as a runtime client uses it."""
+
+    PREFIX = "/2018-06-01/runtime"
+
+    def __init__(self) -> None:
+        self.pending: queue.Queue[tuple[str, bytes, int]] = queue.Queue()
+        self.results: dict[str, tuple[str, Any]] = {}
+        self.done: dict[str, threading.Event] = {}
+        self.init_errors: list[Any] = []
+        self.stopping = threading.Event()
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    data = b""
+                    while True:
+                        size = int(self.rfile.readline().strip() or b"0", 16)
+                        if size == 0:
+                            self.rfile.readline()
+                            return data
+                        data += self.rfile.read(size)
+                        self.rfile.readline()
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _send(
+                self, status: int, body: bytes, headers: dict[str, str] | None = None
+            ) -> None:
+                self.send_response(status)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                if self.path != f"{api.PREFIX}/invocation/next":
+                    self._send(404, b'{"errorMessage":"not found"}')
+                    return
+                while not api.stopping.is_set():
+                    try:
+                        rid, event, deadline = api.pending.get(timeout=0.2)
+                    except queue.Empty:
+                        continue
+                    self._send(
+                        200,
+                        event,
+                        {
+                            "Lambda-Runtime-Aws-Request-Id": rid,
+                            "Lambda-Runtime-Deadline-Ms": str(deadline),
+                            "Lambda-Runtime-Invoked-Function-Arn": FUNCTION_ARN,
+                            "Lambda-Runtime-Trace-Id": _trace_id(),
+                        },
+                    )
+                    return
+                self.close_connection = True
+
+            def do_POST(self) -> None:
+                body = self._body()
+                m = re.fullmatch(rf"{api.PREFIX}/invocation/([^/]+)/(response|error)", self.path)
+                if m:
+                    rid, kind = m.groups()
+                    api.results[rid] = (kind, json.loads(body or b"null"))
+                    api.done.setdefault(rid, threading.Event()).set()
+                    self._send(202, b'{"status":"OK"}')
+                    return
+                if self.path == f"{api.PREFIX}/init/error":
+                    api.init_errors.append(json.loads(body or b"null"))
+                    self._send(202, b'{"status":"OK"}')
+                    return
+                self._send(404, b'{"errorMessage":"not found"}')
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def address(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"{host}:{port}"
+
+    def invoke(
+        self, event: dict[str, Any], *, timeout_ms: int = 60_000, wait: float = 90.0
+    ) -> tuple[str, Any]:
+        """Queue one invocation; returns ("response" | "error", the posted JSON)."""
+        rid = str(uuid.uuid4())
+        self.done[rid] = threading.Event()
+        deadline = int(time.time() * 1000) + timeout_ms
+        self.pending.put((rid, json.dumps(event).encode(), deadline))
+        end = time.monotonic() + wait
+        while not self.done[rid].wait(0.1):
+            if self.init_errors:
+                raise RuntimeError(f"the function failed to start: {self.init_errors}")
+            if time.monotonic() > end:
+                raise TimeoutError(f"no response to invocation {rid}")
+        return self.results[rid]
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# --------------------------------------------------------------------------- the app
+
+QUEUE_PY = """
+from haze import define_queue_config, env
+
+creds = {"access_key_id": "testing", "secret_access_key": "testing"}
+config = define_queue_config(default="sqs", connections={
+    "sqs": {"driver": "sqs", "queue_url": env("LAM_SQS_BASE") + "/lamq-{queue}",
+            "endpoint_url": env("LAM_SQS_ENDPOINT"), "region": "us-east-1",
+            "credentials": creds, "failed_store": "main", "retry_after": "30s",
+            "concurrency": 4},
+    "fifo": {"driver": "sqs", "queue_url": env("LAM_SQS_BASE") + "/lamf-{queue}.fifo",
+             "endpoint_url": env("LAM_SQS_ENDPOINT"), "region": "us-east-1",
+             "credentials": creds, "failed_store": "main"},
+    "database": {"driver": "database", "connection": "main", "retry_after": "30s"},
+})
+"""
+
+DATABASE_PY = """
+from haze import define_database_config, env
+
+config = define_database_config(default="main", connections={"main": {"url": env("LAM_DB_URL")}})
+"""
+
+JOBS_PY = """
+import asyncio
+import json
+import os
+
+from haze import JobContext, define_job
+
+
+def note(name: str, payload: object, job: JobContext) -> None:
+    with open(os.environ["LAM_OUT"], "a") as f:
+        f.write(json.dumps({"job": name, "payload": payload, "attempt": job.attempt,
+                            "id": job.id, "pid": os.getpid()}) + "\\n")
+
+
+@define_job(tries=1)
+async def lam_ok(payload: dict, job: JobContext) -> None:
+    note("lam_ok", payload, job)
+
+
+@define_job(tries=3, backoff=5)
+async def lam_flaky(payload: dict, job: JobContext) -> None:
+    note("lam_flaky", payload, job)
+    if job.attempt < 2:
+        raise RuntimeError("lam_flaky: the first attempt fails")
+
+
+@define_job(tries=1)
+async def lam_fail(payload: dict, job: JobContext) -> None:
+    note("lam_fail", payload, job)
+    raise ValueError("lam_fail always fails")
+
+
+@define_job(tries=2)
+async def lam_release(payload: dict, job: JobContext) -> None:
+    note("lam_release", payload, job)
+    job.release(0)
+
+
+@define_job(tries=1)
+async def lam_slow(payload: dict, job: JobContext) -> None:
+    await asyncio.sleep(payload["seconds"])
+    note("lam_slow", payload, job)
+"""
+
+
+@pytest.fixture(scope="module")
+def lam_app(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("lam_app")
+    (root / "config").mkdir()
+    (root / "config" / "queue.py").write_text(QUEUE_PY)
+    (root / "config" / "database.py").write_text(DATABASE_PY)
+    (root / "app" / "job").mkdir(parents=True)
+    (root / "app" / "job" / "lam_jobs.py").write_text(JOBS_PY)
+    db = root / "lam.db"
+    with contextlib.closing(sqlite3.connect(db)) as c:
+        for stmt in schema_sql("sqlite"):
+            c.execute(stmt)
+        c.commit()
+    endpoint = _SPEC["endpoint"]()
+    return {
+        "root": root,
+        "db": db,
+        "out": root / "out.jsonl",
+        "endpoint": endpoint,
+        "env": {
+            "HAZE_APP_ROOT": str(root),
+            "LAM_SQS_BASE": f"{endpoint}/{ACCOUNT}",
+            "LAM_SQS_ENDPOINT": endpoint,
+            "LAM_DB_URL": f"sqlite:///{db}",
+            "LAM_OUT": str(root / "out.jsonl"),
+            "HAZE_HTTP_SECRET": SECRET,
+            "HAZE_SCHEDULE_CONNECTION": "database",
+            "HAZE_SCHEDULE_MARGIN": "1s",
+            "HAZE_SQS_MARGIN": "1s",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_REGION": REGION,
+            "AWS_LAMBDA_FUNCTION_NAME": "haze-test",
+            "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512",
+            "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
+            "AWS_LAMBDA_LOG_GROUP_NAME": "/aws/lambda/haze-test",
+            "AWS_LAMBDA_LOG_STREAM_NAME": "test",
+        },
+    }
+
+
+@contextlib.contextmanager
+def runtime(lam_app: dict[str, Any], handler: str) -> Iterator[RuntimeAPI]:
+    """The real awslambdaric running ``handler`` against our Runtime API."""
+    api = RuntimeAPI()
+    log_path = lam_app["root"] / f"{handler.replace('.', '_')}.log"
+    env = {
+        **os.environ,
+        **lam_app["env"],
+        "AWS_LAMBDA_RUNTIME_API": api.address,
+        "_HANDLER": handler,
+    }
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "awslambdaric", handler],
+            cwd=lam_app["root"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield api
+    except BaseException:
+        print(log_path.read_text(errors="replace")[-6000:])
+        raise
+    finally:
+        api.close()
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def outputs(lam_app: dict[str, Any]) -> list[dict[str, Any]]:
+    path: Path = lam_app["out"]
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def failed_rows(lam_app: dict[str, Any]) -> list[tuple[Any, ...]]:
+    with contextlib.closing(sqlite3.connect(lam_app["db"])) as c:
+        return c.execute("SELECT uuid, connection, queue, exception FROM failed_jobs").fetchall()
+
+
+# --------------------------------------------------------------------------- events
+
+
+def body_of(
+    job: str, payload: Any, queue: str, connection: str = "sqs", **extra: Any
+) -> tuple[str, str]:
+    """A haze envelope (as dispatch writes it); returns (haze id, JSON body)."""
+    message = Message(
+        id=new_id(),
+        job=job,
+        payload=payload,
+        queue=queue,
+        connection=connection,
+        ts=time.time(),
+        **extra,
+    )
+    return message.id, encode(message)
+
+
+def receive_all(client: Any, url: str, n: int, visibility: int = 30) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 10
+    while len(got) < n and time.monotonic() < deadline:
+        r = client.receive_message(
+            QueueUrl=url,
+            MaxNumberOfMessages=10,
+            VisibilityTimeout=visibility,
+            WaitTimeSeconds=1,
+            MessageSystemAttributeNames=["All"],
+        )
+        got.extend(r.get("Messages") or [])
+    return got
+
+
+def sqs_event(messages: list[dict[str, Any]], queue_name: str) -> dict[str, Any]:
+    """An SQS trigger event as AWS documents it, validated with powertools' SqsModel."""
+    records = []
+    for m in messages:
+        a = m["Attributes"]
+        attributes = {
+            "ApproximateReceiveCount": a["ApproximateReceiveCount"],
+            "SentTimestamp": a["SentTimestamp"],
+            "SenderId": a.get("SenderId") or "AIDAIENQZJOLO23YVJ4VO",
+            "ApproximateFirstReceiveTimestamp": a["ApproximateFirstReceiveTimestamp"],
+        }
+        for key in ("MessageGroupId", "MessageDeduplicationId", "SequenceNumber"):
+            if key in a:
+                attributes[key] = a[key]
+        records.append(
+            {
+                "messageId": m["MessageId"],
+                "receiptHandle": m["ReceiptHandle"],
+                "body": m["Body"],
+                "attributes": attributes,
+                "messageAttributes": {},
+                "md5OfBody": m["MD5OfBody"],
+                "eventSource": "aws:sqs",
+                "eventSourceARN": f"arn:aws:sqs:{REGION}:{ACCOUNT}:{queue_name}",
+                "awsRegion": REGION,
+            }
+        )
+    event = {"Records": records}
+    models.SqsModel.model_validate(event)
+    return event
+
+
+def scheduled_event(detail: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An EventBridge "Scheduled Event", validated with powertools' EventBridgeModel."""
+    event = {
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": "Scheduled Event",
+        "source": "aws.events",
+        "account": ACCOUNT,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "region": REGION,
+        "resources": [f"arn:aws:events:{REGION}:{ACCOUNT}:rule/haze-drain"],
+        "detail": detail or {},
+    }
+    models.EventBridgeModel.model_validate(event)
+    return event
+
+
+def http_event(
+    body: str | bytes, headers: dict[str, str], *, method: str = "POST", base64_body: bool = False
+) -> dict[str, Any]:
+    """An API Gateway HTTP API (payload 2.0) event, validated with powertools' model."""
+    raw = body.encode() if isinstance(body, str) else body
+    now = time.time()
+    event = {
+        "version": "2.0",
+        "routeKey": f"{method} /jobs",
+        "rawPath": "/jobs",
+        "rawQueryString": "",
+        "headers": {
+            "content-type": "application/json",
+            "host": "api.example.test",
+            "user-agent": "haze-test",
+            **{k.lower(): v for k, v in headers.items()},
+        },
+        "requestContext": {
+            "accountId": ACCOUNT,
+            "apiId": "hazeapi",
+            "domainName": "hazeapi.execute-api.us-east-1.amazonaws.com",
+            "domainPrefix": "hazeapi",
+            "http": {
+                "method": method,
+                "path": "/jobs",
+                "protocol": "HTTP/1.1",
+                "sourceIp": "192.0.2.1",
+                "userAgent": "haze-test",
+            },
+            "requestId": uuid.uuid4().hex[:16],
+            "routeKey": f"{method} /jobs",
+            "stage": "$default",
+            "time": time.strftime("%d/%b/%Y:%H:%M:%S +0000", time.gmtime(now)),
+            "timeEpoch": int(now * 1000),
+        },
+        "body": base64.b64encode(raw).decode() if base64_body else raw.decode(),
+        "isBase64Encoded": base64_body,
+    }
+    models.APIGatewayProxyEventV2Model.model_validate(event)
+    return event
+
+
+def queue_counts(client: Any, url: str) -> tuple[int, int, int]:
+    a = client.get_queue_attributes(
+        QueueUrl=url,
+        AttributeNames=[
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        ],
+    )["Attributes"]
+    return (
+        int(a["ApproximateNumberOfMessages"]),
+        int(a["ApproximateNumberOfMessagesNotVisible"]),
+        int(a["ApproximateNumberOfMessagesDelayed"]),
+    )
+
+
+# --------------------------------------------------------------------------- sqs_handler
+
+
+def test_sqs_handler_partial_batch_response(lam_app: dict[str, Any]) -> None:
+    client = _SPEC["client"]()
+    name = "lamq-t1"
+    url = _SPEC["create_queues"]([name])[name]
+    ids = {}
+    for job in ("lam_ok", "lam_flaky", "lam_fail", "lam_release"):
+        ids[job], body = body_of(job, {"n": job}, "t1")
+        client.send_message(QueueUrl=url, MessageBody=body)
+    messages = receive_all(client, url, 4)
+    assert len(messages) == 4
+    by_job = {json.loads(m["Body"])["job"]: m for m in messages}
+    with runtime(lam_app, "haze_lambda.sqs_handler") as api:
+        kind, response = api.invoke(sqs_event(messages, name))
+        assert kind == "response", response
+        # Only the retried job is reported: Lambda keeps it, with haze's backoff as its
+        # visibility. Success and final failure were deleted; the release was re-sent.
+        assert response == {
+            "batchItemFailures": [{"itemIdentifier": by_job["lam_flaky"]["MessageId"]}]
+        }
+        mine = set(ids.values())
+        runs = {o["job"]: o for o in outputs(lam_app) if o["id"] in mine}
+        assert {j: runs[j]["attempt"] for j in ids} == dict.fromkeys(ids, 1)
+        rows = failed_rows(lam_app)
+        assert [(r[0], r[1], r[2]) for r in rows] == [(ids["lam_fail"], "sqs", "t1")]
+        assert "lam_fail always fails" in rows[0][3]
+        visible, invisible, _ = queue_counts(client, url)
+        assert (visible, invisible) == (1, 1)  # the re-sent release; the flaky one in backoff
+        [again] = receive_all(client, url, 1)
+        envelope = json.loads(again["Body"])
+        assert envelope["job"] == "lam_release"
+        assert envelope["id"] == ids["lam_release"]
+        assert again["MessageId"] != by_job["lam_release"]["MessageId"]  # a new message
+        assert "attempts" not in envelope  # release used no try: still attempt 1 next time
+        assert again["Attributes"]["ApproximateReceiveCount"] == "1"
+        client.delete_message(QueueUrl=url, ReceiptHandle=again["ReceiptHandle"])
+
+        # The backoff (5 s) ends; the second receive of the flaky job runs as attempt 2.
+        [flaky] = receive_all(client, url, 1)
+        assert json.loads(flaky["Body"])["job"] == "lam_flaky"
+        assert flaky["Attributes"]["ApproximateReceiveCount"] == "2"
+        kind, response = api.invoke(sqs_event([flaky], name))
+        assert (kind, response) == ("response", {"batchItemFailures": []})
+        flaky_runs = [o for o in outputs(lam_app) if o["id"] == ids["lam_flaky"]]
+        assert [o["attempt"] for o in flaky_runs] == [1, 2]
+        # one warm process (one app, one event loop) served both invocations
+        assert len({o["pid"] for o in outputs(lam_app) if o["id"] in mine}) == 1
+        assert queue_counts(client, url) == (0, 0, 0)
+
+
+def test_sqs_handler_forwards_a_message_that_is_not_due(lam_app: dict[str, Any]) -> None:
+    client = _SPEC["client"]()
+    name = "lamq-t2"
+    url = _SPEC["create_queues"]([name])[name]
+    haze_id, body = body_of("lam_ok", {"n": "later"}, "t2", meta={"due": time.time() + 120})
+    client.send_message(QueueUrl=url, MessageBody=body)
+    messages = receive_all(client, url, 1)
+    with runtime(lam_app, "haze_lambda.sqs_handler") as api:
+        kind, response = api.invoke(sqs_event(messages, name))
+    assert (kind, response) == ("response", {"batchItemFailures": []})
+    assert not [o for o in outputs(lam_app) if o["id"] == haze_id]  # not run
+    # re-sent with the time left as DelaySeconds (within 15 min: no "due" any more)
+    assert queue_counts(client, url) == (0, 0, 1)
+
+
+def test_sqs_handler_fifo_stops_at_the_first_retry(lam_app: dict[str, Any]) -> None:
+    client = _SPEC["client"]()
+    name = "lamf-t3.fifo"
+    url = _SPEC["create_queues"]([name], fifo=True)[name]
+    sent = []
+    for job in ("lam_flaky", "lam_ok"):
+        haze_id, body = body_of(job, {"n": job}, "t3", connection="fifo")
+        client.send_message(
+            QueueUrl=url, MessageBody=body, MessageGroupId="g1", MessageDeduplicationId=haze_id
+        )
+        sent.append(haze_id)
+    messages = receive_all(client, url, 2)
+    assert [json.loads(m["Body"])["id"] for m in messages] == sent
+    with runtime(lam_app, "haze_lambda.sqs_handler") as api:
+        kind, response = api.invoke(sqs_event(messages, name))
+    assert kind == "response", response
+    # AWS's rule for FIFO triggers: after the first failure, report the rest unprocessed
+    assert response == {"batchItemFailures": [{"itemIdentifier": m["MessageId"]} for m in messages]}
+    assert not [o for o in outputs(lam_app) if o["id"] == sent[1]]
+
+
+# --------------------------------------------------------------------------- schedule_handler
+
+
+def _insert_jobs(lam_app: dict[str, Any], jobs: list[tuple[str, Any]]) -> None:
+    now = time.time()
+    with contextlib.closing(sqlite3.connect(lam_app["db"])) as c:
+        for job, payload in jobs:
+            _, body = body_of(job, payload, "default", connection="database")
+            c.execute(
+                "INSERT INTO jobs (queue, payload, attempts, available_at, created_at) "
+                "VALUES (?, ?, 0, ?, ?)",
+                ("default", body, now, now),
+            )
+        c.commit()
+
+
+def _jobs_left(lam_app: dict[str, Any]) -> int:
+    with contextlib.closing(sqlite3.connect(lam_app["db"])) as c:
+        return int(c.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
+
+
+def test_schedule_handler_drains_a_database_queue_within_the_deadline(
+    lam_app: dict[str, Any],
+) -> None:
+    _insert_jobs(lam_app, [("lam_ok", {"k": i}) for i in range(3)])
+    with runtime(lam_app, "haze_lambda.schedule_handler") as api:
+        kind, response = api.invoke(scheduled_event())
+        assert kind == "response", response
+        assert response["connection"] == "database"
+        assert response["processed"] == 3
+        assert response["outcomes"] == {"done": 3}
+        assert response["stopped"] == "empty"
+        assert _jobs_left(lam_app) == 0
+
+        # 6 jobs of 0.4 s, and 2.5 s left before the deadline (1 s margin): the worker
+        # stops claiming at max_time and leaves the rest for the next schedule.
+        _insert_jobs(lam_app, [("lam_slow", {"seconds": 0.4, "k": i}) for i in range(6)])
+        kind, response = api.invoke(scheduled_event(), timeout_ms=2500)
+        assert kind == "response", response
+        assert 0 < response["max_time"] <= 1.5
+        assert 0 < response["processed"] < 6
+        assert response["stopped"] == "time"
+        assert _jobs_left(lam_app) == 6 - response["processed"]
+
+        # An SQS connection is not drained by a schedule: a clear error, via the runtime.
+        kind, error = api.invoke(scheduled_event({"connection": "sqs"}))
+        assert kind == "error"
+        assert error["errorType"] == "ValueError"
+        assert "drains database and redis connections" in error["errorMessage"]
+
+
+# --------------------------------------------------------------------------- http_handler
+
+
+def _sign(raw: bytes) -> str:
+    return "sha256=" + hmac.new(SECRET.encode(), raw, hashlib.sha256).hexdigest()
+
+
+def test_http_handler_dispatches_and_rejects(lam_app: dict[str, Any]) -> None:
+    client = _SPEC["client"]()
+    url = _SPEC["create_queues"](["lamq-default"])["lamq-default"]
+    bearer = {"authorization": f"Bearer {SECRET}"}
+    ok = json.dumps({"job": "lam_ok", "payload": {"via": "bearer"}})
+    with runtime(lam_app, "haze_lambda.http_handler") as api:
+
+        def call(body: str | bytes, headers: dict[str, str], **kw: Any) -> tuple[int, Any]:
+            kind, response = api.invoke(http_event(body, headers, **kw))
+            assert kind == "response", response
+            return response["statusCode"], json.loads(response["body"])
+
+        status, data = call(ok, bearer)
+        assert status == 202
+        assert data["job"] == "lam_ok"
+        assert not data["skipped"]
+        [m] = receive_all(client, url, 1)
+        envelope = json.loads(m["Body"])
+        assert (envelope["id"], envelope["job"], envelope["payload"]) == (
+            data["id"],
+            "lam_ok",
+            {"via": "bearer"},
+        )
+
+        signed = json.dumps({"job": "lam_ok", "payload": {"via": "hmac"}, "delay": "1s"})
+        status, data = call(signed, {"x-haze-signature": _sign(signed.encode())}, base64_body=True)
+        assert status == 202, data
+
+        status, data = call(ok, {})
+        assert status == 401
+        assert "authentication required" in data["error"]
+        status, data = call(ok, {"authorization": "Bearer wrong"})
+        assert status == 403
+        assert "not valid" in data["error"]
+        status, data = call(ok, {"x-haze-signature": _sign(b"another body")})
+        assert status == 403
+        assert "signature" in data["error"]
+        status, data = call("{not json", bearer)
+        assert status == 400
+        assert "not valid JSON" in data["error"]
+        status, data = call('["job"]', bearer)
+        assert status == 400
+        assert "JSON object" in data["error"]
+        status, data = call('{"job": "lam_ok", "color": "red"}', bearer)
+        assert status == 400
+        assert "color" in data["error"]
+        status, data = call('{"job": "lam_nope"}', bearer)
+        assert status == 404
+        assert "lam_nope" in data["error"]
+        status, data = call('{"job": "lam_ok", "delay": "soon"}', bearer)
+        assert status == 400
+        assert "delay" in data["error"]
+        big = json.dumps({"job": "lam_ok", "payload": {"blob": "x" * (1024 * 1024 + 10)}})
+        status, data = call(big, bearer)
+        assert status == 413
+        assert "1048576-byte limit" in data["error"]
+        status, data = call(ok, bearer, method="GET")
+        assert status == 405
+    # only the two accepted dispatches reached the queue
+    assert len(receive_all(client, url, 1, visibility=0)) == 1

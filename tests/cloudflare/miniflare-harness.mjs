@@ -1,0 +1,205 @@
+// Harness (b): real local Cloudflare Queues + D1 (Miniflare/workerd from wrangler@4.86.0)
+// with the haze adapter running inside real Pyodide in this Node.js process.
+//
+//   node miniflare-harness.mjs [--wheel PATH]... SCRIPT.py
+//
+// Python Workers cannot run in local workerd here: workerd downloads its Python runtime
+// bundle from the network (pyodide-capnp-bin.edgeworker.net), and this machine is
+// offline. So the pieces are split, and each piece is real:
+//   * Miniflare runs consumer-worker.mjs (a JS Worker, in workerd) bound to a real local
+//     queue "haze-jobs" (max_retries 2, dead-letter queue "haze-dlq") and a real local D1
+//     database. workerd owns delivery, batching, attempts, retry delays and dead-lettering.
+//   * haze (haze + haze_cloudflare wheels) runs in Pyodide here. Its env holds Miniflare's
+//     own Queue producer and D1 bindings (mf.getQueueProducer / mf.getD1Database, proxies
+//     to the same local queue and database), so haze's send/sendBatch, re-sends on
+//     release and D1 statements go to the real local services.
+//   * The JS Worker hands each delivery (id, body, attempts) to Node through the HAZE
+//     service binding; Node runs haze_cloudflare.QueueWorker.queue() on relay messages
+//     whose ack()/retry({delaySeconds}) record a verdict; the JS Worker applies the
+//     verdict to the real message.
+// The script (SCRIPT.py) is run with runPythonAsync after Miniflare is up; it finds the
+// harness at js.cfHarness: env (QUEUE, DB bindings), setHandler(fn), events (what the
+// JS Worker delivered and what haze answered), dlq (dead-lettered messages), read(sql).
+// Printed: one JSON line {"python": <the script's last expression>, "events": [...],
+// "dlq": [...], "d1": {...rows read back through Miniflare's D1, not through haze}}.
+import { readFile } from "node:fs/promises";
+import { createRequire } from "node:module";
+import path from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
+import { Miniflare, Response } from "miniflare";
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+
+function parseArgs(argv) {
+  const wheels = [];
+  let script = null;
+  for (let i = 0; i < argv.length; i++) {
+    if (argv[i] === "--wheel") wheels.push(argv[++i]);
+    else if (script === null) script = argv[i];
+    else throw new Error(`unexpected argument ${argv[i]}`);
+  }
+  if (!script) throw new Error("usage: node miniflare-harness.mjs [--wheel PATH]... SCRIPT.py");
+  return { wheels, script };
+}
+
+async function loadPython(wheels) {
+  // The same pinned Pyodide as tests/pyodide (run.mjs), loaded from disk only.
+  const require = createRequire(path.join(HERE, "..", "pyodide", "package.json"));
+  const indexURL = path.dirname(require.resolve("pyodide/package.json")) + path.sep;
+  const { loadPyodide } = await import(pathToFileURL(path.join(indexURL, "pyodide.mjs")).href);
+  const realFetch = globalThis.fetch;
+  globalThis.fetch = (input, init) => {
+    const url = String(input?.url ?? input);
+    if (/^https?:/i.test(url)) {
+      return Promise.reject(new Error(`network fetch while loading Pyodide: ${url}`));
+    }
+    return realFetch(input, init);
+  };
+  const toStderr = (line) => process.stderr.write(line + "\n");
+  try {
+    const pyodide = await loadPyodide({ indexURL, stdout: toStderr, stderr: toStderr });
+    const errors = [];
+    await pyodide.loadPackage(
+      wheels.map((w) => pathToFileURL(path.resolve(w)).href),
+      { messageCallback: () => {}, errorCallback: (m) => errors.push(m) },
+    );
+    if (errors.length) throw new Error(`loadPackage failed: ${errors.join("; ")}`);
+    return pyodide;
+  } finally {
+    globalThis.fetch = realFetch;
+  }
+}
+
+async function main() {
+  const { wheels, script } = parseArgs(process.argv.slice(2));
+  const code = await readFile(script, "utf8");
+  const t0 = performance.now();
+  const now = () => (performance.now() - t0) / 1000;
+  const events = [];
+  const dlq = [];
+  let handler = null;
+
+  const pyodide = await loadPython(wheels);
+
+  async function serveHaze(request) {
+    const url = new URL(request.url);
+    const data = await request.json();
+    if (url.pathname === "/dlq") {
+      dlq.push({ t: now(), ...data });
+      return new Response("ok");
+    }
+    if (!handler) return new Response("haze is not ready", { status: 503 });
+    const verdicts = {};
+    const messages = data.messages.map((m) => ({
+      id: m.id,
+      body: m.body,
+      attempts: m.attempts,
+      timestamp: new Date(m.timestamp),
+      ack() {
+        verdicts[m.id] ??= { action: "ack" };
+      },
+      retry(options) {
+        verdicts[m.id] ??= { action: "retry", delaySeconds: options?.delaySeconds ?? null };
+      },
+    }));
+    const t = now();
+    try {
+      await handler({ queue: data.queue, messages });
+    } catch (e) {
+      events.push({ t, queue: data.queue, error: String(e) });
+      return new Response(String(e), { status: 500 });
+    }
+    events.push({
+      t,
+      queue: data.queue,
+      messages: data.messages.map((m) => ({
+        id: m.id,
+        attempts: m.attempts,
+        job: m.body?.job ?? null,
+        key: m.body?.payload?.key ?? null,
+        env_attempts: m.body?.attempts ?? 0,
+      })),
+      verdicts,
+    });
+    return new Response(JSON.stringify(verdicts), {
+      headers: { "content-type": "application/json" },
+    });
+  }
+
+  const mf = new Miniflare({
+    workers: [
+      {
+        name: "consumer",
+        modules: true,
+        scriptPath: path.join(HERE, "consumer-worker.mjs"),
+        compatibilityDate: "2025-01-01",
+        bindings: { DLQ_NAME: "haze-dlq" },
+        queueProducers: { QUEUE: "haze-jobs" },
+        queueConsumers: {
+          "haze-jobs": {
+            maxBatchSize: 10,
+            maxBatchTimeout: 0,
+            maxRetries: 2,
+            deadLetterQueue: "haze-dlq",
+          },
+          "haze-dlq": { maxBatchSize: 10, maxBatchTimeout: 0 },
+        },
+        d1Databases: { DB: "haze-d1" },
+        serviceBindings: { HAZE: serveHaze },
+      },
+    ],
+  });
+  let output;
+  try {
+    const queue = await mf.getQueueProducer("QUEUE", "consumer");
+    const db = await mf.getD1Database("DB", "consumer");
+    globalThis.cfHarness = {
+      env: { QUEUE: queue, DB: db },
+      setHandler(fn) {
+        handler = fn;
+      },
+      events,
+      dlq,
+      now,
+      // rows read through Miniflare's D1 directly (not through haze)
+      read: async (sql) => (await db.prepare(sql).all()).results,
+    };
+    const result = await pyodide.runPythonAsync(code, { filename: path.resolve(script) });
+    const json = pyodide.pyimport("json");
+    const python = JSON.parse(json.dumps(result));
+    json.destroy();
+    result.destroy?.();
+    const read = async (sql) => {
+      try {
+        return (await db.prepare(sql).all()).results;
+      } catch (e) {
+        return { error: String(e) };
+      }
+    };
+    output = {
+      python,
+      events,
+      dlq,
+      d1: {
+        failed_jobs: await read("SELECT uuid, connection, queue, exception FROM failed_jobs"),
+        jobs: await read("SELECT id, queue, attempts, reserved_at FROM jobs"),
+        cache_keys: await read("SELECT key FROM haze_cache ORDER BY key"),
+        tables: await read(
+          "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE '\\_%' " +
+            "ESCAPE '\\' ORDER BY name",
+        ),
+      },
+    };
+  } finally {
+    await mf.dispose();
+  }
+  await new Promise((resolve) => process.stdout.write(JSON.stringify(output) + "\n", resolve));
+}
+
+main().then(
+  () => process.exit(0),
+  (err) => {
+    process.stderr.write(`${err && err.stack ? err.stack : err}\n`);
+    process.exit(1);
+  },
+);
