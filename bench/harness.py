@@ -240,7 +240,7 @@ def table(results: list[Result], n: int) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for i, r in enumerate(rows):
-        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |")
         if i == 0:
             lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     reps = max((len(r.reps) for r in results), default=0)

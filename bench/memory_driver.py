@@ -13,7 +13,6 @@ import asyncio
 from typing import Any
 
 from harness import Measurement, entry, timer
-
 from haze import App, Queue, define_job, define_queue_config
 
 #: The issue's targets for the memory driver (issue: "bench/ with a harness...").
@@ -89,9 +88,8 @@ async def _haze(n: int, bulk: bool) -> Measurement:
         with timer() as elapsed:
             if bulk:
                 for start in range(0, n, BULK_CHUNK):
-                    await Queue.bulk(
-                        [bench_noop.with_({"i": i}) for i in range(start, min(start + BULK_CHUNK, n))]
-                    )
+                    end = min(start + BULK_CHUNK, n)
+                    await Queue.bulk([bench_noop.with_({"i": i}) for i in range(start, end)])
             else:
                 dispatch = bench_noop.dispatch
                 for i in range(n):

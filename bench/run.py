@@ -12,7 +12,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import harness  # noqa: E402
+import harness
 
 #: Modules that register entries on import. A peer whose library is missing should
 #: register anyway and say so through ``skip_reason``, so the table shows the gap.
@@ -20,12 +20,15 @@ ENTRY_MODULES = ["memory_driver"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--only", action="append", default=[],
                         help="entry name(s), comma-separated or repeated; baselines are added")
     parser.add_argument("--n", type=int, default=100_000, help="jobs per measurement (100,000)")
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each entry (3)")
-    parser.add_argument("--warmup", type=int, default=2000, help="jobs in the untimed warm-up (2,000)")
+    parser.add_argument("--warmup", type=int, default=2000,
+                        help="jobs in the untimed warm-up (2,000)")
     parser.add_argument("--json", metavar="OUT", help="also write the raw numbers as JSON")
     parser.add_argument("--list", action="store_true", help="list the entries and exit")
     args = parser.parse_args(argv)

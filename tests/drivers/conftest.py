@@ -36,4 +36,3 @@ def redis_app(
             yield app
 
     return factory
-

@@ -116,8 +116,11 @@ async def _redis_store(tmp: Path) -> Any:
             await super().close()
             delete_prefix(prefix)
 
-    app = App(redis=define_redis_config(
-        default="default", connections={"default": {"url": REDIS_URL, "key_prefix": prefix}}))
+    app = App(
+        redis=define_redis_config(
+            default="default", connections={"default": {"url": REDIS_URL, "key_prefix": prefix}}
+        )
+    )
     return CleanRedisStore("contract", {"driver": "redis", "prefix": "store:"}, app)
 
 

@@ -46,15 +46,24 @@ async def rd_interop_fails(payload: Any) -> None:
 def node_bullmq() -> Path:
     """``npm ci`` from the lockfile when node_modules is missing."""
     if not (NODE_DIR / "node_modules" / "bullmq").is_dir():
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True,
-                       timeout=600, capture_output=True)
+        subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund"],
+            cwd=NODE_DIR,
+            check=True,
+            timeout=600,
+            capture_output=True,
+        )
     return NODE_DIR / "interop.mjs"
 
 
 async def _node(script: Path, *args: str) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
-        "node", str(script), *args, cwd=script.parent,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        "node",
+        str(script),
+        *args,
+        cwd=script.parent,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, err.decode()
@@ -75,12 +84,17 @@ async def test_node_bullmq_reads_haze_queues_and_feeds_a_job(node_bullmq, redis_
         later_id = await rd_interop.dispatch({"invoice": 2}, delay=60)
 
         node_id = new_id()
-        envelope = {"v": 1, "id": node_id, "job": "rd_interop", "payload": {"from": "node"},
-                    "queue": "default", "ts": time.time()}
+        envelope = {
+            "v": 1,
+            "id": node_id,
+            "job": "rd_interop",
+            "payload": {"from": "node"},
+            "queue": "default",
+            "ts": time.time(),
+        }
         seen = await _node(node_bullmq, REDIS_URL, redis_prefix, "default", json.dumps(envelope))
 
-        assert seen["counts"] == {"wait": 1, "delayed": 1, "active": 0, "completed": 0,
-                                  "failed": 1}
+        assert seen["counts"] == {"wait": 1, "delayed": 1, "active": 0, "completed": 0, "failed": 1}
         by_state = {j["state"]: j for j in seen["jobs"]}
         assert by_state["waiting"]["name"] == "rd_interop"
         assert by_state["waiting"]["data"]["id"] == now_id

@@ -34,8 +34,16 @@ def _reset() -> None:
 
 
 def _seen(name: str, payload: Any, job: JobContext) -> None:
-    RUNS.append({"job": name, "payload": payload, "attempt": job.attempt, "id": job.id,
-                 "queue": job.queue, "at": time.monotonic()})
+    RUNS.append(
+        {
+            "job": name,
+            "payload": payload,
+            "attempt": job.attempt,
+            "id": job.id,
+            "queue": job.queue,
+            "at": time.monotonic(),
+        }
+    )
 
 
 @define_job(name="rd_plain")
@@ -81,8 +89,14 @@ async def _until(pred: Callable[[], bool], within: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def _work(app: App, pred: Callable[[], bool], *, queues: list[str] | None = None,
-                concurrency: int = 1, within: float = 10.0) -> Worker:
+async def _work(
+    app: App,
+    pred: Callable[[], bool],
+    *,
+    queues: list[str] | None = None,
+    concurrency: int = 1,
+    within: float = 10.0,
+) -> Worker:
     w = Worker(app, "r", queues, concurrency, sleep=0.05, max_sleep=0.2)
     w.start()
     try:
@@ -134,8 +148,10 @@ async def test_bulk_is_one_multi_and_keeps_the_order(redis_app, redis_prefix):
             return orig(*a, **kw)
 
         client.pipeline = spy  # type: ignore[method-assign]
-        ids = await Queue.bulk([rd_plain.with_({"n": i}) for i in range(50)]
-                               + [rd_plain.with_({"n": "later"}).delay(0.2)])
+        ids = await Queue.bulk(
+            [rd_plain.with_({"n": i}) for i in range(50)]
+            + [rd_plain.with_({"n": "later"}).delay(0.2)]
+        )
         client.pipeline = orig  # type: ignore[method-assign]
         assert calls == ["pipeline"]
         assert len(ids) == 51
@@ -374,8 +390,9 @@ async def test_failed_list_find_retry_forget_flush(redis_app):
         assert found is not None
         assert found.queue == "mail"
         assert found.payload == {"n": "b"}
-        fresh = RedisDriver("r", {"url": REDIS_URL, "prefix": driver.prefix,
-                                  "queues": ["default", "mail"]}, app)
+        fresh = RedisDriver(
+            "r", {"url": REDIS_URL, "prefix": driver.prefix, "queues": ["default", "mail"]}, app
+        )
         try:  # a new process: finds the job by its haze id with the server-side scan
             again = await fresh.failed.find(a)
             assert again is not None
@@ -407,8 +424,14 @@ async def test_undecodable_and_unknown_jobs_fail_with_a_clear_error(redis_app, r
         scripts = driver._link().scripts("default")
         now = round(time.time() * 1000)
         await scripts.addJob(_NewJob("rd_bad", "{not json", 0, now))
-        await scripts.addJob(_NewJob("rd_nobody", json.dumps(
-            {"v": 1, "id": "f" * 32, "job": "rd_nobody_defines_this", "payload": 1}), 0, now))
+        await scripts.addJob(
+            _NewJob(
+                "rd_nobody",
+                json.dumps({"v": 1, "id": "f" * 32, "job": "rd_nobody_defines_this", "payload": 1}),
+                0,
+                now,
+            )
+        )
         w = Worker(app, "r", None, 1, sleep=0.05)
         w.start()
         try:
@@ -437,11 +460,17 @@ async def test_undecodable_and_unknown_jobs_fail_with_a_clear_error(redis_app, r
 
 async def test_connection_settings_come_from_config_redis_without_key_prefix(redis_prefix):
     app = App(
-        queue=define_queue_config(default="r", connections={
-            "r": {"driver": "redis", "connection": "jobs", "prefix": redis_prefix}}),
-        redis=define_redis_config(default="default", connections={
-            "default": {"url": "redis://127.0.0.1:1/0"},
-            "jobs": {"url": REDIS_URL, "key_prefix": "ignored-by-bullmq:"}}),
+        queue=define_queue_config(
+            default="r",
+            connections={"r": {"driver": "redis", "connection": "jobs", "prefix": redis_prefix}},
+        ),
+        redis=define_redis_config(
+            default="default",
+            connections={
+                "default": {"url": "redis://127.0.0.1:1/0"},
+                "jobs": {"url": REDIS_URL, "key_prefix": "ignored-by-bullmq:"},
+            },
+        ),
     )
     async with app:
         await rd_plain.dispatch({"n": 1})

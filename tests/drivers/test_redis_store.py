@@ -52,13 +52,24 @@ async def test_processes_race_add_increment_and_delete() -> None:
     try:
         procs = [
             await asyncio.create_subprocess_exec(
-                sys.executable, "-c", CHILD, REDIS_URL, key_prefix, str(KEYS), str(INCREMENTS),
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                sys.executable,
+                "-c",
+                CHILD,
+                REDIS_URL,
+                key_prefix,
+                str(KEYS),
+                str(INCREMENTS),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
             )
             for _ in range(PROCESSES)
         ]
-        app = App(redis=define_redis_config(default="default", connections={
-            "default": {"url": REDIS_URL, "key_prefix": key_prefix}}))
+        app = App(
+            redis=define_redis_config(
+                default="default",
+                connections={"default": {"url": REDIS_URL, "key_prefix": key_prefix}},
+            )
+        )
         store = RedisStore("race", {"driver": "redis", "prefix": "s:"}, app)
         for _ in range(6000):  # the children import haze and connect, then all go at once
             if await store.get("ready") == PROCESSES:

@@ -26,11 +26,16 @@ from haze import (
 from haze.database.migrations import ensure_queue_tables
 from haze.worker import Worker
 from haze_cloudflare import QueueWorker
+from haze_cloudflare._js import to_py
 
 H = js.cfHarness
 env = H.env
-loop = asyncio.get_running_loop()
-T0 = time.monotonic()
+
+
+def now():
+    """Seconds on the harness's clock (the same clock as the delivery events)."""
+    return round(float(H.now()), 3)
+
 
 app = App(
     queue=define_queue_config(
@@ -64,7 +69,7 @@ runs = []
 
 def note(name, payload, job):
     runs.append({"job": name, "key": payload.get("key"), "attempt": job.attempt,
-                 "t": round(time.monotonic() - T0, 3), "connection": job.connection})
+                 "t": now(), "connection": job.connection})
 
 
 @define_job()
@@ -118,30 +123,33 @@ def count(job):
 
 
 async def read(sql):
-    return (await H.read(sql)).to_py()
+    return to_py(await H.read(sql))  # JS null arrives as jsnull: to_py makes it None
 
 
 result = {}
 try:
     await worker.get_app()
     await ensure_queue_tables(app, "database")  # CREATE TABLE … on D1 through the binding
-    dispatched = {"t": round(time.monotonic() - T0, 3)}
+    dispatched = {"t": now()}
     dispatched["ok"] = await cf_mf_ok.dispatch({"key": "ok"})
+    dispatched["delayed_at"] = now()
     dispatched["delayed"] = await cf_mf_ok.dispatch({"key": "delayed"}, delay=2)
     dispatched["flaky"] = await cf_mf_flaky.dispatch({"key": "flaky"})
     dispatched["release"] = await cf_mf_release.dispatch({"key": "release"})
     dispatched["dead"] = await cf_mf_dead.dispatch({"key": "dead"})
     dispatched["many"] = await cf_mf_many.dispatch({"key": "many"})
-    u1 = await cf_mf_unique.dispatch({"key": "u"})
+    # delayed, so the lock is certainly still held when it is read back below
+    u1 = await cf_mf_unique.dispatch({"key": "u"}, delay=3)
     u2 = await cf_mf_unique.with_({"key": "u"}).dispatch()
     dispatched["unique"] = [u1, u2.id, u2.skipped]
+    dispatched["locks"] = [r["key"] for r in await read("SELECT key FROM haze_cache")]
     dispatched["bulk"] = await Queue.bulk([cf_mf_ok.with_({"key": f"bulk{i}"}) for i in range(3)])
 
-    # database driver: dispatch through the D1 binding (one row, then a 30-row bulk:
-    # 150 bound values, over D1's limit of 100 per statement)
+    # database driver: dispatch through the D1 binding (one row, then a 25-row bulk:
+    # 125 bound values, over D1's limit of 100 per statement)
     d1_one = await cf_mf_ok.dispatch({"key": "d1-0"}, connection="database")
     d1_bulk = await Queue.bulk([cf_mf_ok.with_({"key": f"d1-{i}"}).on_connection("database")
-                                for i in range(1, 31)])
+                                for i in range(1, 26)])
     d1_rows = await read("SELECT queue, payload, attempts, reserved_at FROM jobs ORDER BY id")
     result["d1_dispatch"] = {
         "ids": [d1_one, *d1_bulk],
@@ -162,16 +170,17 @@ try:
         await asyncio.sleep(0.1)
     await asyncio.sleep(1.5)  # let stray redeliveries (there should be none) show up
 
-    # consume the D1 queue too (a long-running worker would do this elsewhere)
-    w = Worker(app, "database", ["default"], 1, stop_when_empty=True)
+    # claim from the D1 queue too (UPDATE … RETURNING on D1); a long-running worker
+    # elsewhere would do this (the seed's Edge rule)
+    w = Worker(app, "database", ["default"], 1, max_jobs=2, stop_when_empty=True)
     result["d1_consumed"] = await w.run()
+    result["d1_left"] = await app.driver("database").size("default")
 
     failed = await Queue.failed()
     result["failed"] = [{"id": f.id, "name": f.name, "payload": f.payload,
                          "exception": f.exception.splitlines()[-1]} for f in failed]
     result["dispatched"] = dispatched
     result["runs"] = runs
-    result["unique_after"] = await cf_mf_unique.dispatch({"key": "u"})
 except BaseException:
     result["error"] = traceback.format_exc()
 result

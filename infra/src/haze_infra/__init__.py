@@ -1,1 +1,56 @@
-"""haze infra: Pulumi components (see the infra issue)."""
+"""haze infra: Pulumi components that deploy a haze app, configured from the app itself.
+
+::
+
+    import pulumi
+    from haze_infra import HazeAwsApp, HazeCloudflareApp, stack_config
+
+    stack = stack_config("..")          # the app's config/queue.py and jobs
+    HazeAwsApp("jobs", stack=stack)     # SQS + DLQ + Lambda consumer per sqs connection
+    HazeCloudflareApp("edge", stack=stack, account_id=pulumi.Config().require("accountId"))
+
+``haze_infra.config`` (what ``haze infra:config`` prints) imports no Pulumi; the
+components load ``pulumi_aws`` / ``pulumi_cloudflare`` only when first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .config import InfraConfigError, StackConfig, load_app, stack_config
+
+__all__ = [
+    "ContainerSettings",
+    "HazeAwsApp",
+    "HazeCloudflareApp",
+    "HazeCloudflareQueue",
+    "HazeCloudflareWorker",
+    "HazeContainerWorker",
+    "HazeDrainSchedule",
+    "HazeLambdaConsumer",
+    "HazeSqsQueue",
+    "InfraConfigError",
+    "StackConfig",
+    "load_app",
+    "stack_config",
+]
+
+_LAZY = {
+    "ContainerSettings": "aws",
+    "HazeAwsApp": "aws",
+    "HazeContainerWorker": "aws",
+    "HazeDrainSchedule": "aws",
+    "HazeLambdaConsumer": "aws",
+    "HazeSqsQueue": "aws",
+    "HazeCloudflareApp": "cloudflare",
+    "HazeCloudflareQueue": "cloudflare",
+    "HazeCloudflareWorker": "cloudflare",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'haze_infra' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -153,6 +153,7 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
 
     def __init__(self, ctx: Any = None, env: Any = None):
         super().__init__(ctx, env)
+        self._bind(None)  # this invocation's env: bindings for dispatches made before queue()
         #: Outcomes of the last ``queue()`` call, one per message ("success", "retry"…).
         self.outcomes: list[str] = []
 

@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "haze.cli.db",
     "haze.cli.queue",
     "haze.cli.queue_admin",
+    "haze.cli.infra",
 )
 
 MISSING_DEPENDENCIES = "The haze CLI needs click and rich: pip install 'haze[cli]'"

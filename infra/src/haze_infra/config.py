@@ -1,0 +1,629 @@
+"""What a deploy stack needs to know about a haze app, derived from ``config/queue.py``
+and the job definitions, so the infrastructure and the app cannot drift apart.
+
+This module imports no Pulumi: ``haze infra:config`` prints :func:`stack_config` as
+JSON or text, and the Pulumi components (``haze_infra.aws``, ``haze_infra.cloudflare``)
+take the same :class:`StackConfig`::
+
+    from haze_infra import stack_config
+    stack = stack_config("path/to/app")          # App(root=...) + its jobs
+    stack.connections["sqs"].aws.max_receive_count
+
+**Which jobs count on a connection.** A job pinned with ``connection="x"`` counts on
+``x`` only; a job with no ``connection`` counts on *every* connection (the default
+connection is usually chosen by an environment variable such as
+``QUEUE_CONNECTION``, and ``.on_connection()`` can send it anywhere). A job pinned to
+one connection but dispatched to another with ``.on_connection()`` is not seen: pin it
+where it runs. With an app root, the jobs are those defined in files under the root;
+without one (``App(queue=...)``), every job of the process-wide registry.
+
+**The rules** (each is one function below, shared by the components and the tests):
+
+- SQS redrive ``maxReceiveCount`` = the most ``tries`` of a job on the connection + 2
+  (:data:`SQS_RECEIVE_SLACK`): one receive of slack for a crash on the last try (haze
+  then records the failure itself instead of SQS dead-lettering it unseen) and one for
+  a FIFO hold (a delayed FIFO message's first receive does not run it). Releases and
+  long-delay forwarding re-send a *new* message, whose receive count starts at zero,
+  so they use none of it. A job with ``retry_until`` has no try limit: 1000, SQS's
+  maximum.
+- Lambda timeout >= the longest job ``timeout`` × the waves of one batch
+  (``ceil(batch_size / concurrency)``) + the handler's 5 s margin (``HAZE_SQS_MARGIN``);
+  the default adds :data:`LAMBDA_SLACK` seconds for a cold start.
+- SQS visibility timeout >= 6 × the Lambda timeout + the batching window (AWS's
+  guidance for SQS event sources).
+- Cloudflare consumer ``max_retries`` = tries - 1: Cloudflare counts *retries* (the
+  first delivery is not one), haze counts *tries*. Past ``max_retries`` Cloudflare
+  moves the message to the dead-letter queue itself; with exactly ``tries - 1`` haze's
+  own final failure (``failed()`` callbacks, the failed store) happens first.
+- Container workers: ECS stop timeout >= the longest job timeout + 5 s, so a deploy
+  lets running jobs finish (``haze queue:work`` drains on SIGTERM); Fargate allows 120 s.
+- Scheduled drains (``haze_lambda.schedule_handler``): ``HAZE_SCHEDULE_MARGIN`` >= the
+  longest job timeout + 5 s, so a job claimed at the end of the budget still finishes
+  before Lambda's deadline.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from haze.errors import ConfigError
+
+__all__ = [
+    "CF_MAX_BATCH_SIZE",
+    "CF_MAX_BATCH_TIMEOUT",
+    "CF_MAX_RETRIES",
+    "FARGATE_MAX_STOP_TIMEOUT",
+    "LAMBDA_MAX_TIMEOUT",
+    "LAMBDA_SLACK",
+    "SQS_HANDLER_MARGIN",
+    "SQS_MAX_RECEIVE_COUNT",
+    "SQS_MAX_VISIBILITY",
+    "SQS_RECEIVE_SLACK",
+    "VISIBILITY_FACTOR",
+    "CloudflarePlan",
+    "ConnectionPlan",
+    "D1Plan",
+    "EnvRead",
+    "InfraConfigError",
+    "KvPlan",
+    "SqsPlan",
+    "StackConfig",
+    "WorkerPlan",
+    "cloudflare_max_retries",
+    "container_stop_timeout",
+    "drain_margin",
+    "lambda_timeout",
+    "load_app",
+    "max_receive_count",
+    "min_lambda_timeout",
+    "min_visibility_timeout",
+    "stack_config",
+]
+
+#: Receives of slack above ``tries`` before SQS dead-letters a message (crash + FIFO hold).
+SQS_RECEIVE_SLACK = 2
+#: SQS's largest ``maxReceiveCount``.
+SQS_MAX_RECEIVE_COUNT = 1000
+#: SQS's longest visibility timeout (12 hours).
+SQS_MAX_VISIBILITY = 43_200
+#: AWS: visibility timeout >= 6 × the function timeout (+ the batching window).
+VISIBILITY_FACTOR = 6
+#: Lambda's longest timeout (15 minutes).
+LAMBDA_MAX_TIMEOUT = 900
+#: ``haze_lambda.sqs_handler`` starts no record in the last ``HAZE_SQS_MARGIN`` (5 s).
+SQS_HANDLER_MARGIN = 5
+#: Seconds a derived Lambda timeout adds to the longest job (handler margin + boot).
+LAMBDA_SLACK = 10
+#: The Lambda timeout when no job on the connection has a ``timeout``.
+LAMBDA_DEFAULT_TIMEOUT = 60
+#: Lambda's SQS event source: the largest batch (standard queues; FIFO: 10).
+LAMBDA_MAX_BATCH = 10_000
+#: Cloudflare Queues: the largest consumer ``max_retries``, batch and batch timeout (s).
+CF_MAX_RETRIES = 100
+CF_MAX_BATCH_SIZE = 100
+CF_MAX_BATCH_TIMEOUT = 60
+#: Cloudflare's consumer defaults (``max_batch_size`` 10, ``max_batch_timeout`` 5 s).
+CF_DEFAULT_BATCH_SIZE = 10
+CF_DEFAULT_BATCH_TIMEOUT = 5
+#: Fargate's longest container ``stopTimeout``.
+FARGATE_MAX_STOP_TIMEOUT = 120
+#: Seconds kept between a job's timeout and a stop/drain deadline.
+DRAIN_SLACK = 5
+#: The job time assumed when no job on a connection has a ``timeout``.
+UNKNOWN_JOB_TIME = 30
+#: A scheduled drain's time for claiming jobs, on top of its margin.
+DRAIN_WINDOW = 50
+
+
+class InfraConfigError(ConfigError):
+    """The infrastructure settings contradict the app (or AWS/Cloudflare limits)."""
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+def max_receive_count(max_tries: int | None) -> int:
+    """SQS redrive ``maxReceiveCount`` for jobs of at most ``max_tries`` tries (None:
+    unbounded, ``retry_until``)."""
+    if max_tries is None:
+        return SQS_MAX_RECEIVE_COUNT
+    return min(SQS_MAX_RECEIVE_COUNT, max_tries + SQS_RECEIVE_SLACK)
+
+
+def min_lambda_timeout(job_timeout: float | None, batch_size: int = 1, concurrency: int = 1
+                       ) -> int:
+    """The shortest Lambda timeout that lets every record of a batch finish: records run
+    ``concurrency`` at a time, so a batch takes ``ceil(batch_size / concurrency)`` waves."""
+    if job_timeout is None:
+        return 1 + SQS_HANDLER_MARGIN
+    waves = math.ceil(max(1, batch_size) / max(1, concurrency))
+    return math.ceil(waves * job_timeout) + SQS_HANDLER_MARGIN
+
+
+def lambda_timeout(job_timeout: float | None, batch_size: int = 1, concurrency: int = 1) -> int:
+    """The derived Lambda timeout (not capped at 900 s: the component refuses more)."""
+    if job_timeout is None:
+        return LAMBDA_DEFAULT_TIMEOUT
+    return min_lambda_timeout(job_timeout, batch_size, concurrency) - SQS_HANDLER_MARGIN + (
+        LAMBDA_SLACK)
+
+
+def min_visibility_timeout(function_timeout: int, batching_window: int = 0) -> int:
+    """AWS: at least six times the function timeout plus the batching window."""
+    return VISIBILITY_FACTOR * function_timeout + batching_window
+
+
+def cloudflare_max_retries(max_tries: int | None) -> int:
+    """Cloudflare counts retries, not tries: ``tries - 1`` (100, the maximum, when
+    unbounded)."""
+    if max_tries is None:
+        return CF_MAX_RETRIES
+    return min(CF_MAX_RETRIES, max_tries - 1)
+
+
+def container_stop_timeout(job_timeout: float | None) -> int:
+    """ECS ``stopTimeout``: the longest job + slack (not capped; Fargate allows 120 s)."""
+    return math.ceil(job_timeout if job_timeout is not None else UNKNOWN_JOB_TIME) + DRAIN_SLACK
+
+
+def drain_margin(job_timeout: float | None) -> int:
+    """``HAZE_SCHEDULE_MARGIN`` for a scheduled drain: at least 10 s (the handler's
+    default), and enough for the longest job to finish after the last claim."""
+    job = job_timeout if job_timeout is not None else UNKNOWN_JOB_TIME
+    return max(10, math.ceil(job) + DRAIN_SLACK)
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class EnvRead:
+    """An environment variable the app's config read (its value is never recorded)."""
+
+    name: str
+    default: str | None
+    set: bool
+
+
+@dataclass(frozen=True)
+class SqsPlan:
+    """An ``sqs`` connection as AWS resources: queues, redrive, Lambda consumer."""
+
+    queue_url: str | None
+    """The configured ``queue_url``, or None when it comes from an unset variable."""
+    queue_url_env: str | None
+    """The environment variable ``queue_url`` is read from (the stack sets it)."""
+    fifo: bool
+    queue_names: dict[str, str | None]
+    """haze queue -> SQS queue name (None: the stack chooses one)."""
+    max_receive_count: int
+    function_timeout: int
+    min_function_timeout: int
+    visibility_timeout: int
+    batch_size: int
+    batching_window: int
+    concurrency: int
+    retry_after: float
+
+
+@dataclass(frozen=True)
+class CloudflarePlan:
+    """A ``cloudflare`` connection as a Cloudflare Queue, its DLQ and its consumer."""
+
+    binding: str
+    queue_name: str | None
+    """From the ``cloudflare.wrangler`` producers of ``haze.config.py``, else None."""
+    dead_letter_queue: str | None
+    max_retries: int
+    min_max_retries: int
+    max_batch_size: int
+    max_batch_timeout: float
+    max_concurrency: int | None
+    retry_delay: int | None
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """A long-running worker (container) or a scheduled drain for a connection."""
+
+    queues: tuple[str, ...]
+    concurrency: int
+    stop_timeout: int
+    drain_margin: int
+    drain_function_timeout: int
+
+
+@dataclass(frozen=True)
+class ConnectionPlan:
+    """One connection of ``config/queue.py`` and the jobs that can land on it."""
+
+    name: str
+    driver: str
+    default: bool
+    queues: tuple[str, ...]
+    jobs: tuple[str, ...]
+    max_tries: int | None
+    """The most tries of a job here; None when a job has ``retry_until`` (unbounded)."""
+    max_job_timeout: float | None
+    jobs_without_timeout: tuple[str, ...]
+    aws: SqsPlan | None = None
+    cloudflare: CloudflarePlan | None = None
+    worker: WorkerPlan | None = None
+
+
+@dataclass(frozen=True)
+class D1Plan:
+    """A D1 database the Worker binds (a ``d1://`` connection or a wrangler entry)."""
+
+    binding: str
+    connection: str | None
+    database: str | None
+
+
+@dataclass(frozen=True)
+class KvPlan:
+    """A KV namespace the Worker binds (a ``kv`` cache store or a wrangler entry)."""
+
+    binding: str
+    store: str | None
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """Everything a stack derives from the app; :meth:`to_dict` is what the CLI prints."""
+
+    app_root: str | None
+    source: str
+    default_connection: str
+    connections: dict[str, ConnectionPlan]
+    d1: tuple[D1Plan, ...] = ()
+    kv: tuple[KvPlan, ...] = ()
+    env: tuple[EnvRead, ...] = ()
+    warnings: tuple[str, ...] = field(default=())
+
+    def connection(self, name: str) -> ConnectionPlan:
+        try:
+            return self.connections[name]
+        except KeyError:
+            raise InfraConfigError(
+                f"no connection {name!r}; connections: {', '.join(self.connections)}",
+                source=self.source, key="connections") from None
+
+    def by_driver(self, *drivers: str) -> list[ConnectionPlan]:
+        return [c for c in self.connections.values() if c.driver in drivers]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+class _EnvPlaceholder(str):
+    """What an unset variable without a default reads as while deriving, so that an
+    ``sqs`` ``queue_url`` taken from it still validates and is recognisable."""
+
+    env_name: str
+
+    def __new__(cls, name: str) -> _EnvPlaceholder:
+        s = super().__new__(cls, "${" + name + "}")
+        s.env_name = name
+        return s
+
+
+_trace_lock = threading.RLock()
+
+
+@contextmanager
+def _traced_env(reads: dict[str, EnvRead], placeholders: bool) -> Iterator[None]:
+    """Patch ``haze.env`` while the app's config files run, recording every read."""
+    haze = importlib.import_module("haze")
+    haze_config = importlib.import_module("haze.config")
+    original: Callable[..., Any] = haze_config.env
+
+    def env(name: str, default: object = None) -> object:
+        value = original(name, default)
+        is_set = name in os.environ
+        reads[name] = EnvRead(name, None if default is None else str(default), is_set)
+        if value is None and placeholders and not is_set:
+            return _EnvPlaceholder(name)
+        return value
+
+    with _trace_lock:
+        haze.env, haze_config.env = env, env
+        try:
+            yield
+        finally:
+            haze.env, haze_config.env = original, original
+
+
+def load_app(root: str | Path) -> tuple[Any, tuple[EnvRead, ...]]:
+    """``App(root=root)`` (config read, jobs imported), and the variables its config read.
+
+    An unset variable without a default reads as ``"${NAME}"`` so that an ``sqs``
+    ``queue_url`` the stack will provide validates; if that breaks another value, the
+    app is loaded again without placeholders and that error is raised.
+    """
+    from haze import App
+
+    reads: dict[str, EnvRead] = {}
+    try:
+        with _traced_env(reads, placeholders=True):
+            app = App(root=root)
+    except ConfigError:
+        reads.clear()
+        with _traced_env(reads, placeholders=False):
+            app = App(root=root)
+    return app, tuple(sorted(reads.values(), key=lambda r: r.name))
+
+
+def _app_jobs(app: Any) -> list[Any]:
+    from haze.jobs import registered_jobs
+
+    jobs = list(registered_jobs().values())
+    if app.root is None:
+        return jobs
+    root = Path(app.root).resolve()
+    mine = []
+    for job in jobs:
+        file = str(job.origin).rsplit(":", 1)[0]
+        try:
+            if Path(file).resolve().is_relative_to(root):
+                mine.append(job)
+        except (OSError, ValueError):
+            continue
+    return mine
+
+
+# --------------------------------------------------------------------------- deriving
+
+
+def stack_config(app: Any = None, *, jobs: Iterable[Any] | None = None,
+                 env: Sequence[EnvRead] = ()) -> StackConfig:
+    """Derive the :class:`StackConfig` of an app: an ``App``, or an app root path
+    (default: the current directory). ``jobs`` narrows the job definitions considered
+    (default: the app's, see the module docstring)."""
+    if app is None or isinstance(app, (str, Path)):
+        app, env = load_app(app if app is not None else ".")
+    qc = app.queue_config
+    job_list = list(jobs) if jobs is not None else _app_jobs(app)
+    warnings: list[str] = []
+    for job in job_list:
+        if job.connection is not None and job.connection not in qc.connections:
+            warnings.append(f'job "{job.name}" is pinned to connection {job.connection!r}, '
+                            "which config/queue.py does not define")
+    connections: dict[str, ConnectionPlan] = {}
+    for name, options in qc.connections.items():
+        connections[name] = _plan_connection(app, name, options, job_list, env, warnings)
+    d1, kv = _cloudflare_storage(app)
+    root = str(app.root) if app.root is not None else None
+    return StackConfig(app_root=root, source=qc.source, default_connection=qc.default,
+                       connections=connections, d1=d1, kv=kv, env=tuple(env),
+                       warnings=tuple(warnings))
+
+
+def _plan_connection(app: Any, name: str, options: dict[str, Any], all_jobs: list[Any],
+                     env: Sequence[EnvRead], warnings: list[str]) -> ConnectionPlan:
+    driver = str(options["driver"])
+    jobs = sorted((j for j in all_jobs if j.connection in (None, name)), key=lambda j: j.name)
+    queues: list[str] = list(options.get("queues") or [])
+    for q in ["default", *sorted({j.queue for j in jobs if j.queue})]:
+        if q not in queues:
+            queues.append(q)
+    unbounded = [j.name for j in jobs if j.retry_until is not None]
+    max_tries = None if unbounded else max((int(j.tries) for j in jobs), default=1)
+    timeouts = [float(j.timeout) for j in jobs if j.timeout is not None]
+    max_job_timeout = max(timeouts) if timeouts else None
+    without = tuple(j.name for j in jobs if j.timeout is None)
+    plan = ConnectionPlan(
+        name=name, driver=driver, default=name == app.queue_config.default,
+        queues=tuple(queues), jobs=tuple(j.name for j in jobs), max_tries=max_tries,
+        max_job_timeout=max_job_timeout, jobs_without_timeout=without)
+    concurrency = int(options.get("concurrency") or 1)
+    if driver == "sqs":
+        aws = _plan_sqs(name, options, plan, env, warnings)
+        return _replace(plan, aws=aws, worker=_plan_worker(plan, concurrency))
+    if driver == "cloudflare":
+        return _replace(plan, cloudflare=_plan_cloudflare(app, name, options, plan, warnings))
+    if driver in ("database", "redis"):
+        return _replace(plan, worker=_plan_worker(plan, concurrency))
+    return plan
+
+
+def _replace(plan: ConnectionPlan, **changes: Any) -> ConnectionPlan:
+    from dataclasses import replace
+
+    return replace(plan, **changes)
+
+
+def _queue_name_of(url: str) -> str:
+    return urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _plan_sqs(name: str, options: dict[str, Any], plan: ConnectionPlan,
+              env: Sequence[EnvRead], warnings: list[str]) -> SqsPlan:
+    url = options.get("queue_url")
+    url_env: str | None = None
+    if isinstance(url, _EnvPlaceholder):
+        url_env, url = url.env_name, None
+    else:
+        for read in env:  # the variable the configured value came from, if any
+            came_from = os.environ.get(read.name) if read.set else read.default
+            if url is not None and came_from == url:
+                url_env = read.name
+    fifo_opt = options.get("fifo")
+    fifo = bool(fifo_opt) if fifo_opt is not None else bool(
+        url and _queue_name_of(url).endswith(".fifo"))
+    names: dict[str, str | None] = {}
+    for q in plan.queues:
+        if url is None:
+            names[q] = None
+        elif "{queue}" in url:
+            names[q] = _queue_name_of(url).replace("{queue}", q)
+        elif q == "default":
+            names[q] = _queue_name_of(url)
+        else:
+            names[q] = q + ".fifo" if fifo and not q.endswith(".fifo") else q
+    concurrency = int(options.get("concurrency") or 1)
+    batch = max(1, min(10, concurrency))
+    window = 0
+    timeout = lambda_timeout(plan.max_job_timeout, batch, concurrency)
+    if timeout > LAMBDA_MAX_TIMEOUT:
+        warnings.append(
+            f"connection {name!r}: its longest job ({plan.max_job_timeout:g}s) does not fit "
+            f"in a Lambda invocation ({LAMBDA_MAX_TIMEOUT}s); consume it with a container "
+            "worker (HazeContainerWorker) instead")
+    if plan.jobs_without_timeout:
+        warnings.append(
+            f"connection {name!r}: jobs without a timeout ({', '.join(plan.jobs_without_timeout)})"
+            f" are cut off by the Lambda timeout ({timeout}s unless set); give them one")
+    return SqsPlan(
+        queue_url=url, queue_url_env=url_env, fifo=fifo, queue_names=names,
+        max_receive_count=max_receive_count(plan.max_tries), function_timeout=timeout,
+        min_function_timeout=min_lambda_timeout(plan.max_job_timeout, batch, concurrency),
+        visibility_timeout=min_visibility_timeout(timeout, window), batch_size=batch,
+        batching_window=window, concurrency=concurrency,
+        retry_after=float(options.get("retry_after") or 90.0))
+
+
+def _wrangler_queues(app: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    wrangler = (app.haze_config.cloudflare or {}).get("wrangler") or {}
+    queues = wrangler.get("queues") or {}
+    producers = [p for p in queues.get("producers") or [] if isinstance(p, Mapping)]
+    consumers = [c for c in queues.get("consumers") or [] if isinstance(c, Mapping)]
+    return [dict(p) for p in producers], [dict(c) for c in consumers]
+
+
+def _plan_cloudflare(app: Any, name: str, options: dict[str, Any], plan: ConnectionPlan,
+                     warnings: list[str]) -> CloudflarePlan:
+    binding = str(options.get("binding") or "QUEUE")
+    producers, consumers = _wrangler_queues(app)
+    queue_name = next((str(p["queue"]) for p in producers
+                       if p.get("binding") == binding and p.get("queue")), None)
+    consumer = next((c for c in consumers if queue_name and c.get("queue") == queue_name), {})
+    need = cloudflare_max_retries(plan.max_tries)
+    max_retries = int(consumer.get("max_retries", need))
+    if max_retries < need:
+        warnings.append(
+            f"connection {name!r}: haze.config.py sets max_retries={max_retries} for queue "
+            f"{queue_name!r}, but a job there has {plan.max_tries} tries (needs >= {need}); "
+            "Cloudflare would dead-letter messages haze still means to retry")
+    if plan.max_tries is not None and plan.max_tries - 1 > CF_MAX_RETRIES:
+        warnings.append(f"connection {name!r}: {plan.max_tries} tries is more than Cloudflare "
+                        f"Queues can retry ({CF_MAX_RETRIES})")
+    if plan.max_job_timeout is not None and plan.max_job_timeout > LAMBDA_MAX_TIMEOUT:
+        warnings.append(f"connection {name!r}: a job runs up to {plan.max_job_timeout:g}s; a "
+                        "Queue consumer invocation has 15 minutes of wall time")
+    dlq = consumer.get("dead_letter_queue")
+    if dlq is None and queue_name is not None:
+        dlq = f"{queue_name}-dlq"
+    concurrency = consumer.get("max_concurrency")
+    delay = consumer.get("retry_delay")
+    return CloudflarePlan(
+        binding=binding, queue_name=queue_name, dead_letter_queue=dlq, max_retries=max_retries,
+        min_max_retries=need,
+        max_batch_size=int(consumer.get("max_batch_size", CF_DEFAULT_BATCH_SIZE)),
+        max_batch_timeout=float(consumer.get("max_batch_timeout", CF_DEFAULT_BATCH_TIMEOUT)),
+        max_concurrency=int(concurrency) if concurrency is not None else None,
+        retry_delay=int(delay) if delay is not None else None)
+
+
+def _plan_worker(plan: ConnectionPlan, concurrency: int) -> WorkerPlan:
+    margin = drain_margin(plan.max_job_timeout)
+    return WorkerPlan(
+        queues=plan.queues, concurrency=concurrency,
+        stop_timeout=container_stop_timeout(plan.max_job_timeout), drain_margin=margin,
+        drain_function_timeout=min(LAMBDA_MAX_TIMEOUT, margin + DRAIN_WINDOW))
+
+
+def _cloudflare_storage(app: Any) -> tuple[tuple[D1Plan, ...], tuple[KvPlan, ...]]:
+    d1: dict[str, D1Plan] = {}
+    for name, c in app.database_config.connections.items():
+        url = str(c.get("url") or "")
+        if url.lower().startswith("d1://"):
+            binding = str((c.get("options") or {}).get("binding") or "DB")
+            database = urlsplit(url).path.strip("/") or None
+            d1.setdefault(binding, D1Plan(binding=binding, connection=name, database=database))
+    kv: dict[str, KvPlan] = {}
+    for name, s in app.cache_config.stores.items():
+        if s.get("driver") == "kv":
+            binding = str(s.get("binding") or "KV")
+            kv.setdefault(binding, KvPlan(binding=binding, store=name))
+    wrangler = (app.haze_config.cloudflare or {}).get("wrangler") or {}
+    for entry in wrangler.get("d1_databases") or []:
+        if isinstance(entry, Mapping) and entry.get("binding"):
+            b = str(entry["binding"])
+            d1.setdefault(b, D1Plan(binding=b, connection=None,
+                                    database=entry.get("database_name")))
+    for entry in wrangler.get("kv_namespaces") or []:
+        if isinstance(entry, Mapping) and entry.get("binding"):
+            b = str(entry["binding"])
+            kv.setdefault(b, KvPlan(binding=b, store=None))
+    return tuple(d1.values()), tuple(kv.values())
+
+
+# --------------------------------------------------------------------------- text output
+
+
+def _seconds(value: float | None) -> str:
+    return "none" if value is None else f"{value:g}s"
+
+
+def format_text(stack: StackConfig) -> str:
+    """The human-readable form ``haze infra:config`` prints by default."""
+    lines = [f"app: {stack.app_root or '(no root)'}", f"config: {stack.source}",
+             f"default connection: {stack.default_connection}"]
+    for c in stack.connections.values():
+        lines.append("")
+        lines.append(f"connection {c.name} ({c.driver}){' [default]' if c.default else ''}")
+        lines.append(f"  queues: {', '.join(c.queues)}")
+        lines.append(f"  jobs: {', '.join(c.jobs) or 'none'}")
+        tries = "unbounded (retry_until)" if c.max_tries is None else str(c.max_tries)
+        lines.append(f"  max tries: {tries}; longest job timeout: {_seconds(c.max_job_timeout)}")
+        if c.aws is not None:
+            a = c.aws
+            url = a.queue_url or "(set by the stack)"
+            lines.append(f"  sqs: queue_url {url}" + (f" (env {a.queue_url_env})"
+                                                       if a.queue_url_env else ""))
+            for q, n in a.queue_names.items():
+                lines.append(f"    queue {q}: {n or '(named by the stack)'}")
+            lines.append(f"    redrive maxReceiveCount {a.max_receive_count}; visibility "
+                         f"{a.visibility_timeout}s; fifo {'yes' if a.fifo else 'no'}")
+            lines.append(f"    lambda timeout {a.function_timeout}s (>= {a.min_function_timeout}"
+                         f"s); batch size {a.batch_size}; batching window {a.batching_window}s")
+        if c.cloudflare is not None:
+            f = c.cloudflare
+            lines.append(f"  cloudflare: binding {f.binding}; queue "
+                         f"{f.queue_name or '(named by the stack)'}; dead letter queue "
+                         f"{f.dead_letter_queue or '(named by the stack)'}")
+            lines.append(f"    max_retries {f.max_retries} (>= {f.min_max_retries}); "
+                         f"max_batch_size {f.max_batch_size}; max_batch_timeout "
+                         f"{f.max_batch_timeout:g}s")
+        if c.worker is not None and c.driver != "sqs":
+            w = c.worker
+            lines.append(f"  worker: stop timeout {w.stop_timeout}s; scheduled drain margin "
+                         f"{w.drain_margin}s, function timeout {w.drain_function_timeout}s")
+    if stack.d1 or stack.kv:
+        lines.append("")
+        for d in stack.d1:
+            lines.append(f"d1 binding {d.binding}" + (f" (connection {d.connection})"
+                                                      if d.connection else ""))
+        for k in stack.kv:
+            lines.append(f"kv binding {k.binding}" + (f" (store {k.store})" if k.store else ""))
+    if stack.env:
+        lines.append("")
+        lines.append("environment read by the config: " + ", ".join(
+            f"{r.name}{'' if r.set else ' (unset)'}" for r in stack.env))
+    if stack.warnings:
+        lines.append("")
+        lines.extend(f"warning: {w}" for w in stack.warnings)
+    return "\n".join(lines)
