@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from infra_apps import INF_APP, write_app, write_dist
+from infra_apps import INF_APP, isolated_stack_config, write_app, write_dist
 
 
 @pytest.fixture(scope="session")
@@ -20,6 +22,15 @@ def inf_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def inf_stack(inf_root: Path) -> Any:
     """``stack_config`` of the test app (loaded once: its jobs register process-wide)."""
-    from haze_infra.config import stack_config
+    return isolated_stack_config(inf_root)
 
-    return stack_config(inf_root)
+
+@pytest.fixture(autouse=True)
+def _free_the_app_package() -> Iterator[None]:
+    """Apps loaded by a test (the CLI, stack_config) leave ``app`` to the next one."""
+    path, before = list(sys.path), set(sys.modules)
+    yield
+    sys.path[:] = path
+    for name in set(sys.modules) - before:
+        if name == "app" or name.startswith(("app.", "_haze_jobs_", "_haze_config_")):
+            sys.modules.pop(name, None)

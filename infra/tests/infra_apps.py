@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import textwrap
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +19,21 @@ def require_pulumi() -> None:
         import pulumi  # noqa: F401
     else:
         pytest.importorskip("pulumi", reason="pulumi is haze-infra's dependency")
+
+
+def isolated_stack_config(root: Path) -> Any:
+    """``stack_config(root)``, then free the ``app`` package name for other apps (the jobs
+    stay registered) and restore ``sys.path``."""
+    from haze_infra.config import stack_config
+
+    path, before = list(sys.path), set(sys.modules)
+    try:
+        return stack_config(root)
+    finally:
+        sys.path[:] = path
+        for name in set(sys.modules) - before:
+            if name == "app" or name.startswith(("app.", "_haze_jobs_", "_haze_config_")):
+                sys.modules.pop(name, None)
 
 
 def write_app(root: Path, files: dict[str, str]) -> Path:

@@ -28,12 +28,10 @@ class Recorded:
     urn: str = ""
 
     @property
-    def parents(self) -> list[str]:
-        """The types of the components above this resource, outermost first (from the URN)."""
-        if not self.urn:
-            return []
-        chain = self.urn.split("::")[2].split("$")
-        return chain[:-1]
+    def parent(self) -> str | None:
+        """The type of the component this resource is a child of (from the URN)."""
+        chain = self.urn.split("::")[2].split("$") if self.urn else []
+        return chain[-2] if len(chain) > 1 else None
 
 
 class RecordingMocks(pulumi.runtime.Mocks):
@@ -105,10 +103,10 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return counts
 
 
-def deploy(program: Callable[[], Any]) -> RecordingMocks:
+def deploy(program: Callable[[], Any], project: str = "haze-infra-test") -> RecordingMocks:
     """Run ``program`` as a Pulumi program against fresh mocks and wait for everything."""
     mocks = RecordingMocks()
-    pulumi.runtime.set_mocks(mocks, project="haze-infra-test", stack="test", preview=False)
+    pulumi.runtime.set_mocks(mocks, project=project, stack="test", preview=False)
     monitor = pulumi.runtime.settings.SETTINGS.monitor
 
     @pulumi.runtime.test
@@ -116,9 +114,10 @@ def deploy(program: Callable[[], Any]) -> RecordingMocks:
         return program()
 
     run()
-    urns = {reg.urn.rsplit("::", 1)[-1]: reg.urn for reg in monitor.resources.values()}
+    urns = {(u.split("::")[2].split("$")[-1], u.rsplit("::", 1)[-1]): u
+            for u in (reg.urn for reg in monitor.resources.values())}
     for r in mocks.resources:
-        r.urn = urns.get(r.name, "")
+        r.urn = urns.get((r.typ, r.name), "")
     return mocks
 
 

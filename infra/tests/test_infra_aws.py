@@ -26,6 +26,8 @@ from haze_infra.aws import (  # noqa: E402
 from haze_infra.config import InfraConfigError, StackConfig  # noqa: E402
 from infra_mocks import ACCOUNT, REGION, RecordingMocks, deploy, policy_of  # noqa: E402
 
+pytestmark = pytest.mark.filterwarnings("ignore:.*deprecated:DeprecationWarning")
+
 QUEUE = "aws:sqs/queue:Queue"
 FUNCTION = "aws:lambda/function:Function"
 MAPPING = "aws:lambda/eventSourceMapping:EventSourceMapping"
@@ -63,13 +65,13 @@ def aws_violations(mocks: RecordingMocks) -> list[str]:
     for q in sources:
         redrive = json.loads(q.inputs["redrivePolicy"])
         if redrive["maxReceiveCount"] < tries + 2:
-            problems.append(f"{q.name}: maxReceiveCount {redrive['maxReceiveCount']} < "
+            problems.append(f"{q.name}: maxReceiveCount {redrive['maxReceiveCount']:g} < "
                             f"tries {tries} + 2")
         if redrive["deadLetterTargetArn"] not in dlq_arns:
             problems.append(f"{q.name}: redrive target is not a DLQ of the stack")
         if q.inputs["visibilityTimeoutSeconds"] < 6 * timeout + window:
-            problems.append(f"{q.name}: visibility {q.inputs['visibilityTimeoutSeconds']} < "
-                            f"6 x {timeout} + {window}")
+            problems.append(f"{q.name}: visibility {q.inputs['visibilityTimeoutSeconds']:g} < "
+                            f"6 x {timeout:g} + {window:g}")
     source_arns = {q.outputs["arn"] for q in sources}
     for m in mocks.of(MAPPING):
         if m.inputs.get("functionResponseTypes") != ["ReportBatchItemFailures"]:
@@ -131,12 +133,17 @@ def test_the_graph_is_what_the_docs_promise(deployed: RecordingMocks) -> None:
     # the memory connection and the cloudflare one have nothing on AWS
     assert not any("memory" in r.name or "edge" in r.name for r in deployed.resources)
     # parents, from the URNs
-    fn = deployed.one(FUNCTION, "inf-sqs-consumer")
-    assert fn.parents == ["haze:aws:HazeAwsApp", "haze:aws:HazeLambdaConsumer"]
+    assert deployed.one(FUNCTION, "inf-sqs-consumer").parent == "haze:aws:HazeLambdaConsumer"
+    assert deployed.one(FUNCTION, "inf-database-drain").parent == "haze:aws:HazeDrainSchedule"
     for q in deployed.of(QUEUE):
-        assert q.parents == ["haze:aws:HazeAwsApp", "haze:aws:HazeSqsQueue"]
-    assert deployed.one("aws:ecs/service:Service").parents == [
-        "haze:aws:HazeAwsApp", "haze:aws:HazeContainerWorker"]
+        assert q.parent == "haze:aws:HazeSqsQueue"
+    for m in deployed.of(MAPPING):
+        assert m.parent == "haze:aws:HazeLambdaConsumer"
+    assert deployed.one("aws:ecs/service:Service").parent == "haze:aws:HazeContainerWorker"
+    for component in ("HazeSqsQueue", "HazeLambdaConsumer", "HazeDrainSchedule",
+                      "HazeContainerWorker"):
+        for r in deployed.of(f"haze:aws:{component}"):
+            assert r.parent == "haze:aws:HazeAwsApp"
 
 
 def test_the_deployed_sqs_connection_has_no_violations(deployed: RecordingMocks) -> None:
@@ -280,7 +287,7 @@ def test_a_queue_made_for_fewer_tries_than_the_consumer_is_refused(tmp_path: Pat
 
 def test_big_batches_need_a_batching_window(inf_stack: StackConfig) -> None:
     with pytest.raises(InfraConfigError, match="batching window of at least 1 s"):
-        deploy(lambda: HazeAwsApp("inf", stack=inf_stack, batch_size={"sqs": 50}))
+        deploy(lambda: HazeAwsApp("inf", stack=inf_stack, batch_size={"sqs": 20}))
 
 
 def test_jobs_longer_than_lambda_are_refused(inf_stack: StackConfig) -> None:

@@ -5,15 +5,13 @@
 # from workerd through the JS consumer Worker and reaches handle_batch() below, which runs
 # haze_cloudflare.QueueWorker.queue(); the JS Worker applies the verdicts to the real
 # messages. The last expression (a dict) is printed as JSON by the harness.
-# ruff: noqa: E402, F704
+# ruff: noqa: F704
 import asyncio
 import json
 import time
 import traceback
 
 import js
-from pyodide.ffi import create_proxy
-
 from haze import (
     App,
     JobContext,
@@ -27,6 +25,7 @@ from haze.database.migrations import ensure_queue_tables
 from haze.worker import Worker
 from haze_cloudflare import QueueWorker
 from haze_cloudflare._js import to_py
+from pyodide.ffi import create_proxy
 
 H = js.cfHarness
 env = H.env
@@ -54,8 +53,9 @@ app = App(
         connections={"main": {"url": "d1://local/haze-d1", "options": {"binding": "DB"}}},
     ),
     # unique locks in D1 too (the database store: one atomic statement per operation)
-    cache=define_cache_config(default="d1", stores={"d1": {"driver": "database",
-                                                          "connection": "main"}}),
+    cache=define_cache_config(
+        default="d1", stores={"d1": {"driver": "database", "connection": "main"}}
+    ),
 )
 
 
@@ -68,8 +68,15 @@ runs = []
 
 
 def note(name, payload, job):
-    runs.append({"job": name, "key": payload.get("key"), "attempt": job.attempt,
-                 "t": now(), "connection": job.connection})
+    runs.append(
+        {
+            "job": name,
+            "key": payload.get("key"),
+            "attempt": job.attempt,
+            "t": now(),
+            "connection": job.connection,
+        }
+    )
 
 
 @define_job()
@@ -148,8 +155,9 @@ try:
     # database driver: dispatch through the D1 binding (one row, then a 25-row bulk:
     # 125 bound values, over D1's limit of 100 per statement)
     d1_one = await cf_mf_ok.dispatch({"key": "d1-0"}, connection="database")
-    d1_bulk = await Queue.bulk([cf_mf_ok.with_({"key": f"d1-{i}"}).on_connection("database")
-                                for i in range(1, 26)])
+    d1_bulk = await Queue.bulk(
+        [cf_mf_ok.with_({"key": f"d1-{i}"}).on_connection("database") for i in range(1, 26)]
+    )
     d1_rows = await read("SELECT queue, payload, attempts, reserved_at FROM jobs ORDER BY id")
     result["d1_dispatch"] = {
         "ids": [d1_one, *d1_bulk],
@@ -161,10 +169,16 @@ try:
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        done = (count("flaky") >= 3 and count("release") >= 3 and count("dead") >= 2
-                and count("many") >= 3 and len(H.dlq) >= 1 and count("unique") >= 1
-                and any(r["key"] == "delayed" for r in runs)
-                and sum(1 for r in runs if str(r["key"]).startswith("bulk")) >= 3)
+        done = (
+            count("flaky") >= 3
+            and count("release") >= 3
+            and count("dead") >= 2
+            and count("many") >= 3
+            and len(H.dlq) >= 1
+            and count("unique") >= 1
+            and any(r["key"] == "delayed" for r in runs)
+            and sum(1 for r in runs if str(r["key"]).startswith("bulk")) >= 3
+        )
         if done:
             break
         await asyncio.sleep(0.1)
@@ -177,10 +191,17 @@ try:
     result["d1_left"] = await app.driver("database").size("default")
 
     failed = await Queue.failed()
-    result["failed"] = [{"id": f.id, "name": f.name, "payload": f.payload,
-                         "exception": f.exception.splitlines()[-1]} for f in failed]
+    result["failed"] = [
+        {
+            "id": f.id,
+            "name": f.name,
+            "payload": f.payload,
+            "exception": f.exception.splitlines()[-1],
+        }
+        for f in failed
+    ]
     result["dispatched"] = dispatched
     result["runs"] = runs
 except BaseException:
     result["error"] = traceback.format_exc()
-result
+result  # noqa: B018 - the harness prints the last expression

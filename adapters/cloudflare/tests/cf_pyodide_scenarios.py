@@ -39,7 +39,7 @@ import js
 from pyodide.code import run_js
 from pyodide.ffi import to_js
 
-run_js(SIM_JS)  # noqa: F821 - prepended by the test
+run_js(SIM_JS)
 sim = js.cfSim
 
 import haze
@@ -47,9 +47,9 @@ import haze_cloudflare
 from cf_pyo_app import state
 from cf_pyo_app.entry import Default
 from haze import Queue
-from haze_cloudflare._js import is_nullish
 from haze.errors import DelayTooLongError, PayloadTooLargeError
 from haze.jobs import get_job
+from haze_cloudflare._js import is_nullish
 
 
 class _Capture(logging.Handler):
@@ -71,8 +71,9 @@ def new_env(max_retries=3, dead_letter=None, secret="s3cret"):
         opts["deadLetter"] = dead_letter
     q = sim.SimQueue.new("cf-pyo-jobs", to_js(opts, dict_converter=js.Object.fromEntries))
     kv = sim.SimKV.new()
-    make = run_js("(q, kv, s) => (s ? {QUEUE: q, KV: kv, HAZE_DISPATCH_SECRET: s}"
-                  " : {QUEUE: q, KV: kv})")
+    make = run_js(
+        "(q, kv, s) => (s ? {QUEUE: q, KV: kv, HAZE_DISPATCH_SECRET: s} : {QUEUE: q, KV: kv})"
+    )
     env = make(q, kv, secret)
     haze_cloudflare.bind_env(env)  # for dispatches made by the scenario itself
     return env, q, kv
@@ -120,8 +121,14 @@ async def success_and_boundary():
     job_id = await get_job("cf_pyo_ok").dispatch(payload)
     sends = jsonable(q.sends)
     await pump(env, q)
-    return {"id": job_id, "sends": sends, "calls": jsonable(q.calls), "runs": runs("ok"),
-            "size": q.size, "outcomes": list(worker.outcomes)}
+    return {
+        "id": job_id,
+        "sends": sends,
+        "calls": jsonable(q.calls),
+        "runs": runs("ok"),
+        "size": q.size,
+        "outcomes": list(worker.outcomes),
+    }
 
 
 async def retry_backoff():
@@ -135,8 +142,13 @@ async def release():
     env, q, _ = new_env()
     job_id = await get_job("cf_pyo_release").dispatch({"key": "r"})
     await pump(env, q)
-    return {"id": job_id, "calls": jsonable(q.calls), "sends": jsonable(q.sends),
-            "runs": runs("release"), "size": q.size}
+    return {
+        "id": job_id,
+        "calls": jsonable(q.calls),
+        "sends": jsonable(q.sends),
+        "runs": runs("release"),
+        "size": q.size,
+    }
 
 
 async def final_failure():
@@ -144,14 +156,29 @@ async def final_failure():
     job_id = await get_job("cf_pyo_dead").dispatch({"key": "d"})
     await pump(env, q)
     failed = await Queue.failed()
-    listed = [{"id": f.id, "name": f.name, "payload": f.payload, "exception": f.exception,
-               "connection": f.connection} for f in failed]
+    listed = [
+        {
+            "id": f.id,
+            "name": f.name,
+            "payload": f.payload,
+            "exception": f.exception,
+            "connection": f.connection,
+        }
+        for f in failed
+    ]
     retried = await Queue.retry(job_id)
     after = await Queue.failed()
-    return {"id": job_id, "calls": jsonable(q.calls), "runs": runs("dead"),
-            "failed": listed, "failed_calls": list(state.failed_calls), "retried": retried,
-            "after_retry": [f.id for f in after], "resent": jsonable(q.sends)[-1],
-            "outcomes": list(worker.outcomes)}
+    return {
+        "id": job_id,
+        "calls": jsonable(q.calls),
+        "runs": runs("dead"),
+        "failed": listed,
+        "failed_calls": list(state.failed_calls),
+        "retried": retried,
+        "after_retry": [f.id for f in after],
+        "resent": jsonable(q.sends)[-1],
+        "outcomes": list(worker.outcomes),
+    }
 
 
 async def dead_letter():
@@ -159,13 +186,18 @@ async def dead_letter():
     env, q, _ = new_env(max_retries=1, dead_letter=dlq)
     job_id = await get_job("cf_pyo_many").dispatch({"key": "m"})
     await pump(env, q)
-    return {"id": job_id, "calls": jsonable(q.calls), "runs": runs("many"),
-            "dead": jsonable(q.dead), "dlq": jsonable(dlq.sends),
-            "failed": [f.id for f in await Queue.failed()]}
+    return {
+        "id": job_id,
+        "calls": jsonable(q.calls),
+        "runs": runs("many"),
+        "dead": jsonable(q.dead),
+        "dlq": jsonable(dlq.sends),
+        "failed": [f.id for f in await Queue.failed()],
+    }
 
 
 async def limits():
-    env, q, _ = new_env()
+    _env, q, _ = new_env()
     ok = get_job("cf_pyo_ok")
     await ok.dispatch({"key": "late"}, delay=30)
     await ok.dispatch({"key": "max"}, delay="12h")
@@ -189,8 +221,14 @@ async def bulk():
     sends = jsonable(q.sends)
     await pump(env, q, max_batch=100)
     ran = [r[1] for r in runs("ok") if str(r[1]).startswith("b")]
-    return {"ids": ids, "batch_calls": batch_calls, "vias": sorted({s["via"] for s in sends}),
-            "body_ids": [s["body"]["id"] for s in sends], "ran": ran, "size": q.size}
+    return {
+        "ids": ids,
+        "batch_calls": batch_calls,
+        "vias": sorted({s["via"] for s in sends}),
+        "body_ids": [s["body"]["id"] for s in sends],
+        "ran": ran,
+        "size": q.size,
+    }
 
 
 async def chain():
@@ -217,8 +255,13 @@ async def batch():
     await pump(env, q)
     fresh = await b.fresh()
     ran = [r[1] for r in runs("ok") if str(r[1]).startswith(("x", "then", "finally"))]
-    return {"ran": ran, "finished": fresh.finished, "processed": fresh.processed,
-            "failed": fresh.failed, "progress": fresh.progress}
+    return {
+        "ran": ran,
+        "finished": fresh.finished,
+        "processed": fresh.processed,
+        "failed": fresh.failed,
+        "progress": fresh.progress,
+    }
 
 
 async def unique():
@@ -230,8 +273,13 @@ async def unique():
     await pump(env, q)
     third = await u.dispatch({"key": "u"})
     await pump(env, q)
-    return {"first": first, "second": second, "skipped": skipped.skipped,
-            "third": third, "runs": runs("unique")}
+    return {
+        "first": first,
+        "second": second,
+        "skipped": skipped.skipped,
+        "third": third,
+        "runs": runs("unique"),
+    }
 
 
 async def rate_limited_release():
@@ -242,19 +290,34 @@ async def rate_limited_release():
     batch = q.nextBatch(10)
     await worker.queue(batch, env, None)
     q.settle(batch, False)
-    return {"ids": [a, b], "runs": runs("limited"), "calls": jsonable(q.calls),
-            "sends": jsonable(q.sends), "outcomes": list(worker.outcomes), "size": q.size}
+    return {
+        "ids": [a, b],
+        "runs": runs("limited"),
+        "calls": jsonable(q.calls),
+        "sends": jsonable(q.sends),
+        "outcomes": list(worker.outcomes),
+        "size": q.size,
+    }
 
 
 async def undecodable():
     env, q, _ = new_env()
     bad = q.inject("this is not JSON", "text")
-    unknown = q.inject(to_js({"v": 1, "id": "nobody-1", "job": "cf_pyo_no_such_job",
-                              "payload": {}}, dict_converter=js.Object.fromEntries))
+    unknown = q.inject(
+        to_js(
+            {"v": 1, "id": "nobody-1", "job": "cf_pyo_no_such_job", "payload": {}},
+            dict_converter=js.Object.fromEntries,
+        )
+    )
     await pump(env, q)
     failed = {f.id: f.exception for f in await Queue.failed()}
-    return {"bad": bad, "unknown": unknown, "calls": jsonable(q.calls), "failed": failed,
-            "outcomes": list(worker.outcomes)}
+    return {
+        "bad": bad,
+        "unknown": unknown,
+        "calls": jsonable(q.calls),
+        "failed": failed,
+        "outcomes": list(worker.outcomes),
+    }
 
 
 async def fetch_dispatch():
@@ -268,29 +331,47 @@ async def fetch_dispatch():
         init = {"method": method, "headers": headers}
         if method == "POST":
             init["body"] = data
-        return js.Request.new("https://worker.example/dispatch",
-                              to_js(init, dict_converter=js.Object.fromEntries))
+        return js.Request.new(
+            "https://worker.example/dispatch", to_js(init, dict_converter=js.Object.fromEntries)
+        )
 
     ok = await worker.fetch(request(), env)
     wrong = await worker.fetch(request(token="nope"), env)
     missing = await worker.fetch(request(token=None), env)
     get = await worker.fetch(request(method="GET"), env)
     unknown = await worker.fetch(
-        request(data=json.dumps({"job": "cf_pyo_nope", "payload": {}})), env)
+        request(data=json.dumps({"job": "cf_pyo_nope", "payload": {}})), env
+    )
     env2, q2, _ = new_env(secret=None)
     disabled = await worker.fetch(request(), env2)
     return {
-        "ok": [ok.status, ok.json()], "wrong": wrong.status, "missing": missing.status,
-        "get": get.status, "unknown": [unknown.status, unknown.json()],
-        "disabled": [disabled.status, disabled.json()], "sends": jsonable(q.sends),
+        "ok": [ok.status, ok.json()],
+        "wrong": wrong.status,
+        "missing": missing.status,
+        "get": get.status,
+        "unknown": [unknown.status, unknown.json()],
+        "disabled": [disabled.status, disabled.json()],
+        "sends": jsonable(q.sends),
         "sends_disabled": jsonable(q2.sends),
     }
 
 
 results = {}
-for scenario in (success_and_boundary, retry_backoff, release, final_failure, dead_letter,
-                 limits, bulk, chain, batch, unique, rate_limited_release, undecodable,
-                 fetch_dispatch):
+for scenario in (
+    success_and_boundary,
+    retry_backoff,
+    release,
+    final_failure,
+    dead_letter,
+    limits,
+    bulk,
+    chain,
+    batch,
+    unique,
+    rate_limited_release,
+    undecodable,
+    fetch_dispatch,
+):
     try:
         value = await asyncio.wait_for(scenario(), 30)  # noqa: F704 - top-level await
         results[scenario.__name__] = {"ok": True, "value": value}
@@ -302,14 +383,17 @@ try:
     threading.Thread(target=lambda: None).start()
 except RuntimeError:
     pass
-results["environment"] = {"ok": True, "value": {
-    "platform": sys.platform,
-    "haze_file": haze.__file__,
-    "adapter_file": haze_cloudflare.__file__,
-    "worker_bases": [c.__module__ + "." + c.__qualname__ for c in Default.__mro__],
-    "thread_starts": starts,
-    "guard_probe": thread_starts[len(starts):],
-    "threads": [t.name for t in threading.enumerate()],
-    "warnings": list(captured.lines),
-}}
-results
+results["environment"] = {
+    "ok": True,
+    "value": {
+        "platform": sys.platform,
+        "haze_file": haze.__file__,
+        "adapter_file": haze_cloudflare.__file__,
+        "worker_bases": [c.__module__ + "." + c.__qualname__ for c in Default.__mro__],
+        "thread_starts": starts,
+        "guard_probe": thread_starts[len(starts) :],
+        "threads": [t.name for t in threading.enumerate()],
+        "warnings": list(captured.lines),
+    },
+}
+results  # noqa: B018 - run.mjs prints the last expression

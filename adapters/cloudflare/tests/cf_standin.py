@@ -65,11 +65,14 @@ class QueueState:
         delay = int(msg.get("delay_seconds") or default_delay or 0)
         if delay > 43200:
             raise ValueError("delay_seconds must be at most 43200")
-        self.messages.append(StoredMessage(
-            id=f"m{next(self._seq):04d}", body=msg.get("body"),
-            content_type=str(msg.get("content_type") or "json"),
-            available_at=time.time() + delay,
-        ))
+        self.messages.append(
+            StoredMessage(
+                id=f"m{next(self._seq):04d}",
+                body=msg.get("body"),
+                content_type=str(msg.get("content_type") or "json"),
+                available_at=time.time() + delay,
+            )
+        )
 
     def pull(self, batch_size: int, visibility_ms: int) -> dict[str, Any]:
         now = time.time()
@@ -86,10 +89,19 @@ class QueueState:
                 body = base64.b64encode(json.dumps(m.body).encode()).decode()
             else:
                 body = m.body
-            out.append({"id": m.id, "body": body, "attempts": m.attempts, "lease_id": m.lease_id,
-                        "timestamp_ms": m.timestamp_ms,
-                        "metadata": {"CF-Content-Type": m.content_type,
-                                     "CF-sourceMessageSource": "api"}})
+            out.append(
+                {
+                    "id": m.id,
+                    "body": body,
+                    "attempts": m.attempts,
+                    "lease_id": m.lease_id,
+                    "timestamp_ms": m.timestamp_ms,
+                    "metadata": {
+                        "CF-Content-Type": m.content_type,
+                        "CF-sourceMessageSource": "api",
+                    },
+                }
+            )
         backlog = len(self.messages) - len(out)
         return {"messages": out, "message_backlog_count": backlog}
 
@@ -135,9 +147,13 @@ class D1State:
             return {
                 "results": [dict(zip(cols, r, strict=True)) for r in rows],
                 "success": True,
-                "meta": {"changes": cur.rowcount if cur.rowcount > 0 else 0,
-                         "last_row_id": cur.lastrowid or 0, "rows_read": len(rows),
-                         "changed_db": cur.rowcount > 0, "total_changes": changes},
+                "meta": {
+                    "changes": cur.rowcount if cur.rowcount > 0 else 0,
+                    "last_row_id": cur.lastrowid or 0,
+                    "rows_read": len(rows),
+                    "changed_db": cur.rowcount > 0,
+                    "total_changes": changes,
+                },
             }
 
 
@@ -181,8 +197,12 @@ class StandIn:
                 pass
 
             def _send(self, status: int, result: Any = None, errors: Any = None) -> None:
-                payload = {"success": status < 400, "errors": errors or [], "messages": [],
-                           "result": result}
+                payload = {
+                    "success": status < 400,
+                    "errors": errors or [],
+                    "messages": [],
+                    "result": result,
+                }
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
@@ -190,7 +210,7 @@ class StandIn:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 try:
                     body = json.loads(self.rfile.read(length) or b"{}")
@@ -209,8 +229,7 @@ class StandIn:
                     try:
                         result = standin.d1.query(body["sql"], list(body.get("params") or []))
                     except sqlite3.Error as e:
-                        self._send(400, errors=[{"code": 7500,
-                                                 "message": f"{e}: SQLITE_ERROR"}])
+                        self._send(400, errors=[{"code": 7500, "message": f"{e}: SQLITE_ERROR"}])
                         return
                     self._send(200, [result])
                     return
@@ -232,11 +251,17 @@ class StandIn:
                                 q.push(msg, int(body.get("delay_seconds") or 0))
                             self._send(200, None)
                         elif rest == "/messages/pull":
-                            self._send(200, q.pull(int(body.get("batch_size") or 5),
-                                                   int(body.get("visibility_timeout_ms") or 30000)))
+                            self._send(
+                                200,
+                                q.pull(
+                                    int(body.get("batch_size") or 5),
+                                    int(body.get("visibility_timeout_ms") or 30000),
+                                ),
+                            )
                         elif rest == "/messages/ack":
-                            self._send(200, q.settle(body.get("acks") or [],
-                                                     body.get("retries") or []))
+                            self._send(
+                                200, q.settle(body.get("acks") or [], body.get("retries") or [])
+                            )
                         elif rest == "/purge":
                             q.messages.clear()
                             self._send(200, None)

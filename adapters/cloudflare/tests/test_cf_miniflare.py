@@ -22,14 +22,15 @@ in Node/Pyodide, whose relay messages record haze's verdict (``ack()`` /
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cf_build import haze_wheels, npm_ci
 
 pytestmark = pytest.mark.pyodide
 
@@ -39,45 +40,21 @@ CF_DIR = ROOT / "tests" / "cloudflare"
 PYODIDE_DIR = ROOT / "tests" / "pyodide"
 
 
-def _npm_ci(directory: Path, marker: str) -> None:
-    if (directory / "node_modules" / marker).is_dir():
-        return
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed")
-    proc = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=directory,
-                          capture_output=True, text=True, timeout=300, check=False)
-    if proc.returncode != 0:
-        pytest.skip(f"npm ci in {directory} failed (offline?):\n{proc.stderr[-2000:]}")
-
-
-def _build(project: str, out: Path, pattern: str) -> Path:
-    uv = shutil.which("uv")
-    cmd = ([uv, "build", "--wheel", project, "-o", str(out)] if uv else
-           [sys.executable, "-m", "build", "--wheel", project, "-o", str(out)])
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180,
-                          check=False)
-    assert proc.returncode == 0, f"building {project} failed:\n{proc.stdout}\n{proc.stderr}"
-    (wheel,) = out.glob(pattern)
-    return wheel
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     node = shutil.which("node")
     if node is None:
         pytest.skip("Node.js is not installed")
-    _npm_ci(PYODIDE_DIR, "pyodide")
-    _npm_ci(CF_DIR, "wrangler")
-    out = tmp_path_factory.mktemp("cf-mf-wheels")
-    wheels = [_build("runtime", out, "haze-*.whl"),
-              _build("adapters/cloudflare", out, "haze_cloudflare-*.whl")]
+    npm_ci(PYODIDE_DIR, "pyodide")
+    npm_ci(CF_DIR, "wrangler")
+    wheels = haze_wheels(tmp_path_factory)
     args = [node, str(CF_DIR / "miniflare-harness.mjs")]
     for w in wheels:
         args += ["--wheel", str(w)]
     args.append(str(HERE / "cf_miniflare_scenarios.py"))
-    proc = subprocess.run(args, cwd=CF_DIR, capture_output=True, text=True, timeout=240,
-                          check=False)
+    proc = subprocess.run(
+        args, cwd=CF_DIR, capture_output=True, text=True, timeout=240, check=False
+    )
     if proc.returncode != 0:
         pytest.fail(f"miniflare harness failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
     result: dict[str, Any] = json.loads(proc.stdout)
@@ -102,7 +79,8 @@ def runs(run: dict[str, Any], key: str) -> list[dict[str, Any]]:
 
 def test_success_is_acked_once(run: dict[str, Any]) -> None:
     (d,) = deliveries(run, "ok")
-    assert d["attempts"] == 1 and d["verdict"] == {"action": "ack"}
+    assert d["attempts"] == 1
+    assert d["verdict"] == {"action": "ack"}
     assert [r["attempt"] for r in runs(run, "ok")] == [1]
 
 
@@ -111,10 +89,11 @@ def test_retries_use_workerd_attempts_and_haze_backoff(run: dict[str, Any]) -> N
     assert len({d["id"] for d in ds}) == 1  # the same Cloudflare message, redelivered
     assert [d["attempts"] for d in ds] == [1, 2, 3]
     assert [d["verdict"] for d in ds] == [{"action": "retry", "delaySeconds": 1}] * 2 + [
-        {"action": "ack"}]
+        {"action": "ack"}
+    ]
     assert [r["attempt"] for r in runs(run, "flaky")] == [1, 2, 3]
     # workerd held each retry for its delaySeconds before redelivering
-    assert all(b["t"] - a["t"] >= 0.9 for a, b in zip(ds, ds[1:], strict=False))
+    assert all(b["t"] - a["t"] >= 0.9 for a, b in itertools.pairwise(ds))
 
 
 def test_delayed_dispatch_waits_for_delay_seconds(run: dict[str, Any]) -> None:
@@ -130,7 +109,8 @@ def test_release_is_a_new_message_that_keeps_the_attempt(run: dict[str, Any]) ->
     assert (first["attempts"], second["attempts"], resent["attempts"]) == (1, 2, 1)
     assert first["verdict"] == {"action": "retry", "delaySeconds": 1}
     assert second["verdict"] == {"action": "ack"}  # released: re-sent, then acked
-    assert resent["env_attempts"] == 1 and resent["verdict"] == {"action": "ack"}
+    assert resent["env_attempts"] == 1
+    assert resent["verdict"] == {"action": "ack"}
     # attempt 1 failed, attempt 2 released, and the re-sent message ran as attempt 2
     assert [r["attempt"] for r in runs(run, "release")] == [1, 2, 2]
     assert resent["t"] - second["t"] >= 0.9  # sent with delaySeconds=1
@@ -142,10 +122,13 @@ def test_final_failure_lands_in_d1_failed_jobs_and_is_acked(run: dict[str, Any])
     assert [d["verdict"]["action"] for d in ds] == ["retry", "ack"]
     dead_id = run["python"]["dispatched"]["dead"]
     (f,) = run["python"]["failed"]  # Queue.failed(): read by haze through the binding
-    assert f["id"] == dead_id and f["name"] == "cf_mf_dead" and f["payload"] == {"key": "dead"}
+    assert f["id"] == dead_id
+    assert f["name"] == "cf_mf_dead"
+    assert f["payload"] == {"key": "dead"}
     assert f["exception"] == "ValueError: dead dead"
     (row,) = run["d1"]["failed_jobs"]  # read back through Miniflare's D1, not haze
-    assert row["uuid"] == dead_id and row["connection"] == "cloudflare"
+    assert row["uuid"] == dead_id
+    assert row["connection"] == "cloudflare"
     assert all(m["body"]["id"] != dead_id for m in run["dlq"])
 
 
@@ -155,7 +138,8 @@ def test_queue_max_retries_sends_to_the_dead_letter_queue(run: dict[str, Any]) -
     assert all(d["verdict"]["action"] == "retry" for d in ds)  # haze had tries left (5)
     many_id = run["python"]["dispatched"]["many"]
     (dead,) = run["dlq"]
-    assert dead["body"]["id"] == many_id and dead["body"]["job"] == "cf_mf_many"
+    assert dead["body"]["id"] == many_id
+    assert dead["body"]["job"] == "cf_mf_many"
     assert [f["id"] for f in run["python"]["failed"]] != [many_id]
 
 
@@ -169,17 +153,22 @@ def test_bulk_goes_through_send_batch(run: dict[str, Any]) -> None:
 
 def test_unique_lock_lives_in_d1(run: dict[str, Any]) -> None:
     u1, u2, skipped = run["python"]["dispatched"]["unique"]
-    assert u1 == u2 and skipped is True
-    assert any(k.startswith("haze:unique:cf_mf_unique") for k in
-               run["python"]["dispatched"]["locks"])
+    assert u1 == u2
+    assert skipped is True
+    assert any(
+        k.startswith("haze:unique:cf_mf_unique") for k in run["python"]["dispatched"]["locks"]
+    )
     assert len(deliveries(run, "u")) == 1
     assert run["d1"]["cache_keys"] == []  # released when the job finished
 
 
 def test_database_driver_dispatches_through_the_d1_binding(run: dict[str, Any]) -> None:
     d1 = run["python"]["d1_dispatch"]
-    assert d1["row_ids"] == d1["ids"] and len(d1["ids"]) == 26  # 1 + a 25-row bulk
-    assert d1["queues"] == ["default"] and d1["reserved"] == [] and d1["size"] == 26
+    assert d1["row_ids"] == d1["ids"]
+    assert len(d1["ids"]) == 26
+    assert d1["queues"] == ["default"]
+    assert d1["reserved"] == []
+    assert d1["size"] == 26
     # claimed (UPDATE … RETURNING) and run from D1 through the binding as well
     assert run["python"]["d1_consumed"] == 2
     assert run["python"]["d1_left"] == 24

@@ -27,12 +27,12 @@ import hashlib
 import json
 import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cf_build import haze_wheels, npm_ci
 
 pytestmark = pytest.mark.pyodide
 
@@ -40,17 +40,6 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 PYODIDE_DIR = ROOT / "tests" / "pyodide"
 RUN_MJS = PYODIDE_DIR / "run.mjs"
-
-
-def _build(project: str, out: Path, pattern: str) -> Path:
-    uv = shutil.which("uv")
-    cmd = ([uv, "build", "--wheel", project, "-o", str(out)] if uv else
-           [sys.executable, "-m", "build", "--wheel", project, "-o", str(out)])
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180,
-                          check=False)
-    assert proc.returncode == 0, f"building {project} failed:\n{proc.stdout}\n{proc.stderr}"
-    (wheel,) = out.glob(pattern)
-    return wheel
 
 
 def _app_wheel(out: Path) -> Path:
@@ -63,10 +52,11 @@ def _app_wheel(out: Path) -> Path:
     for path in sorted(src.rglob("*.py")):
         files[f"{name}/{path.relative_to(src).as_posix()}"] = path.read_bytes()
     files[f"{dist}/METADATA"] = (
-        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode())
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+    )
     files[f"{dist}/WHEEL"] = (
-        b"Wheel-Version: 1.0\nGenerator: haze-tests\nRoot-Is-Purelib: true\n"
-        b"Tag: py3-none-any\n")
+        b"Wheel-Version: 1.0\nGenerator: haze-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
     record = []
     for arc, data in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
@@ -84,38 +74,31 @@ def node() -> str:
     exe = shutil.which("node")
     if exe is None:
         pytest.skip("Node.js is not installed")
-    if not (PYODIDE_DIR / "node_modules" / "pyodide").is_dir():
-        npm = shutil.which("npm")
-        if npm is None:
-            pytest.skip("npm is not installed")
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=PYODIDE_DIR, check=True,
-                       timeout=300, capture_output=True)
+    npm_ci(PYODIDE_DIR, "pyodide")
     return exe
 
 
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    out = tmp_path_factory.mktemp("cf-wheels")
-    return [
-        _build("runtime", out, "haze-*.whl"),
-        _build("adapters/cloudflare", out, "haze_cloudflare-*.whl"),
-        _app_wheel(out),
-    ]
+    return [*haze_wheels(tmp_path_factory), _app_wheel(tmp_path_factory.mktemp("cf-app"))]
 
 
 @pytest.fixture(scope="module")
-def scenarios(node: str, wheels: list[Path], tmp_path_factory: pytest.TempPathFactory
-              ) -> dict[str, Any]:
+def scenarios(
+    node: str, wheels: list[Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
     script = tmp_path_factory.mktemp("cf-pyodide") / "cf_scenarios.py"
     sim = (HERE / "cf_queue_sim.js").read_text()
-    script.write_text(f"SIM_JS = {json.dumps(sim)}\n"
-                      + (HERE / "cf_pyodide_scenarios.py").read_text())
+    script.write_text(
+        f"SIM_JS = {json.dumps(sim)}\n" + (HERE / "cf_pyodide_scenarios.py").read_text()
+    )
     args = [node, str(RUN_MJS)]
     for w in wheels:
         args += ["--wheel", str(w)]
     args.append(str(script))
-    proc = subprocess.run(args, cwd=PYODIDE_DIR, capture_output=True, text=True, timeout=180,
-                          check=False)
+    proc = subprocess.run(
+        args, cwd=PYODIDE_DIR, capture_output=True, text=True, timeout=180, check=False
+    )
     if proc.returncode != 0:
         pytest.fail(f"pyodide run failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
     result: dict[str, Any] = json.loads(proc.stdout)
@@ -139,7 +122,8 @@ def calls_by_message(calls: list[list[Any]]) -> dict[str, list[list[Any]]]:
 def test_loads_in_pyodide_without_threads(scenarios: dict[str, Any]) -> None:
     env = outcome(scenarios, "environment")
     assert env["platform"] == "emscripten"
-    assert "site-packages" in env["haze_file"] and "site-packages" in env["adapter_file"]
+    assert "site-packages" in env["haze_file"]
+    assert "site-packages" in env["adapter_file"]
     # no `workers` module outside Cloudflare: the local base class stands in for it
     assert "haze_cloudflare.worker._Base" in env["worker_bases"]
     assert env["guard_probe"], "the thread guard did not see a deliberate Thread.start()"
@@ -150,17 +134,24 @@ def test_loads_in_pyodide_without_threads(scenarios: dict[str, Any]) -> None:
 def test_success_acks_and_bodies_cross_the_js_boundary(scenarios: dict[str, Any]) -> None:
     v = outcome(scenarios, "success_and_boundary")
     (send,) = v["sends"]
-    assert send["via"] == "send" and send["contentType"] == "json"
+    assert send["via"] == "send"
+    assert send["contentType"] == "json"
     assert send["delaySeconds"] is None
     body = send["body"]  # what Cloudflare stored: a JSON object, nulls kept
-    assert body["id"] == v["id"] and body["job"] == "cf_pyo_ok"
-    assert body["payload"] == {"key": "a", "none": None,
-                               "nested": {"l": [1, None, 2.5], "s": "é", "t": True}}
+    assert body["id"] == v["id"]
+    assert body["job"] == "cf_pyo_ok"
+    assert body["payload"] == {
+        "key": "a",
+        "none": None,
+        "nested": {"l": [1, None, 2.5], "s": "é", "t": True},
+    }
     assert v["calls"] == [[send["id"], "ack"]]
     (run,) = v["runs"]
     assert run[:3] == ["ok", "a", 1]
-    assert run[3]["none"] is None and run[3]["nested"]["l"] == [1, None, 2.5]
-    assert v["outcomes"] == ["done"] and v["size"] == 0
+    assert run[3]["none"] is None
+    assert run[3]["nested"]["l"] == [1, None, 2.5]
+    assert v["outcomes"] == ["done"]
+    assert v["size"] == 0
 
 
 def test_retry_uses_haze_backoff_as_delay_seconds(scenarios: dict[str, Any]) -> None:
@@ -171,15 +162,15 @@ def test_retry_uses_haze_backoff_as_delay_seconds(scenarios: dict[str, Any]) -> 
     assert v["size"] == 0
 
 
-def test_release_is_resent_as_a_new_message_without_using_a_try(
-    scenarios: dict[str, Any]
-) -> None:
+def test_release_is_resent_as_a_new_message_without_using_a_try(scenarios: dict[str, Any]) -> None:
     v = outcome(scenarios, "release")
     # attempt 1 fails (retry), attempt 2 releases, the re-sent message runs as attempt 2
     assert [r[2] for r in v["runs"]] == [1, 2, 2]
     first, resent = v["sends"]
-    assert resent["via"] == "send" and resent["delaySeconds"] == 3
-    assert resent["body"]["id"] == v["id"] and resent["body"]["attempts"] == 1
+    assert resent["via"] == "send"
+    assert resent["delaySeconds"] == 3
+    assert resent["body"]["id"] == v["id"]
+    assert resent["body"]["attempts"] == 1
     by_msg = calls_by_message(v["calls"])
     assert by_msg[first["id"]] == [["retry", 2], ["ack"]]
     assert by_msg[resent["id"]] == [["ack"]]
@@ -192,14 +183,18 @@ def test_final_failure_goes_to_failed_store_then_ack(scenarios: dict[str, Any]) 
     (msg_calls,) = calls_by_message(v["calls"]).values()
     assert msg_calls == [["retry", 1], ["ack"]]
     (failed,) = v["failed"]
-    assert failed["id"] == v["id"] and failed["name"] == "cf_pyo_dead"
-    assert failed["payload"] == {"key": "d"} and failed["connection"] == "cloudflare"
+    assert failed["id"] == v["id"]
+    assert failed["name"] == "cf_pyo_dead"
+    assert failed["payload"] == {"key": "d"}
+    assert failed["connection"] == "cloudflare"
     assert "dead d" in failed["exception"]
     assert v["failed_calls"] == [["d", "dead d", 2]]
     assert v["outcomes"] == ["failed"]
     # Queue.retry re-sends it through the binding, with its tries reset
-    assert v["retried"] == [v["id"]] and v["after_retry"] == []
-    assert v["resent"]["body"]["id"] == v["id"] and "attempts" not in v["resent"]["body"]
+    assert v["retried"] == [v["id"]]
+    assert v["after_retry"] == []
+    assert v["resent"]["body"]["id"] == v["id"]
+    assert "attempts" not in v["resent"]["body"]
 
 
 def test_queue_max_retries_dead_letters_before_haze_gives_up(scenarios: dict[str, Any]) -> None:
@@ -208,7 +203,8 @@ def test_queue_max_retries_dead_letters_before_haze_gives_up(scenarios: dict[str
     assert [r[2] for r in v["runs"]] == [1, 2]
     assert len(v["dead"]) == 1
     (dlq,) = v["dlq"]
-    assert dlq["via"] == "dlq" and dlq["body"]["id"] == v["id"]
+    assert dlq["via"] == "dlq"
+    assert dlq["body"]["id"] == v["id"]
     assert v["failed"] == []
 
 
@@ -238,13 +234,16 @@ def test_chain_runs_in_order(scenarios: dict[str, Any]) -> None:
 def test_batch_callbacks_run_once(scenarios: dict[str, Any]) -> None:
     v = outcome(scenarios, "batch")
     assert sorted(v["ran"]) == ["finally", "then", "x0", "x1", "x2"]
-    assert v["finished"] and v["processed"] == 3 and v["failed"] == 0
+    assert v["finished"]
+    assert v["processed"] == 3
+    assert v["failed"] == 0
     assert v["progress"] == 100
 
 
 def test_unique_job_lock_in_kv(scenarios: dict[str, Any]) -> None:
     v = outcome(scenarios, "unique")
-    assert v["second"] == v["first"] and v["skipped"] is True
+    assert v["second"] == v["first"]
+    assert v["skipped"] is True
     assert v["third"] != v["first"]  # the lock was released after the run
     assert [r[1] for r in v["runs"]] == ["u", "u"]
 
@@ -254,7 +253,8 @@ def test_kv_store_logs_the_non_atomic_warning(scenarios: dict[str, Any]) -> None
     warnings = outcome(scenarios, "environment")["warnings"]
     kv = [w for w in warnings if w.startswith("haze.stores.kv")]
     assert len(kv) == 1
-    assert "not atomic" in kv[0] and "KV" in kv[0]
+    assert "not atomic" in kv[0]
+    assert "KV" in kv[0]
 
 
 def test_middleware_release_is_resent(scenarios: dict[str, Any]) -> None:
@@ -264,9 +264,11 @@ def test_middleware_release_is_resent(scenarios: dict[str, Any]) -> None:
     first, second, resent = v["sends"]
     assert 0 < resent["delaySeconds"] <= 3600
     released_id = resent["body"]["id"]
-    assert released_id in v["ids"] and "attempts" not in resent["body"]
+    assert released_id in v["ids"]
+    assert "attempts" not in resent["body"]
     by_msg = calls_by_message(v["calls"])
-    assert by_msg[first["id"]] == [["ack"]] and by_msg[second["id"]] == [["ack"]]
+    assert by_msg[first["id"]] == [["ack"]]
+    assert by_msg[second["id"]] == [["ack"]]
     assert v["size"] == 1
 
 
@@ -274,7 +276,8 @@ def test_undecodable_messages_are_failed_and_acked(scenarios: dict[str, Any]) ->
     v = outcome(scenarios, "undecodable")
     assert v["outcomes"] == ["failed", "failed"]
     by_msg = calls_by_message(v["calls"])
-    assert by_msg[v["bad"]] == [["ack"]] and by_msg[v["unknown"]] == [["ack"]]
+    assert by_msg[v["bad"]] == [["ack"]]
+    assert by_msg[v["unknown"]] == [["ack"]]
     excs = v["failed"]
     assert "UnknownJobError" in excs["nobody-1"]
     assert any("MessageDecodeError" in e for k, e in excs.items() if k != "nobody-1")
@@ -283,10 +286,17 @@ def test_undecodable_messages_are_failed_and_acked(scenarios: dict[str, Any]) ->
 def test_fetch_dispatch_endpoint(scenarios: dict[str, Any]) -> None:
     v = outcome(scenarios, "fetch_dispatch")
     status, body = v["ok"]
-    assert status == 200 and body["skipped"] is False and body["id"]
+    assert status == 200
+    assert body["skipped"] is False
+    assert body["id"]
     (send,) = v["sends"]
-    assert send["body"]["id"] == body["id"] and send["delaySeconds"] == 5
-    assert v["wrong"] == 401 and v["missing"] == 401 and v["get"] == 405
-    assert v["unknown"][0] == 422 and "cf_pyo_nope" in v["unknown"][1]["error"]
-    assert v["disabled"][0] == 403 and "HAZE_DISPATCH_SECRET" in v["disabled"][1]["error"]
+    assert send["body"]["id"] == body["id"]
+    assert send["delaySeconds"] == 5
+    assert v["wrong"] == 401
+    assert v["missing"] == 401
+    assert v["get"] == 405
+    assert v["unknown"][0] == 422
+    assert "cf_pyo_nope" in v["unknown"][1]["error"]
+    assert v["disabled"][0] == 403
+    assert "HAZE_DISPATCH_SECRET" in v["disabled"][1]["error"]
     assert v["sends_disabled"] == []

@@ -27,7 +27,6 @@ from typing import Any
 
 import pytest
 from cf_standin import ACCOUNT, D1_ID, QUEUE_ID, TOKEN, StandIn
-
 from haze import (
     App,
     JobContext,
@@ -85,22 +84,32 @@ def standin(tmp_path: Path) -> Iterator[StandIn]:
 
 
 def d1_connection(standin: StandIn) -> dict[str, Any]:
-    return {"url": f"d1://{ACCOUNT}/{D1_ID}", "api_token": TOKEN,
-            "options": {"api_url": standin.api_url, "timeout": 5}}
+    return {
+        "url": f"d1://{ACCOUNT}/{D1_ID}",
+        "api_token": TOKEN,
+        "options": {"api_url": standin.api_url, "timeout": 5},
+    }
 
 
 def cf_connection(standin: StandIn, **extra: Any) -> dict[str, Any]:
-    return {"driver": "cloudflare", "account_id": ACCOUNT, "queue_id": QUEUE_ID,
-            "api_token": TOKEN, "api_url": standin.api_url, "failed_store": "d1",
-            "visibility_timeout": "10s", **extra}
+    return {
+        "driver": "cloudflare",
+        "account_id": ACCOUNT,
+        "queue_id": QUEUE_ID,
+        "api_token": TOKEN,
+        "api_url": standin.api_url,
+        "failed_store": "d1",
+        "visibility_timeout": "10s",
+        **extra,
+    }
 
 
 def make_app(standin: StandIn, **extra: Any) -> App:
     return App(
-        queue=define_queue_config(default="cloudflare",
-                                  connections={"cloudflare": cf_connection(standin, **extra)}),
-        database=define_database_config(default="d1",
-                                        connections={"d1": d1_connection(standin)}),
+        queue=define_queue_config(
+            default="cloudflare", connections={"cloudflare": cf_connection(standin, **extra)}
+        ),
+        database=define_database_config(default="d1", connections={"d1": d1_connection(standin)}),
     )
 
 
@@ -108,8 +117,8 @@ def sent(standin: StandIn, path: str) -> list[dict[str, Any]]:
     return [body for rest, body in standin.queue.requests if rest == path]
 
 
-async def wait_for(cond: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_for(cond: Callable[[], bool], limit: float = 15.0) -> None:
+    deadline = time.monotonic() + limit
     while not cond():
         if time.monotonic() > deadline:
             raise TimeoutError("condition not met in time")
@@ -166,10 +175,14 @@ async def test_pull_consumer_success_retry_release_and_failure(standin: StandIn)
         worker = Worker(app, "cloudflare", None, 2, sleep=0.05, max_sleep=0.2)
         worker.start()
         try:
-            await wait_for(lambda: len(seen.get("release", [])) == 3
-                           and len(seen.get("dead", [])) == 2
-                           and len(seen.get("flaky", [])) == 2
-                           and not standin.queue.messages)
+            await wait_for(
+                lambda: (
+                    len(seen.get("release", [])) == 3
+                    and len(seen.get("dead", [])) == 2
+                    and len(seen.get("flaky", [])) == 2
+                    and not standin.queue.messages
+                )
+            )
         finally:
             await worker.stop()
 
@@ -182,7 +195,8 @@ async def test_pull_consumer_success_retry_release_and_failure(standin: StandIn)
     assert seen["dead"] == [1, 2]
 
     q = standin.queue
-    assert not q.messages and not q.dead_letter
+    assert not q.messages
+    assert not q.dead_letter
     # every retry carried haze's backoff as delay_seconds
     assert sorted(d for _, d in q.retried) == [1, 1, 1]
     # the release went out as a new message carrying the try already used
@@ -192,7 +206,8 @@ async def test_pull_consumer_success_retry_release_and_failure(standin: StandIn)
     assert resent["delay_seconds"] == 1
     # pulls asked for the configured visibility timeout
     pulls = sent(standin, "/messages/pull")
-    assert pulls and all(p["visibility_timeout_ms"] == 10_000 for p in pulls)
+    assert pulls
+    assert all(p["visibility_timeout_ms"] == 10_000 for p in pulls)
 
     # the final failure is in the failed store (D1 over REST), and was acked
     (f,) = failed
@@ -240,8 +255,12 @@ async def test_d1_rest_connector(standin: StandIn) -> None:
     try:
         await db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, n INTEGER, x REAL, s TEXT)")
         assert await db.execute("INSERT INTO t (n, x, s) VALUES (?, ?, ?)", (42, 1.5, None)) == 1
-        assert await db.executemany("INSERT INTO t (n, x, s) VALUES (?, ?, ?)",
-                                    [(1, 2.0, "a"), (2, 3.25, "b")]) == 2
+        assert (
+            await db.executemany(
+                "INSERT INTO t (n, x, s) VALUES (?, ?, ?)", [(1, 2.0, "a"), (2, 3.25, "b")]
+            )
+            == 2
+        )
         rows = await db.fetchall("SELECT n, x, s FROM t ORDER BY id")
         assert rows == [(42, 1.5, None), (1, 2.0, "a"), (2, 3.25, "b")]
         assert type(rows[0][0]) is int  # the query endpoint keeps integers (raw would not)
@@ -252,7 +271,8 @@ async def test_d1_rest_connector(standin: StandIn) -> None:
         bad = D1Connector("d1", {**d1_connection(standin), "api_token": "wrong"})
         with pytest.raises(D1Error) as e:
             await bad.fetchall("SELECT 1")
-        assert e.value.status == 401 and "wrong" not in str(e.value)
+        assert e.value.status == 401
+        assert "wrong" not in str(e.value)
         await bad.close()
     finally:
         await db.close()
@@ -262,8 +282,12 @@ async def test_database_driver_over_d1_rest(standin: StandIn) -> None:
     from haze.database.migrations import ensure_queue_tables
 
     app = App(
-        queue=define_queue_config(default="database", connections={
-            "database": {"driver": "database", "connection": "d1", "queues": ["default"]}}),
+        queue=define_queue_config(
+            default="database",
+            connections={
+                "database": {"driver": "database", "connection": "d1", "queues": ["default"]}
+            },
+        ),
         database=define_database_config(default="d1", connections={"d1": d1_connection(standin)}),
     )
     async with app:
@@ -286,33 +310,55 @@ def test_queue_work_cli_pull_consumer(standin: StandIn, tmp_path: Path) -> None:
     (root / "app" / "job").mkdir(parents=True)
     out = tmp_path / "ran.txt"
     conn = cf_connection(standin)
-    (root / "config" / "queue.py").write_text(textwrap.dedent(f"""
+    (root / "config" / "queue.py").write_text(
+        textwrap.dedent(f"""
         from haze import define_queue_config
         config = define_queue_config(default="cloudflare",
                                      connections={{"cloudflare": {conn!r}}})
-    """))
-    (root / "config" / "database.py").write_text(textwrap.dedent(f"""
+    """)
+    )
+    db = d1_connection(standin)
+    (root / "config" / "database.py").write_text(
+        textwrap.dedent(f"""
         from haze import define_database_config
-        config = define_database_config(default="d1", connections={{"d1": {d1_connection(standin)!r}}})
-    """))
-    (root / "app" / "job" / "cf_cli_job.py").write_text(textwrap.dedent(f"""
+        config = define_database_config(default="d1", connections={{"d1": {db!r}}})
+    """)
+    )
+    (root / "app" / "job" / "cf_cli_job.py").write_text(
+        textwrap.dedent(f"""
         from haze import define_job
 
         @define_job()
         async def cf_cli_job(payload):
             with open({str(out)!r}, "a") as f:
                 f.write(str(payload["n"]) + "\\n")
-    """))
+    """)
+    )
     # Produce over REST as a web process would.
     for n in (1, 2, 3):
-        standin.queue.push({"body": {"v": 1, "id": f"cli{n}", "job": "cf_cli_job",
-                                     "payload": {"n": n}, "queue": "default",
-                                     "connection": "cloudflare"}, "content_type": "json"})
+        standin.queue.push(
+            {
+                "body": {
+                    "v": 1,
+                    "id": f"cli{n}",
+                    "job": "cf_cli_job",
+                    "payload": {"n": n},
+                    "queue": "default",
+                    "connection": "cloudflare",
+                },
+                "content_type": "json",
+            }
+        )
     haze = Path(sys.executable).with_name("haze")
     env = {**os.environ, "HAZE_APP_ROOT": str(root)}
     proc = subprocess.run(
         [str(haze), "queue:work", "--connection", "cloudflare", "--stop-when-empty", "-v"],
-        cwd=root, env=env, capture_output=True, text=True, timeout=60, check=False,
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(out.read_text().split()) == ["1", "2", "3"]

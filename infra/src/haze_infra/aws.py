@@ -18,14 +18,24 @@ deployed.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pulumi
-import pulumi_aws as aws
 
+with warnings.catch_warnings():  # some modules warn about their deprecated resources
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import pulumi_aws as aws
+    import pulumi_aws.cloudwatch
+    import pulumi_aws.ecs
+    import pulumi_aws.iam
+    import pulumi_aws.lambda_
+    import pulumi_aws.sqs  # noqa: F401
+
+from .config import max_receive_count as receive_count_for
 from .config import (
     FARGATE_MAX_STOP_TIMEOUT,
     LAMBDA_MAX_BATCH,
@@ -39,7 +49,6 @@ from .config import (
     container_stop_timeout,
     drain_margin,
     lambda_timeout,
-    max_receive_count,
     min_lambda_timeout,
     min_visibility_timeout,
 )
@@ -169,7 +178,7 @@ class HazeSqsQueue(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("haze:aws:HazeSqsQueue", name, None, opts)
-        need = max_receive_count(max_tries)
+        need = receive_count_for(max_tries)
         count = need if max_receive_count is None else max_receive_count
         _check(need <= count <= SQS_MAX_RECEIVE_COUNT,
                f"maxReceiveCount {count} is below tries + {SQS_RECEIVE_SLACK} = {need} for jobs "
@@ -335,7 +344,7 @@ class HazeLambdaConsumer(_Function):
                    f"({timeout}s) + the batching window ({window}s) = {visibility}s",
                    f"{name}.queues")
             if max_tries is not None:
-                need_count = max_receive_count(max_tries)
+                need_count = receive_count_for(max_tries)
                 _check(q.max_receive_count >= need_count,
                        f"queue {q.queue_name or q.logical_name!r}: maxReceiveCount "
                        f"{q.max_receive_count} is below {need_count} for jobs of {max_tries} "

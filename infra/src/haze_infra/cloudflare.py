@@ -284,6 +284,10 @@ def _check_consumer(worker: str, q: QueueBinding) -> None:
     key = f"{worker}.queues.{q.binding}"
     need = cloudflare_max_retries(c.max_tries)
     retries = c.retries()
+    _check(c.max_tries is None or c.max_tries - 1 <= CF_MAX_RETRIES,
+           f"queue {q.queue.queue_name!r}: jobs of {c.max_tries} tries need "
+           f"{(c.max_tries or 1) - 1} retries; Cloudflare allows at most {CF_MAX_RETRIES} "
+           f"(over Cloudflare's {CF_MAX_RETRIES}): lower tries", f"{key}.max_retries")
     _check(retries >= need, f"queue {q.queue.queue_name!r}: max_retries {retries} is below "
            f"tries - 1 = {need} for jobs of {c.max_tries} tries (Cloudflare counts retries, "
            "haze counts tries): Cloudflare would dead-letter messages haze still retries",

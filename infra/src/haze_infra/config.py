@@ -47,6 +47,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -324,14 +325,18 @@ _trace_lock = threading.RLock()
 
 
 @contextmanager
-def _traced_env(reads: dict[str, EnvRead], placeholders: bool) -> Iterator[None]:
-    """Patch ``haze.env`` while the app's config files run, recording every read."""
+def _traced_env(reads: dict[str, EnvRead], placeholders: bool, root: Path) -> Iterator[None]:
+    """Patch ``haze.env`` while the app's config files run, recording the reads made by
+    files under ``root`` (not haze's own fallbacks)."""
     haze = importlib.import_module("haze")
     haze_config = importlib.import_module("haze.config")
     original: Callable[..., Any] = haze_config.env
 
     def env(name: str, default: object = None) -> object:
         value = original(name, default)
+        caller = Path(sys._getframe(1).f_code.co_filename)
+        if not caller.is_absolute() or not caller.resolve().is_relative_to(root):
+            return value
         is_set = name in os.environ
         reads[name] = EnvRead(name, None if default is None else str(default), is_set)
         if value is None and placeholders and not is_set:
@@ -356,12 +361,13 @@ def load_app(root: str | Path) -> tuple[Any, tuple[EnvRead, ...]]:
     from haze import App
 
     reads: dict[str, EnvRead] = {}
+    base = Path(root).resolve()
     try:
-        with _traced_env(reads, placeholders=True):
+        with _traced_env(reads, placeholders=True, root=base):
             app = App(root=root)
     except ConfigError:
         reads.clear()
-        with _traced_env(reads, placeholders=False):
+        with _traced_env(reads, placeholders=False, root=base):
             app = App(root=root)
     return app, tuple(sorted(reads.values(), key=lambda r: r.name))
 

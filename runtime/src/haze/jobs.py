@@ -341,7 +341,7 @@ class JobDefinition(Generic[P]):
         pending._set(delay=delay, queue=queue, connection=connection, after_commit=after_commit,
                      group=group)
         # what pending.dispatch() does, minus one coroutine layer per dispatch
-        result = await (_use_app or _bind_use_app())().manager.dispatch(pending)
+        result: DispatchResult = await (_use_app or _bind_use_app())().manager.dispatch(pending)
         return result.id
 
     dispatch_blocking = blocking_method(dispatch)

@@ -62,7 +62,7 @@ def _c_dumps() -> Any:
 
 
 _dumps = _c_dumps() or _dumps
-_scan = json.JSONDecoder().scan_once
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def _fast_loads(body: Any) -> Any:

@@ -73,7 +73,9 @@ class KVStore:
             'The "%s" store is Cloudflare KV, which is not atomic (eventually consistent, no '
             "compare-and-set): %s on it may race between isolates, so unique locks can be "
             "taken twice and batch or rate-limit counters can lose updates. Use redis, or the "
-            "database store on D1, for locks and batches.", self.name, what,
+            "database store on D1, for locks and batches.",
+            self.name,
+            what,
         )
 
     # -- raw access ---------------------------------------------------------------
@@ -148,4 +150,3 @@ class KVStore:
 
     async def close(self) -> None:
         return None
-

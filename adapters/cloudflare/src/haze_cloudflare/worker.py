@@ -222,8 +222,11 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
             reserved, connection = self.reserved(app, message, delivery)
             outcome: str = await app.manager.process(reserved, app.driver(connection))
         except Exception:
-            log.exception("haze: cannot process Cloudflare message %s from queue %r",
-                          _message_id(message), queue_name)
+            log.exception(
+                "haze: cannot process Cloudflare message %s from queue %r",
+                _message_id(message),
+                queue_name,
+            )
             if delivery.verdict is None:
                 try:  # let Cloudflare redeliver it (and dead-letter it after max_retries)
                     await _settle(message.retry())
@@ -241,8 +244,11 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
         raw = to_py(message.body)
         if isinstance(raw, (bytes, bytearray, memoryview)):
             raw = bytes(raw).decode("utf-8", "replace")
-        body = raw if isinstance(raw, str) else json.dumps(
-            raw, separators=(",", ":"), ensure_ascii=False)
+        body = (
+            raw
+            if isinstance(raw, str)
+            else json.dumps(raw, separators=(",", ":"), ensure_ascii=False)
+        )
         try:
             decoded: Message | None = decode(body)
             error: BaseException | None = None
@@ -257,15 +263,20 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
         conns = app.queue_config.connections
         if self.connection is not None:
             return app.connection_name(self.connection)
-        if message is not None and message.connection in conns and \
-                conns[message.connection]["driver"] == "cloudflare":
+        if (
+            message is not None
+            and message.connection in conns
+            and conns[message.connection]["driver"] == "cloudflare"
+        ):
             return message.connection
         names = [n for n, o in conns.items() if o["driver"] == "cloudflare"]
         if not names:
             raise ConfigError(
                 "QueueWorker consumes Cloudflare Queues, but no connection in config/queue.py "
                 'uses the cloudflare driver; add e.g. "cloudflare": {"driver": "cloudflare", '
-                '"binding": "QUEUE"}', source=app.queue_config.source, key="connections",
+                '"binding": "QUEUE"}',
+                source=app.queue_config.source,
+                key="connections",
             )
         default = app.queue_config.default
         return default if default in names else names[0]
@@ -277,14 +288,17 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
         self._bind(env)
         method = str(getattr(request, "method", "GET")).upper()
         if method != "POST":
-            return self._response({"error": "POST a JSON body {\"job\": ..., \"payload\": ...}"},
-                                  405)
+            return self._response({"error": 'POST a JSON body {"job": ..., "payload": ...}'}, 405)
         secret_value = binding(self.dispatch_secret)
-        secret = str(to_py(secret_value)) if secret_value is not None else \
-            os.environ.get(self.dispatch_secret, "")
+        secret = (
+            str(to_py(secret_value))
+            if secret_value is not None
+            else os.environ.get(self.dispatch_secret, "")
+        )
         if not secret:
             return self._response(
-                {"error": f"dispatch is disabled: set the {self.dispatch_secret} secret"}, 403)
+                {"error": f"dispatch is disabled: set the {self.dispatch_secret} secret"}, 403
+            )
         given = _header(request, "authorization") or ""
         if not hmac.compare_digest(given.encode(), f"Bearer {secret}".encode()):
             return self._response({"error": "unauthorized"}, 401)
@@ -309,8 +323,9 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
             result = await run_in_app(app, pending.dispatch)
         except (HazeError, TypeError, ValueError, LookupError) as e:
             return self._response({"error": f"{type(e).__name__}: {e}"}, 422)
-        return self._response({"id": result.id, "skipped": result.skipped,
-                               "deferred": result.deferred}, 200)
+        return self._response(
+            {"id": result.id, "skipped": result.skipped, "deferred": result.deferred}, 200
+        )
 
     @staticmethod
     def _response(data: Any, status: int) -> Any:

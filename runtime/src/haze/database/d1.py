@@ -52,8 +52,9 @@ _MAX_SAFE = 2**53
 class D1Error(HazeError):
     """D1 refused a statement or could not be reached (the token is never shown)."""
 
-    def __init__(self, connection: str, message: str, *, status: int | None = None,
-                 code: Any = None):
+    def __init__(
+        self, connection: str, message: str, *, status: int | None = None, code: Any = None
+    ):
         self.connection = connection
         self.status = status
         self.code = code
@@ -145,10 +146,17 @@ class _RestExecutor:
         if response.status_code >= 400 or not isinstance(data, dict) or not data.get("success"):
             errors = data.get("errors") if isinstance(data, dict) else None
             first = errors[0] if isinstance(errors, list) and errors else {}
-            message = (str(first.get("message")) if isinstance(first, dict) and first
-                       else response.text[:300] or response.reason_phrase)
-            raise D1Error(self._c.name, message, status=response.status_code,
-                          code=first.get("code") if isinstance(first, dict) else None)
+            message = (
+                str(first.get("message"))
+                if isinstance(first, dict) and first
+                else response.text[:300] or response.reason_phrase
+            )
+            raise D1Error(
+                self._c.name,
+                message,
+                status=response.status_code,
+                code=first.get("code") if isinstance(first, dict) else None,
+            )
         results = data.get("result")
         if not isinstance(results, list):
             raise D1Error(self._c.name, f"unexpected response {str(data)[:200]!r}")
@@ -224,8 +232,10 @@ class D1Connector:
         account = parts.hostname or parts.netloc
         database = parts.path.strip("/")
         if parts.scheme.lower() != "d1" or not account or not database or "/" in database:
-            raise ConfigError(f"bad D1 URL {url!r}: use d1://ACCOUNT_ID/DATABASE_ID",
-                              key=f"connections.{name}.url")
+            raise ConfigError(
+                f"bad D1 URL {url!r}: use d1://ACCOUNT_ID/DATABASE_ID",
+                key=f"connections.{name}.url",
+            )
         self.account_id = account
         self.database_id = database
         extra = options.get("options") or {}

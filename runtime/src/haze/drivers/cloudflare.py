@@ -46,7 +46,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -162,7 +162,10 @@ def delay_seconds(delay: float, connection: str, *, cap: bool = False) -> int:
             )
         log.warning(
             'connection "%s": a retry/release delay of %gs is over the 12-hour limit of '
-            "Cloudflare Queues; using %d s", connection, delay, MAX_DELAY_SECONDS,
+            "Cloudflare Queues; using %d s",
+            connection,
+            delay,
+            MAX_DELAY_SECONDS,
         )
         return MAX_DELAY_SECONDS
     return seconds
@@ -182,7 +185,7 @@ def decode_pulled_body(body: Any, metadata: Json | None = None) -> str:
         return json.dumps(body)
     kind = str((metadata or {}).get("CF-Content-Type") or "").lower()
     stripped = body.strip()
-    if kind != "text" and stripped and stripped[0] not in "{[\"":
+    if kind != "text" and stripped and stripped[0] not in '{["':
         try:
             raw = base64.b64decode(stripped + "=" * (-len(stripped) % 4), validate=True)
             text = raw.decode("utf-8")
@@ -235,12 +238,17 @@ def _require_httpx() -> ModuleType:
 class RestClient:
     """The Cloudflare Queues REST API for one queue (httpx; ``Authorization: Bearer``)."""
 
-    def __init__(self, account_id: str, queue_id: str, api_token: str, api_url: str = API_URL,
-                 timeout: float = 30.0):
+    def __init__(
+        self,
+        account_id: str,
+        queue_id: str,
+        api_token: str,
+        api_url: str = API_URL,
+        timeout: float = 30.0,
+    ):
         self._httpx = _require_httpx()
         self.base = f"{api_url.rstrip('/')}/accounts/{account_id}/queues/{queue_id}"
-        self._headers = {"authorization": f"Bearer {api_token}",
-                         "content-type": "application/json"}
+        self._headers = {"authorization": f"Bearer {api_token}", "content-type": "application/json"}
         self.timeout = timeout
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -269,10 +277,14 @@ class RestClient:
             data = None
         if response.status_code >= 400 or not isinstance(data, dict) or not data.get("success"):
             errors = data.get("errors") if isinstance(data, dict) else None
-            detail = "; ".join(
-                f"{e.get('code', '')} {e.get('message', '')}".strip()
-                for e in errors or [] if isinstance(e, dict)
-            ) or response.text[:300]
+            detail = (
+                "; ".join(
+                    f"{e.get('code', '')} {e.get('message', '')}".strip()
+                    for e in errors or []
+                    if isinstance(e, dict)
+                )
+                or response.text[:300]
+            )
             raise CloudflareError(f"POST {url}: {detail}", status=response.status_code)
         return data.get("result")
 
@@ -371,8 +383,10 @@ class SqlFailedJobs:
     async def record(self, job: FailedJob) -> None:
         await self._ensure()
         await self.db.execute(self._sql["failed_forget"], (job.id,))
-        await self.db.execute(self._sql["failed_insert"], (
-            job.id, job.connection, job.queue, job.body, job.exception, job.failed_at))
+        await self.db.execute(
+            self._sql["failed_insert"],
+            (job.id, job.connection, job.queue, job.body, job.exception, job.failed_at),
+        )
 
     async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
         await self._ensure()
@@ -414,9 +428,17 @@ class StoreFailedJobs:
         return [str(i) for i in ids] if isinstance(ids, list) else []
 
     async def record(self, job: FailedJob) -> None:
-        await self.store.put(self.prefix + job.id, {
-            "id": job.id, "connection": job.connection, "queue": job.queue, "body": job.body,
-            "exception": job.exception, "failed_at": job.failed_at})
+        await self.store.put(
+            self.prefix + job.id,
+            {
+                "id": job.id,
+                "connection": job.connection,
+                "queue": job.queue,
+                "body": job.body,
+                "exception": job.exception,
+                "failed_at": job.failed_at,
+            },
+        )
         ids = [i for i in await self._ids() if i != job.id]
         await self.store.put(self.prefix + "index", [*ids, job.id])
 
@@ -425,8 +447,9 @@ class StoreFailedJobs:
             return None
         from .database import _FailedJobs
 
-        return _FailedJobs._row((d["id"], d["connection"], d["queue"], d["body"],
-                                 d["exception"], d["failed_at"]))
+        return _FailedJobs._row(
+            (d["id"], d["connection"], d["queue"], d["body"], d["exception"], d["failed_at"])
+        )
 
     async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
         ids = await self._ids()
@@ -500,7 +523,9 @@ class CloudflareDriver:
                     key=f"connections.{self.name}",
                 )
             self._rest = RestClient(
-                self.options["account_id"], self.options["queue_id"], self.options["api_token"],
+                self.options["account_id"],
+                self.options["queue_id"],
+                self.options["api_token"],
                 self.options.get("api_url") or API_URL,
             )
         return self._rest
@@ -543,7 +568,9 @@ class CloudflareDriver:
             return StoreFailedJobs(app.store(name), self.name)
         raise ConfigError(
             f"{name!r} is neither a connection in config/database.py nor a store in "
-            "config/cache.py", source=getattr(app.queue_config, "source", None), key=key,
+            "config/cache.py",
+            source=getattr(app.queue_config, "source", None),
+            key=key,
         )
 
     async def _record_failed(self, failed: FailedJob) -> None:
@@ -552,7 +579,8 @@ class CloudflareDriver:
             log.warning(
                 'connection "%s" has no failed_store: final failures are kept in this '
                 "process's memory only (lost when the Worker isolate ends). Set "
-                "failed_store to a database connection (D1) in config/queue.py.", self.name,
+                "failed_store to a database connection (D1) in config/queue.py.",
+                self.name,
             )
         await self.failed.record(failed)
 
@@ -634,8 +662,9 @@ class CloudflareDriver:
 
     async def _pull(self) -> None:
         client = self.rest()
-        result = await client.pull(min(100, max(1, self.concurrency)),
-                                   int(self.visibility_timeout * 1000))
+        result = await client.pull(
+            min(100, max(1, self.concurrency)), int(self.visibility_timeout * 1000)
+        )
         self._backlog = int(result.get("message_backlog_count") or 0)
         for item in result.get("messages") or []:
             self._buffer.append(item)
@@ -676,10 +705,3 @@ class CloudflareDriver:
     async def close(self) -> None:
         if self._rest is not None:
             await self._rest.close()
-
-
-async def maybe_await(value: Any) -> Any:
-    """Await ``value`` when it is awaitable (JS promises included)."""
-    if isinstance(value, Awaitable) or hasattr(value, "__await__"):
-        return await value
-    return value

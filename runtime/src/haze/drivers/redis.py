@@ -49,6 +49,7 @@ How haze's rules map onto BullMQ:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -94,6 +95,12 @@ _LOCK_ERRORS = {-1: "the job no longer exists", -2: "its lock expired",
 
 def _now_ms() -> int:
     return round(time.time() * 1000)
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """Mark a background wait's error as seen (its waiters, if any, re-raise it)."""
+    if not task.cancelled():
+        task.exception()
 
 
 # ----------------------------------------------------------------------------- bullmq glue
@@ -189,6 +196,7 @@ class _Link:
         #: (job id, lock token) of the jobs claimed here and not settled yet
         self.open: set[tuple[str, str]] = set()
         self.stop = asyncio.Event()
+        self.closing = asyncio.Event()
         self.claiming = asyncio.Lock()
         self.waits: dict[tuple[str, ...], asyncio.Task[Any]] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -544,6 +552,7 @@ class RedisDriver:
             markers = [link.scripts(q).keys["marker"] for q in queues]
             task = link.waits[key] = asyncio.ensure_future(
                 link.client.bzpopmin(markers, max(0.001, within)))
+            task.add_done_callback(_retrieved)
         stopper = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait((task, stopper), timeout=within,
@@ -691,14 +700,17 @@ class RedisDriver:
         return moved
 
     async def _stalled_loop(self, link: _Link) -> None:
-        while True:
+        # Ends on ``link.closing`` rather than only on cancellation: redis-py can swallow
+        # a cancellation that lands mid-command (redis/redis-py#2028).
+        while not link.closing.is_set():
             try:
                 await self.check_stalled()
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 log.warning("haze redis: stalled-job check on %s failed: %s", self.name, e)
-            await asyncio.sleep(self.stalled_interval)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(link.closing.wait(), self.stalled_interval)
 
     # -- inspection ---------------------------------------------------------------
 
@@ -745,13 +757,15 @@ class RedisDriver:
     async def _close_link(self, link: _Link) -> None:
         link.fetch_next = False
         link.stop.set()
+        link.closing.set()
         pending = [t for t in (link.stalled_task, *link.waits.values()) if t is not None]
         for t in pending:
             t.cancel()
         if link.tasks:
-            await asyncio.gather(*link.tasks, return_exceptions=True)
+            await asyncio.wait(link.tasks, timeout=5.0)
         try:
             await self._return_prefetched(link)
         finally:
-            await asyncio.gather(*pending, return_exceptions=True)
+            if pending:  # bounded: a cancellation redis-py swallowed must not hang close()
+                await asyncio.wait(pending, timeout=1.0)
             await link.client.aclose()

@@ -1,7 +1,6 @@
 """Jobs for the Pyodide scenarios; each records (name, key, attempt) in state.runs."""
 
 from cf_pyo_app import state
-
 from haze import JobContext, define_job, rate_limited
 
 

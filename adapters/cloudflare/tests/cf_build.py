@@ -1,0 +1,60 @@
+"""Shared by the Cloudflare harnesses: wheels built once per pytest session, npm ci."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def build_wheel(project: str, out: Path, pattern: str) -> Path:
+    """``uv build --wheel PROJECT -o OUT`` (or ``python -m build``); the built wheel."""
+    uv = shutil.which("uv")
+    cmd = (
+        [uv, "build", "--wheel", project, "-o", str(out)]
+        if uv
+        else [sys.executable, "-m", "build", "--wheel", project, "-o", str(out)]
+    )
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, f"building {project} failed:\n{proc.stdout}\n{proc.stderr}"
+    (wheel,) = out.glob(pattern)
+    return wheel
+
+
+def haze_wheels(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The haze and haze_cloudflare wheels, built once per session."""
+    out = tmp_path_factory.getbasetemp() / "cf-shared-wheels"
+    if out.is_dir():
+        found = [*out.glob("haze-*.whl"), *out.glob("haze_cloudflare-*.whl")]
+        if len(found) == 2:
+            return found
+        shutil.rmtree(out)
+    out.mkdir()
+    return [
+        build_wheel("runtime", out, "haze-*.whl"),
+        build_wheel("adapters/cloudflare", out, "haze_cloudflare-*.whl"),
+    ]
+
+
+def npm_ci(directory: Path, marker: str) -> None:
+    """``npm ci`` in ``directory`` unless ``node_modules/<marker>`` exists (bounded)."""
+    if (directory / "node_modules" / marker).is_dir():
+        return
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed")
+    proc = subprocess.run(
+        [npm, "ci", "--no-audit", "--no-fund"],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"npm ci in {directory} failed (offline?):\n{proc.stderr[-2000:]}")
