@@ -51,12 +51,20 @@ def write_dist(root: Path) -> Path:
     (dist / "cloudflare" / "src" / "app" / "job").mkdir(parents=True, exist_ok=True)
     (dist / "cloudflare" / "src" / "entry.py").write_text(
         "from haze_cloudflare import QueueWorker\n\n\nclass Default(QueueWorker):\n"
-        "    app_root = '.'\n")
+        "    app_root = '.'\n"
+    )
     (dist / "cloudflare" / "src" / "app" / "job" / "jobs.py").write_text("# bundled job\n")
     (dist / "cloudflare" / "src" / "config.json").write_text("{}\n")
-    (dist / "wrangler.json").write_text(json.dumps({
-        "name": "inf", "main": "cloudflare/src/entry.py", "compatibility_date": "2025-10-15",
-        "compatibility_flags": ["python_workers"]}))
+    (dist / "wrangler.json").write_text(
+        json.dumps(
+            {
+                "name": "inf",
+                "main": "cloudflare/src/entry.py",
+                "compatibility_date": "2025-10-15",
+                "compatibility_flags": ["python_workers"],
+            }
+        )
+    )
     with zipfile.ZipFile(dist / "aws-lambda.zip", "w") as z:
         z.writestr("handler.py", "from haze_lambda import sqs_handler as sqs\n")
     return dist

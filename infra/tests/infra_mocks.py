@@ -47,8 +47,11 @@ class RecordingMocks(pulumi.runtime.Mocks):
         rid = f"{name}-id"
         if typ == "aws:sqs/queue:Queue":
             qname = inputs.get("name") or f"{name}-gen"
-            out.update(name=qname, arn=f"arn:aws:sqs:{REGION}:{ACCOUNT}:{qname}",
-                       url=f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{qname}")
+            out.update(
+                name=qname,
+                arn=f"arn:aws:sqs:{REGION}:{ACCOUNT}:{qname}",
+                url=f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{qname}",
+            )
             rid = out["url"]
         elif typ == "aws:cloudwatch/logGroup:LogGroup":
             lname = inputs.get("name") or f"{inputs.get('namePrefix', '/')}0001"
@@ -114,8 +117,10 @@ def deploy(program: Callable[[], Any], project: str = "haze-infra-test") -> Reco
         return program()
 
     run()
-    urns = {(u.split("::")[2].split("$")[-1], u.rsplit("::", 1)[-1]): u
-            for u in (reg.urn for reg in monitor.resources.values())}
+    urns = {
+        (u.split("::")[2].split("$")[-1], u.rsplit("::", 1)[-1]): u
+        for u in (reg.urn for reg in monitor.resources.values())
+    }
     for r in mocks.resources:
         r.urn = urns.get((r.typ, r.name), "")
     return mocks

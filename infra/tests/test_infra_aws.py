@@ -32,13 +32,19 @@ QUEUE = "aws:sqs/queue:Queue"
 FUNCTION = "aws:lambda/function:Function"
 MAPPING = "aws:lambda/eventSourceMapping:EventSourceMapping"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
-CONTAINER = ContainerSettings(image=f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/inf:1",
-                              subnet_ids=["subnet-1"], security_group_ids=["sg-1"])
+CONTAINER = ContainerSettings(
+    image=f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/inf:1",
+    subnet_ids=["subnet-1"],
+    security_group_ids=["sg-1"],
+)
 
 
 def full_app(stack: StackConfig, **kwargs: Any) -> RecordingMocks:
-    return deploy(lambda: HazeAwsApp("inf", stack=stack, drain_schedule="rate(1 minute)",
-                                     container=CONTAINER, **kwargs))
+    return deploy(
+        lambda: HazeAwsApp(
+            "inf", stack=stack, drain_schedule="rate(1 minute)", container=CONTAINER, **kwargs
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +71,16 @@ def aws_violations(mocks: RecordingMocks) -> list[str]:
     for q in sources:
         redrive = json.loads(q.inputs["redrivePolicy"])
         if redrive["maxReceiveCount"] < tries + 2:
-            problems.append(f"{q.name}: maxReceiveCount {redrive['maxReceiveCount']:g} < "
-                            f"tries {tries} + 2")
+            problems.append(
+                f"{q.name}: maxReceiveCount {redrive['maxReceiveCount']:g} < tries {tries} + 2"
+            )
         if redrive["deadLetterTargetArn"] not in dlq_arns:
             problems.append(f"{q.name}: redrive target is not a DLQ of the stack")
         if q.inputs["visibilityTimeoutSeconds"] < 6 * timeout + window:
-            problems.append(f"{q.name}: visibility {q.inputs['visibilityTimeoutSeconds']:g} < "
-                            f"6 x {timeout:g} + {window:g}")
+            problems.append(
+                f"{q.name}: visibility {q.inputs['visibilityTimeoutSeconds']:g} < "
+                f"6 x {timeout:g} + {window:g}"
+            )
     source_arns = {q.outputs["arn"] for q in sources}
     for m in mocks.of(MAPPING):
         if m.inputs.get("functionResponseTypes") != ["ReportBatchItemFailures"]:
@@ -101,7 +110,8 @@ def policy_violations(policy: dict[str, Any], queue_arns: set[str]) -> list[str]
                 if res == "*" or (action.startswith("sqs:") and res not in queue_arns):
                     problems.append(f"{action} on {res}")
                 if action.startswith("logs:") and not res.startswith(
-                        f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/lambda/haze-"):
+                    f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/lambda/haze-"
+                ):
                     problems.append(f"{action} on {res}")
             if action not in allowed_sqs and action not in LOG_ACTIONS:
                 problems.append(f"unexpected action {action}")
@@ -140,8 +150,12 @@ def test_the_graph_is_what_the_docs_promise(deployed: RecordingMocks) -> None:
     for m in deployed.of(MAPPING):
         assert m.parent == "haze:aws:HazeLambdaConsumer"
     assert deployed.one("aws:ecs/service:Service").parent == "haze:aws:HazeContainerWorker"
-    for component in ("HazeSqsQueue", "HazeLambdaConsumer", "HazeDrainSchedule",
-                      "HazeContainerWorker"):
+    for component in (
+        "HazeSqsQueue",
+        "HazeLambdaConsumer",
+        "HazeDrainSchedule",
+        "HazeContainerWorker",
+    ):
         for r in deployed.of(f"haze:aws:{component}"):
             assert r.parent == "haze:aws:HazeAwsApp"
 
@@ -152,8 +166,7 @@ def test_the_deployed_sqs_connection_has_no_violations(deployed: RecordingMocks)
 
 def test_queue_names_and_the_queue_url_the_lambda_gets(deployed: RecordingMocks) -> None:
     names = {q.inputs["name"] for q in deployed.of(QUEUE)}
-    assert names == {"inf-sqs-high", "inf-sqs-default", "inf-sqs-high-dlq",
-                     "inf-sqs-default-dlq"}
+    assert names == {"inf-sqs-high", "inf-sqs-default", "inf-sqs-high-dlq", "inf-sqs-default-dlq"}
     env = deployed.one(FUNCTION, "inf-sqs-consumer").inputs["environment"]["variables"]
     assert env["HAZE_SQS_CONNECTION"] == "sqs"
     # config/queue.py reads queue_url from INF_SQS_URL: the stack sets it to a template
@@ -196,7 +209,8 @@ def test_the_consumer_role_is_least_privilege(deployed: RecordingMocks) -> None:
     assert not any(r.endswith("-dlq") for r in resources)  # SQS moves to the DLQ itself
     role = deployed.one("aws:iam/role:Role", "inf-sqs-consumer-role")
     assert json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]["Principal"] == {
-        "Service": "lambda.amazonaws.com"}
+        "Service": "lambda.amazonaws.com"
+    }
     assert not role.inputs.get("managedPolicyArns")
 
 
@@ -208,8 +222,7 @@ def test_the_drain_schedule(deployed: RecordingMocks) -> None:
     assert margin >= EXPECTED_JOB_TIMEOUT["database"] + 5
     assert margin + 10 <= fn.inputs["timeout"] <= 900
     target = deployed.one("aws:cloudwatch/eventTarget:EventTarget")
-    assert json.loads(target.inputs["input"]) == {"connection": "database",
-                                                  "queues": ["default"]}
+    assert json.loads(target.inputs["input"]) == {"connection": "database", "queues": ["default"]}
     assert target.inputs["arn"] == fn.outputs["arn"]
     rule = deployed.one("aws:cloudwatch/eventRule:EventRule")
     assert rule.inputs["scheduleExpression"] == "rate(1 minute)"
@@ -217,8 +230,11 @@ def test_the_drain_schedule(deployed: RecordingMocks) -> None:
     assert permission.inputs["principal"] == "events.amazonaws.com"
     assert permission.inputs["sourceArn"] == rule.outputs["arn"]
     # the drain only writes logs (the database is reached over the network)
-    actions = {a for st in policy_of(deployed, "inf-database-drain-policy")["Statement"]
-               for a in st["Action"]}
+    actions = {
+        a
+        for st in policy_of(deployed, "inf-database-drain-policy")["Statement"]
+        for a in st["Action"]
+    }
     assert actions == set(LOG_ACTIONS)
 
 
@@ -226,8 +242,14 @@ def test_the_container_worker(deployed: RecordingMocks) -> None:
     task = deployed.one("aws:ecs/taskDefinition:TaskDefinition")
     assert task.inputs["requiresCompatibilities"] == ["FARGATE"]
     (container,) = json.loads(task.inputs["containerDefinitions"])
-    assert container["command"] == ["haze", "queue:work", "--connection", "database",
-                                    "--queue", "default"]
+    assert container["command"] == [
+        "haze",
+        "queue:work",
+        "--connection",
+        "database",
+        "--queue",
+        "default",
+    ]
     assert container["image"] == CONTAINER.image
     # a 5-minute job outlives Fargate's 120 s stop timeout: the most Fargate allows
     assert container["stopTimeout"] == 120
@@ -240,17 +262,28 @@ def test_the_container_worker(deployed: RecordingMocks) -> None:
     assert "inf-database-worker-task-policy" not in policies
     execution = policy_of(deployed, "inf-database-worker-execution-policy")
     assert {a for st in execution["Statement"] for a in st["Action"]} <= {
-        *LOG_ACTIONS, "ecr:GetAuthorizationToken", "ecr:BatchGetImage",
-        "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"}
+        *LOG_ACTIONS,
+        "ecr:GetAuthorizationToken",
+        "ecr:BatchGetImage",
+        "ecr:GetDownloadUrlForLayer",
+        "ecr:BatchCheckLayerAvailability",
+    }
 
 
 def test_a_short_stop_timeout_is_refused(inf_stack: StackConfig) -> None:
     from haze_infra.aws import HazeContainerWorker
 
     with pytest.raises(InfraConfigError, match="stop timeout 30s is shorter"):
-        deploy(lambda: HazeContainerWorker(
-            "inf-w", connection="database", image="haze:1", subnet_ids=["s"],
-            job_timeout=60, stop_timeout=30))
+        deploy(
+            lambda: HazeContainerWorker(
+                "inf-w",
+                connection="database",
+                image="haze:1",
+                subnet_ids=["s"],
+                job_timeout=60,
+                stop_timeout=30,
+            )
+        )
 
 
 # --------------------------------------------------------------------------- wrong configs
@@ -268,16 +301,21 @@ def test_a_lambda_timeout_below_the_longest_job_is_refused(inf_stack: StackConfi
 
 def test_a_max_receive_count_below_the_tries_is_refused() -> None:
     with pytest.raises(InfraConfigError, match="below tries"):
-        deploy(lambda: HazeSqsQueue("inf-q", queue_name="inf-q", max_tries=5,
-                                    max_receive_count=5))
+        deploy(lambda: HazeSqsQueue("inf-q", queue_name="inf-q", max_tries=5, max_receive_count=5))
 
 
 def test_a_queue_made_for_fewer_tries_than_the_consumer_is_refused(tmp_path: Path) -> None:
     def program() -> None:
-        q = HazeSqsQueue("inf-q", queue_name="inf-q", max_tries=1,
-                         visibility_timeout_seconds=600)
-        HazeLambdaConsumer("inf-c", queues=[q], connection="sqs", archive=str(zip_),
-                           timeout=60, job_timeout=30, max_tries=4)
+        q = HazeSqsQueue("inf-q", queue_name="inf-q", max_tries=1, visibility_timeout_seconds=600)
+        HazeLambdaConsumer(
+            "inf-c",
+            queues=[q],
+            connection="sqs",
+            archive=str(zip_),
+            timeout=60,
+            job_timeout=30,
+            max_tries=4,
+        )
 
     zip_ = tmp_path / "bundle.zip"
     zip_.write_bytes(b"PK\x05\x06" + b"\0" * 18)
@@ -305,8 +343,9 @@ def test_a_missing_bundle_says_to_build_first(inf_stack: StackConfig, tmp_path: 
 def tamper(mutate: Any) -> pulumi.ResourceTransformation:
     """A Pulumi transformation applied after the component's own checks."""
 
-    def transformation(args: pulumi.ResourceTransformationArgs
-                       ) -> pulumi.ResourceTransformationResult | None:
+    def transformation(
+        args: pulumi.ResourceTransformationArgs,
+    ) -> pulumi.ResourceTransformationResult | None:
         props = mutate(args.type_, dict(args.props))
         if props is None:
             return None
@@ -319,8 +358,9 @@ def test_the_checks_catch_a_stale_stack(inf_stack: StackConfig) -> None:
     """A StackConfig derived before a job got more tries (here: 1 instead of 4) deploys
     without complaint from the components, but the checks against the app fail."""
     plan = inf_stack.connections["sqs"]
-    stale = replace(inf_stack, connections={**inf_stack.connections, "sqs": replace(
-        plan, max_tries=1)})
+    stale = replace(
+        inf_stack, connections={**inf_stack.connections, "sqs": replace(plan, max_tries=1)}
+    )
     mocks = deploy(lambda: HazeAwsApp("inf", stack=stale, connections=["sqs"]))
     problems = aws_violations(mocks)
     assert any("maxReceiveCount 3 < tries 4 + 2" in p for p in problems), problems
@@ -334,15 +374,28 @@ def test_the_checks_catch_tampered_resources(inf_stack: StackConfig) -> None:
         if type_ == QUEUE and props.get("redrive_policy") is not None:
             return {**props, "visibility_timeout_seconds": 60}
         if type_ == ROLE_POLICY:
-            policy = pulumi.Output.from_input(props["policy"]).apply(lambda p: json.dumps({
-                **json.loads(p), "Statement": [*json.loads(p)["Statement"], {
-                    "Effect": "Allow", "Action": ["sqs:*"], "Resource": ["*"]}]}))
+            policy = pulumi.Output.from_input(props["policy"]).apply(
+                lambda p: json.dumps(
+                    {
+                        **json.loads(p),
+                        "Statement": [
+                            *json.loads(p)["Statement"],
+                            {"Effect": "Allow", "Action": ["sqs:*"], "Resource": ["*"]},
+                        ],
+                    }
+                )
+            )
             return {**props, "policy": policy}
         return None
 
-    mocks = deploy(lambda: HazeAwsApp(
-        "inf", stack=inf_stack, connections=["sqs"],
-        opts=pulumi.ResourceOptions(transformations=[tamper(mutate)])))
+    mocks = deploy(
+        lambda: HazeAwsApp(
+            "inf",
+            stack=inf_stack,
+            connections=["sqs"],
+            opts=pulumi.ResourceOptions(transformations=[tamper(mutate)]),
+        )
+    )
     problems = aws_violations(mocks)
     assert any("visibility 60 < 6 x 50" in p for p in problems), problems
     assert any("wildcard action sqs:*" in p for p in problems), problems

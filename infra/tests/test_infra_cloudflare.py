@@ -45,8 +45,7 @@ def cf_violations(mocks: RecordingMocks) -> list[str]:
     for c in mocks.of(CONSUMER):
         s = c.inputs["settings"]
         if s["maxRetries"] < EXPECTED_TRIES["edge"] - 1:
-            problems.append(f"max_retries {s['maxRetries']:g} < tries {EXPECTED_TRIES['edge']}"
-                            " - 1")
+            problems.append(f"max_retries {s['maxRetries']:g} < tries {EXPECTED_TRIES['edge']} - 1")
         if s["batchSize"] != 25 or s["maxWaitTimeMs"] != 2000:
             problems.append(f"batch settings {s} differ from haze.config.py")
         if c.inputs.get("deadLetterQueue") not in queues:
@@ -112,15 +111,29 @@ def test_the_worker_script_and_its_bindings(deployed: RecordingMocks, inf_root: 
 
 
 def test_extra_bindings_vars_and_secrets(inf_stack: StackConfig) -> None:
-    mocks = deploy(lambda: HazeCloudflareApp(
-        "inf-cf", stack=inf_stack, account_id="acc", script_name="inf-worker",
-        d1_databases={"ANALYTICS": "inf-analytics"}, kv_namespaces={"FLAGS": None},
-        vars={"APP_ENV": "production"}, secrets={"HAZE_DISPATCH_SECRET": "s3cret"}))
+    mocks = deploy(
+        lambda: HazeCloudflareApp(
+            "inf-cf",
+            stack=inf_stack,
+            account_id="acc",
+            script_name="inf-worker",
+            d1_databases={"ANALYTICS": "inf-analytics"},
+            kv_namespaces={"FLAGS": None},
+            vars={"APP_ENV": "production"},
+            secrets={"HAZE_DISPATCH_SECRET": "s3cret"},
+        )
+    )
     bindings = {b["name"]: b for b in mocks.one(SCRIPT).inputs["bindings"]}
-    assert set(bindings) == {"JOBS", "DB", "CACHE", "ANALYTICS", "FLAGS", "APP_ENV",
-                             "HAZE_DISPATCH_SECRET"}
-    assert bindings["APP_ENV"] == {"name": "APP_ENV", "type": "plain_text",
-                                   "text": "production"}
+    assert set(bindings) == {
+        "JOBS",
+        "DB",
+        "CACHE",
+        "ANALYTICS",
+        "FLAGS",
+        "APP_ENV",
+        "HAZE_DISPATCH_SECRET",
+    }
+    assert bindings["APP_ENV"] == {"name": "APP_ENV", "type": "plain_text", "text": "production"}
     assert bindings["HAZE_DISPATCH_SECRET"]["type"] == "secret_text"
     assert {d.inputs["name"] for d in mocks.of(D1)} == {"inf-worker-db", "inf-analytics"}
 
@@ -132,24 +145,33 @@ def test_max_retries_below_tries_is_refused(inf_stack: StackConfig) -> None:
     """haze.config.py (here: the derived plan) asking for fewer retries than tries - 1."""
     plan = inf_stack.connections["edge"]
     assert plan.cloudflare is not None
-    wrong = replace(inf_stack, connections={"edge": replace(
-        plan, cloudflare=replace(plan.cloudflare, max_retries=2))})
+    wrong = replace(
+        inf_stack,
+        connections={"edge": replace(plan, cloudflare=replace(plan.cloudflare, max_retries=2))},
+    )
     with pytest.raises(InfraConfigError, match="max_retries 2 is below tries - 1 = 5"):
         deploy(lambda: HazeCloudflareApp("inf-cf", stack=wrong, account_id="acc"))
 
 
-@pytest.mark.parametrize(("settings", "message"), [
-    (ConsumerSettings(max_tries=3, max_retries=1), "below tries - 1 = 2"),
-    (ConsumerSettings(max_tries=150), "over Cloudflare's 100"),
-    (ConsumerSettings(max_batch_size=101), "max_batch_size 101 is outside 1-100"),
-    (ConsumerSettings(max_batch_timeout=61), "max_batch_timeout 61s is outside 0-60s"),
-])
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (ConsumerSettings(max_tries=3, max_retries=1), "below tries - 1 = 2"),
+        (ConsumerSettings(max_tries=150), "over Cloudflare's 100"),
+        (ConsumerSettings(max_batch_size=101), "max_batch_size 101 is outside 1-100"),
+        (ConsumerSettings(max_batch_timeout=61), "max_batch_timeout 61s is outside 0-60s"),
+    ],
+)
 def test_consumer_limits(inf_root: Path, settings: ConsumerSettings, message: str) -> None:
     def program() -> None:
         q = HazeCloudflareQueue("inf-q", account_id="acc", queue_name="inf-q")
-        HazeCloudflareWorker("inf-w", account_id="acc", script_name="inf-w",
-                             queues=[QueueBinding("Q", q, settings)],
-                             dist_dir=inf_root / "dist" / "cloudflare")
+        HazeCloudflareWorker(
+            "inf-w",
+            account_id="acc",
+            script_name="inf-w",
+            queues=[QueueBinding("Q", q, settings)],
+            dist_dir=inf_root / "dist" / "cloudflare",
+        )
 
     with pytest.raises(InfraConfigError, match=message):
         deploy(program)
@@ -159,25 +181,34 @@ def test_bad_names_and_a_missing_bundle(inf_stack: StackConfig, tmp_path: Path) 
     with pytest.raises(InfraConfigError, match="not a valid queue name"):
         deploy(lambda: HazeCloudflareQueue("inf-q", account_id="acc", queue_name="Inf_Q"))
     with pytest.raises(InfraConfigError, match="haze build --preset cloudflare"):
-        deploy(lambda: HazeCloudflareApp("inf-cf", stack=inf_stack, account_id="acc",
-                                         dist_dir=tmp_path))
+        deploy(
+            lambda: HazeCloudflareApp(
+                "inf-cf", stack=inf_stack, account_id="acc", dist_dir=tmp_path
+            )
+        )
 
 
 def test_the_checks_catch_tampered_consumers(inf_stack: StackConfig) -> None:
     """A consumer altered after the component's checks (max_retries 0, batch 100) fails
     the same checks the good deployment passes."""
 
-    def tamper(args: pulumi.ResourceTransformationArgs
-               ) -> pulumi.ResourceTransformationResult | None:
+    def tamper(
+        args: pulumi.ResourceTransformationArgs,
+    ) -> pulumi.ResourceTransformationResult | None:
         if args.type_ != CONSUMER:
             return None
         props: dict[str, Any] = dict(args.props)
         props["settings"] = {**props["settings"], "max_retries": 0, "batch_size": 100}
         return pulumi.ResourceTransformationResult(props, args.opts)
 
-    mocks = deploy(lambda: HazeCloudflareApp(
-        "inf-cf", stack=inf_stack, account_id="acc",
-        opts=pulumi.ResourceOptions(transformations=[tamper])))
+    mocks = deploy(
+        lambda: HazeCloudflareApp(
+            "inf-cf",
+            stack=inf_stack,
+            account_id="acc",
+            opts=pulumi.ResourceOptions(transformations=[tamper]),
+        )
+    )
     problems = cf_violations(mocks)
     assert any("max_retries 0 < tries 6 - 1" in p for p in problems), problems
     assert any("batch settings" in p for p in problems), problems

@@ -130,19 +130,25 @@ def test_env_reads_names_only(inf_stack: StackConfig) -> None:
     assert "value" not in json.dumps(inf_stack.to_dict()["env"])
 
 
-def test_queue_names_from_a_configured_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                           ) -> None:
+def test_queue_names_from_a_configured_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url = "https://sqs.eu-west-1.amazonaws.com/111122223333/shop-{queue}.fifo"
 
     def plan(queue_url: str) -> Any:
-        app = App(queue=define_queue_config(default="q", connections={
-            "q": {"driver": "sqs", "queue_url": queue_url, "queues": ["high"]}}))
+        app = App(
+            queue=define_queue_config(
+                default="q",
+                connections={"q": {"driver": "sqs", "queue_url": queue_url, "queues": ["high"]}},
+            )
+        )
         return stack_config(app, jobs=[inf_cfg_sqs_job]).connections["q"]
 
     templated = plan(url).aws
     assert templated.fifo
-    assert templated.queue_names == {"high": "shop-high.fifo", "default": "shop-default.fifo",
-                                     "bulk": "shop-bulk.fifo"}
+    assert templated.queue_names == {
+        "high": "shop-high.fifo",
+        "default": "shop-default.fifo",
+        "bulk": "shop-bulk.fifo",
+    }
     assert templated.queue_url_env is None
     siblings = plan("https://sqs.eu-west-1.amazonaws.com/111122223333/shop-main").aws
     assert siblings.queue_names == {"high": "high", "default": "shop-main", "bulk": "bulk"}
@@ -153,9 +159,15 @@ def test_queue_names_from_a_configured_url(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_unbounded_tries_and_unknown_connections() -> None:
-    app = App(queue=define_queue_config(default="edge", connections={
-        "edge": {"driver": "cloudflare"},
-        "q": {"driver": "sqs", "queue_url": "https://sqs.eu-west-1.amazonaws.com/1/x"}}))
+    app = App(
+        queue=define_queue_config(
+            default="edge",
+            connections={
+                "edge": {"driver": "cloudflare"},
+                "q": {"driver": "sqs", "queue_url": "https://sqs.eu-west-1.amazonaws.com/1/x"},
+            },
+        )
+    )
     stack = stack_config(app, jobs=[inf_cfg_forever, inf_cfg_lost, inf_cfg_sqs_job])
     assert stack.connections["edge"].max_tries is None
     assert stack.connections["edge"].cloudflare.max_retries == 100
@@ -168,26 +180,29 @@ def test_unbounded_tries_and_unknown_connections() -> None:
 @pytest.fixture(scope="module")
 def wrong_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A haze.config.py asking Cloudflare for fewer retries than a job's tries need."""
-    return write_app(tmp_path_factory.mktemp("inf_wrong"), {
-        "config/queue.py": """
+    return write_app(
+        tmp_path_factory.mktemp("inf_wrong"),
+        {
+            "config/queue.py": """
             from haze import define_queue_config
             config = define_queue_config(default="cf", connections={
                 "cf": {"driver": "cloudflare", "binding": "QUEUE"}})
         """,
-        "haze.config.py": """
+            "haze.config.py": """
             from haze import define_haze_config
             config = define_haze_config(cloudflare={"wrangler": {"queues": {
                 "producers": [{"binding": "QUEUE", "queue": "inf-wrong"}],
                 "consumers": [{"queue": "inf-wrong", "max_retries": 1}]}}})
         """,
-        "app/job/inf_wrong_jobs.py": """
+            "app/job/inf_wrong_jobs.py": """
             from haze import define_job
 
             @define_job(tries=5, timeout="1h")
             async def inf_wrong_job(payload):
                 pass
         """,
-    })
+        },
+    )
 
 
 def test_a_wrong_haze_config_is_reported(wrong_root: Path) -> None:
@@ -204,8 +219,9 @@ def test_a_wrong_haze_config_is_reported(wrong_root: Path) -> None:
 
 
 def test_the_command_prints_json(inf_root: Path, inf_stack: StackConfig) -> None:
-    result = CliRunner().invoke(get_cli(), ["--root", str(inf_root), "infra:config",
-                                            "--format", "json"])
+    result = CliRunner().invoke(
+        get_cli(), ["--root", str(inf_root), "infra:config", "--format", "json"]
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data == json.loads(json.dumps(inf_stack.to_dict()))
@@ -214,15 +230,17 @@ def test_the_command_prints_json(inf_root: Path, inf_stack: StackConfig) -> None
 
 
 def test_the_command_prints_text_and_filters(inf_root: Path) -> None:
-    result = CliRunner().invoke(get_cli(), ["--root", str(inf_root), "infra:config",
-                                            "--connection", "sqs"])
+    result = CliRunner().invoke(
+        get_cli(), ["--root", str(inf_root), "infra:config", "--connection", "sqs"]
+    )
     assert result.exit_code == 0, result.output
     assert "connection sqs (sqs) [default]" in result.output
     assert "redrive maxReceiveCount 6; visibility 300s" in result.output
     assert "lambda timeout 50s (>= 45s)" in result.output
     assert "connection edge (cloudflare)" not in result.output
-    result = CliRunner().invoke(get_cli(), ["--root", str(inf_root), "infra:config",
-                                            "--connection", "nope"])
+    result = CliRunner().invoke(
+        get_cli(), ["--root", str(inf_root), "infra:config", "--connection", "nope"]
+    )
     assert result.exit_code == 1
     assert "no connection 'nope'" in result.output
 
@@ -232,7 +250,8 @@ def test_the_command_imports_no_pulumi(inf_root: Path) -> None:
         "import sys\nfrom click.testing import CliRunner\nfrom haze.cli import get_cli\n"
         f"r = CliRunner().invoke(get_cli(), ['--root', {str(inf_root)!r}, 'infra:config'])\n"
         "assert r.exit_code == 0, r.output\n"
-        "assert not [m for m in sys.modules if m.startswith('pulumi')], 'pulumi imported'\n")
+        "assert not [m for m in sys.modules if m.startswith('pulumi')], 'pulumi imported'\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
@@ -240,8 +259,13 @@ def test_the_example_app() -> None:
     """``haze infra:config`` on examples/ (its own process: the example app's job package
     is ``app``, which this session's test app already holds)."""
     haze = Path(sys.executable).with_name("haze")
-    out = subprocess.run([str(haze), "--root", str(EXAMPLES), "infra:config", "--format",
-                          "json"], check=True, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(haze), "--root", str(EXAMPLES), "infra:config", "--format", "json"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     data = json.loads(out.stdout)
     db = data["connections"]["database"]
     assert db["max_tries"] == 3  # publish_post

@@ -22,14 +22,14 @@ require_pulumi()
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PROGRAM = REPO / "infra" / "examples" / "__main__.py"
-CONNECTIONS = '''\
+CONNECTIONS = """\
         # Deployed by infra/examples: the stack sets SQS_URL for the Lambda consumer.
         "sqs": {"driver": "sqs", "queue_url": env("SQS_URL", "https://sqs.eu-west-1.amazonaws.com/000000000000/haze-example-{queue}"),
                 "queues": ["high", "default"]},
         "cloudflare": {"driver": "cloudflare", "binding": "QUEUE"},
-'''  # noqa: E501
+"""
 
-RUNNER = '''
+RUNNER = """
 import json, runpy, sys
 sys.path.insert(0, {tests!r})
 import pulumi
@@ -41,13 +41,16 @@ mocks = deploy(lambda: runpy.run_path({program!r}, run_name="__main__"), "haze-e
 print(json.dumps([{{"typ": r.typ, "name": r.name, "inputs": r.inputs,
                    "outputs": r.outputs, "parent": r.parent}} for r in mocks.resources],
                  default=str))
-'''
+"""
 
 
 def example_copy(tmp: Path) -> Path:
     root = tmp / "examples"
-    shutil.copytree(REPO / "examples", root, ignore=shutil.ignore_patterns(
-        "dist", "storage", "__pycache__", "*.db"))
+    shutil.copytree(
+        REPO / "examples",
+        root,
+        ignore=shutil.ignore_patterns("dist", "storage", "__pycache__", "*.db"),
+    )
     queue_py = root / "config" / "queue.py"
     text = queue_py.read_text()
     if '"driver": "sqs"' not in text or '"driver": "cloudflare"' not in text:
@@ -59,10 +62,16 @@ def example_copy(tmp: Path) -> Path:
 
 
 def run_example(root: Path, **config: str) -> list[dict[str, Any]]:
-    code = RUNNER.format(tests=str(HERE), program=str(PROGRAM),
-                         config={"appRoot": str(root), **config})
-    out = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", code],
-                         capture_output=True, text=True, timeout=600, cwd=root)
+    code = RUNNER.format(
+        tests=str(HERE), program=str(PROGRAM), config={"appRoot": str(root), **config}
+    )
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore::DeprecationWarning", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=root,
+    )
     if out.returncode != 0:
         raise AssertionError(out.stderr[-4000:])
     return list(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -81,8 +90,12 @@ def of(resources: list[dict[str, Any]], typ: str) -> list[dict[str, Any]]:
 def test_the_example_deploys_sqs_and_lambda(resources: list[dict[str, Any]]) -> None:
     queues = {q["inputs"]["name"]: q for q in of(resources, "aws:sqs/queue:Queue")}
     # names from the app's queue_url template; high and default, each with a DLQ
-    assert set(queues) == {"haze-example-high", "haze-example-default",
-                           "haze-example-high-dlq", "haze-example-default-dlq"}
+    assert set(queues) == {
+        "haze-example-high",
+        "haze-example-default",
+        "haze-example-high-dlq",
+        "haze-example-default-dlq",
+    }
     # the example's jobs: publish_post has 3 tries -> maxReceiveCount 5
     for name in ("haze-example-high", "haze-example-default"):
         redrive = json.loads(queues[name]["inputs"]["redrivePolicy"])
@@ -94,12 +107,14 @@ def test_the_example_deploys_sqs_and_lambda(resources: list[dict[str, Any]]) -> 
     assert fn["inputs"]["timeout"] == 60
     assert queues["haze-example-high"]["inputs"]["visibilityTimeoutSeconds"] == 360
     env = fn["inputs"]["environment"]["variables"]
-    assert env["SQS_URL"] == ("https://sqs.eu-west-1.amazonaws.com/123456789012/"
-                              "haze-example-{queue}")
+    assert env["SQS_URL"] == (
+        "https://sqs.eu-west-1.amazonaws.com/123456789012/haze-example-{queue}"
+    )
     mappings = of(resources, "aws:lambda/eventSourceMapping:EventSourceMapping")
     assert len(mappings) == 2
-    assert all(m["inputs"]["functionResponseTypes"] == ["ReportBatchItemFailures"]
-               for m in mappings)
+    assert all(
+        m["inputs"]["functionResponseTypes"] == ["ReportBatchItemFailures"] for m in mappings
+    )
 
 
 def test_the_example_deploys_queue_worker_d1_and_kv(resources: list[dict[str, Any]]) -> None:
@@ -127,6 +142,7 @@ def test_an_app_without_the_connections_is_told_what_to_add(tmp_path: Path) -> N
     (root / "config" / "queue.py").write_text(
         "from haze import define_queue_config\n"
         "config = define_queue_config(default='memory', connections={'memory': "
-        "{'driver': 'memory'}})\n")
+        "{'driver': 'memory'}})\n"
+    )
     with pytest.raises(AssertionError, match="has no sqs connection to deploy on aws"):
         run_example(root, platforms="aws")

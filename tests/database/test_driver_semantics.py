@@ -392,6 +392,53 @@ async def test_slow_job_whose_row_was_reclaimed_does_not_delete_the_new_run(db_u
         assert await env.rows() == []
 
 
+async def test_a_claim_slower_than_retry_after_is_not_run_by_two_workers(env: Env) -> None:
+    """A claim whose statement took long (a pool opening, a loaded server) wrote a
+    reserved_at that was already old: another worker could take the row over before the
+    first heartbeat. The slow claimer refreshes the heartbeat first and, finding the row
+    taken, does not run it."""
+    await dbx_sem_record.dispatch({"n": 1})
+    other = env.app.driver("db").__class__("db", dict(env.driver.options), env.app)
+    real = env.db.fetchone
+    stolen: list[Any] = []
+
+    async def slow_fetchone(sql: str, params: Any = ()) -> Any:
+        row = await real(sql, params)
+        if row is not None and "UPDATE" in sql or "FOR UPDATE" in sql:
+            await asyncio.sleep(0.6)  # longer than retry_after (0.5 s)
+            stolen.append(await other.reserve(["default"], 0))
+        return row
+
+    env.db.fetchone = slow_fetchone  # type: ignore[method-assign]
+    try:
+        assert await env.reserve() is None, "the slow claimer lost the row: it must not run it"
+    finally:
+        env.db.fetchone = real  # type: ignore[method-assign]
+    assert stolen and stolen[0] is not None and stolen[0].attempt == 2
+    [row] = await env.rows()
+    assert float(row["reserved_at"]) == stolen[0].token[1]
+
+
+async def test_a_slow_claim_refreshes_its_heartbeat(env: Env) -> None:
+    await dbx_sem_record.dispatch({"n": 1})
+    real = env.db.fetchone
+
+    async def slow_fetchone(sql: str, params: Any = ()) -> Any:
+        row = await real(sql, params)
+        if row is not None and "UPDATE" in sql or "FOR UPDATE" in sql:
+            await asyncio.sleep(0.3)  # more than retry_after / 4
+        return row
+
+    env.db.fetchone = slow_fetchone  # type: ignore[method-assign]
+    try:
+        claimed = await env.reserve()
+    finally:
+        env.db.fetchone = real  # type: ignore[method-assign]
+    assert claimed is not None and claimed.attempt == 1
+    [row] = await env.rows()
+    assert float(row["heartbeat_at"]) >= float(row["reserved_at"]) + 0.25
+
+
 async def test_exhausted_job_reclaimed_after_a_crash_goes_to_failed_jobs_unrun(env: Env) -> None:
     job_id = await dbx_sem_once.dispatch({"n": 1})  # tries=1
     await env.reserve()  # attempt 1 claimed; the worker crashes before running it

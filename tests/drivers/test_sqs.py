@@ -300,16 +300,16 @@ async def test_delay_on_fifo_is_a_hold_that_uses_no_try(make_app: Callable[..., 
     async with app:
         spy = SpyCalls(app.driver("sqs"))
         start = time.monotonic()
-        await sqs_ok.dispatch({"n": "fifo-later"}, delay=2)
+        await sqs_ok.dispatch({"n": "fifo-later"}, delay=4)
         [sent] = spy.of("send_message")
         assert "DelaySeconds" not in sent  # FIFO queues have no per-message delay
         assert "due" in json.loads(sent["MessageBody"])["meta"]
         await run_until(app, lambda: bool(RUNS.get("sqs_ok")))
-        assert RUNS["sqs_ok"][0]["at"] - start >= 1.0
+        assert RUNS["sqs_ok"][0]["at"] - start >= 3.0
         assert RUNS["sqs_ok"][0]["attempt"] == 1  # the held receive is not an attempt
         holds = spy.of("change_message_visibility")
         assert holds
-        assert 1 <= holds[0]["VisibilityTimeout"] <= 4
+        assert 1 <= holds[0]["VisibilityTimeout"] <= 6  # until due (+1 s)
 
 
 # --------------------------------------------------------------------------- retries and release

@@ -33,9 +33,8 @@ with warnings.catch_warnings():  # some modules warn about their deprecated reso
     import pulumi_aws.ecs
     import pulumi_aws.iam
     import pulumi_aws.lambda_
-    import pulumi_aws.sqs  # noqa: F401
+    import pulumi_aws.sqs
 
-from .config import max_receive_count as receive_count_for
 from .config import (
     FARGATE_MAX_STOP_TIMEOUT,
     LAMBDA_MAX_BATCH,
@@ -52,6 +51,7 @@ from .config import (
     min_lambda_timeout,
     min_visibility_timeout,
 )
+from .config import max_receive_count as receive_count_for
 
 __all__ = [
     "CONSUMER_SQS_ACTIONS",
@@ -98,11 +98,14 @@ DEFAULT_RUNTIME = "python3.12"
 
 
 def _assume_role(service: str) -> str:
-    return json.dumps({
-        "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Principal": {"Service": service},
-                       "Action": "sts:AssumeRole"}],
-    })
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}
+            ],
+        }
+    )
 
 
 def _policy(statements: Sequence[Mapping[str, Any]]) -> pulumi.Output[str]:
@@ -110,9 +113,11 @@ def _policy(statements: Sequence[Mapping[str, Any]]) -> pulumi.Output[str]:
     return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": list(statements)})
 
 
-def lambda_archive(archive: str | Path | pulumi.Archive | None = None,
-                   dist_dir: str | Path | None = None,
-                   app_root: str | Path | None = None) -> pulumi.Archive:
+def lambda_archive(
+    archive: str | Path | pulumi.Archive | None = None,
+    dist_dir: str | Path | None = None,
+    app_root: str | Path | None = None,
+) -> pulumi.Archive:
     """The function code: ``archive`` (a zip, a directory or a ``pulumi.Archive``), else
     ``dist/aws-lambda.zip``, else the ``dist/aws-lambda`` directory (``haze build --preset
     aws-lambda``) under ``dist_dir`` (default: ``<app root>/dist``)."""
@@ -121,8 +126,10 @@ def lambda_archive(archive: str | Path | pulumi.Archive | None = None,
     if archive is not None:
         path = Path(archive)
         if not path.exists():
-            raise InfraConfigError(f"the Lambda archive {path} does not exist; run "
-                                   "`haze build --preset aws-lambda` first")
+            raise InfraConfigError(
+                f"the Lambda archive {path} does not exist; run "
+                "`haze build --preset aws-lambda` first"
+            )
         return pulumi.FileArchive(str(path))
     base = Path(dist_dir) if dist_dir is not None else Path(app_root or ".") / "dist"
     for candidate in (base / "aws-lambda.zip", base / "aws-lambda"):
@@ -130,11 +137,13 @@ def lambda_archive(archive: str | Path | pulumi.Archive | None = None,
             return pulumi.FileArchive(str(candidate))
     raise InfraConfigError(
         f"no Lambda bundle in {base} (aws-lambda.zip or aws-lambda/); run `haze build "
-        "--preset aws-lambda` in the app first, or pass archive=")
+        "--preset aws-lambda` in the app first, or pass archive="
+    )
 
 
-def _child(parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource] | None = None
-           ) -> pulumi.ResourceOptions:
+def _child(
+    parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource] | None = None
+) -> pulumi.ResourceOptions:
     return pulumi.ResourceOptions(parent=parent, depends_on=list(depends_on or []))
 
 
@@ -180,18 +189,26 @@ class HazeSqsQueue(pulumi.ComponentResource):
         super().__init__("haze:aws:HazeSqsQueue", name, None, opts)
         need = receive_count_for(max_tries)
         count = need if max_receive_count is None else max_receive_count
-        _check(need <= count <= SQS_MAX_RECEIVE_COUNT,
-               f"maxReceiveCount {count} is below tries + {SQS_RECEIVE_SLACK} = {need} for jobs "
-               f"of {max_tries} tries: SQS would dead-letter messages haze still retries"
-               if count < need else f"maxReceiveCount {count} is over SQS's limit "
-               f"({SQS_MAX_RECEIVE_COUNT})", f"{name}.max_receive_count")
-        _check(0 <= visibility_timeout_seconds <= SQS_MAX_VISIBILITY,
-               f"visibility timeout {visibility_timeout_seconds}s is outside SQS's 0-"
-               f"{SQS_MAX_VISIBILITY}s", f"{name}.visibility_timeout_seconds")
+        _check(
+            need <= count <= SQS_MAX_RECEIVE_COUNT,
+            f"maxReceiveCount {count} is below tries + {SQS_RECEIVE_SLACK} = {need} for jobs "
+            f"of {max_tries} tries: SQS would dead-letter messages haze still retries"
+            if count < need
+            else f"maxReceiveCount {count} is over SQS's limit ({SQS_MAX_RECEIVE_COUNT})",
+            f"{name}.max_receive_count",
+        )
+        _check(
+            0 <= visibility_timeout_seconds <= SQS_MAX_VISIBILITY,
+            f"visibility timeout {visibility_timeout_seconds}s is outside SQS's 0-"
+            f"{SQS_MAX_VISIBILITY}s",
+            f"{name}.visibility_timeout_seconds",
+        )
         if queue_name is not None:
-            _check(fifo == queue_name.endswith(".fifo"),
-                   f"the queue name {queue_name!r} must end in .fifo exactly when fifo=True",
-                   f"{name}.queue_name")
+            _check(
+                fifo == queue_name.endswith(".fifo"),
+                f"the queue name {queue_name!r} must end in .fifo exactly when fifo=True",
+                f"{name}.queue_name",
+            )
         self.logical_name = name
         self.fifo = fifo
         self.max_tries = max_tries
@@ -207,19 +224,31 @@ class HazeSqsQueue(pulumi.ComponentResource):
         if fifo:
             common["fifo_queue"] = True
         self.dlq = aws.sqs.Queue(
-            f"{name}-dlq", name=dlq_name, message_retention_seconds=dlq_retention_seconds,
-            **common, opts=_child(self))
+            f"{name}-dlq",
+            name=dlq_name,
+            message_retention_seconds=dlq_retention_seconds,
+            **common,
+            opts=_child(self),
+        )
         redrive = self.dlq.arn.apply(
-            lambda arn: json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": count}))
+            lambda arn: json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": count})
+        )
         self.queue = aws.sqs.Queue(
-            name, name=queue_name, visibility_timeout_seconds=visibility_timeout_seconds,
-            message_retention_seconds=message_retention_seconds, redrive_policy=redrive,
-            max_message_size=max_message_size, **common, opts=_child(self))
+            name,
+            name=queue_name,
+            visibility_timeout_seconds=visibility_timeout_seconds,
+            message_retention_seconds=message_retention_seconds,
+            redrive_policy=redrive,
+            max_message_size=max_message_size,
+            **common,
+            opts=_child(self),
+        )
         self.arn = self.queue.arn
         self.url = self.queue.url
         self.dlq_arn = self.dlq.arn
-        self.register_outputs({"arn": self.arn, "url": self.url, "dlq_arn": self.dlq_arn,
-                               "max_receive_count": count})
+        self.register_outputs(
+            {"arn": self.arn, "url": self.url, "dlq_arn": self.dlq_arn, "max_receive_count": count}
+        )
 
 
 # --------------------------------------------------------------------------- Lambda
@@ -233,34 +262,72 @@ class _Function(pulumi.ComponentResource):
     policy: aws.iam.RolePolicy
     function: aws.lambda_.Function
 
-    def _build(self, name: str, *, archive: pulumi.Archive, handler: str, timeout: int,
-               statements: Sequence[Mapping[str, Any]], environment: Mapping[str, Any],
-               runtime: str, memory_size: int, architectures: Sequence[str] | None,
-               vpc_config: Mapping[str, Any] | None, log_retention_days: int,
-               reserved_concurrency: int | None, description: str) -> None:
+    def _build(
+        self,
+        name: str,
+        *,
+        archive: pulumi.Archive,
+        handler: str,
+        timeout: int,
+        statements: Sequence[Mapping[str, Any]],
+        environment: Mapping[str, Any],
+        runtime: str,
+        memory_size: int,
+        architectures: Sequence[str] | None,
+        vpc_config: Mapping[str, Any] | None,
+        log_retention_days: int,
+        reserved_concurrency: int | None,
+        description: str,
+    ) -> None:
         self.log_group = aws.cloudwatch.LogGroup(
-            f"{name}-logs", name_prefix=f"/aws/lambda/haze-{name}-",
-            retention_in_days=log_retention_days, opts=_child(self))
-        self.role = aws.iam.Role(f"{name}-role", assume_role_policy=_assume_role(
-            "lambda.amazonaws.com"), description=f"haze: {description}", opts=_child(self))
-        allowed = [*statements, {
-            "Sid": "WriteOwnLogs", "Effect": "Allow", "Action": list(LOG_ACTIONS),
-            "Resource": [self.log_group.arn.apply(lambda arn: f"{arn}:*")],
-        }]
+            f"{name}-logs",
+            name_prefix=f"/aws/lambda/haze-{name}-",
+            retention_in_days=log_retention_days,
+            opts=_child(self),
+        )
+        self.role = aws.iam.Role(
+            f"{name}-role",
+            assume_role_policy=_assume_role("lambda.amazonaws.com"),
+            description=f"haze: {description}",
+            opts=_child(self),
+        )
+        allowed = [
+            *statements,
+            {
+                "Sid": "WriteOwnLogs",
+                "Effect": "Allow",
+                "Action": list(LOG_ACTIONS),
+                "Resource": [self.log_group.arn.apply(lambda arn: f"{arn}:*")],
+            },
+        ]
         if vpc_config:
-            allowed.append({"Sid": "VpcNetworkInterfaces", "Effect": "Allow",
-                            "Action": list(VPC_ACTIONS), "Resource": ["*"]})
-        self.policy = aws.iam.RolePolicy(f"{name}-policy", role=self.role.id,
-                                         policy=_policy(allowed), opts=_child(self))
+            allowed.append(
+                {
+                    "Sid": "VpcNetworkInterfaces",
+                    "Effect": "Allow",
+                    "Action": list(VPC_ACTIONS),
+                    "Resource": ["*"],
+                }
+            )
+        self.policy = aws.iam.RolePolicy(
+            f"{name}-policy", role=self.role.id, policy=_policy(allowed), opts=_child(self)
+        )
         self.function = aws.lambda_.Function(
-            name, code=archive, handler=handler, runtime=runtime, role=self.role.arn,
-            timeout=timeout, memory_size=memory_size, architectures=architectures,
+            name,
+            code=archive,
+            handler=handler,
+            runtime=runtime,
+            role=self.role.arn,
+            timeout=timeout,
+            memory_size=memory_size,
+            architectures=architectures,
             description=f"haze: {description}",
             environment={"variables": dict(environment)} if environment else None,
             logging_config={"log_format": "Text", "log_group": self.log_group.name},
             vpc_config=dict(vpc_config) if vpc_config else None,
             reserved_concurrent_executions=reserved_concurrency,
-            opts=_child(self, [self.policy, self.log_group]))
+            opts=_child(self, [self.policy, self.log_group]),
+        )
 
 
 class HazeLambdaConsumer(_Function):
@@ -313,74 +380,122 @@ class HazeLambdaConsumer(_Function):
         super().__init__("haze:aws:HazeLambdaConsumer", name, None, opts)
         _check(bool(queues), "a consumer needs at least one queue", f"{name}.queues")
         window = maximum_batching_window_in_seconds
-        _check(1 <= timeout <= LAMBDA_MAX_TIMEOUT,
-               f"the Lambda timeout {timeout}s is outside 1-{LAMBDA_MAX_TIMEOUT}s"
-               + (f"; the longest job ({job_timeout:g}s) needs a container worker"
-                  if job_timeout and job_timeout > LAMBDA_MAX_TIMEOUT - 5 else ""),
-               f"{name}.timeout")
+        _check(
+            1 <= timeout <= LAMBDA_MAX_TIMEOUT,
+            f"the Lambda timeout {timeout}s is outside 1-{LAMBDA_MAX_TIMEOUT}s"
+            + (
+                f"; the longest job ({job_timeout:g}s) needs a container worker"
+                if job_timeout and job_timeout > LAMBDA_MAX_TIMEOUT - 5
+                else ""
+            ),
+            f"{name}.timeout",
+        )
         need = min_lambda_timeout(job_timeout, batch_size, concurrency)
-        _check(timeout >= need,
-               f"the Lambda timeout {timeout}s is too short for jobs of up to "
-               f"{job_timeout or 0:g}s in batches of {batch_size} at concurrency "
-               f"{concurrency} (needs >= {need}s)", f"{name}.timeout")
-        _check(0 <= window <= 300, f"the batching window {window}s is outside 0-300s",
-               f"{name}.maximum_batching_window_in_seconds")
+        _check(
+            timeout >= need,
+            f"the Lambda timeout {timeout}s is too short for jobs of up to "
+            f"{job_timeout or 0:g}s in batches of {batch_size} at concurrency "
+            f"{concurrency} (needs >= {need}s)",
+            f"{name}.timeout",
+        )
+        _check(
+            0 <= window <= 300,
+            f"the batching window {window}s is outside 0-300s",
+            f"{name}.maximum_batching_window_in_seconds",
+        )
         fifo = any(q.fifo for q in queues)
         limit = 10 if fifo else LAMBDA_MAX_BATCH
-        _check(1 <= batch_size <= limit, f"batch size {batch_size} is outside 1-{limit}"
-               + (" (FIFO queue)" if fifo else ""), f"{name}.batch_size")
-        _check(batch_size <= 10 or window >= 1,
-               "a batch size over 10 needs a batching window of at least 1 s",
-               f"{name}.maximum_batching_window_in_seconds")
+        _check(
+            1 <= batch_size <= limit,
+            f"batch size {batch_size} is outside 1-{limit}" + (" (FIFO queue)" if fifo else ""),
+            f"{name}.batch_size",
+        )
+        _check(
+            batch_size <= 10 or window >= 1,
+            "a batch size over 10 needs a batching window of at least 1 s",
+            f"{name}.maximum_batching_window_in_seconds",
+        )
         if max_concurrency is not None:
-            _check(2 <= max_concurrency <= 1000,
-                   f"max_concurrency {max_concurrency} is outside 2-1000",
-                   f"{name}.max_concurrency")
+            _check(
+                2 <= max_concurrency <= 1000,
+                f"max_concurrency {max_concurrency} is outside 2-1000",
+                f"{name}.max_concurrency",
+            )
         visibility = min_visibility_timeout(timeout, window)
         for q in queues:
-            _check(q.visibility_timeout_seconds >= visibility,
-                   f"queue {q.queue_name or q.logical_name!r}: visibility timeout "
-                   f"{q.visibility_timeout_seconds}s is below 6 × the Lambda timeout "
-                   f"({timeout}s) + the batching window ({window}s) = {visibility}s",
-                   f"{name}.queues")
+            _check(
+                q.visibility_timeout_seconds >= visibility,
+                f"queue {q.queue_name or q.logical_name!r}: visibility timeout "
+                f"{q.visibility_timeout_seconds}s is below 6 × the Lambda timeout "
+                f"({timeout}s) + the batching window ({window}s) = {visibility}s",
+                f"{name}.queues",
+            )
             if max_tries is not None:
                 need_count = receive_count_for(max_tries)
-                _check(q.max_receive_count >= need_count,
-                       f"queue {q.queue_name or q.logical_name!r}: maxReceiveCount "
-                       f"{q.max_receive_count} is below {need_count} for jobs of {max_tries} "
-                       "tries", f"{name}.queues")
+                _check(
+                    q.max_receive_count >= need_count,
+                    f"queue {q.queue_name or q.logical_name!r}: maxReceiveCount "
+                    f"{q.max_receive_count} is below {need_count} for jobs of {max_tries} "
+                    "tries",
+                    f"{name}.queues",
+                )
         self.connection = connection
         self.timeout = timeout
         self.batch_size = batch_size
         self.queues = list(queues)
         arns = [q.arn for q in queues]
-        statements: list[dict[str, Any]] = [{
-            "Sid": "ConsumeHazeQueues", "Effect": "Allow",
-            "Action": list(CONSUMER_SQS_ACTIONS), "Resource": arns,
-        }]
+        statements: list[dict[str, Any]] = [
+            {
+                "Sid": "ConsumeHazeQueues",
+                "Effect": "Allow",
+                "Action": list(CONSUMER_SQS_ACTIONS),
+                "Resource": arns,
+            }
+        ]
         send = [*(arns if allow_send else []), *send_queue_arns]
         if send:
-            statements.append({"Sid": "SendToHazeQueues", "Effect": "Allow",
-                               "Action": list(SEND_SQS_ACTIONS), "Resource": send})
+            statements.append(
+                {
+                    "Sid": "SendToHazeQueues",
+                    "Effect": "Allow",
+                    "Action": list(SEND_SQS_ACTIONS),
+                    "Resource": send,
+                }
+            )
         env: dict[str, Any] = {"HAZE_SQS_CONNECTION": connection, **dict(environment or {})}
         if queue_url_env and queue_url_value is not None:
             env[queue_url_env] = queue_url_value
         self._build(
-            name, archive=lambda_archive(archive, dist_dir, app_root), handler=handler,
-            timeout=timeout, statements=statements, environment=env, runtime=runtime,
-            memory_size=memory_size, architectures=architectures, vpc_config=vpc_config,
-            log_retention_days=log_retention_days, reserved_concurrency=reserved_concurrency,
-            description=f"SQS consumer of connection {connection}")
+            name,
+            archive=lambda_archive(archive, dist_dir, app_root),
+            handler=handler,
+            timeout=timeout,
+            statements=statements,
+            environment=env,
+            runtime=runtime,
+            memory_size=memory_size,
+            architectures=architectures,
+            vpc_config=vpc_config,
+            log_retention_days=log_retention_days,
+            reserved_concurrency=reserved_concurrency,
+            description=f"SQS consumer of connection {connection}",
+        )
         self.mappings = []
         for i, q in enumerate(queues):
-            self.mappings.append(aws.lambda_.EventSourceMapping(
-                f"{name}-source-{i}", event_source_arn=q.arn,
-                function_name=self.function.arn, batch_size=batch_size,
-                maximum_batching_window_in_seconds=window,
-                function_response_types=["ReportBatchItemFailures"],
-                scaling_config={"maximum_concurrency": max_concurrency}
-                if max_concurrency is not None else None,
-                opts=_child(self, [self.policy])))
+            self.mappings.append(
+                aws.lambda_.EventSourceMapping(
+                    f"{name}-source-{i}",
+                    event_source_arn=q.arn,
+                    function_name=self.function.arn,
+                    batch_size=batch_size,
+                    maximum_batching_window_in_seconds=window,
+                    function_response_types=["ReportBatchItemFailures"],
+                    scaling_config={"maximum_concurrency": max_concurrency}
+                    if max_concurrency is not None
+                    else None,
+                    opts=_child(self, [self.policy]),
+                )
+            )
         self.register_outputs({"function_arn": self.function.arn, "role_arn": self.role.arn})
 
 
@@ -424,38 +539,68 @@ class HazeDrainSchedule(_Function):
         super().__init__("haze:aws:HazeDrainSchedule", name, None, opts)
         need = drain_margin(job_timeout)
         margin = need if margin is None else margin
-        _check(margin >= need, f"HAZE_SCHEDULE_MARGIN {margin}s is shorter than the longest "
-               f"job ({job_timeout}s) + 5 s = {need}s: a job claimed late would be cut off",
-               f"{name}.margin")
+        _check(
+            margin >= need,
+            f"HAZE_SCHEDULE_MARGIN {margin}s is shorter than the longest "
+            f"job ({job_timeout}s) + 5 s = {need}s: a job claimed late would be cut off",
+            f"{name}.margin",
+        )
         timeout = min(LAMBDA_MAX_TIMEOUT, margin + 50) if timeout is None else timeout
-        _check(margin + 10 <= timeout <= LAMBDA_MAX_TIMEOUT,
-               f"the drain's Lambda timeout {timeout}s must be at most {LAMBDA_MAX_TIMEOUT}s "
-               f"and leave at least 10 s beyond the margin ({margin}s)", f"{name}.timeout")
+        _check(
+            margin + 10 <= timeout <= LAMBDA_MAX_TIMEOUT,
+            f"the drain's Lambda timeout {timeout}s must be at most {LAMBDA_MAX_TIMEOUT}s "
+            f"and leave at least 10 s beyond the margin ({margin}s)",
+            f"{name}.timeout",
+        )
         self.connection = connection
         self.timeout = timeout
         self.margin = margin
-        env: dict[str, Any] = {"HAZE_SCHEDULE_CONNECTION": connection,
-                               "HAZE_SCHEDULE_MARGIN": f"{margin}s", **dict(environment or {})}
+        env: dict[str, Any] = {
+            "HAZE_SCHEDULE_CONNECTION": connection,
+            "HAZE_SCHEDULE_MARGIN": f"{margin}s",
+            **dict(environment or {}),
+        }
         self._build(
-            name, archive=lambda_archive(archive, dist_dir, app_root), handler=handler,
-            timeout=timeout, statements=[], environment=env, runtime=runtime,
-            memory_size=memory_size, architectures=architectures, vpc_config=vpc_config,
-            log_retention_days=log_retention_days, reserved_concurrency=None,
-            description=f"scheduled drain of connection {connection}")
+            name,
+            archive=lambda_archive(archive, dist_dir, app_root),
+            handler=handler,
+            timeout=timeout,
+            statements=[],
+            environment=env,
+            runtime=runtime,
+            memory_size=memory_size,
+            architectures=architectures,
+            vpc_config=vpc_config,
+            log_retention_days=log_retention_days,
+            reserved_concurrency=None,
+            description=f"scheduled drain of connection {connection}",
+        )
         self.rule = aws.cloudwatch.EventRule(
-            f"{name}-rule", schedule_expression=schedule_expression,
-            description=f"haze: drain connection {connection}", opts=_child(self))
+            f"{name}-rule",
+            schedule_expression=schedule_expression,
+            description=f"haze: drain connection {connection}",
+            opts=_child(self),
+        )
         detail: dict[str, Any] = {"connection": connection}
         if queues:
             detail["queues"] = list(queues)
         if concurrency:
             detail["concurrency"] = concurrency
         self.target = aws.cloudwatch.EventTarget(
-            f"{name}-target", rule=self.rule.name, arn=self.function.arn,
-            input=json.dumps(detail), opts=_child(self))
+            f"{name}-target",
+            rule=self.rule.name,
+            arn=self.function.arn,
+            input=json.dumps(detail),
+            opts=_child(self),
+        )
         self.permission = aws.lambda_.Permission(
-            f"{name}-invoke", action="lambda:InvokeFunction", function=self.function.name,
-            principal="events.amazonaws.com", source_arn=self.rule.arn, opts=_child(self))
+            f"{name}-invoke",
+            action="lambda:InvokeFunction",
+            function=self.function.name,
+            principal="events.amazonaws.com",
+            source_arn=self.rule.arn,
+            opts=_child(self),
+        )
         self.register_outputs({"function_arn": self.function.arn, "rule_arn": self.rule.arn})
 
 
@@ -509,17 +654,24 @@ class HazeContainerWorker(pulumi.ComponentResource):
         super().__init__("haze:aws:HazeContainerWorker", name, None, opts)
         need = container_stop_timeout(job_timeout)
         stop = min(need, FARGATE_MAX_STOP_TIMEOUT) if stop_timeout is None else stop_timeout
-        _check(2 <= stop <= FARGATE_MAX_STOP_TIMEOUT,
-               f"stop timeout {stop}s is outside Fargate's 2-{FARGATE_MAX_STOP_TIMEOUT}s",
-               f"{name}.stop_timeout")
+        _check(
+            2 <= stop <= FARGATE_MAX_STOP_TIMEOUT,
+            f"stop timeout {stop}s is outside Fargate's 2-{FARGATE_MAX_STOP_TIMEOUT}s",
+            f"{name}.stop_timeout",
+        )
         if stop < need:
             if stop_timeout is not None and need <= FARGATE_MAX_STOP_TIMEOUT:
-                _check(False, f"stop timeout {stop}s is shorter than the longest job "
-                       f"({job_timeout}s) + 5 s: a deploy would cut running jobs off",
-                       f"{name}.stop_timeout")
-            pulumi.log.warn(f"haze: {name}: jobs of up to {job_timeout}s outlive Fargate's "
-                            f"{FARGATE_MAX_STOP_TIMEOUT}s stop timeout; a deploy cuts them "
-                            "off and they run again after the connection's retry_after")
+                _check(
+                    False,
+                    f"stop timeout {stop}s is shorter than the longest job "
+                    f"({job_timeout}s) + 5 s: a deploy would cut running jobs off",
+                    f"{name}.stop_timeout",
+                )
+            pulumi.log.warn(
+                f"haze: {name}: jobs of up to {job_timeout}s outlive Fargate's "
+                f"{FARGATE_MAX_STOP_TIMEOUT}s stop timeout; a deploy cuts them "
+                "off and they run again after the connection's retry_after"
+            )
         self.stop_timeout = stop
         self.connection = connection
         if cluster_arn is None:
@@ -528,62 +680,126 @@ class HazeContainerWorker(pulumi.ComponentResource):
         else:
             self.cluster_arn = pulumi.Output.from_input(cluster_arn)
         self.log_group = aws.cloudwatch.LogGroup(
-            f"{name}-logs", name_prefix=f"/ecs/haze-{name}-",
-            retention_in_days=log_retention_days, opts=_child(self))
+            f"{name}-logs",
+            name_prefix=f"/ecs/haze-{name}-",
+            retention_in_days=log_retention_days,
+            opts=_child(self),
+        )
         self.execution_role = aws.iam.Role(
-            f"{name}-execution", assume_role_policy=_assume_role("ecs-tasks.amazonaws.com"),
-            opts=_child(self))
+            f"{name}-execution",
+            assume_role_policy=_assume_role("ecs-tasks.amazonaws.com"),
+            opts=_child(self),
+        )
         image_out = pulumi.Output.from_input(image)
-        execution: list[dict[str, Any]] = [{
-            "Sid": "WriteOwnLogs", "Effect": "Allow", "Action": list(LOG_ACTIONS),
-            "Resource": [self.log_group.arn.apply(lambda arn: f"{arn}:*")],
-        }]
+        execution: list[dict[str, Any]] = [
+            {
+                "Sid": "WriteOwnLogs",
+                "Effect": "Allow",
+                "Action": list(LOG_ACTIONS),
+                "Resource": [self.log_group.arn.apply(lambda arn: f"{arn}:*")],
+            }
+        ]
         if ecr_pull is None:
             ecr_pull = not isinstance(image, str) or ".dkr.ecr." in image
         if ecr_pull:  # an ECR token is account-wide; the repository may be any
-            execution.append({"Sid": "PullImage", "Effect": "Allow",
-                              "Action": list(ECR_PULL_ACTIONS), "Resource": ["*"]})
-        aws.iam.RolePolicy(f"{name}-execution-policy", role=self.execution_role.id,
-                           policy=_policy(execution), opts=_child(self))
+            execution.append(
+                {
+                    "Sid": "PullImage",
+                    "Effect": "Allow",
+                    "Action": list(ECR_PULL_ACTIONS),
+                    "Resource": ["*"],
+                }
+            )
+        aws.iam.RolePolicy(
+            f"{name}-execution-policy",
+            role=self.execution_role.id,
+            policy=_policy(execution),
+            opts=_child(self),
+        )
         self.task_role = aws.iam.Role(
-            f"{name}-task", assume_role_policy=_assume_role("ecs-tasks.amazonaws.com"),
-            opts=_child(self))
+            f"{name}-task",
+            assume_role_policy=_assume_role("ecs-tasks.amazonaws.com"),
+            opts=_child(self),
+        )
         if sqs_queue_arns:
-            aws.iam.RolePolicy(f"{name}-task-policy", role=self.task_role.id, policy=_policy([
-                {"Sid": "ConsumeHazeQueues", "Effect": "Allow",
-                 "Action": [*CONSUMER_SQS_ACTIONS, *SEND_SQS_ACTIONS],
-                 "Resource": list(sqs_queue_arns)}]), opts=_child(self))
+            aws.iam.RolePolicy(
+                f"{name}-task-policy",
+                role=self.task_role.id,
+                policy=_policy(
+                    [
+                        {
+                            "Sid": "ConsumeHazeQueues",
+                            "Effect": "Allow",
+                            "Action": [*CONSUMER_SQS_ACTIONS, *SEND_SQS_ACTIONS],
+                            "Resource": list(sqs_queue_arns),
+                        }
+                    ]
+                ),
+                opts=_child(self),
+            )
         command = ["haze", "queue:work", "--connection", connection]
         if queues:
             command += ["--queue", ",".join(queues)]
         if concurrency:
             command += ["--concurrency", str(concurrency)]
         self.command = command
-        region_out = pulumi.Output.from_input(region) if region is not None else (
-            aws.get_region_output().region)
+        region_out = (
+            pulumi.Output.from_input(region)
+            if region is not None
+            else (aws.get_region_output().region)
+        )
         env_out = pulumi.Output.from_input(dict(environment or {}))
         containers = pulumi.Output.all(image_out, self.log_group.name, region_out, env_out).apply(
-            lambda a: json.dumps([{
-                "name": "worker", "image": a[0], "essential": True, "command": command,
-                "stopTimeout": stop,
-                "environment": [{"name": k, "value": str(v)} for k, v in sorted(a[3].items())],
-                "logConfiguration": {"logDriver": "awslogs", "options": {
-                    "awslogs-group": a[1], "awslogs-region": a[2],
-                    "awslogs-stream-prefix": "haze"}},
-            }]))
+            lambda a: json.dumps(
+                [
+                    {
+                        "name": "worker",
+                        "image": a[0],
+                        "essential": True,
+                        "command": command,
+                        "stopTimeout": stop,
+                        "environment": [
+                            {"name": k, "value": str(v)} for k, v in sorted(a[3].items())
+                        ],
+                        "logConfiguration": {
+                            "logDriver": "awslogs",
+                            "options": {
+                                "awslogs-group": a[1],
+                                "awslogs-region": a[2],
+                                "awslogs-stream-prefix": "haze",
+                            },
+                        },
+                    }
+                ]
+            )
+        )
         self.task_definition = aws.ecs.TaskDefinition(
-            f"{name}-task", family=f"haze-{name}", cpu=cpu, memory=memory,
-            network_mode="awsvpc", requires_compatibilities=["FARGATE"],
-            execution_role_arn=self.execution_role.arn, task_role_arn=self.task_role.arn,
-            container_definitions=containers, opts=_child(self))
+            f"{name}-task",
+            family=f"haze-{name}",
+            cpu=cpu,
+            memory=memory,
+            network_mode="awsvpc",
+            requires_compatibilities=["FARGATE"],
+            execution_role_arn=self.execution_role.arn,
+            task_role_arn=self.task_role.arn,
+            container_definitions=containers,
+            opts=_child(self),
+        )
         self.service = aws.ecs.Service(
-            f"{name}-service", cluster=self.cluster_arn, task_definition=self.task_definition.arn,
-            desired_count=desired_count, launch_type="FARGATE",
-            deployment_minimum_healthy_percent=100, deployment_maximum_percent=200,
-            network_configuration={"subnets": list(subnet_ids),
-                                   "security_groups": list(security_group_ids),
-                                   "assign_public_ip": assign_public_ip},
-            opts=_child(self))
+            f"{name}-service",
+            cluster=self.cluster_arn,
+            task_definition=self.task_definition.arn,
+            desired_count=desired_count,
+            launch_type="FARGATE",
+            deployment_minimum_healthy_percent=100,
+            deployment_maximum_percent=200,
+            network_configuration={
+                "subnets": list(subnet_ids),
+                "security_groups": list(security_group_ids),
+                "assign_public_ip": assign_public_ip,
+            },
+            opts=_child(self),
+        )
         self.register_outputs({"service": self.service.name, "cluster_arn": self.cluster_arn})
 
 
@@ -659,15 +875,23 @@ class HazeAwsApp(pulumi.ComponentResource):
         super().__init__("haze:aws:HazeAwsApp", name, None, opts)
         self.queues, self.consumers, self.drains, self.workers = {}, {}, {}, {}
         prefix = name_prefix or name
-        selected = [stack.connection(c) for c in connections] if connections is not None else [
-            c for c in stack.connections.values()
-            if c.driver == "sqs" or (c.driver in ("database", "redis")
-                                     and (drain_schedule or container))]
+        selected = (
+            [stack.connection(c) for c in connections]
+            if connections is not None
+            else [
+                c
+                for c in stack.connections.values()
+                if c.driver == "sqs"
+                or (c.driver in ("database", "redis") and (drain_schedule or container))
+            ]
+        )
         if not selected:
             raise InfraConfigError(
                 "nothing to deploy on AWS: config/queue.py has no sqs connection (and no "
                 "database/redis connection with drain_schedule= or container=)",
-                source=stack.source, key="connections")
+                source=stack.source,
+                key="connections",
+            )
         code: pulumi.Archive | None = None
 
         def bundle() -> pulumi.Archive:
@@ -678,30 +902,67 @@ class HazeAwsApp(pulumi.ComponentResource):
 
         for plan in selected:
             if plan.driver == "sqs":
-                self._sqs(plan, prefix, name, bundle(), runtime, memory_size, environment,
-                          (function_timeout or {}).get(plan.name),
-                          (batch_size or {}).get(plan.name),
-                          (batching_window or {}).get(plan.name),
-                          (visibility_timeout or {}).get(plan.name),
-                          (max_concurrency or {}).get(plan.name), vpc_config, container)
+                self._sqs(
+                    plan,
+                    prefix,
+                    name,
+                    bundle(),
+                    runtime,
+                    memory_size,
+                    environment,
+                    (function_timeout or {}).get(plan.name),
+                    (batch_size or {}).get(plan.name),
+                    (batching_window or {}).get(plan.name),
+                    (visibility_timeout or {}).get(plan.name),
+                    (max_concurrency or {}).get(plan.name),
+                    vpc_config,
+                    container,
+                )
             elif plan.driver in ("database", "redis"):
-                self._worker(plan, name, bundle if drain_schedule else None, drain_schedule,
-                             runtime, memory_size, environment, vpc_config, container)
+                self._worker(
+                    plan,
+                    name,
+                    bundle if drain_schedule else None,
+                    drain_schedule,
+                    runtime,
+                    memory_size,
+                    environment,
+                    vpc_config,
+                    container,
+                )
             else:
                 raise InfraConfigError(
                     f"connection {plan.name!r} uses the {plan.driver} driver, which has "
-                    "nothing to deploy on AWS", source=stack.source, key="connections")
-        self.register_outputs({
-            "queue_urls": {c: {q: v.url for q, v in qs.items()} for c, qs in self.queues.items()},
-            "functions": {c: v.function.arn for c, v in self.consumers.items()},
-        })
+                    "nothing to deploy on AWS",
+                    source=stack.source,
+                    key="connections",
+                )
+        self.register_outputs(
+            {
+                "queue_urls": {
+                    c: {q: v.url for q, v in qs.items()} for c, qs in self.queues.items()
+                },
+                "functions": {c: v.function.arn for c, v in self.consumers.items()},
+            }
+        )
 
-    def _sqs(self, plan: ConnectionPlan, prefix: str, name: str, code: pulumi.Archive,
-             runtime: str, memory_size: int, environment: Mapping[str, Any] | None,
-             timeout: int | None, batch: int | None, window: int | None,
-             visibility: int | None, max_concurrency: int | None,
-             vpc_config: Mapping[str, Any] | None, container: ContainerSettings | None
-             ) -> None:
+    def _sqs(
+        self,
+        plan: ConnectionPlan,
+        prefix: str,
+        name: str,
+        code: pulumi.Archive,
+        runtime: str,
+        memory_size: int,
+        environment: Mapping[str, Any] | None,
+        timeout: int | None,
+        batch: int | None,
+        window: int | None,
+        visibility: int | None,
+        max_concurrency: int | None,
+        vpc_config: Mapping[str, Any] | None,
+        container: ContainerSettings | None,
+    ) -> None:
         sqs = plan.aws
         assert sqs is not None
         batch = sqs.batch_size if batch is None else batch
@@ -715,9 +976,13 @@ class HazeAwsApp(pulumi.ComponentResource):
         for q, sqs_name in sqs.queue_names.items():
             queue_name = sqs_name or f"{chosen}-{q.removesuffix('.fifo')}{suffix}"
             queues[q] = HazeSqsQueue(
-                f"{name}-{plan.name}-{q.replace('.', '-')}", queue_name=queue_name,
-                fifo=sqs.fifo, max_tries=plan.max_tries, visibility_timeout_seconds=visibility,
-                opts=_child(self))
+                f"{name}-{plan.name}-{q.replace('.', '-')}",
+                queue_name=queue_name,
+                fifo=sqs.fifo,
+                max_tries=plan.max_tries,
+                visibility_timeout_seconds=visibility,
+                opts=_child(self),
+            )
         self.queues[plan.name] = queues
         default = queues["default"]
         if sqs.queue_url is None:
@@ -727,52 +992,105 @@ class HazeAwsApp(pulumi.ComponentResource):
         else:
             template = None
         if timeout > LAMBDA_MAX_TIMEOUT and container is not None:
-            pulumi.log.warn(f"haze: connection {plan.name}: jobs outlive Lambda; consumed by a "
-                            "container worker instead")
+            pulumi.log.warn(
+                f"haze: connection {plan.name}: jobs outlive Lambda; consumed by a "
+                "container worker instead"
+            )
             self.workers[plan.name] = HazeContainerWorker(
-                f"{name}-{plan.name}-worker", connection=plan.name, image=container.image,
-                subnet_ids=container.subnet_ids, security_group_ids=container.security_group_ids,
-                assign_public_ip=container.assign_public_ip, queues=plan.queues,
-                job_timeout=plan.max_job_timeout, cluster_arn=container.cluster_arn,
-                cpu=container.cpu, memory=container.memory,
+                f"{name}-{plan.name}-worker",
+                connection=plan.name,
+                image=container.image,
+                subnet_ids=container.subnet_ids,
+                security_group_ids=container.security_group_ids,
+                assign_public_ip=container.assign_public_ip,
+                queues=plan.queues,
+                job_timeout=plan.max_job_timeout,
+                cluster_arn=container.cluster_arn,
+                cpu=container.cpu,
+                memory=container.memory,
                 desired_count=container.desired_count,
-                environment={**container.environment, **({sqs.queue_url_env: _sqs_url_value(
-                    default, template)} if sqs.queue_url_env else {})},
-                sqs_queue_arns=[v.arn for v in queues.values()], opts=_child(self))
+                environment={
+                    **container.environment,
+                    **(
+                        {sqs.queue_url_env: _sqs_url_value(default, template)}
+                        if sqs.queue_url_env
+                        else {}
+                    ),
+                },
+                sqs_queue_arns=[v.arn for v in queues.values()],
+                opts=_child(self),
+            )
             return
         self.consumers[plan.name] = HazeLambdaConsumer(
-            f"{name}-{plan.name}-consumer", queues=list(queues.values()), connection=plan.name,
-            archive=code, timeout=timeout, job_timeout=plan.max_job_timeout,
-            max_tries=plan.max_tries, concurrency=sqs.concurrency, batch_size=batch,
-            maximum_batching_window_in_seconds=window, max_concurrency=max_concurrency,
-            runtime=runtime, memory_size=memory_size, environment=environment,
+            f"{name}-{plan.name}-consumer",
+            queues=list(queues.values()),
+            connection=plan.name,
+            archive=code,
+            timeout=timeout,
+            job_timeout=plan.max_job_timeout,
+            max_tries=plan.max_tries,
+            concurrency=sqs.concurrency,
+            batch_size=batch,
+            maximum_batching_window_in_seconds=window,
+            max_concurrency=max_concurrency,
+            runtime=runtime,
+            memory_size=memory_size,
+            environment=environment,
             queue_url_env=sqs.queue_url_env,
             queue_url_value=_sqs_url_value(default, template) if sqs.queue_url_env else None,
-            vpc_config=vpc_config, opts=_child(self))
+            vpc_config=vpc_config,
+            opts=_child(self),
+        )
 
-    def _worker(self, plan: ConnectionPlan, name: str, bundle: Any, schedule: str | None,
-                runtime: str, memory_size: int, environment: Mapping[str, Any] | None,
-                vpc_config: Mapping[str, Any] | None, container: ContainerSettings | None
-                ) -> None:
+    def _worker(
+        self,
+        plan: ConnectionPlan,
+        name: str,
+        bundle: Any,
+        schedule: str | None,
+        runtime: str,
+        memory_size: int,
+        environment: Mapping[str, Any] | None,
+        vpc_config: Mapping[str, Any] | None,
+        container: ContainerSettings | None,
+    ) -> None:
         worker = plan.worker
         assert worker is not None
         if schedule and bundle is not None:
-            _check(plan.max_job_timeout is None
-                   or drain_margin(plan.max_job_timeout) + 10 <= LAMBDA_MAX_TIMEOUT,
-                   f"connection {plan.name!r}: jobs of up to {plan.max_job_timeout}s cannot be "
-                   "drained from Lambda; use container=", f"{name}.drain_schedule")
+            _check(
+                plan.max_job_timeout is None
+                or drain_margin(plan.max_job_timeout) + 10 <= LAMBDA_MAX_TIMEOUT,
+                f"connection {plan.name!r}: jobs of up to {plan.max_job_timeout}s cannot be "
+                "drained from Lambda; use container=",
+                f"{name}.drain_schedule",
+            )
             self.drains[plan.name] = HazeDrainSchedule(
-                f"{name}-{plan.name}-drain", connection=plan.name, queues=list(worker.queues),
-                archive=bundle(), schedule_expression=schedule, job_timeout=plan.max_job_timeout,
-                runtime=runtime, memory_size=memory_size, environment=environment,
-                vpc_config=vpc_config, opts=_child(self))
+                f"{name}-{plan.name}-drain",
+                connection=plan.name,
+                queues=list(worker.queues),
+                archive=bundle(),
+                schedule_expression=schedule,
+                job_timeout=plan.max_job_timeout,
+                runtime=runtime,
+                memory_size=memory_size,
+                environment=environment,
+                vpc_config=vpc_config,
+                opts=_child(self),
+            )
         if container is not None:
             self.workers[plan.name] = HazeContainerWorker(
-                f"{name}-{plan.name}-worker", connection=plan.name, image=container.image,
-                subnet_ids=container.subnet_ids, security_group_ids=container.security_group_ids,
-                assign_public_ip=container.assign_public_ip, queues=list(worker.queues),
-                job_timeout=plan.max_job_timeout, cluster_arn=container.cluster_arn,
-                cpu=container.cpu, memory=container.memory,
+                f"{name}-{plan.name}-worker",
+                connection=plan.name,
+                image=container.image,
+                subnet_ids=container.subnet_ids,
+                security_group_ids=container.security_group_ids,
+                assign_public_ip=container.assign_public_ip,
+                queues=list(worker.queues),
+                job_timeout=plan.max_job_timeout,
+                cluster_arn=container.cluster_arn,
+                cpu=container.cpu,
+                memory=container.memory,
                 desired_count=container.desired_count,
                 environment={**dict(environment or {}), **container.environment},
-                opts=_child(self))
+                opts=_child(self),
+            )

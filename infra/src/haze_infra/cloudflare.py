@@ -60,8 +60,9 @@ def _check(ok: bool, message: str, key: str) -> None:
         raise InfraConfigError(message, source="haze_infra.cloudflare", key=key)
 
 
-def _child(parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource] | None = None
-           ) -> pulumi.ResourceOptions:
+def _child(
+    parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource] | None = None
+) -> pulumi.ResourceOptions:
     return pulumi.ResourceOptions(parent=parent, depends_on=list(depends_on or []))
 
 
@@ -88,21 +89,38 @@ class HazeCloudflareQueue(pulumi.ComponentResource):
         dlq_name = (dead_letter_queue_name or f"{queue_name}-dlq") if dead_letter else None
         for key, value in (("queue_name", queue_name), ("dead_letter_queue_name", dlq_name)):
             if value is not None:
-                _check(bool(_QUEUE_NAME.match(value)), f"{value!r} is not a valid queue name "
-                       "(lowercase letters, digits and -, at most 63)", f"{name}.{key}")
+                _check(
+                    bool(_QUEUE_NAME.match(value)),
+                    f"{value!r} is not a valid queue name "
+                    "(lowercase letters, digits and -, at most 63)",
+                    f"{name}.{key}",
+                )
         self.queue_name = queue_name
         self.dlq_name = dlq_name
-        settings = ({"message_retention_period": message_retention_period}
-                    if message_retention_period is not None else None)
-        self.queue = cloudflare.Queue(name, account_id=account_id, queue_name=queue_name,
-                                      settings=settings, opts=_child(self))
+        settings = (
+            {"message_retention_period": message_retention_period}
+            if message_retention_period is not None
+            else None
+        )
+        self.queue = cloudflare.Queue(
+            name, account_id=account_id, queue_name=queue_name, settings=settings, opts=_child(self)
+        )
         self.dlq = None
         if dlq_name is not None:
-            self.dlq = cloudflare.Queue(f"{name}-dlq", account_id=account_id,
-                                        queue_name=dlq_name, settings=settings,
-                                        opts=_child(self))
-        self.register_outputs({"queue_id": self.queue.queue_id, "queue_name": queue_name,
-                               "dead_letter_queue": dlq_name})
+            self.dlq = cloudflare.Queue(
+                f"{name}-dlq",
+                account_id=account_id,
+                queue_name=dlq_name,
+                settings=settings,
+                opts=_child(self),
+            )
+        self.register_outputs(
+            {
+                "queue_id": self.queue.queue_id,
+                "queue_name": queue_name,
+                "dead_letter_queue": dlq_name,
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -117,8 +135,11 @@ class ConsumerSettings:
     retry_delay: int | None = None
 
     def retries(self) -> int:
-        return cloudflare_max_retries(self.max_tries) if self.max_retries is None else (
-            self.max_retries)
+        return (
+            cloudflare_max_retries(self.max_tries)
+            if self.max_retries is None
+            else (self.max_retries)
+        )
 
 
 @dataclass(frozen=True)
@@ -131,8 +152,12 @@ class QueueBinding:
 
 
 def _content_type(path: Path) -> str:
-    return _CONTENT_TYPES.get(path.suffix, "text/plain" if path.suffix in (
-        ".txt", ".json", ".sql", ".toml", ".cfg") else "application/octet-stream")
+    return _CONTENT_TYPES.get(
+        path.suffix,
+        "text/plain"
+        if path.suffix in (".txt", ".json", ".sql", ".toml", ".cfg")
+        else "application/octet-stream",
+    )
 
 
 def _sha256(path: Path) -> str:
@@ -148,7 +173,8 @@ def worker_modules(dist_dir: str | Path) -> tuple[Path, dict[str, Path]]:
     if not main.is_file():
         raise InfraConfigError(
             f"no Worker entry point at {main}; run `haze build --preset cloudflare` in the "
-            "app first, or pass dist_dir=")
+            "app first, or pass dist_dir="
+        )
     files: dict[str, Path] = {}
     for folder, prefix in ((base / "src", ""), (base / "python_modules", "python_modules/")):
         if not folder.is_dir():
@@ -208,37 +234,59 @@ class HazeCloudflareWorker(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("haze:cloudflare:HazeCloudflareWorker", name, None, opts)
-        names = [q.binding for q in queues] + list(d1_databases or {}) + list(
-            kv_namespaces or {}) + list(vars or {}) + list(secrets or {})
+        names = (
+            [q.binding for q in queues]
+            + list(d1_databases or {})
+            + list(kv_namespaces or {})
+            + list(vars or {})
+            + list(secrets or {})
+        )
         dup = sorted({b for b in names if names.count(b) > 1})
         _check(not dup, f"binding names used twice: {', '.join(dup)}", f"{name}.bindings")
         for q in queues:
             if q.consumer is not None:
                 _check_consumer(name, q)
-        base = Path(dist_dir) if dist_dir is not None else Path(app_root or ".") / "dist" / (
-            "cloudflare")
+        base = (
+            Path(dist_dir)
+            if dist_dir is not None
+            else Path(app_root or ".") / "dist" / ("cloudflare")
+        )
         main, modules = worker_modules(base)
         wrangler = _wrangler_settings(base)
-        date = compatibility_date or wrangler.get("compatibility_date") or (
-            DEFAULT_COMPATIBILITY_DATE)
-        flags = list(compatibility_flags if compatibility_flags is not None else (
-            wrangler.get("compatibility_flags") or []))
+        date = (
+            compatibility_date or wrangler.get("compatibility_date") or (DEFAULT_COMPATIBILITY_DATE)
+        )
+        flags = list(
+            compatibility_flags
+            if compatibility_flags is not None
+            else (wrangler.get("compatibility_flags") or [])
+        )
         if "python_workers" not in flags:
             flags.append("python_workers")
         self.script_name = script_name
-        self.d1 = {b: cloudflare.D1Database(f"{name}-d1-{b.lower()}", account_id=account_id,
-                                            name=db or f"{script_name}-{b.lower()}",
-                                            opts=_child(self))
-                   for b, db in (d1_databases or {}).items()}
-        self.kv = {b: cloudflare.WorkersKvNamespace(f"{name}-kv-{b.lower()}",
-                                                    account_id=account_id,
-                                                    title=title or f"{script_name}-{b.lower()}",
-                                                    opts=_child(self))
-                   for b, title in (kv_namespaces or {}).items()}
+        self.d1 = {
+            b: cloudflare.D1Database(
+                f"{name}-d1-{b.lower()}",
+                account_id=account_id,
+                name=db or f"{script_name}-{b.lower()}",
+                opts=_child(self),
+            )
+            for b, db in (d1_databases or {}).items()
+        }
+        self.kv = {
+            b: cloudflare.WorkersKvNamespace(
+                f"{name}-kv-{b.lower()}",
+                account_id=account_id,
+                title=title or f"{script_name}-{b.lower()}",
+                opts=_child(self),
+            )
+            for b, title in (kv_namespaces or {}).items()
+        }
         bindings: list[dict[str, Any]] = []
         for q in queues:
-            bindings.append({"name": q.binding, "type": "queue",
-                             "queue_name": q.queue.queue.queue_name})
+            bindings.append(
+                {"name": q.binding, "type": "queue", "queue_name": q.queue.queue.queue_name}
+            )
         for b, db in self.d1.items():
             bindings.append({"name": b, "type": "d1", "id": db.uuid})
         for b, ns in self.kv.items():
@@ -248,34 +296,58 @@ class HazeCloudflareWorker(pulumi.ComponentResource):
         for k, v in (secrets or {}).items():
             bindings.append({"name": k, "type": "secret_text", "text": v})
         self.script = cloudflare.WorkersScript(
-            name, account_id=account_id, script_name=script_name, main_module="entry.py",
-            content_file=str(main), content_sha256=_sha256(main), content_type="text/x-python",
-            files={part: {"content_type": _content_type(p), "content_file": str(p),
-                          "content_sha256": _sha256(p)} for part, p in modules.items()} or None,
-            compatibility_date=date, compatibility_flags=flags, bindings=bindings,
-            opts=_child(self, [q.queue for q in queues]))
+            name,
+            account_id=account_id,
+            script_name=script_name,
+            main_module="entry.py",
+            content_file=str(main),
+            content_sha256=_sha256(main),
+            content_type="text/x-python",
+            files={
+                part: {
+                    "content_type": _content_type(p),
+                    "content_file": str(p),
+                    "content_sha256": _sha256(p),
+                }
+                for part, p in modules.items()
+            }
+            or None,
+            compatibility_date=date,
+            compatibility_flags=flags,
+            bindings=bindings,
+            opts=_child(self, [q.queue for q in queues]),
+        )
         self.consumers = {}
         for q in queues:
             c = q.consumer
             if c is None:
                 continue
             settings: dict[str, Any] = {
-                "batch_size": c.max_batch_size, "max_retries": c.retries(),
-                "max_wait_time_ms": int(c.max_batch_timeout * 1000)}
+                "batch_size": c.max_batch_size,
+                "max_retries": c.retries(),
+                "max_wait_time_ms": int(c.max_batch_timeout * 1000),
+            }
             if c.max_concurrency is not None:
                 settings["max_concurrency"] = c.max_concurrency
             if c.retry_delay is not None:
                 settings["retry_delay"] = c.retry_delay
             self.consumers[q.binding] = cloudflare.QueueConsumer(
-                f"{name}-consumer-{q.binding.lower()}", account_id=account_id,
-                queue_id=q.queue.queue.queue_id, type="worker",
-                script_name=self.script.script_name, dead_letter_queue=q.queue.dlq_name,
-                settings=settings, opts=_child(self, [self.script]))
-        self.register_outputs({
-            "script_name": script_name,
-            "d1": {b: db.uuid for b, db in self.d1.items()},
-            "kv": {b: ns.id for b, ns in self.kv.items()},
-        })
+                f"{name}-consumer-{q.binding.lower()}",
+                account_id=account_id,
+                queue_id=q.queue.queue.queue_id,
+                type="worker",
+                script_name=self.script.script_name,
+                dead_letter_queue=q.queue.dlq_name,
+                settings=settings,
+                opts=_child(self, [self.script]),
+            )
+        self.register_outputs(
+            {
+                "script_name": script_name,
+                "d1": {b: db.uuid for b, db in self.d1.items()},
+                "kv": {b: ns.id for b, ns in self.kv.items()},
+            }
+        )
 
 
 def _check_consumer(worker: str, q: QueueBinding) -> None:
@@ -284,22 +356,36 @@ def _check_consumer(worker: str, q: QueueBinding) -> None:
     key = f"{worker}.queues.{q.binding}"
     need = cloudflare_max_retries(c.max_tries)
     retries = c.retries()
-    _check(c.max_tries is None or c.max_tries - 1 <= CF_MAX_RETRIES,
-           f"queue {q.queue.queue_name!r}: jobs of {c.max_tries} tries need "
-           f"{(c.max_tries or 1) - 1} retries; Cloudflare allows at most {CF_MAX_RETRIES} "
-           f"(over Cloudflare's {CF_MAX_RETRIES}): lower tries", f"{key}.max_retries")
-    _check(retries >= need, f"queue {q.queue.queue_name!r}: max_retries {retries} is below "
-           f"tries - 1 = {need} for jobs of {c.max_tries} tries (Cloudflare counts retries, "
-           "haze counts tries): Cloudflare would dead-letter messages haze still retries",
-           f"{key}.max_retries")
-    _check(retries <= CF_MAX_RETRIES, f"queue {q.queue.queue_name!r}: max_retries {retries} "
-           f"is over Cloudflare's {CF_MAX_RETRIES}", f"{key}.max_retries")
-    _check(1 <= c.max_batch_size <= CF_MAX_BATCH_SIZE,
-           f"max_batch_size {c.max_batch_size} is outside 1-{CF_MAX_BATCH_SIZE}",
-           f"{key}.max_batch_size")
-    _check(0 <= c.max_batch_timeout <= CF_MAX_BATCH_TIMEOUT,
-           f"max_batch_timeout {c.max_batch_timeout:g}s is outside 0-{CF_MAX_BATCH_TIMEOUT}s",
-           f"{key}.max_batch_timeout")
+    _check(
+        c.max_tries is None or c.max_tries - 1 <= CF_MAX_RETRIES,
+        f"queue {q.queue.queue_name!r}: jobs of {c.max_tries} tries need "
+        f"{(c.max_tries or 1) - 1} retries; Cloudflare allows at most {CF_MAX_RETRIES} "
+        f"(over Cloudflare's {CF_MAX_RETRIES}): lower tries",
+        f"{key}.max_retries",
+    )
+    _check(
+        retries >= need,
+        f"queue {q.queue.queue_name!r}: max_retries {retries} is below "
+        f"tries - 1 = {need} for jobs of {c.max_tries} tries (Cloudflare counts retries, "
+        "haze counts tries): Cloudflare would dead-letter messages haze still retries",
+        f"{key}.max_retries",
+    )
+    _check(
+        retries <= CF_MAX_RETRIES,
+        f"queue {q.queue.queue_name!r}: max_retries {retries} "
+        f"is over Cloudflare's {CF_MAX_RETRIES}",
+        f"{key}.max_retries",
+    )
+    _check(
+        1 <= c.max_batch_size <= CF_MAX_BATCH_SIZE,
+        f"max_batch_size {c.max_batch_size} is outside 1-{CF_MAX_BATCH_SIZE}",
+        f"{key}.max_batch_size",
+    )
+    _check(
+        0 <= c.max_batch_timeout <= CF_MAX_BATCH_TIMEOUT,
+        f"max_batch_timeout {c.max_batch_timeout:g}s is outside 0-{CF_MAX_BATCH_TIMEOUT}s",
+        f"{key}.max_batch_timeout",
+    )
 
 
 class HazeCloudflareApp(pulumi.ComponentResource):
@@ -335,41 +421,76 @@ class HazeCloudflareApp(pulumi.ComponentResource):
     ) -> None:
         super().__init__("haze:cloudflare:HazeCloudflareApp", name, None, opts)
         prefix = name_prefix or name
-        plans = [stack.connection(c) for c in connections] if connections is not None else (
-            stack.by_driver("cloudflare"))
+        plans = (
+            [stack.connection(c) for c in connections]
+            if connections is not None
+            else (stack.by_driver("cloudflare"))
+        )
         if not plans:
             raise InfraConfigError(
                 "nothing to deploy on Cloudflare: config/queue.py has no cloudflare connection",
-                source=stack.source, key="connections")
+                source=stack.source,
+                key="connections",
+            )
         self.queues = {}
         bindings: list[QueueBinding] = []
         for plan in plans:
             cf = plan.cloudflare
             if cf is None:
-                raise InfraConfigError(f"connection {plan.name!r} uses the {plan.driver} "
-                                       "driver, not cloudflare", source=stack.source,
-                                       key="connections")
+                raise InfraConfigError(
+                    f"connection {plan.name!r} uses the {plan.driver} driver, not cloudflare",
+                    source=stack.source,
+                    key="connections",
+                )
             queue_name = cf.queue_name or f"{prefix}-{plan.name}"
             queue = HazeCloudflareQueue(
-                f"{name}-{plan.name}", account_id=account_id, queue_name=queue_name,
-                dead_letter_queue_name=cf.dead_letter_queue, opts=_child(self))
+                f"{name}-{plan.name}",
+                account_id=account_id,
+                queue_name=queue_name,
+                dead_letter_queue_name=cf.dead_letter_queue,
+                opts=_child(self),
+            )
             self.queues[plan.name] = queue
-            bindings.append(QueueBinding(cf.binding, queue, ConsumerSettings(
-                max_tries=plan.max_tries, max_retries=cf.max_retries,
-                max_batch_size=cf.max_batch_size, max_batch_timeout=cf.max_batch_timeout,
-                max_concurrency=cf.max_concurrency, retry_delay=cf.retry_delay)))
+            bindings.append(
+                QueueBinding(
+                    cf.binding,
+                    queue,
+                    ConsumerSettings(
+                        max_tries=plan.max_tries,
+                        max_retries=cf.max_retries,
+                        max_batch_size=cf.max_batch_size,
+                        max_batch_timeout=cf.max_batch_timeout,
+                        max_concurrency=cf.max_concurrency,
+                        retry_delay=cf.retry_delay,
+                    ),
+                )
+            )
         d1: dict[str, str | None] = {d.binding: None for d in stack.d1}
         d1.update(d1_databases or {})
         kv: dict[str, str | None] = {k.binding: None for k in stack.kv}
         kv.update(kv_namespaces or {})
-        base = Path(dist_dir) if dist_dir is not None else Path(stack.app_root or ".") / (
-            "dist") / "cloudflare"
+        base = (
+            Path(dist_dir)
+            if dist_dir is not None
+            else Path(stack.app_root or ".") / ("dist") / "cloudflare"
+        )
         self.worker = HazeCloudflareWorker(
-            f"{name}-worker", account_id=account_id, script_name=script_name or prefix,
-            queues=bindings, dist_dir=base, d1_databases=d1, kv_namespaces=kv, vars=vars,
-            secrets=secrets, compatibility_date=compatibility_date,
-            compatibility_flags=compatibility_flags, opts=_child(self))
-        self.register_outputs({
-            "script_name": self.worker.script_name,
-            "queues": {c: q.queue_name for c, q in self.queues.items()},
-        })
+            f"{name}-worker",
+            account_id=account_id,
+            script_name=script_name or prefix,
+            queues=bindings,
+            dist_dir=base,
+            d1_databases=d1,
+            kv_namespaces=kv,
+            vars=vars,
+            secrets=secrets,
+            compatibility_date=compatibility_date,
+            compatibility_flags=compatibility_flags,
+            opts=_child(self),
+        )
+        self.register_outputs(
+            {
+                "script_name": self.worker.script_name,
+                "queues": {c: q.queue_name for c, q in self.queues.items()},
+            }
+        )

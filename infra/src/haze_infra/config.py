@@ -140,8 +140,7 @@ def max_receive_count(max_tries: int | None) -> int:
     return min(SQS_MAX_RECEIVE_COUNT, max_tries + SQS_RECEIVE_SLACK)
 
 
-def min_lambda_timeout(job_timeout: float | None, batch_size: int = 1, concurrency: int = 1
-                       ) -> int:
+def min_lambda_timeout(job_timeout: float | None, batch_size: int = 1, concurrency: int = 1) -> int:
     """The shortest Lambda timeout that lets every record of a batch finish: records run
     ``concurrency`` at a time, so a batch takes ``ceil(batch_size / concurrency)`` waves."""
     if job_timeout is None:
@@ -154,8 +153,11 @@ def lambda_timeout(job_timeout: float | None, batch_size: int = 1, concurrency: 
     """The derived Lambda timeout (not capped at 900 s: the component refuses more)."""
     if job_timeout is None:
         return LAMBDA_DEFAULT_TIMEOUT
-    return min_lambda_timeout(job_timeout, batch_size, concurrency) - SQS_HANDLER_MARGIN + (
-        LAMBDA_SLACK)
+    return (
+        min_lambda_timeout(job_timeout, batch_size, concurrency)
+        - SQS_HANDLER_MARGIN
+        + (LAMBDA_SLACK)
+    )
 
 
 def min_visibility_timeout(function_timeout: int, batching_window: int = 0) -> int:
@@ -297,7 +299,9 @@ class StackConfig:
         except KeyError:
             raise InfraConfigError(
                 f"no connection {name!r}; connections: {', '.join(self.connections)}",
-                source=self.source, key="connections") from None
+                source=self.source,
+                key="connections",
+            ) from None
 
     def by_driver(self, *drivers: str) -> list[ConnectionPlan]:
         return [c for c in self.connections.values() if c.driver in drivers]
@@ -393,8 +397,9 @@ def _app_jobs(app: Any) -> list[Any]:
 # --------------------------------------------------------------------------- deriving
 
 
-def stack_config(app: Any = None, *, jobs: Iterable[Any] | None = None,
-                 env: Sequence[EnvRead] = ()) -> StackConfig:
+def stack_config(
+    app: Any = None, *, jobs: Iterable[Any] | None = None, env: Sequence[EnvRead] = ()
+) -> StackConfig:
     """Derive the :class:`StackConfig` of an app: an ``App``, or an app root path
     (default: the current directory). ``jobs`` narrows the job definitions considered
     (default: the app's, see the module docstring)."""
@@ -405,20 +410,35 @@ def stack_config(app: Any = None, *, jobs: Iterable[Any] | None = None,
     warnings: list[str] = []
     for job in job_list:
         if job.connection is not None and job.connection not in qc.connections:
-            warnings.append(f'job "{job.name}" is pinned to connection {job.connection!r}, '
-                            "which config/queue.py does not define")
+            warnings.append(
+                f'job "{job.name}" is pinned to connection {job.connection!r}, '
+                "which config/queue.py does not define"
+            )
     connections: dict[str, ConnectionPlan] = {}
     for name, options in qc.connections.items():
         connections[name] = _plan_connection(app, name, options, job_list, env, warnings)
     d1, kv = _cloudflare_storage(app)
     root = str(app.root) if app.root is not None else None
-    return StackConfig(app_root=root, source=qc.source, default_connection=qc.default,
-                       connections=connections, d1=d1, kv=kv, env=tuple(env),
-                       warnings=tuple(warnings))
+    return StackConfig(
+        app_root=root,
+        source=qc.source,
+        default_connection=qc.default,
+        connections=connections,
+        d1=d1,
+        kv=kv,
+        env=tuple(env),
+        warnings=tuple(warnings),
+    )
 
 
-def _plan_connection(app: Any, name: str, options: dict[str, Any], all_jobs: list[Any],
-                     env: Sequence[EnvRead], warnings: list[str]) -> ConnectionPlan:
+def _plan_connection(
+    app: Any,
+    name: str,
+    options: dict[str, Any],
+    all_jobs: list[Any],
+    env: Sequence[EnvRead],
+    warnings: list[str],
+) -> ConnectionPlan:
     driver = str(options["driver"])
     jobs = sorted((j for j in all_jobs if j.connection in (None, name)), key=lambda j: j.name)
     queues: list[str] = list(options.get("queues") or [])
@@ -431,9 +451,15 @@ def _plan_connection(app: Any, name: str, options: dict[str, Any], all_jobs: lis
     max_job_timeout = max(timeouts) if timeouts else None
     without = tuple(j.name for j in jobs if j.timeout is None)
     plan = ConnectionPlan(
-        name=name, driver=driver, default=name == app.queue_config.default,
-        queues=tuple(queues), jobs=tuple(j.name for j in jobs), max_tries=max_tries,
-        max_job_timeout=max_job_timeout, jobs_without_timeout=without)
+        name=name,
+        driver=driver,
+        default=name == app.queue_config.default,
+        queues=tuple(queues),
+        jobs=tuple(j.name for j in jobs),
+        max_tries=max_tries,
+        max_job_timeout=max_job_timeout,
+        jobs_without_timeout=without,
+    )
     concurrency = int(options.get("concurrency") or 1)
     if driver == "sqs":
         aws = _plan_sqs(name, options, plan, env, warnings)
@@ -455,8 +481,13 @@ def _queue_name_of(url: str) -> str:
     return urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _plan_sqs(name: str, options: dict[str, Any], plan: ConnectionPlan,
-              env: Sequence[EnvRead], warnings: list[str]) -> SqsPlan:
+def _plan_sqs(
+    name: str,
+    options: dict[str, Any],
+    plan: ConnectionPlan,
+    env: Sequence[EnvRead],
+    warnings: list[str],
+) -> SqsPlan:
     url = options.get("queue_url")
     url_env: str | None = None
     if isinstance(url, _EnvPlaceholder):
@@ -467,8 +498,11 @@ def _plan_sqs(name: str, options: dict[str, Any], plan: ConnectionPlan,
             if url is not None and came_from == url:
                 url_env = read.name
     fifo_opt = options.get("fifo")
-    fifo = bool(fifo_opt) if fifo_opt is not None else bool(
-        url and _queue_name_of(url).endswith(".fifo"))
+    fifo = (
+        bool(fifo_opt)
+        if fifo_opt is not None
+        else bool(url and _queue_name_of(url).endswith(".fifo"))
+    )
     names: dict[str, str | None] = {}
     for q in plan.queues:
         if url is None:
@@ -487,18 +521,27 @@ def _plan_sqs(name: str, options: dict[str, Any], plan: ConnectionPlan,
         warnings.append(
             f"connection {name!r}: its longest job ({plan.max_job_timeout:g}s) does not fit "
             f"in a Lambda invocation ({LAMBDA_MAX_TIMEOUT}s); consume it with a container "
-            "worker (HazeContainerWorker) instead")
+            "worker (HazeContainerWorker) instead"
+        )
     if plan.jobs_without_timeout:
         warnings.append(
             f"connection {name!r}: jobs without a timeout ({', '.join(plan.jobs_without_timeout)})"
-            f" are cut off by the Lambda timeout ({timeout}s unless set); give them one")
+            f" are cut off by the Lambda timeout ({timeout}s unless set); give them one"
+        )
     return SqsPlan(
-        queue_url=url, queue_url_env=url_env, fifo=fifo, queue_names=names,
-        max_receive_count=max_receive_count(plan.max_tries), function_timeout=timeout,
+        queue_url=url,
+        queue_url_env=url_env,
+        fifo=fifo,
+        queue_names=names,
+        max_receive_count=max_receive_count(plan.max_tries),
+        function_timeout=timeout,
         min_function_timeout=min_lambda_timeout(plan.max_job_timeout, batch, concurrency),
-        visibility_timeout=min_visibility_timeout(timeout, window), batch_size=batch,
-        batching_window=window, concurrency=concurrency,
-        retry_after=float(options.get("retry_after") or 90.0))
+        visibility_timeout=min_visibility_timeout(timeout, window),
+        batch_size=batch,
+        batching_window=window,
+        concurrency=concurrency,
+        retry_after=float(options.get("retry_after") or 90.0),
+    )
 
 
 def _wrangler_queues(app: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -509,12 +552,14 @@ def _wrangler_queues(app: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any
     return [dict(p) for p in producers], [dict(c) for c in consumers]
 
 
-def _plan_cloudflare(app: Any, name: str, options: dict[str, Any], plan: ConnectionPlan,
-                     warnings: list[str]) -> CloudflarePlan:
+def _plan_cloudflare(
+    app: Any, name: str, options: dict[str, Any], plan: ConnectionPlan, warnings: list[str]
+) -> CloudflarePlan:
     binding = str(options.get("binding") or "QUEUE")
     producers, consumers = _wrangler_queues(app)
-    queue_name = next((str(p["queue"]) for p in producers
-                       if p.get("binding") == binding and p.get("queue")), None)
+    queue_name = next(
+        (str(p["queue"]) for p in producers if p.get("binding") == binding and p.get("queue")), None
+    )
     consumer = next((c for c in consumers if queue_name and c.get("queue") == queue_name), {})
     need = cloudflare_max_retries(plan.max_tries)
     max_retries = int(consumer.get("max_retries", need))
@@ -522,33 +567,45 @@ def _plan_cloudflare(app: Any, name: str, options: dict[str, Any], plan: Connect
         warnings.append(
             f"connection {name!r}: haze.config.py sets max_retries={max_retries} for queue "
             f"{queue_name!r}, but a job there has {plan.max_tries} tries (needs >= {need}); "
-            "Cloudflare would dead-letter messages haze still means to retry")
+            "Cloudflare would dead-letter messages haze still means to retry"
+        )
     if plan.max_tries is not None and plan.max_tries - 1 > CF_MAX_RETRIES:
-        warnings.append(f"connection {name!r}: {plan.max_tries} tries is more than Cloudflare "
-                        f"Queues can retry ({CF_MAX_RETRIES})")
+        warnings.append(
+            f"connection {name!r}: {plan.max_tries} tries is more than Cloudflare "
+            f"Queues can retry ({CF_MAX_RETRIES})"
+        )
     if plan.max_job_timeout is not None and plan.max_job_timeout > LAMBDA_MAX_TIMEOUT:
-        warnings.append(f"connection {name!r}: a job runs up to {plan.max_job_timeout:g}s; a "
-                        "Queue consumer invocation has 15 minutes of wall time")
+        warnings.append(
+            f"connection {name!r}: a job runs up to {plan.max_job_timeout:g}s; a "
+            "Queue consumer invocation has 15 minutes of wall time"
+        )
     dlq = consumer.get("dead_letter_queue")
     if dlq is None and queue_name is not None:
         dlq = f"{queue_name}-dlq"
     concurrency = consumer.get("max_concurrency")
     delay = consumer.get("retry_delay")
     return CloudflarePlan(
-        binding=binding, queue_name=queue_name, dead_letter_queue=dlq, max_retries=max_retries,
+        binding=binding,
+        queue_name=queue_name,
+        dead_letter_queue=dlq,
+        max_retries=max_retries,
         min_max_retries=need,
         max_batch_size=int(consumer.get("max_batch_size", CF_DEFAULT_BATCH_SIZE)),
         max_batch_timeout=float(consumer.get("max_batch_timeout", CF_DEFAULT_BATCH_TIMEOUT)),
         max_concurrency=int(concurrency) if concurrency is not None else None,
-        retry_delay=int(delay) if delay is not None else None)
+        retry_delay=int(delay) if delay is not None else None,
+    )
 
 
 def _plan_worker(plan: ConnectionPlan, concurrency: int) -> WorkerPlan:
     margin = drain_margin(plan.max_job_timeout)
     return WorkerPlan(
-        queues=plan.queues, concurrency=concurrency,
-        stop_timeout=container_stop_timeout(plan.max_job_timeout), drain_margin=margin,
-        drain_function_timeout=min(LAMBDA_MAX_TIMEOUT, margin + DRAIN_WINDOW))
+        queues=plan.queues,
+        concurrency=concurrency,
+        stop_timeout=container_stop_timeout(plan.max_job_timeout),
+        drain_margin=margin,
+        drain_function_timeout=min(LAMBDA_MAX_TIMEOUT, margin + DRAIN_WINDOW),
+    )
 
 
 def _cloudflare_storage(app: Any) -> tuple[tuple[D1Plan, ...], tuple[KvPlan, ...]]:
@@ -568,8 +625,9 @@ def _cloudflare_storage(app: Any) -> tuple[tuple[D1Plan, ...], tuple[KvPlan, ...
     for entry in wrangler.get("d1_databases") or []:
         if isinstance(entry, Mapping) and entry.get("binding"):
             b = str(entry["binding"])
-            d1.setdefault(b, D1Plan(binding=b, connection=None,
-                                    database=entry.get("database_name")))
+            d1.setdefault(
+                b, D1Plan(binding=b, connection=None, database=entry.get("database_name"))
+            )
     for entry in wrangler.get("kv_namespaces") or []:
         if isinstance(entry, Mapping) and entry.get("binding"):
             b = str(entry["binding"])
@@ -586,8 +644,11 @@ def _seconds(value: float | None) -> str:
 
 def format_text(stack: StackConfig) -> str:
     """The human-readable form ``haze infra:config`` prints by default."""
-    lines = [f"app: {stack.app_root or '(no root)'}", f"config: {stack.source}",
-             f"default connection: {stack.default_connection}"]
+    lines = [
+        f"app: {stack.app_root or '(no root)'}",
+        f"config: {stack.source}",
+        f"default connection: {stack.default_connection}",
+    ]
     for c in stack.connections.values():
         lines.append("")
         lines.append(f"connection {c.name} ({c.driver}){' [default]' if c.default else ''}")
@@ -598,37 +659,52 @@ def format_text(stack: StackConfig) -> str:
         if c.aws is not None:
             a = c.aws
             url = a.queue_url or "(set by the stack)"
-            lines.append(f"  sqs: queue_url {url}" + (f" (env {a.queue_url_env})"
-                                                       if a.queue_url_env else ""))
+            lines.append(
+                f"  sqs: queue_url {url}" + (f" (env {a.queue_url_env})" if a.queue_url_env else "")
+            )
             for q, n in a.queue_names.items():
                 lines.append(f"    queue {q}: {n or '(named by the stack)'}")
-            lines.append(f"    redrive maxReceiveCount {a.max_receive_count}; visibility "
-                         f"{a.visibility_timeout}s; fifo {'yes' if a.fifo else 'no'}")
-            lines.append(f"    lambda timeout {a.function_timeout}s (>= {a.min_function_timeout}"
-                         f"s); batch size {a.batch_size}; batching window {a.batching_window}s")
+            lines.append(
+                f"    redrive maxReceiveCount {a.max_receive_count}; visibility "
+                f"{a.visibility_timeout}s; fifo {'yes' if a.fifo else 'no'}"
+            )
+            lines.append(
+                f"    lambda timeout {a.function_timeout}s (>= {a.min_function_timeout}"
+                f"s); batch size {a.batch_size}; batching window {a.batching_window}s"
+            )
         if c.cloudflare is not None:
             f = c.cloudflare
-            lines.append(f"  cloudflare: binding {f.binding}; queue "
-                         f"{f.queue_name or '(named by the stack)'}; dead letter queue "
-                         f"{f.dead_letter_queue or '(named by the stack)'}")
-            lines.append(f"    max_retries {f.max_retries} (>= {f.min_max_retries}); "
-                         f"max_batch_size {f.max_batch_size}; max_batch_timeout "
-                         f"{f.max_batch_timeout:g}s")
+            lines.append(
+                f"  cloudflare: binding {f.binding}; queue "
+                f"{f.queue_name or '(named by the stack)'}; dead letter queue "
+                f"{f.dead_letter_queue or '(named by the stack)'}"
+            )
+            lines.append(
+                f"    max_retries {f.max_retries} (>= {f.min_max_retries}); "
+                f"max_batch_size {f.max_batch_size}; max_batch_timeout "
+                f"{f.max_batch_timeout:g}s"
+            )
         if c.worker is not None and c.driver != "sqs":
             w = c.worker
-            lines.append(f"  worker: stop timeout {w.stop_timeout}s; scheduled drain margin "
-                         f"{w.drain_margin}s, function timeout {w.drain_function_timeout}s")
+            lines.append(
+                f"  worker: stop timeout {w.stop_timeout}s; scheduled drain margin "
+                f"{w.drain_margin}s, function timeout {w.drain_function_timeout}s"
+            )
     if stack.d1 or stack.kv:
         lines.append("")
         for d in stack.d1:
-            lines.append(f"d1 binding {d.binding}" + (f" (connection {d.connection})"
-                                                      if d.connection else ""))
+            lines.append(
+                f"d1 binding {d.binding}"
+                + (f" (connection {d.connection})" if d.connection else "")
+            )
         for k in stack.kv:
             lines.append(f"kv binding {k.binding}" + (f" (store {k.store})" if k.store else ""))
     if stack.env:
         lines.append("")
-        lines.append("environment read by the config: " + ", ".join(
-            f"{r.name}{'' if r.set else ' (unset)'}" for r in stack.env))
+        lines.append(
+            "environment read by the config: "
+            + ", ".join(f"{r.name}{'' if r.set else ' (unset)'}" for r in stack.env)
+        )
     if stack.warnings:
         lines.append("")
         lines.extend(f"warning: {w}" for w in stack.warnings)

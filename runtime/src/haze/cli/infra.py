@@ -35,10 +35,21 @@ def _derive(state: State) -> Any:
 
 
 @cli.command("infra:config")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="text for people, json for a stack or a script.")
-@click.option("--connection", "connections", multiple=True, metavar="NAME",
-              help="Only this connection (repeatable).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="text for people, json for a stack or a script.",
+)
+@click.option(
+    "--connection",
+    "connections",
+    multiple=True,
+    metavar="NAME",
+    help="Only this connection (repeatable).",
+)
 @click.pass_obj
 def infra_config(state: State, fmt: str, connections: tuple[str, ...]) -> None:
     """Print the infrastructure settings derived from config/queue.py and the jobs."""
@@ -48,8 +59,9 @@ def infra_config(state: State, fmt: str, connections: tuple[str, ...]) -> None:
             stack.connection(name)  # raises naming the known connections
         from dataclasses import replace
 
-        stack = replace(stack, connections={
-            n: c for n, c in stack.connections.items() if n in connections})
+        stack = replace(
+            stack, connections={n: c for n, c in stack.connections.items() if n in connections}
+        )
     if fmt == "json":
         click.echo(json.dumps(stack.to_dict(), indent=2, sort_keys=False))
         for warning in stack.warnings:

@@ -238,6 +238,13 @@ class DatabaseDriver:
         if row is None:
             return None
         row_id, body, attempts, reserved_at = row
+        if time.time() - token > self.retry_after / 4:
+            # A slow claim (pool start-up, a loaded server) wrote a reserved_at/heartbeat_at
+            # that was already old, so the row may look abandoned to other workers before
+            # the first heartbeat: refresh it now, and if another worker has taken it over
+            # meanwhile, it is not ours to run.
+            if await self.db.execute(sql["heartbeat"], (time.time(), row_id, reserved_at)) == 0:
+                return None
         if isinstance(body, (bytes, bytearray)):
             body = body.decode("utf-8", "replace")
         try:
