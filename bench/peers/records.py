@@ -42,8 +42,10 @@ def count() -> int:
 
 
 def reset() -> None:
+    # Truncate in place: a running worker keeps its O_APPEND descriptor, and unlinking
+    # would send its later records to a deleted file.
     try:
-        os.unlink(RECORD_FILE)
+        os.truncate(RECORD_FILE, 0)
     except FileNotFoundError:
         pass
 

@@ -94,11 +94,6 @@ class RecordingMocks(pulumi.runtime.Mocks):
         assert len(found) == 1, (typ, name, [r.name for r in self.of(typ)])
         return found[0]
 
-    def named(self, name: str) -> Recorded:
-        found = [r for r in self.resources if r.name == name]
-        assert len(found) == 1, (name, len(found))
-        return found[0]
-
     def types(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for r in self.resources:

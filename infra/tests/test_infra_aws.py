@@ -335,6 +335,11 @@ def test_jobs_longer_than_lambda_are_refused(inf_stack: StackConfig) -> None:
         deploy(lambda: HazeAwsApp("inf", stack=slow))
 
 
+def test_a_database_connection_needs_a_trigger(inf_stack: StackConfig) -> None:
+    with pytest.raises(InfraConfigError, match="has no trigger on AWS"):
+        deploy(lambda: HazeAwsApp("inf", stack=inf_stack, connections=["database"]))
+
+
 def test_a_missing_bundle_says_to_build_first(inf_stack: StackConfig, tmp_path: Path) -> None:
     with pytest.raises(InfraConfigError, match="haze build --preset aws-lambda"):
         deploy(lambda: HazeAwsApp("inf", stack=inf_stack, dist_dir=tmp_path))

@@ -119,6 +119,9 @@ async def bt_many(payload: Any, job: JobContext) -> None:
     try:
         for _ in range(3):
             await asyncio.sleep(0)
+        # a moment of real work: on a remote driver each claim is a round trip, longer
+        # than three loop turns, so without it the jobs could never overlap
+        await asyncio.sleep(0.002)
     finally:
         INFLIGHT["now"] -= 1
 
@@ -630,10 +633,13 @@ async def test_batch_state_expires_after_batches_ttl(make_app, done):
 
 
 async def test_thousand_jobs_sixteen_consumers_callbacks_exactly_once(make_app, driver, done):
+    # 1,000 jobs; a backend whose round trips make that too slow for the suite sets a
+    # smaller DriverSpec.extra["big_batch"] (see conftest.DRIVERS): same rules, fewer jobs.
+    n = driver.extra.get("big_batch", 1000)
     c = Calls(driver)
     async with make_app(concurrency=16) as app:
         pending = (
-            Queue.batch([bt_many.with_(i) for i in range(1000)])
+            Queue.batch([bt_many.with_(i) for i in range(n)])
             .name("big")
             .then(bt_record.with_("then"))
             .finally_(bt_record.with_("finally"))
@@ -650,8 +656,8 @@ async def test_thousand_jobs_sixteen_consumers_callbacks_exactly_once(make_app, 
     assert count("record", "finally") == 1
     assert c.n("then") == 1 and c.n("finally") == 1 and c.n("catch") == 0
     if c.local:
-        assert c.n("progress") == 1000
-    assert (b.total, b.pending, b.processed, b.failed) == (1000, 0, 1000, 0)
+        assert c.n("progress") == n
+    assert (b.total, b.pending, b.processed, b.failed) == (n, 0, n, 0)
     assert b.finished and b.progress == 100
     if driver.has("concurrency"):
         assert INFLIGHT["max"] > 1  # the consumers really interleaved

@@ -393,50 +393,43 @@ async def test_slow_job_whose_row_was_reclaimed_does_not_delete_the_new_run(db_u
 
 
 async def test_a_claim_slower_than_retry_after_is_not_run_by_two_workers(env: Env) -> None:
-    """A claim whose statement took long (a pool opening, a loaded server) wrote a
-    reserved_at that was already old: another worker could take the row over before the
+    """A claim whose statement took long (a pool opening, a loaded server) writes a
+    reserved_at that is already old, so another worker may take the row over before the
     first heartbeat. The slow claimer refreshes the heartbeat first and, finding the row
-    taken, does not run it."""
+    taken, does not run it. (The slow claim is simulated by an older claim timestamp.)"""
     await dbx_sem_record.dispatch({"n": 1})
-    other = env.app.driver("db").__class__("db", dict(env.driver.options), env.app)
-    real = env.db.fetchone
+    other = type(env.driver)("db", dict(env.driver.options), env.app)
+    real_execute = env.db.execute
     stolen: list[Any] = []
 
-    async def slow_fetchone(sql: str, params: Any = ()) -> Any:
-        row = await real(sql, params)
-        if row is not None and "UPDATE" in sql or "FOR UPDATE" in sql:
-            await asyncio.sleep(0.6)  # longer than retry_after (0.5 s)
-            stolen.append(await other.reserve(["default"], 0))
-        return row
+    async def execute(sql: str, params: Any = ()) -> int:
+        if sql == env.driver.sql["heartbeat"] and not stolen:
+            stolen.append(await other.reserve(["default"], 0))  # between claim and refresh
+        return await real_execute(sql, params)
 
-    env.db.fetchone = slow_fetchone  # type: ignore[method-assign]
+    env.driver._token = lambda: time.time() - 0.6  # the claim "took" 0.6 s > retry_after
+    env.db.execute = execute  # type: ignore[method-assign]
     try:
         assert await env.reserve() is None, "the slow claimer lost the row: it must not run it"
     finally:
-        env.db.fetchone = real  # type: ignore[method-assign]
+        env.db.execute = real_execute  # type: ignore[method-assign]
+        del env.driver._token
     assert stolen and stolen[0] is not None and stolen[0].attempt == 2
     [row] = await env.rows()
     assert float(row["reserved_at"]) == stolen[0].token[1]
 
 
-async def test_a_slow_claim_refreshes_its_heartbeat(env: Env) -> None:
+async def test_a_slow_claim_refreshes_its_heartbeat_at_once(env: Env) -> None:
     await dbx_sem_record.dispatch({"n": 1})
-    real = env.db.fetchone
-
-    async def slow_fetchone(sql: str, params: Any = ()) -> Any:
-        row = await real(sql, params)
-        if row is not None and "UPDATE" in sql or "FOR UPDATE" in sql:
-            await asyncio.sleep(0.3)  # more than retry_after / 4
-        return row
-
-    env.db.fetchone = slow_fetchone  # type: ignore[method-assign]
+    env.driver._token = lambda: time.time() - 0.3  # slower than retry_after / 4
     try:
         claimed = await env.reserve()
     finally:
-        env.db.fetchone = real  # type: ignore[method-assign]
+        del env.driver._token
     assert claimed is not None and claimed.attempt == 1
     [row] = await env.rows()
-    assert float(row["heartbeat_at"]) >= float(row["reserved_at"]) + 0.25
+    assert float(row["reserved_at"]) == claimed.token[1], "reserved_at stays the token"
+    assert float(row["heartbeat_at"]) >= float(row["reserved_at"]) + 0.29
 
 
 async def test_exhausted_job_reclaimed_after_a_crash_goes_to_failed_jobs_unrun(env: Env) -> None:

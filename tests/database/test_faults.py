@@ -321,8 +321,10 @@ async def test_five_thousand_jobs_three_workers_random_sigkills(
                 f"{len(keys - set(h.counts('end')))} of {total} jobs unfinished after 150 s")
             for p in live:
                 assert p.poll() is None, f"worker {p.pid} died on its own:\n{h.log(p)}"
-            if kills and time.monotonic() >= next_kill:
-                victim = live.pop(rng.randrange(len(live)))
+            ready = [p for p in live if "Working connection" in h.log(p)]
+            if kills and time.monotonic() >= next_kill and ready:
+                victim = ready[rng.randrange(len(ready))]  # a worker that is working
+                live.remove(victim)
                 victim.send_signal(signal.SIGKILL)
                 await h.wait_exit(victim)
                 killed += 1
@@ -332,6 +334,7 @@ async def test_five_thousand_jobs_three_workers_random_sigkills(
             await asyncio.sleep(0.1)
         elapsed = time.monotonic() - started
         for p in live:
+            await h.wait_ready(p)  # a SIGTERM before its handlers are in would just kill it
             p.send_signal(signal.SIGTERM)
         codes = [await h.wait_exit(p) for p in live]
 

@@ -89,6 +89,7 @@ async def sqs_always_fails(payload: dict[str, Any], job: Any) -> None:
 
 @define_job(tries=1)
 async def sqs_slow(payload: dict[str, Any], job: Any) -> None:
+    _note("sqs_slow_started", payload, job)
     await asyncio.sleep(payload["seconds"])
     _note("sqs_slow", payload, job)
 
@@ -281,13 +282,13 @@ async def test_long_delays_are_forwarded_until_due(app: App) -> None:
     driver.max_delay = 1  # a tiny SQS delay cap, so forwarding happens in seconds
     spy = SpyCalls(driver)
     start = time.monotonic()
-    await sqs_ok.dispatch({"n": "forwarded"}, delay=3.5)
+    await sqs_ok.dispatch({"n": "forwarded"}, delay=6)  # 1 s hops: forwarded ~4 times
     first = spy.of("send_message")[0]
     assert first["DelaySeconds"] == 1
     assert "due" in json.loads(first["MessageBody"])["meta"]
     await run_until(app, lambda: bool(RUNS.get("sqs_ok")))
     ran = RUNS["sqs_ok"][0]
-    assert ran["at"] - start >= 2.5  # not at 1 s, when SQS first delivered it
+    assert ran["at"] - start >= 5.0  # not at 1 s, when SQS first delivered it
     assert ran["attempt"] == 1  # forwarding used no try
     sends = spy.of("send_message")
     assert len(sends) >= 2  # forwarded at least once (a new message each time)
@@ -374,10 +375,12 @@ async def test_heartbeats_extend_the_visibility_of_running_jobs(
         driver: Any = app.driver("sqs")
         spy = SpyCalls(driver)
         assert driver.heartbeat_interval == 1.0
-        await sqs_slow.dispatch({"seconds": 4})
+        await sqs_slow.dispatch({"seconds": 5})
         seen_by_other: list[int] = []
 
         async def peek() -> None:
+            while not RUNS.get("sqs_slow_started"):
+                await asyncio.sleep(0.05)
             await asyncio.sleep(3)  # past retry_after: only the heartbeat keeps it hidden
             other = _SPEC["client"]()
             url = driver.queue_url_for("default")

@@ -224,7 +224,7 @@ async def lam_ok(payload: dict, job: JobContext) -> None:
     note("lam_ok", payload, job)
 
 
-@define_job(tries=3, backoff=5)
+@define_job(tries=3, backoff=8)
 async def lam_flaky(payload: dict, job: JobContext) -> None:
     note("lam_flaky", payload, job)
     if job.attempt < 2:
@@ -357,9 +357,11 @@ def body_of(
     return message.id, encode(message)
 
 
-def receive_all(client: Any, url: str, n: int, visibility: int = 30) -> list[dict[str, Any]]:
+def receive_all(
+    client: Any, url: str, n: int, visibility: int = 30, within: float = 15.0
+) -> list[dict[str, Any]]:
     got: list[dict[str, Any]] = []
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + within
     while len(got) < n and time.monotonic() < deadline:
         r = client.receive_message(
             QueueUrl=url,
@@ -518,7 +520,7 @@ def test_sqs_handler_partial_batch_response(lam_app: dict[str, Any]) -> None:
         assert again["Attributes"]["ApproximateReceiveCount"] == "1"
         client.delete_message(QueueUrl=url, ReceiptHandle=again["ReceiptHandle"])
 
-        # The backoff (5 s) ends; the second receive of the flaky job runs as attempt 2.
+        # The backoff (8 s) ends; the second receive of the flaky job runs as attempt 2.
         [flaky] = receive_all(client, url, 1)
         assert json.loads(flaky["Body"])["job"] == "lam_flaky"
         assert flaky["Attributes"]["ApproximateReceiveCount"] == "2"
@@ -684,4 +686,5 @@ def test_http_handler_dispatches_and_rejects(lam_app: dict[str, Any]) -> None:
         status, data = call(ok, bearer, method="GET")
         assert status == 405
     # only the two accepted dispatches reached the queue
-    assert len(receive_all(client, url, 1, visibility=0)) == 1
+    [second] = receive_all(client, url, 5, within=4)  # the first is still invisible (30 s)
+    assert json.loads(second["Body"])["payload"] == {"via": "hmac"}

@@ -18,6 +18,7 @@ deployed.
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -95,6 +96,7 @@ ECR_PULL_ACTIONS = (
     "ecr:BatchCheckLayerAvailability",
 )
 DEFAULT_RUNTIME = "python3.12"
+_SQS_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 def _assume_role(service: str) -> str:
@@ -205,6 +207,13 @@ class HazeSqsQueue(pulumi.ComponentResource):
         )
         if queue_name is not None:
             _check(
+                bool(_SQS_NAME.match(queue_name.removesuffix(".fifo")))
+                and len(queue_name) <= 80 - 4,
+                f"{queue_name!r} is not a valid SQS queue name (letters, digits, - and _; at "
+                "most 76 characters, so that its DLQ's name fits in 80)",
+                f"{name}.queue_name",
+            )
+            _check(
                 fifo == queue_name.endswith(".fifo"),
                 f"the queue name {queue_name!r} must end in .fifo exactly when fifo=True",
                 f"{name}.queue_name",
@@ -312,6 +321,9 @@ class _Function(pulumi.ComponentResource):
         self.policy = aws.iam.RolePolicy(
             f"{name}-policy", role=self.role.id, policy=_policy(allowed), opts=_child(self)
         )
+        variables: Any = {"variables": dict(environment)} if environment else None
+        logging: Any = {"log_format": "Text", "log_group": self.log_group.name}
+        vpc: Any = dict(vpc_config) if vpc_config else None
         self.function = aws.lambda_.Function(
             name,
             code=archive,
@@ -322,9 +334,9 @@ class _Function(pulumi.ComponentResource):
             memory_size=memory_size,
             architectures=architectures,
             description=f"haze: {description}",
-            environment={"variables": dict(environment)} if environment else None,
-            logging_config={"log_format": "Text", "log_group": self.log_group.name},
-            vpc_config=dict(vpc_config) if vpc_config else None,
+            environment=variables,
+            logging_config=logging,
+            vpc_config=vpc,
             reserved_concurrent_executions=reserved_concurrency,
             opts=_child(self, [self.policy, self.log_group]),
         )
@@ -1056,6 +1068,12 @@ class HazeAwsApp(pulumi.ComponentResource):
     ) -> None:
         worker = plan.worker
         assert worker is not None
+        _check(
+            bool(schedule) or container is not None,
+            f"connection {plan.name!r} ({plan.driver}) has no trigger on AWS: pass "
+            "drain_schedule= (a scheduled Lambda drain) or container= (an ECS worker)",
+            f"{name}.connections",
+        )
         if schedule and bundle is not None:
             _check(
                 plan.max_job_timeout is None

@@ -97,7 +97,7 @@ class HazeCloudflareQueue(pulumi.ComponentResource):
                 )
         self.queue_name = queue_name
         self.dlq_name = dlq_name
-        settings = (
+        settings: Any = (
             {"message_retention_period": message_retention_period}
             if message_retention_period is not None
             else None
@@ -282,7 +282,7 @@ class HazeCloudflareWorker(pulumi.ComponentResource):
             )
             for b, title in (kv_namespaces or {}).items()
         }
-        bindings: list[dict[str, Any]] = []
+        bindings: list[Any] = []
         for q in queues:
             bindings.append(
                 {"name": q.binding, "type": "queue", "queue_name": q.queue.queue.queue_name}
@@ -322,7 +322,7 @@ class HazeCloudflareWorker(pulumi.ComponentResource):
             c = q.consumer
             if c is None:
                 continue
-            settings: dict[str, Any] = {
+            settings: Any = {
                 "batch_size": c.max_batch_size,
                 "max_retries": c.retries(),
                 "max_wait_time_ms": int(c.max_batch_timeout * 1000),

@@ -82,6 +82,7 @@ __all__ = [
     "cloudflare_max_retries",
     "container_stop_timeout",
     "drain_margin",
+    "format_text",
     "lambda_timeout",
     "load_app",
     "max_receive_count",
@@ -348,11 +349,13 @@ def _traced_env(reads: dict[str, EnvRead], placeholders: bool, root: Path) -> It
         return value
 
     with _trace_lock:
-        haze.env, haze_config.env = env, env
+        for module in (haze, haze_config):
+            setattr(module, "env", env)  # noqa: B010
         try:
             yield
         finally:
-            haze.env, haze_config.env = original, original
+            for module in (haze, haze_config):
+                setattr(module, "env", original)  # noqa: B010
 
 
 def load_app(root: str | Path) -> tuple[Any, tuple[EnvRead, ...]]:
@@ -686,8 +689,13 @@ def format_text(stack: StackConfig) -> str:
             )
         if c.worker is not None and c.driver != "sqs":
             w = c.worker
+            cap = (
+                f" (Fargate allows {FARGATE_MAX_STOP_TIMEOUT}s)"
+                if w.stop_timeout > FARGATE_MAX_STOP_TIMEOUT
+                else ""
+            )
             lines.append(
-                f"  worker: stop timeout {w.stop_timeout}s; scheduled drain margin "
+                f"  worker: stop timeout {w.stop_timeout}s{cap}; scheduled drain margin "
                 f"{w.drain_margin}s, function timeout {w.drain_function_timeout}s"
             )
     if stack.d1 or stack.kv:

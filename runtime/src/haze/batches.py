@@ -308,10 +308,15 @@ async def dispatch_spec(
     await store.put(_key(batch_id), record, ttl)
     await store.put(_key(batch_id, "total"), total, ttl)
     await store.put(_key(batch_id, "pending"), total, ttl)
+    # The snapshot is read before the jobs are queued: a fast remote worker could
+    # otherwise move it on. Inline (sync) runs and empty batches are read afterwards.
+    queued = total > 0 and not manager.app.driver(spec["connection"]).inline
+    b = await find(manager, batch_id) if queued else None
     await _dispatch_items(manager, batch_id, items, options)
     if total == 0:
         await _finish(manager, batch_id, store)
-    b = await find(manager, batch_id)
+    if b is None:
+        b = await find(manager, batch_id)
     assert b is not None
     # Indexed last: the state above is read back before its TTL can run out.
     await _index(store, batch_id, ttl)

@@ -114,7 +114,7 @@ class JobContext:
         "message",
         "name",
         "queue",
-        "signal",
+        "_signal",
         "tries",
     )
 
@@ -139,7 +139,7 @@ class JobContext:
         self.connection = connection
         self.app = app
         self.message = message
-        self.signal = AbortSignal()
+        self._signal: AbortSignal | None = None
         self._batch = batch
         self._logger: logging.LoggerAdapter[Any] | None = None
         self._release_delay: float | None = None
@@ -147,6 +147,13 @@ class JobContext:
         self._fail_error: BaseException | None = None
         self._chain_prepended: list[PendingDispatch[Any]] | None = None
         self._chain_appended: list[PendingDispatch[Any]] | None = None
+
+    @property
+    def signal(self) -> AbortSignal:
+        """Set when the attempt times out: ``.aborted`` and ``await signal.wait()``."""
+        if self._signal is None:
+            self._signal = AbortSignal()
+        return self._signal
 
     @property
     def logger(self) -> logging.LoggerAdapter[Any]:

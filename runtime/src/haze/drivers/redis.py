@@ -533,22 +533,37 @@ class RedisDriver:
             job, due = await self._claim(link, order)
             if job is not None:
                 return job
-            remaining = deadline - loop.time()
-            if remaining <= 0 or stop.is_set():
-                return None
-            if due:
-                remaining = min(remaining, max(0.001, due / 1000 - time.time()))
-            await self._wait(link, order, remaining, stop)
-            if stop.is_set():
-                return None
+            while True:  # wait for a marker (or a delayed job's due time), then claim again
+                remaining = deadline - loop.time()
+                if remaining <= 0 or stop.is_set():
+                    return None
+                due_first = False
+                if due:
+                    until_due = max(0.001, due / 1000 - time.time())
+                    if until_due <= remaining:
+                        remaining, due_first = until_due, True
+                woke = await self._wait(link, order, remaining, stop)
+                if stop.is_set():
+                    return None
+                if woke or due_first:
+                    break
 
     async def _wait(
         self, link: _Link, queues: list[str], within: float, stop: asyncio.Event
-    ) -> None:
-        """Block on the queues' BullMQ markers (one ``BZPOPMIN`` shared by the slots)."""
+    ) -> bool:
+        """Block on the queues' BullMQ markers, one ``BZPOPMIN`` shared by the slots.
+
+        True when a marker was popped (a job may be waiting): claim again.
+        """
         key = tuple(queues)
         task = link.waits.get(key)
-        if task is None or task.done():
+        if task is not None and task.done():
+            # it completed while nobody was waiting on it: its marker is news
+            del link.waits[key]
+            if not task.cancelled() and task.exception() is None and task.result():
+                return True
+            task = None
+        if task is None:
             markers = [link.scripts(q).keys["marker"] for q in queues]
             task = link.waits[key] = asyncio.ensure_future(
                 link.client.bzpopmin(markers, max(0.001, within)))
@@ -559,11 +574,13 @@ class RedisDriver:
                                return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopper.cancel()
-        if task.done():
-            if link.waits.get(key) is task:
-                del link.waits[key]
-            if not task.cancelled():
-                task.result()  # a connection error reaches the worker, which backs off
+        if not task.done():
+            return False
+        if link.waits.get(key) is task:
+            del link.waits[key]
+        if task.cancelled():
+            return False
+        return bool(task.result())  # a connection error reaches the worker, which backs off
 
     def interrupt(self) -> None:
         """The worker is stopping: end idle waits now and hand prefetched jobs back."""
@@ -702,6 +719,10 @@ class RedisDriver:
     async def _stalled_loop(self, link: _Link) -> None:
         # Ends on ``link.closing`` rather than only on cancellation: redis-py can swallow
         # a cancellation that lands mid-command (redis/redis-py#2028).
+        # the first check waits a little: it only marks active jobs, and a worker that
+        # is starting has better things to do with its first round trips
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(link.closing.wait(), min(1.0, self.stalled_interval))
         while not link.closing.is_set():
             try:
                 await self.check_stalled()

@@ -1,0 +1,221 @@
+"""SQL-queue benchmarks, side by side in one run: haze's database driver (SQLite,
+PostgreSQL, MariaDB) against Procrastinate and a raw ``SKIP LOCKED`` loop on the same
+PostgreSQL.
+
+    python bench/sql.py [--n 5000] [--lat-n 1000] [--rate 200] [--only haze-postgres,...]
+
+Method (the one of shared/tools/peerbench, per peer):
+  * enqueue/s: one producer process, N single enqueues with the library's normal API;
+  * bulk/s: the library's bulk API in chunks of 1,000 (haze: ``Queue.bulk``);
+  * drain/s: N jobs queued first, then ONE worker process; rate = (N-1) / (last job start
+    - first job start), so start-up is excluded;
+  * latency: a worker running and warmed; LAT_N jobs enqueued one at a time at RATE/s;
+    latency = job start - time right before the enqueue call.
+Each no-op job appends (t_enq, t_start) to a record file (peers/records.py).
+Procrastinate runs from its own venv (``bench/setup_peers.sh`` creates it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PEERS = HERE / "peers"
+sys.path.insert(0, str(PEERS))
+import records  # noqa: E402
+
+PG_ADMIN = os.environ.get("BENCH_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_DSN = os.environ.get("BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/haze_bench")
+MY_URL = os.environ.get("BENCH_MYSQL_URL", "mysql://root@127.0.0.1:3306/haze_bench")
+PROCRASTINATE_PY = HERE / ".venvs" / "procrastinate" / "bin" / "python"
+
+
+def peers() -> dict[str, dict[str, object]]:
+    haze = [sys.executable, str(PEERS / "haze_sql.py")]
+    conc = os.environ.get("BENCH_CONCURRENCY", "8")
+    return {
+        "raw-pg": {"cmd": [sys.executable, str(PEERS / "raw_pg.py")], "backend": "postgres",
+                   "desc": "1x1 SKIP LOCKED loop + LISTEN", "env": {}},
+        "procrastinate": {"cmd": [str(PROCRASTINATE_PY), str(PEERS / "procrastinate_peer.py")],
+                          "backend": "postgres", "desc": "1x1 asyncio (its default)", "env": {}},
+        "haze-postgres": {"cmd": haze, "backend": "postgres", "desc": f"1x{conc} asyncio",
+                          "env": {"BENCH_DB_URL": PG_DSN}},
+        "haze-sqlite": {"cmd": haze, "backend": "sqlite", "desc": f"1x{conc} asyncio",
+                        "env": {"BENCH_DB_URL": "sqlite:////tmp/haze-bench/q.db"}},
+        "haze-mariadb": {"cmd": haze, "backend": "mariadb", "desc": f"1x{conc} asyncio",
+                         "env": {"BENCH_DB_URL": MY_URL}},
+    }
+
+
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"BENCH_PG_DSN": PG_DSN, "BENCH_RECORDS": records.RECORD_FILE,
+                "PYTHONPATH": str(PEERS)})
+    env.update(extra)
+    env.pop("PYTEST_CURRENT_TEST", None)
+    return env
+
+
+def run(peer: dict[str, object], *args: str, timeout: float = 600) -> dict[str, object]:
+    out = subprocess.run([*peer["cmd"], *args], env=_env(peer["env"]), cwd=PEERS,  # type: ignore[misc]
+                         capture_output=True, text=True, timeout=timeout)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            result: dict[str, object] = json.loads(line[7:])
+            return result
+    if out.returncode == 0:
+        return {}
+    raise RuntimeError(f"{peer['cmd']} {args} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+
+
+def worker_cmd(peer: dict[str, object]) -> list[str]:
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import importlib; " \
+           "print('\\0'.join(importlib.import_module(sys.argv[2]).worker_cmd()))"
+    script = Path(peer["cmd"][1]).stem  # type: ignore[index]
+    out = subprocess.run([peer["cmd"][0], "-c", code, str(PEERS), script],  # type: ignore[index]
+                         env=_env(peer["env"]), cwd=PEERS, capture_output=True, text=True,
+                         check=True)
+    return out.stdout.strip().split("\0")
+
+
+def start_worker(peer: dict[str, object]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(worker_cmd(peer), env=_env(peer["env"]), cwd=PEERS,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def wait_records(n: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if records.count() >= n:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def measure(name: str, peer: dict[str, object], n: int, lat_n: int, rate: float) -> dict[str, object]:
+    res: dict[str, object] = {"peer": name, "desc": peer["desc"]}
+    run(peer, "clean")
+    records.reset()
+    res["enqueue"] = run(peer, "enqueue", str(n))["rate"]
+    w = start_worker(peer)
+    ok = wait_records(n, 300)
+    stop(w)
+    recs = sorted(r[1] for r in records.read())
+    res["drain"] = (len(recs) - 1) / (recs[-1] - recs[0]) if ok and len(recs) > 1 else None
+    run(peer, "clean")
+    res["bulk"] = run(peer, "bulk", str(n))["rate"]
+    run(peer, "clean")
+    records.reset()
+    w = start_worker(peer)
+    try:
+        run(peer, "enqueue", "20")
+        wait_records(20, 60)
+        time.sleep(1.0)
+        records.reset()
+        run(peer, "latency", str(lat_n), str(rate))
+        wait_records(lat_n, 60)
+    finally:
+        stop(w)
+    lat = sorted((s - e) * 1000 for e, s in records.read())
+    if lat:
+        res["p50"] = statistics.median(lat)
+        res["p99"] = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+    run(peer, "clean")
+    return res
+
+
+def prepare() -> None:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN, autocommit=True) as c:
+        if not c.execute("SELECT 1 FROM pg_database WHERE datname = 'haze_bench'").fetchone():
+            c.execute("CREATE DATABASE haze_bench")
+    try:
+        import pymysql
+
+        conn = pymysql.connect(host="127.0.0.1", user="root", port=3306)
+        conn.cursor().execute("CREATE DATABASE IF NOT EXISTS haze_bench")
+        conn.close()
+    except Exception as e:  # MariaDB missing: its row is skipped
+        print(f"mariadb unavailable: {e}", file=sys.stderr)
+    Path("/tmp/haze-bench").mkdir(exist_ok=True)
+
+
+def fmt(v: object, digits: int = 0) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:,.{digits}f}" if isinstance(v, (int, float)) else str(v)
+
+
+def table(rows: list[dict[str, object]]) -> str:
+    base = {r["peer"]: r for r in rows}
+    proc = base.get("procrastinate", {})
+    raw = base.get("raw-pg", {})
+    lines = ["| peer | procs x conc | enqueue/s | bulk/s | drain/s | drain vs procrastinate "
+             "| drain vs raw | enqueue vs raw | latency p50 / p99 ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        def ratio(a: object, b: object) -> str:
+            return f"{a / b:.2f}x" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else "-"
+        lines.append(
+            f"| {r['peer']} | {r['desc']} | {fmt(r.get('enqueue'))} | {fmt(r.get('bulk'))} | "
+            f"{fmt(r.get('drain'))} | {ratio(r.get('drain'), proc.get('drain'))} | "
+            f"{ratio(r.get('drain'), raw.get('drain'))} | {ratio(r.get('enqueue'), raw.get('enqueue'))} | "
+            f"{fmt(r.get('p50'), 1)} / {fmt(r.get('p99'), 1)} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=5000)
+    ap.add_argument("--lat-n", type=int, default=1000)
+    ap.add_argument("--rate", type=float, default=200.0)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    prepare()
+    chosen = [p for p in peers() if not args.only or p in args.only.split(",")]
+    rows = []
+    for name in chosen:
+        peer = peers()[name]
+        if name == "procrastinate" and not PROCRASTINATE_PY.exists():
+            print("procrastinate venv missing: run bench/setup_peers.sh", file=sys.stderr)
+            continue
+        print(f"== {name}", file=sys.stderr, flush=True)
+        try:
+            rows.append(measure(name, peer, args.n, args.lat_n, args.rate))
+        except Exception as e:
+            print(f"{name} failed: {e}", file=sys.stderr)
+            rows.append({"peer": name, "desc": f"failed: {type(e).__name__}"})
+    print(table(rows))
+    load = os.getloadavg()[0]
+    print(f"\nN={args.n}, latency {args.lat_n} jobs at {args.rate:g}/s; one worker process each; "
+          f"1-min load {load:.1f} on {os.cpu_count()} CPUs.")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
