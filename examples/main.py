@@ -51,17 +51,17 @@ async def main() -> None:
             [resize_image.with_({"post_id": 7}), publish_post.with_({"post_id": 7}),
              notify_author.with_({"post_id": 7})]
         ).dispatch()
-        console.print(f"chain    {chain.chain_id[:8]}: resize_image → publish_post → notify_author")
+        console.print(f"chain    {chain.chain_id[-8:]}: resize_image → publish_post → notify_author")
         batch = await (
             Queue.batch([import_rows.with_({"row": i}) for i in range(60)])
             .name("customers.csv")
             .then(import_finished.with_({"name": "customers.csv"}))
             .dispatch()
         )
-        console.print(f"batch    {batch.id[:8]}: {batch.total} import_rows jobs")
+        console.print(f"batch    {batch.id[-8:]}: {batch.total} import_rows jobs")
         first = await sync_feed.with_({"feed_id": 1}).dispatch()
         second = await sync_feed.with_({"feed_id": 1}).dispatch()
-        console.print(f"unique   sync_feed #1 queued ({first.id[:8]}); "
+        console.print(f"unique   sync_feed #1 queued ({first.id[-8:]}); "
                       f"second dispatch skipped={second.skipped}")
         await charge_card.dispatch({"card": "4000-0000-0000-0002"})
         console.print("failing  charge_card (2 tries)")

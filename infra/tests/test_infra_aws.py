@@ -340,6 +340,25 @@ def test_a_database_connection_needs_a_trigger(inf_stack: StackConfig) -> None:
         deploy(lambda: HazeAwsApp("inf", stack=inf_stack, connections=["database"]))
 
 
+def test_jobs_longer_than_lambda_go_to_a_container_worker(inf_stack: StackConfig) -> None:
+    plan = inf_stack.connections["sqs"]
+    slow = replace(inf_stack, connections={"sqs": replace(plan, max_job_timeout=1200.0)})
+    mocks = deploy(lambda: HazeAwsApp("inf", stack=slow, container=CONTAINER))
+    assert not mocks.of(FUNCTION)
+    (container,) = json.loads(
+        mocks.one("aws:ecs/taskDefinition:TaskDefinition").inputs["containerDefinitions"]
+    )
+    assert container["command"][:4] == ["haze", "queue:work", "--connection", "sqs"]
+    names = {e["name"] for e in container["environment"]}
+    assert "INF_SQS_URL" in names
+    for q in mocks.of(QUEUE):
+        if "redrivePolicy" in q.inputs:
+            assert q.inputs["visibilityTimeoutSeconds"] == 90  # the connection's retry_after
+    task_policy = policy_of(mocks, "inf-sqs-worker-task-policy")
+    sources = {q.outputs["arn"] for q in mocks.of(QUEUE) if "redrivePolicy" in q.inputs}
+    assert {r for st in task_policy["Statement"] for r in st["Resource"]} == sources
+
+
 def test_a_missing_bundle_says_to_build_first(inf_stack: StackConfig, tmp_path: Path) -> None:
     with pytest.raises(InfraConfigError, match="haze build --preset aws-lambda"):
         deploy(lambda: HazeAwsApp("inf", stack=inf_stack, dist_dir=tmp_path))

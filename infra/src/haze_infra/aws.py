@@ -18,6 +18,7 @@ deployed.
 from __future__ import annotations
 
 import json
+import math
 import re
 import warnings
 from collections.abc import Mapping, Sequence
@@ -981,7 +982,15 @@ class HazeAwsApp(pulumi.ComponentResource):
         window = sqs.batching_window if window is None else window
         if timeout is None:
             timeout = lambda_timeout(plan.max_job_timeout, batch, sqs.concurrency)
-        visibility = min_visibility_timeout(timeout, window) if visibility is None else visibility
+        # Jobs longer than Lambda allows go to a container worker, whose receives ask for
+        # retry_after and whose heartbeat extends it: the queue default only has to match.
+        use_container = timeout > LAMBDA_MAX_TIMEOUT and container is not None
+        if visibility is None:
+            visibility = (
+                math.ceil(sqs.retry_after)
+                if use_container
+                else min_visibility_timeout(timeout, window)
+            )
         suffix = ".fifo" if sqs.fifo else ""
         chosen = f"{prefix}-{plan.name}"
         queues: dict[str, HazeSqsQueue] = {}
@@ -1003,7 +1012,8 @@ class HazeAwsApp(pulumi.ComponentResource):
             template = sqs.queue_url.rstrip("/").rsplit("/", 1)[-1]
         else:
             template = None
-        if timeout > LAMBDA_MAX_TIMEOUT and container is not None:
+        if use_container:
+            assert container is not None
             pulumi.log.warn(
                 f"haze: connection {plan.name}: jobs outlive Lambda; consumed by a "
                 "container worker instead"
