@@ -11,6 +11,15 @@ config = define_queue_config(
             "sleep": "100ms",
             "queues": ["high", "default"],
         },
+        # Deploy targets (infra/examples): SQS behind Lambda, Cloudflare Queues in a Worker.
+        "sqs": {
+            "driver": "sqs",
+            "queue_url": env(
+                "SQS_URL", "https://sqs.eu-west-1.amazonaws.com/000000000000/haze-example-{queue}"
+            ),
+            "queues": ["high", "default"],
+        },
+        "cloudflare": {"driver": "cloudflare", "binding": "QUEUE"},
         "memory": {"driver": "memory", "concurrency": 2},
         "sync": {"driver": "sync"},
     },
