@@ -77,8 +77,13 @@ def entry(
         if name in _registry:
             raise ValueError(f"bench entry {name!r} is registered twice")
         _registry[name] = Entry(
-            name, fn, baseline, group, description or (fn.__doc__ or "").strip().split("\n")[0],
-            dict(targets or {}), skip_reason,
+            name,
+            fn,
+            baseline,
+            group,
+            description or (fn.__doc__ or "").strip().split("\n")[0],
+            dict(targets or {}),
+            skip_reason,
         )
         return fn
 
@@ -212,8 +217,17 @@ def _target(res: Result) -> str:
 
 def table(results: list[Result], n: int) -> str:
     """Markdown table: median (min-max) over repetitions."""
-    rows = [["entry", "us/job wall", "ratio wall", "us/job cpu", "ratio cpu",
-             "phases (wall us/job, median)", "target (cpu)"]]
+    rows = [
+        [
+            "entry",
+            "us/job wall",
+            "ratio wall",
+            "us/job cpu",
+            "ratio cpu",
+            "phases (wall us/job, median)",
+            "target (cpu)",
+        ]
+    ]
     for res in results:
         name = res.entry.name
         if res.skipped or res.error:
@@ -228,15 +242,17 @@ def table(results: list[Result], n: int) -> str:
         phases = " + ".join(
             f"{p} {statistics.median(m.phases[p] / m.n * 1e6 for m in ms):.1f}" for p in phase_names
         )
-        rows.append([
-            name,
-            _spread([m.us_per_job for m in ms], ".2f"),
-            ratio,
-            _spread([m.cpu_us_per_job for m in ms], ".2f"),
-            cpu_ratio,
-            phases,
-            _target(res),
-        ])
+        rows.append(
+            [
+                name,
+                _spread([m.us_per_job for m in ms], ".2f"),
+                ratio,
+                _spread([m.cpu_us_per_job for m in ms], ".2f"),
+                cpu_ratio,
+                phases,
+                _target(res),
+            ]
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for i, r in enumerate(rows):
@@ -245,16 +261,21 @@ def table(results: list[Result], n: int) -> str:
             lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     reps = max((len(r.reps) for r in results), default=0)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    lines.append(f"\nN={n:,} jobs, {reps} rep(s); median (min-max); ratio = us/job over the "
-                 f"baseline's us/job in the same round. {os.cpu_count()} CPUs, 1-min load "
-                 f"{load:.1f} at the end (above ~1, wall-clock includes other processes' time).")
+    lines.append(
+        f"\nN={n:,} jobs, {reps} rep(s); median (min-max); ratio = us/job over the "
+        f"baseline's us/job in the same round. {os.cpu_count()} CPUs, 1-min load "
+        f"{load:.1f} at the end (above ~1, wall-clock includes other processes' time)."
+    )
     return "\n".join(lines)
 
 
 def machine() -> dict[str, Any]:
     try:
         rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
             cwd=os.path.dirname(os.path.abspath(__file__)),
         ).stdout.strip()
     except Exception:

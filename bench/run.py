@@ -1,6 +1,6 @@
 """Run the haze benchmarks and print a table (see bench/README.md).
 
-    python bench/run.py [--only NAME[,NAME]] [--n N] [--reps R] [--json OUT] [--list]
+python bench/run.py [--only NAME[,NAME]] [--n N] [--reps R] [--json OUT] [--list]
 """
 
 from __future__ import annotations
@@ -23,12 +23,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--only", action="append", default=[],
-                        help="entry name(s), comma-separated or repeated; baselines are added")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="entry name(s), comma-separated or repeated; baselines are added",
+    )
     parser.add_argument("--n", type=int, default=100_000, help="jobs per measurement (100,000)")
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each entry (3)")
-    parser.add_argument("--warmup", type=int, default=2000,
-                        help="jobs in the untimed warm-up (2,000)")
+    parser.add_argument(
+        "--warmup", type=int, default=2000, help="jobs in the untimed warm-up (2,000)"
+    )
     parser.add_argument("--json", metavar="OUT", help="also write the raw numbers as JSON")
     parser.add_argument("--list", action="store_true", help="list the entries and exit")
     args = parser.parse_args(argv)

@@ -42,31 +42,58 @@ def peers() -> dict[str, dict[str, object]]:
     haze = [sys.executable, str(PEERS / "haze_sql.py")]
     conc = os.environ.get("BENCH_CONCURRENCY", "8")
     return {
-        "raw-pg": {"cmd": [sys.executable, str(PEERS / "raw_pg.py")], "backend": "postgres",
-                   "desc": "1x1 SKIP LOCKED loop + LISTEN", "env": {}},
-        "procrastinate": {"cmd": [str(PROCRASTINATE_PY), str(PEERS / "procrastinate_peer.py")],
-                          "backend": "postgres", "desc": "1x1 asyncio (its default)", "env": {}},
-        "haze-postgres": {"cmd": haze, "backend": "postgres", "desc": f"1x{conc} asyncio",
-                          "env": {"BENCH_DB_URL": PG_DSN}},
-        "haze-sqlite": {"cmd": haze, "backend": "sqlite", "desc": f"1x{conc} asyncio",
-                        "env": {"BENCH_DB_URL": "sqlite:////tmp/haze-bench/q.db"}},
-        "haze-mariadb": {"cmd": haze, "backend": "mariadb", "desc": f"1x{conc} asyncio",
-                         "env": {"BENCH_DB_URL": MY_URL}},
+        "raw-pg": {
+            "cmd": [sys.executable, str(PEERS / "raw_pg.py")],
+            "backend": "postgres",
+            "desc": "1x1 SKIP LOCKED loop + LISTEN",
+            "env": {},
+        },
+        "procrastinate": {
+            "cmd": [str(PROCRASTINATE_PY), str(PEERS / "procrastinate_peer.py")],
+            "backend": "postgres",
+            "desc": "1x1 asyncio (its default)",
+            "env": {},
+        },
+        "haze-postgres": {
+            "cmd": haze,
+            "backend": "postgres",
+            "desc": f"1x{conc} asyncio",
+            "env": {"BENCH_DB_URL": PG_DSN},
+        },
+        "haze-sqlite": {
+            "cmd": haze,
+            "backend": "sqlite",
+            "desc": f"1x{conc} asyncio",
+            "env": {"BENCH_DB_URL": "sqlite:////tmp/haze-bench/q.db"},
+        },
+        "haze-mariadb": {
+            "cmd": haze,
+            "backend": "mariadb",
+            "desc": f"1x{conc} asyncio",
+            "env": {"BENCH_DB_URL": MY_URL},
+        },
     }
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"BENCH_PG_DSN": PG_DSN, "BENCH_RECORDS": records.RECORD_FILE,
-                "PYTHONPATH": str(PEERS)})
+    env.update(
+        {"BENCH_PG_DSN": PG_DSN, "BENCH_RECORDS": records.RECORD_FILE, "PYTHONPATH": str(PEERS)}
+    )
     env.update(extra)
     env.pop("PYTEST_CURRENT_TEST", None)
     return env
 
 
 def run(peer: dict[str, object], *args: str, timeout: float = 600) -> dict[str, object]:
-    out = subprocess.run([*peer["cmd"], *args], env=_env(peer["env"]), cwd=PEERS,  # type: ignore[misc]
-                         capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(
+        [*peer["cmd"], *args],
+        env=_env(peer["env"]),
+        cwd=PEERS,  # type: ignore[misc]
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             result: dict[str, object] = json.loads(line[7:])
@@ -77,19 +104,31 @@ def run(peer: dict[str, object], *args: str, timeout: float = 600) -> dict[str, 
 
 
 def worker_cmd(peer: dict[str, object]) -> list[str]:
-    code = "import sys; sys.path.insert(0, sys.argv[1]); import importlib; " \
-           "print('\\0'.join(importlib.import_module(sys.argv[2]).worker_cmd()))"
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import importlib; "
+        "print('\\0'.join(importlib.import_module(sys.argv[2]).worker_cmd()))"
+    )
     script = Path(peer["cmd"][1]).stem  # type: ignore[index]
-    out = subprocess.run([peer["cmd"][0], "-c", code, str(PEERS), script],  # type: ignore[index]
-                         env=_env(peer["env"]), cwd=PEERS, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [peer["cmd"][0], "-c", code, str(PEERS), script],  # type: ignore[index]
+        env=_env(peer["env"]),
+        cwd=PEERS,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.strip().split("\0")
 
 
 def start_worker(peer: dict[str, object]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(worker_cmd(peer), env=_env(peer["env"]), cwd=PEERS,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    return subprocess.Popen(
+        worker_cmd(peer),
+        env=_env(peer["env"]),
+        cwd=PEERS,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -113,7 +152,9 @@ def wait_records(n: int, timeout: float) -> bool:
     return False
 
 
-def measure(name: str, peer: dict[str, object], n: int, lat_n: int, rate: float) -> dict[str, object]:
+def measure(
+    name: str, peer: dict[str, object], n: int, lat_n: int, rate: float
+) -> dict[str, object]:
     res: dict[str, object] = {"peer": name, "desc": peer["desc"]}
     run(peer, "clean")
     records.reset()
@@ -172,16 +213,25 @@ def table(rows: list[dict[str, object]]) -> str:
     base = {r["peer"]: r for r in rows}
     proc = base.get("procrastinate", {})
     raw = base.get("raw-pg", {})
-    lines = ["| peer | procs x conc | enqueue/s | bulk/s | drain/s | drain vs procrastinate "
-             "| drain vs raw | enqueue vs raw | latency p50 / p99 ms |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| peer | procs x conc | enqueue/s | bulk/s | drain/s | drain vs procrastinate "
+        "| drain vs raw | enqueue vs raw | latency p50 / p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
+
         def ratio(a: object, b: object) -> str:
-            return f"{a / b:.2f}x" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else "-"
+            return (
+                f"{a / b:.2f}x"
+                if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b
+                else "-"
+            )
+
         lines.append(
             f"| {r['peer']} | {r['desc']} | {fmt(r.get('enqueue'))} | {fmt(r.get('bulk'))} | "
             f"{fmt(r.get('drain'))} | {ratio(r.get('drain'), proc.get('drain'))} | "
-            f"{ratio(r.get('drain'), raw.get('drain'))} | {ratio(r.get('enqueue'), raw.get('enqueue'))} | "
+            f"{ratio(r.get('drain'), raw.get('drain'))} | "
+            f"{ratio(r.get('enqueue'), raw.get('enqueue'))} | "
             f"{fmt(r.get('p50'), 1)} / {fmt(r.get('p99'), 1)} |"
         )
     return "\n".join(lines)
@@ -211,8 +261,10 @@ def main() -> None:
             rows.append({"peer": name, "desc": f"failed: {type(e).__name__}"})
     print(table(rows))
     load = os.getloadavg()[0]
-    print(f"\nN={args.n}, latency {args.lat_n} jobs at {args.rate:g}/s; one worker process each; "
-          f"1-min load {load:.1f} on {os.cpu_count()} CPUs.")
+    print(
+        f"\nN={args.n}, latency {args.lat_n} jobs at {args.rate:g}/s; one worker process each; "
+        f"1-min load {load:.1f} on {os.cpu_count()} CPUs."
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

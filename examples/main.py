@@ -18,11 +18,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from haze import App, Db, Queue
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
-
-from haze import App, Db, Queue
 
 ROOT = Path(__file__).resolve().parent
 console = Console()
@@ -48,10 +47,15 @@ async def main() -> None:
 
         console.rule(f"dispatching on the {app.queue_config.default!r} connection")
         chain = await Queue.chain(
-            [resize_image.with_({"post_id": 7}), publish_post.with_({"post_id": 7}),
-             notify_author.with_({"post_id": 7})]
+            [
+                resize_image.with_({"post_id": 7}),
+                publish_post.with_({"post_id": 7}),
+                notify_author.with_({"post_id": 7}),
+            ]
         ).dispatch()
-        console.print(f"chain    {chain.chain_id[-8:]}: resize_image → publish_post → notify_author")
+        console.print(
+            f"chain    {chain.chain_id[-8:]}: resize_image → publish_post → notify_author"
+        )
         batch = await (
             Queue.batch([import_rows.with_({"row": i}) for i in range(60)])
             .name("customers.csv")
@@ -61,14 +65,23 @@ async def main() -> None:
         console.print(f"batch    {batch.id[-8:]}: {batch.total} import_rows jobs")
         first = await sync_feed.with_({"feed_id": 1}).dispatch()
         second = await sync_feed.with_({"feed_id": 1}).dispatch()
-        console.print(f"unique   sync_feed #1 queued ({first.id[-8:]}); "
-                      f"second dispatch skipped={second.skipped}")
+        console.print(
+            f"unique   sync_feed #1 queued ({first.id[-8:]}); "
+            f"second dispatch skipped={second.skipped}"
+        )
         await charge_card.dispatch({"card": "4000-0000-0000-0002"})
         console.print("failing  charge_card (2 tries)")
 
         console.rule("working")
-        worker = haze_cli("queue:work", "--stop-when-empty", "--concurrency", "4",
-                          "--queue", "high,default", quiet=True)
+        worker = haze_cli(
+            "queue:work",
+            "--stop-when-empty",
+            "--concurrency",
+            "4",
+            "--queue",
+            "high,default",
+            quiet=True,
+        )
         columns = (TextColumn("batch {task.description}"), BarColumn(), MofNCompleteColumn())
         with Progress(*columns, console=console) as bar:
             task = bar.add_task(batch.name or batch.id, total=batch.total)
@@ -88,12 +101,15 @@ async def main() -> None:
         ):
             table.add_row(job, str(attempt), what)
         console.print(table)
-        console.print(f"batch    {fresh.name}: {fresh.processed}/{fresh.total} processed, "
-                      f"{fresh.failed} failed, finished={fresh.finished}")
+        console.print(
+            f"batch    {fresh.name}: {fresh.processed}/{fresh.total} processed, "
+            f"{fresh.failed} failed, finished={fresh.finished}"
+        )
         for f in await Queue.failed():
             console.print(f"failed   {f.name}: {f.exception.strip().splitlines()[-1]}")
-        console.print(f"left     {await Queue.size('default') + await Queue.size('high')} "
-                      "queued jobs")
+        console.print(
+            f"left     {await Queue.size('default') + await Queue.size('high')} queued jobs"
+        )
 
 
 if __name__ == "__main__":

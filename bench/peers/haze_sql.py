@@ -9,10 +9,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from records import emit, paced  # noqa: E402
-
 from haze import App, Queue  # noqa: E402
 from haze.database.migrations import ensure_queue_tables  # noqa: E402
+from records import emit  # noqa: E402
 
 
 async def _app() -> App:
@@ -80,8 +79,18 @@ def clean() -> None:
 
 
 def worker_cmd() -> list[str]:
-    return [sys.executable, "-m", "haze.cli", "--root", str(HERE / "app"), "queue:work",
-            "--connection", "db", "--queue", "bench"]
+    return [
+        sys.executable,
+        "-m",
+        "haze.cli",
+        "--root",
+        str(HERE / "app"),
+        "queue:work",
+        "--connection",
+        "db",
+        "--queue",
+        "bench",
+    ]
 
 
 if __name__ == "__main__":

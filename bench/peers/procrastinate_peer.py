@@ -10,8 +10,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import procrastinate  # noqa: E402
-from records import emit, record  # noqa: E402
+import procrastinate
+from records import emit, record
 
 DSN = os.environ["BENCH_PG_DSN"]
 app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=DSN))
@@ -39,7 +39,9 @@ def bulk(n: str) -> None:
         async with app.open_async():
             t0 = time.perf_counter()
             for s in range(0, int(n), 1000):
-                await noop.batch_defer_async(*({"t": time.time()} for _ in range(min(1000, int(n) - s))))
+                await noop.batch_defer_async(
+                    *({"t": time.time()} for _ in range(min(1000, int(n) - s)))
+                )
             dt = time.perf_counter() - t0
         emit(n=int(n), seconds=dt, rate=int(n) / dt)
 
@@ -67,16 +69,27 @@ def clean() -> None:
         if c.execute("select to_regclass('procrastinate_jobs')").fetchone()[0] is None:
             import subprocess
 
-            subprocess.check_call([os.path.join(os.path.dirname(sys.executable), "procrastinate"),
-                                   "--app=procrastinate_peer.app", "schema", "--apply"],
-                                  cwd=os.path.dirname(os.path.abspath(__file__)))
+            subprocess.check_call(
+                [
+                    os.path.join(os.path.dirname(sys.executable), "procrastinate"),
+                    "--app=procrastinate_peer.app",
+                    "schema",
+                    "--apply",
+                ],
+                cwd=os.path.dirname(os.path.abspath(__file__)),
+            )
         else:
             c.execute("TRUNCATE procrastinate_jobs CASCADE")
 
 
 def worker_cmd() -> list[str]:
-    return [os.path.join(os.path.dirname(sys.executable), "procrastinate"),
-            "--app=procrastinate_peer.app", "worker", "--queues", "bench"]
+    return [
+        os.path.join(os.path.dirname(sys.executable), "procrastinate"),
+        "--app=procrastinate_peer.app",
+        "worker",
+        "--queues",
+        "bench",
+    ]
 
 
 if __name__ == "__main__":

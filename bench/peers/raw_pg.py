@@ -7,8 +7,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import psycopg  # noqa: E402
-from records import emit, record  # noqa: E402
+import psycopg
+from records import emit, record
 
 DSN = os.environ["BENCH_PG_DSN"]
 
@@ -19,7 +19,9 @@ def _conn() -> psycopg.Connection:
 
 def clean() -> None:
     with _conn() as c:
-        c.execute("CREATE TABLE IF NOT EXISTS raw_jobs (id BIGSERIAL PRIMARY KEY, body TEXT NOT NULL)")
+        c.execute(
+            "CREATE TABLE IF NOT EXISTS raw_jobs (id BIGSERIAL PRIMARY KEY, body TEXT NOT NULL)"
+        )
         c.execute("TRUNCATE raw_jobs")
 
 
@@ -55,8 +57,10 @@ def latency(n: str, rate: str) -> None:
 
 
 def worker() -> None:
-    claim = ("DELETE FROM raw_jobs WHERE id = (SELECT id FROM raw_jobs ORDER BY id "
-             "FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING body")
+    claim = (
+        "DELETE FROM raw_jobs WHERE id = (SELECT id FROM raw_jobs ORDER BY id "
+        "FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING body"
+    )
     with _conn() as c, _conn() as listener:
         listener.execute("LISTEN raw_jobs")
         while True:

@@ -94,7 +94,7 @@ async def test_discovered_jobs_dispatch_by_name(tmp_path: Path) -> None:
             ran.append(payload)
         """,
     )
-    root = tmp_path.resolve()  # noqa: ASYNC240
+    root = tmp_path.resolve()
     async with App(root=tmp_path) as app:
         await Queue.dispatch(f"disc_run_{uid}", {"n": 1})
         await Queue.idle()

@@ -8,10 +8,17 @@ import time
 from typing import Any
 
 import pytest
+from haze import (
+    Batch,
+    BatchFinishedError,
+    HazeError,
+    JobContext,
+    Queue,
+    define_cache_config,
+    define_job,
+)
 
-from haze import Batch, BatchFinishedError, HazeError, JobContext, Queue, define_cache_config, define_job
-
-# ---------------------------------------------------------------------------- jobs
+# ---------------------------------------- jobs
 
 LOG: list[tuple[str, Any]] = []
 IDS: dict[Any, str] = {}  # payload marker -> job id
@@ -169,12 +176,16 @@ async def the_batch() -> Batch:
     return b
 
 
-# ---------------------------------------------------------------------------- fields
+# ---------------------------------------- fields
 
 
 async def test_every_field_of_a_finished_batch(app, done):
     before = time.time()
-    batch = await Queue.batch([bt_ok.with_(1), bt_ok.with_(2), bt_ok.with_(3)]).name("import").dispatch()
+    batch = (
+        await Queue.batch([bt_ok.with_(1), bt_ok.with_(2), bt_ok.with_(3)])
+        .name("import")
+        .dispatch()
+    )
     assert isinstance(batch, Batch)
     assert isinstance(batch.id, str) and batch.id
     assert batch.name == "import" and batch.total == 3
@@ -182,7 +193,14 @@ async def test_every_field_of_a_finished_batch(app, done):
     await done()
     b = await Queue.find_batch(batch.id)
     assert b is not None
-    assert (b.id, b.name, b.total, b.pending, b.processed, b.failed) == (batch.id, "import", 3, 0, 3, 0)
+    assert (b.id, b.name, b.total, b.pending, b.processed, b.failed) == (
+        batch.id,
+        "import",
+        3,
+        0,
+        3,
+        0,
+    )
     assert b.progress == 100 and isinstance(b.progress, int)
     assert b.finished is True and b.finished_at is not None and b.finished_at >= b.created_at
     assert b.cancelled is False and b.cancelled_at is None
@@ -210,9 +228,11 @@ async def test_fields_before_the_jobs_run(make_app, done):
 async def test_progress_is_an_int_rounded_down(make_app, done):
     seen: list[int] = []
     async with make_app(concurrency=1) as app:
-        await Queue.batch([bt_ok.with_(i) for i in range(3)]).progress(
-            lambda b: seen.append(b.progress)
-        ).dispatch()
+        await (
+            Queue.batch([bt_ok.with_(i) for i in range(3)])
+            .progress(lambda b: seen.append(b.progress))
+            .dispatch()
+        )
         await done(app)
     assert sorted(seen) == [33, 66, 100]
     assert all(type(p) is int for p in seen)
@@ -229,16 +249,30 @@ def test_progress_property_floor_and_bounds():
 async def test_to_dict_is_json_ready(app, done, quietly, driver):
     c = Calls(driver)
     await quietly(  # sync raises the member's failure to the caller, after the batch ended
-        Queue.batch([bt_ok.with_(1), bt_bad.with_(2)]).name("d").allow_failures()
-        .finally_(c.cb("finally")).dispatch()
+        Queue.batch([bt_ok.with_(1), bt_bad.with_(2)])
+        .name("d")
+        .allow_failures()
+        .finally_(c.cb("finally"))
+        .dispatch()
     )
     await done()
     b = await the_batch()
     assert c.n("finally") == 1
     d = b.to_dict()
     assert set(d) >= {
-        "id", "name", "total", "pending", "processed", "failed", "progress", "finished",
-        "finished_at", "cancelled", "cancelled_at", "created_at", "failed_job_ids",
+        "id",
+        "name",
+        "total",
+        "pending",
+        "processed",
+        "failed",
+        "progress",
+        "finished",
+        "finished_at",
+        "cancelled",
+        "cancelled_at",
+        "created_at",
+        "failed_job_ids",
     }
     assert json.loads(json.dumps(d)) == d
     assert d["id"] == b.id and d["name"] == "d" and d["total"] == 2
@@ -261,13 +295,17 @@ async def test_fresh_reads_the_state_again(app, done, driver):
         assert batch.pending == 2 and not batch.finished  # the snapshot did not change
 
 
-# ---------------------------------------------------------------------------- callbacks
+# ---------------------------------------- callbacks
 
 
 async def test_then_and_finally_once_when_all_succeed_job_references(app, done):
-    await Queue.batch([bt_ok.with_(i) for i in range(4)]).then(bt_record.with_("then")).catch(
-        bt_record.with_("catch")
-    ).finally_(bt_record.with_("finally")).dispatch()
+    await (
+        Queue.batch([bt_ok.with_(i) for i in range(4)])
+        .then(bt_record.with_("then"))
+        .catch(bt_record.with_("catch"))
+        .finally_(bt_record.with_("finally"))
+        .dispatch()
+    )
     await done()
     assert count("record", "then") == 1
     assert count("record", "finally") == 1
@@ -302,9 +340,13 @@ async def test_callback_shapes_for_functions(app, done, quietly, driver):
 @pytest.mark.requires("local_callbacks")
 async def test_then_receives_the_finished_batch(app, done, driver):
     c = Calls(driver)
-    batch = await Queue.batch([bt_ok.with_(1)]).name("t").then(c.cb("then")).finally_(
-        c.cb("finally")
-    ).dispatch()
+    batch = (
+        await Queue.batch([bt_ok.with_(1)])
+        .name("t")
+        .then(c.cb("then"))
+        .finally_(c.cb("finally"))
+        .dispatch()
+    )
     await done()
     ((b,),) = c.calls["then"]
     assert b.id == batch.id and b.name == "t" and b.finished and b.pending == 0
@@ -371,16 +413,22 @@ async def test_allow_failures_runs_every_job(make_app, done, quietly, driver):
     assert c.n("failure") == 2  # allow_failures(callback): every failure
     if c.local:
         assert str(c.calls["catch"][0][1]) == "bad 1"
-        assert all(isinstance(b, Batch) and isinstance(e, RuntimeError) for b, e in c.calls["failure"])
+        assert all(
+            isinstance(b, Batch) and isinstance(e, RuntimeError) for b, e in c.calls["failure"]
+        )
     assert c.n("finally") == 1
 
 
 @pytest.mark.requires("retries")
 async def test_member_retried_to_success_is_not_a_failure(app, done, driver):
     c = Calls(driver)
-    batch = await Queue.batch([bt_flaky.with_(1), bt_ok.with_(2)]).then(c.cb("then")).catch(
-        c.cb("catch")
-    ).finally_(c.cb("finally")).dispatch()
+    batch = (
+        await Queue.batch([bt_flaky.with_(1), bt_ok.with_(2)])
+        .then(c.cb("then"))
+        .catch(c.cb("catch"))
+        .finally_(c.cb("finally"))
+        .dispatch()
+    )
     await done()
     b = await batch.fresh()
     assert count("flaky_attempt") == 3
@@ -413,15 +461,20 @@ async def test_callbacks_reject_non_callables(app):
         Queue.batch([bt_ok.with_(1)]).name("")
 
 
-# ---------------------------------------------------------------------------- cancel / add / job.batch()
+# ---------------------------------------- cancel / add / job.batch()
 
 
 async def test_cancel_from_a_job_skips_not_started_jobs(make_app, done, driver):
     c = Calls(driver)
     async with make_app(concurrency=1) as app:
-        batch = await Queue.batch(
-            [bt_cancel_self.with_(0), bt_ok.with_(1), bt_ok.with_(2), bt_ok.with_(3)]
-        ).then(c.cb("then")).finally_(c.cb("finally")).dispatch()
+        batch = (
+            await Queue.batch(
+                [bt_cancel_self.with_(0), bt_ok.with_(1), bt_ok.with_(2), bt_ok.with_(3)]
+            )
+            .then(c.cb("then"))
+            .finally_(c.cb("finally"))
+            .dispatch()
+        )
         await done(app)
         b = await batch.fresh()
     assert count("cancelled_by_job") == 1 and count("ok") == 0
@@ -435,9 +488,12 @@ async def test_cancel_from_outside_while_a_job_runs(make_app, done, driver):
     STATE["gate_started"], STATE["gate_open"] = asyncio.Event(), asyncio.Event()
     c = Calls(driver)
     async with make_app(concurrency=1) as app:
-        batch = await Queue.batch([bt_gate.with_(0), bt_ok.with_(1), bt_ok.with_(2)]).then(
-            c.cb("then")
-        ).finally_(c.cb("finally")).dispatch()
+        batch = (
+            await Queue.batch([bt_gate.with_(0), bt_ok.with_(1), bt_ok.with_(2)])
+            .then(c.cb("then"))
+            .finally_(c.cb("finally"))
+            .dispatch()
+        )
         await asyncio.wait_for(STATE["gate_started"].wait(), 5)
         await batch.cancel()
         assert batch.cancelled and batch.cancelled_at is not None
@@ -509,11 +565,13 @@ async def test_job_batch_is_none_outside_a_batch(app, done):
     assert SNAPSHOTS == [None]
 
 
-# ---------------------------------------------------------------------------- options
+# ---------------------------------------- options
 
 
 async def test_batch_members_ignore_unique(app, done):
-    batch = await Queue.batch([bt_unique.with_(1), bt_unique.with_(2), bt_unique.with_(3)]).dispatch()
+    batch = await Queue.batch(
+        [bt_unique.with_(1), bt_unique.with_(2), bt_unique.with_(3)]
+    ).dispatch()
     await done()
     assert count("unique") == 3
     assert (await batch.fresh()).processed == 3
@@ -525,9 +583,17 @@ async def test_batch_members_ignore_unique(app, done):
 
 
 async def test_batch_on_queue_and_member_own_queue(app, done):
-    await Queue.batch(
-        [bt_queued.with_(1), bt_queued.with_(2).on_queue("q2"), bt_queued.with_(3).on_connection("other")]
-    ).on_queue("q1").dispatch()
+    await (
+        Queue.batch(
+            [
+                bt_queued.with_(1),
+                bt_queued.with_(2).on_queue("q2"),
+                bt_queued.with_(3).on_connection("other"),
+            ]
+        )
+        .on_queue("q1")
+        .dispatch()
+    )
     await done()
     got = {p: (q, c) for k, (p, q, c) in LOG if k == "queued"}
     assert got[1] == ("q1", "main")
@@ -541,15 +607,20 @@ async def test_batch_without_on_queue_uses_define_job_queue(app, done):
     assert [x for x in LOG if x[0] == "queued"] == [("queued", (1, "bt_jobq", "main"))]
 
 
-# ---------------------------------------------------------------------------- chains inside batches
+# ---------------------------------------- chains inside batches
 
 
 async def test_chains_inside_a_batch(make_app, done, driver):
     c = Calls(driver)
     async with make_app(concurrency=1) as app:
-        batch = await Queue.batch(
-            [[bt_ok.with_("a1"), bt_ok.with_("a2"), bt_ok.with_("a3")], bt_ok.with_("b")]
-        ).then(c.cb("then")).finally_(c.cb("finally")).dispatch()
+        batch = (
+            await Queue.batch(
+                [[bt_ok.with_("a1"), bt_ok.with_("a2"), bt_ok.with_("a3")], bt_ok.with_("b")]
+            )
+            .then(c.cb("then"))
+            .finally_(c.cb("finally"))
+            .dispatch()
+        )
         assert batch.total == 4
         await done(app)
         b = await batch.fresh()
@@ -564,7 +635,9 @@ async def test_failing_link_of_a_chain_inside_a_batch(make_app, done, quietly, d
     c = Calls(driver)
     async with make_app(concurrency=1) as app:
         await quietly(
-            Queue.batch([[bt_ok.with_("a1"), bt_bad.with_("a2"), bt_ok.with_("a3")], bt_ok.with_("b")])
+            Queue.batch(
+                [[bt_ok.with_("a1"), bt_bad.with_("a2"), bt_ok.with_("a3")], bt_ok.with_("b")]
+            )
             .allow_failures()
             .then(c.cb("then"))
             .catch(c.cb("catch"))
@@ -586,7 +659,7 @@ async def test_nested_chains_in_a_batch_chain_are_refused(app):
         Queue.batch([[]])
 
 
-# ---------------------------------------------------------------------------- store and ttl
+# ---------------------------------------- store and ttl
 
 
 async def test_state_lives_in_batches_store_with_batches_ttl(make_app, done):
@@ -629,7 +702,7 @@ async def test_batch_state_expires_after_batches_ttl(make_app, done):
         assert await Queue.find_batch(batch.id) is None
 
 
-# ---------------------------------------------------------------------------- exactly once under concurrency
+# ---------------------------------------- exactly once under concurrency
 
 
 async def test_thousand_jobs_sixteen_consumers_callbacks_exactly_once(make_app, driver, done):

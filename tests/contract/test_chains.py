@@ -7,11 +7,10 @@ import json
 from typing import Any
 
 import pytest
-
 from haze import JobContext, Queue, define_job
 from haze.message import decode
 
-# ---------------------------------------------------------------------------- jobs
+# ---------------------------------------- jobs
 
 LOG: list[tuple[str, Any]] = []
 SEEN: dict[str, dict[str, Any]] = {}  # job name -> what the context looked like
@@ -135,7 +134,7 @@ def names() -> list[str]:
     return [e[0] for e in LOG if e[0] not in ("start", "fail", "member", "member_bad", "caught")]
 
 
-# ---------------------------------------------------------------------------- order
+# ---------------------------------------- order
 
 
 async def test_links_run_in_order_after_the_previous_succeeded(app, done):
@@ -144,9 +143,12 @@ async def test_links_run_in_order_after_the_previous_succeeded(app, done):
     ).dispatch()
     await done()
     assert LOG == [
-        ("start", "ch_a"), ("ch_a", {"n": 1}),
-        ("start", "ch_b"), ("ch_b", {"n": 2}),
-        ("start", "ch_c"), ("ch_c", {"n": 3}),
+        ("start", "ch_a"),
+        ("ch_a", {"n": 1}),
+        ("start", "ch_b"),
+        ("ch_b", {"n": 2}),
+        ("start", "ch_c"),
+        ("ch_c", {"n": 3}),
     ]
     assert isinstance(res.chain_id, str) and res.chain_id
     assert res.skipped is False
@@ -161,16 +163,23 @@ async def test_bare_job_definitions_are_links_with_no_payload(app, done):
 @pytest.mark.requires("retries")
 async def test_next_link_waits_for_success_after_retries(app, done):
     FAIL["ch_retry"] = 2
-    await Queue.chain([ch_a.with_(1), ch_retry.with_(2), ch_b.with_(3)]).catch(
-        ch_cleanup.with_("catch")
-    ).dispatch()
+    await (
+        Queue.chain([ch_a.with_(1), ch_retry.with_(2), ch_b.with_(3)])
+        .catch(ch_cleanup.with_("catch"))
+        .dispatch()
+    )
     await done()
     assert LOG == [
-        ("start", "ch_a"), ("ch_a", 1),
-        ("start", "ch_retry"), ("fail", "ch_retry"),
-        ("start", "ch_retry"), ("fail", "ch_retry"),
-        ("start", "ch_retry"), ("ch_retry", 2),
-        ("start", "ch_b"), ("ch_b", 3),
+        ("start", "ch_a"),
+        ("ch_a", 1),
+        ("start", "ch_retry"),
+        ("fail", "ch_retry"),
+        ("start", "ch_retry"),
+        ("fail", "ch_retry"),
+        ("start", "ch_retry"),
+        ("ch_retry", 2),
+        ("start", "ch_b"),
+        ("ch_b", 3),
     ]
     assert SEEN["ch_retry"]["attempt"] == 3
     assert ("ch_cleanup", "catch") not in LOG
@@ -178,15 +187,18 @@ async def test_next_link_waits_for_success_after_retries(app, done):
 
 async def test_catch_not_called_when_every_link_succeeds(app, done, driver):
     c = Catcher(driver)
-    await Queue.chain([ch_a.with_(1), ch_b.with_(2)]).catch(ch_cleanup.with_("x")).catch(
-        c.cb
-    ).dispatch()
+    await (
+        Queue.chain([ch_a.with_(1), ch_b.with_(2)])
+        .catch(ch_cleanup.with_("x"))
+        .catch(c.cb)
+        .dispatch()
+    )
     await done()
     assert names() == ["ch_a", "ch_b"]
     assert c.n == 0
 
 
-# ---------------------------------------------------------------------------- failure
+# ---------------------------------------- failure
 
 
 async def test_final_failure_drops_the_rest_and_dispatches_the_catch_job_once(app, done, quietly):
@@ -208,9 +220,12 @@ async def test_final_failure_drops_the_rest_and_dispatches_the_catch_job_once(ap
 async def test_catch_runs_once_after_the_last_try_not_per_attempt(app, done, driver):
     FAIL["ch_retry"] = 99
     c = Catcher(driver)
-    await Queue.chain([ch_retry.with_(1), ch_c.with_(2)]).catch(c.cb).catch(
-        ch_cleanup.with_("c")
-    ).dispatch()
+    await (
+        Queue.chain([ch_retry.with_(1), ch_c.with_(2)])
+        .catch(c.cb)
+        .catch(ch_cleanup.with_("c"))
+        .dispatch()
+    )
     await done()
     assert LOG.count(("fail", "ch_retry")) == 3
     assert c.n == 1 and c.messages() in (None, ["ch_retry boom"])
@@ -258,7 +273,7 @@ async def test_chain_needs_at_least_one_job(app):
         Queue.chain([])
 
 
-# ---------------------------------------------------------------------------- options precedence
+# ---------------------------------------- options precedence
 
 
 async def test_chain_on_queue_applies_to_links_and_beats_define_job(app, done):
@@ -276,9 +291,11 @@ async def test_define_job_queue_used_without_chain_queue(app, done):
 
 
 async def test_link_own_on_queue_beats_chain_default(app, done):
-    await Queue.chain(
-        [ch_a.with_(1), ch_queued.with_(2).on_queue("q2"), ch_queued2.with_(3)]
-    ).on_queue("q1").dispatch()
+    await (
+        Queue.chain([ch_a.with_(1), ch_queued.with_(2).on_queue("q2"), ch_queued2.with_(3)])
+        .on_queue("q1")
+        .dispatch()
+    )
     await done()
     assert SEEN["ch_a"]["queue"] == "q1"
     assert SEEN["ch_queued"]["queue"] == "q2"
@@ -286,9 +303,11 @@ async def test_link_own_on_queue_beats_chain_default(app, done):
 
 
 async def test_chain_on_connection_and_link_own_connection(app, done):
-    await Queue.chain(
-        [ch_a.with_(1), ch_b.with_(2).on_connection("main"), ch_c.with_(3)]
-    ).on_connection("other").dispatch()
+    await (
+        Queue.chain([ch_a.with_(1), ch_b.with_(2).on_connection("main"), ch_c.with_(3)])
+        .on_connection("other")
+        .dispatch()
+    )
     await done()
     assert names() == ["ch_a", "ch_b", "ch_c"]
     assert SEEN["ch_a"]["connection"] == "other"
@@ -302,7 +321,7 @@ async def test_default_connection_is_the_configs(app, done):
     assert SEEN["ch_a"]["connection"] == "main" and SEEN["ch_b"]["connection"] == "main"
 
 
-# ---------------------------------------------------------------------------- ids and messages
+# ---------------------------------------- ids and messages
 
 
 async def test_chain_id_is_shared_by_every_link(app, done):
@@ -321,9 +340,14 @@ async def test_two_chains_get_different_ids(app, done):
 
 
 async def test_rest_of_chain_travels_in_the_message(app, done):
-    await Queue.chain(
-        [ch_a.with_({"x": 1}), ch_b.with_({"y": 2}).on_queue("q2"), ch_c.with_({"z": 3})]
-    ).on_queue("q1").catch(ch_cleanup.with_("c")).dispatch()
+    await (
+        Queue.chain(
+            [ch_a.with_({"x": 1}), ch_b.with_({"y": 2}).on_queue("q2"), ch_c.with_({"z": 3})]
+        )
+        .on_queue("q1")
+        .catch(ch_cleanup.with_("c"))
+        .dispatch()
+    )
     await done()
     rest = SEEN["ch_a"]["chain"]
     assert [link["job"] for link in rest] == ["ch_b", "ch_c"]
@@ -346,9 +370,11 @@ async def test_encoded_message_carries_the_rest_of_the_chain(app, done):
 
     drv.enqueue = spy  # type: ignore[method-assign]
     try:
-        res = await Queue.chain([ch_a.with_({"x": 1}), ch_b.with_({"y": 2}), ch_c.with_(3)]).catch(
-            ch_cleanup.with_({"c": 1})
-        ).dispatch()
+        res = (
+            await Queue.chain([ch_a.with_({"x": 1}), ch_b.with_({"y": 2}), ch_c.with_(3)])
+            .catch(ch_cleanup.with_({"c": 1}))
+            .dispatch()
+        )
         await done()
     finally:
         del drv.enqueue
@@ -391,7 +417,7 @@ async def test_retrying_a_failed_link_continues_the_chain(app, done, driver):
     assert await Queue.failed() == []
 
 
-# ---------------------------------------------------------------------------- callbacks: job or function
+# ---------------------------------------- callbacks: job or function
 
 
 async def test_function_callbacks_follow_the_driver_capability(app, driver, done, quietly):
@@ -431,15 +457,19 @@ async def test_function_callback_on_a_remote_driver_raises(make_app, remote_sim,
         assert names() == []  # nothing was enqueued
         # job references work on the remote driver, and the chain continues there
         FAIL["ch_b"] = 99
-        await Queue.chain([ch_a.with_(1), ch_b.with_(2), ch_c.with_(3)]).catch(
-            ch_cleanup.with_("remote")
-        ).dispatch()
+        await (
+            Queue.chain([ch_a.with_(1), ch_b.with_(2), ch_c.with_(3)])
+            .catch(ch_cleanup.with_("remote"))
+            .dispatch()
+        )
         await done(app)
         assert names() == ["ch_a", "ch_cleanup"]
         assert LOG.count(("ch_cleanup", "remote")) == 1
 
 
-async def test_function_callback_on_a_local_connection_of_a_remote_app(make_app, remote_sim, driver, done):
+async def test_function_callback_on_a_local_connection_of_a_remote_app(
+    make_app, remote_sim, driver, done
+):
     """A chain sent to a local connection (on_connection) accepts a function even when
     the default connection is remote."""
     if driver.id != "memory":
@@ -447,20 +477,21 @@ async def test_function_callback_on_a_local_connection_of_a_remote_app(make_app,
     got: list[BaseException] = []
     async with make_app(spec=remote_sim) as app:
         FAIL["ch_a"] = 99
-        await Queue.chain([ch_a.with_(1), ch_b.with_(2)]).on_connection("other").catch(
-            got.append
-        ).dispatch()
+        await (
+            Queue.chain([ch_a.with_(1), ch_b.with_(2)])
+            .on_connection("other")
+            .catch(got.append)
+            .dispatch()
+        )
         await done(app)
     assert [str(e) for e in got] == ["ch_a boom"]
 
 
-# ---------------------------------------------------------------------------- growing a chain
+# ---------------------------------------- growing a chain
 
 
 async def test_prepend_and_append_to_chain_from_the_job_context(app, done):
-    await Queue.chain(
-        [ch_grow.with_({"prepend": True, "append": True}), ch_b.with_(2)]
-    ).dispatch()
+    await Queue.chain([ch_grow.with_({"prepend": True, "append": True}), ch_b.with_(2)]).dispatch()
     await done()
     assert names() == ["ch_grow", "ch_c", "ch_b", "ch_cleanup"]
     assert LOG[-1] == ("ch_cleanup", {"appended": True})
@@ -485,7 +516,7 @@ async def test_prepended_link_failure_drops_the_rest_and_catches(app, done, quie
     assert c.n == 1 and c.messages() in (None, ["ch_c boom"])
 
 
-# ---------------------------------------------------------------------------- batches inside chains
+# ---------------------------------------- batches inside chains
 
 
 async def test_chain_continues_after_a_batch_link_finishes(app, done):
@@ -521,7 +552,10 @@ async def test_failing_batch_link_stops_the_chain_and_catches_once(app, done, qu
                 Queue.batch([ch_member_bad.with_(1), ch_member.with_({"i": 2})]),
                 ch_c.with_(3),
             ]
-        ).catch(c.cb).catch(ch_cleanup.with_("batch-failed")).dispatch()
+        )
+        .catch(c.cb)
+        .catch(ch_cleanup.with_("batch-failed"))
+        .dispatch()
     )
     await done()
     assert "ch_c" not in names()
@@ -537,7 +571,9 @@ async def test_batch_link_with_allow_failures_lets_the_chain_go_on(app, done, qu
                 Queue.batch([ch_member_bad.with_(1), ch_member.with_({"i": 2})]).allow_failures(),
                 ch_c.with_(3),
             ]
-        ).catch(c.cb).dispatch()
+        )
+        .catch(c.cb)
+        .dispatch()
     )
     await done()
     assert names()[-1] == "ch_c"
@@ -553,22 +589,34 @@ async def test_function_callback_refused_when_any_job_runs_on_a_remote_connectio
         pytest.skip("driver-independent: runs once")
     async with make_app(spec=remote_sim) as app:  # "main" remote, "other" local memory
         with pytest.raises(ValueError, match="job reference"):
-            await Queue.chain([ch_a.with_(1), ch_b.with_(2).on_connection("main")]).on_connection(
-                "other"
-            ).catch(lambda e: None).dispatch()
+            await (
+                Queue.chain([ch_a.with_(1), ch_b.with_(2).on_connection("main")])
+                .on_connection("other")
+                .catch(lambda e: None)
+                .dispatch()
+            )
         with pytest.raises(ValueError, match="job reference"):
-            await Queue.batch([ch_a.with_(1), ch_b.with_(2).on_connection("main")]).on_connection(
-                "other"
-            ).then(lambda b: None).dispatch()
+            await (
+                Queue.batch([ch_a.with_(1), ch_b.with_(2).on_connection("main")])
+                .on_connection("other")
+                .then(lambda b: None)
+                .dispatch()
+            )
         with pytest.raises(ValueError, match="job reference"):
-            await Queue.chain(
-                [ch_a.with_(1), Queue.batch([ch_b.with_(2)]).on_connection("main")]
-            ).on_connection("other").catch(lambda e: None).dispatch()
+            await (
+                Queue.chain([ch_a.with_(1), Queue.batch([ch_b.with_(2)]).on_connection("main")])
+                .on_connection("other")
+                .catch(lambda e: None)
+                .dispatch()
+            )
         await done(app)
         assert names() == []
         # all-local: accepted
-        await Queue.chain([ch_a.with_(1), ch_b.with_(2)]).on_connection("other").catch(
-            lambda e: None
-        ).dispatch()
+        await (
+            Queue.chain([ch_a.with_(1), ch_b.with_(2)])
+            .on_connection("other")
+            .catch(lambda e: None)
+            .dispatch()
+        )
         await done(app)
         assert names() == ["ch_a", "ch_b"]

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from haze import Batch, JobContext, Queue, define_job
 from haze.testing import FakeQueue
 
@@ -116,9 +115,11 @@ async def test_drain_records_the_next_link_then_drain_again(fake):
 
 
 async def test_drain_failed_link_records_the_catch_job_and_drops_the_rest(fake):
-    await Queue.chain([fo_bad.with_(1), fo_publish.with_(2)]).catch(
-        fo_cleanup.with_({"id": 9})
-    ).dispatch()
+    await (
+        Queue.chain([fo_bad.with_(1), fo_publish.with_(2)])
+        .catch(fo_cleanup.with_({"id": 9}))
+        .dispatch()
+    )
     await fake.drain()
     assert LOG == [("fo_bad", 1)]
     fake.assert_not_dispatched(fo_publish)
@@ -137,9 +138,11 @@ async def test_drain_failed_link_calls_a_function_catch(fake):
 
 
 async def test_chain_options_are_recorded(fake):
-    await Queue.chain([fo_process.with_(1), fo_publish.with_(2).on_queue("q2")]).on_queue(
-        "q1"
-    ).dispatch()
+    await (
+        Queue.chain([fo_process.with_(1), fo_publish.with_(2).on_queue("q2")])
+        .on_queue("q1")
+        .dispatch()
+    )
     assert fake.dispatched[0].queue == "q1"
     await fake.drain()
     assert fake.dispatched[1].queue == "q2"
@@ -158,9 +161,12 @@ async def test_prepend_to_chain_is_recorded_by_drain(fake):
 
 
 async def test_assert_batched_with_a_predicate(fake):
-    batch = await Queue.batch([fo_process.with_({"f": "a.csv"}), fo_process.with_({"f": "b.csv"})]).name(
-        "import"
-    ).then(fo_notify.with_(1)).dispatch()
+    batch = (
+        await Queue.batch([fo_process.with_({"f": "a.csv"}), fo_process.with_({"f": "b.csv"})])
+        .name("import")
+        .then(fo_notify.with_(1))
+        .dispatch()
+    )
     assert isinstance(batch, Batch) and isinstance(batch.id, str)
     assert batch.name == "import" and batch.total == 2
     fake.assert_batched(lambda b: b.name == "import" and len(b.jobs) == 2)
@@ -176,7 +182,9 @@ async def test_assert_batched_with_a_predicate(fake):
 
 
 async def test_batched_jobs_are_recorded_not_run(fake):
-    await Queue.batch([fo_process.with_(1), fo_publish.with_(2)]).then(fo_notify.with_(3)).dispatch()
+    await (
+        Queue.batch([fo_process.with_(1), fo_publish.with_(2)]).then(fo_notify.with_(3)).dispatch()
+    )
     assert len(fake.batches) == 1
     rec = fake.batches[0]
     assert [j.job.name for j in rec.jobs] == ["fo_process", "fo_publish"]
@@ -188,9 +196,11 @@ async def test_batched_jobs_are_recorded_not_run(fake):
 
 
 async def test_batches_with_chains_are_recorded(fake):
-    await Queue.batch([[fo_process.with_(1), fo_publish.with_(1)], fo_notify.with_(2)]).name(
-        "mixed"
-    ).dispatch()
+    await (
+        Queue.batch([[fo_process.with_(1), fo_publish.with_(1)], fo_notify.with_(2)])
+        .name("mixed")
+        .dispatch()
+    )
     fake.assert_batched(lambda b: b.name == "mixed" and len(b.jobs) == 2)
     assert fake.batches[0].batch.total == 3
 
@@ -224,8 +234,11 @@ async def test_restore_goes_back_to_the_real_connection(app, done):
 
 async def test_batch_inside_a_chain_is_recorded_in_fake_batches_when_reached(fake):
     await Queue.chain(
-        [fo_process.with_(1), Queue.batch([fo_publish.with_(2), fo_publish.with_(3)]).name("inner"),
-         fo_notify.with_(4)]
+        [
+            fo_process.with_(1),
+            Queue.batch([fo_publish.with_(2), fo_publish.with_(3)]).name("inner"),
+            fo_notify.with_(4),
+        ]
     ).dispatch()
     fake.assert_nothing_batched()  # not reached yet
     await fake.drain()
@@ -237,7 +250,9 @@ async def test_batch_inside_a_chain_is_recorded_in_fake_batches_when_reached(fak
 
 
 async def test_chain_starting_with_a_batch_records_the_batch(fake):
-    res = await Queue.chain([Queue.batch([fo_publish.with_(1)]).name("first"), fo_notify.with_(2)]).dispatch()
+    res = await Queue.chain(
+        [Queue.batch([fo_publish.with_(1)]).name("first"), fo_notify.with_(2)]
+    ).dispatch()
     assert res.chain_id
     fake.assert_batch_count(1)
     fake.assert_batched(lambda b: b.name == "first")

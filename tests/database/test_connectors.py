@@ -44,8 +44,9 @@ from haze.drivers.database import load_sql, schema_sql
 from haze.worker import Worker
 
 CI = os.environ.get("CI", "").strip().lower() == "true"
-PG_ADMIN_URL = os.environ.get("HAZE_TEST_POSTGRES_URL",
-                              "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN_URL = os.environ.get(
+    "HAZE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
 MYSQL_ADMIN_URL = os.environ.get("HAZE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/")
 
 BACKENDS = ["sqlite", "postgres", "mariadb"]
@@ -89,9 +90,14 @@ def mariadb_url() -> Iterator[str]:
     """A fresh database ``haze_test_<random>`` on the MariaDB/MySQL server."""
     pymysql = pytest.importorskip("pymysql")
     parts = urlsplit(MYSQL_ADMIN_URL)
-    params = {"host": parts.hostname or "127.0.0.1", "port": parts.port or 3306,
-              "user": parts.username or "root", "password": parts.password or "",
-              "connect_timeout": 3, "autocommit": True}
+    params = {
+        "host": parts.hostname or "127.0.0.1",
+        "port": parts.port or 3306,
+        "user": parts.username or "root",
+        "password": parts.password or "",
+        "connect_timeout": 3,
+        "autocommit": True,
+    }
     try:
         admin = pymysql.connect(**params)
     except pymysql.err.OperationalError as e:
@@ -158,18 +164,21 @@ def test_placeholder_translation() -> None:
     assert translate_placeholders("SELECT ? FROM t WHERE a = ?") == "SELECT %s FROM t WHERE a = %s"
     assert translate_placeholders("SELECT '?', ? -- what?\n") == "SELECT '?', %s -- what?\n"
     assert translate_placeholders("SELECT 'a%', ?") == "SELECT 'a%%', %s"
-    assert translate_placeholders("SELECT \"x?\" FROM t") == "SELECT \"x?\" FROM t"
+    assert translate_placeholders('SELECT "x?" FROM t') == 'SELECT "x?" FROM t'
     assert translate_placeholders("SELECT 'it\\'s ?', ?", "mysql") == "SELECT 'it\\'s ?', %s"
     assert translate_placeholders("SELECT `a?` # ?\n, ?", "mysql") == "SELECT `a?` # ?\n, %s"
 
 
 @pytest.mark.parametrize(
     ("module", "cls", "url", "extra", "package"),
-    [("psycopg", "PostgresConnector", "postgresql://u@h/db", "postgres", "psycopg"),
-     ("aiomysql", "MySQLConnector", "mysql://u@h/db", "mysql", "aiomysql")],
+    [
+        ("psycopg", "PostgresConnector", "postgresql://u@h/db", "postgres", "psycopg"),
+        ("aiomysql", "MySQLConnector", "mysql://u@h/db", "mysql", "aiomysql"),
+    ],
 )
-def test_missing_client_names_the_extra(monkeypatch: pytest.MonkeyPatch, module: str, cls: str,
-                                        url: str, extra: str, package: str) -> None:
+def test_missing_client_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, module: str, cls: str, url: str, extra: str, package: str
+) -> None:
     import haze.database.mysql
     import haze.database.postgres
 
@@ -182,8 +191,10 @@ def test_missing_client_names_the_extra(monkeypatch: pytest.MonkeyPatch, module:
     assert f"haze[{extra}]" in str(info.value)
 
 
-@pytest.mark.parametrize("url", ["postgresql://postgres:s3cr3t@127.0.0.1:1/haze_x",
-                                 "mysql://root:s3cr3t@127.0.0.1:1/haze_x"])
+@pytest.mark.parametrize(
+    "url",
+    ["postgresql://postgres:s3cr3t@127.0.0.1:1/haze_x", "mysql://root:s3cr3t@127.0.0.1:1/haze_x"],
+)
 async def test_unreachable_server_names_connection_and_url(url: str) -> None:
     c = connect("reports", {"url": url})
     try:
@@ -200,12 +211,20 @@ async def test_unreachable_server_names_connection_and_url(url: str) -> None:
 
 async def test_statements(db: Connector, table: str) -> None:
     assert isinstance(db, Connector)
-    await db.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, name VARCHAR(50), "
-                     "score DOUBLE PRECISION)")
-    assert await db.execute(f"INSERT INTO {table} (id, name, score) VALUES (?, ?, ?)",
-                            (1, "ann", 1.5)) == 1
-    assert await db.executemany(f"INSERT INTO {table} (id, name, score) VALUES (?, ?, ?)",
-                                [(2, "bob", 2.5), (3, "cy", None), (4, "dee", 4.0)]) == 3
+    await db.execute(
+        f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, name VARCHAR(50), score DOUBLE PRECISION)"
+    )
+    assert (
+        await db.execute(f"INSERT INTO {table} (id, name, score) VALUES (?, ?, ?)", (1, "ann", 1.5))
+        == 1
+    )
+    assert (
+        await db.executemany(
+            f"INSERT INTO {table} (id, name, score) VALUES (?, ?, ?)",
+            [(2, "bob", 2.5), (3, "cy", None), (4, "dee", 4.0)],
+        )
+        == 3
+    )
     assert await db.executemany(f"INSERT INTO {table} (id) VALUES (?)", []) == 0
     rows = await db.fetchall(f"SELECT id, name, score FROM {table} ORDER BY id")
     assert rows == [(1, "ann", 1.5), (2, "bob", 2.5), (3, "cy", None), (4, "dee", 4.0)]
@@ -220,16 +239,20 @@ async def test_statements(db: Connector, table: str) -> None:
     # a float (the driver's reserved_at token) survives the round trip exactly
     token = time.time() + 1e-6
     await db.execute(f"UPDATE {table} SET score = ? WHERE id = ?", (token, 1))
-    assert await db.fetchone(f"SELECT id, score FROM {table} WHERE score = ?",
-                             (token,)) == (1, token)
+    assert await db.fetchone(f"SELECT id, score FROM {table} WHERE score = ?", (token,)) == (
+        1,
+        token,
+    )
 
 
 async def test_placeholders_and_literals(db: Connector, table: str) -> None:
     await db.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, name VARCHAR(50))")
-    await db.executemany(f"INSERT INTO {table} (id, name) VALUES (?, ?)",
-                         [(1, "a?%"), (2, "abc"), (3, "b")])
-    rows = await db.fetchall(f"SELECT id FROM {table} WHERE name LIKE 'a%' AND id > ? "
-                             "ORDER BY id", (0,))
+    await db.executemany(
+        f"INSERT INTO {table} (id, name) VALUES (?, ?)", [(1, "a?%"), (2, "abc"), (3, "b")]
+    )
+    rows = await db.fetchall(
+        f"SELECT id FROM {table} WHERE name LIKE 'a%' AND id > ? ORDER BY id", (0,)
+    )
     assert rows == [(1,), (2,)]
     assert await db.fetchone(f"SELECT '?', name FROM {table} WHERE id = ?", (1,)) == ("?", "a?%")
     assert await db.fetchone(f"SELECT id FROM {table} WHERE name = ?", ("a?%",)) == (1,)
@@ -244,8 +267,10 @@ async def test_transaction_commit_and_rollback(db: Connector, table: str) -> Non
         assert await tx.execute(f"INSERT INTO {table} (id, name) VALUES (?, ?)", (1, "a")) == 1
         await tx.executemany(f"INSERT INTO {table} (id, name) VALUES (?, ?)", [(2, "b"), (3, "c")])
         assert await tx.fetchone(f"SELECT COUNT(*) FROM {table}") == (3,)
-        assert await tx.fetchall(f"SELECT id FROM {table} WHERE id < ? ORDER BY id",
-                                 (3,)) == [(1,), (2,)]
+        assert await tx.fetchall(f"SELECT id FROM {table} WHERE id < ? ORDER BY id", (3,)) == [
+            (1,),
+            (2,),
+        ]
     assert await db.fetchall(f"SELECT id FROM {table} ORDER BY id") == [(1,), (2,), (3,)]
 
     class Boom(Exception):
@@ -286,8 +311,9 @@ async def test_transaction_is_isolated(backend: str, db: Connector, table: str) 
 
 async def test_concurrent_statements_share_the_pool(db: Connector, table: str) -> None:
     await db.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY)")
-    await asyncio.gather(*(db.execute(f"INSERT INTO {table} (id) VALUES (?)", (i,))
-                           for i in range(50)))
+    await asyncio.gather(
+        *(db.execute(f"INSERT INTO {table} (id) VALUES (?)", (i,)) for i in range(50))
+    )
     assert await db.fetchone(f"SELECT COUNT(*) FROM {table}") == (50,)
 
 
@@ -373,7 +399,9 @@ async def test_postgres_notify_wakes_a_listener_on_another_connector(postgres_ur
         # the LISTEN connection is killed: it reconnects (after a short backoff)
         killed = await producer.fetchall(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE query = ? AND pid <> pg_backend_pid()", (f'LISTEN "{channel}"',))
+            "WHERE query = ? AND pid <> pg_backend_pid()",
+            (f'LISTEN "{channel}"',),
+        )
         assert killed == [(True,)]
         await asyncio.sleep(1.0)
         await listener.listen(channel, 0.1)  # type: ignore[attr-defined]  # reconnects
@@ -448,9 +476,19 @@ async def dbc_stamp(payload: dict[str, Any]) -> None:
 
 def _app_config(url: str, table: str, sleep: float = 0.05) -> dict[str, Any]:
     return {
-        "queue": define_queue_config(default="db", connections={"db": {
-            "driver": "database", "connection": "main", "retry_after": "2s", "sleep": sleep,
-            "table": table, "failed_table": f"{table}_failed"}}),
+        "queue": define_queue_config(
+            default="db",
+            connections={
+                "db": {
+                    "driver": "database",
+                    "connection": "main",
+                    "retry_after": "2s",
+                    "sleep": sleep,
+                    "table": table,
+                    "failed_table": f"{table}_failed",
+                }
+            },
+        ),
         "database": define_database_config(default="main", connections={"main": {"url": url}}),
     }
 
@@ -460,8 +498,9 @@ def _app(url: str, table: str, sleep: float = 0.05) -> App:
 
 
 async def _work(app: App, concurrency: int = 4) -> int:
-    worker = Worker(app, "db", ["default"], concurrency=concurrency, stop_when_empty=True,
-                    sleep=0.05)
+    worker = Worker(
+        app, "db", ["default"], concurrency=concurrency, stop_when_empty=True, sleep=0.05
+    )
     return await asyncio.wait_for(worker.run(), 60)
 
 
@@ -545,8 +584,10 @@ async def test_two_workers_never_run_a_job_twice(url: str, table: str) -> None:
     """Two apps = two connectors/pools, as two worker processes would have."""
     n = 120
     async with _queue_app(url, table) as producer:
-        await run_in_app(producer, lambda: Queue.bulk(
-            [dbc_record.with_({"i": i, "sleep": 0.005}) for i in range(n)]))
+        await run_in_app(
+            producer,
+            lambda: Queue.bulk([dbc_record.with_({"i": i, "sleep": 0.005}) for i in range(n)]),
+        )
         async with _app(url, table) as a, _app(url, table) as b:
             done_a, done_b = await asyncio.gather(_work(a), _work(b))
     assert sorted(i for i, _ in RAN) == list(range(n))  # each exactly once
@@ -556,7 +597,8 @@ async def test_two_workers_never_run_a_job_twice(url: str, table: str) -> None:
 
 
 async def test_postgres_idle_worker_wakes_on_dispatch_from_another_app(
-    postgres_url: str, table: str,
+    postgres_url: str,
+    table: str,
 ) -> None:
     """LISTEN/NOTIFY: the worker polls every 5 s, yet a job dispatched by a separate app
     (as another process would) runs well within a second."""

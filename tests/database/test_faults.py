@@ -250,6 +250,7 @@ async def harness(url: str, tmp: Path, retry_after: str = "90s") -> AsyncIterato
 
 
 ALL = ["sqlite", "postgres", "mariadb", "libsql"]
+DBG = ["-v"] if os.environ.get("DBX_VERBOSE_WORKERS") else []
 
 
 # =========================================================================== SIGKILL mid-job
@@ -312,7 +313,7 @@ async def test_five_thousand_jobs_three_workers_random_sigkills(
     async with harness(backend_url(request, kind, tmp_path), tmp_path, retry_after="3s") as h:
         keys = {str(i) for i in range(total)}
         await Queue.bulk([dbx_fault_record.with_({"k": i, "sleep": 0.005}) for i in range(total)])
-        live = [h.start_worker("--concurrency", str(concurrency)) for _ in range(workers)]
+        live = [h.start_worker("--concurrency", str(concurrency), *DBG) for _ in range(workers)]
         for p in live:
             await h.wait_ready(p)
         started = time.monotonic()
@@ -332,7 +333,7 @@ async def test_five_thousand_jobs_three_workers_random_sigkills(
                 victim.send_signal(signal.SIGKILL)
                 await h.wait_exit(victim)
                 killed += 1
-                fresh = h.start_worker("--concurrency", str(concurrency))
+                fresh = h.start_worker("--concurrency", str(concurrency), *DBG)
                 live.append(fresh)
                 next_kill = time.monotonic() + rng.uniform(2.5, 5.0)
             await asyncio.sleep(0.1)

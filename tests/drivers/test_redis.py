@@ -496,3 +496,32 @@ def test_missing_bullmq_names_the_extra(monkeypatch):
         importlib.import_module("haze.drivers.redis")
     assert "the redis driver" in str(info.value)
     assert "bullmq" in str(info.value)
+
+
+async def test_keep_completed_trims_the_completed_set(redis_app, redis_prefix):
+    async with redis_app(keep_completed=2) as app:
+        await Queue.bulk([rd_plain.with_({"n": i}) for i in range(5)])
+        await _work(app, lambda: len(RUNS) == 5)
+        r = _client()
+        try:
+            assert await r.zcard(f"{redis_prefix}:default:completed") == 2
+        finally:
+            await r.aclose()
+
+
+async def test_failed_store_record_keeps_a_failure_from_elsewhere(redis_app):
+    from haze.drivers import FailedJob
+
+    async with redis_app() as app:
+        body = json.dumps({"v": 1, "id": "e" * 32, "job": "rd_plain", "payload": {"n": 9}})
+        await app.driver().failed.record(FailedJob(
+            id="e" * 32, name="rd_plain", connection="r", queue="default", payload={"n": 9},
+            exception="Traceback ...\nKeyError: 'x'", failed_at=time.time(), body=body))
+        [failed] = await Queue.failed()
+        assert failed.id == "e" * 32
+        assert failed.payload == {"n": 9}
+        assert failed.exception.endswith("KeyError: 'x'")
+        assert await Queue.retry("e" * 32) == ["e" * 32]
+        await _work(app, lambda: len(RUNS) == 1)
+        assert RUNS[0]["payload"] == {"n": 9}
+        assert await Queue.failed() == []

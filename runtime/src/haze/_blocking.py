@@ -72,7 +72,9 @@ def run_blocking(coro: Coroutine[Any, Any, R], name: str = "this call") -> R:
         )
     if sys.platform == "emscripten":
         coro.close()
-        raise RuntimeError(f"{name}_blocking() needs threads; under Pyodide use 'await {name}(...)'")
+        raise RuntimeError(
+            f"{name}_blocking() needs threads; under Pyodide use 'await {name}(...)'"
+        )
     loop = _background_loop()
     ctx = contextvars.copy_context()
     result: concurrent.futures.Future[R] = concurrent.futures.Future()

@@ -280,12 +280,14 @@ class App:
         if c is None:
             if name not in dc.connections:
                 raise ConfigError(
-                    f"unknown database connection {name!r}; configured: {', '.join(dc.connections)}",
+                    f"unknown database connection {name!r}; "
+                    f"configured: {', '.join(dc.connections)}",
                     source=dc.source,
                     key="connections",
                 )
-            c = self._connectors[name] = connect(name, dc.connections[name], root=self.root,
-                                                 source=dc.source)
+            c = self._connectors[name] = connect(
+                name, dc.connections[name], root=self.root, source=dc.source
+            )
         return c
 
     @property

@@ -68,7 +68,9 @@ def _as_item(item: object, where: str) -> PendingDispatch[Any] | list[PendingDis
                 raise ValueError(f"{where}[{i}]: chains cannot nest inside a chain in a batch")
             out.append(p)
         return out
-    raise TypeError(f"{where}: expected job.with_(payload), a job or a list (a chain), got {item!r}")
+    raise TypeError(
+        f"{where}: expected job.with_(payload), a job or a list (a chain), got {item!r}"
+    )
 
 
 @dataclass
@@ -237,7 +239,10 @@ class PendingBatch:
         from .chains import check_function_callbacks
 
         check_function_callbacks(
-            manager, [cb for v in self._callbacks.values() for cb in v], self.jobs, (conn,),
+            manager,
+            [cb for v in self._callbacks.values() for cb in v],
+            self.jobs,
+            (conn,),
             "batch callback",
         )
         jobs: list[Any] = []
@@ -463,8 +468,9 @@ async def _finish(manager: QueueManager, batch_id: str, store: Store) -> None:
 
         if not batch.cancelled and (ok or batch.allows_failures):
             if chain.get("links"):
-                await start_links(manager, chain["links"], chain["chain_id"], chain.get("catch"),
-                                  batch_id=None)
+                await start_links(
+                    manager, chain["links"], chain["chain_id"], chain.get("catch"), batch_id=None
+                )
         else:
             from .errors import HazeError
 
@@ -521,8 +527,9 @@ async def prune(
             gone = value is None
             if not gone:
                 batch = await find(manager, str(value))
-                if batch is None or _prunable(batch, finished_before, unfinished_before,
-                                              cancelled_before):
+                if batch is None or _prunable(
+                    batch, finished_before, unfinished_before, cancelled_before
+                ):
                     if batch is not None:
                         await _delete(store, batch)
                         pruned += 1

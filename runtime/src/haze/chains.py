@@ -35,7 +35,9 @@ def _as_pending(item: object, where: str) -> PendingDispatch[Any] | PendingBatch
         return item
     if isinstance(item, JobDefinition):
         return PendingDispatch(item, None)
-    raise TypeError(f"{where}: expected job.with_(payload), a job or a Queue.batch(...), got {item!r}")
+    raise TypeError(
+        f"{where}: expected job.with_(payload), a job or a Queue.batch(...), got {item!r}"
+    )
 
 
 class PendingChain:
@@ -66,7 +68,9 @@ class PendingChain:
     def catch(self, callback: Any) -> PendingChain:
         """On a link's final failure: dispatch this job reference or call ``fn(error)``."""
         if not (callable(callback) or isinstance(callback, (PendingDispatch, JobDefinition))):
-            raise ValueError(f"chain.catch: expected a job reference or a function, got {callback!r}")
+            raise ValueError(
+                f"chain.catch: expected a job reference or a function, got {callback!r}"
+            )
         self._catch.append(callback)
         return self
 
@@ -87,7 +91,9 @@ class PendingChain:
             or (first.job.connection if isinstance(first, PendingDispatch) else None)
         )
         chain_id = new_id()
-        check_function_callbacks(manager, self._catch, self.jobs, (self._connection,), "chain.catch")
+        check_function_callbacks(
+            manager, self._catch, self.jobs, (self._connection,), "chain.catch"
+        )
         catch = [manager.callback_ref(c, connection, "chain.catch") for c in self._catch]
         links = self.links(manager, connection)
         if self._delay and "job" in links[0]:
@@ -119,12 +125,17 @@ def _item_connections(item: Any, defaults: tuple[str | None, ...]) -> list[str |
 
 
 def check_function_callbacks(
-    manager: QueueManager, callbacks: Sequence[Any], items: Sequence[Any],
-    defaults: tuple[str | None, ...], where: str,
+    manager: QueueManager,
+    callbacks: Sequence[Any],
+    items: Sequence[Any],
+    defaults: tuple[str | None, ...],
+    where: str,
 ) -> None:
     """A plain-function callback needs every job of the chain/batch on a local connection
     (its settle may run the callback in the worker that ran the job)."""
-    if not any(callable(cb) and not isinstance(cb, (PendingDispatch, JobDefinition)) for cb in callbacks):
+    if not any(
+        callable(cb) and not isinstance(cb, (PendingDispatch, JobDefinition)) for cb in callbacks
+    ):
         return
     for item in items:
         for c in _item_connections(item, defaults):
@@ -180,11 +191,16 @@ async def start_links(
 
             spec = head["batch"]
             pb = PendingBatch(
-                [[link_to_pending(x) for x in j["chain"]] if "chain" in j else link_to_pending(j)
-                 for j in spec["jobs"]]
+                [
+                    [link_to_pending(x) for x in j["chain"]] if "chain" in j else link_to_pending(j)
+                    for j in spec["jobs"]
+                ]
             )
             pb._name, pb._queue = spec.get("name"), spec.get("queue")
-            pb._connection, pb._allow_failures = spec.get("connection"), bool(spec.get("allow_failures"))
+            pb._connection, pb._allow_failures = (
+                spec.get("connection"),
+                bool(spec.get("allow_failures")),
+            )
             batch = testing._active_fake.record_batch(pb, spec)
             return DispatchResult(batch.id, chain_id=chain_id)
         batch = await dispatch_spec(

@@ -123,7 +123,10 @@ def define_queue_config(
 
 
 def define_cache_config(
-    *, default: str | None = None, stores: Mapping[str, Mapping[str, Any]] | None = None, **extra: Any
+    *,
+    default: str | None = None,
+    stores: Mapping[str, Mapping[str, Any]] | None = None,
+    **extra: Any,
 ) -> ConfigSpec:
     """Describe ``config/cache.py``: the stores that hold locks, middleware state and batches."""
     return ConfigSpec("cache", {"default": default, "stores": stores, **extra}, _caller_source())

@@ -107,6 +107,7 @@ class JobContext:
         "_logger",
         "_release_delay",
         "_retry_delay",
+        "_signal",
         "app",
         "attempt",
         "connection",
@@ -114,7 +115,6 @@ class JobContext:
         "message",
         "name",
         "queue",
-        "_signal",
         "tries",
     )
 

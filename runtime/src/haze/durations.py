@@ -11,12 +11,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from typing import Union
 
 __all__ = ["Backoff", "Duration", "backoff_delay", "parse_backoff", "parse_duration"]
 
-Duration = Union[int, float, str]
-Backoff = Union[int, float, str, Sequence[int | float | str]]
+Duration = int | float | str
+Backoff = int | float | str | Sequence[int | float | str]
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")

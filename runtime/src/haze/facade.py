@@ -45,7 +45,11 @@ async def _dispatch(
     elif not isinstance(job, JobDefinition):
         raise TypeError(f"Queue.dispatch: expected a job or a job name, got {job!r}")
     return await job.dispatch(
-        payload, delay=delay, queue=queue, connection=connection, after_commit=after_commit,
+        payload,
+        delay=delay,
+        queue=queue,
+        connection=connection,
+        after_commit=after_commit,
         group=group,
     )
 
@@ -70,7 +74,9 @@ async def _failed(connection: str | None = None, queue: str | None = None) -> li
 
 
 async def _retry(
-    ids: str | Sequence[str] | None = None, *, connection: str | None = None,
+    ids: str | Sequence[str] | None = None,
+    *,
+    connection: str | None = None,
     queue: str | None = None,
 ) -> list[str]:
     """Put failed jobs back (all when no id is given); a chain member continues its chain."""

@@ -225,7 +225,9 @@ class JobDefinition(Generic[P]):
         self.tries = tries
         self.backoff = parse_backoff(backoff, f"{where}: backoff")
         self.timeout = (
-            None if timeout is None else parse_duration(timeout, f"{where}: timeout", allow_zero=False)
+            None
+            if timeout is None
+            else parse_duration(timeout, f"{where}: timeout", allow_zero=False)
         )
         for opt, val in (("queue", queue), ("connection", connection)):
             if val is not None and (not isinstance(val, str) or not val):
@@ -247,9 +249,13 @@ class JobDefinition(Generic[P]):
         _check_callable(failed, "failed", where)
         self.failed = failed
         if max_exceptions is not None and (
-            isinstance(max_exceptions, bool) or not isinstance(max_exceptions, int) or max_exceptions < 1
+            isinstance(max_exceptions, bool)
+            or not isinstance(max_exceptions, int)
+            or max_exceptions < 1
         ):
-            raise ValueError(f"{where}: max_exceptions must be an integer >= 1, got {max_exceptions!r}")
+            raise ValueError(
+                f"{where}: max_exceptions must be an integer >= 1, got {max_exceptions!r}"
+            )
         self.max_exceptions = max_exceptions
         self.retry_until = (
             None
@@ -338,8 +344,9 @@ class JobDefinition(Generic[P]):
     ) -> str:
         """Queue the job; returns its id (for a unique job already queued: the holder's id)."""
         pending = PendingDispatch(self, payload)
-        pending._set(delay=delay, queue=queue, connection=connection, after_commit=after_commit,
-                     group=group)
+        pending._set(
+            delay=delay, queue=queue, connection=connection, after_commit=after_commit, group=group
+        )
         # what pending.dispatch() does, minus one coroutine layer per dispatch
         result: DispatchResult = await (_use_app or _bind_use_app())().manager.dispatch(pending)
         return result.id
@@ -375,9 +382,15 @@ class PendingDispatch(Generic[P]):
         self._after_commit: bool | None = None
         self._group: str | None = None
 
-    def _set(self, *, delay: Duration | None = None, queue: str | None = None,
-             connection: str | None = None, after_commit: bool | None = None,
-             group: str | None = None) -> None:
+    def _set(
+        self,
+        *,
+        delay: Duration | None = None,
+        queue: str | None = None,
+        connection: str | None = None,
+        after_commit: bool | None = None,
+        group: str | None = None,
+    ) -> None:
         if delay is not None:
             self.delay(delay)
         if queue is not None:

@@ -172,10 +172,19 @@ class QueueManager:
         """Queue one pending dispatch (the path under ``Job.dispatch`` and ``with_().dispatch``)."""
         job = pending.job
         conn, q = self.resolve(pending, queue=queue, connection=connection)
-        after_commit = pending._after_commit if pending._after_commit is not None else job.after_commit
+        after_commit = (
+            pending._after_commit if pending._after_commit is not None else job.after_commit
+        )
         message = self.build(
-            pending, conn, q, id=id, chain=chain, chain_id=chain_id, chain_catch=chain_catch,
-            batch_id=batch_id, attempts=attempts,
+            pending,
+            conn,
+            q,
+            id=id,
+            chain=chain,
+            chain_id=chain_id,
+            chain_catch=chain_catch,
+            batch_id=batch_id,
+            attempts=attempts,
         )
         delay = pending._delay or 0.0
         if defer and after_commit:
@@ -185,7 +194,9 @@ class QueueManager:
                 return self._defer(tx, message, job, delay)
         return await self._send(message, job, delay)
 
-    def _defer(self, tx: Any, message: Message, job: JobDefinition[Any], delay: float) -> DispatchResult:
+    def _defer(
+        self, tx: Any, message: Message, job: JobDefinition[Any], delay: float
+    ) -> DispatchResult:
         async def later() -> None:
             try:
                 await self._send(message, job, delay)
@@ -195,7 +206,9 @@ class QueueManager:
         tx.on_commit(later)
         return DispatchResult(message.id, skipped=False, deferred=True, chain_id=message.chain_id)
 
-    async def _send(self, message: Message, job: JobDefinition[Any], delay: float) -> DispatchResult:
+    async def _send(
+        self, message: Message, job: JobDefinition[Any], delay: float
+    ) -> DispatchResult:
         fake = _testing._active_fake
         assert message.connection is not None
         driver = self.app.driver(message.connection)
@@ -310,13 +323,16 @@ class QueueManager:
                 'The "%s" store holds %s, but connection "%s" is consumed by other processes, '
                 "which cannot release locks taken here; later dispatches will be skipped until "
                 "the lock expires. Set store='redis' (or 'database') in config/queue.py.",
-                store.name, what, driver.name,
+                store.name,
+                what,
+                driver.name,
             )
         elif not getattr(store, "atomic", True):
             self._warned_store = True
             log.warning(
                 'The "%s" store is not atomic: %s may be held twice. Use redis or database.',
-                store.name, what,
+                store.name,
+                what,
             )
 
     async def _debounce(
@@ -378,9 +394,10 @@ class QueueManager:
                 n = waiting()
                 if n:
                     log.warning(
-                        'The app stopped with %d queued or delayed job(s) on memory connection '
+                        "The app stopped with %d queued or delayed job(s) on memory connection "
                         '"%s"; they are lost (memory queues do not outlive the app).',
-                        n, name,
+                        n,
+                        name,
                     )
 
     async def idle(self) -> None:
@@ -399,7 +416,8 @@ class QueueManager:
             if not busy:
                 await wait_pending()
                 if not any(
-                    getattr(d, "pending", lambda: 0)() for d in self.app._drivers.values()
+                    getattr(d, "pending", lambda: 0)()
+                    for d in self.app._drivers.values()
                     if not d.remote
                 ):
                     return
@@ -527,14 +545,18 @@ class QueueManager:
         elapsed = _perf() - started
 
         if ctx._fail_error is not None:
-            return await self._final(job, message, reserved, driver, ctx, payload, ctx._fail_error, inline)
+            return await self._final(
+                job, message, reserved, driver, ctx, payload, ctx._fail_error, inline
+            )
         if error is not None:
             return await self._failure(job, message, reserved, driver, ctx, payload, error, inline)
         if ctx._release_delay is not None:
             if inline:
                 log.warning(
                     'Job "%s" (%s) called release() on the sync connection, which cannot run '
-                    "it later; the job was dropped.", job.name, message.id,
+                    "it later; the job was dropped.",
+                    job.name,
+                    message.id,
                 )
                 await self._unlock_unique(message)
                 return _Outcome.RELEASED, None
@@ -544,12 +566,16 @@ class QueueManager:
         if job_log.isEnabledFor(_DEBUG):
             job_log.debug(
                 'Job "%s" done in %dms (attempt %d/%d)',
-                job.name, round(elapsed * 1000), reserved.attempt, tries,
+                job.name,
+                round(elapsed * 1000),
+                reserved.attempt,
+                tries,
                 extra={"job": job.name, "job_id": message.id, "attempt": reserved.attempt},
             )
         next_error: BaseException | None = None
-        if message.chain_catch and not (message.chain or ctx._chain_appended
-                                        or ctx._chain_prepended):
+        if message.chain_catch and not (
+            message.chain or ctx._chain_appended or ctx._chain_prepended
+        ):
             self.forget_callbacks(message.chain_catch)  # the chain ended well
         if message.chain or ctx._chain_appended or ctx._chain_prepended:
             try:
@@ -561,8 +587,12 @@ class QueueManager:
                     next_error = e
                 else:
                     # This job did its work; leaving it un-acked would only run it again.
-                    log.exception('job "%s" (%s) succeeded but dispatching the next link of '
-                                  "chain %s failed", job.name, message.id, message.chain_id)
+                    log.exception(
+                        'job "%s" (%s) succeeded but dispatching the next link of chain %s failed',
+                        job.name,
+                        message.id,
+                        message.chain_id,
+                    )
         if message.batch_id is not None:
             await self._settle_batch(message, "done", None)
         if message.unique is not None:
@@ -601,7 +631,9 @@ class QueueManager:
         if task in done:
             task.result()
             return
-        err = JobTimeoutError(f'Job "{job.name}" timed out after {timeout:g}s (attempt {ctx.attempt})')
+        err = JobTimeoutError(
+            f'Job "{job.name}" timed out after {timeout:g}s (attempt {ctx.attempt})'
+        )
         ctx.signal.abort(err)  # the signal is set first, then the handler is cancelled
         task.cancel()
         try:
@@ -625,12 +657,22 @@ class QueueManager:
     ) -> tuple[str, BaseException | None]:
         final_error = await self._final_reason(job, message, reserved, ctx, error)
         if final_error is not None or inline:
-            return await self._final(job, message, reserved, driver, ctx, payload, final_error or error, inline)
-        delay = ctx._retry_delay if ctx._retry_delay is not None else backoff_delay(job.backoff, reserved.attempt)
+            return await self._final(
+                job, message, reserved, driver, ctx, payload, final_error or error, inline
+            )
+        delay = (
+            ctx._retry_delay
+            if ctx._retry_delay is not None
+            else backoff_delay(job.backoff, reserved.attempt)
+        )
         job_log.warning(
             'Job "%s" failed (attempt %d/%s), retrying in %ss: %s: %s',
-            job.name, reserved.attempt, "∞" if job.retry_until else job.tries, f"{delay:g}",
-            type(error).__name__, error,
+            job.name,
+            reserved.attempt,
+            "∞" if job.retry_until else job.tries,
+            f"{delay:g}",
+            type(error).__name__,
+            error,
             extra={"job": job.name, "job_id": message.id, "attempt": reserved.attempt},
         )
         await driver.release(reserved, delay, consume_attempt=True)
@@ -653,7 +695,8 @@ class QueueManager:
             n = await self._state_store().increment(self._exceptions_key(message), 1, 7 * 86400)
             if n >= job.max_exceptions:
                 return MaxExceptionsError(
-                    f'Job "{job.name}" raised {n} exceptions (max_exceptions={job.max_exceptions}); '
+                    f'Job "{job.name}" raised {n} exceptions '
+                    f"(max_exceptions={job.max_exceptions}); "
                     f"last: {type(error).__name__}: {error}"
                 )
         if job.retry_until is not None:
@@ -681,14 +724,19 @@ class QueueManager:
     ) -> tuple[str, BaseException | None]:
         job_log.error(
             'Job "%s" failed after %d attempt(s): %s: %s',
-            job.name, reserved.attempt, type(error).__name__, error,
+            job.name,
+            reserved.attempt,
+            type(error).__name__,
+            error,
             exc_info=error if not inline else None,
             extra={"job": job.name, "job_id": message.id, "attempt": reserved.attempt},
         )
         if self.events.failing:
             await self.events.emit("failing", ctx, error)
         if job.failed is not None:
-            await self._call_failed(job, payload if payload is not None else message.payload, error, ctx)
+            await self._call_failed(
+                job, payload if payload is not None else message.payload, error, ctx
+            )
         await driver.fail(reserved, self.failed_record(message, driver.name, error))
         await self._unlock_unique(message)
         if job.max_exceptions is not None:
@@ -725,7 +773,11 @@ class QueueManager:
         # ``unique``, but ``message`` keeps it so that _final can still release the lock.
         body_message = copy.copy(message)
         body_message.unique = None
-        if message.enc is None and message.job in _registry_names() and get_job(message.job).encrypted:
+        if (
+            message.enc is None
+            and message.job in _registry_names()
+            and get_job(message.job).encrypted
+        ):
             from .crypto import encrypt_payload
 
             encrypt_payload(self.app, body_message)
@@ -742,7 +794,9 @@ class QueueManager:
             body=encode(body_message),
         )
 
-    async def _fail_undecodable(self, reserved: Reserved, driver: Driver, error: BaseException) -> None:
+    async def _fail_undecodable(
+        self, reserved: Reserved, driver: Driver, error: BaseException
+    ) -> None:
         from .drivers import FailedJob
 
         m = reserved.message
@@ -775,7 +829,9 @@ class QueueManager:
 
         await chain_failed(self, message, error)
 
-    async def _settle_batch(self, message: Message, outcome: str, error: BaseException | None) -> None:
+    async def _settle_batch(
+        self, message: Message, outcome: str, error: BaseException | None
+    ) -> None:
         from .batches import settle
 
         await settle(self, message, outcome, error)
@@ -828,12 +884,19 @@ class QueueManager:
     def connection_names(self, connection: str | None) -> list[str]:
         return [self.app.connection_name(connection)]
 
-    async def failed(self, connection: str | None = None, queue: str | None = None) -> list[FailedJob]:
+    async def failed(
+        self, connection: str | None = None, queue: str | None = None
+    ) -> list[FailedJob]:
         driver = self.app.driver(connection)
         return await driver.failed.list(queue)
 
-    async def retry(self, ids: str | Sequence[str] | None = None, *, connection: str | None = None,
-                    queue: str | None = None) -> list[str]:
+    async def retry(
+        self,
+        ids: str | Sequence[str] | None = None,
+        *,
+        connection: str | None = None,
+        queue: str | None = None,
+    ) -> list[str]:
         """Put failed jobs back on their queue (all when ``ids`` is None); returns their ids."""
         from .message import decode
 
@@ -858,7 +921,11 @@ class QueueManager:
             message.attempts = 0
             message.ts = _time()
             body = encode(message)
-            target = self.app.driver(message.connection or driver.name) if message.connection in self.app.queue_config.connections else driver
+            target = (
+                self.app.driver(message.connection or driver.name)
+                if message.connection in self.app.queue_config.connections
+                else driver
+            )
             if target.inline:
                 await self.run_inline(message, body, target)
             else:
@@ -937,9 +1004,11 @@ def _compose(middleware: list[Callable[..., Any]], job: JobDefinition[Any]) -> P
     call: Pipeline
     if job.is_async:
         if n == 0:
+
             async def call(payload: Any, ctx: JobContext) -> Any:
                 return await handler()
         elif n == 1:
+
             async def call(payload: Any, ctx: JobContext) -> Any:
                 return await handler(payload)
         else:
@@ -960,6 +1029,7 @@ def _sync_call(handler: Callable[..., Any], n: int) -> Pipeline:
         return handler(payload, ctx)
 
     if _EMSCRIPTEN:  # no threads under Pyodide: run inline
+
         async def inline(payload: Any, ctx: JobContext) -> Any:
             return invoke(payload, ctx)
 

@@ -46,15 +46,23 @@ def _c_dumps() -> Any:
     if make is None:
         return None
     e, esc = _encoder, json.encoder.encode_basestring
-    args = (e.default, esc, e.indent, e.key_separator, e.item_separator, e.sort_keys,
-            e.skipkeys, e.allow_nan)
+    args = (
+        e.default,
+        esc,
+        e.indent,
+        e.key_separator,
+        e.item_separator,
+        e.sort_keys,
+        e.skipkeys,
+        e.allow_nan,
+    )
 
     def dumps(o: Any) -> str:
         # a fresh markers dict per call, as in iterencode: thread-safe, no stale marks
         return "".join(make({}, *args)(o, 0))
 
     try:
-        sample = {"v": 1, "s": "é\u2028\"\n", "f": [1.5, -0.0, 10**20], "n": None, "b": True}
+        sample = {"v": 1, "s": 'é\u2028"\n', "f": [1.5, -0.0, 10**20], "n": None, "b": True}
         if dumps(sample) == _dumps(sample):
             return dumps
     except Exception:

@@ -136,14 +136,22 @@ class FakeQueue:
         from .message import new_id
 
         n = sum(len(j) if isinstance(j, list) else 1 for j in pending.jobs)
-        batch = Batch(id=new_id(), name=pending.batch_name, total=n, pending=n,
-                      created_at=time.time(), jobs=list(pending.jobs))
+        batch = Batch(
+            id=new_id(),
+            name=pending.batch_name,
+            total=n,
+            pending=n,
+            created_at=time.time(),
+            jobs=list(pending.jobs),
+        )
         self.batches.append(RecordedBatch(batch, pending, spec))
         return batch
 
     # -- assertions ----------------------------------------------------------------
 
-    def recorded(self, job: object, predicate: Callable[..., Any] | None = None) -> list[RecordedJob]:
+    def recorded(
+        self, job: object, predicate: Callable[..., Any] | None = None
+    ) -> list[RecordedJob]:
         """Recorded dispatches of ``job`` whose payload matches ``predicate``."""
         name = _name_of(job)
         return [r for r in self.dispatched if r.name == name and _matches(predicate, r.payload, r)]
@@ -165,7 +173,9 @@ class FakeQueue:
                 f"(dispatched: {', '.join(others)})"
             )
 
-    def assert_not_dispatched(self, job: object, predicate: Callable[..., Any] | None = None) -> None:
+    def assert_not_dispatched(
+        self, job: object, predicate: Callable[..., Any] | None = None
+    ) -> None:
         found = self.recorded(job, predicate)
         if found:
             raise AssertionError(
@@ -194,7 +204,7 @@ class FakeQueue:
         def same(links: list[dict[str, Any]]) -> bool:
             if len(links) != len(expected):
                 return False
-            for link, (name, payload, check) in zip(links, expected):
+            for link, (name, payload, check) in zip(links, expected, strict=True):
                 if link.get("job") != name or (check and link.get("payload") != payload):
                     return False
             return True
@@ -219,7 +229,9 @@ class FakeQueue:
         if self.batches:
             raise AssertionError(f"expected no batch, got {len(self.batches)}")
 
-    def assert_pushed_unique(self, job: object, predicate: Callable[..., Any] | None = None) -> None:
+    def assert_pushed_unique(
+        self, job: object, predicate: Callable[..., Any] | None = None
+    ) -> None:
         """The unique job was queued exactly once (holding its lock)."""
         found = self.recorded(job, predicate)
         name = _name_of(job)

@@ -95,7 +95,9 @@ class Worker:
         self._started_at = time.monotonic()
         self._done = asyncio.Event()
         self.stopping = False
-        self._idle_gate = asyncio.Lock() if self.driver.remote and not self.stop_when_empty else None
+        self._idle_gate = (
+            asyncio.Lock() if self.driver.remote and not self.stop_when_empty else None
+        )
         self._tasks = [
             self._loop.create_task(self._slot(i), name=f"haze-worker-{self.connection}-{i}")
             for i in range(self.concurrency)
@@ -129,8 +131,10 @@ class Worker:
             try:
                 restart = await restart_requested_at(self.app)
                 if restart is not None and restart >= self._started_wall:
-                    log.warning("haze worker: restart requested (queue:restart); stopping "
-                                "after the running jobs")
+                    log.warning(
+                        "haze worker: restart requested (queue:restart); stopping "
+                        "after the running jobs"
+                    )
                     self.request_stop()
                     return
                 self._paused = await paused_queues(self.app, self.connection, self.queues or [])
@@ -203,7 +207,11 @@ class Worker:
                 log.warning(
                     "haze worker: connection %r is unavailable (%s: %s); retrying every %.1fs "
                     "up to %.1fs until it is back",
-                    self.connection, type(e).__name__, e, self._outage_backoff, self.max_sleep,
+                    self.connection,
+                    type(e).__name__,
+                    e,
+                    self._outage_backoff,
+                    self.max_sleep,
                 )
             self._outage = True
             await asyncio.sleep(self._outage_backoff)
@@ -251,7 +259,8 @@ class Worker:
                     self._claiming += 1
                     try:
                         job = await self._claim(
-                            0.0 if self.stop_when_empty else self._wait_for(idle_wait))
+                            0.0 if self.stop_when_empty else self._wait_for(idle_wait)
+                        )
                     finally:
                         self._claiming -= 1
                 finally:

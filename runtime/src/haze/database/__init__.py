@@ -88,8 +88,9 @@ def connect(name: str, options: dict[str, Any], *, root: Any = None, source: str
     url = options["url"]
     dialect = dialect_of(url)
     if dialect not in _BACKENDS:
-        raise ConfigError(f"unsupported database URL {url!r}", source=source,
-                          key=f"connections.{name}.url")
+        raise ConfigError(
+            f"unsupported database URL {url!r}", source=source, key=f"connections.{name}.url"
+        )
     module_name, cls_name = _BACKENDS[dialect]
     try:
         module = importlib.import_module(module_name)

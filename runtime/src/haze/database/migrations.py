@@ -44,16 +44,24 @@ def _queue_db_connection(app: App, connection: str | None) -> tuple[str, str, st
         else:
             raise ConfigError(
                 "no connection uses the database driver; add one to config/queue.py, e.g. "
-                "\"database\": {\"driver\": \"database\", \"connection\": \"main\"}",
+                '"database": {"driver": "database", "connection": "main"}',
                 source=qc.source,
                 key="connections",
             )
     options = qc.connections[app.connection_name(connection)]
     if options["driver"] != "database":
-        raise ConfigError(f"connection {connection!r} does not use the database driver",
-                          source=qc.source, key=f"connections.{connection}.driver")
+        raise ConfigError(
+            f"connection {connection!r} does not use the database driver",
+            source=qc.source,
+            key=f"connections.{connection}.driver",
+        )
     db = options.get("connection") or app.database_config.default
-    return connection, db, options.get("table") or "jobs", options.get("failed_table") or "failed_jobs"
+    return (
+        connection,
+        db,
+        options.get("table") or "jobs",
+        options.get("failed_table") or "failed_jobs",
+    )
 
 
 def make_queue_tables(app: App, connection: str | None = None, *, force: bool = False) -> Path:
@@ -87,9 +95,11 @@ def _statements(sql: str) -> list[str]:
 
 async def _ledger(db: Connector) -> set[str]:
     await db.execute(
-        f"CREATE TABLE IF NOT EXISTS {_LEDGER} (name VARCHAR(191) PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
-        if db.dialect != "sqlite" and db.dialect not in ("libsql", "d1")
-        else f"CREATE TABLE IF NOT EXISTS {_LEDGER} (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)"
+        f"CREATE TABLE IF NOT EXISTS {_LEDGER} "
+        "(name VARCHAR(191) PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+        if db.dialect not in ("sqlite", "libsql", "d1")
+        else f"CREATE TABLE IF NOT EXISTS {_LEDGER} "
+        "(name TEXT PRIMARY KEY, applied_at REAL NOT NULL)"
     )
     rows = await db.fetchall(f"SELECT name FROM {_LEDGER}")
     return {str(r[0]) for r in rows}
@@ -115,8 +125,9 @@ async def migrate(app: App, database: str | None = None) -> MigrationResult:
         async with db.transaction() as tx:
             for stmt in statements:
                 await tx.execute(stmt)
-            await tx.execute(f"INSERT INTO {_LEDGER} (name, applied_at) VALUES (?, ?)",
-                             (path.name, time.time()))
+            await tx.execute(
+                f"INSERT INTO {_LEDGER} (name, applied_at) VALUES (?, ?)", (path.name, time.time())
+            )
         result.applied.append(path.name)
     return result
 

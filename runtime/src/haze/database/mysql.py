@@ -85,6 +85,7 @@ def _abandon(pool: Any, loop: asyncio.AbstractEventLoop | None) -> None:
     """Let go of a pool made on another event loop, which this loop cannot await."""
     with contextlib.suppress(Exception):
         if loop is not None and loop.is_running() and not loop.is_closed():
+
             async def shut() -> None:  # still alive on another thread: close it there
                 pool.close()
                 await pool.wait_closed()
@@ -142,8 +143,9 @@ class MySQLConnector:
             parts = urlsplit(self.url)
             port = parts.port or 3306
         except ValueError as e:
-            raise ConfigError(f"bad MySQL URL {redact_url(self.url)!r}: {e}",
-                              key=f"connections.{name}.url") from None
+            raise ConfigError(
+                f"bad MySQL URL {redact_url(self.url)!r}: {e}", key=f"connections.{name}.url"
+            ) from None
         query = dict(parse_qsl(parts.query))
         self.host = parts.hostname or "localhost"
         self.port = port
@@ -212,7 +214,8 @@ class MySQLConnector:
         kwargs.setdefault("cursorclass", _quiet_cursor())
         try:
             return await aiomysql.create_pool(
-                minsize=1, maxsize=self.pool_size, pool_recycle=self.pool_recycle, **kwargs)
+                minsize=1, maxsize=self.pool_size, pool_recycle=self.pool_recycle, **kwargs
+            )
         except aiomysql.OperationalError as e:
             if e.args and e.args[0] in _CONNECT_ERRORS:
                 raise self._connect_error(e) from None

@@ -208,8 +208,12 @@ class _Listener:
 
     async def _ensure(self, channel: str) -> bool:
         reader = self._reader
-        if (self._conn is not None and channel in self._channels and reader is not None
-                and not reader.done()):
+        if (
+            self._conn is not None
+            and channel in self._channels
+            and reader is not None
+            and not reader.done()
+        ):
             return True
         if self._closed:
             return False
@@ -233,7 +237,8 @@ class _Listener:
                 reader = self._reader
                 if reader is None or reader.done():
                     self._reader = loop.create_task(
-                        self._read(self._conn), name=f"haze-pg-listen-{self._c.name}")
+                        self._read(self._conn), name=f"haze-pg-listen-{self._c.name}"
+                    )
                 return True
             except asyncio.CancelledError:
                 raise
@@ -260,8 +265,10 @@ class _Listener:
         self._retry_at = loop.time() + delay
         (log.warning if self._failures == 1 else log.debug)(
             "haze: LISTEN connection to database %r failed (%s); idle workers poll "
-            "until it reconnects (next try in %.1fs)", self._c.name,
-            str(error).strip() or type(error).__name__, delay,
+            "until it reconnects (next try in %.1fs)",
+            self._c.name,
+            str(error).strip() or type(error).__name__,
+            delay,
         )
         self._wake_all()  # a job may have come in unnoticed: look now
         if conn is not None:
@@ -308,8 +315,9 @@ class PostgresConnector:
         try:
             params = conninfo_to_dict(self.conninfo)
         except Exception as e:
-            raise ConfigError(f"bad PostgreSQL URL {redact_url(self.url)!r}: {e}",
-                              key=f"connections.{name}.url") from None
+            raise ConfigError(
+                f"bad PostgreSQL URL {redact_url(self.url)!r}: {e}", key=f"connections.{name}.url"
+            ) from None
         self.host = str(params.get("host") or "localhost")
         self.port = str(params.get("port") or 5432)
         self.dbname = str(params.get("dbname") or params.get("user") or "")
@@ -402,8 +410,12 @@ class PostgresConnector:
         probe = await self._connect()
         await probe.close()
         pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
-            self.conninfo, kwargs=self._kwargs, min_size=1, max_size=self.pool_size,
-            open=False, name=f"haze-{self.name}",
+            self.conninfo,
+            kwargs=self._kwargs,
+            min_size=1,
+            max_size=self.pool_size,
+            open=False,
+            name=f"haze-{self.name}",
         )
         try:
             await pool.open(wait=True, timeout=float(self._kwargs.get("connect_timeout") or 30))
@@ -463,8 +475,9 @@ class PostgresConnector:
         self._pending.add((channel, payload))
         task = self._notify_task
         if task is None or task.done():
-            self._notify_task = loop.create_task(self._send_notifies(),
-                                                 name=f"haze-pg-notify-{self.name}")
+            self._notify_task = loop.create_task(
+                self._send_notifies(), name=f"haze-pg-notify-{self.name}"
+            )
 
     async def _send_notifies(self) -> None:
         while self._pending:
@@ -476,8 +489,12 @@ class PostgresConnector:
                 async with pool.connection() as conn:
                     await conn.execute(sql, [p for pair in batch for p in pair])
             except Exception as e:
-                log.warning("haze: NOTIFY on database %r failed (%s); idle workers will "
-                            "find the job when they next poll", self.name, e)
+                log.warning(
+                    "haze: NOTIFY on database %r failed (%s); idle workers will "
+                    "find the job when they next poll",
+                    self.name,
+                    e,
+                )
 
     async def listen(self, channel: str, timeout: float) -> None:  # noqa: ASYNC109
         """Return when ``NOTIFY channel`` arrives, or after ``timeout`` seconds."""

@@ -96,7 +96,9 @@ class SQLiteConnector:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: we issue BEGIN/COMMIT ourselves; autocommit otherwise.
         conn = sqlite3.connect(
-            self.path, timeout=self.busy_timeout / 1000, isolation_level=None,
+            self.path,
+            timeout=self.busy_timeout / 1000,
+            isolation_level=None,
             check_same_thread=False,
         )
         conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout}")

@@ -109,7 +109,9 @@ class MemoryDriver:
     def _push(self, queue: str, body: str, used: int, delay: float) -> None:
         wakeup = self._bind()
         if delay > 0:
-            heapq.heappush(self._delayed, (_monotonic() + delay, next(self._seq), queue, body, used))
+            heapq.heappush(
+                self._delayed, (_monotonic() + delay, next(self._seq), queue, body, used)
+            )
             self._arm_timer()
             return
         q = self._ready.get(queue)

@@ -76,8 +76,11 @@ class ServerWorker:
         name = self.app.connection_name(settings.get("connection"))
         driver = self.app.driver(name)
         if driver.inline:
-            log.warning('haze: run_in_server skipped: connection "%s" is sync and runs jobs '
-                        "inside dispatch(); there is nothing to consume", name)
+            log.warning(
+                'haze: run_in_server skipped: connection "%s" is sync and runs jobs '
+                "inside dispatch(); there is nothing to consume",
+                name,
+            )
             return
         queues = settings.get("queues")
         concurrency = settings.get("concurrency")
@@ -86,13 +89,21 @@ class ServerWorker:
         from ..worker import Worker
 
         self.worker = Worker(
-            self.app, name, queues or ["default"], concurrency or 1, control=driver.remote,
+            self.app,
+            name,
+            queues or ["default"],
+            concurrency or 1,
+            control=driver.remote,
             sleep=float(getattr(driver, "sleep", 1.0)),
             max_sleep=getattr(driver, "max_sleep", None),
         )
         self.worker.start()
-        log.info('haze: run_in_server worker started on "%s" (queues %s, concurrency %d)',
-                 name, ",".join(queues or ["default"]), concurrency or 1)
+        log.info(
+            'haze: run_in_server worker started on "%s" (queues %s, concurrency %d)',
+            name,
+            ",".join(queues or ["default"]),
+            concurrency or 1,
+        )
 
     async def stop(self) -> None:
         if self.worker is not None:

@@ -42,8 +42,9 @@ class DatabaseStore:
         self.app = app
         self.table = options.get("table") or "haze_cache"
         if not _IDENT.match(self.table):
-            raise ConfigError(f"{self.table!r} is not a valid SQL identifier",
-                              key=f"stores.{name}.table")
+            raise ConfigError(
+                f"{self.table!r} is not a valid SQL identifier", key=f"stores.{name}.table"
+            )
         self._db_name: str = options.get("connection") or app.database_config.default
         self._db: Connector | None = None
         self._sql: dict[str, str] | None = None

@@ -2,9 +2,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from records import record  # noqa: E402
-
-from haze import define_job  # noqa: E402
+from haze import define_job
+from records import record
 
 
 @define_job(queue="bench")

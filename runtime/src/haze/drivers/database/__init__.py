@@ -37,8 +37,13 @@ if TYPE_CHECKING:
 __all__ = ["DatabaseDriver", "load_sql", "schema_sql"]
 
 _HERE = Path(__file__).parent
-_DIALECT_FILE = {"sqlite": "sqlite", "libsql": "sqlite", "d1": "sqlite", "postgres": "postgres",
-                 "mysql": "mysql"}
+_DIALECT_FILE = {
+    "sqlite": "sqlite",
+    "libsql": "sqlite",
+    "d1": "sqlite",
+    "postgres": "postgres",
+    "mysql": "mysql",
+}
 
 
 def _blocks(file: str) -> dict[str, str]:
@@ -78,15 +83,24 @@ class _FailedJobs:
         except ValueError:
             name, payload, chain_id, batch_id = "<undecodable>", body, None, None
         return FailedJob(
-            id=str(uuid), name=name, connection=connection, queue=queue, payload=payload,
-            exception=exception, failed_at=float(failed_at), chain_id=chain_id,
-            batch_id=batch_id, body=body,
+            id=str(uuid),
+            name=name,
+            connection=connection,
+            queue=queue,
+            payload=payload,
+            exception=exception,
+            failed_at=float(failed_at),
+            chain_id=chain_id,
+            batch_id=batch_id,
+            body=body,
         )
 
     async def record(self, job: FailedJob) -> None:
         d = self._d
-        await d.db.execute(d.sql["failed_insert"], (job.id, job.connection, job.queue, job.body,
-                                                    job.exception, job.failed_at))
+        await d.db.execute(
+            d.sql["failed_insert"],
+            (job.id, job.connection, job.queue, job.body, job.exception, job.failed_at),
+        )
 
     async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
         d = self._d
@@ -131,8 +145,9 @@ class DatabaseDriver:
         self.failed_table = options.get("failed_table") or "failed_jobs"
         for key, value in (("table", self.table), ("failed_table", self.failed_table)):
             if not _IDENT.match(value):
-                raise ConfigError(f"{value!r} is not a valid SQL identifier",
-                                  key=f"connections.{name}.{key}")
+                raise ConfigError(
+                    f"{value!r} is not a valid SQL identifier", key=f"connections.{name}.{key}"
+                )
         self._db_name: str = options.get("connection") or app.database_config.default
         self._db: Connector | None = None
         self._sql: dict[str, str] | None = None
@@ -178,8 +193,9 @@ class DatabaseDriver:
 
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         now = time.time()
-        await self.db.execute(self.sql["enqueue"],
-                              (message.queue, body, message.attempts, now + delay, now))
+        await self.db.execute(
+            self.sql["enqueue"], (message.queue, body, message.attempts, now + delay, now)
+        )
         self._notify(message.queue)
 
     async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
@@ -238,13 +254,15 @@ class DatabaseDriver:
         if row is None:
             return None
         row_id, body, attempts, reserved_at = row
-        if time.time() - token > self.retry_after / 4:
-            # A slow claim (pool start-up, a loaded server) wrote a reserved_at/heartbeat_at
-            # that was already old, so the row may look abandoned to other workers before
-            # the first heartbeat: refresh it now, and if another worker has taken it over
-            # meanwhile, it is not ours to run.
-            if await self.db.execute(sql["heartbeat"], (time.time(), row_id, reserved_at)) == 0:
-                return None
+        # A slow claim (pool start-up, a loaded server) wrote a reserved_at/heartbeat_at
+        # that was already old, so the row may look abandoned to other workers before
+        # the first heartbeat: refresh it now, and if another worker has taken it over
+        # meanwhile, it is not ours to run.
+        if (
+            time.time() - token > self.retry_after / 4
+            and await self.db.execute(sql["heartbeat"], (time.time(), row_id, reserved_at)) == 0
+        ):
+            return None
         if isinstance(body, (bytes, bytearray)):
             body = body.decode("utf-8", "replace")
         try:
@@ -303,8 +321,10 @@ class DatabaseDriver:
         async with self.db.transaction(immediate=True) as tx:
             if await tx.execute(self.sql["ack"], (row_id, reserved_at)) == 0:
                 return
-            await tx.execute(self.sql["enqueue"],
-                             (job.queue, job.body, max(0, job.attempt - 1), now + delay, now))
+            await tx.execute(
+                self.sql["enqueue"],
+                (job.queue, job.body, max(0, job.attempt - 1), now + delay, now),
+            )
         self._notify(job.queue)
 
     async def fail(self, job: Reserved, failed: FailedJob) -> None:
@@ -312,8 +332,17 @@ class DatabaseDriver:
         async with self.db.transaction(immediate=True) as tx:
             if await tx.execute(self.sql["ack"], (row_id, reserved_at)) == 0:
                 return  # another worker reclaimed the row; it owns the outcome now
-            await tx.execute(self.sql["failed_insert"], (failed.id, failed.connection,
-                             failed.queue, failed.body, failed.exception, failed.failed_at))
+            await tx.execute(
+                self.sql["failed_insert"],
+                (
+                    failed.id,
+                    failed.connection,
+                    failed.queue,
+                    failed.body,
+                    failed.exception,
+                    failed.failed_at,
+                ),
+            )
 
     async def heartbeat(self, jobs: Sequence[Reserved]) -> None:
         """Refresh ``heartbeat_at`` of running jobs so they are not reclaimed."""
