@@ -514,9 +514,18 @@ async def test_failed_store_record_keeps_a_failure_from_elsewhere(redis_app):
 
     async with redis_app() as app:
         body = json.dumps({"v": 1, "id": "e" * 32, "job": "rd_plain", "payload": {"n": 9}})
-        await app.driver().failed.record(FailedJob(
-            id="e" * 32, name="rd_plain", connection="r", queue="default", payload={"n": 9},
-            exception="Traceback ...\nKeyError: 'x'", failed_at=time.time(), body=body))
+        await app.driver().failed.record(
+            FailedJob(
+                id="e" * 32,
+                name="rd_plain",
+                connection="r",
+                queue="default",
+                payload={"n": 9},
+                exception="Traceback ...\nKeyError: 'x'",
+                failed_at=time.time(),
+                body=body,
+            )
+        )
         [failed] = await Queue.failed()
         assert failed.id == "e" * 32
         assert failed.payload == {"n": 9}

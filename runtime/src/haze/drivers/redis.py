@@ -89,8 +89,12 @@ _MAX_STALLED = 1 << 30
 _BULK_CHUNK = 1000
 _COUNTED = ["wait", "paused", "delayed", "prioritized"]
 _SIZED = [*_COUNTED, "active"]
-_LOCK_ERRORS = {-1: "the job no longer exists", -2: "its lock expired",
-                -3: "it is no longer active", -6: "another worker owns its lock"}
+_LOCK_ERRORS = {
+    -1: "the job no longer exists",
+    -2: "its lock expired",
+    -3: "it is no longer active",
+    -6: "another worker owns its lock",
+}
 
 
 def _now_ms() -> int:
@@ -183,9 +187,11 @@ class _Link:
         self.connection = RedisConnection(self.client, skipVersionCheck=True)
         self.commands: dict[str, AsyncScript] = self.connection.commands
         self.move_back: AsyncScript = self.client.register_script(
-            loadScript("moveJobFromActiveToWait-9.lua"))
+            loadScript("moveJobFromActiveToWait-9.lua")
+        )
         self.find_failed: AsyncScript = self.client.register_script(
-            (_HERE / "redis_find_failed.lua").read_text())
+            (_HERE / "redis_find_failed.lua").read_text()
+        )
         self.prefix = driver.prefix
         self._scripts: dict[str, _Scripts] = {}
         #: jobs fetched by ack/release/fail (fetchNext), handed out by the next reserve
@@ -246,12 +252,21 @@ class RedisFailedJobs:
         s = link.scripts(job.queue)
         finished = round(job.failed_at * 1000)
         async with link.client.pipeline(transaction=True) as pipe:
-            pipe.hset(s.toKey(job.id), mapping={
-                "name": job.name, "data": job.body, "opts": '{"attempts":1}',
-                "timestamp": finished, "delay": 0, "priority": 0, "atm": 1,
-                "failedReason": _reason(job.exception), "finishedOn": finished,
-                "stacktrace": json.dumps([job.exception]),
-            })
+            pipe.hset(
+                s.toKey(job.id),
+                mapping={
+                    "name": job.name,
+                    "data": job.body,
+                    "opts": '{"attempts":1}',
+                    "timestamp": finished,
+                    "delay": 0,
+                    "priority": 0,
+                    "atm": 1,
+                    "failedReason": _reason(job.exception),
+                    "finishedOn": finished,
+                    "stacktrace": json.dumps([job.exception]),
+                },
+            )
             pipe.zadd(s.keys["failed"], {job.id: finished})
             await pipe.execute()
 
@@ -310,7 +325,7 @@ class RedisFailedJobs:
         link = self._d._link()
         candidates: list[tuple[str, str]] = []
         if id.startswith("bullmq:") and id.count(":") >= 2:
-            q, job_id = id[len("bullmq:"):].rsplit(":", 1)
+            q, job_id = id[len("bullmq:") :].rsplit(":", 1)
             candidates.append((q, job_id))
         elif id in self._where:
             candidates.append(self._where[id])
@@ -405,7 +420,9 @@ class RedisDriver:
         #: how often stalled jobs are looked for (BullMQ's stalledInterval)
         self.stalled_interval = lock
         self._url, self._kwargs, _ = redis_settings(
-            app, options.get("connection"), options.get("url"),
+            app,
+            options.get("connection"),
+            options.get("url"),
             where=f"connections.{name}.connection",
         )
         self._worker_opts = {"lockDuration": self.lock_ms}
@@ -443,8 +460,10 @@ class RedisDriver:
             return
         link = self._link()
         now = _now_ms()
-        jobs = [(m.queue, _NewJob(m.job, body, round(d * 1000) if d > 0 else 0, now))
-                for body, m, d in items]
+        jobs = [
+            (m.queue, _NewJob(m.job, body, round(d * 1000) if d > 0 else 0, now))
+            for body, m, d in items
+        ]
         for i in range(0, len(jobs), _BULK_CHUNK):
             await self._add_chunk(link, jobs[i : i + _BULK_CHUNK])
 
@@ -455,8 +474,9 @@ class RedisDriver:
                 for queue, job in jobs:
                     await link.scripts(queue).addJob(job, proxy)
                 results = await pipe.execute(raise_on_error=False)
-            missing = [j for j, r in zip(jobs, results, strict=True)
-                       if isinstance(r, NoScriptError)]
+            missing = [
+                j for j, r in zip(jobs, results, strict=True) if isinstance(r, NoScriptError)
+            ]
             for r in results:
                 if isinstance(r, Exception) and not isinstance(r, NoScriptError):
                     raise r
@@ -566,12 +586,12 @@ class RedisDriver:
         if task is None:
             markers = [link.scripts(q).keys["marker"] for q in queues]
             task = link.waits[key] = asyncio.ensure_future(
-                link.client.bzpopmin(markers, max(0.001, within)))
+                link.client.bzpopmin(markers, max(0.001, within))
+            )
             task.add_done_callback(_retrieved)
         stopper = asyncio.ensure_future(stop.wait())
         try:
-            await asyncio.wait((task, stopper), timeout=within,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((task, stopper), timeout=within, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopper.cancel()
         if not task.done():
@@ -607,13 +627,30 @@ class RedisDriver:
             job_id, token = job.token
             link.open.discard(job.token)
             s = link.scripts(job.queue)
-            keys = [s.keys[k] for k in ("active", "wait", "stalled", "paused", "meta", "limiter",
-                                        "prioritized", "marker", "events")]
+            keys = [
+                s.keys[k]
+                for k in (
+                    "active",
+                    "wait",
+                    "stalled",
+                    "paused",
+                    "meta",
+                    "limiter",
+                    "prioritized",
+                    "marker",
+                    "events",
+                )
+            ]
             try:
                 await link.move_back(keys=keys, args=[job_id, token, s.toKey(job_id)])
             except Exception as e:
-                log.warning("haze redis: could not hand back job %s on %s: %s (it returns "
-                            "when its lock expires)", job_id, job.queue, e)
+                log.warning(
+                    "haze redis: could not hand back job %s on %s: %s (it returns "
+                    "when its lock expires)",
+                    job_id,
+                    job.queue,
+                    e,
+                )
 
     async def _settled(self, link: _Link, job: Reserved, result: Any, what: str) -> None:
         """Check a finishing script's reply; keep the job it fetched, if any."""
@@ -621,10 +658,16 @@ class RedisDriver:
             if result < 0:
                 log.warning(
                     "haze redis: %s of job %s on %s/%s skipped: %s (a stalled check gave it "
-                    "to another worker)", what, job.token[0], self.name, job.queue,
+                    "to another worker)",
+                    what,
+                    job.token[0],
+                    self.name,
+                    job.queue,
                     _LOCK_ERRORS.get(result, f"BullMQ error {result}"),
-                    extra={"job_id": job.message.id if job.message else None,
-                           "attempt": job.attempt},
+                    extra={
+                        "job_id": job.message.id if job.message else None,
+                        "attempt": job.attempt,
+                    },
                 )
             return
         if not result:
@@ -646,8 +689,15 @@ class RedisDriver:
         job_id, token = job.token
         s = link.scripts(job.queue)
         fetch = self._fetch(link, job)
-        keys, args = s.moveToFinishedArgs(_ActiveJob(job_id, self._queue_opts), None, "returnvalue",
-                                          self.keep_completed, "completed", token, fetch)
+        keys, args = s.moveToFinishedArgs(
+            _ActiveJob(job_id, self._queue_opts),
+            None,
+            "returnvalue",
+            self.keep_completed,
+            "completed",
+            token,
+            fetch,
+        )
         result = await link.commands["moveToFinished"](keys=keys, args=args)
         await self._settled(link, job, result, "completing")
 
@@ -657,8 +707,11 @@ class RedisDriver:
         job_id, token = job.token
         s = link.scripts(job.queue)
         fetch = self._fetch(link, job)
-        opts = {"skipAttempt": not consume_attempt, "fetchNext": fetch,
-                "workerOpts": self._worker_opts}
+        opts = {
+            "skipAttempt": not consume_attempt,
+            "fetchNext": fetch,
+            "workerOpts": self._worker_opts,
+        }
         delay_ms = max(0, round(delay * 1000))
         keys, args = s.moveToDelayedArgs(job_id, _now_ms(), token, delay_ms, opts)
         result = await link.commands["moveToDelayed"](keys=keys, args=args)
@@ -673,9 +726,14 @@ class RedisDriver:
         if failed.body and failed.body != job.body:
             fields["data"] = failed.body  # e.g. without the unique lock, or encrypted
         keep: int | bool = self.keep_failed if self.keep_failed is not None else False
-        keys, args = s.moveToFailedArgs(_ActiveJob(job_id, self._queue_opts),
-                                        _reason(failed.exception), keep, token,
-                                        self._fetch(link, job), fields)
+        keys, args = s.moveToFailedArgs(
+            _ActiveJob(job_id, self._queue_opts),
+            _reason(failed.exception),
+            keep,
+            token,
+            self._fetch(link, job),
+            fields,
+        )
         result = await link.commands["moveToFinished"](keys=keys, args=args)
         await self._settled(link, job, result, "failing")
 
@@ -688,17 +746,23 @@ class RedisDriver:
                 ids, tokens = by_queue.setdefault(job.queue, ([], []))
                 ids.append(job.token[0])
                 tokens.append(job.token[1])
-        results = await asyncio.gather(*(
-            link.scripts(q).extendJobLocks(ids, tokens, self.lock_ms)
-            for q, (ids, tokens) in by_queue.items()
-        ))
+        results = await asyncio.gather(
+            *(
+                link.scripts(q).extendJobLocks(ids, tokens, self.lock_ms)
+                for q, (ids, tokens) in by_queue.items()
+            )
+        )
         for q, lost in zip(by_queue, results, strict=True):
             tokens_by_id = dict(zip(*by_queue[q], strict=True))
             for job_id in lost or ():
                 if (job_id, tokens_by_id.get(job_id)) not in link.open:
                     continue  # it finished while the renewal was on its way
-                log.warning("haze redis: job %s on %s/%s lost its lock; another worker may "
-                            "run it again", job_id, self.name, q)
+                log.warning(
+                    "haze redis: job %s on %s/%s lost its lock; another worker may run it again",
+                    job_id,
+                    self.name,
+                    q,
+                )
 
     async def check_stalled(self, queues: Iterable[str] | None = None) -> list[str]:
         """Run BullMQ's stalled check now; returns the ids of the jobs put back.
@@ -711,8 +775,13 @@ class RedisDriver:
         for q in list(queues) if queues is not None else list(link.consumed or self.queues):
             ids = await link.scripts(q).moveStalledJobsToWait(_MAX_STALLED, self.lock_ms)
             for job_id in ids or ():
-                log.warning("haze redis: job %s on %s/%s stalled (its worker stopped renewing "
-                            "the lock); it is back on the queue", job_id, self.name, q)
+                log.warning(
+                    "haze redis: job %s on %s/%s stalled (its worker stopped renewing "
+                    "the lock); it is back on the queue",
+                    job_id,
+                    self.name,
+                    q,
+                )
                 moved.append(str(job_id))
         return moved
 
@@ -745,12 +814,13 @@ class RedisDriver:
         link = self._link()
         s = link.scripts(queue)
         async with link.client.pipeline(transaction=True) as pipe:
-            proxy = _Pipe(pipe)
-            await link.commands["getCounts"](keys=[s.keys[""]], args=_COUNTED,
-                                             client=proxy)  # type: ignore[arg-type]
+            proxy: Any = _Pipe(pipe)
+            await link.commands["getCounts"](keys=[s.keys[""]], args=_COUNTED, client=proxy)
             await link.commands["drain"](
                 keys=s.getKeys(["wait", "paused", "delayed", "prioritized", "repeat"]),
-                args=[s.keys[""], "1"], client=proxy)  # type: ignore[arg-type]
+                args=[s.keys[""], "1"],
+                client=proxy,
+            )
             results = await pipe.execute(raise_on_error=False)
         if any(isinstance(r, NoScriptError) for r in results):
             counts = await s.getCounts(_COUNTED)

@@ -67,8 +67,9 @@ def redis_settings(
             )
         settings = dict(cfg.connections[name])
     elif connection is not None:
-        raise ConfigError(f"redis connection {connection!r} needs an app with config/redis.py",
-                          key=where)
+        raise ConfigError(
+            f"redis connection {connection!r} needs an app with config/redis.py", key=where
+        )
     key_prefix = str(settings.get("key_prefix") or "")
     if url:
         return url, {}, key_prefix
@@ -81,8 +82,11 @@ def new_client(url: str | None, kwargs: dict[str, Any]) -> aioredis.Redis:
     """An asyncio client that decodes replies to ``str``. Its pool makes callers wait for
     a free connection (up to ``_POOL_SIZE``) instead of failing with "Too many
     connections" when many coroutines use it at once."""
-    opts: dict[str, Any] = {"decode_responses": True, "max_connections": _POOL_SIZE,
-                            "timeout": _POOL_WAIT}
+    opts: dict[str, Any] = {
+        "decode_responses": True,
+        "max_connections": _POOL_SIZE,
+        "timeout": _POOL_WAIT,
+    }
     if url:
         pool = aioredis.BlockingConnectionPool.from_url(url, **opts, **kwargs)
     else:
@@ -114,9 +118,11 @@ class _Conn:
     def __init__(self, client: aioredis.Redis) -> None:
         self.client = client
         self.increment: AsyncScript = client.register_script(
-            (_HERE / "redis_increment.lua").read_text())
+            (_HERE / "redis_increment.lua").read_text()
+        )
         self.delete_owner: AsyncScript = client.register_script(
-            (_HERE / "redis_delete_owner.lua").read_text())
+            (_HERE / "redis_delete_owner.lua").read_text()
+        )
 
 
 class RedisStore:
@@ -128,7 +134,9 @@ class RedisStore:
     def __init__(self, name: str, options: dict[str, Any], app: Any = None):
         self.name = name
         self._url, self._kwargs, key_prefix = redis_settings(
-            app, options.get("connection"), options.get("url"),
+            app,
+            options.get("connection"),
+            options.get("url"),
             where=f"stores.{name}.connection",
         )
         self.prefix = key_prefix + str(options.get("prefix") or "")
