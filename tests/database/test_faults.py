@@ -320,13 +320,19 @@ async def test_five_thousand_jobs_three_workers_random_sigkills(
         killed = 0
         deadline = started + 150
         next_kill = started + rng.uniform(2.0, 4.0)
-        while not keys <= set(h.counts("end")):
+        while True:
+            ended = [(k, pid) for e, k, _, pid, _ in h.events() if e == "end"]
+            done_keys = {k for k, _ in ended}
+            if keys <= done_keys:
+                break
             assert time.monotonic() < deadline, (
-                f"{len(keys - set(h.counts('end')))} of {total} jobs unfinished after 150 s")
+                f"{len(keys - done_keys)} of {total} jobs unfinished after 150 s")
             for p in live:
                 assert p.poll() is None, f"worker {p.pid} died on its own:\n{h.log(p)}"
-            ready = [p for p in live if "Working connection" in h.log(p)]
-            # kill a working worker, never the last one working (a restart takes seconds)
+            working_pids = {pid for _, pid in ended}
+            ready = [p for p in live if p.pid in working_pids]
+            # kill a worker that is running jobs, never the last one (a restart takes
+            # seconds: the banner, then connecting, then the first claim)
             if kills and time.monotonic() >= next_kill and len(ready) >= 2:
                 victim = ready[rng.randrange(len(ready))]  # a worker that is working
                 live.remove(victim)
@@ -336,7 +342,7 @@ async def test_five_thousand_jobs_three_workers_random_sigkills(
                 fresh = h.start_worker("--concurrency", str(concurrency), *DBG)
                 live.append(fresh)
                 next_kill = time.monotonic() + rng.uniform(2.5, 5.0)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.2)
         elapsed = time.monotonic() - started
         for p in live:
             await h.wait_ready(p)  # a SIGTERM before its handlers are in would just kill it
