@@ -101,9 +101,23 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return counts
 
 
+def _ensure_event_loop() -> None:
+    """Pulumi's mocks use ``asyncio.get_event_loop()``; pytest-asyncio tests that ran
+    earlier in the session leave the main thread without a loop, so make one."""
+    import asyncio
+
+    try:
+        closed = asyncio.get_event_loop_policy().get_event_loop().is_closed()
+    except RuntimeError:
+        closed = True
+    if closed:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+
+
 def deploy(program: Callable[[], Any], project: str = "haze-infra-test") -> RecordingMocks:
     """Run ``program`` as a Pulumi program against fresh mocks and wait for everything."""
     mocks = RecordingMocks()
+    _ensure_event_loop()
     pulumi.runtime.set_mocks(mocks, project=project, stack="test", preview=False)
     monitor = pulumi.runtime.settings.SETTINGS.monitor
 

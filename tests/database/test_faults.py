@@ -273,14 +273,18 @@ async def test_job_of_a_sigkilled_worker_runs_again_after_retry_after(
         assert await h.wait_exit(first) == -signal.SIGKILL
         [(_, attempts, reserved)] = await h.table_rows()
         assert attempts == 1 and reserved is not None, "the row stays claimed by the dead worker"
+        [(last_beat,)] = await h.app.database().fetchall(
+            f"SELECT COALESCE(heartbeat_at, reserved_at) FROM {h.jobs}")
+        assert float(last_beat) >= float(reserved) and float(last_beat) <= time.time()
 
         second = h.start_worker("--concurrency", "2")
         await h.wait_ready(second)
         await h.wait_ended({"a"}, timeout=40, procs=[second])
         runs = [(e, a, t) for e, k, a, _, t in h.events() if k == "a"]
         assert [(e, a) for e, a, _ in runs] == [("start", 1), ("start", 2), ("end", 2)]
-        # not before retry_after (3 s) had passed since the claim, with no heartbeat since
-        assert runs[1][2] - started >= 2.9
+        # not before retry_after (3 s) had passed since the dead worker's last heartbeat
+        assert runs[1][2] - float(last_beat) >= 2.95
+        assert runs[0][2] == started
         second.send_signal(signal.SIGTERM)
         assert await h.wait_exit(second) == 0
         assert await h.table_rows() == [] and await h.failed_rows() == []
