@@ -28,7 +28,8 @@ def record(t_enq: float) -> None:
 
 def read() -> list[tuple[float, float]]:
     try:
-        data = open(RECORD_FILE, "rb").read()
+        with open(RECORD_FILE, "rb") as f:
+            data = f.read()
     except FileNotFoundError:
         return []
     return [REC.unpack_from(data, i * REC.size) for i in range(len(data) // REC.size)]

@@ -185,7 +185,8 @@ def _register_remote_sim() -> Callable[[], None]:
 # ``sqld`` per session (started on first use). Tables are created with the runtime's
 # own ``ensure_queue_tables`` (run on a helper thread: the spec hooks are synchronous).
 
-PG_ADMIN_URL = os.environ.get("HAZE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN_URL = os.environ.get("HAZE_TEST_POSTGRES_URL",
+                              "postgresql://postgres@127.0.0.1:5432/postgres")
 MYSQL_ADMIN_URL = os.environ.get("HAZE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/")
 _DB_SESSION = f"haze_contract_{os.getpid()}"
 _db_state: dict[str, Any] = {}
@@ -258,24 +259,26 @@ def _server_database(kind: str) -> str:
         url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{_DB_SESSION}"
 
         def drop() -> None:
-            with contextlib.suppress(Exception), psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
+            with contextlib.suppress(Exception), \
+                    psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
                 c.execute(f"DROP DATABASE IF EXISTS {_DB_SESSION} WITH (FORCE)")
     else:
-        import pymysql
         from urllib.parse import urlsplit
 
+        import pymysql
+
         parts = urlsplit(MYSQL_ADMIN_URL)
-        admin = dict(host=parts.hostname, port=parts.port or 3306, user=parts.username or "root",
-                     password=parts.password or "")
+        admin = {"host": parts.hostname, "port": parts.port or 3306,
+                 "user": parts.username or "root", "password": parts.password or ""}
         with contextlib.closing(pymysql.connect(**admin)) as c, c.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS {_DB_SESSION}")
             cur.execute(f"CREATE DATABASE {_DB_SESSION}")
         url = MYSQL_ADMIN_URL.rstrip("/") + f"/{_DB_SESSION}"
 
         def drop() -> None:
-            with contextlib.suppress(Exception), contextlib.closing(pymysql.connect(**admin)) as c:
-                with c.cursor() as cur:
-                    cur.execute(f"DROP DATABASE IF EXISTS {_DB_SESSION}")
+            with contextlib.suppress(Exception), \
+                    contextlib.closing(pymysql.connect(**admin)) as c, c.cursor() as cur:
+                cur.execute(f"DROP DATABASE IF EXISTS {_DB_SESSION}")
 
     atexit.register(drop)
     _db_state[kind] = url
@@ -299,8 +302,35 @@ def _sqld_url() -> str:
         server = module.SqldServer(Path(tempfile.mkdtemp(prefix="haze-contract-sqld-")))
         server.start()
         atexit.register(server.stop)
+        # atexit does not run when pytest is killed (a CI timeout): a watchdog stops the
+        # server (its own process group) once this process is gone.
+        import subprocess
+
+        subprocess.Popen(
+            [sys.executable, "-c", _SQLD_WATCHDOG, str(os.getpid()), str(server.process.pid)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         _db_state["libsql"] = server.url
     return str(_db_state["libsql"])
+
+
+_SQLD_WATCHDOG = """
+import os, signal, sys, time
+parent, group = int(sys.argv[1]), int(sys.argv[2])
+while os.getppid() == parent:  # reparented once the test process is gone
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        sys.exit()  # the server was stopped normally
+    time.sleep(1)
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:
+        break
+    time.sleep(3)
+"""
 
 
 #: What the in-process worker (queues=None) polls, in this order: QUEUES plus the
@@ -314,7 +344,8 @@ def _database_connection(tmp: Path) -> dict[str, Any]:
 
 _CLEANUP = {
     "postgres": ("TRUNCATE jobs, failed_jobs RESTART IDENTITY", "DROP TABLE IF EXISTS haze_cache"),
-    "mysql": ("TRUNCATE TABLE jobs", "TRUNCATE TABLE failed_jobs", "DROP TABLE IF EXISTS haze_cache"),
+    "mysql": ("TRUNCATE TABLE jobs", "TRUNCATE TABLE failed_jobs",
+              "DROP TABLE IF EXISTS haze_cache"),
     "libsql": ("DELETE FROM jobs", "DELETE FROM failed_jobs", "DROP TABLE IF EXISTS haze_cache"),
 }
 

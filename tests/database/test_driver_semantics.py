@@ -35,7 +35,8 @@ from haze.worker import Worker
 
 pytestmark = pytest.mark.timeout(90)
 
-PG_ADMIN_URL = os.environ.get("HAZE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN_URL = os.environ.get("HAZE_TEST_POSTGRES_URL",
+                              "postgresql://postgres@127.0.0.1:5432/postgres")
 MYSQL_ADMIN_URL = os.environ.get("HAZE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/")
 SESSION_DB = f"dbx_sem_{os.getpid()}"
 _names = itertools.count()
@@ -208,8 +209,8 @@ async def dbx_sem_secret(payload: Any, job: JobContext) -> None:
     RUNS.append(("secret", payload, job.attempt, None))
 
 
-async def until(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
+async def until(predicate: Any, within: float = 10.0, interval: float = 0.02) -> None:
+    deadline = time.monotonic() + within
     while True:
         value = predicate()
         if asyncio.iscoroutine(value):
@@ -521,11 +522,11 @@ async def test_same_process_dispatch_wakes_an_idle_worker_at_once(env: Env) -> N
         await asyncio.sleep(0.3)  # every slot is idle, in a 5 s wait
         t = time.perf_counter()
         await dbx_sem_record.dispatch({"n": 1})
-        await until(lambda: runs("record"), timeout=4.0, interval=0.005)
+        await until(lambda: runs("record"), within=4.0, interval=0.005)
         latency = time.perf_counter() - t
         t = time.perf_counter()
         await Queue.bulk([dbx_sem_record.with_(i) for i in range(2, 6)])
-        await until(lambda: len(runs("record")) == 5, timeout=4.0, interval=0.005)
+        await until(lambda: len(runs("record")) == 5, within=4.0, interval=0.005)
         bulk_latency = time.perf_counter() - t
     finally:
         t = time.perf_counter()
@@ -654,8 +655,8 @@ async def test_make_queue_tables_and_migrate_are_idempotent(db_url: str, tmp_pat
             assert first.applied == [path.name] and first.skipped == []
             second = await migrate(app)
             assert second.applied == [] and second.skipped == [path.name]
-            ledger = await db.fetchall("SELECT name, applied_at FROM haze_migrations WHERE name = ?",
-                                       (path.name,))
+            ledger = await db.fetchall(
+                "SELECT name, applied_at FROM haze_migrations WHERE name = ?", (path.name,))
             assert len(ledger) == 1 and float(ledger[0][1]) <= time.time()
 
             # the migrated tables are the driver's tables

@@ -46,7 +46,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 APPS = Path(__file__).parent / "apps"
 APP = APPS / "faults"
-PG_ADMIN_URL = os.environ.get("HAZE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN_URL = os.environ.get("HAZE_TEST_POSTGRES_URL",
+                              "postgresql://postgres@127.0.0.1:5432/postgres")
 MYSQL_ADMIN_URL = os.environ.get("HAZE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/")
 SESSION_DB = f"dbx_flt_{os.getpid()}"
 _names = itertools.count()
@@ -172,9 +173,9 @@ class Harness:
     def log(p: subprocess.Popen[bytes]) -> str:
         return Path(p.log).read_text(errors="replace")  # type: ignore[attr-defined]
 
-    async def wait_ready(self, p: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    async def wait_ready(self, p: subprocess.Popen[bytes], within: float = 60) -> None:
         """Until the worker printed its banner (its signal handlers are installed then)."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + within
         while "Working connection" not in self.log(p):
             if p.poll() is not None:
                 raise AssertionError(f"worker exited with {p.returncode}:\n{self.log(p)}")
@@ -182,8 +183,8 @@ class Harness:
                 raise TimeoutError(f"worker did not start:\n{self.log(p)}")
             await asyncio.sleep(0.05)
 
-    async def wait_exit(self, p: subprocess.Popen[bytes], timeout: float = 60) -> int:
-        deadline = time.monotonic() + timeout
+    async def wait_exit(self, p: subprocess.Popen[bytes], within: float = 60) -> int:
+        deadline = time.monotonic() + within
         while p.poll() is None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"worker {p.pid} did not exit:\n{self.log(p)}")
@@ -210,15 +211,16 @@ class Harness:
     def counts(self, event: str) -> collections.Counter[str]:
         return collections.Counter(k for e, k, *_ in self.events() if e == event)
 
-    async def wait_ended(self, keys: set[str], timeout: float,
+    async def wait_ended(self, keys: set[str], within: float,
                          procs: list[subprocess.Popen[bytes]] | None = None) -> None:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + within
         while not keys <= set(self.counts("end")):
             for p in procs or []:
                 assert p.poll() is None, f"worker {p.pid} exited:\n{self.log(p)}"
             if time.monotonic() > deadline:
                 missing = keys - set(self.counts("end"))
-                raise TimeoutError(f"{len(missing)} jobs never finished, e.g. {sorted(missing)[:5]}")
+                raise TimeoutError(
+                    f"{len(missing)} jobs never finished, e.g. {sorted(missing)[:5]}")
             await asyncio.sleep(0.1)
 
     async def table_rows(self) -> list[tuple[Any, ...]]:
@@ -279,7 +281,7 @@ async def test_job_of_a_sigkilled_worker_runs_again_after_retry_after(
 
         second = h.start_worker("--concurrency", "2")
         await h.wait_ready(second)
-        await h.wait_ended({"a"}, timeout=40, procs=[second])
+        await h.wait_ended({"a"}, within=40, procs=[second])
         runs = [(e, a, t) for e, k, a, _, t in h.events() if k == "a"]
         assert [(e, a) for e, a, _ in runs] == [("start", 1), ("start", 2), ("end", 2)]
         # not before retry_after (3 s) had passed since the dead worker's last heartbeat
@@ -316,14 +318,15 @@ async def test_five_thousand_jobs_three_workers_random_sigkills(
     rng = random.Random(20260101)
     async with harness(backend_url(request, kind, tmp_path), tmp_path, retry_after="3s") as h:
         keys = {str(i) for i in range(total)}
-        await Queue.bulk([dbx_fault_record.with_({"k": i, "sleep": 0.005}) for i in range(total)])
+        # 30 ms a job: the run lasts long enough (>= 7 s on a fast machine) for the storm
+        await Queue.bulk([dbx_fault_record.with_({"k": i, "sleep": 0.03}) for i in range(total)])
         live = [h.start_worker("--concurrency", str(concurrency), *DBG) for _ in range(workers)]
         for p in live:
             await h.wait_ready(p)
         started = time.monotonic()
         killed = 0
         deadline = started + 150
-        next_kill = started + rng.uniform(2.0, 4.0)
+        next_kill = started + rng.uniform(1.0, 2.0)
         while True:
             ended = [(k, pid) for e, k, _, pid, _ in h.events() if e == "end"]
             done_keys = {k for k, _ in ended}
@@ -345,7 +348,7 @@ async def test_five_thousand_jobs_three_workers_random_sigkills(
                 killed += 1
                 fresh = h.start_worker("--concurrency", str(concurrency), *DBG)
                 live.append(fresh)
-                next_kill = time.monotonic() + rng.uniform(2.5, 5.0)
+                next_kill = time.monotonic() + rng.uniform(1.5, 3.0)
             await asyncio.sleep(0.2)
         elapsed = time.monotonic() - started
         for p in live:
@@ -456,7 +459,7 @@ async def test_database_down_at_start_and_mid_run_logs_and_retries(
             assert h.events() == []
             # 2. the database comes up: the same process runs the queued jobs
             await proxy.start()
-            await h.wait_ended({f"a{i}" for i in range(5)}, timeout=60, procs=[worker])
+            await h.wait_ended({f"a{i}" for i in range(5)}, within=60, procs=[worker])
             assert "reachable again" in h.log(worker)
             # 3. it goes away mid-run (connections cut, port closed) while jobs arrive
             await proxy.stop()
@@ -466,9 +469,9 @@ async def test_database_down_at_start_and_mid_run_logs_and_retries(
             assert h.log(worker).count("is unavailable") >= 2, h.log(worker)
             # 4. back again: the jobs dispatched during the outage run
             await proxy.start()
-            await h.wait_ended({f"b{i}" for i in range(5)}, timeout=90, procs=[worker])
+            await h.wait_ended({f"b{i}" for i in range(5)}, within=90, procs=[worker])
             worker.send_signal(signal.SIGTERM)
-            assert await h.wait_exit(worker, timeout=60) == 0, h.log(worker)
+            assert await h.wait_exit(worker, within=60) == 0, h.log(worker)
         finally:
             await proxy.stop()
         assert len(h.procs) == 1, "one worker process throughout (no crash loop)"
@@ -484,7 +487,8 @@ async def test_sigterm_drains_running_jobs_and_exits_zero(
     request: pytest.FixtureRequest, kind: str, tmp_path: Path
 ) -> None:
     async with harness(backend_url(request, kind, tmp_path), tmp_path) as h:
-        await Queue.bulk([dbx_fault_record.with_({"k": f"slow{i}", "sleep": 2.0}) for i in range(3)])
+        await Queue.bulk([dbx_fault_record.with_({"k": f"slow{i}", "sleep": 2.0})
+                          for i in range(3)])
         await Queue.bulk([dbx_fault_record.with_({"k": f"queued{i}"}) for i in range(4)])
         worker = h.start_worker("--concurrency", "3")
         await h.wait_ready(worker)
@@ -501,10 +505,18 @@ async def test_sigterm_drains_running_jobs_and_exits_zero(
         assert "waiting for 3 running job(s)" in h.log(worker)
         # nothing lost: another worker runs the rest
         await Worker(h.app, "db", ["default"], 2, sleep=0.05, stop_when_empty=True).run()
-        assert set(h.counts("end")) == {f"slow{i}" for i in range(3)} | {f"queued{i}" for i in range(4)}
+        assert set(h.counts("end")) == ({f"slow{i}" for i in range(3)}
+                                        | {f"queued{i}" for i in range(4)})
 
 
-# =========================================================================== the store, across processes
+# =========================================================================== the store, processes
+
+
+def _contender(url: str, table: str, i: int, increments: int, locks: int,
+               go: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, str(APPS / "store_race.py"), url, table, str(i),
+                             str(increments), str(locks), str(go)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
@@ -515,12 +527,7 @@ async def test_database_store_add_and_increment_are_atomic_across_processes(
     table = f"dbx_store_race_{os.getpid()}_{next(_names)}"
     procs_n, increments, locks = 4, 150, 40
     go = tmp_path / "go"
-    procs = [
-        subprocess.Popen([sys.executable, str(APPS / "store_race.py"), url, table, str(i),
-                          str(increments), str(locks), str(go)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for i in range(procs_n)
-    ]
+    procs = [_contender(url, table, i, increments, locks, go) for i in range(procs_n)]
     try:
         await asyncio.sleep(1.0)  # let them connect and create the table
         go.touch()

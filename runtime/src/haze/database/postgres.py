@@ -169,7 +169,7 @@ class _Listener:
         self._retry_at = 0.0
         self._closed = False
 
-    async def wait(self, channel: str, timeout: float) -> None:  # noqa: ASYNC109
+    async def wait(self, channel: str, timeout: float) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         if channel in self._banked:
@@ -496,7 +496,7 @@ class PostgresConnector:
                     e,
                 )
 
-    async def listen(self, channel: str, timeout: float) -> None:  # noqa: ASYNC109
+    async def listen(self, channel: str, timeout: float) -> None:
         """Return when ``NOTIFY channel`` arrives, or after ``timeout`` seconds."""
         if self._loop is not asyncio.get_running_loop():
             self._bind()
