@@ -71,7 +71,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
 from haze import App, Queue, define_queue_config
 from haze.drivers.memory import MemoryDriver
 
@@ -185,8 +184,9 @@ def _register_remote_sim() -> Callable[[], None]:
 # ``sqld`` per session (started on first use). Tables are created with the runtime's
 # own ``ensure_queue_tables`` (run on a helper thread: the spec hooks are synchronous).
 
-PG_ADMIN_URL = os.environ.get("HAZE_TEST_POSTGRES_URL",
-                              "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN_URL = os.environ.get(
+    "HAZE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
 MYSQL_ADMIN_URL = os.environ.get("HAZE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/")
 _DB_SESSION = f"haze_contract_{os.getpid()}"
 _db_state: dict[str, Any] = {}
@@ -210,7 +210,7 @@ def _in_thread(fn: Callable[[], Awaitable[Any]]) -> Any:
     def target() -> None:
         try:
             box["result"] = asyncio.run(fn())
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             box["error"] = e
 
     t = threading.Thread(target=target, name="contract-db-setup")
@@ -259,8 +259,10 @@ def _server_database(kind: str) -> str:
         url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{_DB_SESSION}"
 
         def drop() -> None:
-            with contextlib.suppress(Exception), \
-                    psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
+            with (
+                contextlib.suppress(Exception),
+                psycopg.connect(PG_ADMIN_URL, autocommit=True) as c,
+            ):
                 c.execute(f"DROP DATABASE IF EXISTS {_DB_SESSION} WITH (FORCE)")
     else:
         from urllib.parse import urlsplit
@@ -268,16 +270,23 @@ def _server_database(kind: str) -> str:
         import pymysql
 
         parts = urlsplit(MYSQL_ADMIN_URL)
-        admin = {"host": parts.hostname, "port": parts.port or 3306,
-                 "user": parts.username or "root", "password": parts.password or ""}
+        admin = {
+            "host": parts.hostname,
+            "port": parts.port or 3306,
+            "user": parts.username or "root",
+            "password": parts.password or "",
+        }
         with contextlib.closing(pymysql.connect(**admin)) as c, c.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS {_DB_SESSION}")
             cur.execute(f"CREATE DATABASE {_DB_SESSION}")
         url = MYSQL_ADMIN_URL.rstrip("/") + f"/{_DB_SESSION}"
 
         def drop() -> None:
-            with contextlib.suppress(Exception), \
-                    contextlib.closing(pymysql.connect(**admin)) as c, c.cursor() as cur:
+            with (
+                contextlib.suppress(Exception),
+                contextlib.closing(pymysql.connect(**admin)) as c,
+                c.cursor() as cur,
+            ):
                 cur.execute(f"DROP DATABASE IF EXISTS {_DB_SESSION}")
 
     atexit.register(drop)
@@ -308,7 +317,9 @@ def _sqld_url() -> str:
 
         subprocess.Popen(
             [sys.executable, "-c", _SQLD_WATCHDOG, str(os.getpid()), str(server.process.pid)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
         _db_state["libsql"] = server.url
@@ -344,8 +355,11 @@ def _database_connection(tmp: Path) -> dict[str, Any]:
 
 _CLEANUP = {
     "postgres": ("TRUNCATE jobs, failed_jobs RESTART IDENTITY", "DROP TABLE IF EXISTS haze_cache"),
-    "mysql": ("TRUNCATE TABLE jobs", "TRUNCATE TABLE failed_jobs",
-              "DROP TABLE IF EXISTS haze_cache"),
+    "mysql": (
+        "TRUNCATE TABLE jobs",
+        "TRUNCATE TABLE failed_jobs",
+        "DROP TABLE IF EXISTS haze_cache",
+    ),
     "libsql": ("DELETE FROM jobs", "DELETE FROM failed_jobs", "DROP TABLE IF EXISTS haze_cache"),
 }
 
@@ -363,16 +377,20 @@ def _database_app_kwargs(kind: str) -> Callable[[Path], dict[str, Any]]:
         # The queue store stays the default memory store: the contract's worker runs in
         # this process, and the contract tests read the memory store's keys. The
         # DatabaseStore has its own suite (test_store_contract.py), processes included.
-        return {"database": define_database_config(default="main",
-                                                   connections={"main": {"url": url}})}
+        return {
+            "database": define_database_config(default="main", connections={"main": {"url": url}})
+        }
 
     return kwargs
 
 
-needs_postgres = pytest.mark.skipif(not _reachable(PG_ADMIN_URL),
-                                    reason=f"no PostgreSQL at {PG_ADMIN_URL}")
-needs_mysql = pytest.mark.skipif(not _reachable(MYSQL_ADMIN_URL.rstrip("/") + "/x"),
-                                 reason=f"no MySQL/MariaDB at {MYSQL_ADMIN_URL}")
+needs_postgres = pytest.mark.skipif(
+    not _reachable(PG_ADMIN_URL), reason=f"no PostgreSQL at {PG_ADMIN_URL}"
+)
+needs_mysql = pytest.mark.skipif(
+    not _reachable(MYSQL_ADMIN_URL.rstrip("/") + "/x"),
+    reason=f"no MySQL/MariaDB at {MYSQL_ADMIN_URL}",
+)
 
 # --------------------------------------------------------------------------- the drivers
 
@@ -525,7 +543,7 @@ async def quietly(aw: Awaitable[Any]) -> Any:
     """Await; return the raised exception instead of propagating it."""
     try:
         return await aw
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return e
 
 
@@ -558,9 +576,7 @@ def make_app(
                 main["concurrency"] = concurrency
             conns = {"main": main, "other": {"driver": "memory"}}
             conns.update(connections or {})
-            queue_kw = {
-                k: kwargs.pop(k) for k in ("store", "batches", "middleware") if k in kwargs
-            }
+            queue_kw = {k: kwargs.pop(k) for k in ("store", "batches", "middleware") if k in kwargs}
             app_kw = dict(s.app_kwargs(tmp_path)) if s.app_kwargs else {}
             app_kw.update(kwargs)
             app = App(
@@ -620,7 +636,13 @@ def remote_sim() -> DriverSpec:
 @pytest.fixture
 def contract() -> SimpleNamespace:
     return SimpleNamespace(
-        quietly=quietly, skip_unless=skip_unless, wait_done=wait_done, REMOTE_SIM=REMOTE_SIM,
-        QUEUES=QUEUES, DRIVERS=DRIVERS, DriverSpec=DriverSpec, FULL=FULL,
+        quietly=quietly,
+        skip_unless=skip_unless,
+        wait_done=wait_done,
+        REMOTE_SIM=REMOTE_SIM,
+        QUEUES=QUEUES,
+        DRIVERS=DRIVERS,
+        DriverSpec=DriverSpec,
+        FULL=FULL,
         RemoteMemoryDriver=RemoteMemoryDriver,
     )

@@ -35,8 +35,9 @@ from haze.worker import Worker
 
 pytestmark = pytest.mark.timeout(90)
 
-PG_ADMIN_URL = os.environ.get("HAZE_TEST_POSTGRES_URL",
-                              "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN_URL = os.environ.get(
+    "HAZE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
 MYSQL_ADMIN_URL = os.environ.get("HAZE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/")
 SESSION_DB = f"dbx_sem_{os.getpid()}"
 _names = itertools.count()
@@ -72,8 +73,12 @@ def _mysql_admin() -> Any:
     import pymysql
 
     parts = urlsplit(MYSQL_ADMIN_URL)
-    return pymysql.connect(host=parts.hostname, port=parts.port or 3306,
-                           user=parts.username or "root", password=parts.password or "")
+    return pymysql.connect(
+        host=parts.hostname,
+        port=parts.port or 3306,
+        user=parts.username or "root",
+        password=parts.password or "",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -115,22 +120,31 @@ class Env:
 
     async def failed_rows(self) -> list[dict[str, Any]]:
         rows = await self.db.fetchall(
-            f"SELECT uuid, connection, queue, payload, exception FROM {self.failed} ORDER BY id")
-        return [dict(zip(["uuid", "connection", "queue", "payload", "exception"], r, strict=True))
-                for r in rows]
+            f"SELECT uuid, connection, queue, payload, exception FROM {self.failed} ORDER BY id"
+        )
+        return [
+            dict(zip(["uuid", "connection", "queue", "payload", "exception"], r, strict=True))
+            for r in rows
+        ]
 
     async def reserve(self) -> Any:
         return await self.driver.reserve(["default"], 0)
 
 
 @contextlib.asynccontextmanager
-async def open_env(db_url: str, tables: tuple[str, str] | None = None,
-                   **options: Any) -> AsyncIterator[Env]:
+async def open_env(
+    db_url: str, tables: tuple[str, str] | None = None, **options: Any
+) -> AsyncIterator[Env]:
     n = next(_names)
     jobs, failed = tables or (f"dbx_jobs_{os.getpid()}_{n}", f"dbx_failed_{os.getpid()}_{n}")
     key = options.pop("key", None)
-    conn = {"driver": "database", "connection": "main", "table": jobs, "failed_table": failed,
-            **options}
+    conn = {
+        "driver": "database",
+        "connection": "main",
+        "table": jobs,
+        "failed_table": failed,
+        **options,
+    }
     app = App(
         queue=define_queue_config(default="db", connections={"db": conn}),
         database=define_database_config(default="main", connections={"main": {"url": db_url}}),
@@ -248,11 +262,18 @@ async def test_concurrent_claims_hand_out_each_row_once(db_url: str) -> None:
     async with open_env(db_url) as env:
         ids = set(await Queue.bulk([dbx_sem_record.with_(i) for i in range(60)]))
         second = App(
-            queue=define_queue_config(default="db", connections={"db": {
-                "driver": "database", "connection": "main", "table": env.jobs,
-                "failed_table": env.failed}}),
-            database=define_database_config(default="main",
-                                            connections={"main": {"url": db_url}}),
+            queue=define_queue_config(
+                default="db",
+                connections={
+                    "db": {
+                        "driver": "database",
+                        "connection": "main",
+                        "table": env.jobs,
+                        "failed_table": env.failed,
+                    }
+                },
+            ),
+            database=define_database_config(default="main", connections={"main": {"url": db_url}}),
         )
         claimed: list[str] = []
 
@@ -361,9 +382,16 @@ async def test_slow_worker_cannot_delete_or_release_a_reclaimed_row(env: Env) ->
     await unchanged()
     await env.driver.release(slow, 0, consume_attempt=False)
     await unchanged()
-    record = FailedJob(id=slow.message.id, name="dbx_sem_record", connection="db",
-                       queue="default", payload=None, exception="late", failed_at=time.time(),
-                       body=slow.body)
+    record = FailedJob(
+        id=slow.message.id,
+        name="dbx_sem_record",
+        connection="db",
+        queue="default",
+        payload=None,
+        exception="late",
+        failed_at=time.time(),
+        body=slow.body,
+    )
     await env.driver.fail(slow, record)
     await unchanged()
     await env.driver.heartbeat([slow])
@@ -459,11 +487,19 @@ async def test_heartbeats_keep_a_long_job_from_being_reclaimed(db_url: str) -> N
         worker = Worker(env.app, "db", ["default"], 1, sleep=0.05, max_sleep=0.05, max_jobs=1)
         worker.start()
         other = App(
-            queue=define_queue_config(default="db", connections={"db": {
-                "driver": "database", "connection": "main", "table": env.jobs,
-                "failed_table": env.failed, "retry_after": 0.6}}),
-            database=define_database_config(default="main",
-                                            connections={"main": {"url": db_url}}),
+            queue=define_queue_config(
+                default="db",
+                connections={
+                    "db": {
+                        "driver": "database",
+                        "connection": "main",
+                        "table": env.jobs,
+                        "failed_table": env.failed,
+                        "retry_after": 0.6,
+                    }
+                },
+            ),
+            database=define_database_config(default="main", connections={"main": {"url": db_url}}),
         )
         stolen: list[Any] = []
         beats: set[float] = set()
@@ -512,7 +548,7 @@ async def test_idle_polling_doubles_from_sleep_to_max_sleep(env: Env) -> None:
     assert waits[:6] == [0.02, 0.04, 0.08, 0.15, 0.15, 0.15]
     # after a job, the interval starts again at sleep
     i = next(i for i, w in enumerate(waits) if i > 0 and w == 0.02)
-    assert waits[i:i + 3] == [0.02, 0.04, 0.08]
+    assert waits[i : i + 3] == [0.02, 0.04, 0.08]
 
 
 async def test_same_process_dispatch_wakes_an_idle_worker_at_once(env: Env) -> None:
@@ -550,8 +586,7 @@ async def test_queue_tables_stay_central_under_a_tenant(env: Env) -> None:
     rows = await env.rows()
     assert len(rows) == 3, "every tenant's jobs are in the one central table"
     assert [json.loads(r["payload"]).get("tenant") for r in rows] == ["acme", "acme", "globex"]
-    worker = Worker(env.app, "db", ["default"], 2, sleep=0.02, max_sleep=0.05,
-                    stop_when_empty=True)
+    worker = Worker(env.app, "db", ["default"], 2, sleep=0.02, max_sleep=0.05, stop_when_empty=True)
     await worker.run()  # the worker itself runs outside any tenant
     assert sorted((p["n"], t) for p, _, t in runs("record")) == [(1, "acme"), (3, "globex")]
     assert runs("tenant_fails") == [({"n": 2}, 1, "acme")]
@@ -570,16 +605,23 @@ async def test_queue_tables_stay_central_under_a_tenant(env: Env) -> None:
 @pytest.mark.parametrize("bad", ["jobs; drop", "jobs drop table x", "1jobs", "x" * 64, ""])
 def test_table_names_are_validated_identifiers_at_config_time(key: str, bad: str) -> None:
     with pytest.raises(ConfigError, match=rf"connections\.db\.{key}"):
-        App(queue=define_queue_config(default="db", connections={
-            "db": {"driver": "database", "connection": "main", key: bad}}))
+        App(
+            queue=define_queue_config(
+                default="db",
+                connections={"db": {"driver": "database", "connection": "main", key: bad}},
+            )
+        )
 
 
 def test_table_names_are_validated_by_the_driver_too() -> None:
     """A driver built from options that skipped config validation still refuses them."""
     from haze.drivers.database import DatabaseDriver
 
-    app = App(database=define_database_config(default="main",
-                                              connections={"main": {"url": "sqlite:///x.db"}}))
+    app = App(
+        database=define_database_config(
+            default="main", connections={"main": {"url": "sqlite:///x.db"}}
+        )
+    )
     with pytest.raises(ConfigError, match=r"connections\.db\.failed_table"):
         DatabaseDriver("db", {"failed_table": "f; DROP TABLE jobs"}, app)
 
@@ -594,10 +636,11 @@ async def test_corrupt_rows_go_to_failed_jobs_with_a_clear_exception(env: Env) -
     for body in bodies:
         await env.db.execute(
             f"INSERT INTO {env.jobs} (queue, payload, attempts, available_at, created_at) "
-            "VALUES (?, ?, 0, ?, ?)", ("default", body, now, now))
+            "VALUES (?, ?, 0, ?, ?)",
+            ("default", body, now, now),
+        )
     await dbx_sem_record.dispatch({"n": "after"})
-    worker = Worker(env.app, "db", ["default"], 1, sleep=0.02, max_sleep=0.05,
-                    stop_when_empty=True)
+    worker = Worker(env.app, "db", ["default"], 1, sleep=0.02, max_sleep=0.05, stop_when_empty=True)
     assert await worker.run() == 4, "corrupt rows do not stop the worker"
     assert runs("record") == [({"n": "after"}, 1, None)]
     assert await env.rows() == []
@@ -636,8 +679,17 @@ async def test_make_queue_tables_and_migrate_are_idempotent(db_url: str, tmp_pat
     jobs, failed = f"dbx_mig_jobs_{os.getpid()}_{n}", f"dbx_mig_failed_{os.getpid()}_{n}"
     app = App(
         root=tmp_path,
-        queue=define_queue_config(default="db", connections={"db": {
-            "driver": "database", "connection": "main", "table": jobs, "failed_table": failed}}),
+        queue=define_queue_config(
+            default="db",
+            connections={
+                "db": {
+                    "driver": "database",
+                    "connection": "main",
+                    "table": jobs,
+                    "failed_table": failed,
+                }
+            },
+        ),
         database=define_database_config(default="main", connections={"main": {"url": db_url}}),
     )
     async with app:
@@ -656,7 +708,8 @@ async def test_make_queue_tables_and_migrate_are_idempotent(db_url: str, tmp_pat
             second = await migrate(app)
             assert second.applied == [] and second.skipped == [path.name]
             ledger = await db.fetchall(
-                "SELECT name, applied_at FROM haze_migrations WHERE name = ?", (path.name,))
+                "SELECT name, applied_at FROM haze_migrations WHERE name = ?", (path.name,)
+            )
             assert len(ledger) == 1 and float(ledger[0][1]) <= time.time()
 
             # the migrated tables are the driver's tables
@@ -666,5 +719,4 @@ async def test_make_queue_tables_and_migrate_are_idempotent(db_url: str, tmp_pat
         finally:
             for t in (jobs, failed):
                 await db.execute(f"DROP TABLE IF EXISTS {t}")
-            await db.execute("DELETE FROM haze_migrations WHERE name LIKE ?",
-                             (f"%{jobs}%",))
+            await db.execute("DELETE FROM haze_migrations WHERE name LIKE ?", (f"%{jobs}%",))

@@ -46,15 +46,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 APPS = Path(__file__).parent / "apps"
 APP = APPS / "faults"
-PG_ADMIN_URL = os.environ.get("HAZE_TEST_POSTGRES_URL",
-                              "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN_URL = os.environ.get(
+    "HAZE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
 MYSQL_ADMIN_URL = os.environ.get("HAZE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/")
 SESSION_DB = f"dbx_flt_{os.getpid()}"
 _names = itertools.count()
 
 # The worker app's job module, loaded once here too so this process can dispatch its jobs.
-_spec = importlib.util.spec_from_file_location("dbx_fault_jobs_in_tests",
-                                               APP / "app" / "job" / "dbx_fault_jobs.py")
+_spec = importlib.util.spec_from_file_location(
+    "dbx_fault_jobs_in_tests", APP / "app" / "job" / "dbx_fault_jobs.py"
+)
 assert _spec is not None and _spec.loader is not None
 jobs_module = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(jobs_module)
@@ -102,8 +104,12 @@ def _mysql_admin() -> Any:
     import pymysql
 
     parts = urlsplit(MYSQL_ADMIN_URL)
-    return pymysql.connect(host=parts.hostname, port=parts.port or 3306,
-                           user=parts.username or "root", password=parts.password or "")
+    return pymysql.connect(
+        host=parts.hostname,
+        port=parts.port or 3306,
+        user=parts.username or "root",
+        password=parts.password or "",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -141,9 +147,18 @@ class Harness:
         self.runs_file = tmp / "runs.txt"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.app = App(
-            queue=define_queue_config(default="db", connections={"db": {
-                "driver": "database", "connection": "main", "table": self.jobs,
-                "failed_table": self.failed, "retry_after": retry_after}}),
+            queue=define_queue_config(
+                default="db",
+                connections={
+                    "db": {
+                        "driver": "database",
+                        "connection": "main",
+                        "table": self.jobs,
+                        "failed_table": self.failed,
+                        "retry_after": retry_after,
+                    }
+                },
+            ),
             database=define_database_config(default="main", connections={"main": {"url": url}}),
         )
 
@@ -152,19 +167,42 @@ class Harness:
     def env(self, url: str | None = None) -> dict[str, str]:
         env = dict(os.environ)
         env.update(
-            DBX_DB_URL=url or self.url, DBX_TABLE=self.jobs, DBX_FAILED_TABLE=self.failed,
-            DBX_RETRY_AFTER=self.retry_after, DBX_RUNS_FILE=str(self.runs_file),
-            DBX_SLEEP="100ms", DBX_MAX_SLEEP="500ms", PYTHONUNBUFFERED="1", COLUMNS="200",
+            DBX_DB_URL=url or self.url,
+            DBX_TABLE=self.jobs,
+            DBX_FAILED_TABLE=self.failed,
+            DBX_RETRY_AFTER=self.retry_after,
+            DBX_RUNS_FILE=str(self.runs_file),
+            DBX_SLEEP="100ms",
+            DBX_MAX_SLEEP="500ms",
+            PYTHONUNBUFFERED="1",
+            COLUMNS="200",
         )
         return env
 
     def start_worker(self, *args: str, url: str | None = None) -> subprocess.Popen[bytes]:
         log = self.tmp / f"worker-{len(self.procs)}.log"
-        cmd = [sys.executable, "-m", "haze.cli", "--root", str(APP), "queue:work",
-               "--connection", "db", "--queue", "default", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "haze.cli",
+            "--root",
+            str(APP),
+            "queue:work",
+            "--connection",
+            "db",
+            "--queue",
+            "default",
+            *args,
+        ]
         with open(log, "wb") as out:
-            p = subprocess.Popen(cmd, env=self.env(url), stdout=out, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, cwd=self.tmp)
+            p = subprocess.Popen(
+                cmd,
+                env=self.env(url),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.tmp,
+            )
         p.log = log  # type: ignore[attr-defined]
         self.procs.append(p)
         return p
@@ -211,8 +249,9 @@ class Harness:
     def counts(self, event: str) -> collections.Counter[str]:
         return collections.Counter(k for e, k, *_ in self.events() if e == event)
 
-    async def wait_ended(self, keys: set[str], within: float,
-                         procs: list[subprocess.Popen[bytes]] | None = None) -> None:
+    async def wait_ended(
+        self, keys: set[str], within: float, procs: list[subprocess.Popen[bytes]] | None = None
+    ) -> None:
         deadline = time.monotonic() + within
         while not keys <= set(self.counts("end")):
             for p in procs or []:
@@ -220,12 +259,14 @@ class Harness:
             if time.monotonic() > deadline:
                 missing = keys - set(self.counts("end"))
                 raise TimeoutError(
-                    f"{len(missing)} jobs never finished, e.g. {sorted(missing)[:5]}")
+                    f"{len(missing)} jobs never finished, e.g. {sorted(missing)[:5]}"
+                )
             await asyncio.sleep(0.1)
 
     async def table_rows(self) -> list[tuple[Any, ...]]:
         return await self.app.database().fetchall(
-            f"SELECT id, attempts, reserved_at FROM {self.jobs} ORDER BY id")
+            f"SELECT id, attempts, reserved_at FROM {self.jobs} ORDER BY id"
+        )
 
     async def failed_rows(self) -> list[tuple[Any, ...]]:
         return await self.app.database().fetchall(f"SELECT uuid, exception FROM {self.failed}")
@@ -276,7 +317,8 @@ async def test_job_of_a_sigkilled_worker_runs_again_after_retry_after(
         [(_, attempts, reserved)] = await h.table_rows()
         assert attempts == 1 and reserved is not None, "the row stays claimed by the dead worker"
         [(last_beat,)] = await h.app.database().fetchall(
-            f"SELECT COALESCE(heartbeat_at, reserved_at) FROM {h.jobs}")
+            f"SELECT COALESCE(heartbeat_at, reserved_at) FROM {h.jobs}"
+        )
         assert float(last_beat) >= float(reserved) and float(last_beat) <= time.time()
 
         second = h.start_worker("--concurrency", "2")
@@ -304,15 +346,25 @@ def _report(tmp_path: Path, record_property: Any, capsys: Any, data: dict[str, A
 
 
 #: (backend, kills): 5,000 jobs each. MariaDB runs the storm only (time budget).
-STORM = [("sqlite", True), ("sqlite", False), ("postgres", True), ("postgres", False),
-         ("mariadb", True)]
+STORM = [
+    ("sqlite", True),
+    ("sqlite", False),
+    ("postgres", True),
+    ("postgres", False),
+    ("mariadb", True),
+]
 
 
-@pytest.mark.parametrize(("kind", "kills"), STORM, ids=[f"{k}-{'kills' if x else 'nokills'}"
-                                                        for k, x in STORM])
+@pytest.mark.parametrize(
+    ("kind", "kills"), STORM, ids=[f"{k}-{'kills' if x else 'nokills'}" for k, x in STORM]
+)
 async def test_five_thousand_jobs_three_workers_random_sigkills(
-    request: pytest.FixtureRequest, kind: str, kills: bool, tmp_path: Path,
-    record_property: Any, capsys: Any,
+    request: pytest.FixtureRequest,
+    kind: str,
+    kills: bool,
+    tmp_path: Path,
+    record_property: Any,
+    capsys: Any,
 ) -> None:
     total, workers, concurrency = 5000, 3, 8
     rng = random.Random(20260101)
@@ -333,7 +385,8 @@ async def test_five_thousand_jobs_three_workers_random_sigkills(
             if keys <= done_keys:
                 break
             assert time.monotonic() < deadline, (
-                f"{len(keys - done_keys)} of {total} jobs unfinished after 150 s")
+                f"{len(keys - done_keys)} of {total} jobs unfinished after 150 s"
+            )
             for p in live:
                 assert p.poll() is None, f"worker {p.pid} died on its own:\n{h.log(p)}"
             working_pids = {pid for _, pid in ended}
@@ -374,8 +427,9 @@ async def test_five_thousand_jobs_three_workers_random_sigkills(
         }
         _report(tmp_path, record_property, capsys, data)
         if not kills:
-            assert data["duplicate_runs"] == 0 and max(ends.values()) == 1, \
+            assert data["duplicate_runs"] == 0 and max(ends.values()) == 1, (
                 "with no kills every job runs exactly once"
+            )
         else:
             assert killed >= 2, "the storm killed too few workers to mean anything"
 
@@ -395,8 +449,9 @@ class Proxy:
         self.writers: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", self.port,
-                                                 reuse_address=True)
+        self.server = await asyncio.start_server(
+            self._handle, "127.0.0.1", self.port, reuse_address=True
+        )
 
     async def stop(self) -> None:
         if self.server is not None:
@@ -487,8 +542,9 @@ async def test_sigterm_drains_running_jobs_and_exits_zero(
     request: pytest.FixtureRequest, kind: str, tmp_path: Path
 ) -> None:
     async with harness(backend_url(request, kind, tmp_path), tmp_path) as h:
-        await Queue.bulk([dbx_fault_record.with_({"k": f"slow{i}", "sleep": 2.0})
-                          for i in range(3)])
+        await Queue.bulk(
+            [dbx_fault_record.with_({"k": f"slow{i}", "sleep": 2.0}) for i in range(3)]
+        )
         await Queue.bulk([dbx_fault_record.with_({"k": f"queued{i}"}) for i in range(4)])
         worker = h.start_worker("--concurrency", "3")
         await h.wait_ready(worker)
@@ -505,18 +561,31 @@ async def test_sigterm_drains_running_jobs_and_exits_zero(
         assert "waiting for 3 running job(s)" in h.log(worker)
         # nothing lost: another worker runs the rest
         await Worker(h.app, "db", ["default"], 2, sleep=0.05, stop_when_empty=True).run()
-        assert set(h.counts("end")) == ({f"slow{i}" for i in range(3)}
-                                        | {f"queued{i}" for i in range(4)})
+        assert set(h.counts("end")) == (
+            {f"slow{i}" for i in range(3)} | {f"queued{i}" for i in range(4)}
+        )
 
 
 # =========================================================================== the store, processes
 
 
-def _contender(url: str, table: str, i: int, increments: int, locks: int,
-               go: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, str(APPS / "store_race.py"), url, table, str(i),
-                             str(increments), str(locks), str(go)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def _contender(
+    url: str, table: str, i: int, increments: int, locks: int, go: Path
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(APPS / "store_race.py"),
+            url,
+            table,
+            str(i),
+            str(increments),
+            str(locks),
+            str(go),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
