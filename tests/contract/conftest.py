@@ -221,8 +221,12 @@ def _in_thread(fn: Callable[[], Awaitable[Any]]) -> Any:
     return box.get("result")
 
 
+_ensured: set[str] = set()
+
+
 def _prepare_tables(url: str, cleanup: Iterable[str] = ()) -> None:
-    """``ensure_queue_tables`` through a throwaway app, then the ``cleanup`` statements."""
+    """``ensure_queue_tables`` through a throwaway app (once per database URL in the
+    session), then the ``cleanup`` statements."""
     from haze import define_database_config
     from haze.database.migrations import ensure_queue_tables
 
@@ -232,7 +236,9 @@ def _prepare_tables(url: str, cleanup: Iterable[str] = ()) -> None:
             database=define_database_config(default="main", connections={"main": {"url": url}}),
         )
         try:
-            await ensure_queue_tables(setup_app)
+            if url not in _ensured:
+                await ensure_queue_tables(setup_app)
+                _ensured.add(url)
             db = setup_app.database()
             for stmt in cleanup:
                 await db.execute(stmt)
@@ -243,6 +249,23 @@ def _prepare_tables(url: str, cleanup: Iterable[str] = ()) -> None:
     _in_thread(go)
 
 
+def _stale_session_databases(names: list[str]) -> list[str]:
+    """Session databases left by test processes that were killed before their atexit
+    (the pid in the name is gone on this machine)."""
+    stale = []
+    for name in names:
+        pid = name.rsplit("_", 1)[-1]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            stale.append(name)
+        except PermissionError:
+            pass
+    return stale
+
+
 def _server_database(kind: str) -> str:
     """The session's database on the PostgreSQL/MariaDB server (created once, dropped at exit)."""
     if kind in _db_state:
@@ -251,6 +274,9 @@ def _server_database(kind: str) -> str:
         import psycopg
 
         with psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
+            rows = c.execute("SELECT datname FROM pg_database WHERE datname LIKE 'haze_contract_%'")
+            for name in _stale_session_databases([r[0] for r in rows.fetchall()]):
+                c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
             c.execute(f"DROP DATABASE IF EXISTS {_DB_SESSION}")
             c.execute(f"CREATE DATABASE {_DB_SESSION}")
             # A throwaway database: no fsync per commit (the contract is about semantics;
@@ -277,6 +303,9 @@ def _server_database(kind: str) -> str:
             "password": parts.password or "",
         }
         with contextlib.closing(pymysql.connect(**admin)) as c, c.cursor() as cur:
+            cur.execute("SHOW DATABASES LIKE 'haze\\_contract\\_%'")
+            for name in _stale_session_databases([r[0] for r in cur.fetchall()]):
+                cur.execute(f"DROP DATABASE IF EXISTS {name}")
             cur.execute(f"DROP DATABASE IF EXISTS {_DB_SESSION}")
             cur.execute(f"CREATE DATABASE {_DB_SESSION}")
         url = MYSQL_ADMIN_URL.rstrip("/") + f"/{_DB_SESSION}"
@@ -353,14 +382,11 @@ def _database_connection(tmp: Path) -> dict[str, Any]:
     return {"driver": "database", "connection": "main", "queues": list(_DATABASE_QUEUES)}
 
 
+#: Empty queue tables before each test (the contract's stores are memory stores).
 _CLEANUP = {
-    "postgres": ("TRUNCATE jobs, failed_jobs RESTART IDENTITY", "DROP TABLE IF EXISTS haze_cache"),
-    "mysql": (
-        "TRUNCATE TABLE jobs",
-        "TRUNCATE TABLE failed_jobs",
-        "DROP TABLE IF EXISTS haze_cache",
-    ),
-    "libsql": ("DELETE FROM jobs", "DELETE FROM failed_jobs", "DROP TABLE IF EXISTS haze_cache"),
+    "postgres": ("TRUNCATE jobs, failed_jobs RESTART IDENTITY",),
+    "mysql": ("TRUNCATE TABLE jobs", "TRUNCATE TABLE failed_jobs"),
+    "libsql": ("DELETE FROM jobs", "DELETE FROM failed_jobs"),
 }
 
 
@@ -440,6 +466,14 @@ DRIVERS: list[DriverSpec] = [
     __import__("runpy").run_path(f"{Path(__file__).parent.parent}/drivers/sqs_spec.py")["SPEC"],
     # later: DriverSpec("redis", ...), DriverSpec("sqs", ...)
 ]
+if sys.platform == "emscripten":
+    # Inside Pyodide the suite runs on the cloudflare driver only, consumed by
+    # QueueWorker.queue() (adapters/cloudflare/tests/test_cf_contract_pyodide.py).
+    DRIVERS = [
+        __import__("runpy").run_path(
+            f"{Path(__file__).parents[2]}/adapters/cloudflare/tests/cf_contract_spec.py"
+        )["SPEC"]
+    ]
 
 #: Not in DRIVERS (the real remote drivers cover that); use make_app(spec=REMOTE_SIM).
 REMOTE_SIM = DriverSpec(
@@ -591,7 +625,14 @@ def make_app(
                 if s.remote:
                     from haze.worker import Worker
 
-                    w = Worker(app, "main", None, concurrency or 1, sleep=0.01, max_sleep=0.02)
+                    # extra["consumer"](app, concurrency): a spec's own consumer, shaped
+                    # like Worker (cloudflare: the platform delivering batches to queue())
+                    consumer = s.extra.get("consumer")
+                    w = (
+                        consumer(app, concurrency)
+                        if consumer is not None
+                        else Worker(app, "main", None, concurrency or 1, sleep=0.01, max_sleep=0.02)
+                    )
                     w.start()
                     workers.append(w)
                 setattr(app, _WORKERS_ATTR, workers)

@@ -17,15 +17,14 @@ import contextlib
 import itertools
 import json
 import os
-import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import haze
 import pytest
+from harness import BACKENDS, backend_url, mysql_database, pg_database
 from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
 from haze.database.migrations import ensure_queue_tables, make_queue_tables, migrate
 from haze.drivers import FailedJob
@@ -35,21 +34,7 @@ from haze.worker import Worker
 
 pytestmark = pytest.mark.timeout(90)
 
-PG_ADMIN_URL = os.environ.get(
-    "HAZE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
-MYSQL_ADMIN_URL = os.environ.get("HAZE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/")
-SESSION_DB = f"dbx_sem_{os.getpid()}"
 _names = itertools.count()
-
-
-def _reachable(url: str) -> bool:
-    parts = urlsplit(url)
-    try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 0), 0.5):
-            return True
-    except OSError:
-        return False
 
 
 # --------------------------------------------------------------------------- backends
@@ -57,52 +42,17 @@ def _reachable(url: str) -> bool:
 
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
-    if not _reachable(PG_ADMIN_URL):
-        pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}")
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
-        c.execute(f"DROP DATABASE IF EXISTS {SESSION_DB}")
-        c.execute(f"CREATE DATABASE {SESSION_DB}")
-    yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{SESSION_DB}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
-        c.execute(f"DROP DATABASE IF EXISTS {SESSION_DB} WITH (FORCE)")
-
-
-def _mysql_admin() -> Any:
-    import pymysql
-
-    parts = urlsplit(MYSQL_ADMIN_URL)
-    return pymysql.connect(
-        host=parts.hostname,
-        port=parts.port or 3306,
-        user=parts.username or "root",
-        password=parts.password or "",
-    )
+    yield from pg_database("dbx_sem")
 
 
 @pytest.fixture(scope="session")
 def mysql_url() -> Iterator[str]:
-    if not _reachable(MYSQL_ADMIN_URL):
-        pytest.skip(f"no MySQL/MariaDB at {MYSQL_ADMIN_URL}")
-    with contextlib.closing(_mysql_admin()) as c, c.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {SESSION_DB}")
-        cur.execute(f"CREATE DATABASE {SESSION_DB}")
-    yield MYSQL_ADMIN_URL.rstrip("/") + f"/{SESSION_DB}"
-    with contextlib.closing(_mysql_admin()) as c, c.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {SESSION_DB}")
-
-
-BACKENDS = ["sqlite", "postgres", "mariadb", "libsql"]
+    yield from mysql_database("dbx_sem")
 
 
 @pytest.fixture(params=BACKENDS)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    kind = request.param
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path}/queue.db"  # tmp_path is absolute: sqlite:////…
-    fixture = {"postgres": "pg_url", "mariadb": "mysql_url", "libsql": "sqld_url"}[kind]
-    return str(request.getfixturevalue(fixture))
+    return backend_url(request, request.param, tmp_path)
 
 
 class Env:

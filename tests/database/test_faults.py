@@ -38,6 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from harness import BACKENDS, backend_url, mysql_database, pg_database
 from haze import App, Queue, define_database_config, define_queue_config
 from haze.database.migrations import ensure_queue_tables
 from haze.worker import Worker
@@ -46,11 +47,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 APPS = Path(__file__).parent / "apps"
 APP = APPS / "faults"
-PG_ADMIN_URL = os.environ.get(
-    "HAZE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
-MYSQL_ADMIN_URL = os.environ.get("HAZE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/")
-SESSION_DB = f"dbx_flt_{os.getpid()}"
 _names = itertools.count()
 
 # The worker app's job module, loaded once here too so this process can dispatch its jobs.
@@ -62,15 +58,6 @@ jobs_module = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(jobs_module)
 dbx_fault_record = jobs_module.dbx_fault_record
 dbx_fault_slow_first = jobs_module.dbx_fault_slow_first
-
-
-def _reachable(url: str) -> bool:
-    parts = urlsplit(url)
-    try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 0), 0.5):
-            return True
-    except OSError:
-        return False
 
 
 def _free_port() -> int:
@@ -85,50 +72,14 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
-    if not _reachable(PG_ADMIN_URL):
-        pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}")
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
-        c.execute(f"DROP DATABASE IF EXISTS {SESSION_DB}")
-        c.execute(f"CREATE DATABASE {SESSION_DB}")
-        # A throwaway database: commits skip the WAL fsync wait. Workers are killed here,
-        # never the server, so this changes speed only, not what the tests can see.
-        c.execute(f"ALTER DATABASE {SESSION_DB} SET synchronous_commit = off")
-    yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{SESSION_DB}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
-        c.execute(f"DROP DATABASE IF EXISTS {SESSION_DB} WITH (FORCE)")
-
-
-def _mysql_admin() -> Any:
-    import pymysql
-
-    parts = urlsplit(MYSQL_ADMIN_URL)
-    return pymysql.connect(
-        host=parts.hostname,
-        port=parts.port or 3306,
-        user=parts.username or "root",
-        password=parts.password or "",
-    )
+    # A throwaway database: commits skip the WAL fsync wait. Workers are killed here,
+    # never the server, so this changes speed only, not what the tests can see.
+    yield from pg_database("dbx_flt", "ALTER DATABASE {db} SET synchronous_commit = off")
 
 
 @pytest.fixture(scope="session")
 def mysql_url() -> Iterator[str]:
-    if not _reachable(MYSQL_ADMIN_URL):
-        pytest.skip(f"no MySQL/MariaDB at {MYSQL_ADMIN_URL}")
-    with contextlib.closing(_mysql_admin()) as c, c.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {SESSION_DB}")
-        cur.execute(f"CREATE DATABASE {SESSION_DB}")
-    yield MYSQL_ADMIN_URL.rstrip("/") + f"/{SESSION_DB}"
-    with contextlib.closing(_mysql_admin()) as c, c.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {SESSION_DB}")
-
-
-def backend_url(request: pytest.FixtureRequest, kind: str, tmp_path: Path) -> str:
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path}/queue.db"
-    fixture = {"postgres": "pg_url", "mariadb": "mysql_url", "libsql": "sqld_url"}[kind]
-    return str(request.getfixturevalue(fixture))
+    yield from mysql_database("dbx_flt")
 
 
 # --------------------------------------------------------------------------- harness
@@ -292,7 +243,7 @@ async def harness(url: str, tmp: Path, retry_after: str = "90s") -> AsyncIterato
                 os.environ["DBX_RUNS_FILE"] = previous
 
 
-ALL = ["sqlite", "postgres", "mariadb", "libsql"]
+ALL = BACKENDS
 DBG = ["-v"] if os.environ.get("DBX_VERBOSE_WORKERS") else []
 
 
@@ -516,6 +467,10 @@ async def test_database_down_at_start_and_mid_run_logs_and_retries(
             await proxy.start()
             await h.wait_ended({f"a{i}" for i in range(5)}, within=60, procs=[worker])
             assert "reachable again" in h.log(worker)
+            deadline = time.monotonic() + 30
+            while await h.table_rows():  # the last acks (a job's end line comes first)
+                assert time.monotonic() < deadline, await h.table_rows()
+                await asyncio.sleep(0.05)
             # 3. it goes away mid-run (connections cut, port closed) while jobs arrive
             await proxy.stop()
             await Queue.bulk([dbx_fault_record.with_({"k": f"b{i}"}) for i in range(5)])
