@@ -219,3 +219,24 @@ async def test_dispatch_from_inside_a_job_and_gather(app: App) -> None:
     await asyncio.gather(*(dispatch_record.dispatch({"i": i}) for i in range(5)))
     await Queue.idle()
     assert sorted(r["payload"]["i"] for r in runs) == [0, 1, 2, 3, 4]
+
+
+@define_job(name="dispatch_unique_big", unique={"for": "1h"})
+async def dispatch_unique_big(payload: Any, job: JobContext) -> None:
+    runs.append({"payload": payload})
+
+
+async def test_unique_lock_is_released_when_the_locked_message_is_too_large(app: App) -> None:
+    # The lock adds a few bytes to the message: a message that fits without it and not
+    # with it must not leave a lock behind that blocks every later dispatch.
+    from haze.errors import PayloadTooLargeError
+    from haze.message import Message, encode
+
+    driver = app.driver("memory")
+    plain = encode(Message(id="0" * 32, job="dispatch_unique_big", payload={"x": "a" * 100}))
+    driver.max_message_size = len(plain) + 40
+    with pytest.raises(PayloadTooLargeError):
+        await dispatch_unique_big.dispatch({"x": "a" * 100})
+    driver.max_message_size = None
+    result = await dispatch_unique_big.with_({"x": "a"}).dispatch()
+    assert not result.skipped

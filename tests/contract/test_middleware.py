@@ -355,7 +355,10 @@ async def mw_throttle_once(payload: dict, job: JobContext) -> None:
     tries=1,
     middleware=[
         throttles_exceptions(
-            max=1, per="1m", key="mw_throttle_when_key", when=lambda p, _x: p["count"]
+            max=1,
+            per="1m",
+            key="mw_throttle_when_key",
+            when=lambda p, job: p["count"] and isinstance(job.error, RuntimeError),
         )
     ],
 )

@@ -5,7 +5,9 @@
 
 State lives in ``batches.store`` (keys ``haze:batch:<id>…``, kept ``batches.ttl``):
 a record, atomic counters (total, pending, processed, failed) and once-markers.
-A job is counted once (a per-job marker guards against redelivery). The worker whose
+A job is counted once (a per-job marker guards against redelivery); a failed job that
+is retried (``queue:retry``/``queue:retry-batch``) and then succeeds moves from failed
+to processed, once (a ``recovered`` counter and marker). The worker whose
 decrement brings ``pending`` to zero ``add()``s the finished marker; only the worker
 whose ``add`` succeeds runs ``then``/``finally``, so they run once among any number
 of workers. ``catch`` runs once, guarded the same way.
@@ -369,9 +371,9 @@ async def _dispatch_items(
 async def find(manager: QueueManager, batch_id: str) -> Batch | None:
     """Read a batch from the store (None when unknown or expired)."""
     store = _store(manager)
-    names = ("", "total", "pending", "processed", "failed", "finished", "cancelled")
+    names = ("", "total", "pending", "processed", "failed", "finished", "cancelled", "recovered")
     values = await store.get_many([_key(batch_id, n) for n in names])
-    record, total, pending, processed, failed, finished, cancelled = values
+    record, total, pending, processed, failed, finished, cancelled, recovered = values
     if record is None:
         return None
     n_failed = int(failed or 0)
@@ -379,6 +381,10 @@ async def find(manager: QueueManager, batch_id: str) -> Batch | None:
     if n_failed:
         got = await store.get_many([_key(batch_id, f"failed:{i}") for i in range(1, n_failed + 1)])
         ids = [str(x) for x in got if x is not None]
+    if recovered and ids:
+        marks = await store.get_many([_key(batch_id, f"recovered:{i}") for i in ids])
+        ids = [i for i, mark in zip(ids, marks, strict=True) if mark is None]
+    n_failed = max(0, n_failed - int(recovered or 0))
     options = dict(record.get("options") or {})
     return Batch(
         id=batch_id,
@@ -411,8 +417,18 @@ async def settle(
     if record is None:
         return  # expired or unknown batch: nothing to count
     ttl = record["options"].get("ttl")
-    if not await store.add(_key(batch_id, f"done:{message.id}"), 1, ttl):
-        return  # a redelivered job is counted once
+    done = _key(batch_id, f"done:{message.id}")
+    if not await store.add(done, outcome, ttl):
+        # A redelivered job is counted once, except a failed job retried (queue:retry)
+        # that now succeeded: it moves from failed to processed, once.
+        if (
+            outcome == "done"
+            and await store.get(done) == "failed"
+            and await store.add(_key(batch_id, f"recovered:{message.id}"), 1, ttl)
+        ):
+            await store.increment(_key(batch_id, "recovered"), 1, ttl)
+            await store.increment(_key(batch_id, "processed"), 1, ttl)
+        return
     callbacks = record.get("callbacks") or {}
     if outcome == "failed":
         n = await store.increment(_key(batch_id, "failed"), 1, ttl)
@@ -566,7 +582,8 @@ def _prunable(
 
 async def _delete(store: Store, batch: Batch) -> None:
     # The record first: a job settling meanwhile then finds nothing to count.
+    raw_failed = int(await store.get(_key(batch.id, "failed")) or 0)  # recovered ones too
     parts = ["", "total", "pending", "processed", "failed", "finished", "cancelled", "catch"]
-    parts += [f"failed:{i}" for i in range(1, batch.failed + 1)]
+    parts += ["recovered", *(f"failed:{i}" for i in range(1, raw_failed + 1))]
     for part in parts:
         await store.delete(_key(batch.id, part))

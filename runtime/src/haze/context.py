@@ -103,6 +103,7 @@ class JobContext:
         "_batch",
         "_chain_appended",
         "_chain_prepended",
+        "_error",
         "_fail_error",
         "_logger",
         "_release_delay",
@@ -145,6 +146,7 @@ class JobContext:
         self._release_delay: float | None = None
         self._retry_delay: float | None = None
         self._fail_error: BaseException | None = None
+        self._error: BaseException | None = None
         self._chain_prepended: list[PendingDispatch[Any]] | None = None
         self._chain_appended: list[PendingDispatch[Any]] | None = None
 
@@ -179,6 +181,14 @@ class JobContext:
         call ``call_next``).
         """
         self._release_delay = parse_duration(delay, "job.release(delay)")
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception the run raised, while a predicate that judges it runs.
+
+        ``throttles_exceptions(when=lambda payload, job: isinstance(job.error, Timeout))``
+        """
+        return self._error
 
     def fail(self, error: BaseException | str | None = None) -> None:
         """Fail this job now, without the remaining tries (Laravel's ``$this->fail()``).

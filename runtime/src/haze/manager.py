@@ -222,7 +222,13 @@ class QueueManager:
                 if fake is not None:
                     fake.record_skipped(job, message)
                 return DispatchResult(holder, skipped=True, chain_id=message.chain_id)
-            body = self.encode(message, driver, job)  # now carries the lock
+            try:
+                body = self.encode(message, driver, job)  # now carries the lock
+            except BaseException:
+                # Too large with the lock's few bytes: a lock held for a job that was
+                # never queued would block every dispatch until it expires.
+                await self._unlock_unique(message)
+                raise
         if fake is not None:
             fake.record(job, message, delay)
             return DispatchResult(message.id, chain_id=message.chain_id)
@@ -298,11 +304,18 @@ class QueueManager:
         store = fake.store if fake is not None else self.app.queue_store
         if fake is None:
             self._check_lock_store(store, driver, "unique jobs")
-        if await store.add(key, message.id, opts.ttl):
-            message.unique = {"key": key, "until": opts.until}
-            return None
-        holder = await store.get(key)
-        return str(holder) if holder is not None else ""
+        # The holder's lock can expire between a failed add and the get: try again
+        # rather than report a skip with no holder id.
+        for _ in range(3):
+            if await store.add(key, message.id, opts.ttl):
+                message.unique = {"key": key, "until": opts.until}
+                return None
+            holder = await store.get(key)
+            if holder is not None:
+                return str(holder)
+        raise HazeError(
+            f'job "{job.name}": the unique lock {key!r} kept changing hands; dispatch again'
+        )
 
     async def _unlock_unique(self, message: Message) -> None:
         if message.unique is None:

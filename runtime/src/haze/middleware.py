@@ -146,8 +146,11 @@ def throttles_exceptions(
 ) -> JobMiddleware:
     """A circuit breaker: after ``max`` exceptions within ``per``, later runs are released
     until the window ends. Exceptions still count as failed attempts; ``backoff``
-    replaces the job's retry wait; one success resets the count. ``when(payload, error)``
-    limits which exceptions count."""
+    replaces the job's retry wait; one success resets the count. ``when(payload, job)``
+    limits which exceptions count; the exception is ``job.error``::
+
+        throttles_exceptions(max=5, per="1m", when=lambda p, job: isinstance(job.error, IOError))
+    """
     where = "throttles_exceptions"
     limit = _positive_int(max, f"{where}: max")
     window = parse_duration(per, f"{where}: per", allow_zero=False)
@@ -155,7 +158,7 @@ def throttles_exceptions(
     if key is not None and not (callable(key) or isinstance(key, str)):
         raise ValueError(f"{where}: key must be a string or a function of the payload, got {key!r}")
     if when is not None and not callable(when):
-        raise ValueError(f"{where}: when must be a predicate (payload, error), got {when!r}")
+        raise ValueError(f"{where}: when must be a predicate (payload, job), got {when!r}")
 
     async def throttle(payload: Any, job: JobContext, call_next: CallNext) -> Any:
         if key is None:
@@ -174,8 +177,14 @@ def throttles_exceptions(
         try:
             result = await call_next()
         except Exception as e:
-            if when is not None and not await _maybe(when(payload, e)):
-                raise
+            if when is not None:
+                job._error = e
+                try:
+                    counts = await _maybe(when(payload, job))
+                finally:
+                    job._error = None
+                if not counts:
+                    raise
             n = await store.increment(base + ":count", 1, window)
             if n >= limit:
                 await store.put(base + ":until", time.time() + window, window)

@@ -719,6 +719,14 @@ def test_retry_batch_retries_only_that_batchs_failed_jobs(site: Site) -> None:
     assert rows(site.db, "SELECT count(*) FROM failed_jobs") == [(2,)]
     work(site)
     assert sorted(ran) == ["a1", "a2", "a3"]
+
+    async def state(app: App) -> Batch | None:
+        return await Queue.find_batch(a.id)
+
+    after = in_app(site.cfg, state)
+    assert after is not None
+    # The two retried jobs now count as processed, not failed (Laravel's retry too).
+    assert (after.failed, after.processed, after.failed_job_ids) == (0, 3, [])
     out = ok(haze(site.cfg, "queue:retry-batch", a.id))
     assert "has no failed jobs" in out
     failed = {r[0] for r in rows(site.db, "SELECT payload FROM failed_jobs")}
