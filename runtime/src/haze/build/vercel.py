@@ -1,0 +1,131 @@
+"""``haze build --preset vercel``: a Vercel Python function that dispatches jobs to a queue
+a worker elsewhere consumes (the seed's table: like Lambda, ``redis`` or ``database``
+with a consumer running somewhere else; Vercel has no queue trigger).
+
+``dist/vercel/`` is the project to deploy (``cd dist/vercel && vercel deploy``)::
+
+    api/dispatch.py      the function, served at /api/dispatch: an ASGI ``app``
+    vercel.json          the function's maxDuration and the files it must include
+    requirements.txt     the third-party packages of haze[<extras of the config>]
+    haze/                haze itself, vendored (it is not on PyPI yet)
+    config/ app/ database/ haze.config.py    the app
+
+The function answers like ``haze_lambda.http_handler`` (see
+:mod:`haze.integrations.http_dispatch`): ``POST`` a JSON body ``{"job", "payload",
+"delay", "queue", "group"}`` with ``Authorization: Bearer $HAZE_HTTP_SECRET`` or an
+``X-Haze-Signature`` HMAC; 202 with the job id.
+
+The default connection must be one another process consumes (``redis``, ``database``,
+``sqs`` or ``cloudflare``): a ``sync`` job would run inside the request and a ``memory``
+one would be lost with the function instance, so the build refuses them.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..errors import ConfigError
+from . import BuildContext, BuildResult
+from ._python import (
+    app_jobs,
+    app_requirements,
+    driver_of,
+    extra_requirements,
+    extras_for,
+    is_sqlite,
+)
+from ._python import is_remote as _is_remote
+
+__all__ = ["MAX_DURATION", "build"]
+
+#: The function's ``maxDuration`` (seconds): a dispatch is one round trip to the queue.
+MAX_DURATION = 10
+
+FUNCTION = "api/dispatch.py"
+
+DISPATCH_PY = '''\
+"""The Vercel function made by `haze build --preset vercel` (rebuild rather than edit).
+
+POST /api/dispatch with {{"job": "...", "payload": ...}} and Authorization: Bearer
+$HAZE_HTTP_SECRET (or X-Haze-Signature: sha256=<HMAC of the body>) dispatches the job to
+the app's default connection; a worker elsewhere (`haze queue:work`) runs it.
+"""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# haze is vendored beside the app (it is not on PyPI yet): it must win over any other.
+sys.path.insert(0, str(ROOT))
+
+from haze.integrations.http_dispatch import DispatchApp  # noqa: E402
+
+app = DispatchApp(root=ROOT, path=None, health_path=None, where="{function}")
+'''
+
+
+def build(ctx: BuildContext) -> BuildResult:
+    app = ctx.app
+    connection = app.queue_config.default
+    driver = driver_of(app, connection)
+    if not _is_remote(app, connection):
+        raise ConfigError(
+            f'the default connection "{connection}" is {driver}: from a Vercel function '
+            + (
+                "a sync job would run inside the request"
+                if driver == "sync"
+                else "a memory job is lost when the function instance stops"
+            )
+            + "; make the default (QUEUE_CONNECTION) a redis or database connection "
+            "consumed by `haze queue:work` elsewhere (sqs and cloudflare work too)",
+            source=app.queue_config.source,
+            key="default",
+        )
+    dest = ctx.dest
+    files = ctx.copy_app(dest)
+    files.extend(ctx.vendor(["haze"], dest))
+    extras = extras_for(app)
+    requirements = [
+        "# Made by `haze build --preset vercel`: the dependencies of haze["
+        + ",".join(extras)
+        + "] (haze itself is vendored in haze/).",
+        *extra_requirements(extras),
+        *app_requirements(ctx.root),
+    ]
+    files.append(ctx.write("requirements.txt", "\n".join(requirements) + "\n"))
+    files.append(ctx.write(FUNCTION, DISPATCH_PY.format(function=f"dist/vercel/{FUNCTION}")))
+    bundled = [n for n in ("config", "app", "database", "haze") if (dest / n).is_dir()]
+    if (dest / "haze.config.py").is_file():
+        bundled.append("haze.config.py")
+    include = "{" + ",".join(f"{n}/**" if (dest / n).is_dir() else n for n in bundled) + "}"
+    vercel_json = {
+        "$schema": "https://openapi.vercel.sh/vercel.json",
+        "functions": {FUNCTION: {"maxDuration": MAX_DURATION, "includeFiles": include}},
+    }
+    files.append(ctx.write("vercel.json", json.dumps(vercel_json, indent=2) + "\n"))
+
+    notes = [
+        f"deploy: cd dist/vercel && vercel deploy; set HAZE_HTTP_SECRET (and the backend's "
+        f"URL) in the project's environment; jobs go to {connection!r} ({driver})",
+        "Vercel runs no worker: run `haze queue:work` on a server or the docker preset's "
+        "image, against the same backend",
+    ]
+    if driver == "database" and is_sqlite(app, connection):
+        notes.append(
+            f'connection "{connection}" is SQLite as read now: a function\'s filesystem is '
+            "not your worker's; set DATABASE_URL to PostgreSQL, MySQL or Turso on Vercel"
+        )
+    pinned = sorted(
+        j.name
+        for j in app_jobs(app)
+        if j.connection is not None
+        and j.connection in app.queue_config.connections
+        and not _is_remote(app, j.connection)
+    )
+    if pinned:
+        notes.append(
+            f"job(s) {', '.join(pinned)} are pinned to an in-process connection; dispatched "
+            "from Vercel they would run in the request or be lost: set HAZE_HTTP_JOBS to "
+            "the jobs the function may dispatch"
+        )
+    return BuildResult(preset=ctx.preset, path=dest, files=files, notes=notes)

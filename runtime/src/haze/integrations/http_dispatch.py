@@ -1,0 +1,338 @@
+"""Dispatch a named job over HTTP: the request rules shared by every HTTP entrypoint.
+
+``haze_lambda.http_handler`` (API Gateway / function URL), the ``server`` preset's
+``POST /dispatch`` and the ``vercel`` preset's function all answer the same request
+the same way; this module is that answer, independent of how the bytes arrived.
+
+Request: ``POST`` with a JSON object body::
+
+    {"job": "send_invoice", "payload": {"invoice_id": 42},
+     "delay": "10m",          # optional: seconds or a duration string
+     "queue": "emails",       # optional
+     "group": "customer-7"}   # optional: SQS FIFO message group
+
+Authentication, with the secret in ``HAZE_HTTP_SECRET`` (compared in constant time):
+
+- ``Authorization: Bearer <secret>``, or
+- ``X-Haze-Signature: sha256=<hex HMAC-SHA256 of the raw body, keyed with the secret>``
+  (the secret itself never travels; a captured request can be replayed, so put a nonce
+  or a unique key in the payload when that matters).
+
+Responses (JSON, ``{"error": "..."}`` on failure):
+
+=====  ==============================================================================
+202    ``{"id": ..., "job": ..., "skipped": bool, "deferred": bool}``
+400    the body is not JSON, not an object, has no "job", an unknown key, a bad delay
+401    no credentials (``WWW-Authenticate: Bearer``)
+403    wrong bearer token or signature
+404    no job by that name (or not in ``HAZE_HTTP_JOBS``, a comma-separated allowlist)
+405    not a POST
+413    the message is over the connection's size limit (or the body over
+       ``HAZE_HTTP_MAX_BODY``, default 10 MiB)
+500    ``HAZE_HTTP_SECRET`` is not set, or the queue connection is misconfigured
+=====  ==============================================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, DelayTooLongError, PayloadTooLargeError, UnknownJobError
+
+if TYPE_CHECKING:
+    from ..app import App
+
+__all__ = [
+    "DispatchApp",
+    "DispatchResponse",
+    "authorize",
+    "check_method",
+    "check_secret",
+    "dispatch_request",
+    "max_body",
+]
+
+log = logging.getLogger("haze.http")
+
+#: The keys a dispatch body may carry.
+KEYS = frozenset({"job", "payload", "delay", "queue", "group"})
+
+DEFAULT_MAX_BODY = 10 * 1024 * 1024
+
+
+@dataclass
+class DispatchResponse:
+    """A status, a JSON body and extra headers, for the caller to put on its wire."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def encoded(self) -> bytes:
+        return json.dumps(self.body, ensure_ascii=False, separators=(",", ":")).encode()
+
+    def all_headers(self) -> dict[str, str]:
+        """The response headers, ``content-type`` included."""
+        return {"content-type": "application/json", **self.headers}
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> DispatchResponse:
+    return DispatchResponse(status, {"error": message}, headers or {})
+
+
+def max_body() -> int:
+    """The largest body accepted, in bytes (``HAZE_HTTP_MAX_BODY``, default 10 MiB)."""
+    return int(os.environ.get("HAZE_HTTP_MAX_BODY") or DEFAULT_MAX_BODY)
+
+
+def too_large(size: int, limit: int | None = None) -> DispatchResponse:
+    limit = max_body() if limit is None else limit
+    return _error(413, f"the body is {size} bytes, over the {limit}-byte limit")
+
+
+def check_method(method: str) -> DispatchResponse | None:
+    """None for a POST, else the 405 response."""
+    method = method.upper()
+    if method == "POST":
+        return None
+    return _error(
+        405, f"use POST to dispatch a job (got {method or 'no method'})", {"allow": "POST"}
+    )
+
+
+def check_secret(where: str) -> DispatchResponse | None:
+    """None when ``HAZE_HTTP_SECRET`` is set, else the 500 response (and an error log)."""
+    if os.environ.get("HAZE_HTTP_SECRET"):
+        return None
+    log.error("%s: HAZE_HTTP_SECRET is not set; refusing requests", where)
+    return _error(500, "the dispatch endpoint is not configured (HAZE_HTTP_SECRET is unset)")
+
+
+def authorize(headers: Mapping[str, str], raw: bytes, secret: str) -> DispatchResponse | None:
+    """None when the request is authenticated, else the 401/403 response.
+
+    ``headers`` must have lower-case names.
+    """
+    authorization = headers.get("authorization")
+    signature = headers.get("x-haze-signature")
+    if authorization:
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return _error(
+                401,
+                'the Authorization header must be "Bearer <token>"',
+                {"www-authenticate": "Bearer"},
+            )
+        if hmac.compare_digest(token.strip().encode(), secret.encode()):
+            return None
+        return _error(403, "the bearer token is not valid")
+    if signature:
+        algorithm, _, given = signature.strip().partition("=")
+        if algorithm.lower() != "sha256" or not given:
+            return _error(401, 'X-Haze-Signature must be "sha256=<hex HMAC of the body>"')
+        expected = hmac.new(secret.encode(), raw, hashlib.sha256).hexdigest()
+        if hmac.compare_digest(given.strip().lower().encode(), expected.encode()):
+            return None
+        return _error(403, "the body signature does not match")
+    return _error(
+        401,
+        "authentication required: send Authorization: Bearer <token> or "
+        "X-Haze-Signature: sha256=<hmac>",
+        {"www-authenticate": "Bearer"},
+    )
+
+
+async def dispatch_request(
+    app: App, method: str, headers: Mapping[str, str], raw: bytes, *, where: str = "haze"
+) -> DispatchResponse:
+    """Answer one dispatch request: method, secret, size, authentication, body, dispatch.
+
+    ``headers`` must have lower-case names; ``where`` names the entrypoint in logs.
+    The app must be the current one (``run_in_app``) when a job's code could look it up.
+    """
+    from ..jobs import PendingDispatch, get_job
+
+    refused = check_method(method) or check_secret(where)
+    if refused is not None:
+        return refused
+    limit = max_body()
+    if len(raw) > limit:
+        return too_large(len(raw), limit)
+    denied = authorize(headers, raw, os.environ["HAZE_HTTP_SECRET"])
+    if denied is not None:
+        return denied
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        return _error(400, f"the body is not valid JSON: {e}")
+    if not isinstance(data, dict):
+        return _error(400, f"the body must be a JSON object, got {type(data).__name__}")
+    unknown = sorted(set(data) - KEYS)
+    if unknown:
+        return _error(
+            400, f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(KEYS))}"
+        )
+    name = data.get("job")
+    if not isinstance(name, str) or not name:
+        return _error(400, 'the body needs "job": the name of a job')
+    allow = os.environ.get("HAZE_HTTP_JOBS")
+    allowed = {j.strip() for j in allow.split(",") if j.strip()} if allow else None
+    try:
+        if allowed is not None and name not in allowed:
+            raise UnknownJobError(name)
+        job = get_job(name)
+    except UnknownJobError:
+        return _error(404, f'no job named "{name}" can be dispatched here')
+    pending: PendingDispatch[Any] = PendingDispatch(job, data.get("payload"))
+    try:
+        if data.get("delay") is not None:
+            pending.delay(data["delay"])
+        for key, setter in (("queue", pending.on_queue), ("group", pending.on_group)):
+            value = data.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                raise ValueError(f'"{key}" must be a string, got {value!r}')
+            setter(value)
+    except ValueError as e:
+        return _error(400, str(e))
+    try:
+        result = await app.manager.dispatch(pending)
+    except PayloadTooLargeError as e:
+        return _error(413, str(e))
+    except ConfigError as e:
+        log.error("%s: cannot dispatch %s: %s", where, name, e)
+        return _error(500, f"the queue connection is misconfigured: {e}")
+    except (DelayTooLongError, TypeError, ValueError) as e:
+        return _error(400, str(e))
+    return DispatchResponse(
+        202, {"id": result.id, "job": name, "skipped": result.skipped, "deferred": result.deferred}
+    )
+
+
+# --------------------------------------------------------------------------- ASGI
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class DispatchApp:
+    """A dependency-free ASGI app: ``POST <path>`` dispatches a job (the rules above),
+    ``GET <health_path>`` answers :func:`haze.queue_check` (200 when ok, else 503).
+
+    ``path=None`` dispatches on every path (a Vercel function owns its route).
+    Give it an entered ``App`` (the ``server`` preset: ``run_in_server`` enters it on
+    the lifespan), or a ``root`` and the app is built on first request, once per event
+    loop: connections opened on one loop cannot be used from another, and a serverless
+    host may not keep one loop for the life of the process.
+    """
+
+    def __init__(
+        self,
+        app: App | None = None,
+        *,
+        root: str | os.PathLike[str] | None = None,
+        path: str | None = "/dispatch",
+        health_path: str | None = "/health",
+        where: str = "haze",
+    ) -> None:
+        if (app is None) == (root is None):
+            raise TypeError("DispatchApp needs exactly one of app= or root=")
+        self._fixed = app
+        self._root = root
+        self._per_loop: tuple[asyncio.AbstractEventLoop, App] | None = None
+        self.path = path
+        self.health_path = health_path
+        self.where = where
+
+    def app(self) -> App:
+        """The haze app serving this request's event loop."""
+        if self._fixed is not None:
+            return self._fixed
+        loop = asyncio.get_running_loop()
+        if self._per_loop is None or self._per_loop[0] is not loop:
+            from ..app import App
+
+            self._per_loop = (loop, App(root=self._root))
+        return self._per_loop[1]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _ack_lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        from ..app import run_in_app
+
+        path = str(scope.get("path") or "/")
+        method = str(scope.get("method") or "")
+        app = self.app()
+        answer: DispatchResponse
+        if self.health_path is not None and path == self.health_path:
+            answer = await run_in_app(app, lambda: _health(method))
+        elif self.path is None or path == self.path:
+            raw = await _read_body(receive, max_body())
+            if raw is None:
+                answer = too_large(max_body() + 1)
+            else:
+                headers = {
+                    k.decode("latin-1").lower(): v.decode("latin-1")
+                    for k, v in scope.get("headers") or []
+                }
+                answer = await run_in_app(
+                    app, lambda: dispatch_request(app, method, headers, raw, where=self.where)
+                )
+        else:
+            answer = _error(404, f"nothing at {path}; POST a job to {self.path}")
+        body = answer.encoded()
+        headers_out = [(k.encode(), v.encode()) for k, v in answer.all_headers().items()]
+        headers_out.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers_out})
+        await send({"type": "http.response.body", "body": body})
+
+
+async def _health(method: str) -> DispatchResponse:
+    from ..health import queue_check
+
+    if method.upper() not in ("GET", "HEAD"):
+        return _error(405, f"use GET for the health check (got {method})", {"allow": "GET"})
+    report = await queue_check()
+    return DispatchResponse(200 if report.ok else 503, report.to_dict())
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The request body, or None once it grows past ``limit`` (the rest is not read)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body") or b""
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+async def _ack_lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
