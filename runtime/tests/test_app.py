@@ -120,6 +120,22 @@ def test_two_discovered_jobs_with_the_same_name_name_both_files(tmp_path: Path) 
 
 
 @pytest.mark.usefixtures("isolated_imports")
+def test_a_second_app_root_with_the_same_job_module_path_is_not_silently_shadowed(
+    tmp_path: Path,
+) -> None:
+    # ``app`` is a namespace package over every root on sys.path: app.job.x of the second
+    # root must not resolve to the first root's module (its job would be kept silently).
+    uid = uuid.uuid4().hex[:8]
+    first = _write(tmp_path / "a", f"app/job/same_{uid}.py", JOB_FILE.format(name=f"same_{uid}"))
+    second = _write(tmp_path / "b", f"app/job/same_{uid}.py", JOB_FILE.format(name=f"same_{uid}"))
+    App(root=tmp_path / "a")
+    with pytest.raises(DuplicateJobError) as info:
+        App(root=tmp_path / "b")
+    assert str(first) in str(info.value)
+    assert str(second) in str(info.value)
+
+
+@pytest.mark.usefixtures("isolated_imports")
 def test_a_broken_job_module_is_a_config_error_naming_it(tmp_path: Path) -> None:
     from haze import ConfigError
 

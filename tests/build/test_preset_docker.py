@@ -350,7 +350,7 @@ def test_the_entrypoint_works_the_queue_and_drains_on_the_stop_signal(
 def test_a_worker_image_needs_a_queue_another_process_can_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    root = write_app(tmp_path / "site", CONFIG, name="docker_write")
+    root = write_app(tmp_path / "site", CONFIG, name="docker_refuse")
     for connection, words in (("memory", "lives inside one process"), ("sync", "is sync")):
         monkeypatch.setenv("QUEUE_CONNECTION", connection)
         with pytest.raises(ConfigError, match=words):

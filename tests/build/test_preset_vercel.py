@@ -158,7 +158,7 @@ def test_the_function_dispatches_to_redis_and_a_worker_runs_it(tmp_path: Path, p
 def test_a_function_must_dispatch_to_a_queue_a_worker_can_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    root = write_app(tmp_path / "site", CONFIG, name="vercel_write")
+    root = write_app(tmp_path / "site", CONFIG, name="vercel_refuse")
     for connection, words in (("memory", "is lost"), ("sync", "inside the request")):
         monkeypatch.setenv("QUEUE_CONNECTION", connection)
         with pytest.raises(ConfigError, match=words) as caught:

@@ -49,16 +49,32 @@ import math
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from haze.build._cloudflare_config import (
+    CF_DEFAULT_BATCH_SIZE,
+    CF_DEFAULT_BATCH_TIMEOUT,
+    CF_MAX_BATCH_SIZE,
+    CF_MAX_BATCH_TIMEOUT,
+    CF_MAX_RETRIES,
+    CloudflarePlan,
+    D1Plan,
+    KvPlan,
+    app_jobs,
+    cloudflare_consumer,
+    cloudflare_max_retries,
+    cloudflare_storage,
+)
 from haze.errors import ConfigError
 
 __all__ = [
+    "CF_DEFAULT_BATCH_SIZE",
+    "CF_DEFAULT_BATCH_TIMEOUT",
     "CF_MAX_BATCH_SIZE",
     "CF_MAX_BATCH_TIMEOUT",
     "CF_MAX_RETRIES",
@@ -109,13 +125,9 @@ LAMBDA_SLACK = 10
 LAMBDA_DEFAULT_TIMEOUT = 60
 #: Lambda's SQS event source: the largest batch (standard queues; FIFO: 10).
 LAMBDA_MAX_BATCH = 10_000
-#: Cloudflare Queues: the largest consumer ``max_retries``, batch and batch timeout (s).
-CF_MAX_RETRIES = 100
-CF_MAX_BATCH_SIZE = 100
-CF_MAX_BATCH_TIMEOUT = 60
-#: Cloudflare's consumer defaults (``max_batch_size`` 10, ``max_batch_timeout`` 5 s).
-CF_DEFAULT_BATCH_SIZE = 10
-CF_DEFAULT_BATCH_TIMEOUT = 5
+# The Cloudflare constants, ``cloudflare_max_retries``, ``CloudflarePlan``, ``D1Plan`` and
+# ``KvPlan`` live in haze.build._cloudflare_config: `haze build --preset cloudflare` derives
+# dist/wrangler.json with the same rules.
 #: Fargate's longest container ``stopTimeout``.
 FARGATE_MAX_STOP_TIMEOUT = 120
 #: Seconds kept between a job's timeout and a stop/drain deadline.
@@ -166,14 +178,6 @@ def min_visibility_timeout(function_timeout: int, batching_window: int = 0) -> i
     return VISIBILITY_FACTOR * function_timeout + batching_window
 
 
-def cloudflare_max_retries(max_tries: int | None) -> int:
-    """Cloudflare counts retries, not tries: ``tries - 1`` (100, the maximum, when
-    unbounded)."""
-    if max_tries is None:
-        return CF_MAX_RETRIES
-    return min(CF_MAX_RETRIES, max_tries - 1)
-
-
 def container_stop_timeout(job_timeout: float | None) -> int:
     """ECS ``stopTimeout``: the longest job + slack (not capped; Fargate allows 120 s)."""
     return math.ceil(job_timeout if job_timeout is not None else UNKNOWN_JOB_TIME) + DRAIN_SLACK
@@ -220,22 +224,6 @@ class SqsPlan:
 
 
 @dataclass(frozen=True)
-class CloudflarePlan:
-    """A ``cloudflare`` connection as a Cloudflare Queue, its DLQ and its consumer."""
-
-    binding: str
-    queue_name: str | None
-    """From the ``cloudflare.wrangler`` producers of ``haze.config.py``, else None."""
-    dead_letter_queue: str | None
-    max_retries: int
-    min_max_retries: int
-    max_batch_size: int
-    max_batch_timeout: float
-    max_concurrency: int | None
-    retry_delay: int | None
-
-
-@dataclass(frozen=True)
 class WorkerPlan:
     """A long-running worker (container) or a scheduled drain for a connection."""
 
@@ -262,23 +250,6 @@ class ConnectionPlan:
     aws: SqsPlan | None = None
     cloudflare: CloudflarePlan | None = None
     worker: WorkerPlan | None = None
-
-
-@dataclass(frozen=True)
-class D1Plan:
-    """A D1 database the Worker binds (a ``d1://`` connection or a wrangler entry)."""
-
-    binding: str
-    connection: str | None
-    database: str | None
-
-
-@dataclass(frozen=True)
-class KvPlan:
-    """A KV namespace the Worker binds (a ``kv`` cache store or a wrangler entry)."""
-
-    binding: str
-    store: str | None
 
 
 @dataclass(frozen=True)
@@ -380,21 +351,7 @@ def load_app(root: str | Path) -> tuple[Any, tuple[EnvRead, ...]]:
 
 
 def _app_jobs(app: Any) -> list[Any]:
-    from haze.jobs import registered_jobs
-
-    jobs = list(registered_jobs().values())
-    if app.root is None:
-        return jobs
-    root = Path(app.root).resolve()
-    mine = []
-    for job in jobs:
-        file = str(job.origin).rsplit(":", 1)[0]
-        try:
-            if Path(file).resolve().is_relative_to(root):
-                mine.append(job)
-        except (OSError, ValueError):
-            continue
-    return mine
+    return list(app_jobs(app))
 
 
 # --------------------------------------------------------------------------- deriving
@@ -547,57 +504,16 @@ def _plan_sqs(
     )
 
 
-def _wrangler_queues(app: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    wrangler = (app.haze_config.cloudflare or {}).get("wrangler") or {}
-    queues = wrangler.get("queues") or {}
-    producers = [p for p in queues.get("producers") or [] if isinstance(p, Mapping)]
-    consumers = [c for c in queues.get("consumers") or [] if isinstance(c, Mapping)]
-    return [dict(p) for p in producers], [dict(c) for c in consumers]
-
-
 def _plan_cloudflare(
     app: Any, name: str, options: dict[str, Any], plan: ConnectionPlan, warnings: list[str]
 ) -> CloudflarePlan:
-    binding = str(options.get("binding") or "QUEUE")
-    producers, consumers = _wrangler_queues(app)
-    queue_name = next(
-        (str(p["queue"]) for p in producers if p.get("binding") == binding and p.get("queue")), None
-    )
-    consumer = next((c for c in consumers if queue_name and c.get("queue") == queue_name), {})
-    need = cloudflare_max_retries(plan.max_tries)
-    max_retries = int(consumer.get("max_retries", need))
-    if max_retries < need:
-        warnings.append(
-            f"connection {name!r}: haze.config.py sets max_retries={max_retries} for queue "
-            f"{queue_name!r}, but a job there has {plan.max_tries} tries (needs >= {need}); "
-            "Cloudflare would dead-letter messages haze still means to retry"
-        )
-    if plan.max_tries is not None and plan.max_tries - 1 > CF_MAX_RETRIES:
-        warnings.append(
-            f"connection {name!r}: {plan.max_tries} tries is more than Cloudflare "
-            f"Queues can retry ({CF_MAX_RETRIES})"
-        )
+    cf = cloudflare_consumer(app, name, options, plan.max_tries, warnings)
     if plan.max_job_timeout is not None and plan.max_job_timeout > LAMBDA_MAX_TIMEOUT:
         warnings.append(
             f"connection {name!r}: a job runs up to {plan.max_job_timeout:g}s; a "
             "Queue consumer invocation has 15 minutes of wall time"
         )
-    dlq = consumer.get("dead_letter_queue")
-    if dlq is None and queue_name is not None:
-        dlq = f"{queue_name}-dlq"
-    concurrency = consumer.get("max_concurrency")
-    delay = consumer.get("retry_delay")
-    return CloudflarePlan(
-        binding=binding,
-        queue_name=queue_name,
-        dead_letter_queue=dlq,
-        max_retries=max_retries,
-        min_max_retries=need,
-        max_batch_size=int(consumer.get("max_batch_size", CF_DEFAULT_BATCH_SIZE)),
-        max_batch_timeout=float(consumer.get("max_batch_timeout", CF_DEFAULT_BATCH_TIMEOUT)),
-        max_concurrency=int(concurrency) if concurrency is not None else None,
-        retry_delay=int(delay) if delay is not None else None,
-    )
+    return cf
 
 
 def _plan_worker(plan: ConnectionPlan, concurrency: int) -> WorkerPlan:
@@ -612,30 +528,7 @@ def _plan_worker(plan: ConnectionPlan, concurrency: int) -> WorkerPlan:
 
 
 def _cloudflare_storage(app: Any) -> tuple[tuple[D1Plan, ...], tuple[KvPlan, ...]]:
-    d1: dict[str, D1Plan] = {}
-    for name, c in app.database_config.connections.items():
-        url = str(c.get("url") or "")
-        if url.lower().startswith("d1://"):
-            binding = str((c.get("options") or {}).get("binding") or "DB")
-            database = urlsplit(url).path.strip("/") or None
-            d1.setdefault(binding, D1Plan(binding=binding, connection=name, database=database))
-    kv: dict[str, KvPlan] = {}
-    for name, s in app.cache_config.stores.items():
-        if s.get("driver") == "kv":
-            binding = str(s.get("binding") or "KV")
-            kv.setdefault(binding, KvPlan(binding=binding, store=name))
-    wrangler = (app.haze_config.cloudflare or {}).get("wrangler") or {}
-    for entry in wrangler.get("d1_databases") or []:
-        if isinstance(entry, Mapping) and entry.get("binding"):
-            b = str(entry["binding"])
-            d1.setdefault(
-                b, D1Plan(binding=b, connection=None, database=entry.get("database_name"))
-            )
-    for entry in wrangler.get("kv_namespaces") or []:
-        if isinstance(entry, Mapping) and entry.get("binding"):
-            b = str(entry["binding"])
-            kv.setdefault(b, KvPlan(binding=b, store=None))
-    return tuple(d1.values()), tuple(kv.values())
+    return cloudflare_storage(app)
 
 
 # --------------------------------------------------------------------------- text output

@@ -217,8 +217,11 @@ class App:
         assert self.root is not None
         if top is None or str(self.root / "app") in top_paths:
             try:
-                importlib.import_module(dotted)
-                return dotted
+                module = importlib.import_module(dotted)
+                # ``app`` is a namespace package spanning every root on sys.path: the
+                # name can resolve to another app's module of the same path.
+                if Path(getattr(module, "__file__", "") or "").resolve() == path:
+                    return dotted
             except HazeError:
                 raise
             except ImportError:

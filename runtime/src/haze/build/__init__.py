@@ -135,10 +135,20 @@ def build(root: str | Path, preset: str, out: str | Path | None = None) -> Build
     app = App(root=root)
     target = Path(out).resolve() if out is not None else root / "dist"
     ctx = BuildContext(app=app, root=root, out=target, preset=preset)
+    name = f"{__name__}.{PRESETS[preset]}"
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name != name:
+            raise
+        raise ConfigError(
+            f"the {preset!r} preset is not available in this haze installation "
+            f"(no module {name}); upgrade haze",
+            key="--preset",
+        ) from None
     if ctx.dest.exists():
         shutil.rmtree(ctx.dest)
     ctx.dest.mkdir(parents=True)
-    module = importlib.import_module(f"{__name__}.{PRESETS[preset]}")
     result: BuildResult = module.build(ctx)
     return result
 

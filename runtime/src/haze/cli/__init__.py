@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "haze.cli.queue",
     "haze.cli.queue_admin",
     "haze.cli.infra",
+    "haze.cli.build",
 )
 
 MISSING_DEPENDENCIES = "The haze CLI needs click and rich: pip install 'haze[cli]'"

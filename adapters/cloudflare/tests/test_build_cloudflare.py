@@ -1,0 +1,408 @@
+"""``haze build --preset cloudflare``, tested by running what it writes.
+
+Real: the build (``haze build`` through its CLI), Pyodide (npm ``pyodide`` under
+Node.js, offline: ``tests/pyodide/run.mjs``), the generated
+``dist/cloudflare/src/entry.py`` and the vendored ``haze`` and ``haze_cloudflare`` copies,
+installed from wheels made of the build output with ``pyodide.loadPackage``, and
+wrangler itself (``wrangler deploy --dry-run``, offline, with the npm ``wrangler`` of
+``tests/cloudflare``) reading ``dist/wrangler.json`` and the top-level ``wrangler.toml``.
+
+Stand-in: Cloudflare Queues and KV, as ``cf_queue_sim.js`` (see test_cf_pyodide.py),
+configured from the consumer the build derived (``max_retries``, dead-letter queue,
+batch size), so the derived values are what the batch runs under.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cf_build import npm_ci
+from click.testing import CliRunner
+from haze.cli import get_cli
+from haze.errors import ConfigError
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+PYODIDE_DIR = ROOT / "tests" / "pyodide"
+WRANGLER_DIR = ROOT / "tests" / "cloudflare"
+
+QUEUE_PY = """\
+from haze import define_queue_config
+
+config = define_queue_config(
+    default="cloudflare",
+    connections={
+        "cloudflare": {"driver": "cloudflare", "binding": "QUEUE", "failed_store": "kv"},
+        "memory": {"driver": "memory"},
+    },
+    store="kv",
+    batches={"store": "kv", "ttl": "1d"},
+)
+"""
+
+CACHE_PY = """\
+from haze import define_cache_config
+
+config = define_cache_config(default="kv", stores={"kv": {"driver": "kv", "binding": "KV"}})
+"""
+
+JOBS_PY = """\
+from haze import JobContext, define_job
+
+RUNS: list = []
+
+
+@define_job(tries=1)
+async def bld_cf_ok(payload: dict, job: JobContext) -> None:
+    RUNS.append(["ok", payload["key"], job.attempt])
+
+
+@define_job(tries=3, backoff=[2, 5])
+async def bld_cf_flaky(payload: dict, job: JobContext) -> None:
+    RUNS.append(["flaky", payload["key"], job.attempt])
+    if job.attempt < payload["ok_at"]:
+        raise RuntimeError(f"flaky {payload['key']} attempt {job.attempt}")
+
+
+@define_job(tries=2, backoff=1)
+async def bld_cf_dead(payload: dict, job: JobContext) -> None:
+    RUNS.append(["dead", payload["key"], job.attempt])
+    raise ValueError(f"dead {payload['key']}")
+"""
+
+HAZE_CONFIG_PY = """\
+from haze import define_haze_config
+
+config = define_haze_config(
+    cloudflare={
+        "wrangler": {
+            "name": "bld-cf",
+            "queues": {
+                "producers": [{"binding": "QUEUE", "queue": "bld-jobs"}],
+                "consumers": [
+                    {"queue": "bld-jobs", "max_batch_size": 5},
+                    {"queue": "bld-other", "max_batch_size": 1},
+                ],
+            },
+            "kv_namespaces": [{"binding": "KV", "id": "0123456789abcdef0123456789abcdef"}],
+            "compatibility_flags": ["nodejs_compat"],
+            "vars": {"HAZE_ENV": "test"},
+            "observability": {"enabled": True},
+        }
+    }
+)
+"""
+
+
+def write_app(root: Path, *, haze_config: bool = True) -> Path:
+    (root / "config").mkdir(parents=True)
+    (root / "config" / "queue.py").write_text(QUEUE_PY)
+    (root / "config" / "cache.py").write_text(CACHE_PY)
+    (root / "app" / "job").mkdir(parents=True)
+    (root / "app" / "__init__.py").write_text("")
+    (root / "app" / "job" / "__init__.py").write_text("")
+    (root / "app" / "job" / "bld_cf_jobs.py").write_text(JOBS_PY)
+    if haze_config:
+        (root / "haze.config.py").write_text(HAZE_CONFIG_PY)
+    return root
+
+
+def build_in_subprocess(root: Path, out: Path) -> str:
+    """``haze build --preset cloudflare`` in a process of its own: an app's job package is
+    ``app``, which only one app per process can own."""
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "haze.cli", "--root", str(root)),
+            *("build", "--preset", "cloudflare", "--out", str(out)),
+        ],
+        env={**os.environ, "COLUMNS": "400"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The test app built with ``haze build --preset cloudflare --out DIST``."""
+    root = write_app(tmp_path_factory.mktemp("bld_cf") / "bldapp")
+    dist = root.parent / "dist"
+    output = build_in_subprocess(root, dist)
+    assert "wrangler.json" in output
+    assert "npx wrangler queues create bld-jobs; npx wrangler queues create bld-jobs-dlq" in output
+    return dist
+
+
+# --------------------------------------------------------------------------- wrangler.json
+
+
+def test_wrangler_json_is_derived_then_merged_with_haze_config(built: Path) -> None:
+    w = json.loads((built / "wrangler.json").read_text())
+    assert w["name"] == "bld-cf"
+    assert w["main"] == "cloudflare/src/entry.py"
+    assert (built / w["main"]).is_file()
+    assert w["compatibility_date"]
+    # derived python_workers first, the app's flag added
+    assert w["compatibility_flags"] == ["python_workers", "nodejs_compat"]
+    assert w["queues"]["producers"] == [{"binding": "QUEUE", "queue": "bld-jobs"}]
+    # bld-jobs: derived settings (max tries 3 -> max_retries 2, DLQ) with the app's
+    # batch size merged in; bld-other: only in haze.config.py, kept as given
+    assert w["queues"]["consumers"] == [
+        {
+            "queue": "bld-jobs",
+            "max_batch_size": 5,
+            "max_batch_timeout": 5,
+            "max_retries": 2,
+            "dead_letter_queue": "bld-jobs-dlq",
+        },
+        {"queue": "bld-other", "max_batch_size": 1},
+    ]
+    # the kv store's binding, with the namespace id from haze.config.py
+    assert w["kv_namespaces"] == [{"binding": "KV", "id": "0123456789abcdef0123456789abcdef"}]
+    assert w["vars"] == {"HAZE_ENV": "test"}
+    assert w["observability"] == {"enabled": True}
+    assert "d1_databases" not in w
+
+
+def test_bundle_layout(built: Path) -> None:
+    src = built / "cloudflare" / "src"
+    entry = (src / "entry.py").read_text()
+    assert "class Default(QueueWorker):" in entry
+    for path in (
+        "haze/__init__.py",
+        "haze/drivers/database/sqlite.sql",
+        "haze_cloudflare/worker.py",
+        "config/queue.py",
+        "app/job/bld_cf_jobs.py",
+        "haze.config.py",
+    ):
+        assert (src / path).is_file(), path
+    assert not list(src.rglob("__pycache__"))
+
+
+def _wrangler() -> Path:
+    if shutil.which("node") is None:
+        pytest.skip("Node.js is not installed")
+    npm_ci(WRANGLER_DIR, "wrangler")
+    exe = WRANGLER_DIR / "node_modules" / ".bin" / "wrangler"
+    if not exe.exists():
+        pytest.skip("wrangler is not installed in tests/cloudflare")
+    return exe
+
+
+def _dry_run(config: Path, outdir: Path, cwd: Path) -> str:
+    env = {
+        **os.environ,
+        "CI": "1",
+        "WRANGLER_SEND_METRICS": "false",
+        "WRANGLER_LOG_PATH": str(outdir.parent / "wrangler-logs"),
+        "XDG_CONFIG_HOME": str(outdir.parent / "xdg"),
+    }
+    proc = subprocess.run(
+        [str(_wrangler()), "deploy", "--dry-run", "--outdir", str(outdir), "-c", str(config)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def test_wrangler_accepts_the_generated_config(built: Path, tmp_path: Path) -> None:
+    out = _dry_run(built / "wrangler.json", tmp_path / "out", built)
+    # wrangler found the entry, uploads the vendored packages as the Worker's modules
+    # and binds what the config names
+    assert (tmp_path / "out" / "entry.py").read_text() == (
+        built / "cloudflare" / "src" / "entry.py"
+    ).read_text()
+    for path in ("haze/__init__.py", "haze_cloudflare/worker.py", "app/job/bld_cf_jobs.py"):
+        assert (tmp_path / "out" / path).is_file(), path
+    assert (tmp_path / "out" / "haze/stores/redis_increment.lua").is_file()  # the Lua rule
+    assert "env.QUEUE (bld-jobs)" in out
+    assert "env.KV (0123456789abcdef0123456789abcdef)" in out
+    assert "env.HAZE_ENV" in out
+
+
+def test_top_level_wrangler_toml_deploys_the_example(tmp_path: Path) -> None:
+    toml_path = ROOT / "wrangler.toml"
+    text = toml_path.read_text()
+    toml = tomllib.loads(text)
+    # build the example where the toml expects it, then let wrangler read a copy of the
+    # toml without its [build] step (which would rebuild into the repository)
+    project = tmp_path / "project"
+    shutil.copytree(
+        ROOT / "examples",
+        project / "examples",
+        ignore=shutil.ignore_patterns("dist", "storage", "__pycache__", "*.db"),
+    )
+    build_in_subprocess(project / "examples", project / "dist")
+    assert toml["main"] == "dist/cloudflare/src/entry.py"
+    assert toml["build"]["command"].endswith("build --preset cloudflare --out dist")
+    copy = dict(toml)
+    del copy["build"]
+    (project / "wrangler.json").write_text(json.dumps(copy))
+    out = _dry_run(project / "wrangler.json", tmp_path / "out", project)
+    assert (tmp_path / "out" / "haze" / "__init__.py").is_file()
+    assert "env.QUEUE (haze-example-cloudflare)" in out
+    assert "env.DB (haze-example)" in out
+    # the toml and the derived dist/wrangler.json describe the same Worker
+    derived = json.loads((project / "dist" / "wrangler.json").read_text())
+    for key in ("name", "compatibility_date", "compatibility_flags", "queues", "d1_databases"):
+        assert toml[key] == derived[key], key
+    consumer = toml["queues"]["consumers"][0]
+    assert consumer["max_retries"] == 2  # publish_post: 3 tries
+    assert consumer["dead_letter_queue"] == "haze-example-cloudflare-dlq"
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_an_app_without_a_cloudflare_connection_is_told_what_to_add(tmp_path: Path) -> None:
+    from haze.build import build
+
+    root = write_app(tmp_path / "app", haze_config=False)
+    (root / "config" / "queue.py").write_text(
+        "from haze import define_queue_config\n"
+        "config = define_queue_config(default='memory', connections={'memory': "
+        "{'driver': 'memory'}})\n"
+    )
+    (root / "config" / "cache.py").unlink()
+    (root / "app" / "job" / "bld_cf_jobs.py").unlink()  # its job names are taken here
+    with pytest.raises(ConfigError) as e:
+        build(root, "cloudflare", tmp_path / "dist")
+    message = str(e.value)
+    assert str(root / "config" / "queue.py") in message
+    assert "connections" in message
+    assert '"driver": "cloudflare"' in message
+    assert not (tmp_path / "dist" / "wrangler.json").exists()
+    result = CliRunner().invoke(get_cli(), ["--root", str(root), "build", "--preset", "cloudflare"])
+    assert result.exit_code == 1
+    assert "no connection uses the cloudflare driver" in result.output
+
+
+# --------------------------------------------------------------------------- Pyodide
+
+
+def _wheel(out: Path, name: str, files: dict[str, bytes]) -> Path:
+    """A pure-Python wheel holding ``files`` (archive name -> content)."""
+    version = "0.1.0"
+    wheel = out / f"{name}-{version}-py3-none-any.whl"
+    dist = f"{name}-{version}.dist-info"
+    files = dict(files)
+    files[f"{dist}/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+    )
+    files[f"{dist}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: haze-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    record = []
+    for arc, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{arc},sha256={digest},{len(data)}")
+    record.append(f"{dist}/RECORD,,")
+    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        for arc, data in sorted(files.items()):
+            z.writestr(arc, data)
+    return wheel
+
+
+def bundle_wheels(src: Path, out: Path) -> list[Path]:
+    """Wheels of the build output: the vendored haze and haze_cloudflare, and the rest of
+    ``src/`` (entry.py, config/, app/) as the app, installed at the top level as the
+    Workers runtime puts the Worker's modules on ``sys.path``."""
+    groups: dict[str, dict[str, bytes]] = {"haze": {}, "haze_cloudflare": {}, "bld_cf_app": {}}
+    for path in sorted(p for p in src.rglob("*") if p.is_file()):
+        arc = path.relative_to(src).as_posix()
+        top = arc.split("/", 1)[0]
+        groups[top if top in groups else "bld_cf_app"][arc] = path.read_bytes()
+    assert "entry.py" in groups["bld_cf_app"]
+    return [_wheel(out, name, files) for name, files in groups.items()]
+
+
+@pytest.fixture(scope="module")
+def pyodide_run(built: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed")
+    npm_ci(PYODIDE_DIR, "pyodide")
+    work = tmp_path_factory.mktemp("bld_cf_pyodide")
+    wheels = bundle_wheels(built / "cloudflare" / "src", work)
+    wrangler = json.loads((built / "wrangler.json").read_text())
+    (consumer,) = [c for c in wrangler["queues"]["consumers"] if c["queue"] == "bld-jobs"]
+    script = work / "cf_build_scenarios.py"
+    script.write_text(
+        f"SIM_JS = {json.dumps((HERE / 'cf_queue_sim.js').read_text())}\n"
+        f"CONSUMER = {json.dumps(consumer)}\n" + (HERE / "cf_build_scenarios.py").read_text()
+    )
+    args = [node, str(PYODIDE_DIR / "run.mjs")]
+    for w in wheels:
+        args += ["--wheel", str(w)]
+    args.append(str(script))
+    proc = subprocess.run(
+        args, cwd=PYODIDE_DIR, capture_output=True, text=True, timeout=240, check=False
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"pyodide run failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
+def _calls(v: dict[str, Any], job_id: str) -> list[list[Any]]:
+    (send,) = [s for s in v["sends"] if s["body"]["id"] == job_id]
+    return [c[1:] for c in v["calls"] if c[0] == send["id"]]
+
+
+@pytest.mark.pyodide
+def test_generated_entry_loads_from_wheels_in_pyodide(pyodide_run: dict[str, Any]) -> None:
+    env = pyodide_run["environment"]
+    assert env["platform"] == "emscripten"
+    for key in ("haze_file", "adapter_file", "entry_file", "jobs_file"):
+        assert "site-packages" in env[key], (key, env[key])
+    assert env["is_queue_worker"]
+    assert env["default_mro"][:2] == ["entry.Default", "haze_cloudflare.worker.QueueWorker"]
+    # the bundled app is the one beside entry.py
+    assert env["app_root"] == env["entry_dir"] == env["app_root_used"]
+    assert env["config_source"] == f"{env['entry_dir']}/config/queue.py"
+
+
+@pytest.mark.pyodide
+def test_generated_entry_acks_retries_and_counts_attempts(pyodide_run: dict[str, Any]) -> None:
+    v = pyodide_run
+    ids = v["ids"]
+    assert all(s["via"] == "send" for s in v["sends"])
+    assert _calls(v, ids["ok"]) == [["ack"]]
+    # retry(delaySeconds=haze backoff) until the third delivery succeeds; the job sees
+    # Cloudflare's attempts counter
+    assert _calls(v, ids["flaky"]) == [["retry", 2], ["retry", 5], ["ack"]]
+    assert [r[2] for r in v["runs"] if r[0] == "flaky"] == [1, 2, 3]
+    # tries=2: one retry, then haze's own final failure (failed store, ack) comes before
+    # the queue's derived max_retries would dead-letter it
+    assert _calls(v, ids["dead"]) == [["retry", 1], ["ack"]]
+    assert [r[2] for r in v["runs"] if r[0] == "dead"] == [1, 2]
+    (failed,) = v["failed"]
+    assert failed["id"] == ids["dead"]
+    assert failed["name"] == "bld_cf_dead"
+    assert failed["connection"] == "cloudflare"
+    assert "dead d" in failed["exception"]
+    assert v["dead"] == [] and v["dlq"] == []
+    assert v["size"] == 0
+    assert sorted(v["outcomes"]).count("failed") == 1

@@ -1,0 +1,240 @@
+"""What a Cloudflare deploy needs to know about an app, shared by ``haze build --preset
+cloudflare`` (``dist/wrangler.json``) and ``haze_infra`` (the Pulumi components), so
+the two cannot derive different consumer settings from the same app.
+
+The rules:
+
+- The queue of a ``cloudflare`` connection is the one the ``cloudflare.wrangler``
+  producers of ``haze.config.py`` bind to the connection's ``binding`` (None when no
+  producer names it: the caller picks a name).
+- Consumer ``max_retries`` = tries - 1 of the job with the most tries on the connection:
+  Cloudflare counts *retries* (the first delivery is not one), haze counts *tries*. Past
+  ``max_retries`` Cloudflare moves the message to the dead-letter queue itself; with
+  exactly ``tries - 1`` haze's own final failure (``failed()`` callbacks, the failed
+  store) happens first. A smaller value from ``haze.config.py`` is kept, with a warning.
+- The dead-letter queue defaults to ``<queue>-dlq``; batch size and timeout default to
+  Cloudflare's own defaults (10 messages, 5 s).
+- D1 bindings come from ``d1://`` connections of ``config/database.py`` (their
+  ``options.binding``, default ``DB``), KV bindings from ``kv`` stores of
+  ``config/cache.py``, plus any the wrangler section lists.
+
+Example::
+
+    from haze import App
+    from haze.build._cloudflare_config import (
+        app_jobs, cloudflare_consumer, connection_max_tries,
+    )
+
+    app = App(root=".")
+    options = app.queue_config.connections["cloudflare"]
+    tries = connection_max_tries(app_jobs(app), "cloudflare")
+    plan = cloudflare_consumer(app, "cloudflare", options, tries, warnings=[])
+    plan.max_retries
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from ..app import App
+    from ..jobs import JobDefinition
+
+__all__ = [
+    "CF_DEFAULT_BATCH_SIZE",
+    "CF_DEFAULT_BATCH_TIMEOUT",
+    "CF_MAX_BATCH_SIZE",
+    "CF_MAX_BATCH_TIMEOUT",
+    "CF_MAX_RETRIES",
+    "CloudflarePlan",
+    "D1Plan",
+    "KvPlan",
+    "app_jobs",
+    "cloudflare_consumer",
+    "cloudflare_max_retries",
+    "cloudflare_storage",
+    "connection_jobs",
+    "connection_max_tries",
+    "wrangler_queues",
+    "wrangler_section",
+]
+
+#: Cloudflare Queues: the largest consumer ``max_retries``, batch and batch timeout (s).
+CF_MAX_RETRIES = 100
+CF_MAX_BATCH_SIZE = 100
+CF_MAX_BATCH_TIMEOUT = 60
+#: Cloudflare's consumer defaults (``max_batch_size`` 10, ``max_batch_timeout`` 5 s).
+CF_DEFAULT_BATCH_SIZE = 10
+CF_DEFAULT_BATCH_TIMEOUT = 5
+
+
+@dataclass(frozen=True)
+class CloudflarePlan:
+    """A ``cloudflare`` connection as a Cloudflare Queue, its DLQ and its consumer."""
+
+    binding: str
+    queue_name: str | None
+    """From the ``cloudflare.wrangler`` producers of ``haze.config.py``, else None."""
+    dead_letter_queue: str | None
+    max_retries: int
+    min_max_retries: int
+    max_batch_size: int
+    max_batch_timeout: float
+    max_concurrency: int | None
+    retry_delay: int | None
+
+
+@dataclass(frozen=True)
+class D1Plan:
+    """A D1 database the Worker binds (a ``d1://`` connection or a wrangler entry)."""
+
+    binding: str
+    connection: str | None
+    database: str | None
+
+
+@dataclass(frozen=True)
+class KvPlan:
+    """A KV namespace the Worker binds (a ``kv`` cache store or a wrangler entry)."""
+
+    binding: str
+    store: str | None
+
+
+def cloudflare_max_retries(max_tries: int | None) -> int:
+    """Cloudflare counts retries, not tries: ``tries - 1`` (100, the maximum, when
+    unbounded)."""
+    if max_tries is None:
+        return CF_MAX_RETRIES
+    return min(CF_MAX_RETRIES, max_tries - 1)
+
+
+def wrangler_section(app: App) -> dict[str, Any]:
+    """A copy of the ``cloudflare.wrangler`` section of the app's ``haze.config.py``."""
+    wrangler = (app.haze_config.cloudflare or {}).get("wrangler") or {}
+    return copy.deepcopy(dict(wrangler)) if isinstance(wrangler, Mapping) else {}
+
+
+def wrangler_queues(app: App) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The producers and consumers listed in the wrangler section (mappings only)."""
+    queues = wrangler_section(app).get("queues") or {}
+    if not isinstance(queues, Mapping):
+        return [], []
+    producers = [p for p in queues.get("producers") or [] if isinstance(p, Mapping)]
+    consumers = [c for c in queues.get("consumers") or [] if isinstance(c, Mapping)]
+    return [dict(p) for p in producers], [dict(c) for c in consumers]
+
+
+def app_jobs(app: App) -> list[JobDefinition[Any]]:
+    """The job definitions of the app: those defined in files under its root (every
+    registered job when the app has no root)."""
+    from ..jobs import registered_jobs
+
+    jobs = list(registered_jobs().values())
+    if app.root is None:
+        return jobs
+    root = Path(app.root).resolve()
+    mine = []
+    for job in jobs:
+        file = str(job.origin).rsplit(":", 1)[0]
+        try:
+            if Path(file).resolve().is_relative_to(root):
+                mine.append(job)
+        except (OSError, ValueError):
+            continue
+    return mine
+
+
+def connection_jobs(jobs: Iterable[JobDefinition[Any]], name: str) -> list[JobDefinition[Any]]:
+    """The jobs that can land on connection ``name``: those pinned to it, and every job
+    without a ``connection`` (the default connection is often chosen by an environment
+    variable, and ``.on_connection()`` can send it anywhere). Sorted by name."""
+    return sorted((j for j in jobs if j.connection in (None, name)), key=lambda j: j.name)
+
+
+def connection_max_tries(jobs: Iterable[JobDefinition[Any]], name: str) -> int | None:
+    """The most ``tries`` of a job on connection ``name`` (1 with no job); None when a
+    job there has ``retry_until`` (no try limit)."""
+    on = connection_jobs(jobs, name)
+    if any(j.retry_until is not None for j in on):
+        return None
+    return max((int(j.tries) for j in on), default=1)
+
+
+def cloudflare_consumer(
+    app: App,
+    name: str,
+    options: Mapping[str, Any],
+    max_tries: int | None,
+    warnings: list[str],
+) -> CloudflarePlan:
+    """The queue, dead-letter queue and consumer settings of ``cloudflare`` connection
+    ``name`` (see the module docstring); problems are appended to ``warnings``."""
+    binding = str(options.get("binding") or "QUEUE")
+    producers, consumers = wrangler_queues(app)
+    queue_name = next(
+        (str(p["queue"]) for p in producers if p.get("binding") == binding and p.get("queue")), None
+    )
+    consumer = next((c for c in consumers if queue_name and c.get("queue") == queue_name), {})
+    need = cloudflare_max_retries(max_tries)
+    max_retries = int(consumer.get("max_retries", need))
+    if max_retries < need:
+        warnings.append(
+            f"connection {name!r}: haze.config.py sets max_retries={max_retries} for queue "
+            f"{queue_name!r}, but a job there has {max_tries} tries (needs >= {need}); "
+            "Cloudflare would dead-letter messages haze still means to retry"
+        )
+    if max_tries is not None and max_tries - 1 > CF_MAX_RETRIES:
+        warnings.append(
+            f"connection {name!r}: {max_tries} tries is more than Cloudflare "
+            f"Queues can retry ({CF_MAX_RETRIES})"
+        )
+    dlq = consumer.get("dead_letter_queue")
+    if dlq is None and queue_name is not None:
+        dlq = f"{queue_name}-dlq"
+    concurrency = consumer.get("max_concurrency")
+    delay = consumer.get("retry_delay")
+    return CloudflarePlan(
+        binding=binding,
+        queue_name=queue_name,
+        dead_letter_queue=str(dlq) if dlq is not None else None,
+        max_retries=max_retries,
+        min_max_retries=need,
+        max_batch_size=int(consumer.get("max_batch_size", CF_DEFAULT_BATCH_SIZE)),
+        max_batch_timeout=float(consumer.get("max_batch_timeout", CF_DEFAULT_BATCH_TIMEOUT)),
+        max_concurrency=int(concurrency) if concurrency is not None else None,
+        retry_delay=int(delay) if delay is not None else None,
+    )
+
+
+def cloudflare_storage(app: App) -> tuple[tuple[D1Plan, ...], tuple[KvPlan, ...]]:
+    """The D1 databases and KV namespaces the Worker binds (see the module docstring)."""
+    d1: dict[str, D1Plan] = {}
+    for name, c in app.database_config.connections.items():
+        url = str(c.get("url") or "")
+        if url.lower().startswith("d1://"):
+            binding = str((c.get("options") or {}).get("binding") or "DB")
+            database = urlsplit(url).path.strip("/") or None
+            d1.setdefault(binding, D1Plan(binding=binding, connection=name, database=database))
+    kv: dict[str, KvPlan] = {}
+    for name, s in app.cache_config.stores.items():
+        if s.get("driver") == "kv":
+            binding = str(s.get("binding") or "KV")
+            kv.setdefault(binding, KvPlan(binding=binding, store=name))
+    wrangler = wrangler_section(app)
+    for entry in wrangler.get("d1_databases") or []:
+        if isinstance(entry, Mapping) and entry.get("binding"):
+            b = str(entry["binding"])
+            d1.setdefault(
+                b, D1Plan(binding=b, connection=None, database=entry.get("database_name"))
+            )
+    for entry in wrangler.get("kv_namespaces") or []:
+        if isinstance(entry, Mapping) and entry.get("binding"):
+            b = str(entry["binding"])
+            kv.setdefault(b, KvPlan(binding=b, store=None))
+    return tuple(d1.values()), tuple(kv.values())

@@ -1,0 +1,111 @@
+"""``haze build --preset aws-lambda``: the app as an AWS Lambda deployment package.
+
+Writes, under the output directory (``dist/``)::
+
+    aws-lambda/handler.py      sqs, schedule and http: the haze_lambda handlers
+    aws-lambda/config/ app/    the app (and database/, haze.config.py when present)
+    aws-lambda/haze/ …         the vendored runtime and haze_lambda
+    aws-lambda.zip             the same files, zipped (deterministic: sorted entries,
+                               fixed timestamps), to upload as the function's code
+
+Set the function's handler to ``handler.sqs`` (SQS trigger, with
+``ReportBatchItemFailures``), ``handler.schedule`` (an EventBridge schedule draining a
+``database`` or ``redis`` connection) or ``handler.http`` (API Gateway HTTP API or a
+function URL). The handlers boot the app bundled beside ``handler.py``: the function's
+``LAMBDA_TASK_ROOT`` (``HAZE_APP_ROOT``, when set, names another).
+
+Only pure-Python haze code is bundled. Backend clients come from the Lambda runtime
+(``boto3`` is part of AWS's Python runtimes) or from a layer: the build notes name the
+packages the app's connections need that the runtime does not provide.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from . import BuildContext, BuildResult, deterministic_zip
+
+__all__ = ["HANDLER_SOURCE", "PACKAGES", "build", "third_party_packages"]
+
+#: Packages vendored beside ``handler.py``.
+PACKAGES = ("haze", "haze_lambda")
+
+HANDLER_SOURCE = '''\
+"""The AWS Lambda handlers of this haze app, written by `haze build --preset aws-lambda`.
+
+Point the function's handler at one of:
+
+    handler.sqs        an SQS trigger (enable ReportBatchItemFailures)
+    handler.schedule   an EventBridge schedule that drains a database/redis connection
+    handler.http       an API Gateway HTTP API route or a function URL that dispatches
+
+They boot the app bundled beside this file (config/, app/job/) once per execution
+environment; set HAZE_APP_ROOT to use another. See haze_lambda for their settings.
+"""
+
+from haze_lambda import http_handler as http
+from haze_lambda import schedule_handler as schedule
+from haze_lambda import sqs_handler as sqs
+
+__all__ = ["http", "schedule", "sqs"]
+'''
+
+#: Packages AWS's Python runtimes already provide.
+_IN_RUNTIME = {"boto3"}
+
+
+def third_party_packages(ctx: BuildContext) -> dict[str, list[str]]:
+    """pip requirement -> the connections/stores of the app that need it (not bundled)."""
+    app = ctx.app
+    need: dict[str, list[str]] = {}
+
+    def add(requirement: str, who: str) -> None:
+        need.setdefault(requirement, []).append(who)
+
+    for name, options in app.queue_config.connections.items():
+        driver = options["driver"]
+        if driver == "sqs":
+            add("boto3", f"queue connection {name!r}")
+        elif driver == "redis":
+            add("haze[redis] (bullmq, redis)", f"queue connection {name!r}")
+        elif driver == "cloudflare":
+            add("httpx", f"queue connection {name!r}")
+    for name, store in app.cache_config.stores.items():
+        if store.get("driver") == "redis":
+            add("redis", f"cache store {name!r}")
+    for name, conn in app.database_config.connections.items():
+        scheme = urlsplit(str(conn.get("url") or "")).scheme.lower().split("+")[0]
+        requirement = {
+            "postgresql": "psycopg[binary,pool]",
+            "postgres": "psycopg[binary,pool]",
+            "mysql": "aiomysql",
+            "mariadb": "aiomysql",
+            "libsql": "httpx",
+            "https": "httpx",
+            "d1": "httpx",
+        }.get(scheme)
+        if requirement is not None:
+            add(requirement, f"database {name!r}")
+    return need
+
+
+def build(ctx: BuildContext) -> BuildResult:
+    """Write the package and its zip (see the module docstring)."""
+    files = [ctx.write("handler.py", HANDLER_SOURCE)]
+    files += ctx.copy_app(ctx.dest)
+    files += ctx.vendor(PACKAGES, ctx.dest)
+    archive = deterministic_zip(ctx.dest, ctx.out / f"{ctx.preset}.zip")
+    files.append(archive)
+    notes = [
+        f"upload {archive} as the function's code; handler: handler.sqs, handler.schedule "
+        "or handler.http (runtime python3.11 or later)",
+    ]
+    for requirement, users in sorted(third_party_packages(ctx).items()):
+        if requirement in _IN_RUNTIME:
+            notes.append(f"{requirement} ({', '.join(users)}) comes with the Lambda Python runtime")
+        else:
+            notes.append(
+                f"{requirement} ({', '.join(users)}) is not bundled: add it to the function "
+                "as a Lambda layer (Linux wheels for the function's architecture)"
+            )
+    return BuildResult(preset=ctx.preset, path=ctx.dest, files=files, notes=notes)

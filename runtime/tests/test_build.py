@@ -1,0 +1,167 @@
+"""``haze build``: the framework (haze.build) and the CLI's error paths, in-process.
+
+The presets themselves are tested by running their output: the Cloudflare Worker under
+Pyodide (adapters/cloudflare/tests/test_build_cloudflare.py), the Lambda zip under
+awslambdaric (adapters/lambda/tests/test_build_lambda.py).
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from haze.build import PRESETS, BuildContext, build, deterministic_zip
+from haze.build.cloudflare import merge_wrangler
+from haze.cli import COMMAND_MODULES, get_cli
+from haze.errors import ConfigError
+
+
+def memory_app(root: Path) -> Path:
+    (root / "config").mkdir(parents=True)
+    (root / "config" / "queue.py").write_text(
+        "from haze import define_queue_config\n"
+        "config = define_queue_config(default='memory', connections={'memory': "
+        "{'driver': 'memory'}})\n"
+    )
+    return root
+
+
+def test_build_is_a_cli_command() -> None:
+    assert "haze.cli.build" in COMMAND_MODULES
+    result = CliRunner().invoke(get_cli(), ["build", "--help"])
+    assert result.exit_code == 0
+    for preset in PRESETS:
+        assert preset in result.output
+
+
+def test_cli_unknown_preset_lists_the_presets(tmp_path: Path) -> None:
+    root = memory_app(tmp_path / "app")
+    result = CliRunner().invoke(get_cli(), ["--root", str(root), "build", "--preset", "heroku"])
+    assert result.exit_code == 2
+    assert "unknown preset 'heroku'" in result.output
+    assert "cloudflare, aws-lambda, docker, server, vercel" in result.output
+    assert not (root / "dist").exists()
+
+
+def test_cli_preset_is_required(tmp_path: Path) -> None:
+    result = CliRunner().invoke(get_cli(), ["--root", str(tmp_path), "build"])
+    assert result.exit_code == 2
+    assert "--preset" in result.output
+
+
+def test_cli_broken_config_fails_before_writing(tmp_path: Path) -> None:
+    root = memory_app(tmp_path / "app")
+    (root / "config" / "queue.py").write_text(
+        "from haze import define_queue_config\n"
+        "config = define_queue_config(connections={'x': {'driver': 'nope'}})\n"
+    )
+    out = tmp_path / "dist"
+    result = CliRunner().invoke(
+        get_cli(), ["--root", str(root), "build", "--preset", "aws-lambda", "--out", str(out)]
+    )
+    assert result.exit_code == 1
+    assert "config/queue.py" in result.output
+    assert "connections.x.driver" in result.output
+    assert not out.exists()
+
+
+def test_cli_cloudflare_without_a_cloudflare_connection(tmp_path: Path) -> None:
+    root = memory_app(tmp_path / "app")
+    result = CliRunner().invoke(get_cli(), ["--root", str(root), "build", "--preset", "cloudflare"])
+    assert result.exit_code == 1
+    assert "no connection uses the cloudflare driver" in result.output
+    assert '"binding": "QUEUE"' in result.output
+    assert not (root / "dist" / "wrangler.json").exists()
+
+
+def test_build_unknown_preset_raises_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="choose one of: cloudflare, aws-lambda"):
+        build(memory_app(tmp_path / "app"), "heroku")
+
+
+def test_a_preset_whose_module_is_missing_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(PRESETS, "ghost", "ghost_preset_module")
+    with pytest.raises(ConfigError, match="'ghost' preset is not available"):
+        build(memory_app(tmp_path / "app"), "ghost")
+
+
+def test_vendoring_a_package_that_is_not_installed_says_what_to_install(tmp_path: Path) -> None:
+    from haze import App
+
+    root = memory_app(tmp_path / "app")
+    ctx = BuildContext(app=App(root=root), root=root, out=tmp_path / "dist", preset="aws-lambda")
+    with pytest.raises(ConfigError, match="pip install haze-not-installed-xyz"):
+        ctx.vendor(["haze_not_installed_xyz"], tmp_path / "dist")
+
+
+def test_vendor_and_copy_app_skip_caches(tmp_path: Path) -> None:
+    from haze import App
+
+    root = memory_app(tmp_path / "app")
+    (root / "config" / "__pycache__").mkdir()
+    (root / "config" / "__pycache__" / "queue.cpython-311.pyc").write_bytes(b"x")
+    (root / "haze.config.py").write_text(
+        "from haze import define_haze_config\nconfig = define_haze_config()\n"
+    )
+    ctx = BuildContext(app=App(root=root), root=root, out=tmp_path / "dist", preset="aws-lambda")
+    files = ctx.copy_app(ctx.dest) + ctx.vendor(["haze"], ctx.dest)
+    rel = {f.relative_to(ctx.dest).as_posix() for f in files}
+    assert {"config/queue.py", "haze.config.py", "haze/__init__.py"} <= rel
+    assert not [r for r in rel if "__pycache__" in r or r.endswith(".pyc")]
+
+
+def test_deterministic_zip(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "b").mkdir(parents=True)
+    (src / "b" / "z.py").write_text("z = 1\n")
+    (src / "a.py").write_text("a = 1\n")
+    first = deterministic_zip(src, tmp_path / "one.zip").read_bytes()
+    (src / "a.py").touch()  # a new mtime changes nothing
+    assert deterministic_zip(src, tmp_path / "two.zip").read_bytes() == first
+    with zipfile.ZipFile(tmp_path / "one.zip") as z:
+        assert z.namelist() == ["a.py", "b/z.py"]
+        assert {i.date_time for i in z.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+        assert z.read("b/z.py") == b"z = 1\n"
+
+
+def test_merge_wrangler_rules() -> None:
+    base = {
+        "name": "derived",
+        "compatibility_flags": ["python_workers"],
+        "queues": {
+            "producers": [{"binding": "QUEUE", "queue": "jobs"}],
+            "consumers": [{"queue": "jobs", "max_retries": 2, "max_batch_size": 10}],
+        },
+        "kv_namespaces": [{"binding": "KV"}],
+        "routes": ["a.example.com/*"],
+    }
+    override = {
+        "name": "mine",
+        "compatibility_flags": ["nodejs_compat", "python_workers"],
+        "queues": {
+            "producers": [{"binding": "OTHER", "queue": "jobs"}],
+            "consumers": [{"queue": "jobs", "max_batch_size": 5}, {"queue": "more"}],
+        },
+        "kv_namespaces": [{"binding": "KV", "id": "abc"}],
+        "routes": ["b.example.com/*"],
+    }
+    merged = merge_wrangler(base, override)
+    assert merged["name"] == "mine"
+    assert merged["compatibility_flags"] == ["python_workers", "nodejs_compat"]
+    # producers by binding: a second binding to the same queue is a second producer
+    assert merged["queues"]["producers"] == [
+        {"binding": "QUEUE", "queue": "jobs"},
+        {"binding": "OTHER", "queue": "jobs"},
+    ]
+    # consumers by queue: the app's values win, the derived ones stay
+    assert merged["queues"]["consumers"] == [
+        {"queue": "jobs", "max_retries": 2, "max_batch_size": 5},
+        {"queue": "more"},
+    ]
+    assert merged["kv_namespaces"] == [{"binding": "KV", "id": "abc"}]
+    assert merged["routes"] == ["b.example.com/*"]
+    assert base["queues"]["consumers"][0]["max_batch_size"] == 10  # inputs untouched
