@@ -136,6 +136,24 @@ def test_a_second_app_root_with_the_same_job_module_path_is_not_silently_shadowe
 
 
 @pytest.mark.usefixtures("isolated_imports")
+def test_a_second_app_root_keeps_relative_imports_between_its_job_modules(
+    tmp_path: Path,
+) -> None:
+    uid = uuid.uuid4().hex[:8]
+    _write(tmp_path / "a", f"app/job/first_{uid}.py", JOB_FILE.format(name=f"first_{uid}"))
+    _write(tmp_path / "a", "app/__init__.py", "")  # a regular package: it owns "app"
+    _write(tmp_path / "b", "app/job/helpers.py", "TAG = 'from b'\n")
+    _write(
+        tmp_path / "b",
+        "app/job/feeds.py",
+        "from .helpers import TAG\n" + JOB_FILE.format(name=f"feeds_{uid}"),
+    )
+    App(root=tmp_path / "a")
+    App(root=tmp_path / "b")  # "app" is the first root's package: b loads privately
+    assert get_job(f"feeds_{uid}").handler.__globals__["TAG"] == "from b"
+
+
+@pytest.mark.usefixtures("isolated_imports")
 def test_a_broken_job_module_is_a_config_error_naming_it(tmp_path: Path) -> None:
     from haze import ConfigError
 

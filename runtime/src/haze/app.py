@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import importlib
+import importlib.machinery
 import importlib.util
 import logging
 import os
@@ -230,8 +231,20 @@ class App:
                 raise ConfigError(
                     f"failed to import job module: {type(e).__name__}: {e}", source=str(path)
                 ) from e
-        # Another app already owns the ``app`` package name in this process.
-        name = f"_haze_jobs_{abs(hash(str(self.root)))}.{dotted}"
+        # Another app already owns the ``app`` package name in this process: load under
+        # a private top-level name, with parent packages so relative imports resolve.
+        top_name = f"_haze_jobs_{abs(hash(str(self.root)))}"
+        name = f"{top_name}.{dotted}"
+        if name in sys.modules:  # already imported by a sibling's relative import
+            return name
+        parts = [top_name, *dotted.split(".")[:-1]]
+        for depth in range(1, len(parts) + 1):
+            pkg = ".".join(parts[:depth])
+            if pkg not in sys.modules:
+                where = self.root.joinpath(*parts[1:depth])
+                spec = importlib.machinery.ModuleSpec(pkg, None, is_package=True)
+                spec.submodule_search_locations = [str(where)]
+                sys.modules[pkg] = importlib.util.module_from_spec(spec)
         _load_module_file(path, name)
         return name
 
