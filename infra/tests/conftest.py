@@ -13,7 +13,7 @@ from infra_apps import INF_APP, isolated_stack_config, write_app, write_dist
 
 @pytest.fixture(scope="session")
 def inf_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The app of ``infra_mocks.INF_APP``, with a stand-in ``dist/``."""
+    """The app of ``infra_mocks.INF_APP``, built with ``haze build`` (aws-lambda, cloudflare)."""
     root = write_app(tmp_path_factory.mktemp("inf_app"), INF_APP)
     write_dist(root)
     return root

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
+import subprocess
 import sys
 import textwrap
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -45,29 +44,20 @@ def write_app(root: Path, files: dict[str, str]) -> Path:
 
 
 def write_dist(root: Path) -> Path:
-    """A stand-in for ``haze build`` output: dist/aws-lambda.zip, dist/cloudflare/src,
-    dist/wrangler.json."""
-    dist = root / "dist"
-    (dist / "cloudflare" / "src" / "app" / "job").mkdir(parents=True, exist_ok=True)
-    (dist / "cloudflare" / "src" / "entry.py").write_text(
-        "from haze_cloudflare import QueueWorker\n\n\nclass Default(QueueWorker):\n"
-        "    app_root = '.'\n"
-    )
-    (dist / "cloudflare" / "src" / "app" / "job" / "jobs.py").write_text("# bundled job\n")
-    (dist / "cloudflare" / "src" / "config.json").write_text("{}\n")
-    (dist / "wrangler.json").write_text(
-        json.dumps(
-            {
-                "name": "inf",
-                "main": "cloudflare/src/entry.py",
-                "compatibility_date": "2025-10-15",
-                "compatibility_flags": ["python_workers"],
-            }
+    """``haze build --preset aws-lambda`` and ``--preset cloudflare`` for the app at
+    ``root`` (in a subprocess: the build loads the app, whose job names are process-wide)."""
+    for preset in ("aws-lambda", "cloudflare"):
+        built = subprocess.run(
+            [sys.executable, "-m", "haze.cli", "--root", str(root), "build", "--preset", preset],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=root,
+            # the build validates the config, which needs a queue URL the stack derives
+            env={"INF_SQS_URL": "https://sqs.eu-west-1.amazonaws.com/1/inf-{queue}", **os.environ},
         )
-    )
-    with zipfile.ZipFile(dist / "aws-lambda.zip", "w") as z:
-        z.writestr("handler.py", "from haze_lambda import sqs_handler as sqs\n")
-    return dist
+        assert built.returncode == 0, built.stdout + built.stderr
+    return root / "dist"
 
 
 #: The app every infra test deploys. Expected values, by connection:

@@ -3,6 +3,7 @@ settings that match the app config (tries, haze.config.py's wrangler section).""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -96,9 +97,14 @@ def test_the_worker_script_and_its_bindings(deployed: RecordingMocks, inf_root: 
     assert Path(i["contentFile"]) == inf_root / "dist" / "cloudflare" / "src" / "entry.py"
     assert len(i["contentSha256"]) == 64
     assert "python_workers" in i["compatibilityFlags"]
-    assert i["compatibilityDate"] == "2025-10-15"  # from dist/wrangler.json
-    assert i["files"]["app/job/jobs.py"]["contentType"] == "text/x-python"
-    assert i["files"]["config.json"]["contentType"] == "text/plain"
+    wrangler = json.loads((inf_root / "dist" / "wrangler.json").read_text())
+    assert i["compatibilityDate"] == wrangler["compatibility_date"]  # from the build
+    # the build's bundle: the app, the vendored runtime, and haze's Lua scripts as text
+    assert i["files"]["app/job/inf_jobs.py"]["contentType"] == "text/x-python"
+    assert i["files"]["haze_cloudflare/worker.py"]["contentType"] == "text/x-python"
+    lua = [name for name in i["files"] if name.endswith(".lua")]
+    assert lua
+    assert all(i["files"][name]["contentType"] == "text/plain" for name in lua)
     bindings = {b["name"]: b for b in i["bindings"]}
     assert bindings["JOBS"] == {"name": "JOBS", "type": "queue", "queueName": "inf-jobs"}
     d1 = deployed.one(D1)

@@ -40,7 +40,7 @@ for key, value in {config!r}.items():
 mocks = deploy(lambda: runpy.run_path({program!r}, run_name="__main__"), "haze-example")
 print(json.dumps([{{"typ": r.typ, "name": r.name, "inputs": r.inputs,
                    "outputs": r.outputs, "parent": r.parent}} for r in mocks.resources],
-                 default=str))
+                 default=lambda o: getattr(o, "path", None) or str(o)))
 """
 
 
@@ -57,7 +57,7 @@ def example_copy(tmp: Path) -> Path:
         assert "    connections={\n" in text
         text = text.replace("    connections={\n", "    connections={\n" + CONNECTIONS, 1)
         queue_py.write_text(text)
-    write_dist(root)
+    write_dist(root)  # the real build output, as a user deploys it
     return root
 
 
@@ -110,6 +110,9 @@ def test_the_example_deploys_sqs_and_lambda(resources: list[dict[str, Any]]) -> 
     assert env["SQS_URL"] == (
         "https://sqs.eu-west-1.amazonaws.com/123456789012/haze-example-{queue}"
     )
+    # the code is the zip `haze build --preset aws-lambda` wrote
+    assert Path(fn["inputs"]["code"]).name == "aws-lambda.zip"
+    assert Path(fn["inputs"]["code"]).is_file()
     mappings = of(resources, "aws:lambda/eventSourceMapping:EventSourceMapping")
     assert len(mappings) == 2
     assert all(
@@ -126,6 +129,11 @@ def test_the_example_deploys_queue_worker_d1_and_kv(resources: list[dict[str, An
     (script,) = of(resources, "cloudflare:index/workersScript:WorkersScript")
     bindings = {b["name"]: b["type"] for b in script["inputs"]["bindings"]}
     assert bindings == {"QUEUE": "queue", "DB": "d1", "KV": "kv_namespace"}
+    # the Worker uploads the built entry, the vendored runtime and the bundled app
+    assert Path(script["inputs"]["contentFile"]).parts[-3:] == ("cloudflare", "src", "entry.py")
+    files = script["inputs"]["files"]
+    for module in ("haze/__init__.py", "haze_cloudflare/worker.py", "app/job/media.py"):
+        assert module in files, sorted(files)[:20]
     assert len(of(resources, "cloudflare:index/d1Database:D1Database")) == 1
     assert len(of(resources, "cloudflare:index/workersKvNamespace:WorkersKvNamespace")) == 1
 

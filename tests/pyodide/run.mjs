@@ -1,8 +1,11 @@
 // Runs a Python script inside real Pyodide under Node.js, offline.
 //
-//   node run.mjs [--wheel PATH_OR_URL]... SCRIPT.py
+//   node run.mjs [--wheel PATH_OR_URL]... [--mount HOST_DIR[:GUEST_DIR]]...
+//                [--env NAME=VALUE]... SCRIPT.py
 //
-// Every wheel is installed with pyodide.loadPackage before the script runs. The
+// Every wheel is installed with pyodide.loadPackage before the script runs. Each
+// --mount makes a host directory visible inside Pyodide's file system (NODEFS; at the
+// same path unless GUEST_DIR is given), each --env sets a variable in os.environ. The
 // script runs with runPythonAsync (top-level await works); the value of its last
 // expression is printed to stdout as one line of JSON. Python's own stdout and
 // stderr go to this process's stderr so stdout stays machine-readable. Any error
@@ -13,20 +16,38 @@ import path from "node:path";
 import { pathToFileURL } from "node:url";
 
 function usage(message) {
-  process.stderr.write(`${message}\nusage: node run.mjs [--wheel PATH_OR_URL]... SCRIPT.py\n`);
+  process.stderr.write(
+    `${message}\nusage: node run.mjs [--wheel PATH_OR_URL]... [--mount HOST[:GUEST]]... ` +
+      `[--env NAME=VALUE]... SCRIPT.py\n`,
+  );
   process.exit(2);
 }
 
 function parseArgs(argv) {
   const wheels = [];
+  const mounts = [];
+  const env = {};
   let script = null;
+  const valueOf = (i, flag) => {
+    if (i + 1 >= argv.length) usage(`${flag} needs a value`);
+    return argv[i + 1];
+  };
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
     if (arg === "--wheel") {
-      if (i + 1 >= argv.length) usage("--wheel needs a value");
-      wheels.push(argv[++i]);
+      wheels.push(valueOf(i++, arg));
     } else if (arg.startsWith("--wheel=")) {
       wheels.push(arg.slice("--wheel=".length));
+    } else if (arg === "--mount") {
+      const spec = valueOf(i++, arg);
+      const at = spec.indexOf(":");
+      const host = path.resolve(at < 0 ? spec : spec.slice(0, at));
+      mounts.push({ host, guest: at < 0 ? host : spec.slice(at + 1) });
+    } else if (arg === "--env") {
+      const pair = valueOf(i++, arg);
+      const eq = pair.indexOf("=");
+      if (eq <= 0) usage(`--env expects NAME=VALUE, got ${pair}`);
+      env[pair.slice(0, eq)] = pair.slice(eq + 1);
     } else if (script === null && !arg.startsWith("--")) {
       script = arg;
     } else {
@@ -34,7 +55,7 @@ function parseArgs(argv) {
     }
   }
   if (script === null) usage("missing SCRIPT.py");
-  return { wheels, script };
+  return { wheels, mounts, env, script };
 }
 
 // loadPackage treats anything that is not a URL as a package name to look up in
@@ -49,7 +70,7 @@ function writeOut(text) {
 }
 
 async function main() {
-  const { wheels, script } = parseArgs(process.argv.slice(2));
+  const { wheels, mounts, env, script } = parseArgs(process.argv.slice(2));
   const code = await readFile(script, "utf8");
 
   // Point indexURL at the installed package so the runtime, stdlib and lock file
@@ -71,7 +92,11 @@ async function main() {
   const toStderr = (line) => process.stderr.write(line + "\n");
   let pyodide;
   try {
-    pyodide = await loadPyodide({ indexURL, stdout: toStderr, stderr: toStderr });
+    pyodide = await loadPyodide({ indexURL, stdout: toStderr, stderr: toStderr, env });
+    for (const { host, guest } of mounts) {
+      pyodide.FS.mkdirTree(guest);
+      pyodide.FS.mount(pyodide.FS.filesystems.NODEFS, { root: host }, guest);
+    }
     if (wheels.length > 0) {
       // loadPackage reports a failed wheel through errorCallback and still resolves.
       const errors = [];

@@ -155,7 +155,7 @@ def _content_type(path: Path) -> str:
     return _CONTENT_TYPES.get(
         path.suffix,
         "text/plain"
-        if path.suffix in (".txt", ".json", ".sql", ".toml", ".cfg")
+        if path.suffix in (".txt", ".json", ".sql", ".toml", ".cfg", ".lua")
         else "application/octet-stream",
     )
 

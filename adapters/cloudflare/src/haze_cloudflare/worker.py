@@ -24,6 +24,11 @@ retry (tries left)     ``message.retry(delaySeconds=<haze backoff>)``: Cloudflar
 final failure          recorded in the connection's failed store, then ``ack()``
 =====================  =============================================================
 
+Queue events: ``looping`` is emitted before each message is taken (the claim of a
+``queue:work`` loop), ``worker_idle`` once the batch is done (the consumer waits for
+Cloudflare's next delivery); both with the consumed connection and ``queues=None`` (one
+Cloudflare queue carries every haze queue of the connection).
+
 The attempt number a job sees is ``message.attempts`` (Cloudflare's delivery count,
 1-based) plus the envelope's ``attempts`` offset. Give the queue's consumer a
 ``max_retries`` of at least ``tries - 1``: past it Cloudflare moves the message to the
@@ -200,20 +205,31 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
         messages = list(batch.messages)
         queue_name = str(to_py(getattr(batch, "queue", "")) or "")
         concurrency = 1
+        consumed: str | None = None
         try:
-            concurrency = max(1, int(app.driver(self._connection_for(app, None)).concurrency))  # type: ignore[attr-defined]
+            consumed = self._connection_for(app, None)
+            concurrency = max(1, int(app.driver(consumed).concurrency))  # type: ignore[attr-defined]
         except (ConfigError, AttributeError):
             pass
-        if concurrency == 1 or len(messages) <= 1:
-            self.outcomes = [await self.handle_message(app, m, queue_name) for m in messages]
-            return
-        sem = asyncio.Semaphore(concurrency)
+        events = app.manager.events
 
         async def one(m: Any) -> str:
-            async with sem:
-                return await self.handle_message(app, m, queue_name)
+            if events.looping and consumed is not None:
+                await events.emit("looping", consumed, None)
+            return await self.handle_message(app, m, queue_name)
 
-        self.outcomes = list(await asyncio.gather(*(one(m) for m in messages)))
+        if concurrency == 1 or len(messages) <= 1:
+            self.outcomes = [await one(m) for m in messages]
+        else:
+            sem = asyncio.Semaphore(concurrency)
+
+            async def limited(m: Any) -> str:
+                async with sem:
+                    return await one(m)
+
+            self.outcomes = list(await asyncio.gather(*(limited(m) for m in messages)))
+        if events.worker_idle and consumed is not None:
+            await events.emit("worker_idle", consumed, None)
 
     async def handle_message(self, app: App, message: Any, queue_name: str = "") -> str:
         """Run one Cloudflare message through the manager; returns the outcome."""
