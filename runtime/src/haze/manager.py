@@ -245,21 +245,38 @@ class QueueManager:
             self.ensure_local_worker(driver.name)
         return DispatchResult(message.id, chain_id=message.chain_id)
 
-    async def bulk(self, pendings: Sequence[PendingDispatch[Any]]) -> list[str]:
-        """Queue many jobs, grouped by connection with each driver's batch primitive."""
+    async def bulk(
+        self,
+        pendings: Sequence[PendingDispatch[Any]],
+        *,
+        queue: str | None = None,
+        connection: str | None = None,
+        batch_id: str | None = None,
+    ) -> list[str]:
+        """Queue many jobs, grouped by connection with each driver's batch primitive.
+
+        Jobs that need more than a plain enqueue (unique or debounced outside a batch, an
+        after-commit dispatch inside a transaction, a test fake) go one by one."""
         groups: dict[str, list[tuple[str, Message, float]]] = {}
         ids: list[str] = []
         singles: list[PendingDispatch[Any]] = []
+        in_tx = current_transaction() is not None
         for p in pendings:
             if not isinstance(p, PendingDispatch):
                 raise TypeError(f"Queue.bulk: expected job.with_(payload) items, got {p!r}")
             job = p.job
-            if job.unique is not None or job.debounce is not None or _testing._active_fake:
+            if (
+                (batch_id is None and (job.unique is not None or job.debounce is not None))
+                or _testing._active_fake
+                or (
+                    in_tx and (p._after_commit if p._after_commit is not None else job.after_commit)
+                )
+            ):
                 singles.append(p)
                 ids.append("")
                 continue
-            conn, q = self.resolve(p)
-            message = self.build(p, conn, q)
+            conn, q = self.resolve(p, queue=queue, connection=connection)
+            message = self.build(p, conn, q, batch_id=batch_id)
             driver = self.app.driver(conn)
             body = self.encode(message, driver, job)
             groups.setdefault(conn, []).append((body, message, p._delay or 0.0))
@@ -277,7 +294,10 @@ class QueueManager:
             it = iter(singles)
             for i, v in enumerate(ids):
                 if v == "":
-                    ids[i] = (await self.dispatch(next(it))).id
+                    sent = await self.dispatch(
+                        next(it), queue=queue, connection=connection, batch_id=batch_id
+                    )
+                    ids[i] = sent.id
         return ids
 
     # ---------------------------------------------------------------- unique locks

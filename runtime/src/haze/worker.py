@@ -74,12 +74,20 @@ class Worker:
         self._active: dict[int, Reserved] = {}
         self._outage = False
         self._outage_backoff = 0.0
+        self._outage_since = 0.0
+        #: Errors that mean "the backend is unreachable" rather than a bug: they are
+        #: logged once per outage instead of with a traceback per job.
+        self._outage_errors: tuple[type[BaseException], ...] = (
+            OSError,
+            *getattr(self.driver, "outage_errors", ()),
+        )
         #: Queues paused with ``haze queue:pause`` (read from the store by the control task).
         self._paused: set[str] = set()
         self.control = control
         self._control_task: asyncio.Task[None] | None = None
         self._started_wall = 0.0
         self._heartbeat_task: asyncio.Task[None] | None = None
+        self._beating = False
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -103,6 +111,7 @@ class Worker:
             for i in range(self.concurrency)
         ]
         if getattr(self.driver, "heartbeat", None) is not None:
+            self._beating = True
             self._heartbeat_task = self._loop.create_task(self._heartbeat())
         self._started_wall = time.time()
         if self.control:
@@ -117,6 +126,7 @@ class Worker:
         return self.processed
 
     def _stop_heartbeat(self) -> None:
+        self._beating = False
         for attr in ("_heartbeat_task", "_control_task"):
             task = getattr(self, attr)
             if task is not None:
@@ -127,6 +137,7 @@ class Worker:
         """Follow ``queue:restart`` and ``queue:pause``/``continue`` through the queue store."""
         from .control import paused_queues, restart_requested_at
 
+        failing = False
         while not self.stopping:
             try:
                 restart = await restart_requested_at(self.app)
@@ -138,8 +149,11 @@ class Worker:
                     self.request_stop()
                     return
                 self._paused = await paused_queues(self.app, self.connection, self.queues or [])
+                failing = False
             except Exception as e:
-                log.warning("haze worker: cannot read worker signals from the store: %s", e)
+                if not failing:  # once per outage, not every second
+                    log.warning("haze worker: cannot read worker signals from the store: %s", e)
+                failing = True
             await asyncio.sleep(interval)
 
     async def _heartbeat(self) -> None:
@@ -147,13 +161,19 @@ class Worker:
         so a long job is not handed to another worker while this one lives."""
         interval = float(getattr(self.driver, "heartbeat_interval", 30.0))
         beat = self.driver.heartbeat  # type: ignore[attr-defined]
-        while True:
+        # Ends on the flag, not only on cancel(): a client library can swallow a
+        # cancellation that lands mid-command, and a task that outlives the worker would
+        # keep asyncio.run() from returning.
+        while self._beating:
             await asyncio.sleep(interval)
-            if self._active:
+            if self._active and self._beating:
                 try:
                     await beat(list(self._active.values()))
                 except Exception as e:
-                    log.warning("haze worker: heartbeat on %s failed: %s", self.connection, e)
+                    if isinstance(e, self._outage_errors):
+                        self._enter_outage(e)
+                    else:
+                        log.warning("haze worker: heartbeat on %s failed: %s", self.connection, e)
 
     def request_stop(self) -> None:
         """Stop claiming; running jobs finish. Slots blocked in a claim are interrupted."""
@@ -186,6 +206,7 @@ class Worker:
         task = asyncio.current_task()
         assert task is not None
         self._waiting.add(task)
+        began = time.monotonic()
         try:
             queues = self.queues or []
             if self._paused:
@@ -203,26 +224,38 @@ class Worker:
             # The backend is down or unreachable: keep the worker alive and retry with
             # backoff; nothing is lost (claimed rows come back after retry_after).
             self._outage_backoff = min(max(self._outage_backoff * 2, 0.1), self.max_sleep)
-            if not self._outage:
-                log.warning(
-                    "haze worker: connection %r is unavailable (%s: %s); retrying every %.1fs "
-                    "up to %.1fs until it is back",
-                    self.connection,
-                    type(e).__name__,
-                    e,
-                    self._outage_backoff,
-                    self.max_sleep,
-                )
-            self._outage = True
+            self._enter_outage(e)
             await asyncio.sleep(self._outage_backoff)
             return None
         finally:
             self._waiting.discard(task)
-        if self._outage:
+        # Only a claim sent after the outage began proves the backend answers again (one
+        # already on its way may have been answered just before the connection broke).
+        if self._outage and began >= self._outage_since:
             self._outage = False
             self._outage_backoff = 0.0
             log.warning("haze worker: connection %r is reachable again", self.connection)
         return job
+
+    def _enter_outage(self, e: BaseException) -> None:
+        """Log the first failure of an outage (claims, heartbeats and acks all fail at
+        once then, and every slot retries: one warning, not one per loop or per job)."""
+        if self._outage:
+            return
+        self._outage = True
+        self._outage_since = time.monotonic()
+        log.warning(
+            "haze worker: connection %r is unavailable (%s: %s); retrying every %.1fs "
+            "up to %.1fs until it is back",
+            self.connection,
+            type(e).__name__,
+            e,
+            max(self._outage_backoff, 0.1),
+            self.max_sleep,
+        )
+        lost = getattr(self.driver, "connection_lost", None)
+        if lost is not None:
+            lost()
 
     async def _slot(self, index: int) -> None:
         manager = self.app.manager
@@ -291,8 +324,19 @@ class Worker:
             self._active[id(job)] = job
             try:
                 outcome = await manager.process(job, driver)
-            except Exception:  # pragma: no cover - process() handles job errors itself
-                log.exception("haze worker: unexpected error while processing a job")
+            except Exception as e:  # process() handles job errors itself: a backend error
+                if isinstance(e, self._outage_errors):
+                    self._enter_outage(e)
+                    log.warning(
+                        "haze worker: job %s on %r ran, but its outcome could not be recorded "
+                        "(%s: %s); it may run again once its claim expires (retry_after)",
+                        job.message.id if job.message is not None else job.token,
+                        self.connection,
+                        type(e).__name__,
+                        e,
+                    )
+                else:  # pragma: no cover - a bug
+                    log.exception("haze worker: unexpected error while processing a job")
                 outcome = "error"
             finally:
                 self._busy -= 1

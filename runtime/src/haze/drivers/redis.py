@@ -44,6 +44,12 @@ How haze's rules map onto BullMQ:
   Claims are taken one at a time per process, so jobs start in queue order.
 - ``size()`` counts waiting, delayed and active (claimed) jobs, like Laravel's Redis
   queue; ``purge()`` is BullMQ's ``drain`` (waiting and delayed jobs).
+- Outages (docs/redis.md): a pooled connection that died with a restart is retried once
+  on a fresh one; scripts a restarted Redis forgot are loaded again on ``NOSCRIPT``. The
+  worker takes ``outage_errors`` as "Redis is unreachable" (one warning per outage,
+  claims retried with backoff) and calls ``connection_lost()``, which drops the jobs
+  fetched ahead (their locks expire and the stalled check returns them) and the
+  blocking waits.
 """
 
 from __future__ import annotations
@@ -66,14 +72,18 @@ from ..message import Message, decode
 from .base import FailedJob, Reserved
 
 try:
+    import msgpack  # type: ignore[import-untyped]
     import redis.asyncio as aioredis
     from bullmq.redis_connection import RedisConnection, loadScript  # type: ignore[import-untyped]
     from bullmq.scripts import Scripts, raw2NextJobData  # type: ignore[import-untyped]
+    from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import NoScriptError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
 except ImportError as e:  # pragma: no cover - exercised without the extra installed
     raise MissingDependencyError("the redis driver", "redis", "bullmq") from e
 
 from ..stores.redis import new_client, redis_settings
+from .redis_wire import Wire, wire_for
 
 if TYPE_CHECKING:
     from redis.commands.core import AsyncScript
@@ -88,6 +98,20 @@ _HERE = Path(__file__).parent
 _MAX_STALLED = 1 << 30
 _BULK_CHUNK = 1000
 _COUNTED = ["wait", "paused", "delayed", "prioritized"]
+_ADD_KEYS = ["wait", "paused", "meta", "id", "completed", "delayed", "active", "events", "marker"]
+_ACTIVATE_KEYS = [
+    "wait",
+    "active",
+    "prioritized",
+    "events",
+    "stalled",
+    "limiter",
+    "delayed",
+    "paused",
+    "meta",
+    "pc",
+    "marker",
+]
 _SIZED = [*_COUNTED, "active"]
 _LOCK_ERRORS = {
     -1: "the job no longer exists",
@@ -151,12 +175,101 @@ class _ActiveJob:
 
 
 class _Scripts(Scripts):  # type: ignore[misc]
-    """BullMQ's script helpers; the job body goes in as the JSON haze already encoded."""
+    """BullMQ's script helpers; the job body goes in as the JSON haze already encoded.
+
+    ``add_args`` and ``complete_args`` build the same keys and arguments as BullMQ's
+    ``addStandardJob`` and ``moveToFinishedArgs`` for the one shape haze uses on every
+    job, reusing what does not change from job to job (the key lists, the packed
+    options). Each checks its first result against BullMQ's own builder and falls back
+    to it for good if they differ (another bullmq release), so the bytes sent are
+    BullMQ's either way.
+    """
+
+    _ADD_OPTS = msgpack.packb({"attempts": 1})
+
+    def __init__(self, prefix: str, queue: str, connection: Any) -> None:
+        super().__init__(prefix, queue, connection)
+        self._add: list[str] | bool | None = None  # the keys; False: BullMQ's builder
+        #: (keys before the job's key, keys after it, opts, keep); False: BullMQ's builder
+        self._complete: tuple[list[str], list[str], dict[str, Any], int] | bool | None = None
 
     def addJobArgs(self, job: Any) -> list[Any]:
         args: list[Any] = super().addJobArgs(job)
         args[1] = job.raw
         return args
+
+    def _add_fast(self, job: _NewJob, keys: list[str]) -> tuple[list[str], list[Any]]:
+        head = msgpack.packb(
+            [self.keys[""], "", job.name, job.timestamp, None, None, None, None, None],
+            use_bin_type=True,
+        )
+        return keys, [head, job.raw, self._ADD_OPTS, job.timestamp]
+
+    def add_args(self, job: _NewJob) -> tuple[list[str], list[Any]] | None:
+        """Keys and args of ``addStandardJob`` (a job with no delay), or None: use
+        BullMQ's ``addJob``."""
+        keys = self._add
+        if keys is False:
+            return None
+        if not isinstance(keys, list):
+            keys = self.getKeys(_ADD_KEYS)
+            theirs = (keys, [*self.addJobArgs(job), job.timestamp])
+            self._add = keys if self._add_fast(job, keys) == theirs else False
+            return theirs
+        return self._add_fast(job, keys)
+
+    def complete_args(
+        self, job: _ActiveJob, keep: int, token: str, fetch: bool
+    ) -> tuple[list[str], list[Any]]:
+        """``moveToFinishedArgs`` for a job that completed with no return value."""
+        c = self._complete
+        if isinstance(c, tuple) and c[3] == keep:
+            return self._complete_fast(c, job.id, token, fetch, _now_ms())
+        ref: tuple[list[str], list[Any]] = self.moveToFinishedArgs(
+            job, None, "returnvalue", keep, "completed", token, fetch
+        )
+        if c is not False:
+            keys, args = ref
+            built = (keys[:11], keys[12:], msgpack.unpackb(args[7]), keep)
+            same = self._complete_fast(built, job.id, token, fetch, args[1]) == ref
+            self._complete = built if same else False
+        return ref
+
+    def _complete_fast(
+        self,
+        c: tuple[list[str], list[str], dict[str, Any], int],
+        job_id: str,
+        token: str,
+        fetch: bool,
+        now: int,
+    ) -> tuple[list[str], list[Any]]:
+        head, tail, opts, _ = c
+        packed = msgpack.packb({**opts, "token": token}, use_bin_type=True)
+        keys = [*head, self.toKey(job_id), *tail]
+        args = [
+            job_id,
+            now,
+            "returnvalue",
+            "null",
+            "completed",
+            "1" if fetch else "",
+            self.keys[""],
+            packed,
+        ]
+        return keys, args
+
+
+class _Collect:
+    """A ``client`` for BullMQ script calls that only collects the ``EVALSHA`` commands
+    (for ``Wire.execute_many``)."""
+
+    __slots__ = ("commands",)
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[Any, ...]] = [("MULTI",)]
+
+    async def evalsha(self, sha: str, numkeys: int, *args: Any) -> None:
+        self.commands.append(("EVALSHA", sha, numkeys, *args))
 
 
 class _Pipe:
@@ -184,6 +297,10 @@ class _Link:
 
     def __init__(self, driver: RedisDriver) -> None:
         self.client: aioredis.Redis = new_client(driver._url, driver._kwargs)
+        #: the per-job script calls (add, claim, finish) go through a lean connection of
+        #: their own (see redis_wire); None when it cannot be used (TLS, Unix socket)
+        self.wire: Wire | None = wire_for(self.client)
+        self.fast: Any = self.wire if self.wire is not None else self.client
         self.connection = RedisConnection(self.client, skipVersionCheck=True)
         self.commands: dict[str, AsyncScript] = self.connection.commands
         self.move_back: AsyncScript = self.client.register_script(
@@ -402,6 +519,8 @@ class RedisDriver:
     remote = True
     local_callbacks = False
     inline = False
+    #: what the worker treats as "Redis is unreachable" (one warning per outage, retries)
+    outage_errors: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError)
 
     def __init__(self, name: str, options: dict[str, Any], app: Any = None):
         self.name = name
@@ -452,7 +571,14 @@ class RedisDriver:
         link = self._link()
         delay_ms = round(delay * 1000) if delay > 0 else 0
         job = _NewJob(message.job, body, delay_ms, _now_ms())
-        await link.scripts(message.queue).addJob(job)
+        s = link.scripts(message.queue)
+        call = None if delay_ms else s.add_args(job)
+        if call is None:
+            await s.addJob(job, link.fast)
+            return
+        result = await link.commands["addStandardJob"](keys=call[0], args=call[1], client=link.fast)
+        if isinstance(result, int) and result < 0:
+            raise s.finishedErrors({"code": result, "parentKey": None, "command": "addJob"})
 
     async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
         """BullMQ's ``addBulk``: each chunk of jobs in one ``MULTI`` round trip."""
@@ -469,11 +595,22 @@ class RedisDriver:
 
     async def _add_chunk(self, link: _Link, jobs: list[tuple[str, _NewJob]]) -> None:
         for _ in range(2):
-            async with link.client.pipeline(transaction=True) as pipe:
-                proxy = _Pipe(pipe)
+            if link.wire is not None:
+                collect = _Collect()
                 for queue, job in jobs:
-                    await link.scripts(queue).addJob(job, proxy)
-                results = await pipe.execute(raise_on_error=False)
+                    await link.scripts(queue).addJob(job, collect)
+                collect.commands.append(("EXEC",))
+                replies = await link.wire.execute_many(collect.commands)
+                for r in replies:
+                    if isinstance(r, Exception):  # MULTI refused or EXEC aborted
+                        raise r
+                results = replies[-1]
+            else:
+                async with link.client.pipeline(transaction=True) as pipe:
+                    proxy = _Pipe(pipe)
+                    for queue, job in jobs:
+                        await link.scripts(queue).addJob(job, proxy)
+                    results = await pipe.execute(raise_on_error=False)
             missing = [
                 j for j, r in zip(jobs, results, strict=True) if isinstance(r, NoScriptError)
             ]
@@ -516,7 +653,15 @@ class RedisDriver:
 
     async def _activate(self, link: _Link, queue: str) -> tuple[Reserved | None, int]:
         token = f"{self._id}:{next(self._tokens)}"
-        data, job_id, _, due = await link.scripts(queue).moveToActive(token, self._worker_opts)
+        s = link.scripts(queue)
+        # bullmq's Scripts.moveToActive, on the lean connection
+        packed = msgpack.packb(
+            {"token": token, "lockDuration": self.lock_ms, "limiter": None}, use_bin_type=True
+        )
+        raw = await link.commands["moveToActive"](
+            keys=s.getKeys(_ACTIVATE_KEYS), args=[s.keys[""], _now_ms(), packed], client=link.fast
+        )
+        data, job_id, _, due = raw2NextJobData(raw)
         if data:
             job = self._reserved(queue, data, job_id, token)
             link.open.add(job.token)
@@ -620,6 +765,30 @@ class RedisDriver:
         if link.prefetched:
             link.spawn(self._return_prefetched(link))
 
+    def connection_lost(self) -> None:
+        """The worker saw Redis go away: forget what was fetched ahead and end the idle
+        waits, so the next claim talks to the server (and says whether it is back).
+
+        A job fetched ahead keeps its lock in Redis; nobody renews it now, so once it
+        expires the stalled check puts the job back (after a restart without
+        persistence it is gone with the rest of the server's memory). A blocking
+        ``BZPOPMIN`` on a connection that died half-open would never return: cancelling
+        it drops that connection, and the next wait opens a new one.
+        """
+        try:
+            link = self._links.get(asyncio.get_running_loop())
+        except RuntimeError:  # pragma: no cover - the worker calls it on its loop
+            return
+        if link is None:
+            return
+        for job in link.prefetched:
+            link.open.discard(job.token)
+        link.prefetched.clear()
+        waits = list(link.waits.values())
+        link.waits.clear()
+        for task in waits:
+            task.cancel()
+
     async def _return_prefetched(self, link: _Link) -> None:
         """Put jobs fetched ahead back at the head of their queue, unchanged."""
         while link.prefetched:
@@ -689,16 +858,10 @@ class RedisDriver:
         job_id, token = job.token
         s = link.scripts(job.queue)
         fetch = self._fetch(link, job)
-        keys, args = s.moveToFinishedArgs(
-            _ActiveJob(job_id, self._queue_opts),
-            None,
-            "returnvalue",
-            self.keep_completed,
-            "completed",
-            token,
-            fetch,
+        keys, args = s.complete_args(
+            _ActiveJob(job_id, self._queue_opts), self.keep_completed, token, fetch
         )
-        result = await link.commands["moveToFinished"](keys=keys, args=args)
+        result = await link.commands["moveToFinished"](keys=keys, args=args, client=link.fast)
         await self._settled(link, job, result, "completing")
 
     async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:
@@ -714,7 +877,7 @@ class RedisDriver:
         }
         delay_ms = max(0, round(delay * 1000))
         keys, args = s.moveToDelayedArgs(job_id, _now_ms(), token, delay_ms, opts)
-        result = await link.commands["moveToDelayed"](keys=keys, args=args)
+        result = await link.commands["moveToDelayed"](keys=keys, args=args, client=link.fast)
         await self._settled(link, job, result, "releasing")
 
     async def fail(self, job: Reserved, failed: FailedJob) -> None:
@@ -734,7 +897,7 @@ class RedisDriver:
             self._fetch(link, job),
             fields,
         )
-        result = await link.commands["moveToFinished"](keys=keys, args=args)
+        result = await link.commands["moveToFinished"](keys=keys, args=args, client=link.fast)
         await self._settled(link, job, result, "failing")
 
     async def heartbeat(self, jobs: Sequence[Reserved]) -> None:
@@ -792,13 +955,22 @@ class RedisDriver:
         # is starting has better things to do with its first round trips
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(link.closing.wait(), min(1.0, self.stalled_interval))
+        failing = False
         while not link.closing.is_set():
             try:
                 await self.check_stalled()
+                failing = False
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                log.warning("haze redis: stalled-job check on %s failed: %s", self.name, e)
+                # once per outage: the worker's own warning says when Redis is back
+                log.log(
+                    logging.DEBUG if failing else logging.WARNING,
+                    "haze redis: stalled-job check on %s failed: %s",
+                    self.name,
+                    e,
+                )
+                failing = True
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(link.closing.wait(), self.stalled_interval)
 
@@ -859,4 +1031,6 @@ class RedisDriver:
         finally:
             if pending:  # bounded: a cancellation redis-py swallowed must not hang close()
                 await asyncio.wait(pending, timeout=1.0)
+            if link.wire is not None:
+                link.wire.close()
             await link.client.aclose()

@@ -30,6 +30,9 @@ from ..errors import ConfigError, MissingDependencyError
 
 try:
     import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
 except ImportError as e:  # pragma: no cover - exercised without the extra installed
     raise MissingDependencyError("the redis store", "redis", "redis") from e
 
@@ -86,6 +89,10 @@ def new_client(url: str | None, kwargs: dict[str, Any]) -> aioredis.Redis:
         "decode_responses": True,
         "max_connections": _POOL_SIZE,
         "timeout": _POOL_WAIT,
+        # After a Redis restart every pooled connection is dead, and each would fail
+        # one command before the pool noticed: retry once, on a fresh connection.
+        "retry": Retry(NoBackoff(), 1),
+        "retry_on_error": [RedisConnectionError],
     }
     if url:
         pool = aioredis.BlockingConnectionPool.from_url(url, **opts, **kwargs)

@@ -1,0 +1,379 @@
+"""A lean Redis connection for the ``redis`` driver's per-job script calls.
+
+Every job costs the driver one BullMQ script call to queue it and one to finish it
+(which also fetches the next job). Through redis-py's asyncio client each call checks a
+connection out of the pool under a timeout, packs ~15 arguments through its encoder and
+reads the reply through a stream reader with its own timeout: in a profile of a worker
+that was most of the Python time per job, more than haze itself. This module sends the
+same ``EVALSHA`` commands on one plain asyncio connection instead:
+
+- commands issued in the same event-loop turn go out in one write (auto-pipelining),
+  so concurrent dispatches and worker slots share round trips;
+- replies are matched to callers in order; a caller that is cancelled leaves its reply
+  to be read and dropped, so the connection never gets out of step;
+- replies are decoded like ``decode_responses=True`` (``str``), with hiredis's parser
+  when it is installed and a small one of our own otherwise.
+
+It implements the two methods redis-py's ``AsyncScript`` calls on its ``client=``
+argument (``evalsha``, ``script_load``), so BullMQ's script helpers run unchanged on it.
+Only plain TCP connections use it; TLS and Unix sockets stay on redis-py. A lost
+connection fails the calls in flight with redis-py's ``ConnectionError`` (what the
+worker's outage handling expects) and the next call connects again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+
+try:  # the C parser redis-py also uses when present
+    import hiredis  # type: ignore[import-not-found,unused-ignore]
+
+    _HIREDIS = True
+except ImportError:  # pragma: no cover - depends on the environment
+    _HIREDIS = False
+
+__all__ = ["Wire", "wire_for"]
+
+_CONNECT_TIMEOUT = 10.0
+
+
+def _error(message: str) -> ResponseError:
+    if message.startswith("NOSCRIPT"):
+        return NoScriptError(message)
+    return ResponseError(message)
+
+
+class _PyReader:
+    """RESP2 replies from a byte stream, decoded to ``str`` (hiredis's ``Reader`` API)."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+
+    def feed(self, data: bytes) -> None:
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def gets(self) -> Any:
+        try:
+            value, pos = self._parse(self._pos)
+        except (IndexError, ValueError):  # incomplete: wait for more bytes
+            return False
+        self._pos = pos
+        return value
+
+    def _parse(self, pos: int) -> tuple[Any, int]:
+        buf = self._buf
+        end = buf.index(b"\r\n", pos)  # ValueError: incomplete
+        kind = buf[pos]
+        if kind == 0x24:  # $ bulk string
+            n = int(buf[pos + 1 : end])
+            if n < 0:
+                return None, end + 2
+            start = end + 2
+            if start + n + 2 > len(buf):
+                raise IndexError
+            return buf[start : start + n].decode("utf-8", "surrogateescape"), start + n + 2
+        if kind == 0x2A:  # * array; its bulk strings inline (a job's fields come as one)
+            n = int(buf[pos + 1 : end])
+            if n < 0:
+                return None, end + 2
+            items: list[Any] = []
+            p = end + 2
+            size = len(buf)
+            for _ in range(n):
+                if p < size and buf[p] == 0x24:
+                    e = buf.index(b"\r\n", p)
+                    m = int(buf[p + 1 : e])
+                    if m < 0:
+                        items.append(None)
+                        p = e + 2
+                        continue
+                    start = e + 2
+                    if start + m + 2 > size:
+                        raise IndexError
+                    items.append(buf[start : start + m].decode("utf-8", "surrogateescape"))
+                    p = start + m + 2
+                else:
+                    item, p = self._parse(p)
+                    items.append(item)
+            return items, p
+        if kind == 0x3A:  # : integer
+            return int(buf[pos + 1 : end]), end + 2
+        if kind == 0x2B:  # + simple string
+            return buf[pos + 1 : end].decode("utf-8", "surrogateescape"), end + 2
+        if kind == 0x2D:  # - error
+            return _error(buf[pos + 1 : end].decode("utf-8", "replace")), end + 2
+        raise RedisConnectionError(f"unexpected byte {kind!r} in a Redis reply")
+
+
+def _reader() -> Any:
+    if _HIREDIS:
+        return hiredis.Reader(encoding="utf-8", errors="surrogateescape")
+    return _PyReader()
+
+
+#: RESP bulk strings of short strings seen before (keys, script shas, names): a job's
+#: script call repeats about ten of them. Cleared when full rather than evicted.
+_BULK: dict[str, bytes] = {}
+_BULK_MAX = 4096
+_BULK_LEN = 200
+
+
+def _bulk(a: Any) -> bytes:
+    if type(a) is str:
+        b = _BULK.get(a)
+        if b is not None:
+            return b
+        raw = a.encode("utf-8", "surrogateescape")
+        b = b"$%d\r\n%s\r\n" % (len(raw), raw)
+        if len(a) <= _BULK_LEN:
+            if len(_BULK) >= _BULK_MAX:
+                _BULK.clear()
+            _BULK[a] = b
+        return b
+    if isinstance(a, bytes):
+        raw = a
+    elif isinstance(a, str):
+        raw = a.encode("utf-8", "surrogateescape")
+    elif isinstance(a, bool):  # redis-py refuses booleans too
+        raise TypeError("a boolean cannot be sent to Redis; convert it to int or str")
+    elif isinstance(a, (int, float)):
+        raw = repr(a).encode()
+    elif a is None:
+        raise TypeError("None cannot be sent to Redis")
+    else:
+        raw = bytes(a)
+    return b"$%d\r\n%s\r\n" % (len(raw), raw)
+
+
+def _pack(args: tuple[Any, ...]) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(map(_bulk, args))
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, wire: Wire) -> None:
+        self.wire = wire
+        self.reader = _reader()
+        self.waiters: deque[asyncio.Future[Any]] = deque()
+        self.transport: asyncio.Transport | None = None
+        self.lost: BaseException | None = None
+        #: commands of this loop turn, written together by ``flush``
+        self.out: list[bytes] = []
+        self.flush_scheduled = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        reader = self.reader
+        reader.feed(data)
+        waiters = self.waiters
+        try:
+            while True:
+                reply = reader.gets()
+                if reply is False:
+                    return
+                fut = waiters.popleft()
+                if not fut.done():
+                    if isinstance(reply, Exception):  # hiredis: its own ReplyError
+                        fut.set_exception(
+                            reply if isinstance(reply, ResponseError) else _error(str(reply))
+                        )
+                    else:
+                        fut.set_result(reply)
+        except Exception as e:  # a protocol error or an unrequested reply: start afresh
+            self._fail(RedisConnectionError(f"Redis connection out of step: {e}"))
+            if self.transport is not None:
+                self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(
+            RedisConnectionError(
+                f"Connection to Redis at {self.wire.address} lost"
+                + (f": {exc}" if exc is not None else "")
+            )
+        )
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        out, self.out = self.out, []
+        if self.transport is None or self.transport.is_closing():
+            lost = f"Connection to Redis at {self.wire.address} lost"
+            self._fail(self.lost or RedisConnectionError(lost))
+            return
+        self.transport.write(b"".join(out))
+
+    def _fail(self, error: BaseException) -> None:
+        self.lost = error
+        self.out.clear()
+        if self.wire._protocol is self:
+            self.wire._protocol = None
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_exception(error)
+                fut.exception()  # a cancelled caller may never look at it
+
+
+class Wire:
+    """One auto-pipelined RESP2 connection; see the module docstring."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        db: int = 0,
+        username: str | None = None,
+        password: str | None = None,
+        client_name: str | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.address = f"{host}:{port}"
+        self._setup: list[tuple[Any, ...]] = []
+        if password is not None:
+            auth = ("AUTH", username, password) if username else ("AUTH", password)
+            self._setup.append(auth)
+        if db:
+            self._setup.append(("SELECT", db))
+        if client_name:
+            self._setup.append(("CLIENT", "SETNAME", client_name))
+        self._protocol: _Protocol | None = None
+        self._connecting: asyncio.Future[_Protocol] | None = None
+
+    async def _connect(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        try:
+            _, protocol = await asyncio.wait_for(
+                loop.create_connection(lambda: _Protocol(self), self.host, self.port),
+                _CONNECT_TIMEOUT,
+            )
+        except (TimeoutError, OSError) as e:
+            raise RedisConnectionError(
+                f"Error connecting to Redis at {self.address}: {e or type(e).__name__}"
+            ) from e
+        futs = [self._send(protocol, _pack(cmd)) for cmd in self._setup]
+        self._protocol = protocol
+        try:
+            for f in futs:
+                await f
+        except BaseException:
+            if protocol.transport is not None:
+                protocol.transport.abort()
+            raise
+        return protocol
+
+    async def _ready(self) -> _Protocol:
+        p = self._protocol
+        if p is not None:
+            return p
+        connecting = self._connecting
+        if connecting is None:
+            connecting = self._connecting = asyncio.ensure_future(self._connect())
+            connecting.add_done_callback(self._connected)
+        return await asyncio.shield(connecting)
+
+    def _connected(self, fut: asyncio.Future[_Protocol]) -> None:
+        self._connecting = None
+        if not fut.cancelled():
+            fut.exception()  # seen here; the waiters re-raise it
+
+    @staticmethod
+    def _send(protocol: _Protocol, packed: bytes) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        if protocol.lost is not None:
+            fut.set_exception(protocol.lost)
+            return fut
+        if not protocol.waiters and not protocol.out and protocol.transport is not None:
+            # Idle connection: nothing to share a write with, so send now (a lone caller
+            # does not wait a loop turn for the flush).
+            protocol.waiters.append(fut)
+            protocol.transport.write(packed)
+            return fut
+        protocol.waiters.append(fut)
+        protocol.out.append(packed)
+        if not protocol.flush_scheduled:
+            protocol.flush_scheduled = True
+            loop.call_soon(protocol.flush)
+        return fut
+
+    async def execute(self, *args: Any) -> Any:
+        packed = _pack(args)
+        protocol = self._protocol or await self._ready()
+        try:
+            return await self._send(protocol, packed)
+        except RedisConnectionError:
+            # A connection that died while idle (a Redis restart) fails the first command
+            # sent on it: try once more on a fresh one, as the redis-py clients do.
+            if protocol.waiters or self._protocol is not None:
+                raise
+            return await self._send(await self._ready(), packed)
+
+    async def execute_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Several commands in one write; their replies, an error reply as its exception
+        object (also inside an array, e.g. ``EXEC``'s), like ``raise_on_error=False``."""
+        protocol = self._protocol or await self._ready()
+        futs = [self._send(protocol, _pack(c)) for c in commands]
+        out: list[Any] = []
+        for f in futs:
+            try:
+                reply = await f
+            except ResponseError as e:
+                reply = e
+            if isinstance(reply, list):
+                reply = [
+                    _error(str(r))
+                    if isinstance(r, Exception) and not isinstance(r, ResponseError)
+                    else r
+                    for r in reply
+                ]
+            out.append(reply)
+        return out
+
+    # the two methods redis-py's AsyncScript calls on its client
+    async def evalsha(self, sha: str, numkeys: int, *args: Any) -> Any:
+        return await self.execute("EVALSHA", sha, numkeys, *args)
+
+    async def script_load(self, script: str | bytes) -> str:
+        sha: str = await self.execute("SCRIPT", "LOAD", script)
+        return sha
+
+    def close(self) -> None:
+        p = self._protocol
+        self._protocol = None
+        if self._connecting is not None:
+            self._connecting.cancel()
+        if p is not None and p.transport is not None:
+            p.transport.close()
+
+
+def wire_for(client: Any) -> Wire | None:
+    """A ``Wire`` to the server of a redis-py asyncio client, or None when it does not
+    connect over plain TCP (TLS, a Unix socket): those keep using redis-py."""
+    from redis.asyncio.connection import Connection
+
+    pool = client.connection_pool
+    if pool.connection_class is not Connection:
+        return None
+    kw = pool.connection_kwargs
+    if kw.get("credential_provider") is not None:
+        return None
+    return Wire(
+        kw.get("host") or "localhost",
+        int(kw.get("port") or 6379),
+        db=int(kw.get("db") or 0),
+        username=kw.get("username"),
+        password=kw.get("password"),
+        client_name=kw.get("client_name"),
+    )

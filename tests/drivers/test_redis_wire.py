@@ -1,0 +1,137 @@
+"""The redis driver's lean connection (haze.drivers.redis_wire) against a real Redis.
+
+The reply parser is checked on its own too (byte streams cut at every position), since
+it only runs when hiredis is not installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import runpy
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+pytest.importorskip("redis")
+from haze.drivers.redis_wire import Wire, _PyReader, wire_for
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+
+_spec = runpy.run_path(str(Path(__file__).with_name("redis_spec.py")))
+REDIS_URL: str = _spec["REDIS_URL"]
+pytestmark = _spec["needs_redis"]
+
+
+def _wire() -> Wire:
+    parts = urlsplit(REDIS_URL)
+    db = int(parts.path.strip("/") or 0)
+    return Wire(parts.hostname or "127.0.0.1", parts.port or 6379, db=db, password=parts.password)
+
+
+def _replies(chunks: list[bytes]) -> list[str]:
+    reader = _PyReader()
+    out = []
+    for chunk in chunks:
+        reader.feed(chunk)
+        while (value := reader.gets()) is not False:
+            out.append(repr(value))
+    return out
+
+
+def test_python_parser_handles_replies_cut_anywhere() -> None:
+    data = (
+        b"*3\r\n$1\r\na\r\n*2\r\n:5\r\n$-1\r\n-ERR inner\r\n+OK\r\n$3\r\na\xc3\xa9\r\n"
+        b"*0\r\n:-3\r\n*-1\r\n-NOSCRIPT No matching script\r\n"
+    )
+    whole = _replies([data])
+    assert len(whole) == 7
+    assert whole[1:4] == ["'OK'", "'aé'", "[]"]
+    for i in range(len(data)):
+        for j in range(i, len(data), 3):
+            assert _replies([data[:i], data[i:j], data[j:]]) == whole
+    reader = _PyReader()
+    reader.feed(data)
+    first = reader.gets()
+    assert first[:2] == ["a", [5, None]] and isinstance(first[2], ResponseError)
+    for _ in range(5):
+        reader.gets()
+    assert isinstance(reader.gets(), NoScriptError)
+
+
+async def test_commands_pipelined_in_order_and_scripts_reloaded() -> None:
+    wire = _wire()
+    key = f"hzwire-{uuid.uuid4().hex[:12]}"
+    try:
+        # many callers in the same loop turn share writes; replies keep their order
+        results = await asyncio.gather(*(wire.execute("INCR", key) for _ in range(200)))
+        assert results == list(range(1, 201))
+        assert await wire.execute("GET", key) == "200"
+        with pytest.raises(ResponseError):
+            await wire.execute("INCR", key, "extra-argument")
+        # redis-py's AsyncScript runs on it, loading the script after NOSCRIPT
+        client = Redis.from_url(REDIS_URL, decode_responses=True)
+        try:
+            script = client.register_script(f"return {{KEYS[1], ARGV[1], '{key}'}}")
+            await client.script_flush()
+            assert await script(keys=[key], args=["x"], client=wire) == [key, "x", key]
+        finally:
+            await client.aclose()
+        replies = await wire.execute_many([("MULTI",), ("INCR", key), ("EXEC",)])
+        assert replies == ["OK", "QUEUED", [201]]
+    finally:
+        await wire.execute("DEL", key)
+        wire.close()
+
+
+async def test_a_cancelled_caller_does_not_put_replies_out_of_step() -> None:
+    wire = _wire()
+    key = f"hzwire-{uuid.uuid4().hex[:12]}"
+    try:
+        slow = asyncio.ensure_future(wire.execute("BLPOP", key, "0.2"))
+        await asyncio.sleep(0.05)
+        slow.cancel()
+        assert await wire.execute("ECHO", "after") == "after"
+    finally:
+        wire.close()
+
+
+async def test_a_killed_connection_fails_in_flight_calls_and_reconnects() -> None:
+    wire = _wire()
+    admin = Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        my_id = await wire.execute("CLIENT", "ID")
+        # killed while idle: the next call goes out on a fresh connection
+        await admin.execute_command("CLIENT", "KILL", "ID", my_id)
+        assert await asyncio.wait_for(wire.execute("ECHO", "back"), 10) == "back"
+        new_id = await wire.execute("CLIENT", "ID")
+        assert new_id != my_id
+        # killed with calls in flight: those fail, later ones reconnect
+        with pytest.raises(RedisConnectionError):
+            await asyncio.wait_for(
+                wire.execute_many(
+                    [("CLIENT", "KILL", "ID", new_id, "SKIPME", "no"), ("ECHO", "lost")]
+                ),
+                10,
+            )
+        assert await asyncio.wait_for(wire.execute("ECHO", "again"), 10) == "again"
+        assert await wire.execute("CLIENT", "ID") not in (my_id, new_id)
+    finally:
+        await admin.aclose()
+        wire.close()
+
+
+async def test_wire_for_uses_plain_tcp_only() -> None:
+    tcp = Redis.from_url(REDIS_URL)
+    unix = Redis(unix_socket_path="/nonexistent/redis.sock")
+    try:
+        wire = wire_for(tcp)
+        assert wire is not None
+        assert await wire.execute("PING") == "PONG"
+        wire.close()
+        assert wire_for(unix) is None
+    finally:
+        await tcp.aclose()
+        await unix.aclose()
