@@ -274,3 +274,37 @@ def test_env_in_a_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     )
     monkeypatch.setenv("HAZE_TEST_QUEUE_CONNECTION", "sync")
     assert App(root=tmp_path).queue_config.default == "sync"
+
+
+def test_redis_connection_socket_settings_are_validated() -> None:
+    from haze import define_redis_config
+
+    ok = App(
+        redis=define_redis_config(
+            default="main",
+            connections={"main": {"url": "redis://h/0", "socket_timeout": "30s"}},
+        )
+    )
+    assert ok.redis_config.connections["main"]["socket_timeout"] == 30.0
+    for key, value in (("socket_timeout", "soon"), ("socket_keepalive", "yes please")):
+        with pytest.raises(ConfigError, match=f"connections.main.{key}"):
+            App(redis=define_redis_config(default="main", connections={"main": {key: value}}))
+
+
+def test_redis_clients_detect_dead_peers_and_take_the_configured_timeouts() -> None:
+    pytest.importorskip("redis")
+    from haze import define_redis_config
+    from haze.stores.redis import new_client, redis_settings
+
+    app = App(
+        redis=define_redis_config(
+            default="main",
+            connections={"main": {"url": "redis://h/0", "socket_timeout": 45}},
+        )
+    )
+    url, kwargs, _ = redis_settings(app, None)
+    kw = new_client(url, kwargs).connection_pool.connection_kwargs
+    assert kw["socket_timeout"] == 45.0  # applied with a url too
+    assert kw["socket_keepalive"] is True
+    assert kw["socket_keepalive_options"]  # a dead peer is noticed in about a minute
+    assert kw["health_check_interval"] == 30.0

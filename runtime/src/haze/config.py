@@ -517,9 +517,16 @@ def validate_cache(spec: object, source: str | None = None) -> CacheConfig:
 
 def validate_redis(spec: object, source: str | None = None) -> RedisConfig:
     allowed = {"url", "host", "port", "db", "username", "password", "key_prefix", "ssl"}
+    allowed |= {"socket_timeout", "socket_connect_timeout", "health_check_interval"}
+    allowed |= {"socket_keepalive"}
 
     def check(v: _V, key: str, c: dict[str, Any]) -> dict[str, Any]:
         v.unknown(c, allowed, key)
+        for name in ("socket_timeout", "socket_connect_timeout", "health_check_interval"):
+            if c.get(name) is not None:
+                c[name] = v.duration(c[name], f"{key}.{name}", allow_zero=False)
+        if c.get("socket_keepalive") is not None:
+            c["socket_keepalive"] = v.boolean(c["socket_keepalive"], f"{key}.socket_keepalive")
         if "url" in c and c["url"] is not None:
             v.string(c["url"], f"{key}.url")
         if "port" in c:

@@ -44,6 +44,9 @@ __all__ = ["RedisStore", "new_client", "redis_settings"]
 _HERE = Path(__file__).parent
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 _CLIENT_KEYS = ("host", "port", "db", "username", "password", "ssl")
+#: Connection tuning from config/redis.py, applied with a ``url`` too.
+_SOCKET_KEYS: tuple[str, ...] = ("socket_timeout", "socket_connect_timeout")
+_SOCKET_KEYS += ("health_check_interval", "socket_keepalive")
 _DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _POOL_SIZE = 128
 _POOL_WAIT = 30.0
@@ -74,11 +77,25 @@ def redis_settings(
             f"redis connection {connection!r} needs an app with config/redis.py", key=where
         )
     key_prefix = str(settings.get("key_prefix") or "")
+    tuning = {k: settings[k] for k in _SOCKET_KEYS if settings.get(k) is not None}
     if url:
-        return url, {}, key_prefix
+        return url, tuning, key_prefix
     kwargs = {k: settings[k] for k in _CLIENT_KEYS if settings.get(k) is not None}
     conn_url = settings.get("url") or (None if kwargs else _DEFAULT_URL)
-    return conn_url, kwargs, key_prefix
+    return conn_url, {**kwargs, **tuning}, key_prefix
+
+
+def _keepalive() -> dict[str, Any]:
+    """TCP keepalive that notices a dead peer in about a minute (Linux's default waits two
+    hours): a half-open connection — a partition, a server host gone without a reset —
+    would otherwise block a worker's wait for jobs forever."""
+    import socket
+
+    options = {}
+    for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):
+            options[getattr(socket, name)] = value
+    return {"socket_keepalive": True, "socket_keepalive_options": options}
 
 
 def new_client(url: str | None, kwargs: dict[str, Any]) -> aioredis.Redis:
@@ -93,14 +110,21 @@ def new_client(url: str | None, kwargs: dict[str, Any]) -> aioredis.Redis:
         # one command before the pool noticed: retry once, on a fresh connection.
         "retry": Retry(NoBackoff(), 1),
         "retry_on_error": [RedisConnectionError],
+        "socket_connect_timeout": 10.0,
+        # Idle pooled connections are pinged before use after this long.
+        "health_check_interval": 30.0,
+        **_keepalive(),
     }
+    kw = dict(kwargs)
+    if kw.get("socket_keepalive") is False:
+        opts.pop("socket_keepalive_options")
+    opts.update(kw)
     if url:
-        pool = aioredis.BlockingConnectionPool.from_url(url, **opts, **kwargs)
+        pool = aioredis.BlockingConnectionPool.from_url(url, **opts)
     else:
-        kw = dict(kwargs)
-        if kw.pop("ssl", False):
-            kw["connection_class"] = aioredis.SSLConnection
-        pool = aioredis.BlockingConnectionPool(**opts, **kw)
+        if opts.pop("ssl", False):
+            opts["connection_class"] = aioredis.SSLConnection
+        pool = aioredis.BlockingConnectionPool(**opts)
     return aioredis.Redis.from_pool(pool)
 
 
