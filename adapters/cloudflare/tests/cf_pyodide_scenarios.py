@@ -72,7 +72,7 @@ def new_env(max_retries=3, dead_letter=None, secret="s3cret"):
     q = sim.SimQueue.new("cf-pyo-jobs", to_js(opts, dict_converter=js.Object.fromEntries))
     kv = sim.SimKV.new()
     make = run_js(
-        "(q, kv, s) => (s ? {QUEUE: q, KV: kv, HAZE_DISPATCH_SECRET: s} : {QUEUE: q, KV: kv})"
+        "(q, kv, s) => (s ? {QUEUE: q, KV: kv, HAZE_HTTP_SECRET: s} : {QUEUE: q, KV: kv})"
     )
     env = make(q, kv, secret)
     haze_cloudflare.bind_env(env)  # for dispatches made by the scenario itself

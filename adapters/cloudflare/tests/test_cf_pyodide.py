@@ -286,17 +286,19 @@ def test_undecodable_messages_are_failed_and_acked(scenarios: dict[str, Any]) ->
 def test_fetch_dispatch_endpoint(scenarios: dict[str, Any]) -> None:
     v = outcome(scenarios, "fetch_dispatch")
     status, body = v["ok"]
-    assert status == 200
+    # the same answers as the Lambda, server and Vercel entrypoints (http_dispatch)
+    assert status == 202
     assert body["skipped"] is False
+    assert body["job"] == "cf_pyo_ok"
     assert body["id"]
     (send,) = v["sends"]
     assert send["body"]["id"] == body["id"]
     assert send["delaySeconds"] == 5
-    assert v["wrong"] == 401
+    assert v["wrong"] == 403
     assert v["missing"] == 401
     assert v["get"] == 405
-    assert v["unknown"][0] == 422
+    assert v["unknown"][0] == 404
     assert "cf_pyo_nope" in v["unknown"][1]["error"]
-    assert v["disabled"][0] == 403
-    assert "HAZE_DISPATCH_SECRET" in v["disabled"][1]["error"]
+    assert v["disabled"][0] == 500
+    assert "HAZE_HTTP_SECRET" in v["disabled"][1]["error"]
     assert v["sends_disabled"] == []

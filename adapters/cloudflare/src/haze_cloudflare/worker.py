@@ -34,10 +34,12 @@ The attempt number a job sees is ``message.attempts`` (Cloudflare's delivery cou
 ``max_retries`` of at least ``tries - 1``: past it Cloudflare moves the message to the
 dead-letter queue itself, before haze's final failure.
 
-``fetch()`` is an optional authenticated dispatch endpoint: ``POST`` a JSON body
-``{"job": "send_invoice", "payload": {...}, "queue"?: str, "connection"?: str,
-"delay"?: seconds}`` with ``Authorization: Bearer <HAZE_DISPATCH_SECRET>`` (a Worker
-secret); it answers ``{"id", "skipped", "deferred"}``. Without the secret it answers 403.
+``fetch()`` is an optional authenticated dispatch endpoint that answers exactly as the
+Lambda, server and Vercel entrypoints do (``haze.integrations.http_dispatch``): ``POST``
+a JSON body ``{"job": "send_invoice", "payload": {...}, "delay"?, "queue"?, "group"?}``
+with ``Authorization: Bearer <HAZE_HTTP_SECRET>`` (a Worker secret) or an
+``X-Haze-Signature`` HMAC of the body; 202 ``{"id", "job", "skipped", "deferred"}``.
+Without the secret it answers 500 and dispatches nothing.
 
 Subclass on the Cloudflare runtime: ``workers.WorkerEntrypoint``. Anywhere else (CPython,
 Pyodide under Node.js in tests) a small local base with the same constructor, so this
@@ -47,7 +49,6 @@ module imports everywhere. No threads are used.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import inspect
 import json
 import logging
@@ -154,7 +155,7 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
     haze_app: App | None = None
     app_root: str | None = None
     connection: str | None = None
-    dispatch_secret: str = "HAZE_DISPATCH_SECRET"
+    dispatch_secret: str = "HAZE_HTTP_SECRET"
 
     def __init__(self, ctx: Any = None, env: Any = None):
         super().__init__(ctx, env)
@@ -300,56 +301,44 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
     # -- fetch(): authenticated dispatch ---------------------------------------------------
 
     async def fetch(self, request: Any, env: Any = None, ctx: Any = None) -> Any:
-        """``POST {"job", "payload", "queue"?, "connection"?, "delay"?}`` with a Bearer secret."""
+        """``POST {"job", "payload", "delay"?, "queue"?, "group"?}``, authenticated like
+        every haze HTTP entrypoint (``haze.integrations.http_dispatch``)."""
+        from haze.integrations.http_dispatch import dispatch_request
+
         self._bind(env)
-        method = str(getattr(request, "method", "GET")).upper()
-        if method != "POST":
-            return self._response({"error": 'POST a JSON body {"job": ..., "payload": ...}'}, 405)
+        method = str(getattr(request, "method", "GET"))
         secret_value = binding(self.dispatch_secret)
         secret = (
             str(to_py(secret_value))
             if secret_value is not None
             else os.environ.get(self.dispatch_secret, "")
         )
-        if not secret:
-            return self._response(
-                {"error": f"dispatch is disabled: set the {self.dispatch_secret} secret"}, 403
-            )
-        given = _header(request, "authorization") or ""
-        if not hmac.compare_digest(given.encode(), f"Bearer {secret}".encode()):
-            return self._response({"error": "unauthorized"}, 401)
-        try:
-            data = json.loads(await _settle(request.text()))
-            if not isinstance(data, dict) or not isinstance(data.get("job"), str):
-                raise ValueError('expected a JSON object with a "job" name')
-        except ValueError as e:
-            return self._response({"error": f"bad request: {e}"}, 400)
+        headers = {
+            name: value
+            for name in ("authorization", "x-haze-signature")
+            if (value := _header(request, name)) is not None
+        }
+        raw = b""
+        if method.upper() == "POST":
+            raw = str(await _settle(request.text())).encode()
         app = await self.get_app()
-        try:
-            from haze.jobs import get_job
 
-            job = get_job(data["job"])
-            pending = job.with_(data.get("payload"))
-            if data.get("queue"):
-                pending = pending.on_queue(str(data["queue"]))
-            if data.get("connection"):
-                pending = pending.on_connection(str(data["connection"]))
-            if data.get("delay"):
-                pending = pending.delay(data["delay"])
-            result = await run_in_app(app, pending.dispatch)
-        except (HazeError, TypeError, ValueError, LookupError) as e:
-            return self._response({"error": f"{type(e).__name__}: {e}"}, 422)
-        return self._response(
-            {"id": result.id, "skipped": result.skipped, "deferred": result.deferred}, 200
-        )
+        async def answer() -> Any:
+            return await dispatch_request(
+                app, method, headers, raw, where="cloudflare fetch", secret=secret
+            )
+
+        response = await run_in_app(app, answer)
+        return self._response(response.body, response.status, response.headers)
 
     @staticmethod
-    def _response(data: Any, status: int) -> Any:
+    def _response(data: Any, status: int, headers: dict[str, str] | None = None) -> Any:
         body = json.dumps(data)
         if _HAVE_WORKERS:
             from workers import Response  # type: ignore[import-not-found]
 
-            return Response(body, status=status, headers={"content-type": "application/json"})
+            all_headers = {"content-type": "application/json", **(headers or {})}
+            return Response(body, status=status, headers=all_headers)
         return LocalResponse(body, status)
 
 

@@ -108,9 +108,10 @@ def check_method(method: str) -> DispatchResponse | None:
     )
 
 
-def check_secret(where: str) -> DispatchResponse | None:
-    """None when ``HAZE_HTTP_SECRET`` is set, else the 500 response (and an error log)."""
-    if os.environ.get("HAZE_HTTP_SECRET"):
+def check_secret(where: str, secret: str | None = None) -> DispatchResponse | None:
+    """None when the secret (default: ``HAZE_HTTP_SECRET``) is set, else the 500 response
+    (and an error log)."""
+    if secret if secret is not None else os.environ.get("HAZE_HTTP_SECRET"):
         return None
     log.error("%s: HAZE_HTTP_SECRET is not set; refusing requests", where)
     return _error(500, "the dispatch endpoint is not configured (HAZE_HTTP_SECRET is unset)")
@@ -151,22 +152,32 @@ def authorize(headers: Mapping[str, str], raw: bytes, secret: str) -> DispatchRe
 
 
 async def dispatch_request(
-    app: App, method: str, headers: Mapping[str, str], raw: bytes, *, where: str = "haze"
+    app: App,
+    method: str,
+    headers: Mapping[str, str],
+    raw: bytes,
+    *,
+    where: str = "haze",
+    secret: str | None = None,
 ) -> DispatchResponse:
     """Answer one dispatch request: method, secret, size, authentication, body, dispatch.
 
-    ``headers`` must have lower-case names; ``where`` names the entrypoint in logs.
-    The app must be the current one (``run_in_app``) when a job's code could look it up.
+    ``headers`` must have lower-case names; ``where`` names the entrypoint in logs;
+    ``secret`` is ``HAZE_HTTP_SECRET`` from the environment unless given (a Cloudflare
+    Worker reads its secrets from bindings). The app must be the current one
+    (``run_in_app``) when a job's code could look it up.
     """
     from ..jobs import PendingDispatch, get_job
 
-    refused = check_method(method) or check_secret(where)
+    if secret is None:
+        secret = os.environ.get("HAZE_HTTP_SECRET", "")
+    refused = check_method(method) or check_secret(where, secret)
     if refused is not None:
         return refused
     limit = max_body()
     if len(raw) > limit:
         return too_large(len(raw), limit)
-    denied = authorize(headers, raw, os.environ["HAZE_HTTP_SECRET"])
+    denied = authorize(headers, raw, secret)
     if denied is not None:
         return denied
     try:
