@@ -28,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import haze.database.migrations as migrations
 import pytest
+from harness import MYSQL_ADMIN_URL, PG_ADMIN_URL
 from haze import (
     App,
     JobContext,
@@ -44,10 +45,6 @@ from haze.drivers.database import load_sql, schema_sql
 from haze.worker import Worker
 
 CI = os.environ.get("CI", "").strip().lower() == "true"
-PG_ADMIN_URL = os.environ.get(
-    "HAZE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
-MYSQL_ADMIN_URL = os.environ.get("HAZE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/")
 
 BACKENDS = ["sqlite", "postgres", "mariadb"]
 

@@ -324,14 +324,14 @@ def test_the_client_follows_the_running_loop(sqld_url: str) -> None:
 
     async def use(close: bool) -> None:
         assert await c.fetchone("SELECT 1") == (1,)
-        clients.append(c._client)
+        clients.append(c._http._client)
         if close:
             await c.close()
 
     asyncio.run(use(close=False))
     asyncio.run(use(close=True))  # a new loop: a new client, not the dead loop's
     assert clients[0] is not clients[1]
-    assert c._client is None
+    assert c._http._client is None
 
 
 # --------------------------------------------------------------------------- auth

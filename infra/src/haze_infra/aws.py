@@ -116,6 +116,16 @@ def _policy(statements: Sequence[Mapping[str, Any]]) -> pulumi.Output[str]:
     return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": list(statements)})
 
 
+def _allow(sid: str, actions: Sequence[str], resources: Sequence[Any]) -> dict[str, Any]:
+    """An ``Allow`` statement; resources may be Outputs."""
+    return {"Sid": sid, "Effect": "Allow", "Action": list(actions), "Resource": list(resources)}
+
+
+def _write_logs(log_group: aws.cloudwatch.LogGroup) -> dict[str, Any]:
+    """Writing to the log group's streams (``arn:…:log-group:name:*``)."""
+    return _allow("WriteOwnLogs", LOG_ACTIONS, [log_group.arn.apply(lambda arn: f"{arn}:*")])
+
+
 def lambda_archive(
     archive: str | Path | pulumi.Archive | None = None,
     dist_dir: str | Path | None = None,
@@ -301,24 +311,9 @@ class _Function(pulumi.ComponentResource):
             description=f"haze: {description}",
             opts=_child(self),
         )
-        allowed = [
-            *statements,
-            {
-                "Sid": "WriteOwnLogs",
-                "Effect": "Allow",
-                "Action": list(LOG_ACTIONS),
-                "Resource": [self.log_group.arn.apply(lambda arn: f"{arn}:*")],
-            },
-        ]
+        allowed = [*statements, _write_logs(self.log_group)]
         if vpc_config:
-            allowed.append(
-                {
-                    "Sid": "VpcNetworkInterfaces",
-                    "Effect": "Allow",
-                    "Action": list(VPC_ACTIONS),
-                    "Resource": ["*"],
-                }
-            )
+            allowed.append(_allow("VpcNetworkInterfaces", VPC_ACTIONS, ["*"]))
         self.policy = aws.iam.RolePolicy(
             f"{name}-policy", role=self.role.id, policy=_policy(allowed), opts=_child(self)
         )
@@ -457,24 +452,10 @@ class HazeLambdaConsumer(_Function):
         self.batch_size = batch_size
         self.queues = list(queues)
         arns = [q.arn for q in queues]
-        statements: list[dict[str, Any]] = [
-            {
-                "Sid": "ConsumeHazeQueues",
-                "Effect": "Allow",
-                "Action": list(CONSUMER_SQS_ACTIONS),
-                "Resource": arns,
-            }
-        ]
+        statements = [_allow("ConsumeHazeQueues", CONSUMER_SQS_ACTIONS, arns)]
         send = [*(arns if allow_send else []), *send_queue_arns]
         if send:
-            statements.append(
-                {
-                    "Sid": "SendToHazeQueues",
-                    "Effect": "Allow",
-                    "Action": list(SEND_SQS_ACTIONS),
-                    "Resource": send,
-                }
-            )
+            statements.append(_allow("SendToHazeQueues", SEND_SQS_ACTIONS, send))
         env: dict[str, Any] = {"HAZE_SQS_CONNECTION": connection, **dict(environment or {})}
         if queue_url_env and queue_url_value is not None:
             env[queue_url_env] = queue_url_value
@@ -704,25 +685,11 @@ class HazeContainerWorker(pulumi.ComponentResource):
             opts=_child(self),
         )
         image_out = pulumi.Output.from_input(image)
-        execution: list[dict[str, Any]] = [
-            {
-                "Sid": "WriteOwnLogs",
-                "Effect": "Allow",
-                "Action": list(LOG_ACTIONS),
-                "Resource": [self.log_group.arn.apply(lambda arn: f"{arn}:*")],
-            }
-        ]
+        execution = [_write_logs(self.log_group)]
         if ecr_pull is None:
             ecr_pull = not isinstance(image, str) or ".dkr.ecr." in image
         if ecr_pull:  # an ECR token is account-wide; the repository may be any
-            execution.append(
-                {
-                    "Sid": "PullImage",
-                    "Effect": "Allow",
-                    "Action": list(ECR_PULL_ACTIONS),
-                    "Resource": ["*"],
-                }
-            )
+            execution.append(_allow("PullImage", ECR_PULL_ACTIONS, ["*"]))
         aws.iam.RolePolicy(
             f"{name}-execution-policy",
             role=self.execution_role.id,
@@ -740,12 +707,11 @@ class HazeContainerWorker(pulumi.ComponentResource):
                 role=self.task_role.id,
                 policy=_policy(
                     [
-                        {
-                            "Sid": "ConsumeHazeQueues",
-                            "Effect": "Allow",
-                            "Action": [*CONSUMER_SQS_ACTIONS, *SEND_SQS_ACTIONS],
-                            "Resource": list(sqs_queue_arns),
-                        }
+                        _allow(
+                            "ConsumeHazeQueues",
+                            [*CONSUMER_SQS_ACTIONS, *SEND_SQS_ACTIONS],
+                            sqs_queue_arns,
+                        )
                     ]
                 ),
                 opts=_child(self),

@@ -13,7 +13,8 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, MessageDecodeError, MissingDependencyError
+from ._deps import require
+from .errors import ConfigError, MessageDecodeError
 
 if TYPE_CHECKING:
     from .app import App
@@ -37,11 +38,10 @@ def _material(key: str) -> bytes:
 
 
 def _aesgcm() -> Any:
-    try:
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-    except ImportError:
-        raise MissingDependencyError("encrypted jobs", "encryption", "cryptography") from None
-    return AESGCM
+    aead = require(
+        "cryptography.hazmat.primitives.ciphers.aead", what="encrypted jobs", extra="encryption"
+    )
+    return aead.AESGCM
 
 
 def _keys(app: App) -> list[bytes]:

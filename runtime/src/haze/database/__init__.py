@@ -19,11 +19,11 @@ SQL is written with ``?`` placeholders; connectors translate them for their driv
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, runtime_checkable
 
+from .._deps import load_by_name
 from ..errors import ConfigError
 
 __all__ = ["Connector", "Session", "connect", "dialect_of"]
@@ -92,15 +92,12 @@ def connect(name: str, options: dict[str, Any], *, root: Any = None, source: str
             f"unsupported database URL {url!r}", source=source, key=f"connections.{name}.url"
         )
     module_name, cls_name = _BACKENDS[dialect]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name and module_name.startswith(e.name):
-            raise ConfigError(
-                f"the {dialect} backend is not available in this version of haze",
-                source=source,
-                key=f"connections.{name}.url",
-            ) from None
-        raise
-    connector: Connector = getattr(module, cls_name)(name, options, root=root)
+    cls = load_by_name(
+        module_name,
+        cls_name,
+        what=f"the {dialect} backend",
+        source=source,
+        key=f"connections.{name}.url",
+    )
+    connector: Connector = cls(name, options, root=root)
     return connector

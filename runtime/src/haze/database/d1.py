@@ -25,21 +25,17 @@ atomic.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from .._http import LoopClient
 from ..durations import parse_duration
-from ..errors import ConfigError, HazeError, MissingDependencyError
-
-if TYPE_CHECKING:
-    import httpx
+from ..errors import ConfigError, HazeError
 
 __all__ = ["API_URL", "D1Connector", "D1Error", "D1Executor", "register_binding_executor"]
 
@@ -83,16 +79,6 @@ def register_binding_executor(fn: Callable[[str, str], D1Executor | None] | None
     _binding_executor = fn
 
 
-def _require_httpx() -> ModuleType:
-    try:
-        import httpx
-    except ModuleNotFoundError as e:
-        if e.name != "httpx":
-            raise
-        raise MissingDependencyError("the D1 backend (REST API)", "cloudflare", "httpx") from None
-    return httpx
-
-
 def encode_param(value: Any) -> Any:
     """A Python value as a D1 REST parameter (JSON)."""
     if value is None or isinstance(value, str):
@@ -118,26 +104,19 @@ class _RestExecutor:
 
     def __init__(self, connector: D1Connector, token: str):
         self._c = connector
-        self._httpx = _require_httpx()
-        self._headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
-        self._client: httpx.AsyncClient | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def _http(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop or self._client.is_closed:
-            client: httpx.AsyncClient = self._httpx.AsyncClient(
-                timeout=self._c.timeout, headers=self._headers
-            )
-            self._client, self._loop = client, loop
-        return self._client
+        self._http = LoopClient(
+            what="the D1 backend (REST API)",
+            extra="cloudflare",
+            timeout=connector.timeout,
+            headers={"authorization": f"Bearer {token}", "content-type": "application/json"},
+        )
 
     async def _post(self, payload: Json) -> list[Json]:
         url = self._c.endpoint
         body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
         try:
-            response = await self._http().post(url, content=body)
-        except self._httpx.HTTPError as e:
+            response = await self._http.get().post(url, content=body)
+        except self._http.httpx.HTTPError as e:
             raise D1Error(self._c.name, f"cannot reach {url} ({type(e).__name__}: {e})") from e
         try:
             data = response.json()
@@ -189,16 +168,7 @@ class _RestExecutor:
         return total
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        loop, self._loop = self._loop, None
-        if client is None or client.is_closed:
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        if running is loop:
-            await client.aclose()
+        await self._http.close()
 
 
 class _Session:

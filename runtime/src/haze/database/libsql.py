@@ -31,12 +31,12 @@ import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
+from .._http import LoopClient
 from ..durations import parse_duration
-from ..errors import ConfigError, HazeError, MissingDependencyError
+from ..errors import ConfigError, HazeError
 
 if TYPE_CHECKING:
     import httpx
@@ -82,16 +82,6 @@ class LibSQLError(HazeError):
         if status is not None:
             detail = f"HTTP {status}: {detail}"
         super().__init__(f"libSQL connection {connection!r} ({url}): {detail}")
-
-
-def _require_httpx() -> ModuleType:
-    try:
-        import httpx
-    except ModuleNotFoundError as e:
-        if e.name != "httpx":
-            raise
-        raise MissingDependencyError("the libSQL backend", "libsql", "httpx") from None
-    return httpx
 
 
 # --------------------------------------------------------------------------- values
@@ -279,7 +269,6 @@ class LibSQLConnector:
     dialect = "libsql"
 
     def __init__(self, name: str, options: dict[str, Any], *, root: Path | None = None):
-        self._httpx = _require_httpx()
         self.name = name
         raw_url = str(options["url"])
         try:
@@ -294,23 +283,14 @@ class LibSQLConnector:
         self.timeout = parse_duration(
             extra.get("timeout", 30), f"connections.{name}.options.timeout", allow_zero=False
         )
-        self._client: httpx.AsyncClient | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._http = LoopClient(
+            what="the libSQL backend", extra="libsql", timeout=self.timeout, headers=self._headers
+        )
 
     def __repr__(self) -> str:
         return f"<LibSQLConnector {self.name!r} {self.url}>"
 
     # -- HTTP -------------------------------------------------------------------
-
-    def _http(self) -> httpx.AsyncClient:
-        """The shared client, bound to the running loop (a new loop gets a new client)."""
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop or self._client.is_closed:
-            client: httpx.AsyncClient = self._httpx.AsyncClient(
-                timeout=self.timeout, headers=self._headers
-            )
-            self._client, self._client_loop = client, loop
-        return self._client
 
     def _error(self, message: str, **kw: Any) -> LibSQLError:
         return LibSQLError(self.name, self.url, message, **kw)
@@ -324,8 +304,8 @@ class LibSQLConnector:
         ).encode()
         endpoint = (base_url or self.url).rstrip("/") + PIPELINE_PATH
         try:
-            response = await self._http().post(endpoint, content=body)
-        except self._httpx.HTTPError as e:
+            response = await self._http.get().post(endpoint, content=body)
+        except self._http.httpx.HTTPError as e:
             raise self._error(f"cannot reach the server ({type(e).__name__}: {e})") from e
         if response.status_code != 200:
             raise self._error(self._http_message(response), status=response.status_code)
@@ -422,14 +402,4 @@ class LibSQLConnector:
         await tx._commit()
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        loop, self._client_loop = self._client_loop, None
-        if client is None or client.is_closed:
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        if running is loop:
-            await client.aclose()
-        # a client from another (finished) loop cannot be closed from here; drop it
+        await self._http.close()

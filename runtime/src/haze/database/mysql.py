@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ..errors import ConfigError, MissingDependencyError
+from .._deps import require
+from ..errors import ConfigError
 from .postgres import DatabaseConnectionError, redact_url, translate_placeholders
 
 __all__ = ["DatabaseConnectionError", "MySQLConnector"]
@@ -48,11 +49,7 @@ _CONNECT_ERRORS = {1044, 1045, 1049, 1698, 2002, 2003, 2005, 2006, 2013, 2059}
 
 
 def _require() -> Any:
-    try:
-        import aiomysql  # type: ignore[import-untyped]
-    except ImportError as e:
-        raise MissingDependencyError("the MySQL backend", "mysql", "aiomysql") from e
-    return aiomysql
+    return require("aiomysql", what="the MySQL backend", extra="mysql")
 
 
 def _q(sql: str, params: Sequence[Any]) -> tuple[str, Sequence[Any] | None]:

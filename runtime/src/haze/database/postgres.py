@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
-from ..errors import ConfigError, HazeError, MissingDependencyError
+from .._deps import require
+from ..errors import ConfigError, HazeError
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -98,14 +99,6 @@ def _swap(m: re.Match[str]) -> str:
 def translate_placeholders(sql: str, dialect: str = "postgres") -> str:
     """``?`` → ``%s`` outside quotes and comments, ``%`` → ``%%`` (pyformat drivers)."""
     return _TOKENS[dialect].sub(_swap, sql)
-
-
-def _require() -> None:
-    try:
-        import psycopg  # noqa: F401
-        import psycopg_pool  # noqa: F401
-    except ImportError as e:
-        raise MissingDependencyError("the PostgreSQL backend", "postgres", "psycopg") from e
 
 
 def _q(sql: str, params: Sequence[Any]) -> tuple[str, Sequence[Any] | None]:
@@ -301,7 +294,8 @@ class PostgresConnector:
     dialect = "postgres"
 
     def __init__(self, name: str, options: dict[str, Any], *, root: Path | None = None):
-        _require()
+        for module in ("psycopg", "psycopg_pool"):
+            require(module, what="the PostgreSQL backend", extra="postgres")
         from psycopg.conninfo import conninfo_to_dict
 
         self.name = name

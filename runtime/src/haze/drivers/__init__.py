@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from ..errors import ConfigError
+from .._deps import load_by_name
 from .base import Driver, FailedJob, FailedJobStore, Reserved
 
 __all__ = ["Driver", "FailedJob", "FailedJobStore", "Reserved", "create_driver"]
@@ -26,15 +25,12 @@ _DRIVERS = {
 def create_driver(name: str, options: dict[str, Any], app: Any, source: str) -> Driver:
     kind = options["driver"]
     module_name, cls_name = _DRIVERS[kind]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name and module_name.startswith(e.name):
-            raise ConfigError(
-                f"the {kind!r} driver is not available in this version of haze",
-                source=source,
-                key=f"connections.{name}.driver",
-            ) from None
-        raise
-    driver: Driver = getattr(module, cls_name)(name, options, app)
+    cls = load_by_name(
+        module_name,
+        cls_name,
+        what=f"the {kind!r} driver",
+        source=source,
+        key=f"connections.{name}.driver",
+    )
+    driver: Driver = cls(name, options, app)
     return driver

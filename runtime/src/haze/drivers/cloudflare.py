@@ -47,16 +47,14 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import ConfigError, DelayTooLongError, HazeError, MissingDependencyError
+from .._http import LoopClient
+from ..errors import ConfigError, DelayTooLongError, HazeError
 from ..message import Message, decode
 from .base import FailedJob, FailedJobStore, Reserved
 
 if TYPE_CHECKING:
-    import httpx
-
     from ..database import Connector
     from ..stores import Store
 
@@ -220,18 +218,6 @@ def _chunks(items: Sequence[tuple[Json, int]]) -> list[list[tuple[Json, int]]]:
     return out
 
 
-def _require_httpx() -> ModuleType:
-    try:
-        import httpx
-    except ModuleNotFoundError as e:
-        if e.name != "httpx":
-            raise
-        raise MissingDependencyError(
-            "the cloudflare driver outside a Worker (REST API)", "cloudflare", "httpx"
-        ) from None
-    return httpx
-
-
 # --------------------------------------------------------------------------- REST
 
 
@@ -246,30 +232,23 @@ class RestClient:
         api_url: str = API_URL,
         timeout: float = 30.0,
     ):
-        self._httpx = _require_httpx()
+        self._http = LoopClient(
+            what="the cloudflare driver outside a Worker (REST API)",
+            extra="cloudflare",
+            timeout=timeout,
+            headers={"authorization": f"Bearer {api_token}", "content-type": "application/json"},
+        )
         self.base = f"{api_url.rstrip('/')}/accounts/{account_id}/queues/{queue_id}"
-        self._headers = {"authorization": f"Bearer {api_token}", "content-type": "application/json"}
         self.timeout = timeout
-        self._client: httpx.AsyncClient | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
         return f"<RestClient {self.base}>"
 
-    def _http(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop or self._client.is_closed:
-            client: httpx.AsyncClient = self._httpx.AsyncClient(
-                timeout=self.timeout, headers=self._headers
-            )
-            self._client, self._loop = client, loop
-        return self._client
-
     async def post(self, path: str, payload: Json) -> Any:
         url = self.base + path
         try:
-            response = await self._http().post(url, json=payload)
-        except self._httpx.HTTPError as e:
+            response = await self._http.get().post(url, json=payload)
+        except self._http.httpx.HTTPError as e:
             raise CloudflareError(f"cannot reach {url} ({type(e).__name__}: {e})") from e
         try:
             data = response.json()
@@ -325,16 +304,7 @@ class RestClient:
         await self.post("/purge", {"delete_messages_permanently": True})
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        loop, self._loop = self._loop, None
-        if client is None or client.is_closed:
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        if running is loop:
-            await client.aclose()
+        await self._http.close()
 
 
 class _Lease:

@@ -99,7 +99,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError, HazeError, MissingDependencyError
+from .._deps import require
+from ..errors import ConfigError, HazeError
 from ..message import Message, decode, new_id
 from .base import FailedJob, FailedJobStore, Reserved
 from .memory import MemoryFailedJobs
@@ -150,10 +151,7 @@ class SqsError(HazeError):
 
 
 def _boto3() -> Any:
-    try:
-        return importlib.import_module("boto3")
-    except ImportError:
-        raise MissingDependencyError("the sqs driver", "sqs", "boto3") from None
+    return require("boto3", what="the sqs driver", extra="sqs")
 
 
 def _error_code(error: BaseException) -> str:

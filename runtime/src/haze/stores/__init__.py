@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from ..errors import ConfigError
+from .._deps import load_by_name
 from .base import Store
 
 __all__ = ["Store", "create_store"]
@@ -22,16 +21,12 @@ _STORES = {
 def create_store(name: str, options: dict[str, Any], app: Any, source: str) -> Store:
     driver = options["driver"]
     module_name, cls_name = _STORES[driver]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name and module_name.startswith(e.name):
-            raise ConfigError(
-                f"the {driver!r} store is not available in this version of haze",
-                source=source,
-                key=f"stores.{name}.driver",
-            ) from None
-        raise
-    cls = getattr(module, cls_name)
+    cls = load_by_name(
+        module_name,
+        cls_name,
+        what=f"the {driver!r} store",
+        source=source,
+        key=f"stores.{name}.driver",
+    )
     store: Store = cls(name, options, app) if driver != "memory" else cls(name, options)
     return store
