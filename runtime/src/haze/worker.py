@@ -61,6 +61,9 @@ class Worker:
         self.stopping = False
         self._busy = 0
         self._claiming = 0  # slots inside a claim: it may return a job (stop_when_empty)
+        #: Jobs ended so far: a claim that found nothing only proves the queue empty if no
+        #: job ended (and maybe queued a retry or a chain link) while it ran.
+        self._ended = 0
         #: Remote drivers: one idle slot polls at a time (the seed's "one loop per worker");
         #: the other idle slots wait for it instead of each polling the backend.
         self._idle_gate: asyncio.Lock | None = None
@@ -289,6 +292,7 @@ class Worker:
                 try:
                     if self.stopping:
                         break
+                    ended_before = self._ended
                     self._claiming += 1
                     try:
                         job = await self._claim(
@@ -310,7 +314,7 @@ class Worker:
                     # again (slots re-claiming in turn would keep _claiming above 0 forever).
                     while self._busy == 0 and self._claiming and not self.stopping:
                         await asyncio.sleep(0.005)
-                    if self._busy == 0 and self._claiming == 0:
+                    if self._busy == 0 and self._claiming == 0 and self._ended == ended_before:
                         self.request_stop()
                         break
                     await asyncio.sleep(0.005)  # another slot is busy and may queue more
@@ -340,6 +344,7 @@ class Worker:
                 outcome = "error"
             finally:
                 self._busy -= 1
+                self._ended += 1
                 del self._active[id(job)]
             self.processed += 1
             if self.on_job is not None:
