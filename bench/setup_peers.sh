@@ -1,11 +1,40 @@
 #!/usr/bin/env bash
 # Peers whose dependencies clash with the workspace get venvs of their own under
-# bench/.venvs (gitignored). Run once before bench/sql.py (and bench/redis.py).
+# bench/.venvs (gitignored). Run once before bench/sql.py and bench/redis.py; it is
+# idempotent (a venv that is already there is left alone; delete it to refresh).
+#
+# Every Redis peer gets its own venv, so each resolves its newest release: arq pins
+# redis<6 while bullmq 3 and celery 5.7 need redis-py>=6, and a shared venv would pull
+# in old releases of the others. hiredis goes into each, as in the reference peer
+# harness (shared/tools/peerbench): redis-py uses it when present.
 set -euo pipefail
 cd "$(dirname "$0")"
 mkdir -p .venvs
-if [ ! -x .venvs/procrastinate/bin/python ]; then
-    uv venv -q -p 3.11 .venvs/procrastinate
-    uv pip install -q -p .venvs/procrastinate/bin/python "procrastinate>=3" "psycopg[binary]"
-fi
+
+venv() {  # venv NAME PACKAGE...
+    local name=$1
+    shift
+    if [ ! -x ".venvs/$name/bin/python" ]; then
+        uv venv -q -p 3.11 ".venvs/$name"
+        if ! uv pip install -q -p ".venvs/$name/bin/python" "$@"; then
+            rm -rf ".venvs/$name"  # no half-made venv: the next run tries again
+            echo "could not install $* into bench/.venvs/$name" >&2
+            return 1
+        fi
+    fi
+}
+
+venv procrastinate "procrastinate>=3" "psycopg[binary]"
+# Redis peers (bench/redis.py). haze itself: an editable install of this tree's runtime
+# with the redis extra plus hiredis (which the peers get too); bench/redis.py falls back
+# to the workspace venv when this one is missing.
+venv haze -e ../runtime"[redis,cli]" hiredis
+venv bullmq "bullmq>=3,<4" hiredis
+venv huey "huey>=2" redis hiredis
+venv dramatiq "dramatiq[redis]" hiredis
+venv saq "saq[redis]" hiredis typing_extensions
+venv celery "celery[redis]" hiredis
+venv rq "rq" hiredis
+venv arq "arq" hiredis
+venv rawredis redis hiredis
 echo "peer venvs ready in bench/.venvs"

@@ -74,13 +74,16 @@ async def test_commands_pipelined_in_order_and_scripts_reloaded() -> None:
         # redis-py's AsyncScript runs on it, loading the script after NOSCRIPT
         client = Redis.from_url(REDIS_URL, decode_responses=True)
         try:
+            # a script no server has seen yet (its text names the unique key): NOSCRIPT
+            # first, without flushing the scripts other tests on this server rely on
             script = client.register_script(f"return {{KEYS[1], ARGV[1], '{key}'}}")
-            await client.script_flush()
             assert await script(keys=[key], args=["x"], client=wire) == [key, "x", key]
         finally:
             await client.aclose()
         replies = await wire.execute_many([("MULTI",), ("INCR", key), ("EXEC",)])
         assert replies == ["OK", "QUEUED", [201]]
+        assert await wire.run_script(script, [key], ["y"], fixed_keys=True) == [key, "y", key]
+        assert await wire.run_script(script, [key], ["z"], fixed_keys=True) == [key, "z", key]
     finally:
         await wire.execute("DEL", key)
         wire.close()
@@ -135,3 +138,24 @@ async def test_wire_for_uses_plain_tcp_only() -> None:
     finally:
         await tcp.aclose()
         await unix.aclose()
+
+
+async def test_the_wire_keeps_tcp_keepalive_like_the_store_clients() -> None:
+    # A half-open connection (the peer gone without a reset) must fail, not hang.
+    import socket
+
+    from haze.drivers.redis_wire import wire_for
+    from haze.stores.redis import new_client
+
+    client = new_client("redis://127.0.0.1:6379/0", {})
+    wire = wire_for(client)
+    assert wire is not None
+    try:
+        await wire.execute("PING")
+        sock = wire._protocol.transport.get_extra_info("socket")  # type: ignore[union-attr]
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        if hasattr(socket, "TCP_KEEPIDLE"):
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
+    finally:
+        wire.close()
+        await client.aclose()

@@ -38,7 +38,10 @@ How haze's rules map onto BullMQ:
 - Speed: finishing a job (``ack``/``release``/``fail``) fetches the next job of the
   same queue in the same script call (``fetchNext``) and keeps it for the next
   ``reserve``; an idle worker blocks on the queues' marker keys (``BZPOPMIN``);
-  ``enqueue_many`` adds a whole group in one ``MULTI`` round trip (``addBulk``).
+  ``enqueue_many`` adds a whole group in one ``MULTI`` round trip (``addBulk``). The
+  per-job script calls (add, claim, finish) go over a lean connection of their own
+  (``redis_wire``) with their arguments built from per-queue templates, checked against
+  bullmq's own builders on first use.
 - Priority: ``reserve(["high", "default"])`` always tries ``high`` first; a job is
   only prefetched from the highest-priority queue, so a prefetch never jumps it.
   Claims are taken one at a time per process, so jobs start in queue order.
@@ -331,6 +334,16 @@ class _Link:
             s = self._scripts[queue] = _Scripts(self.prefix, queue, self.connection)
         return s
 
+    async def script(
+        self, name: str, keys: list[str], args: list[Any], *, fixed_keys: bool = False
+    ) -> Any:
+        """Run one of BullMQ's scripts on the lean connection (redis-py without one)."""
+        if self.wire is not None:
+            return await self.wire.run_script(
+                self.commands[name], keys, args, fixed_keys=fixed_keys
+            )
+        return await self.commands[name](keys=keys, args=args)
+
     def take(self, queues: Sequence[str]) -> Reserved | None:
         for job in self.prefetched:
             if job.queue in queues:
@@ -576,7 +589,7 @@ class RedisDriver:
         if call is None:
             await s.addJob(job, link.fast)
             return
-        result = await link.commands["addStandardJob"](keys=call[0], args=call[1], client=link.fast)
+        result = await link.script("addStandardJob", *call, fixed_keys=True)
         if isinstance(result, int) and result < 0:
             raise s.finishedErrors({"code": result, "parentKey": None, "command": "addJob"})
 
@@ -658,9 +671,8 @@ class RedisDriver:
         packed = msgpack.packb(
             {"token": token, "lockDuration": self.lock_ms, "limiter": None}, use_bin_type=True
         )
-        raw = await link.commands["moveToActive"](
-            keys=s.getKeys(_ACTIVATE_KEYS), args=[s.keys[""], _now_ms(), packed], client=link.fast
-        )
+        args = [s.keys[""], _now_ms(), packed]
+        raw = await link.script("moveToActive", s.getKeys(_ACTIVATE_KEYS), args, fixed_keys=True)
         data, job_id, _, due = raw2NextJobData(raw)
         if data:
             job = self._reserved(queue, data, job_id, token)
@@ -861,7 +873,7 @@ class RedisDriver:
         keys, args = s.complete_args(
             _ActiveJob(job_id, self._queue_opts), self.keep_completed, token, fetch
         )
-        result = await link.commands["moveToFinished"](keys=keys, args=args, client=link.fast)
+        result = await link.script("moveToFinished", keys, args)
         await self._settled(link, job, result, "completing")
 
     async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:

@@ -24,8 +24,9 @@ worker's outage handling expects) and the next call connects again.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
@@ -37,9 +38,16 @@ try:  # the C parser redis-py also uses when present
 except ImportError:  # pragma: no cover - depends on the environment
     _HIREDIS = False
 
+if TYPE_CHECKING:
+    from redis.commands.core import AsyncScript
+
 __all__ = ["Wire", "wire_for"]
 
 _CONNECT_TIMEOUT = 10.0
+
+
+class _NotSent(RedisConnectionError):
+    """The connection was gone before the command was written: safe to send again."""
 
 
 def _error(message: str) -> ResponseError:
@@ -170,8 +178,8 @@ class _Protocol(asyncio.Protocol):
         self.flush_scheduled = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, but act like them
+        self.transport = cast("asyncio.Transport", transport)
 
     def data_received(self, data: bytes) -> None:
         reader = self.reader
@@ -207,8 +215,12 @@ class _Protocol(asyncio.Protocol):
         self.flush_scheduled = False
         out, self.out = self.out, []
         if self.transport is None or self.transport.is_closing():
-            lost = f"Connection to Redis at {self.wire.address} lost"
-            self._fail(self.lost or RedisConnectionError(lost))
+            # only these were never written; the ones before them fail in connection_lost
+            error = _NotSent(f"Connection to Redis at {self.wire.address} lost")
+            unsent = [self.waiters.pop() for _ in range(min(len(out), len(self.waiters)))]
+            for fut in unsent:
+                if not fut.done():
+                    fut.set_exception(error)
             return
         self.transport.write(b"".join(out))
 
@@ -236,9 +248,12 @@ class Wire:
         username: str | None = None,
         password: str | None = None,
         client_name: str | None = None,
+        keepalive: dict[int, int] | None = None,
     ) -> None:
         self.host = host
         self.port = port
+        #: TCP keepalive options (None: off), as the redis-py clients of the store use
+        self._keepalive = keepalive
         self.address = f"{host}:{port}"
         self._setup: list[tuple[Any, ...]] = []
         if password is not None:
@@ -250,6 +265,8 @@ class Wire:
             self._setup.append(("CLIENT", "SETNAME", client_name))
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Future[_Protocol] | None = None
+        #: encoded command heads of ``run_script(fixed_keys=True)``
+        self._heads: dict[tuple[Any, ...], bytes] = {}
 
     async def _connect(self) -> _Protocol:
         loop = asyncio.get_running_loop()
@@ -262,6 +279,13 @@ class Wire:
             raise RedisConnectionError(
                 f"Error connecting to Redis at {self.address}: {e or type(e).__name__}"
             ) from e
+        sock = protocol.transport.get_extra_info("socket") if protocol.transport else None
+        if sock is not None and self._keepalive is not None:
+            # A peer gone without a reset (a partition) fails the calls in about a
+            # minute instead of leaving them waiting forever.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for option, value in self._keepalive.items():
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
         futs = [self._send(protocol, _pack(cmd)) for cmd in self._setup]
         self._protocol = protocol
         try:
@@ -293,7 +317,7 @@ class Wire:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         if protocol.lost is not None:
-            fut.set_exception(protocol.lost)
+            fut.set_exception(_NotSent(str(protocol.lost)))
             return fut
         if not protocol.waiters and not protocol.out and protocol.transport is not None:
             # Idle connection: nothing to share a write with, so send now (a lone caller
@@ -309,16 +333,43 @@ class Wire:
         return fut
 
     async def execute(self, *args: Any) -> Any:
-        packed = _pack(args)
+        return await self._execute(_pack(args))
+
+    async def _execute(self, packed: bytes) -> Any:
         protocol = self._protocol or await self._ready()
         try:
             return await self._send(protocol, packed)
-        except RedisConnectionError:
-            # A connection that died while idle (a Redis restart) fails the first command
-            # sent on it: try once more on a fresh one, as the redis-py clients do.
-            if protocol.waiters or self._protocol is not None:
-                raise
+        except _NotSent:
+            # The connection died before the command went out (a Redis restart seen
+            # late): send it once more on a fresh one. A command that was written is
+            # not sent again: it may have run.
             return await self._send(await self._ready(), packed)
+
+    async def run_script(
+        self, script: AsyncScript, keys: list[str], args: list[Any], *, fixed_keys: bool = False
+    ) -> Any:
+        """``EVALSHA`` of a registered script, loading it after ``NOSCRIPT``.
+
+        ``fixed_keys``: the caller sends these keys again and again (a queue's keys), so
+        the encoded head of the command is kept and only ``args`` are encoded per call.
+        """
+        if fixed_keys:
+            cache_key = (script.sha, len(args), *keys)
+            head = self._heads.get(cache_key)
+            if head is None:
+                if len(self._heads) >= _BULK_MAX:
+                    self._heads.clear()
+                head = self._heads[cache_key] = b"*%d\r\n" % (3 + len(keys) + len(args)) + b"".join(
+                    map(_bulk, ("EVALSHA", script.sha, len(keys), *keys))
+                )
+            packed = head + b"".join(map(_bulk, args))
+        else:
+            packed = _pack(("EVALSHA", script.sha, len(keys), *keys, *args))
+        try:
+            return await self._execute(packed)
+        except NoScriptError:
+            script.sha = await self.script_load(script.script)
+            return await self.execute("EVALSHA", script.sha, len(keys), *keys, *args)
 
     async def execute_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Several commands in one write; their replies, an error reply as its exception
@@ -345,7 +396,7 @@ class Wire:
     async def evalsha(self, sha: str, numkeys: int, *args: Any) -> Any:
         return await self.execute("EVALSHA", sha, numkeys, *args)
 
-    async def script_load(self, script: str | bytes) -> str:
+    async def script_load(self, script: Any) -> str:
         sha: str = await self.execute("SCRIPT", "LOAD", script)
         return sha
 
@@ -376,4 +427,7 @@ def wire_for(client: Any) -> Wire | None:
         username=kw.get("username"),
         password=kw.get("password"),
         client_name=kw.get("client_name"),
+        keepalive=dict(kw.get("socket_keepalive_options") or {})
+        if kw.get("socket_keepalive")
+        else None,
     )
