@@ -42,6 +42,7 @@ from harness import BACKENDS, backend_url, mysql_database, pg_database
 from haze import App, Queue, define_database_config, define_queue_config
 from haze.database.migrations import ensure_queue_tables
 from haze.worker import Worker
+from worker_procs import WorkerProcs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -85,18 +86,16 @@ def mysql_url() -> Iterator[str]:
 # --------------------------------------------------------------------------- harness
 
 
-class Harness:
+class Harness(WorkerProcs):
     """Queue tables for one test, the dispatching app, the runs file and worker processes."""
 
     def __init__(self, url: str, tmp: Path, retry_after: str = "90s"):
         n = next(_names)
+        super().__init__(tmp, APP)
         self.url = url
-        self.tmp = tmp
         self.jobs = f"dbx_fjobs_{os.getpid()}_{n}"
         self.failed = f"dbx_ffailed_{os.getpid()}_{n}"
         self.retry_after = retry_after
-        self.runs_file = tmp / "runs.txt"
-        self.procs: list[subprocess.Popen[bytes]] = []
         self.app = App(
             queue=define_queue_config(
                 default="db",
@@ -131,88 +130,7 @@ class Harness:
         return env
 
     def start_worker(self, *args: str, url: str | None = None) -> subprocess.Popen[bytes]:
-        log = self.tmp / f"worker-{len(self.procs)}.log"
-        cmd = [
-            sys.executable,
-            "-m",
-            "haze.cli",
-            "--root",
-            str(APP),
-            "queue:work",
-            "--connection",
-            "db",
-            "--queue",
-            "default",
-            *args,
-        ]
-        with open(log, "wb") as out:
-            p = subprocess.Popen(
-                cmd,
-                env=self.env(url),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.tmp,
-            )
-        p.log = log  # type: ignore[attr-defined]
-        self.procs.append(p)
-        return p
-
-    @staticmethod
-    def log(p: subprocess.Popen[bytes]) -> str:
-        return Path(p.log).read_text(errors="replace")  # type: ignore[attr-defined]
-
-    async def wait_ready(self, p: subprocess.Popen[bytes], within: float = 60) -> None:
-        """Until the worker printed its banner (its signal handlers are installed then)."""
-        deadline = time.monotonic() + within
-        while "Working connection" not in self.log(p):
-            if p.poll() is not None:
-                raise AssertionError(f"worker exited with {p.returncode}:\n{self.log(p)}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"worker did not start:\n{self.log(p)}")
-            await asyncio.sleep(0.05)
-
-    async def wait_exit(self, p: subprocess.Popen[bytes], within: float = 60) -> int:
-        deadline = time.monotonic() + within
-        while p.poll() is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"worker {p.pid} did not exit:\n{self.log(p)}")
-            await asyncio.sleep(0.05)
-        return p.returncode
-
-    def kill_all(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-
-    # -- what ran ------------------------------------------------------------------
-
-    def events(self) -> list[tuple[str, str, int, int, float]]:
-        if not self.runs_file.exists():
-            return []
-        out = []
-        for line in self.runs_file.read_text().splitlines():
-            event, key, attempt, pid, at = line.split()
-            out.append((event, key, int(attempt), int(pid), float(at)))
-        return out
-
-    def counts(self, event: str) -> collections.Counter[str]:
-        return collections.Counter(k for e, k, *_ in self.events() if e == event)
-
-    async def wait_ended(
-        self, keys: set[str], within: float, procs: list[subprocess.Popen[bytes]] | None = None
-    ) -> None:
-        deadline = time.monotonic() + within
-        while not keys <= set(self.counts("end")):
-            for p in procs or []:
-                assert p.poll() is None, f"worker {p.pid} exited:\n{self.log(p)}"
-            if time.monotonic() > deadline:
-                missing = keys - set(self.counts("end"))
-                raise TimeoutError(
-                    f"{len(missing)} jobs never finished, e.g. {sorted(missing)[:5]}"
-                )
-            await asyncio.sleep(0.1)
+        return self.spawn("db", "default", args, self.env(url))
 
     async def table_rows(self) -> list[tuple[Any, ...]]:
         return await self.app.database().fetchall(

@@ -11,7 +11,6 @@ kills and restarts.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import importlib.util
 import os
@@ -27,6 +26,7 @@ from typing import Any
 
 import pytest
 from haze import App, define_queue_config
+from worker_procs import WorkerProcs
 
 APP = Path(__file__).parent / "redis_fault_app"
 REDIS_SERVER = shutil.which("redis-server")
@@ -150,16 +150,14 @@ class RedisServer:
 # --------------------------------------------------------------------------- workers
 
 
-class Harness:
+class Harness(WorkerProcs):
     """The private server, the dispatching app, the runs file and the worker processes."""
 
     def __init__(self, tmp: Path, *, retry_after: str = "30s", aof: bool = False) -> None:
-        self.tmp = tmp
+        super().__init__(tmp, APP)
         self.server = RedisServer(tmp, aof=aof)
         self.prefix = "rfx"
         self.retry_after = retry_after
-        self.runs_file = tmp / "runs.txt"
-        self.procs: list[subprocess.Popen[bytes]] = []
         self.app: App | None = None
 
     def make_app(self) -> App:
@@ -203,99 +201,8 @@ class Harness:
         )
 
     def start_worker(self, *args: str) -> subprocess.Popen[bytes]:
-        n = len(self.procs)
-        cmd = [
-            sys.executable,
-            "-m",
-            "haze.cli",
-            "--root",
-            str(APP),
-            "queue:work",
-            "--connection",
-            "r",
-            "--queue",
-            "default",
-            # idle waits and the outage backoff: 0.2 s doubling up to 1 s
-            "--sleep",
-            "0.2",
-            *args,
-        ]
-        with (
-            open(self.tmp / f"worker-{n}.out", "wb") as out,
-            open(self.tmp / f"worker-{n}.err", "wb") as err,
-        ):
-            p = subprocess.Popen(
-                cmd,
-                env=self.env(),
-                stdout=out,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-                cwd=self.tmp,
-            )
-        p.n = n  # type: ignore[attr-defined]
-        self.procs.append(p)
-        return p
-
-    def out(self, p: subprocess.Popen[bytes]) -> str:
-        return (self.tmp / f"worker-{p.n}.out").read_text(errors="replace")  # type: ignore[attr-defined]
-
-    def err(self, p: subprocess.Popen[bytes]) -> str:
-        return (self.tmp / f"worker-{p.n}.err").read_text(errors="replace")  # type: ignore[attr-defined]
-
-    def log(self, p: subprocess.Popen[bytes]) -> str:
-        return f"--- stdout of worker {p.pid}\n{self.out(p)}--- stderr\n{self.err(p)}"
-
-    async def wait_ready(self, p: subprocess.Popen[bytes], within: float = 60) -> None:
-        """Until the worker printed its banner (its signal handlers are installed then)."""
-        deadline = time.monotonic() + within
-        while "Working connection" not in self.out(p):
-            if p.poll() is not None:
-                raise AssertionError(f"worker exited with {p.returncode}:\n{self.log(p)}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"worker did not start:\n{self.log(p)}")
-            await asyncio.sleep(0.05)
-
-    async def wait_exit(self, p: subprocess.Popen[bytes], within: float = 60) -> int:
-        deadline = time.monotonic() + within
-        while p.poll() is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"worker {p.pid} did not exit:\n{self.log(p)}")
-            await asyncio.sleep(0.05)
-        return p.returncode
-
-    def kill_all(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-
-    # -- what ran ------------------------------------------------------------------
-
-    def events(self) -> list[tuple[str, str, int, int, float]]:
-        if not self.runs_file.exists():
-            return []
-        out = []
-        for line in self.runs_file.read_text().splitlines():
-            event, key, attempt, pid, at = line.split()
-            out.append((event, key, int(attempt), int(pid), float(at)))
-        return out
-
-    def counts(self, event: str) -> collections.Counter[str]:
-        return collections.Counter(k for e, k, *_ in self.events() if e == event)
-
-    async def wait_ended(
-        self, keys: set[str], within: float, procs: list[subprocess.Popen[bytes]] | None = None
-    ) -> None:
-        deadline = time.monotonic() + within
-        while not keys <= set(self.counts("end")):
-            for p in procs or []:
-                assert p.poll() is None, f"worker {p.pid} exited:\n{self.log(p)}"
-            if time.monotonic() > deadline:
-                missing = keys - set(self.counts("end"))
-                raise TimeoutError(
-                    f"{len(missing)} jobs never finished, e.g. {sorted(missing)[:5]}"
-                )
-            await asyncio.sleep(0.1)
+        # idle waits and the outage backoff: 0.2 s doubling up to 1 s
+        return self.spawn("r", "default", ["--sleep", "0.2", *args], self.env())
 
     async def state(self) -> dict[str, int]:
         """How many jobs each BullMQ list/set of the ``default`` queue holds."""
