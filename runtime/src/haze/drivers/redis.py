@@ -41,7 +41,10 @@ How haze's rules map onto BullMQ:
   ``enqueue_many`` adds a whole group in one ``MULTI`` round trip (``addBulk``). The
   per-job script calls (add, claim, finish) go over a lean connection of their own
   (``redis_wire``) with their arguments built from per-queue templates, checked against
-  bullmq's own builders on first use.
+  bullmq's own builders on first use. A plain job (no delay) after a queue's first is
+  added by ``redis_add_job.lua``, haze's copy of BullMQ's ``addStandardJob`` for that
+  shape (the same writes, about half the server time), used only next to the bullmq
+  script it copies (same SHA); tests/drivers/test_redis_lite_add.py compares the two.
 - Priority: ``reserve(["high", "default"])`` always tries ``high`` first; a job is
   only prefetched from the highest-priority queue, so a prefetch never jumps it.
   Claims are taken one at a time per process, so jobs start in queue order.
@@ -102,6 +105,10 @@ _MAX_STALLED = 1 << 30
 _BULK_CHUNK = 1000
 _COUNTED = ["wait", "paused", "delayed", "prioritized"]
 _ADD_KEYS = ["wait", "paused", "meta", "id", "completed", "delayed", "active", "events", "marker"]
+_LITE_KEYS = ["wait", "meta", "id", "active", "events", "marker"]
+#: SHA-1 of bullmq's addStandardJob-9.lua that redis_add_job.lua copies: another bullmq
+#: release may change what a job add writes, so the copy is used only next to this one
+_ADD_STANDARD_SHA = "10f8d228e89ed4f765afc5b3bafb6defbb84e311"
 _ACTIVATE_KEYS = [
     "wait",
     "active",
@@ -189,6 +196,8 @@ class _Scripts(Scripts):  # type: ignore[misc]
     """
 
     _ADD_OPTS = msgpack.packb({"attempts": 1})
+    #: ``cjson.encode`` of those opts, as addStandardJob stores them (for the lite add)
+    _ADD_OPTS_JSON = '{"attempts":1}'
 
     def __init__(self, prefix: str, queue: str, connection: Any) -> None:
         super().__init__(prefix, queue, connection)
@@ -312,6 +321,16 @@ class _Link:
         self.find_failed: AsyncScript = self.client.register_script(
             (_HERE / "redis_find_failed.lua").read_text()
         )
+        #: haze's copy of addStandardJob for the plain job of a single dispatch
+        #: (redis_add_job.lua): half the server time per add. Only on the lean
+        #: connection, and only next to the BullMQ script it copies.
+        self.add_lite: AsyncScript | None = None
+        if self.wire is not None and self.commands["addStandardJob"].sha == _ADD_STANDARD_SHA:
+            self.add_lite = self.client.register_script((_HERE / "redis_add_job.lua").read_text())
+        #: queue -> (wire, script, encoded head) of its lite add; a queue gets one once
+        #: BullMQ's own script has added a job with the arguments of haze's template
+        #: (add_args), so the lite add stands in for exactly that call
+        self.lite_adds: dict[str, tuple[Wire, AsyncScript, bytes]] = {}
         self.prefix = driver.prefix
         self._scripts: dict[str, _Scripts] = {}
         #: jobs fetched by ack/release/fail (fetchNext), handed out by the next reserve
@@ -343,6 +362,16 @@ class _Link:
                 self.commands[name], keys, args, fixed_keys=fixed_keys
             )
         return await self.commands[name](keys=keys, args=args)
+
+    def lite_add(self, s: _Scripts) -> tuple[Wire, AsyncScript, bytes] | None:
+        """How to call ``redis_add_job.lua`` on a queue: the encoded head holds its keys,
+        prefix and opts; the job's name, JSON body and timestamp follow it. None: no
+        lite add (no lean connection, another bullmq, or the template not checked)."""
+        if self.add_lite is None or self.wire is None or not isinstance(s._add, list):
+            return None
+        keys = s.getKeys(_LITE_KEYS)
+        head = Wire.script_head(self.add_lite, keys, [s.keys[""], s._ADD_OPTS_JSON], 3)
+        return self.wire, self.add_lite, head
 
     def take(self, queues: Sequence[str]) -> Reserved | None:
         for job in self.prefetched:
@@ -583,6 +612,14 @@ class RedisDriver:
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         link = self._link()
         delay_ms = round(delay * 1000) if delay > 0 else 0
+        if not delay_ms:
+            lite = link.lite_adds.get(message.queue)
+            if lite is not None:
+                wire, script, head = lite
+                # no reply check: addStandardJob's errors are about parents, which a
+                # plain job does not have
+                await wire.run_head(script, head, (message.job, body, _now_ms()))
+                return
         job = _NewJob(message.job, body, delay_ms, _now_ms())
         s = link.scripts(message.queue)
         call = None if delay_ms else s.add_args(job)
@@ -592,6 +629,9 @@ class RedisDriver:
         result = await link.script("addStandardJob", *call, fixed_keys=True)
         if isinstance(result, int) and result < 0:
             raise s.finishedErrors({"code": result, "parentKey": None, "command": "addJob"})
+        lite = link.lite_add(s)
+        if lite is not None:
+            link.lite_adds[message.queue] = lite
 
     async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
         """BullMQ's ``addBulk``: each chunk of jobs in one ``MULTI`` round trip."""
