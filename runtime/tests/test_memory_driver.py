@@ -185,6 +185,20 @@ async def test_exponential_backoff_schedules_two_seconds_before_retry_one(
     assert 'Job "mem_backoff_exp" failed (attempt 1/2), retrying in 2s' in caplog.text
 
 
+async def test_the_retry_log_says_the_wait_a_whole_second_driver_really_applies(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # SQS and Cloudflare delays are whole seconds: a 50 ms backoff waits 1 s there, and
+    # the log must say so (the driver's delay_step; memory stands in for them here).
+    caplog.set_level(logging.WARNING)
+    app = memory_app()
+    async with app:
+        app.driver("memory").delay_step = 1.0  # type: ignore[attr-defined]
+        await mem_backoff_string.dispatch({"succeed_on": 2})
+        await Queue.idle()
+    assert 'Job "mem_backoff_string" failed (attempt 1/3), retrying in 1s' in caplog.text
+
+
 # --------------------------------------------------------------------------- priority
 
 

@@ -698,12 +698,14 @@ class QueueManager:
             if ctx._retry_delay is not None
             else backoff_delay(job.backoff, reserved.attempt)
         )
+        step = getattr(driver, "delay_step", None)  # e.g. whole seconds on SQS, Cloudflare
+        waits = -(-delay // step) * step if step and delay > 0 else delay
         job_log.warning(
             'Job "%s" failed (attempt %d/%s), retrying in %ss: %s: %s',
             job.name,
             reserved.attempt,
             "∞" if job.retry_until else job.tries,
-            f"{delay:g}",
+            f"{waits:g}",
             type(error).__name__,
             error,
             extra={"job": job.name, "job_id": message.id, "attempt": reserved.attempt},

@@ -455,6 +455,8 @@ class CloudflareDriver:
     """Cloudflare Queues; see the module docstring."""
 
     remote = True
+    #: delays are whole seconds (a retry backoff is rounded up): what logs report
+    delay_step = 1.0
     local_callbacks = False
     inline = False
 

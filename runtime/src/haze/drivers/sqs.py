@@ -421,6 +421,8 @@ class SqsDriver:
     """Queue connection on Amazon SQS; see the module docstring for the rules."""
 
     remote = True
+    #: delays are whole seconds (a retry backoff is rounded up): what logs report
+    delay_step = 1.0
     local_callbacks = False
     inline = False
 
