@@ -126,7 +126,7 @@ def test_extra_bindings_vars_and_secrets(inf_stack: StackConfig) -> None:
             d1_databases={"ANALYTICS": "inf-analytics"},
             kv_namespaces={"FLAGS": None},
             vars={"APP_ENV": "production"},
-            secrets={"HAZE_DISPATCH_SECRET": "s3cret"},
+            secrets={"HAZE_HTTP_SECRET": "s3cret"},
         )
     )
     bindings = {b["name"]: b for b in mocks.one(SCRIPT).inputs["bindings"]}
@@ -137,10 +137,10 @@ def test_extra_bindings_vars_and_secrets(inf_stack: StackConfig) -> None:
         "ANALYTICS",
         "FLAGS",
         "APP_ENV",
-        "HAZE_DISPATCH_SECRET",
+        "HAZE_HTTP_SECRET",
     }
     assert bindings["APP_ENV"] == {"name": "APP_ENV", "type": "plain_text", "text": "production"}
-    assert bindings["HAZE_DISPATCH_SECRET"]["type"] == "secret_text"
+    assert bindings["HAZE_HTTP_SECRET"]["type"] == "secret_text"
     assert {d.inputs["name"] for d in mocks.of(D1)} == {"inf-worker-db", "inf-analytics"}
 
 

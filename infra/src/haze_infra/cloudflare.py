@@ -205,7 +205,7 @@ class HazeCloudflareWorker(pulumi.ComponentResource):
 
     ``d1_databases`` / ``kv_namespaces``: binding name -> database name / namespace title
     (None: derived from the Worker name), created here. ``vars`` are plain-text bindings,
-    ``secrets`` secret-text ones (e.g. ``HAZE_DISPATCH_SECRET``).
+    ``secrets`` secret-text ones (e.g. ``HAZE_HTTP_SECRET``).
 
     Each consumer is checked: ``max_retries`` >= ``max_tries - 1`` and <= 100,
     ``max_batch_size`` 1-100, ``max_batch_timeout`` 0-60 s.

@@ -82,7 +82,7 @@ ENTRY_SOURCE = '''\
 
 dist/wrangler.json points here. Each queue() batch runs through the app bundled beside
 this file (config/, app/job/); fetch() is the authenticated dispatch endpoint (set the
-HAZE_DISPATCH_SECRET secret to enable it). See haze_cloudflare.QueueWorker.
+HAZE_HTTP_SECRET secret to enable it). See haze_cloudflare.QueueWorker.
 """
 
 import os
