@@ -34,10 +34,10 @@ from test_lambda_runtime import (
     SECRET,
     _insert_jobs,
     _jobs_left,
-    body_of,
     failed_rows,
     http_event,
     outputs,
+    queued_batch,
     receive_all,
     runtime,
     scheduled_event,
@@ -183,16 +183,9 @@ def test_the_zip_is_deterministic(bundle: dict[str, Any], tmp_path: Path) -> Non
 
 
 def test_bundled_sqs_handler_reports_batch_item_failures(bundle: dict[str, Any]) -> None:
-    client = _SPEC["client"]()
     name = "lamq-bld"
-    url = _SPEC["create_queues"]([name])[name]
-    ids = {}
-    for job in ("lam_ok", "lam_flaky", "lam_fail", "bld_lam_where"):
-        ids[job], body = body_of(job, {"n": job}, "bld")
-        client.send_message(QueueUrl=url, MessageBody=body)
-    messages = receive_all(client, url, 4)
-    assert len(messages) == 4
-    by_job = {json.loads(m["Body"])["job"]: m for m in messages}
+    q = queued_batch(name, ("lam_ok", "lam_flaky", "lam_fail", "bld_lam_where"), "bld")
+    ids, messages, by_job = q["ids"], q["messages"], q["by_job"]
     with runtime(bundle, "handler.sqs") as api:
         kind, response = api.invoke(sqs_event(messages, name))
         assert kind == "response", response

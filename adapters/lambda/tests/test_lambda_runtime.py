@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -484,17 +484,31 @@ def queue_counts(client: Any, url: str) -> tuple[int, int, int]:
 # --------------------------------------------------------------------------- sqs_handler
 
 
-def test_sqs_handler_partial_batch_response(lam_app: dict[str, Any]) -> None:
+def queued_batch(name: str, jobs: Sequence[str], tag: str) -> dict[str, Any]:
+    """One message per job on a new queue ``name``, received back as a trigger gets them:
+    ``client``, ``url``, ``ids`` (job -> envelope id), ``messages``, ``by_job``."""
     client = _SPEC["client"]()
-    name = "lamq-t1"
     url = _SPEC["create_queues"]([name])[name]
     ids = {}
-    for job in ("lam_ok", "lam_flaky", "lam_fail", "lam_release"):
-        ids[job], body = body_of(job, {"n": job}, "t1")
+    for job in jobs:
+        ids[job], body = body_of(job, {"n": job}, tag)
         client.send_message(QueueUrl=url, MessageBody=body)
-    messages = receive_all(client, url, 4)
-    assert len(messages) == 4
+    messages = receive_all(client, url, len(jobs))
+    assert len(messages) == len(jobs)
     by_job = {json.loads(m["Body"])["job"]: m for m in messages}
+    return {"client": client, "url": url, "ids": ids, "messages": messages, "by_job": by_job}
+
+
+def test_sqs_handler_partial_batch_response(lam_app: dict[str, Any]) -> None:
+    name = "lamq-t1"
+    q = queued_batch(name, ("lam_ok", "lam_flaky", "lam_fail", "lam_release"), "t1")
+    client, url, ids, messages, by_job = (
+        q["client"],
+        q["url"],
+        q["ids"],
+        q["messages"],
+        q["by_job"],
+    )
     with runtime(lam_app, "haze_lambda.sqs_handler") as api:
         kind, response = api.invoke(sqs_event(messages, name))
         assert kind == "response", response

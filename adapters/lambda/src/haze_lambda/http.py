@@ -1,40 +1,17 @@
 """``haze_lambda.http_handler``: dispatch a named job over HTTP (API Gateway HTTP API,
 payload format 2.0, or a Lambda function URL, which uses the same format).
 
-Request: ``POST`` with a JSON object body::
-
-    {"job": "send_invoice", "payload": {"invoice_id": 42},
-     "delay": "10m",          # optional: seconds or a duration string
-     "queue": "emails",       # optional
-     "group": "customer-7"}   # optional: SQS FIFO message group
-
-Authentication, with the secret in ``HAZE_HTTP_SECRET`` (compared in constant time):
-
-- ``Authorization: Bearer <secret>``, or
-- ``X-Haze-Signature: sha256=<hex HMAC-SHA256 of the raw body, keyed with the secret>``
-  (the secret itself never travels; note that a captured request can be replayed, so
-  put a nonce or a unique key in the payload when that matters).
-
-Responses (JSON, ``{"error": "..."}`` on failure):
-
-=====  ==============================================================================
-202    ``{"id": ..., "job": ..., "skipped": bool, "deferred": bool}``
-400    the body is not JSON, not an object, has no "job", an unknown key, a bad delay
-401    no credentials (``WWW-Authenticate: Bearer``)
-403    wrong bearer token or signature
-404    no job by that name (or not in ``HAZE_HTTP_JOBS``, a comma-separated allowlist)
-405    not a POST
-413    the message is over the connection's size limit (or the body over
-       ``HAZE_HTTP_MAX_BODY``, default 10 MiB)
-500    ``HAZE_HTTP_SECRET`` is not set, or the queue connection is misconfigured
-=====  ==============================================================================
+This module only turns the event into a request (method, lower-case headers, the body,
+base64-decoded when API Gateway encoded it) and the answer into a proxy response. The
+request body, the ``HAZE_HTTP_SECRET`` bearer or HMAC authentication and the status
+codes are :mod:`haze.integrations.http_dispatch`'s, the same for every haze HTTP
+entrypoint (the server and Vercel presets, the Cloudflare Worker's ``fetch()``).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import json
 from typing import Any
 
 from haze import App
@@ -56,7 +33,7 @@ def _response(answer: DispatchResponse) -> dict[str, Any]:
     return {
         "statusCode": answer.status,
         "headers": answer.all_headers(),
-        "body": json.dumps(answer.body, ensure_ascii=False, separators=(",", ":")),
+        "body": answer.encoded().decode(),
         "isBase64Encoded": False,
     }
 

@@ -58,22 +58,11 @@ _DIALECT_EXTRA = {"postgres": "postgres", "mysql": "mysql", "libsql": "libsql", 
 
 
 def app_jobs(app: App) -> list[JobDefinition[Any]]:
-    """The job definitions in files under the app root (the registry is process-wide)."""
-    from ..jobs import registered_jobs
+    """The job definitions in files under the app root, by name (the registry is
+    process-wide)."""
+    from ._cloudflare_config import app_jobs as jobs_under_root
 
-    jobs = sorted(registered_jobs().values(), key=lambda j: j.name)
-    if app.root is None:
-        return jobs
-    root = app.root.resolve()
-    mine = []
-    for job in jobs:
-        file = str(job.origin).rsplit(":", 1)[0]
-        try:
-            if Path(file).resolve().is_relative_to(root):
-                mine.append(job)
-        except (OSError, ValueError):
-            continue
-    return mine
+    return sorted(jobs_under_root(app), key=lambda j: j.name)
 
 
 def longest_timeout(jobs: Iterable[JobDefinition[Any]], connection: str) -> float | None:
