@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,30 @@ def build_wheel(project: str, out: Path, pattern: str) -> Path:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
     assert proc.returncode == 0, f"building {project} failed:\n{proc.stdout}\n{proc.stderr}"
     (wheel,) = out.glob(pattern)
+    return wheel
+
+
+def pure_wheel(out: Path, name: str, files: dict[str, bytes], version: str = "0.1.0") -> Path:
+    """A pure-Python wheel holding ``files`` (archive name -> content), with the
+    metadata and RECORD that ``pyodide.loadPackage`` and micropip need."""
+    wheel = out / f"{name}-{version}-py3-none-any.whl"
+    dist = f"{name}-{version}.dist-info"
+    files = dict(files)
+    files[f"{dist}/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+    )
+    files[f"{dist}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: haze-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    record = []
+    for arc, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{arc},sha256={digest},{len(data)}")
+    record.append(f"{dist}/RECORD,,")
+    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        for arc, data in sorted(files.items()):
+            z.writestr(arc, data)
     return wheel
 
 

@@ -14,20 +14,17 @@ batch size), so the derived values are what the batch runs under.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tomllib
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cf_build import npm_ci
+from cf_build import npm_ci, pure_wheel
 from click.testing import CliRunner
 from haze.cli import get_cli
 from haze.errors import ConfigError
@@ -301,30 +298,6 @@ def test_an_app_without_a_cloudflare_connection_is_told_what_to_add(tmp_path: Pa
 # --------------------------------------------------------------------------- Pyodide
 
 
-def _wheel(out: Path, name: str, files: dict[str, bytes]) -> Path:
-    """A pure-Python wheel holding ``files`` (archive name -> content)."""
-    version = "0.1.0"
-    wheel = out / f"{name}-{version}-py3-none-any.whl"
-    dist = f"{name}-{version}.dist-info"
-    files = dict(files)
-    files[f"{dist}/METADATA"] = (
-        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
-    )
-    files[f"{dist}/WHEEL"] = (
-        b"Wheel-Version: 1.0\nGenerator: haze-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    )
-    record = []
-    for arc, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{arc},sha256={digest},{len(data)}")
-    record.append(f"{dist}/RECORD,,")
-    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
-        for arc, data in sorted(files.items()):
-            z.writestr(arc, data)
-    return wheel
-
-
 def bundle_wheels(src: Path, out: Path) -> list[Path]:
     """Wheels of the build output: the vendored haze and haze_cloudflare, and the rest of
     ``src/`` (entry.py, config/, app/) as the app, installed at the top level as the
@@ -335,7 +308,7 @@ def bundle_wheels(src: Path, out: Path) -> list[Path]:
         top = arc.split("/", 1)[0]
         groups[top if top in groups else "bld_cf_app"][arc] = path.read_bytes()
     assert "entry.py" in groups["bld_cf_app"]
-    return [_wheel(out, name, files) for name, files in groups.items()]
+    return [pure_wheel(out, name, files) for name, files in groups.items()]
 
 
 @pytest.fixture(scope="module")

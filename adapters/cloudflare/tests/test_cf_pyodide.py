@@ -22,17 +22,14 @@ batches, unique jobs, middleware releases, undecodable messages and HTTP dispatc
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import shutil
 import subprocess
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cf_build import haze_wheels, npm_ci
+from cf_build import haze_wheels, npm_ci, pure_wheel
 
 pytestmark = pytest.mark.pyodide
 
@@ -44,29 +41,13 @@ RUN_MJS = PYODIDE_DIR / "run.mjs"
 
 def _app_wheel(out: Path) -> Path:
     """A wheel of tests/cf_pyo_app (config, jobs and the generated entry)."""
-    name, version = "cf_pyo_app", "0.1.0"
-    wheel = out / f"{name}-{version}-py3-none-any.whl"
-    dist = f"{name}-{version}.dist-info"
-    files: dict[str, bytes] = {}
+    name = "cf_pyo_app"
     src = HERE / name
-    for path in sorted(src.rglob("*.py")):
-        files[f"{name}/{path.relative_to(src).as_posix()}"] = path.read_bytes()
-    files[f"{dist}/METADATA"] = (
-        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
-    )
-    files[f"{dist}/WHEEL"] = (
-        b"Wheel-Version: 1.0\nGenerator: haze-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    )
-    record = []
-    for arc, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{arc},sha256={digest},{len(data)}")
-    record.append(f"{dist}/RECORD,,")
-    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
-        for arc, data in files.items():
-            z.writestr(arc, data)
-    return wheel
+    files = {
+        f"{name}/{path.relative_to(src).as_posix()}": path.read_bytes()
+        for path in sorted(src.rglob("*.py"))
+    }
+    return pure_wheel(out, name, files)
 
 
 @pytest.fixture(scope="module")
