@@ -35,7 +35,7 @@ def write_app(root: Path, files: Mapping[str, str], *, name: str, timeout: str =
     ``start TAG``/``end TAG`` lines to ``payload["file"]``, sleeping ``seconds`` between.
 
     Each test module uses its own job name: the job registry is process-wide, and a
-    second app defining the same name in the same pytest process would not get its own.
+    second app defining the same name in the same pytest process is a DuplicateJobError.
     """
     for rel, text in files.items():
         path = root / rel
@@ -45,6 +45,19 @@ def write_app(root: Path, files: Mapping[str, str], *, name: str, timeout: str =
     job.parent.mkdir(parents=True, exist_ok=True)
     job.write_text(JOB.format(name=name, timeout=timeout))
     return root
+
+
+def make_queue_tables(root: Path) -> None:
+    """``haze make:queue-tables`` in the app, as its author does once: the jobs-table
+    migration lands in ``database/`` (and so in the build)."""
+    made = subprocess.run(
+        [sys.executable, "-m", "haze.cli", "--root", str(root), "make:queue-tables"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -47,7 +47,7 @@ from haze.build import build
 from haze.build._python import pack_wheel
 from haze.errors import ConfigError
 from packaging.requirements import Requirement
-from preset_support import Proc, clean_env, lines_of, wait_until, write_app
+from preset_support import Proc, clean_env, lines_of, make_queue_tables, wait_until, write_app
 
 posix = pytest.mark.skipif(sys.platform == "win32", reason="POSIX shell and signals")
 
@@ -162,15 +162,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """The built context, its parsed Dockerfile and the venv its RUN steps installed."""
     tmp = tmp_path_factory.mktemp("docker")
     root = write_app(tmp / "site", CONFIG, name="docker_write", timeout="20s")
-    # as the app's author does once: the jobs-table migration lands in database/
-    made = subprocess.run(
-        [sys.executable, "-m", "haze.cli", "--root", str(root), "make:queue-tables"],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert made.returncode == 0, made.stdout + made.stderr
+    make_queue_tables(root)
     result = build(root, "docker", tmp / "dist")
     ctx = result.path
     dockerfile = Dockerfile.parse((ctx / "Dockerfile").read_text())

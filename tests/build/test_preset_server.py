@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from haze.build import build
-from preset_support import clean_env, lines_of, uvicorn, wait_until, write_app
+from preset_support import clean_env, lines_of, make_queue_tables, uvicorn, wait_until, write_app
 
 posix = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -50,14 +50,7 @@ CONFIG = {
 @posix
 def test_uvicorn_serves_dispatch_and_health_and_drains_the_worker(tmp_path: Path) -> None:
     root = write_app(tmp_path / "site", CONFIG, name="server_write", timeout="10s")
-    made = subprocess.run(
-        [sys.executable, "-m", "haze.cli", "--root", str(root), "make:queue-tables"],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert made.returncode == 0, made.stdout + made.stderr
+    make_queue_tables(root)
     result = build(root, "server", tmp_path / "dist")
     dest = result.path
     assert (dest / "app.py").is_file()
