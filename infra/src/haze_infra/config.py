@@ -350,10 +350,6 @@ def load_app(root: str | Path) -> tuple[Any, tuple[EnvRead, ...]]:
     return app, tuple(sorted(reads.values(), key=lambda r: r.name))
 
 
-def _app_jobs(app: Any) -> list[Any]:
-    return list(app_jobs(app))
-
-
 # --------------------------------------------------------------------------- deriving
 
 
@@ -366,7 +362,7 @@ def stack_config(
     if app is None or isinstance(app, (str, Path)):
         app, env = load_app(app if app is not None else ".")
     qc = app.queue_config
-    job_list = list(jobs) if jobs is not None else _app_jobs(app)
+    job_list = list(jobs) if jobs is not None else app_jobs(app)
     warnings: list[str] = []
     for job in job_list:
         if job.connection is not None and job.connection not in qc.connections:
@@ -377,7 +373,7 @@ def stack_config(
     connections: dict[str, ConnectionPlan] = {}
     for name, options in qc.connections.items():
         connections[name] = _plan_connection(app, name, options, job_list, env, warnings)
-    d1, kv = _cloudflare_storage(app)
+    d1, kv = cloudflare_storage(app)
     root = str(app.root) if app.root is not None else None
     return StackConfig(
         app_root=root,
@@ -525,10 +521,6 @@ def _plan_worker(plan: ConnectionPlan, concurrency: int) -> WorkerPlan:
         drain_margin=margin,
         drain_function_timeout=min(LAMBDA_MAX_TIMEOUT, margin + DRAIN_WINDOW),
     )
-
-
-def _cloudflare_storage(app: Any) -> tuple[tuple[D1Plan, ...], tuple[KvPlan, ...]]:
-    return cloudflare_storage(app)
 
 
 # --------------------------------------------------------------------------- text output
