@@ -245,6 +245,9 @@ def test_parse_target(site: Site) -> None:
             parse_target(app, bad)
     with pytest.raises(click.BadParameter, match=r"unknown connection 'nope'.*database, other"):
         parse_target(app, "nope:default")
+    with pytest.raises(click.BadParameter, match="256 characters; a queue name has at most 255"):
+        parse_target(app, "database:" + "q" * 256)
+    assert parse_target(app, "database:" + "q" * 255) == ("database", "q" * 255)
 
 
 @pytest.mark.parametrize("command", ["queue:pause", "queue:continue"])

@@ -304,3 +304,59 @@ def test_main_without_click(
 )
 def test_exception_summary(text: str, summary: str) -> None:
     assert exception_summary(text) == summary
+
+
+# --------------------------------------------------------------------------- --queue values
+
+
+QUEUE_COMMANDS = [
+    ["queue:work", "--stop-when-empty"],
+    ["queue:failed"],
+    ["queue:retry", "all"],
+    ["queue:clear"],
+    ["queue:size"],
+]
+
+
+@pytest.mark.parametrize("command", QUEUE_COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("", "empty"),
+        ("   ", "empty"),
+        ("q" * 256, "256 characters"),
+        ("high,,default", "empty entry"),
+        ("high,", "empty entry"),
+        (",", "empty"),
+    ],
+    ids=["empty", "blank", "too-long", "double-comma", "trailing-comma", "only-comma"],
+)
+def test_every_queue_option_refuses_bad_names_before_touching_the_queue(
+    app: App, tmp_path: Path, command: list[str], value: str, reason: str
+) -> None:
+    asyncio.run(enqueue(app, cli_ok, {"i": 1}))
+    result = haze(tmp_path, *command, "--queue", value)
+    assert result.exit_code == 2, result.output
+    assert "--queue" in result.output
+    assert reason in result.output
+    assert "Traceback" not in result.output
+    errors = [ln for ln in result.output.splitlines() if ln.startswith("Error")]
+    assert len(errors) == 1, result.output
+    # nothing was cleared, run or retried: the default queue still holds its job
+    assert asyncio.run(app.manager.size("default", "memory")) == 1
+    assert ran == []
+
+
+def test_single_queue_commands_refuse_a_list(app: App, tmp_path: Path) -> None:
+    result = haze(tmp_path, "queue:clear", "--queue", "high,default")
+    assert result.exit_code == 2
+    assert "one queue" in result.output
+
+
+def test_a_255_character_queue_name_is_accepted(app: App, tmp_path: Path) -> None:
+    name = "q" * 255
+    result = haze(tmp_path, "queue:size", "--queue", f" {name} ,default")
+    assert result.exit_code == 0, result.output
+    result = haze(tmp_path, "queue:clear", "--queue", name)
+    assert result.exit_code == 0, result.output
+    assert "Cleared 0 job(s)" in result.output

@@ -23,7 +23,16 @@ from ..errors import HazeError
 if TYPE_CHECKING:
     from ..app import App
 
-__all__ = ["DURATION", "State", "cli", "connection_option", "console", "run"]
+__all__ = [
+    "DURATION",
+    "QUEUE_NAME",
+    "QUEUE_NAMES",
+    "State",
+    "cli",
+    "connection_option",
+    "console",
+    "run",
+]
 
 T = TypeVar("T")
 FC = TypeVar("FC", bound="Callable[..., Any] | click.Command")
@@ -132,6 +141,71 @@ class DurationType(_ParamType):
 
 
 DURATION = DurationType()
+
+#: The longest queue name every driver can store (a MariaDB ``VARCHAR(255)`` column).
+MAX_QUEUE_NAME = 255
+
+
+def queue_names(value: str, *, many: bool) -> list[str]:
+    """The queue names in a ``--queue`` value, or ``ValueError`` saying what is wrong.
+
+    A name is 1-255 characters once trimmed; a list has no empty entry. An empty value is
+    refused rather than read as "the default queue", so a slip never empties that queue.
+    """
+    example = "e.g. high,default" if many else "e.g. emails"
+    if not value.strip(" ,"):
+        raise ValueError(f"{value!r} is empty; give a queue name, {example}")
+    names = [part.strip() for part in value.split(",")]
+    if "" in names:
+        raise ValueError(f"{value!r} has an empty entry; {example}")
+    if len(names) > 1 and not many:
+        raise ValueError(f"{value!r}: this command takes one queue, not a list")
+    for name in names:
+        if len(name) > MAX_QUEUE_NAME:
+            raise ValueError(
+                f"the queue name {name[:20]!r}... has {len(name)} characters; a queue name "
+                f"has at most {MAX_QUEUE_NAME}"
+            )
+    return names
+
+
+if TYPE_CHECKING:
+    _StrType = click.ParamType[str, Any]
+    _ListType = click.ParamType[list[str], Any]
+else:  # click < 8.2 has no type parameters here
+    _StrType = _ListType = click.ParamType
+
+
+class QueueNameType(_StrType):
+    """``--queue NAME``: exactly one queue name (see :func:`queue_names`)."""
+
+    name = "queue"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        try:
+            return queue_names(str(value), many=False)[0]
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+class QueueNamesType(_ListType):
+    """``--queue NAMES``: comma-separated queue names in priority order."""
+
+    name = "queues"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> list[str]:
+        if isinstance(value, list):
+            return value
+        try:
+            return queue_names(str(value), many=True)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+QUEUE_NAME = QueueNameType()
+QUEUE_NAMES = QueueNamesType()
 
 
 def connection_option(

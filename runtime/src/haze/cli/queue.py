@@ -16,7 +16,16 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from ._core import DURATION, State, cli, connection_option, console, run
+from ._core import (
+    DURATION,
+    QUEUE_NAME,
+    State,
+    cli,
+    connection_option,
+    console,
+    queue_names,
+    run,
+)
 
 if TYPE_CHECKING:
     from ..app import App
@@ -49,10 +58,10 @@ _OUTCOME_STYLE = {
 def _queue_list(value: str | None) -> list[str] | None:
     if value is None:
         return None
-    names = [q.strip() for q in value.split(",") if q.strip()]
-    if not names:
-        raise click.BadParameter("expected queue names, e.g. high,default", param_hint="'--queue'")
-    return names
+    try:
+        return queue_names(value, many=True)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="'--queue'") from None
 
 
 def _default_queues(app: App, connection: str) -> list[str]:
@@ -275,7 +284,13 @@ def _failed_table(jobs: Sequence[FailedJob], connection: str) -> Table:
 
 @cli.command("queue:failed")
 @connection_option()
-@click.option("--queue", default=None, metavar="NAME", help="Only failed jobs from this queue.")
+@click.option(
+    "--queue",
+    type=QUEUE_NAME,
+    default=None,
+    metavar="NAME",
+    help="Only failed jobs from this queue.",
+)
 @click.pass_obj
 def queue_failed(state: State, connection: str | None, queue: str | None) -> None:
     """List the failed jobs of a connection."""
@@ -306,7 +321,9 @@ def _progress(out: Console, total: int) -> Progress:
 @cli.command("queue:retry", short_help="Retry failed jobs (IDs or all).")
 @click.argument("ids", nargs=-1, metavar="[ID]... | all")
 @connection_option()
-@click.option("--queue", default=None, metavar="NAME", help="With 'all': only this queue.")
+@click.option(
+    "--queue", type=QUEUE_NAME, default=None, metavar="NAME", help="With 'all': only this queue."
+)
 @click.pass_obj
 def queue_retry(
     state: State, ids: tuple[str, ...], connection: str | None, queue: str | None
@@ -391,7 +408,11 @@ def queue_flush(state: State, hours: float | None, connection: str | None) -> No
 
 @cli.command("queue:clear")
 @click.option(
-    "--queue", default=None, metavar="NAME", help="The queue to clear (default: 'default')."
+    "--queue",
+    type=QUEUE_NAME,
+    default=None,
+    metavar="NAME",
+    help="The queue to clear (default: 'default').",
 )
 @connection_option()
 @click.pass_obj

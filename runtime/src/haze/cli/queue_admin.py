@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from ._core import State, cli, connection_option, console, run
+from ._core import State, cli, connection_option, console, queue_names, run
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -53,6 +53,10 @@ def parse_target(app: App, value: str, param_hint: str = "'CONNECTION:QUEUE'") -
     connection, queue = connection.strip(), queue.strip()
     if not connection or not queue or "," in queue or any(c.isspace() for c in queue):
         raise click.BadParameter(f"{value!r}: {_TARGET_HELP}", param_hint=param_hint)
+    try:
+        queue_names(queue, many=False)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=param_hint) from None
     known = app.queue_config.connections
     if connection not in known:
         raise click.BadParameter(
