@@ -271,3 +271,57 @@ def test_the_example_app() -> None:
     assert db["max_tries"] == 3  # publish_post
     assert db["queues"] == ["high", "default"]
     assert "charge_card" in db["jobs"]
+
+
+def test_installing_haze_infra_does_not_install_pulumi() -> None:
+    """``haze infra:config`` needs only haze-infra itself: Pulumi (hundreds of MB) comes
+    with the extras the components need."""
+    from importlib import metadata
+
+    plain = [r for r in metadata.requires("haze-infra") or [] if "extra ==" not in r]
+    assert not [r for r in plain if r.lower().startswith("pulumi")], plain
+    extras = set(metadata.metadata("haze-infra").get_all("Provides-Extra") or [])
+    assert {"aws", "cloudflare"} <= extras
+
+
+# A stand-in for an environment without Pulumi: every ``pulumi*`` import fails as it
+# would if the packages were not installed (they are, in this workspace).
+_NO_PULUMI = (
+    "import sys\n"
+    "class _NoPulumi:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] in ('pulumi', 'pulumi_aws', 'pulumi_cloudflare'):\n"
+    "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+    "sys.meta_path.insert(0, _NoPulumi())\n"
+)
+
+
+def test_infra_config_prints_the_plan_without_pulumi(inf_root: Path) -> None:
+    code = _NO_PULUMI + (
+        "from click.testing import CliRunner\nfrom haze.cli import get_cli\n"
+        f"r = CliRunner().invoke(get_cli(), ['--root', {str(inf_root)!r}, 'infra:config'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "print(r.output)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True
+    )
+    assert "connection" in out.stdout
+
+
+def test_a_component_without_pulumi_names_the_extra() -> None:
+    code = _NO_PULUMI + (
+        "import haze_infra\n"
+        "for name, extra in (('HazeAwsApp', 'aws'), ('HazeCloudflareApp', 'cloudflare')):\n"
+        "    try:\n"
+        "        getattr(haze_infra, name)\n"
+        "    except haze_infra.InfraConfigError as e:\n"
+        '        assert f"haze-infra[{extra}]" in str(e), str(e)\n'
+        "        print(e)\n"
+        "    else:\n"
+        "        raise AssertionError(name)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True
+    )
+    assert out.stdout.count("Pulumi") == 2, out.stdout

@@ -165,3 +165,77 @@ def test_merge_wrangler_rules() -> None:
     assert merged["kv_namespaces"] == [{"binding": "KV", "id": "abc"}]
     assert merged["routes"] == ["b.example.com/*"]
     assert base["queues"]["consumers"][0]["max_batch_size"] == 10  # inputs untouched
+
+
+# --------------------------------------------------------------------------- all or nothing
+
+
+def _cloudflare_app(root: Path) -> Path:
+    memory_app(root)
+    (root / "config" / "queue.py").write_text(
+        "from haze import define_queue_config\n"
+        "config = define_queue_config(default='cloudflare', connections={'cloudflare': "
+        "{'driver': 'cloudflare', 'binding': 'QUEUE'}})\n"
+    )
+    return root
+
+
+def test_a_build_that_cannot_finish_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    root = _cloudflare_app(tmp_path / "app")
+    # haze_cloudflare is not importable: the preset fails after writing entry.py, the
+    # app and the vendored haze into its directory
+    monkeypatch.setitem(sys.modules, "haze_cloudflare", None)
+    out = tmp_path / "dist"
+    with pytest.raises(ConfigError, match="haze_cloudflare"):
+        build(root, "cloudflare", out)
+    assert not out.exists()
+    # a previous build is left as it was, not half replaced
+    (out / "cloudflare" / "src").mkdir(parents=True)
+    (out / "cloudflare" / "src" / "entry.py").write_text("# the previous build\n")
+    (out / "wrangler.json").write_text("{}\n")
+    with pytest.raises(ConfigError, match="haze_cloudflare"):
+        build(root, "cloudflare", out)
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == [
+        "cloudflare",
+        "cloudflare/src",
+        "cloudflare/src/entry.py",
+        "wrangler.json",
+    ]
+    assert (out / "cloudflare" / "src" / "entry.py").read_text() == "# the previous build\n"
+
+
+def test_a_finished_build_replaces_the_previous_one(tmp_path: Path) -> None:
+    root = _cloudflare_app(tmp_path / "app")
+    out = tmp_path / "dist"
+    (out / "cloudflare" / "src").mkdir(parents=True)
+    (out / "cloudflare" / "stale.txt").write_text("from an older build\n")
+    (out / "keep.txt").write_text("not the preset's\n")
+    result = build(root, "cloudflare", out)
+    assert result.path == out / "cloudflare"
+    assert not (out / "cloudflare" / "stale.txt").exists()
+    assert (out / "keep.txt").read_text() == "not the preset's\n"
+    assert (out / "cloudflare" / "src" / "entry.py").is_file()
+    assert all(f.is_file() and out in f.parents for f in result.files)
+    assert not [n for n in result.notes if ".haze-build" in n]
+    assert sorted(p.name for p in out.iterdir()) == ["cloudflare", "keep.txt", "wrangler.json"]
+
+
+def test_a_missing_adapter_names_an_install_that_works_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    root = _cloudflare_app(tmp_path / "app")
+    monkeypatch.setitem(sys.modules, "haze_cloudflare", None)
+    with pytest.raises(ConfigError) as e:
+        build(root, "cloudflare", tmp_path / "dist")
+    message = str(e.value)
+    # haze runs from this repository's workspace: the adapter is its workspace member
+    repo = Path(__file__).resolve().parents[2]
+    assert f"pip install {repo / 'adapters' / 'cloudflare'}" in message
+    assert "uv sync" in message
+    assert "pip install haze-cloudflare\n" not in message + "\n"

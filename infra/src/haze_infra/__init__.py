@@ -9,8 +9,9 @@
     HazeAwsApp("jobs", stack=stack)     # SQS + DLQ + Lambda consumer per sqs connection
     HazeCloudflareApp("edge", stack=stack, account_id=pulumi.Config().require("accountId"))
 
-``haze_infra.config`` (what ``haze infra:config`` prints) imports no Pulumi; the
-components load ``pulumi_aws`` / ``pulumi_cloudflare`` only when first used.
+``haze_infra.config`` (what ``haze infra:config`` prints) imports no Pulumi, and a
+plain ``pip install haze-infra`` installs none; the components load ``pulumi_aws`` /
+``pulumi_cloudflare`` only when first used, from the ``aws`` / ``cloudflare`` extras.
 """
 
 from __future__ import annotations
@@ -53,4 +54,12 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'haze_infra' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    try:
+        loaded = importlib.import_module(f"{__name__}.{module}")
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith("pulumi"):
+            raise
+        raise InfraConfigError(
+            f"{name} needs Pulumi ({e.name} is not installed): pip install 'haze-infra[{module}]'"
+        ) from None
+    return getattr(loaded, name)

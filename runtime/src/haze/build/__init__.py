@@ -6,13 +6,18 @@ under ``ctx.dest`` (``dist/<preset>/``) and, where the platform wants a file bes
 it, under ``ctx.out`` (``dist/wrangler.json``, ``dist/aws-lambda.zip``).
 
 The app is loaded (config validated, jobs discovered) before any file is written, so a
-broken app fails the build instead of the deploy.
+broken app fails the build instead of the deploy. A preset writes into a staging
+directory inside the output directory; only a build that finishes is moved into place
+(``dist/<preset>/`` swapped whole, files beside it replaced), so a build that fails
+leaves the previous output as it was and writes nothing.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +28,7 @@ from ..errors import ConfigError
 if TYPE_CHECKING:
     from ..app import App
 
-__all__ = ["PRESETS", "BuildContext", "BuildResult", "build", "deterministic_zip"]
+__all__ = ["PRESETS", "BuildContext", "BuildResult", "build", "deterministic_zip", "install_hint"]
 
 #: Preset name -> module (under ``haze.build``) whose ``build(ctx)`` writes it.
 PRESETS: dict[str, str] = {
@@ -102,10 +107,9 @@ class BuildContext:
             except ModuleNotFoundError as e:
                 if e.name != name:
                     raise
-                dist = name.replace("_", "-")
                 raise ConfigError(
                     f"the {self.preset} preset bundles {name!r}, which is not installed here; "
-                    f"pip install {dist} (in the environment that runs `haze build`)",
+                    f"{install_hint(name)} (in the environment that runs `haze build`)",
                     key="--preset",
                 ) from None
             if module.__file__ is None:
@@ -114,6 +118,44 @@ class BuildContext:
             shutil.copytree(src, dest / name, ignore=ignore, dirs_exist_ok=True)
             written.extend(p for p in (dest / name).rglob("*") if p.is_file())
         return written
+
+
+#: Import package -> its project directory in a haze checkout (the uv workspace members).
+_WORKSPACE_MEMBERS = {
+    "haze": "runtime",
+    "haze_cloudflare": "adapters/cloudflare",
+    "haze_lambda": "adapters/lambda",
+    "haze_infra": "infra",
+}
+
+
+def install_hint(package: str) -> str:
+    """How to install ``package`` (``haze_cloudflare``…) where this haze runs.
+
+    haze and its adapters are not on PyPI: from a haze checkout (this haze is the
+    workspace's ``runtime/``) the hint names the member's directory and ``uv sync``;
+    elsewhere it names the checkout path to install from, or a wheel of it.
+
+    Example::
+
+        install_hint("haze_cloudflare")
+        # 'pip install /src/haze/adapters/cloudflare (or `uv sync` in /src/haze)'
+    """
+    member = _WORKSPACE_MEMBERS.get(package)
+    dist = package.replace("_", "-")
+    if member is None:
+        return f"pip install {dist}"
+    # runtime/src/haze/build/__init__.py -> the checkout holding runtime/ and adapters/
+    checkout = Path(__file__).resolve().parents[4]
+    project = checkout / member
+    if (project / "pyproject.toml").is_file() and (
+        checkout / "runtime" / "pyproject.toml"
+    ).is_file():
+        return f"pip install {project} (or `uv sync` in {checkout})"
+    return (
+        f"pip install ./{member} from a haze checkout, or pip install a wheel of {dist} "
+        f"(`uv build --wheel {member}` in the checkout)"
+    )
 
 
 def build(root: str | Path, preset: str, out: str | Path | None = None) -> BuildResult:
@@ -134,7 +176,6 @@ def build(root: str | Path, preset: str, out: str | Path | None = None) -> Build
     root = Path(root).resolve()
     app = App(root=root)
     target = Path(out).resolve() if out is not None else root / "dist"
-    ctx = BuildContext(app=app, root=root, out=target, preset=preset)
     name = f"{__name__}.{PRESETS[preset]}"
     try:
         module = importlib.import_module(name)
@@ -146,11 +187,53 @@ def build(root: str | Path, preset: str, out: str | Path | None = None) -> Build
             f"(no module {name}); upgrade haze",
             key="--preset",
         ) from None
-    if ctx.dest.exists():
-        shutil.rmtree(ctx.dest)
-    ctx.dest.mkdir(parents=True)
-    result: BuildResult = module.build(ctx)
-    return result
+    created = not target.exists()
+    target.mkdir(parents=True, exist_ok=True)
+    # Inside the output directory: the same file system, so moving into place is a rename.
+    staging = Path(tempfile.mkdtemp(prefix=".haze-build-", dir=target))
+    try:
+        ctx = BuildContext(app=app, root=root, out=staging, preset=preset)
+        ctx.dest.mkdir(parents=True)
+        result: BuildResult = module.build(ctx)
+        _publish(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created:
+            shutil.rmtree(target, ignore_errors=True)
+        raise
+    finally:
+        if staging.exists() and not any(staging.iterdir()):
+            staging.rmdir()
+
+    def moved(path: Path) -> Path:
+        return target / path.relative_to(staging) if path.is_relative_to(staging) else path
+
+    return BuildResult(
+        preset=result.preset,
+        path=moved(result.path),
+        files=[moved(f) for f in result.files],
+        notes=[n.replace(str(staging), str(target)) for n in result.notes],
+    )
+
+
+def _publish(staging: Path, target: Path) -> None:
+    """Move what a finished build wrote from ``staging`` into ``target``: a directory
+    replaces the old one whole (the old one is renamed aside, then removed), a file
+    replaces the old file (``os.replace``)."""
+    for entry in sorted(staging.iterdir()):
+        dest = target / entry.name
+        if entry.is_dir():
+            old = None
+            if dest.exists():
+                old = staging.with_name(f"{staging.name}-old-{entry.name}")
+                dest.rename(old)
+            entry.rename(dest)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        else:
+            if dest.is_dir():
+                shutil.rmtree(dest)
+            os.replace(entry, dest)
 
 
 #: The timestamp of every entry of a bundle zip (the zip format's earliest), so that the

@@ -21,7 +21,11 @@ from ._core import State, cli
 
 __all__ = ["infra_config"]
 
-_MISSING = "haze infra:config needs the haze-infra package: pip install haze-infra"
+
+def _missing() -> str:
+    from ..build import install_hint
+
+    return f"haze infra:config needs the haze-infra package: {install_hint('haze_infra')}"
 
 
 def _derive(state: State) -> Any:
@@ -29,7 +33,7 @@ def _derive(state: State) -> Any:
         config = importlib.import_module("haze_infra.config")
     except ModuleNotFoundError as e:
         if (e.name or "").startswith("haze_infra"):
-            raise click.ClickException(_MISSING) from None
+            raise click.ClickException(_missing()) from None
         raise
     return config, config.stack_config(state.root)
 
