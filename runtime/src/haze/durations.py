@@ -12,10 +12,24 @@ import math
 import re
 from collections.abc import Sequence
 
-__all__ = ["Backoff", "Duration", "backoff_delay", "parse_backoff", "parse_duration"]
+from .errors import DelayTooLongError
+
+__all__ = [
+    "MAX_DELAY",
+    "Backoff",
+    "Duration",
+    "backoff_delay",
+    "check_delay",
+    "parse_backoff",
+    "parse_duration",
+]
 
 Duration = int | float | str
 Backoff = int | float | str | Sequence[int | float | str]
+
+#: The longest delay haze queues a job for: 365 days. A driver with a lower cap keeps it
+#: (Cloudflare 12 h); SQS re-queues a longer wait in 15-minute hops.
+MAX_DELAY = 365 * 86400.0
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
@@ -52,6 +66,30 @@ def parse_duration(value: object, option: str, *, allow_zero: bool = True) -> fl
     if not allow_zero and seconds == 0:
         raise ValueError(f"{option}: duration must be greater than 0, got {value!r}")
     return seconds
+
+
+def check_delay(seconds: float, option: str = "delay") -> float:
+    """Return ``seconds`` if a job can be queued that far ahead, else raise.
+
+    Not finite or negative: ``ValueError``; over 365 days: ``DelayTooLongError``
+    (nothing is enqueued either way).
+
+    >>> check_delay(3600.0)
+    3600.0
+    """
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        raise ValueError(f"{option}: expected seconds, got {seconds!r}")
+    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
+        raise ValueError(
+            f"{option}: a delay must be a finite number of seconds >= 0, got {seconds!r}"
+        )
+    if seconds > MAX_DELAY:
+        raise DelayTooLongError(
+            f"{option}: {seconds:g}s is longer than the longest delay haze queues "
+            f"(365 days = {MAX_DELAY:g}s); schedule the job closer to its time instead "
+            "(nothing was enqueued)"
+        )
+    return float(seconds)
 
 
 def parse_backoff(value: object, option: str = "backoff") -> float | tuple[float, ...] | str:

@@ -27,9 +27,19 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .durations import MAX_DELAY
 from .errors import MessageDecodeError
 
-__all__ = ["Message", "check_json", "decode", "encode", "new_id"]
+__all__ = [
+    "MAX_DELAY",
+    "MAX_QUEUE_NAME",
+    "Message",
+    "check_json",
+    "check_queue_name",
+    "decode",
+    "encode",
+    "new_id",
+]
 
 _encoder = json.JSONEncoder(
     ensure_ascii=False, allow_nan=False, separators=(",", ":"), check_circular=True
@@ -156,23 +166,38 @@ class Message:
 
     @classmethod
     def from_dict(cls, d: Any) -> Message:
-        if not isinstance(d, dict) or not isinstance(d.get("job"), str) or "id" not in d:
+        """Build a message from its decoded JSON, checking every field's type.
+
+        A field of the wrong type (a hand-edited row, another producer's bug) raises
+        ``MessageDecodeError`` naming it, so the job goes to failed jobs once instead of
+        breaking inside the pipeline on every reclaim.
+
+        >>> Message.from_dict({"v": 1, "id": "a1", "job": "ping", "payload": None}).queue
+        'default'
+        """
+        if d.__class__ is not dict:
             raise MessageDecodeError(
                 "not a haze message: expected a JSON object with 'id' and 'job' "
                 f"(got {type(d).__name__})"
             )
-        if "payload" not in d and "enc" not in d:
-            raise MessageDecodeError(f'haze message {d.get("id")!r} has no "payload"')
         get = d.get
+        mid, job = get("id"), get("job")
+        if mid.__class__ is not str or not mid:
+            raise _field_error(d, "id", "a non-empty string")
+        if job.__class__ is not str or not job:
+            raise _field_error(d, "job", "a non-empty string (a registered job name)")
+        if "payload" not in d and "enc" not in d:
+            raise MessageDecodeError(f'haze message {mid!r} (job "{job}") has no "payload"')
+        _check_fields(d)
         # Positional, in field order: half the cost of 15 keywords on every reserve.
         return cls(
-            str(d["id"]),  # id
-            d["job"],  # job
+            mid,  # id
+            job,  # job
             get("payload"),  # payload
             get("queue") or "default",  # queue
             get("connection"),  # connection
             float(get("ts") or 0.0),  # ts
-            int(get("attempts") or 0),  # attempts
+            get("attempts") or 0,  # attempts
             get("tenant"),  # tenant
             get("chain"),  # chain
             get("chain_id"),  # chain_id
@@ -182,6 +207,117 @@ class Message:
             get("meta"),  # meta
             get("enc"),  # enc
         )
+
+
+#: The largest queue name any driver accepts (database columns are VARCHAR(255)).
+MAX_QUEUE_NAME = 255
+_NUMBER = (int, float)
+_STRINGS = ("connection", "tenant", "chain_id", "batch_id", "enc")
+
+
+def check_queue_name(queue: object, where: str) -> str:
+    """Return ``queue`` if it is a queue name (a string of 1 to 255 characters), else raise
+    ``ValueError`` saying so, prefixed with ``where``."""
+    if isinstance(queue, str) and 0 < len(queue) <= MAX_QUEUE_NAME:
+        return queue
+    shown = f"a name of {len(queue)} characters" if isinstance(queue, str) else repr(queue)
+    raise ValueError(
+        f"{where}: a queue name must be a string of 1 to {MAX_QUEUE_NAME} characters, got {shown}"
+    )
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _field_error(d: dict[str, Any], field: str, expected: str) -> MessageDecodeError:
+    value: Any = d
+    for part in field.replace("]", "").replace("[", ".").split("."):
+        value = value[int(part)] if isinstance(value, list) else value.get(part)
+    mid, job = d.get("id"), d.get("job")
+    who = f"haze message {mid!r}" if isinstance(mid, str) else "a haze message"
+    if isinstance(job, str):
+        who += f' (job "{job}")'
+    return MessageDecodeError(f'{who}: field "{field}" must be {expected}, got {_shown(value)}')
+
+
+def _is_number(value: Any) -> bool:
+    return value.__class__ in _NUMBER and math.isfinite(value)
+
+
+def _check_fields(d: dict[str, Any]) -> None:
+    """Every optional field of the envelope has its type (None = absent)."""
+    get = d.get
+    v = get("v")
+    if v is not None and v.__class__ is not int:
+        raise _field_error(d, "v", "an integer (the envelope version, 1)")
+    queue = get("queue")
+    if queue is not None and (queue.__class__ is not str or not 0 < len(queue) <= MAX_QUEUE_NAME):
+        raise _field_error(d, "queue", f"a queue name of 1 to {MAX_QUEUE_NAME} characters")
+    ts = get("ts")
+    if ts is not None and not _is_number(ts):
+        raise _field_error(d, "ts", "a finite number (epoch seconds)")
+    attempts = get("attempts")
+    if attempts is not None and (attempts.__class__ is not int or attempts < 0):
+        raise _field_error(d, "attempts", "an integer >= 0")
+    for name in _STRINGS:
+        value = get(name)
+        if value is not None and value.__class__ is not str:
+            raise _field_error(d, name, "a string")
+    chain = get("chain")
+    if chain is not None:
+        _check_links(d, "chain", chain, ("job", "batch"))
+    catch = get("chain_catch")
+    if catch is not None:
+        _check_links(d, "chain_catch", catch, ("job", "fn"))
+    unique = get("unique")
+    if unique is not None:
+        if unique.__class__ is not dict:
+            raise _field_error(d, "unique", 'an object {"key": ..., "until": ...}')
+        if unique.get("key").__class__ is not str:
+            raise _field_error(d, "unique.key", "a string (the lock key)")
+        until = unique.get("until")
+        if until is not None and until.__class__ is not str:
+            raise _field_error(d, "unique.until", "a string")
+    meta = get("meta")
+    if meta is not None:
+        if meta.__class__ is not dict:
+            raise _field_error(d, "meta", "an object")
+        for key in ("first_ts", "due"):
+            value = meta.get(key)
+            if value is not None and not _is_number(value):
+                raise _field_error(d, f"meta.{key}", "a finite number (epoch seconds)")
+        for key in ("debounce", "group"):
+            value = meta.get(key)
+            if value is not None and value.__class__ is not str:
+                raise _field_error(d, f"meta.{key}", "a string")
+
+
+def _check_links(d: dict[str, Any], field: str, links: Any, kinds: tuple[str, str]) -> None:
+    """A chain's links (``{"job": ...}`` or a batch) or its catch callbacks."""
+    if links.__class__ is not list:
+        raise _field_error(d, field, "a list of links")
+    for i, link in enumerate(links):
+        at = f"{field}[{i}]"
+        if link.__class__ is not dict:
+            raise _field_error(d, at, "an object")
+        if "job" in link:
+            if link["job"].__class__ is not str or not link["job"]:
+                raise _field_error(d, f"{at}.job", "a job name")
+        elif link.get(kinds[1]).__class__ is (dict if kinds[1] == "batch" else str):
+            continue
+        else:
+            raise _field_error(d, at, f'an object with "{kinds[0]}" or "{kinds[1]}"')
+        queue = link.get("queue")
+        if queue is not None and (queue.__class__ is not str or not 0 < len(queue) <= 255):
+            raise _field_error(d, f"{at}.queue", "a queue name of 1 to 255 characters")
+        for key in ("connection", "group"):
+            if link.get(key) is not None and link[key].__class__ is not str:
+                raise _field_error(d, f"{at}.{key}", "a string")
+        delay = link.get("delay")
+        if delay is not None and not (_is_number(delay) and 0 <= delay <= MAX_DELAY):
+            raise _field_error(d, f"{at}.delay", f"seconds from 0 to {MAX_DELAY:g}")
 
 
 def encode(message: Message) -> str:

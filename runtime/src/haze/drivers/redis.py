@@ -73,7 +73,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import MissingDependencyError
+from ..errors import MessageDecodeError, MissingDependencyError
 from ..message import Message, decode
 from .base import FailedJob, Reserved
 
@@ -693,16 +693,49 @@ class RedisDriver:
 
     def _reserved(self, queue: str, data: dict[str, str], job_id: str, token: str) -> Reserved:
         body = data.get("data") or ""
-        made = int(data.get("atm") or data.get("attemptsMade") or 0)
-        restarts = int(data.get("stc") or 0)
         try:
             message: Message | None = decode(body)
             error: BaseException | None = None
         except Exception as e:
             message, error = None, e
         base = message.attempts if message is not None else 0
-        attempt = base + made + restarts + 1
+        counts = []
+        for field in ("atm" if "atm" in data else "attemptsMade", "stc"):
+            raw = data.get(field)
+            if raw is None or raw == "" or (raw.isascii() and raw.isdigit()):
+                counts.append(int(raw or 0))
+                continue
+            # A hand-edited hash: the attempt cannot be counted, so the job cannot be run
+            # under its tries. It is failed with the reason (its own fields only: it must
+            # never look like Redis being unreachable, nor touch another job).
+            counts.append(0)
+            message, error = (
+                None,
+                MessageDecodeError(
+                    f'BullMQ job {job_id} on {self.name}/{queue}: field "{field}" of its hash '
+                    f"is {raw[:40]!r}, not a count of attempts; the job cannot be run under "
+                    "its tries and is failed"
+                ),
+            )
+        attempt = base + counts[0] + counts[1] + 1
         return Reserved(message, attempt, body, queue, (str(job_id), token), error)
+
+    async def _claimed(
+        self, link: _Link, queue: str, data: dict[str, str], job_id: str, token: str
+    ) -> Reserved:
+        """A job this worker now holds the lock of; counters that are not integers are
+        reset first, since BullMQ's scripts ``HINCRBY`` them (failing the job, the stalled
+        check) and a script that errors halfway leaves the job in no set at all."""
+        job = self._reserved(queue, data, job_id, token)
+        link.open.add(job.token)
+        bad: dict[Any, Any] = {
+            f: "0"
+            for f in ("atm", "stc", "attemptsMade")
+            if data.get(f) not in (None, "") and not (data[f].isascii() and data[f].isdigit())
+        }
+        if bad:
+            await link.client.hset(link.scripts(queue).toKey(str(job_id)), mapping=bad)
+        return job
 
     async def _activate(self, link: _Link, queue: str) -> tuple[Reserved | None, int]:
         token = f"{self._id}:{next(self._tokens)}"
@@ -715,9 +748,7 @@ class RedisDriver:
         raw = await link.script("moveToActive", s.getKeys(_ACTIVATE_KEYS), args, fixed_keys=True)
         data, job_id, _, due = raw2NextJobData(raw)
         if data:
-            job = self._reserved(queue, data, job_id, token)
-            link.open.add(job.token)
-            return job, 0
+            return await self._claimed(link, queue, data, job_id, token), 0
         return None, int(due or 0)
 
     async def _claim(self, link: _Link, order: Sequence[str]) -> tuple[Reserved | None, int]:
@@ -895,8 +926,7 @@ class RedisDriver:
             return
         data, job_id, _, _ = raw2NextJobData(result)
         if data:
-            fetched = self._reserved(job.queue, data, job_id, job.token[1])
-            link.open.add(fetched.token)
+            fetched = await self._claimed(link, job.queue, data, job_id, job.token[1])
             link.prefetched.append(fetched)
             if not link.fetch_next:  # the worker stopped meanwhile
                 await self._return_prefetched(link)
@@ -1015,9 +1045,12 @@ class RedisDriver:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                # once per outage: the worker's own warning says when Redis is back
+                # once per outage: the worker's own warning says when Redis is back (and
+                # an unreachable Redis is the worker's warning to give, not this loop's)
                 log.log(
-                    logging.DEBUG if failing else logging.WARNING,
+                    logging.DEBUG
+                    if failing or isinstance(e, (*self.outage_errors, OSError))
+                    else logging.WARNING,
                     "haze redis: stalled-job check on %s failed: %s",
                     self.name,
                     e,

@@ -1,0 +1,75 @@
+"""``Message.from_dict`` checks every field's type and names the bad one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from haze.errors import MessageDecodeError
+from haze.message import Message, decode, encode, new_id
+
+
+def _body(**fields: Any) -> dict[str, Any]:
+    return {"v": 1, "id": "m1", "job": "ping", "payload": {"n": 1}, **fields}
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"v": "1"}, "v"),
+        ({"id": 5}, "id"),
+        ({"id": ""}, "id"),
+        ({"job": 7}, "job"),
+        ({"queue": 12}, "queue"),
+        ({"queue": "q" * 256}, "queue"),
+        ({"connection": 3}, "connection"),
+        ({"ts": "now"}, "ts"),
+        ({"attempts": "2"}, "attempts"),
+        ({"attempts": -1}, "attempts"),
+        ({"attempts": True}, "attempts"),
+        ({"tenant": ["acme"]}, "tenant"),
+        ({"chain": "zzz"}, "chain"),
+        ({"chain": [5]}, "chain[0]"),
+        ({"chain": [{"job": "a"}, {"job": 1}]}, "chain[1].job"),
+        ({"chain": [{"job": "a", "delay": "soon"}]}, "chain[0].delay"),
+        ({"chain": [{"job": "a", "queue": ""}]}, "chain[0].queue"),
+        ({"chain": [{"nothing": 1}]}, "chain[0]"),
+        ({"chain_id": 1}, "chain_id"),
+        ({"chain_catch": {"job": "a"}}, "chain_catch"),
+        ({"chain_catch": [{"fn": 3}]}, "chain_catch[0]"),
+        ({"batch_id": 2.5}, "batch_id"),
+        ({"unique": "zzz"}, "unique"),
+        ({"unique": {"until": "processed"}}, "unique.key"),
+        ({"meta": 5}, "meta"),
+        ({"meta": {"first_ts": "x"}}, "meta.first_ts"),
+        ({"meta": {"debounce": 4}}, "meta.debounce"),
+        ({"enc": 9}, "enc"),
+    ],
+)
+def test_a_wrong_typed_field_is_a_decode_error_naming_it(
+    fields: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(MessageDecodeError) as e:
+        Message.from_dict(_body(**fields))
+    assert f'field "{named}"' in str(e.value)
+
+
+def test_every_field_haze_writes_decodes_back() -> None:
+    m = Message(
+        id=new_id(),
+        job="ping",
+        payload={"n": 1},
+        queue="emails",
+        connection="main",
+        ts=1.5,
+        attempts=2,
+        tenant="acme",
+        chain=[{"job": "a", "queue": "q", "delay": 5.0}, {"batch": {"jobs": []}}],
+        chain_id="c1",
+        chain_catch=[{"job": "cleanup"}, {"fn": "f1"}],
+        batch_id="b1",
+        unique={"key": "haze:unique:ping:1", "until": "processed"},
+        meta={"first_ts": 1.0, "debounce": "k", "group": "g"},
+    )
+    assert decode(encode(m)) == m
+    assert Message.from_dict(_body(queue=None, ts=None)).queue == "default"
