@@ -30,6 +30,7 @@ def config_error(root: Path) -> ConfigError:
 
 
 def test_no_config_file_means_one_memory_connection(tmp_path: Path) -> None:
+    (tmp_path / "app").mkdir()  # a root needs config/ or app/ to be an app at all
     app = App(root=tmp_path)
     assert app.queue_config.default == "memory"
     assert app.queue_config.connections == {"memory": {"driver": "memory"}}
@@ -235,7 +236,7 @@ def test_inline_config_error_names_where_it_was_defined() -> None:
 
 
 def test_root_must_be_a_directory(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="not a directory"):
+    with pytest.raises(ConfigError, match="does not exist"):
         App(root=tmp_path / "missing")
 
 

@@ -613,6 +613,10 @@ def make_app(
             queue_kw = {k: kwargs.pop(k) for k in ("store", "batches", "middleware") if k in kwargs}
             app_kw = dict(s.app_kwargs(tmp_path)) if s.app_kwargs else {}
             app_kw.update(kwargs)
+            if "store" not in queue_kw and "cache" not in app_kw:
+                # The contract's worker runs in this process and the tests read the memory
+                # store's keys: name it, or the store would follow the driver's backend.
+                queue_kw["store"] = "memory"
             app = App(
                 queue=define_queue_config(default="main", connections=conns, **queue_kw),
                 **app_kw,

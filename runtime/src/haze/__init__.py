@@ -11,26 +11,20 @@ in a Cloudflare Worker's ``queue()`` handler, and behind AWS Lambda triggers.
 
 from __future__ import annotations
 
-from .app import App, run_in_app, use_app
-from .batches import Batch, PendingBatch
-from .chains import PendingChain
-from .config import (
-    define_cache_config,
-    define_database_config,
-    define_haze_config,
-    define_queue_config,
-    define_redis_config,
-    env,
-)
-from .context import AbortSignal, JobContext, current_tenant, tenant
-from .db import Db
-from .drivers import FailedJob
+import importlib as _importlib
+import typing as _typing
+
+# Errors are cheap and are what a failing import reports with: loaded up front.
 from .errors import (
+    AmbiguousIdError,
+    BackendUnavailableError,
     BatchFinishedError,
     ConfigError,
+    DatabaseConnectionError,
     DelayTooLongError,
     DuplicateJobError,
     HazeError,
+    JobDefinitionError,
     JobFailedError,
     JobTimeoutError,
     MaxAttemptsExceededError,
@@ -38,31 +32,90 @@ from .errors import (
     MessageDecodeError,
     MissingDependencyError,
     PayloadTooLargeError,
+    QueueTablesMissingError,
     RetryUntilExpiredError,
     UnknownJobError,
 )
-from .facade import Queue
-from .health import QueueHealth, queue_check
-from .jobs import DispatchResult, JobDefinition, PendingDispatch, define_job
-from .middleware import (
-    JobMiddleware,
-    fail_on_exception,
-    rate_limited,
-    skip_if,
-    skip_if_batch_cancelled,
-    throttles_exceptions,
-    without_overlapping,
-)
-from .transactions import after_commit
+
+if _typing.TYPE_CHECKING:
+    from .app import App, run_in_app, use_app
+    from .batches import Batch, PendingBatch
+    from .chains import PendingChain
+    from .config import (
+        define_cache_config,
+        define_database_config,
+        define_haze_config,
+        define_queue_config,
+        define_redis_config,
+        env,
+    )
+    from .context import AbortSignal, JobContext, current_tenant, tenant
+    from .db import Db
+    from .drivers import FailedJob
+    from .facade import Queue
+    from .health import QueueHealth, queue_check
+    from .jobs import DispatchResult, JobDefinition, PendingDispatch, define_job
+    from .middleware import (
+        JobMiddleware,
+        fail_on_exception,
+        rate_limited,
+        skip_if,
+        skip_if_batch_cancelled,
+        throttles_exceptions,
+        without_overlapping,
+    )
+    from .transactions import after_commit
+
+# Everything else loads on first use (PEP 562), so `import haze` costs next to nothing
+# and an entry point pays only for what it touches (a Lambda or Worker cold start).
+#: Public name -> the submodule that defines it.
+_LAZY: dict[str, str] = {
+    "AbortSignal": "context",
+    "App": "app",
+    "Batch": "batches",
+    "Db": "db",
+    "DispatchResult": "jobs",
+    "FailedJob": "drivers",
+    "JobContext": "context",
+    "JobDefinition": "jobs",
+    "JobMiddleware": "middleware",
+    "PendingBatch": "batches",
+    "PendingChain": "chains",
+    "PendingDispatch": "jobs",
+    "Queue": "facade",
+    "QueueHealth": "health",
+    "after_commit": "transactions",
+    "current_tenant": "context",
+    "define_cache_config": "config",
+    "define_database_config": "config",
+    "define_haze_config": "config",
+    "define_job": "jobs",
+    "define_queue_config": "config",
+    "define_redis_config": "config",
+    "env": "config",
+    "fail_on_exception": "middleware",
+    "queue_check": "health",
+    "rate_limited": "middleware",
+    "run_in_app": "app",
+    "skip_if": "middleware",
+    "skip_if_batch_cancelled": "middleware",
+    "tenant": "context",
+    "throttles_exceptions": "middleware",
+    "use_app": "app",
+    "without_overlapping": "middleware",
+}
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AbortSignal",
+    "AmbiguousIdError",
     "App",
+    "BackendUnavailableError",
     "Batch",
     "BatchFinishedError",
     "ConfigError",
+    "DatabaseConnectionError",
     "Db",
     "DelayTooLongError",
     "DispatchResult",
@@ -71,6 +124,7 @@ __all__ = [
     "HazeError",
     "JobContext",
     "JobDefinition",
+    "JobDefinitionError",
     "JobFailedError",
     "JobMiddleware",
     "JobTimeoutError",
@@ -84,6 +138,7 @@ __all__ = [
     "PendingDispatch",
     "Queue",
     "QueueHealth",
+    "QueueTablesMissingError",
     "RetryUntilExpiredError",
     "UnknownJobError",
     "__version__",
@@ -107,3 +162,22 @@ __all__ = [
     "use_app",
     "without_overlapping",
 ]
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(_importlib.import_module(f"{__name__}.{module}"), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    if not name.startswith("__"):
+        try:  # a submodule used as an attribute (haze.testing), as after an eager import
+            return _importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

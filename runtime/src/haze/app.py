@@ -52,6 +52,7 @@ _current: contextvars.ContextVar[App | None] = contextvars.ContextVar("haze_app"
 _last_entered: App | None = None
 _default_app: App | None = None
 _default_lock = threading.Lock()
+_warned_implicit = False
 
 
 def use_app() -> App:
@@ -70,7 +71,21 @@ def _default() -> App:
     with _default_lock:
         if _default_app is None:
             _default_app = App()
+            _default_app._implicit = True
         return _default_app
+
+
+def warn_implicit_dispatch() -> None:
+    """Say once per process that jobs went to the implicit app (they die with it)."""
+    global _warned_implicit
+    if _warned_implicit:
+        return
+    _warned_implicit = True
+    log.warning(
+        "haze: no App was created, so this job went to the implicit in-memory app: its jobs "
+        "are lost when this process exits. Create config/queue.py naming a database or redis "
+        "connection and load it with App(root=__file__) (or pass App(queue=...))."
+    )
 
 
 async def run_in_app(app: App, fn: Callable[[], Awaitable[T] | T]) -> T:
@@ -83,6 +98,24 @@ async def run_in_app(app: App, fn: Callable[[], Awaitable[T] | T]) -> T:
         return result  # type: ignore[return-value]
     finally:
         _current.reset(token)
+
+
+def _app_root(root: str | os.PathLike[str]) -> Path:
+    """The app folder: ``root`` itself, or the folder of a file (``App(root=__file__)``)."""
+    path = Path(root).expanduser().resolve()
+    if path.is_file():
+        path = path.parent
+    elif not path.exists():
+        raise ConfigError("the app root does not exist", source=str(path))
+    elif not path.is_dir():
+        raise ConfigError("the app root is not a directory", source=str(path))
+    if not (path / "config").is_dir() and not (path / "app").is_dir():
+        raise ConfigError(
+            "neither config/ nor app/ is here, so this is not a haze app; point root at the "
+            "folder that holds them (from a file in that folder: App(root=__file__))",
+            source=str(path),
+        )
+    return path
 
 
 def _load_module_file(path: Path, module_name: str) -> Any:
@@ -120,8 +153,9 @@ class App:
         haze: Any = None,
         key: str | None = None,
     ) -> None:
-        self.root = Path(root).resolve() if root is not None else None
+        self.root = _app_root(root) if root is not None else None
         self._entered = False
+        self._implicit = False  # the process-wide default app (see use_app)
         self._key = key
         specs: dict[str, tuple[Any, str | None]] = {
             "queue": (queue, None),
@@ -131,8 +165,6 @@ class App:
         }
         haze_spec: tuple[Any, str | None] = (haze, None)
         if self.root is not None:
-            if not self.root.is_dir():
-                raise ConfigError("the app root is not a directory", source=str(self.root))
             for kind in specs:
                 if specs[kind][0] is None:
                     path = self.root / "config" / f"{kind}.py"
@@ -149,6 +181,9 @@ class App:
         self._check_store_names()
         self._drivers: dict[str, Driver] = {}
         self._stores: dict[str, Store] = {}
+        # Stores the lock/batch store resolves to without config/cache.py naming them.
+        self._derived_stores: dict[str, dict[str, Any]] = {}
+        self._lock_store: str | None = None
         self._connectors: dict[str, Connector] = {}
         self._workers: list[Worker] = []
         self._discovered = False
@@ -254,11 +289,22 @@ class App:
         if name is None:
             return self.queue_config.default
         if name not in self.queue_config.connections:
-            known = ", ".join(self.queue_config.connections)
+            from ._hints import did_you_mean
+
+            connections = self.queue_config.connections
+            known = ", ".join(connections)
+            source = self.queue_config.source
+            if source.startswith("<"):  # no config/queue.py: the built-in default
+                where = (
+                    f"there is no config/queue.py under {self.root}, so the only connection "
+                    f"is the built-in {known}"
+                    if self.root is not None
+                    else f"this app's queue config has only: {known}"
+                )
+            else:
+                where = f"configured connections (defined in {source}): {known}"
             raise ConfigError(
-                f"unknown queue connection {name!r}; configured connections: {known}",
-                source=self.queue_config.source,
-                key="connections",
+                f"unknown queue connection {name!r}{did_you_mean(name, connections)}; {where}",
             )
         return name
 
@@ -277,13 +323,14 @@ class App:
         name = name or cc.default
         s = self._stores.get(name)
         if s is None:
-            if name not in cc.stores:
+            options = cc.stores.get(name) or self._derived_stores.get(name)
+            if options is None:
                 raise ConfigError(
                     f"unknown store {name!r}; configured stores: {', '.join(cc.stores)}",
                     source=cc.source,
                     key="stores",
                 )
-            s = self._stores[name] = create_store(name, cc.stores[name], self, cc.source)
+            s = self._stores[name] = create_store(name, options, self, cc.source)
         return s
 
     def database(self, name: str | None = None) -> Connector:
@@ -308,13 +355,98 @@ class App:
 
     @property
     def queue_store(self) -> Store:
-        """The store for unique locks and middleware state (``store`` in config/queue.py)."""
-        return self.store(self.queue_config.store)
+        """The store for unique locks and middleware state: ``store`` in config/queue.py,
+        else the ``default`` of config/cache.py, else the shared store of the default
+        connection's backend (a database connection keeps them in its database, redis in
+        its Redis). Raises ``ConfigError`` for sqs and cloudflare when no store fits."""
+        return self.store(self._lock_store_name())
 
     @property
     def batch_store(self) -> Store:
-        """The store for batch state (``batches.store``, default: ``store``)."""
-        return self.store(self.queue_config.batches_store or self.queue_config.store)
+        """The store for batch state (``batches.store``, default: the queue store)."""
+        return self.store(self.queue_config.batches_store or self._lock_store_name())
+
+    def _lock_store_name(self) -> str:
+        qc, cc = self.queue_config, self.cache_config
+        if qc.store is not None:
+            return qc.store
+        if cc.default_named:
+            return cc.default
+        if self._lock_store is None:
+            self._lock_store = self._store_of_connection(qc.default)
+        return self._lock_store
+
+    def _store_of_connection(self, connection: str) -> str:
+        """The shared store of a queue connection's own backend (registered if needed)."""
+        from .database import dialect_of
+
+        qc, cc, dc = self.queue_config, self.cache_config, self.database_config
+        options = qc.connections[connection]
+        driver = options["driver"]
+        if driver == "failover":
+            return self._store_of_connection(options["connections"][0])
+        if driver == "database":
+            db = options.get("connection") or dc.default
+            return self._derived_store("database", {"driver": "database", "connection": db})
+        if driver == "redis":
+            redis = {"driver": "redis", "connection": options.get("connection")}
+            if options.get("url"):
+                redis["url"] = options["url"]
+            return self._derived_store("redis", redis)
+        if driver not in ("sqs", "cloudflare"):  # memory, sync: only this process consumes
+            mem = [n for n, o in cc.stores.items() if o["driver"] == "memory"]
+            return mem[0] if mem else self._derived_store("memory", {"driver": "memory"})
+        failed: str | None = options.get("failed_store")
+        if failed is not None:
+            kind, _, bare = failed.partition(":")
+            if kind not in ("store", "database"):
+                kind, bare = "", failed
+            named = cc.stores.get(bare)
+            if kind in ("", "store") and named is not None and named["driver"] != "memory":
+                return bare
+            if kind in ("", "database") and bare in dc.connections:
+                return self._derived_store("database", {"driver": "database", "connection": bare})
+        where = f'connection "{connection}" ({driver}) has no store for unique locks and batches'
+        if driver == "cloudflare":
+            d1 = [n for n, c in dc.connections.items() if dialect_of(c["url"]) == "d1"]
+            if d1:
+                return self._derived_store("database", {"driver": "database", "connection": d1[0]})
+            kv = [n for n, o in cc.stores.items() if o["driver"] == "kv"]
+            if kv:
+                return kv[0]
+            raise ConfigError(
+                f"{where}: add a D1 database to config/database.py "
+                '({"url": "d1://ACCOUNT/DATABASE", "options": {"binding": "DB"}}) or a KV '
+                'store to config/cache.py ({"driver": "kv", "binding": "KV"}), or set store= '
+                "in config/queue.py",
+                source=qc.source,
+                key="store",
+            )
+        raise ConfigError(
+            f"{where}, and SQS cannot hold one: set store= in config/queue.py to a redis or "
+            'database store of config/cache.py (e.g. "locks": {"driver": "database", '
+            '"connection": "main"}), or set failed_store on the connection to a database '
+            "connection",
+            source=qc.source,
+            key="store",
+        )
+
+    def _derived_store(self, driver: str, options: dict[str, Any]) -> str:
+        """A configured store with these options, else one registered under a new name."""
+        cc = self.cache_config
+        defaults = {"database": self.database_config.default, "redis": self.redis_config.default}
+
+        def target(o: dict[str, Any]) -> tuple[Any, ...]:
+            return (o["driver"], o.get("connection") or defaults.get(driver), o.get("url"))
+
+        for name, configured in cc.stores.items():
+            if target(configured) == target(options):
+                return name
+        name = driver
+        if name in cc.stores:
+            name = f"{driver}:{options.get('connection') or options.get('url') or 'default'}"
+        self._derived_stores[name] = options
+        return name
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -339,8 +471,40 @@ class App:
             except ValueError:  # exited in another context (e.g. a fixture's teardown task)
                 _current.set(None)
 
+    def __enter__(self) -> App:
+        """``with App(root=...) as app:`` for sync code: :meth:`start_blocking` on entry,
+        :meth:`stop_blocking` on exit."""
+        return self.start_blocking()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_blocking()
+
+    def start_blocking(self) -> App:
+        """Enter the app from sync code (Flask, Django, scripts); returns the app.
+
+        The app becomes current for the whole process and its ``memory`` consumers run
+        on haze's background event loop, so ``job.dispatch_blocking(...)`` works from any
+        thread until :meth:`stop_blocking`.
+
+        >>> # app = App(root=".").start_blocking()
+        >>> # send_invoice.dispatch_blocking({"invoice_id": 1})
+        >>> # app.stop_blocking()
+        """
+        from ._blocking import run_blocking
+
+        run_blocking(self.__aenter__(), "App.start")
+        return self
+
+    def stop_blocking(self) -> None:
+        """Leave the app from sync code: stop taking jobs and wait for the running ones."""
+        from ._blocking import run_blocking
+
+        if self._entered:
+            run_blocking(self.__aexit__(None, None, None), "App.stop")
+
     async def start(self) -> None:
         """Start in-process consumers for the ``memory`` connections."""
+        self._lock_store_name()  # no usable lock/batch store is a start-up error
         for name, options in self.queue_config.connections.items():
             if options["driver"] == "memory":
                 self.manager.ensure_local_worker(name)

@@ -166,6 +166,13 @@ class Batch:
     add_blocking = blocking_method(add)
 
 
+def _fake_store() -> Store | None:
+    from . import testing
+
+    fake = testing._active_fake
+    return None if fake is None else fake.store
+
+
 def _store(manager: QueueManager) -> Store:
     from . import testing
 
@@ -287,7 +294,8 @@ async def dispatch_spec(
 
     store = _store(manager)
     ttl = manager.app.queue_config.batches_ttl
-    if not getattr(store, "atomic", True):
+    if store is not _fake_store():
+        # A store this process alone sees beside a remote connection loses the callbacks.
         manager._check_lock_store(store, manager.app.driver(spec["connection"]), "batches")
     batch_id = new_id()
     now = time.time()
@@ -423,7 +431,11 @@ async def load_for_job(manager: QueueManager, batch_id: str) -> Batch | None:
 async def settle(
     manager: QueueManager, message: Message, outcome: str, error: BaseException | None
 ) -> None:
-    """Count one job of a batch as done, skipped or failed, then run due callbacks."""
+    """Count one job of a batch as done, skipped or failed, then run due callbacks.
+
+    Safe to run again for the same job (a redelivery after a crash): the count is one
+    atomic store step, and the callbacks it is due are dispatched once each.
+    """
     store = _store(manager)
     batch_id = message.batch_id
     assert batch_id is not None
@@ -431,82 +443,166 @@ async def settle(
     if record is None:
         return  # expired or unknown batch: nothing to count
     ttl = record["options"].get("ttl")
-    done = _key(batch_id, f"done:{message.id}")
-    if not await store.add(done, outcome, ttl):
-        # A redelivered job is counted once, except a failed job retried (queue:retry)
-        # that now succeeded: it moves from failed to processed, once.
-        if (
-            outcome == "done"
-            and await store.get(done) == "failed"
-            and await store.add(_key(batch_id, f"recovered:{message.id}"), 1, ttl)
-        ):
-            await store.increment(_key(batch_id, "recovered"), 1, ttl)
-            await store.increment(_key(batch_id, "processed"), 1, ttl)
-        return
+    if outcome == "failed" and message.chain:
+        # The rest of this job's chain will never run: counted as skipped, once.
+        await _count(manager, store, record, f"{message.id}:rest", "skipped", len(message.chain))
+    cancel = outcome == "failed" and not record["options"].get("allow_failures")
+    settled = await store.settle_batch_job(
+        _key(batch_id), message.id, outcome, cancel=cancel, now=time.time(), ttl=ttl
+    )
     callbacks = record.get("callbacks") or {}
-    if outcome == "failed":
-        n = await store.increment(_key(batch_id, "failed"), 1, ttl)
-        await store.put(_key(batch_id, f"failed:{n}"), message.id, ttl)
-        if not record["options"].get("allow_failures"):
-            await store.add(_key(batch_id, "cancelled"), time.time(), ttl)
+    if outcome == "failed" and settled.outcome == "failed":
+        # Also when this is a redelivery that finds the job counted: the crash that
+        # caused it may have come before these were dispatched.
         if callbacks.get("failure"):
-            await _run(manager, record, callbacks["failure"], error)
-        if callbacks.get("catch") and await store.add(_key(batch_id, "catch"), 1, ttl):
-            await _run(manager, record, callbacks["catch"], error)
-    else:
-        await store.increment(_key(batch_id, "processed"), 1, ttl)
-    pending = await store.increment(_key(batch_id, "pending"), -1, ttl)
-    if outcome == "done" and callbacks.get("progress"):
+            kind = f"failure:{message.id}"
+            await _dispatch_once(manager, record, kind, callbacks["failure"], error)
+        if callbacks.get("catch"):
+            await _dispatch_once(manager, record, "catch", callbacks["catch"], error)
+    if settled.counted and outcome == "done" and callbacks.get("progress"):
         await _run(manager, record, callbacks["progress"], None)
-    if pending <= 0:
-        await _finish(manager, batch_id, store)
+    if settled.pending <= 0:
+        await _finish(manager, batch_id, store, record)
 
 
-async def skip_links(manager: QueueManager, batch_id: str, n: int) -> None:
+async def _count(
+    manager: QueueManager, store: Store, record: dict[str, Any], job: str, outcome: str, n: int
+) -> None:
+    settled = await store.settle_batch_job(
+        _key(record["id"]), job, outcome, count=n, ttl=record["options"].get("ttl")
+    )
+    if settled.pending <= 0:
+        await _finish(manager, record["id"], store, record)
+
+
+async def _finish(
+    manager: QueueManager, batch_id: str, store: Store, record: dict[str, Any] | None = None
+) -> None:
+    """Dispatch what a finished batch is due (``then``/``finally``, the rest of its chain)
+    and then set the ``finished`` marker.
+
+    Any number of workers may run this for one batch (a job redelivered after a crash
+    comes here again whenever ``pending`` is 0): each callback is dispatched once
+    (``_dispatch_once``) and marked, so a run that died half-way is completed by the
+    next one, and the marker is written last.
+    """
+    if record is None:
+        record = await store.get(_key(batch_id))
+        if record is None:
+            return
+    ttl = record["options"].get("ttl")
+    if await store.get(_key(batch_id, "finished")) is not None:
+        return  # everything was dispatched
+    batch = await find(manager, batch_id)
+    if batch is None:
+        return
+    # Decided once, by the first finisher: a later one must not take the other branch
+    # (the batch cancelled, or a failed job retried, in between).
+    now = "cancelled" if batch.cancelled else "ok" if batch.failed == 0 else "failed"
+    await store.add(_key(batch_id, "outcome"), now, ttl)
+    result = await store.get(_key(batch_id, "outcome")) or now
+    finished_at = time.time()
+    batch.finished_at = finished_at  # callbacks see a finished batch
+    callbacks = record.get("callbacks") or {}
+    if result == "ok" and callbacks.get("then"):
+        await _dispatch_once(manager, record, "then", callbacks["then"], None, batch)
+    if callbacks.get("finally"):
+        await _dispatch_once(manager, record, "finally", callbacks["finally"], None, batch)
+    chain = record.get("chain")
+    if chain:
+        await _continue_chain(manager, record, chain, result, batch)
+    await store.add(_key(batch_id, "finished"), finished_at, ttl)
+    for refs in callbacks.values():
+        manager.forget_callbacks(refs)  # nothing of this batch can fire any more
+
+
+async def _continue_chain(
+    manager: QueueManager, record: dict[str, Any], chain: dict[str, Any], result: str, batch: Batch
+) -> None:
+    from .chains import start_links
+
+    batch_id = record["id"]
+    if result == "ok" or (result == "failed" and batch.allows_failures):
+        links = chain.get("links")
+        store = _store(manager)
+        mark = _key(batch_id, "cb:chain")
+        if links and await store.get(mark) is None:
+            # A plain first link carries the once-claim; a batch as the next link is
+            # created again if a crash comes before the mark (it has no claim).
+            await start_links(
+                manager,
+                links,
+                chain["chain_id"],
+                chain.get("catch"),
+                batch_id=None,
+                meta={"once": _key(batch_id, "once:chain")},
+            )
+            await store.put(mark, time.time(), record["options"].get("ttl"))
+    else:
+        from .errors import HazeError
+
+        err = HazeError(f'batch "{batch_id}" in chain {chain["chain_id"]} failed')
+        refs = chain.get("catch") or []
+        if refs:
+            await _dispatch_once(manager, record, "chain-catch", refs, None, args=(err,))
+
+
+async def _dispatch_once(
+    manager: QueueManager,
+    record: dict[str, Any],
+    kind: str,
+    refs: list[dict[str, Any]],
+    error: BaseException | None,
+    batch: Batch | None = None,
+    *,
+    args: tuple[Any, ...] | None = None,
+) -> None:
+    """Dispatch the ``kind`` callbacks of a batch unless marked done; then mark them.
+
+    Each callback gets a claim key derived from the batch id and ``kind``: a second
+    dispatch (after a crash before the mark, or by a concurrent finisher) is a no-op,
+    because only the first message that claims the key runs (``claim_once``).
+    """
+    store = _store(manager)
+    batch_id = record["id"]
+    ttl = record["options"].get("ttl")
+    mark = _key(batch_id, f"cb:{kind}")
+    if await store.get(mark) is not None:
+        return
+    if args is None:
+        if batch is None:
+            batch = await find(manager, batch_id)
+        args = (batch,) if error is None else (batch, error)
+    for i, ref in enumerate(refs):
+        await manager.run_callback(
+            ref,
+            args,
+            connection=record["options"]["connection"],
+            once=_key(batch_id, f"once:{kind}:{i}"),
+        )
+    await store.put(mark, time.time(), ttl)
+
+
+async def claim_once(manager: QueueManager, key: str, owner: str) -> bool:
+    """True when ``owner`` (a message id) may run the callback claimed by ``key``.
+
+    The first message to claim the key owns it; a redelivery of that message still
+    owns it (it may have died mid-run), any other message is a duplicate dispatch.
+    """
+    store = _store(manager)
+    ttl = manager.app.queue_config.batches_ttl
+    if await store.add(key, owner, ttl):
+        return True
+    return bool(await store.get(key) == owner)
+
+
+async def skip_links(manager: QueueManager, batch_id: str, n: int, job_id: str) -> None:
     """Links of a failed chain inside a batch will never run: count them as skipped."""
     store = _store(manager)
     record = await store.get(_key(batch_id))
     if record is None or n <= 0:
         return
-    ttl = record["options"].get("ttl")
-    await store.increment(_key(batch_id, "processed"), n, ttl)
-    pending = await store.increment(_key(batch_id, "pending"), -n, ttl)
-    if pending <= 0:
-        await _finish(manager, batch_id, store)
-
-
-async def _finish(manager: QueueManager, batch_id: str, store: Store) -> None:
-    record = await store.get(_key(batch_id))
-    if record is None:
-        return
-    ttl = record["options"].get("ttl")
-    if not await store.add(_key(batch_id, "finished"), time.time(), ttl):
-        return  # another worker finished it
-    batch = await find(manager, batch_id)
-    assert batch is not None
-    callbacks = record.get("callbacks") or {}
-    ok = batch.failed == 0 and not batch.cancelled
-    if ok and callbacks.get("then"):
-        await _run(manager, record, callbacks["then"], None, batch)
-    if callbacks.get("finally"):
-        await _run(manager, record, callbacks["finally"], None, batch)
-    for refs in callbacks.values():
-        manager.forget_callbacks(refs)  # nothing of this batch can fire any more
-    chain = record.get("chain")
-    if chain:
-        from .chains import start_links
-
-        if not batch.cancelled and (ok or batch.allows_failures):
-            if chain.get("links"):
-                await start_links(
-                    manager, chain["links"], chain["chain_id"], chain.get("catch"), batch_id=None
-                )
-        else:
-            from .errors import HazeError
-
-            err = HazeError(f'batch "{batch_id}" in chain {chain["chain_id"]} failed')
-            for ref in chain.get("catch") or []:
-                await manager.run_callback(ref, (err,), connection=record["options"]["connection"])
+    await _count(manager, store, record, f"{job_id}:rest", "skipped", n)
 
 
 async def _run(
@@ -597,7 +693,8 @@ def _prunable(
 async def _delete(store: Store, batch: Batch) -> None:
     # The record first: a job settling meanwhile then finds nothing to count.
     raw_failed = int(await store.get(_key(batch.id, "failed")) or 0)  # recovered ones too
-    parts = ["", "total", "pending", "processed", "failed", "finished", "cancelled", "catch"]
+    parts = ["", "total", "pending", "processed", "failed", "finished", "cancelled", "outcome"]
+    parts += ["cb:then", "cb:finally", "cb:catch", "cb:chain", "cb:chain-catch"]
     parts += ["recovered", *(f"failed:{i}" for i in range(1, raw_failed + 1))]
     for part in parts:
         await store.delete(_key(batch.id, part))

@@ -344,6 +344,8 @@ class CacheConfig:
     default: str
     stores: dict[str, dict[str, Any]]
     source: str = "<default>"
+    #: ``default=`` was given: it then names the lock and batch store (see App.queue_store).
+    default_named: bool = False
 
 
 @dataclass
@@ -512,7 +514,8 @@ def validate_cache(spec: object, source: str | None = None) -> CacheConfig:
     default, stores, src = _validate_named(
         spec, "cache", "stores", source, {"memory": {"driver": "memory"}}, check
     )
-    return CacheConfig(default=default, stores=stores, source=src)
+    named = isinstance(spec, ConfigSpec) and spec.raw.get("default") is not None
+    return CacheConfig(default=default, stores=stores, source=src, default_named=named)
 
 
 def validate_redis(spec: object, source: str | None = None) -> RedisConfig:

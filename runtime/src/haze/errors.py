@@ -15,7 +15,12 @@ The tree::
     ├── MaxAttemptsExceededError    reclaimed after a crash with no try left
     ├── RetryUntilExpiredError      ``retry_until`` passed
     ├── MessageDecodeError          a queued message is not valid haze JSON / cannot be decrypted
-    └── JobFailedError              ``job.fail(reason)`` was called with a string
+    ├── JobFailedError              ``job.fail(reason)`` was called with a string
+    ├── JobDefinitionError          define_job: unknown option, or a handler it cannot call
+    ├── BackendUnavailableError     Redis, a database, SQS, libSQL or D1 cannot be reached
+    │   └── DatabaseConnectionError a config/database.py database is unreachable or locked
+    ├── QueueTablesMissingError     the database queue tables do not exist (run db:migrate)
+    └── AmbiguousIdError            a short job id given to a command matches several jobs
 
 ``TypeError`` and ``ValueError`` are used where Python users expect them: a payload
 that is not JSON (``TypeError``), a bad duration or option (``ValueError``).
@@ -23,12 +28,18 @@ that is not JSON (``TypeError``), a bad duration or option (``ValueError``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 __all__ = [
+    "AmbiguousIdError",
+    "BackendUnavailableError",
     "BatchFinishedError",
     "ConfigError",
+    "DatabaseConnectionError",
     "DelayTooLongError",
     "DuplicateJobError",
     "HazeError",
+    "JobDefinitionError",
     "JobFailedError",
     "JobTimeoutError",
     "MaxAttemptsExceededError",
@@ -36,6 +47,7 @@ __all__ = [
     "MessageDecodeError",
     "MissingDependencyError",
     "PayloadTooLargeError",
+    "QueueTablesMissingError",
     "RetryUntilExpiredError",
     "UnknownJobError",
 ]
@@ -69,13 +81,19 @@ class DuplicateJobError(HazeError):
 
 
 class UnknownJobError(HazeError, LookupError):
-    """A job name that no imported module registered."""
+    """A job name that no imported module registered.
 
-    def __init__(self, name: str):
+    ``known`` (the registered names) adds a "did you mean" hint for a near miss.
+    """
+
+    def __init__(self, name: str, known: Iterable[str] = ()):
+        from ._hints import did_you_mean
+
         self.job_name = name
         super().__init__(
-            f'No job named "{name}" is registered. Define it with @define_job in a module under '
-            "app/job/ (discovered at app start) or import its module before dispatching."
+            f"no job named {name!r}{did_you_mean(name, known)}; define it with @define_job in "
+            "a module under app/job/ (imported at app start) or import its module before "
+            "dispatching"
         )
 
 
@@ -124,3 +142,51 @@ class MessageDecodeError(HazeError):
 
 class JobFailedError(HazeError):
     """Raised inside the pipeline when a handler calls ``job.fail("reason")``."""
+
+
+class JobDefinitionError(HazeError, TypeError):
+    """``define_job`` got an option it does not know, or a handler haze cannot call as
+    ``(payload)`` or ``(payload, job)``. Raised when the module is imported, not when a
+    job runs."""
+
+
+class BackendUnavailableError(HazeError, ConnectionError):
+    """A queue or store backend (Redis, a database, SQS, libSQL, D1) could not be reached.
+
+    The message names the connection and where it points. Nothing was changed on that
+    backend by the call that raised it; a worker waits for the backend to come back.
+    """
+
+
+class DatabaseConnectionError(BackendUnavailableError):
+    """A database from ``config/database.py`` could not be reached, or stayed locked."""
+
+
+class QueueTablesMissingError(HazeError):
+    """The ``jobs``/``failed_jobs`` tables of a database queue connection do not exist.
+
+    Raised by dispatch, ``queue:work`` and every ``queue:*`` command instead of the
+    database's own "no such table" error, so a fresh app is told what to run::
+
+        the queue tables are missing on database "main": run haze db:migrate
+    """
+
+    def __init__(self, database: str, *, migration_written: bool = True):
+        self.database = database
+        todo = (
+            "run haze db:migrate"
+            if migration_written
+            else "run haze make:queue-tables, then haze db:migrate"
+        )
+        super().__init__(f'the queue tables are missing on database "{database}": {todo}')
+
+
+class AmbiguousIdError(HazeError, LookupError):
+    """A short id matches more than one job; ``matches`` lists their full ids."""
+
+    def __init__(self, token: str, matches: list[str]):
+        self.matches = matches
+        shown = ", ".join(matches[:10]) + (", …" if len(matches) > 10 else "")
+        super().__init__(
+            f"the id {token!r} matches {len(matches)} jobs: {shown}; give more of the id"
+        )

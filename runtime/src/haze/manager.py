@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any
 from . import testing as _testing
 from .context import JobContext, _tenant, current_tenant
 from .durations import backoff_delay
+from .drivers.base import unavailable
 from .errors import (
+    BackendUnavailableError,
     ConfigError,
     HazeError,
     JobTimeoutError,
@@ -82,7 +84,7 @@ class QueueManager:
         self._pipelines: dict[JobDefinition[Any], Pipeline] = {}
         # Plain-function callbacks (sync/memory only): id -> callable.
         self._local_callbacks: dict[str, Callable[..., Any]] = {}
-        self._warned_store = False
+        self._warned_store: set[str] = set()  # what ("unique jobs", "batches") was warned
 
     # ================================================================ dispatch path
 
@@ -211,6 +213,10 @@ class QueueManager:
     ) -> DispatchResult:
         fake = _testing._active_fake
         assert message.connection is not None
+        if self.app._implicit and fake is None:
+            from .app import warn_implicit_dispatch
+
+            warn_implicit_dispatch()
         driver = self.app.driver(message.connection)
         body = self.encode(message, driver, job)
         if job.debounce is not None and message.batch_id is None:
@@ -237,9 +243,12 @@ class QueueManager:
                 await self.run_inline(message, body, driver)
             else:
                 await driver.enqueue(body, message, delay)
-        except BaseException:
+        except BaseException as e:
             if message.unique is not None and not driver.inline:
                 await self._unlock_unique(message)
+            down = unavailable(driver, e) if isinstance(e, Exception) else None
+            if down is not None and not driver.inline:
+                raise down from None  # one line, not the client library's traceback chain
             raise
         if not driver.remote and not driver.inline:
             self.ensure_local_worker(driver.name)
@@ -287,7 +296,13 @@ class QueueManager:
                 for body, message, _ in items:
                     await self.run_inline(message, body, driver)
             else:
-                await driver.enqueue_many(items)
+                try:
+                    await driver.enqueue_many(items)
+                except Exception as e:
+                    down = unavailable(driver, e)
+                    if down is None:
+                        raise
+                    raise down from None
                 if not driver.remote:
                     self.ensure_local_worker(conn)
         if singles:
@@ -348,20 +363,26 @@ class QueueManager:
             log.exception("could not release unique lock %s", message.unique.get("key"))
 
     def _check_lock_store(self, store: Any, driver: Driver, what: str) -> None:
-        if self._warned_store:
+        if what in self._warned_store:
             return
         if driver.remote and not getattr(store, "shared", False):
-            self._warned_store = True
+            self._warned_store.add(what)
+            lost = (
+                "which cannot release locks taken here; later dispatches will be skipped until "
+                "the lock expires"
+                if what == "unique jobs"
+                else "which cannot see them: a batch's then/catch/finally callbacks never run"
+            )
             log.warning(
                 'The "%s" store holds %s, but connection "%s" is consumed by other processes, '
-                "which cannot release locks taken here; later dispatches will be skipped until "
-                "the lock expires. Set store='redis' (or 'database') in config/queue.py.",
+                "%s. Set store='redis' (or 'database') in config/queue.py.",
                 store.name,
                 what,
                 driver.name,
+                lost,
             )
         elif not getattr(store, "atomic", True):
-            self._warned_store = True
+            self._warned_store.add(what)
             log.warning(
                 'The "%s" store is not atomic: %s may be held twice. Use redis or database.',
                 store.name,
@@ -562,6 +583,20 @@ class QueueManager:
 
         if self.events.before:
             await self.events.emit("before", ctx)
+        if job_log.isEnabledFor(_DEBUG):
+            # ``state`` marks the lifecycle records `haze queue:work` prints as job lines.
+            job_log.debug(
+                'Job "%s" running (attempt %d/%d)',
+                job.name,
+                reserved.attempt,
+                tries,
+                extra={
+                    "job": job.name,
+                    "job_id": message.id,
+                    "attempt": reserved.attempt,
+                    "state": "running",
+                },
+            )
         started = _perf()
         error: BaseException | None = None
         try:
@@ -593,6 +628,19 @@ class QueueManager:
                 )
                 await self._unlock_unique(message)
                 return _Outcome.RELEASED, None
+            if job_log.isEnabledFor(_DEBUG):
+                job_log.debug(
+                    'Job "%s" released, back in %gs',
+                    job.name,
+                    ctx._release_delay,
+                    extra={
+                        "job": job.name,
+                        "job_id": message.id,
+                        "attempt": reserved.attempt,
+                        "state": "released",
+                        "retry_in": ctx._release_delay,
+                    },
+                )
             await driver.release(reserved, ctx._release_delay, consume_attempt=False)
             return _Outcome.RELEASED, None
 
@@ -603,7 +651,13 @@ class QueueManager:
                 round(elapsed * 1000),
                 reserved.attempt,
                 tries,
-                extra={"job": job.name, "job_id": message.id, "attempt": reserved.attempt},
+                extra={
+                    "job": job.name,
+                    "job_id": message.id,
+                    "attempt": reserved.attempt,
+                    "state": "done",
+                    "elapsed": elapsed,
+                },
             )
         next_error: BaseException | None = None
         if message.chain_catch and not (
@@ -708,7 +762,14 @@ class QueueManager:
             f"{waits:g}",
             type(error).__name__,
             error,
-            extra={"job": job.name, "job_id": message.id, "attempt": reserved.attempt},
+            extra={
+                "job": job.name,
+                "job_id": message.id,
+                "attempt": reserved.attempt,
+                "state": "retry",
+                "retry_in": waits,
+                "error": error,
+            },
         )
         await driver.release(reserved, delay, consume_attempt=True)
         return _Outcome.RETRY, error
@@ -764,7 +825,13 @@ class QueueManager:
             type(error).__name__,
             error,
             exc_info=error if not inline else None,
-            extra={"job": job.name, "job_id": message.id, "attempt": reserved.attempt},
+            extra={
+                "job": job.name,
+                "job_id": message.id,
+                "attempt": reserved.attempt,
+                "state": "failed",
+                "error": error,
+            },
         )
         if self.events.failing:
             await self.events.emit("failing", ctx, error)
@@ -915,6 +982,15 @@ class QueueManager:
         await self.dispatch(link_to_pending(ref), **opts)
 
     # ================================================================ facade helpers
+
+    def unavailable(self, error: BaseException) -> BackendUnavailableError | None:
+        """``error`` as a one-line ``BackendUnavailableError`` when it says the backend of
+        a connection this app has used cannot be reached (the CLI's one-line errors)."""
+        for driver in list(self.app._drivers.values()):
+            down = unavailable(driver, error)
+            if down is not None:
+                return down
+        return None
 
     def connection_names(self, connection: str | None) -> list[str]:
         return [self.app.connection_name(connection)]
