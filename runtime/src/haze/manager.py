@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import testing as _testing
 from .context import JobContext, _tenant, current_tenant
-from .durations import backoff_delay
 from .drivers.base import unavailable
+from .durations import MAX_DELAY, backoff_delay, check_delay
 from .errors import (
     BackendUnavailableError,
     ConfigError,
@@ -40,7 +40,7 @@ from .errors import (
 )
 from .events import Events
 from .jobs import DispatchResult, JobDefinition, PendingDispatch, get_job
-from .message import Message, encode, new_id
+from .message import Message, check_queue_name, encode, new_id
 from .transactions import current_transaction, wait_pending
 
 if TYPE_CHECKING:
@@ -116,6 +116,7 @@ class QueueManager:
         meta: dict[str, Any] | None = None,
     ) -> Message:
         job = pending.job
+        check_queue_name(queue, f'job "{job.name}": queue')
         payload = job.to_wire(pending.payload)
         if pending._group is not None:
             meta = {**(meta or {}), "group": pending._group}
@@ -170,6 +171,7 @@ class QueueManager:
         attempts: int = 0,
         id: str | None = None,
         defer: bool = True,
+        meta: dict[str, Any] | None = None,
     ) -> DispatchResult:
         """Queue one pending dispatch (the path under ``Job.dispatch`` and ``with_().dispatch``)."""
         job = pending.job
@@ -187,8 +189,9 @@ class QueueManager:
             chain_catch=chain_catch,
             batch_id=batch_id,
             attempts=attempts,
+            meta=meta,
         )
-        delay = pending._delay or 0.0
+        delay = check_delay(pending._delay or 0.0, f'job "{job.name}": delay')
         if defer and after_commit:
             tx = current_transaction()
             if tx is not None:
@@ -288,7 +291,8 @@ class QueueManager:
             message = self.build(p, conn, q, batch_id=batch_id)
             driver = self.app.driver(conn)
             body = self.encode(message, driver, job)
-            groups.setdefault(conn, []).append((body, message, p._delay or 0.0))
+            delay = check_delay(p._delay or 0.0, f'job "{job.name}": delay')
+            groups.setdefault(conn, []).append((body, message, delay))
             ids.append(message.id)
         for conn, items in groups.items():
             driver = self.app.driver(conn)
@@ -580,6 +584,15 @@ class QueueManager:
                 await self._unlock_unique(message)
                 await driver.ack(reserved)
                 return _Outcome.SKIPPED, None
+        once = message.meta.get("once") if message.meta is not None else None
+        if isinstance(once, str):
+            from .batches import claim_once
+
+            if not await claim_once(self, once, message.id):
+                log.info('Job "%s" (%s) skipped: its callback already ran', job.name, message.id)
+                await self._unlock_unique(message)
+                await driver.ack(reserved)
+                return _Outcome.SKIPPED, None
 
         if self.events.before:
             await self.events.emit("before", ctx)
@@ -752,6 +765,7 @@ class QueueManager:
             if ctx._retry_delay is not None
             else backoff_delay(job.backoff, reserved.attempt)
         )
+        delay = min(delay, MAX_DELAY)  # "exponential" doubles up to 2**40 s
         step = getattr(driver, "delay_step", None)  # e.g. whole seconds on SQS, Cloudflare
         waits = -(-delay // step) * step if step and delay > 0 else delay
         job_log.warning(
@@ -839,14 +853,16 @@ class QueueManager:
             await self._call_failed(
                 job, payload if payload is not None else message.payload, error, ctx
             )
+        if message.batch_id is not None:
+            # Before fail(): once the job has left the queue, a crash here would leave
+            # the batch waiting for it forever. Counted twice, it still counts once.
+            await self._settle_batch(message, "failed", error)
         await driver.fail(reserved, self.failed_record(message, driver.name, error))
         await self._unlock_unique(message)
         if job.max_exceptions is not None:
             await self._state_store().delete(self._exceptions_key(message))
         if message.chain_id is not None:
             await self._chain_failed(message, error)
-        if message.batch_id is not None:
-            await self._settle_batch(message, "failed", error)
         return _Outcome.FAILED, error
 
     async def _call_failed(
@@ -965,13 +981,24 @@ class QueueManager:
             if isinstance(ref, dict) and "fn" in ref:
                 self._local_callbacks.pop(ref["fn"], None)
 
-    async def run_callback(self, ref: dict[str, Any], args: tuple[Any, ...], **opts: Any) -> None:
-        """Dispatch a job-reference callback, or call a local function with ``args``."""
+    async def run_callback(
+        self, ref: dict[str, Any], args: tuple[Any, ...], *, once: str | None = None, **opts: Any
+    ) -> None:
+        """Dispatch a job-reference callback, or call a local function with ``args``.
+
+        With ``once`` (a claim key, see ``batches.claim_once``), only one of any number
+        of dispatches of this callback runs.
+        """
         if "fn" in ref:
             fn = self._local_callbacks.get(ref["fn"])
             if fn is None:
                 log.warning("a callback function is no longer registered in this process")
                 return
+            if once is not None:
+                from .batches import claim_once
+
+                if not await claim_once(self, once, new_id()):  # a call is never redelivered
+                    return
             try:
                 result = fn(*args)
                 if inspect.isawaitable(result):
@@ -979,7 +1006,8 @@ class QueueManager:
             except Exception:
                 log.exception("callback %r raised", fn)
             return
-        await self.dispatch(link_to_pending(ref), **opts)
+        meta = None if once is None else {"once": once}
+        await self.dispatch(link_to_pending(ref), meta=meta, **opts)
 
     # ================================================================ facade helpers
 

@@ -82,7 +82,7 @@ class Worker:
         #: logged once per outage instead of with a traceback per job.
         self._outage_errors: tuple[type[BaseException], ...] = (
             OSError,
-            *getattr(self.driver, "outage_errors", ()),
+            *self.driver.outage_errors,
         )
         #: Queues paused with ``haze queue:pause`` (read from the store by the control task).
         self._paused: set[str] = set()
@@ -140,7 +140,7 @@ class Worker:
         """Follow ``queue:restart`` and ``queue:pause``/``continue`` through the queue store."""
         from .control import paused_queues, restart_requested_at
 
-        failing = False
+        failures, told = 0, False
         while not self.stopping:
             try:
                 restart = await restart_requested_at(self.app)
@@ -152,11 +152,15 @@ class Worker:
                     self.request_stop()
                     return
                 self._paused = await paused_queues(self.app, self.connection, self.queues or [])
-                failing = False
+                failures, told = 0, False
             except Exception as e:
-                if not failing:  # once per outage, not every second
+                failures += 1
+                # Once per outage, not every second; and not at all while the connection
+                # itself is out (the store is usually on the same server, and the worker
+                # already said so): only a store that stays down on its own is news.
+                if failures >= 2 and not told and not self._outage:
+                    told = True
                     log.warning("haze worker: cannot read worker signals from the store: %s", e)
-                failing = True
             await asyncio.sleep(interval)
 
     async def _heartbeat(self) -> None:

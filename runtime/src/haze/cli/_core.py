@@ -65,6 +65,28 @@ class HazeGroup(click.Group):
         except OSError as e:
             # Unreachable backends and unwritable paths are the user's to fix, not a bug.
             raise click.ClickException(f"{type(e).__name__}: {e}") from None
+        except Exception as e:
+            # A client library's own "cannot connect" error (redis-py's is no OSError).
+            state = ctx.obj
+            app = state._app if isinstance(state, State) else None
+            down = app.manager.unavailable(e) if app is not None else None
+            if down is not None:
+                raise click.ClickException(str(down)) from None
+            if _caused_by_os_error(e):  # e.g. a store's client that could not connect
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                raise click.ClickException(f"{type(e).__name__}: {reason}") from None
+            raise
+
+
+def _caused_by_os_error(error: BaseException) -> bool:
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, OSError):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _version() -> str:

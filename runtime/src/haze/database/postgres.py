@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
 from .._deps import require
-from ..errors import ConfigError, HazeError
+from ..errors import ConfigError, DatabaseConnectionError
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -46,10 +46,6 @@ Row = tuple[Any, ...]
 
 #: seconds libpq waits for a connection unless the URL sets ``connect_timeout``
 CONNECT_TIMEOUT = 10
-
-
-class DatabaseConnectionError(HazeError, ConnectionError):
-    """A database connection from ``config/database.py`` could not be opened."""
 
 
 # --------------------------------------------------------------------------- helpers

@@ -19,9 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from ..errors import BackendUnavailableError
 from ..message import Message
 
-__all__ = ["Driver", "FailedJob", "FailedJobStore", "Reserved"]
+__all__ = ["Driver", "FailedJob", "FailedJobStore", "Reserved", "unavailable"]
 
 
 @dataclass(slots=True)
@@ -98,6 +99,10 @@ class Driver(Protocol):
     inline: bool
     #: Largest JSON body in bytes, None = no limit.
     max_message_size: int | None
+    #: Errors that mean "the backend cannot be reached" rather than a bug: a worker logs
+    #: them once per outage and waits, and dispatch raises ``BackendUnavailableError``
+    #: (``()`` for in-process drivers, which have no backend to lose).
+    outage_errors: tuple[type[BaseException], ...]
 
     @property
     def failed(self) -> FailedJobStore:
@@ -133,3 +138,22 @@ class Driver(Protocol):
 
     async def close(self) -> None:
         """Release connections; called when the app stops."""
+
+
+def unavailable(driver: Driver, error: BaseException) -> BackendUnavailableError | None:
+    """``error`` as a one-line ``BackendUnavailableError`` when it says ``driver``'s backend
+    cannot be reached (None for any other error, which is not the backend's absence).
+
+    Example: ``except Exception as e: raise (unavailable(driver, e) or e) from None``.
+    """
+    if isinstance(error, BackendUnavailableError):
+        return error
+    if not isinstance(error, driver.outage_errors) and not (
+        driver.remote and isinstance(error, OSError)
+    ):
+        return None
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return BackendUnavailableError(
+        f"queue connection {driver.name!r} is unavailable ({type(error).__name__}: {reason}); "
+        "check that its server is running and reachable, and the connection's settings"
+    )

@@ -459,6 +459,8 @@ class CloudflareDriver:
     delay_step = 1.0
     local_callbacks = False
     inline = False
+    #: the REST client's unreachable-API errors are CloudflareError (not yet told apart)
+    outage_errors: tuple[type[BaseException], ...] = ()
 
     def __init__(self, name: str, options: dict[str, Any], app: Any = None):
         self.name = name

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from ..message import Message, decode
+from ..message import MAX_MESSAGE_SIZE, Message, decode
 from .base import FailedJob, Reserved
 
 __all__ = ["MemoryDriver", "MemoryFailedJobs"]
@@ -61,11 +61,13 @@ class MemoryDriver:
     remote = False
     local_callbacks = True
     inline = False
+    #: in-process: there is no backend to become unreachable
+    outage_errors: tuple[type[BaseException], ...] = ()
 
     def __init__(self, name: str, options: dict[str, Any], app: Any = None):
         self.name = name
         self.options = options
-        self.max_message_size: int | None = options.get("max_message_size")
+        self.max_message_size: int | None = options.get("max_message_size") or MAX_MESSAGE_SIZE
         self.concurrency: int = options.get("concurrency") or 1
         self.priority: list[str] = list(options.get("queues") or [])
         self.failed = MemoryFailedJobs()

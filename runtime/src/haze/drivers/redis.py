@@ -74,7 +74,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import MessageDecodeError, MissingDependencyError
-from ..message import Message, decode
+from ..message import MAX_MESSAGE_SIZE, Message, decode
 from .base import FailedJob, Reserved
 
 try:
@@ -568,7 +568,7 @@ class RedisDriver:
         self.name = name
         self.app = app
         self.options = options
-        self.max_message_size: int | None = options.get("max_message_size")
+        self.max_message_size: int | None = options.get("max_message_size") or MAX_MESSAGE_SIZE
         self.concurrency: int = options.get("concurrency") or 1
         self.prefix: str = options.get("prefix") or "haze"
         self.queues: list[str] = list(options.get("queues") or ["default"])

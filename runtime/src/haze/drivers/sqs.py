@@ -100,7 +100,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .._deps import require
-from ..errors import ConfigError, HazeError
+from ..errors import BackendUnavailableError, ConfigError, HazeError
 from ..message import Message, decode, new_id
 from .base import FailedJob, FailedJobStore, Reserved
 from .memory import MemoryFailedJobs
@@ -425,6 +425,8 @@ class SqsDriver:
     delay_step = 1.0
     local_callbacks = False
     inline = False
+    #: ``_call`` turns botocore's connection errors into this (one line, no traceback)
+    outage_errors: tuple[type[BaseException], ...] = (BackendUnavailableError,)
 
     #: The longest DelaySeconds used; tests lower it to exercise forwarding.
     max_delay: float = SQS_MAX_DELAY
@@ -609,6 +611,17 @@ class SqsDriver:
             raise
 
     def _translate(self, error: BaseException, params: dict[str, Any]) -> None:
+        exceptions = importlib.import_module("botocore.exceptions")
+        if isinstance(error, (exceptions.ConnectionError, exceptions.HTTPClientError)):
+            # botocore already retried: the endpoint is down or unreachable. One line, not
+            # the urllib3/botocore traceback chain.
+            where = self.endpoint_url or params.get("QueueUrl") or "SQS"
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise BackendUnavailableError(
+                f"queue connection {self.name!r} cannot reach SQS at {where} "
+                f"({type(error).__name__}: {reason}); check the network, endpoint_url and "
+                "region"
+            ) from None
         if _error_code(error) in _NO_QUEUE:
             url = params.get("QueueUrl", "?")
             raise ConfigError(

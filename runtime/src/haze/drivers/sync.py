@@ -12,7 +12,7 @@ import builtins
 from collections.abc import Sequence
 from typing import Any
 
-from ..message import Message
+from ..message import MAX_MESSAGE_SIZE, Message
 from .base import FailedJob, Reserved
 
 __all__ = ["SyncDriver"]
@@ -39,10 +39,12 @@ class SyncDriver:
     remote = False
     local_callbacks = True
     inline = True
+    #: in-process: there is no backend to become unreachable
+    outage_errors: tuple[type[BaseException], ...] = ()
 
     def __init__(self, name: str, options: dict[str, Any], app: Any = None):
         self.name = name
-        self.max_message_size: int | None = options.get("max_message_size")
+        self.max_message_size: int | None = options.get("max_message_size") or MAX_MESSAGE_SIZE
         self.failed = _NoFailedJobs()
 
     async def enqueue(self, body: str, message: Message, delay: float) -> None:

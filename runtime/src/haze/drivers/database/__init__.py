@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...database.sqlfiles import sql_blocks
-from ...errors import ConfigError
-from ...message import Message, decode
+from ...errors import ConfigError, DatabaseConnectionError
+from ...message import MAX_MESSAGE_SIZE, Message, decode
 from ..base import FailedJob, Reserved
 
 if TYPE_CHECKING:
@@ -130,12 +130,15 @@ class DatabaseDriver:
     remote = True
     local_callbacks = False
     inline = False
+    #: connectors raise this for an unreachable server (or a SQLite file locked past
+    #: busy_timeout): the worker logs it once per outage, dispatch shows it as one line
+    outage_errors: tuple[type[BaseException], ...] = (DatabaseConnectionError,)
 
     def __init__(self, name: str, options: dict[str, Any], app: Any):
         self.name = name
         self.app = app
         self.options = options
-        self.max_message_size: int | None = options.get("max_message_size")
+        self.max_message_size: int | None = options.get("max_message_size") or MAX_MESSAGE_SIZE
         self.concurrency: int = options.get("concurrency") or 1
         self.retry_after: float = options.get("retry_after") or 90.0
         self.sleep: float = options.get("sleep") or 1.0
