@@ -14,11 +14,13 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 from haze.build import build
+from haze.integrations.http_dispatch import signed_headers
 from preset_support import clean_env, lines_of, make_queue_tables, uvicorn, wait_until, write_app
 
 posix = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
@@ -59,7 +61,11 @@ def test_uvicorn_serves_dispatch_and_health_and_drains_the_worker(tmp_path: Path
     assert "uvicorn" in requirements and "--find-links ./wheels" in requirements
     assert any("at least 15s" in n for n in result.notes), result.notes
 
-    env = clean_env(DATABASE_URL=f"sqlite:///{tmp_path / 'queue.db'}", HAZE_HTTP_SECRET=SECRET)
+    env = clean_env(
+        DATABASE_URL=f"sqlite:///{tmp_path / 'queue.db'}",
+        HAZE_HTTP_SECRET=SECRET,
+        HAZE_HTTP_MAX_BODY="10MB",
+    )
     migrated = subprocess.run(
         [sys.executable, "-m", "haze.cli", "--root", "haze_app", "db:migrate"],
         cwd=dest,
@@ -86,7 +92,13 @@ def test_uvicorn_serves_dispatch_and_health_and_drains_the_worker(tmp_path: Path
         assert unknown.status_code == 404
         assert httpx.get(base + "/elsewhere", timeout=30).status_code == 404
 
-        accepted = httpx.post(base + "/dispatch", json=job, headers=bearer, timeout=30)
+        raw_job = json.dumps(job).encode()
+        stale = signed_headers(raw_job, SECRET, timestamp=int(time.time()) - 301)
+        replayed = httpx.post(base + "/dispatch", content=raw_job, headers=stale, timeout=30)
+        assert replayed.status_code == 401
+        assert "X-Haze-Timestamp" in replayed.json()["error"]
+        signed = signed_headers(raw_job, SECRET)
+        accepted = httpx.post(base + "/dispatch", content=raw_job, headers=signed, timeout=30)
         assert accepted.status_code == 202, accepted.text
         assert accepted.json()["job"] == "server_write"
         assert wait_until(lambda: "end quick" in lines_of(out), 60), server.output

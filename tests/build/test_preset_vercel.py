@@ -18,6 +18,7 @@ import hmac
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,9 +125,17 @@ def test_the_function_dispatches_to_redis_and_a_worker_runs_it(tmp_path: Path, p
         signed_body = json.dumps(
             {"job": "vercel_write", "payload": {"file": str(out), "tag": "hmac"}}
         ).encode()
-        signature = hmac.new(SECRET.encode(), signed_body, hashlib.sha256).hexdigest()
-        signed = post(signed_body, {"x-haze-signature": f"sha256={signature}"})
-        assert signed.status_code == 202, signed.text
+        # the HMAC covers "{timestamp}.{body}"; a timestamp over 5 minutes old is refused
+        now = int(time.time())
+        stale = now - 301
+        for ts, status in ((stale, 401), (now, 202)):
+            mac = hmac.new(SECRET.encode(), f"{ts}.".encode() + signed_body, hashlib.sha256)
+            headers = {"x-haze-timestamp": str(ts), "x-haze-signature": f"sha256={mac.hexdigest()}"}
+            signed = post(signed_body, headers)
+            assert signed.status_code == status, signed.text
+        untimed = post(signed_body, {"x-haze-signature": headers["x-haze-signature"]})
+        assert untimed.status_code == 401
+        assert "X-Haze-Timestamp" in untimed.json()["error"]
     finally:
         server.kill()
     assert not lines_of(out), "the function must only dispatch"

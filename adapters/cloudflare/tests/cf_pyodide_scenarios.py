@@ -15,6 +15,7 @@ import json
 import logging
 import sys
 import threading
+import time
 import traceback
 
 thread_starts = []
@@ -324,8 +325,8 @@ async def fetch_dispatch():
     env, q, _ = new_env()
     body = json.dumps({"job": "cf_pyo_ok", "payload": {"key": "http"}, "delay": 5})
 
-    def request(method="POST", token="s3cret", data=body):
-        headers = {"content-type": "application/json"}
+    def request(method="POST", token="s3cret", data=body, extra=None):
+        headers = {"content-type": "application/json", **(extra or {})}
         if token is not None:
             headers["authorization"] = f"Bearer {token}"
         init = {"method": method, "headers": headers}
@@ -342,6 +343,16 @@ async def fetch_dispatch():
     unknown = await worker.fetch(
         request(data=json.dumps({"job": "cf_pyo_nope", "payload": {}})), env
     )
+    from haze.integrations.http_dispatch import signed_headers
+
+    signed = signed_headers(body.encode(), "s3cret")
+    signed_ok = await worker.fetch(request(token=None, extra=signed), env)
+    stale = signed_headers(body.encode(), "s3cret", timestamp=int(time.time()) - 301)
+    signed_stale = await worker.fetch(request(token=None, extra=stale), env)
+    untimed = {"x-haze-signature": signed["x-haze-signature"]}
+    signed_untimed = await worker.fetch(request(token=None, extra=untimed), env)
+    deep = '{"job": "cf_pyo_ok", "payload": ' + "[" * 200_000 + "]" * 200_000 + "}"
+    too_deep = await worker.fetch(request(data=deep), env)
     env2, q2, _ = new_env(secret=None)
     disabled = await worker.fetch(request(), env2)
     return {
@@ -349,6 +360,9 @@ async def fetch_dispatch():
         "wrong": wrong.status,
         "missing": missing.status,
         "get": get.status,
+        "signed": [signed_ok.status, signed_stale.status, signed_stale.json()["error"]],
+        "signed_untimed": [signed_untimed.status, signed_untimed.json()["error"]],
+        "too_deep": [too_deep.status, too_deep.json()["error"]],
         "unknown": [unknown.status, unknown.json()],
         "disabled": [disabled.status, disabled.json()],
         "sends": jsonable(q.sends),

@@ -272,9 +272,17 @@ def test_fetch_dispatch_endpoint(scenarios: dict[str, Any]) -> None:
     assert body["skipped"] is False
     assert body["job"] == "cf_pyo_ok"
     assert body["id"]
-    (send,) = v["sends"]
-    assert send["body"]["id"] == body["id"]
-    assert send["delaySeconds"] == 5
+    first, signed = v["sends"]  # the bearer and the signed dispatch
+    assert first["body"]["id"] == body["id"]
+    assert first["delaySeconds"] == 5
+    assert signed["body"]["payload"] == {"key": "http"}
+    # signed: X-Haze-Timestamp within 5 minutes, HMAC over "{timestamp}.{body}"
+    assert v["signed"][:2] == [202, 401]
+    assert "X-Haze-Timestamp" in v["signed"][2]
+    assert v["signed_untimed"][0] == 401
+    assert "X-Haze-Timestamp" in v["signed_untimed"][1]
+    assert v["too_deep"][0] == 400
+    assert "nested too deeply" in v["too_deep"][1]
     assert v["wrong"] == 403
     assert v["missing"] == 401
     assert v["get"] == 405

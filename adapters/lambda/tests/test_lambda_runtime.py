@@ -276,6 +276,7 @@ def lam_app(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "LAM_DB_URL": f"sqlite:///{db}",
             "LAM_OUT": str(root / "out.jsonl"),
             "HAZE_HTTP_SECRET": SECRET,
+            "HAZE_HTTP_MAX_BODY": "10MB",
             "HAZE_SCHEDULE_CONNECTION": "database",
             "HAZE_SCHEDULE_MARGIN": "1s",
             "HAZE_SQS_MARGIN": "1s",
@@ -293,13 +294,16 @@ def lam_app(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def runtime(lam_app: dict[str, Any], handler: str) -> Iterator[RuntimeAPI]:
+def runtime(
+    lam_app: dict[str, Any], handler: str, extra_env: dict[str, str] | None = None
+) -> Iterator[RuntimeAPI]:
     """The real awslambdaric running ``handler`` against our Runtime API."""
     api = RuntimeAPI()
     log_path = lam_app["root"] / f"{handler.replace('.', '_')}.log"
     env = {
         **os.environ,
         **lam_app["env"],
+        **(extra_env or {}),
         "AWS_LAMBDA_RUNTIME_API": api.address,
         "_HANDLER": handler,
     }
@@ -637,8 +641,10 @@ def test_schedule_handler_drains_a_database_queue_within_the_deadline(
 # --------------------------------------------------------------------------- http_handler
 
 
-def _sign(raw: bytes) -> str:
-    return "sha256=" + hmac.new(SECRET.encode(), raw, hashlib.sha256).hexdigest()
+def _sign(raw: bytes, timestamp: int | None = None) -> dict[str, str]:
+    ts = str(int(time.time()) if timestamp is None else timestamp)
+    mac = hmac.new(SECRET.encode(), f"{ts}.".encode() + raw, hashlib.sha256).hexdigest()
+    return {"x-haze-timestamp": ts, "x-haze-signature": f"sha256={mac}"}
 
 
 def test_http_handler_dispatches_and_rejects(lam_app: dict[str, Any]) -> None:
@@ -666,8 +672,17 @@ def test_http_handler_dispatches_and_rejects(lam_app: dict[str, Any]) -> None:
         )
 
         signed = json.dumps({"job": "lam_ok", "payload": {"via": "hmac"}, "delay": "1s"})
-        status, data = call(signed, {"x-haze-signature": _sign(signed.encode())}, base64_body=True)
+        status, data = call(signed, _sign(signed.encode()), base64_body=True)
         assert status == 202, data
+        # a captured signed request is refused once it is over 5 minutes old
+        stale = _sign(signed.encode(), int(time.time()) - 301)
+        status, data = call(signed, stale, base64_body=True)
+        assert status == 401
+        assert "X-Haze-Timestamp" in data["error"]
+        no_time = {"x-haze-signature": _sign(signed.encode())["x-haze-signature"]}
+        status, data = call(signed, no_time, base64_body=True)
+        assert status == 401
+        assert "X-Haze-Timestamp" in data["error"]
 
         status, data = call(ok, {})
         assert status == 401
@@ -675,7 +690,7 @@ def test_http_handler_dispatches_and_rejects(lam_app: dict[str, Any]) -> None:
         status, data = call(ok, {"authorization": "Bearer wrong"})
         assert status == 403
         assert "not valid" in data["error"]
-        status, data = call(ok, {"x-haze-signature": _sign(b"another body")})
+        status, data = call(ok, _sign(b"another body"))
         assert status == 403
         assert "signature" in data["error"]
         status, data = call("{not json", bearer)
@@ -699,6 +714,24 @@ def test_http_handler_dispatches_and_rejects(lam_app: dict[str, Any]) -> None:
         assert "1048576-byte limit" in data["error"]
         status, data = call(ok, bearer, method="GET")
         assert status == 405
+        deep = '{"job": "lam_ok", "payload": ' + "[" * 200_000 + "]" * 200_000 + "}"
+        status, data = call(deep, bearer)
+        assert status == 400
+        assert "nested too deeply" in data["error"]
     # only the two accepted dispatches reached the queue
     [second] = receive_all(client, url, 5, within=4)  # the first is still invisible (30 s)
     assert json.loads(second["Body"])["payload"] == {"via": "hmac"}
+
+
+def test_a_bad_size_or_duration_setting_fails_the_boot_with_one_line(
+    lam_app: dict[str, Any],
+) -> None:
+    bearer = {"authorization": f"Bearer {SECRET}"}
+    ok = json.dumps({"job": "lam_ok", "payload": {"via": "bearer"}})
+    for name, value in (("HAZE_HTTP_MAX_BODY", "10XB"), ("HAZE_SQS_MARGIN", "soon")):
+        with runtime(lam_app, "haze_lambda.http_handler", {name: value}) as api:
+            kind, error = api.invoke(http_event(ok, bearer))
+        assert kind == "error", error
+        assert error["errorType"] == "ConfigError"
+        assert f"{name}={value!r}" in error["errorMessage"]
+        assert "\n" not in error["errorMessage"]

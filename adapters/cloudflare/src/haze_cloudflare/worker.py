@@ -54,16 +54,16 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from haze.app import App, run_in_app
-from haze.drivers.base import Reserved
 from haze.errors import ConfigError, HazeError
-from haze.message import Message, decode
 
-from . import d1 as _d1  # noqa: F401  (registers the D1 binding executor)
-from . import driver as _driver  # noqa: F401  (registers the Queue binding producer)
 from ._js import bind_env, binding, to_py
+
+if TYPE_CHECKING:  # loaded by the first invocation, not at import (cold start)
+    from haze.app import App
+    from haze.drivers.base import Reserved
+    from haze.message import Message
 
 __all__ = ["LocalResponse", "MessageDelivery", "QueueWorker"]
 
@@ -169,6 +169,8 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
         """Build the app (once per isolate): ``haze_app``, ``app_root`` or HAZE_APP_ROOT."""
         if self.haze_app is not None:
             return self.haze_app
+        from haze.app import App
+
         root = self.app_root
         if root is None:
             value = binding("HAZE_APP_ROOT")
@@ -185,6 +187,9 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
         async with lock:
             app = _apps.get(cls)
             if app is None:
+                from haze.integrations.http_dispatch import max_body
+
+                max_body()  # a bad HAZE_HTTP_MAX_BODY stops the boot with one line
                 app = self.create_app()
                 if not app._entered:
                     await app.__aenter__()
@@ -195,6 +200,7 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
         if env is None:
             env = getattr(self, "env", None)
         if env is not None:
+            _register_bindings()
             bind_env(env)
 
     # -- queue() ------------------------------------------------------------------------
@@ -257,6 +263,9 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
 
     def reserved(self, app: App, message: Any, delivery: MessageDelivery) -> tuple[Reserved, str]:
         """A ``Reserved`` for a Cloudflare message, and the haze connection it belongs to."""
+        from haze.drivers.base import Reserved
+        from haze.message import decode
+
         cf_attempts = int(to_py(getattr(message, "attempts", 1)) or 1)
         raw = to_py(message.body)
         if isinstance(raw, (bytes, bytearray, memoryview)):
@@ -303,6 +312,7 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
     async def fetch(self, request: Any, env: Any = None, ctx: Any = None) -> Any:
         """``POST {"job", "payload", "delay"?, "queue"?, "group"?}``, authenticated like
         every haze HTTP entrypoint (``haze.integrations.http_dispatch``)."""
+        from haze.app import run_in_app
         from haze.integrations.http_dispatch import dispatch_request
 
         self._bind(env)
@@ -315,7 +325,7 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
         )
         headers = {
             name: value
-            for name in ("authorization", "x-haze-signature")
+            for name in ("authorization", "x-haze-signature", "x-haze-timestamp")
             if (value := _header(request, name)) is not None
         }
         raw = b""
@@ -340,6 +350,13 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
             all_headers = {"content-type": "application/json", **(headers or {})}
             return Response(body, status=status, headers=all_headers)
         return LocalResponse(body, status)
+
+
+def _register_bindings() -> None:
+    """Let the runtime reach the Worker's Queue and D1 bindings (importing the two modules
+    registers them), on the first invocation rather than at import."""
+    from . import d1 as _d1  # noqa: F401
+    from . import driver as _driver  # noqa: F401
 
 
 def _header(request: Any, name: str) -> str | None:

@@ -5,7 +5,8 @@
 - ``haze_lambda.schedule_handler``: an EventBridge schedule; drains a ``database`` or
   ``redis`` connection for a bounded time (Lambda has no trigger for those queues).
 - ``haze_lambda.http_handler``: an API Gateway HTTP API (v2) route or function URL;
-  dispatches a named job, authenticated by a bearer token or an HMAC signature.
+  dispatches a named job, authenticated by a bearer token or an HMAC signature
+  with a timestamp (refused when over 5 minutes old).
 
 Each boots the app at ``HAZE_APP_ROOT`` (or the bundled app) once per execution
 environment and runs on one persistent event loop (see ``haze_lambda._boot``).
@@ -15,9 +16,38 @@ environment and runs on one persistent event loop (see ``haze_lambda._boot``).
 
 from __future__ import annotations
 
-from ._boot import app_root, boot, reset, run
-from .http import http_handler
-from .schedule import schedule_handler
-from .sqs import sqs_handler
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._boot import app_root, boot, reset, run
+    from .http import http_handler
+    from .schedule import schedule_handler
+    from .sqs import sqs_handler
 
 __all__ = ["app_root", "boot", "http_handler", "reset", "run", "schedule_handler", "sqs_handler"]
+
+# A Lambda handler string names one of these; only its module (and what it uses) is
+# loaded, on first access (cold start).
+_LAZY = {
+    "app_root": "_boot",
+    "boot": "_boot",
+    "reset": "_boot",
+    "run": "_boot",
+    "http_handler": "http",
+    "schedule_handler": "schedule",
+    "sqs_handler": "sqs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -28,12 +28,12 @@ import os
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from haze import App
-from haze.app import run_in_app
+if TYPE_CHECKING:  # loaded by the first invocation, not at import (cold start)
+    from haze import App
 
-__all__ = ["app_root", "boot", "reset", "run"]
+__all__ = ["app_root", "boot", "check_settings", "reset", "run"]
 
 T = TypeVar("T")
 
@@ -62,12 +62,28 @@ def app_root() -> Path:
     )
 
 
+def check_settings() -> None:
+    """Read every size, duration and number setting of the environment once, so that a
+    bad value fails the boot with one line naming it, not each invocation later."""
+    from haze._env import env_duration
+    from haze.config import env
+    from haze.integrations.http_dispatch import max_body
+
+    max_body()
+    for name in ("HAZE_SQS_MARGIN", "HAZE_SCHEDULE_MARGIN", "HAZE_SCHEDULE_MAX_TIME"):
+        env_duration(name, 0.0)
+    env("HAZE_SCHEDULE_CONCURRENCY", 0)
+
+
 def boot(root: str | os.PathLike[str] | None = None) -> App:
     """The app of this process, built and entered on first use (on the process's loop)."""
     with _lock:
         app: App | None = _state.get("app")
         if app is not None and _state.get("pid") == os.getpid():
             return app
+        check_settings()
+        from haze.app import App
+
         path = Path(root) if root is not None else app_root()
         loop = asyncio.new_event_loop()
         app = App(root=path)
@@ -81,6 +97,8 @@ def run(fn: Callable[[App], Awaitable[T]]) -> T:
     with _lock:
         app = boot()
         loop: asyncio.AbstractEventLoop = _state["loop"]
+
+        from haze.app import run_in_app
 
         async def pinned() -> T:
             return await run_in_app(app, lambda: fn(app))

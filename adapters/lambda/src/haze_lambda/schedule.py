@@ -21,6 +21,9 @@ constant input may also put them at the top level), else the environment:
 - ``concurrency`` / ``HAZE_SCHEDULE_CONCURRENCY``: default: the connection's
 - ``HAZE_SCHEDULE_MARGIN``: time kept back before the deadline, default ``10s``
 
+The environment's values are read when the function boots: a bad one fails the boot with
+one line naming the variable and its value.
+
 The response counts what ran: ``{"connection", "queues", "processed", "outcomes":
 {"done": n, "retry": n, ...}, "max_time", "stopped": "empty" | "time"}``.
 """
@@ -29,11 +32,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from haze import App
+from haze._env import env_duration
+from haze.config import env
 from haze.durations import parse_duration
-from haze.worker import Worker
+
+if TYPE_CHECKING:  # loaded on the first invocation, not at import (cold start)
+    from haze import App
 
 from ._boot import run
 
@@ -48,11 +54,13 @@ def _setting(event: dict[str, Any], key: str) -> Any:
         return detail[key]
     if event.get(key) is not None:
         return event[key]
-    return os.environ.get(f"HAZE_SCHEDULE_{key.upper()}") or None
+    return None
 
 
 async def _drain(app: App, event: dict[str, Any], context: Any) -> dict[str, Any]:
-    connection = app.connection_name(_setting(event, "connection"))
+    connection = app.connection_name(
+        _setting(event, "connection") or os.environ.get("HAZE_SCHEDULE_CONNECTION") or None
+    )
     kind = app.queue_config.connections[connection]["driver"]
     if kind not in _DRAINABLE:
         raise ValueError(
@@ -60,12 +68,18 @@ async def _drain(app: App, event: dict[str, Any], context: Any) -> dict[str, Any
             f'"{connection}" uses the {kind} driver (an sqs connection uses sqs_handler, a '
             "memory or sync connection has nothing to drain from Lambda)"
         )
-    queues = _setting(event, "queues")
+    queues = _setting(event, "queues") or os.environ.get("HAZE_SCHEDULE_QUEUES") or None
     if isinstance(queues, str):
         queues = [q.strip() for q in queues.split(",") if q.strip()]
     configured = _setting(event, "max_time")
-    cap = parse_duration(configured, "max_time") if configured is not None else None
-    margin = parse_duration(os.environ.get("HAZE_SCHEDULE_MARGIN", "10s"), "HAZE_SCHEDULE_MARGIN")
+    cap: float | None = (
+        parse_duration(configured, "max_time")
+        if configured is not None
+        else env_duration("HAZE_SCHEDULE_MAX_TIME", -1.0)
+    )
+    if cap is not None and cap < 0:
+        cap = None
+    margin = env_duration("HAZE_SCHEDULE_MARGIN", 10.0)
     budget = cap
     get_remaining = getattr(context, "get_remaining_time_in_millis", None)
     if get_remaining is not None:
@@ -82,13 +96,20 @@ async def _drain(app: App, event: dict[str, Any], context: Any) -> dict[str, Any
         result["stopped"] = "time"
         return result
     driver = app.driver(connection)
-    concurrency = int(_setting(event, "concurrency") or getattr(driver, "concurrency", 1) or 1)
+    concurrency = int(
+        _setting(event, "concurrency")
+        or env("HAZE_SCHEDULE_CONCURRENCY", 0)
+        or getattr(driver, "concurrency", 1)
+        or 1
+    )
     outcomes: dict[str, int] = {}
 
     def on_job(job: Any, outcome: str, seconds: float) -> None:
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
 
     started = time.monotonic()
+    from haze.worker import Worker
+
     worker = Worker(
         app, connection, queues, concurrency, max_time=budget, stop_when_empty=True, on_job=on_job
     )

@@ -40,12 +40,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from haze import App
-from haze.drivers.base import FailedJob, Reserved
-from haze.drivers.sqs import SqsDriver
-from haze.durations import parse_duration
+from haze._env import env_duration
+
+if TYPE_CHECKING:  # loaded on the first invocation, not at import (cold start)
+    from haze import App
+    from haze.drivers.base import FailedJob, Reserved
+    from haze.drivers.sqs import SqsDriver
 
 from ._boot import run
 
@@ -91,6 +93,8 @@ def _connection_for(app: App, arn: str) -> tuple[SqsDriver, str]:
         if named
         else [n for n, c in app.queue_config.connections.items() if c.get("driver") == "sqs"]
     )
+    from haze.drivers.sqs import SqsDriver
+
     for name in candidates:
         driver = app.driver(name)
         if not isinstance(driver, SqsDriver):
@@ -117,7 +121,7 @@ def _remaining(context: Any) -> float | None:
 
 async def _handle(app: App, event: dict[str, Any], context: Any) -> dict[str, Any]:
     records: list[dict[str, Any]] = list(event.get("Records") or [])
-    margin = parse_duration(os.environ.get("HAZE_SQS_MARGIN", "5s"), "HAZE_SQS_MARGIN")
+    margin = env_duration("HAZE_SQS_MARGIN", 5.0)
     loop = asyncio.get_running_loop()
     remaining = _remaining(context)
     deadline = None if remaining is None else loop.time() + remaining - margin

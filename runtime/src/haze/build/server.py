@@ -46,7 +46,8 @@ APP_PY = '''\
     uvicorn app:app --host 0.0.0.0 --port 8000
 
 POST /dispatch dispatches a job ({{"job": ..., "payload": ...}}; Authorization: Bearer
-$HAZE_HTTP_SECRET or X-Haze-Signature), GET /health reports the queue connection.
+$HAZE_HTTP_SECRET, or X-Haze-Timestamp and X-Haze-Signature: see
+haze.integrations.http_dispatch), GET /health reports the queue connection.
 With run_in_server in config/queue.py, a queue worker starts with the server and drains
 (finishes its running jobs) when the server shuts down on SIGTERM.
 """

@@ -12,8 +12,9 @@ with a consumer running somewhere else; Vercel has no queue trigger).
 
 The function answers like ``haze_lambda.http_handler`` (see
 :mod:`haze.integrations.http_dispatch`): ``POST`` a JSON body ``{"job", "payload",
-"delay", "queue", "group"}`` with ``Authorization: Bearer $HAZE_HTTP_SECRET`` or an
-``X-Haze-Signature`` HMAC; 202 with the job id.
+"delay", "queue", "group"}`` with ``Authorization: Bearer $HAZE_HTTP_SECRET`` or a
+signed request (``X-Haze-Timestamp`` and an ``X-Haze-Signature`` HMAC of
+``"{timestamp}.{body}"``, refused when over 5 minutes old); 202 with the job id.
 
 The default connection must be one another process consumes (``redis``, ``database``,
 ``sqs`` or ``cloudflare``): a ``sync`` job would run inside the request and a ``memory``
@@ -47,7 +48,8 @@ DISPATCH_PY = '''\
 """The Vercel function made by `haze build --preset vercel` (rebuild rather than edit).
 
 POST /api/dispatch with {{"job": "...", "payload": ...}} and Authorization: Bearer
-$HAZE_HTTP_SECRET (or X-Haze-Signature: sha256=<HMAC of the body>) dispatches the job to
+$HAZE_HTTP_SECRET (or X-Haze-Timestamp and X-Haze-Signature: sha256=<HMAC of
+"{{timestamp}}.{{body}}">, see haze.integrations.http_dispatch) dispatches the job to
 the app's default connection; a worker elsewhere (`haze queue:work`) runs it.
 """
 

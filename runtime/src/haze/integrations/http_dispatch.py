@@ -14,22 +14,36 @@ Request: ``POST`` with a JSON object body::
 Authentication, with the secret in ``HAZE_HTTP_SECRET`` (compared in constant time):
 
 - ``Authorization: Bearer <secret>``, or
-- ``X-Haze-Signature: sha256=<hex HMAC-SHA256 of the raw body, keyed with the secret>``
-  (the secret itself never travels; a captured request can be replayed, so put a nonce
-  or a unique key in the payload when that matters).
+- a signed request, so that the secret itself never travels::
+
+      X-Haze-Timestamp: <unix seconds>
+      X-Haze-Signature: sha256=<hex HMAC-SHA256 of "{timestamp}.{raw body}", keyed with
+                        the secret>
+
+  A timestamp more than 5 minutes from the server's clock (either way) is refused, so
+  a captured request stops working 5 minutes after it was signed. :func:`signed_headers`
+  makes both headers. Within those minutes a replay is still accepted: give the job a
+  ``unique`` key when a second copy would matter.
+
+Settings are read when the entrypoint starts (a bad value stops it with one line):
+``HAZE_HTTP_SECRET``, ``HAZE_HTTP_JOBS`` and ``HAZE_HTTP_MAX_BODY`` (bytes, or a size
+such as ``10MB``, ``512KiB``, ``1GiB``; KB = 1000 bytes, KiB = 1024).
 
 Responses (JSON, ``{"error": "..."}`` on failure):
 
 =====  ==============================================================================
 202    ``{"id": ..., "job": ..., "skipped": bool, "deferred": bool}``
-400    the body is not JSON, not an object, has no "job", an unknown key, a bad delay
-401    no credentials (``WWW-Authenticate: Bearer``)
+400    the body is not JSON (or nested too deeply), not an object, has no "job", an
+       unknown key, a bad delay
+401    no credentials (``WWW-Authenticate: Bearer``), or a signature without a valid
+       ``X-Haze-Timestamp`` within 5 minutes
 403    wrong bearer token or signature
 404    no job by that name (or not in ``HAZE_HTTP_JOBS``, a comma-separated allowlist)
 405    not a POST
 413    the message is over the connection's size limit (or the body over
        ``HAZE_HTTP_MAX_BODY``, default 10 MiB)
-500    ``HAZE_HTTP_SECRET`` is not set, or the queue connection is misconfigured
+500    ``HAZE_HTTP_SECRET`` is not set, ``HAZE_HTTP_MAX_BODY`` is not a size, or the
+       queue connection is misconfigured
 =====  ==============================================================================
 """
 
@@ -41,10 +55,13 @@ import hmac
 import json
 import logging
 import os
+import re
+import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._env import env_size
 from ..errors import ConfigError, DelayTooLongError, PayloadTooLargeError, UnknownJobError
 
 if TYPE_CHECKING:
@@ -58,6 +75,7 @@ __all__ = [
     "check_secret",
     "dispatch_request",
     "max_body",
+    "signed_headers",
 ]
 
 log = logging.getLogger("haze.http")
@@ -66,6 +84,9 @@ log = logging.getLogger("haze.http")
 KEYS = frozenset({"job", "payload", "delay", "queue", "group"})
 
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
+
+#: How far (seconds, either way) a signed request's ``X-Haze-Timestamp`` may be from now.
+MAX_SKEW = 300
 
 
 @dataclass
@@ -84,13 +105,61 @@ class DispatchResponse:
         return {"content-type": "application/json", **self.headers}
 
 
+#: The deepest JSON nesting a body may have. Parsing deeper JSON recurses: CPython raises
+#: RecursionError, and Pyodide (a Cloudflare Worker) can overflow the JS stack and abort.
+MAX_NESTING = 200
+
+_TOO_DEEP = (
+    f"the body is nested too deeply (more than {MAX_NESTING} levels of arrays/objects); "
+    "send a flatter payload (ids instead of data)"
+)
+_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+
+
+def _too_deep(raw: bytes) -> bool:
+    """True when ``raw`` nests arrays/objects more than MAX_NESTING deep, without
+    recursing. Strings are skipped whole, so brackets inside them do not count."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_NESTING:
+        return False
+    depth = 0
+    for m in _TOKENS.finditer(raw):
+        token = m.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth > MAX_NESTING:
+                return True
+        elif token in (b"]", b"}"):
+            depth -= 1
+    return False
+
+
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> DispatchResponse:
     return DispatchResponse(status, {"error": message}, headers or {})
 
 
 def max_body() -> int:
-    """The largest body accepted, in bytes (``HAZE_HTTP_MAX_BODY``, default 10 MiB)."""
-    return int(os.environ.get("HAZE_HTTP_MAX_BODY") or DEFAULT_MAX_BODY)
+    """The largest body accepted, in bytes (``HAZE_HTTP_MAX_BODY``, default 10 MiB).
+
+    Raises ``ConfigError`` naming the variable and its value when it is not a size; each
+    entrypoint calls it when it starts, so that error stops it there.
+    """
+    return env_size("HAZE_HTTP_MAX_BODY", DEFAULT_MAX_BODY)
+
+
+def signed_headers(raw: bytes, secret: str, *, timestamp: int | None = None) -> dict[str, str]:
+    """The ``X-Haze-Timestamp`` and ``X-Haze-Signature`` headers of a signed dispatch.
+
+    ``raw`` is the exact body sent; ``timestamp`` defaults to now (a signature is
+    accepted for 5 minutes either side of it).
+
+    >>> body = b'{"job": "send_invoice", "payload": {"invoice_id": 42}}'
+    >>> headers = signed_headers(body, "my-secret", timestamp=1764433200)
+    >>> headers["x-haze-signature"][:7]
+    'sha256='
+    """
+    ts = str(int(time.time()) if timestamp is None else int(timestamp))
+    mac = hmac.new(secret.encode(), ts.encode() + b"." + raw, hashlib.sha256)
+    return {"x-haze-timestamp": ts, "x-haze-signature": f"sha256={mac.hexdigest()}"}
 
 
 def too_large(size: int, limit: int | None = None) -> DispatchResponse:
@@ -138,15 +207,32 @@ def authorize(headers: Mapping[str, str], raw: bytes, secret: str) -> DispatchRe
     if signature:
         algorithm, _, given = signature.strip().partition("=")
         if algorithm.lower() != "sha256" or not given:
-            return _error(401, 'X-Haze-Signature must be "sha256=<hex HMAC of the body>"')
-        expected = hmac.new(secret.encode(), raw, hashlib.sha256).hexdigest()
-        if hmac.compare_digest(given.strip().lower().encode(), expected.encode()):
+            return _error(401, 'X-Haze-Signature must be "sha256=<hex HMAC of {timestamp}.{body}>"')
+        stamp = (headers.get("x-haze-timestamp") or "").strip()
+        if not stamp:
+            return _error(
+                401,
+                "a signed request needs X-Haze-Timestamp: <unix seconds>, and the signature "
+                'covers "{timestamp}.{body}"',
+            )
+        if not stamp.isdigit():
+            return _error(401, f"X-Haze-Timestamp must be whole Unix seconds, got {stamp!r}")
+        skew = int(stamp) - time.time()
+        if abs(skew) > MAX_SKEW:
+            return _error(
+                401,
+                f"X-Haze-Timestamp is {abs(skew):.0f}s {'ahead of' if skew > 0 else 'behind'} "
+                "the server's clock; a signed request is accepted for 5 minutes either way "
+                "(sign each request when it is sent)",
+            )
+        expected = signed_headers(raw, secret, timestamp=int(stamp))["x-haze-signature"]
+        if hmac.compare_digest(f"sha256={given.strip().lower()}".encode(), expected.encode()):
             return None
-        return _error(403, "the body signature does not match")
+        return _error(403, "the signature does not match the timestamp and body")
     return _error(
         401,
-        "authentication required: send Authorization: Bearer <token> or "
-        "X-Haze-Signature: sha256=<hmac>",
+        "authentication required: send Authorization: Bearer <token>, or X-Haze-Timestamp "
+        "and X-Haze-Signature: sha256=<hmac>",
         {"www-authenticate": "Bearer"},
     )
 
@@ -174,16 +260,24 @@ async def dispatch_request(
     refused = check_method(method) or check_secret(where, secret)
     if refused is not None:
         return refused
-    limit = max_body()
+    try:
+        limit = max_body()
+    except ConfigError as e:
+        log.error("%s: %s", where, e)
+        return _error(500, f"the dispatch endpoint is misconfigured: {e}")
     if len(raw) > limit:
         return too_large(len(raw), limit)
     denied = authorize(headers, raw, secret)
     if denied is not None:
         return denied
+    if _too_deep(raw):
+        return _error(400, _TOO_DEEP)
     try:
         data = json.loads(raw)
     except ValueError as e:
         return _error(400, f"the body is not valid JSON: {e}")
+    except RecursionError:
+        return _error(400, _TOO_DEEP)
     if not isinstance(data, dict):
         return _error(400, f"the body must be a JSON object, got {type(data).__name__}")
     unknown = sorted(set(data) - KEYS)
@@ -224,6 +318,10 @@ async def dispatch_request(
         return _error(500, f"the queue connection is misconfigured: {e}")
     except (DelayTooLongError, TypeError, ValueError) as e:
         return _error(400, str(e))
+    except RecursionError:
+        # json.loads has a lower depth limit than encoding the message: a payload just
+        # under it can still be too deep to encode.
+        return _error(400, _TOO_DEEP)
     return DispatchResponse(
         202, {"id": result.id, "job": name, "skipped": result.skipped, "deferred": result.deferred}
     )
@@ -259,6 +357,7 @@ class DispatchApp:
     ) -> None:
         if (app is None) == (root is None):
             raise TypeError("DispatchApp needs exactly one of app= or root=")
+        max_body()  # a bad HAZE_HTTP_MAX_BODY stops the server here, not every request
         self._fixed = app
         self._root = root
         self._per_loop: tuple[asyncio.AbstractEventLoop, App] | None = None
