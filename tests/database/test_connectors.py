@@ -351,6 +351,7 @@ def test_new_event_loop_gets_a_new_pool(backend: str, url: str) -> None:
 
 
 async def test_migrate_applies_the_queue_tables_once(url: str, table: str, tmp_path: Path) -> None:
+    (tmp_path / "config").mkdir()  # an app root holds config/ or app/
     app = App(root=tmp_path, **_app_config(url, table))
     async with app:
         path = migrations.make_queue_tables(app)

@@ -627,6 +627,7 @@ async def test_encrypted_payload_is_not_stored_in_plaintext(db_url: str) -> None
 async def test_make_queue_tables_and_migrate_are_idempotent(db_url: str, tmp_path: Path) -> None:
     n = next(_names)
     jobs, failed = f"dbx_mig_jobs_{os.getpid()}_{n}", f"dbx_mig_failed_{os.getpid()}_{n}"
+    (tmp_path / "config").mkdir()  # an app root holds config/ or app/
     app = App(
         root=tmp_path,
         queue=define_queue_config(

@@ -171,14 +171,9 @@ class QueueTablesMissingError(HazeError):
         the queue tables are missing on database "main": run haze db:migrate
     """
 
-    def __init__(self, database: str, *, migration_written: bool = True):
+    def __init__(self, database: str, run: str = "haze db:migrate"):
         self.database = database
-        todo = (
-            "run haze db:migrate"
-            if migration_written
-            else "run haze make:queue-tables, then haze db:migrate"
-        )
-        super().__init__(f'the queue tables are missing on database "{database}": {todo}')
+        super().__init__(f'the queue tables are missing on database "{database}": run {run}')
 
 
 class AmbiguousIdError(HazeError, LookupError):

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .errors import HazeError, QueueTablesMissingError
+
 if TYPE_CHECKING:
     from .app import App
     from .drivers import Driver, Reserved
@@ -91,6 +93,8 @@ class Worker:
         self._started_wall = 0.0
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._beating = False
+        #: A setup error no retry can cure (missing queue tables): run() raises it.
+        self._fatal: HazeError | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -126,6 +130,8 @@ class Worker:
             self.start()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._stop_heartbeat()
+        if self._fatal is not None:
+            raise self._fatal
         return self.processed
 
     def _stop_heartbeat(self) -> None:
@@ -227,6 +233,11 @@ class Worker:
                 task.uncancel()
                 return None
             raise
+        except QueueTablesMissingError as e:
+            # Not an outage: waiting cannot create the tables. Stop and say what to run.
+            self._fatal = e
+            self.request_stop()
+            return None
         except Exception as e:
             # The backend is down or unreachable: keep the worker alive and retry with
             # backoff; nothing is lost (claimed rows come back after retry_after).

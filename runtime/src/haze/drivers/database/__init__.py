@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import functools
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from ...database.sqlfiles import sql_blocks
-from ...errors import ConfigError, DatabaseConnectionError
+from ...errors import ConfigError, DatabaseConnectionError, QueueTablesMissingError
 from ...message import MAX_MESSAGE_SIZE, Message, decode
 from ..base import FailedJob, Reserved
 
@@ -63,6 +64,36 @@ def schema_sql(dialect: str, jobs: str = "jobs", failed: str = "failed_jobs") ->
 
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _missing_table(e: BaseException) -> bool:
+    """The backend's "no such table": PostgreSQL's SQLSTATE 42P01, MySQL/MariaDB's error
+    1146, and the text SQLite, libSQL and D1 answer with."""
+    if getattr(e, "sqlstate", None) == "42P01":
+        return True
+    args = getattr(e, "args", ())
+    if args and args[0] == 1146:
+        return True
+    return "no such table" in str(e)
+
+
+def _needs_tables(fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, Coroutine[Any, Any, _R]]:
+    """Turn the backend's "no such table" into one line telling the user what to run."""
+
+    @functools.wraps(fn)
+    async def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return await fn(*args, **kwargs)
+        except Exception as e:
+            if not _missing_table(e):
+                raise
+            owner: Any = args[0]
+            driver: DatabaseDriver = getattr(owner, "_d", owner)
+            raise driver.tables_missing() from None
+
+    return call
 
 
 class _FailedJobs:
@@ -95,6 +126,7 @@ class _FailedJobs:
             body=body,
         )
 
+    @_needs_tables
     async def record(self, job: FailedJob) -> None:
         d = self._d
         await d.db.execute(
@@ -102,6 +134,7 @@ class _FailedJobs:
             (job.id, job.connection, job.queue, job.body, job.exception, job.failed_at),
         )
 
+    @_needs_tables
     async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
         d = self._d
         if queue is None:
@@ -110,13 +143,16 @@ class _FailedJobs:
             rows = await d.db.fetchall(d.sql["failed_list_queue"], (queue,))
         return [self._row(r) for r in rows]
 
+    @_needs_tables
     async def find(self, id: str) -> FailedJob | None:
         row = await self._d.db.fetchone(self._d.sql["failed_find"], (id,))
         return None if row is None else self._row(row)
 
+    @_needs_tables
     async def forget(self, id: str) -> bool:
         return await self._d.db.execute(self._d.sql["failed_forget"], (id,)) > 0
 
+    @_needs_tables
     async def flush(self, older_than: float | None = None) -> int:
         d = self._d
         if older_than is None:
@@ -177,6 +213,26 @@ class DatabaseDriver:
             self._sql = load_sql(self.dialect, self.table, self.failed_table)
         return self._sql
 
+    def tables_missing(self) -> QueueTablesMissingError:
+        """The error for this connection's missing tables, naming the command to run."""
+        from ...database.migrations import MIGRATIONS_DIR
+
+        root = self.app.root
+        written = root is not None and any(
+            (root / MIGRATIONS_DIR).glob(
+                f"*_create_{self.table}_and_{self.failed_table}_tables.sql"
+            )
+        )
+        migrate = "haze db:migrate"
+        if self._db_name != self.app.database_config.default:
+            migrate += f" --database {self._db_name}"
+        if not written:
+            connection = (
+                "" if self.name == self.app.queue_config.default else f" --connection {self.name}"
+            )
+            migrate = f"haze make:queue-tables{connection}, then {migrate}"
+        return QueueTablesMissingError(self._db_name, migrate)
+
     def _token(self) -> float:
         """A reserved_at value unique to this process's claims (the ownership token)."""
         now = time.time()
@@ -194,6 +250,7 @@ class DatabaseDriver:
 
     # -- producer -----------------------------------------------------------------
 
+    @_needs_tables
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         now = time.time()
         await self.db.execute(
@@ -201,6 +258,7 @@ class DatabaseDriver:
         )
         self._notify(message.queue)
 
+    @_needs_tables
     async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
         if not items:
             return
@@ -275,6 +333,7 @@ class DatabaseDriver:
             message, error = None, e
         return Reserved(message, int(attempts), body, queue, (row_id, reserved_at), error)
 
+    @_needs_tables
     async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
         # No queues given (Worker(queues=None)): the connection's ``queues``, as queue:work does.
         queues = queues or self.options.get("queues") or ["default"]
@@ -310,10 +369,12 @@ class DatabaseDriver:
         if self._wakeup is not None:
             self._wakeup.set()
 
+    @_needs_tables
     async def ack(self, job: Reserved) -> None:
         row_id, reserved_at = job.token
         await self.db.execute(self.sql["ack"], (row_id, reserved_at))
 
+    @_needs_tables
     async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:
         row_id, reserved_at = job.token
         if consume_attempt:
@@ -330,6 +391,7 @@ class DatabaseDriver:
             )
         self._notify(job.queue)
 
+    @_needs_tables
     async def fail(self, job: Reserved, failed: FailedJob) -> None:
         row_id, reserved_at = job.token
         async with self.db.transaction(immediate=True) as tx:
@@ -356,10 +418,12 @@ class DatabaseDriver:
 
     # -- inspection ---------------------------------------------------------------
 
+    @_needs_tables
     async def size(self, queue: str) -> int:
         row = await self.db.fetchone(self.sql["size"], (queue,))
         return int(row[0]) if row else 0
 
+    @_needs_tables
     async def purge(self, queue: str) -> int:
         return await self.db.execute(self.sql["purge"], (queue,))
 
