@@ -238,3 +238,106 @@ async def test_keys_are_independent(store):
     assert await store.add("k:b", 2, 60) is True
     await store.increment("k:c")
     assert await store.get_many(["k:a", "k:b", "k:c"]) == [1, 2, 1]
+
+
+# --------------------------------------------------------------------------- settle_batch_job
+# One job of a batch counted in one atomic step (haze.batches): the per-job marker, the
+# processed/failed counters and the pending decrement never exist one without the other.
+
+B = "haze:batch:contract"
+
+
+async def _batch(store: Store, pending: int) -> None:
+    await store.put(f"{B}:pending", pending, 60)
+
+
+async def _counters(store: Store) -> dict[str, Any]:
+    names = ("pending", "processed", "failed", "cancelled", "recovered")
+    values = await store.get_many([f"{B}:{n}" for n in names])
+    return dict(zip(names, values, strict=True))
+
+
+async def test_settle_batch_job_counts_a_job_once(store):
+    await _batch(store, 2)
+    first = await store.settle_batch_job(B, "j1", "done", now=1.0, ttl=60)
+    assert first == (True, 1, "done")
+    again = await store.settle_batch_job(B, "j1", "done", now=1.0, ttl=60)
+    assert again == (False, 1, "done")
+    assert await store.get(f"{B}:done:j1") == "done"
+    assert await _counters(store) == {
+        "pending": 1,
+        "processed": 1,
+        "failed": None,
+        "cancelled": None,
+        "recovered": None,
+    }
+    assert 0 < (await store.ttl(f"{B}:processed") or 0) <= 60
+    assert 0 < (await store.ttl(f"{B}:done:j1") or 0) <= 60
+
+
+async def test_settle_batch_job_failed_records_the_job_and_cancels(store):
+    await _batch(store, 3)
+    assert await store.settle_batch_job(B, "j1", "failed", cancel=True, now=5.5, ttl=60) == (
+        True,
+        2,
+        "failed",
+    )
+    assert await store.settle_batch_job(B, "j2", "failed", cancel=True, now=9.0, ttl=60) == (
+        True,
+        1,
+        "failed",
+    )
+    c = await _counters(store)
+    assert (c["pending"], c["processed"], c["failed"]) == (1, None, 2)
+    assert c["cancelled"] == 5.5, "the first failure cancels; a later one keeps that time"
+    assert await store.get_many([f"{B}:failed:1", f"{B}:failed:2"]) == ["j1", "j2"]
+    # a skipped job (the batch was cancelled) counts as processed
+    assert await store.settle_batch_job(B, "j3", "skipped", count=1, ttl=60) == (True, 0, "skipped")
+    assert (await _counters(store))["processed"] == 1
+
+
+async def test_settle_batch_job_failed_then_retried_moves_to_processed_once(store):
+    await _batch(store, 1)
+    await store.settle_batch_job(B, "j1", "failed", ttl=60)
+    for _ in range(2):  # the retried job, and a redelivery of it
+        assert await store.settle_batch_job(B, "j1", "done", ttl=60) == (False, 0, "failed")
+    c = await _counters(store)
+    assert (c["pending"], c["processed"], c["failed"], c["recovered"]) == (0, 1, 1, 1)
+    assert await store.get(f"{B}:recovered:j1") is not None
+    # a job counted done that ends failed on a redelivery stays done
+    await _batch(store, 1)
+    await store.settle_batch_job(B, "j2", "done", ttl=60)
+    assert await store.settle_batch_job(B, "j2", "failed", cancel=True, ttl=60) == (
+        False,
+        0,
+        "done",
+    )
+    assert (await _counters(store))["failed"] == 1
+
+
+async def test_settle_batch_job_counts_several(store):
+    await _batch(store, 5)
+    assert await store.settle_batch_job(B, "j1:rest", "skipped", count=3, ttl=60) == (
+        True,
+        2,
+        "skipped",
+    )
+    assert await store.settle_batch_job(B, "j1:rest", "skipped", count=3, ttl=60) == (
+        False,
+        2,
+        "skipped",
+    )
+    assert (await _counters(store))["processed"] == 3
+
+
+async def test_settle_batch_job_is_atomic_under_concurrency(store):
+    n = 40
+    await _batch(store, n)
+    # every job settled twice at once (a redelivery racing the first run)
+    calls = [store.settle_batch_job(B, f"j{i % n}", "done", ttl=60) for i in range(2 * n)]
+    results = await asyncio.gather(*calls)
+    counted = [r for r in results if r.counted]
+    assert len(counted) == n, "each job counted exactly once"
+    assert sorted(r.pending for r in counted) == list(range(n)), "every decrement seen once"
+    c = await _counters(store)
+    assert (c["pending"], c["processed"]) == (0, n)

@@ -4,13 +4,16 @@
 >>> #     .then(notify.with_({"user": 1})).dispatch()
 
 State lives in ``batches.store`` (keys ``haze:batch:<id>…``, kept ``batches.ttl``):
-a record, atomic counters (total, pending, processed, failed) and once-markers.
-A job is counted once (a per-job marker guards against redelivery); a failed job that
-is retried (``queue:retry``/``queue:retry-batch``) and then succeeds moves from failed
-to processed, once (a ``recovered`` counter and marker). The worker whose
-decrement brings ``pending`` to zero ``add()``s the finished marker; only the worker
-whose ``add`` succeeds runs ``then``/``finally``, so they run once among any number
-of workers. ``catch`` runs once, guarded the same way.
+a record, counters (total, pending, processed, failed) and once-markers.
+A job is counted in one atomic store step (``Store.settle_batch_job``: its per-job
+marker, processed/failed and the ``pending`` decrement together), so a redelivered job
+is counted once; a failed job that is retried (``queue:retry``/``queue:retry-batch``)
+and then succeeds moves from failed to processed, once. Any job that finds ``pending``
+at zero, a redelivered one included, drives the finish: each callback is dispatched
+with a claim key derived from the batch id and its kind, then marked dispatched, and
+the ``finished`` marker comes last. A crash anywhere in between is completed by the
+redelivery, and a second dispatch of a callback is a no-op: only the first message
+to claim its key runs. So ``then``/``finally`` and ``catch`` run once.
 """
 
 from __future__ import annotations
@@ -257,9 +260,9 @@ class PendingBatch:
         jobs: list[Any] = []
         for item in self.jobs:
             if isinstance(item, list):
-                jobs.append({"chain": [p.to_link() for p in item]})
+                jobs.append({"chain": [p.to_link(manager.app) for p in item]})
             else:
-                jobs.append(item.to_link())
+                jobs.append(item.to_link(manager.app))
         return {
             "name": self._name,
             "jobs": jobs,
@@ -302,9 +305,9 @@ async def dispatch_spec(
     items: list[PendingDispatch[Any] | list[PendingDispatch[Any]]] = []
     for j in spec["jobs"]:
         if "chain" in j:
-            items.append([link_to_pending(x) for x in j["chain"]])
+            items.append([link_to_pending(x, manager.app) for x in j["chain"]])
         else:
-            items.append(link_to_pending(j))
+            items.append(link_to_pending(j, manager.app))
     total = sum(len(i) if isinstance(i, list) else 1 for i in items)
     options = {
         "connection": spec["connection"],
@@ -368,7 +371,7 @@ async def _dispatch_items(
             if isinstance(item, list):
                 links = []
                 for p in item:
-                    link = p.to_link()
+                    link = p.to_link(manager.app)
                     if queue and "queue" not in link:
                         link["queue"] = queue
                     if conn and "connection" not in link:
@@ -594,15 +597,6 @@ async def claim_once(manager: QueueManager, key: str, owner: str) -> bool:
     if await store.add(key, owner, ttl):
         return True
     return bool(await store.get(key) == owner)
-
-
-async def skip_links(manager: QueueManager, batch_id: str, n: int, job_id: str) -> None:
-    """Links of a failed chain inside a batch will never run: count them as skipped."""
-    store = _store(manager)
-    record = await store.get(_key(batch_id))
-    if record is None or n <= 0:
-        return
-    await _count(manager, store, record, f"{job_id}:rest", "skipped", n)
 
 
 async def _run(

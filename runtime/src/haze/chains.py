@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._blocking import blocking_method
-from .durations import Duration, parse_duration
+from .durations import Duration, check_delay, parse_duration
 from .jobs import DispatchResult, JobDefinition, PendingDispatch
-from .message import Message, new_id
+from .message import Message, check_queue_name, new_id
 
 if TYPE_CHECKING:
     from .batches import PendingBatch
@@ -57,12 +57,12 @@ class PendingChain:
         return self
 
     def on_queue(self, queue: str) -> PendingChain:
-        self._queue = queue
+        self._queue = check_queue_name(queue, "chain on_queue")
         return self
 
     def delay(self, delay: Duration) -> PendingChain:
         """Delay the first link."""
-        self._delay = parse_duration(delay, "chain delay")
+        self._delay = check_delay(parse_duration(delay, "chain delay"), "chain delay")
         return self
 
     def catch(self, callback: Any) -> PendingChain:
@@ -160,7 +160,7 @@ def link_of(
 
     if isinstance(item, PendingBatch):
         return {"batch": item.to_spec(manager, connection or default_connection)}
-    link = item.to_link()
+    link = item.to_link(manager.app)
     if queue is not None and "queue" not in link:
         link["queue"] = queue
     if connection is not None and "connection" not in link:
@@ -176,8 +176,11 @@ async def start_links(
     *,
     batch_id: str | None,
     attempts: int = 0,
+    id: str | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> DispatchResult:
-    """Dispatch ``links[0]`` carrying the rest of the chain."""
+    """Dispatch ``links[0]`` carrying the rest of the chain (as message ``id`` when given,
+    with ``meta`` when it is a job)."""
     from .manager import link_to_pending
 
     head, rest = links[0], links[1:]
@@ -192,7 +195,9 @@ async def start_links(
             spec = head["batch"]
             pb = PendingBatch(
                 [
-                    [link_to_pending(x) for x in j["chain"]] if "chain" in j else link_to_pending(j)
+                    [link_to_pending(x, manager.app) for x in j["chain"]]
+                    if "chain" in j
+                    else link_to_pending(j, manager.app)
                     for j in spec["jobs"]
                 ]
             )
@@ -207,13 +212,15 @@ async def start_links(
             manager, head["batch"], chain={"links": rest, "chain_id": chain_id, "catch": catch}
         )
         return DispatchResult(batch.id, chain_id=chain_id)
-    pending = link_to_pending(head)
+    pending = link_to_pending(head, manager.app)
     return await manager.dispatch(
         pending,
         chain=rest or None,
         chain_id=chain_id,
         chain_catch=catch,
         batch_id=batch_id,
+        id=id,
+        meta=meta,
     )
 
 
@@ -227,15 +234,25 @@ async def dispatch_next_link(manager: QueueManager, message: Message, ctx: JobCo
     if not rest:
         return
     chain_id = message.chain_id or new_id()
-    await start_links(manager, rest, chain_id, message.chain_catch, batch_id=message.batch_id)
+    # Inside a batch the next link's id derives from this one: a redelivery of this
+    # link that dispatches it again is then counted in the batch once, not twice.
+    next_id = None if message.batch_id is None else derived_id(message.id, "next")
+    await start_links(
+        manager, rest, chain_id, message.chain_catch, batch_id=message.batch_id, id=next_id
+    )
+
+
+def derived_id(base: str, what: str) -> str:
+    """A message id (32 hex characters) that is always the same for ``base`` and ``what``."""
+    import hashlib
+
+    return hashlib.blake2b(f"{base}:{what}".encode(), digest_size=16).hexdigest()
 
 
 async def chain_failed(manager: QueueManager, message: Message, error: BaseException) -> None:
     """A link failed for good: drop the rest, run the chain's catch callbacks once."""
-    if message.batch_id is not None and message.chain:
-        from .batches import skip_links
-
-        await skip_links(manager, message.batch_id, len(message.chain))
+    # Inside a batch, the links that will never run are counted when the failed job
+    # is (batches.settle), in the same crash-safe way.
     for ref in message.chain_catch or []:
         await manager.run_callback(ref, (error,), connection=message.connection)
     manager.forget_callbacks(message.chain_catch)

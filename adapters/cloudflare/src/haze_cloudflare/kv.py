@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from haze.errors import HazeError
+from haze.stores.base import BatchSettled
 
 from ._js import binding, is_nullish, to_js, to_py
 
@@ -147,6 +148,43 @@ class KVStore:
         if got is None or got[1] is None:
             return None
         return max(0.0, got[1] - time.time())
+
+    async def settle_batch_job(
+        self,
+        batch: str,
+        job: str,
+        outcome: str,
+        *,
+        count: int = 1,
+        cancel: bool = False,
+        now: float = 0.0,
+        ttl: float | None = None,
+    ) -> BatchSettled:
+        """The same steps as the atomic stores, one KV read or write at a time: a crash
+        or a second isolate in between can lose or double a count (hence the warning)."""
+        self._warn("batch counters")
+        marker = f"{batch}:done:{job}"
+        got = await self._read(marker)
+        if got is None:
+            await self._write(marker, outcome, time.time() + ttl if ttl else None)
+            if outcome == "failed":
+                n = await self.increment(f"{batch}:failed", count, ttl)
+                await self.put(f"{batch}:failed:{n}", job, ttl)
+                if cancel:
+                    await self.add(f"{batch}:cancelled", now, ttl)
+            else:
+                await self.increment(f"{batch}:processed", count, ttl)
+            pending = await self.increment(f"{batch}:pending", -count, ttl)
+            return BatchSettled(True, pending, outcome)
+        first = str(got[0])
+        if (
+            outcome == "done"
+            and first == "failed"
+            and await self.add(f"{batch}:recovered:{job}", 1, ttl)
+        ):
+            await self.increment(f"{batch}:recovered", 1, ttl)
+            await self.increment(f"{batch}:processed", 1, ttl)
+        return BatchSettled(False, int(await self.get(f"{batch}:pending") or 0), first)
 
     async def close(self) -> None:
         return None

@@ -10,9 +10,20 @@ logs a warning when it is used for locks or batches.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-__all__ = ["Store"]
+__all__ = ["BatchSettled", "Store"]
+
+
+class BatchSettled(NamedTuple):
+    """What ``Store.settle_batch_job`` did."""
+
+    #: True when this call counted the job; False when it had been counted already.
+    counted: bool
+    #: The batch's ``pending`` counter after the call (0 when absent).
+    pending: int
+    #: The outcome the job is counted with: this call's, or the earlier one's.
+    outcome: str
 
 
 @runtime_checkable
@@ -47,6 +58,34 @@ class Store(Protocol):
 
     async def ttl(self, key: str) -> float | None:
         """Seconds until ``key`` expires, None when absent or without expiry."""
+
+    async def settle_batch_job(
+        self,
+        batch: str,
+        job: str,
+        outcome: str,
+        *,
+        count: int = 1,
+        cancel: bool = False,
+        now: float = 0.0,
+        ttl: float | None = None,
+    ) -> BatchSettled:
+        """Count ``job`` of the batch whose keys start with ``batch``, once, in one step.
+
+        When ``<batch>:done:<job>`` is absent: set it to ``outcome``; add ``count`` to
+        ``<batch>:failed`` (``outcome == "failed"``, also writing the job id under
+        ``<batch>:failed:<n>`` for the new value n) or else to ``<batch>:processed``;
+        with ``cancel``, add ``<batch>:cancelled`` = ``now`` if absent; subtract
+        ``count`` from ``<batch>:pending``. When the marker is there, the job was
+        counted already: nothing changes, except that a job counted ``"failed"`` that
+        now ends ``"done"`` (retried from failed jobs) moves once to processed
+        (``<batch>:recovered:<job>`` marker, ``<batch>:recovered`` counter).
+        Keys created here get ``ttl``. Atomic stores do all of it atomically, so a
+        crash leaves either nothing or everything.
+
+        >>> # await store.settle_batch_job("haze:batch:b1", "job-7", "done", ttl=3600)
+        >>> # BatchSettled(counted=True, pending=0, outcome='done')
+        """
 
     async def close(self) -> None:
         """Release connections."""

@@ -3,6 +3,9 @@
 Every operation is one atomic statement (or one transaction on MySQL):
 ``add`` is an upsert that only takes over an expired row, ``increment`` an upsert
 with arithmetic, and ``delete(key, owner)`` a ``DELETE … WHERE value = owner``.
+``settle_batch_job`` is those statements in one transaction. On D1, which has no
+interactive transactions, its statements run one by one (a crash between two of them
+can leave a batch's counters short of the job).
 The table (``haze_cache`` unless ``table`` is set) is created on first use.
 
 >>> # config/cache.py
@@ -22,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..database.sqlfiles import sql_blocks
 from ..errors import ConfigError
+from .base import BatchSettled
 
 if TYPE_CHECKING:
-    from ..database import Connector
+    from ..database import Connector, Session
 
 __all__ = ["DatabaseStore"]
 
@@ -115,25 +119,77 @@ class DatabaseStore:
     async def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
         sql = await self._statements()
         now = time.time()
-        body, exp = _dumps(value), self._exp(ttl, now)
-        if "add_insert" in sql:  # MySQL: INSERT IGNORE, else take over an expired row
-            if await self.db.execute(sql["add_insert"], (key, body, exp)) > 0:
-                return True
-            return await self.db.execute(sql["add_takeover"], (body, exp, key, now)) > 0
-        return await self.db.execute(sql["add"], (key, body, exp, now)) > 0
+        return await _add(self.db, sql, key, _dumps(value), self._exp(ttl, now), now)
 
     async def increment(self, key: str, by: int = 1, ttl: float | None = None) -> int:
         sql = await self._statements()
         now = time.time()
-        params = (key, str(by), self._exp(ttl, now), now, by, now)
         if "increment_read" in sql:
             async with self.db.transaction() as tx:
-                await tx.execute(sql["increment"], params)
-                row = await tx.fetchone(sql["increment_read"], (key,))
-        else:
-            row = await self.db.fetchone(sql["increment"], params)
-        assert row is not None
-        return int(row[0])
+                return await _increment(tx, sql, key, by, self._exp(ttl, now), now)
+        return await _increment(self.db, sql, key, by, self._exp(ttl, now), now)
+
+    async def settle_batch_job(
+        self,
+        batch: str,
+        job: str,
+        outcome: str,
+        *,
+        count: int = 1,
+        cancel: bool = False,
+        now: float = 0.0,
+        ttl: float | None = None,
+    ) -> BatchSettled:
+        sql = await self._statements()
+        for attempt in range(_DEADLOCK_RETRIES):
+            try:
+                # immediate: SQLite takes the write lock at BEGIN, so two settles never
+                # both read and then fail to upgrade their lock.
+                async with self.db.transaction(immediate=True) as tx:
+                    return await self._settle(tx, sql, batch, job, outcome, count, cancel, now, ttl)
+            except Exception as e:
+                # A rolled-back transaction changed nothing: run it again.
+                if attempt + 1 >= _DEADLOCK_RETRIES or "deadlock" not in str(e).lower():
+                    raise
+                await asyncio.sleep(0.01 * (attempt + 1))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _settle(
+        self,
+        tx: Session,
+        sql: dict[str, str],
+        batch: str,
+        job: str,
+        outcome: str,
+        count: int,
+        cancel: bool,
+        now: float,
+        ttl: float | None,
+    ) -> BatchSettled:
+        clock = time.time()
+        exp = self._exp(ttl, clock)
+        marker = f"{batch}:done:{job}"
+        if await _add(tx, sql, marker, _dumps(outcome), exp, clock):
+            if outcome == "failed":
+                n = await _increment(tx, sql, f"{batch}:failed", count, exp, clock)
+                await tx.execute(sql["put"], (f"{batch}:failed:{n}", _dumps(job), exp))
+                if cancel:
+                    await _add(tx, sql, f"{batch}:cancelled", _dumps(now), exp, clock)
+            else:
+                await _increment(tx, sql, f"{batch}:processed", count, exp, clock)
+            pending = await _increment(tx, sql, f"{batch}:pending", -count, exp, clock)
+            return BatchSettled(True, pending, outcome)
+        row = await tx.fetchone(sql["get"], (marker, clock))
+        first = outcome if row is None else str(json.loads(row[0]))
+        if (
+            outcome == "done"
+            and first == "failed"
+            and await _add(tx, sql, f"{batch}:recovered:{job}", "1", exp, clock)
+        ):
+            await _increment(tx, sql, f"{batch}:recovered", 1, exp, clock)
+            await _increment(tx, sql, f"{batch}:processed", 1, exp, clock)
+        row = await tx.fetchone(sql["get"], (f"{batch}:pending", clock))
+        return BatchSettled(False, 0 if row is None else int(json.loads(row[0])), first)
 
     async def delete(self, key: str, owner: Any | None = None) -> bool:
         sql = await self._statements()
@@ -156,3 +212,30 @@ class DatabaseStore:
 
     async def close(self) -> None:
         return None  # the connector belongs to the app
+
+
+_DEADLOCK_RETRIES = 5
+
+
+async def _add(
+    db: Session, sql: dict[str, str], key: str, body: str, exp: float | None, now: float
+) -> bool:
+    if "add_insert" in sql:  # MySQL: INSERT IGNORE, else take over an expired row
+        if await db.execute(sql["add_insert"], (key, body, exp)) > 0:
+            return True
+        return await db.execute(sql["add_takeover"], (body, exp, key, now)) > 0
+    return await db.execute(sql["add"], (key, body, exp, now)) > 0
+
+
+async def _increment(
+    db: Session, sql: dict[str, str], key: str, by: int, exp: float | None, now: float
+) -> int:
+    """On MySQL, ``db`` must be a transaction (the upsert locks the row until the read)."""
+    params = (key, str(by), exp, now, by, now)
+    if "increment_read" in sql:
+        await db.execute(sql["increment"], params)
+        row = await db.fetchone(sql["increment_read"], (key,))
+    else:
+        row = await db.fetchone(sql["increment"], params)
+    assert row is not None
+    return int(row[0])

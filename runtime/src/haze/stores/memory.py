@@ -6,6 +6,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from .base import BatchSettled
+
 __all__ = ["MemoryStore"]
 
 _monotonic = time.monotonic
@@ -79,6 +81,44 @@ class MemoryStore:
         if item is None or item[1] is None:
             return None
         return max(0.0, item[1] - _monotonic())
+
+    async def settle_batch_job(
+        self,
+        batch: str,
+        job: str,
+        outcome: str,
+        *,
+        count: int = 1,
+        cancel: bool = False,
+        now: float = 0.0,
+        ttl: float | None = None,
+    ) -> BatchSettled:
+        # No await in here: the event loop cannot run anything else in between.
+        expires = None if ttl is None else _monotonic() + ttl
+        marker = self._live(f"{batch}:done:{job}")
+        if marker is None:
+            self._data[f"{batch}:done:{job}"] = (outcome, expires)
+            if outcome == "failed":
+                n = self._incr(f"{batch}:failed", count, expires)
+                self._data[f"{batch}:failed:{n}"] = (job, expires)
+                if cancel and self._live(f"{batch}:cancelled") is None:
+                    self._data[f"{batch}:cancelled"] = (now, expires)
+            else:
+                self._incr(f"{batch}:processed", count, expires)
+            return BatchSettled(True, self._incr(f"{batch}:pending", -count, expires), outcome)
+        first = str(marker[0])
+        if outcome == "done" and first == "failed" and not self._live(f"{batch}:recovered:{job}"):
+            self._data[f"{batch}:recovered:{job}"] = (1, expires)
+            self._incr(f"{batch}:recovered", 1, expires)
+            self._incr(f"{batch}:processed", 1, expires)
+        pending = self._live(f"{batch}:pending")
+        return BatchSettled(False, 0 if pending is None else int(pending[0]), first)
+
+    def _incr(self, key: str, by: int, expires: float | None) -> int:
+        item = self._live(key)
+        value = by if item is None else int(item[0]) + by
+        self._data[key] = (value, expires if item is None else item[1])
+        return value
 
     async def close(self) -> None:
         return None

@@ -8,6 +8,8 @@ Every operation is one atomic Redis command or script:
 - ``delete(key, owner)``: ``GET`` + compare + ``DEL`` in one Lua script
   (``redis_delete_owner.lua``)
 - ``get_many``: ``MGET``; ``ttl``: ``PTTL``
+- ``settle_batch_job``: the per-job marker, counters and pending decrement of a batch
+  in one Lua script (``redis_settle_batch.lua``)
 
 Values are stored as JSON text. Keys are prefixed by the connection's ``key_prefix``
 (``config/redis.py``) followed by the store's ``prefix`` option::
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, MissingDependencyError
+from .base import BatchSettled
 
 try:
     import redis.asyncio as aioredis
@@ -144,7 +147,7 @@ def _load(raw: str | bytes | None) -> Any | None:
 class _Conn:
     """One client (and its scripts) per event loop: redis-py clients are loop-bound."""
 
-    __slots__ = ("client", "delete_owner", "increment")
+    __slots__ = ("client", "delete_owner", "increment", "settle_batch")
 
     def __init__(self, client: aioredis.Redis) -> None:
         self.client = client
@@ -153,6 +156,9 @@ class _Conn:
         )
         self.delete_owner: AsyncScript = client.register_script(
             (_HERE / "redis_delete_owner.lua").read_text()
+        )
+        self.settle_batch: AsyncScript = client.register_script(
+            (_HERE / "redis_settle_batch.lua").read_text()
         )
 
 
@@ -213,6 +219,26 @@ class RedisStore:
     async def ttl(self, key: str) -> float | None:
         ms = int(await self._conn().client.pttl(self.prefix + key))
         return None if ms < 0 else ms / 1000
+
+    async def settle_batch_job(
+        self,
+        batch: str,
+        job: str,
+        outcome: str,
+        *,
+        count: int = 1,
+        cancel: bool = False,
+        now: float = 0.0,
+        ttl: float | None = None,
+    ) -> BatchSettled:
+        b = self.prefix + batch
+        keys = [f"{b}:done:{job}", f"{b}:processed", f"{b}:failed", f"{b}:pending"]
+        keys += [f"{b}:cancelled", f"{b}:recovered", f"{b}:recovered:{job}"]
+        args: list[str | int] = [_dumps(outcome), int(count), "" if ttl is None else _ms(ttl)]
+        args.append(int(cancel))
+        args += [_dumps(now), f"{b}:failed:", _dumps(job)]
+        counted, pending, first = await self._conn().settle_batch(keys=keys, args=args)
+        return BatchSettled(bool(counted), int(pending), str(_load(first)))
 
     async def close(self) -> None:
         try:

@@ -16,12 +16,13 @@ ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.ex
 WHERE {table}.expires_at IS NOT NULL AND {table}.expires_at <= ?
 
 -- name: increment
--- params: key, by (as the new value), expires_at, now, by
+-- params: key, by (as the new value), expires_at, now, by, now
+-- CAST(? AS INTEGER): D1's binding passes JS numbers, which SQLite receives as REAL.
 INSERT INTO {table} (key, value, expires_at) VALUES (?, ?, ?)
 ON CONFLICT (key) DO UPDATE SET
     value = CASE WHEN {table}.expires_at IS NOT NULL AND {table}.expires_at <= ?
                  THEN excluded.value
-                 ELSE CAST(CAST({table}.value AS INTEGER) + ? AS TEXT) END,
+                 ELSE CAST(CAST({table}.value AS INTEGER) + CAST(? AS INTEGER) AS TEXT) END,
     expires_at = CASE WHEN {table}.expires_at IS NOT NULL AND {table}.expires_at <= ?
                       THEN excluded.expires_at ELSE {table}.expires_at END
 RETURNING value
