@@ -119,7 +119,7 @@ async def test_queue_dispatch_by_job_and_by_name(app: App) -> None:
 
 
 async def test_queue_dispatch_unknown_name_raises(app: App) -> None:
-    with pytest.raises(UnknownJobError, match='"dispatch_nobody"'):
+    with pytest.raises(UnknownJobError, match="no job named 'dispatch_nobody'"):
         await Queue.dispatch("dispatch_nobody", {})
     with pytest.raises(TypeError):
         await Queue.dispatch(42, {})  # type: ignore[arg-type]

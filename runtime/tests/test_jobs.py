@@ -156,7 +156,7 @@ def test_define_job_rejects_options_with_the_bare_form() -> None:
 
 
 def test_unknown_job_name() -> None:
-    with pytest.raises(UnknownJobError, match='"jobs_never_defined"') as info:
+    with pytest.raises(UnknownJobError, match="no job named 'jobs_never_defined'") as info:
         get_job("jobs_never_defined")
     assert isinstance(info.value, LookupError)
 

@@ -454,7 +454,7 @@ async def test_undecodable_and_unknown_jobs_fail_with_a_clear_error(redis_app, r
         assert bad.body == "{not json"
         assert bad.id.startswith("bullmq:default:")
         unknown = next(f for f in failed if f.id == "f" * 32)
-        assert 'No job named "rd_nobody_defines_this"' in unknown.exception
+        assert "no job named 'rd_nobody_defines_this'" in unknown.exception
         # both are kept (nothing is lost) and can be looked up and removed
         assert (await driver.failed.find(bad.id)) is not None
         assert await Queue.forget(bad.id) is True

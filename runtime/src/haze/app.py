@@ -353,6 +353,24 @@ class App:
             )
         return c
 
+    def job_queues(self, connection: str) -> dict[str, list[str]]:
+        """The queues the registered jobs name on ``connection``, each with those jobs'
+        names (a job without ``queue`` uses ``default``, without ``connection`` the
+        default connection)."""
+        from .jobs import registered_jobs
+
+        found: dict[str, list[str]] = {}
+        for job in registered_jobs().values():
+            if (job.connection or self.queue_config.default) == connection:
+                found.setdefault(job.queue or "default", []).append(job.name)
+        return {q: sorted(found[q]) for q in sorted(found)}
+
+    def known_queues(self, connection: str) -> list[str]:
+        """The connection's configured ``queues`` (else ``default``), then every other
+        queue a registered job names on it: what failed/retry/size/flush look at."""
+        configured = self.queue_config.connections[connection].get("queues") or ["default"]
+        return list(dict.fromkeys([*configured, *self.job_queues(connection)]))
+
     @property
     def queue_store(self) -> Store:
         """The store for unique locks and middleware state: ``store`` in config/queue.py,

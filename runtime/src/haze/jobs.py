@@ -17,10 +17,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
 from ._blocking import blocking_method
-from .durations import Duration, parse_backoff, parse_duration
-from .errors import DuplicateJobError, UnknownJobError
+from ._hints import did_you_mean
+from .durations import Duration, check_delay, parse_backoff, parse_duration
+from .errors import DuplicateJobError, JobDefinitionError, UnknownJobError
+from .message import check_queue_name
 
 if TYPE_CHECKING:
+    from .app import App
     from .context import JobContext
 
 __all__ = [
@@ -84,7 +87,7 @@ def get_job(name: str) -> JobDefinition[Any]:
     try:
         return _registry[name]
     except KeyError:
-        raise UnknownJobError(name) from None
+        raise UnknownJobError(name, _registry) from None
 
 
 def registered_jobs() -> dict[str, JobDefinition[Any]]:
@@ -232,6 +235,8 @@ class JobDefinition(Generic[P]):
         for opt, val in (("queue", queue), ("connection", connection)):
             if val is not None and (not isinstance(val, str) or not val):
                 raise ValueError(f"{where}: {opt} must be a non-empty string, got {val!r}")
+        if queue is not None:
+            check_queue_name(queue, f"{where}: queue")
         self.queue = queue
         self.connection = connection
         self.unique = _parse_unique(unique, where)
@@ -274,11 +279,7 @@ class JobDefinition(Generic[P]):
                 raise ValueError(f"{where}: dont_retry must list exception classes, got {t!r}")
         self.dont_retry: tuple[type[BaseException], ...] = tuple(dont_retry)
         self.is_async = inspect.iscoroutinefunction(handler)
-        try:
-            n_params = len(inspect.signature(handler).parameters)
-        except (TypeError, ValueError):
-            n_params = 2
-        self._n_params = n_params
+        self._n_params = _arity(handler, where)
         self._payload_type: Any = _UNSET
         self._pipeline: Any = None  # composed middleware, built once by the manager
         _register(self)
@@ -357,6 +358,32 @@ class JobDefinition(Generic[P]):
         return f"<JobDefinition {self.name!r} from {self.origin}>"
 
 
+def _arity(handler: Callable[..., Any], where: str) -> int:
+    """How many of ``(payload, job)`` the handler takes: 0, 1 or 2.
+
+    A handler that needs more than that (a third required parameter, a required
+    keyword-only one) could never run: it is refused here, at import, not by the worker.
+    """
+    try:
+        params = list(inspect.signature(handler).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return 2
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p.name for p in positional if p.default is p.empty]
+    keyword_only = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    if len(required) > 2 or keyword_only:
+        extra = required[2:] + keyword_only
+        raise JobDefinitionError(
+            f"{where}: the handler must be callable as (payload) or (payload, job), but it "
+            f"also requires {', '.join(repr(n) for n in extra)}; give "
+            f"{'it' if len(extra) == 1 else 'them'} a default or remove "
+            f"{'it' if len(extra) == 1 else 'them'}"
+        )
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return 2
+    return min(len(positional), 2)
+
+
 def _origin_of(fn: Callable[..., Any]) -> str:
     code = getattr(fn, "__code__", None)
     if code is not None:
@@ -403,9 +430,7 @@ class PendingDispatch(Generic[P]):
             self.on_group(group)
 
     def on_queue(self, queue: str) -> PendingDispatch[P]:
-        if not isinstance(queue, str) or not queue:
-            raise ValueError(f"on_queue: expected a queue name, got {queue!r}")
-        self._queue = queue
+        self._queue = check_queue_name(queue, "on_queue")
         return self
 
     def on_connection(self, connection: str) -> PendingDispatch[P]:
@@ -415,7 +440,7 @@ class PendingDispatch(Generic[P]):
         return self
 
     def delay(self, delay: Duration) -> PendingDispatch[P]:
-        self._delay = parse_duration(delay, "delay")
+        self._delay = check_delay(parse_duration(delay, "delay"))
         return self
 
     def after_commit(self, flag: bool = True) -> PendingDispatch[P]:
@@ -431,8 +456,13 @@ class PendingDispatch(Generic[P]):
         self._group = group
         return self
 
-    def to_link(self) -> dict[str, Any]:
-        """The JSON form used in chains and callbacks (name, payload, explicit options)."""
+    def to_link(self, app: App | None = None) -> dict[str, Any]:
+        """The JSON form used in chains and callbacks (name, payload, explicit options).
+
+        An ``encrypted`` job's link carries ``enc`` (encrypted with the key of ``app``,
+        default: the current app) in place of ``payload``: links are stored with the
+        chain, the batch or the failed job.
+        """
         link: dict[str, Any] = {"job": self.job.name, "payload": self.job.to_wire(self.payload)}
         if self._queue is not None:
             link["queue"] = self._queue
@@ -442,6 +472,10 @@ class PendingDispatch(Generic[P]):
             link["delay"] = self._delay
         if self._group is not None:
             link["group"] = self._group
+        if self.job.encrypted:
+            from .crypto import seal_link
+
+            link = seal_link(app if app is not None else (_use_app or _bind_use_app())(), link)
         return link
 
     async def dispatch(self) -> DispatchResult:
@@ -455,6 +489,13 @@ class PendingDispatch(Generic[P]):
 
 
 _use_app: Callable[[], Any] | None = None
+
+#: The keyword options of ``define_job``, in the order the docs list them.
+_OPTIONS: tuple[str, ...] = tuple(
+    name
+    for name in inspect.signature(JobDefinition.__init__).parameters
+    if name not in ("self", "handler", "origin")
+)
 
 
 def _bind_use_app() -> Callable[[], Any]:
@@ -535,6 +576,12 @@ def define_job(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
         if options:
             raise TypeError("define_job: pass options as @define_job(...) keywords")
         return JobDefinition(fn, origin=_origin_of(fn))
+    for option in options:
+        if option not in _OPTIONS:
+            raise JobDefinitionError(
+                f"define_job: unknown option {option!r}{did_you_mean(option, _OPTIONS)}; "
+                f"options: {', '.join(_OPTIONS)}"
+            )
 
     def decorate(handler: Callable[..., Any]) -> JobDefinition[Any]:
         return JobDefinition(handler, origin=_origin_of(handler), **options)

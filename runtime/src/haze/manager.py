@@ -202,8 +202,17 @@ class QueueManager:
     def _defer(
         self, tx: Any, message: Message, job: JobDefinition[Any], delay: float
     ) -> DispatchResult:
+        sealed: str | None = None
+        if job.encrypted:
+            from .crypto import seal, unseal
+
+            # The buffer lives until COMMIT: it holds the payload encrypted, like the queue.
+            sealed, message.payload = seal(self.app, message.payload, f"buffer:{message.id}"), None
+
         async def later() -> None:
             try:
+                if sealed is not None:
+                    message.payload = unseal(self.app, sealed, f"buffer:{message.id}", job.name)
                 await self._send(message, job, delay)
             except Exception:
                 log.exception('after-commit dispatch of job "%s" (%s) failed', job.name, message.id)
@@ -321,6 +330,15 @@ class QueueManager:
 
     # ---------------------------------------------------------------- unique locks
 
+    def _key_suffix(self, job: JobDefinition[Any], value: object) -> str:
+        """A lock key's last part: the key function's value, or for an encrypted job a
+        keyed hash of it (the value is often a field of the secret payload)."""
+        if not job.encrypted:
+            return str(value)
+        from .crypto import keyed_digest
+
+        return keyed_digest(self.app, str(value))
+
     def scoped_key(self, kind: str, *parts: object) -> str:
         """A store key scoped by the current tenant (locks and middleware state)."""
         tenant = current_tenant()
@@ -338,7 +356,7 @@ class QueueManager:
             value = opts.key(job.from_wire(message.payload))
             if inspect.isawaitable(value):
                 value = await value
-            suffix = str(value)
+            suffix = self._key_suffix(job, value)
         key = self.scoped_key("unique", job.name, suffix)
         store = fake.store if fake is not None else self.app.queue_store
         if fake is None:
@@ -403,7 +421,7 @@ class QueueManager:
             value = opts.key(job.from_wire(message.payload))
             if inspect.isawaitable(value):
                 value = await value
-            suffix = str(value)
+            suffix = self._key_suffix(job, value)
         key = self.scoped_key("debounce", job.name, suffix)
         store = fake.store if fake is not None else self.app.queue_store
         now = _time()
@@ -959,9 +977,9 @@ class QueueManager:
     def callback_ref(self, cb: object, connection: str, where: str) -> dict[str, Any]:
         """Serialise a callback: a job reference anywhere, a function on sync/memory only."""
         if isinstance(cb, PendingDispatch):
-            return cb.to_link()
+            return cb.to_link(self.app)
         if isinstance(cb, JobDefinition):
-            return PendingDispatch(cb, None).to_link()
+            return PendingDispatch(cb, None).to_link(self.app)
         if callable(cb):
             driver = self.app.driver(connection)
             if not driver.local_callbacks:
@@ -1007,7 +1025,7 @@ class QueueManager:
                 log.exception("callback %r raised", fn)
             return
         meta = None if once is None else {"once": once}
-        await self.dispatch(link_to_pending(ref), meta=meta, **opts)
+        await self.dispatch(link_to_pending(ref, self.app), meta=meta, **opts)
 
     # ================================================================ facade helpers
 
@@ -1109,10 +1127,17 @@ def _registry_names() -> dict[str, Any]:
     return _registry
 
 
-def link_to_pending(link: dict[str, Any]) -> PendingDispatch[Any]:
-    """Rebuild a pending dispatch from its JSON link (chains, callbacks)."""
+def link_to_pending(link: dict[str, Any], app: App | None = None) -> PendingDispatch[Any]:
+    """Rebuild a pending dispatch from its JSON link (chains, callbacks); an encrypted
+    link is decrypted with the key of ``app`` (default: the current app)."""
     job = get_job(link["job"])
-    p: PendingDispatch[Any] = PendingDispatch(job, job.from_wire(link.get("payload")))
+    payload = link.get("payload")
+    if "enc" in link:
+        from .app import use_app
+        from .crypto import unseal_link
+
+        payload = unseal_link(app if app is not None else use_app(), link)
+    p: PendingDispatch[Any] = PendingDispatch(job, job.from_wire(payload))
     if link.get("queue"):
         p._queue = link["queue"]
     if link.get("connection"):

@@ -17,6 +17,7 @@ from haze import App, JobDefinition, Queue, define_job, define_queue_config
 from haze.cli import MISSING_DEPENDENCIES, get_cli, main
 from haze.cli._core import State
 from haze.cli.queue import SYNC_REFUSAL, exception_summary
+from haze.ids import short_id
 
 ran: list[Any] = []
 boom = {"fail": True}  # retry tests turn it off so the retried jobs succeed
@@ -91,12 +92,12 @@ def test_work_runs_waiting_jobs_and_prints_a_line_per_job(app: App, tmp_path: Pa
         ]
 
     ok_id, boom_id = asyncio.run(fill())
-    result = haze(tmp_path, "queue:work", "--stop-when-empty", "-v")
+    result = haze(tmp_path, "queue:work", "--stop-when-empty")
     assert result.exit_code == 0, result.output
     assert ran == [{"n": 1}]
     lines = result.output.splitlines()
-    assert any("DONE" in ln and "cli_test_ok" in ln and ok_id in ln for ln in lines)
-    assert any("FAILED" in ln and "cli_test_boom" in ln and "queue=emails" in ln for ln in lines)
+    assert any("DONE" in ln and "cli_test_ok" in ln and short_id(ok_id) in ln for ln in lines)
+    assert any("FAILED" in ln and "cli_test_boom" in ln and short_id(boom_id) in ln for ln in lines)
     assert "Worker stopped after 2 job(s)." in result.output
     assert failed_ids(app) == [boom_id]
 
@@ -167,7 +168,7 @@ def test_failed_lists_failed_jobs(app: App, tmp_path: Path) -> None:
     result = haze(tmp_path, "queue:failed")
     assert result.exit_code == 0, result.output
     for job_id in ids:
-        assert job_id in result.output
+        assert short_id(job_id) in result.output
     assert "cli_test_boom" in result.output
     assert "ValueError: boom 0" in result.output
     assert "second line" not in result.output
@@ -182,7 +183,7 @@ def test_failed_when_there_are_none(app: App, tmp_path: Path) -> None:
 def test_retry_all(app: App, tmp_path: Path) -> None:
     fail_jobs(app, 3)
     boom["fail"] = False
-    result = haze(tmp_path, "queue:retry")
+    result = haze(tmp_path, "queue:retry", "all")
     assert result.exit_code == 0, result.output
     assert "Retried 3 failed job(s)" in result.output
     assert failed_ids(app) == []

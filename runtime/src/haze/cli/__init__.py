@@ -23,6 +23,7 @@ __all__ = ["COMMAND_MODULES", "get_cli", "main"]
 
 #: Modules whose import registers commands on the root group, in help order.
 COMMAND_MODULES: tuple[str, ...] = (
+    "haze.cli.init",
     "haze.cli.make",
     "haze.cli.db",
     "haze.cli.queue",
@@ -63,3 +64,10 @@ def _configure_logging() -> None:
         logging.basicConfig(
             level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
+        for handler in root.handlers:
+            # queue:work prints haze's records itself; it skips only this handler.
+            setattr(handler, _DEFAULT_HANDLER_FLAG, True)
+
+
+#: Marks the root handler the CLI installed (not one the app configured).
+_DEFAULT_HANDLER_FLAG = "_haze_cli_default"

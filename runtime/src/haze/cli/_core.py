@@ -31,6 +31,7 @@ __all__ = [
     "cli",
     "connection_option",
     "console",
+    "find_root",
     "run",
 ]
 
@@ -95,20 +96,36 @@ def _version() -> str:
     return __version__
 
 
-@click.group(cls=HazeGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=HazeGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog='Shell completion: add eval "$(_HAZE_COMPLETE=bash_source haze)" to ~/.bashrc '
+    "(zsh_source for ~/.zshrc; fish: _HAZE_COMPLETE=fish_source haze | source).",
+)
 @click.option(
     "--root",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     envvar="HAZE_APP_ROOT",
-    default=".",
-    show_default="$HAZE_APP_ROOT or the current directory",
+    default=None,
+    show_default="$HAZE_APP_ROOT, else the nearest folder at or above the current one that "
+    "holds config/queue.py, else the current directory",
     help="The app root (holds config/ and app/job/).",
 )
 @click.version_option(_version(), prog_name="haze")
 @click.pass_context
-def cli(ctx: click.Context, root: Path) -> None:
+def cli(ctx: click.Context, root: Path | None) -> None:
     """haze: background jobs for serverless and edge-first Python apps."""
-    ctx.obj = State(root=root.resolve())
+    ctx.obj = State(root=root.resolve() if root is not None else find_root(Path.cwd()))
+
+
+def find_root(start: Path) -> Path:
+    """The nearest folder at or above ``start`` holding ``config/queue.py`` (the way git
+    finds its repository), else ``start``: ``haze`` works from any folder of the app."""
+    start = start.resolve()
+    for folder in (start, *start.parents):
+        if (folder / "config" / "queue.py").is_file():
+            return folder
+    return start
 
 
 def console() -> Console:

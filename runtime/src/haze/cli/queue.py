@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
+import json
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -16,6 +16,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from ..errors import UnknownJobError
+from ..ids import match_id, short_id
 from ._core import (
     DURATION,
     QUEUE_NAME,
@@ -29,12 +31,11 @@ from ._core import (
 
 if TYPE_CHECKING:
     from ..app import App
-    from ..drivers import FailedJob, Reserved
+    from ..drivers import FailedJob
     from ..worker import Worker
 
 __all__ = [
     "exception_summary",
-    "job_line",
     "queue_clear",
     "queue_failed",
     "queue_flush",
@@ -45,14 +46,6 @@ __all__ = [
 ]
 
 SYNC_REFUSAL = "the sync connection runs jobs inside dispatch(); there is nothing to work"
-
-_OUTCOME_STYLE = {
-    "done": "green",
-    "retry": "yellow",
-    "released": "cyan",
-    "failed": "bold red",
-    "skipped": "dim",
-}
 
 
 def _queue_list(value: str | None) -> list[str] | None:
@@ -76,20 +69,10 @@ def _stamp(at: float | None = None) -> str:
 # ====================================================================== queue:work
 
 
-def job_line(reserved: Reserved, outcome: str, seconds: float) -> str:
-    """The ``queue:work -v`` line (rich markup) for one processed job."""
-    message = reserved.message
-    name = message.job if message is not None else "<undecodable message>"
-    job_id = message.id if message is not None else "-"
-    style = _OUTCOME_STYLE.get(outcome, "magenta")
-    return (
-        f"{_stamp()} [{style}]{outcome.upper():<8}[/] {escape(name)} [dim]{job_id}[/] "
-        f"queue={escape(reserved.queue)} attempt={reserved.attempt} {seconds * 1000:.0f}ms"
-    )
-
-
 @contextlib.contextmanager
-def _stop_on_signals(worker: Worker, out: Console, task: asyncio.Task[int]) -> Iterator[list[int]]:
+def _stop_on_signals(
+    worker: Worker, say: Callable[[str], None], task: asyncio.Task[int]
+) -> Iterator[list[int]]:
     """First SIGTERM/SIGINT: stop claiming and let running jobs finish. Second: abandon them.
 
     Yields a list that receives the number of the signal that forced the exit, if any.
@@ -103,12 +86,12 @@ def _stop_on_signals(worker: Worker, out: Console, task: asyncio.Task[int]) -> I
         if len(received) == 1:
             name = signal.Signals(signum).name
             if worker.running:
-                out.print(
+                say(
                     f"{name}: no new jobs; waiting for {worker.running} running job(s). "
                     "Send it again to quit now."
                 )
             else:
-                out.print(f"{name}: stopping.")
+                say(f"{name}: stopping.")
             worker.request_stop()
         elif not forced:
             forced.append(signum)
@@ -161,7 +144,11 @@ def _stop_on_signals(worker: Worker, out: Console, task: asyncio.Task[int]) -> I
     default=None,
     help="Idle polling interval, doubling while idle (default: the connection's, else 1s).",
 )
-@click.option("-v", "--verbose", is_flag=True, help="Print one line per processed job.")
+@click.option(
+    "-v", "--verbose", is_flag=True, help="Also print the jobs' INFO logs and tracebacks."
+)
+@click.option("-q", "--quiet", is_flag=True, help="No line per job (warnings still print).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line, for log shippers.")
 @click.pass_obj
 def queue_work(
     state: State,
@@ -174,15 +161,27 @@ def queue_work(
     stop_when_empty: bool,
     sleep: float | None,
     verbose: bool,
+    quiet: bool,
+    as_json: bool,
 ) -> None:
-    """Run a worker on a connection until stopped (SIGTERM/SIGINT drain running jobs)."""
+    """Run a worker on a connection until stopped (SIGTERM/SIGINT drain running jobs).
+
+    Prints one line per job state: time, job, short id, then RUNNING, DONE 12ms,
+    RETRY in 10s or FAILED with the exception (its traceback with -v)."""
+    from ._worker_output import WorkerOutput, worker_output
+
+    if quiet and as_json:
+        raise click.UsageError("--quiet and --json exclude each other")
     queues = _queue_list(queue)
     app = state.app()
     name = app.connection_name(connection)
     options = app.queue_config.connections[name]
     if options["driver"] == "sync" or app.driver(name).inline:
         raise click.ClickException(f'connection "{name}": {SYNC_REFUSAL}')
-    out = console()
+    output = WorkerOutput(
+        mode="json" if as_json else "quiet" if quiet else "lines", verbose=verbose
+    )
+    say = output.say
 
     async def work(app: App) -> int:
         from ..worker import Worker
@@ -205,7 +204,6 @@ def queue_work(
             stop_when_empty=stop_when_empty,
             sleep=pace,
             max_sleep=max(ceiling, pace) if ceiling is not None else None,
-            on_job=(lambda r, o, s: out.print(job_line(r, o, s))) if verbose else None,
             control=True,  # follow queue:restart and queue:pause through the store
         )
         loop = asyncio.get_running_loop()
@@ -214,11 +212,11 @@ def queue_work(
         task = loop.create_task(worker.run())
         # An idle in-process slot sleeps until woken, so it would not see --max-time itself.
         timer = loop.call_later(max_time, worker.request_stop) if max_time is not None else None
-        with _stop_on_signals(worker, out, task) as forced:
+        with _stop_on_signals(worker, say, task) as forced:
             # Announced only now, so whoever waits for this line can signal us safely.
             shown = ", ".join(chosen) if chosen else "all"
-            out.print(
-                f'Working connection "{escape(name)}" (queues: {escape(shown)}, concurrency '
+            say(
+                f'Working connection "{name}" (queues: {shown}, concurrency '
                 f"{worker.concurrency}). Ctrl+C or SIGTERM stops after the running jobs."
             )
             try:
@@ -226,23 +224,16 @@ def queue_work(
             except asyncio.CancelledError:
                 if not forced:
                     raise
-                out.print("Stopped without waiting for the running jobs.")
+                say("Stopped without waiting for the running jobs.")
                 return 128 + forced[0]
             finally:
                 if timer is not None:
                     timer.cancel()
-        out.print(f"Worker stopped after {processed} job(s).")
+        say(f"Worker stopped after {processed} job(s).")
         return 0
 
-    haze_log = logging.getLogger("haze")
-    level = haze_log.level
-    if verbose:
-        # Job logs (job.logger.info) belong in a verbose worker's output too.
-        haze_log.setLevel(min(logging.INFO, level or logging.INFO))
-    try:
+    with worker_output(output):
         code = run(state, work)
-    finally:
-        haze_log.setLevel(level)
     if code:
         click.get_current_context().exit(code)
 
@@ -264,25 +255,81 @@ def exception_summary(text: str) -> str:
     return lines[0]
 
 
-def _failed_table(jobs: Sequence[FailedJob], connection: str) -> Table:
-    table = Table(title=f'Failed jobs on "{escape(connection)}"', title_justify="left")
-    table.add_column("ID", no_wrap=True, style="dim")
-    table.add_column("Job", overflow="fold")
-    table.add_column("Queue", overflow="fold")
-    table.add_column("Failed at", no_wrap=True)
-    table.add_column("Exception", overflow="fold", ratio=1)
-    for job in jobs:
-        table.add_row(
-            escape(job.id),
-            escape(job.name),
-            escape(job.queue),
-            _stamp(job.failed_at),
-            escape(exception_summary(job.exception)),
-        )
+def _failed_table(jobs: Sequence[FailedJob], connection: str, width: int) -> Table:
+    """Failed jobs, one line each, within ``width`` columns: short ids, and the job name,
+    queue and exception cut with "…" (``queue:failed ID`` shows one in full)."""
+    table = Table(
+        title=f'Failed jobs on "{escape(connection)}"',
+        title_justify="left",
+        box=None,
+        padding=(0, 1),
+        pad_edge=False,
+        header_style="bold",
+    )
+    rows = [
+        [
+            short_id(job.id),
+            _cut(job.name, 24),
+            _cut(job.queue, 12),
+            time.strftime("%m-%d %H:%M:%S", time.localtime(job.failed_at)),
+            exception_summary(job.exception),
+        ]
+        for job in jobs
+    ]
+    headers = ["ID", "Job", "Queue", "Failed at", "Exception"]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers[:-1])]
+    # Two spaces between cells; the exception gets the rest of the line.
+    left = max(12, width - sum(widths) - 2 * len(widths))
+    for header in headers:
+        table.add_column(header, no_wrap=True, style="dim" if header == "ID" else None)
+    for row in rows:
+        row[-1] = _cut(row[-1], left)
+        table.add_row(*(escape(cell) for cell in row))
     return table
 
 
-@cli.command("queue:failed")
+def _cut(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _failed_job(job: FailedJob) -> Table:
+    """One failed job in full: every field, the payload and the whole exception."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    payload = json.dumps(job.payload, indent=2, ensure_ascii=False, default=str)
+    rows = [
+        ("ID", job.id),
+        ("Job", job.name),
+        ("Connection", job.connection),
+        ("Queue", job.queue),
+        ("Failed at", _stamp(job.failed_at)),
+        ("Chain", job.chain_id),
+        ("Batch", job.batch_id),
+        ("Payload", payload),
+        ("Exception", job.exception.rstrip()),
+    ]
+    for label, value in rows:
+        if value is not None:
+            table.add_row(label, escape(value))
+    return table
+
+
+async def _find_failed(app: App, connection: str, token: str) -> FailedJob:
+    """The failed job ``token`` names (a full id or a short one) on ``connection``."""
+    jobs = {j.id: j for j in await app.manager.failed(connection)}
+    found = match_id(token, jobs)
+    if found is None:
+        raise click.ClickException(
+            f'no failed job with id "{token}" on connection "{connection}" '
+            "(haze queue:failed lists them)"
+        )
+    return jobs[found]
+
+
+@cli.command("queue:failed", short_help="List failed jobs, or show one in full.")
+@click.argument("id", required=False)
 @connection_option()
 @click.option(
     "--queue",
@@ -292,19 +339,25 @@ def _failed_table(jobs: Sequence[FailedJob], connection: str) -> Table:
     help="Only failed jobs from this queue.",
 )
 @click.pass_obj
-def queue_failed(state: State, connection: str | None, queue: str | None) -> None:
-    """List the failed jobs of a connection."""
+def queue_failed(state: State, id: str | None, connection: str | None, queue: str | None) -> None:
+    """List the failed jobs of a connection, or with ID (full or short) show one in full."""
 
     async def failed(app: App) -> tuple[str, list[FailedJob]]:
         name = app.connection_name(connection)
+        if id is not None:
+            return name, [await _find_failed(app, name, id)]
         return name, await app.manager.failed(name, queue)
 
     name, jobs = run(state, failed)
     out = console()
+    if id is not None:
+        out.print(_failed_job(jobs[0]))
+        return
     if not jobs:
         out.print(f'No failed jobs on connection "{escape(name)}".')
         return
-    out.print(_failed_table(jobs, name))
+    out.print(_failed_table(jobs, name, out.width))
+    out.print("[dim]One in full: haze queue:failed ID · retry: haze queue:retry ID|all[/]")
 
 
 def _progress(out: Console, total: int) -> Progress:
@@ -319,7 +372,7 @@ def _progress(out: Console, total: int) -> Progress:
 
 
 @cli.command("queue:retry", short_help="Retry failed jobs (IDs or all).")
-@click.argument("ids", nargs=-1, metavar="[ID]... | all")
+@click.argument("ids", nargs=-1, metavar="ID... | all")
 @connection_option()
 @click.option(
     "--queue", type=QUEUE_NAME, default=None, metavar="NAME", help="With 'all': only this queue."
@@ -328,32 +381,58 @@ def _progress(out: Console, total: int) -> Progress:
 def queue_retry(
     state: State, ids: tuple[str, ...], connection: str | None, queue: str | None
 ) -> None:
-    """Put failed jobs back on their queue: the given IDs, or all of them."""
-    retry_all = not ids or list(ids) == ["all"]
+    """Put failed jobs back on their queue: the given IDs (full or short), or all."""
+    if not ids:
+        # As Laravel does: retrying everything is asked for, never the default.
+        raise click.UsageError(
+            "say which failed jobs to retry: 'haze queue:retry all', or their IDs as "
+            "'haze queue:failed' lists them ('haze queue:retry ID [ID]...')"
+        )
+    retry_all = list(ids) == ["all"]
     if not retry_all and "all" in ids:
         raise click.BadParameter("pass either IDs or 'all', not both", param_hint="'IDS'")
     out = console()
 
     async def retry(app: App) -> tuple[str, int, list[str]]:
+        from ..jobs import registered_jobs
+
         name = app.connection_name(connection)
         manager = app.manager
-        wanted = [j.id for j in await manager.failed(name, queue)] if retry_all else list(ids)
-        done = 0
+        failed = await manager.failed(name, queue if retry_all else None)
         problems: list[str] = []
+        if retry_all:
+            wanted = failed
+        else:
+            by_id = {j.id: j for j in failed}
+            wanted = []
+            for token in dict.fromkeys(ids):
+                found = match_id(token, by_id)
+                if found is None:
+                    problems.append(f'no failed job with id "{token}" on connection "{name}"')
+                else:
+                    wanted.append(by_id[found])
+        jobs = registered_jobs()
+        done = 0
         with _progress(out, len(wanted)) as progress:
             task = progress.add_task("Retrying", total=len(wanted))
-            for job_id in wanted:
+            for job in wanted:
+                if not job.name.startswith("<") and job.name not in jobs:
+                    # It would only fail again: keep it, and say what is missing.
+                    unknown = UnknownJobError(job.name, jobs)
+                    problems.append(f'failed job "{job.id}" was kept: {unknown}')
+                    progress.advance(task)
+                    continue
                 try:
-                    retried = await manager.retry([job_id], connection=name)
+                    retried = await manager.retry([job.id], connection=name)
                 except LookupError as e:
                     # With 'all', another process may have retried or forgotten it meanwhile.
                     if not retry_all:
-                        problems.append(str(e).strip("'\""))
+                        problems.append(e.args[0] if e.args else str(e))
                 else:
                     if retried:
                         done += 1
                     else:
-                        problems.append(f'failed job "{job_id}" cannot be decoded; it was kept')
+                        problems.append(f'failed job "{job.id}" cannot be decoded; it was kept')
                 progress.advance(task)
         return name, done, problems
 
@@ -370,16 +449,17 @@ def queue_retry(
 @connection_option()
 @click.pass_obj
 def queue_forget(state: State, id: str, connection: str | None) -> None:
-    """Delete one failed job."""
+    """Delete one failed job (ID full or short)."""
 
-    async def forget(app: App) -> tuple[str, bool]:
+    async def forget(app: App) -> tuple[str, str, bool]:
         name = app.connection_name(connection)
-        return name, await app.manager.forget(id, name)
+        job = await _find_failed(app, name, id)
+        return name, job.id, await app.manager.forget(job.id, name)
 
-    name, found = run(state, forget)
-    if not found:
+    name, full, found = run(state, forget)
+    if not found:  # forgotten by another process meanwhile
         raise click.ClickException(f'no failed job with id "{id}" on connection "{name}"')
-    console().print(f'Deleted failed job "{escape(id)}".')
+    console().print(f'Deleted failed job "{escape(full)}".')
 
 
 @cli.command("queue:flush")

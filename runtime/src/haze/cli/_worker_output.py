@@ -1,0 +1,227 @@
+"""What ``haze queue:work`` prints: one line per job state, in one format.
+
+The queue manager logs each step of a job's life on the ``haze.job`` logger with a
+``state`` field (``running``, ``done``, ``retry``, ``released``, ``failed``); this
+handler turns those records into artisan-style lines, and formats the job's own log
+records and haze's warnings the same way, so a worker's output has one shape::
+
+    2026-12-02 09:14:03 send_invoice ................ a1b2002a RUNNING
+    2026-12-02 09:14:03 send_invoice ................ a1b2002a DONE 12ms
+    2026-12-02 09:14:04 charge_card ................. a1b2002b RETRY in 10s  ValueError: declined
+    2026-12-02 09:14:04 charge_card ................. a1b2002b FAILED  ValueError: declined
+
+``--json`` writes one JSON object per record instead (for log shippers); ``--quiet``
+drops the job lines and keeps warnings; ``-v`` adds the job's INFO logs and a failure's
+traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+from ..ids import short_id
+
+__all__ = ["WorkerOutput", "worker_output"]
+
+_NAME_WIDTH = 32
+_STATES = {
+    "running": "RUNNING",
+    "done": "DONE",
+    "retry": "RETRY",
+    "released": "RELEASED",
+    "failed": "FAILED",
+}
+_COLOURS = {
+    "running": "\x1b[33m",
+    "done": "\x1b[32m",
+    "retry": "\x1b[33m",
+    "released": "\x1b[36m",
+    "failed": "\x1b[1;31m",
+}
+_RESET = "\x1b[0m"
+
+
+def _stamp(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s" if value < 60 or value % 60 else f"{value / 60:g}m"
+
+
+def one_line(error: BaseException) -> str:
+    """``ValueError: boom`` on one line, whatever newlines the message holds."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+class WorkerOutput(logging.Handler):
+    """A logging handler on the ``haze`` logger for the length of one ``queue:work``."""
+
+    def __init__(
+        self,
+        *,
+        mode: str = "lines",
+        verbose: bool = False,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+    ) -> None:
+        super().__init__(logging.DEBUG)
+        self.mode = mode
+        self.verbose = verbose
+        self.out = out if out is not None else sys.stdout
+        self.err = err if err is not None else sys.stderr
+        self.colour = mode == "lines" and getattr(self.out, "isatty", lambda: False)()
+
+    # -- what the command itself says (banner, signals, summary) ---------------------
+
+    def say(self, message: str, *, level: str = "INFO") -> None:
+        """A message of the command: a plain line, or a JSON object with ``--json``."""
+        if self.mode == "json":
+            self._write_json({"time": time.time(), "level": level, "message": message})
+        else:
+            self._write(self.out, message)
+
+    # -- log records ----------------------------------------------------------------
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if self.mode == "json":
+                if self._wanted(record):
+                    self._write_json(self._as_dict(record))
+                return
+            state = getattr(record, "state", None)
+            if state is not None:
+                if self.mode != "quiet":
+                    self._job_line(record, state)
+            elif self._wanted(record):
+                self._log_line(record)
+        except Exception:  # a broken pipe must not take the worker down
+            self.handleError(record)
+
+    def _wanted(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "state", None) is not None:
+            return self.mode != "quiet"
+        return record.levelno >= (logging.INFO if self.verbose else logging.WARNING)
+
+    def _job_line(self, record: logging.LogRecord, state: str) -> None:
+        label = _STATES.get(state, state.upper())
+        if self.colour:
+            label = f"{_COLOURS.get(state, '')}{label}{_RESET}"
+        detail = ""
+        if state == "done":
+            detail = f" {round(getattr(record, 'elapsed', 0.0) * 1000)}ms"
+        elif state in ("retry", "released"):
+            detail = f" in {_seconds(float(getattr(record, 'retry_in', 0.0)))}"
+        error = getattr(record, "error", None)
+        if isinstance(error, BaseException):
+            detail += f"  {one_line(error)}"
+        self._write(self.out, f"{self._prefix(record)} {label}{detail}")
+        if state == "failed" and self.verbose and record.exc_info and record.exc_info[1]:
+            self._write(self.out, "".join(traceback.format_exception(*record.exc_info)).rstrip())
+
+    def _log_line(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            if self.verbose:
+                message += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+            else:
+                message += f"  {one_line(record.exc_info[1])}"
+        if getattr(record, "job", None) is not None:
+            # The job's own logs: on stdout, between its RUNNING and DONE lines.
+            self._write(self.out, f"{self._prefix(record)} {record.levelname} {message}")
+        else:
+            self._write(self.err, f"{_stamp(record.created)} {record.levelname} {message}")
+
+    def _prefix(self, record: logging.LogRecord) -> str:
+        name = str(getattr(record, "job", "?"))
+        job_id = getattr(record, "job_id", None)
+        dots = "." * max(2, _NAME_WIDTH - len(name) - 1)
+        shown = short_id(str(job_id)) if job_id is not None else "-"
+        return f"{_stamp(record.created)} {name} {dots} {shown}"
+
+    def _as_dict(self, record: logging.LogRecord) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "time": record.created,
+            # The lifecycle records are DEBUG only so that they cost nothing elsewhere.
+            "level": "INFO"
+            if record.levelno < logging.INFO and hasattr(record, "state")
+            else record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key in ("state", "job", "job_id", "attempt"):
+            value = getattr(record, key, None)
+            if value is not None:
+                data[key] = value
+        if "job_id" in data:
+            data["short_id"] = short_id(str(data["job_id"]))
+        elapsed = getattr(record, "elapsed", None)
+        if elapsed is not None:
+            data["ms"] = round(elapsed * 1000, 3)
+        retry_in = getattr(record, "retry_in", None)
+        if retry_in is not None:
+            data["retry_in"] = retry_in
+        error = getattr(record, "error", None)
+        if error is None and record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+        if isinstance(error, BaseException):
+            data["exception"] = one_line(error)
+        if record.exc_info and record.exc_info[1] is not None:
+            data["traceback"] = "".join(traceback.format_exception(*record.exc_info))
+        return data
+
+    def _write_json(self, data: dict[str, Any]) -> None:
+        self._write(self.out, json.dumps(data, default=str, ensure_ascii=False))
+
+    def _write(self, stream: TextIO, text: str) -> None:
+        with self._lock_for_write():
+            stream.write(text + "\n")
+            stream.flush()
+
+    @contextmanager
+    def _lock_for_write(self) -> Iterator[None]:
+        # Sync handlers log from worker threads: one line is never cut by another.
+        self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
+
+
+@contextmanager
+def worker_output(handler: WorkerOutput) -> Iterator[WorkerOutput]:
+    """Route haze's log records through ``handler`` while a worker runs.
+
+    The job lifecycle records are DEBUG, so ``haze.job`` is opened to DEBUG and the
+    handler decides what to show. haze's records stop propagating to the handler that
+    ``haze`` set up on the root logger (the same lines would be printed twice, in two
+    formats); handlers an app installed itself keep receiving them.
+    """
+    from . import _DEFAULT_HANDLER_FLAG
+
+    haze_log = logging.getLogger("haze")
+    job_log = logging.getLogger("haze.job")
+    saved = (haze_log.level, job_log.level, haze_log.propagate)
+    root = logging.getLogger()
+    ours_only = all(getattr(h, _DEFAULT_HANDLER_FLAG, False) for h in root.handlers)
+    haze_log.addHandler(handler)
+    haze_log.setLevel(logging.DEBUG if handler.verbose else logging.INFO)
+    # --quiet prints no job lines: the DEBUG lifecycle records need not even be made.
+    job_log.setLevel(logging.WARNING if handler.mode == "quiet" else logging.DEBUG)
+    if ours_only:
+        haze_log.propagate = False
+    try:
+        yield handler
+    finally:
+        haze_log.removeHandler(handler)
+        haze_log.setLevel(saved[0])
+        job_log.setLevel(saved[1])
+        haze_log.propagate = saved[2]

@@ -1,0 +1,169 @@
+"""A new user's first hour, as real processes: ``haze init``, then
+``haze db:migrate && python main.py && haze queue:work --stop-when-empty`` in the new
+folder, on SQLite, on the real PostgreSQL (a fresh database) and on the real Redis (a
+db number no other test uses, its haze keys deleted before and after).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PG_ADMIN = os.environ.get("HAZE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = "redis://127.0.0.1:6379/11"
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("HAZE_", "QUEUE_"))}
+    e.pop("DATABASE_URL", None)
+    e.pop("REDIS_URL", None)
+    e["PYTHONUNBUFFERED"] = "1"
+    e.update(extra)
+    return e
+
+
+def run(cwd: Path, *cmd: str, **extra: str) -> str:
+    """Run ``haze ...`` or ``python ...`` in ``cwd``; returns stdout, fails on exit != 0."""
+    argv = (
+        [sys.executable, "-m", "haze.cli", *cmd[1:]]
+        if cmd[0] == "haze"
+        else [
+            sys.executable,
+            *cmd[1:],
+        ]
+    )
+    proc = subprocess.run(
+        argv, cwd=cwd, env=env(**extra), capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, (
+        f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.stdout
+
+
+def first_hour(tmp_path: Path, *flags: str, **extra: str) -> Path:
+    """``haze init`` then the three commands the issue names, checked line by line."""
+    out = run(tmp_path, "haze", "init", "app1", *flags)
+    app = tmp_path / "app1"
+    assert "Created config/queue.py" in out
+    for rel in (
+        "config/queue.py",
+        "config/database.py",
+        "config/cache.py",
+        "app/job/example.py",
+        "main.py",
+    ):
+        assert (app / rel).is_file(), rel
+    assert "storage/" in (app / ".gitignore").read_text().splitlines()
+    run(app, "haze", "db:migrate", **extra)
+    dispatched = run(app, "python", "main.py", **extra)
+    short = re.fullmatch(r"Dispatched example (\w+)\n", dispatched)
+    assert short, dispatched
+    worked = run(app, "haze", "queue:work", "--stop-when-empty", **extra)
+    assert re.search(rf"example \.+ {short[1]} RUNNING", worked), worked
+    assert re.search(rf"example \.+ {short[1]} WARNING Hello, world!", worked), worked
+    assert re.search(rf"example \.+ {short[1]} DONE \d+ms", worked), worked
+    assert "Worker stopped after 1 job(s)." in worked
+    # the first failure: retried with the job's backoff, shown once with its exception
+    failing = run(app, "python", "main.py", "--fail", **extra)
+    short = re.fullmatch(r"Dispatched example (\w+)\n", failing)
+    assert short, failing
+    worked = run(app, "haze", "queue:work", "--stop-when-empty", **extra)
+    assert re.search(
+        rf"example \.+ {short[1]} RETRY in 5s  RuntimeError: example failed on purpose "
+        r"\(attempt 1\)",
+        worked,
+    ), worked
+    return app
+
+
+def test_init_runs_at_once_on_sqlite(tmp_path: Path) -> None:
+    app = first_hour(tmp_path)
+    assert (app / "storage" / "app.db").is_file()
+    assert "sqlite:///storage/app.db" in (app / "config" / "database.py").read_text()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    psycopg = pytest.importorskip("psycopg")
+    db = f"haze_first_hour_{os.getpid()}"
+    try:
+        admin = psycopg.connect(PG_ADMIN, autocommit=True)
+    except psycopg.OperationalError:
+        pytest.skip(f"no PostgreSQL at {PG_ADMIN}")
+    with admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {db}")
+    yield PG_ADMIN.rsplit("/", 1)[0] + f"/{db}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+def test_init_postgres_runs_against_the_real_server(tmp_path: Path, pg_url: str) -> None:
+    app = first_hour(tmp_path, "--postgres", DATABASE_URL=pg_url)
+    assert "postgresql://" in (app / "config" / "database.py").read_text()
+    assert not (app / "storage").exists(), "nothing went to SQLite"
+    psycopg = pytest.importorskip("psycopg")
+    with psycopg.connect(pg_url) as c:
+        assert c.execute("SELECT count(*) FROM jobs").fetchone() == (1,), "the retry waits"
+
+
+@pytest.fixture
+def redis_db() -> Iterator[str]:
+    redis = pytest.importorskip("redis")
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.ConnectionError:
+        pytest.skip(f"no Redis at {REDIS_URL}")
+
+    def clean() -> None:
+        keys = list(client.scan_iter("haze:*"))
+        if keys:
+            client.delete(*keys)
+
+    clean()
+    yield REDIS_URL
+    clean()
+    client.close()
+
+
+def test_init_redis_runs_against_the_real_server(tmp_path: Path, redis_db: str) -> None:
+    app = first_hour(tmp_path, "--redis", REDIS_URL=redis_db)
+    assert (app / "config" / "redis.py").is_file()
+    assert not (app / "database" / "migrations").exists(), "redis needs no tables"
+    import redis
+
+    client = redis.Redis.from_url(redis_db)
+    try:
+        assert client.zcard("haze:default:delayed") == 1, "the retry waits in Redis"
+    finally:
+        client.close()
+
+
+def test_init_never_overwrites_a_file(tmp_path: Path) -> None:
+    (tmp_path / "config").mkdir()
+    mine = "# my own queue config\n"
+    (tmp_path / "config" / "queue.py").write_text(mine)
+    (tmp_path / "main.py").write_text("print('mine')\n")
+    (tmp_path / ".gitignore").write_text("*.pyc")
+    out = run(tmp_path, "haze", "init")
+    assert "Kept config/queue.py (it exists)" in out
+    assert "Kept main.py (it exists)" in out
+    assert "Created config/database.py" in out
+    assert (tmp_path / "config" / "queue.py").read_text() == mine
+    assert (tmp_path / "main.py").read_text() == "print('mine')\n"
+    assert (tmp_path / ".gitignore").read_text().splitlines()[0] == "*.pyc"
+    # a second run changes nothing at all
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    out = run(tmp_path, "haze", "init")
+    assert "Created" not in out
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert (tmp_path / ".gitignore").read_text().count("storage/") == 1
