@@ -247,7 +247,7 @@ class _V:
 # validated dict. A later driver adds its row here and nothing else changes.
 _COMMON = {"driver": "str", "max_message_size": "int", "concurrency": "int", "queues": "names"}
 QUEUE_DRIVER_OPTIONS: dict[str, dict[str, str]] = {
-    "sync": {"driver": "str"},
+    "sync": {"driver": "str", "max_message_size": "int"},
     "memory": dict(_COMMON),
     "redis": {
         **_COMMON,

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from .durations import Duration, parse_duration
+from .durations import Duration, check_delay, parse_duration
 
 if TYPE_CHECKING:
     from .app import App
@@ -180,7 +180,9 @@ class JobContext:
         Not a failure and it consumes no try. Call it, then return (middleware: do not
         call ``call_next``).
         """
-        self._release_delay = parse_duration(delay, "job.release(delay)")
+        self._release_delay = check_delay(
+            parse_duration(delay, "job.release(delay)"), "job.release(delay)"
+        )
 
     @property
     def error(self) -> BaseException | None:

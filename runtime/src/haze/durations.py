@@ -103,8 +103,11 @@ def parse_backoff(value: object, option: str = "backoff") -> float | tuple[float
     if isinstance(value, (list, tuple)):
         if not value:
             raise ValueError(f"{option}: a backoff list needs at least one entry")
-        return tuple(parse_duration(v, f"{option}[{i}]") for i, v in enumerate(value))
-    return parse_duration(value, option)
+        return tuple(
+            check_delay(parse_duration(v, f"{option}[{i}]"), f"{option}[{i}]")
+            for i, v in enumerate(value)
+        )
+    return check_delay(parse_duration(value, option), option)
 
 
 def backoff_delay(backoff: float | tuple[float, ...] | str, retry: int) -> float:

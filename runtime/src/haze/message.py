@@ -32,6 +32,7 @@ from .errors import MessageDecodeError
 
 __all__ = [
     "MAX_DELAY",
+    "MAX_MESSAGE_SIZE",
     "MAX_QUEUE_NAME",
     "Message",
     "check_json",
@@ -211,6 +212,10 @@ class Message:
 
 #: The largest queue name any driver accepts (database columns are VARCHAR(255)).
 MAX_QUEUE_NAME = 255
+#: The default ``max_message_size`` of the sync, memory, database and redis drivers, in
+#: bytes of JSON: 4 MiB. A queue carries ids, not files; SQS (1 MiB) and Cloudflare
+#: (128 KB) keep their own lower limits.
+MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 _NUMBER = (int, float)
 _STRINGS = ("connection", "tenant", "chain_id", "batch_id", "enc")
 
