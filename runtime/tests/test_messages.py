@@ -1,0 +1,111 @@
+"""Messages for the common first-hour mistakes: each names what is wrong and what to do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from haze import (
+    App,
+    ConfigError,
+    JobDefinitionError,
+    Queue,
+    UnknownJobError,
+    define_job,
+    define_queue_config,
+)
+
+
+@define_job(name="msg_send_invoice")
+async def msg_send_invoice(payload: dict[str, Any]) -> None: ...
+
+
+def test_an_unknown_define_job_option_suggests_the_right_one() -> None:
+    with pytest.raises(JobDefinitionError) as info:
+        define_job(retries=3)  # type: ignore[call-overload]
+    assert str(info.value).startswith(
+        "define_job: unknown option 'retries' (did you mean 'tries'?)"
+    )
+    assert isinstance(info.value, TypeError)
+    with pytest.raises(JobDefinitionError, match="unknown option 'zzz'; options: name, tries"):
+        define_job(zzz=1)  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize(
+    ("source", "extra"),
+    [
+        ("def handler(payload, job, extra): ...", "'extra'"),
+        ("async def handler(payload, job, a, b): ...", "'a', 'b'"),
+        ("def handler(payload, *, flag): ...", "'flag'"),
+    ],
+)
+def test_a_handler_that_cannot_be_called_with_payload_and_job_is_refused(
+    source: str, extra: str
+) -> None:
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)
+    with pytest.raises(JobDefinitionError) as info:
+        define_job(name=f"msg_bad_{len(extra)}")(namespace["handler"])
+    message = str(info.value)
+    assert "must be callable as (payload) or (payload, job)" in message
+    assert f"also requires {extra}" in message
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def handler(): ...",
+        "def handler(payload): ...",
+        "async def handler(payload, job): ...",
+        "def handler(payload, job=None, extra=1): ...",
+        "def handler(payload, *, flag=False, **options): ...",
+        "def handler(*args): ...",
+    ],
+)
+def test_handlers_haze_can_call_are_accepted(source: str) -> None:
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)
+    define_job(name=f"msg_ok_{abs(hash(source))}")(namespace["handler"])
+
+
+async def test_a_keyword_only_default_is_not_given_the_job(app: App) -> None:
+    seen: list[Any] = []
+
+    @define_job(name="msg_kw_only")
+    async def kw_only(payload: Any, *, flag: bool = False) -> None:
+        seen.append((payload, flag))
+
+    await kw_only.dispatch(1)
+    await Queue.idle()
+    assert seen == [(1, False)], "called as (payload): the job is not passed as flag"
+
+
+async def test_an_unknown_job_name_suggests_the_registered_one(app: App) -> None:
+    with pytest.raises(UnknownJobError) as info:
+        await Queue.dispatch("msg_send_invoce", {})
+    assert str(info.value).startswith(
+        "no job named 'msg_send_invoce' (did you mean 'msg_send_invoice'?);"
+    )
+
+
+def test_an_unknown_connection_lists_the_configured_ones() -> None:
+    app = App(
+        queue=define_queue_config(
+            default="redis",
+            connections={"memory": {"driver": "memory"}, "redis": {"driver": "memory"}},
+        )
+    )
+    with pytest.raises(ConfigError) as info:
+        app.connection_name("redsi")
+    message = str(info.value)
+    assert "unknown queue connection 'redsi' (did you mean 'redis'?)" in message
+    assert "defined in " in message and __file__ in message
+    assert message.endswith(": memory, redis")
+
+
+def test_an_unknown_connection_without_config_says_there_is_no_file(tmp_path: Any) -> None:
+    (tmp_path / "app").mkdir()
+    with pytest.raises(ConfigError) as info:
+        App(root=tmp_path).connection_name("redis")
+    assert f"there is no config/queue.py under {tmp_path}" in str(info.value)
+    assert "built-in memory" in str(info.value)
