@@ -33,7 +33,7 @@ from haze.crypto import generate_key
 from haze.database.migrations import ensure_queue_tables
 from haze.transactions import register_provider, unregister_provider
 from haze.worker import Worker
-from redis_spec import REDIS_URL, delete_prefix, redis_reachable, unique_prefix
+from redis_spec import REDIS_URL, delete_prefix, needs_redis, unique_prefix
 
 MARKER = "PLAINTEXT-MARKER-4242"
 
@@ -209,8 +209,6 @@ async def test_sqlite_file_holds_no_plaintext(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- Redis
-
-needs_redis = pytest.mark.skipif(not redis_reachable(), reason=f"no Redis at {REDIS_URL}")
 
 
 def redis_values(token: str) -> dict[str, bytes]:
