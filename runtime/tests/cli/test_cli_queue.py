@@ -361,3 +361,18 @@ def test_a_255_character_queue_name_is_accepted(app: App, tmp_path: Path) -> Non
     result = haze(tmp_path, "queue:clear", "--queue", name)
     assert result.exit_code == 0, result.output
     assert "Cleared 0 job(s)" in result.output
+
+
+def test_every_command_with_a_queue_option_validates_it() -> None:
+    """A command that gains --queue later must use the same check (QUEUE_NAME(S))."""
+    from haze.cli._core import QueueNamesType, QueueNameType
+
+    validated_in_body = {"queue:work", "queue:size"}  # through _queue_list, tested above
+    found = []
+    for name, command in get_cli().commands.items():
+        for param in command.params:
+            if "--queue" in getattr(param, "opts", ()):
+                found.append(name)
+                if name not in validated_in_body:
+                    assert isinstance(param.type, (QueueNameType, QueueNamesType)), name
+    assert {"queue:work", "queue:clear", "queue:failed", "queue:retry"} <= set(found)
