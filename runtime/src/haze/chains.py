@@ -3,9 +3,9 @@
 >>> # await Queue.chain([process_video.with_({"id": 1}), publish.with_({"id": 1})]) \\
 >>> #     .on_queue("media").catch(cleanup.with_({"id": 1})).dispatch()
 
-A link is ``{"job", "payload", "queue"?, "connection"?, "delay"?}`` or, for a batch
-inside a chain, ``{"batch": {...}}``. Any worker that finishes a link dispatches the
-next one, so chains work on every driver.
+A link is ``{"job", "payload", "queue"?, "connection"?, "delay"?}`` (``enc`` in place of
+``payload`` for an ``encrypted`` job) or, for a batch inside a chain, ``{"batch": {...}}``.
+Any worker that finishes a link dispatches the next one, so chains work on every driver.
 """
 
 from __future__ import annotations
