@@ -424,6 +424,11 @@ def validate_queue(spec: object, source: str | None = None) -> QueueConfig:
             for m in members:
                 if m not in connections or m == name:
                     raise v.fail(f"connections.{name}.connections", f"unknown connection {m!r}")
+                if connections[m]["driver"] == "failover":
+                    raise v.fail(
+                        f"connections.{name}.connections",
+                        f"{m!r} is a failover connection itself; list the real connections",
+                    )
         if c["driver"] == "sqs" and not c.get("queue_url"):
             raise v.fail(f"connections.{name}.queue_url", "is required for the sqs driver")
     default = raw.get("default")

@@ -50,6 +50,10 @@ class Worker:
         self.app = app
         self.connection = connection
         self.driver: Driver = app.driver(connection)
+        from .drivers.failover import FailoverDriver
+
+        if isinstance(self.driver, FailoverDriver):
+            raise self.driver.no_consumer()  # it only dispatches: nothing to claim
         self.queues = list(queues) if queues else None
         self.concurrency = max(1, concurrency)
         self.once = once
@@ -60,6 +64,8 @@ class Worker:
         self.max_sleep = max_sleep if max_sleep is not None else sleep * 5
         self.on_job = on_job
         self.processed = 0
+        #: Jobs whose ack/release/fail found another worker owning them (lease expired).
+        self.leases_lost = 0
         self.stopping = False
         self._busy = 0
         self._claiming = 0  # slots inside a claim: it may return a job (stop_when_empty)
@@ -80,6 +86,9 @@ class Worker:
         self._outage = False
         self._outage_backoff = 0.0
         self._outage_since = 0.0
+        #: Jobs that ran while the backend was out, so their outcome was not recorded:
+        #: told once, on the "reachable again" line, not one warning per job.
+        self._unrecorded: list[str] = []
         #: Errors that mean "the backend is unreachable" rather than a bug: they are
         #: logged once per outage instead of with a traceback per job.
         self._outage_errors: tuple[type[BaseException], ...] = (
@@ -130,6 +139,12 @@ class Worker:
             self.start()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._stop_heartbeat()
+        if self._unrecorded:  # stopped before the backend came back
+            log.warning(
+                "haze worker: stopped while connection %r was unavailable%s",
+                self.connection,
+                self._unrecorded_note(),
+            )
         if self._fatal is not None:
             raise self._fatal
         return self.processed
@@ -252,8 +267,23 @@ class Worker:
         if self._outage and began >= self._outage_since:
             self._outage = False
             self._outage_backoff = 0.0
-            log.warning("haze worker: connection %r is reachable again", self.connection)
+            log.warning(
+                "haze worker: connection %r is reachable again%s",
+                self.connection,
+                self._unrecorded_note(),
+            )
         return job
+
+    def _unrecorded_note(self) -> str:
+        """The jobs that ran during the outage without their outcome being recorded."""
+        ids, self._unrecorded = self._unrecorded, []
+        if not ids:
+            return ""
+        shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        return (
+            f"; {len(ids)} job(s) ran during the outage but their outcome could not be "
+            f"recorded ({shown}): they run again once their claim expires (retry_after)"
+        )
 
     def _enter_outage(self, e: BaseException) -> None:
         """Log the first failure of an outage (claims, heartbeats and acks all fail at
@@ -346,13 +376,8 @@ class Worker:
             except Exception as e:  # process() handles job errors itself: a backend error
                 if isinstance(e, self._outage_errors):
                     self._enter_outage(e)
-                    log.warning(
-                        "haze worker: job %s on %r ran, but its outcome could not be recorded "
-                        "(%s: %s); it may run again once its claim expires (retry_after)",
-                        job.message.id if job.message is not None else job.token,
-                        self.connection,
-                        type(e).__name__,
-                        e,
+                    self._unrecorded.append(
+                        job.message.id if job.message is not None else str(job.token)
                     )
                 else:  # pragma: no cover - a bug
                     log.exception("haze worker: unexpected error while processing a job")
@@ -362,6 +387,8 @@ class Worker:
                 self._ended += 1
                 del self._active[id(job)]
             self.processed += 1
+            if job.lease_lost:
+                self.leases_lost += 1
             if self.on_job is not None:
                 self.on_job(job, outcome, time.perf_counter() - started)
         check_idle = getattr(driver, "check_idle", None)

@@ -25,6 +25,7 @@ atomic.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -35,9 +36,16 @@ from urllib.parse import urlsplit
 
 from .._http import LoopClient
 from ..durations import parse_duration
-from ..errors import ConfigError, HazeError
+from ..errors import ConfigError, DatabaseConnectionError, HazeError
 
-__all__ = ["API_URL", "D1Connector", "D1Error", "D1Executor", "register_binding_executor"]
+__all__ = [
+    "API_URL",
+    "D1Connector",
+    "D1Error",
+    "D1Executor",
+    "D1UnavailableError",
+    "register_binding_executor",
+]
 
 API_URL = "https://api.cloudflare.com/client/v4"
 Row = tuple[Any, ...]
@@ -56,6 +64,11 @@ class D1Error(HazeError):
         self.code = code
         detail = message if status is None else f"HTTP {status}: {message}"
         super().__init__(f"D1 connection {connection!r}: {detail}")
+
+
+class D1UnavailableError(D1Error, DatabaseConnectionError):
+    """The D1 REST API could not be reached, or answered 502/503/504: an outage (a worker
+    waits for it), not a refused statement."""
 
 
 class D1Executor(Protocol):
@@ -77,6 +90,23 @@ def register_binding_executor(fn: Callable[[str, str], D1Executor | None] | None
     """Install the Worker-binding lookup (``haze_cloudflare`` calls this on import)."""
     global _binding_executor
     _binding_executor = fn
+
+
+_hook_tried = False
+
+
+def _binding_lookup() -> Callable[[str, str], D1Executor | None] | None:
+    # haze_cloudflare loads its D1 module on first use, not on import (cold start): a
+    # Worker that bound its env and dispatches before any QueueWorker ran gets it here.
+    global _hook_tried
+    if _binding_executor is None and not _hook_tried:
+        _hook_tried = True
+        try:
+            importlib.import_module("haze_cloudflare.d1")
+        except ModuleNotFoundError as e:
+            if not (e.name or "").startswith("haze_cloudflare"):
+                raise
+    return _binding_executor
 
 
 def encode_param(value: Any) -> Any:
@@ -117,7 +147,15 @@ class _RestExecutor:
         try:
             response = await self._http.get().post(url, content=body)
         except self._http.httpx.HTTPError as e:
-            raise D1Error(self._c.name, f"cannot reach {url} ({type(e).__name__}: {e})") from e
+            raise D1UnavailableError(
+                self._c.name, f"cannot reach {url} ({type(e).__name__}: {e})"
+            ) from None
+        if response.status_code in (502, 503, 504):
+            raise D1UnavailableError(
+                self._c.name,
+                f"{url} answered {response.reason_phrase or 'unavailable'}",
+                status=response.status_code,
+            )
         try:
             data = response.json()
         except ValueError:
@@ -223,8 +261,9 @@ class D1Connector:
 
     def executor(self) -> D1Executor:
         """The Worker's binding when bound, else the REST client."""
-        if _binding_executor is not None:
-            ex = _binding_executor(self.name, self.binding)
+        lookup = _binding_lookup()
+        if lookup is not None:
+            ex = lookup(self.name, self.binding)
             if ex is not None:
                 return ex
         if self._rest is None:

@@ -36,12 +36,18 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from .._http import LoopClient
 from ..durations import parse_duration
-from ..errors import ConfigError, HazeError
+from ..errors import ConfigError, DatabaseConnectionError, HazeError
 
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["LibSQLConnector", "LibSQLError", "decode_value", "encode_value"]
+__all__ = [
+    "LibSQLConnector",
+    "LibSQLError",
+    "LibSQLUnavailableError",
+    "decode_value",
+    "encode_value",
+]
 
 log = logging.getLogger("haze.database.libsql")
 
@@ -82,6 +88,15 @@ class LibSQLError(HazeError):
         if status is not None:
             detail = f"HTTP {status}: {detail}"
         super().__init__(f"libSQL connection {connection!r} ({url}): {detail}")
+
+
+class LibSQLUnavailableError(LibSQLError, DatabaseConnectionError):
+    """The libSQL server could not be reached, or its gateway answered 502/503/504: an
+    outage (a worker waits for it), not a refused statement."""
+
+
+#: gateway answers that mean "the server behind it is down", not "your request is wrong"
+_UNAVAILABLE_STATUS = {502, 503, 504}
 
 
 # --------------------------------------------------------------------------- values
@@ -306,7 +321,13 @@ class LibSQLConnector:
         try:
             response = await self._http.get().post(endpoint, content=body)
         except self._http.httpx.HTTPError as e:
-            raise self._error(f"cannot reach the server ({type(e).__name__}: {e})") from e
+            raise LibSQLUnavailableError(
+                self.name, self.url, f"cannot reach the server ({type(e).__name__}: {e})"
+            ) from None
+        if response.status_code in _UNAVAILABLE_STATUS:
+            raise LibSQLUnavailableError(
+                self.name, self.url, self._http_message(response), status=response.status_code
+            )
         if response.status_code != 200:
             raise self._error(self._http_message(response), status=response.status_code)
         try:

@@ -25,15 +25,15 @@ import asyncio
 import contextlib
 import importlib
 import logging
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .._deps import require
-from ..errors import ConfigError
-from .postgres import DatabaseConnectionError, redact_url, translate_placeholders
+from ..errors import ConfigError, DatabaseConnectionError
+from .postgres import redact_url, translate_placeholders
 
 __all__ = ["DatabaseConnectionError", "MySQLConnector"]
 
@@ -46,6 +46,22 @@ CONNECT_TIMEOUT = 10
 
 #: client error codes that mean "could not connect / log in"
 _CONNECT_ERRORS = {1044, 1045, 1049, 1698, 2002, 2003, 2005, 2006, 2013, 2059}
+
+
+#: server errors that mean it went away: shutdown in progress, our connection killed
+_SERVER_GONE = {1053, 1927}
+
+
+def _is_outage(error: BaseException) -> bool:
+    """Whether an aiomysql/PyMySQL error says the server cannot be reached (2xxx are the
+    client's own "cannot connect" / "lost connection" codes), not a bad statement."""
+    err = importlib.import_module("pymysql.err")
+    if isinstance(error, err.InterfaceError):  # the connection is closed / not connected
+        return True
+    if not isinstance(error, err.OperationalError):
+        return False
+    code = error.args[0] if error.args else None
+    return isinstance(code, int) and (2000 <= code < 3000 or code in _SERVER_GONE)
 
 
 def _require() -> Any:
@@ -184,6 +200,24 @@ class MySQLConnector:
             f"connections.{self.name}.url)"
         )
 
+    @contextmanager
+    def _outages(self) -> Iterator[None]:
+        """Statements inside raise ``DatabaseConnectionError`` when the server is gone."""
+        try:
+            yield
+        except DatabaseConnectionError:
+            raise
+        except Exception as e:
+            if not (_is_outage(e) or isinstance(e, OSError)):
+                raise
+            args: tuple[Any, ...] = e.args
+            reason = str(args[1]) if len(args) >= 2 else (str(e) or type(e).__name__)
+            raise DatabaseConnectionError(
+                f"MySQL database connection {self.name!r} ({redact_url(self.url)}) is "
+                f"unavailable ({type(e).__name__}: {reason.strip().splitlines()[0]}); check "
+                f"that the server at {self.host}:{self.port} is running and reachable"
+            ) from None
+
     async def _get_pool(self) -> Any:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
@@ -224,39 +258,44 @@ class MySQLConnector:
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         pool = await self._get_pool()
-        async with pool.acquire() as conn:
-            return await _MySession(conn).execute(sql, params)
+        with self._outages():
+            async with pool.acquire() as conn:
+                return await _MySession(conn).execute(sql, params)
 
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         pool = await self._get_pool()
-        async with pool.acquire() as conn:
-            return await _MySession(conn).executemany(sql, rows)
+        with self._outages():
+            async with pool.acquire() as conn:
+                return await _MySession(conn).executemany(sql, rows)
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         pool = await self._get_pool()
-        async with pool.acquire() as conn:
-            return await _MySession(conn).fetchall(sql, params)
+        with self._outages():
+            async with pool.acquire() as conn:
+                return await _MySession(conn).fetchall(sql, params)
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
         pool = await self._get_pool()
-        async with pool.acquire() as conn:
-            return await _MySession(conn).fetchone(sql, params)
+        with self._outages():
+            async with pool.acquire() as conn:
+                return await _MySession(conn).fetchone(sql, params)
 
     @asynccontextmanager
     async def transaction(self, *, immediate: bool = False) -> AsyncIterator[_MySession]:
         """``BEGIN`` … ``COMMIT`` on one pooled connection (``immediate`` is for SQLite)."""
         pool = await self._get_pool()
-        async with pool.acquire() as conn:
-            await conn.begin()
-            try:
-                yield _MySession(conn)
-            except BaseException:
+        with self._outages():
+            async with pool.acquire() as conn:
+                await conn.begin()
                 try:
-                    await conn.rollback()
-                except Exception:
-                    conn.close()  # unusable: the pool drops it
-                raise
-            await conn.commit()
+                    yield _MySession(conn)
+                except BaseException:
+                    try:
+                        await conn.rollback()
+                    except Exception:
+                        conn.close()  # unusable: the pool drops it
+                    raise
+                await conn.commit()
 
     # -- lifecycle --------------------------------------------------------------------
 

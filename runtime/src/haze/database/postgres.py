@@ -24,8 +24,8 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +46,34 @@ Row = tuple[Any, ...]
 
 #: seconds libpq waits for a connection unless the URL sets ``connect_timeout``
 CONNECT_TIMEOUT = 10
+
+#: SQLSTATE classes that mean the server went away: 08 connection exception, 57
+#: operator intervention (shutdown, "the database system is starting up")
+_OUTAGE_SQLSTATE = ("08", "57")
+
+
+def _is_outage(error: BaseException) -> bool:
+    """Whether a psycopg error says the server cannot be reached (not a bad statement)."""
+    import psycopg
+    from psycopg_pool import PoolTimeout
+
+    if isinstance(error, PoolTimeout):  # no connection came back within the pool's timeout
+        return True
+    if not isinstance(error, psycopg.OperationalError):
+        return False
+    # No SQLSTATE: a client-side failure (socket closed, "consuming input failed").
+    state = error.sqlstate
+    return state is None or state[:2] in _OUTAGE_SQLSTATE
+
+
+def _quiet_pool_log() -> None:
+    # psycopg's pool logs every failed reconnect and dropped connection: about twenty
+    # warnings in a five-second outage. The worker reports an outage once ("unavailable",
+    # then "reachable again"), so haze lowers that logger to errors unless the app set
+    # its level itself (set it to see the pool's own account).
+    pool_log = logging.getLogger("psycopg.pool")
+    if pool_log.level == logging.NOTSET:
+        pool_log.setLevel(logging.ERROR)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -252,7 +280,10 @@ class _Listener:
         self._failures += 1
         delay = min(30.0, 0.5 * 2 ** (self._failures - 1))
         self._retry_at = loop.time() + delay
-        (log.warning if self._failures == 1 else log.debug)(
+        # A server outage is the worker's to report (once); a LISTEN that fails on a server
+        # that works (a pooler in transaction mode, a missing permission) is news.
+        outage = isinstance(error, DatabaseConnectionError) or _is_outage(error)
+        (log.warning if self._failures == 1 and not outage else log.debug)(
             "haze: LISTEN connection to database %r failed (%s); idle workers poll "
             "until it reconnects (next try in %.1fs)",
             self._c.name,
@@ -355,6 +386,27 @@ class PostgresConnector:
             with contextlib.suppress(Exception):
                 conn.pgconn.finish()
 
+    def _unavailable(self, error: BaseException) -> DatabaseConnectionError:
+        text = str(error).strip()
+        reason = text.splitlines()[0] if text else type(error).__name__
+        return DatabaseConnectionError(
+            f"PostgreSQL database connection {self.name!r} ({redact_url(self.url)}) is "
+            f"unavailable ({type(error).__name__}: {reason}); check that the server at "
+            f"{self.host}:{self.port} is running and reachable"
+        )
+
+    @contextmanager
+    def _outages(self) -> Iterator[None]:
+        """Statements inside raise ``DatabaseConnectionError`` when the server is gone."""
+        try:
+            yield
+        except DatabaseConnectionError:
+            raise
+        except Exception as e:
+            if not _is_outage(e):
+                raise
+            raise self._unavailable(e) from None
+
     def _connect_error(self, error: BaseException) -> DatabaseConnectionError:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return DatabaseConnectionError(
@@ -395,6 +447,7 @@ class PostgresConnector:
     async def _open_pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
         from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+        _quiet_pool_log()
         # A plain connection first: it fails fast and says why (the pool would retry
         # in the background and only report a timeout).
         probe = await self._connect()
@@ -418,34 +471,39 @@ class PostgresConnector:
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         pool = await self._get_pool()
-        async with pool.connection() as conn:
-            cur = await conn.execute(*_q(sql, params))
-            return cur.rowcount
+        with self._outages():
+            async with pool.connection() as conn:
+                cur = await conn.execute(*_q(sql, params))
+                return cur.rowcount
 
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         pool = await self._get_pool()
-        async with pool.connection() as conn:
-            return await _PgSession(conn).executemany(sql, rows)
+        with self._outages():
+            async with pool.connection() as conn:
+                return await _PgSession(conn).executemany(sql, rows)
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         pool = await self._get_pool()
-        async with pool.connection() as conn:
-            cur = await conn.execute(*_q(sql, params))
-            return [tuple(r) for r in await cur.fetchall()]
+        with self._outages():
+            async with pool.connection() as conn:
+                cur = await conn.execute(*_q(sql, params))
+                return [tuple(r) for r in await cur.fetchall()]
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
         pool = await self._get_pool()
-        async with pool.connection() as conn:
-            cur = await conn.execute(*_q(sql, params))
-            row = await cur.fetchone()
-            return None if row is None else tuple(row)
+        with self._outages():
+            async with pool.connection() as conn:
+                cur = await conn.execute(*_q(sql, params))
+                row = await cur.fetchone()
+                return None if row is None else tuple(row)
 
     @asynccontextmanager
     async def transaction(self, *, immediate: bool = False) -> AsyncIterator[_PgSession]:
         """``BEGIN`` … ``COMMIT`` on one pooled connection (``immediate`` is for SQLite)."""
         pool = await self._get_pool()
-        async with pool.connection() as conn, conn.transaction():
-            yield _PgSession(conn)
+        with self._outages():
+            async with pool.connection() as conn, conn.transaction():
+                yield _PgSession(conn)
 
     # -- LISTEN/NOTIFY ----------------------------------------------------------------
 
@@ -479,7 +537,9 @@ class PostgresConnector:
                 async with pool.connection() as conn:
                     await conn.execute(sql, [p for pair in batch for p in pair])
             except Exception as e:
-                log.warning(
+                # During an outage the worker has said so once already.
+                outage = isinstance(e, DatabaseConnectionError) or _is_outage(e)
+                (log.debug if outage else log.warning)(
                     "haze: NOTIFY on database %r failed (%s); idle workers will "
                     "find the job when they next poll",
                     self.name,

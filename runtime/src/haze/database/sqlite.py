@@ -17,10 +17,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..errors import DatabaseConnectionError
+
 __all__ = ["SQLiteConnector"]
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
+
+#: primary result codes of a lock that outlasted busy_timeout
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
 
 
 def sqlite_path(url: str, root: Path | None) -> str:
@@ -124,7 +129,18 @@ class SQLiteConnector:
                 self._sync = self._open()
             return fn(self._sync)
 
-        return await loop.run_in_executor(self._executor, run)
+        try:
+            return await loop.run_in_executor(self._executor, run)
+        except sqlite3.OperationalError as e:
+            # Another process held the lock past busy_timeout: the database is unavailable
+            # for now (a worker says so once and waits), not a bad statement.
+            if e.sqlite_errorcode & 0xFF not in (_SQLITE_BUSY, _SQLITE_LOCKED):
+                raise
+            raise DatabaseConnectionError(
+                f"SQLite database connection {self.name!r} ({self.path}) is locked: another "
+                f"process held it longer than busy_timeout ({self.busy_timeout} ms); "
+                f"{e}"
+            ) from None
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         async with self._guard():
