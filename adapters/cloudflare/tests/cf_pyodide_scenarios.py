@@ -321,6 +321,30 @@ async def undecodable():
     }
 
 
+async def not_json_bodies():
+    """Bodies another producer sent with the default v8 content type: a Date, and an
+    object holding one, arrive as JS objects that have no JSON form."""
+    env, q, _ = new_env()
+    date = q.inject(run_js("new Date(0)"), "v8")
+    nested = q.inject(run_js("({v: 1, id: 'x', job: 'cf_pyo_ok', when: new Date(0)})"), "v8")
+    before = {f.id for f in await Queue.failed()}
+    await pump(env, q)
+    failed = [
+        {"id": f.id, "exception": f.exception, "payload": f.payload}
+        for f in await Queue.failed()
+        if f.id not in before
+    ]
+    return {
+        "date": date,
+        "nested": nested,
+        "calls": jsonable(q.calls),
+        "failed": failed,
+        "outcomes": list(worker.outcomes),
+        "size": q.size,
+        "dead": jsonable(q.dead),
+    }
+
+
 async def fetch_dispatch():
     env, q, _ = new_env()
     body = json.dumps({"job": "cf_pyo_ok", "payload": {"key": "http"}, "delay": 5})
@@ -384,6 +408,7 @@ for scenario in (
     unique,
     rate_limited_release,
     undecodable,
+    not_json_bodies,
     fetch_dispatch,
 ):
     try:

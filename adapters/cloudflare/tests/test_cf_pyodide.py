@@ -264,6 +264,24 @@ def test_undecodable_messages_are_failed_and_acked(scenarios: dict[str, Any]) ->
     assert any("MessageDecodeError" in e for k, e in excs.items() if k != "nobody-1")
 
 
+def test_a_body_that_is_not_json_is_failed_with_the_reason_and_acked(
+    scenarios: dict[str, Any],
+) -> None:
+    v = outcome(scenarios, "not_json_bodies")
+    by_msg = calls_by_message(v["calls"])
+    assert by_msg[v["date"]] == [["ack"]]  # not retried into the dead-letter queue
+    assert by_msg[v["nested"]] == [["ack"]]
+    assert v["outcomes"] == ["failed", "failed"]
+    assert v["dead"] == []
+    assert v["size"] == 0
+    assert len(v["failed"]) == 2
+    for f in v["failed"]:
+        assert "MessageDecodeError" in f["exception"]
+        assert "not JSON" in f["exception"]
+        assert "Date" in f["exception"]
+        assert "RecursionError" not in f["exception"]
+
+
 def test_fetch_dispatch_endpoint(scenarios: dict[str, Any]) -> None:
     v = outcome(scenarios, "fetch_dispatch")
     status, body = v["ok"]

@@ -116,9 +116,12 @@ def _nulls(value: Any) -> Any:
 
 def to_py(value: Any) -> Any:
     """A JS value as plain Python data (``jsnull`` → None at any depth; ``undefined``
-    already arrives as None). Python values pass through (nulls cleaned)."""
+    already arrives as None). Python values pass through (nulls cleaned). A JS object
+    with no Python form (a ``Date``, a class instance) stays a ``JsProxy``."""
     if JsProxy is not None and isinstance(value, JsProxy):
         value = value.to_py()
+        if isinstance(value, JsProxy):  # no Python form (see _clean)
+            return value
     return _clean(value)
 
 
@@ -130,5 +133,10 @@ def _clean(value: Any) -> Any:
     if isinstance(value, list):
         return [_clean(v) for v in value]
     if JsProxy is not None and isinstance(value, JsProxy):
-        return _clean(value.to_py())
+        converted = value.to_py()
+        # A JS object with no Python counterpart (a Date, a class instance) converts to
+        # a new proxy of itself: stop there, or this would recurse forever.
+        if isinstance(converted, JsProxy):
+            return converted
+        return _clean(converted)
     return value

@@ -37,8 +37,9 @@ dead-letter queue itself, before haze's final failure.
 ``fetch()`` is an optional authenticated dispatch endpoint that answers exactly as the
 Lambda, server and Vercel entrypoints do (``haze.integrations.http_dispatch``): ``POST``
 a JSON body ``{"job": "send_invoice", "payload": {...}, "delay"?, "queue"?, "group"?}``
-with ``Authorization: Bearer <HAZE_HTTP_SECRET>`` (a Worker secret) or an
-``X-Haze-Signature`` HMAC of the body; 202 ``{"id", "job", "skipped", "deferred"}``.
+with ``Authorization: Bearer <HAZE_HTTP_SECRET>`` (a Worker secret), or signed with
+``X-Haze-Timestamp`` and an ``X-Haze-Signature`` HMAC of ``"{timestamp}.{body}"``
+(refused when more than 5 minutes off); 202 ``{"id", "job", "skipped", "deferred"}``.
 Without the secret it answers 500 and dispatches nothing.
 
 Subclass on the Cloudflare runtime: ``workers.WorkerEntrypoint``. Anywhere else (CPython,
@@ -267,19 +268,13 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
         from haze.message import decode
 
         cf_attempts = int(to_py(getattr(message, "attempts", 1)) or 1)
-        raw = to_py(message.body)
-        if isinstance(raw, (bytes, bytearray, memoryview)):
-            raw = bytes(raw).decode("utf-8", "replace")
-        body = (
-            raw
-            if isinstance(raw, str)
-            else json.dumps(raw, separators=(",", ":"), ensure_ascii=False)
-        )
-        try:
-            decoded: Message | None = decode(body)
-            error: BaseException | None = None
-        except Exception as e:
-            decoded, error = None, e
+        body, error = _body_text(to_py(message.body))
+        decoded: Message | None = None
+        if error is None:
+            try:
+                decoded = decode(body)
+            except Exception as e:
+                error = e
         connection = self._connection_for(app, decoded)
         offset = decoded.attempts if decoded is not None else 0
         queue = decoded.queue if decoded is not None else "default"
@@ -357,6 +352,48 @@ def _register_bindings() -> None:
     registers them), on the first invocation rather than at import."""
     from . import d1 as _d1  # noqa: F401
     from . import driver as _driver  # noqa: F401
+
+
+def _body_text(raw: Any) -> tuple[str, BaseException | None]:
+    """A message body as JSON text, or (what it shows, why it cannot be a haze message).
+
+    A producer that sent with Cloudflare's default content type (``v8``) can put any
+    structured-cloneable value in a body: a ``Date``, a class instance, a ``RegExp`` has
+    no JSON form and reaches Python as a JS object.
+    """
+    from haze.errors import MessageDecodeError
+
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        raw = bytes(raw).decode("utf-8", "replace")
+    if isinstance(raw, str):
+        return raw, None
+    try:
+        return json.dumps(raw, separators=(",", ":"), ensure_ascii=False), None
+    except (TypeError, ValueError, RecursionError):
+        found: list[str] = []
+
+        def shown(value: Any) -> str:
+            found.append(_js_kind(value))
+            return f"<{found[-1]} {str(value)[:80]}>"
+
+        try:
+            text = json.dumps(raw, separators=(",", ":"), ensure_ascii=False, default=shown)
+        except (TypeError, ValueError, RecursionError):
+            text = repr(raw)[:1000]
+        kinds = ", ".join(sorted(set(found))) or type(raw).__name__
+        return text, MessageDecodeError(
+            f"message body is not JSON: it holds a JavaScript {kinds}, which has no JSON "
+            'form; haze messages are JSON (send them with contentType "json")'
+        )
+
+
+def _js_kind(value: Any) -> str:
+    """``Date``, ``RegExp``, a class name… of a JS object (``object`` when unknown)."""
+    try:
+        name = value.constructor.name
+    except Exception:
+        name = None
+    return str(name) if isinstance(name, str) and name else type(value).__name__
 
 
 def _header(request: Any, name: str) -> str | None:

@@ -1,0 +1,113 @@
+"""The Store contract on Miniflare's REAL D1 binding (wrangler@4.86.0), from real Pyodide.
+
+``tests/contract/test_store_contract.py``'s test functions, unchanged (cut out of the file
+with ``ast``), run inside Pyodide against haze's ``database`` store on a ``d1://``
+connection whose env holds Miniflare's own D1 binding (``getD1Database``): every
+parameter leaves Python as a JS number or string and is bound by workerd's D1, which
+binds every JS number as REAL. A statement that lets such a number reach a TEXT column
+or a result (``'2.0'`` for a counter) fails a contract test here. The database queue
+driver's statements (enqueue, claim, retry, release, fail) then run on D1 too, and the
+column types they leave are checked.
+
+The harness is tests/cloudflare/miniflare-harness.mjs (see test_cf_miniflare.py for what
+is real in it).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cf_build import haze_wheels, npm_ci
+
+pytestmark = pytest.mark.pyodide
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+CF_DIR = ROOT / "tests" / "cloudflare"
+PYODIDE_DIR = ROOT / "tests" / "pyodide"
+CONTRACT = ROOT / "tests" / "contract" / "test_store_contract.py"
+
+
+def contract_tests() -> list[str]:
+    """The names of the contract's test functions (the Pyodide side cuts them out the
+    same way, from the same text, so tracebacks carry the contract file's line numbers)."""
+    tree = ast.parse(CONTRACT.read_text())
+    return [
+        n.name
+        for n in tree.body
+        if isinstance(n, ast.AsyncFunctionDef) and n.name.startswith("test_")
+    ]
+
+
+TESTS = contract_tests()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed")
+    npm_ci(PYODIDE_DIR, "pyodide")
+    npm_ci(CF_DIR, "wrangler")
+    wheels = haze_wheels(tmp_path_factory)
+    script = tmp_path_factory.mktemp("cf-mf-store") / "cf_miniflare_store.py"
+    script.write_text(
+        f"CONTRACT_SRC = {CONTRACT.read_text()!r}\nCONTRACT_TESTS = {TESTS!r}\n"
+        + (HERE / "cf_miniflare_store.py").read_text()
+    )
+    args = [node, str(CF_DIR / "miniflare-harness.mjs")]
+    for w in wheels:
+        args += ["--wheel", str(w)]
+    args.append(str(script))
+    proc = subprocess.run(
+        args, cwd=CF_DIR, capture_output=True, text=True, timeout=300, check=False
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"miniflare harness failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout)["python"]
+    if "error" in result:
+        pytest.fail(f"the run raised inside Pyodide:\n{result['error']}")
+    return result
+
+
+def test_the_contract_was_found() -> None:
+    assert "test_increment" in TESTS
+    assert "test_concurrent_increments_sum_exactly" in TESTS
+    assert len(TESTS) >= 10
+
+
+@pytest.mark.parametrize("name", TESTS)
+def test_store_contract_on_d1(run: dict[str, Any], name: str) -> None:
+    outcome = run["contract"][name]
+    if not outcome["ok"]:
+        pytest.fail(f"{name} failed on D1 (inside Pyodide):\n{outcome['error']}")
+    # values are JSON text; a number bound as REAL would have made some 'real'
+    assert set(outcome["types"]) <= {"text"}, outcome
+
+
+def test_counters_are_stored_as_integer_text(run: dict[str, Any]) -> None:
+    values = run["contract"]["test_increment"]["values"]
+    assert values, run["contract"]["test_increment"]
+    assert all("." not in v for v in values), values
+
+
+def test_queue_driver_columns_keep_their_types_on_d1(run: dict[str, Any]) -> None:
+    d = run["driver"]
+    assert "error" not in d, d.get("error")
+    # a retry uses a try; a release hands it back
+    assert d["attempts_seen"] == [1, 2, 2]
+    (row,) = d["jobs"]
+    assert row == {
+        "attempts": "integer",
+        "available_at": "real",
+        "created_at": "real",
+        "reserved_at": "real",
+    }
+    assert d["left"] == 0
+    assert d["failed"] == [{"failed_at": "real"}]
