@@ -587,7 +587,7 @@ class QueueManager:
                 if max_wait is not None:
                     first = await store.get(message.meta["debounce"] + ":first")
                 if first is None or max_wait is None or _time() < float(first) + max_wait:
-                    await driver.ack(reserved)
+                    self._owned(await driver.ack(reserved), reserved, "completion")
                     return _Outcome.SKIPPED, None
             if max_wait is not None:
                 # the burst is over: the next dispatch starts a new max_wait window
@@ -600,7 +600,7 @@ class QueueManager:
             if batch is not None and batch.cancelled:
                 await self._settle_batch(message, "skipped", None)
                 await self._unlock_unique(message)
-                await driver.ack(reserved)
+                self._owned(await driver.ack(reserved), reserved, "completion")
                 return _Outcome.SKIPPED, None
         once = message.meta.get("once") if message.meta is not None else None
         if isinstance(once, str):
@@ -609,7 +609,7 @@ class QueueManager:
             if not await claim_once(self, once, message.id):
                 log.info('Job "%s" (%s) skipped: its callback already ran', job.name, message.id)
                 await self._unlock_unique(message)
-                await driver.ack(reserved)
+                self._owned(await driver.ack(reserved), reserved, "completion")
                 return _Outcome.SKIPPED, None
 
         if self.events.before:
@@ -639,7 +639,8 @@ class QueueManager:
             error = e
         except asyncio.CancelledError:
             # The worker itself is being cancelled: put the job back untouched.
-            await driver.release(reserved, 0.0, consume_attempt=False)
+            owned = await driver.release(reserved, 0.0, consume_attempt=False)
+            self._owned(owned, reserved, "release")
             raise
         elapsed = _perf() - started
 
@@ -672,7 +673,8 @@ class QueueManager:
                         "retry_in": ctx._release_delay,
                     },
                 )
-            await driver.release(reserved, ctx._release_delay, consume_attempt=False)
+            owned = await driver.release(reserved, ctx._release_delay, consume_attempt=False)
+            self._owned(owned, reserved, "release")
             return _Outcome.RELEASED, None
 
         if job_log.isEnabledFor(_DEBUG):
@@ -717,7 +719,7 @@ class QueueManager:
             await self._unlock_unique(message)
         if job.max_exceptions is not None:
             await self._state_store().delete(self._exceptions_key(message))
-        await driver.ack(reserved)
+        self._owned(await driver.ack(reserved), reserved, "completion")
         if self.events.after:
             await self.events.emit("after", ctx)
         if next_error is not None:
@@ -803,7 +805,8 @@ class QueueManager:
                 "error": error,
             },
         )
-        await driver.release(reserved, delay, consume_attempt=True)
+        owned = await driver.release(reserved, delay, consume_attempt=True)
+        self._owned(owned, reserved, "retry")
         return _Outcome.RETRY, error
 
     async def _final_reason(
@@ -875,7 +878,8 @@ class QueueManager:
             # Before fail(): once the job has left the queue, a crash here would leave
             # the batch waiting for it forever. Counted twice, it still counts once.
             await self._settle_batch(message, "failed", error)
-        await driver.fail(reserved, self.failed_record(message, driver.name, error))
+        owned = await driver.fail(reserved, self.failed_record(message, driver.name, error))
+        self._owned(owned, reserved, "failure")
         await self._unlock_unique(message)
         if job.max_exceptions is not None:
             await self._state_store().delete(self._exceptions_key(message))
@@ -937,7 +941,7 @@ class QueueManager:
 
         m = reserved.message
         log.error("haze: cannot run a message on %s/%s: %s", driver.name, reserved.queue, error)
-        await driver.fail(
+        owned = await driver.fail(
             reserved,
             FailedJob(
                 id=m.id if m else new_id(),
@@ -951,6 +955,28 @@ class QueueManager:
                 batch_id=m.batch_id if m else None,
                 body=reserved.body,
             ),
+        )
+        self._owned(owned, reserved, "failure")
+
+    def _owned(self, owned: bool, reserved: Reserved, what: str) -> None:
+        """Warn when ack/release/fail found the job no longer this worker's (and mark it,
+        for the worker's ``leases_lost``): the outcome was not recorded."""
+        if owned is not False:  # a driver from before the bool return says None
+            return
+        reserved.lease_lost = True
+        m = reserved.message
+        name = m.job if m is not None else "<undecodable>"
+        job_id = m.id if m is not None else str(reserved.token)
+        job_log.warning(
+            'Job "%s" (%s): its %s was not recorded, because this worker no longer owned the '
+            "job: its lease expired (retry_after passed without a heartbeat) and another "
+            "worker took it over, so it may run again. An async job that blocks the event "
+            "loop (time.sleep, CPU-bound work) stops the heartbeat: await asyncio.sleep or "
+            "asyncio.to_thread instead, or make it a plain def job (it runs in a thread).",
+            name,
+            job_id,
+            what,
+            extra={"job": name, "job_id": job_id, "attempt": reserved.attempt},
         )
 
     # ================================================================ chains

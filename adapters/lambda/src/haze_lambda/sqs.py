@@ -42,8 +42,6 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from haze._env import env_duration
-
 if TYPE_CHECKING:  # loaded on the first invocation, not at import (cold start)
     from haze import App
     from haze.drivers.base import FailedJob, Reserved
@@ -76,14 +74,15 @@ class _RecordDriver:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._d, name)
 
-    async def ack(self, job: Reserved) -> None:
-        await self._d.ack(job)
+    async def ack(self, job: Reserved) -> bool:
+        return await self._d.ack(job)
 
-    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:
+    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
         self.kept = await self._d.settle_release(job, delay, consume_attempt=consume_attempt)
+        return True
 
-    async def fail(self, job: Reserved, failed: FailedJob) -> None:
-        await self._d.fail(job, failed)
+    async def fail(self, job: Reserved, failed: FailedJob) -> bool:
+        return await self._d.fail(job, failed)
 
 
 def _connection_for(app: App, arn: str) -> tuple[SqsDriver, str]:
@@ -120,6 +119,8 @@ def _remaining(context: Any) -> float | None:
 
 
 async def _handle(app: App, event: dict[str, Any], context: Any) -> dict[str, Any]:
+    from haze._env import env_duration
+
     records: list[dict[str, Any]] = list(event.get("Records") or [])
     margin = env_duration("HAZE_SQS_MARGIN", 5.0)
     loop = asyncio.get_running_loop()

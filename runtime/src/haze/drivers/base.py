@@ -40,6 +40,8 @@ class Reserved:
     queue: str
     token: Any = None
     error: BaseException | None = None
+    #: Set when ack/release/fail found another worker owning the job (its lease expired).
+    lease_lost: bool = False
 
 
 @dataclass
@@ -117,17 +119,22 @@ class Driver(Protocol):
     async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
         """Claim the next available message, queues in priority order; wait up to ``wait``s."""
 
-    async def ack(self, job: Reserved) -> None:
-        """The job is done: remove it."""
+    async def ack(self, job: Reserved) -> bool:
+        """The job is done: remove it.
 
-    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:
+        ack, release and fail return True when this worker still held the job, and False
+        when it no longer did (its lease expired and another worker took the job over;
+        nothing was changed). A driver that cannot tell returns True.
+        """
+
+    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
         """Put the job back, available after ``delay``.
 
         ``consume_attempt`` is True for a retry and False for ``job.release()``, which
         must not count as an attempt.
         """
 
-    async def fail(self, job: Reserved, failed: FailedJob) -> None:
+    async def fail(self, job: Reserved, failed: FailedJob) -> bool:
         """Final failure: remove the job and keep it in ``failed``."""
 
     async def size(self, queue: str) -> int:

@@ -580,15 +580,18 @@ class CloudflareDriver:
         delivery: Delivery = token
         return delivery
 
-    async def ack(self, job: Reserved) -> None:
-        await self._delivery(job).ack()
+    # Cloudflare settles a lease it no longer grants without saying so: True throughout.
 
-    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:
+    async def ack(self, job: Reserved) -> bool:
+        await self._delivery(job).ack()
+        return True
+
+    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
         seconds = delay_seconds(delay, self.name, cap=True)
         delivery = self._delivery(job)
         if consume_attempt:
             await delivery.retry(seconds)  # Cloudflare counts this attempt
-            return
+            return True
         # job.release(): a new message that carries the tries used so far, then ack the old
         # one. Sent first: a crash in between runs the job twice rather than never.
         body = _body_dict(job.body)
@@ -599,10 +602,12 @@ class CloudflareDriver:
             body.pop("attempts", None)
         await self.producer().send(body, seconds)
         await delivery.ack()
+        return True
 
-    async def fail(self, job: Reserved, failed: FailedJob) -> None:
+    async def fail(self, job: Reserved, failed: FailedJob) -> bool:
         await self._record_failed(failed)
         await self._delivery(job).ack()
+        return True
 
     # -- HTTP pull consumer ---------------------------------------------------------
 

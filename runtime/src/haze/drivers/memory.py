@@ -199,17 +199,23 @@ class MemoryDriver:
             if self._idle_waiters and self.pending() == 0:
                 self._wake_idle()
 
-    async def ack(self, job: Reserved) -> None:
-        self._settled()
+    # An in-process queue hands a job to one consumer and never takes it back: the
+    # consumer always still owns it (True).
 
-    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:
+    async def ack(self, job: Reserved) -> bool:
+        self._settled()
+        return True
+
+    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
         used = job.attempt if consume_attempt else job.attempt - 1
         self._push(job.queue, job.body, used, delay)
         self._settled()
+        return True
 
-    async def fail(self, job: Reserved, failed: FailedJob) -> None:
+    async def fail(self, job: Reserved, failed: FailedJob) -> bool:
         await self.failed.record(failed)
         self._settled()
+        return True
 
     # -------------------------------------------------------------- inspection
 

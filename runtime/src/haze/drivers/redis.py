@@ -904,11 +904,12 @@ class RedisDriver:
                     e,
                 )
 
-    async def _settled(self, link: _Link, job: Reserved, result: Any, what: str) -> None:
-        """Check a finishing script's reply; keep the job it fetched, if any."""
+    async def _settled(self, link: _Link, job: Reserved, result: Any, what: str) -> bool:
+        """Check a finishing script's reply; keep the job it fetched, if any. False when
+        the job's lock was no longer this worker's (the manager warns, naming the job)."""
         if isinstance(result, int):
             if result < 0:
-                log.warning(
+                log.debug(
                     "haze redis: %s of job %s on %s/%s skipped: %s (a stalled check gave it "
                     "to another worker)",
                     what,
@@ -921,20 +922,22 @@ class RedisDriver:
                         "attempt": job.attempt,
                     },
                 )
-            return
+                return False
+            return True
         if not result:
-            return
+            return True
         data, job_id, _, _ = raw2NextJobData(result)
         if data:
             fetched = await self._claimed(link, job.queue, data, job_id, job.token[1])
             link.prefetched.append(fetched)
             if not link.fetch_next:  # the worker stopped meanwhile
                 await self._return_prefetched(link)
+        return True
 
     def _fetch(self, link: _Link, job: Reserved) -> bool:
         return link.fetch_next and job.queue == link.first
 
-    async def ack(self, job: Reserved) -> None:
+    async def ack(self, job: Reserved) -> bool:
         link = self._link()
         link.open.discard(job.token)
         job_id, token = job.token
@@ -944,9 +947,9 @@ class RedisDriver:
             _ActiveJob(job_id, self._queue_opts), self.keep_completed, token, fetch
         )
         result = await link.script("moveToFinished", keys, args)
-        await self._settled(link, job, result, "completing")
+        return await self._settled(link, job, result, "completing")
 
-    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:
+    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
         link = self._link()
         link.open.discard(job.token)
         job_id, token = job.token
@@ -960,9 +963,9 @@ class RedisDriver:
         delay_ms = max(0, round(delay * 1000))
         keys, args = s.moveToDelayedArgs(job_id, _now_ms(), token, delay_ms, opts)
         result = await link.commands["moveToDelayed"](keys=keys, args=args, client=link.fast)
-        await self._settled(link, job, result, "releasing")
+        return await self._settled(link, job, result, "releasing")
 
-    async def fail(self, job: Reserved, failed: FailedJob) -> None:
+    async def fail(self, job: Reserved, failed: FailedJob) -> bool:
         link = self._link()
         link.open.discard(job.token)
         job_id, token = job.token
@@ -980,7 +983,7 @@ class RedisDriver:
             fields,
         )
         result = await link.commands["moveToFinished"](keys=keys, args=args, client=link.fast)
-        await self._settled(link, job, result, "failing")
+        return await self._settled(link, job, result, "failing")
 
     async def heartbeat(self, jobs: Sequence[Reserved]) -> None:
         """Renew the BullMQ locks of running jobs (one script call per queue)."""

@@ -922,24 +922,29 @@ class SqsDriver:
             VisibilityTimeout=max(0, int(seconds)),
         )
 
-    async def _delete(self, receipt: SqsReceipt) -> None:
+    async def _delete(self, receipt: SqsReceipt) -> bool:
+        """Delete a received message; False when its receipt had expired (the message was
+        visible again, maybe received by another worker: a lost lease)."""
         try:
             await self._call("delete_message", QueueUrl=receipt.url, ReceiptHandle=receipt.handle)
         except Exception as e:
             if _error_code(e) not in _BAD_RECEIPT:
                 raise
-            log.warning(
+            log.debug(
                 "haze sqs: could not delete message %s (%s): its receipt expired, so it "
                 "may run again",
                 receipt.message_id,
                 _error_code(e),
             )
+            return False
+        return True
 
-    async def ack(self, job: Reserved) -> None:
-        await self._delete(job.token)
+    async def ack(self, job: Reserved) -> bool:
+        return await self._delete(job.token)
 
-    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:
+    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
         await self.settle_release(job, delay, consume_attempt=consume_attempt)
+        return True
 
     async def settle_release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
         """``release`` that says how: True when the message stays in its queue with a new
@@ -960,9 +965,9 @@ class SqsDriver:
         await self._delete(receipt)
         return False
 
-    async def fail(self, job: Reserved, failed: FailedJob) -> None:
+    async def fail(self, job: Reserved, failed: FailedJob) -> bool:
         await self.failed.record(failed)
-        await self._delete(job.token)
+        return await self._delete(job.token)
 
     async def heartbeat(self, jobs: Sequence[Reserved]) -> None:
         """Extend the visibility of running jobs to ``retry_after`` again."""

@@ -56,14 +56,14 @@ class SyncDriver:
     async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
         return None
 
-    async def ack(self, job: Reserved) -> None:
-        return None
+    async def ack(self, job: Reserved) -> bool:
+        return True
 
-    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:
-        return None
+    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
+        return True
 
-    async def fail(self, job: Reserved, failed: FailedJob) -> None:
-        return None
+    async def fail(self, job: Reserved, failed: FailedJob) -> bool:
+        return True
 
     async def size(self, queue: str) -> int:
         return 0

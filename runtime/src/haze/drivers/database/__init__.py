@@ -370,33 +370,36 @@ class DatabaseDriver:
             self._wakeup.set()
 
     @_needs_tables
-    async def ack(self, job: Reserved) -> None:
+    async def ack(self, job: Reserved) -> bool:
+        # ack, release and fail match the row by its id and this claim's reserved_at: 0
+        # rows means another worker reclaimed it after retry_after (False, nothing changed)
         row_id, reserved_at = job.token
-        await self.db.execute(self.sql["ack"], (row_id, reserved_at))
+        return await self.db.execute(self.sql["ack"], (row_id, reserved_at)) > 0
 
     @_needs_tables
-    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> None:
+    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
         row_id, reserved_at = job.token
         if consume_attempt:
-            await self.db.execute(self.sql["retry"], (time.time() + delay, row_id, reserved_at))
-            return
+            params = (time.time() + delay, row_id, reserved_at)
+            return await self.db.execute(self.sql["retry"], params) > 0
         # release(): a new row with the attempt handed back, only if we still own the old one.
         now = time.time()
         async with self.db.transaction(immediate=True) as tx:
             if await tx.execute(self.sql["ack"], (row_id, reserved_at)) == 0:
-                return
+                return False
             await tx.execute(
                 self.sql["enqueue"],
                 (job.queue, job.body, max(0, job.attempt - 1), now + delay, now),
             )
         self._notify(job.queue)
+        return True
 
     @_needs_tables
-    async def fail(self, job: Reserved, failed: FailedJob) -> None:
+    async def fail(self, job: Reserved, failed: FailedJob) -> bool:
         row_id, reserved_at = job.token
         async with self.db.transaction(immediate=True) as tx:
             if await tx.execute(self.sql["ack"], (row_id, reserved_at)) == 0:
-                return  # another worker reclaimed the row; it owns the outcome now
+                return False  # another worker reclaimed the row; it owns the outcome now
             await tx.execute(
                 self.sql["failed_insert"],
                 (
@@ -408,6 +411,7 @@ class DatabaseDriver:
                     failed.failed_at,
                 ),
             )
+        return True
 
     async def heartbeat(self, jobs: Sequence[Reserved]) -> None:
         """Refresh ``heartbeat_at`` of running jobs so they are not reclaimed."""
