@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from haze import App, Db, Queue
+from haze.ids import short_id
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
@@ -54,7 +55,7 @@ async def main() -> None:
             ]
         ).dispatch()
         console.print(
-            f"chain    {chain.chain_id[-8:]}: resize_image → publish_post → notify_author"
+            f"chain    {short_id(chain.chain_id)}: resize_image → publish_post → notify_author"
         )
         batch = await (
             Queue.batch([import_rows.with_({"row": i}) for i in range(60)])
@@ -62,11 +63,11 @@ async def main() -> None:
             .then(import_finished.with_({"name": "customers.csv"}))
             .dispatch()
         )
-        console.print(f"batch    {batch.id[-8:]}: {batch.total} import_rows jobs")
+        console.print(f"batch    {short_id(batch.id)}: {batch.total} import_rows jobs")
         first = await sync_feed.with_({"feed_id": 1}).dispatch()
         second = await sync_feed.with_({"feed_id": 1}).dispatch()
         console.print(
-            f"unique   sync_feed #1 queued ({first.id[-8:]}); "
+            f"unique   sync_feed #1 queued ({short_id(first.id)}); "
             f"second dispatch skipped={second.skipped}"
         )
         await charge_card.dispatch({"card": "4000-0000-0000-0002"})

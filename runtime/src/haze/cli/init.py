@@ -128,7 +128,7 @@ config = define_database_config(
         "main": {{
             "url": env("DATABASE_URL", "{url}"),
             # "pool_size": 10,          # connections kept open (PostgreSQL, MySQL)
-            # "busy_timeout": "5s",     # SQLite: wait this long for a locked database
+            # "busy_timeout": 30000,    # SQLite: milliseconds to wait for a locked database
             # "auth_token": None,       # libSQL/Turso token
             # "api_token": None,        # Cloudflare D1 REST token
             # "options": {{}},            # passed to the client library's connect()
@@ -150,7 +150,7 @@ config = define_redis_config(
             "key_prefix": "",  # prepended to every key haze writes
             # Instead of "url": "host", "port", "db", "username", "password", "ssl".
             # "socket_timeout": None,          # a reply slower than this is an error
-            # "socket_connect_timeout": "5s",
+            # "socket_connect_timeout": "10s",
             # "socket_keepalive": True,
             # "health_check_interval": "30s",  # ping an idle connection before using it
         }},
