@@ -308,3 +308,27 @@ def test_bash_completion_script_is_generated(tmp_path: Path) -> None:
     assert result.exit_code == 0
     assert "_haze_completion" in result.output
     assert textwrap.dedent(result.output).count("complete ") >= 1
+
+
+def test_retry_batch_takes_a_short_batch_id(root: Path) -> None:
+    from haze import Queue
+
+    async def go() -> str:
+        async with App(root=root):
+            batch = (
+                await Queue.batch(
+                    [fh_always_fails.with_({"n": 1}), fh_send_invoice.with_({"n": 2})]
+                )
+                .allow_failures()
+                .dispatch()
+            )
+            return batch.id
+
+    batch_id = asyncio.run(go())
+    work(root, "--quiet")
+    assert len(failed_ids(root)) == 1
+    result = haze(root, "queue:retry-batch", short_id(batch_id))
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert f'Retried 1 failed job(s) of batch "{batch_id}"' in out
+    assert failed_ids(root) == []

@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from ..ids import match_id
 from ._core import State, cli, connection_option, console, queue_names, run
 
 if TYPE_CHECKING:
@@ -302,14 +303,23 @@ def queue_prune_batches(
 @connection_option("The connection holding the failed jobs (default: the batch's connection).")
 @click.pass_obj
 def queue_retry_batch(state: State, batch_id: str, connection: str | None) -> None:
-    """Put every failed job of batch BATCH_ID back on its queue."""
+    """Put every failed job of batch BATCH_ID (full or short) back on its queue."""
     out = console()
 
     async def retry(app: App) -> tuple[str, Batch | None, int, int, list[str]]:
         from ..batches import find
 
+        nonlocal batch_id
         manager = app.manager
         batch = await find(manager, batch_id)
+        if batch is None:
+            # A short id (as printed by the worker and queue:failed) names a batch of the
+            # failed jobs on the connection.
+            failed = await manager.failed(app.connection_name(connection))
+            full = match_id(batch_id, {j.batch_id for j in failed if j.batch_id})
+            if full is not None:
+                batch_id = full
+                batch = await find(manager, full)
         conn = connection
         if conn is None and batch is not None:
             conn = batch.options.get("connection")
