@@ -8,8 +8,36 @@ Worker the ``cloudflare`` driver of the runtime talks to the REST API instead
 
 from __future__ import annotations
 
-from ._js import bind_env, current_env
-from .kv import KVStore
-from .worker import LocalResponse, MessageDelivery, QueueWorker
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._js import bind_env, current_env
+    from .kv import KVStore
+    from .worker import LocalResponse, MessageDelivery, QueueWorker
 
 __all__ = ["KVStore", "LocalResponse", "MessageDelivery", "QueueWorker", "bind_env", "current_env"]
+
+# Loaded on first access: a Worker isolate's cold start pays only for what its entry
+# uses (the Queue and D1 binding modules load with the first invocation).
+_LAZY = {
+    "KVStore": "kv",
+    "LocalResponse": "worker",
+    "MessageDelivery": "worker",
+    "QueueWorker": "worker",
+    "bind_env": "_js",
+    "current_env": "_js",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any
-
-from haze import App
-from haze.integrations.http_dispatch import (
-    DispatchResponse,
-    check_method,
-    check_secret,
-    dispatch_request,
-)
+from typing import TYPE_CHECKING, Any
 
 from ._boot import run
+
+if TYPE_CHECKING:  # loaded on the first request, not at import (cold start)
+    from haze import App
+    from haze.integrations.http_dispatch import DispatchResponse
 
 __all__ = ["http_handler"]
 
@@ -41,6 +37,13 @@ def _response(answer: DispatchResponse) -> dict[str, Any]:
 async def _handle(app: App, event: dict[str, Any]) -> dict[str, Any]:
     # The request rules live in haze.integrations.http_dispatch (shared with the server
     # and vercel presets); only the API Gateway event shape is handled here.
+    from haze.integrations.http_dispatch import (
+        DispatchResponse,
+        check_method,
+        check_secret,
+        dispatch_request,
+    )
+
     http = (event.get("requestContext") or {}).get("http") or {}
     method = str(http.get("method") or event.get("httpMethod") or "")
     refused = check_method(method) or check_secret(_WHERE)

@@ -34,10 +34,6 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from haze._env import env_duration
-from haze.config import env
-from haze.durations import parse_duration
-
 if TYPE_CHECKING:  # loaded on the first invocation, not at import (cold start)
     from haze import App
 
@@ -58,6 +54,10 @@ def _setting(event: dict[str, Any], key: str) -> Any:
 
 
 async def _drain(app: App, event: dict[str, Any], context: Any) -> dict[str, Any]:
+    from haze._env import env_duration
+    from haze.config import env
+    from haze.durations import parse_duration
+
     connection = app.connection_name(
         _setting(event, "connection") or os.environ.get("HAZE_SCHEDULE_CONNECTION") or None
     )
