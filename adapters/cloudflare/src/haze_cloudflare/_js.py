@@ -43,12 +43,21 @@ __all__ = [
 ]
 
 _env: Any = None
+#: No env bound yet in this isolate: the next ``bind_env`` is its first request.
+_first_request = True
 
 
 def bind_env(env: Any) -> None:
     """Make a Worker's ``env`` (its bindings) the one haze uses (``QueueWorker`` calls it on
     every invocation; call it yourself before dispatching from a plain Worker)."""
-    global _env
+    global _env, _first_request
+    if _first_request and env is not None:
+        # Every isolate of a deployed Worker starts from one memory snapshot of the
+        # top-level code: an id prefix drawn there would be every isolate's.
+        from haze.message import new_id_prefix
+
+        new_id_prefix()
+        _first_request = False
     _env = env
 
 

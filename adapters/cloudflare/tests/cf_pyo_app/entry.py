@@ -7,3 +7,7 @@ from . import ROOT
 
 class Default(QueueWorker):
     app_root = ROOT
+
+
+# Imports and job discovery at the top level: a deployed Worker snapshots them.
+Default.preload()

@@ -4,17 +4,33 @@ Writes, under the output directory (``dist/``)::
 
     wrangler.json                  the Worker's config: deploy with
                                    `npx wrangler deploy -c dist/wrangler.json`
+    cloudflare/                    a pywrangler project (Cloudflare's Python Workers
+                                   toolchain): `cd dist/cloudflare && uv run pywrangler
+                                   sync && uv run pywrangler deploy`
+    cloudflare/pyproject.toml      requires-python >= 3.13; haze and haze-cloudflare (the
+                                   wheels beside it) and the app's requirements.txt as
+                                   dependencies; workers-py, workers-runtime-sdk as dev
+    cloudflare/wrangler.jsonc      the same Worker, ``main`` relative to it (pywrangler
+                                   reads the config beside pyproject.toml)
+    cloudflare/wheels/             haze and haze-cloudflare, packed from this install
     cloudflare/src/entry.py        class Default(QueueWorker) over the bundled app
     cloudflare/src/config/ app/    the app (and database/, haze.config.py when present)
     cloudflare/src/haze/ …         the vendored runtime and haze_cloudflare
 
-Everything is under ``src/``, the directory of ``main``, which wrangler uploads as the
-Worker's own modules and the runtime puts on ``sys.path``. Not ``python_modules/``
-(where ``pywrangler sync`` puts PyPI packages): wrangler looks for that beside the
-config file that deploys, and the Worker is deployed both from ``dist/wrangler.json``
-and from a project's own ``wrangler.toml`` (this repository's, for the example app).
-Third-party packages the app imports still belong in ``python_modules/`` beside
-whichever config deploys it.
+The runtime is also vendored under ``src/``, the directory of ``main``, which wrangler
+uploads as the Worker's own modules and the runtime puts on ``sys.path``: so the Worker
+deploys with plain wrangler from ``dist/wrangler.json``, from a project's own
+``wrangler.toml`` (this repository's, for the example app) and through the
+``haze_infra`` components, none of which run ``pywrangler sync`` (wrangler looks for
+``python_modules/`` beside the config file that deploys). ``pywrangler sync`` in
+``dist/cloudflare`` vendors the same wheels, and the app's PyPI requirements, into
+``dist/cloudflare/python_modules/``.
+
+The build reads the config as the Worker will: with the ``vars`` of the merged wrangler
+config set as environment variables (``env()`` in a Worker reads its vars). It warns
+when the default connection, the lock/batch store or a ``cloudflare`` connection's
+failed store cannot work inside a Worker: a SQLite file, a TCP database or Redis, or a
+memory store beside a queue that other isolates consume.
 
 ``wrangler.json`` is derived from the app, then the ``cloudflare.wrangler`` section of
 ``haze.config.py`` is merged over it (the app's values win):
@@ -34,9 +50,12 @@ except ``compatibility_flags``, which are combined.
 from __future__ import annotations
 
 import json
+import os
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import date
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from . import BuildContext, BuildResult
@@ -47,21 +66,39 @@ from ._cloudflare_config import (
     connection_max_tries,
     wrangler_section,
 )
+from ._python import app_requirements, pack_wheel
+
+if TYPE_CHECKING:
+    from ..app import App
 
 __all__ = [
     "COMPATIBILITY_DATE",
     "ENTRY",
+    "PROJECT_ENTRY",
+    "TESTED_PYODIDE",
     "build",
     "entry_source",
     "merge_wrangler",
+    "pyodide_of",
+    "pyproject_source",
+    "worker_warnings",
     "wrangler_config",
 ]
 
 #: The Workers runtime version the Worker is written against (``haze.config.py`` can set
-#: another under ``cloudflare.wrangler.compatibility_date``).
+#: another under ``cloudflare.wrangler.compatibility_date``). Dates from 2025-09-29 run
+#: Python 3.13 on Pyodide 0.28.2, the version haze's Pyodide tests run the full suite
+#: on (tests/pyodide); dates from 2026-09-08 run Python 3.14 on Pyodide 314, which the
+#: tests cover too (tests/pyodide-0.28 and tests/pyodide: see docs/cloudflare.md).
 COMPATIBILITY_DATE = "2025-11-01"
+#: Compatibility date from which Cloudflare runs a Python (its Pyodide), newest first.
+_PYTHON_BY_DATE = ((date(2026, 9, 8), "3.14", "314"), (date(2025, 9, 29), "3.13", "0.28.2"))
+#: Pyodide versions whose Python the tests run haze on.
+TESTED_PYODIDE = ("0.28.2", "314")
 #: ``main`` of ``wrangler.json``, relative to it.
 ENTRY = "cloudflare/src/entry.py"
+#: ``main`` of the pywrangler project's ``cloudflare/wrangler.json``.
+PROJECT_ENTRY = "src/entry.py"
 #: Packages vendored into ``src/``.
 PACKAGES = ("haze", "haze_cloudflare")
 
@@ -95,6 +132,11 @@ APP_ROOT = os.path.dirname(os.path.abspath(__file__))
 
 class Default(QueueWorker):
     app_root = APP_ROOT
+
+
+# Imports and job discovery now, at the top level: a deployed Worker runs this once and
+# starts its isolates from a memory snapshot of the result.
+Default.preload()
 '''
 
 
@@ -158,12 +200,155 @@ def _merge_keyed(
     return merged
 
 
+def pyodide_of(compatibility_date: str) -> tuple[str, str] | None:
+    """(Python, Pyodide) that Cloudflare runs a Python Worker on from this date, or None
+    for a date before 2025-09-29 (Python 3.12) or one that is not ``YYYY-MM-DD``."""
+    try:
+        day = date.fromisoformat(str(compatibility_date))
+    except ValueError:
+        return None
+    for since, python, pyodide in _PYTHON_BY_DATE:
+        if day >= since:
+            return python, pyodide
+    return None
+
+
+@contextmanager
+def _environment(variables: Mapping[str, Any]) -> Iterator[None]:
+    """``os.environ`` with ``variables`` set (strings), restored after."""
+    saved = {k: os.environ.get(k) for k in variables}
+    try:
+        for k, v in variables.items():
+            os.environ[k] = v if isinstance(v, str) else json.dumps(v)
+        yield
+    finally:
+        for k, old in saved.items():
+            if old is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = old
+
+
+def worker_app(ctx: BuildContext, variables: Mapping[str, Any]) -> App:
+    """The app's config as the Worker reads it: ``config/*.py`` evaluated with the Worker's
+    ``vars`` as environment variables (no jobs imported: the build's app has them)."""
+    from ..app import App, _load_module_file
+
+    if not variables:
+        return ctx.app
+    specs: dict[str, Any] = {}
+    with _environment(variables):
+        for kind in ("queue", "cache", "redis", "database"):
+            path = ctx.root / "config" / f"{kind}.py"
+            if path.is_file():
+                module = _load_module_file(path, f"_haze_worker_config_{kind}")
+                specs[kind] = getattr(module, "config", None)
+        return App(**specs, haze=ctx.app.haze_config)
+
+
+def _database_problem(app: App, connection: str | None) -> str | None:
+    from ..database import dialect_of
+
+    dc = app.database_config
+    options = dc.connections.get(connection or dc.default)
+    if options is None:
+        return None
+    url = str(options["url"])
+    dialect = dialect_of(url)
+    if dialect == "sqlite":
+        return "a SQLite file (a Worker has no file system and no sqlite3)"
+    if dialect in ("postgres", "mysql"):
+        return f"a {dialect} server over TCP (Python Workers open no TCP sockets)"
+    return None
+
+
+def _store_problem(app: App, store: str) -> str | None:
+    options = app.cache_config.stores.get(store) or app._derived_stores.get(store) or {}
+    driver = options.get("driver")
+    if driver == "memory":
+        return (
+            "a memory store (each isolate has its own, but every isolate consumes the "
+            "queue: locks and batch counters would not be shared)"
+        )
+    if driver == "redis":
+        return "Redis over TCP (Python Workers open no TCP sockets)"
+    if driver == "database":
+        return _database_problem(app, options.get("connection"))
+    return None
+
+
+def worker_warnings(app: App) -> list[str]:
+    """What in ``app``'s config cannot work inside a Worker (see the module docstring)."""
+    qc = app.queue_config
+    warnings: list[str] = []
+    default = qc.default
+    options = qc.connections.get(default) or {}
+    driver = options.get("driver")
+    problem: str | None = None
+    if driver == "database":
+        problem = _database_problem(app, options.get("connection"))
+    elif driver == "redis":
+        problem = "Redis over TCP (Python Workers open no TCP sockets)"
+    elif driver in ("memory", "sync"):
+        problem = f"the {driver} driver (jobs would run only inside the isolate that dispatched)"
+    if problem is not None:
+        warnings.append(
+            f"the default connection {default!r} is {problem}: dispatch from the Worker "
+            "will fail; make the cloudflare connection the default in the Worker (e.g. the "
+            'var QUEUE_CONNECTION = "cloudflare" under cloudflare.wrangler.vars)'
+        )
+    try:
+        lock = app._lock_store_name()
+    except ConfigError as e:
+        warnings.append(f"no store for locks and batches: {e}")
+    else:
+        batch = qc.batches_store or lock
+        for what, store in (
+            (("lock and batch", lock),)
+            if batch == lock
+            else (
+                ("lock", lock),
+                ("batch", batch),
+            )
+        ):
+            problem = _store_problem(app, store)
+            if problem is not None:
+                warnings.append(
+                    f"the {what} store {store!r} (config/queue.py store/batches) is "
+                    f"{problem}; use a D1 database or a KV store"
+                )
+    for name, conn in qc.connections.items():
+        if conn.get("driver") != "cloudflare":
+            continue
+        failed = conn.get("failed_store")
+        if not failed:
+            warnings.append(
+                f"connection {name!r} has no failed_store: final failures would be kept in "
+                "the isolate's memory only; set failed_store to a D1 database connection"
+            )
+            continue
+        kind, _, bare = str(failed).partition(":")
+        if kind not in ("store", "database"):
+            bare = str(failed)
+        if bare in app.database_config.connections and kind != "store":
+            problem = _database_problem(app, bare)
+        else:
+            problem = _store_problem(app, bare)
+        if problem is not None:
+            warnings.append(
+                f"connection {name!r}: failed_store {failed!r} is {problem}; use a D1 "
+                "database connection"
+            )
+    return warnings
+
+
 def wrangler_config(ctx: BuildContext, notes: list[str]) -> dict[str, Any]:
     """``wrangler.json`` for the app of ``ctx`` (derived, then ``haze.config.py`` merged);
     what the user has to know or do is appended to ``notes``."""
-    app = ctx.app
+    section = wrangler_section(ctx.app)
+    variables = section.get("vars") or {}
+    app = worker_app(ctx, variables if isinstance(variables, Mapping) else {})
     qc = app.queue_config
-    section = wrangler_section(app)
     cloudflare = {n: o for n, o in qc.connections.items() if o["driver"] == "cloudflare"}
     if not cloudflare:
         raise ConfigError(
@@ -174,7 +359,7 @@ def wrangler_config(ctx: BuildContext, notes: list[str]) -> dict[str, Any]:
             key="connections",
         )
     name = str(section.get("name") or _slug(ctx.root.name))
-    jobs = app_jobs(app)
+    jobs = app_jobs(ctx.app)
     producers: list[dict[str, Any]] = []
     consumers: list[dict[str, Any]] = []
     warnings: list[str] = []
@@ -204,6 +389,7 @@ def wrangler_config(ctx: BuildContext, notes: list[str]) -> dict[str, Any]:
         if plan.retry_delay is not None:
             consumer["retry_delay"] = plan.retry_delay
         consumers.append(consumer)
+    warnings += worker_warnings(app)
     notes.extend(f"warning: {w}" for w in warnings)
     config: dict[str, Any] = {
         "name": name,
@@ -232,6 +418,13 @@ def wrangler_config(ctx: BuildContext, notes: list[str]) -> dict[str, Any]:
         merged["main"] = ENTRY
     if "python_workers" not in merged.get("compatibility_flags", []):
         merged["compatibility_flags"] = [*merged.get("compatibility_flags", []), "python_workers"]
+    runs = pyodide_of(str(merged.get("compatibility_date")))
+    if runs is None or runs[1] not in TESTED_PYODIDE:
+        notes.append(
+            f"warning: compatibility_date {merged.get('compatibility_date')!r} runs a Python "
+            f"haze is not tested on; haze is tested on Pyodide {' and '.join(TESTED_PYODIDE)} "
+            "(compatibility dates from 2025-09-29)"
+        )
     for entry in merged.get("kv_namespaces") or []:
         if isinstance(entry, dict) and not entry.get("id"):
             notes.append(
@@ -252,6 +445,42 @@ def wrangler_config(ctx: BuildContext, notes: list[str]) -> dict[str, Any]:
     return merged
 
 
+PYPROJECT = """\
+# The Worker as a pywrangler project (Cloudflare's toolchain for Python Workers), written
+# by `haze build --preset cloudflare`; rebuilding replaces this directory.
+#
+#   uv run pywrangler sync      # vendors the dependencies below into python_modules/
+#   uv run pywrangler dev       # runs the Worker locally (workerd)
+#   uv run pywrangler deploy    # syncs, then deploys with wrangler.json beside this file
+#
+# haze and haze-cloudflare come from the wheels in wheels/ (packed from the haze that
+# ran the build); add the app's PyPI packages to dependencies (requirements.txt of the
+# app is copied here).
+[project]
+name = {name}
+version = "0.1.0"
+requires-python = ">=3.13"
+dependencies = [
+{dependencies}]
+
+[dependency-groups]
+dev = ["workers-py", "workers-runtime-sdk"]
+
+[tool.uv.sources]
+{sources}"""
+
+
+def pyproject_source(name: str, wheels: Mapping[str, str], requirements: list[str]) -> str:
+    """``cloudflare/pyproject.toml``: ``wheels`` maps a distribution (``haze``) to its
+    wheel's path relative to the project."""
+    deps = [*wheels, *(r for r in requirements if r not in wheels)]
+    return PYPROJECT.format(
+        name=json.dumps(name),
+        dependencies="".join(f"    {json.dumps(d)},\n" for d in deps),
+        sources="".join(f"{d} = {{ path = {json.dumps(p)} }}\n" for d, p in wheels.items()),
+    )
+
+
 def _number(value: float) -> int | float:
     return int(value) if float(value).is_integer() else value
 
@@ -264,11 +493,26 @@ def build(ctx: BuildContext) -> BuildResult:
     files = [ctx.write("src/entry.py", entry_source())]
     files += ctx.copy_app(src)
     files += ctx.vendor(PACKAGES, src)
+    wheels: dict[str, str] = {}
+    for dist in ("haze", "haze-cloudflare"):
+        wheel = pack_wheel(dist, ctx.dest / "wheels")
+        wheels[dist] = f"wheels/{wheel.name}"
+        files.append(wheel)
+    requirements = app_requirements(ctx.root)
+    files.append(
+        ctx.write("pyproject.toml", pyproject_source(config["name"], wheels, requirements))
+    )
+    project = {**config, "main": PROJECT_ENTRY}
+    files.append(ctx.write("wrangler.jsonc", json.dumps(project, indent=2) + "\n"))
     wrangler = ctx.write("wrangler.json", json.dumps(config, indent=2) + "\n", base=ctx.out)
     files.append(wrangler)
-    notes.append(
-        "third-party packages the app imports are not bundled: list them in a "
-        "pyproject.toml and run `pywrangler sync` beside the wrangler config (python_modules/)"
-    )
+    if requirements:
+        notes.append(
+            "the app's requirements.txt is in dist/cloudflare/pyproject.toml: deploy with "
+            "pywrangler (it vendors them into python_modules/), not with plain wrangler"
+        )
     notes.append(f"deploy: npx wrangler deploy -c {wrangler}")
+    notes.append(
+        f"or with pywrangler: cd {ctx.dest} && uv run pywrangler sync && uv run pywrangler deploy"
+    )
     return BuildResult(preset=ctx.preset, path=ctx.dest, files=files, notes=notes)
