@@ -636,12 +636,19 @@ class QueueManager:
             else:
                 await self._with_timeout(job, payload, ctx)
         except Exception as e:
+            error = e.error if isinstance(e, _Contained) else e
+        except asyncio.CancelledError as e:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                # The worker itself is being cancelled: put the job back untouched.
+                owned = await driver.release(reserved, 0.0, consume_attempt=False)
+                self._owned(owned, reserved, "release")
+                raise
+            error = e  # raised by the job's own code, not a cancellation of this worker
+        except BaseException as e:
+            # KeyboardInterrupt, SystemExit ... raised by job code: that job's failure (the
+            # worker's own signals never get here: its handlers stop it without raising).
             error = e
-        except asyncio.CancelledError:
-            # The worker itself is being cancelled: put the job back untouched.
-            owned = await driver.release(reserved, 0.0, consume_attempt=False)
-            self._owned(owned, reserved, "release")
-            raise
         elapsed = _perf() - started
 
         if ctx._fail_error is not None:
@@ -746,7 +753,7 @@ class QueueManager:
     async def _with_timeout(self, job: JobDefinition[Any], payload: Any, ctx: JobContext) -> None:
         timeout = job.timeout
         assert timeout is not None
-        task = asyncio.ensure_future(self.pipeline(job)(payload, ctx))
+        task = asyncio.ensure_future(_contained(self.pipeline(job)(payload, ctx)))
         done, _ = await asyncio.wait({task}, timeout=timeout)
         if task in done:
             task.result()
@@ -901,7 +908,9 @@ class QueueManager:
             result = fn(*args)
             if inspect.isawaitable(result):
                 await result
-        except Exception:
+        except asyncio.CancelledError:
+            raise
+        except BaseException:  # job code: whatever it raises, the worker goes on
             log.exception('the failed() handler of job "%s" raised', job.name)
 
     def failed_record(self, message: Message, connection: str, error: BaseException) -> FailedJob:
@@ -1173,6 +1182,25 @@ def link_to_pending(link: dict[str, Any], app: App | None = None) -> PendingDisp
     if link.get("group"):
         p._group = link["group"]
     return p
+
+
+class _Contained(Exception):
+    """A BaseException raised by job code in a task of its own (``timeout``), carried
+    out as an Exception: raised out of a task, KeyboardInterrupt and SystemExit would
+    stop the event loop, and so the worker and every other running job."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
+
+
+async def _contained(aw: Awaitable[Any]) -> Any:
+    try:
+        return await aw
+    except (Exception, asyncio.CancelledError):
+        raise
+    except BaseException as e:
+        raise _Contained(e) from None
 
 
 def _reserved(message: Message, body: str) -> Reserved:

@@ -48,6 +48,7 @@ _RAISE = {
     "SystemExit": lambda: SystemExit(3),
     "GeneratorExit": lambda: GeneratorExit("raised by rb_raise"),
     "RbCustomBaseError": lambda: RbCustomBaseError("raised by rb_raise"),
+    "CancelledError": lambda: asyncio.CancelledError("raised by rb_raise"),
 }
 
 
@@ -64,4 +65,12 @@ def rb_raise_sync(payload: dict[str, Any], job: JobContext) -> None:
     """The same from a plain ``def`` job (it runs in a worker thread)."""
     record("start", payload["k"], job.attempt)
     time.sleep(payload.get("after", 0))
+    raise _RAISE[payload["kind"]]()
+
+
+@define_job(name="rb_raise_timed", tries=1, timeout="30s")
+async def rb_raise_timed(payload: dict[str, Any], job: JobContext) -> None:
+    """``rb_raise`` with a ``timeout`` (the handler runs in a task of its own then)."""
+    record("start", payload["k"], job.attempt)
+    await asyncio.sleep(payload.get("after", 0))
     raise _RAISE[payload["kind"]]()
