@@ -8,7 +8,7 @@ The tree::
     ├── UnknownJobError             a message or a call names a job nobody registered
     ├── MissingDependencyError      an optional extra is not installed (names haze[extra])
     ├── PayloadTooLargeError        the JSON payload exceeds the connection's message limit
-    ├── DelayTooLongError           the driver cannot hold a delay that long (cloudflare)
+    ├── DelayTooLongError           a delay over 365 days (or the driver's lower cap: cloudflare)
     ├── BatchFinishedError          Batch.add() after the batch finished
     ├── JobTimeoutError             an attempt ran past its ``timeout``
     ├── MaxExceptionsError          ``max_exceptions`` reached before ``tries`` ran out
