@@ -4,7 +4,8 @@ Unique locks, middleware state (rate limits, overlap locks, exception throttles)
 worker signals (restart, pause) and batch state all live in a store. Every store
 must offer atomic add-if-absent with a TTL, atomic increment and an owner-checked
 delete; a store that cannot (Cloudflare KV) sets ``atomic = False`` and the manager
-logs a warning when it is used for locks or batches.
+logs a warning when it is used for locks or batches. Batches also need
+``settle_batch_job``: one job's count in one atomic step.
 """
 
 from __future__ import annotations
