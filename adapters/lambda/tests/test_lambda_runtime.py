@@ -196,6 +196,9 @@ config = define_queue_config(default="sqs", connections={
              "endpoint_url": env("LAM_SQS_ENDPOINT"), "region": "us-east-1",
              "credentials": creds, "failed_store": "main"},
     "database": {"driver": "database", "connection": "main", "retry_after": "30s"},
+    # in-process consumers start with the app: none may be left running between
+    # invocations or at exit
+    "memory": {"driver": "memory", "concurrency": 2},
 })
 """
 
@@ -735,3 +738,54 @@ def test_a_bad_size_or_duration_setting_fails_the_boot_with_one_line(
         assert error["errorType"] == "ConfigError"
         assert f"{name}={value!r}" in error["errorMessage"]
         assert "\n" not in error["errorMessage"]
+
+
+# --------------------------------------------------------------------------- clean exit
+
+LOCAL_CALLS = """
+import asyncio, json, sys, time
+import haze_lambda
+from haze_lambda import _boot
+
+events = json.loads(sys.argv[1])
+left = []
+for name, event in events:
+    handler = getattr(haze_lambda, name)
+    answer = handler(event, None)
+    loop = _boot._state.get("loop")
+    pending = [] if loop is None else [t for t in asyncio.all_tasks(loop) if not t.done()]
+    left.append({"handler": name, "pending": [repr(t) for t in pending],
+                 "status": answer.get("statusCode") if isinstance(answer, dict) else None})
+print(json.dumps(left))
+"""
+
+
+def test_handlers_called_locally_leave_no_task_or_loop_behind(lam_app: dict[str, Any]) -> None:
+    """A script that calls the handlers and exits, as a local run or a test does: after
+    each invocation no task is pending on the process's loop, and the exit prints
+    neither "Task was destroyed but it is pending!" nor "Event loop is closed"."""
+    _SPEC["create_queues"](["lamq-default"])
+    bearer = {"authorization": f"Bearer {SECRET}"}
+    ok = json.dumps({"job": "lam_ok", "payload": {"via": "local"}})
+    slow = json.dumps({"job": "lam_slow", "payload": {"seconds": 0.01}})
+    events = [
+        ["http_handler", http_event(ok, bearer)],
+        ["http_handler", http_event(slow, bearer)],
+        ["schedule_handler", scheduled_event()],
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-X", "dev", "-c", LOCAL_CALLS, json.dumps(events)],
+        cwd=lam_app["root"],
+        env={**os.environ, **lam_app["env"]},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    calls = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [c["status"] for c in calls[:2]] == [202, 202]
+    assert all(c["pending"] == [] for c in calls), calls
+    assert "Task was destroyed but it is pending" not in proc.stderr, proc.stderr[-4000:]
+    assert "Event loop is closed" not in proc.stderr, proc.stderr[-4000:]
+    assert "ResourceWarning" not in proc.stderr, proc.stderr[-4000:]

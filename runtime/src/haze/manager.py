@@ -455,14 +455,23 @@ class QueueManager:
         self._workers[connection] = worker
         worker.start()
 
-    async def shutdown(self) -> None:
-        """Stop local consumers after their running jobs; warn about what is lost."""
+    async def stop_local_workers(self) -> None:
+        """Stop this loop's in-process consumers after their running jobs. Queued jobs
+        stay in their memory driver: the next dispatch starts a consumer again (a Lambda
+        invocation ends with no task left on its loop)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # pragma: no cover
             loop = None
-        workers = [w for w in self._workers.values() if w.loop is loop]
-        await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
+        stopping = {n: w for n, w in self._workers.items() if w.loop is loop}
+        await asyncio.gather(*(w.stop() for w in stopping.values()), return_exceptions=True)
+        for name, worker in stopping.items():
+            if self._workers.get(name) is worker:
+                del self._workers[name]
+
+    async def shutdown(self) -> None:
+        """Stop local consumers after their running jobs; warn about what is lost."""
+        await self.stop_local_workers()
         self._workers.clear()
         for name, driver in self.app._drivers.items():
             waiting = getattr(driver, "waiting", None)

@@ -11,8 +11,13 @@ the previous loop (SQLite/PostgreSQL/MySQL connections and pools, redis clients,
 httpx clients, the memory driver's timers) is bound to that closed loop and breaks on
 the next call ("attached to a different loop"), or must be reopened on every
 invocation. A persistent loop keeps those connections warm, which is the point of
-a warm start. Nothing runs on it while the process is frozen, which is harmless:
-haze keeps no background work between invocations (heartbeats live inside one).
+a warm start. Nothing runs on it while the process is frozen, and nothing is left on
+it between invocations: each one ends by stopping the app's in-process consumers of
+``memory`` connections (their queued jobs stay; the next dispatch starts one again)
+and cancelling, with a warning, any task it started and did not wait for (frozen, it
+would never finish). At process exit (a local run, a test; Lambda itself kills the
+process) the app is stopped and the loop closed, so no "Task was destroyed but it is
+pending!" or "Event loop is closed" is printed.
 
 The app root is ``HAZE_APP_ROOT``; else the bundled app (``haze build --preset
 aws-lambda`` puts ``config/`` and ``app/`` beside ``handler.py``, the function's
@@ -24,6 +29,8 @@ builds its own.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import logging
 import os
 import threading
 from collections.abc import Awaitable, Callable
@@ -37,8 +44,11 @@ __all__ = ["app_root", "boot", "check_settings", "reset", "run"]
 
 T = TypeVar("T")
 
+log = logging.getLogger("haze.lambda")
+
 _lock = threading.RLock()
 _state: dict[str, Any] = {}
+_exit_hook: list[bool] = []
 
 
 def _is_app(path: Path) -> bool:
@@ -89,6 +99,9 @@ def boot(root: str | os.PathLike[str] | None = None) -> App:
         app = App(root=path)
         loop.run_until_complete(app.__aenter__())
         _state.update(app=app, loop=loop, pid=os.getpid(), root=path)
+        if not _exit_hook:
+            _register_exit_hook()
+            _exit_hook.append(True)
         return app
 
 
@@ -101,9 +114,62 @@ def run(fn: Callable[[App], Awaitable[T]]) -> T:
         from haze.app import run_in_app
 
         async def pinned() -> T:
-            return await run_in_app(app, lambda: fn(app))
+            try:
+                return await run_in_app(app, lambda: fn(app))
+            finally:
+                await _end_invocation(app)
 
         return loop.run_until_complete(pinned())
+
+
+async def _end_invocation(app: App) -> None:
+    """Leave no task on the loop: Lambda freezes the process until the next invocation
+    (if any), so a task still pending here would not run until then, or ever."""
+    await app.manager.stop_local_workers()
+    current = asyncio.current_task()
+    left = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+    if left:
+        log.warning(
+            "haze_lambda: cancelled %d task(s) the invocation started and did not wait for "
+            "(they would not run while Lambda freezes the process): %s",
+            len(left),
+            ", ".join(t.get_name() for t in left),
+        )
+        for t in left:
+            t.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.run_until_complete(loop.shutdown_default_executor())
+    loop.close()
+
+
+def _register_exit_hook() -> None:
+    """Stop the app at exit, while thread pools still take work (SQLite connections close
+    through theirs). ``concurrent.futures`` shuts every pool down in a threading exit
+    hook, which runs before ``atexit`` callbacks; threading's hooks run last-registered
+    first, so one registered after it runs before it."""
+    import concurrent.futures.thread  # noqa: F401  (its hook is registered on import)
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:  # pragma: no cover - every CPython since 3.9 has it
+        atexit.register(_at_exit)
+    else:
+        register(_at_exit)
+
+
+def _at_exit() -> None:
+    try:
+        reset()
+    except Exception:  # the process is exiting: report, do not raise
+        log.exception("haze_lambda: stopping the app at exit failed")
 
 
 def reset() -> None:
@@ -111,7 +177,15 @@ def reset() -> None:
     with _lock:
         app: App | None = _state.get("app")
         loop: asyncio.AbstractEventLoop | None = _state.get("loop")
-        if app is not None and loop is not None and _state.get("pid") == os.getpid():
-            loop.run_until_complete(app.__aexit__(None, None, None))
-            loop.close()
+        if (
+            app is not None
+            and loop is not None
+            and _state.get("pid") == os.getpid()
+            and not loop.is_closed()
+            and not loop.is_running()
+        ):
+            try:
+                loop.run_until_complete(app.__aexit__(None, None, None))
+            finally:
+                _close_loop(loop)
         _state.clear()
