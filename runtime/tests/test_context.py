@@ -148,7 +148,11 @@ async def test_success_is_logged_at_debug_with_name_time_and_attempt(
     caplog.set_level(logging.DEBUG, logger="haze.job")
     job_id = await ctx_log_ok.dispatch({})
     await Queue.idle()
-    [rec] = [r for r in caplog.records if r.name == "haze.job" and "ctx_log_ok" in r.getMessage()]
+    mine = [r for r in caplog.records if r.name == "haze.job" and "ctx_log_ok" in r.getMessage()]
+    # The start and the end, each marked with its state for `haze queue:work`'s lines.
+    assert [r.state for r in mine] == ["running", "done"]  # type: ignore[attr-defined]
+    assert mine[0].getMessage() == 'Job "ctx_log_ok" running (attempt 1/3)'
+    rec = mine[1]
     assert rec.levelno == logging.DEBUG
     assert re.fullmatch(r'Job "ctx_log_ok" done in \d+ms \(attempt 1/3\)', rec.getMessage())
     assert (rec.job, rec.job_id, rec.attempt) == ("ctx_log_ok", job_id, 1)  # type: ignore[attr-defined]
@@ -160,7 +164,10 @@ async def test_retry_is_a_warning_and_final_failure_an_error(
     caplog.set_level(logging.DEBUG, logger="haze.job")
     await ctx_log_retry.dispatch({})
     await Queue.idle()
-    recs = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "haze.job"]
+    job_records = [r for r in caplog.records if r.name == "haze.job"]
+    states = [r.state for r in job_records]  # type: ignore[attr-defined]
+    assert states == ["running", "retry", "running", "failed"]
+    recs = [(r.levelno, r.getMessage()) for r in job_records if r.levelno > logging.DEBUG]
     assert recs == [
         (
             logging.WARNING,

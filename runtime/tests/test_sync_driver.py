@@ -108,6 +108,8 @@ async def test_final_failure_is_logged_once(
     with pytest.raises(ValueError):
         await sync_fails.dispatch({})
     job_records = [r for r in caplog.records if r.name == "haze.job"]
+    assert [r.state for r in job_records] == ["running", "failed"]  # type: ignore[attr-defined]
+    job_records = [r for r in job_records if r.levelno > logging.DEBUG]
     assert [r.levelno for r in job_records] == [logging.ERROR]
     assert (
         job_records[0].getMessage()
