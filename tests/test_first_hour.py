@@ -45,6 +45,8 @@ def run(cwd: Path, *cmd: str, **extra: str) -> str:
         f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     )
     assert "Traceback" not in proc.stderr, proc.stderr
+    # One format: the job lines are not repeated by the logging module's own handler.
+    assert "haze.job" not in proc.stderr + proc.stdout, proc.stderr
     return proc.stdout
 
 
