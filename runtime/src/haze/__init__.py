@@ -34,6 +34,7 @@ from .errors import (
     PayloadTooLargeError,
     QueueTablesMissingError,
     RetryUntilExpiredError,
+    ScheduleError,
     UnknownJobError,
 )
 
@@ -64,6 +65,7 @@ if _typing.TYPE_CHECKING:
         throttles_exceptions,
         without_overlapping,
     )
+    from .scheduling import schedule
     from .transactions import after_commit
 
 # Everything else loads on first use (PEP 562), so `import haze` costs next to nothing
@@ -97,6 +99,7 @@ _LAZY: dict[str, str] = {
     "queue_check": "health",
     "rate_limited": "middleware",
     "run_in_app": "app",
+    "schedule": "scheduling",
     "skip_if": "middleware",
     "skip_if_batch_cancelled": "middleware",
     "tenant": "context",
@@ -140,6 +143,7 @@ __all__ = [
     "QueueHealth",
     "QueueTablesMissingError",
     "RetryUntilExpiredError",
+    "ScheduleError",
     "UnknownJobError",
     "__version__",
     "after_commit",
@@ -155,6 +159,7 @@ __all__ = [
     "queue_check",
     "rate_limited",
     "run_in_app",
+    "schedule",
     "skip_if",
     "skip_if_batch_cancelled",
     "tenant",

@@ -28,6 +28,7 @@ from .config import (
     HazeConfig,
     QueueConfig,
     RedisConfig,
+    read_env,
     validate_cache,
     validate_database,
     validate_haze,
@@ -192,6 +193,7 @@ class App:
         self.manager: QueueManager = QueueManager(self)
         if self.root is not None:
             self.discover()
+            self._load_schedules()
 
     # -- config ------------------------------------------------------------------
 
@@ -218,7 +220,8 @@ class App:
     @property
     def key(self) -> str | None:
         """The app key for ``encrypted`` jobs: ``App(key=...)`` or the ``APP_KEY`` env var."""
-        return self._key if self._key is not None else os.environ.get("APP_KEY")
+        # read_env: inside a Cloudflare Worker, its secret of this invocation
+        return self._key if self._key is not None else read_env("APP_KEY")
 
     # -- discovery ---------------------------------------------------------------
 
@@ -243,6 +246,13 @@ class App:
             names.append(self._import_job_module(path, dotted))
         self._discovered = True
         return names
+
+    def _load_schedules(self) -> None:
+        """Run ``config/schedule.py`` (after the jobs, which it names) for its schedule()s."""
+        assert self.root is not None
+        path = self.root / "config" / "schedule.py"
+        if path.is_file():
+            _load_module_file(path, f"_haze_config_{abs(hash(str(path)))}_schedule")
 
     def _import_job_module(self, path: Path, dotted: str) -> str:
         existing = sys.modules.get(dotted)

@@ -20,7 +20,8 @@ The tree::
     ├── BackendUnavailableError     Redis, a database, SQS, libSQL or D1 cannot be reached
     │   └── DatabaseConnectionError a config/database.py database is unreachable or locked
     ├── QueueTablesMissingError     the database queue tables do not exist (run db:migrate)
-    └── AmbiguousIdError            a short job id given to a command matches several jobs
+    ├── AmbiguousIdError            a short job id given to a command matches several jobs
+    └── ScheduleError               a bad schedule(): cron, every, tz or a duplicate name
 
 ``TypeError`` and ``ValueError`` are used where Python users expect them: a payload
 that is not JSON (``TypeError``), a bad duration or option (``ValueError``).
@@ -49,6 +50,7 @@ __all__ = [
     "PayloadTooLargeError",
     "QueueTablesMissingError",
     "RetryUntilExpiredError",
+    "ScheduleError",
     "UnknownJobError",
 ]
 
@@ -185,3 +187,9 @@ class AmbiguousIdError(HazeError, LookupError):
         super().__init__(
             f"the id {token!r} matches {len(matches)} jobs: {shown}; give more of the id"
         )
+
+
+class ScheduleError(HazeError, ValueError):
+    """A ``schedule()`` declaration haze cannot run: a bad cron expression, interval or
+    time zone, a name used twice, or a schedule a platform's triggers cannot express.
+    Raised when the schedule is declared (or built), naming the schedule and the value."""

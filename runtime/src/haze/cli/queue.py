@@ -46,6 +46,11 @@ __all__ = [
 ]
 
 SYNC_REFUSAL = "the sync connection runs jobs inside dispatch(); there is nothing to work"
+MEMORY_REFUSAL = (
+    "is a memory queue: it lives inside the process that dispatches to it, so a worker in "
+    "another process would never see its jobs. Point config/queue.py at a database or redis "
+    "connection (memory jobs run inside your app, under async with App(...))"
+)
 
 
 def _queue_list(value: str | None) -> list[str] | None:
@@ -149,6 +154,12 @@ def _stop_on_signals(
 )
 @click.option("-q", "--quiet", is_flag=True, help="No line per job (warnings still print).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line, for log shippers.")
+@click.option(
+    "--schedule",
+    "with_schedule",
+    is_flag=True,
+    help="Also run a scheduler for the app's schedules (see schedule:work).",
+)
 @click.pass_obj
 def queue_work(
     state: State,
@@ -163,6 +174,7 @@ def queue_work(
     verbose: bool,
     quiet: bool,
     as_json: bool,
+    with_schedule: bool = False,
 ) -> None:
     """Run a worker on a connection until stopped (SIGTERM/SIGINT drain running jobs).
 
@@ -178,6 +190,9 @@ def queue_work(
     options = app.queue_config.connections[name]
     if options["driver"] == "sync" or app.driver(name).inline:
         raise click.ClickException(f'connection "{name}": {SYNC_REFUSAL}')
+    # With --schedule the scheduler dispatches into this process: a memory queue works.
+    if not app.driver(name).remote and not with_schedule:
+        raise click.ClickException(f'connection "{name}" {MEMORY_REFUSAL}')
     output = WorkerOutput(
         mode="json" if as_json else "quiet" if quiet else "lines", verbose=verbose
     )
@@ -210,8 +225,16 @@ def queue_work(
         # Started before the handlers go in: a stop requested earlier would be reset.
         worker.start()
         task = loop.create_task(worker.run())
+        scheduling = None
+        if with_schedule:
+            from .schedule import check_runnable, start_scheduler
+
+            check_runnable(app, in_worker=True)
+            scheduling = start_scheduler(app, say)
         # An idle in-process slot sleeps until woken, so it would not see --max-time itself.
         timer = loop.call_later(max_time, worker.request_stop) if max_time is not None else None
+        for line in unconsumed_queues(app, name, chosen or []):
+            say(line, level="WARNING")
         with _stop_on_signals(worker, say, task) as forced:
             # Announced only now, so whoever waits for this line can signal us safely.
             shown = ", ".join(chosen) if chosen else "all"
@@ -229,6 +252,9 @@ def queue_work(
             finally:
                 if timer is not None:
                     timer.cancel()
+                if scheduling is not None:
+                    scheduling[2].set()
+                    await scheduling[1]
         say(f"Worker stopped after {processed} job(s).")
         return 0
 
@@ -236,6 +262,20 @@ def queue_work(
         code = run(state, work)
     if code:
         click.get_current_context().exit(code)
+
+
+def unconsumed_queues(app: App, connection: str, consumed: Sequence[str]) -> list[str]:
+    """One line per queue that registered jobs use on ``connection`` and a worker on
+    ``consumed`` would never take, with the ``--queue`` value that takes them too."""
+    missing = {q: jobs for q, jobs in app.job_queues(connection).items() if q not in consumed}
+    if not missing:
+        return []
+    flag = ",".join([*missing, *consumed])
+    lines = []
+    for q, jobs in missing.items():
+        who = f"job {jobs[0]} uses" if len(jobs) == 1 else f"jobs {', '.join(jobs)} use"
+        lines.append(f'{who} queue "{q}", which this worker does not consume: add --queue {flag}')
+    return lines
 
 
 # ====================================================================== failed jobs
@@ -469,18 +509,28 @@ def queue_forget(state: State, id: str, connection: str | None) -> None:
     default=None,
     help="Only failed jobs older than this many hours.",
 )
+@click.option(
+    "--queue",
+    type=QUEUE_NAME,
+    default=None,
+    metavar="NAME",
+    help="Only failed jobs from this queue.",
+)
 @connection_option()
 @click.pass_obj
-def queue_flush(state: State, hours: float | None, connection: str | None) -> None:
-    """Delete all failed jobs (or only those older than --hours)."""
+def queue_flush(
+    state: State, hours: float | None, queue: str | None, connection: str | None
+) -> None:
+    """Delete all failed jobs (or only those older than --hours, or from --queue)."""
 
     async def flush(app: App) -> tuple[str, int]:
         name = app.connection_name(connection)
         older_than = hours * 3600 if hours is not None else None
-        return name, await app.manager.flush(name, older_than)
+        return name, await app.manager.flush(name, older_than, queue=queue)
 
     name, n = run(state, flush)
-    console().print(f'Deleted {n} failed job(s) on connection "{escape(name)}".')
+    where = f'from queue "{escape(queue)}" ' if queue is not None else ""
+    console().print(f'Deleted {n} failed job(s) {where}on connection "{escape(name)}".')
 
 
 # ====================================================================== waiting jobs
@@ -516,7 +566,8 @@ def queue_clear(state: State, queue: str | None, connection: str | None) -> None
     "queue",
     default=None,
     metavar="NAMES",
-    help="Comma-separated queues (default: the connection's queues, else 'default').",
+    help="Comma-separated queues (default: the connection's queues and every queue its "
+    "registered jobs name).",
 )
 @connection_option()
 @click.pass_obj
@@ -526,7 +577,7 @@ def queue_size(state: State, queue: str | None, connection: str | None) -> None:
 
     async def size(app: App) -> tuple[str, list[tuple[str, int]]]:
         name = app.connection_name(connection)
-        names = wanted if wanted is not None else _default_queues(app, name)
+        names = wanted if wanted is not None else app.known_queues(name)
         return name, [(q, await app.manager.size(q, name)) for q in names]
 
     name, sizes = run(state, size)

@@ -1,0 +1,489 @@
+"""Periodic jobs: ``schedule(job, cron=...)`` or ``schedule(job, every=...)``.
+
+Declare schedules in ``config/schedule.py`` (the app loads it after the jobs) or in any
+app module; ``haze schedule:work`` or ``haze queue:work --schedule`` dispatches them.
+
+>>> from haze import schedule
+>>> # schedule(send_report.with_({"kind": "daily"}), cron="0 9 * * *", tz="Europe/Paris")
+>>> # schedule(prune_tokens, every="15m")
+
+Each tick is dispatched once however many schedulers run: a scheduler claims the tick
+with ``store.add`` on (schedule name, fire time) in the app's shared store before it
+dispatches. One scheduler at a time holds a leader lease and does the work; the others
+only try to take the lease, so an idle fleet costs one store call per few seconds each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .durations import Duration, parse_duration
+from .errors import ConfigError, ScheduleError
+
+if TYPE_CHECKING:
+    from .app import App
+    from .jobs import JobDefinition, PendingDispatch
+    from .stores import Store
+
+__all__ = ["Schedule", "Scheduler", "registered_schedules", "schedule"]
+
+log = logging.getLogger("haze")
+
+#: A tick up to this late still fires (a leader handover, a restart, a slow store);
+#: older ones were missed: skipped, or the latest replayed with ``catch_up=True``.
+MISFIRE_GRACE = 60.0
+#: How long the leader lease lasts without renewal (a dead leader is replaced after it).
+LEASE = 10.0
+#: The shortest ``every=``: a tick is claimed in the store, which is no sub-second clock.
+MIN_EVERY = 1.0
+
+_LEADER_KEY = "haze:schedule:leader"
+
+
+@dataclass(eq=False)
+class Schedule:
+    """One declared schedule: what to dispatch and when. Made by :func:`schedule`."""
+
+    name: str
+    pending: PendingDispatch[Any]
+    cron: str | None
+    every: float | None
+    tz: str | None
+    catch_up: bool
+    origin: str
+    _zone: Any = field(default=None, repr=False)
+
+    @property
+    def job_name(self) -> str:
+        return self.pending.job.name
+
+    def describe(self) -> str:
+        """``cron 0 9 * * * (Europe/Paris)`` or ``every 15m``."""
+        if self.cron is not None:
+            return f"cron {self.cron}" + (f" ({self.tz})" if self.tz else " (UTC)")
+        assert self.every is not None
+        return f"every {_format_every(self.every)}"
+
+    def next_after(self, t: datetime) -> datetime:
+        """The first fire time strictly after ``t`` (aware, UTC)."""
+        return next(self.fire_times(t))
+
+    def fire_times(self, after: datetime, until: datetime | None = None) -> Iterator[datetime]:
+        """Fire times in ``(after, until]`` (unbounded without ``until``), in UTC."""
+        if self.every is not None:
+            step = self.every
+            n = math.floor(after.timestamp() / step) + 1
+            while True:
+                at = datetime.fromtimestamp(n * step, UTC)
+                if until is not None and at > until:
+                    return
+                yield at
+                n += 1
+        from cronsim import CronSim
+
+        assert self.cron is not None
+        start = after.astimezone(self._zone or UTC)
+        # CronSim works in whole seconds and yields times after its start.
+        it = CronSim(self.cron, start.replace(microsecond=0))
+        for local in it:
+            at = local.astimezone(UTC)
+            if at <= after:
+                continue
+            if until is not None and at > until:
+                return
+            yield at
+
+    def latest_at_or_before(self, t: datetime) -> datetime | None:
+        """The last fire time at or before ``t`` (UTC), None when there is none in a year."""
+        if self.every is not None:
+            return datetime.fromtimestamp(math.floor(t.timestamp() / self.every) * self.every, UTC)
+        from cronsim import CronSim
+
+        assert self.cron is not None
+        local = t.astimezone(self._zone or UTC)
+        if local.microsecond == 0:
+            local = local + timedelta(microseconds=1)  # reverse iteration starts below t
+        it = CronSim(self.cron, local, reverse=True)
+        for candidate in it:
+            at = candidate.astimezone(UTC)
+            if at <= t:
+                return at
+            if t - at > timedelta(days=366):  # pragma: no cover - defensive
+                return None
+        return None  # pragma: no cover
+
+    def is_due_at(self, t: datetime) -> bool:
+        """True when ``t`` (to the second) is one of this schedule's fire times."""
+        t = t.astimezone(UTC).replace(microsecond=0)
+        return self.next_after(t - timedelta(seconds=1)) == t
+
+    def tick_key(self, at: datetime) -> str:
+        return f"haze:schedule:{self.name}:{round(at.timestamp() * 1000)}"
+
+    def __repr__(self) -> str:
+        return f"<Schedule {self.name!r} {self.describe()} -> {self.job_name}>"
+
+
+_registry: dict[str, Schedule] = {}
+
+
+def registered_schedules() -> dict[str, Schedule]:
+    """Every declared schedule by name, in declaration order."""
+    return dict(_registry)
+
+
+def _format_every(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def _caller_origin() -> str:
+    frame = sys._getframe(2)  # the caller of schedule()
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def _zone(tz: str, where: str) -> Any:
+    try:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+    except ImportError:  # pragma: no cover - every supported Python has zoneinfo
+        raise ScheduleError(f"{where}: tz needs the zoneinfo module") from None
+    try:
+        return ZoneInfo(tz)
+    except ZoneInfoNotFoundError:
+        raise ScheduleError(
+            f"{where}: tz {tz!r} is not a known time zone; use an IANA name such as "
+            "'Europe/Paris' or 'America/New_York' (where the system has no zone database, "
+            "pip install tzdata)"
+        ) from None
+    except (ValueError, TypeError) as e:
+        raise ScheduleError(f"{where}: tz {tz!r} is not a time zone name ({e})") from None
+
+
+def _check_cron(cron: object, where: str) -> str:
+    if not isinstance(cron, str) or not cron.strip():
+        raise ScheduleError(
+            f"{where}: cron must be a cron expression such as '0 9 * * *', got {cron!r}"
+        )
+    expr = " ".join(cron.split())
+    try:
+        from cronsim import CronSim, CronSimError
+    except ImportError:
+        from .errors import MissingDependencyError
+
+        raise MissingDependencyError("schedule(cron=...)", "schedule", "cronsim") from None
+    fields = len(expr.split())
+    if fields not in (5, 6):
+        raise ScheduleError(
+            f"{where}: cron {cron!r} has {fields} fields; give 5 (minute hour day-of-month "
+            "month day-of-week, e.g. '0 9 * * *') or 6 with seconds first"
+        )
+    try:
+        CronSim(expr, datetime.now(UTC))
+    except CronSimError as e:
+        raise ScheduleError(
+            f"{where}: cron {cron!r} is not a valid cron expression ({e}); fields are minute "
+            "hour day-of-month month day-of-week, e.g. '0 9 * * *'"
+        ) from None
+    return expr
+
+
+def schedule(
+    job_or_pending: JobDefinition[Any] | PendingDispatch[Any],
+    cron: str | None = None,
+    every: Duration | None = None,
+    tz: str | None = None,
+    name: str | None = None,
+    catch_up: bool = False,
+) -> Schedule:
+    """Dispatch a job periodically: on a ``cron`` expression (in ``tz``, default UTC) or
+    ``every`` fixed interval (aligned to the Unix epoch, so ``every="15m"`` fires at
+    :00, :15, :30 and :45).
+
+    ``name`` (default: the job's name) identifies the schedule: it must be unique, and
+    ``haze schedule:run NAME`` fires it. A tick missed while no scheduler ran is skipped,
+    or, with ``catch_up=True``, the latest missed tick is dispatched when one starts.
+
+    >>> # schedule(send_report.with_({"kind": "daily"}), cron="0 9 * * *",
+    >>> #          tz="Europe/Paris", name="daily-report")
+    >>> # schedule(prune_tokens, every="15m")
+    """
+    from .jobs import JobDefinition, PendingDispatch
+
+    origin = _caller_origin()
+    if isinstance(job_or_pending, JobDefinition):
+        pending: PendingDispatch[Any] = job_or_pending.with_()
+    elif isinstance(job_or_pending, PendingDispatch):
+        pending = job_or_pending
+    else:
+        raise ScheduleError(
+            f"schedule ({origin}): expected a job (from @define_job) or job.with_(payload), "
+            f"got {type(job_or_pending).__name__} {job_or_pending!r}"
+        )
+    label = pending.job.name if name is None else name
+    if not isinstance(label, str) or not label.strip() or len(label) > 200:
+        raise ScheduleError(
+            f"schedule ({origin}): name must be a non-empty string of at most 200 "
+            f"characters, got {name!r}"
+        )
+    where = f'schedule "{label}" ({origin})'
+    if (cron is None) == (every is None):
+        raise ScheduleError(f"{where}: give exactly one of cron='0 9 * * *' or every='15m'")
+    if not isinstance(catch_up, bool):
+        raise ScheduleError(f"{where}: catch_up must be True or False, got {catch_up!r}")
+    zone = None
+    if tz is not None:
+        if every is not None:
+            raise ScheduleError(
+                f"{where}: tz applies to cron schedules; every= counts from the Unix epoch. "
+                "For a time of day in a zone use cron, e.g. cron='0 0 * * *', tz=" + repr(tz)
+            )
+        if not isinstance(tz, str) or not tz:
+            raise ScheduleError(f"{where}: tz must be a time zone name, got {tz!r}")
+        zone = _zone(tz, where)
+    seconds: float | None = None
+    expr: str | None = None
+    if every is not None:
+        try:
+            seconds = parse_duration(every, f"{where}: every", allow_zero=False)
+        except ValueError as e:
+            raise ScheduleError(str(e)) from None
+        if seconds < MIN_EVERY:
+            raise ScheduleError(f"{where}: every={every!r} is under 1s; the shortest is '1s'")
+    else:
+        expr = _check_cron(cron, where)
+    made = Schedule(label, pending, expr, seconds, tz, catch_up, origin, zone)
+    existing = _registry.get(label)
+    if existing is not None and existing.origin != origin:
+        raise ScheduleError(
+            f'two schedules are named "{label}": {existing.origin} and {origin}; '
+            'pass name="..." to one of them'
+        )
+    _registry[label] = made  # the same declaration read again (another App) replaces itself
+    return made
+
+
+def get_schedule(name: str) -> Schedule:
+    """The schedule called ``name``, or ``ScheduleError`` listing the known ones."""
+    try:
+        return _registry[name]
+    except KeyError:
+        from ._hints import did_you_mean
+
+        known = ", ".join(_registry) or "none are declared (config/schedule.py)"
+        raise ScheduleError(
+            f"no schedule named {name!r}{did_you_mean(name, _registry)}; schedules: {known}"
+        ) from None
+
+
+# -- dispatching a tick ---------------------------------------------------------------
+
+
+def _tick_store(app: App) -> Store | None:
+    try:
+        return app.queue_store
+    except ConfigError:
+        return None  # cloudflare/sqs without a store: the platform's trigger fires once
+
+
+async def fire(app: App, sched: Schedule, at: datetime, *, store: Store | None = None) -> bool:
+    """Dispatch ``sched``'s tick at ``at`` unless another scheduler did: True when this
+    call dispatched it.
+
+    The claim (``store.add`` on name + fire time) comes before the dispatch: a scheduler
+    that dies between the two loses that tick, never sends it twice. A dispatch that
+    fails drops the claim so the tick can be tried again.
+    """
+    key = sched.tick_key(at)
+    if store is not None and not await store.add(key, "claimed", MISFIRE_GRACE * 2 + LEASE):
+        return False
+    try:
+        await app.manager.dispatch(
+            sched.pending, meta={"schedule": sched.name, "fire_at": at.isoformat()}
+        )
+    except BaseException:
+        if store is not None:
+            await store.delete(key, owner="claimed")
+        raise
+    if store is not None:
+        await store.put(f"haze:schedule:{sched.name}:last", at.timestamp())
+    return True
+
+
+async def run_now(app: App, name: str) -> Schedule:
+    """Dispatch schedule ``name`` once now (``haze schedule:run NAME``), no claim."""
+    sched = get_schedule(name)
+    now = datetime.now(UTC)
+    await app.manager.dispatch(
+        sched.pending, meta={"schedule": sched.name, "fire_at": now.isoformat(), "manual": True}
+    )
+    return sched
+
+
+async def dispatch_due(
+    app: App, at: datetime, schedules: Sequence[Schedule] | None = None
+) -> list[str]:
+    """Dispatch the schedules (default: all) that fire at ``at`` — a platform trigger's
+    scheduled time (Cloudflare cron trigger, EventBridge rule). Returns their names.
+
+    The claim on (name, fire time) keeps a trigger delivered twice to one dispatch
+    where the app has a shared store.
+    """
+    at = at.astimezone(UTC).replace(microsecond=0)
+    store = _tick_store(app)
+    fired: list[str] = []
+    for sched in registered_schedules().values() if schedules is None else schedules:
+        if sched.is_due_at(at) and await fire(app, sched, at, store=store):
+            fired.append(sched.name)
+    return fired
+
+
+# -- the scheduler loop -----------------------------------------------------------------
+
+
+class Scheduler:
+    """Runs the app's schedules: ``haze schedule:work`` and ``haze queue:work --schedule``.
+
+    Any number may run against one shared store. The one holding the leader lease
+    dispatches; the others retry the lease every few seconds. A new leader resumes from
+    the last dispatched tick, so a handover within :data:`MISFIRE_GRACE` loses nothing.
+
+    >>> # async with App(root="."):
+    >>> #     await Scheduler(use_app()).run()   # until cancelled
+    """
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        schedules: Sequence[Schedule] | None = None,
+        lease: float = LEASE,
+        grace: float = MISFIRE_GRACE,
+        on_fire: Callable[[Schedule, datetime], None] | None = None,
+    ) -> None:
+        self.app = app
+        self.on_fire = on_fire
+        self.schedules = list(registered_schedules().values() if schedules is None else schedules)
+        self.lease = lease
+        self.grace = grace
+        self.id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.leader = False
+        self.dispatched = 0
+        self._cursors: dict[str, datetime] = {}
+        self._renewed = 0.0
+        self._store: Store | None = None
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = self.app.queue_store
+            if not self._store.shared:
+                log.warning(
+                    "haze: the scheduler's store %r is not shared between processes: run one "
+                    "scheduler only, or each tick is dispatched by every one",
+                    self._store.name,
+                )
+        return self._store
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Step until ``stop`` is set (or the task is cancelled); releases the lease."""
+        stop = stop or asyncio.Event()
+        try:
+            while not stop.is_set():
+                try:
+                    wait = await self.step()
+                except Exception as e:
+                    # An unreachable store or queue: keep the process, try again soon.
+                    log.warning(
+                        "haze: the scheduler could not run its step: %s: %s", type(e).__name__, e
+                    )
+                    wait = self.lease / 3
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=wait)
+                except TimeoutError:
+                    pass
+        finally:
+            if self.leader and self._store is not None:
+                try:
+                    await self._store.delete(_LEADER_KEY, owner=self.id)
+                except Exception:  # the lease expires by itself
+                    log.debug("haze: could not release the scheduler lease", exc_info=True)
+
+    async def step(self, now: datetime | None = None) -> float:
+        """One round: hold or take the lease, dispatch due ticks. Returns seconds to wait."""
+        if not self.schedules:
+            return self.lease
+        now = now or datetime.now(UTC)
+        store = self.store
+        mono = time.monotonic()
+        if not self.leader:
+            if not await store.add(_LEADER_KEY, self.id, self.lease):
+                return self.lease / 3
+            self.leader = True
+            self._renewed = mono
+            await self._resume(now)
+        elif mono - self._renewed >= self.lease / 3:
+            # get + put is not atomic: a lease lost in between is harmless, since each
+            # tick's own claim keeps two leaders from dispatching it twice.
+            if await store.get(_LEADER_KEY) != self.id:
+                self.leader = False
+                log.info("haze: scheduler %s lost the leader lease", self.id)
+                return self.lease / 3
+            await store.put(_LEADER_KEY, self.id, self.lease)
+            self._renewed = mono
+        for sched in self.schedules:
+            await self._run_schedule(sched, now)
+        soonest = min(s.next_after(now) for s in self.schedules)
+        until = (soonest - datetime.now(UTC)).total_seconds()
+        return max(0.05, min(until, self.lease / 3))
+
+    async def _resume(self, now: datetime) -> None:
+        """Set each schedule's cursor from the last tick any scheduler dispatched."""
+        store = self.store
+        for sched in self.schedules:
+            last = await store.get(f"haze:schedule:{sched.name}:last")
+            if isinstance(last, (int, float)):
+                self._cursors[sched.name] = datetime.fromtimestamp(float(last), UTC)
+            else:  # never fired: nothing was missed
+                self._cursors[sched.name] = now
+
+    async def _run_schedule(self, sched: Schedule, now: datetime) -> None:
+        cursor = self._cursors.get(sched.name, now)
+        edge = now - timedelta(seconds=self.grace)
+        due = list(sched.fire_times(max(cursor, edge), now))
+        if not due and sched.catch_up and cursor < edge:
+            missed = sched.latest_at_or_before(edge)
+            if missed is not None and missed > cursor:
+                due = [missed]
+                log.info(
+                    'haze: schedule "%s" catches up its tick of %s', sched.name, missed.isoformat()
+                )
+        for at in due:
+            try:
+                if await fire(self.app, sched, at, store=self.store):
+                    self.dispatched += 1
+                    if self.on_fire is not None:
+                        self.on_fire(sched, at)
+            except Exception as e:
+                # The cursor stays before this tick: it is tried again while in grace.
+                log.warning(
+                    'haze: schedule "%s" could not dispatch its tick of %s: %s: %s',
+                    sched.name,
+                    at.isoformat(),
+                    type(e).__name__,
+                    e,
+                )
+                return
+            self._cursors[sched.name] = at
+        self._cursors[sched.name] = now

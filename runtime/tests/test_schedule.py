@@ -1,0 +1,352 @@
+"""``schedule()``: fire times (cron in a time zone across DST, every=), declaration
+errors, the Scheduler's claim, lease and catch-up rules on a memory store, and the
+``schedule:*`` commands through CliRunner."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from haze import (
+    App,
+    JobContext,
+    ScheduleError,
+    define_job,
+    define_queue_config,
+    schedule,
+    scheduling,
+)
+from haze.cli import get_cli
+from haze.scheduling import Scheduler, dispatch_due, registered_schedules
+
+ran: list[tuple[Any, str | None]] = []
+
+
+@define_job(name="sched_test_report")
+async def report(payload: Any, job: JobContext) -> None:
+    meta = job.message.meta or {}
+    ran.append((payload, meta.get("fire_at")))
+
+
+def utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)  # type: ignore[misc]
+
+
+@pytest.fixture(autouse=True)
+def _clean_registry() -> Iterator[None]:
+    # Each CLI test's app defines the same job from its own folder: jobs are restored too.
+    from haze import jobs
+
+    saved, saved_jobs = dict(scheduling._registry), dict(jobs._registry)
+    scheduling._registry.clear()
+    ran.clear()
+    yield
+    scheduling._registry.clear()
+    scheduling._registry.update(saved)
+    jobs._registry.clear()
+    jobs._registry.update(saved_jobs)
+
+
+# -- fire times -------------------------------------------------------------------------
+
+
+def test_cron_in_paris_across_spring_forward() -> None:
+    s = schedule(report, cron="30 2 * * *", tz="Europe/Paris", name="night")
+    got = list(s.fire_times(utc(2026, 3, 27, 12), utc(2026, 3, 31, 0)))
+    # 02:30 does not exist on 29 March: it fires at 03:00 CEST (01:00 UTC), once.
+    assert [t.isoformat() for t in got] == [
+        "2026-03-28T01:30:00+00:00",
+        "2026-03-29T01:00:00+00:00",
+        "2026-03-30T00:30:00+00:00",
+    ]
+
+
+def test_cron_in_paris_across_fall_back() -> None:
+    s = schedule(report, cron="30 2 * * *", tz="Europe/Paris", name="night")
+    got = list(s.fire_times(utc(2026, 10, 24, 12), utc(2026, 10, 27, 12)))
+    # 02:30 happens twice on 25 October: it fires once, at the first (CEST, 00:30 UTC).
+    assert [t.isoformat() for t in got] == [
+        "2026-10-25T00:30:00+00:00",
+        "2026-10-26T01:30:00+00:00",
+        "2026-10-27T01:30:00+00:00",
+    ]
+
+
+def test_nine_in_paris_moves_in_utc_with_dst() -> None:
+    s = schedule(report.with_({"kind": "daily"}), cron="0 9 * * *", tz="Europe/Paris")
+    assert s.name == "sched_test_report"
+    got = list(s.fire_times(utc(2026, 10, 24, 0), utc(2026, 10, 26, 23)))
+    assert [t.hour for t in got] == [7, 8, 8]
+    assert s.is_due_at(utc(2026, 10, 26, 8))
+    assert not s.is_due_at(utc(2026, 10, 26, 7))
+    assert s.latest_at_or_before(utc(2026, 10, 26, 8)) == utc(2026, 10, 26, 8)
+    assert s.latest_at_or_before(utc(2026, 10, 26, 7, 59, 59)) == utc(2026, 10, 25, 8)
+
+
+def test_cron_without_tz_is_utc() -> None:
+    s = schedule(report, cron="0 9 * * 1-5")
+    got = list(s.fire_times(utc(2026, 12, 4, 12), utc(2026, 12, 8, 12)))  # Fri..Tue
+    assert got == [utc(2026, 12, 7, 9), utc(2026, 12, 8, 9)]
+    assert s.describe() == "cron 0 9 * * 1-5 (UTC)"
+
+
+def test_every_is_aligned_to_the_epoch() -> None:
+    s = schedule(report, every="15m")
+    got = list(s.fire_times(utc(2026, 1, 1, 10, 7, 30), utc(2026, 1, 1, 11, 0)))
+    assert [t.minute for t in got] == [15, 30, 45, 0]
+    assert s.next_after(utc(2026, 1, 1, 10, 15)) == utc(2026, 1, 1, 10, 30)
+    assert s.latest_at_or_before(utc(2026, 1, 1, 10, 14, 59)) == utc(2026, 1, 1, 10, 0)
+    assert s.describe() == "every 15m"
+    one = schedule(report, every="1s", name="fast")
+    assert len(list(one.fire_times(utc(2026, 1, 1), utc(2026, 1, 1, 0, 0, 10)))) == 10
+
+
+# -- declaration errors -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"cron": "61 * * * *"}, "cron '61 * * * *' is not a valid cron expression"),
+        ({"cron": "* * *"}, "cron '* * *' has 3 fields"),
+        ({"cron": 5}, "cron must be a cron expression"),
+        ({"every": "soon"}, "'soon' is not a duration"),
+        ({"every": "500ms"}, "under 1s"),
+        ({"every": 0}, "greater than 0"),
+        ({"cron": "0 9 * * *", "tz": "Mars/Olympus"}, "tz 'Mars/Olympus' is not a known time zone"),
+        ({"every": "1d", "tz": "Europe/Paris"}, "tz applies to cron schedules"),
+        ({}, "give exactly one of cron="),
+        ({"cron": "0 9 * * *", "every": "1h"}, "give exactly one of cron="),
+        ({"cron": "0 9 * * *", "catch_up": "yes"}, "catch_up must be True or False"),
+    ],
+)
+def test_bad_declarations_name_the_schedule_and_value(
+    kwargs: dict[str, Any], expected: str
+) -> None:
+    with pytest.raises(ScheduleError) as e:
+        schedule(report, name="nightly", **kwargs)
+    message = str(e.value)
+    assert expected in message
+    assert message.startswith('schedule "nightly" (')
+    assert "test_schedule.py:" in message
+    assert "\n" not in message
+    assert registered_schedules() == {}
+
+
+def test_not_a_job() -> None:
+    with pytest.raises(ScheduleError, match="expected a job"):
+        schedule(print, every="1m")  # type: ignore[arg-type]
+
+
+def test_duplicate_names_are_refused_with_both_places() -> None:
+    schedule(report, every="1m")
+    with pytest.raises(ScheduleError) as e:
+        schedule(report, cron="0 9 * * *")
+    assert 'two schedules are named "sched_test_report"' in str(e.value)
+    assert str(e.value).count("test_schedule.py:") == 2
+    schedule(report, cron="0 9 * * *", name="other")
+    assert list(registered_schedules()) == ["sched_test_report", "other"]
+
+
+def test_the_same_declaration_read_again_replaces_itself() -> None:
+    for _ in range(2):  # a second App reading config/schedule.py runs the same line
+        schedule(report, every="1m", name="again")
+    assert list(registered_schedules()) == ["again"]
+
+
+# -- the scheduler ------------------------------------------------------------------------
+
+
+def memory_app() -> App:
+    return App(
+        queue=define_queue_config(default="memory", connections={"memory": {"driver": "memory"}})
+    )
+
+
+async def test_two_schedulers_dispatch_each_tick_once() -> None:
+    s = schedule(report.with_({"n": 1}), every="10s", name="ten")
+    async with memory_app() as app:
+        from haze import Queue
+
+        a, b = Scheduler(app), Scheduler(app)
+        t0 = utc(2026, 1, 1, 12, 0, 0, 500000)
+        await a.step(t0)
+        await b.step(t0)
+        assert a.leader and not b.leader
+        for i in range(1, 4):
+            await a.step(t0 + timedelta(seconds=10 * i))
+            await b.step(t0 + timedelta(seconds=10 * i))
+        # The lease holder dies: the other takes over once the lease expires, and
+        # resumes after the last tick dispatched (nothing lost, nothing twice).
+        await app.store().delete("haze:schedule:leader")
+        await b.step(t0 + timedelta(seconds=65))
+        assert b.leader
+        await Queue.idle()
+    fired = [at for _, at in ran]
+    assert fired == [
+        (utc(2026, 1, 1, 12, 0, 0) + timedelta(seconds=10 * i)).isoformat() for i in range(1, 7)
+    ]
+    assert len(set(fired)) == len(fired)
+    assert s.tick_key(utc(2026, 1, 1, 12, 0, 10)).endswith(":1767268810000")
+
+
+async def test_missed_ticks_are_skipped_without_catch_up() -> None:
+    schedule(report, cron="0 9 * * *", name="daily")
+    async with memory_app() as app:
+        from haze import Queue
+
+        store = app.store()
+        await store.put("haze:schedule:daily:last", utc(2026, 1, 1, 9).timestamp())
+        sched = Scheduler(app)
+        await sched.step(utc(2026, 1, 3, 10))  # down through two 09:00 ticks
+        await sched.step(utc(2026, 1, 4, 9, 0, 5))  # the next one fires, a bit late
+        await Queue.idle()
+    assert [at for _, at in ran] == [utc(2026, 1, 4, 9).isoformat()]
+
+
+async def test_catch_up_replays_only_the_latest_missed_tick() -> None:
+    schedule(report, cron="0 9 * * *", name="daily", catch_up=True)
+    async with memory_app() as app:
+        from haze import Queue
+
+        store = app.store()
+        await store.put("haze:schedule:daily:last", utc(2026, 1, 1, 9).timestamp())
+        first, second = Scheduler(app), Scheduler(app)
+        await first.step(utc(2026, 1, 3, 10))
+        await store.delete("haze:schedule:leader")
+        await second.step(utc(2026, 1, 3, 10, 5))  # another start: already caught up
+        await Queue.idle()
+    assert [at for _, at in ran] == [utc(2026, 1, 3, 9).isoformat()]
+
+
+async def test_catch_up_on_a_schedule_that_never_ran_replays_nothing() -> None:
+    schedule(report, cron="0 9 * * *", name="daily", catch_up=True)
+    async with memory_app() as app:
+        from haze import Queue
+
+        await Scheduler(app).step(utc(2026, 1, 3, 10))
+        await Queue.idle()
+    assert ran == []
+
+
+async def test_dispatch_due_fires_what_a_platform_trigger_names() -> None:
+    a = schedule(report.with_({"n": "a"}), cron="*/5 * * * *", name="five")
+    b = schedule(report.with_({"n": "b"}), cron="0 * * * *", name="hourly")
+    async with memory_app() as app:
+        from haze import Queue
+
+        assert await dispatch_due(app, utc(2026, 1, 1, 10, 5, 0, 120000)) == ["five"]
+        assert await dispatch_due(app, utc(2026, 1, 1, 11, 0)) == ["five", "hourly"]
+        # A trigger delivered twice dispatches once.
+        assert await dispatch_due(app, utc(2026, 1, 1, 11, 0), [a, b]) == []
+        await Queue.idle()
+    assert sorted(p["n"] for p, _ in ran) == ["a", "a", "b"]
+
+
+# -- config/schedule.py and the CLI ---------------------------------------------------------
+
+
+def write_app(root: Path, schedules: str, default: str = "memory") -> Path:
+    (root / "config").mkdir(parents=True)
+    (root / "app" / "job").mkdir(parents=True)
+    (root / "config" / "queue.py").write_text(
+        textwrap.dedent(f"""
+        from haze import define_queue_config
+        config = define_queue_config(default={default!r}, connections={{
+            "memory": {{"driver": "memory"}},
+            "sqlite": {{"driver": "database", "connection": "main"}},
+        }})
+        """)
+    )
+    (root / "config" / "database.py").write_text(
+        "from haze import define_database_config\n"
+        'config = define_database_config(default="main", connections={"main": '
+        '{"url": "sqlite:///db.sqlite"}})\n'
+    )
+    (root / "app" / "job" / "sched_cli_jobs.py").write_text(
+        textwrap.dedent("""
+        from haze import define_job
+
+        @define_job(name="sched_cli_ping")
+        async def ping(payload=None):
+            pass
+        """)
+    )
+    (root / "config" / "schedule.py").write_text(textwrap.dedent(schedules))
+    return root
+
+
+SCHEDULES = """
+from haze import schedule
+from app.job.sched_cli_jobs import ping
+
+schedule(ping.with_({"kind": "daily"}), cron="0 9 * * *", tz="Europe/Paris", name="daily")
+schedule(ping, every="15m")
+"""
+
+
+@pytest.mark.usefixtures("isolated_imports")
+def test_app_loads_config_schedule_and_list_prints_next_three(tmp_path: Path) -> None:
+    root = write_app(tmp_path, SCHEDULES)
+    App(root=root)
+    assert list(registered_schedules()) == ["daily", "sched_cli_ping"]
+    result = CliRunner().invoke(get_cli(), ["--root", str(root), "schedule:list"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("daily  sched_cli_ping  cron 0 9 * * * (Europe/Paris)  next: ")
+    assert lines[0].count("09:00:00 CE") == 3
+    assert lines[1].startswith("sched_cli_ping  sched_cli_ping  every 15m  next: ")
+    assert lines[1].count(" UTC") == 3
+
+
+@pytest.mark.usefixtures("isolated_imports")
+def test_schedule_run_dispatches_now(tmp_path: Path) -> None:
+    root = write_app(tmp_path, SCHEDULES, default="sqlite")
+    runner = CliRunner()
+    for setup in ("make:queue-tables", "db:migrate"):
+        done = runner.invoke(get_cli(), ["--root", str(root), setup])
+        assert done.exit_code == 0, done.output
+    result = runner.invoke(get_cli(), ["--root", str(root), "schedule:run", "daily"])
+    assert result.exit_code == 0, result.output
+    assert result.output == 'Dispatched schedule "daily" (sched_cli_ping).\n'
+    size = runner.invoke(get_cli(), ["--root", str(root), "queue:size"])
+    assert "1" in size.output, size.output
+    bad = runner.invoke(get_cli(), ["--root", str(root), "schedule:run", "dialy"])
+    assert bad.exit_code == 1
+    assert bad.output.startswith("Error: no schedule named 'dialy'")
+    assert "did you mean 'daily'" in bad.output
+    assert "Traceback" not in bad.output
+
+
+@pytest.mark.usefixtures("isolated_imports")
+def test_bad_schedule_file_is_one_line(tmp_path: Path) -> None:
+    root = write_app(
+        tmp_path,
+        "from haze import schedule\nfrom app.job.sched_cli_jobs import ping\n"
+        "schedule(ping, cron='0 25 * * *')\n",
+    )
+    result = CliRunner().invoke(get_cli(), ["--root", str(root), "schedule:list"])
+    assert result.exit_code == 1
+    assert 'schedule "sched_cli_ping"' in result.output
+    assert "'0 25 * * *' is not a valid cron expression (Bad hour)" in result.output
+    assert "schedule.py:3" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.usefixtures("isolated_imports")
+def test_schedule_work_refuses_a_memory_connection_and_no_schedules(tmp_path: Path) -> None:
+    root = write_app(tmp_path, SCHEDULES)
+    result = CliRunner().invoke(get_cli(), ["--root", str(root), "schedule:work"])
+    assert result.exit_code == 1
+    assert 'schedule "daily" dispatches to connection "memory"' in result.output
+    assert "queue:work --schedule" in result.output
+    (root / "config" / "schedule.py").write_text("")
+    scheduling._registry.clear()
+    result = CliRunner().invoke(get_cli(), ["--root", str(root), "schedule:work"])
+    assert result.exit_code == 1
+    assert "no schedules are declared" in result.output
