@@ -345,6 +345,99 @@ async def not_json_bodies():
     }
 
 
+VARS_APP = "/tmp/cf_vars_app"
+VARS_FILES = {
+    "config/queue.py": """
+from haze import define_queue_config, env
+
+config = define_queue_config(
+    default=env("QUEUE_CONNECTION", "memory"),
+    connections={
+        "memory": {"driver": "memory"},
+        "cloudflare": {"driver": "cloudflare", "binding": "QUEUE", "failed_store": "kv"},
+    },
+    store="kv",
+)
+""",
+    "config/cache.py": """
+from haze import define_cache_config
+
+config = define_cache_config(default="kv", stores={"kv": {"driver": "kv", "binding": "KV"}})
+""",
+    "app/job/vars_jobs.py": """
+from haze import define_job, env
+
+seen = []
+
+
+@define_job()
+async def cf_vars_probe(payload: dict) -> None:
+    seen.append([payload["tag"], env("PROBE"), env("HAZE_ONLY_IN_ONE")])
+""",
+}
+
+
+async def worker_vars():
+    """env() in config files and jobs reads the Worker's vars (JS properties of env, as
+    workerd passes them), only for the invocation that carries them."""
+    import os
+
+    from haze import env as haze_env
+
+    for rel, text in VARS_FILES.items():
+        path = os.path.join(VARS_APP, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+
+    class VarsWorker(Default.__mro__[1]):  # QueueWorker over the app written above
+        app_root = VARS_APP
+
+    def vars_env(q, kv, **vars):
+        make = run_js("(q, kv, vars) => Object.assign({QUEUE: q, KV: kv}, vars)")
+        return make(q, kv, to_js(vars, dict_converter=js.Object.fromEntries))
+
+    q = sim.SimQueue.new("cf-vars", to_js({"maxRetries": 1}, dict_converter=js.Object.fromEntries))
+    kv = sim.SimKV.new()
+    env_a = vars_env(
+        q,
+        kv,
+        QUEUE_CONNECTION="cloudflare",
+        PROBE="a",
+        HAZE_ONLY_IN_ONE="1",
+        HAZE_HTTP_SECRET="s",
+    )
+    env_b = vars_env(q, kv, QUEUE_CONNECTION="cloudflare", PROBE="b", HAZE_HTTP_SECRET="s")
+    worker_a = VarsWorker(None, env_a)
+    body = json.dumps({"job": "cf_vars_probe", "payload": {"tag": "http"}})
+    init = {"method": "POST", "headers": {"authorization": "Bearer s"}, "body": body}
+    response = await worker_a.fetch(
+        js.Request.new("https://w.example/", to_js(init, dict_converter=js.Object.fromEntries)),
+        env_a,
+    )
+    app = await worker_a.get_app()
+    sends_after_fetch = len(jsonable(q.sends))
+    # the same message delivered twice at once, once per env: each run sees its own vars
+    await get_job("cf_vars_probe").dispatch({"tag": "b"})
+    first, second = q.nextBatch(1), q.nextBatch(1)
+    if not (is_nullish(first) or is_nullish(second)):
+        await asyncio.gather(
+            VarsWorker(None, env_a).queue(first, env_a, None),
+            VarsWorker(None, env_b).queue(second, env_b, None),
+        )
+    module = next(
+        m for n, m in sys.modules.items() if n.endswith("vars_jobs") and hasattr(m, "seen")
+    )
+    return {
+        "status": response.status,
+        "default": app.queue_config.default,
+        "sends_after_fetch": sends_after_fetch,
+        "seen": sorted(module.seen),
+        "outside": [haze_env("PROBE"), haze_env("QUEUE_CONNECTION", "unset")],
+        "os_environ": "PROBE" in os.environ or "QUEUE_CONNECTION" in os.environ,
+    }
+
+
 async def fetch_dispatch():
     env, q, _ = new_env()
     body = json.dumps({"job": "cf_pyo_ok", "payload": {"key": "http"}, "delay": 5})
@@ -409,6 +502,7 @@ for scenario in (
     rate_limited_release,
     undecodable,
     not_json_bodies,
+    worker_vars,
     fetch_dispatch,
 ):
     try:

@@ -282,6 +282,20 @@ def test_a_body_that_is_not_json_is_failed_with_the_reason_and_acked(
         assert "RecursionError" not in f["exception"]
 
 
+def test_env_reads_the_worker_vars_of_the_invocation_only(scenarios: dict[str, Any]) -> None:
+    v = outcome(scenarios, "worker_vars")
+    assert v["status"] == 202
+    # config/queue.py's env("QUEUE_CONNECTION", "memory") saw the Worker var at boot
+    assert v["default"] == "cloudflare"
+    assert v["sends_after_fetch"] == 1  # the fetch() dispatch went to the Queue binding
+    # two invocations at once, with different envs: each job saw its own vars (the
+    # fetch()-dispatched message ran under env A, the other under env B)
+    assert v["seen"] == [["b", "b", None], ["http", "a", "1"]]
+    # outside an invocation nothing is left behind, and os.environ was never written
+    assert v["outside"] == [None, "unset"]
+    assert v["os_environ"] is False
+
+
 def test_fetch_dispatch_endpoint(scenarios: dict[str, Any]) -> None:
     v = outcome(scenarios, "fetch_dispatch")
     status, body = v["ok"]

@@ -14,9 +14,9 @@ Sizes are bytes (``1048576``) or a number and a unit: ``B``, ``KB``/``MB``/``GB`
 from __future__ import annotations
 
 import math
-import os
 import re
 
+from .config import read_env
 from .durations import parse_duration
 from .errors import ConfigError
 
@@ -58,7 +58,7 @@ def parse_size(value: str, option: str) -> int:
 def env_size(name: str, default: int) -> int:
     """``parse_size`` of the variable ``name`` (unset or empty: ``default``), or a
     ``ConfigError`` naming the variable and its value."""
-    raw = os.environ.get(name, "").strip()
+    raw = (read_env(name) or "").strip()
     if not raw:
         return default
     key = ("size", name, raw)
@@ -74,7 +74,7 @@ def env_size(name: str, default: int) -> int:
 def env_duration(name: str, default: float) -> float:
     """Seconds in the variable ``name`` (unset or empty: ``default``), or a
     ``ConfigError`` naming the variable and its value."""
-    raw = os.environ.get(name, "").strip()
+    raw = (read_env(name) or "").strip()
     if not raw:
         return default
     key = ("duration", name, raw)

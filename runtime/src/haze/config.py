@@ -14,7 +14,9 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
@@ -42,6 +44,46 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+#: Where ``env()`` looks before ``os.environ`` in this context: a Cloudflare Worker's
+#: ``env`` (vars and secrets) during one invocation (``env_source``).
+_source: ContextVar[Callable[[str], str | None] | None] = ContextVar(
+    "haze_env_source", default=None
+)
+
+
+@contextmanager
+def env_source(lookup: Callable[[str], str | None]) -> Iterator[None]:
+    """Make ``env()`` read ``lookup(name)`` first (``None``: not there, ``os.environ`` is
+    asked) inside this block, and in the tasks started in it, only.
+
+    A Python Worker's vars and secrets are not in ``os.environ``: they arrive with each
+    invocation. ``haze_cloudflare.QueueWorker`` wraps every invocation in this, so the
+    config files (read when the app boots, in the first invocation) and the jobs see
+    them; two invocations running at once each see their own, and nothing is written
+    to ``os.environ``.
+
+    >>> with env_source({"QUEUE_CONNECTION": "cloudflare"}.get):
+    ...     env("QUEUE_CONNECTION", "memory")
+    'cloudflare'
+    """
+    token = _source.set(lookup)
+    try:
+        yield
+    finally:
+        _source.reset(token)
+
+
+def read_env(name: str) -> str | None:
+    """The raw value of variable ``name``: the context's source (``env_source``) first,
+    then ``os.environ``; ``None`` when neither has it."""
+    lookup = _source.get()
+    if lookup is not None:
+        value = lookup(name)
+        if value is not None:
+            return value
+    return os.environ.get(name)
+
+
 @overload
 def env(name: str) -> str | None: ...
 @overload
@@ -49,10 +91,12 @@ def env(name: str, default: T) -> str | T: ...
 def env(name: str, default: object = None) -> object:
     """Read an environment variable, cast to the type of ``default`` when it is a bool/int/float.
 
+    Inside a Cloudflare Worker it reads the Worker's vars and secrets (see ``env_source``).
+
     >>> env("QUEUE_CONNECTION", "memory")
     'memory'
     """
-    raw = os.environ.get(name)
+    raw = read_env(name)
     if raw is None:
         return default
     if isinstance(default, bool):

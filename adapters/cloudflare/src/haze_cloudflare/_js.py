@@ -12,6 +12,7 @@ through unchanged, so the adapter imports and runs anywhere.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 try:  # Pyodide (Cloudflare Python Workers, or Pyodide under Node.js in tests)
@@ -36,6 +37,7 @@ __all__ = [
     "bind_env",
     "binding",
     "current_env",
+    "env_vars",
     "is_nullish",
     "js_null",
     "to_js",
@@ -67,7 +69,25 @@ def current_env() -> Any:
 
 def binding(name: str) -> Any:
     """The binding ``name`` of the bound env, or None (no env bound, or no such binding)."""
-    env = _env
+    return _member(_env, name)
+
+
+def env_vars(env: Any) -> Callable[[str], str | None]:
+    """``env()``'s view of a Worker ``env``: its vars and secrets as strings (a JSON var
+    that is a number or a boolean too); a binding or an object var is not a variable."""
+
+    def lookup(name: str) -> str | None:
+        value = _member(env, name)
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, (str, int, float)):
+            return str(value)
+        return None
+
+    return lookup
+
+
+def _member(env: Any, name: str) -> Any:
     if env is None or not name:
         return None
     value = None

@@ -50,16 +50,20 @@ module imports everywhere. No threads are used.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import inspect
 import json
 import logging
 import os
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from haze.config import env_source
 from haze.errors import ConfigError, HazeError
 
-from ._js import bind_env, binding, to_py
+from ._js import bind_env, binding, env_vars, to_py
 
 if TYPE_CHECKING:  # loaded by the first invocation, not at import (cold start)
     from haze.app import App
@@ -89,6 +93,21 @@ async def _settle(value: Any) -> Any:
     if inspect.isawaitable(value):
         return await value
     return value
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Awaitable[Any]])
+
+
+def _invocation(method: _Method) -> _Method:
+    """An entrypoint method (``queue``, ``fetch``) runs with the invocation's env bound
+    and its vars and secrets as what ``env()`` reads, for this invocation only."""
+
+    @functools.wraps(method)
+    async def run(self: QueueWorker, first: Any, env: Any = None, ctx: Any = None) -> Any:
+        with self._worker_vars(env):
+            return await method(self, first, env, ctx)
+
+    return run  # type: ignore[return-value]
 
 
 class MessageDelivery:
@@ -226,10 +245,11 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
             if app is None:
                 from haze.integrations.http_dispatch import max_body
 
-                max_body()  # a bad HAZE_HTTP_MAX_BODY stops the boot with one line
-                app = self.create_app()
-                if not app._entered:
-                    await app.__aenter__()
+                with self._worker_vars(None):  # config files read the Worker's vars
+                    max_body()  # a bad HAZE_HTTP_MAX_BODY stops the boot with one line
+                    app = self.create_app()
+                    if not app._entered:
+                        await app.__aenter__()
                 _apps[cls] = app
         return app
 
@@ -240,8 +260,21 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
             _register_bindings()
             bind_env(env)
 
+    @contextlib.contextmanager
+    def _worker_vars(self, env: Any) -> Iterator[None]:
+        """``env()`` reads this env's vars and secrets inside the block (``self.env``
+        when ``env`` is None); nothing is written to ``os.environ``."""
+        if env is None:
+            env = getattr(self, "env", None)
+        if env is None:
+            yield
+            return
+        with env_source(env_vars(env)):
+            yield
+
     # -- queue() ------------------------------------------------------------------------
 
+    @_invocation
     async def queue(self, batch: Any, env: Any = None, ctx: Any = None) -> None:
         """Run every message of ``batch`` through haze and settle it (see the module doc)."""
         self._bind(env)
@@ -340,6 +373,7 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
 
     # -- fetch(): authenticated dispatch ---------------------------------------------------
 
+    @_invocation
     async def fetch(self, request: Any, env: Any = None, ctx: Any = None) -> Any:
         """``POST {"job", "payload", "delay"?, "queue"?, "group"?}``, authenticated like
         every haze HTTP entrypoint (``haze.integrations.http_dispatch``)."""
