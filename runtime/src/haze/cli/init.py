@@ -7,6 +7,7 @@ the queue-tables migration (database queues) and a ``.gitignore`` entry for ``st
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ config = define_queue_config(
         "memory": {{
             "driver": "memory",
             # "concurrency": 1,          # jobs run at once by the in-process consumer
-            # "queues": ["default"],     # priority order of the queues it runs
+            # "queues": None,            # priority order of its queues (None: every queue)
             # "max_message_size": None,  # bytes; a bigger payload raises at dispatch
         }},
         # Amazon SQS (pip install 'haze[sqs]'): uncomment and set SQS_URL.
@@ -319,8 +320,13 @@ def init(directory: Path, redis: bool, postgres: bool) -> None:
     migration = _queue_tables(directory)
     if migration is not None:
         out.print(f"Migration {migration.relative_to(directory)}", markup=False)
+    extras = [name for name, wanted in (("postgres", postgres), ("redis", redis)) if wanted]
+    if extras:
+        # The clients are optional extras: say so before the first command needs them.
+        out.print(f"Needs the client: pip install 'haze[cli,{','.join(extras)}]'", markup=False)
     here = Path.cwd().resolve()
-    steps = [] if directory == here else [f"cd {directory}"]
+    shown = os.path.relpath(directory, here)
+    steps = [] if directory == here else [f"cd {directory if shown.startswith('..') else shown}"]
     if migration is not None:
         steps.append("haze db:migrate")
     steps += ["python main.py", "haze queue:work --stop-when-empty"]
