@@ -1140,8 +1140,24 @@ class QueueManager:
     async def forget(self, id: str, connection: str | None = None) -> bool:
         return await self.app.driver(connection).failed.forget(id)
 
-    async def flush(self, connection: str | None = None, older_than: float | None = None) -> int:
-        return await self.app.driver(connection).failed.flush(older_than)
+    async def flush(
+        self,
+        connection: str | None = None,
+        older_than: float | None = None,
+        *,
+        queue: str | None = None,
+    ) -> int:
+        """Delete failed jobs (older than ``older_than`` seconds, from ``queue``); returns
+        how many."""
+        failed = self.app.driver(connection).failed
+        if queue is None:
+            return await failed.flush(older_than)
+        cutoff = _time() - (older_than or 0.0)
+        n = 0
+        for job in await failed.list(queue):
+            if job.failed_at <= cutoff and await failed.forget(job.id):
+                n += 1
+        return n
 
     async def size(self, queue: str | None = None, connection: str | None = None) -> int:
         driver = self.app.driver(connection)

@@ -202,7 +202,9 @@ def test_make_queue_tables_for_another_connection_uses_its_table_names(tmp_path:
 
 
 def test_make_queue_tables_needs_a_database_connection(tmp_path: Path) -> None:
-    result = haze(tmp_path, "make:queue-tables")  # no config: one memory connection
+    bare = tmp_path / "bare"
+    (bare / "app").mkdir(parents=True)
+    result = haze(bare, "make:queue-tables")  # no config: one memory connection
     assert result.exit_code == 1
     assert "database driver" in result.output
     result = haze(

@@ -25,6 +25,30 @@ def env() -> dict[str, str]:
     return e
 
 
+def db_root(root: Path) -> Path:
+    """An app on a SQLite ``database`` connection with its tables (``queue:work`` refuses
+    memory connections: no other process sees their jobs)."""
+    import sqlite3
+
+    from haze.drivers.database import schema_sql
+
+    (root / "config").mkdir(parents=True, exist_ok=True)
+    (root / "config" / "database.py").write_text(
+        "from haze import define_database_config\n"
+        "config = define_database_config(default='main', connections={'main': "
+        f"{{'url': 'sqlite:///{root}/q.db'}}}})\n"
+    )
+    (root / "config" / "queue.py").write_text(
+        "from haze import define_queue_config\n"
+        "config = define_queue_config(default='db', connections={'db': "
+        "{'driver': 'database', 'sleep': '50ms', 'max_sleep': '100ms'}})\n"
+    )
+    with sqlite3.connect(root / "q.db") as c:
+        for statement in schema_sql("sqlite"):
+            c.execute(statement)
+    return root
+
+
 def haze(root: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "haze.cli", "--root", str(root), *args],
@@ -91,7 +115,7 @@ def spawn(root: Path, *args: str) -> Lines:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_work_exits_0_promptly_on_signal(tmp_path: Path, sig: signal.Signals) -> None:
-    child = spawn(tmp_path, "queue:work", "--connection", "memory")
+    child = spawn(db_root(tmp_path), "queue:work", "--connection", "db")
     child.wait_for("Working connection")
     sent = time.monotonic()
     child.proc.send_signal(sig)
@@ -134,7 +158,7 @@ def start_slow_worker(root: Path, seconds: float) -> Lines:
     job = root / "app" / "job" / "slow.py"
     job.parent.mkdir(parents=True)
     job.write_text(SLOW_JOB.replace("SECONDS", repr(seconds)))
-    return spawn(root, "queue:work", "-v")
+    return spawn(db_root(root), "queue:work", "-v")
 
 
 def test_sigterm_lets_the_running_job_finish(tmp_path: Path) -> None:

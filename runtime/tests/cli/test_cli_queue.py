@@ -1,7 +1,8 @@
-"""``haze queue:*`` in-process through CliRunner, on an app whose memory queues we fill.
+"""``haze queue:*`` in-process through CliRunner, on an app whose queues we fill.
 
 The CLI normally builds ``App(root=...)``; here ``State.app`` hands it a prepared app so
-the memory driver already holds waiting and failed jobs.
+the memory driver already holds waiting and failed jobs. ``queue:work`` refuses memory
+connections, so its tests run on a SQLite ``database`` connection (``db_app``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,17 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from haze import App, JobDefinition, Queue, define_job, define_queue_config
+from haze import (
+    App,
+    JobDefinition,
+    Queue,
+    define_database_config,
+    define_job,
+    define_queue_config,
+)
 from haze.cli import MISSING_DEPENDENCIES, get_cli, main
 from haze.cli._core import State
-from haze.cli.queue import SYNC_REFUSAL, exception_summary
+from haze.cli.queue import MEMORY_REFUSAL, SYNC_REFUSAL, exception_summary
 from haze.ids import short_id
 
 ran: list[Any] = []
@@ -53,6 +61,36 @@ def app(monkeypatch: pytest.MonkeyPatch) -> App:
     return a
 
 
+@pytest.fixture
+def db_app(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> App:
+    """The default connection "db" on a SQLite file with its tables (plus memory, sync)."""
+    from haze.database.migrations import ensure_queue_tables
+
+    a = App(
+        queue=define_queue_config(
+            default="db",
+            connections={
+                "db": {"driver": "database", "sleep": "10ms", "max_sleep": "50ms"},
+                "memory": {"driver": "memory"},
+                "sync": {"driver": "sync"},
+            },
+        ),
+        database=define_database_config(
+            default="main", connections={"main": {"url": f"sqlite:///{tmp_path}/q.db"}}
+        ),
+    )
+
+    async def tables() -> None:
+        await ensure_queue_tables(a)
+        await a.stop()
+
+    asyncio.run(tables())
+    monkeypatch.setattr(State, "app", lambda self: a)
+    ran.clear()
+    boom["fail"] = True
+    return a
+
+
 def haze(root: Path, *args: str) -> Result:
     return CliRunner().invoke(get_cli(), ["--root", str(root), *args])
 
@@ -77,14 +115,16 @@ def fail_jobs(app: App, n: int, queue: str = "default") -> list[str]:
     return asyncio.run(go())
 
 
-def failed_ids(app: App) -> list[str]:
-    return [j.id for j in asyncio.run(app.manager.failed("memory"))]
+def failed_ids(app: App, connection: str = "memory") -> list[str]:
+    return [j.id for j in asyncio.run(app.manager.failed(connection))]
 
 
 # --------------------------------------------------------------------------- queue:work
 
 
-def test_work_runs_waiting_jobs_and_prints_a_line_per_job(app: App, tmp_path: Path) -> None:
+def test_work_runs_waiting_jobs_and_prints_a_line_per_job(db_app: App, tmp_path: Path) -> None:
+    app = db_app
+
     async def fill() -> list[str]:
         return [
             await enqueue(app, cli_ok, {"n": 1}),
@@ -92,17 +132,19 @@ def test_work_runs_waiting_jobs_and_prints_a_line_per_job(app: App, tmp_path: Pa
         ]
 
     ok_id, boom_id = asyncio.run(fill())
-    result = haze(tmp_path, "queue:work", "--stop-when-empty")
+    result = haze(tmp_path, "queue:work", "--stop-when-empty", "--queue", "default,emails")
     assert result.exit_code == 0, result.output
     assert ran == [{"n": 1}]
     lines = result.output.splitlines()
     assert any("DONE" in ln and "cli_test_ok" in ln and short_id(ok_id) in ln for ln in lines)
     assert any("FAILED" in ln and "cli_test_boom" in ln and short_id(boom_id) in ln for ln in lines)
     assert "Worker stopped after 2 job(s)." in result.output
-    assert failed_ids(app) == [boom_id]
+    assert failed_ids(app, "db") == [boom_id]
 
 
-def test_work_honours_queue_priority_and_max_jobs(app: App, tmp_path: Path) -> None:
+def test_work_honours_queue_priority_and_max_jobs(db_app: App, tmp_path: Path) -> None:
+    app = db_app
+
     async def fill() -> None:
         await enqueue(app, cli_ok, {"q": "low"}, queue="low")
         await enqueue(app, cli_ok, {"q": "high"}, queue="high")
@@ -116,13 +158,13 @@ def test_work_honours_queue_priority_and_max_jobs(app: App, tmp_path: Path) -> N
     assert ran == [{"q": "high"}]  # "low" was not among the queues
 
 
-def test_work_without_jobs_stops_when_empty(app: App, tmp_path: Path) -> None:
+def test_work_without_jobs_stops_when_empty(db_app: App, tmp_path: Path) -> None:
     result = haze(tmp_path, "queue:work", "--stop-when-empty", "--concurrency", "3")
     assert result.exit_code == 0, result.output
     assert "concurrency 3" in result.output
 
 
-def test_work_max_time(app: App, tmp_path: Path) -> None:
+def test_work_max_time(db_app: App, tmp_path: Path) -> None:
     result = haze(tmp_path, "queue:work", "--max-time", "50ms", "--sleep", "0.01")
     assert result.exit_code == 0, result.output
 
@@ -131,6 +173,13 @@ def test_work_refuses_the_sync_connection(app: App, tmp_path: Path) -> None:
     result = haze(tmp_path, "queue:work", "--connection", "sync")
     assert result.exit_code == 1
     assert SYNC_REFUSAL in result.output
+    assert "Traceback" not in result.output
+
+
+def test_work_refuses_a_memory_connection(app: App, tmp_path: Path) -> None:
+    result = haze(tmp_path, "queue:work", "--connection", "memory")
+    assert result.exit_code == 1
+    assert f'connection "memory" {MEMORY_REFUSAL}' in result.output
     assert "Traceback" not in result.output
 
 

@@ -233,8 +233,6 @@ def queue_work(
             scheduling = start_scheduler(app, say)
         # An idle in-process slot sleeps until woken, so it would not see --max-time itself.
         timer = loop.call_later(max_time, worker.request_stop) if max_time is not None else None
-        for line in unconsumed_queues(app, name, chosen or []):
-            say(line, level="WARNING")
         with _stop_on_signals(worker, say, task) as forced:
             # Announced only now, so whoever waits for this line can signal us safely.
             shown = ", ".join(chosen) if chosen else "all"
@@ -242,6 +240,8 @@ def queue_work(
                 f'Working connection "{name}" (queues: {shown}, concurrency '
                 f"{worker.concurrency}). Ctrl+C or SIGTERM stops after the running jobs."
             )
+            for line in unconsumed_queues(app, name, chosen or []):
+                say(line, level="WARNING")
             try:
                 processed = await task
             except asyncio.CancelledError:

@@ -162,7 +162,7 @@ def queue_continue(state: State, target: str) -> None:
 
 
 @cli.command("queue:monitor", short_help="Show queue sizes; emit queue_busy over --max.")
-@click.argument("targets", nargs=-1, required=True, metavar="CONNECTION:QUEUE[,...]")
+@click.argument("targets", nargs=-1, metavar="[CONNECTION:QUEUE[,...]]")
 @click.option(
     "--max",
     "max_size",
@@ -175,12 +175,16 @@ def queue_continue(state: State, target: str) -> None:
 def queue_monitor(state: State, targets: tuple[str, ...], max_size: int) -> None:
     """Show how many jobs wait on each queue. A queue holding --max jobs or more is
     marked ALERT and the ``queue_busy`` event fires with (connection, queue, size):
-    listen with ``Queue.on("queue_busy", fn)`` in a job module. Run it every minute."""
+    listen with ``Queue.on("queue_busy", fn)`` in a job module. Run it every minute.
+    Without targets: the default connection's queues and every queue its jobs name."""
     app = state.app()
     items = [part for t in targets for part in t.split(",") if part.strip()]
-    if not items:
+    if targets and not items:
         raise click.BadParameter(_TARGET_HELP, param_hint="'CONNECTION:QUEUE'")
-    wanted = list(dict.fromkeys(parse_target(app, item) for item in items))
+    default = app.queue_config.default
+    wanted = list(dict.fromkeys(parse_target(app, item) for item in items)) or [
+        (default, q) for q in app.known_queues(default)
+    ]
 
     async def monitor(app: App) -> list[tuple[str, str, int]]:
         from .. import manager

@@ -403,7 +403,13 @@ class RedisFailedJobs:
         self._where: dict[str, tuple[str, str]] = {}
 
     def _queues(self, queue: str | None) -> list[str]:
-        return [queue] if queue else list(self._d.queues)
+        if queue:
+            return [queue]
+        # Failed sets are per queue: a job's own queue must be looked at even when the
+        # connection's ``queues`` option does not list it.
+        app = self._d.app
+        named = app.job_queues(self._d.name) if hasattr(app, "job_queues") else {}
+        return list(dict.fromkeys([*self._d.queues, *named]))
 
     async def record(self, job: FailedJob) -> None:
         """Store a failure that did not come from this driver's ``fail()``."""
