@@ -248,15 +248,35 @@ def scaffold(directory: Path, *, redis: bool = False, postgres: bool = False) ->
     for rel, text in files.items():
         path = directory / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with path.open("x", encoding="utf-8") as f:  # "x": never replace a file
-                f.write(text)
-        except FileExistsError:
-            written[path] = False
-        else:
-            written[path] = True
+        written[path] = _create(path, text)
     written[directory / ".gitignore"] = _ignore_storage(directory / ".gitignore")
     return written
+
+
+def _create(path: Path, text: str) -> bool:
+    """Write a new file whole, or not at all; False if ``path`` exists (it is kept).
+
+    The text goes to a temporary file that is then hard-linked into place: the link
+    fails if the file exists, and a process killed midway leaves no half-written file
+    for the next ``haze init`` to keep.
+    """
+    if path.exists():
+        return False
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError:  # no hard links here (some network filesystems): exclusive create
+        try:
+            with path.open("x", encoding="utf-8") as f:
+                f.write(text)
+        except FileExistsError:
+            return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
 
 
 def _ignore_storage(path: Path) -> bool:
