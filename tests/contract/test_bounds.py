@@ -61,6 +61,10 @@ def test_a_backoff_over_365_days_is_refused_when_the_job_is_defined() -> None:
 
 @pytest.mark.requires("queued")
 async def test_a_delay_of_365_days_is_accepted(app: Any, driver: Any, done: Any) -> None:
+    if driver.id == "cloudflare":  # Cloudflare Queues' own cap is 12 hours
+        with pytest.raises(DelayTooLongError, match="12-hour"):
+            await bd_record.dispatch({"n": 1}, delay=MAX_DELAY)
+        return
     if driver.id == "memory":
         # the in-process queue holds it on a timer: nothing to count but its id
         assert await bd_record.dispatch({"n": 1}, delay=MAX_DELAY)
@@ -95,7 +99,7 @@ async def test_a_queue_name_of_255_characters_is_accepted(app: Any, driver: Any,
         pytest.skip("an SQS queue name has at most 80 characters (SQS's own, lower cap)")
     name = "q" * 255
     await bd_record.dispatch({"n": 1}, queue=name)
-    if driver.remote:  # the contract's worker does not consume that queue
+    if driver.remote and driver.id != "cloudflare":  # its worker does not consume that queue
         assert await Queue.size(name) == 1
         assert await Queue.clear(name) == 1
     else:
