@@ -207,6 +207,7 @@ def define_haze_config(*, cloudflare: Mapping[str, Any] | None = None, **extra: 
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,200}$")
+_QUEUE = re.compile(r"^[A-Za-z0-9_.:\-]{1,255}$")
 
 
 class _V:
@@ -273,6 +274,24 @@ class _V:
         except ValueError as e:
             raise self.fail(key, str(e).split(": ", 1)[-1]) from None
 
+    def queue_names(self, value: object, key: str) -> list[str]:
+        """Queue names: the characters of ``names``, 1 to 255 of them (what every driver
+        stores)."""
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not value:
+            raise self.fail(key, f"expected a non-empty list of queue names, got {value!r}")
+        for i, q in enumerate(value):
+            if isinstance(q, str) and len(q) > 255:
+                raise self.fail(
+                    f"{key}[{i}]", f"a queue name has 1 to 255 characters, got {len(q)}"
+                )
+            if not isinstance(q, str) or not _QUEUE.match(q):
+                raise self.fail(
+                    f"{key}[{i}]", f"{q!r} is not a valid queue name (letters, digits, _ . : -)"
+                )
+        return list(value)
+
     def names(self, value: object, key: str) -> list[str]:
         if isinstance(value, str):
             value = [value]
@@ -289,7 +308,7 @@ class _V:
 
 # Per-driver options. The value is the validator kind; drivers read the
 # validated dict. A later driver adds its row here and nothing else changes.
-_COMMON = {"driver": "str", "max_message_size": "int", "concurrency": "int", "queues": "names"}
+_COMMON = {"driver": "str", "max_message_size": "int", "concurrency": "int", "queues": "queues"}
 QUEUE_DRIVER_OPTIONS: dict[str, dict[str, str]] = {
     "sync": {"driver": "str", "max_message_size": "int"},
     "memory": dict(_COMMON),
@@ -358,6 +377,8 @@ def _check_options(v: _V, raw: dict[str, Any], schema: dict[str, str], key: str)
             out[k] = v.integer(value, sub, minimum=1)
         elif kind == "names":
             out[k] = v.names(value, sub)
+        elif kind == "queues":
+            out[k] = v.queue_names(value, sub)
         elif kind == "duration":
             out[k] = v.duration(value, sub)
         elif kind == "ident":
