@@ -332,3 +332,24 @@ def test_retry_batch_takes_a_short_batch_id(root: Path) -> None:
     out = " ".join(result.output.split())
     assert f'Retried 1 failed job(s) of batch "{batch_id}"' in out
     assert failed_ids(root) == []
+
+
+def test_an_apps_own_log_handlers_get_what_they_got_before(root: Path) -> None:
+    import logging
+
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    mine = Keep()
+    logging.getLogger().addHandler(mine)
+    try:
+        dispatch(root, (fh_send_invoice, {"n": 1}), (fh_always_fails, {"n": 2}))
+        work(root)
+    finally:
+        logging.getLogger().removeHandler(mine)
+    job_records = [r for r in seen if r.name == "haze.job"]
+    assert [r.levelno for r in job_records] == [logging.ERROR], "no DEBUG lifecycle records"
+    assert job_records[0].getMessage().startswith('Job "fh_always_fails" failed after 1')

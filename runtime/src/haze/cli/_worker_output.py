@@ -79,6 +79,8 @@ class WorkerOutput(logging.Handler):
         self.out = out if out is not None else sys.stdout
         self.err = err if err is not None else sys.stderr
         self.colour = mode == "lines" and getattr(self.out, "isatty", lambda: False)()
+        #: logger -> the level its records needed to reach the app's root handlers.
+        self.forward: dict[str, int] | None = None
 
     # -- what the command itself says (banner, signals, summary) ---------------------
 
@@ -105,6 +107,19 @@ class WorkerOutput(logging.Handler):
                 self._log_line(record)
         except Exception:  # a broken pipe must not take the worker down
             self.handleError(record)
+        if self.forward is not None:
+            self._forward(record)
+
+    def _forward(self, record: logging.LogRecord) -> None:
+        """Hand a record on to the app's own root handlers, if it would have reached them
+        before this worker opened haze's loggers (see :func:`worker_output`)."""
+        assert self.forward is not None
+        job = record.name == "haze.job" or record.name.startswith("haze.job.")
+        if record.levelno < self.forward["haze.job" if job else "haze"]:
+            return
+        for h in logging.getLogger().handlers:
+            if record.levelno >= h.level:
+                h.handle(record)
 
     def _wanted(self, record: logging.LogRecord) -> bool:
         if getattr(record, "state", None) is not None:
@@ -201,9 +216,11 @@ def worker_output(handler: WorkerOutput) -> Iterator[WorkerOutput]:
     """Route haze's log records through ``handler`` while a worker runs.
 
     The job lifecycle records are DEBUG, so ``haze.job`` is opened to DEBUG and the
-    handler decides what to show. haze's records stop propagating to the handler that
-    ``haze`` set up on the root logger (the same lines would be printed twice, in two
-    formats); handlers an app installed itself keep receiving them.
+    handler decides what to show. haze's records stop propagating to the root logger:
+    the handler ``haze`` set up there would print the same lines again in another
+    format. Handlers an app installed on the root logger itself still receive what they
+    received before (the records at the levels haze's loggers had), not the new DEBUG
+    lifecycle records.
     """
     from . import _DEFAULT_HANDLER_FLAG
 
@@ -211,13 +228,19 @@ def worker_output(handler: WorkerOutput) -> Iterator[WorkerOutput]:
     job_log = logging.getLogger("haze.job")
     saved = (haze_log.level, job_log.level, haze_log.propagate)
     root = logging.getLogger()
-    ours_only = all(getattr(h, _DEFAULT_HANDLER_FLAG, False) for h in root.handlers)
+    if haze_log.propagate and not all(
+        getattr(h, _DEFAULT_HANDLER_FLAG, False) for h in root.handlers
+    ):
+        handler.forward = {
+            "haze.job": job_log.getEffectiveLevel(),
+            "haze": haze_log.getEffectiveLevel(),
+        }
     haze_log.addHandler(handler)
-    haze_log.setLevel(logging.DEBUG if handler.verbose else logging.INFO)
+    haze_log.propagate = False
+    if handler.verbose:
+        haze_log.setLevel(min(logging.INFO, haze_log.getEffectiveLevel()))
     # --quiet prints no job lines: the DEBUG lifecycle records need not even be made.
     job_log.setLevel(logging.WARNING if handler.mode == "quiet" else logging.DEBUG)
-    if ours_only:
-        haze_log.propagate = False
     try:
         yield handler
     finally:
@@ -225,3 +248,4 @@ def worker_output(handler: WorkerOutput) -> Iterator[WorkerOutput]:
         haze_log.setLevel(saved[0])
         job_log.setLevel(saved[1])
         haze_log.propagate = saved[2]
+        handler.forward = None
