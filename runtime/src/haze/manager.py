@@ -654,6 +654,8 @@ class QueueManager:
                 self._owned(owned, reserved, "release")
                 raise
             error = e  # raised by the job's own code, not a cancellation of this worker
+        except GeneratorExit:
+            raise  # the coroutine itself is being closed: it must not go on
         except BaseException as e:
             # KeyboardInterrupt, SystemExit ... raised by job code: that job's failure (the
             # worker's own signals never get here: its handlers stop it without raising).
@@ -1222,7 +1224,7 @@ class _Contained(Exception):
 async def _contained(aw: Awaitable[Any]) -> Any:
     try:
         return await aw
-    except (Exception, asyncio.CancelledError):
+    except (Exception, asyncio.CancelledError, GeneratorExit):
         raise
     except BaseException as e:
         raise _Contained(e) from None
