@@ -195,6 +195,28 @@ async def test_two_schedulers_dispatch_each_tick_once() -> None:
     assert s.tick_key(utc(2026, 1, 1, 12, 0, 10)).endswith(":1767268810000")
 
 
+async def test_two_leaders_at_once_still_dispatch_each_tick_once() -> None:
+    """A leader stalled past its lease (a VM pause) runs next to the new one: the claim
+    on (name, fire time) keeps each tick to one dispatch."""
+    schedule(report, every="1s", name="second")
+    async with memory_app() as app:
+        from haze import Queue
+
+        a, b = Scheduler(app), Scheduler(app)
+        t0 = utc(2026, 1, 1, 12)
+        await a.step(t0)
+        await app.store().delete("haze:schedule:leader")
+        await b.step(t0)
+        assert a.leader and b.leader
+        for i in range(1, 6):
+            await a.step(t0 + timedelta(seconds=i))
+            await b.step(t0 + timedelta(seconds=i, milliseconds=300))
+        await Queue.idle()
+    fired = [at for _, at in ran]
+    assert sorted(fired) == [(t0 + timedelta(seconds=i)).isoformat() for i in range(1, 6)]
+    assert a.dispatched + b.dispatched == 5
+
+
 async def test_missed_ticks_are_skipped_without_catch_up() -> None:
     schedule(report, cron="0 9 * * *", name="daily")
     async with memory_app() as app:
