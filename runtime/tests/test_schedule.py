@@ -372,3 +372,76 @@ def test_schedule_work_refuses_a_memory_connection_and_no_schedules(tmp_path: Pa
     result = CliRunner().invoke(get_cli(), ["--root", str(root), "schedule:work"])
     assert result.exit_code == 1
     assert "no schedules are declared" in result.output
+
+
+# -- platform triggers ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "cloudflare", "eventbridge"),
+    [
+        ({"every": "15m"}, "*/15 * * * *", "cron(0/15 * * * ? *)"),
+        ({"every": "1m"}, "* * * * *", "cron(* * * * ? *)"),
+        ({"every": "2h"}, "0 */2 * * *", "cron(0 0/2 * * ? *)"),
+        ({"every": "1h"}, "0 * * * *", "cron(0 * * * ? *)"),
+        ({"every": "1d"}, "0 0 * * *", "cron(0 0 * * ? *)"),
+        ({"cron": "0 9 * * *"}, "0 9 * * *", "cron(0 9 * * ? *)"),
+        ({"cron": "0 9 * * 1-5"}, "0 9 * * 1-5", "cron(0 9 ? * 2,3,4,5,6 *)"),
+        ({"cron": "30 6 * * 0"}, "30 6 * * 0", "cron(30 6 ? * 1 *)"),
+        ({"cron": "0 6 * * MON#1"}, "0 6 * * MON#1", "cron(0 6 ? * MON#1 *)"),
+        ({"cron": "0 0 1 * *"}, "0 0 1 * *", "cron(0 0 1 * ? *)"),
+        ({"cron": "0 0 9 * * *"}, "0 9 * * *", "cron(0 9 * * ? *)"),
+        ({"cron": "0 9 * * *", "tz": "UTC"}, "0 9 * * *", "cron(0 9 * * ? *)"),
+        # In a zone: a trigger every hour at its minutes; the handler checks the zone.
+        ({"cron": "30 9 * * 1-5", "tz": "Europe/Paris"}, "30 * * * *", "cron(30 * * * ? *)"),
+    ],
+)
+def test_platform_triggers(kwargs: dict[str, Any], cloudflare: str, eventbridge: str) -> None:
+    s = schedule(report, name="t", **kwargs)
+    assert scheduling.utc_cron(s) == cloudflare
+    assert scheduling.eventbridge_cron(s) == eventbridge
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"every": "1s"}, "every=1s has no Cloudflare cron trigger"),
+        ({"every": "7m"}, "every=7m has no Cloudflare cron trigger"),
+        ({"every": "5h"}, "every=5h has no Cloudflare cron trigger"),
+        ({"cron": "*/10 * * * * *"}, "has a seconds field; Cloudflare cron triggers"),
+        ({"cron": "0 9 * * *", "tz": "Asia/Kolkata"}, "not a whole number of hours from UTC"),
+    ],
+)
+def test_platform_triggers_refused(kwargs: dict[str, Any], expected: str) -> None:
+    s = schedule(report, name="t", **kwargs)
+    with pytest.raises(ScheduleError) as e:
+        scheduling.utc_cron(s)
+    assert expected in str(e.value)
+    assert str(e.value).startswith('schedule "t" (')
+
+
+def test_eventbridge_cannot_or_days() -> None:
+    s = schedule(report, cron="0 9 1 * 1", name="t")
+    assert scheduling.utc_cron(s) == "0 9 1 * 1"
+    with pytest.raises(ScheduleError, match="both a day of the month and a day of the week"):
+        scheduling.eventbridge_cron(s)
+
+
+async def test_dispatch_trigger_checks_the_zone() -> None:
+    schedule(report.with_({"n": "paris"}), cron="30 9 * * *", tz="Europe/Paris", name="paris")
+    schedule(report.with_({"n": "utc"}), cron="30 * * * *", name="hourly")
+    assert scheduling.platform_triggers("cloudflare") == {"30 * * * *": ["paris", "hourly"]}
+    async with memory_app() as app:
+        from haze import Queue
+
+        # 07:30 UTC in summer is 09:30 in Paris; 08:30 UTC is not.
+        at = utc(2026, 7, 1, 7, 30, 0)
+        assert await scheduling.dispatch_trigger(app, "cloudflare", "30 * * * *", at) == [
+            "paris",
+            "hourly",
+        ]
+        at = utc(2026, 7, 1, 8, 30, 41)  # the trigger's time within its minute
+        assert await scheduling.dispatch_trigger(app, "cloudflare", "30 * * * *", at) == ["hourly"]
+        assert await scheduling.dispatch_trigger(app, "cloudflare", "0 5 * * *", at) == []
+        await Queue.idle()
+    assert sorted(p["n"] for p, _ in ran) == ["paris", "utc", "utc"]

@@ -487,3 +487,161 @@ class Scheduler:
                 return
             self._cursors[sched.name] = at
         self._cursors[sched.name] = now
+
+
+# -- platform triggers (Cloudflare Cron Triggers, EventBridge rules) --------------------------
+
+_UTC_NAMES = {"UTC", "Etc/UTC", "Etc/UCT", "UCT", "Etc/GMT", "GMT", "Zulu", "Etc/Zulu"}
+
+
+def _whole_hour_zone(sched: Schedule) -> bool:
+    """True when every offset of the zone this year and next is a whole number of hours."""
+    year = datetime.now(UTC).year
+    for y in (year, year + 1):
+        for month in range(1, 13):
+            for day in (1, 15):
+                offset = datetime(y, month, day, 12, tzinfo=UTC).astimezone(sched._zone)
+                delta = offset.utcoffset() or timedelta(0)
+                if delta.total_seconds() % 3600:
+                    return False
+    return True
+
+
+def utc_cron(sched: Schedule, platform: str = "Cloudflare") -> str:
+    """The 5-field UTC cron of the trigger that wakes ``sched`` on a platform whose cron
+    triggers run in UTC at minute resolution. ``ScheduleError`` when there is none.
+
+    A schedule with a time zone gets a trigger every hour at its minutes (the hour and
+    day in UTC move with daylight saving time); the handler dispatches it only at the
+    triggers where it is due in its zone.
+    """
+    where = f'schedule "{sched.name}" ({sched.origin})'
+    if sched.every is not None:
+        seconds = sched.every
+        minutes, rest = divmod(seconds, 60)
+        if not rest:
+            m = int(minutes)
+            if m < 60 and 60 % m == 0:
+                return "* * * * *" if m == 1 else f"*/{m} * * * *"
+            if m % 60 == 0:
+                h = m // 60
+                if h < 24 and 24 % h == 0:
+                    return "0 * * * *" if h == 1 else f"0 */{h} * * *"
+                if h == 24:
+                    return "0 0 * * *"
+        raise ScheduleError(
+            f"{where}: every={_format_every(seconds)} has no {platform} cron trigger, which "
+            "fires on whole minutes: use an interval that divides an hour (1m, 5m, 15m, 30m) "
+            "or a day (1h, 2h, 6h, 12h, 1d), or cron="
+        )
+    assert sched.cron is not None
+    fields = sched.cron.split()
+    if len(fields) == 6:
+        if fields[0] != "0":
+            raise ScheduleError(
+                f"{where}: cron {sched.cron!r} has a seconds field; {platform} cron triggers "
+                "fire on whole minutes: use 5 fields"
+            )
+        fields = fields[1:]
+    if sched.tz is None or sched.tz in _UTC_NAMES:
+        return " ".join(fields)
+    if not _whole_hour_zone(sched):
+        raise ScheduleError(
+            f"{where}: tz {sched.tz!r} is not a whole number of hours from UTC, and {platform} "
+            "cron triggers run in UTC: write the cron in UTC (drop tz)"
+        )
+    return f"{fields[0]} * * * *"
+
+
+def _eventbridge_dow(value: str, where: str) -> str:
+    """Cron day-of-week (0-7, Sunday 0 or 7) to EventBridge's (1-7, Sunday 1)."""
+
+    def one(number: str) -> str:
+        return str(int(number) % 7 + 1)
+
+    out: list[str] = []
+    for item in value.split(","):
+        suffix = ""
+        if "#" in item:
+            item, nth = item.split("#", 1)
+            suffix = f"#{nth}"
+        elif item.endswith("L") and item[:-1].isdigit():
+            item, suffix = item[:-1], "L"
+        if item.isdigit():
+            out.append(one(item) + suffix)
+        elif "-" in item and all(p.isdigit() for p in item.split("-", 1)) and not suffix:
+            lo, hi = (int(p) for p in item.split("-", 1))
+            out.extend(one(str(d)) for d in range(lo, hi + 1))
+        elif item.isalpha() and len(item) == 3:
+            out.append(item.upper() + suffix)
+        else:
+            raise ScheduleError(
+                f"{where}: day-of-week {value!r} has no EventBridge form; use numbers, "
+                "ranges or names (MON-FRI)"
+            )
+    return ",".join(dict.fromkeys(out))
+
+
+def eventbridge_cron(sched: Schedule) -> str:
+    """The ``cron(...)`` expression of the EventBridge rule that wakes ``sched`` (UTC,
+    6 fields with a year, ``?`` in the day field it leaves open). See :func:`utc_cron`.
+    """
+    where = f'schedule "{sched.name}" ({sched.origin})'
+    minute, hour, dom, month, dow = utc_cron(sched, "EventBridge").split()
+
+    def step(field: str, start: str) -> str:
+        return start + field[1:] if field.startswith("*/") else field
+
+    minute, hour = step(minute, "0"), step(hour, "0")
+    dom, month = step(dom, "1"), step(month, "1")
+    if dow in ("*", "?"):
+        dow = "?"
+    elif dom in ("*", "?"):
+        dom, dow = "?", _eventbridge_dow(dow, where)
+    else:
+        raise ScheduleError(
+            f"{where}: cron {sched.cron!r} names both a day of the month and a day of the "
+            "week, which EventBridge cannot combine: split it into two schedules"
+        )
+    return f"cron({minute} {hour} {dom} {month} {dow} *)"
+
+
+def trigger_schedules(platform: str, trigger: str) -> list[Schedule]:
+    """The schedules whose ``platform`` trigger (``"cloudflare"``: :func:`utc_cron`,
+    ``"eventbridge"``: :func:`eventbridge_cron`) is ``trigger``."""
+    convert = utc_cron if platform == "cloudflare" else eventbridge_cron
+    wanted = " ".join(trigger.split())
+    found = []
+    for sched in registered_schedules().values():
+        try:
+            if convert(sched) == wanted:
+                found.append(sched)
+        except ScheduleError:
+            continue  # the build reported it
+    return found
+
+
+def platform_triggers(platform: str) -> dict[str, list[str]]:
+    """Each distinct trigger of the app's schedules on ``platform`` -> schedule names.
+    Raises the first ``ScheduleError`` (the build reports it)."""
+    convert = utc_cron if platform == "cloudflare" else eventbridge_cron
+    out: dict[str, list[str]] = {}
+    for sched in registered_schedules().values():
+        out.setdefault(convert(sched), []).append(sched.name)
+    return out
+
+
+async def dispatch_trigger(app: App, platform: str, trigger: str, at: datetime) -> list[str]:
+    """What a platform's cron handler does: the schedules of ``trigger`` due at ``at``
+    (to the minute), dispatched once each. Returns their names."""
+    schedules = trigger_schedules(platform, trigger)
+    if not schedules:
+        log.warning(
+            "haze: the %s trigger %r matches no schedule of this app; rebuild and redeploy "
+            "after changing config/schedule.py",
+            platform,
+            trigger,
+        )
+        return []
+    minute = at.astimezone(UTC).replace(second=0, microsecond=0)
+    return await dispatch_due(app, minute, schedules)
