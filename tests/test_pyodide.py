@@ -2,6 +2,10 @@
 
 Node.js loads the npm ``pyodide`` package from ``tests/pyodide/node_modules`` (nothing
 comes from a CDN), installs the freshly built ``haze`` wheel and runs SCENARIOS.
+With ``HAZE_PYODIDE_HOME=tests/pyodide-0.28`` every Pyodide test (this file's, the
+Cloudflare adapter's and the Miniflare harness's) runs on Pyodide 0.28.2 instead of the
+newest: the version Cloudflare Python Workers run from compatibility date 2025-09-29,
+which ``haze build --preset cloudflare`` pins. CI runs them on both.
 Booting Pyodide costs seconds, so every scenario runs in one Pyodide session and each
 test checks its own scenario's outcome; a scenario that raises only fails its own test.
 """
@@ -9,6 +13,7 @@ test checks its own scenario's outcome; a scenario that raises only fails its ow
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +28,8 @@ pytestmark = pytest.mark.pyodide
 ROOT = Path(__file__).resolve().parent.parent
 PYODIDE_DIR = Path(__file__).resolve().parent / "pyodide"
 RUN_MJS = PYODIDE_DIR / "run.mjs"
+#: Where run.mjs loads Pyodide from (see the module docstring).
+PYODIDE_HOME = ROOT / os.environ.get("HAZE_PYODIDE_HOME", PYODIDE_DIR)
 
 
 class PyodideRunner:
@@ -236,8 +243,12 @@ try:
 except RuntimeError:
     pass
 
+import pyodide
+
 results["environment"] = {"ok": True, "value": {
     "platform": sys.platform,
+    "pyodide": pyodide.__version__,
+    "python": sys.version.split()[0],
     "haze_file": haze.__file__,
     "thread_starts": starts_during_scenarios,
     "guard_probe": thread_starts[len(starts_during_scenarios):],
@@ -268,6 +279,17 @@ def test_haze_imports_under_emscripten(scenarios: dict[str, Any]) -> None:
     assert env["platform"] == "emscripten"
     # The wheel, not some copy of the source tree, is what Pyodide imported.
     assert "site-packages" in env["haze_file"]
+
+
+def test_the_pyodide_is_the_one_installed_where_asked(scenarios: dict[str, Any]) -> None:
+    env = outcome(scenarios, "environment")
+    pinned = json.loads((PYODIDE_HOME / "package.json").read_text())["dependencies"]["pyodide"]
+    assert env["pyodide"] == pinned, (
+        f"{PYODIDE_HOME}/package.json pins {pinned}, but {env['pyodide']} ran: "
+        f"run npm ci in {PYODIDE_HOME}"
+    )
+    # the two versions CI runs: Cloudflare's current one (Python 3.13) and the newest (3.14)
+    assert env["python"].startswith("3.13." if pinned.startswith("0.28.") else "3.14.")
 
 
 def test_dispatch_execute_retry_cycle(scenarios: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@
 // Printed: one JSON line {"python": <the script's last expression>, "events": [...],
 // "dlq": [...], "d1": {...rows read back through Miniflare's D1, not through haze}}.
 import { readFile } from "node:fs/promises";
-import { createRequire } from "node:module";
+import { existsSync } from "node:fs";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { Miniflare, Response } from "miniflare";
@@ -43,9 +43,13 @@ function parseArgs(argv) {
 }
 
 async function loadPython(wheels) {
-  // The same pinned Pyodide as tests/pyodide (run.mjs), loaded from disk only.
-  const require = createRequire(path.join(HERE, "..", "pyodide", "package.json"));
-  const indexURL = path.dirname(require.resolve("pyodide/package.json")) + path.sep;
+  // The same Pyodide as tests/pyodide/run.mjs loads (tests/pyodide's, or the one in
+  // $HAZE_PYODIDE_HOME when set), from disk only.
+  const env = process.env.HAZE_PYODIDE_HOME;
+  const home = env ? path.resolve(HERE, "..", "..", env) : path.join(HERE, "..", "pyodide");
+  const pkg = path.join(home, "node_modules", "pyodide", "package.json");
+  if (!existsSync(pkg)) throw new Error(`no pyodide installed in ${home}: run npm ci there`);
+  const indexURL = path.dirname(pkg) + path.sep;
   const { loadPyodide } = await import(pathToFileURL(path.join(indexURL, "pyodide.mjs")).href);
   const realFetch = globalThis.fetch;
   globalThis.fetch = (input, init) => {

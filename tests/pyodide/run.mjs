@@ -10,10 +10,14 @@
 // expression is printed to stdout as one line of JSON. Python's own stdout and
 // stderr go to this process's stderr so stdout stays machine-readable. Any error
 // exits non-zero with the Python traceback on stderr.
+//
+// The Pyodide is this directory's (package.json: the newest release), or the one
+// installed in $HAZE_PYODIDE_HOME when set (tests/pyodide-0.28: the version Cloudflare
+// Python Workers run; see pyodideIndexURL).
+import { existsSync } from "node:fs";
 import { readFile } from "node:fs/promises";
-import { createRequire } from "node:module";
 import path from "node:path";
-import { pathToFileURL } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 
 function usage(message) {
   process.stderr.write(
@@ -69,14 +73,28 @@ function writeOut(text) {
   return new Promise((resolve) => process.stdout.write(text, resolve));
 }
 
+// The directory of the npm pyodide package to load: $HAZE_PYODIDE_HOME's when set (a
+// directory holding package.json and node_modules/pyodide; a relative path is taken from
+// the repository root, whatever the working directory), else this directory's.
+// (tests/cloudflare/miniflare-harness.mjs follows the same rule.)
+function pyodideIndexURL() {
+  const here = path.dirname(fileURLToPath(import.meta.url));
+  const home = process.env.HAZE_PYODIDE_HOME
+    ? path.resolve(here, "..", "..", process.env.HAZE_PYODIDE_HOME)
+    : here;
+  // Only this directory's own node_modules: resolving upwards could find another Pyodide.
+  const pkg = path.join(home, "node_modules", "pyodide", "package.json");
+  if (!existsSync(pkg)) throw new Error(`no pyodide installed in ${home}: run npm ci there`);
+  return path.dirname(pkg) + path.sep;
+}
+
 async function main() {
   const { wheels, mounts, env, script } = parseArgs(process.argv.slice(2));
   const code = await readFile(script, "utf8");
 
   // Point indexURL at the installed package so the runtime, stdlib and lock file
   // come from disk; nothing may be fetched from a CDN.
-  const require = createRequire(import.meta.url);
-  const indexURL = path.dirname(require.resolve("pyodide/package.json")) + path.sep;
+  const indexURL = pyodideIndexURL();
   const { loadPyodide } = await import(pathToFileURL(path.join(indexURL, "pyodide.mjs")).href);
 
   // Loading must work offline, so a network fetch here is a bug, not a fallback.
