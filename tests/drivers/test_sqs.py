@@ -129,6 +129,7 @@ def make_app(tmp_path: Path) -> Callable[..., App]:
         fifo: bool = False,
         queues: tuple[str, ...] = ("default",),
         cache: Any = None,
+        store: str | None = None,
         **options: Any,
     ) -> App:
         prefix = _SPEC["unique_prefix"]("d")
@@ -147,7 +148,7 @@ def make_app(tmp_path: Path) -> Callable[..., App]:
         conn = {k: v for k, v in conn.items() if v is not None}
         db = f"sqlite:///{tmp_path}/sqs-{prefix}.db"
         return App(
-            queue=define_queue_config(default="sqs", connections={"sqs": conn}),
+            queue=define_queue_config(default="sqs", connections={"sqs": conn}, store=store),
             database=define_database_config(default="main", connections={"main": {"url": db}}),
             cache=cache,
         )
@@ -545,7 +546,9 @@ async def test_failed_jobs_in_a_cache_store(make_app: Callable[..., App], tmp_pa
 async def test_no_failed_store_keeps_failures_in_memory_with_a_warning(
     make_app: Callable[..., App], caplog: pytest.LogCaptureFixture
 ) -> None:
-    app = make_app(failed_store=None)
+    # Without a failed_store an sqs connection names its lock store itself (else start-up
+    # refuses): memory here, as the failed jobs are.
+    app = make_app(failed_store=None, store="memory")
     async with app:
         await sqs_always_fails.dispatch({"n": 1})
         with caplog.at_level(logging.WARNING, logger="haze.sqs"):
