@@ -621,12 +621,32 @@ def trigger_schedules(platform: str, trigger: str) -> list[Schedule]:
     return found
 
 
-def platform_triggers(platform: str) -> dict[str, list[str]]:
-    """Each distinct trigger of the app's schedules on ``platform`` -> schedule names.
-    Raises the first ``ScheduleError`` (the build reports it)."""
+def app_schedules(root: str | os.PathLike[str] | None) -> list[Schedule]:
+    """The schedules declared in files under ``root`` (all of them without a root)."""
+    from pathlib import Path
+
+    schedules = list(registered_schedules().values())
+    if root is None:
+        return schedules
+    base = Path(root).resolve()
+    mine = []
+    for sched in schedules:
+        try:
+            if Path(sched.origin.rsplit(":", 1)[0]).resolve().is_relative_to(base):
+                mine.append(sched)
+        except (OSError, ValueError):
+            continue
+    return mine
+
+
+def platform_triggers(
+    platform: str, root: str | os.PathLike[str] | None = None
+) -> dict[str, list[str]]:
+    """Each distinct trigger of the schedules (declared under ``root``) on ``platform``
+    -> their names. Raises the first ``ScheduleError`` (the build reports it)."""
     convert = utc_cron if platform == "cloudflare" else eventbridge_cron
     out: dict[str, list[str]] = {}
-    for sched in registered_schedules().values():
+    for sched in app_schedules(root):
         out.setdefault(convert(sched), []).append(sched.name)
     return out
 

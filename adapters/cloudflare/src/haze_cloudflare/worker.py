@@ -42,6 +42,9 @@ with ``Authorization: Bearer <HAZE_HTTP_SECRET>`` (a Worker secret), or signed w
 (refused when more than 5 minutes off); 202 ``{"id", "job", "skipped", "deferred"}``.
 Without the secret it answers 500 and dispatches nothing.
 
+``scheduled()`` is the Cron Trigger handler: it dispatches the schedules of
+``config/schedule.py`` whose trigger fired (see ``haze.scheduling.utc_cron``).
+
 Subclass on the Cloudflare runtime: ``workers.WorkerEntrypoint``. Anywhere else (CPython,
 Pyodide under Node.js in tests) a small local base with the same constructor, so this
 module imports everywhere. No threads are used.
@@ -405,6 +408,35 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
 
         response = await run_in_app(app, answer)
         return self._response(response.body, response.status, response.headers)
+
+    # -- scheduled() ----------------------------------------------------------------------
+
+    @_invocation
+    async def scheduled(self, controller: Any, env: Any = None, ctx: Any = None) -> list[str]:
+        """The Cron Trigger handler: dispatch the app's schedules whose trigger is
+        ``controller.cron`` and that are due at ``controller.scheduledTime`` (in their
+        time zone); returns their names. ``haze build --preset cloudflare`` writes one
+        trigger per distinct cron into ``triggers.crons``.
+
+        A schedule fires once per trigger: with a D1 or KV store the tick is claimed
+        there first, so a trigger Cloudflare delivers twice dispatches once.
+        """
+        from datetime import UTC, datetime
+
+        from haze.app import run_in_app
+        from haze.scheduling import dispatch_trigger
+
+        self._bind(env)
+        cron = str(to_py(getattr(controller, "cron", "")) or "")
+        when = to_py(getattr(controller, "scheduledTime", None))
+        at = datetime.fromtimestamp(float(when) / 1000, UTC) if when else datetime.now(UTC)
+        app = await self.get_app()
+
+        async def fire() -> list[str]:
+            return await dispatch_trigger(app, "cloudflare", cron, at)
+
+        fired: list[str] = await run_in_app(app, fire)
+        return fired
 
     @staticmethod
     def _response(data: Any, status: int, headers: dict[str, str] | None = None) -> Any:

@@ -238,12 +238,12 @@ def worker_app(ctx: BuildContext, variables: Mapping[str, Any]) -> App:
         return ctx.app
     specs: dict[str, Any] = {}
     with _environment(variables):
-        for kind in ("queue", "cache", "redis", "database"):
-            path = ctx.root / "config" / f"{kind}.py"
+        for kind in ("queue", "cache", "redis", "database", "haze"):
+            path = ctx.root / ("haze.config.py" if kind == "haze" else f"config/{kind}.py")
             if path.is_file():
                 module = _load_module_file(path, f"_haze_worker_config_{kind}")
                 specs[kind] = getattr(module, "config", None)
-        return App(**specs, haze=ctx.app.haze_config)
+        return App(**specs)
 
 
 def _database_problem(app: App, connection: str | None) -> str | None:
@@ -410,6 +410,7 @@ def wrangler_config(ctx: BuildContext, notes: list[str]) -> dict[str, Any]:
     if kv_entries:
         config["kv_namespaces"] = kv_entries
     merged = merge_wrangler(config, section)
+    _add_cron_triggers(ctx, merged, notes)
     if merged.get("main") != ENTRY:
         notes.append(
             f"cloudflare.wrangler.main ({merged.get('main')!r}) is ignored: the Worker's entry "
@@ -443,6 +444,38 @@ def wrangler_config(ctx: BuildContext, notes: list[str]) -> dict[str, Any]:
         + "; ".join(f"npx wrangler queues create {q}" for q in queues)
     )
     return merged
+
+
+def _add_cron_triggers(ctx: BuildContext, config: dict[str, Any], notes: list[str]) -> None:
+    """``triggers.crons``: one Cron Trigger per distinct UTC cron of the app's schedules
+    (kept beside any the wrangler section lists); the Worker's ``scheduled()`` handler
+    dispatches the schedules of the trigger that fired."""
+    from ..scheduling import platform_triggers
+
+    triggers = platform_triggers("cloudflare", ctx.root)
+    if not triggers:
+        return
+    section = config.get("triggers") if isinstance(config.get("triggers"), dict) else {}
+    listed = [str(c) for c in (section or {}).get("crons") or []]
+    config["triggers"] = {**(section or {}), "crons": list(dict.fromkeys([*listed, *triggers]))}
+    notes.append(
+        "cron triggers (UTC): "
+        + "; ".join(f"{cron} -> {', '.join(names)}" for cron, names in triggers.items())
+    )
+
+
+def schedule_packages(ctx: BuildContext) -> tuple[str, ...]:
+    """Packages the app's schedules need in the bundle: cronsim for cron expressions,
+    tzdata for time zones (Pyodide has no system zone database)."""
+    from ..scheduling import app_schedules
+
+    schedules = app_schedules(ctx.root)
+    extra: list[str] = []
+    if any(s.cron is not None for s in schedules):
+        extra.append("cronsim")
+    if any(s.tz is not None for s in schedules):
+        extra.append("tzdata")
+    return tuple(extra)
 
 
 PYPROJECT = """\
@@ -481,6 +514,21 @@ def pyproject_source(name: str, wheels: Mapping[str, str], requirements: list[st
     )
 
 
+def _with_migrations(config: dict[str, Any], migrations: str) -> dict[str, Any]:
+    """``config`` with ``migrations_dir`` (relative to the config file) on each D1 database
+    that has none, so ``wrangler d1 migrations apply`` runs the app's migrations."""
+    out = dict(config)
+    out["d1_databases"] = [
+        {**d, "migrations_dir": migrations}
+        if isinstance(d, dict) and "migrations_dir" not in d
+        else d
+        for d in config.get("d1_databases") or []
+    ]
+    if not out["d1_databases"]:
+        del out["d1_databases"]
+    return out
+
+
 def _number(value: float) -> int | float:
     return int(value) if float(value).is_integer() else value
 
@@ -492,7 +540,7 @@ def build(ctx: BuildContext) -> BuildResult:
     src = ctx.dest / "src"
     files = [ctx.write("src/entry.py", entry_source())]
     files += ctx.copy_app(src)
-    files += ctx.vendor(PACKAGES, src)
+    files += ctx.vendor((*PACKAGES, *schedule_packages(ctx)), src)
     wheels: dict[str, str] = {}
     for dist in ("haze", "haze-cloudflare"):
         wheel = pack_wheel(dist, ctx.dest / "wheels")
@@ -503,6 +551,18 @@ def build(ctx: BuildContext) -> BuildResult:
         ctx.write("pyproject.toml", pyproject_source(config["name"], wheels, requirements))
     )
     project = {**config, "main": PROJECT_ENTRY}
+    if (ctx.root / "database" / "migrations").is_dir() and config.get("d1_databases"):
+        config = _with_migrations(config, "cloudflare/src/database/migrations")
+        project = _with_migrations(project, "src/database/migrations")
+        names = [
+            str(d.get("database_name") or d.get("binding"))
+            for d in config["d1_databases"]
+            if isinstance(d, dict)
+        ]
+        notes.append(
+            "create the D1 tables (the app's database/migrations) once: "
+            + "; ".join(f"npx wrangler d1 migrations apply {n} --remote" for n in names)
+        )
     files.append(ctx.write("wrangler.jsonc", json.dumps(project, indent=2) + "\n"))
     wrangler = ctx.write("wrangler.json", json.dumps(config, indent=2) + "\n", base=ctx.out)
     files.append(wrangler)

@@ -1,0 +1,101 @@
+"""The Worker entry's ``scheduled()`` (Cron Triggers) inside REAL Pyodide under Node.js.
+
+Real: Pyodide, the haze, haze_cloudflare, cronsim and tzdata wheels (the build vendors
+cronsim and tzdata into the bundle the same way), the app's config/schedule.py loaded by
+the generated entry, the JS controller object. Stand-in: Cloudflare's Queue binding and
+KV (``cf_queue_sim.js``, as in test_cf_pyodide.py). Miniflare's own scheduled trigger is
+driven in test_cf_miniflare.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cf_build import haze_wheels, npm_ci, pure_wheel
+
+pytestmark = pytest.mark.pyodide
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+PYODIDE_DIR = ROOT / "tests" / "pyodide"
+RUN_MJS = PYODIDE_DIR / "run.mjs"
+
+
+def _package_wheel(out: Path, module: str, name: str | None = None) -> Path:
+    """A wheel of an installed pure-Python package (its files as installed here)."""
+    imported = __import__(module)
+    src = Path(imported.__file__).parent
+    files = {
+        f"{module}/{p.relative_to(src).as_posix()}": p.read_bytes()
+        for p in sorted(src.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    return pure_wheel(out, name or module, files)
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed")
+    npm_ci(PYODIDE_DIR, "pyodide")
+    out = tmp_path_factory.mktemp("cf-sched")
+    wheels = [
+        *haze_wheels(tmp_path_factory),
+        _package_wheel(out, "cronsim"),
+        _package_wheel(out, "tzdata"),
+        _package_wheel(out, "cf_sched_app"),
+    ]
+    script = out / "cf_scheduled.py"
+    sim = (HERE / "cf_queue_sim.js").read_text()
+    script.write_text(
+        f"SIM_JS = {json.dumps(sim)}\n" + (HERE / "cf_scheduled_scenarios.py").read_text()
+    )
+    args = [node, str(RUN_MJS)]
+    for w in wheels:
+        args += ["--wheel", str(w)]
+    args.append(str(script))
+    proc = subprocess.run(
+        args, cwd=PYODIDE_DIR, capture_output=True, text=True, timeout=180, check=False
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"pyodide run failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout)
+    if not result["scheduled"]["ok"]:
+        pytest.fail(f"scheduled() raised inside Pyodide:\n{result['scheduled']['error']}")
+    return result
+
+
+def test_triggers_of_the_app(outcome: dict[str, Any]) -> None:
+    assert outcome["triggers"]["value"] == {
+        "30 * * * *": ["paris", "hourly"],
+        "*/15 * * * *": ["quarter"],
+    }
+
+
+def test_scheduled_dispatches_the_schedules_due_in_their_zone(outcome: dict[str, Any]) -> None:
+    v = outcome["scheduled"]["value"]
+    assert v["fired"] == {
+        "summer": ["paris", "hourly"],
+        "again": [],
+        "later": ["hourly"],
+        "winter": ["paris", "hourly"],
+        "quarter": ["quarter"],
+        "unknown": [],
+    }
+    expected = [
+        ["paris", "2026-07-01T07:30:00+00:00"],
+        ["hourly", "2026-07-01T07:30:00+00:00"],
+        ["hourly", "2026-07-01T08:30:00+00:00"],
+        ["paris", "2026-12-01T08:30:00+00:00"],
+        ["hourly", "2026-12-01T08:30:00+00:00"],
+        ["quarter", "2026-12-01T08:45:00+00:00"],
+    ]
+    assert v["sends"] == expected
+    assert sorted(v["ran"]) == sorted(expected)  # queue() ran each dispatched job once
+    assert v["left"] == 0
