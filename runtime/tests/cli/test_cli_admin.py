@@ -595,13 +595,14 @@ def test_prune_deletes_every_named_key_and_the_index_slot(site: Site) -> None:
             ":processed",
             ":failed",
             ":finished",
-            ":catch",
+            ":outcome",
+            ":cb:catch",
             ":failed:1",
             ":failed:2",
             ":cancelled",
         ]
         keys = [f"haze:batch:{batch.id}{p}" for p in parts]
-        assert [v is not None for v in await store.get_many(keys)] == [True] * 9 + [False]
+        assert [v is not None for v in await store.get_many(keys)] == [True] * 10 + [False]
         count = int(await store.get(_INDEX_COUNT) or 0)
         assert await store.get(_index_key(count)) == batch.id
         assert await prune(app.manager, finished_before=time.time() + 1) == 1
