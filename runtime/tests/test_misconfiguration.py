@@ -77,6 +77,17 @@ async def test_the_implicit_default_app_warns_once_per_process(
     assert "config/queue.py" in warnings[0]
 
 
+async def test_a_bulk_dispatch_on_the_implicit_app_warns_too(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(haze_app, "_warned_implicit", False)
+    caplog.set_level(logging.WARNING, logger="haze")
+    await Queue.bulk([noop.with_({}), noop.with_({})])
+    await Queue.idle()
+    warnings = [r.getMessage() for r in caplog.records if "implicit" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+
+
 async def test_an_app_of_your_own_does_not_warn_about_the_implicit_one(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, app: App
 ) -> None:

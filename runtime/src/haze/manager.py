@@ -303,6 +303,10 @@ class QueueManager:
             delay = check_delay(p._delay or 0.0, f'job "{job.name}": delay')
             groups.setdefault(conn, []).append((body, message, delay))
             ids.append(message.id)
+        if groups and self.app._implicit:
+            from .app import warn_implicit_dispatch
+
+            warn_implicit_dispatch()
         for conn, items in groups.items():
             driver = self.app.driver(conn)
             if driver.inline:

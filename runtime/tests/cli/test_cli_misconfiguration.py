@@ -155,6 +155,26 @@ def test_work_names_the_queues_registered_jobs_use_that_it_does_not_consume(
     assert f'use queue "{emails}"' not in result.output
 
 
+def test_work_on_sqs_without_a_lock_store_stops_at_start_saying_what_to_set(
+    tmp_path: Path,
+) -> None:
+    write(
+        tmp_path,
+        "config/queue.py",
+        """\
+        from haze import define_queue_config
+        config = define_queue_config(default="q", connections={"q": {
+            "driver": "sqs", "queue_url": "http://127.0.0.1:9/000000000000/{queue}"}})
+        """,
+    )
+    result = haze("queue:work", root=tmp_path)
+    assert result.exit_code == 1
+    [line] = result.output.strip().splitlines()
+    assert line.startswith(f"Error: {tmp_path / 'config' / 'queue.py'}")
+    assert 'store: connection "q" (sqs) has no store for unique locks and batches' in line
+    assert "set store= in config/queue.py" in line
+
+
 # --------------------------------------------------------------------------- admin commands
 
 
@@ -192,6 +212,10 @@ def test_size_monitor_and_flush_cover_the_queues_registered_jobs_name(
     monitor = haze("queue:monitor", root=root)
     assert monitor.exit_code == 0, monitor.output
     assert re.search(rf"db\W+{b}\W+2\W+OK", monitor.output), monitor.output
+    only = haze("queue:monitor", "--queue", a, "--max", "1", root=root)
+    assert only.exit_code == 0, only.output
+    assert re.search(rf"db\W+{a}\W+1\W+ALERT", only.output), only.output
+    assert b not in only.output
     assert haze("queue:work", "--stop-when-empty", "--queue", f"{a},{b}", root=root).exit_code == 0
     flushed = haze("queue:flush", "--queue", b, root=root)
     assert flushed.exit_code == 0, flushed.output

@@ -193,6 +193,7 @@ def queue_work(
     # With --schedule the scheduler dispatches into this process: a memory queue works.
     if not app.driver(name).remote and not with_schedule:
         raise click.ClickException(f'connection "{name}" {MEMORY_REFUSAL}')
+    _ = app.queue_store  # no usable lock store is a start-up error, not a warning a second
     output = WorkerOutput(
         mode="json" if as_json else "quiet" if quiet else "lines", verbose=verbose
     )

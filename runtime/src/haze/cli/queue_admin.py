@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from ..ids import match_id
-from ._core import State, cli, connection_option, console, queue_names, run
+from ._core import QUEUE_NAMES, State, cli, connection_option, console, queue_names, run
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -171,19 +171,38 @@ def queue_continue(state: State, target: str) -> None:
     show_default=True,
     help="Alert when a queue holds this many jobs or more.",
 )
+@click.option(
+    "--queue",
+    "queues",
+    type=QUEUE_NAMES,
+    default=None,
+    metavar="NAMES",
+    help="Without targets: these queues (default: the connection's queues and every queue "
+    "its registered jobs name).",
+)
+@connection_option("Without targets: the connection to look at (default: the config default).")
 @click.pass_obj
-def queue_monitor(state: State, targets: tuple[str, ...], max_size: int) -> None:
+def queue_monitor(
+    state: State,
+    targets: tuple[str, ...],
+    max_size: int,
+    queues: list[str] | None,
+    connection: str | None,
+) -> None:
     """Show how many jobs wait on each queue. A queue holding --max jobs or more is
     marked ALERT and the ``queue_busy`` event fires with (connection, queue, size):
     listen with ``Queue.on("queue_busy", fn)`` in a job module. Run it every minute.
-    Without targets: the default connection's queues and every queue its jobs name."""
+    Without targets: --connection's --queue (default: its queues and every queue its
+    registered jobs name)."""
     app = state.app()
     items = [part for t in targets for part in t.split(",") if part.strip()]
     if targets and not items:
         raise click.BadParameter(_TARGET_HELP, param_hint="'CONNECTION:QUEUE'")
-    default = app.queue_config.default
+    if items and (queues is not None or connection is not None):
+        raise click.UsageError("give CONNECTION:QUEUE targets or --connection/--queue, not both")
+    name = app.connection_name(connection)
     wanted = list(dict.fromkeys(parse_target(app, item) for item in items)) or [
-        (default, q) for q in app.known_queues(default)
+        (name, q) for q in (queues or app.known_queues(name))
     ]
 
     async def monitor(app: App) -> list[tuple[str, str, int]]:
