@@ -24,6 +24,9 @@ constant input may also put them at the top level), else the environment:
 The environment's values are read when the function boots: a bad one fails the boot with
 one line naming the variable and its value.
 
+An event with ``haze_schedule`` is a rule of ``config/schedule.py`` instead: the
+handler dispatches the schedules due (see :func:`schedule_handler`), it drains nothing.
+
 The response counts what ran: ``{"connection", "queues", "processed", "outcomes":
 {"done": n, "retry": n, ...}, "max_time", "stopped": "empty" | "time"}``.
 """
@@ -124,6 +127,40 @@ async def _drain(app: App, event: dict[str, Any], context: Any) -> dict[str, Any
     return result
 
 
+async def _dispatch_schedules(app: App, trigger: str, when: Any) -> dict[str, Any]:
+    from datetime import UTC, datetime
+
+    from haze.errors import ScheduleError
+    from haze.scheduling import dispatch_trigger
+
+    if when is None:
+        at = datetime.now(UTC)
+    else:
+        try:
+            at = datetime.fromisoformat(str(when).replace("Z", "+00:00"))
+        except ValueError:
+            raise ScheduleError(
+                f"haze_lambda.schedule_handler: the event's time {when!r} is not an ISO 8601 "
+                'time; the rule\'s input should carry "time": <time> (haze_infra writes it)'
+            ) from None
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=UTC)
+    fired = await dispatch_trigger(app, "eventbridge", str(trigger), at)
+    return {"schedule": str(trigger), "time": at.isoformat(), "dispatched": fired}
+
+
 def schedule_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """Lambda handler for an EventBridge schedule: drain a database/redis connection."""
-    return run(lambda app: _drain(app, event or {}, context))
+    """Lambda handler for an EventBridge schedule.
+
+    An event carrying ``haze_schedule`` (the rules ``haze_infra`` creates for
+    ``config/schedule.py``: ``{"haze_schedule": "cron(0 9 * * ? *)", "time": <time>}``)
+    dispatches the app's schedules of that rule that are due at ``time``; the answer is
+    ``{"schedule", "time", "dispatched": [names]}``. Any other event drains a
+    database/redis connection (see the module docstring).
+    """
+    event = event or {}
+    trigger = _setting(event, "haze_schedule")
+    if trigger is not None:
+        when = _setting(event, "time")
+        return run(lambda app: _dispatch_schedules(app, trigger, when))
+    return run(lambda app: _drain(app, event, context))
