@@ -12,6 +12,8 @@ config = define_queue_config(
             "queues": ["high", "default"],
         },
         # Deploy targets (infra/examples): SQS behind Lambda, Cloudflare Queues in a Worker.
+        # In the Worker (haze.config.py's vars) DATABASE_URL is the D1 binding, so final
+        # failures land in D1's failed_jobs and the locks and batches (store= below) in D1.
         "sqs": {
             "driver": "sqs",
             "queue_url": env(
@@ -19,7 +21,7 @@ config = define_queue_config(
             ),
             "queues": ["high", "default"],
         },
-        "cloudflare": {"driver": "cloudflare", "binding": "QUEUE"},
+        "cloudflare": {"driver": "cloudflare", "binding": "QUEUE", "failed_store": "main"},
         "memory": {"driver": "memory", "concurrency": 2},
         "sync": {"driver": "sync"},
     },

@@ -262,8 +262,14 @@ def test_top_level_wrangler_toml_deploys_the_example(tmp_path: Path) -> None:
     assert "env.DB (haze-example)" in out
     # the toml and the derived dist/wrangler.json describe the same Worker
     derived = json.loads((project / "dist" / "wrangler.json").read_text())
-    for key in ("name", "compatibility_date", "compatibility_flags", "queues", "d1_databases"):
+    for key in ("name", "compatibility_date", "compatibility_flags", "queues", "vars"):
         assert toml[key] == derived[key], key
+    # the same D1 database, each config naming the same migrations from where it is
+    (ours,), (theirs,) = toml["d1_databases"], derived["d1_databases"]
+    assert {**ours, "migrations_dir": None} == {**theirs, "migrations_dir": None}
+    assert sorted(p.name for p in (ROOT / ours["migrations_dir"]).glob("*.sql")) == sorted(
+        p.name for p in (project / "dist" / theirs["migrations_dir"]).glob("*.sql")
+    )
     consumer = toml["queues"]["consumers"][0]
     assert consumer["max_retries"] == 2  # publish_post: 3 tries
     assert consumer["dead_letter_queue"] == "haze-example-cloudflare-dlq"
@@ -379,3 +385,186 @@ def test_generated_entry_acks_retries_and_counts_attempts(pyodide_run: dict[str,
     assert v["dead"] == [] and v["dlq"] == []
     assert v["size"] == 0
     assert sorted(v["outcomes"]).count("failed") == 1
+
+
+# --------------------------------------------------------------------------- the Worker's view
+
+
+def _app(
+    queue: dict[str, Any], cache: dict[str, Any] | None = None, db: dict[str, Any] | None = None
+) -> Any:
+    from haze import App, define_cache_config, define_database_config, define_queue_config
+
+    return App(
+        queue=define_queue_config(**queue),
+        cache=define_cache_config(**(cache or {"stores": {}})),
+        database=define_database_config(**(db or {"connections": {}})),
+    )
+
+
+CF = {"driver": "cloudflare", "binding": "QUEUE"}
+SQLITE = {"default": "main", "connections": {"main": {"url": "sqlite:///storage/app.db"}}}
+D1 = {"default": "main", "connections": {"main": {"url": "d1://acct/db"}}}
+
+
+@pytest.mark.parametrize(
+    ("queue", "cache", "db", "expected"),
+    [
+        pytest.param(  # the example app's laptop config, read without the Worker's vars
+            {
+                "default": "database",
+                "connections": {"database": {"driver": "database"}, "cloudflare": CF},
+            },
+            None,
+            SQLITE,
+            [
+                "the default connection 'database' is a SQLite file",
+                "the lock and batch store 'database' (config/queue.py store/batches) is a SQLite file",
+                "connection 'cloudflare' has no failed_store",
+            ],
+            id="sqlite",
+        ),
+        pytest.param(
+            {
+                "default": "cloudflare",
+                "connections": {"cloudflare": {**CF, "failed_store": "pg"}},
+                "store": "mem",
+            },
+            {"stores": {"mem": {"driver": "memory"}}},
+            {"default": "pg", "connections": {"pg": {"url": "postgresql://db.internal/app"}}},
+            [
+                "the lock and batch store 'mem' (config/queue.py store/batches) is a memory store",
+                "connection 'cloudflare': failed_store 'pg' is a postgres server over TCP",
+            ],
+            id="memory-store-tcp-failed-store",
+        ),
+        pytest.param(
+            {
+                "default": "redis",
+                "connections": {
+                    "redis": {"driver": "redis"},
+                    "cloudflare": {**CF, "failed_store": "main"},
+                },
+                "store": "kv",
+                "batches": {"store": "mem"},
+            },
+            {"stores": {"kv": {"driver": "kv", "binding": "KV"}, "mem": {"driver": "memory"}}},
+            D1,
+            [
+                "the default connection 'redis' is Redis over TCP",
+                "the batch store 'mem' (config/queue.py store/batches) is a memory store",
+            ],
+            id="redis-default-memory-batches",
+        ),
+        pytest.param(  # what a Worker can use: Queues, D1 (locks, batches, failed jobs)
+            {
+                "default": "cloudflare",
+                "connections": {"cloudflare": {**CF, "failed_store": "main"}},
+            },
+            None,
+            D1,
+            [],
+            id="worker-ready",
+        ),
+    ],
+)
+def test_worker_warnings_name_what_a_worker_cannot_reach(
+    queue: dict[str, Any], cache: Any, db: Any, expected: list[str]
+) -> None:
+    from haze.build.cloudflare import worker_warnings
+
+    warnings = worker_warnings(_app(queue, cache, db))
+    assert len(warnings) == len(expected), warnings
+    for warning, start in zip(warnings, expected, strict=True):
+        assert warning.startswith(start), (warning, start)
+
+
+def _example_copy(root: Path) -> Path:
+    shutil.copytree(
+        ROOT / "examples",
+        root,
+        ignore=shutil.ignore_patterns("dist", "storage", "__pycache__", "*.db"),
+    )
+    return root
+
+
+def test_the_build_reads_the_config_with_the_workers_vars(tmp_path: Path) -> None:
+    # the example as shipped: its cloudflare environment (vars) makes the Worker's
+    # default connection cloudflare and its database D1, so nothing to warn about
+    example = _example_copy(tmp_path / "example")
+    out = build_in_subprocess(example, tmp_path / "dist")
+    assert "warning" not in out, out
+    w = json.loads((tmp_path / "dist" / "wrangler.json").read_text())
+    assert w["vars"] == {"QUEUE_CONNECTION": "cloudflare", "DATABASE_URL": "d1://DB"}
+    (d1,) = w["d1_databases"]
+    assert d1["binding"] == "DB"
+    assert d1["migrations_dir"] == "cloudflare/src/database/migrations"
+    migrations = tmp_path / "dist" / d1["migrations_dir"]
+    assert sorted(p.name for p in migrations.glob("*.sql")) == sorted(
+        p.name for p in (ROOT / "examples" / "database" / "migrations").glob("*.sql")
+    )
+    assert "npx wrangler d1 migrations apply haze-example --remote" in out
+    # without the vars, the same files configure a SQLite app: the build says what fails
+    config = example / "haze.config.py"
+    text = config.read_text()
+    start = text.index('            "vars"')
+    config.write_text(text[:start] + text[text.index("\n", start) + 1 :])
+    out = build_in_subprocess(example, tmp_path / "dist2")
+    assert "warning: the default connection 'database' is a SQLite file" in out
+    assert "warning: the lock and batch store 'database'" in out
+    assert 'QUEUE_CONNECTION = "cloudflare"' in out
+
+
+def test_the_compatibility_date_runs_a_pyodide_the_tests_cover(built: Path, tmp_path: Path) -> None:
+    from haze.build.cloudflare import TESTED_PYODIDE, pyodide_of
+
+    w = json.loads((built / "wrangler.json").read_text())
+    assert pyodide_of(w["compatibility_date"]) == ("3.13", "0.28.2")
+    pins = {
+        json.loads((ROOT / d / "package.json").read_text())["dependencies"]["pyodide"]
+        for d in ("tests/pyodide", "tests/pyodide-0.28")
+    }
+    assert "0.28.2" in pins and any(p.startswith("314.") for p in pins)
+    assert {"0.28.2", "314"} == set(TESTED_PYODIDE)
+    assert pyodide_of("2026-10-01") == ("3.14", "314")
+    assert pyodide_of("2025-01-01") is None  # Python 3.12: not tested
+    # a date the tests do not cover is a warning of the build
+    root = write_app(tmp_path / "app")
+    config = root / "haze.config.py"
+    config.write_text(
+        config.read_text().replace(
+            '"name": "bld-cf",', '"name": "bld-cf", "compatibility_date": "2025-01-01",'
+        )
+    )
+    out = build_in_subprocess(root, tmp_path / "dist")
+    assert "warning: compatibility_date '2025-01-01' runs a Python haze is not tested on" in out
+
+
+# --------------------------------------------------------------------------- pywrangler
+
+
+def test_dist_cloudflare_is_a_pywrangler_project(built: Path) -> None:
+    import zipfile
+
+    project = built / "cloudflare"
+    py = tomllib.loads((project / "pyproject.toml").read_text())
+    assert py["project"]["requires-python"] == ">=3.13"
+    assert py["project"]["dependencies"] == ["haze", "haze-cloudflare"]
+    assert sorted(py["dependency-groups"]["dev"]) == ["workers-py", "workers-runtime-sdk"]
+    sources = py["tool"]["uv"]["sources"]
+    assert sorted(sources) == ["haze", "haze-cloudflare"]
+    for dist, package in (("haze", "haze"), ("haze-cloudflare", "haze_cloudflare")):
+        wheel = project / sources[dist]["path"]
+        with zipfile.ZipFile(wheel) as z:
+            names = z.namelist()
+        assert f"{package}/__init__.py" in names
+        # the wheel holds the runtime vendored under src/: one haze, two ways to ship it
+        for name in (n for n in names if n.startswith(f"{package}/")):
+            assert (project / "src" / name).is_file(), name
+    # pywrangler reads wrangler.jsonc/wrangler.toml beside pyproject.toml
+    jsonc = json.loads((project / "wrangler.jsonc").read_text())
+    assert jsonc["main"] == "src/entry.py" and (project / jsonc["main"]).is_file()
+    dist = json.loads((built / "wrangler.json").read_text())
+    assert {k: v for k, v in jsonc.items() if k != "main"} == {
+        k: v for k, v in dist.items() if k != "main"
+    }
