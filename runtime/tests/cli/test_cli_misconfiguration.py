@@ -233,6 +233,7 @@ COMMANDS = [
     ["queue:monitor"],
     ["queue:monitor", "db:default"],
     ["queue:failed"],
+    ["queue:failed", "abc"],
     ["queue:retry", "all"],
     ["queue:retry", "abc"],
     ["queue:forget", "abc"],
