@@ -639,6 +639,19 @@ def app_schedules(root: str | os.PathLike[str] | None) -> list[Schedule]:
     return mine
 
 
+def bundle_packages(root: str | os.PathLike[str] | None) -> tuple[str, ...]:
+    """The packages a bundle (Worker, Lambda zip) needs for the schedules under ``root``:
+    cronsim for cron expressions, tzdata for time zones (Pyodide and slim images have no
+    system zone database)."""
+    schedules = app_schedules(root)
+    extra: list[str] = []
+    if any(s.cron is not None for s in schedules):
+        extra.append("cronsim")
+    if any(s.tz is not None for s in schedules):
+        extra.append("tzdata")
+    return tuple(extra)
+
+
 def platform_triggers(
     platform: str, root: str | os.PathLike[str] | None = None
 ) -> dict[str, list[str]]:

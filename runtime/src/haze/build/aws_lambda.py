@@ -36,7 +36,8 @@ HANDLER_SOURCE = '''\
 Point the function's handler at one of:
 
     handler.sqs        an SQS trigger (enable ReportBatchItemFailures)
-    handler.schedule   an EventBridge schedule that drains a database/redis connection
+    handler.schedule   an EventBridge schedule that drains a database/redis connection,
+                       or a rule of config/schedule.py (dispatches the schedules due)
     handler.http       an API Gateway HTTP API route or a function URL that dispatches
 
 They boot the app bundled beside this file (config/, app/job/) once per execution
@@ -93,13 +94,24 @@ def build(ctx: BuildContext) -> BuildResult:
     """Write the package and its zip (see the module docstring)."""
     files = [ctx.write("handler.py", HANDLER_SOURCE)]
     files += ctx.copy_app(ctx.dest)
-    files += ctx.vendor(PACKAGES, ctx.dest)
+    from ..scheduling import bundle_packages, platform_triggers
+
+    # Checked before anything is zipped: a schedule no EventBridge rule can express
+    # stops the build with one line naming it.
+    rules = platform_triggers("eventbridge", ctx.root)
+    files += ctx.vendor((*PACKAGES, *bundle_packages(ctx.root)), ctx.dest)
     archive = deterministic_zip(ctx.dest, ctx.out / f"{ctx.preset}.zip")
     files.append(archive)
     notes = [
         f"upload {archive} as the function's code; handler: handler.sqs, handler.schedule "
         "or handler.http (runtime python3.11 or later)",
     ]
+    if rules:
+        notes.append(
+            "EventBridge rules (UTC) for config/schedule.py, each targeting handler.schedule "
+            'with the input {"haze_schedule": "<rule>", "time": <time>} (haze_infra creates '
+            "them): " + "; ".join(f"{rule} -> {', '.join(names)}" for rule, names in rules.items())
+        )
     for requirement, users in sorted(third_party_packages(ctx).items()):
         if requirement in _IN_RUNTIME:
             notes.append(f"{requirement} ({', '.join(users)}) comes with the Lambda Python runtime")

@@ -464,20 +464,6 @@ def _add_cron_triggers(ctx: BuildContext, config: dict[str, Any], notes: list[st
     )
 
 
-def schedule_packages(ctx: BuildContext) -> tuple[str, ...]:
-    """Packages the app's schedules need in the bundle: cronsim for cron expressions,
-    tzdata for time zones (Pyodide has no system zone database)."""
-    from ..scheduling import app_schedules
-
-    schedules = app_schedules(ctx.root)
-    extra: list[str] = []
-    if any(s.cron is not None for s in schedules):
-        extra.append("cronsim")
-    if any(s.tz is not None for s in schedules):
-        extra.append("tzdata")
-    return tuple(extra)
-
-
 PYPROJECT = """\
 # The Worker as a pywrangler project (Cloudflare's toolchain for Python Workers), written
 # by `haze build --preset cloudflare`; rebuilding replaces this directory.
@@ -540,7 +526,9 @@ def build(ctx: BuildContext) -> BuildResult:
     src = ctx.dest / "src"
     files = [ctx.write("src/entry.py", entry_source())]
     files += ctx.copy_app(src)
-    files += ctx.vendor((*PACKAGES, *schedule_packages(ctx)), src)
+    from ..scheduling import bundle_packages
+
+    files += ctx.vendor((*PACKAGES, *bundle_packages(ctx.root)), src)
     wheels: dict[str, str] = {}
     for dist in ("haze", "haze-cloudflare"):
         wheel = pack_wheel(dist, ctx.dest / "wheels")
