@@ -12,6 +12,7 @@ job when it is up, and a payload error is raised rather than failed over.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import sqlite3
@@ -237,3 +238,39 @@ def test_a_failover_connection_lists_real_connections() -> None:
                 }
             )
         )
+
+
+failover_ran: list[int] = []
+
+
+@define_job(name="failover_local")
+async def failover_local(payload: dict[str, int]) -> None:
+    failover_ran.append(payload["n"])
+
+
+@pytest.mark.parametrize("last", ["memory", "sync"])
+async def test_an_in_process_last_connection_runs_the_job_here(
+    last: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Laravel's own example ends a failover list with "sync": run it now rather than lose it.
+    failover_ran.clear()
+    app = App(
+        queue=define_queue_config(
+            default="main",
+            connections={
+                "main": {"driver": "failover", "connections": ["redis", "local"]},
+                "redis": {"driver": "redis", "url": f"redis://127.0.0.1:{dead_port()}/0"},
+                "local": {"driver": last},
+            },
+            store="memory",
+        )
+    )
+    caplog.set_level(logging.INFO, logger="haze.drivers.failover")
+    async with app:
+        await failover_local.dispatch({"n": 1})
+        await Queue.bulk([failover_local.with_({"n": 2}), failover_local.with_({"n": 3})])
+        await Queue.idle()
+    assert sorted(failover_ran) == [1, 2, 3]
+    moved = [r.getMessage() for r in caplog.records if r.name == "haze.drivers.failover"]
+    assert sum("'redis' is unavailable" in m for m in moved) == 1, moved
+    assert sum("went to connection 'local'" in m for m in moved) == 2, moved

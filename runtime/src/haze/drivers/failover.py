@@ -93,7 +93,9 @@ class FailoverDriver:
         if not names:
             raise ConfigError("is required for failover", key=f"connections.{name}.connections")
         self.members: list[Driver] = [app.driver(n) for n in names]
-        self.remote = any(m.remote for m in self.members)
+        #: Never consumed in this process under its own name (the listed connections
+        #: are, by their own workers): the manager must not start a local worker for it.
+        self.remote = True
         # A plain-function callback can only travel if every connection it may land on
         # runs in this process.
         self.local_callbacks = all(m.local_callbacks for m in self.members)
