@@ -43,6 +43,8 @@ def _body(**fields: Any) -> dict[str, Any]:
         ({"meta": 5}, "meta"),
         ({"meta": {"first_ts": "x"}}, "meta.first_ts"),
         ({"meta": {"debounce": 4}}, "meta.debounce"),
+        ({"meta": {"traceparent": 4}}, "meta.traceparent"),
+        ({"meta": {"tracestate": "x" * 600}}, "meta.tracestate"),
         ({"enc": 9}, "enc"),
     ],
 )

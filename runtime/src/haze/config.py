@@ -276,21 +276,59 @@ class _V:
 
     def queue_names(self, value: object, key: str) -> list[str]:
         """Queue names: the characters of ``names``, 1 to 255 of them (what every driver
-        stores)."""
+        stores). The dict form (``{"emails": {"concurrency": 5}}``) gives its keys, in
+        order; ``queue_limits`` reads its values."""
         if isinstance(value, str):
             value = [value]
-        if not isinstance(value, (list, tuple)) or not value:
-            raise self.fail(key, f"expected a non-empty list of queue names, got {value!r}")
+        mapping = isinstance(value, Mapping)
+        if not (mapping or isinstance(value, (list, tuple))) or not value:
+            raise self.fail(
+                key,
+                "expected a non-empty list of queue names, or a dict of queue name to "
+                f"options ({{'emails': {{'concurrency': 5}}}}), got {value!r}",
+            )
+        assert isinstance(value, (Mapping, list, tuple))
         for i, q in enumerate(value):
+            where = f"{key}.{q}" if mapping else f"{key}[{i}]"
             if isinstance(q, str) and len(q) > 255:
-                raise self.fail(
-                    f"{key}[{i}]", f"a queue name has 1 to 255 characters, got {len(q)}"
-                )
+                raise self.fail(where, f"a queue name has 1 to 255 characters, got {len(q)}")
             if not isinstance(q, str) or not _QUEUE.match(q):
                 raise self.fail(
-                    f"{key}[{i}]", f"{q!r} is not a valid queue name (letters, digits, _ . : -)"
+                    where, f"{q!r} is not a valid queue name (letters, digits, _ . : -)"
                 )
         return list(value)
+
+    def queue_limits(self, value: object, key: str) -> dict[str, dict[str, float]]:
+        """The concurrency limits of the dict form of a connection's ``queues``:
+        queue -> ``{"max", "release_after", "expire_after"}``; queues without one are left
+        out."""
+        if not isinstance(value, Mapping):
+            return {}
+        out: dict[str, dict[str, float]] = {}
+        for q, raw in value.items():
+            sub = f"{key}.{q}"
+            opts = self.mapping(raw, sub)
+            self.unknown(opts, set(_QUEUE_LIMIT_DEFAULTS) | {"concurrency"}, sub)
+            if opts.get("concurrency") is None:
+                if opts:
+                    raise self.fail(
+                        f"{sub}.concurrency",
+                        "is required with release_after or "
+                        "expire_after (the most jobs of this queue running at once)",
+                    )
+                continue
+            limit: dict[str, float] = {
+                "max": self.integer(opts["concurrency"], f"{sub}.concurrency", minimum=1)
+            }
+            for name, default in _QUEUE_LIMIT_DEFAULTS.items():
+                given = opts.get(name)
+                limit[name] = (
+                    default
+                    if given is None
+                    else self.duration(given, f"{sub}.{name}", allow_zero=name == "release_after")
+                )
+            out[q] = limit
+        return out
 
     def names(self, value: object, key: str) -> list[str]:
         if isinstance(value, str):
@@ -305,6 +343,11 @@ class _V:
                 hint = ", ".join(sorted(allowed))
                 raise self.fail(f"{key}.{k}", f"unknown option; allowed here: {hint}")
 
+
+#: A per-queue concurrency limit's other options (``"queues": {"emails": {"concurrency":
+#: 5}}``): the released job's wait, and the lease after which a crashed worker's slot
+#: frees itself (renewed while the job runs, so a short lease costs a renewal per third).
+_QUEUE_LIMIT_DEFAULTS = {"release_after": 1.0, "expire_after": 60.0}
 
 # Per-driver options. The value is the validator kind; drivers read the
 # validated dict. A later driver adds its row here and nothing else changes.
@@ -402,6 +445,11 @@ class QueueConfig:
     middleware: list[Callable[..., Any]]
     run_in_server: dict[str, Any] | None
     source: str = "<default>"
+    #: OpenTelemetry: True, False, or "auto" (on when the app has set an SDK provider).
+    telemetry: bool | str = "auto"
+    #: connection -> queue -> ``{"max", "release_after", "expire_after"}``, from the dict
+    #: form of a connection's ``queues``; enforced by ``middleware.queue_limits``.
+    queue_limits: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -466,12 +514,15 @@ def validate_queue(spec: object, source: str | None = None) -> QueueConfig:
     v = _V(src)
     raw = s.raw
     v.unknown(
-        raw, {"default", "connections", "store", "batches", "middleware", "run_in_server"}, "queue"
+        raw,
+        {"default", "connections", "store", "batches", "middleware", "run_in_server", "telemetry"},
+        "queue",
     )
     conns_raw = v.mapping(raw.get("connections"), "connections")
     if not conns_raw:
         conns_raw = {"memory": {"driver": "memory"}}
     connections: dict[str, dict[str, Any]] = {}
+    queue_limits: dict[str, dict[str, dict[str, float]]] = {}
     for name, c in conns_raw.items():
         key = f"connections.{name}"
         v.name(name, key)
@@ -481,6 +532,9 @@ def validate_queue(spec: object, source: str | None = None) -> QueueConfig:
             known = ", ".join(sorted(QUEUE_DRIVER_OPTIONS))
             raise v.fail(f"{key}.driver", f"unknown driver {driver!r}; known drivers: {known}")
         connections[name] = _check_options(v, c, QUEUE_DRIVER_OPTIONS[driver], key)
+        limits = v.queue_limits(c.get("queues"), f"{key}.queues")
+        if limits:
+            queue_limits[name] = limits
     for name, c in connections.items():
         if c["driver"] == "failover":
             members = c.get("connections") or []
@@ -532,6 +586,9 @@ def validate_queue(spec: object, source: str | None = None) -> QueueConfig:
             run_in_server["queues"] = v.names(run_in_server["queues"], "run_in_server.queues")
         if "concurrency" in run_in_server:
             v.integer(run_in_server["concurrency"], "run_in_server.concurrency", minimum=1)
+    telemetry = raw.get("telemetry", "auto")
+    if not (telemetry is True or telemetry is False or telemetry == "auto"):
+        raise v.fail("telemetry", f'expected True, False or "auto", got {telemetry!r}')
     return QueueConfig(
         default=default,
         connections=connections,
@@ -541,6 +598,8 @@ def validate_queue(spec: object, source: str | None = None) -> QueueConfig:
         middleware=list(middleware),
         run_in_server=run_in_server,
         source=src,
+        telemetry=telemetry,
+        queue_limits=queue_limits,
     )
 
 

@@ -46,6 +46,7 @@ from .transactions import current_transaction, wait_pending
 if TYPE_CHECKING:
     from .app import App
     from .drivers import Driver, FailedJob, Reserved
+    from .otel import Telemetry
     from .worker import Worker
 
 __all__ = ["QueueManager", "events"]
@@ -63,6 +64,7 @@ _perf = time.perf_counter
 _time = time.time
 
 Pipeline = Callable[[Any, JobContext], Awaitable[Any]]
+_UNRESOLVED: Any = object()
 
 
 class _Outcome:
@@ -85,6 +87,17 @@ class QueueManager:
         # Plain-function callbacks (sync/memory only): id -> callable.
         self._local_callbacks: dict[str, Callable[..., Any]] = {}
         self._warned_store: set[str] = set()  # what ("unique jobs", "batches") was warned
+        self._otel: Any = _UNRESOLVED  # haze.otel.Telemetry, or None when telemetry is off
+
+    def telemetry(self) -> Telemetry | None:
+        """The app's OpenTelemetry recorder (None when off); decided at first use, so an
+        SDK set up after the app was created still counts."""
+        otel = self._otel
+        if otel is _UNRESOLVED:
+            from .otel import telemetry_for
+
+            otel = self._otel = telemetry_for(self.app)
+        return otel  # type: ignore[no-any-return]
 
     # ================================================================ dispatch path
 
@@ -223,6 +236,17 @@ class QueueManager:
     async def _send(
         self, message: Message, job: JobDefinition[Any], delay: float
     ) -> DispatchResult:
+        otel = self.telemetry()
+        if otel is not None and _testing._active_fake is None:
+            result: DispatchResult = await otel.send(
+                message, delay, lambda: self._send_now(message, job, delay)
+            )
+            return result
+        return await self._send_now(message, job, delay)
+
+    async def _send_now(
+        self, message: Message, job: JobDefinition[Any], delay: float
+    ) -> DispatchResult:
         fake = _testing._active_fake
         assert message.connection is not None
         if self.app._implicit and fake is None:
@@ -282,6 +306,7 @@ class QueueManager:
         ids: list[str] = []
         singles: list[PendingDispatch[Any]] = []
         in_tx = current_transaction() is not None
+        otel = self.telemetry()
         for p in pendings:
             if not isinstance(p, PendingDispatch):
                 raise TypeError(f"Queue.bulk: expected job.with_(payload) items, got {p!r}")
@@ -298,6 +323,8 @@ class QueueManager:
                 continue
             conn, q = self.resolve(p, queue=queue, connection=connection)
             message = self.build(p, conn, q, batch_id=batch_id)
+            if otel is not None:
+                otel.created(message)
             driver = self.app.driver(conn)
             body = self.encode(message, driver, job)
             delay = check_delay(p._delay or 0.0, f'job "{job.name}": delay')
@@ -517,8 +544,10 @@ class QueueManager:
         """Global middleware, then the job's own, then the handler: composed once per job."""
         p = self._pipelines.get(job)
         if p is None:
+            from .middleware import queue_limits
+
             p = self._pipelines[job] = _compose(
-                [*self.app.queue_config.middleware, *job.middleware], job
+                [*queue_limits(self.app), *self.app.queue_config.middleware, *job.middleware], job
             )
         return p
 
@@ -550,6 +579,15 @@ class QueueManager:
         app_token = (_app_var or _bind_app_var()).set(self.app)
         tenant_token = _tenant.set(message.tenant)
         try:
+            otel = self.telemetry()
+            if otel is not None:
+                return await otel.process(
+                    job,
+                    message,
+                    reserved,
+                    driver,
+                    lambda: self._run(job, message, reserved, driver, inline),
+                )
             return await self._run(job, message, reserved, driver, inline)
         finally:
             _tenant.reset(tenant_token)
@@ -695,6 +733,8 @@ class QueueManager:
                         "retry_in": ctx._release_delay,
                     },
                 )
+            if self._otel is not None:
+                self._otel.releasing(ctx._release_delay)
             owned = await driver.release(reserved, ctx._release_delay, consume_attempt=False)
             self._owned(owned, reserved, "release")
             return _Outcome.RELEASED, None
@@ -827,6 +867,8 @@ class QueueManager:
                 "error": error,
             },
         )
+        if self._otel is not None:
+            self._otel.retrying(waits, error)
         owned = await driver.release(reserved, delay, consume_attempt=True)
         self._owned(owned, reserved, "retry")
         return _Outcome.RETRY, error

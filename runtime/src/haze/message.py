@@ -11,7 +11,8 @@ present; the rest are written only when set, so a plain job stays small::
      "chain_id": "…", "chain_catch": [{"job": "cleanup", "payload": {...}}],
      "batch_id": "…",
      "unique": {"key": "haze:unique:sync_feed:1", "until": "processed"},
-     "meta": {"exceptions": 2, "first_ts": …, "group": "…"}}
+     "meta": {"exceptions": 2, "first_ts": …, "group": "…",
+              "traceparent": "00-<trace id>-<span id>-01"}}   # W3C, when tracing (haze.otel)
 
 An encrypted job (``encrypted=True``) stores ``{"enc": "<base64 AES-GCM>"}`` in
 place of ``payload``. No code is ever named by a message beyond a registered job name.
@@ -320,6 +321,10 @@ def _check_fields(d: dict[str, Any]) -> None:
             value = meta.get(key)
             if value is not None and value.__class__ is not str:
                 raise _field_error(d, f"meta.{key}", "a string")
+        for key in ("traceparent", "tracestate"):  # W3C trace context (haze.otel)
+            value = meta.get(key)
+            if value is not None and (value.__class__ is not str or len(value) > 512):
+                raise _field_error(d, f"meta.{key}", "a W3C trace-context string")
 
 
 def _check_links(d: dict[str, Any], field: str, links: Any, kinds: tuple[str, str]) -> None:

@@ -22,7 +22,16 @@ from typing import Any, Protocol, runtime_checkable
 from ..errors import BackendUnavailableError
 from ..message import Message
 
-__all__ = ["Driver", "FailedJob", "FailedJobStore", "Reserved", "unavailable"]
+__all__ = [
+    "Driver",
+    "FailedJob",
+    "FailedJobStore",
+    "QueueCounts",
+    "QueueInspector",
+    "Reserved",
+    "RunningJob",
+    "unavailable",
+]
 
 
 @dataclass(slots=True)
@@ -145,6 +154,44 @@ class Driver(Protocol):
 
     async def close(self) -> None:
         """Release connections; called when the app stops."""
+
+
+@dataclass(slots=True)
+class QueueCounts:
+    """How many jobs one queue holds, by state. None: the backend cannot tell."""
+
+    ready: int | None
+    delayed: int | None
+    running: int | None
+
+
+@dataclass(slots=True)
+class RunningJob:
+    """A job a worker has claimed and not settled yet."""
+
+    id: str
+    name: str
+    queue: str
+    attempt: int
+    #: When this attempt was claimed (epoch seconds); None when the backend does not say.
+    started_at: float | None
+
+
+@runtime_checkable
+class QueueInspector(Protocol):
+    """A driver that can count a queue's jobs by state (``haze queue:stats``, ``queue:top``,
+    the dashboard). Drivers without it only answer ``size``.
+
+    >>> isinstance(app.driver("redis"), QueueInspector)  # doctest: +SKIP
+    True
+    """
+
+    async def counts(self, queue: str) -> QueueCounts:
+        """Ready, delayed and running jobs on ``queue`` (None where it cannot tell)."""
+
+    async def running(self, queue: str, limit: int = 50) -> builtins.list[RunningJob] | None:
+        """Up to ``limit`` claimed jobs of ``queue``, oldest claim first; None when the
+        backend cannot list them."""
 
 
 def unavailable(driver: Driver, error: BaseException) -> BackendUnavailableError | None:

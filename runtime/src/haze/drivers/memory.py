@@ -17,11 +17,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..message import MAX_MESSAGE_SIZE, Message, decode
-from .base import FailedJob, Reserved
+from .base import FailedJob, QueueCounts, Reserved, RunningJob
 
 __all__ = ["MemoryDriver", "MemoryFailedJobs"]
 
 _monotonic = time.monotonic
+_time = time.time
 
 
 class MemoryFailedJobs:
@@ -77,6 +78,8 @@ class MemoryDriver:
         self._delayed: list[tuple[float, int, str, str, int]] = []
         self._seq = itertools.count()
         self._running = 0
+        #: id(Reserved) -> (the claim, when): what ``running()`` lists
+        self._active: dict[int, tuple[Reserved, float]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -95,6 +98,7 @@ class MemoryDriver:
             self._idle_waiters = []
             # Messages reserved on a dead loop will never be settled.
             self._running = 0
+            self._active.clear()
             if self._delayed:
                 self._arm_timer()
         return self._wakeup
@@ -177,7 +181,9 @@ class MemoryDriver:
                     error: BaseException | None = None
                 except Exception as e:
                     message, error = None, e
-                return Reserved(message, used + 1, body, name, None, error)
+                job = Reserved(message, used + 1, body, name, None, error)
+                self._active[id(job)] = (job, _time())
+                return job
         return None
 
     async def reserve(self, queues: Sequence[str] | None, wait: float) -> Reserved | None:
@@ -192,7 +198,8 @@ class MemoryDriver:
             return None
         return self.reserve_nowait(queues)
 
-    def _settled(self) -> None:
+    def _settled(self, job: Reserved) -> None:
+        self._active.pop(id(job), None)
         self._running -= 1
         if self._running <= 0:
             self._running = 0
@@ -203,18 +210,18 @@ class MemoryDriver:
     # consumer always still owns it (True).
 
     async def ack(self, job: Reserved) -> bool:
-        self._settled()
+        self._settled(job)
         return True
 
     async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
         used = job.attempt if consume_attempt else job.attempt - 1
         self._push(job.queue, job.body, used, delay)
-        self._settled()
+        self._settled(job)
         return True
 
     async def fail(self, job: Reserved, failed: FailedJob) -> bool:
         await self.failed.record(failed)
-        self._settled()
+        self._settled(job)
         return True
 
     # -------------------------------------------------------------- inspection
@@ -222,6 +229,26 @@ class MemoryDriver:
     async def size(self, queue: str) -> int:
         q = self._ready.get(queue)
         return (len(q) if q else 0) + sum(1 for d in self._delayed if d[2] == queue)
+
+    async def counts(self, queue: str) -> QueueCounts:
+        q = self._ready.get(queue)
+        delayed = sum(1 for d in self._delayed if d[2] == queue)
+        running = sum(1 for job, _ in self._active.values() if job.queue == queue)
+        return QueueCounts(len(q) if q else 0, delayed, running)
+
+    async def running(self, queue: str, limit: int = 50) -> builtins.list[RunningJob] | None:
+        jobs = [
+            RunningJob(
+                job.message.id if job.message else "?",
+                job.message.job if job.message else "?",
+                job.queue,
+                job.attempt,
+                at,
+            )
+            for job, at in self._active.values()
+            if job.queue == queue
+        ]
+        return sorted(jobs, key=lambda j: j.started_at or 0.0)[:limit]
 
     async def purge(self, queue: str) -> int:
         q = self._ready.pop(queue, None)

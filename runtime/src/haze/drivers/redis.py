@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import MessageDecodeError, MissingDependencyError
 from ..message import MAX_MESSAGE_SIZE, Message, decode
-from .base import FailedJob, Reserved
+from .base import FailedJob, QueueCounts, Reserved, RunningJob
 
 try:
     import msgpack  # type: ignore[import-untyped]
@@ -1074,6 +1074,49 @@ class RedisDriver:
         """Jobs waiting, delayed or claimed (active), like Laravel's Redis queue size."""
         counts = await self._link().scripts(queue).getCounts(_SIZED)
         return sum(int(c) for c in counts)
+
+    async def counts(self, queue: str) -> QueueCounts:
+        """Ready (wait, paused, prioritized), delayed, and running (active) jobs."""
+        c = [int(n) for n in await self._link().scripts(queue).getCounts(_SIZED)]
+        return QueueCounts(c[0] + c[1] + c[3], c[2], c[4])
+
+    async def running(self, queue: str, limit: int = 50) -> list[RunningJob] | None:
+        """The active list's jobs (a job of a dead worker stays there until the stalled
+        check takes it back)."""
+        link = self._link()
+        s = link.scripts(queue)
+        ids = [str(i) for i in await link.client.lrange(s.keys["active"], -limit, -1)]
+        if not ids:
+            return []
+        async with link.client.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hmget(s.toKey(job_id), "data", "processedOn", "atm", "attemptsMade", "stc")
+            rows = await pipe.execute()
+        jobs = []
+        for job_id, (body, started, atm, made, stc) in zip(ids, rows, strict=True):
+            if body is None:
+                continue  # settled between the two reads
+            reserved = self._reserved(
+                queue,
+                {
+                    k: v
+                    for k, v in (("data", body), ("atm", atm), ("attemptsMade", made), ("stc", stc))
+                    if v is not None
+                },
+                job_id,
+                "",
+            )
+            message = reserved.message
+            jobs.append(
+                RunningJob(
+                    message.id if message is not None else job_id,
+                    message.job if message is not None else "<undecodable>",
+                    queue,
+                    reserved.attempt - 1,  # the active job's own try is already counted
+                    int(started) / 1000 if started and started.isdigit() else None,
+                )
+            )
+        return sorted(jobs, key=lambda j: j.started_at or 0.0)
 
     async def purge(self, queue: str) -> int:
         """Delete the waiting and delayed jobs (BullMQ's ``drain``); returns how many."""

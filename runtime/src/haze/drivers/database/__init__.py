@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from ...database.sqlfiles import sql_blocks
 from ...errors import ConfigError, DatabaseConnectionError, QueueTablesMissingError
 from ...message import MAX_MESSAGE_SIZE, Message, decode
-from ..base import FailedJob, Reserved
+from ..base import FailedJob, QueueCounts, Reserved, RunningJob
 
 if TYPE_CHECKING:
     from ...database import Connector
@@ -426,6 +426,30 @@ class DatabaseDriver:
     async def size(self, queue: str) -> int:
         row = await self.db.fetchone(self.sql["size"], (queue,))
         return int(row[0]) if row else 0
+
+    @_needs_tables
+    async def counts(self, queue: str) -> QueueCounts:
+        now = time.time()
+        abandoned = now - self.retry_after
+        row = await self.db.fetchone(self.sql["counts"], (now, abandoned, now, abandoned, queue))
+        ready, delayed, running = (int(v or 0) for v in row) if row else (0, 0, 0)
+        return QueueCounts(ready, delayed, running)
+
+    @_needs_tables
+    async def running(self, queue: str, limit: int = 50) -> builtins.list[RunningJob] | None:
+        abandoned = time.time() - self.retry_after
+        rows = await self.db.fetchall(self.sql["running"], (queue, abandoned, limit))
+        jobs = []
+        for body, attempts, reserved_at in rows:
+            if isinstance(body, (bytes, bytearray)):
+                body = body.decode("utf-8", "replace")
+            try:
+                message = decode(body)
+                job_id, name = message.id, message.job
+            except Exception:
+                job_id, name = "?", "<undecodable>"
+            jobs.append(RunningJob(job_id, name, queue, int(attempts), float(reserved_at)))
+        return jobs
 
     @_needs_tables
     async def purge(self, queue: str) -> int:

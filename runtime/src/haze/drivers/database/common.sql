@@ -17,6 +17,24 @@ UPDATE {jobs} SET heartbeat_at = ? WHERE id = ? AND reserved_at = ?
 -- name: size
 SELECT COUNT(*) FROM {jobs} WHERE queue = ?
 
+-- name: counts
+-- params: now, abandoned_before, now, abandoned_before, queue. A claim whose lease
+-- ran out (its worker died) is ready again: the next claim takes it over.
+SELECT
+    SUM(CASE WHEN (reserved_at IS NULL AND available_at <= ?)
+              OR (reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?)
+        THEN 1 ELSE 0 END),
+    SUM(CASE WHEN reserved_at IS NULL AND available_at > ? THEN 1 ELSE 0 END),
+    SUM(CASE WHEN reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) > ?
+        THEN 1 ELSE 0 END)
+FROM {jobs} WHERE queue = ?
+
+-- name: running
+-- params: queue, abandoned_before, limit
+SELECT payload, attempts, reserved_at FROM {jobs}
+WHERE queue = ? AND reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) > ?
+ORDER BY reserved_at LIMIT ?
+
 -- name: purge
 DELETE FROM {jobs} WHERE queue = ?
 
