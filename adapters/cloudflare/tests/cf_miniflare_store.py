@@ -14,6 +14,7 @@ import __future__
 import ast
 import asyncio
 import itertools
+import json
 import time
 import traceback
 from typing import Any
@@ -77,7 +78,7 @@ async def run_contract():
         table = f"haze_store_d1_{next(tables)}"
         store = DatabaseStore("contract", {"connection": "main", "table": table}, app)
         try:
-            await asyncio.wait_for(contract[name](store), 60)
+            await asyncio.wait_for(contract[name](store), 180)
             out[name] = {"ok": True}
         except BaseException:
             out[name] = {"ok": False, "error": traceback.format_exc()}
@@ -133,6 +134,95 @@ async def run_driver():
     }
 
 
+VARS_FILES = {
+    "config/queue.py": """
+from haze import define_queue_config, env
+
+config = define_queue_config(
+    default=env("QUEUE_CONNECTION", "memory"),
+    connections={
+        "memory": {"driver": "memory"},
+        "database": {"driver": "database", "connection": "main"},
+    },
+)
+""",
+    "config/database.py": """
+from haze import define_database_config, env
+
+config = define_database_config(
+    default="main", connections={"main": {"url": env("DATABASE_URL", "sqlite:///app.db")}}
+)
+""",
+    "config/cache.py": """
+from haze import define_cache_config
+
+config = define_cache_config(
+    default="db", stores={"db": {"driver": "database", "connection": "main"}}
+)
+""",
+    "app/job/mf_vars_jobs.py": """
+from haze import define_job
+
+
+@define_job()
+async def mf_vars_probe(payload: dict) -> None:
+    pass
+""",
+}
+
+
+def write_files(root, files):
+    import os
+
+    for rel, text in files.items():
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+
+
+async def run_worker_vars():
+    """An app whose config files read DATABASE_URL and QUEUE_CONNECTION with env(), run by
+    QueueWorker.fetch() with those set as Worker vars (JS properties of env, beside the
+    real DB binding): the dispatch lands in Miniflare's D1, for a d1://ACCOUNT/DATABASE
+    URL (binding DB by default) and for a d1://BINDING one."""
+    import os
+    import sys
+
+    from haze_cloudflare import QueueWorker
+    from pyodide.code import run_js
+    from pyodide.ffi import to_js
+
+    root = "/tmp/mf_vars_app"
+    write_files(root, VARS_FILES)
+    out = {}
+    for tag, url in (("account", "d1://local/haze-d1"), ("binding", "d1://DB")):
+
+        class VarsWorker(QueueWorker):
+            app_root = root
+
+        variables = {"QUEUE_CONNECTION": "database", "DATABASE_URL": url, "HAZE_HTTP_SECRET": "s"}
+        env = run_js("(e, v) => Object.assign({}, e, v)")(
+            H.env, to_js(variables, dict_converter=js.Object.fromEntries)
+        )
+        body = json.dumps({"job": "mf_vars_probe", "payload": {"tag": tag}, "queue": "vars"})
+        init = {"method": "POST", "headers": {"authorization": "Bearer s"}, "body": body}
+        request = js.Request.new(
+            "https://w.example/", to_js(init, dict_converter=js.Object.fromEntries)
+        )
+        response = await VarsWorker(None, env).fetch(request, env)
+        rows = await read("SELECT payload FROM jobs WHERE queue = 'vars'")
+        out[tag] = {
+            "status": response.status,
+            "answer": response.json(),
+            "row_ids": [json.loads(r["payload"])["id"] for r in rows],
+            "connector": type((await VarsWorker(None, env).get_app()).database("main")).__name__,
+        }
+    out["sqlite_loaded"] = "haze.database.sqlite" in sys.modules
+    out["os_environ"] = "DATABASE_URL" in os.environ
+    return out
+
+
 result = {"started": time.time()}
 try:
     await app.__aenter__()
@@ -141,6 +231,10 @@ try:
         result["driver"] = await run_driver()
     except BaseException:
         result["driver"] = {"error": traceback.format_exc()}
+    try:
+        result["worker_vars"] = await run_worker_vars()
+    except BaseException:
+        result["worker_vars"] = {"error": traceback.format_exc()}
 except BaseException:
     result["error"] = traceback.format_exc()
 result  # noqa: B018 - the harness prints the last expression

@@ -377,6 +377,16 @@ async def cf_vars_probe(payload: dict) -> None:
 }
 
 
+def write_vars_app():
+    import os
+
+    for rel, text in VARS_FILES.items():
+        path = os.path.join(VARS_APP, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+
+
 async def worker_vars():
     """env() in config files and jobs reads the Worker's vars (JS properties of env, as
     workerd passes them), only for the invocation that carries them."""
@@ -384,11 +394,7 @@ async def worker_vars():
 
     from haze import env as haze_env
 
-    for rel, text in VARS_FILES.items():
-        path = os.path.join(VARS_APP, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(text)
+    write_vars_app()
 
     class VarsWorker(Default.__mro__[1]):  # QueueWorker over the app written above
         app_root = VARS_APP

@@ -66,7 +66,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         args += ["--wheel", str(w)]
     args.append(str(script))
     proc = subprocess.run(
-        args, cwd=CF_DIR, capture_output=True, text=True, timeout=300, check=False
+        args, cwd=CF_DIR, capture_output=True, text=True, timeout=600, check=False
     )
     if proc.returncode != 0:
         pytest.fail(f"miniflare harness failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
@@ -111,3 +111,20 @@ def test_queue_driver_columns_keep_their_types_on_d1(run: dict[str, Any]) -> Non
     }
     assert d["left"] == 0
     assert d["failed"] == [{"failed_at": "real"}]
+
+
+def test_worker_vars_route_the_database_connection_to_the_d1_binding(
+    run: dict[str, Any],
+) -> None:
+    v = run["worker_vars"]
+    assert "error" not in v, v.get("error")
+    ids = []
+    for tag in ("account", "binding"):
+        r = v[tag]
+        assert r["status"] == 202, r
+        assert r["connector"] == "D1Connector"
+        ids.append(r["answer"]["id"])
+        assert r["answer"]["id"] in r["row_ids"]  # the row is in Miniflare's D1
+    assert v["binding"]["row_ids"] == ids
+    assert v["sqlite_loaded"] is False  # the SQLite default of config/database.py was not used
+    assert v["os_environ"] is False

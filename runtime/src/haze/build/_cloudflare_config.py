@@ -39,7 +39,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from ..app import App
@@ -214,12 +213,13 @@ def cloudflare_consumer(
 
 def cloudflare_storage(app: App) -> tuple[tuple[D1Plan, ...], tuple[KvPlan, ...]]:
     """The D1 databases and KV namespaces the Worker binds (see the module docstring)."""
+    from ..database.d1 import d1_target
+
     d1: dict[str, D1Plan] = {}
     for name, c in app.database_config.connections.items():
         url = str(c.get("url") or "")
         if url.lower().startswith("d1://"):
-            binding = str((c.get("options") or {}).get("binding") or "DB")
-            database = urlsplit(url).path.strip("/") or None
+            _, database, binding = d1_target(url, c.get("options") or {}, f"connections.{name}.url")
             d1.setdefault(binding, D1Plan(binding=binding, connection=name, database=database))
     kv: dict[str, KvPlan] = {}
     for name, s in app.cache_config.stores.items():

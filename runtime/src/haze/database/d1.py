@@ -228,6 +228,29 @@ class _Session:
         return await self._c.fetchone(sql, params)
 
 
+def d1_target(url: str, options: dict[str, Any], key: str) -> tuple[str, str | None, str]:
+    """``(account or binding, database, binding)`` of a ``d1://`` URL.
+
+    ``d1://ACCOUNT_ID/DATABASE_ID``: the REST API outside a Worker, the binding
+    ``options.binding`` (default ``DB``) inside one. ``d1://BINDING``: the Worker's D1
+    binding of that name, only (no REST: there is no database id).
+
+    >>> d1_target("d1://DB", {}, "url")
+    ('DB', None, 'DB')
+    """
+    parts = urlsplit(url)
+    host = parts.netloc  # not .hostname: that lower-cases, and binding names are not
+    path = parts.path.strip("/")
+    if parts.scheme.lower() != "d1" or not host or "/" in path or "@" in host:
+        raise ConfigError(
+            f"bad D1 URL {url!r}: use d1://ACCOUNT_ID/DATABASE_ID, or d1://BINDING inside a Worker",
+            key=key,
+        )
+    if not path:
+        return host, None, str(options.get("binding") or host)
+    return host.lower(), path, str(options.get("binding") or "DB")
+
+
 class D1Connector:
     """A D1 database: the Worker binding when one is bound, else the REST API."""
 
@@ -235,19 +258,13 @@ class D1Connector:
 
     def __init__(self, name: str, options: dict[str, Any], *, root: Path | None = None):
         self.name = name
-        url = str(options["url"])
-        parts = urlsplit(url)
-        account = parts.hostname or parts.netloc
-        database = parts.path.strip("/")
-        if parts.scheme.lower() != "d1" or not account or not database or "/" in database:
-            raise ConfigError(
-                f"bad D1 URL {url!r}: use d1://ACCOUNT_ID/DATABASE_ID",
-                key=f"connections.{name}.url",
-            )
+        extra = options.get("options") or {}
+        account, database, binding = d1_target(
+            str(options["url"]), extra, f"connections.{name}.url"
+        )
         self.account_id = account
         self.database_id = database
-        extra = options.get("options") or {}
-        self.binding: str = str(extra.get("binding") or "DB")
+        self.binding: str = binding
         api_url = str(extra.get("api_url") or API_URL).rstrip("/")
         self.endpoint = f"{api_url}/accounts/{account}/d1/database/{database}/query"
         self.timeout = parse_duration(
@@ -267,6 +284,13 @@ class D1Connector:
             if ex is not None:
                 return ex
         if self._rest is None:
+            if self.database_id is None:
+                raise ConfigError(
+                    f"d1://{self.binding} names the Worker's D1 binding {self.binding!r}, and "
+                    "no Worker env with it is bound here; outside a Worker use "
+                    "d1://ACCOUNT_ID/DATABASE_ID with api_token (the REST API)",
+                    key=f"connections.{self.name}.url",
+                )
             if not self._token:
                 raise ConfigError(
                     f"D1 over REST needs api_token (no D1 binding {self.binding!r} is bound "
