@@ -568,3 +568,158 @@ def test_dist_cloudflare_is_a_pywrangler_project(built: Path) -> None:
     assert {k: v for k, v in jsonc.items() if k != "main"} == {
         k: v for k, v in dist.items() if k != "main"
     }
+
+
+@pytest.fixture(scope="module")
+def pywrangler(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Cloudflare's pywrangler (PyPI ``workers-py``) in a virtualenv of its own: it brings
+    ``workers-runtime-sdk``, whose top-level modules (``webbrowser``, ``asgi``) must not
+    shadow the standard library of the workspace's environment."""
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not installed")
+    venv = tmp_path_factory.mktemp("pywrangler") / "venv"
+    for cmd in (
+        [uv, "venv", "-q", "-p", sys.executable, str(venv)],
+        [uv, "pip", "install", "-q", "-p", str(venv / "bin" / "python"), "workers-py==1.17.9"],
+    ):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot install workers-py (offline?): {proc.stderr[-1000:]}")
+    return venv / "bin" / "pywrangler"
+
+
+def test_pywrangler_sync_reads_the_project(built: Path, pywrangler: Path, tmp_path: Path) -> None:
+    """Real ``pywrangler sync`` in the built project: it must accept the project and derive
+    Python 3.13 from the pinned compatibility date. Its next steps have uv download
+    interpreters from GitHub (CPython 3.13 when none is installed, and the Pyodide one)
+    and resolve against index.pyodide.org, which this machine does not reach: where that
+    download fails, the vendoring it would do is done by
+    test_synced_python_modules_load_under_pyodide with the same uv commands."""
+    project = tmp_path / "cloudflare"
+    shutil.copytree(built / "cloudflare", project)
+    proc = subprocess.run(
+        [str(pywrangler), "--debug", "sync"],
+        cwd=project,
+        env={**os.environ, "PATH": f"{pywrangler.parent}{os.pathsep}{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert "pyproject.toml" in out and "not found" not in out, out[-3000:]
+    assert "Using python version from wrangler config: 3.13" in out, out[-3000:]
+    if proc.returncode == 0:
+        assert (project / "python_modules" / "haze" / "__init__.py").is_file()
+        assert (project / "python_modules" / "haze_cloudflare" / "worker.py").is_file()
+    else:
+        # the steps that cannot run here: uv fetching an interpreter from GitHub (the
+        # host's CPython 3.13 when none is installed, then the Pyodide one)
+        assert "uv venv" in out and "Failed to download `https://github.com/" in out, out[-3000:]
+
+
+def pywrangler_vendor(project: Path) -> Path:
+    """What ``pywrangler sync`` does after creating its Pyodide interpreter: resolve
+    pyproject.toml (its [tool.uv.sources] included) plus ``workers-runtime-sdk`` for
+    Pyodide with prebuilt wheels only, and install the result into python_modules/
+    (here with uv's wasm32-pyodide2024 platform target instead of that interpreter, and a
+    requirements file instead of its pylock.toml)."""
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not installed")
+    target = ["--python-platform", "wasm32-pyodide2024", "--python-version", "3.13"]
+    extra = project / "sdk.txt"
+    extra.write_text("workers-runtime-sdk\n")
+    lock = subprocess.run(
+        [
+            uv,
+            "pip",
+            "compile",
+            "pyproject.toml",
+            str(extra),
+            *target,
+            "--no-build",
+            "-o",
+            "resolved.txt",
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if (
+        lock.returncode != 0
+        and "workers-runtime-sdk" in lock.stderr
+        and "network" in lock.stderr.lower()
+    ):
+        pytest.skip(f"PyPI unreachable: {lock.stderr[-1000:]}")
+    assert lock.returncode == 0, lock.stderr
+    install = subprocess.run(
+        [
+            *(uv, "pip", "install", "--target", "python_modules", *target),
+            *("--only-binary", ":all:", "-r", "resolved.txt"),
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert install.returncode == 0, install.stderr
+    return project / "python_modules"
+
+
+@pytest.mark.pyodide
+def test_synced_python_modules_load_under_pyodide(built: Path, tmp_path: Path) -> None:
+    """The project as pywrangler leaves it (python_modules/ from the pyproject.toml), with
+    the runtime taken from python_modules/ only (the copy under src/ removed), loads in
+    Pyodide and runs a queue() batch the way test_generated_entry_* do."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed")
+    npm_ci(PYODIDE_DIR, "pyodide")
+    project = tmp_path / "cloudflare"
+    shutil.copytree(built / "cloudflare", project)
+    modules = pywrangler_vendor(project)
+    assert (modules / "haze" / "__init__.py").is_file()
+    assert (modules / "workers" / "__init__.py").is_file()  # the SDK pywrangler adds
+    for package in ("haze", "haze_cloudflare"):
+        shutil.rmtree(project / "src" / package)
+    wrangler = json.loads((project / "wrangler.jsonc").read_text())
+    (consumer,) = [c for c in wrangler["queues"]["consumers"] if c["queue"] == "bld-jobs"]
+    script = tmp_path / "synced.py"
+    # the Workers runtime puts the Worker's modules (src/) and python_modules/ on sys.path
+    script.write_text(
+        "import sys\n"
+        f"sys.path[:0] = [{str(project / 'src')!r}, {str(modules)!r}]\n"
+        f"SIM_JS = {json.dumps((HERE / 'cf_queue_sim.js').read_text())}\n"
+        f"CONSUMER = {json.dumps(consumer)}\n" + (HERE / "cf_build_scenarios.py").read_text()
+    )
+    proc = subprocess.run(
+        [node, str(PYODIDE_DIR / "run.mjs"), "--mount", str(project), str(script)],
+        cwd=PYODIDE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"pyodide run failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+    v = json.loads(proc.stdout)
+    env = v["environment"]
+    assert env["haze_file"] == str(modules / "haze" / "__init__.py")
+    assert env["adapter_file"] == str(modules / "haze_cloudflare" / "__init__.py")
+    assert env["entry_file"] == str(project / "src" / "entry.py")
+    assert env["is_queue_worker"]
+    # python_modules/workers (workers-runtime-sdk) needs the Workers runtime's own JS
+    # modules to import; outside it the adapter falls back to its local base class
+    assert env["default_mro"][1:3] == [
+        "haze_cloudflare.worker.QueueWorker",
+        "haze_cloudflare.worker._Base",
+    ]
+    assert _calls(v, v["ids"]["ok"]) == [["ack"]]
+    assert _calls(v, v["ids"]["flaky"]) == [["retry", 2], ["retry", 5], ["ack"]]
+    (failed,) = v["failed"]
+    assert failed["name"] == "bld_cf_dead"
