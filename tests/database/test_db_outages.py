@@ -184,3 +184,43 @@ async def test_an_unreachable_http_database_is_one_line_at_dispatch(
     message = str(info.value)
     assert "\n" not in message and f"127.0.0.1:{port}" in message and "'main'" in message
     assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+# --------------------------------------------------------------------------- what an outage is
+
+
+async def test_postgres_tells_a_lost_server_from_a_failed_statement(pg_url: str) -> None:
+    import psycopg
+
+    app = App(
+        database=define_database_config(
+            default="main",
+            connections={
+                "main": {"url": pg_url, "options": {"options": "-c statement_timeout=100"}}
+            },
+        )
+    )
+    async with app:
+        db = app.database()
+        with pytest.raises(psycopg.errors.QueryCanceled):  # 57014: a timeout, not an outage
+            await db.execute("SELECT pg_sleep(2)")
+        with pytest.raises(psycopg.errors.SyntaxError):
+            await db.execute("SELEC 1")
+        with pytest.raises(DatabaseConnectionError, match="'main'"):  # 57P01: shut down
+            await db.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        assert await db.fetchone("SELECT 1") == (1,)  # the pool replaced that connection
+
+
+async def test_mysql_tells_a_lost_server_from_a_failed_statement(mysql_url: str) -> None:
+    import pymysql
+
+    app = App(
+        database=define_database_config(default="main", connections={"main": {"url": mysql_url}})
+    )
+    async with app:
+        db = app.database()
+        with pytest.raises(pymysql.err.ProgrammingError):
+            await db.execute("SELEC 1")
+        with pytest.raises(DatabaseConnectionError, match="'main'"):  # our connection killed
+            await db.execute("KILL CONNECTION_ID()")
+        assert await db.fetchone("SELECT 1") == (1,)

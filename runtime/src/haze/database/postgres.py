@@ -47,9 +47,9 @@ Row = tuple[Any, ...]
 #: seconds libpq waits for a connection unless the URL sets ``connect_timeout``
 CONNECT_TIMEOUT = 10
 
-#: SQLSTATE classes that mean the server went away: 08 connection exception, 57
-#: operator intervention (shutdown, "the database system is starting up")
-_OUTAGE_SQLSTATE = ("08", "57")
+#: SQLSTATEs that mean the server went away: class 08 (connection exception) and 57P
+#: (shutdown, crash, "the database system is starting up"); not 57014, a statement timeout
+_OUTAGE_SQLSTATE = ("08", "57P")
 
 
 def _is_outage(error: BaseException) -> bool:
@@ -63,7 +63,7 @@ def _is_outage(error: BaseException) -> bool:
         return False
     # No SQLSTATE: a client-side failure (socket closed, "consuming input failed").
     state = error.sqlstate
-    return state is None or state[:2] in _OUTAGE_SQLSTATE
+    return state is None or state.startswith(_OUTAGE_SQLSTATE)
 
 
 def _quiet_pool_log() -> None:
