@@ -5,8 +5,8 @@
 // A deployed Python Worker runs its top-level code (imports, job discovery) once, when
 // the Worker is uploaded; Cloudflare then takes a memory snapshot of Pyodide and starts
 // every isolate from it. This does the same with Pyodide's own snapshot API (the npm
-// pyodide that tests/pyodide pins, offline): one Pyodide loaded with _makeSnapshot runs
-// SETUP.py (top level), makeMemorySnapshot() is taken, then N fresh Pyodides are started
+// pyodide of tests/pyodide, or of $HAZE_PYODIDE_HOME; offline): one Pyodide loaded
+// with _makeSnapshot runs SETUP.py (top level), makeMemorySnapshot() is taken, then N fresh Pyodides are started
 // with _loadSnapshot and each runs REQUEST.py (what a request runs). DIR holds the
 // Worker's packages unpacked (haze, haze_cloudflare, the app); it is mounted at /bundle
 // in every Pyodide, as Cloudflare mounts a Worker's bundle: the snapshot holds the
@@ -20,7 +20,7 @@ import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
-const PYODIDE_PKG = path.join(HERE, "..", "..", "..", "tests", "pyodide", "package.json");
+const ROOT = path.join(HERE, "..", "..", "..");
 
 function parseArgs(argv) {
   let bundle = null;
@@ -39,7 +39,10 @@ function parseArgs(argv) {
 
 async function main() {
   const { bundle, setup, request, isolates } = parseArgs(process.argv.slice(2));
-  const require = createRequire(PYODIDE_PKG);
+  // The same Pyodide as tests/pyodide/run.mjs loads: tests/pyodide's, or the one in
+  // $HAZE_PYODIDE_HOME (relative to the repository) when set.
+  const home = path.resolve(ROOT, process.env.HAZE_PYODIDE_HOME || path.join("tests", "pyodide"));
+  const require = createRequire(path.join(home, "package.json"));
   const indexURL = path.dirname(require.resolve("pyodide/package.json")) + path.sep;
   const { loadPyodide } = await import(pathToFileURL(path.join(indexURL, "pyodide.mjs")).href);
   const realFetch = globalThis.fetch;

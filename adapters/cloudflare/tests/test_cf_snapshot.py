@@ -1,9 +1,9 @@
 """Isolates started from one memory snapshot, as Cloudflare starts a deployed Python Worker.
 
-Real: Pyodide's own memory snapshot (``makeMemorySnapshot`` / ``_loadSnapshot``, the npm
-pyodide that tests/pyodide pins, offline): the generated entry's top level runs once,
-the snapshot is taken, and two fresh Pyodides are started from it, each serving one
-``fetch()`` dispatch (tests/../cf_snapshot.mjs). Not Cloudflare's: the snapshot is taken
+Real: Pyodide's own memory snapshot (``makeMemorySnapshot`` / ``_loadSnapshot``; the npm
+pyodide of tests/pyodide, or of $HAZE_PYODIDE_HOME; offline): the generated entry's top
+level runs once, the snapshot is taken, and two fresh Pyodides are started from it, each
+serving one ``fetch()`` dispatch (cf_snapshot.mjs). Not Cloudflare's: the snapshot is taken
 by Pyodide here, not by Cloudflare's upload pipeline, and the Queue binding is a stub
 whose ``send`` accepts anything (the dispatch answer carries the id that is checked).
 """
@@ -11,6 +11,7 @@ whose ``send`` accepts anything (the dispatch answer carries the id that is chec
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import zipfile
@@ -25,7 +26,8 @@ pytestmark = pytest.mark.pyodide
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
-PYODIDE_DIR = ROOT / "tests" / "pyodide"
+#: Where cf_snapshot.mjs loads Pyodide from (tests/test_pyodide.py: HAZE_PYODIDE_HOME).
+PYODIDE_DIR = ROOT / os.environ.get("HAZE_PYODIDE_HOME", "tests/pyodide")
 
 SETUP = """
 import sys
@@ -67,7 +69,7 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("node") is None:
         pytest.skip("Node.js is not installed")
     if not (PYODIDE_DIR / "node_modules" / "pyodide").is_dir():
-        pytest.skip("tests/pyodide has no node_modules (npm ci there)")
+        pytest.skip(f"{PYODIDE_DIR} has no node_modules (npm ci there)")
     out = tmp_path_factory.mktemp("cf-snapshot-bundle")
     wheels = [*haze_wheels(tmp_path_factory), _app_wheel(tmp_path_factory.mktemp("cf-app"))]
     for w in wheels:
