@@ -427,6 +427,21 @@ async def find(manager: QueueManager, batch_id: str) -> Batch | None:
     )
 
 
+async def recent_ids(manager: QueueManager, limit: int = 50) -> list[str]:
+    """Ids of the newest batches in the index (newest first, at most ``limit``; the
+    dashboard's batch list). Slots of pruned or expired batches are skipped."""
+    store = _store(manager)
+    count, floor = (int(v or 0) for v in await store.get_many([_INDEX_COUNT, _INDEX_FLOOR]))
+    ids: list[str] = []
+    top = count
+    while top > floor and len(ids) < limit:
+        slots = list(range(top, max(floor, top - _PRUNE_CHUNK), -1))
+        values = await store.get_many([_index_key(n) for n in slots])
+        ids.extend(str(v) for v in values if v is not None)
+        top = slots[-1] - 1
+    return ids[:limit]
+
+
 async def load_for_job(manager: QueueManager, batch_id: str) -> Batch | None:
     return await find(manager, batch_id)
 

@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "haze.cli.schedule",
     "haze.cli.infra",
     "haze.cli.build",
+    "haze.cli.dashboard",
 )
 
 MISSING_DEPENDENCIES = "The haze CLI needs click and rich: pip install 'haze[cli]'"

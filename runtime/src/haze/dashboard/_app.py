@@ -1,0 +1,435 @@
+"""The dashboard's ASGI app: Starlette routes rendering Jinja2 templates (autoescaped).
+
+Every request passes :class:`_Gate` first: access (403 unless allowed), then for a POST
+the CSRF token and ``read_only`` (403 whatever the path). Handlers only read the
+parsed form the gate left in ``request.state.form``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+
+from ..errors import HazeError
+from ..ids import short_id
+from . import _data
+from ._security import CSRF_COOKIE, CSRF_FIELD, CSRF_HEADER, Authorize, Guard
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from ..app import App
+
+__all__ = ["build"]
+
+log = logging.getLogger("haze.dashboard")
+
+_HERE = Path(__file__).parent
+_STATIC = {
+    "haze.css": ("text/css; charset=utf-8", _HERE / "static" / "haze.css"),
+    "haze.js": ("text/javascript; charset=utf-8", _HERE / "static" / "haze.js"),
+}
+#: Largest POST body read (forms hold ids and filters, never payloads).
+_MAX_FORM = 256 * 1024
+_NO_STORE = {"Cache-Control": "no-store"}
+
+
+def _fmt_time(ts: float | None) -> str:
+    if not ts:
+        return ""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _first_line(text: str) -> str:
+    lines = [x for x in text.strip().splitlines() if x.strip()]
+    return lines[-1] if lines else ""
+
+
+class Dashboard:
+    """State shared by the routes of one ``create_app`` call."""
+
+    def __init__(
+        self,
+        app: App | None,
+        authorize: Authorize | None,
+        read_only: bool,
+        base_path: str,
+        connection: str | None = None,
+    ) -> None:
+        self._app = app
+        self.read_only = read_only
+        self.base_path = base_path
+        #: Show only this connection (``haze dashboard --connection``).
+        self.connection = connection
+        secret = None
+        if app is not None and app.key:
+            # Several dashboard processes with one app key accept each other's tokens;
+            # the digest cannot be turned back into the key.
+            from ..crypto import keyed_digest
+
+            secret = keyed_digest(app, "haze-dashboard-csrf").encode()
+        self.guard = Guard(authorize, secret)
+        env = Environment(
+            loader=FileSystemLoader(str(_HERE / "templates")),
+            autoescape=select_autoescape(default=True, default_for_string=True),
+        )
+        env.filters["when"] = _fmt_time
+        env.filters["short"] = short_id
+        env.filters["first_line"] = _first_line
+        env.filters["pretty"] = lambda v: json.dumps(v, indent=2, sort_keys=True, default=str)
+        self.env = env
+
+    @property
+    def app(self) -> App:
+        if self._app is not None:
+            return self._app
+        from ..app import use_app
+
+        return use_app()
+
+    async def call(self, fn: Callable[[App], Awaitable[Any]]) -> Any:
+        """Run ``fn(app)`` with the haze app current (batch methods read it)."""
+        from ..app import run_in_app
+
+        app = self.app
+        return await run_in_app(app, lambda: fn(app))
+
+    # -- rendering -------------------------------------------------------------
+
+    def url(self, request: Request, path: str, **params: Any) -> str:
+        root: str = request.scope.get("root_path", "")
+        query = {k: v for k, v in params.items() if v not in (None, "")}
+        return root + path + (("?" + urlencode(query, doseq=True)) if query else "")
+
+    def render(
+        self, request: Request, template: str, status: int = 200, **context: Any
+    ) -> HTMLResponse:
+        token = request.cookies.get(CSRF_COOKIE)
+        fresh = not self.guard.valid_token(token)
+        if fresh or token is None:
+            token = self.guard.new_token()
+        body = self.env.get_template(template).render(
+            url=lambda path, **p: self.url(request, path, **p),
+            csrf_field=CSRF_FIELD,
+            csrf_token=token,
+            read_only=self.read_only,
+            flash=request.query_params.get("done", ""),
+            flash_error=request.query_params.get("error", ""),
+            path=request.url.path,
+            connections=[
+                n
+                for n, o in self.app.queue_config.connections.items()
+                if o.get("driver") not in ("sync", "failover") and self.connection in (None, n)
+            ],
+            **context,
+        )
+        response = HTMLResponse(body, status_code=status, headers=_NO_STORE)
+        if fresh:
+            response.set_cookie(
+                CSRF_COOKIE,
+                token,
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+                path=request.scope.get("root_path", "") or "/",
+            )
+        return response
+
+    def back(self, request: Request, fallback: str, **params: Any) -> RedirectResponse:
+        """303 to the form's ``next`` (a path inside the dashboard) or ``fallback``."""
+        target = _form(request, "next")
+        root = request.scope.get("root_path", "")
+        if not (target.startswith(root + "/") or target == root) or target.startswith("//"):
+            target = self.url(request, fallback)
+        query = urlencode({k: v for k, v in params.items() if v})
+        if query:
+            target += ("&" if "?" in target else "?") + query
+        return RedirectResponse(target, status_code=303)
+
+    # -- pages -------------------------------------------------------------------
+
+    async def overview(self, request: Request) -> Response:
+        rows = await self.call(lambda app: _data.overview(app, self.connection))
+        template = (
+            "_overview_table.html" if request.query_params.get("partial") else "overview.html"
+        )
+        return self.render(request, template, rows=rows, now=time.time(), page="overview")
+
+    async def failed(self, request: Request) -> Response:
+        q = request.query_params
+        connection = q.get("connection") or self.connection or self.app.queue_config.default
+        try:
+            self.app.connection_name(connection)
+            flt = _data.FailedFilter(
+                connection=connection,
+                queue=q.get("queue", ""),
+                job=q.get("job", ""),
+                exception=q.get("exception", ""),
+                since=q.get("since", ""),
+                until=q.get("until", ""),
+            )
+        except (ValueError, HazeError) as e:
+            return self.render(request, "error.html", 400, message=str(e), page="failed")
+        jobs = await self.call(lambda app: _data.failed_jobs(app, flt))
+        return self.render(request, "failed.html", jobs=jobs, flt=flt, page="failed")
+
+    async def failed_detail(self, request: Request) -> Response:
+        connection = request.path_params["connection"]
+        job_id = request.path_params["job_id"]
+        try:
+            self.app.connection_name(connection)
+        except HazeError as e:
+            return self.render(request, "error.html", 404, message=str(e), page="failed")
+        job = await self.call(lambda app: _data.find_failed(app, connection, job_id))
+        if job is None:
+            message = (
+                f'no failed job "{job_id}" on connection "{connection}" (retried or forgotten?)'
+            )
+            return self.render(request, "error.html", 404, message=message, page="failed")
+        encrypted = _data.is_encrypted(job)
+        payload: Any = job.payload
+        decrypted = False
+        decrypt_error = ""
+        if encrypted and request.query_params.get("decrypt"):
+            try:
+                _, payload = _data.decrypted_payload(self.app, job)
+                decrypted = True
+            except HazeError as e:
+                decrypt_error = str(e)
+        return self.render(
+            request,
+            "failed_detail.html",
+            job=job,
+            attempts=_data.attempts(job),
+            encrypted=encrypted,
+            decrypted=decrypted,
+            decrypt_error=decrypt_error,
+            can_decrypt=bool(self.app.key),
+            payload=payload,
+            page="failed",
+        )
+
+    async def failed_action(self, request: Request) -> Response:
+        action = request.path_params["action"]
+        connection = _form(request, "connection") or self.app.queue_config.default
+        try:
+            self.app.connection_name(connection)
+            ids = _form_list(request, "id")
+            if not ids and _form(request, "all") == "1":
+                flt = _data.FailedFilter(
+                    connection=connection,
+                    queue=_form(request, "queue"),
+                    job=_form(request, "job"),
+                    exception=_form(request, "exception"),
+                    since=_form(request, "since"),
+                    until=_form(request, "until"),
+                )
+                jobs = await self.call(lambda app: _data.failed_jobs(app, flt))
+                ids = [j.id for j in jobs]
+        except (ValueError, HazeError) as e:
+            return self.back(request, "/failed", error=str(e))
+        if action == "retry":
+            done = await self.call(lambda app: _retry(app, connection, ids))
+            return self.back(request, "/failed", done=f"Retried {done} failed job(s).")
+        forgotten = await self.call(lambda app: _forget(app, connection, ids))
+        return self.back(request, "/failed", done=f"Forgot {forgotten} failed job(s).")
+
+    async def batches(self, request: Request) -> Response:
+        batches = await self.call(_data.recent_batches)
+        return self.render(request, "batches.html", batches=batches, page="batches")
+
+    async def batch_detail(self, request: Request) -> Response:
+        from ..batches import find
+
+        batch_id = request.path_params["batch_id"]
+        batch = await self.call(lambda app: find(app.manager, batch_id))
+        if batch is None:
+            message = f'no batch "{batch_id}" (unknown, pruned or expired)'
+            return self.render(request, "error.html", 404, message=message, page="batches")
+        return self.render(request, "batch_detail.html", batch=batch, page="batches")
+
+    async def batch_action(self, request: Request) -> Response:
+        from ..batches import find
+
+        batch_id = request.path_params["batch_id"]
+        action = request.path_params["action"]
+        batch = await self.call(lambda app: find(app.manager, batch_id))
+        if batch is None:
+            return self.back(request, "/batches", error=f'no batch "{batch_id}"')
+        where = f"/batches/{batch_id}"
+        if action == "cancel":
+            await self.call(lambda app: batch.cancel())
+            return self.back(request, where, done="Batch cancelled.")
+        connection = batch.options.get("connection") or self.app.queue_config.default
+        ids = list(batch.failed_job_ids)
+        done = await self.call(lambda app: _retry(app, connection, ids))
+        return self.back(request, where, done=f"Retried {done} failed job(s) of the batch.")
+
+    async def jobs(self, request: Request) -> Response:
+        token = request.query_params.get("id", "").strip()
+        found = None
+        error = ""
+        if token:
+            try:
+                found = await self.call(lambda app: _data.lookup(app, token))
+            except HazeError as e:  # an ambiguous short id
+                error = str(e)
+        return self.render(request, "jobs.html", token=token, found=found, error=error, page="jobs")
+
+    async def queue_action(self, request: Request) -> Response:
+        from ..control import pause, resume
+
+        action = request.path_params["action"]
+        connection, queue = _form(request, "connection"), _form(request, "queue")
+        try:
+            self.app.connection_name(connection)
+            if not queue or len(queue) > 255:
+                raise ValueError("a queue name of 1-255 characters is required")
+        except (ValueError, HazeError) as e:
+            return self.back(request, "/", error=str(e))
+        if action == "pause":
+            await self.call(lambda app: pause(app, connection, queue))
+            return self.back(request, "/", done=f'Paused "{queue}" on "{connection}".')
+        await self.call(lambda app: resume(app, connection, queue))
+        return self.back(request, "/", done=f'Resumed "{queue}" on "{connection}".')
+
+    async def metrics(self, request: Request) -> Response:
+        from ..otel import prometheus_text
+
+        rows = await self.call(lambda app: _data.overview(app, self.connection))
+        # Queue gauges only: job counters and histograms are per process, and this
+        # process runs no jobs (each worker's own /metrics or OTel exporter has them).
+        return PlainTextResponse(
+            prometheus_text(None, rows),
+            media_type="text/plain; version=0.0.4; charset=utf-8",
+            headers=_NO_STORE,
+        )
+
+    async def static(self, request: Request) -> Response:
+        entry = _STATIC.get(request.path_params["name"])
+        if entry is None:
+            return PlainTextResponse("not found", status_code=404)
+        media, path = entry
+        return Response(path.read_bytes(), media_type=media)
+
+
+async def _retry(app: App, connection: str, ids: list[str]) -> int:
+    done = 0
+    for job_id in ids:
+        try:
+            done += len(await app.manager.retry([job_id], connection=connection))
+        except LookupError:
+            pass  # retried or forgotten by someone else meanwhile
+    return done
+
+
+async def _forget(app: App, connection: str, ids: list[str]) -> int:
+    return sum([bool(await app.manager.forget(i, connection)) for i in ids])
+
+
+def _form(request: Request, name: str) -> str:
+    values: list[str] = request.scope.get("haze.form", {}).get(name) or [""]
+    return values[0].strip()
+
+
+def _form_list(request: Request, name: str) -> list[str]:
+    values: list[str] = request.scope.get("haze.form", {}).get(name) or []
+    return [v.strip() for v in values if v.strip()]
+
+
+class _Gate:
+    """Access control, CSRF and read-only checks in front of every route."""
+
+    def __init__(self, inner: ASGIApp, dashboard: Dashboard) -> None:
+        self.inner = inner
+        self.dashboard = dashboard
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.inner(scope, receive, send)
+            return
+        request = Request(scope)
+        if not await self.dashboard.guard.allowed(request):
+            challenge = self.dashboard.guard.challenge
+            if challenge is not None:
+                # Lets a browser ask for the password of `haze dashboard`'s basic auth.
+                await PlainTextResponse(
+                    "Unauthorized: sign in to use this dashboard.",
+                    status_code=401,
+                    headers={**_NO_STORE, "WWW-Authenticate": challenge},
+                )(scope, receive, send)
+                return
+            await _plain(403, "Forbidden: this dashboard needs authorization.")(
+                scope, receive, send
+            )
+            return
+        if scope["method"] != "POST":
+            await self.inner(scope, receive, send)
+            return
+        if self.dashboard.read_only:
+            await _plain(403, "Forbidden: this dashboard is read-only.")(scope, receive, send)
+            return
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > _MAX_FORM:
+                await _plain(413, "Request body too large.")(scope, receive, send)
+                return
+        form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+        submitted = (form.get(CSRF_FIELD) or [""])[0] or request.headers.get(CSRF_HEADER)
+        if not self.dashboard.guard.check_post(request.cookies.get(CSRF_COOKIE), submitted):
+            await _plain(403, "Forbidden: missing or invalid CSRF token; reload the page.")(
+                scope, receive, send
+            )
+            return
+        scope["haze.form"] = form
+        await self.inner(scope, receive, send)
+
+
+def _plain(status: int, text: str) -> Response:
+    return PlainTextResponse(text, status_code=status, headers=_NO_STORE)
+
+
+def build(
+    app: App | None,
+    authorize: Authorize | None,
+    read_only: bool,
+    base_path: str,
+    *,
+    connection: str | None = None,
+    challenge: str | None = None,
+) -> ASGIApp:
+    """The dashboard's ASGI app (see :func:`haze.dashboard.create_app`); ``connection``
+    and ``challenge`` (a ``WWW-Authenticate`` value for 401s) serve ``haze dashboard``."""
+    d = Dashboard(app, authorize, read_only, base_path, connection)
+    d.guard.challenge = challenge
+    routes = [
+        Route("/", d.overview),
+        Route("/failed", d.failed),
+        Route("/failed/{connection}/{job_id}", d.failed_detail),
+        Route("/failed/{action:str}", d.failed_action, methods=["POST"]),
+        Route("/batches", d.batches),
+        Route("/batches/{batch_id}", d.batch_detail),
+        Route("/batches/{batch_id}/{action}", d.batch_action, methods=["POST"]),
+        Route("/jobs", d.jobs),
+        Route("/queues/{action}", d.queue_action, methods=["POST"]),
+        Route("/metrics", d.metrics),
+        Route("/static/{name}", d.static),
+    ]
+    starlette = Starlette(routes=[Mount(base_path, routes=routes)] if base_path else routes)
+    return _Gate(starlette, d)

@@ -1,0 +1,281 @@
+"""What the dashboard shows, read through the driver and store protocols only.
+
+Nothing here knows HTTP: each function takes the haze ``App`` and returns plain data,
+so every page, the JSON endpoints and ``/metrics`` agree on the numbers.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from ..drivers.base import QueueInspector
+from ..durations import parse_duration
+
+if TYPE_CHECKING:
+    from ..app import App
+    from ..batches import Batch
+    from ..drivers import FailedJob
+
+__all__ = [
+    "FailedFilter",
+    "QueueRow",
+    "decrypted_payload",
+    "failed_jobs",
+    "find_failed",
+    "lookup",
+    "overview",
+    "recent_batches",
+]
+
+#: Where the driver has no count to give, the page says so instead of guessing.
+_NO_SIZE = {
+    "cloudflare": "Cloudflare reports one backlog for the whole queue, shown on every row",
+    "sqs": "SQS counts ready, delayed and in-flight messages together",
+}
+
+
+@dataclass
+class QueueRow:
+    """One queue of one connection, as the overview shows it."""
+
+    connection: str
+    queue: str
+    driver: str
+    #: Ready + delayed (``Driver.size``); None when the backend could not be asked.
+    waiting: int | None
+    failed: int | None
+    paused: bool | None
+    #: By state, from drivers that can count them (``QueueInspector``); None otherwise.
+    ready: int | None = None
+    delayed: int | None = None
+    running: int | None = None
+    note: str = ""
+    error: str = ""
+
+
+async def overview(app: App, connection: str | None = None) -> list[QueueRow]:
+    """One row per queue of every connection (or of ``connection``)."""
+    from ..control import paused_queues
+
+    names = [connection] if connection else list(app.queue_config.connections)
+    rows: list[QueueRow] = []
+    for name in names:
+        options = app.queue_config.connections[name]
+        kind = str(options.get("driver"))
+        if kind in ("sync", "failover"):
+            # sync runs jobs inside dispatch() and failover routes to other connections:
+            # neither holds a queue of its own.
+            continue
+        queues = app.known_queues(name)
+        try:
+            paused: set[str] | None = await paused_queues(app, name, queues)
+        except Exception:
+            paused = None  # no shared store (sqs/cloudflare without one): nothing to show
+        failed_by_queue: dict[str, int] | None = None
+        error = ""
+        try:
+            failed_by_queue = {}
+            for job in await app.driver(name).failed.list(None):
+                failed_by_queue[job.queue] = failed_by_queue.get(job.queue, 0) + 1
+        except Exception as e:
+            failed_by_queue, error = None, _reason(app, e)
+        extra = sorted(set(failed_by_queue or {}) - set(queues))
+        for queue in [*queues, *extra]:
+            row = QueueRow(
+                connection=name,
+                queue=queue,
+                driver=kind,
+                waiting=None,
+                failed=None if failed_by_queue is None else failed_by_queue.get(queue, 0),
+                paused=None if paused is None else queue in paused,
+                note=_NO_SIZE.get(kind, ""),
+                error=error,
+            )
+            driver = app.driver(name)
+            try:
+                row.waiting = await driver.size(queue)
+                if isinstance(driver, QueueInspector):
+                    counts = await driver.counts(queue)
+                    row.ready, row.delayed, row.running = (
+                        counts.ready,
+                        counts.delayed,
+                        counts.running,
+                    )
+            except Exception as e:
+                row.error = row.error or _reason(app, e)
+            rows.append(row)
+    return rows
+
+
+def _reason(app: App, error: BaseException) -> str:
+    """One line for a page: the outage message, else the error's type and first line."""
+    down = app.manager.unavailable(error)
+    if down is not None:
+        return str(down)
+    first = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+# --------------------------------------------------------------------------- failed
+
+
+@dataclass
+class FailedFilter:
+    """A failed-jobs search: every given field must match (case-insensitive substrings)."""
+
+    connection: str
+    queue: str = ""
+    job: str = ""
+    exception: str = ""
+    since: str = ""
+    until: str = ""
+    since_ts: float | None = field(default=None, init=False)
+    until_ts: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.since_ts = _when(self.since, "since") if self.since else None
+        self.until_ts = _when(self.until, "until") if self.until else None
+
+    def matches(self, job: FailedJob) -> bool:
+        if self.queue and job.queue != self.queue:
+            return False
+        if self.job and self.job.lower() not in job.name.lower():
+            return False
+        if self.exception and self.exception.lower() not in job.exception.lower():
+            return False
+        if self.since_ts is not None and job.failed_at < self.since_ts:
+            return False
+        return self.until_ts is None or job.failed_at <= self.until_ts
+
+    def params(self) -> dict[str, str]:
+        """The filter as query parameters (empty fields left out)."""
+        d = {
+            "connection": self.connection,
+            "queue": self.queue,
+            "job": self.job,
+            "exception": self.exception,
+            "since": self.since,
+            "until": self.until,
+        }
+        return {k: v for k, v in d.items() if v}
+
+
+def _when(value: str, what: str) -> float:
+    """``"2h"`` (that long ago) or an ISO date/time (UTC unless it names a zone)."""
+    value = value.strip()
+    try:
+        return time.time() - parse_duration(value, what)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(
+            f"{what}: expected a duration ago like '2h' or a date like '2026-01-31T09:00', "
+            f"got {value!r}"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+async def failed_jobs(app: App, flt: FailedFilter) -> builtins.list[FailedJob]:
+    """Failed jobs matching ``flt``, newest first."""
+    jobs = await app.driver(flt.connection).failed.list(flt.queue or None)
+    found = [j for j in jobs if flt.matches(j)]
+    found.sort(key=lambda j: j.failed_at, reverse=True)
+    return found
+
+
+async def find_failed(app: App, connection: str, job_id: str) -> FailedJob | None:
+    return await app.driver(connection).failed.find(job_id)
+
+
+def decrypted_payload(app: App, job: FailedJob) -> tuple[bool, Any]:
+    """``(encrypted, payload)``: the payload of an encrypted job is decrypted with the
+    app key (raises ``HazeError`` when no key opens it)."""
+    from ..crypto import decrypt_payload
+    from ..message import decode
+
+    if not job.body:
+        return False, job.payload
+    message = decode(job.body)
+    if message.enc is None:
+        return False, job.payload
+    return True, decrypt_payload(app, message)
+
+
+def attempts(job: FailedJob) -> int | None:
+    """How many attempts the job had used when it failed (from its stored message)."""
+    try:
+        value = json.loads(job.body).get("attempts") if job.body else None
+    except ValueError:
+        return None
+    return value if isinstance(value, int) else None
+
+
+def is_encrypted(job: FailedJob) -> bool:
+    if not job.body:
+        return False
+    try:
+        return json.loads(job.body).get("enc") is not None
+    except ValueError:
+        return False
+
+
+# --------------------------------------------------------------------------- batches
+
+
+async def recent_batches(app: App, limit: int = 50) -> builtins.list[Batch]:
+    """The newest batches still in the batches store (newest first)."""
+    from ..batches import find, recent_ids
+
+    ids = await recent_ids(app.manager, limit)
+    out = []
+    for batch_id in ids:
+        batch = await find(app.manager, batch_id)
+        if batch is not None:
+            out.append(batch)
+    return out
+
+
+# --------------------------------------------------------------------------- lookup
+
+
+@dataclass
+class Lookup:
+    """What the dashboard found under an id."""
+
+    failed: builtins.list[FailedJob] = field(default_factory=list)
+    batch: Batch | None = None
+    errors: builtins.list[str] = field(default_factory=list)
+
+
+async def lookup(app: App, token: str) -> Lookup:
+    """Failed jobs (on every connection) and the batch that ``token`` names (full or short
+    id). Drivers keep no record of queued or finished jobs that can be listed by id."""
+    from ..batches import find
+    from ..ids import match_id
+
+    found = Lookup()
+    token = token.strip()
+    for name, options in app.queue_config.connections.items():
+        if options.get("driver") in ("sync", "failover"):
+            continue
+        try:
+            jobs = await app.driver(name).failed.list(None)
+            job_id = match_id(token, [j.id for j in jobs])
+        except Exception as e:
+            found.errors.append(f"{name}: {_reason(app, e)}")
+            continue
+        found.failed.extend(j for j in jobs if j.id == job_id)
+    try:
+        found.batch = await find(app.manager, token)
+    except Exception as e:
+        found.errors.append(f"batches: {_reason(app, e)}")
+    return found

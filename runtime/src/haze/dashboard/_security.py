@@ -1,0 +1,117 @@
+"""Who may see the dashboard, and the CSRF tokens every action carries.
+
+Access is denied unless ``authorize(request)`` returns true, or the app runs in a local
+environment (``HAZE_ENV`` or else ``APP_ENV`` is ``local``) *and* the request comes from
+a loopback address. A proxy in front of the dashboard makes every client look local, so
+the environment variable alone never opens it.
+
+CSRF: a double-submit token. The first page sets a random token in an ``HttpOnly``,
+``SameSite=Strict`` cookie; every form repeats it in a hidden ``_csrf`` field (scripts
+send ``X-CSRF-Token``). Tokens are signed with a key held by the server, so a token an
+attacker planted in a cookie from a sibling subdomain does not validate either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import inspect
+import ipaddress
+import os
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+__all__ = [
+    "CSRF_COOKIE",
+    "CSRF_FIELD",
+    "CSRF_HEADER",
+    "Guard",
+    "basic_auth",
+    "is_local_environment",
+]
+
+CSRF_COOKIE = "haze_csrf"
+CSRF_FIELD = "_csrf"
+CSRF_HEADER = "x-csrf-token"
+
+Authorize = Callable[["Request"], "bool | Awaitable[bool]"]
+
+
+def is_local_environment() -> bool:
+    """True when ``HAZE_ENV`` (or, when unset, ``APP_ENV``) is ``local``."""
+    value = os.environ.get("HAZE_ENV") or os.environ.get("APP_ENV") or ""
+    return value.strip().lower() == "local"
+
+
+def _loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Guard:
+    """Access checks and CSRF tokens for one dashboard."""
+
+    def __init__(self, authorize: Authorize | None, secret: bytes | None = None) -> None:
+        self.authorize = authorize
+        # A per-process key unless the caller derives one from the app key, so several
+        # server processes behind one load balancer accept each other's tokens.
+        self._secret = secret or secrets.token_bytes(32)
+        #: A ``WWW-Authenticate`` value: refusals are 401 with it instead of 403.
+        self.challenge: str | None = None
+
+    async def allowed(self, request: Request) -> bool:
+        if self.authorize is not None:
+            result: Any = self.authorize(request)
+            if inspect.isawaitable(result):
+                result = await result
+            if result is True:
+                return True
+        client = request.client.host if request.client else None
+        return is_local_environment() and _loopback(client)
+
+    def new_token(self) -> str:
+        nonce = secrets.token_hex(16)
+        return f"{nonce}.{self._sign(nonce)}"
+
+    def valid_token(self, token: str | None) -> bool:
+        if not token or "." not in token:
+            return False
+        nonce, _, mac = token.partition(".")
+        return hmac.compare_digest(mac, self._sign(nonce))
+
+    def _sign(self, nonce: str) -> str:
+        return hmac.new(self._secret, b"haze:csrf:" + nonce.encode(), hashlib.sha256).hexdigest()
+
+    def check_post(self, cookie: str | None, submitted: str | None) -> bool:
+        """The submitted token equals the cookie's, and the server signed it."""
+        if not cookie or not submitted:
+            return False
+        return hmac.compare_digest(cookie, submitted) and self.valid_token(cookie)
+
+
+def basic_auth(user: str, password: str) -> Authorize:
+    """An ``authorize`` that accepts HTTP Basic credentials equal to these."""
+    import base64
+
+    expected = hashlib.sha256(f"{user}:{password}".encode()).digest()
+
+    def check(request: Request) -> bool:
+        scheme, _, value = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            given = base64.b64decode(value.strip(), validate=True)
+        except ValueError:
+            return False
+        # Compare digests so the comparison takes the same time whatever the length.
+        return hmac.compare_digest(hashlib.sha256(given).digest(), expected)
+
+    return check

@@ -1,0 +1,405 @@
+"""The dashboard over HTTP (Starlette's TestClient), against a real SQLite file and a
+real Redis: access control, CSRF, read-only, escaping, numbers, retry, cancel.
+
+The jobs are dispatched and run by one ``App`` (as a worker process would) and the
+dashboard reads them through another, as in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from haze import App, Queue, define_database_config, define_job, define_queue_config
+from haze.control import paused_queues
+from haze.dashboard import create_app
+from haze.database.migrations import ensure_queue_tables
+from haze.worker import Worker
+from starlette.testclient import TestClient
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "drivers"))
+from redis_spec import REDIS_URL, delete_prefix, redis_reachable, unique_prefix
+
+T = TypeVar("T")
+
+XSS = "<script>alert('pwn')</script>"
+#: The overview lists a connection's configured queues and those its jobs name.
+QUEUES = ["default", "emails", "reports"]
+
+
+@define_job(name="dash_boom", tries=1)
+async def dash_boom(payload: Any) -> None:
+    raise ValueError(f"dash boom {payload.get('n') if isinstance(payload, dict) else payload}")
+
+
+@define_job(name="dash_ok")
+async def dash_ok(payload: Any) -> None:
+    return None
+
+
+class Backend:
+    """Makes fresh ``App``s on one shared backend (each process has its own App)."""
+
+    def __init__(self, kind: str, tmp: Path) -> None:
+        self.kind = kind
+        self.tmp = tmp
+        self.prefix = unique_prefix("dash") if kind == "redis" else ""
+
+    def app(self) -> App:
+        if self.kind == "sqlite":
+            return App(
+                queue=define_queue_config(
+                    default="main",
+                    connections={"main": {"driver": "database", "sleep": 0.05, "queues": QUEUES}},
+                ),
+                database=define_database_config(
+                    default="db", connections={"db": {"url": f"sqlite:///{self.tmp / 'q.db'}"}}
+                ),
+            )
+        conn = {"driver": "redis", "url": REDIS_URL, "prefix": self.prefix, "queues": QUEUES}
+        return App(queue=define_queue_config(default="main", connections={"main": conn}))
+
+    def run(self, fn: Callable[[App], Awaitable[T]]) -> T:
+        async def go() -> T:
+            async with self.app() as app:
+                return await fn(app)
+
+        return asyncio.run(go())
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    if request.param == "redis" and not redis_reachable():
+        pytest.skip("Redis is not reachable")
+    b = Backend(request.param, tmp_path)
+    if b.kind == "sqlite":
+        b.run(ensure_queue_tables)
+    try:
+        yield b
+    finally:
+        if b.prefix:
+            delete_prefix(b.prefix + ":")
+
+
+async def drain(app: App, queues: list[str] | None = None) -> None:
+    await Worker(app, "main", queues or ["default"], stop_when_empty=True, sleep=0.05).run()
+
+
+def fail_jobs(backend: Backend, payloads: list[Any], queue: str = "default") -> None:
+    async def go(app: App) -> None:
+        for p in payloads:
+            await dash_boom.dispatch(p, queue=queue)
+        await drain(app, [queue])
+
+    backend.run(go)
+
+
+def client(backend: Backend, **options: Any) -> TestClient:
+    options.setdefault("authorize", lambda request: True)
+    return TestClient(create_app(backend.app(), **options), follow_redirects=False)
+
+
+def csrf(page_html: str) -> str:
+    m = re.search(r'name="_csrf" value="([^"]+)"', page_html)
+    assert m, "no CSRF field in the page"
+    return m.group(1)
+
+
+# --------------------------------------------------------------------------- access
+
+
+def test_unauthorised_requests_get_403_on_every_path(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HAZE_ENV", raising=False)
+    monkeypatch.delenv("APP_ENV", raising=False)
+    denied = TestClient(create_app(backend.app()), follow_redirects=False)
+    for path in ("/", "/failed", "/batches", "/jobs?id=x", "/metrics", "/static/haze.css", "/nope"):
+        r = denied.get(path)
+        assert r.status_code == 403, path
+        assert "dash_" not in r.text and "<html" not in r.text
+    assert denied.post("/failed/retry", data={"all": "1"}).status_code == 403
+    refused = TestClient(create_app(backend.app(), authorize=lambda request: False))
+    assert refused.get("/").status_code == 403
+    # An authorize that returns something truthy but not True does not open it.
+    truthy = TestClient(create_app(backend.app(), authorize=lambda request: "yes"))
+    assert truthy.get("/").status_code == 403
+
+
+def test_async_authorize_and_local_environment(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def allow(request: Any) -> bool:
+        return request.headers.get("x-admin") == "1"
+
+    c = TestClient(create_app(backend.app(), authorize=allow))
+    assert c.get("/").status_code == 403
+    assert c.get("/", headers={"x-admin": "1"}).status_code == 200
+
+    monkeypatch.setenv("HAZE_ENV", "local")
+    local = TestClient(create_app(backend.app()), client=("127.0.0.1", 50000))
+    assert local.get("/").status_code == 200
+    # Local environment but a remote client (e.g. the port published by mistake): denied.
+    remote = TestClient(create_app(backend.app()), client=("203.0.113.9", 50000))
+    assert remote.get("/").status_code == 403
+    monkeypatch.setenv("HAZE_ENV", "production")
+    monkeypatch.setenv("APP_ENV", "local")  # HAZE_ENV wins
+    assert local.get("/").status_code == 403
+
+
+def test_post_without_valid_csrf_token_is_403_whatever_the_path(backend: Backend) -> None:
+    fail_jobs(backend, [{"n": 1}])
+    c = client(backend)
+    page = c.get("/failed")
+    token = csrf(page.text)
+    for path in ("/failed/retry", "/failed/forget", "/queues/pause", "/batches/x/cancel", "/nope"):
+        assert c.post(path, data={"all": "1"}).status_code == 403, path
+        assert c.post(path, data={"all": "1", "_csrf": "forged.token"}).status_code == 403, path
+    # The cookie's token without the form field, or a field that differs from the cookie.
+    assert c.post("/failed/retry", data={"all": "1", "_csrf": token + "x"}).status_code == 403
+    other = client(backend)
+    other_token = csrf(other.get("/").text)
+    assert c.post("/failed/retry", data={"all": "1", "_csrf": other_token}).status_code == 403
+    assert len(backend.run(lambda app: Queue.failed())) == 1  # nothing was retried
+    # With the page's own token it works.
+    r = c.post("/failed/forget", data={"all": "1", "_csrf": token})
+    assert r.status_code == 303
+    assert backend.run(lambda app: Queue.failed()) == []
+
+
+def test_read_only_hides_and_refuses_every_action(backend: Backend) -> None:
+    fail_jobs(backend, [{"n": 1}])
+    c = client(backend, read_only=True)
+    pages = [c.get(p).text for p in ("/", "/failed", "/batches", "/jobs")]
+    job = backend.run(lambda app: Queue.failed())[0]
+    pages.append(c.get(f"/failed/main/{job.id}").text)
+    for html in pages:
+        assert 'method="post"' not in html
+        assert "<button" not in html or "Search" in html or "Look up" in html
+    token = csrf(client(backend).get("/").text)  # no form, so borrow a valid token
+    c.cookies.set("haze_csrf", token)
+    r = c.post("/failed/retry", data={"all": "1", "_csrf": token})
+    assert r.status_code == 403
+    assert "read-only" in r.text
+    assert len(backend.run(lambda app: Queue.failed())) == 1
+
+
+# --------------------------------------------------------------------------- content
+
+
+def test_user_data_is_escaped_everywhere(backend: Backend) -> None:
+    fail_jobs(backend, [{"n": XSS, "note": XSS}], queue="default")
+    c = client(backend)
+    job = backend.run(lambda app: Queue.failed())[0]
+    pages = {
+        "list": c.get("/failed", params={"job": "dash"}).text,
+        "detail": c.get(f"/failed/main/{job.id}").text,
+        "search": c.get("/failed", params={"exception": XSS}).text,
+        "lookup": c.get("/jobs", params={"id": XSS}).text,
+        "flash": c.get("/", params={"done": XSS, "error": XSS}).text,
+    }
+    for name, html in pages.items():
+        assert "<script>alert" not in html, name
+    assert "&lt;script&gt;alert(" in pages["detail"]
+    assert "&lt;script&gt;alert(" in pages["search"]
+
+
+def test_no_app_key_or_secret_in_any_page(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from haze.crypto import generate_key
+
+    key = generate_key()
+    monkeypatch.setenv("APP_KEY", key)
+    fail_jobs(backend, [{"n": 1}])
+    c = client(backend)
+    job = backend.run(lambda app: Queue.failed())[0]
+    for path in ("/", "/failed", f"/failed/main/{job.id}", "/batches", "/jobs?id=x", "/metrics"):
+        text = c.get(path).text
+        assert key not in text and key.partition(":")[2][:16] not in text, path
+
+
+def test_overview_numbers_match_the_queue(backend: Backend) -> None:
+    async def fill(app: App) -> tuple[int, int, int]:
+        for i in range(3):
+            await dash_ok.dispatch({"i": i}, queue="default")
+        await dash_ok.dispatch({"i": 9}, queue="default", delay=3600)
+        for i in range(2):
+            await dash_ok.dispatch({"i": i}, queue="emails")
+        for i in range(2):
+            await dash_boom.dispatch({"n": i}, queue="reports")
+        await drain(app, ["reports"])
+        return (
+            await Queue.size("default"),
+            await Queue.size("emails"),
+            len(await Queue.failed(queue="reports")),
+        )
+
+    default_size, emails_size, failed = backend.run(fill)
+    assert (default_size, emails_size, failed) == (4, 2, 2)
+    c = client(backend)
+    html = c.get("/").text
+    rows = _rows(html)
+    assert rows[("main", "default")]["waiting"] == "4"
+    assert rows[("main", "emails")]["waiting"] == "2"
+    assert rows[("main", "reports")]["failed"] == "2"
+    assert rows[("main", "reports")]["waiting"] == "0"
+    partial = c.get("/", params={"partial": 1}).text
+    assert "<html" not in partial and _rows(partial) == rows
+    metrics = c.get("/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain")
+    assert 'haze_queue_failed{connection="main",queue="reports"} 2' in metrics.text
+
+
+def _rows(html: str) -> dict[tuple[str, str], dict[str, str]]:
+    out: dict[tuple[str, str], dict[str, str]] = {}
+    for m in re.finditer(
+        r'<tr data-connection="([^"]+)" data-queue="([^"]+)">(.*?)</tr>', html, re.S
+    ):
+        cells = dict(re.findall(r'<td class="n (waiting|failed)">(.*?)</td>', m.group(3), re.S))
+        out[(m.group(1), m.group(2))] = {
+            k: re.sub(r"<[^>]+>", "", v).strip() for k, v in cells.items()
+        }
+    return out
+
+
+# --------------------------------------------------------------------------- actions
+
+
+def test_search_then_retry_one_and_all_matching(backend: Backend) -> None:
+    fail_jobs(backend, [{"n": "alpha"}, {"n": "beta"}, {"n": "gamma"}])
+    c = client(backend)
+    page = c.get("/failed", params={"exception": "dash boom beta"})
+    assert page.status_code == 200
+    assert "1 failed job(s) match." in page.text
+    token = csrf(page.text)
+    beta = next(j for j in backend.run(lambda app: Queue.failed()) if "beta" in j.exception)
+    r = c.post("/failed/retry", data={"_csrf": token, "connection": "main", "id": beta.id})
+    assert r.status_code == 303
+    assert "Retried+1" in r.headers["location"] or "Retried%201" in r.headers["location"]
+    assert backend.run(lambda app: Queue.size("default")) == 1
+    left = {j.exception.strip().splitlines()[-1] for j in backend.run(lambda app: Queue.failed())}
+    assert left == {"ValueError: dash boom alpha", "ValueError: dash boom gamma"}
+    # Every job matching a filter (job name + time range).
+    r = c.post(
+        "/failed/retry",
+        data={"_csrf": token, "connection": "main", "all": "1", "job": "dash_b", "since": "1h"},
+    )
+    assert r.status_code == 303
+    assert backend.run(lambda app: Queue.failed()) == []
+    assert backend.run(lambda app: Queue.size("default")) == 3
+    # A bad time range is one line, not a traceback.
+    bad = c.get("/failed", params={"since": "yesterday-ish"})
+    assert bad.status_code == 400
+    assert "since: expected a duration ago" in bad.text
+
+
+def test_failed_detail_shows_payload_traceback_and_ids(backend: Backend) -> None:
+    fail_jobs(backend, [{"n": "detail"}])
+    job = backend.run(lambda app: Queue.failed())[0]
+    html = client(backend).get(f"/failed/main/{job.id}").text
+    assert job.id in html
+    assert "dash_boom" in html
+    assert "Traceback" in html and "ValueError: dash boom detail" in html
+    assert "&#34;n&#34;: &#34;detail&#34;" in html or "&quot;n&quot;: &quot;detail&quot;" in html
+    assert client(backend).get("/failed/main/nope").status_code == 404
+
+
+def test_pause_and_continue_a_queue(backend: Backend) -> None:
+    c = client(backend)
+    token = csrf(c.get("/").text)
+    r = c.post("/queues/pause", data={"_csrf": token, "connection": "main", "queue": "default"})
+    assert r.status_code == 303
+    assert backend.run(lambda app: paused_queues(app, "main", ["default"])) == {"default"}
+    assert "paused" in c.get("/").text
+    c.post("/queues/continue", data={"_csrf": token, "connection": "main", "queue": "default"})
+    assert backend.run(lambda app: paused_queues(app, "main", ["default"])) == set()
+
+
+def test_batches_list_detail_cancel_and_retry_failed(backend: Backend) -> None:
+    async def make(app: App) -> tuple[str, str]:
+        running = (
+            await Queue.batch([dash_ok.with_({"i": 1}), dash_ok.with_({"i": 2})])
+            .name("import <b>csv</b>")
+            .dispatch()
+        )
+        failing = (
+            await Queue.batch([dash_boom.with_({"n": "b1"}), dash_ok.with_({"i": 3})])
+            .allow_failures()
+            .on_queue("reports")
+            .dispatch()
+        )
+        await drain(app, ["reports"])
+        return running.id, failing.id
+
+    running_id, failing_id = backend.run(make)
+    c = client(backend)
+    listing = c.get("/batches").text
+    assert running_id in listing and failing_id in listing
+    assert "import &lt;b&gt;csv&lt;/b&gt;" in listing
+    detail = c.get(f"/batches/{running_id}").text
+    assert "Cancel batch" in detail
+    token = csrf(detail)
+    r = c.post(f"/batches/{running_id}/cancel", data={"_csrf": token})
+    assert r.status_code == 303
+    batch = backend.run(lambda app: Queue.find_batch(running_id))
+    assert batch is not None and batch.cancelled
+    assert "cancelled" in c.get(f"/batches/{running_id}").text
+
+    failed_detail = c.get(f"/batches/{failing_id}").text
+    assert "Retry failed jobs" in failed_detail
+    r = c.post(f"/batches/{failing_id}/retry", data={"_csrf": token})
+    assert r.status_code == 303
+    assert backend.run(lambda app: Queue.failed()) == []
+    assert backend.run(lambda app: Queue.size("reports")) == 1
+    assert c.get("/batches/unknown-batch").status_code == 404
+
+
+def test_job_lookup_by_full_and_short_id(backend: Backend) -> None:
+    fail_jobs(backend, [{"n": "look"}])
+    job = backend.run(lambda app: Queue.failed())[0]
+    c = client(backend)
+    for token in (job.id, job.id[:8]):
+        html = c.get("/jobs", params={"id": token}).text
+        assert f"<code>{job.id}</code>" in html, token
+    assert "Nothing found" in c.get("/jobs", params={"id": "zzzzzzzz"}).text
+
+
+def test_mounted_under_a_prefix(backend: Backend) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    fail_jobs(backend, [{"n": 1}])
+    outer = Starlette(
+        routes=[Mount("/ops/haze", app=create_app(backend.app(), authorize=lambda r: True))]
+    )
+    c = TestClient(outer, follow_redirects=False)
+    html = c.get("/ops/haze/failed").text
+    assert 'href="/ops/haze/static/haze.css"' in html
+    assert 'action="/ops/haze/failed/retry"' in html
+    assert c.get("/ops/haze/static/haze.js").status_code == 200
+    token = csrf(html)
+    r = c.post(
+        "/ops/haze/failed/forget",
+        data={"_csrf": token, "all": "1", "next": "https://evil.example/"},
+    )
+    assert r.status_code == 303
+    assert r.headers["location"].startswith("/ops/haze/failed")
+
+
+def test_base_path_when_served_alone(backend: Backend) -> None:
+    c = TestClient(
+        create_app(backend.app(), authorize=lambda r: True, base_path="/haze/"),
+        follow_redirects=False,
+    )
+    html = c.get("/haze/").text
+    assert 'href="/haze/static/haze.css"' in html
+    assert 'href="/haze/failed"' in html
+    assert c.get("/haze/metrics").status_code == 200
+    assert c.get("/").status_code == 404
+    assert c.cookies.get("haze_csrf")
