@@ -73,6 +73,8 @@ def test_spec_names_are_exported() -> None:
         "UnknownJobError",
         "BatchFinishedError",
         "JobTimeoutError",
+        # §17 the job lifecycle
+        "limit_concurrency",
     }
     assert expected <= set(haze.__all__), sorted(expected - set(haze.__all__))
 

@@ -341,3 +341,44 @@ async def test_settle_batch_job_is_atomic_under_concurrency(store):
     assert sorted(r.pending for r in counted) == list(range(n)), "every decrement seen once"
     c = await _counters(store)
     assert (c["pending"], c["processed"]) == (0, n)
+
+
+# --------------------------------------------------------------------------- touch
+# A lease renewal (limit_concurrency's slots): only the holder extends its key.
+
+
+async def test_touch_renews_the_owners_lease(store):
+    assert await store.add("k:lease", "run-1", TTL) is True
+    assert await store.touch("k:lease", "run-1", 60) is True
+    ttl = await store.ttl("k:lease")
+    assert ttl is not None
+    assert 59 < ttl <= 60
+    await asyncio.sleep(PAST_TTL)
+    assert await store.get("k:lease") == "run-1", "the renewed lease outlived its first TTL"
+    assert await store.add("k:lease", "run-2", 60) is False
+
+
+async def test_touch_checks_the_owner(store):
+    await store.add("k:lease2", "run-1", 60)
+    assert await store.touch("k:lease2", "run-2", 600) is False
+    ttl = await store.ttl("k:lease2")
+    assert ttl is not None
+    assert ttl <= 60, "another owner's touch left the expiry alone"
+    assert await store.get("k:lease2") == "run-1"
+
+
+async def test_touch_does_not_revive_an_expired_or_absent_lease(store):
+    assert await store.touch("k:none", "run-1", 60) is False
+    assert await store.get("k:none") is None
+    await store.add("k:gone", "run-1", TTL)
+    await asyncio.sleep(PAST_TTL)
+    assert await store.touch("k:gone", "run-1", 60) is False
+    assert await store.get("k:gone") is None
+    assert await store.add("k:gone", "run-2", 60) is True, "an expired lease is free to take"
+
+
+async def test_touch_can_shorten_a_lease(store):
+    await store.add("k:short", "run-1", 60)
+    assert await store.touch("k:short", "run-1", TTL) is True
+    await asyncio.sleep(PAST_TTL)
+    assert await store.get("k:short") is None

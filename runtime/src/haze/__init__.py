@@ -59,6 +59,7 @@ if _typing.TYPE_CHECKING:
     from .middleware import (
         JobMiddleware,
         fail_on_exception,
+        limit_concurrency,
         rate_limited,
         skip_if,
         skip_if_batch_cancelled,
@@ -96,6 +97,7 @@ _LAZY: dict[str, str] = {
     "define_redis_config": "config",
     "env": "config",
     "fail_on_exception": "middleware",
+    "limit_concurrency": "middleware",
     "queue_check": "health",
     "rate_limited": "middleware",
     "run_in_app": "app",
@@ -156,6 +158,7 @@ __all__ = [
     "define_redis_config",
     "env",
     "fail_on_exception",
+    "limit_concurrency",
     "queue_check",
     "rate_limited",
     "run_in_app",

@@ -11,9 +11,15 @@ their state in the queue ``store`` (config/queue.py), with keys scoped by tenant
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
+import logging
 import math
+import random
+import secrets
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -25,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "JobMiddleware",
     "fail_on_exception",
+    "limit_concurrency",
     "rate_limited",
     "skip_if",
     "skip_if_batch_cancelled",
@@ -34,6 +41,8 @@ __all__ = [
 
 CallNext: TypeAlias = Callable[[], Awaitable[Any]]
 JobMiddleware: TypeAlias = Callable[[Any, "JobContext", CallNext], Awaitable[Any]]
+
+log = logging.getLogger("haze")
 
 
 async def _maybe(value: Any) -> Any:
@@ -93,6 +102,156 @@ def max_(a: float, b: float) -> float:
     return a if a > b else b
 
 
+def _release_delay(release_after: Duration | bool, where: str) -> float | None:
+    if release_after is False:
+        return None
+    if release_after is True:
+        raise ValueError(f"{where}: release_after must be a duration or False, got True")
+    return parse_duration(release_after, f"{where}: release_after")
+
+
+#: The stores already warned about (once per store, as for unique locks).
+_warned_local: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _warn_local_store(job: JobContext, store: Any) -> None:
+    """A store only this process sees cannot limit what other processes run."""
+    if getattr(store, "shared", True) or store in _warned_local:
+        return
+    if not job.app.driver(job.connection).remote:
+        return
+    _warned_local.add(store)
+    log.warning(
+        'The "%s" store holds concurrency slots, but connection "%s" is consumed by other '
+        "processes, which cannot see them: each process gets its own limit. Set "
+        "store='redis' (or 'database') in config/queue.py.",
+        store.name,
+        job.connection,
+    )
+
+
+async def _hold_slot(
+    job: JobContext,
+    keys: Sequence[str],
+    lease: float,
+    retry: float | None,
+    call_next: CallNext,
+) -> Any:
+    """Run ``call_next`` holding one of ``keys`` (taken with ``add``, renewed with
+    ``touch`` every third of ``lease`` while it runs, deleted by its owner after), or
+    release the job after ``retry`` (None: drop it) when every key is held."""
+    store = _store(job)
+    _warn_local_store(job, store)
+    # One owner per execution: a redelivery of the same message is another holder.
+    owner = f"{job.id}:{secrets.token_hex(6)}"
+    n = len(keys)
+    # Starting at a random slot spreads contenders, so a refused run rarely tries all.
+    first = random.randrange(n) if n > 1 else 0
+    held: str | None = None
+    for i in range(n):
+        k = keys[(first + i) % n]
+        if await store.add(k, owner, lease):
+            held = k
+            break
+    if held is None:
+        if retry is not None:
+            job.release(retry)
+        return None
+    renewer = asyncio.ensure_future(_renew(store, held, owner, lease, job))
+    try:
+        return await call_next()
+    finally:
+        renewer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewer
+        await store.delete(held, owner=owner)
+
+
+async def _renew(store: Any, key: str, owner: str, lease: float, job: JobContext) -> None:
+    """The slot's heartbeat: a long run keeps its slot; a crashed one frees it when its
+    lease runs out."""
+    while True:
+        await asyncio.sleep(lease / 3)
+        try:
+            if not await store.touch(key, owner, lease):
+                log.warning(
+                    'Job "%s" (%s) lost its concurrency slot %s: the lease (%gs) ran out '
+                    "before it was renewed; the limit may be exceeded until the job ends.",
+                    job.name,
+                    job.id,
+                    key,
+                    lease,
+                )
+                return
+        except Exception as e:  # the store is down: the lease may still be renewed later
+            log.warning("could not renew concurrency slot %s: %s", key, e)
+
+
+def limit_concurrency(
+    max: int,
+    key: Callable[[Any], Any] | str | None = None,
+    *,
+    release_after: Duration | bool = "1s",
+    expire_after: Duration = "1h",
+) -> JobMiddleware:
+    """At most ``max`` runs at once, across every worker and process sharing the queue
+    store. The others are released after ``release_after`` (no try used; ``False``:
+    dropped) and run later.
+
+    ``key=None`` limits this job; a string names a limit shared by every job that uses
+    it; a function of the payload splits this job's limit into partitions (``max`` per
+    partition). A run holds a slot with a lease of ``expire_after``, renewed every third
+    of it while it runs: a long job keeps its slot, and a crashed worker's slot frees
+    itself when the lease runs out. Keys are scoped by tenant::
+
+        @define_job(middleware=[limit_concurrency(3, key=lambda p: p["customer"],
+                                                  expire_after="1m")])
+        async def sync_customer(payload: dict) -> None: ...
+    """
+    where = f"limit_concurrency({max!r})"
+    limit = _positive_int(max, f"{where}: max")
+    if key is not None and not (callable(key) or isinstance(key, str)):
+        raise ValueError(f"{where}: key must be a string or a function of the payload, got {key!r}")
+    if isinstance(key, str) and not key:
+        raise ValueError(f"{where}: key must be a non-empty string")
+    retry = _release_delay(release_after, where)
+    lease = parse_duration(expire_after, f"{where}: expire_after", allow_zero=False)
+
+    async def concurrency(payload: Any, job: JobContext, call_next: CallNext) -> Any:
+        if key is None:
+            base = _scoped(job, "conc", "job", job.name)
+        elif isinstance(key, str):
+            base = _scoped(job, "conc", "name", key)
+        else:
+            base = _scoped(job, "conc", "job", job.name, str(await _maybe(key(payload))))
+        keys = [f"{base}:slot:{i}" for i in range(limit)]
+        return await _hold_slot(job, keys, lease, retry, call_next)
+
+    return concurrency
+
+
+def queue_limits(app: Any) -> list[JobMiddleware]:
+    """The per-queue limits of ``config/queue.py`` (``"queues": {"emails":
+    {"concurrency": 5}}`` on a connection) as one middleware, or none when no connection
+    has any. The worker runs it before every other middleware.
+
+    Queue limits are global, not per tenant: queues are shared by every tenant.
+    """
+    limits: dict[str, dict[str, dict[str, float]]] = app.queue_config.queue_limits
+    if not limits:
+        return []
+
+    async def queue_concurrency(payload: Any, job: JobContext, call_next: CallNext) -> Any:
+        limit = limits.get(job.connection, {}).get(job.queue)
+        if limit is None:
+            return await call_next()
+        base = f"haze:mw:conc:queue:{job.connection}:{job.queue}"
+        keys = [f"{base}:slot:{i}" for i in range(int(limit["max"]))]
+        return await _hold_slot(job, keys, limit["expire_after"], limit["release_after"], call_next)
+
+    return [queue_concurrency]
+
+
 def without_overlapping(
     key: Callable[[Any], Any] | str | None = None,
     *,
@@ -100,19 +259,14 @@ def without_overlapping(
     expire_after: Duration = "1h",
     shared: bool = False,
 ) -> JobMiddleware:
-    """One run at a time per key (default: the job name). Others are released after
-    ``release_after`` (``False``: dropped). The lock expires after ``expire_after``.
-    Keys are scoped to the job name unless ``shared=True``."""
+    """One run at a time per key (default: the job name): ``limit_concurrency`` with one
+    slot. Others are released after ``release_after`` (``False``: dropped). The lock is a
+    lease of ``expire_after``, renewed while the job runs. Keys are scoped to the job name
+    unless ``shared=True``."""
     where = "without_overlapping"
     if key is not None and not (callable(key) or isinstance(key, str)):
         raise ValueError(f"{where}: key must be a string or a function of the payload, got {key!r}")
-    retry: float | None
-    if release_after is False:
-        retry = None
-    elif release_after is True:
-        raise ValueError(f"{where}: release_after must be a duration or False, got True")
-    else:
-        retry = parse_duration(release_after, f"{where}: release_after")
+    retry = _release_delay(release_after, where)
     expire = parse_duration(expire_after, f"{where}: expire_after", allow_zero=False)
 
     async def no_overlap(payload: Any, job: JobContext, call_next: CallNext) -> Any:
@@ -123,15 +277,7 @@ def without_overlapping(
         else:
             sub = str(await _maybe(key(payload)))
         k = _scoped(job, "overlap", sub) if shared else _scoped(job, "overlap", job.name, sub)
-        store = _store(job)
-        if not await store.add(k, job.id, expire):
-            if retry is not None:
-                job.release(retry)
-            return None
-        try:
-            return await call_next()
-        finally:
-            await store.delete(k, owner=job.id)
+        return await _hold_slot(job, [k], expire, retry, call_next)
 
     return no_overlap
 

@@ -1,11 +1,11 @@
 """A cache store on Workers KV (``config/cache.py``: ``{"driver": "kv", "binding": "KV"}``).
 
-KV is eventually consistent and has no compare-and-set: ``add``, ``increment`` and the
-owner check of ``delete`` are read-then-write here, so two isolates can both take a
-"unique" lock or lose an increment. The store says so with ``atomic = False``, and logs
-a warning the first time it is used for locks or counters (unique jobs, middleware,
-batches). Use ``redis`` or the ``database`` store (D1 through the binding) for those;
-KV is fine for state that tolerates races.
+KV is eventually consistent and has no compare-and-set: ``add``, ``increment``, the
+owner check of ``delete`` and ``touch`` (a lease renewal) are read-then-write here, so
+two isolates can both take a "unique" lock or lose an increment. The store says so with
+``atomic = False``, and logs a warning the first time it is used for locks or counters
+(unique jobs, middleware, batches). Use ``redis`` or the ``database`` store (D1 through
+the binding) for those; KV is fine for state that tolerates races.
 
 Values are stored as JSON ``{"v": value, "e": expires_at}``. KV's own expiry
 (``expirationTtl``) has a 60-second minimum, so it is set to at least 60 s and the exact
@@ -148,6 +148,15 @@ class KVStore:
         if got is None or got[1] is None:
             return None
         return max(0.0, got[1] - time.time())
+
+    async def touch(self, key: str, owner: Any, ttl: float) -> bool:
+        """Read, compare, write: another isolate's write in between is overwritten."""
+        self._warn("lease renewal (concurrency limits)")
+        got = await self._read(key)
+        if got is None or got[0] != owner:
+            return False
+        await self._write(key, got[0], time.time() + ttl)
+        return True
 
     async def settle_batch_job(
         self,

@@ -5,7 +5,8 @@ worker signals (restart, pause) and batch state all live in a store. Every store
 must offer atomic add-if-absent with a TTL, atomic increment and an owner-checked
 delete; a store that cannot (Cloudflare KV) sets ``atomic = False`` and the manager
 logs a warning when it is used for locks or batches. Batches also need
-``settle_batch_job``: one job's count in one atomic step.
+``settle_batch_job``: one job's count in one atomic step; concurrency limits need
+``touch``: an owner-checked lease renewal.
 """
 
 from __future__ import annotations
@@ -59,6 +60,15 @@ class Store(Protocol):
 
     async def ttl(self, key: str) -> float | None:
         """Seconds until ``key`` expires, None when absent or without expiry."""
+
+    async def touch(self, key: str, owner: Any, ttl: float) -> bool:
+        """Make ``key`` expire ``ttl`` seconds from now, only while it holds ``owner``
+        (a lease renewal, atomic on atomic stores). True when renewed; False when the key
+        is absent, expired or held by someone else (the lease was lost).
+
+        >>> # await store.add("slot:0", "run-1", ttl=30)   # take the lease
+        >>> # await store.touch("slot:0", "run-1", ttl=30)  # True: 30 s more
+        """
 
     async def settle_batch_job(
         self,

@@ -2,7 +2,8 @@
 
 Every operation is one atomic statement (or one transaction on MySQL):
 ``add`` is an upsert that only takes over an expired row, ``increment`` an upsert
-with arithmetic, and ``delete(key, owner)`` a ``DELETE … WHERE value = owner``.
+with arithmetic, ``delete(key, owner)`` a ``DELETE … WHERE value = owner`` and
+``touch(key, owner, ttl)`` an ``UPDATE … WHERE value = owner`` of a live row.
 ``settle_batch_job`` is those statements in one transaction. On D1, which has no
 interactive transactions, its statements run one by one (a crash between two of them
 can leave a batch's counters short of the job).
@@ -66,6 +67,7 @@ class DatabaseStore:
             dialect = self.db.dialect
             file = {"postgres": "postgres", "mysql": "mysql"}.get(dialect, "sqlite")
             k = "`key`" if dialect == "mysql" else "key"
+            real = {"postgres": "DOUBLE PRECISION", "mysql": "DOUBLE"}.get(dialect, "REAL")
             t = self.table
             sql = {n: s.format(table=t) for n, s in sql_blocks(_SQL_DIR / f"{file}.sql").items()}
             live = "(expires_at IS NULL OR expires_at > ?)"
@@ -75,6 +77,10 @@ class DatabaseStore:
                 ttl=f"SELECT expires_at FROM {t} WHERE {k} = ? AND {live}",
                 delete=f"DELETE FROM {t} WHERE {k} = ?",
                 delete_owner=f"DELETE FROM {t} WHERE {k} = ? AND value = ?",
+                # CAST: D1's binding passes every JS number as REAL; keep the column's type
+                # explicit on every backend.
+                touch=f"UPDATE {t} SET expires_at = CAST(? AS {real}) "
+                f"WHERE {k} = ? AND value = ? AND {live}",
                 prune=f"DELETE FROM {t} WHERE expires_at IS NOT NULL AND expires_at <= ?",
             )
             # Concurrent first uses would each run CREATE TABLE IF NOT EXISTS, which
@@ -196,6 +202,11 @@ class DatabaseStore:
         if owner is None:
             return await self.db.execute(sql["delete"], (key,)) > 0
         return await self.db.execute(sql["delete_owner"], (key, _dumps(owner))) > 0
+
+    async def touch(self, key: str, owner: Any, ttl: float) -> bool:
+        sql = await self._statements()
+        now = time.time()
+        return await self.db.execute(sql["touch"], (now + ttl, key, _dumps(owner), now)) > 0
 
     async def ttl(self, key: str) -> float | None:
         sql = await self._statements()

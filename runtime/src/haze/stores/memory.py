@@ -82,6 +82,13 @@ class MemoryStore:
             return None
         return max(0.0, item[1] - _monotonic())
 
+    async def touch(self, key: str, owner: Any, ttl: float) -> bool:
+        item = self._live(key)
+        if item is None or item[0] != owner:
+            return False
+        self._data[key] = (item[0], _monotonic() + ttl)
+        return True
+
     async def settle_batch_job(
         self,
         batch: str,

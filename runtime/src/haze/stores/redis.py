@@ -7,6 +7,8 @@ Every operation is one atomic Redis command or script:
   script (``redis_increment.lua``)
 - ``delete(key, owner)``: ``GET`` + compare + ``DEL`` in one Lua script
   (``redis_delete_owner.lua``)
+- ``touch(key, owner, ttl)``: ``GET`` + compare + ``PEXPIRE`` in one Lua script
+  (``redis_touch_owner.lua``)
 - ``get_many``: ``MGET``; ``ttl``: ``PTTL``
 - ``settle_batch_job``: the per-job marker, counters and pending decrement of a batch
   in one Lua script (``redis_settle_batch.lua``)
@@ -147,7 +149,7 @@ def _load(raw: str | bytes | None) -> Any | None:
 class _Conn:
     """One client (and its scripts) per event loop: redis-py clients are loop-bound."""
 
-    __slots__ = ("client", "delete_owner", "increment", "settle_batch")
+    __slots__ = ("client", "delete_owner", "increment", "settle_batch", "touch_owner")
 
     def __init__(self, client: aioredis.Redis) -> None:
         self.client = client
@@ -159,6 +161,9 @@ class _Conn:
         )
         self.settle_batch: AsyncScript = client.register_script(
             (_HERE / "redis_settle_batch.lua").read_text()
+        )
+        self.touch_owner: AsyncScript = client.register_script(
+            (_HERE / "redis_touch_owner.lua").read_text()
         )
 
 
@@ -219,6 +224,12 @@ class RedisStore:
     async def ttl(self, key: str) -> float | None:
         ms = int(await self._conn().client.pttl(self.prefix + key))
         return None if ms < 0 else ms / 1000
+
+    async def touch(self, key: str, owner: Any, ttl: float) -> bool:
+        conn = self._conn()
+        return bool(
+            await conn.touch_owner(keys=[self.prefix + key], args=[_dumps(owner), _ms(ttl)])
+        )
 
     async def settle_batch_job(
         self,
