@@ -7,6 +7,8 @@
   least-privilege role.
 - :class:`HazeDrainSchedule`: an EventBridge rule invoking ``handler.schedule`` to drain a
   ``database`` or ``redis`` connection.
+- :class:`HazeScheduleRules`: EventBridge rules for ``config/schedule.py`` invoking
+  ``handler.schedule``, which dispatches the schedules due.
 - :class:`HazeContainerWorker`: an ECS Fargate service running ``haze queue:work``.
 - :class:`HazeAwsApp`: all of the above for a :class:`~haze_infra.config.StackConfig`.
 
@@ -64,6 +66,7 @@ __all__ = [
     "HazeContainerWorker",
     "HazeDrainSchedule",
     "HazeLambdaConsumer",
+    "HazeScheduleRules",
     "HazeSqsQueue",
     "lambda_archive",
 ]
@@ -598,6 +601,106 @@ class HazeDrainSchedule(_Function):
         self.register_outputs({"function_arn": self.function.arn, "rule_arn": self.rule.arn})
 
 
+class HazeScheduleRules(_Function):
+    """The schedules of ``config/schedule.py`` on AWS: a Lambda running
+    ``handler.schedule`` (``haze_lambda.schedule_handler``) and one EventBridge rule per
+    distinct ``cron(...)`` expression (``rules``: expression -> schedule names, from
+    :attr:`StackConfig.schedules <haze_infra.config.StackConfig>`).
+
+    Each rule's target sends ``{"haze_schedule": "<expression>", "time": <time>}`` (an
+    input transformer over the scheduled event), so the handler dispatches the schedules
+    of that rule due at that minute. EventBridge rules run in UTC: a schedule with a
+    time zone gets an hourly rule at its minutes and is dispatched only when due in its
+    zone. ``send_queue_arns``: the SQS queues its jobs go to (``sqs:SendMessage``).
+    """
+
+    rules: dict[str, aws.cloudwatch.EventRule]
+    targets: dict[str, aws.cloudwatch.EventTarget]
+    permissions: dict[str, aws.lambda_.Permission]
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        rules: Mapping[str, Sequence[str]],
+        archive: str | Path | pulumi.Archive | None = None,
+        dist_dir: str | Path | None = None,
+        app_root: str | Path | None = None,
+        send_queue_arns: Sequence[pulumi.Input[str]] = (),
+        timeout: int = 60,
+        handler: str = "handler.schedule",
+        runtime: str = DEFAULT_RUNTIME,
+        memory_size: int = 512,
+        architectures: Sequence[str] | None = None,
+        environment: Mapping[str, pulumi.Input[str]] | None = None,
+        vpc_config: Mapping[str, Any] | None = None,
+        log_retention_days: int = 14,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("haze:aws:HazeScheduleRules", name, None, opts)
+        _check(bool(rules), "no schedules: config/schedule.py declares none", f"{name}.rules")
+        for expression in rules:
+            _check(
+                expression.startswith("cron(") and expression.endswith(")"),
+                f"{expression!r} is not an EventBridge cron(...) expression",
+                f"{name}.rules",
+            )
+        statements = (
+            [_allow("SendToHazeQueues", SEND_SQS_ACTIONS, list(send_queue_arns))]
+            if send_queue_arns
+            else []
+        )
+        self._build(
+            name,
+            archive=lambda_archive(archive, dist_dir, app_root),
+            handler=handler,
+            timeout=timeout,
+            statements=statements,
+            environment=dict(environment or {}),
+            runtime=runtime,
+            memory_size=memory_size,
+            architectures=architectures,
+            vpc_config=vpc_config,
+            log_retention_days=log_retention_days,
+            reserved_concurrency=None,
+            description="config/schedule.py dispatcher",
+        )
+        self.rules, self.targets, self.permissions = {}, {}, {}
+        for n, (expression, names) in enumerate(rules.items()):
+            key = f"{name}-rule-{n}"
+            self.rules[expression] = rule = aws.cloudwatch.EventRule(
+                key,
+                schedule_expression=expression,
+                description=f"haze schedules: {', '.join(names)}"[:512],
+                opts=_child(self),
+            )
+            template = '{"haze_schedule": ' + json.dumps(expression) + ', "time": <time>}'
+            self.targets[expression] = aws.cloudwatch.EventTarget(
+                f"{key}-target",
+                rule=rule.name,
+                arn=self.function.arn,
+                input_transformer={
+                    "input_paths": {"time": "$.time"},
+                    "input_template": template,
+                },
+                opts=_child(self),
+            )
+            self.permissions[expression] = aws.lambda_.Permission(
+                f"{key}-invoke",
+                action="lambda:InvokeFunction",
+                function=self.function.name,
+                principal="events.amazonaws.com",
+                source_arn=rule.arn,
+                opts=_child(self),
+            )
+        self.register_outputs(
+            {
+                "function_arn": self.function.arn,
+                "rule_arns": {e: r.arn for e, r in self.rules.items()},
+            }
+        )
+
+
 # --------------------------------------------------------------------------- ECS
 
 
@@ -853,6 +956,7 @@ class HazeAwsApp(pulumi.ComponentResource):
     ) -> None:
         super().__init__("haze:aws:HazeAwsApp", name, None, opts)
         self.queues, self.consumers, self.drains, self.workers = {}, {}, {}, {}
+        self._queue_url_env: dict[str, Any] = {}
         prefix = name_prefix or name
         selected = (
             [stack.connection(c) for c in connections]
@@ -864,7 +968,7 @@ class HazeAwsApp(pulumi.ComponentResource):
                 or (c.driver in ("database", "redis") and (drain_schedule or container))
             ]
         )
-        if not selected:
+        if not selected and not stack.schedules:
             raise InfraConfigError(
                 "nothing to deploy on AWS: config/queue.py has no sqs connection (and no "
                 "database/redis connection with drain_schedule= or container=)",
@@ -916,6 +1020,21 @@ class HazeAwsApp(pulumi.ComponentResource):
                     source=stack.source,
                     key="connections",
                 )
+        self.schedules: HazeScheduleRules | None = None
+        if stack.schedules:
+            # The dispatcher sends to every queue the stack made and sees the variables
+            # the consumers read their queue URLs from.
+            self.schedules = HazeScheduleRules(
+                f"{name}-schedules",
+                rules=stack.schedules,
+                archive=bundle(),
+                send_queue_arns=[q.arn for qs in self.queues.values() for q in qs.values()],
+                runtime=runtime,
+                memory_size=memory_size,
+                environment={**self._queue_url_env, **dict(environment or {})},
+                vpc_config=vpc_config,
+                opts=_child(self),
+            )
         self.register_outputs(
             {
                 "queue_urls": {
@@ -978,6 +1097,8 @@ class HazeAwsApp(pulumi.ComponentResource):
             template = sqs.queue_url.rstrip("/").rsplit("/", 1)[-1]
         else:
             template = None
+        if sqs.queue_url_env:
+            self._queue_url_env[sqs.queue_url_env] = _sqs_url_value(default, template)
         if use_container:
             assert container is not None
             pulumi.log.warn(

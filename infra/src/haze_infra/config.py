@@ -264,6 +264,9 @@ class StackConfig:
     kv: tuple[KvPlan, ...] = ()
     env: tuple[EnvRead, ...] = ()
     warnings: tuple[str, ...] = field(default=())
+    schedules: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """EventBridge ``cron(...)`` expression -> the names of the schedules of
+    ``config/schedule.py`` it wakes (see ``haze.scheduling.eventbridge_cron``)."""
 
     def connection(self, name: str) -> ConnectionPlan:
         try:
@@ -375,6 +378,10 @@ def stack_config(
         connections[name] = _plan_connection(app, name, options, job_list, env, warnings)
     d1, kv = cloudflare_storage(app)
     root = str(app.root) if app.root is not None else None
+    from haze.scheduling import platform_triggers
+
+    # A schedule no EventBridge rule can express raises its one-line ScheduleError here.
+    rules = platform_triggers("eventbridge", app.root)
     return StackConfig(
         app_root=root,
         source=qc.source,
@@ -384,6 +391,7 @@ def stack_config(
         kv=kv,
         env=tuple(env),
         warnings=tuple(warnings),
+        schedules={rule: tuple(names) for rule, names in rules.items()},
     )
 
 
