@@ -28,6 +28,7 @@ from ._core import (
     queue_names,
     run,
 )
+from ._failed_filters import FailedFilter, build_filter, filter_options
 
 if TYPE_CHECKING:
     from ..app import App
@@ -296,9 +297,15 @@ def exception_summary(text: str) -> str:
     return lines[0]
 
 
-def _failed_table(jobs: Sequence[FailedJob], connection: str, width: int) -> Table:
+def _failed_table(
+    jobs: Sequence[FailedJob],
+    connection: str,
+    width: int,
+    numbers: Sequence[int] | None = None,
+) -> Table:
     """Failed jobs, one line each, within ``width`` columns: short ids, and the job name,
-    queue and exception cut with "…" (``queue:failed ID`` shows one in full)."""
+    queue and exception cut with "…" (``queue:failed ID`` shows one in full). ``numbers``
+    adds the ``#`` column that ``--range`` counts in."""
     table = Table(
         title=f'Failed jobs on "{escape(connection)}"',
         title_justify="left",
@@ -318,11 +325,20 @@ def _failed_table(jobs: Sequence[FailedJob], connection: str, width: int) -> Tab
         for job in jobs
     ]
     headers = ["ID", "Job", "Queue", "Failed at", "Exception"]
+    if numbers is not None:
+        headers.insert(0, "#")
+        for row, n in zip(rows, numbers, strict=True):
+            row.insert(0, str(n))
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers[:-1])]
     # Two spaces between cells; the exception gets the rest of the line.
     left = max(12, width - sum(widths) - 2 * len(widths))
     for header in headers:
-        table.add_column(header, no_wrap=True, style="dim" if header == "ID" else None)
+        table.add_column(
+            header,
+            no_wrap=True,
+            style="dim" if header in ("ID", "#") else None,
+            justify="right" if header == "#" else "left",
+        )
     for row in rows:
         row[-1] = _cut(row[-1], left)
         table.add_row(*(escape(cell) for cell in row))
@@ -379,25 +395,41 @@ async def _find_failed(app: App, connection: str, token: str) -> FailedJob:
     metavar="NAME",
     help="Only failed jobs from this queue.",
 )
+@filter_options()
 @click.pass_obj
-def queue_failed(state: State, id: str | None, connection: str | None, queue: str | None) -> None:
-    """List the failed jobs of a connection, or with ID (full or short) show one in full."""
+def queue_failed(
+    state: State,
+    id: str | None,
+    connection: str | None,
+    queue: str | None,
+    f_job: str | None,
+    f_exception: str | None,
+    f_since: str | None,
+    f_ranges: tuple[str, ...],
+) -> None:
+    """List the failed jobs of a connection, oldest first and numbered (the numbers
+    --range takes), or with ID (full or short) show one in full."""
+    selection = build_filter(queue, f_job, f_exception, f_since, f_ranges)
+    if id is not None and selection.active:
+        raise click.UsageError("give an ID or filters, not both")
 
-    async def failed(app: App) -> tuple[str, list[FailedJob]]:
+    async def failed(app: App) -> tuple[str, list[tuple[int, FailedJob]]]:
         name = app.connection_name(connection)
         if id is not None:
-            return name, [await _find_failed(app, name, id)]
-        return name, await app.manager.failed(name, queue)
+            return name, [(1, await _find_failed(app, name, id))]
+        return name, selection.numbered(await app.manager.failed(name, queue))
 
-    name, jobs = run(state, failed)
+    name, numbered = run(state, failed)
     out = console()
     if id is not None:
-        out.print(_failed_job(jobs[0]))
+        out.print(_failed_job(numbered[0][1]))
         return
-    if not jobs:
-        out.print(f'No failed jobs on connection "{escape(name)}".')
+    if not numbered:
+        matching = f" matching {escape(selection.describe())}" if selection.active else ""
+        out.print(f'No failed jobs{matching} on connection "{escape(name)}".')
         return
-    out.print(_failed_table(jobs, name, out.width))
+    jobs = [job for _, job in numbered]
+    out.print(_failed_table(jobs, name, out.width, [n for n, _ in numbered]))
     out.print("[dim]One in full: haze queue:failed ID · retry: haze queue:retry ID|all[/]")
 
 
@@ -412,26 +444,46 @@ def _progress(out: Console, total: int) -> Progress:
     )
 
 
-@cli.command("queue:retry", short_help="Retry failed jobs (IDs or all).")
+def _ids_or_filters(command: str, ids: tuple[str, ...], selection: FailedFilter) -> bool:
+    """Check a command's IDs against its filters; True when the filters (or 'all') pick
+    the jobs rather than IDs."""
+    if not ids and not selection.active:
+        # As Laravel does: acting on everything is asked for, never the default.
+        raise click.UsageError(
+            f"say which failed jobs to {command}: 'haze queue:{command} all', their IDs as "
+            f"'haze queue:failed' lists them ('haze queue:{command} ID [ID]...'), or filters "
+            "(--queue, --job, --exception, --since, --range)"
+        )
+    every = list(ids) == ["all"]
+    if not every and "all" in ids:
+        raise click.BadParameter("pass either IDs or 'all', not both", param_hint="'IDS'")
+    if ids and not every and selection.active:
+        raise click.UsageError("give IDs or filters, not both ('all' with filters narrows it)")
+    return every or selection.active
+
+
+@cli.command("queue:retry", short_help="Retry failed jobs (IDs, all, or filters).")
 @click.argument("ids", nargs=-1, metavar="ID... | all")
 @connection_option()
 @click.option(
-    "--queue", type=QUEUE_NAME, default=None, metavar="NAME", help="With 'all': only this queue."
+    "--queue", type=QUEUE_NAME, default=None, metavar="NAME", help="Only failed jobs of this queue."
 )
+@filter_options()
 @click.pass_obj
 def queue_retry(
-    state: State, ids: tuple[str, ...], connection: str | None, queue: str | None
+    state: State,
+    ids: tuple[str, ...],
+    connection: str | None,
+    queue: str | None,
+    f_job: str | None,
+    f_exception: str | None,
+    f_since: str | None,
+    f_ranges: tuple[str, ...],
 ) -> None:
-    """Put failed jobs back on their queue: the given IDs (full or short), or all."""
-    if not ids:
-        # As Laravel does: retrying everything is asked for, never the default.
-        raise click.UsageError(
-            "say which failed jobs to retry: 'haze queue:retry all', or their IDs as "
-            "'haze queue:failed' lists them ('haze queue:retry ID [ID]...')"
-        )
-    retry_all = list(ids) == ["all"]
-    if not retry_all and "all" in ids:
-        raise click.BadParameter("pass either IDs or 'all', not both", param_hint="'IDS'")
+    """Put failed jobs back on their queue: the given IDs (full or short), all, or those
+    the filters pick (``--queue emails``, ``--range 1-5`` as queue:failed numbers them)."""
+    selection = build_filter(queue, f_job, f_exception, f_since, f_ranges)
+    retry_all = _ids_or_filters("retry", ids, selection)
     out = console()
 
     async def retry(app: App) -> tuple[str, int, list[str]]:
@@ -442,7 +494,7 @@ def queue_retry(
         failed = await manager.failed(name, queue if retry_all else None)
         problems: list[str] = []
         if retry_all:
-            wanted = failed
+            wanted = selection.apply(failed)
         else:
             by_id = {j.id: j for j in failed}
             wanted = []
@@ -485,22 +537,57 @@ def queue_retry(
         click.get_current_context().exit(1)
 
 
-@cli.command("queue:forget")
-@click.argument("id")
+@cli.command("queue:forget", short_help="Delete failed jobs (IDs, all, or filters).")
+@click.argument("ids", nargs=-1, metavar="ID... | all")
 @connection_option()
+@click.option(
+    "--queue", type=QUEUE_NAME, default=None, metavar="NAME", help="Only failed jobs of this queue."
+)
+@filter_options()
 @click.pass_obj
-def queue_forget(state: State, id: str, connection: str | None) -> None:
-    """Delete one failed job (ID full or short)."""
+def queue_forget(
+    state: State,
+    ids: tuple[str, ...],
+    connection: str | None,
+    queue: str | None,
+    f_job: str | None,
+    f_exception: str | None,
+    f_since: str | None,
+    f_ranges: tuple[str, ...],
+) -> None:
+    """Delete failed jobs: the given IDs (full or short), all, or those the filters pick."""
+    selection = build_filter(queue, f_job, f_exception, f_since, f_ranges)
+    by_filter = _ids_or_filters("forget", ids, selection)
 
-    async def forget(app: App) -> tuple[str, str, bool]:
+    async def forget(app: App) -> tuple[str, list[str], list[str]]:
         name = app.connection_name(connection)
-        job = await _find_failed(app, name, id)
-        return name, job.id, await app.manager.forget(job.id, name)
+        if by_filter:
+            wanted = selection.apply(await app.manager.failed(name, queue))
+            gone = [job.id for job in wanted if await app.manager.forget(job.id, name)]
+            return name, gone, []
+        deleted, missing = [], []
+        for token in dict.fromkeys(ids):
+            job = await _find_failed(app, name, token)
+            if await app.manager.forget(job.id, name):
+                deleted.append(job.id)
+            else:  # forgotten by another process meanwhile
+                missing.append(token)
+        return name, deleted, missing
 
-    name, full, found = run(state, forget)
-    if not found:  # forgotten by another process meanwhile
-        raise click.ClickException(f'no failed job with id "{id}" on connection "{name}"')
-    console().print(f'Deleted failed job "{escape(full)}".')
+    name, deleted, missing = run(state, forget)
+    if missing:
+        for token in missing:
+            click.echo(f'Error: no failed job with id "{token}" on connection "{name}"', err=True)
+        if not deleted:
+            click.get_current_context().exit(1)
+    out = console()
+    if not by_filter and len(deleted) == 1:
+        out.print(f'Deleted failed job "{escape(deleted[0])}".')
+    else:
+        matching = f" matching {escape(selection.describe())}" if selection.active else ""
+        out.print(f'Deleted {len(deleted)} failed job(s){matching} on connection "{escape(name)}".')
+    if missing:
+        click.get_current_context().exit(1)
 
 
 @cli.command("queue:flush")
