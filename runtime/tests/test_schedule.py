@@ -4,6 +4,7 @@ errors, the Scheduler's claim, lease and catch-up rules on a memory store, and t
 
 from __future__ import annotations
 
+import itertools
 import textwrap
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -445,3 +446,38 @@ async def test_dispatch_trigger_checks_the_zone() -> None:
         assert await scheduling.dispatch_trigger(app, "cloudflare", "0 5 * * *", at) == []
         await Queue.idle()
     assert sorted(p["n"] for p, _ in ran) == ["paris", "utc", "utc"]
+
+
+@pytest.mark.usefixtures("isolated_imports")
+def test_queue_work_schedule_runs_a_memory_queue_in_process(tmp_path: Path) -> None:
+    """``queue:work`` refuses a memory connection, except with ``--schedule``: the
+    scheduler dispatches into the worker's own process, which runs the jobs."""
+    root = write_app(
+        tmp_path,
+        "from haze import schedule\nfrom app.job.sched_cli_jobs import ping\n"
+        "schedule(ping, every='1s', name='second')\n",
+    )
+    (root / "app" / "job" / "sched_cli_jobs.py").write_text(
+        textwrap.dedent(f"""
+        from haze import define_job
+
+        @define_job(name="sched_cli_ping")
+        async def ping(payload=None, job=None):
+            with open({str(tmp_path / "runs.txt")!r}, "a") as f:
+                f.write(job.message.meta["fire_at"] + "\\n")
+        """)
+    )
+    runner = CliRunner()
+    refused = runner.invoke(get_cli(), ["--root", str(root), "queue:work"])
+    assert refused.exit_code == 1
+    assert "is a memory queue" in refused.output
+    result = runner.invoke(
+        get_cli(), ["--root", str(root), "queue:work", "--schedule", "--max-time", "3.5s"]
+    )
+    assert result.exit_code == 0, result.output
+    assert 'Schedule "second" dispatched sched_cli_ping' in result.output
+    fired = (tmp_path / "runs.txt").read_text().splitlines()
+    assert 2 <= len(fired) <= 4, fired
+    assert len(set(fired)) == len(fired)
+    stamps = sorted(datetime.fromisoformat(f) for f in fired)
+    assert all((b - a) == timedelta(seconds=1) for a, b in itertools.pairwise(stamps))
