@@ -8,6 +8,14 @@
 // returns). If the adapter call fails, queue() throws and the whole batch is retried.
 // Deliveries from the dead-letter queue are reported to the harness and acked.
 export default {
+  // Cron Triggers: relayed to haze_cloudflare.QueueWorker.scheduled() in Node/Pyodide.
+  async scheduled(controller, env) {
+    const res = await env.HAZE.fetch("http://haze/scheduled", {
+      method: "POST",
+      body: JSON.stringify({ cron: controller.cron, scheduledTime: controller.scheduledTime }),
+    });
+    if (!res.ok) throw new Error(`haze adapter failed: HTTP ${res.status} ${await res.text()}`);
+  },
   async queue(batch, env) {
     if (batch.queue === env.DLQ_NAME) {
       for (const m of batch.messages) {

@@ -81,7 +81,9 @@ async function main() {
   const now = () => (performance.now() - t0) / 1000;
   const events = [];
   const dlq = [];
+  const scheduled = [];
   let handler = null;
+  let scheduledHandler = null;
 
   const pyodide = await loadPython(wheels);
 
@@ -90,6 +92,17 @@ async function main() {
     const data = await request.json();
     if (url.pathname === "/dlq") {
       dlq.push({ t: now(), ...data });
+      return new Response("ok");
+    }
+    if (url.pathname === "/scheduled") {
+      // What workerd's scheduled() got (controller.cron, controller.scheduledTime).
+      scheduled.push({ t: now(), ...data });
+      if (!scheduledHandler) return new Response("no scheduled handler", { status: 503 });
+      try {
+        await scheduledHandler(data);
+      } catch (e) {
+        return new Response(String(e), { status: 500 });
+      }
       return new Response("ok");
     }
     if (!handler) return new Response("haze is not ready", { status: 503 });
@@ -131,6 +144,8 @@ async function main() {
   }
 
   const mf = new Miniflare({
+    // /cdn-cgi/handler/scheduled?cron=…&time=… runs the Worker's scheduled() handler
+    unsafeTriggerHandlers: true,
     workers: [
       {
         name: "consumer",
@@ -162,6 +177,16 @@ async function main() {
       setHandler(fn) {
         handler = fn;
       },
+      setScheduledHandler(fn) {
+        scheduledHandler = fn;
+      },
+      // Fire the consumer Worker's Cron Trigger the way `wrangler dev --test-scheduled` does.
+      async trigger(cron, time) {
+        const q = `cron=${encodeURIComponent(cron)}&time=${time}`;
+        const res = await mf.dispatchFetch(`http://localhost/cdn-cgi/handler/scheduled?${q}`);
+        return { status: res.status, body: await res.text() };
+      },
+      scheduled,
       events,
       dlq,
       now,
@@ -184,6 +209,7 @@ async function main() {
       python,
       events,
       dlq,
+      scheduled,
       d1: {
         failed_jobs: await read("SELECT uuid, connection, queue, exception FROM failed_jobs"),
         jobs: await read("SELECT id, queue, attempts, reserved_at FROM jobs"),
