@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from .app import App
     from .drivers import Driver, FailedJob, Reserved
     from .otel import Telemetry
+    from .throughput import Tally
     from .worker import Worker
 
 __all__ = ["QueueManager", "events"]
@@ -88,6 +89,7 @@ class QueueManager:
         self._local_callbacks: dict[str, Callable[..., Any]] = {}
         self._warned_store: set[str] = set()  # what ("unique jobs", "batches") was warned
         self._otel: Any = _UNRESOLVED  # haze.otel.Telemetry, or None when telemetry is off
+        self._tally: Tally | None = None  # finished jobs per queue not yet in the store
 
     def telemetry(self) -> Telemetry | None:
         """The app's OpenTelemetry recorder (None when off); decided at first use, so an
@@ -504,6 +506,8 @@ class QueueManager:
         """Stop local consumers after their running jobs; warn about what is lost."""
         await self.stop_local_workers()
         self._workers.clear()
+        if self._tally is not None:
+            await self._tally.flush()
         for name, driver in self.app._drivers.items():
             waiting = getattr(driver, "waiting", None)
             if waiting is not None and not driver.remote:
@@ -561,6 +565,15 @@ class QueueManager:
     async def process(self, reserved: Reserved, driver: Driver) -> str:
         """Run one claimed message to its outcome; never raises for job errors."""
         outcome, _ = await self._process(reserved, driver, inline=False)
+        if driver.remote:
+            # Jobs per minute for queue:stats/top, written to the store every few seconds.
+            tally = self._tally
+            if tally is None:
+                from .throughput import Tally
+
+                tally = self._tally = Tally(self.app)
+            if tally.add(driver.name, reserved.queue):
+                await tally.flush()
         return outcome
 
     async def _process(
@@ -638,7 +651,7 @@ class QueueManager:
                 if max_wait is not None:
                     first = await store.get(message.meta["debounce"] + ":first")
                 if first is None or max_wait is None or _time() < float(first) + max_wait:
-                    self._owned(await driver.ack(reserved), reserved, "completion")
+                    await self._ack(driver, reserved)
                     return _Outcome.SKIPPED, None
             if max_wait is not None:
                 # the burst is over: the next dispatch starts a new max_wait window
@@ -651,7 +664,7 @@ class QueueManager:
             if batch is not None and batch.cancelled:
                 await self._settle_batch(message, "skipped", None)
                 await self._unlock_unique(message)
-                self._owned(await driver.ack(reserved), reserved, "completion")
+                await self._ack(driver, reserved)
                 return _Outcome.SKIPPED, None
         once = message.meta.get("once") if message.meta is not None else None
         if isinstance(once, str):
@@ -660,7 +673,7 @@ class QueueManager:
             if not await claim_once(self, once, message.id):
                 log.info('Job "%s" (%s) skipped: its callback already ran', job.name, message.id)
                 await self._unlock_unique(message)
-                self._owned(await driver.ack(reserved), reserved, "completion")
+                await self._ack(driver, reserved)
                 return _Outcome.SKIPPED, None
 
         if self.events.before:
@@ -781,7 +794,7 @@ class QueueManager:
             await self._unlock_unique(message)
         if job.max_exceptions is not None:
             await self._state_store().delete(self._exceptions_key(message))
-        self._owned(await driver.ack(reserved), reserved, "completion")
+        await self._ack(driver, reserved)
         if self.events.after:
             await self.events.emit("after", ctx)
         if next_error is not None:
@@ -1023,6 +1036,15 @@ class QueueManager:
             ),
         )
         self._owned(owned, reserved, "failure")
+
+    async def _ack(self, driver: Driver, reserved: Reserved) -> None:
+        later = reserved.ack_later
+        if later is not None:
+            # A batching worker sends it with other acks in a few ms, and warns then if
+            # the lease was lost. Chains, batches and unique locks were settled before.
+            later(reserved)
+            return
+        self._owned(await driver.ack(reserved), reserved, "completion")
 
     def _owned(self, owned: bool, reserved: Reserved, what: str) -> None:
         """Warn when ack/release/fail found the job no longer this worker's (and mark it,

@@ -28,8 +28,10 @@ imports OpenTelemetry and each dispatch and job pays one attribute check.
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
+from bisect import bisect_left
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -88,21 +90,24 @@ def telemetry_for(app: App) -> Telemetry | None:
 
 
 class _Series:
-    """A histogram kept for the Prometheus text: bucket counts, sum and count."""
+    """A histogram kept for the Prometheus text: per-bucket counts, sum and count."""
 
-    __slots__ = ("buckets", "count", "sum")
+    __slots__ = ("counts", "count", "sum")
 
     def __init__(self) -> None:
-        self.buckets = [0] * len(BUCKETS)
+        self.counts = [0] * (len(BUCKETS) + 1)  # the last one: above every bound
         self.count = 0
         self.sum = 0.0
 
     def add(self, value: float) -> None:
         self.count += 1
         self.sum += value
-        for i, bound in enumerate(BUCKETS):
-            if value <= bound:
-                self.buckets[i] += 1
+        self.counts[bisect_left(BUCKETS, value)] += 1
+
+    @property
+    def buckets(self) -> list[int]:
+        """Cumulative counts per bound (``le``), as Prometheus wants them."""
+        return list(itertools.accumulate(self.counts[:-1]))
 
 
 class Telemetry:

@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "haze.cli.db",
     "haze.cli.queue",
     "haze.cli.queue_admin",
+    "haze.cli.queue_stats",
     "haze.cli.schedule",
     "haze.cli.infra",
     "haze.cli.build",

@@ -1112,7 +1112,7 @@ class RedisDriver:
                     message.id if message is not None else job_id,
                     message.job if message is not None else "<undecodable>",
                     queue,
-                    reserved.attempt - 1,  # the active job's own try is already counted
+                    reserved.attempt,  # the hash is as the claim read it
                     int(started) / 1000 if started and started.isdigit() else None,
                 )
             )

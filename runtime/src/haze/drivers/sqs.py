@@ -102,7 +102,7 @@ from urllib.parse import urlsplit
 from .._deps import require
 from ..errors import BackendUnavailableError, ConfigError, HazeError
 from ..message import Message, decode, new_id
-from .base import FailedJob, FailedJobStore, Reserved
+from .base import FailedJob, FailedJobStore, QueueCounts, Reserved, RunningJob
 from .memory import MemoryFailedJobs
 
 __all__ = [
@@ -1016,6 +1016,24 @@ class SqsDriver:
         )
         attrs = response.get("Attributes") or {}
         return sum(int(attrs.get(a) or 0) for a in self._SIZE_ATTRIBUTES)
+
+    async def counts(self, queue: str) -> QueueCounts:
+        """SQS's approximate counts: visible (ready), delayed, and in flight (running; a
+        message received by a worker that died stays in flight until its visibility
+        timeout ends)."""
+        response = await self._call(
+            "get_queue_attributes",
+            QueueUrl=self.queue_url_for(queue),
+            AttributeNames=list(self._SIZE_ATTRIBUTES),
+        )
+        ready, delayed, running = (
+            int((response.get("Attributes") or {}).get(a) or 0) for a in self._SIZE_ATTRIBUTES
+        )
+        return QueueCounts(ready, delayed, running)
+
+    async def running(self, queue: str, limit: int = 50) -> list[RunningJob] | None:
+        """None: SQS cannot list the messages in flight."""
+        return None
 
     async def purge(self, queue: str) -> int:
         """``PurgeQueue`` (every message, in flight too); returns the approximate count.
