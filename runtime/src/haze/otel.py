@@ -31,8 +31,8 @@ from __future__ import annotations
 import itertools
 import math
 import sys
-from bisect import bisect_left
 import time
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -92,7 +92,7 @@ def telemetry_for(app: App) -> Telemetry | None:
 class _Series:
     """A histogram kept for the Prometheus text: per-bucket counts, sum and count."""
 
-    __slots__ = ("counts", "count", "sum")
+    __slots__ = ("count", "counts", "sum")
 
     def __init__(self) -> None:
         self.counts = [0] * (len(BUCKETS) + 1)  # the last one: above every bound
