@@ -16,7 +16,7 @@ import harness
 
 #: Modules that register entries on import. A peer whose library is missing should
 #: register anyway and say so through ``skip_reason``, so the table shows the gap.
-ENTRY_MODULES = ["memory_driver"]
+ENTRY_MODULES = ["memory_driver", "otel"]
 
 
 def main(argv: list[str] | None = None) -> int:
