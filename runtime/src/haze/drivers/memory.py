@@ -78,8 +78,8 @@ class MemoryDriver:
         self._delayed: list[tuple[float, int, str, str, int]] = []
         self._seq = itertools.count()
         self._running = 0
-        #: id(Reserved) -> (the claim, when): what ``running()`` lists
-        self._active: dict[int, tuple[Reserved, float]] = {}
+        #: id(claim) -> claim (its token: when it was claimed): what ``running()`` lists
+        self._active: dict[int, Reserved] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -181,8 +181,8 @@ class MemoryDriver:
                     error: BaseException | None = None
                 except Exception as e:
                     message, error = None, e
-                job = Reserved(message, used + 1, body, name, None, error)
-                self._active[id(job)] = (job, _time())
+                job = Reserved(message, used + 1, body, name, _time(), error)
+                self._active[id(job)] = job
                 return job
         return None
 
@@ -233,7 +233,7 @@ class MemoryDriver:
     async def counts(self, queue: str) -> QueueCounts:
         q = self._ready.get(queue)
         delayed = sum(1 for d in self._delayed if d[2] == queue)
-        running = sum(1 for job, _ in self._active.values() if job.queue == queue)
+        running = sum(1 for job in self._active.values() if job.queue == queue)
         return QueueCounts(len(q) if q else 0, delayed, running)
 
     async def running(self, queue: str, limit: int = 50) -> builtins.list[RunningJob] | None:
@@ -243,9 +243,9 @@ class MemoryDriver:
                 job.message.job if job.message else "?",
                 job.queue,
                 job.attempt,
-                at,
+                job.token,
             )
-            for job, at in self._active.values()
+            for job in self._active.values()
             if job.queue == queue
         ]
         return sorted(jobs, key=lambda j: j.started_at or 0.0)[:limit]
