@@ -153,3 +153,38 @@ def test_a_schedule_no_rule_can_express_is_one_line(tmp_path: Path) -> None:
         isolated_stack_config(root)
     assert str(e.value).startswith('schedule "odd" (')
     assert "both a day of the month and a day of the week" in str(e.value)
+
+
+def test_the_cloudflare_worker_gets_the_builds_cron_triggers(
+    inf_root: Path, tmp_path: Path
+) -> None:
+    """HazeCloudflareWorker reads triggers.crons of the build's wrangler.json (the
+    cloudflare preset writes one per distinct cron of config/schedule.py)."""
+    import shutil
+
+    from haze_infra.cloudflare import HazeCloudflareWorker
+
+    dist = tmp_path / "dist"
+    shutil.copytree(inf_root / "dist" / "cloudflare", dist / "cloudflare")
+    wrangler = json.loads((inf_root / "dist" / "wrangler.json").read_text())
+    wrangler["triggers"] = {"crons": ["30 * * * *", "*/15 * * * *"]}
+    (dist / "wrangler.json").write_text(json.dumps(wrangler))
+
+    def program() -> None:
+        HazeCloudflareWorker(
+            "infs-w", account_id="acc", script_name="infs-w", dist_dir=dist / "cloudflare"
+        )
+
+    mocks = deploy(program)
+    (trigger,) = [
+        r
+        for r in mocks.resources
+        if r.typ == "cloudflare:index/workersCronTrigger:WorkersCronTrigger"
+    ]
+    assert trigger.inputs["scriptName"] == "infs-w"
+    assert trigger.inputs["schedules"] == [{"cron": "30 * * * *"}, {"cron": "*/15 * * * *"}]
+    assert trigger.parent == "haze:cloudflare:HazeCloudflareWorker"
+    # without schedules, no trigger resource
+    (dist / "wrangler.json").write_text(json.dumps({**wrangler, "triggers": {}}))
+    mocks = deploy(program)
+    assert not [r for r in mocks.resources if r.typ.endswith("WorkersCronTrigger")]

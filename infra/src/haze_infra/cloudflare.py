@@ -203,6 +203,9 @@ class HazeCloudflareWorker(pulumi.ComponentResource):
     """The haze Worker (``class Default(QueueWorker)`` in ``dist/cloudflare/src/entry.py``),
     bound to its queues, D1 databases and KV namespaces, and consuming its queues.
 
+    ``crons``: the Worker's Cron Triggers (default: ``triggers.crons`` of the build's
+    ``dist/wrangler.json``, one per distinct cron of ``config/schedule.py``).
+
     ``d1_databases`` / ``kv_namespaces``: binding name -> database name / namespace title
     (None: derived from the Worker name), created here. ``vars`` are plain-text bindings,
     ``secrets`` secret-text ones (e.g. ``HAZE_HTTP_SECRET``).
@@ -231,6 +234,7 @@ class HazeCloudflareWorker(pulumi.ComponentResource):
         secrets: Mapping[str, pulumi.Input[str]] | None = None,
         compatibility_date: str | None = None,
         compatibility_flags: Sequence[str] | None = None,
+        crons: Sequence[str] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("haze:cloudflare:HazeCloudflareWorker", name, None, opts)
@@ -317,6 +321,20 @@ class HazeCloudflareWorker(pulumi.ComponentResource):
             bindings=bindings,
             opts=_child(self, [q.queue for q in queues]),
         )
+        # The Cron Triggers of config/schedule.py: triggers.crons of the build's
+        # wrangler.json unless given; scheduled() dispatches the schedules of each.
+        if crons is None:
+            triggers = wrangler.get("triggers")
+            crons = list((triggers or {}).get("crons") or []) if isinstance(triggers, dict) else []
+        self.cron_trigger: cloudflare.WorkersCronTrigger | None = None
+        if crons:
+            self.cron_trigger = cloudflare.WorkersCronTrigger(
+                f"{name}-crons",
+                account_id=account_id,
+                script_name=self.script.script_name,
+                schedules=[{"cron": str(c)} for c in crons],
+                opts=_child(self, [self.script]),
+            )
         self.consumers = {}
         for q in queues:
             c = q.consumer
