@@ -25,7 +25,7 @@ from rich.text import Text
 
 from ..drivers.base import QueueInspector, RunningJob
 from ..ids import short_id
-from ._core import DURATION, State, cli, connection_option, console, queue_names, run
+from ._core import DURATION, QUEUE_NAMES, State, cli, connection_option, console, run
 
 if TYPE_CHECKING:
     from ..app import App
@@ -172,13 +172,8 @@ async def collect(
     return rows
 
 
-def _queues(app: App, connection: str, value: str | None) -> list[str]:
-    if value is None:
-        return app.known_queues(connection)
-    try:
-        return queue_names(value, many=True)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="'--queue'") from None
+def _queues(app: App, connection: str, value: list[str] | None) -> list[str]:
+    return app.known_queues(connection) if value is None else value
 
 
 def _n(value: int | float | None) -> str:
@@ -228,6 +223,7 @@ def render(rows: list[QueueStats], *, now: float | None = None, title: str = "")
 @click.option(
     "--queue",
     "queue",
+    type=QUEUE_NAMES,
     default=None,
     metavar="NAMES",
     help="Comma-separated queues (default: the connection's queues and every queue its "
@@ -244,7 +240,7 @@ def render(rows: list[QueueStats], *, now: float | None = None, title: str = "")
 @connection_option()
 @click.pass_obj
 def queue_stats(
-    state: State, queue: str | None, as_json: bool, jobs: int, connection: str | None
+    state: State, queue: list[str] | None, as_json: bool, jobs: int, connection: str | None
 ) -> None:
     """Show each queue's ready, delayed and running jobs, failed jobs, jobs finished per
     minute (last 5 minutes) and paused state. "n/a" (null in --json) is what the backend
@@ -270,7 +266,14 @@ def queue_stats(
 
 
 @cli.command("queue:top", short_help="A live view of the queues and the running jobs.")
-@click.option("--queue", "queue", default=None, metavar="NAMES", help="Comma-separated queues.")
+@click.option(
+    "--queue",
+    "queue",
+    type=QUEUE_NAMES,
+    default=None,
+    metavar="NAMES",
+    help="Comma-separated queues.",
+)
 @click.option(
     "--interval",
     type=DURATION,
@@ -288,7 +291,7 @@ def queue_stats(
 @click.pass_obj
 def queue_top(
     state: State,
-    queue: str | None,
+    queue: list[str] | None,
     interval: float,
     iterations: int | None,
     connection: str | None,
