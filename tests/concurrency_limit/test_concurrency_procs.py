@@ -1,0 +1,344 @@
+"""Global concurrency limits across real worker processes, with SIGKILLs.
+
+Three ``haze queue:work`` processes (concurrency 8 each: 24 consumers) run jobs limited
+to 3 at once, on PostgreSQL and on Redis, with the slots in the same backend's shared
+store. The limit comes from ``limit_concurrency(3, "cls-storm")`` on the job, or (the
+``queue`` runs) from the connection's ``"queues": {"limited": {"concurrency": 3}}``.
+
+The jobs measure it themselves: each appends ``start`` once it holds a slot and ``end``
+before giving it back to an O_APPEND file (``app/job/cls_jobs.py``). Every few seconds a
+worker that is running a job is SIGKILLed and a fresh one started; its slot stays taken
+until its lease (``expire_after`` 6 s) runs out. A run that was killed counts as running
+until the moment its process was seen dead. The test checks that no more than 3 ever
+overlapped, that 3 did (the limit is not stricter than asked), that no job was lost, and
+that no slot is left taken at the end. Bounded: about a minute per run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from haze import (
+    App,
+    define_cache_config,
+    define_database_config,
+    define_queue_config,
+    define_redis_config,
+)
+from haze.database.migrations import ensure_queue_tables
+from worker_procs import WorkerProcs
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+APP = Path(__file__).parent
+PG_ADMIN_URL = os.environ.get(
+    "HAZE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+REDIS_URL = os.environ.get("HAZE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+JOBS, WORKERS, CONCURRENCY, MAX = 120, 3, 8, 3
+JOB_SLEEP = (0.2, 0.5)
+EXPIRE_AFTER = 6.0
+#: Kills happen during the first STORM_SECONDS; the run fails if not done by DEADLINE.
+STORM_SECONDS, DEADLINE = 35.0, 120.0
+
+_spec = importlib.util.spec_from_file_location(
+    "cls_jobs_in_tests", APP / "app" / "job" / "cls_jobs.py"
+)
+assert _spec is not None and _spec.loader is not None
+jobs_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(jobs_module)
+cls_limited = jobs_module.cls_limited
+cls_plain = jobs_module.cls_plain
+
+
+def _reachable(url: str) -> bool:
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 0), 0.5):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    if not _reachable(PG_ADMIN_URL):
+        pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}")
+    import psycopg
+
+    db = f"cls_{os.getpid()}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
+        c.execute(f"DROP DATABASE IF EXISTS {db}")
+        c.execute(f"CREATE DATABASE {db}")
+    yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{db}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
+        c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+class Run(WorkerProcs):
+    def __init__(self, tmp: Path, backend: str, url: str, queue: str) -> None:
+        super().__init__(tmp, APP)
+        self.backend = backend
+        self.queue = queue
+        tag = uuid.uuid4().hex[:8]
+        self.connection = "r" if backend == "redis" else "db"
+        self.store = "redis" if backend == "redis" else "db"
+        self.prefix = f"cls-{tag}"
+        self.tables = {"jobs": f"cls_jobs_{tag}", "failed": f"cls_failed_{tag}"}
+        self.tables["cache"] = f"cls_cache_{tag}"
+        self.db_url = url if backend != "redis" else f"sqlite:///{tmp}/unused.db"
+        limited = {"concurrency": MAX, "expire_after": EXPIRE_AFTER}
+        self.app = App(
+            queue=define_queue_config(
+                default=self.connection,
+                store=self.store,
+                connections={
+                    "db": {
+                        "driver": "database",
+                        "connection": "main",
+                        "table": self.tables["jobs"],
+                        "failed_table": self.tables["failed"],
+                        "queues": {"default": {}, "limited": limited},
+                    },
+                    "r": {
+                        "driver": "redis",
+                        "url": REDIS_URL,
+                        "prefix": self.prefix,
+                        "queues": {"default": {}, "limited": limited},
+                    },
+                },
+            ),
+            cache=define_cache_config(
+                default=self.store,
+                stores={
+                    "db": {
+                        "driver": "database",
+                        "connection": "main",
+                        "table": self.tables["cache"],
+                    },
+                    "redis": {
+                        "driver": "redis",
+                        "connection": "default",
+                        "prefix": self.prefix + ":store:",
+                    },
+                },
+            ),
+            database=define_database_config(
+                default="main", connections={"main": {"url": self.db_url}}
+            ),
+            redis=define_redis_config(
+                default="default", connections={"default": {"url": REDIS_URL}}
+            ),
+        )
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            CLS_CONNECTION=self.connection,
+            CLS_STORE=self.store,
+            CLS_DB_URL=self.db_url,
+            CLS_TABLE=self.tables["jobs"],
+            CLS_FAILED_TABLE=self.tables["failed"],
+            CLS_CACHE_TABLE=self.tables["cache"],
+            CLS_REDIS_URL=REDIS_URL,
+            CLS_PREFIX=self.prefix,
+            CLS_RETRY_AFTER="3s",
+            CLS_MAX=str(MAX),
+            CLS_QUEUE_LIMIT=str(MAX),
+            CLS_EXPIRE_AFTER=f"{EXPIRE_AFTER:g}s",
+            CLS_RUNS_FILE=str(self.runs_file),
+            PYTHONUNBUFFERED="1",
+            COLUMNS="200",
+        )
+        return env
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        args = ["--concurrency", str(CONCURRENCY), "--sleep", "0.2", "--quiet"]
+        return self.spawn(self.connection, self.queue, args, self.env())
+
+    def slot_keys(self) -> list[str]:
+        base = (
+            "haze:mw:conc:name:cls-storm"
+            if self.queue == "default"
+            else f"haze:mw:conc:queue:{self.connection}:limited"
+        )
+        return [f"{base}:slot:{i}" for i in range(MAX)]
+
+    async def cleanup(self) -> None:
+        if self.backend == "redis":
+            import redis.asyncio as aioredis
+
+            client = aioredis.Redis.from_url(REDIS_URL)
+            try:
+                keys = [k async for k in client.scan_iter(match=f"{self.prefix}:*", count=1000)]
+                for i in range(0, len(keys), 500):
+                    await client.delete(*keys[i : i + 500])
+            finally:
+                await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def limited_run(tmp: Path, backend: str, url: str, queue: str) -> AsyncIterator[Run]:
+    r = Run(tmp, backend, url, queue)
+    async with r.app:
+        if backend != "redis":
+            await ensure_queue_tables(r.app)
+        try:
+            yield r
+        finally:
+            r.kill_all()
+            with contextlib.suppress(Exception):
+                await r.cleanup()
+
+
+def max_overlap(
+    events: list[tuple[str, str, int, int, float]], killed_at: dict[int, float]
+) -> tuple[int, list[str]]:
+    """The most runs holding a slot at one instant, and the runs that had no end.
+
+    A run is ``start`` to its ``end`` in the same process; a run whose process was
+    killed first ends when the test saw that process dead (later than it really ended:
+    this can only overcount)."""
+    open_runs: dict[tuple[str, int], float] = {}
+    points: list[tuple[float, int]] = []
+    for event, key, _attempt, pid, at in events:
+        if event == "start":
+            open_runs[(key, pid)] = at
+            points.append((at, +1))
+        elif event == "end":
+            open_runs.pop((key, pid))
+            points.append((at, -1))
+    unended = []
+    for (key, pid), _at in open_runs.items():
+        if pid in killed_at:
+            points.append((killed_at[pid], -1))
+        else:
+            unended.append(key)
+    # At one instant an end comes first: a slot is given back before another takes it.
+    points.sort(key=lambda p: (p[0], p[1]))
+    running = peak = 0
+    for _, step in points:
+        running += step
+        peak = max(peak, running)
+    return peak, unended
+
+
+def _url(request: pytest.FixtureRequest, backend: str) -> str:
+    if backend == "postgres":
+        return str(request.getfixturevalue("pg_url"))
+    if not _reachable(REDIS_URL):
+        pytest.skip(f"no Redis at {REDIS_URL}")
+    return REDIS_URL
+
+
+@pytest.mark.parametrize(
+    ("backend", "queue"),
+    [("postgres", "default"), ("redis", "default"), ("redis", "limited"), ("postgres", "limited")],
+    ids=["postgres-middleware", "redis-middleware", "redis-queue-config", "postgres-queue-config"],
+)
+async def test_never_more_than_max_run_at_once_under_sigkills(
+    request: pytest.FixtureRequest,
+    backend: str,
+    queue: str,
+    tmp_path: Path,
+    record_property: Any,
+) -> None:
+    rng = random.Random(20261202)
+    async with limited_run(tmp_path, backend, _url(request, backend), queue) as r:
+        job = cls_limited if queue == "default" else cls_plain
+        for i in range(JOBS):
+            await (
+                job.with_({"k": f"j{i}", "sleep": rng.uniform(*JOB_SLEEP)})
+                .on_queue(queue)
+                .dispatch()
+            )
+        keys = {f"j{i}" for i in range(JOBS)}
+
+        live = [r.start_worker() for _ in range(WORKERS)]
+        for p in live:
+            await r.wait_ready(p)
+        started = time.monotonic()
+        kills = 0
+        killed_at: dict[int, float] = {}
+        next_kill = started + rng.uniform(3.0, 5.0)
+        while not keys <= set(r.counts("end")):
+            now = time.monotonic()
+            assert now - started < DEADLINE, (
+                f"not done after {DEADLINE:.0f}s: {len(keys - set(r.counts('end')))} jobs "
+                "unfinished; worker logs:\n" + "\n".join(r.log(p)[-3000:] for p in live)
+            )
+            for p in live:
+                assert p.poll() is None, f"worker {p.pid} died on its own:\n{r.log(p)}"
+            if now - started < STORM_SECONDS and now >= next_kill:
+                # A victim in the middle of a job: its slot is held by a dead process.
+                ended = {(k, pid) for e, k, _, pid, _ in r.events() if e == "end"}
+                holding = {
+                    pid for e, k, _, pid, _ in r.events() if e == "start" and (k, pid) not in ended
+                }
+                victims = [p for p in live if p.pid in holding]
+                if victims:
+                    victim = victims[rng.randrange(len(victims))]
+                    live.remove(victim)
+                    victim.send_signal(signal.SIGKILL)
+                    await r.wait_exit(victim)
+                    killed_at[victim.pid] = time.time()
+                    kills += 1
+                    live.append(r.start_worker())
+                    next_kill = time.monotonic() + rng.uniform(3.0, 5.0)
+            await asyncio.sleep(0.1)
+        elapsed = time.monotonic() - started
+
+        for p in live:
+            p.send_signal(signal.SIGTERM)
+        codes = [await r.wait_exit(p) for p in live]
+
+        events = r.events()
+        peak, unended = max_overlap(events, killed_at)
+        # The slots of the last killed holders expire within EXPIRE_AFTER; every other
+        # slot was given back by its run.
+        await asyncio.sleep(EXPIRE_AFTER + 0.5)
+        left = [v for v in await r.app.queue_store.get_many(r.slot_keys()) if v is not None]
+        starts = r.counts("start")
+        data = {
+            "backend": backend,
+            "limit_from": "middleware" if queue == "default" else "queue config",
+            "jobs": JOBS,
+            "workers": WORKERS,
+            "concurrency": CONCURRENCY,
+            "max": MAX,
+            "kills": kills,
+            "seconds": round(elapsed, 1),
+            "peak_running": peak,
+            "lost": len(keys - set(r.counts("end"))),
+            "runs_cut_by_kills": sum(n - 1 for n in starts.values()),
+            "slots_left": len(left),
+        }
+        for k, v in data.items():
+            record_property(k, v)
+        (tmp_path / "concurrency_report.json").write_text(json.dumps(data, indent=2))
+        print(json.dumps(data))
+
+        assert kills >= 3, "the run must include SIGKILLs of workers holding slots"
+        assert peak <= MAX, f"{peak} jobs ran at once; the limit is {MAX}"
+        assert peak == MAX, f"only {peak} ran at once: the limit is stricter than {MAX}"
+        assert not unended, f"runs with no end in a process that was not killed: {unended}"
+        assert data["lost"] == 0
+        assert left == [], f"slots still taken after every run ended: {left}"
+        assert codes == [0] * len(codes), [r.log(p) for p in live]
