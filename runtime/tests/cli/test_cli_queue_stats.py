@@ -92,7 +92,8 @@ def setup_queues(root: Path) -> str:
 def test_stats_json_gives_the_numbers_and_the_running_jobs(root: Path) -> None:
     running = setup_queues(root)
     before = time.time()
-    result = haze(root, "queue:stats", "--json", "--jobs", "5")
+    # --queue: in a full run other test modules' jobs name queues of their own
+    result = haze(root, "queue:stats", "--json", "--jobs", "5", "--queue", "default,mail")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["connection"] == "database"
@@ -133,7 +134,7 @@ def test_a_process_local_store_is_named_not_guessed(tmp_path: Path) -> None:
 
 def test_stats_table_for_people(root: Path) -> None:
     setup_queues(root)
-    result = haze(root, "queue:stats")
+    result = haze(root, "queue:stats", "--queue", "default,mail")
     assert result.exit_code == 0, result.output
     lines = [" ".join(line.replace("│", " ").split()) for line in result.output.splitlines()]
     assert any(line.startswith("mail 2 1 1 0 0.0 no") for line in lines), result.output
@@ -142,7 +143,9 @@ def test_stats_table_for_people(root: Path) -> None:
 
 def test_top_refreshes_and_shows_the_running_jobs(root: Path) -> None:
     running = setup_queues(root)
-    result = haze(root, "queue:top", "--interval", "0.05", "--iterations", "3")
+    result = haze(
+        root, "queue:top", "--interval", "0.05", "--iterations", "3", "--queue", "default,mail"
+    )
     assert result.exit_code == 0, result.output
     out = result.output
     assert 'haze queue:top · "database"' in out
