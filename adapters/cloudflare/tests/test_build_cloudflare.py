@@ -723,3 +723,15 @@ def test_synced_python_modules_load_under_pyodide(built: Path, tmp_path: Path) -
     assert _calls(v, v["ids"]["flaky"]) == [["retry", 2], ["retry", 5], ["ack"]]
     (failed,) = v["failed"]
     assert failed["name"] == "bld_cf_dead"
+
+
+def test_packages_vendored_beside_haze_are_pinned_in_the_project() -> None:
+    from importlib import metadata
+
+    from haze.build.cloudflare import _pins, pyproject_source
+
+    pins = _pins(["click", "not_an_installed_package"])
+    assert pins == [f"click=={metadata.version('click')}"]
+    text = pyproject_source("w", {"haze": "wheels/haze.whl"}, [*pins, "httpx>=0.27"])
+    project = tomllib.loads(text)["project"]
+    assert project["dependencies"] == ["haze", pins[0], "httpx>=0.27"]

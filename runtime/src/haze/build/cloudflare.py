@@ -26,8 +26,8 @@ deploys with plain wrangler from ``dist/wrangler.json``, from a project's own
 ``dist/cloudflare`` vendors the same wheels, and the app's PyPI requirements, into
 ``dist/cloudflare/python_modules/``.
 
-The build reads the config as the Worker will: with the ``vars`` of the merged wrangler
-config set as environment variables (``env()`` in a Worker reads its vars). It warns
+The build reads the config as the Worker will: ``env()`` answering with the ``vars`` of
+the ``cloudflare.wrangler`` section (as it reads a Worker's vars). It warns
 when the default connection, the lock/batch store or a ``cloudflare`` connection's
 failed store cannot work inside a Worker: a SQLite file, a TCP database or Redis, or a
 memory store beside a queue that other isolates consume.
@@ -50,10 +50,8 @@ except ``compatibility_flags``, which are combined.
 from __future__ import annotations
 
 import json
-import os
 import re
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
@@ -213,31 +211,25 @@ def pyodide_of(compatibility_date: str) -> tuple[str, str] | None:
     return None
 
 
-@contextmanager
-def _environment(variables: Mapping[str, Any]) -> Iterator[None]:
-    """``os.environ`` with ``variables`` set (strings), restored after."""
-    saved = {k: os.environ.get(k) for k in variables}
-    try:
-        for k, v in variables.items():
-            os.environ[k] = v if isinstance(v, str) else json.dumps(v)
-        yield
-    finally:
-        for k, old in saved.items():
-            if old is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = old
+def _var(variables: Mapping[str, Any], name: str) -> str | None:
+    # A var as env() reads it inside the Worker: a string, or a JSON number or boolean
+    # as text; an object var is not an environment variable.
+    value = variables.get(name)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value) if isinstance(value, (str, int, float)) else None
 
 
 def worker_app(ctx: BuildContext, variables: Mapping[str, Any]) -> App:
     """The app's config as the Worker reads it: ``config/*.py`` evaluated with the Worker's
     ``vars`` as environment variables (no jobs imported: the build's app has them)."""
     from ..app import App, _load_module_file
+    from ..config import env_source
 
     if not variables:
         return ctx.app
     specs: dict[str, Any] = {}
-    with _environment(variables):
+    with env_source(lambda name: _var(variables, name)):
         for kind in ("queue", "cache", "redis", "database", "haze"):
             path = ctx.root / ("haze.config.py" if kind == "haze" else f"config/{kind}.py")
             if path.is_file():
@@ -500,6 +492,20 @@ def pyproject_source(name: str, wheels: Mapping[str, str], requirements: list[st
     )
 
 
+def _pins(packages: Iterable[str]) -> list[str]:
+    """``dist==version`` of the installed distributions that provide these packages."""
+    from importlib import metadata
+
+    providers = metadata.packages_distributions()
+    pins: list[str] = []
+    for package in packages:
+        for dist in providers.get(package, []):
+            pin = f"{dist}=={metadata.version(dist)}"
+            if pin not in pins:
+                pins.append(pin)
+    return pins
+
+
 def _with_migrations(config: dict[str, Any], migrations: str) -> dict[str, Any]:
     """``config`` with ``migrations_dir`` (relative to the config file) on each D1 database
     that has none, so ``wrangler d1 migrations apply`` runs the app's migrations."""
@@ -528,13 +534,15 @@ def build(ctx: BuildContext) -> BuildResult:
     files += ctx.copy_app(src)
     from ..scheduling import bundle_packages
 
-    files += ctx.vendor((*PACKAGES, *bundle_packages(ctx.root)), src)
+    bundled = bundle_packages(ctx.root)
+    files += ctx.vendor((*PACKAGES, *bundled), src)
     wheels: dict[str, str] = {}
     for dist in ("haze", "haze-cloudflare"):
         wheel = pack_wheel(dist, ctx.dest / "wheels")
         wheels[dist] = f"wheels/{wheel.name}"
         files.append(wheel)
-    requirements = app_requirements(ctx.root)
+    # what is vendored beside haze (cronsim, tzdata for schedules) pinned as installed here
+    requirements = [*_pins(bundled), *app_requirements(ctx.root)]
     files.append(
         ctx.write("pyproject.toml", pyproject_source(config["name"], wheels, requirements))
     )
