@@ -8,14 +8,25 @@ dashboard reads them through another, as in production.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import socket
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from haze import App, Queue, define_database_config, define_job, define_queue_config
+from haze import (
+    App,
+    Queue,
+    define_cache_config,
+    define_database_config,
+    define_job,
+    define_queue_config,
+    define_redis_config,
+)
 from haze.control import paused_queues
 from haze.dashboard import create_app
 from haze.database.migrations import ensure_queue_tables
@@ -62,7 +73,14 @@ class Backend:
                 ),
             )
         conn = {"driver": "redis", "url": REDIS_URL, "prefix": self.prefix, "queues": QUEUES}
-        return App(queue=define_queue_config(default="main", connections={"main": conn}))
+        # The store's keys (pauses, worker records, per-minute counts) under this test's
+        # prefix too, so that tests do not see each other's.
+        store = {"driver": "redis", "connection": "r", "prefix": f"{self.prefix}:store:"}
+        return App(
+            queue=define_queue_config(default="main", connections={"main": conn}, store="locks"),
+            cache=define_cache_config(default="locks", stores={"locks": store}),
+            redis=define_redis_config(default="r", connections={"r": {"url": REDIS_URL}}),
+        )
 
     def run(self, fn: Callable[[App], Awaitable[T]]) -> T:
         async def go() -> T:
@@ -233,6 +251,8 @@ def test_overview_numbers_match_the_queue(backend: Backend) -> None:
             await dash_ok.dispatch({"i": i}, queue="emails")
         for i in range(2):
             await dash_boom.dispatch({"n": i}, queue="reports")
+        for i in range(3):
+            await dash_ok.dispatch({"i": i}, queue="reports")
         await drain(app, ["reports"])
         return (
             await Queue.size("default"),
@@ -249,6 +269,12 @@ def test_overview_numbers_match_the_queue(backend: Backend) -> None:
     assert rows[("main", "emails")]["waiting"] == "2"
     assert rows[("main", "reports")]["failed"] == "2"
     assert rows[("main", "reports")]["waiting"] == "0"
+    # The workers' per-minute counts (written when the worker's app stopped): 5 jobs
+    # finished on reports, 2 of them failed for good.
+    assert rows[("main", "reports")]["finished-hour"] == "5"
+    assert rows[("main", "reports")]["failure-rate"] == "40.0%"
+    assert rows[("main", "default")]["finished-hour"] == "0"
+    assert float(rows[("main", "reports")]["per-minute"]) > 0
     partial = c.get("/", params={"partial": 1}).text
     assert "<html" not in partial and _rows(partial) == rows
     metrics = c.get("/metrics")
@@ -261,7 +287,13 @@ def _rows(html: str) -> dict[tuple[str, str], dict[str, str]]:
     for m in re.finditer(
         r'<tr data-connection="([^"]+)" data-queue="([^"]+)">(.*?)</tr>', html, re.S
     ):
-        cells = dict(re.findall(r'<td class="n (waiting|failed)">(.*?)</td>', m.group(3), re.S))
+        cells = dict(
+            re.findall(
+                r'<(?:td|span) class="(?:n |muted )?(waiting|failed|per-minute|failure-rate|finished-hour)"[^>]*>(.*?)</(?:td|span)>',
+                m.group(3),
+                re.S,
+            )
+        )
         out[(m.group(1), m.group(2))] = {
             k: re.sub(r"<[^>]+>", "", v).strip() for k, v in cells.items()
         }
@@ -403,3 +435,85 @@ def test_base_path_when_served_alone(backend: Backend) -> None:
     assert c.get("/haze/metrics").status_code == 200
     assert c.get("/").status_code == 404
     assert c.cookies.get("haze_csrf")
+
+
+# --------------------------------------------------------------------------- workers
+
+
+@define_job(name="dash_slow")
+async def dash_slow(payload: Any) -> None:
+    await asyncio.sleep(payload["s"])
+
+
+def test_workers_page_lists_live_workers_and_drops_dead_ones(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from haze import presence
+
+    monkeypatch.setattr(presence, "LEASE", 1.0)
+    monkeypatch.setattr(presence, "BEAT_EVERY", 0.1)
+    c = client(backend)
+
+    async def scenario(app: App) -> None:
+        await dash_slow.dispatch({"s": 1.5}, queue="emails")
+        w = Worker(app, "main", ["emails", "default"], concurrency=3, sleep=0.05, control=True)
+        w.start()
+        # The page is read by another process's App, as the dashboard would.
+        deadline = time.monotonic() + 10
+        while "dash_slow" not in (html := await asyncio.to_thread(c.get, "/workers")).text:
+            assert time.monotonic() < deadline, html.text
+            await asyncio.sleep(0.1)
+        text = html.text
+        assert socket.gethostname() in text and f">{os.getpid()}<" in text
+        assert "emails, default" in text and ">3<" in text
+        # A clean stop removes the record at once.
+        await w.stop()
+        await w.run()
+        assert "No worker is running" in (await asyncio.to_thread(c.get, "/workers")).text
+
+        # A worker that dies (stops renewing, leaves nothing behind) drops out after
+        # its lease.
+        dead = Worker(app, "main", ["default"], sleep=0.05, control=True)
+        dead.start()
+        while "No worker is running" in (await asyncio.to_thread(c.get, "/workers")).text:
+            await asyncio.sleep(0.1)
+        dead._stop_heartbeat()  # its control task (the renewals) ends, as in a crash
+        dead._presence = None
+        seen_gone = time.monotonic()
+        while "No worker is running" not in (await asyncio.to_thread(c.get, "/workers")).text:
+            assert time.monotonic() - seen_gone < 5, "a dead worker stayed listed"
+            await asyncio.sleep(0.2)
+        await dead.stop()
+
+    backend.run(scenario)
+
+
+@define_job(name="dash_secret", tries=1, encrypted=True)
+async def dash_secret(payload: Any) -> None:
+    raise ValueError("dash secret failed")
+
+
+def test_encrypted_payload_hidden_unless_decrypted_with_the_app_key(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from haze.crypto import generate_key
+
+    monkeypatch.setenv("APP_KEY", generate_key())
+
+    async def go(app: App) -> None:
+        await dash_secret.dispatch({"card": "4242-SECRET"})
+        await drain(app)
+
+    backend.run(go)
+    job = backend.run(lambda app: Queue.failed())[0]
+    c = client(backend)
+    html = c.get(f"/failed/main/{job.id}").text
+    assert "4242-SECRET" not in html
+    assert "encrypted with the app key and hidden" in html
+    assert "Show it decrypted" in html
+    assert "4242-SECRET" in c.get(f"/failed/main/{job.id}", params={"decrypt": 1}).text
+    # A dashboard without the key cannot show it, and says so.
+    monkeypatch.delenv("APP_KEY")
+    keyless = client(backend).get(f"/failed/main/{job.id}", params={"decrypt": 1}).text
+    assert "4242-SECRET" not in keyless
+    assert "no app key" in keyless

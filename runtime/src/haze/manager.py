@@ -572,7 +572,7 @@ class QueueManager:
                 from .throughput import Tally
 
                 tally = self._tally = Tally(self.app)
-            if tally.add(driver.name, reserved.queue):
+            if tally.add(driver.name, reserved.queue, outcome):
                 await tally.flush()
         return outcome
 

@@ -3,7 +3,10 @@
 A worker of a remote connection (database, redis, sqs, cloudflare) counts each job it
 finishes (done, failed, retried or released) in memory and adds the counts to per-minute
 keys of the app's queue store at most every few seconds, so a job costs a dict update,
-not a store write. ``haze queue:stats`` and ``queue:top`` read the last five minutes.
+not a store write. ``haze queue:stats`` and ``queue:top`` read the last five minutes;
+the dashboard charts the last hour, with the failed jobs counted apart (``:failed``
+keys) for its failure rate. Each minute's keys live ``HAZE_METRICS_RETENTION`` (a
+duration, default ``2h``, at most ``7d``), so the series stays bounded.
 The store must be one every process shares (redis or database); with a process-local
 store there is nothing to read, and the commands say so.
 
@@ -17,10 +20,12 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from .errors import HazeError
+
 if TYPE_CHECKING:
     from .app import App
 
-__all__ = ["FLUSH_EVERY", "WINDOW", "Tally", "minute_key", "per_minute"]
+__all__ = ["FLUSH_EVERY", "WINDOW", "Tally", "minute_key", "per_minute", "retention", "series"]
 
 log = logging.getLogger("haze")
 
@@ -28,12 +33,27 @@ log = logging.getLogger("haze")
 FLUSH_EVERY = 5.0
 #: Minutes ``per_minute`` averages over.
 WINDOW = 5
-_KEEP = 2 * 3600  # seconds a minute's key lives
+_KEEP = 2 * 3600  # seconds a minute's key lives, unless HAZE_METRICS_RETENTION says
+_MAX_KEEP = 7 * 86400
 _monotonic = time.monotonic
 
 
-def minute_key(connection: str, queue: str, minute: int) -> str:
-    return f"haze:throughput:{connection}:{queue}:{minute}"
+def minute_key(connection: str, queue: str, minute: int, kind: str = "") -> str:
+    """The key of one minute's count (``kind="failed"``: the failed jobs among them)."""
+    return f"haze:throughput:{connection}:{queue}:{minute}" + (f":{kind}" if kind else "")
+
+
+def retention() -> float:
+    """Seconds a minute's counts are kept (``HAZE_METRICS_RETENTION``, default 2 hours)."""
+    from ._env import env_duration
+    from .errors import ConfigError
+
+    keep = env_duration("HAZE_METRICS_RETENTION", _KEEP)
+    if not 60 <= keep <= _MAX_KEEP:
+        raise ConfigError(
+            f"HAZE_METRICS_RETENTION: expected a duration from 1m to 7d, got {keep:g}s"
+        )
+    return keep
 
 
 class Tally:
@@ -41,13 +61,23 @@ class Tally:
 
     def __init__(self, app: App) -> None:
         self.app = app
-        self.counts: dict[tuple[str, str], int] = {}
+        self.counts: dict[tuple[str, str, str], int] = {}
+        try:
+            self.keep = retention()
+        except HazeError as e:
+            # Read once per worker: one clear line, and the default rather than no counts.
+            log.error("haze: %s; keeping job counts for 2h", e)
+            self.keep = float(_KEEP)
         self.flushed = _monotonic()
 
-    def add(self, connection: str, queue: str) -> bool:
-        """Count one finished job; True when the counts are due to be written."""
-        key = (connection, queue)
+    def add(self, connection: str, queue: str, outcome: str = "") -> bool:
+        """Count one finished job (``outcome="failed"``: counted among the failed too);
+        True when the counts are due to be written."""
+        key = (connection, queue, "")
         self.counts[key] = self.counts.get(key, 0) + 1
+        if outcome == "failed":
+            key = (connection, queue, "failed")
+            self.counts[key] = self.counts.get(key, 0) + 1
         return _monotonic() - self.flushed >= FLUSH_EVERY
 
     async def flush(self) -> None:
@@ -62,12 +92,13 @@ class Tally:
             return
         minute = int(time.time() // 60)
         counts, self.counts = self.counts, {}
-        for (connection, queue), n in counts.items():
+        keep = self.keep
+        for (connection, queue, kind), n in counts.items():
             try:
-                await store.increment(minute_key(connection, queue, minute), n, _KEEP)
+                await store.increment(minute_key(connection, queue, minute, kind), n, keep)
             except Exception as e:
                 log.debug("haze: could not record throughput of %s/%s: %s", connection, queue, e)
-                key = (connection, queue)
+                key = (connection, queue, kind)
                 self.counts[key] = self.counts.get(key, 0) + n
 
 
@@ -85,3 +116,20 @@ async def per_minute(app: App, connection: str, queue: str) -> float | None:
         total += int(value or 0)
     elapsed = WINDOW - 1 + (now % 60) / 60
     return total / elapsed
+
+
+async def series(
+    app: App, connection: str, queue: str, minutes: int = 60
+) -> list[tuple[int, int, int]] | None:
+    """``(minute, finished, failed)`` for each of the last ``minutes`` minutes, oldest
+    first (``minute`` is epoch minutes; the last one is still running); None when the
+    queue store is process-local."""
+    store: Any = app.queue_store
+    if not getattr(store, "shared", False):
+        return None
+    now = int(time.time() // 60)
+    span = list(range(now - minutes + 1, now + 1))
+    keys = [minute_key(connection, queue, m, kind) for kind in ("", "failed") for m in span]
+    values = await store.get_many(keys)
+    done, failed = values[: len(span)], values[len(span) :]
+    return [(m, int(d or 0), int(f or 0)) for m, d, f in zip(span, done, failed, strict=True)]

@@ -17,6 +17,7 @@ from .errors import HazeError, QueueTablesMissingError
 if TYPE_CHECKING:
     from .app import App
     from .drivers import Driver, Reserved
+    from .presence import Presence
 
 __all__ = ["Worker"]
 
@@ -99,6 +100,8 @@ class Worker:
         self._paused: set[str] = set()
         self.control = control
         self._control_task: asyncio.Task[None] | None = None
+        #: This worker's record in the store (``haze.presence``), for ``queue:work``.
+        self._presence: Presence | None = None
         self._started_wall = 0.0
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._beating = False
@@ -139,6 +142,8 @@ class Worker:
             self.start()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._stop_heartbeat()
+        if self._presence is not None:
+            await self._presence.leave()
         if self._unrecorded:  # stopped before the backend came back
             log.warning(
                 "haze worker: stopped while connection %r was unavailable%s",
@@ -160,7 +165,9 @@ class Worker:
     async def _control(self, interval: float = 1.0) -> None:
         """Follow ``queue:restart`` and ``queue:pause``/``continue`` through the queue store."""
         from .control import paused_queues, restart_requested_at
+        from .presence import Presence
 
+        self._presence = presence = Presence(self)
         failures, told = 0, False
         while not self.stopping:
             try:
@@ -174,6 +181,7 @@ class Worker:
                     return
                 self._paused = await paused_queues(self.app, self.connection, self.queues or [])
                 failures, told = 0, False
+                await presence.beat()
             except Exception as e:
                 failures += 1
                 # Once per outage, not every second; and not at all while the connection

@@ -88,6 +88,7 @@ class Dashboard:
         env.filters["when"] = _fmt_time
         env.filters["short"] = short_id
         env.filters["first_line"] = _first_line
+        env.filters["sparkline"] = _data.sparkline
         env.filters["pretty"] = lambda v: json.dumps(v, indent=2, sort_keys=True, default=str)
         self.env = env
 
@@ -277,6 +278,16 @@ class Dashboard:
         done = await self.call(lambda app: _retry(app, connection, ids))
         return self.back(request, where, done=f"Retried {done} failed job(s) of the batch.")
 
+    async def workers(self, request: Request) -> Response:
+        from ..presence import LEASE, live_workers
+
+        found = await self.call(live_workers)
+        if found is not None and self.connection is not None:
+            found = [w for w in found if w.get("connection") == self.connection]
+        return self.render(
+            request, "workers.html", workers=found, lease=LEASE, now=time.time(), page="workers"
+        )
+
     async def jobs(self, request: Request) -> Response:
         token = request.query_params.get("id", "").strip()
         found = None
@@ -426,6 +437,7 @@ def build(
         Route("/batches", d.batches),
         Route("/batches/{batch_id}", d.batch_detail),
         Route("/batches/{batch_id}/{action}", d.batch_action, methods=["POST"]),
+        Route("/workers", d.workers),
         Route("/jobs", d.jobs),
         Route("/queues/{action}", d.queue_action, methods=["POST"]),
         Route("/metrics", d.metrics),

@@ -54,6 +54,21 @@ class QueueRow:
     ready: int | None = None
     delayed: int | None = None
     running: int | None = None
+    #: Jobs finished per minute over the last few minutes (the workers' counts).
+    per_minute: float | None = None
+    #: Over the last hour: jobs finished, how many of them failed for good, and the
+    #: finished count of each minute (oldest first) for the chart.
+    finished_hour: int | None = None
+    failed_hour: int | None = None
+    minutes: builtins.list[int] = field(default_factory=list)
+
+    @property
+    def failure_rate(self) -> float | None:
+        """Failed / finished over the last hour (None with nothing finished)."""
+        if not self.finished_hour or self.failed_hour is None:
+            return None
+        return self.failed_hour / self.finished_hour
+
     note: str = ""
     error: str = ""
 
@@ -108,8 +123,37 @@ async def overview(app: App, connection: str | None = None) -> list[QueueRow]:
                     )
             except Exception as e:
                 row.error = row.error or _reason(app, e)
+            try:
+                await _rates(app, row)
+            except Exception as e:
+                row.error = row.error or _reason(app, e)
             rows.append(row)
     return rows
+
+
+async def _rates(app: App, row: QueueRow) -> None:
+    from ..throughput import WINDOW, series
+
+    minutes = await series(app, row.connection, row.queue, 60)
+    if minutes is None:  # a process-local store: no worker's counts are visible here
+        return
+    row.minutes = [done for _, done, _ in minutes]
+    row.finished_hour = sum(row.minutes)
+    row.failed_hour = sum(failed for _, _, failed in minutes)
+    # As queue:stats computes it: the last WINDOW minutes, the current one in part.
+    elapsed = WINDOW - 1 + (time.time() % 60) / 60
+    row.per_minute = sum(row.minutes[-WINDOW:]) / elapsed
+
+
+def sparkline(values: builtins.list[int], width: int = 120, height: int = 24) -> str:
+    """SVG polyline points for ``values`` (numbers only, so safe in an attribute)."""
+    if not values:
+        return ""
+    top = max(values) or 1
+    step = width / max(1, len(values) - 1)
+    return " ".join(
+        f"{i * step:.1f},{height - 1 - (v / top) * (height - 2):.1f}" for i, v in enumerate(values)
+    )
 
 
 def _reason(app: App, error: BaseException) -> str:
