@@ -481,3 +481,50 @@ def test_queue_work_schedule_runs_a_memory_queue_in_process(tmp_path: Path) -> N
     assert len(set(fired)) == len(fired)
     stamps = sorted(datetime.fromisoformat(f) for f in fired)
     assert all((b - a) == timedelta(seconds=1) for a, b in itertools.pairwise(stamps))
+
+
+async def test_a_failed_dispatch_drops_the_claim_and_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    sched = schedule(report.with_({"n": 1}), every="10s", name="flaky")
+    async with memory_app() as app:
+        from haze import Queue
+
+        real = app.manager.dispatch
+        calls = {"n": 0}
+
+        async def flaky(*args: Any, **kwargs: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise ConnectionError("backend down")
+            return await real(*args, **kwargs)
+
+        monkeypatch.setattr(app.manager, "dispatch", flaky)
+        s = Scheduler(app)
+        t0 = utc(2026, 1, 1, 12, 0, 5)
+        await s.step(t0)
+        await s.step(t0 + timedelta(seconds=6))  # the 12:00:10 tick fails
+        tick = utc(2026, 1, 1, 12, 0, 10)
+        assert await app.store().get(sched.tick_key(tick)) is None  # claim dropped
+        assert 'schedule "flaky" could not dispatch its tick of 2026-01-01T12:00:10' in caplog.text
+        await s.step(t0 + timedelta(seconds=8))  # tried again, within the grace
+        await Queue.idle()
+    assert [at for _, at in ran] == [tick.isoformat()]
+
+
+async def test_run_stops_and_releases_the_lease() -> None:
+    schedule(report, every="1h", name="hourly")
+    async with memory_app() as app:
+        import asyncio
+
+        s = Scheduler(app)
+        stop = asyncio.Event()
+        task = asyncio.create_task(s.run(stop))
+        for _ in range(50):
+            if s.leader:
+                break
+            await asyncio.sleep(0.01)
+        assert await app.store().get("haze:schedule:leader") == s.id
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        assert await app.store().get("haze:schedule:leader") is None
