@@ -528,3 +528,14 @@ async def test_run_stops_and_releases_the_lease() -> None:
         stop.set()
         await asyncio.wait_for(task, 5)
         assert await app.store().get("haze:schedule:leader") is None
+
+
+@pytest.mark.usefixtures("isolated_imports")
+def test_python_presets_install_the_schedule_extra(tmp_path: Path) -> None:
+    from haze.build._python import extras_for
+
+    root = write_app(tmp_path, SCHEDULES)
+    assert "schedule" in extras_for(App(root=root))
+    scheduling._registry.clear()
+    (root / "config" / "schedule.py").write_text("")
+    assert "schedule" not in extras_for(App(root=root))

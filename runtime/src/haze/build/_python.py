@@ -127,8 +127,9 @@ def extras_for(app: App) -> list[str]:
     """The ``haze[...]`` extras the app's config needs, as read at build time.
 
     Every queue connection, store and database connection counts (a job may dispatch
-    anywhere), plus ``encryption`` for encrypted jobs and ``pydantic`` when a payload is a
-    pydantic model. ``HAZE_BUILD_EXTRAS`` (comma-separated) adds more: the config is read
+    anywhere), plus ``encryption`` for encrypted jobs, ``pydantic`` when a payload is a
+    pydantic model and ``schedule`` when ``config/schedule.py`` declares schedules.
+    ``HAZE_BUILD_EXTRAS`` (comma-separated) adds more: the config is read
     with the build's environment, which may not be production's (``DATABASE_URL``…).
     """
     extras: set[str] = set()
@@ -156,6 +157,10 @@ def extras_for(app: App) -> list[str]:
             c.__module__.startswith("pydantic") for c in payload_type.__mro__[1:]
         ):
             extras.add("pydantic")
+    from ..scheduling import app_schedules
+
+    if app_schedules(app.root):  # cronsim for cron, tzdata for zones
+        extras.add("schedule")
     for extra in os.environ.get("HAZE_BUILD_EXTRAS", "").split(","):
         extras.add(extra.strip())
     extras.discard("")
