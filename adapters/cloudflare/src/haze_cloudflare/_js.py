@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 try:  # Pyodide (Cloudflare Python Workers, or Pyodide under Node.js in tests)
-    import js  # type: ignore[import-not-found]
-    from pyodide.ffi import JsProxy  # type: ignore[import-not-found]
+    import js
+    from pyodide.ffi import JsProxy
     from pyodide.ffi import to_js as _to_js
 
     IN_PYODIDE = True
@@ -28,7 +28,7 @@ except ImportError:  # CPython
     IN_PYODIDE = False
 
 try:
-    from pyodide.ffi import jsnull as _jsnull  # type: ignore[import-not-found]
+    from pyodide.ffi import jsnull as _jsnull
 except ImportError:
     _jsnull = None
 

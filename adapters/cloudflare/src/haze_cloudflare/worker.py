@@ -77,14 +77,17 @@ __all__ = ["LocalResponse", "MessageDelivery", "QueueWorker"]
 
 log = logging.getLogger("haze.cloudflare")
 
+# Typed against workers-runtime-sdk (PyPI) where it is installed; its modules import
+# only inside the Workers runtime. The ``unused-ignore`` codes keep mypy quiet both with
+# and without the SDK (pyproject.toml: ignore_missing_imports for workers.*).
 try:  # the Cloudflare Python Workers runtime
-    from workers import WorkerEntrypoint as _Base  # type: ignore[import-not-found]
+    from workers import WorkerEntrypoint as _Base
 
     _HAVE_WORKERS = True
 except ImportError:
     _HAVE_WORKERS = False
 
-    class _Base:  # type: ignore[no-redef]
+    class _Base:  # type: ignore[no-redef, unused-ignore]
         """Stand-in for ``workers.WorkerEntrypoint`` outside the Cloudflare runtime."""
 
         def __init__(self, ctx: Any = None, env: Any = None):
@@ -161,7 +164,7 @@ _apps: dict[type, App] = {}
 _boot_locks: dict[type, asyncio.Lock] = {}
 
 
-class QueueWorker(_Base):  # type: ignore[misc,valid-type]
+class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
     """A Worker entrypoint that runs haze jobs from Cloudflare Queues (see the module doc).
 
     Class attributes a subclass may set:
@@ -381,7 +384,7 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
         """``POST {"job", "payload", "delay"?, "queue"?, "group"?}``, authenticated like
         every haze HTTP entrypoint (``haze.integrations.http_dispatch``)."""
         from haze.app import run_in_app
-        from haze.integrations.http_dispatch import dispatch_request
+        from haze.integrations.http_dispatch import DispatchResponse, dispatch_request
 
         self._bind(env)
         method = str(getattr(request, "method", "GET"))
@@ -401,12 +404,12 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
             raw = str(await _settle(request.text())).encode()
         app = await self.get_app()
 
-        async def answer() -> Any:
+        async def answer() -> DispatchResponse:
             return await dispatch_request(
                 app, method, headers, raw, where="cloudflare fetch", secret=secret
             )
 
-        response = await run_in_app(app, answer)
+        response: DispatchResponse = await run_in_app(app, answer)
         return self._response(response.body, response.status, response.headers)
 
     # -- scheduled() ----------------------------------------------------------------------
@@ -442,7 +445,7 @@ class QueueWorker(_Base):  # type: ignore[misc,valid-type]
     def _response(data: Any, status: int, headers: dict[str, str] | None = None) -> Any:
         body = json.dumps(data)
         if _HAVE_WORKERS:
-            from workers import Response  # type: ignore[import-not-found]
+            from workers import Response
 
             all_headers = {"content-type": "application/json", **(headers or {})}
             return Response(body, status=status, headers=all_headers)
