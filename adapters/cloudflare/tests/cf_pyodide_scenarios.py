@@ -301,6 +301,32 @@ async def rate_limited_release():
     }
 
 
+async def kv_lease():
+    """KVStore.touch (limit_concurrency's lease renewal) on the KV stand-in."""
+    from haze_cloudflare import bind_env
+    from haze_cloudflare.kv import KVStore
+
+    env, _, _ = new_env()
+    bind_env(env)
+    store = KVStore("kv", {"binding": "KV"})
+    store._warned = True  # the app's own KV store logs the one warning another test counts
+    taken = await store.add("slot:0", "run-1", 30)
+    other = await store.touch("slot:0", "run-2", 600)
+    ttl_after_other = await store.ttl("slot:0")
+    own = await store.touch("slot:0", "run-1", 600)
+    ttl_after_own = await store.ttl("slot:0")
+    absent = await store.touch("slot:9", "run-1", 600)
+    return {
+        "taken": taken,
+        "other": other,
+        "ttl_after_other": ttl_after_other,
+        "own": own,
+        "ttl_after_own": ttl_after_own,
+        "absent": absent,
+        "holder": await store.get("slot:0"),
+    }
+
+
 async def undecodable():
     env, q, _ = new_env()
     bad = q.inject("this is not JSON", "text")
@@ -506,6 +532,7 @@ for scenario in (
     batch,
     unique,
     rate_limited_release,
+    kv_lease,
     undecodable,
     not_json_bodies,
     worker_vars,

@@ -253,6 +253,17 @@ def test_middleware_release_is_resent(scenarios: dict[str, Any]) -> None:
     assert v["size"] == 1
 
 
+def test_kv_lease_renewal_checks_the_owner(scenarios: dict[str, Any]) -> None:
+    v = outcome(scenarios, "kv_lease")
+    assert v["taken"] is True
+    assert v["other"] is False
+    assert 0 < v["ttl_after_other"] <= 30, "another owner's touch left the expiry alone"
+    assert v["own"] is True
+    assert 590 < v["ttl_after_own"] <= 600
+    assert v["absent"] is False
+    assert v["holder"] == "run-1"
+
+
 def test_undecodable_messages_are_failed_and_acked(scenarios: dict[str, Any]) -> None:
     v = outcome(scenarios, "undecodable")
     assert v["outcomes"] == ["failed", "failed"]
