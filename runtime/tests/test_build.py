@@ -239,3 +239,18 @@ def test_a_missing_adapter_names_an_install_that_works_here(
     assert f"pip install {repo / 'adapters' / 'cloudflare'}" in message
     assert "uv sync" in message
     assert "pip install haze-cloudflare\n" not in message + "\n"
+
+
+def test_outside_a_checkout_the_hint_names_the_checkout_path_or_a_wheel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import haze.build
+    from haze.build import install_hint
+
+    # haze installed from a wheel: its package is in site-packages, no checkout around it
+    fake = tmp_path / "lib" / "site-packages" / "haze" / "build" / "__init__.py"
+    monkeypatch.setattr(haze.build, "__file__", str(fake))
+    hint = install_hint("haze_cloudflare")
+    assert "pip install ./adapters/cloudflare from a haze checkout" in hint
+    assert "uv build --wheel adapters/cloudflare" in hint
+    assert install_hint("haze_lambda").startswith("pip install ./adapters/lambda")
