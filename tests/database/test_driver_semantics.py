@@ -481,13 +481,13 @@ async def test_heartbeats_keep_a_long_job_from_being_reclaimed(db_url: str) -> N
 
 async def test_idle_polling_doubles_from_sleep_to_max_sleep(env: Env) -> None:
     waits: list[float] = []
-    real = env.driver.reserve
+    real = env.driver.reserve_many  # the worker claims through the batch call
 
-    async def spy(queues: Any, wait: float) -> Any:
+    async def spy(queues: Any, limit: int, wait: float) -> Any:
         waits.append(wait)
-        return await real(queues, wait)
+        return await real(queues, limit, wait)
 
-    env.driver.reserve = spy
+    env.driver.reserve_many = spy
     worker = Worker(env.app, "db", ["default"], 1, sleep=0.02, max_sleep=0.15)
     worker.start()
     await until(lambda: len(waits) >= 6)

@@ -7,11 +7,13 @@ Used by the in-process ``memory`` consumers, ``haze queue:work`` and ``run_in_se
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from .drivers.base import BatchConsumer
 from .errors import HazeError, QueueTablesMissingError
 
 if TYPE_CHECKING:
@@ -22,6 +24,13 @@ if TYPE_CHECKING:
 __all__ = ["Worker"]
 
 log = logging.getLogger("haze.worker")
+
+_T = TypeVar("_T")
+
+#: How long a finished job's ack may wait in a batching worker's buffer (seconds). A
+#: crash loses at most the acks of this window (those jobs run again), and it is far
+#: shorter than any lease (retry_after).
+ACK_FLUSH_INTERVAL = 0.005
 
 
 class Worker:
@@ -107,6 +116,20 @@ class Worker:
         self._beating = False
         #: A setup error no retry can cure (missing queue tables): run() raises it.
         self._fatal: HazeError | None = None
+        #: Drivers that claim and complete in batches: one claim fills every free slot
+        #: (the rows wait in ``_ready``), and acks are buffered in ``_acks`` and sent
+        #: together every ACK_FLUSH_INTERVAL and before the next claim.
+        self._batch: BatchConsumer | None = (
+            self.driver if isinstance(self.driver, BatchConsumer) else None
+        )
+        self._ready: collections.deque[Reserved] = collections.deque()
+        self._fetch_lock: asyncio.Lock | None = None
+        self._fetch_idle = False  # the fetch in progress is an idle wait
+        self._cut_wait = False  # a slot freed up during it: end it now
+        self._acks: list[Reserved] = []
+        self._flush_lock: asyncio.Lock | None = None
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -123,8 +146,12 @@ class Worker:
         self._done = asyncio.Event()
         self.stopping = False
         self._idle_gate = (
-            asyncio.Lock() if self.driver.remote and not self.stop_when_empty else None
+            asyncio.Lock()
+            if self.driver.remote and not self.stop_when_empty and self._batch is None
+            else None
         )
+        self._fetch_lock = asyncio.Lock()
+        self._flush_lock = asyncio.Lock()
         self._tasks = [
             self._loop.create_task(self._slot(i), name=f"haze-worker-{self.connection}-{i}")
             for i in range(self.concurrency)
@@ -141,6 +168,7 @@ class Worker:
         if not self._tasks:
             self.start()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._final_flush()
         self._stop_heartbeat()
         if self._presence is not None:
             await self._presence.leave()
@@ -202,9 +230,9 @@ class Worker:
         # keep asyncio.run() from returning.
         while self._beating:
             await asyncio.sleep(interval)
-            if self._active and self._beating:
+            if (self._active or self._ready) and self._beating:
                 try:
-                    await beat(list(self._active.values()))
+                    await beat([*self._active.values(), *self._ready])
                 except Exception as e:
                     if isinstance(e, self._outage_errors):
                         self._enter_outage(e)
@@ -230,6 +258,7 @@ class Worker:
         self.request_stop()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._final_flush()
         self._stop_heartbeat()
 
     def _limit_reached(self) -> bool:
@@ -239,6 +268,26 @@ class Worker:
 
     async def _claim(self, wait: float) -> Reserved | None:
         """Claim with an interruptible wait (request_stop cancels it)."""
+        return await self._guarded_claim(lambda queues: self.driver.reserve(queues, wait), wait)
+
+    async def _claim_many(self, wait: float, limit: int) -> list[Reserved]:
+        """Flush the buffered acks, then claim up to ``limit`` jobs in one statement."""
+        batch = self._batch
+        assert batch is not None
+
+        async def claim(queues: Sequence[str]) -> list[Reserved]:
+            self._cut_wait = False
+            await self._flush_acks()
+            # A stop or a freed slot during the flush came before reserve_many armed its
+            # wake-up, so its interrupt() was missed: do not start a wait then.
+            cut = self.stopping or self._cut_wait
+            return await batch.reserve_many(queues, limit, 0.0 if cut else wait)
+
+        return await self._guarded_claim(claim, wait) or []
+
+    async def _guarded_claim(
+        self, call: Callable[[Sequence[str]], Awaitable[_T]], wait: float
+    ) -> _T | None:
         task = asyncio.current_task()
         assert task is not None
         self._waiting.add(task)
@@ -250,7 +299,7 @@ class Worker:
                 if not queues:
                     await asyncio.sleep(min(wait, 1.0) if wait > 0 else 0.05)
                     return None
-            job = await self.driver.reserve(queues, wait)
+            job = await call(queues)
         except asyncio.CancelledError:
             if self.stopping:
                 task.uncancel()
@@ -321,13 +370,18 @@ class Worker:
         reserve_nowait = getattr(driver, "reserve_nowait", None)
         queues = self.queues
         idle = False  # this slot's last claim found nothing
-        while not self.stopping:
+        ready = self._ready
+        # Rows a batch claim took for this worker run even after a stop: they are claimed.
+        while not self.stopping or ready:
             if self._limit_reached():
                 self.request_stop()
-                break
+                if not ready:
+                    break
             if events.looping:
                 await events.emit("looping", self.connection, queues)
             job = reserve_nowait(queues) if reserve_nowait is not None else None
+            if job is None and ready:
+                job = ready.popleft()
             idle_told = False
             if job is None:
                 if events.worker_idle and reserve_nowait is not None and not self.stop_when_empty:
@@ -348,9 +402,11 @@ class Worker:
                     ended_before = self._ended
                     self._claiming += 1
                     try:
-                        job = await self._claim(
-                            0.0 if self.stop_when_empty else self._wait_for(idle_wait)
-                        )
+                        wait = 0.0 if self.stop_when_empty else self._wait_for(idle_wait)
+                        if self._batch is not None:
+                            job = await self._fetch(wait, freed=not idle)
+                        else:
+                            job = await self._claim(wait)
                     finally:
                         self._claiming -= 1
                 finally:
@@ -367,7 +423,12 @@ class Worker:
                     # again (slots re-claiming in turn would keep _claiming above 0 forever).
                     while self._busy == 0 and self._claiming and not self.stopping:
                         await asyncio.sleep(0.005)
-                    if self._busy == 0 and self._claiming == 0 and self._ended == ended_before:
+                    if (
+                        self._busy == 0
+                        and self._claiming == 0
+                        and self._ended == ended_before
+                        and not ready
+                    ):
                         self.request_stop()
                         break
                     await asyncio.sleep(0.005)  # another slot is busy and may queue more
@@ -379,6 +440,8 @@ class Worker:
             self._busy += 1
             started = time.perf_counter()
             self._active[id(job)] = job
+            if self._batch is not None:
+                job.ack_later = self._ack_later
             try:
                 outcome = await manager.process(job, driver)
             except Exception as e:  # process() handles job errors itself: a backend error
@@ -402,6 +465,117 @@ class Worker:
         check_idle = getattr(driver, "check_idle", None)
         if check_idle is not None:
             check_idle()
+
+    # -- batched claims and acks (drivers implementing BatchConsumer) ---------------------
+
+    async def _fetch(self, wait: float, *, freed: bool) -> Reserved | None:
+        """One claim for every free slot: this slot's job, the rest into ``_ready``.
+
+        One fetch at a time: the slots that find nothing ready queue on the lock and take
+        what it brought. An idle wait in progress is cut short when a slot frees up, so
+        that slot does not sit behind it while jobs may be waiting (``freed``: this slot
+        just ended a job; idle slots taking turns must not cut each other's waits).
+        """
+        lock = self._fetch_lock
+        assert lock is not None and self._batch is not None
+        if freed and lock.locked() and self._fetch_idle:
+            self._cut_wait = True
+            self._batch.interrupt()
+        async with lock:
+            if self._ready:
+                return self._ready.popleft()
+            if self.stopping:
+                return None
+            limit = self.concurrency - self._busy
+            if self.max_jobs is not None:
+                limit = min(limit, self.max_jobs - self._claimed)
+            if limit <= 0:
+                return None
+            self._fetch_idle = wait > 0
+            try:
+                jobs = await self._claim_many(wait, limit)
+            finally:
+                self._fetch_idle = False
+            if not jobs:
+                return None
+            self._ready.extend(jobs[1:])
+            return jobs[0]
+
+    def _ack_later(self, job: Reserved) -> None:
+        """The manager finished ``job``: its ack goes out with the next flush."""
+        self._acks.append(job)
+        if self._flush_timer is None and self._loop is not None:
+            self._flush_timer = self._loop.call_later(ACK_FLUSH_INTERVAL, self._flush_due)
+
+    def _flush_due(self) -> None:
+        self._flush_timer = None
+        if not self._acks or self._loop is None:
+            return
+        task = self._loop.create_task(self._timed_flush())
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def _timed_flush(self) -> None:
+        try:
+            await self._flush_acks()
+        except Exception as e:
+            if isinstance(e, self._outage_errors):
+                self._enter_outage(e)
+            else:  # pragma: no cover - a bug: _flush_acks falls back to single acks
+                log.warning("haze worker: acks on %s failed: %s", self.connection, e)
+            if self._acks and self._loop is not None and self._flush_timer is None:
+                # kept for the next try; the next claim also flushes first
+                self._flush_timer = self._loop.call_later(
+                    max(self.sleep, ACK_FLUSH_INTERVAL), self._flush_due
+                )
+
+    async def _flush_acks(self) -> None:
+        """Send the buffered acks in one statement and report lost leases.
+
+        An outage keeps them buffered (raised, for the caller's outage handling); any
+        other error falls back to one ack per job, so a bug here cannot re-run jobs.
+        """
+        batch, lock = self._batch, self._flush_lock
+        if batch is None or lock is None or not self._acks:
+            return
+        async with lock:
+            jobs, self._acks = self._acks, []
+            if not jobs:
+                return
+            try:
+                owned = await batch.ack_many(jobs)
+            except BaseException as e:
+                if isinstance(e, self._outage_errors) or not isinstance(e, Exception):
+                    self._acks[:0] = jobs
+                    raise
+                log.exception(
+                    "haze worker: batched ack on %s failed; acking one by one", self.connection
+                )
+                owned = [await self.driver.ack(job) for job in jobs]
+        manager = self.app.manager
+        for job, ok in zip(jobs, owned, strict=True):
+            if not ok:
+                manager._owned(False, job, "completion")
+                self.leases_lost += 1
+
+    async def _final_flush(self) -> None:
+        """Stopping: send the buffered acks now (a lost one re-runs its job later)."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        if self._flushes:
+            await asyncio.gather(*self._flushes, return_exceptions=True)
+        try:
+            await self._flush_acks()
+        except Exception as e:
+            if isinstance(e, self._outage_errors):
+                self._enter_outage(e)
+            else:  # pragma: no cover - a bug
+                log.exception("haze worker: final acks on %s failed", self.connection)
+            self._unrecorded.extend(
+                job.message.id if job.message is not None else str(job.token) for job in self._acks
+            )
+            self._acks = []
 
     def _wait_for(self, idle_wait: float) -> float:
         # In-process queues wake the slot on enqueue, so a long wait costs nothing.

@@ -15,7 +15,7 @@ One message's life through a driver::
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -23,6 +23,7 @@ from ..errors import BackendUnavailableError
 from ..message import Message
 
 __all__ = [
+    "BatchConsumer",
     "Driver",
     "FailedJob",
     "FailedJobStore",
@@ -51,6 +52,10 @@ class Reserved:
     error: BaseException | None = None
     #: Set when ack/release/fail found another worker owning the job (its lease expired).
     lease_lost: bool = False
+    #: Set by a worker that completes jobs in batches (``BatchConsumer``): the manager
+    #: hands the finished job to it instead of awaiting ``driver.ack``; the worker
+    #: flushes it with others and reports a lost lease then.
+    ack_later: Callable[[Reserved], None] | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -154,6 +159,32 @@ class Driver(Protocol):
 
     async def close(self) -> None:
         """Release connections; called when the app stops."""
+
+
+@runtime_checkable
+class BatchConsumer(Protocol):
+    """A driver that claims several jobs in one statement and completes several in one.
+
+    A worker whose driver implements it fills all its free slots with one
+    ``reserve_many`` and buffers acks, sending them with ``ack_many`` every few
+    milliseconds and before its next claim (the database driver does).
+
+    >>> isinstance(app.driver("database"), BatchConsumer)  # doctest: +SKIP
+    True
+    """
+
+    async def reserve_many(
+        self, queues: Sequence[str], limit: int, wait: float
+    ) -> builtins.list[Reserved]:
+        """Claim up to ``limit`` messages, queues in priority order; wait up to ``wait``s
+        for the first one (an empty list when none came)."""
+
+    async def ack_many(self, jobs: Sequence[Reserved]) -> builtins.list[bool]:
+        """``ack`` for several jobs at once, one bool per job in order (True: this worker
+        still held it and it is removed; False: its lease had passed to another worker)."""
+
+    def interrupt(self) -> None:
+        """End a ``reserve_many`` wait now (a slot is free again, or the worker stops)."""
 
 
 @dataclass(slots=True)

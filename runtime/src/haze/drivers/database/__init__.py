@@ -253,9 +253,14 @@ class DatabaseDriver:
     @_needs_tables
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         now = time.time()
-        await self.db.execute(
-            self.sql["enqueue"], (message.queue, body, message.attempts, now + delay, now)
-        )
+        params = (message.queue, body, message.attempts, now + delay, now)
+        if self.dialect == "postgres":
+            # The NOTIFY rides in the INSERT's statement: a separate pg_notify round trip
+            # per dispatch was half of a single dispatch's cost.
+            await self.db.execute(self.sql["enqueue_notify"], (*params, f"haze_{self.table}"))
+            self._wake_local()
+            return
+        await self.db.execute(self.sql["enqueue"], params)
         self._notify(message.queue)
 
     @_needs_tables
@@ -278,16 +283,22 @@ class DatabaseDriver:
             params = [p for row in chunk for p in row]
             await self.db.execute(f"{base}VALUES {values}", params)
 
-    def _notify(self, queue: str) -> None:
-        """Same-process dispatch wakes an idle worker at once."""
+    def _wake_local(self) -> bool:
+        """Wake an idle worker of this process; True when it runs on the caller's loop."""
         if self._wakeup is not None and self._wake_loop is not None:
             try:
                 if asyncio.get_running_loop() is self._wake_loop:
                     self._wakeup.set()
-                    return
+                    return True
             except RuntimeError:
                 pass
             self._wake_loop.call_soon_threadsafe(self._wakeup.set)
+        return False
+
+    def _notify(self, queue: str) -> None:
+        """Same-process dispatch wakes an idle worker at once."""
+        if self._wake_local():
+            return
         notify = getattr(self.db, "notify", None)
         if notify is not None:
             notify(f"haze_{self.table}", queue)
@@ -314,16 +325,57 @@ class DatabaseDriver:
             row = await self.db.fetchone(sql["claim"], (token, token, queue, now, abandoned))
         if row is None:
             return None
+        rows = await self._fresh([row], token)
+        return self._reserved(rows[0], queue) if rows else None
+
+    async def _claim_many(self, queue: str, limit: int) -> builtins.list[Reserved]:
+        """Up to ``limit`` rows of ``queue`` in one claim statement, oldest first."""
+        now = time.time()
+        token = self._token()
+        abandoned = now - self.retry_after
+        sql = self.sql
+        rows: builtins.list[tuple[Any, ...]]
+        if self.dialect == "mysql":
+            async with self.db.transaction() as tx:
+                found = await tx.fetchall(sql["claim_many_select"], (queue, now, abandoned, limit))
+                if not found:
+                    return []
+                ids = [r[0] for r in found]
+                mark = sql["claim_many_mark"].replace("{ids}", ", ".join(["?"] * len(ids)))
+                await tx.execute(mark, (token, token, *ids))
+            rows = [(r[0], r[1], int(r[2]) + 1, token) for r in found]
+        elif self.dialect == "postgres":
+            rows = await self.db.fetchall(
+                sql["claim_many"], (queue, now, abandoned, limit, token, token)
+            )
+        else:
+            rows = await self.db.fetchall(
+                sql["claim_many"], (token, token, queue, now, abandoned, limit)
+            )
+        if not rows:
+            return []
+        rows.sort(key=lambda r: int(r[0]))  # RETURNING's order is not the claim's
+        return [self._reserved(r, queue) for r in await self._fresh(rows, token)]
+
+    async def _fresh(
+        self, rows: builtins.list[tuple[Any, ...]], token: float
+    ) -> builtins.list[tuple[Any, ...]]:
+        """The claimed rows that are still this claim's.
+
+        A slow claim (pool start-up, a loaded server) wrote a reserved_at/heartbeat_at
+        that was already old, so its rows may look abandoned to other workers before the
+        first heartbeat: refresh them now, and drop any another worker has taken over
+        meanwhile (not ours to run)."""
+        if time.time() - token <= self.retry_after / 4:
+            return rows
+        kept = []
+        for row in rows:
+            if await self.db.execute(self.sql["heartbeat"], (time.time(), row[0], row[3])):
+                kept.append(row)
+        return kept
+
+    def _reserved(self, row: Sequence[Any], queue: str) -> Reserved:
         row_id, body, attempts, reserved_at = row
-        # A slow claim (pool start-up, a loaded server) wrote a reserved_at/heartbeat_at
-        # that was already old, so the row may look abandoned to other workers before
-        # the first heartbeat: refresh it now, and if another worker has taken it over
-        # meanwhile, it is not ours to run.
-        if (
-            time.time() - token > self.retry_after / 4
-            and await self.db.execute(sql["heartbeat"], (time.time(), row_id, reserved_at)) == 0
-        ):
-            return None
         if isinstance(body, (bytes, bytearray)):
             body = body.decode("utf-8", "replace")
         try:
@@ -348,6 +400,38 @@ class DatabaseDriver:
                 return job
         if event is None:
             return None
+        await self._idle_wait(event, wait)
+        for q in queues:
+            job = await self._claim(q)
+            if job is not None:
+                return job
+        return None
+
+    @_needs_tables
+    async def reserve_many(
+        self, queues: Sequence[str], limit: int, wait: float
+    ) -> builtins.list[Reserved]:
+        """Up to ``limit`` jobs in one claim statement: from the first queue (in priority
+        order) that has any; waits like ``reserve`` when none has."""
+        queues = queues or self.options.get("queues") or ["default"]
+        event = self._wake() if wait > 0 else None
+        if event is not None:
+            event.clear()  # before the claims: see reserve()
+        for q in queues:
+            jobs = await self._claim_many(q, limit)
+            if jobs:
+                return jobs
+        if event is None:
+            return []
+        await self._idle_wait(event, wait)
+        for q in queues:
+            jobs = await self._claim_many(q, limit)
+            if jobs:
+                return jobs
+        return []
+
+    async def _idle_wait(self, event: asyncio.Event, wait: float) -> None:
+        """Until a dispatch of this process, a NOTIFY, interrupt() or ``wait`` seconds."""
         listen = getattr(self.db, "listen", None)
         waiter = asyncio.ensure_future(event.wait())
         waiters: set[asyncio.Future[Any]] = {waiter}
@@ -358,11 +442,47 @@ class DatabaseDriver:
         finally:
             for w in waiters:
                 w.cancel()
-        for q in queues:
-            job = await self._claim(q)
-            if job is not None:
-                return job
-        return None
+
+    @_needs_tables
+    async def ack_many(self, jobs: Sequence[Reserved]) -> builtins.list[bool]:
+        """Delete the rows of several finished jobs in one statement and one commit.
+
+        One bool per job, as ``ack`` returns: False where another worker had taken the
+        row over (its reserved_at is no longer this claim's), and nothing was deleted."""
+        if not jobs:
+            return []
+        pairs = [(int(job.token[0]), job.token[1]) for job in jobs]
+        owned: set[int] = set()
+        sql = self.sql
+        if self.dialect == "postgres":
+            ids = [p[0] for p in pairs]
+            rows = await self.db.fetchall(sql["ack_many"], (ids, [p[1] for p in pairs]))
+            owned = {int(r[0]) for r in rows}
+        elif self.dialect == "mysql":
+            # Grouped by token (a claim's rows share one), compared by the server as the
+            # single ack does: a DOUBLE read back as text need not equal the float sent.
+            by_token: dict[Any, builtins.list[int]] = {}
+            for row_id, token in pairs:
+                by_token.setdefault(token, []).append(row_id)
+            where = " OR ".join(
+                f"(reserved_at = ? AND id IN ({', '.join(['?'] * len(ids))}))"
+                for ids in by_token.values()
+            )
+            params = [v for token, ids in by_token.items() for v in (token, *ids)]
+            async with self.db.transaction() as tx:
+                found = await tx.fetchall(sql["ack_many_select"].replace("{where}", where), params)
+                owned = {int(r[0]) for r in found}
+                if owned:
+                    marks = ", ".join(["?"] * len(owned))
+                    await tx.execute(sql["ack_many_delete"].replace("{ids}", marks), list(owned))
+        else:
+            per = 45 if self.dialect == "d1" else 400  # D1: at most 100 bound values a statement
+            for i in range(0, len(pairs), per):
+                chunk = pairs[i : i + per]
+                stmt = sql["ack_many"].replace("{pairs}", ", ".join(["(?, ?)"] * len(chunk)))
+                rows = await self.db.fetchall(stmt, [v for p in chunk for v in p])
+                owned.update(int(r[0]) for r in rows)
+        return [p[0] in owned for p in pairs]
 
     def interrupt(self) -> None:
         """End an idle wait now (the worker is stopping)."""

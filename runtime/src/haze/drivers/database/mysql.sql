@@ -38,3 +38,29 @@ FOR UPDATE SKIP LOCKED
 
 -- name: claim_mark
 UPDATE {jobs} SET reserved_at = ?, heartbeat_at = ?, attempts = attempts + 1 WHERE id = ?
+
+-- name: claim_many_select
+-- claim_select for up to LIMIT rows; claim_many_mark marks them with one token.
+-- params: queue, now, abandoned_before, limit
+SELECT id, payload, attempts FROM {jobs}
+WHERE queue = ?
+  AND ((reserved_at IS NULL AND available_at <= ?)
+       OR (reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?))
+ORDER BY id
+LIMIT ?
+FOR UPDATE SKIP LOCKED
+
+-- name: claim_many_mark
+-- The driver fills the id list with one "?" per selected id.
+UPDATE {jobs} SET reserved_at = ?, heartbeat_at = ?, attempts = attempts + 1
+WHERE id IN ({{ids}})
+
+-- name: ack_many_select
+-- MySQL has no DELETE … RETURNING: lock the rows still owned by their (id,
+-- reserved_at) first, then delete them by id (ack_many_delete), in one transaction.
+-- The driver fills the condition: (reserved_at = ? AND id IN (?, …)) OR …, one group
+-- per claim token.
+SELECT id FROM {jobs} WHERE {{where}} FOR UPDATE
+
+-- name: ack_many_delete
+DELETE FROM {jobs} WHERE id IN ({{ids}})

@@ -40,3 +40,41 @@ WITH next AS (
 UPDATE {jobs} AS j SET reserved_at = ?, heartbeat_at = ?, attempts = j.attempts + 1
 FROM next WHERE j.id = next.id
 RETURNING j.id, j.payload, j.attempts, j.reserved_at
+
+-- name: claim_many
+-- claim, for up to LIMIT rows at once: a worker with free slots fills them with one
+-- statement. Every row gets the same reserved_at (one token per claim); a row is still
+-- owned by (id, reserved_at).
+-- params: queue, now, abandoned_before, limit, reserved_at, heartbeat_at
+WITH next AS (
+    SELECT id FROM {jobs}
+    WHERE queue = ?
+      AND ((reserved_at IS NULL AND available_at <= ?)
+           OR (reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?))
+    ORDER BY id
+    LIMIT ?
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {jobs} AS j SET reserved_at = ?, heartbeat_at = ?, attempts = j.attempts + 1
+FROM next WHERE j.id = next.id
+RETURNING j.id, j.payload, j.attempts, j.reserved_at
+
+-- name: ack_many
+-- Delete the rows still owned by these (id, reserved_at) pairs, in one statement and
+-- one commit; RETURNING names the ones that were (the others were taken over).
+-- params: ids (bigint[]), reserved_ats (double precision[])
+DELETE FROM {jobs} AS j
+USING unnest(?::bigint[], ?::double precision[]) AS a(id, reserved_at)
+WHERE j.id = a.id AND j.reserved_at = a.reserved_at
+RETURNING j.id
+
+-- name: enqueue_notify
+-- enqueue with the worker wake-up in the same statement: one round trip, and the
+-- NOTIFY goes out when the INSERT commits.
+-- params: queue, payload, attempts, available_at, created_at, channel
+WITH j AS (
+    INSERT INTO {jobs} (queue, payload, attempts, available_at, created_at)
+    VALUES (?, ?, ?, ?, ?)
+    RETURNING queue
+)
+SELECT pg_notify(?, j.queue) FROM j

@@ -36,3 +36,22 @@ WHERE id = (
     ORDER BY id LIMIT 1
 )
 RETURNING id, payload, attempts, reserved_at
+
+-- name: claim_many
+-- claim, for up to LIMIT rows in one statement; every row gets the same reserved_at
+-- (one token per claim), and a row is still owned by (id, reserved_at).
+-- params: reserved_at, heartbeat_at, queue, now, abandoned_before, limit
+UPDATE {jobs} SET reserved_at = ?, heartbeat_at = ?, attempts = attempts + 1
+WHERE id IN (
+    SELECT id FROM {jobs}
+    WHERE queue = ?
+      AND ((reserved_at IS NULL AND available_at <= ?)
+           OR (reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?))
+    ORDER BY id LIMIT ?
+)
+RETURNING id, payload, attempts, reserved_at
+
+-- name: ack_many
+-- The driver appends one "(?, ?)" per (id, reserved_at) pair after VALUES; RETURNING
+-- names the rows that were still owned.
+DELETE FROM {jobs} WHERE (id, reserved_at) IN (VALUES {{pairs}}) RETURNING id

@@ -1,0 +1,379 @@
+"""Batched claims and completions of the database driver, on real backends.
+
+A worker whose driver implements ``BatchConsumer`` (the database driver does) fills its
+free slots with one claim statement (``FOR UPDATE SKIP LOCKED LIMIT n`` on PostgreSQL
+and MariaDB, one ``UPDATE … RETURNING`` on SQLite and libSQL) and sends its acks in
+batches: buffered, then deleted in one statement every few milliseconds, before its next
+claim, and at once when it stops.
+
+- statements are counted by wrapping the connector's calls (no server-side statistics);
+- ``ack_many`` deletes only the rows still owned by their (id, reserved_at), and says
+  which; a worker whose batched ack finds the lease lost still logs the warning;
+- real ``haze queue:work`` processes (``apps/batch``): SIGTERM flushes the buffered acks
+  (no row of a finished job is left), and a SIGKILL right after a job finished (its ack
+  still buffered) runs again only jobs whose rows were still there: at-least-once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import importlib.util
+import itertools
+import json
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import BACKENDS, backend_url, mysql_database, pg_database
+from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
+from haze.database.migrations import ensure_queue_tables
+from haze.drivers.base import BatchConsumer
+from haze.worker import Worker
+from worker_procs import WorkerProcs
+
+pytestmark = [pytest.mark.timeout(180)]
+
+APP = Path(__file__).parent / "apps" / "batch"
+_names = itertools.count()
+
+_spec = importlib.util.spec_from_file_location(
+    "dbx_batch_jobs_in_tests", APP / "app" / "job" / "dbx_batch_jobs.py"
+)
+assert _spec is not None and _spec.loader is not None
+proc_jobs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(proc_jobs)
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    yield from pg_database("dbx_bcl")
+
+
+@pytest.fixture(scope="session")
+def mysql_url() -> Iterator[str]:
+    yield from mysql_database("dbx_bcl")
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return backend_url(request, request.param, tmp_path)
+
+
+@contextlib.asynccontextmanager
+async def open_app(db_url: str, **options: Any) -> AsyncIterator[tuple[App, str]]:
+    n = next(_names)
+    jobs, failed = f"dbx_bcj_{os.getpid()}_{n}", f"dbx_bcf_{os.getpid()}_{n}"
+    conn = {"driver": "database", "connection": "main", "table": jobs, "failed_table": failed}
+    app = App(
+        queue=define_queue_config(default="db", connections={"db": {**conn, **options}}),
+        database=define_database_config(default="main", connections={"main": {"url": db_url}}),
+    )
+    async with app:
+        await ensure_queue_tables(app)
+        try:
+            yield app, jobs
+        finally:
+            with contextlib.suppress(Exception):
+                await app.database().execute(f"DROP TABLE IF EXISTS {jobs}")
+                await app.database().execute(f"DROP TABLE IF EXISTS {failed}")
+
+
+async def until(predicate: Any, within: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not predicate():
+        if loop.time() > deadline:
+            raise TimeoutError("condition not met in time")
+        await asyncio.sleep(0.005)
+
+
+# --------------------------------------------------------------------------- in-process jobs
+
+STARTED: list[Any] = []
+ENDED: list[Any] = []
+GATE: dict[str, asyncio.Event] = {}
+
+
+@define_job(name="dbx_bc_hold", tries=3)
+async def dbx_bc_hold(payload: dict[str, Any], job: JobContext) -> None:
+    """Starts, then waits for the test's gate when ``hold`` is set."""
+    STARTED.append(payload["k"])
+    if payload.get("hold"):
+        await GATE["open"].wait()
+    ENDED.append(payload["k"])
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    STARTED.clear()
+    ENDED.clear()
+    GATE.clear()
+
+
+class StatementSpy:
+    """Records every statement sent through a connector (and its transactions), with the
+    number of rows each ``fetchall`` returned."""
+
+    def __init__(self, db: Any) -> None:
+        self.calls: list[tuple[str, int | None]] = []
+        for name in ("execute", "fetchall", "fetchone"):
+            setattr(db, name, self._wrap(getattr(db, name)))
+        real_tx = db.transaction
+        spy = self
+
+        @contextlib.asynccontextmanager
+        async def transaction(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            async with real_tx(*args, **kwargs) as session:
+                yield spy._session(session)
+
+        db.transaction = transaction
+
+    def _wrap(self, fn: Any) -> Any:
+        async def call(sql: str, params: Any = ()) -> Any:
+            result = await fn(sql, params)
+            self.calls.append((sql, len(result) if isinstance(result, list) else None))
+            return result
+
+        return call
+
+    def _session(self, session: Any) -> Any:
+        wrapped = {n: self._wrap(getattr(session, n)) for n in ("execute", "fetchall", "fetchone")}
+        return type("Session", (), {n: staticmethod(fn) for n, fn in wrapped.items()})()
+
+    def matching(self, sql: str) -> list[int | None]:
+        """Row counts of the statements that are ``sql`` (up to its first ``{`` slot)."""
+        head = sql.split("{", 1)[0]
+        return [rows for text, rows in self.calls if text.startswith(head)]
+
+
+def _claim_sql(driver: Any) -> str:
+    return str(driver.sql["claim_many_select" if driver.dialect == "mysql" else "claim_many"])
+
+
+def _ack_sql(driver: Any) -> str:
+    return str(driver.sql["ack_many_delete" if driver.dialect == "mysql" else "ack_many"])
+
+
+# --------------------------------------------------------------------------- in-process
+
+
+async def test_the_database_driver_is_a_batch_consumer(db_url: str) -> None:
+    async with open_app(db_url) as (app, _):
+        assert isinstance(app.driver("db"), BatchConsumer)
+        worker = Worker(app, "db", ["default"], 2)
+        assert worker._batch is app.driver("db")
+
+
+async def test_a_worker_fills_its_free_slots_with_one_claim_statement(db_url: str) -> None:
+    n = 6
+    async with open_app(db_url) as (app, _):
+        driver: Any = app.driver("db")
+        GATE["open"] = asyncio.Event()
+        await Queue.bulk([dbx_bc_hold.with_({"k": i, "hold": True}) for i in range(n)])
+        await Queue.bulk([dbx_bc_hold.with_({"k": i}) for i in range(n, 2 * n)])
+        spy = StatementSpy(app.database())
+        flushes: list[int] = []
+        real_ack_many = driver.ack_many
+
+        async def ack_many(jobs: Any) -> Any:
+            flushes.append(len(jobs))
+            return await real_ack_many(jobs)
+
+        driver.ack_many = ack_many
+        worker = Worker(app, "db", ["default"], n, sleep=0.05)
+        worker.start()
+        try:
+            await until(lambda: len(STARTED) == n)
+            await asyncio.sleep(0.2)  # no slot is free: no other claim may go out
+            assert spy.matching(_claim_sql(driver)) == [n], spy.calls
+            assert sorted(STARTED) == list(range(n))
+            GATE["open"].set()
+            await until(lambda: len(ENDED) == 2 * n)
+        finally:
+            await worker.stop()
+        assert sorted(ENDED) == list(range(2 * n))
+        assert await app.database().fetchall(f"SELECT id FROM {driver.table}") == []
+        # Every ack went through ack_many; none through the one-row ack.
+        assert sum(flushes) == 2 * n, flushes
+        assert spy.matching(driver.sql["ack"]) == []
+        assert len(spy.matching(_ack_sql(driver))) == len(flushes)
+        # The first wave ended in one loop turn: its acks left together, except at most
+        # the one of the slot that reached its next claim first (sent before that claim).
+        assert max(flushes) >= n - 1, flushes
+        assert worker.leases_lost == 0
+
+
+async def test_reserve_many_shares_one_token_and_ack_many_says_which_rows_were_owned(
+    db_url: str,
+) -> None:
+    async with open_app(db_url, retry_after=60) as (app, table):
+        driver: Any = app.driver("db")
+        await Queue.bulk([dbx_bc_hold.with_({"k": i}) for i in range(6)])
+        first = await driver.reserve_many(["default"], 4, 0)
+        second = await driver.reserve_many(["default"], 4, 0)
+        assert [j.message.payload["k"] for j in first] == [0, 1, 2, 3]
+        assert [j.message.payload["k"] for j in second] == [4, 5]
+        assert len({j.token[1] for j in first}) == 1, "one token per claim"
+        assert first[0].token[1] != second[0].token[1]
+        assert all(j.attempt == 1 for j in first + second)
+        assert await driver.reserve_many(["default"], 4, 0) == []
+        # Another worker takes over rows 1 and 4 (their lease passed to it).
+        db = app.database()
+        for job in (first[1], second[0]):
+            await db.execute(
+                f"UPDATE {table} SET reserved_at = ? WHERE id = ?",
+                (job.token[1] + 1000.0, job.token[0]),
+            )
+        owned = await driver.ack_many([*first, *second])
+        assert owned == [True, False, True, True, False, True]
+        left = await db.fetchall(f"SELECT id FROM {table} ORDER BY id")
+        assert [int(r[0]) for r in left] == sorted([first[1].token[0], second[0].token[0]])
+        assert await driver.ack_many([]) == []
+
+
+async def test_a_batched_ack_that_finds_the_lease_lost_still_warns(
+    db_url: str, caplog: Any
+) -> None:
+    async with open_app(db_url, retry_after=60) as (app, table):
+        GATE["open"] = asyncio.Event()
+        job_id = await dbx_bc_hold.dispatch({"k": "lost", "hold": True})
+        await dbx_bc_hold.dispatch({"k": "kept"})
+        worker = Worker(app, "db", ["default"], 1, sleep=0.05)
+        worker.start()
+        db = app.database()
+        try:
+            await until(lambda: "lost" in STARTED)
+            # Another worker took the job over: its row carries that worker's reserved_at.
+            await db.execute(f"UPDATE {table} SET reserved_at = reserved_at + 1000")
+            with caplog.at_level(logging.WARNING):
+                GATE["open"].set()
+                await until(lambda: "kept" in ENDED)
+                await until(lambda: worker.leases_lost == 1)
+        finally:
+            await worker.stop()
+        lost = [r for r in caplog.records if "no longer owned" in r.getMessage()]
+        assert len(lost) == 1, [r.getMessage() for r in caplog.records]
+        assert '"dbx_bc_hold"' in lost[0].getMessage() and str(job_id) in lost[0].getMessage()
+        assert "completion was not recorded" in lost[0].getMessage()
+        # the taken-over row is the other worker's now: left alone
+        assert len(await db.fetchall(f"SELECT id FROM {table}")) == 1
+
+
+# --------------------------------------------------------------------------- processes
+
+PROC_BACKENDS = ["sqlite", "postgres", "mariadb"]
+
+
+class Procs(WorkerProcs):
+    def __init__(self, url: str, tmp: Path, table: str, failed: str, retry_after: str):
+        super().__init__(tmp, APP)
+        self.url, self.table, self.failed, self.retry_after = url, table, failed, retry_after
+
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        env.update(
+            DBX_DB_URL=self.url,
+            DBX_TABLE=self.table,
+            DBX_FAILED_TABLE=self.failed,
+            DBX_RETRY_AFTER=self.retry_after,
+            DBX_RUNS_FILE=str(self.runs_file),
+            PYTHONUNBUFFERED="1",
+        )
+        env.pop("PYTEST_CURRENT_TEST", None)
+        return self.spawn("db", "default", args, env)
+
+    def events(self) -> list[tuple[str, str, int, int]]:
+        if not self.runs_file.exists():
+            return []
+        out = []
+        for line in self.runs_file.read_text().splitlines():
+            event, key, attempt, pid, _ = line.split()
+            out.append((event, key, int(attempt), int(pid)))
+        return out
+
+    def count(self, event: str) -> collections.Counter[str]:
+        return collections.Counter(k for e, k, _, _ in self.events() if e == event)
+
+
+@contextlib.asynccontextmanager
+async def proc_rig(
+    request: pytest.FixtureRequest, kind: str, tmp: Path, retry_after: str
+) -> AsyncIterator[tuple[App, Procs]]:
+    url = backend_url(request, kind, tmp)
+    async with open_app(url, retry_after=retry_after) as (app, table):
+        driver: Any = app.driver("db")
+        procs = Procs(url, tmp, table, driver.failed_table, retry_after)
+        try:
+            yield app, procs
+        finally:
+            procs.kill_all()
+
+
+async def _keys_left(app: App, table: str) -> list[str]:
+    rows = await app.database().fetchall(f"SELECT payload FROM {table} ORDER BY id")
+    return [str(json.loads(r[0])["payload"]["k"]) for r in rows]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", PROC_BACKENDS)
+async def test_sigterm_flushes_the_buffered_acks(
+    request: pytest.FixtureRequest, kind: str, tmp_path: Path
+) -> None:
+    async with proc_rig(request, kind, tmp_path, "90s") as (app, procs):
+        record = proc_jobs.dbx_batch_record
+        await Queue.bulk([record.with_({"k": f"run{i}", "sleep": 1.0}) for i in range(4)])
+        await Queue.bulk([record.with_({"k": f"wait{i}"}) for i in range(6)])
+        p = procs.start("--concurrency", "4")
+        await procs.wait_ready(p)
+        await until(lambda: sum(procs.count("start").values()) == 4, within=60)
+        p.send_signal(signal.SIGTERM)
+        assert await procs.wait_exit(p) == 0, procs.log(p)
+        ended = procs.count("end")
+        assert sorted(ended) == [f"run{i}" for i in range(4)], procs.events()
+        # the four finished jobs' acks were sent before the process exited
+        assert await _keys_left(app, procs.table) == [f"wait{i}" for i in range(6)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", PROC_BACKENDS)
+async def test_a_sigkill_before_the_flush_runs_only_the_unflushed_jobs_again(
+    request: pytest.FixtureRequest, kind: str, tmp_path: Path
+) -> None:
+    concurrency = 4
+    async with proc_rig(request, kind, tmp_path, "2s") as (app, procs):
+        record, kill = proc_jobs.dbx_batch_record, proc_jobs.dbx_batch_kill
+        await Queue.bulk([record.with_({"k": f"a{i}"}) for i in range(40)])
+        await kill.dispatch({"k": "kill"})
+        await Queue.bulk([record.with_({"k": f"b{i}"}) for i in range(20)])
+        every = {f"a{i}" for i in range(40)} | {"kill"} | {f"b{i}" for i in range(20)}
+        first = procs.start("--concurrency", str(concurrency))
+        # The kill job's after-event SIGKILLs the worker: the job is done, its ack is
+        # still in the worker's buffer.
+        assert await procs.wait_exit(first) == -signal.SIGKILL, procs.log(first)
+        left = set(await _keys_left(app, procs.table))
+        assert "kill" in left, "the finished job's ack was sent before the kill"
+        started_first = set(procs.count("start"))
+        assert "kill" in set(procs.count("end"))
+        second = procs.start("--concurrency", str(concurrency))
+        await procs.wait_ready(second)
+        await until(lambda: set(procs.count("end")) == every, within=60)
+        second.send_signal(signal.SIGTERM)
+        assert await procs.wait_exit(second) == 0, procs.log(second)
+        assert await _keys_left(app, procs.table) == []
+        starts = procs.count("start")
+        twice = {k for k, n in starts.items() if n > 1}
+        # Nothing lost; what ran twice is exactly what the first worker had started
+        # (finished or running) without its ack reaching the table.
+        assert set(starts) == every
+        assert all(n <= 2 for n in starts.values()), starts
+        assert twice == left & started_first, (twice, left, started_first)
+        assert "kill" in twice
+        # acks pending at the kill: at most two claims' worth (one buffered, one in flight)
+        assert len(twice) <= 2 * concurrency, twice
