@@ -60,6 +60,22 @@ async def web_ok(payload: Any) -> None:
     return None
 
 
+@define_job(name="web_slow")
+async def web_slow(payload: Any) -> None:  # pragma: no cover - runs in the worker process
+    raise AssertionError("web_slow runs in the haze queue:work process only")
+
+
+# The worker process's own web_slow (its app root holds this and the same config).
+SLOW_JOB = """\
+import asyncio
+from haze import define_job
+
+@define_job(name="web_slow")
+async def web_slow(payload: dict) -> None:
+    await asyncio.sleep(payload["s"])
+"""
+
+
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     yield from pg_database("dash_web")
@@ -275,6 +291,33 @@ def test_dashboard_in_chromium(root: Path, server: str, browser: Any) -> None:
 
     page = p.goto(f"/jobs?id={xss.id[:8]}")
     assert xss.id in page.inner_text("main")
+
+    # Workers: a real `haze queue:work` process, listed with the job it runs now.
+    worker_root = root.parent / "worker"
+    shutil.copytree(root / "config", worker_root / "config")
+    (worker_root / "app" / "job").mkdir(parents=True)
+    (worker_root / "app" / "job" / "slow.py").write_text(SLOW_JOB)
+    in_app(root, lambda app: web_slow.dispatch({"s": 30}, queue="slow"))
+    worker = subprocess.Popen(
+        [str(HAZE), "--root", str(worker_root), "queue:work", "--queue", "slow,default"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            page = p.goto("/workers")
+            if page.locator("#workers td.running", has_text="web_slow").count():
+                break
+            assert time.monotonic() < deadline, page.inner_text("main")
+            time.sleep(0.5)
+        row = page.locator("#workers tbody tr").first
+        assert str(worker.pid) in row.inner_text()
+        assert "slow, default" in row.inner_text()
+        p.shot("workers")
+    finally:
+        worker.kill()  # not worth waiting for its 30-second job
+        worker.wait(10)
     assert p.problems == []
 
 

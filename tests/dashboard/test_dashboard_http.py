@@ -517,3 +517,10 @@ def test_encrypted_payload_hidden_unless_decrypted_with_the_app_key(
     keyless = client(backend).get(f"/failed/main/{job.id}", params={"decrypt": 1}).text
     assert "4242-SECRET" not in keyless
     assert "no app key" in keyless
+
+
+def test_pages_forbid_framing_and_foreign_scripts(backend: Backend) -> None:
+    r = client(backend).get("/")
+    policy = r.headers["content-security-policy"]
+    assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    assert r.headers["cache-control"] == "no-store"

@@ -44,6 +44,16 @@ _STATIC = {
 #: Largest POST body read (forms hold ids and filters, never payloads).
 _MAX_FORM = 256 * 1024
 _NO_STORE = {"Cache-Control": "no-store"}
+#: Pages load only the dashboard's own files, and no other site may frame them.
+_PAGE_HEADERS = {
+    **_NO_STORE,
+    "Content-Security-Policy": (
+        "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
+        "form-action 'self'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
 
 
 def _fmt_time(ts: float | None) -> str:
@@ -136,7 +146,7 @@ class Dashboard:
             ],
             **context,
         )
-        response = HTMLResponse(body, status_code=status, headers=_NO_STORE)
+        response = HTMLResponse(body, status_code=status, headers=_PAGE_HEADERS)
         if fresh:
             response.set_cookie(
                 CSRF_COOKIE,
