@@ -118,7 +118,9 @@ def _warn_local_store(job: JobContext, store: Any) -> None:
     """A store only this process sees cannot limit what other processes run."""
     if getattr(store, "shared", True) or store in _warned_local:
         return
-    if not job.app.driver(job.connection).remote:
+    # The driver that delivered the job exists already; under Queue.fake() none may.
+    driver = job.app._drivers.get(job.connection)
+    if driver is None or not driver.remote:
         return
     _warned_local.add(store)
     log.warning(
@@ -164,7 +166,16 @@ async def _hold_slot(
         renewer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await renewer
-        await store.delete(held, owner=owner)
+        try:
+            await store.delete(held, owner=owner)
+        except Exception as e:
+            # The run's outcome stands; the slot frees itself when its lease runs out.
+            log.warning(
+                "could not give back concurrency slot %s (%s); it frees itself within %gs",
+                held,
+                e,
+                lease,
+            )
 
 
 async def _renew(store: Any, key: str, owner: str, lease: float, job: JobContext) -> None:
