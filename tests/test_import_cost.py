@@ -66,7 +66,13 @@ def test_import_haze_lambda_loads_no_driver_worker_or_http_code() -> None:
     loaded = loaded_after("import haze_lambda")
     assert loaded <= {"haze", "haze.errors", "haze_lambda"}, sorted(loaded)
     handlers = loaded_after("from haze_lambda import sqs_handler, http_handler, schedule_handler")
-    for heavy in ("haze.drivers.sqs", "haze.worker", "haze.integrations.http_dispatch"):
+    for heavy in (
+        "haze.app",
+        "haze.config",
+        "haze.drivers.sqs",
+        "haze.worker",
+        "haze.integrations.http_dispatch",
+    ):
         assert heavy not in handlers, heavy
 
 
@@ -77,6 +83,8 @@ def test_import_haze_cloudflare_loads_no_driver_d1_or_httpx_code() -> None:
         "from haze_cloudflare import QueueWorker\nclass Default(QueueWorker): pass"
     )
     for heavy in (
+        "haze.app",
+        "haze.config",
         "haze.drivers.cloudflare",
         "haze.database",
         "haze.database.d1",

@@ -63,7 +63,6 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from haze.config import env_source
 from haze.errors import ConfigError, HazeError
 
 from ._js import bind_env, binding, env_vars, to_py
@@ -275,6 +274,8 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         if env is None:
             yield
             return
+        from haze.config import env_source  # at the first invocation (cold start)
+
         with env_source(env_vars(env)):
             yield
 
