@@ -275,6 +275,10 @@ def test_overview_numbers_match_the_queue(backend: Backend) -> None:
     assert rows[("main", "reports")]["failure-rate"] == "40.0%"
     assert rows[("main", "default")]["finished-hour"] == "0"
     assert float(rows[("main", "reports")]["per-minute"]) > 0
+    assert rows[("main", "reports")]["wait"].startswith("≤ ")
+    assert rows[("main", "default")]["wait"] == "—"
+    runtimes = dict(re.findall(r'<tr data-job="(dash_\w+)">.*?<td class="n runs">(\d+)</td>', html))
+    assert runtimes == {"dash_boom": "2", "dash_ok": "3"}
     partial = c.get("/", params={"partial": 1}).text
     assert "<html" not in partial and _rows(partial) == rows
     metrics = c.get("/metrics")
@@ -289,7 +293,7 @@ def _rows(html: str) -> dict[tuple[str, str], dict[str, str]]:
     ):
         cells = dict(
             re.findall(
-                r'<(?:td|span) class="(?:n |muted )?(waiting|failed|per-minute|failure-rate|finished-hour)"[^>]*>(.*?)</(?:td|span)>',
+                r'<(?:td|span) class="(?:n |muted )?(waiting|failed|per-minute|failure-rate|finished-hour|wait)"[^>]*>(.*?)</(?:td|span)>',
                 m.group(3),
                 re.S,
             )
@@ -524,3 +528,31 @@ def test_pages_forbid_framing_and_foreign_scripts(backend: Backend) -> None:
     policy = r.headers["content-security-policy"]
     assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy
     assert r.headers["cache-control"] == "no-store"
+
+
+def test_wait_and_runtime_percentiles_from_the_workers_counts(backend: Backend) -> None:
+    from haze.throughput import Tally
+
+    async def record(app: App) -> None:
+        tally = Tally(app)
+        for _ in range(9):
+            tally.add("main", "emails", "done", job="dash_ok", wait=0.3, runtime=0.02)
+        tally.add("main", "emails", "failed", job="dash_boom", wait=20, runtime=4000)
+        await tally.flush()
+
+    backend.run(record)
+    c = client(backend)
+    html = c.get("/").text
+    row = _rows(html)[("main", "emails")]
+    # 10 jobs: the 5th wait is in the 0.25-0.5 s bucket, the 10th (p95) in 10-30 s.
+    assert row["wait"] == "≤ 500 ms / ≤ 30 s"
+    assert row["failure-rate"] == "10.0%"
+    found = re.findall(
+        r'<tr data-job="(dash_\w+)">.*?<td class="n runs">(\d+)</td><td class="n p50">(.*?)</td>'
+        r'<td class="n p95">(.*?)</td>',
+        html,
+    )
+    assert found == [
+        ("dash_boom", "1", "&gt; 1 h", "&gt; 1 h"),
+        ("dash_ok", "9", "≤ 50 ms", "≤ 50 ms"),
+    ]

@@ -238,7 +238,9 @@ class QueueManager:
     async def _send(
         self, message: Message, job: JobDefinition[Any], delay: float
     ) -> DispatchResult:
-        otel = self.telemetry()
+        otel: Telemetry | None = self._otel
+        if otel is _UNRESOLVED:
+            otel = self.telemetry()
         if otel is not None and _testing._active_fake is None:
             result: DispatchResult = await otel.send(
                 message, delay, lambda: self._send_now(message, job, delay)
@@ -564,6 +566,7 @@ class QueueManager:
 
     async def process(self, reserved: Reserved, driver: Driver) -> str:
         """Run one claimed message to its outcome; never raises for job errors."""
+        started, clock = _time(), time.perf_counter()
         outcome, _ = await self._process(reserved, driver, inline=False)
         if driver.remote:
             # Jobs per minute for queue:stats/top, written to the store every few seconds.
@@ -572,7 +575,15 @@ class QueueManager:
                 from .throughput import Tally
 
                 tally = self._tally = Tally(self.app)
-            if tally.add(driver.name, reserved.queue, outcome):
+            message = reserved.message
+            if tally.add(
+                driver.name,
+                reserved.queue,
+                outcome,
+                job=message.job if message is not None else None,
+                wait=started - message.ts if message is not None and message.ts else None,
+                runtime=time.perf_counter() - clock,
+            ):
                 await tally.flush()
         return outcome
 
@@ -592,7 +603,9 @@ class QueueManager:
         app_token = (_app_var or _bind_app_var()).set(self.app)
         tenant_token = _tenant.set(message.tenant)
         try:
-            otel = self.telemetry()
+            otel: Telemetry | None = self._otel
+            if otel is _UNRESOLVED:
+                otel = self.telemetry()
             if otel is not None:
                 return await otel.process(
                     job,

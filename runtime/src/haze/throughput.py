@@ -5,8 +5,12 @@ finishes (done, failed, retried or released) in memory and adds the counts to pe
 keys of the app's queue store at most every few seconds, so a job costs a dict update,
 not a store write. ``haze queue:stats`` and ``queue:top`` read the last five minutes;
 the dashboard charts the last hour, with the failed jobs counted apart (``:failed``
-keys) for its failure rate. Each minute's keys live ``HAZE_METRICS_RETENTION`` (a
-duration, default ``2h``, at most ``7d``), so the series stays bounded.
+keys) for its failure rate, and the percentiles of wait time (dispatch to start) and
+of runtime per job name (per connection, whatever the queue), from bucket counts per
+ten-minute window (``LATENCY_BUCKETS``;
+a percentile is reported as the upper bound of its bucket). Every key lives
+``HAZE_METRICS_RETENTION`` (a duration, default ``2h``, at most ``7d``), so the series
+stays bounded.
 The store must be one every process shares (redis or database); with a process-local
 store there is nothing to read, and the commands say so.
 
@@ -16,8 +20,11 @@ store there is nothing to read, and the commands say so.
 
 from __future__ import annotations
 
+import bisect
 import logging
+import math
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import HazeError
@@ -25,7 +32,19 @@ from .errors import HazeError
 if TYPE_CHECKING:
     from .app import App
 
-__all__ = ["FLUSH_EVERY", "WINDOW", "Tally", "minute_key", "per_minute", "retention", "series"]
+__all__ = [
+    "FLUSH_EVERY",
+    "LATENCY_BUCKETS",
+    "WINDOW",
+    "Latency",
+    "Tally",
+    "minute_key",
+    "per_minute",
+    "retention",
+    "runtimes",
+    "series",
+    "wait_time",
+]
 
 log = logging.getLogger("haze")
 
@@ -41,6 +60,22 @@ _monotonic = time.monotonic
 def minute_key(connection: str, queue: str, minute: int, kind: str = "") -> str:
     """The key of one minute's count (``kind="failed"``: the failed jobs among them)."""
     return f"haze:throughput:{connection}:{queue}:{minute}" + (f":{kind}" if kind else "")
+
+
+#: Upper bounds (seconds) of the wait-time and runtime buckets; the last is open.
+LATENCY_BUCKETS = (
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, math.inf,
+)  # fmt: skip
+#: Minutes per latency window.
+_SPAN = 10
+
+
+def _bucket(seconds: float) -> int:
+    return bisect.bisect_left(LATENCY_BUCKETS, max(0.0, seconds))
+
+
+def _window_key(connection: str, queue: str, window: int, kind: str) -> str:
+    return f"haze:throughput:{connection}:{queue}:w{window}:{kind}"
 
 
 def retention() -> float:
@@ -70,14 +105,31 @@ class Tally:
             self.keep = float(_KEEP)
         self.flushed = _monotonic()
 
-    def add(self, connection: str, queue: str, outcome: str = "") -> bool:
-        """Count one finished job (``outcome="failed"``: counted among the failed too);
-        True when the counts are due to be written."""
-        key = (connection, queue, "")
-        self.counts[key] = self.counts.get(key, 0) + 1
+    def add(
+        self,
+        connection: str,
+        queue: str,
+        outcome: str = "",
+        *,
+        job: str | None = None,
+        wait: float | None = None,
+        runtime: float | None = None,
+    ) -> bool:
+        """Count one finished job (``outcome="failed"``: counted among the failed too),
+        and its wait time and runtime (``job`` names it for the runtime); True when the
+        counts are due to be written."""
+        counts = self.counts
+        kinds = [""]
         if outcome == "failed":
-            key = (connection, queue, "failed")
-            self.counts[key] = self.counts.get(key, 0) + 1
+            kinds.append("failed")
+        if wait is not None:
+            kinds.append(f"w:wait:{_bucket(wait)}")
+        for kind in kinds:
+            key = (connection, queue, kind)
+            counts[key] = counts.get(key, 0) + 1
+        if runtime is not None and job is not None:
+            key = (connection, "*", f"w:run:{job}:{_bucket(runtime)}")
+            counts[key] = counts.get(key, 0) + 1
         return _monotonic() - self.flushed >= FLUSH_EVERY
 
     async def flush(self) -> None:
@@ -94,8 +146,12 @@ class Tally:
         counts, self.counts = self.counts, {}
         keep = self.keep
         for (connection, queue, kind), n in counts.items():
+            if kind.startswith("w:"):
+                store_key = _window_key(connection, queue, minute // _SPAN, kind[2:])
+            else:
+                store_key = minute_key(connection, queue, minute, kind)
             try:
-                await store.increment(minute_key(connection, queue, minute, kind), n, keep)
+                await store.increment(store_key, n, keep)
             except Exception as e:
                 log.debug("haze: could not record throughput of %s/%s: %s", connection, queue, e)
                 key = (connection, queue, kind)
@@ -133,3 +189,69 @@ async def series(
     values = await store.get_many(keys)
     done, failed = values[: len(span)], values[len(span) :]
     return [(m, int(d or 0), int(f or 0)) for m, d, f in zip(span, done, failed, strict=True)]
+
+
+@dataclass(frozen=True)
+class Latency:
+    """Percentiles over the last hour, each the upper bound of its bucket in seconds
+    (``math.inf``: above the largest bound)."""
+
+    count: int
+    p50: float
+    p95: float
+
+
+def _percentiles(counts: list[int]) -> Latency | None:
+    total = sum(counts)
+    if not total:
+        return None
+    out = []
+    for q in (0.5, 0.95):
+        rank, seen = math.ceil(q * total), 0
+        for bound, n in zip(LATENCY_BUCKETS, counts, strict=True):
+            seen += n
+            if seen >= rank:
+                out.append(bound)
+                break
+    return Latency(total, out[0], out[1])
+
+
+async def _hour(app: App, connection: str, queue: str, kinds: list[str]) -> list[Latency | None]:
+    """Percentiles of each latency ``kind`` over the last hour (the last six ten-minute
+    windows, the current one included), in one read."""
+    now = int(time.time() // 60) // _SPAN
+    windows = range(now - 60 // _SPAN + 1, now + 1)
+    n = len(LATENCY_BUCKETS)
+    keys = [
+        _window_key(connection, queue, w, f"{kind}:{i}")
+        for kind in kinds
+        for w in windows
+        for i in range(n)
+    ]
+    values = await app.queue_store.get_many(keys)
+    per_kind = len(windows) * n
+    out = []
+    for k in range(len(kinds)):
+        chunk = values[k * per_kind : (k + 1) * per_kind]
+        counts = [sum(int(chunk[w * n + i] or 0) for w in range(len(windows))) for i in range(n)]
+        out.append(_percentiles(counts))
+    return out
+
+
+async def wait_time(app: App, connection: str, queue: str) -> Latency | None:
+    """Wait time (dispatch to start) on ``queue`` over the last hour; None with no job
+    started in that hour, or a process-local queue store."""
+    if not app.queue_store.shared:
+        return None
+    return (await _hour(app, connection, queue, ["wait"]))[0]
+
+
+async def runtimes(app: App, connection: str, jobs: list[str]) -> dict[str, Latency] | None:
+    """Runtime of each of ``jobs`` on ``connection`` over the last hour (a job with no
+    run in that hour is left out); None when the queue store is process-local."""
+    if not app.queue_store.shared:
+        return None
+    if not jobs:
+        return {}
+    found = await _hour(app, connection, "*", [f"run:{job}" for job in jobs])
+    return {job: lat for job, lat in zip(jobs, found, strict=True) if lat is not None}

@@ -99,6 +99,7 @@ class Dashboard:
         env.filters["short"] = short_id
         env.filters["first_line"] = _first_line
         env.filters["sparkline"] = _data.sparkline
+        env.filters["seconds"] = _data.seconds
         env.filters["pretty"] = lambda v: json.dumps(v, indent=2, sort_keys=True, default=str)
         self.env = env
 
@@ -173,10 +174,23 @@ class Dashboard:
 
     async def overview(self, request: Request) -> Response:
         rows = await self.call(lambda app: _data.overview(app, self.connection))
-        template = (
-            "_overview_table.html" if request.query_params.get("partial") else "overview.html"
+        if request.query_params.get("partial"):
+            return self.render(request, "_overview_table.html", rows=rows, now=time.time())
+        # Runtime per job is read once per page load, not on every refresh.
+        runtime_error = ""
+        try:
+            runtimes = await self.call(lambda app: _data.job_runtimes(app, self.connection))
+        except Exception as e:
+            runtimes, runtime_error = None, _data.reason(self.app, e)
+        return self.render(
+            request,
+            "overview.html",
+            rows=rows,
+            runtimes=runtimes,
+            runtime_error=runtime_error,
+            now=time.time(),
+            page="overview",
         )
-        return self.render(request, template, rows=rows, now=time.time(), page="overview")
 
     async def failed(self, request: Request) -> Response:
         q = request.query_params

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from ..app import App
     from ..batches import Batch
     from ..drivers import FailedJob
+    from ..throughput import Latency
 
 __all__ = [
     "FailedFilter",
@@ -61,6 +63,8 @@ class QueueRow:
     finished_hour: int | None = None
     failed_hour: int | None = None
     minutes: builtins.list[int] = field(default_factory=list)
+    #: Dispatch-to-start percentiles over the last hour.
+    wait: Latency | None = None
 
     @property
     def failure_rate(self) -> float | None:
@@ -98,7 +102,7 @@ async def overview(app: App, connection: str | None = None) -> list[QueueRow]:
             for job in await app.driver(name).failed.list(None):
                 failed_by_queue[job.queue] = failed_by_queue.get(job.queue, 0) + 1
         except Exception as e:
-            failed_by_queue, error = None, _reason(app, e)
+            failed_by_queue, error = None, reason(app, e)
         extra = sorted(set(failed_by_queue or {}) - set(queues))
         for queue in [*queues, *extra]:
             row = QueueRow(
@@ -122,17 +126,17 @@ async def overview(app: App, connection: str | None = None) -> list[QueueRow]:
                         counts.running,
                     )
             except Exception as e:
-                row.error = row.error or _reason(app, e)
+                row.error = row.error or reason(app, e)
             try:
                 await _rates(app, row)
             except Exception as e:
-                row.error = row.error or _reason(app, e)
+                row.error = row.error or reason(app, e)
             rows.append(row)
     return rows
 
 
 async def _rates(app: App, row: QueueRow) -> None:
-    from ..throughput import WINDOW, series
+    from ..throughput import WINDOW, series, wait_time
 
     minutes = await series(app, row.connection, row.queue, 60)
     if minutes is None:  # a process-local store: no worker's counts are visible here
@@ -143,6 +147,47 @@ async def _rates(app: App, row: QueueRow) -> None:
     # As queue:stats computes it: the last WINDOW minutes, the current one in part.
     elapsed = WINDOW - 1 + (time.time() % 60) / 60
     row.per_minute = sum(row.minutes[-WINDOW:]) / elapsed
+    row.wait = await wait_time(app, row.connection, row.queue)
+
+
+@dataclass
+class JobRuntime:
+    """Runtime percentiles of one job over the last hour."""
+
+    connection: str
+    job: str
+    latency: Latency
+
+
+async def job_runtimes(app: App, connection: str | None = None) -> builtins.list[JobRuntime] | None:
+    """Runtime per job name on each connection, for the jobs whose definition sends them
+    there (jobs that ran in the last hour); None when the queue store is process-local."""
+    from ..throughput import runtimes
+
+    out: builtins.list[JobRuntime] = []
+    names = [connection] if connection else list(app.queue_config.connections)
+    for name in names:
+        if app.queue_config.connections[name].get("driver") in ("sync", "failover"):
+            continue
+        jobs = sorted({j for js in app.job_queues(name).values() for j in js})
+        found = await runtimes(app, name, jobs)
+        if found is None:
+            return None
+        out.extend(JobRuntime(name, job, lat) for job, lat in found.items())
+    return out
+
+
+def seconds(value: float) -> str:
+    """``0.25`` → ``"≤ 250 ms"``: a percentile is the upper bound of its bucket."""
+    if math.isinf(value):
+        return "> 1 h"
+    if value < 1:
+        return f"≤ {value * 1000:g} ms"
+    if value < 60:
+        return f"≤ {value:g} s"
+    if value < 3600:
+        return f"≤ {value / 60:g} min"
+    return f"≤ {value / 3600:g} h"
 
 
 def sparkline(values: builtins.list[int], width: int = 120, height: int = 24) -> str:
@@ -156,7 +201,7 @@ def sparkline(values: builtins.list[int], width: int = 120, height: int = 24) ->
     )
 
 
-def _reason(app: App, error: BaseException) -> str:
+def reason(app: App, error: BaseException) -> str:
     """One line for a page: the outage message, else the error's type and first line."""
     down = app.manager.unavailable(error)
     if down is not None:
@@ -315,11 +360,11 @@ async def lookup(app: App, token: str) -> Lookup:
             jobs = await app.driver(name).failed.list(None)
             job_id = match_id(token, [j.id for j in jobs])
         except Exception as e:
-            found.errors.append(f"{name}: {_reason(app, e)}")
+            found.errors.append(f"{name}: {reason(app, e)}")
             continue
         found.failed.extend(j for j in jobs if j.id == job_id)
     try:
         found.batch = await find(app.manager, token)
     except Exception as e:
-        found.errors.append(f"batches: {_reason(app, e)}")
+        found.errors.append(f"batches: {reason(app, e)}")
     return found
