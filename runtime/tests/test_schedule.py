@@ -539,3 +539,24 @@ def test_python_presets_install_the_schedule_extra(tmp_path: Path) -> None:
     scheduling._registry.clear()
     (root / "config" / "schedule.py").write_text("")
     assert "schedule" not in extras_for(App(root=root))
+
+
+async def test_the_leader_renews_its_lease_and_notices_losing_it() -> None:
+    import asyncio
+
+    schedule(report, every="1h", name="hourly")
+    async with memory_app() as app:
+        store = app.store()
+        a = Scheduler(app, lease=0.3)
+        now = utc(2026, 1, 1, 12, 0, 1)
+        await a.step(now)
+        assert a.leader
+        await asyncio.sleep(0.2)
+        await a.step(now)  # past a third of the lease: renewed
+        ttl = await store.ttl("haze:schedule:leader")
+        assert ttl is not None and ttl > 0.2
+        await store.put("haze:schedule:leader", "someone-else", 10)
+        await asyncio.sleep(0.12)
+        await a.step(now)
+        assert not a.leader
+        assert await store.get("haze:schedule:leader") == "someone-else"

@@ -434,13 +434,12 @@ class Scheduler:
             self._renewed = mono
             await self._resume(now)
         elif mono - self._renewed >= self.lease / 3:
-            # get + put is not atomic: a lease lost in between is harmless, since each
-            # tick's own claim keeps two leaders from dispatching it twice.
-            if await store.get(_LEADER_KEY) != self.id:
+            # Owner-checked renewal. Even two leaders at once (a stalled one whose lease
+            # ran out) send each tick once: each tick has its own claim.
+            if not await store.touch(_LEADER_KEY, self.id, self.lease):
                 self.leader = False
                 log.info("haze: scheduler %s lost the leader lease", self.id)
                 return self.lease / 3
-            await store.put(_LEADER_KEY, self.id, self.lease)
             self._renewed = mono
         for sched in self.schedules:
             await self._run_schedule(sched, now)
