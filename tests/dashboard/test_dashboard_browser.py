@@ -65,6 +65,20 @@ async def web_slow(payload: Any) -> None:  # pragma: no cover - runs in the work
     raise AssertionError("web_slow runs in the haze queue:work process only")
 
 
+# The job definitions as the dashboard's process imports them (it never runs them).
+DASHBOARD_JOBS = """\
+from haze import define_job
+
+@define_job(name="web_boom", tries=1)
+async def web_boom(payload: dict) -> None: ...
+
+@define_job(name="web_ok")
+async def web_ok(payload: dict) -> None: ...
+
+@define_job(name="web_slow")
+async def web_slow(payload: dict) -> None: ...
+"""
+
 # The worker process's own web_slow (its app root holds this and the same config).
 SLOW_JOB = """\
 import asyncio
@@ -125,10 +139,16 @@ def free_port() -> int:
 
 @pytest.fixture
 def server(root: Path) -> Iterator[str]:
+    # The dashboard's own root: the same config, and the job modules (the runtime table
+    # lists the jobs registered in the dashboard's process).
+    dash_root = root.parent / "dashboard"
+    shutil.copytree(root / "config", dash_root / "config")
+    (dash_root / "app" / "job").mkdir(parents=True)
+    (dash_root / "app" / "job" / "web.py").write_text(DASHBOARD_JOBS)
     port = free_port()
     env = {**os.environ, "HAZE_DASHBOARD_PASSWORD": PASSWORD, "HAZE_ENV": "production"}
     proc = subprocess.Popen(
-        [str(HAZE), "--root", str(root), "dashboard", "--port", str(port)],
+        [str(HAZE), "--root", str(dash_root), "dashboard", "--port", str(port)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -240,6 +260,7 @@ def test_dashboard_in_chromium(root: Path, server: str, browser: Any) -> None:
     assert cell(page, "default", "waiting") == "3"
     assert cell(page, "reports", "waiting") == "2"
     assert cell(page, "reports", "failed") == "3"
+    assert page.locator('#runtimes tr[data-job="web_boom"] td.runs').inner_text() == "3"
     p.shot("overview")
     in_app(root, lambda app: web_ok.dispatch({"i": 99}))
     page.wait_for_function(

@@ -46,3 +46,25 @@ def test_unknown_connection_and_bad_port_are_one_line(root: Path) -> None:
     code, out = run(root, "--port", "0", env={"HAZE_ENV": "local"})
     assert code == 2
     assert "--port" in out
+
+
+def test_queue_work_refuses_a_bad_metrics_retention_at_start(tmp_path: Path) -> None:
+    db = tmp_path / "q.db"
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "database.py").write_text(
+        "from haze import define_database_config\n"
+        f"config = define_database_config(default='db', connections={{'db': {{'url': 'sqlite:///{db}'}}}})\n"
+    )
+    (tmp_path / "config" / "queue.py").write_text(
+        "from haze import define_queue_config\n"
+        "config = define_queue_config(default='main', connections={'main': {'driver': 'database'}})\n"
+    )
+    for value, message in (("lots", "HAZE_METRICS_RETENTION='lots'"), ("10s", "from 1m to 7d")):
+        result = CliRunner().invoke(
+            get_cli(),
+            ["--root", str(tmp_path), "queue:work", "--stop-when-empty"],
+            env={"HAZE_METRICS_RETENTION": value},
+        )
+        assert result.exit_code == 1, result.output
+        assert message in result.output
+        assert "Traceback" not in result.output

@@ -195,6 +195,9 @@ def queue_work(
     if not app.driver(name).remote and not with_schedule:
         raise click.ClickException(f'connection "{name}" {MEMORY_REFUSAL}')
     _ = app.queue_store  # no usable lock store is a start-up error, not a warning a second
+    from ..throughput import retention
+
+    retention()  # a bad HAZE_METRICS_RETENTION stops the worker here, in one line
     output = WorkerOutput(
         mode="json" if as_json else "quiet" if quiet else "lines", verbose=verbose
     )
