@@ -1,4 +1,5 @@
-"""Three real ``haze schedule:work`` processes on one PostgreSQL database or one Redis:
+"""Three real ``haze schedule:work`` processes on one PostgreSQL, MariaDB or SQLite
+database or one Redis:
 every tick is dispatched once, and the leader's SIGKILL loses no tick.
 
 The app (``sched_app``) has a 1-second ``every`` schedule and a 2-second cron schedule
@@ -26,7 +27,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "database"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "drivers"))
 
-from harness import pg_database
+from harness import mysql_database, pg_database
 from redis_spec import REDIS_URL, delete_prefix, needs_redis, unique_prefix
 
 APP = Path(__file__).parent / "sched_app"
@@ -39,6 +40,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform == "win32", reas
 @pytest.fixture(scope="module")
 def pg_url() -> Iterator[str]:
     yield from pg_database("hz_sched")
+
+
+@pytest.fixture(scope="module")
+def mysql_url() -> Iterator[str]:
+    yield from mysql_database("hz_sched")
 
 
 def spawn(tmp: Path, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -162,6 +168,15 @@ def run_schedulers(tmp: Path, env: dict[str, str]) -> None:
 
 def test_three_schedulers_on_postgres(tmp_path: Path, pg_url: str) -> None:
     run_schedulers(tmp_path, {**os.environ, "SCHED_BACKEND": "postgres", "SCHED_DB_URL": pg_url})
+
+
+def test_three_schedulers_on_mariadb(tmp_path: Path, mysql_url: str) -> None:
+    run_schedulers(tmp_path, {**os.environ, "SCHED_BACKEND": "mariadb", "SCHED_DB_URL": mysql_url})
+
+
+def test_three_schedulers_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/sched.db"
+    run_schedulers(tmp_path, {**os.environ, "SCHED_BACKEND": "sqlite", "SCHED_DB_URL": url})
 
 
 @needs_redis
