@@ -571,8 +571,8 @@ def _eventbridge_dow(value: str, where: str) -> str:
         elif "-" in item and all(p.isdigit() for p in item.split("-", 1)) and not suffix:
             lo, hi = (int(p) for p in item.split("-", 1))
             out.extend(one(str(d)) for d in range(lo, hi + 1))
-        elif item.isalpha() and len(item) == 3:
-            out.append(item.upper() + suffix)
+        elif all(p.isalpha() and len(p) == 3 for p in item.split("-", 1)):
+            out.append(item.upper() + suffix)  # MON, MON-FRI: EventBridge takes the names
         else:
             raise ScheduleError(
                 f"{where}: day-of-week {value!r} has no EventBridge form; use numbers, "
