@@ -735,3 +735,23 @@ def test_packages_vendored_beside_haze_are_pinned_in_the_project() -> None:
     text = pyproject_source("w", {"haze": "wheels/haze.whl"}, [*pins, "httpx>=0.27"])
     project = tomllib.loads(text)["project"]
     assert project["dependencies"] == ["haze", pins[0], "httpx>=0.27"]
+
+
+def test_wrangler_deploys_the_synced_project(built: Path, tmp_path: Path) -> None:
+    """``pywrangler deploy`` is sync, then wrangler with the project's wrangler.jsonc:
+    wrangler's dry run of the synced project uploads the entry, the app and
+    python_modules/ (the runtime as pywrangler vendored it, the SDK's JS modules)."""
+    project = tmp_path / "cloudflare"
+    shutil.copytree(built / "cloudflare", project)
+    pywrangler_vendor(project)
+    out = _dry_run(project / "wrangler.jsonc", tmp_path / "out", project)
+    bundle = tmp_path / "out"
+    assert (bundle / "entry.py").read_text() == (project / "src" / "entry.py").read_text()
+    for path in (
+        "app/job/bld_cf_jobs.py",
+        "python_modules/haze/__init__.py",
+        "python_modules/haze_cloudflare/worker.py",
+        "python_modules/workers/__init__.py",
+    ):
+        assert (bundle / path).is_file(), path
+    assert "env.QUEUE (bld-jobs)" in out
