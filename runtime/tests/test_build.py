@@ -254,3 +254,13 @@ def test_outside_a_checkout_the_hint_names_the_checkout_path_or_a_wheel(
     assert "pip install ./adapters/cloudflare from a haze checkout" in hint
     assert "uv build --wheel adapters/cloudflare" in hint
     assert install_hint("haze_lambda").startswith("pip install ./adapters/lambda")
+
+
+def test_a_killed_builds_leftovers_are_cleared_by_the_next(tmp_path: Path) -> None:
+    root = _cloudflare_app(tmp_path / "app")
+    out = tmp_path / "dist"
+    # what a build killed while staging, or between its two renames, leaves behind
+    (out / ".haze-build-abc123" / "cloudflare" / "src").mkdir(parents=True)
+    (out / ".haze-build-abc123-old-cloudflare").mkdir()
+    build(root, "cloudflare", out)
+    assert sorted(p.name for p in out.iterdir()) == ["cloudflare", "wrangler.json"]

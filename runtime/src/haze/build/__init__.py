@@ -189,6 +189,8 @@ def build(root: str | Path, preset: str, out: str | Path | None = None) -> Build
         ) from None
     created = not target.exists()
     target.mkdir(parents=True, exist_ok=True)
+    for stale in target.glob(".haze-build-*"):  # left by a build that was killed
+        shutil.rmtree(stale, ignore_errors=True)
     # Inside the output directory: the same file system, so moving into place is a rename.
     staging = Path(tempfile.mkdtemp(prefix=".haze-build-", dir=target))
     try:
