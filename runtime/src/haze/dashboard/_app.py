@@ -334,6 +334,13 @@ class Dashboard:
                 raise ValueError("a queue name of 1-255 characters is required")
         except (ValueError, HazeError) as e:
             return self.back(request, "/", error=str(e))
+        if not _data.shared_store(self.app):
+            return self.back(
+                request,
+                "/",
+                error="workers read pause signals from a store they share; this app's queue "
+                "store is local to each process (configure a redis or database store)",
+            )
         if action == "pause":
             await self.call(lambda app: pause(app, connection, queue))
             return self.back(request, "/", done=f'Paused "{queue}" on "{connection}".')

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..drivers.base import QueueInspector
 from ..durations import parse_duration
+from ..errors import HazeError
 
 if TYPE_CHECKING:
     from ..app import App
@@ -37,7 +38,7 @@ __all__ = [
 #: Where the driver has no count to give, the page says so instead of guessing.
 _NO_SIZE = {
     "cloudflare": "Cloudflare reports one backlog for the whole queue, shown on every row",
-    "sqs": "SQS counts ready, delayed and in-flight messages together",
+    "sqs": "SQS counts are approximate (its ApproximateNumberOf* attributes)",
 }
 
 
@@ -91,10 +92,11 @@ async def overview(app: App, connection: str | None = None) -> list[QueueRow]:
             # neither holds a queue of its own.
             continue
         queues = app.known_queues(name)
-        try:
-            paused: set[str] | None = await paused_queues(app, name, queues)
-        except Exception:
-            paused = None  # no shared store (sqs/cloudflare without one): nothing to show
+        paused: set[str] | None = None
+        # Pause signals only reach workers through a store they share: with a
+        # process-local one there is no pause state to show and none to set.
+        if shared_store(app):
+            paused = await paused_queues(app, name, queues)
         failed_by_queue: dict[str, int] | None = None
         error = ""
         try:
@@ -199,6 +201,14 @@ def sparkline(values: builtins.list[int], width: int = 120, height: int = 24) ->
     return " ".join(
         f"{i * step:.1f},{height - 1 - (v / top) * (height - 2):.1f}" for i, v in enumerate(values)
     )
+
+
+def shared_store(app: App) -> bool:
+    """Whether the queue store is one every process sees (pauses, workers, counts)."""
+    try:
+        return bool(app.queue_store.shared)
+    except HazeError:  # sqs/cloudflare with no store configured
+        return False
 
 
 def reason(app: App, error: BaseException) -> str:

@@ -1,0 +1,80 @@
+"""The dashboard over an ``sqs`` connection (moto in server mode stands in for Amazon
+SQS, as in tests/drivers/test_sqs.py): SQS cannot list or split its messages the way a
+database can, and the page says so instead of guessing."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import runpy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from haze import App, define_database_config, define_job, define_queue_config
+from haze.dashboard import create_app
+from starlette.testclient import TestClient
+
+SPEC: dict[str, Any] = runpy.run_path(str(Path(__file__).parent.parent / "drivers" / "sqs_spec.py"))
+
+
+@define_job(name="dash_sqs_ok")
+async def dash_sqs_ok(payload: Any) -> None:
+    return None
+
+
+@pytest.fixture
+def make_app(tmp_path: Path) -> Iterator[Any]:
+    prefix = SPEC["unique_prefix"]("dash")
+    urls = SPEC["create_queues"]([f"{prefix}-default", f"{prefix}-emails"])
+
+    def make() -> App:
+        conn = {
+            "driver": "sqs",
+            "queue_url": f"{SPEC['endpoint']()}/{SPEC['ACCOUNT']}/{prefix}-{{queue}}",
+            "endpoint_url": SPEC["endpoint"](),
+            "region": SPEC["REGION"],
+            "credentials": dict(SPEC["CREDENTIALS"]),
+            "queues": ["default", "emails"],
+        }
+        return App(
+            queue=define_queue_config(default="sqs", connections={"sqs": conn}, store="memory"),
+            database=define_database_config(
+                default="main", connections={"main": {"url": f"sqlite:///{tmp_path}/s.db"}}
+            ),
+        )
+
+    yield make
+    SPEC["delete_queues"](list(urls.values()))
+
+
+def test_overview_on_sqs_says_what_sqs_cannot_tell(make_app: Any) -> None:
+    async def fill() -> None:
+        async with make_app() as app:
+            for i in range(3):
+                await dash_sqs_ok.dispatch({"i": i}, queue="emails")
+            await app.stop()
+
+    asyncio.run(fill())
+    c = TestClient(create_app(make_app(), authorize=lambda r: True))
+    html = c.get("/").text
+    assert 'data-queue="emails"' in html
+    assert "SQS counts are approximate" in html
+    # A process-local store: no pause signal, worker record or throughput to read.
+    assert "no shared store" in html
+    assert "Pause" not in html
+    workers = c.get("/workers").text
+    assert "the queue store is local to each process" in workers
+    assert c.get("/failed").status_code == 200
+    assert c.get("/jobs", params={"id": "abcd1234"}).status_code == 200
+    assert c.get("/metrics").status_code == 200
+    # A pause posted anyway is refused with the reason (no worker could see it).
+    token = re.search(r'name="csrf-token" content="([^"]+)"', c.get("/failed").text)
+    r = c.post(
+        "/queues/pause",
+        data={"_csrf": token.group(1) if token else "", "connection": "sqs", "queue": "emails"},
+        follow_redirects=False,
+    )
+    assert r.status_code == 303
+    assert "store+is+local+to+each+process" in r.headers["location"]
