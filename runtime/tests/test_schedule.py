@@ -387,12 +387,17 @@ def test_schedule_work_refuses_a_memory_connection_and_no_schedules(tmp_path: Pa
         ({"every": "1h"}, "0 * * * *", "cron(0 * * * ? *)"),
         ({"every": "1d"}, "0 0 * * *", "cron(0 0 * * ? *)"),
         ({"cron": "0 9 * * *"}, "0 9 * * *", "cron(0 9 * * ? *)"),
-        ({"cron": "0 9 * * 1-5"}, "0 9 * * 1-5", "cron(0 9 ? * 2,3,4,5,6 *)"),
-        ({"cron": "30 6 * * 0"}, "30 6 * * 0", "cron(30 6 ? * 1 *)"),
+        # Cloudflare and EventBridge count weekdays 1-7 from Sunday; cron 0-7 (0, 7: Sunday)
+        ({"cron": "0 9 * * 1-5"}, "0 9 * * 2-6", "cron(0 9 ? * 2-6 *)"),
+        ({"cron": "30 6 * * 0"}, "30 6 * * 1", "cron(30 6 ? * 1 *)"),
+        ({"cron": "30 6 * * 7"}, "30 6 * * 1", "cron(30 6 ? * 1 *)"),
+        ({"cron": "0 9 * * 5-7"}, "0 9 * * 6,7,1", "cron(0 9 ? * 6,7,1 *)"),
+        ({"cron": "0 9 * * */2"}, "0 9 * * 1,3,5,7", "cron(0 9 ? * 1,3,5,7 *)"),
+        ({"cron": "0 9 * * 1,3"}, "0 9 * * 2,4", "cron(0 9 ? * 2,4 *)"),
         ({"cron": "0 6 * * MON#1"}, "0 6 * * MON#1", "cron(0 6 ? * MON#1 *)"),
         ({"cron": "0 9 * * MON-FRI"}, "0 9 * * MON-FRI", "cron(0 9 ? * MON-FRI *)"),
-        ({"cron": "0 9 * * 5L"}, "0 9 * * 5L", "cron(0 9 ? * 6L *)"),
-        ({"cron": "0 9 * * 1#2"}, "0 9 * * 1#2", "cron(0 9 ? * 2#2 *)"),
+        ({"cron": "0 9 * * 5L"}, "0 9 * * 6L", "cron(0 9 ? * 6L *)"),
+        ({"cron": "0 9 * * 1#2"}, "0 9 * * 2#2", "cron(0 9 ? * 2#2 *)"),
         ({"cron": "0 9 L * *"}, "0 9 L * *", "cron(0 9 L * ? *)"),
         ({"cron": "0 0 1 * *"}, "0 0 1 * *", "cron(0 0 1 * ? *)"),
         ({"cron": "0 0 9 * * *"}, "0 9 * * *", "cron(0 9 * * ? *)"),
@@ -425,11 +430,12 @@ def test_platform_triggers_refused(kwargs: dict[str, Any], expected: str) -> Non
     assert str(e.value).startswith('schedule "t" (')
 
 
-def test_eventbridge_cannot_or_days() -> None:
+def test_triggers_cannot_or_days() -> None:
+    """cron fires on day 1 OR on Mondays; neither platform's triggers say OR."""
     s = schedule(report, cron="0 9 1 * 1", name="t")
-    assert scheduling.utc_cron(s) == "0 9 1 * 1"
-    with pytest.raises(ScheduleError, match="both a day of the month and a day of the week"):
-        scheduling.eventbridge_cron(s)
+    for convert in (scheduling.utc_cron, scheduling.eventbridge_cron):
+        with pytest.raises(ScheduleError, match="both a day of the month and a day of the week"):
+            convert(s)
 
 
 async def test_dispatch_trigger_checks_the_zone() -> None:

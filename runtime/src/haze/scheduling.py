@@ -19,6 +19,7 @@ import asyncio
 import logging
 import math
 import os
+import re
 import sys
 import time
 import uuid
@@ -543,7 +544,7 @@ def utc_cron(sched: Schedule, platform: str = "Cloudflare") -> str:
             )
         fields = fields[1:]
     if sched.tz is None or sched.tz in _UTC_NAMES:
-        return " ".join(fields)
+        return " ".join(_days(fields, sched, where))
     if not _whole_hour_zone(sched):
         raise ScheduleError(
             f"{where}: tz {sched.tz!r} is not a whole number of hours from UTC, and {platform} "
@@ -552,11 +553,12 @@ def utc_cron(sched: Schedule, platform: str = "Cloudflare") -> str:
     return f"{fields[0]} * * * *"
 
 
-def _eventbridge_dow(value: str, where: str) -> str:
-    """Cron day-of-week (0-7, Sunday 0 or 7) to EventBridge's (1-7, Sunday 1)."""
+def _trigger_dow(value: str, where: str) -> str:
+    """Cron day-of-week (0-7, Sunday 0 or 7) to the triggers' (1-7, Sunday 1): Cloudflare
+    Cron Triggers and EventBridge count weekdays the Quartz way."""
 
-    def one(number: str) -> str:
-        return str(int(number) % 7 + 1)
+    def one(day: int) -> int:
+        return day % 7 + 1
 
     out: list[str] = []
     for item in value.split(","):
@@ -566,26 +568,45 @@ def _eventbridge_dow(value: str, where: str) -> str:
             suffix = f"#{nth}"
         elif item.endswith("L") and item[:-1].isdigit():
             item, suffix = item[:-1], "L"
+        base, _, every = item.partition("/")
         if item.isdigit():
-            out.append(one(item) + suffix)
-        elif "-" in item and all(p.isdigit() for p in item.split("-", 1)) and not suffix:
-            lo, hi = (int(p) for p in item.split("-", 1))
-            out.extend(one(str(d)) for d in range(lo, hi + 1))
+            out.append(f"{one(int(item))}{suffix}")
+        elif (base == "*" or re.fullmatch(r"\d-\d", base)) and (not every or every.isdigit()):
+            lo, hi = (0, 6) if base == "*" else (int(p) for p in base.split("-"))
+            days = [one(d) for d in range(lo, hi + 1, int(every or 1))]
+            if not every and base != "*" and days == list(range(days[0], days[-1] + 1)):
+                out.append(f"{days[0]}-{days[-1]}{suffix}")  # still a range: 1-5 -> 2-6
+            else:
+                out.extend(str(d) for d in days)
         elif all(p.isalpha() and len(p) == 3 for p in item.split("-", 1)):
-            out.append(item.upper() + suffix)  # MON, MON-FRI: EventBridge takes the names
+            out.append(item.upper() + suffix)  # MON, MON-FRI: the triggers take the names
         else:
             raise ScheduleError(
-                f"{where}: day-of-week {value!r} has no EventBridge form; use numbers, "
+                f"{where}: day-of-week {value!r} has no cron trigger form; use numbers, "
                 "ranges or names (MON-FRI)"
             )
     return ",".join(dict.fromkeys(out))
+
+
+def _days(fields: list[str], sched: Schedule, where: str) -> list[str]:
+    """``fields`` (5, UTC) with the weekday counted from Sunday = 1; refuses a day of the
+    month together with a day of the week (cron fires on either: no trigger says OR)."""
+    minute, hour, dom, month, dow = fields
+    if dow not in ("*", "?"):
+        if dom not in ("*", "?"):
+            raise ScheduleError(
+                f"{where}: cron {sched.cron!r} names both a day of the month and a day of the "
+                "week (it fires on either), which platform cron triggers cannot combine: "
+                "split it into two schedules"
+            )
+        dow = _trigger_dow(dow, where)
+    return [minute, hour, dom, month, dow]
 
 
 def eventbridge_cron(sched: Schedule) -> str:
     """The ``cron(...)`` expression of the EventBridge rule that wakes ``sched`` (UTC,
     6 fields with a year, ``?`` in the day field it leaves open). See :func:`utc_cron`.
     """
-    where = f'schedule "{sched.name}" ({sched.origin})'
     minute, hour, dom, month, dow = utc_cron(sched, "EventBridge").split()
 
     def step(field: str, start: str) -> str:
@@ -595,13 +616,8 @@ def eventbridge_cron(sched: Schedule) -> str:
     dom, month = step(dom, "1"), step(month, "1")
     if dow in ("*", "?"):
         dow = "?"
-    elif dom in ("*", "?"):
-        dom, dow = "?", _eventbridge_dow(dow, where)
     else:
-        raise ScheduleError(
-            f"{where}: cron {sched.cron!r} names both a day of the month and a day of the "
-            "week, which EventBridge cannot combine: split it into two schedules"
-        )
+        dom = "?"
     return f"cron({minute} {hour} {dom} {month} {dow} *)"
 
 
