@@ -315,10 +315,18 @@ async def fire(app: App, sched: Schedule, at: datetime, *, store: Store | None =
         )
     except BaseException:
         if store is not None:
-            await store.delete(key, owner="claimed")
+            try:
+                await store.delete(key, owner="claimed")
+            except Exception:  # the claim expires by itself; the dispatch error matters
+                log.debug("haze: could not drop the claim on %s", key, exc_info=True)
         raise
     if store is not None:
-        await store.put(f"haze:schedule:{sched.name}:last", at.timestamp())
+        try:
+            await store.put(f"haze:schedule:{sched.name}:last", at.timestamp())
+        except Exception:
+            # Only where a new leader resumes from: this tick stays claimed, so it is
+            # not sent again.
+            log.debug("haze: could not record the last tick of %s", sched.name, exc_info=True)
     return True
 
 
