@@ -570,3 +570,19 @@ async def test_the_leader_renews_its_lease_and_notices_losing_it() -> None:
         await a.step(now)
         assert not a.leader
         assert await store.get("haze:schedule:leader") == "someone-else"
+
+
+@pytest.mark.usefixtures("isolated_imports")
+def test_a_schedule_on_an_unknown_connection_stops_the_scheduler_at_start(
+    tmp_path: Path,
+) -> None:
+    root = write_app(
+        tmp_path,
+        "from haze import schedule\nfrom app.job.sched_cli_jobs import ping\n"
+        "schedule(ping.with_().on_connection('redsi'), every='1m', name='m')\n",
+    )
+    for args in (["schedule:work"], ["queue:work", "--schedule", "--max-time", "1s"]):
+        result = CliRunner().invoke(get_cli(), ["--root", str(root), *args])
+        assert result.exit_code == 1, result.output
+        assert "unknown queue connection 'redsi'" in result.output
+        assert len(result.output.strip().splitlines()) == 1

@@ -206,6 +206,11 @@ def queue_work(
     async def work(app: App) -> int:
         from ..worker import Worker
 
+        if with_schedule:  # a schedule it cannot run stops it before any job is taken
+            from .schedule import check_runnable
+
+            check_runnable(app, in_worker=True)
+
         driver = app.driver(name)
         chosen = queues
         if chosen is None and driver.remote:
@@ -232,9 +237,8 @@ def queue_work(
         task = loop.create_task(worker.run())
         scheduling = None
         if with_schedule:
-            from .schedule import check_runnable, start_scheduler
+            from .schedule import start_scheduler
 
-            check_runnable(app, in_worker=True)
             scheduling = start_scheduler(app, say)
         # An idle in-process slot sleeps until woken, so it would not see --max-time itself.
         timer = loop.call_later(max_time, worker.request_stop) if max_time is not None else None

@@ -46,15 +46,14 @@ def check_runnable(app: App, *, in_worker: bool) -> list[Schedule]:
     schedules = list(registered_schedules().values())
     if not schedules:
         raise ScheduleError(NO_SCHEDULES)
-    if not in_worker:
-        for sched in schedules:
-            conn, _ = app.manager.resolve(sched.pending)
-            if not app.driver(conn).remote and not app.driver(conn).inline:
-                raise ScheduleError(
-                    f'schedule "{sched.name}" dispatches to connection "{conn}", a memory '
-                    "queue that lives inside one process: run haze queue:work --schedule on "
-                    "it instead, or send the job to a database or redis connection"
-                )
+    for sched in schedules:
+        conn, _ = app.manager.resolve(sched.pending)  # an unknown connection: one line now
+        if not in_worker and not app.driver(conn).remote and not app.driver(conn).inline:
+            raise ScheduleError(
+                f'schedule "{sched.name}" dispatches to connection "{conn}", a memory '
+                "queue that lives inside one process: run haze queue:work --schedule on "
+                "it instead, or send the job to a database or redis connection"
+            )
     return schedules
 
 
