@@ -25,6 +25,7 @@ venv() {  # venv NAME PACKAGE...
 }
 
 venv procrastinate "procrastinate>=3" "psycopg[binary]"
+venv pgqueuer "pgqueuer>=0.20" asyncpg
 # Redis peers (bench/redis.py). haze itself: an editable install of this tree's runtime
 # with the redis extra plus hiredis (which the peers get too); bench/redis.py falls back
 # to the workspace venv when this one is missing.

@@ -1,8 +1,9 @@
 """SQL-queue benchmarks, side by side in one run: haze's database driver (SQLite,
-PostgreSQL, MariaDB) against Procrastinate and a raw ``SKIP LOCKED`` loop on the same
-PostgreSQL.
+PostgreSQL, MariaDB) against Procrastinate, PgQueuer and a raw ``SKIP LOCKED`` loop on
+the same PostgreSQL.
 
     python bench/sql.py [--n 5000] [--lat-n 1000] [--rate 200] [--only haze-postgres,...]
+    python bench/sql.py --burn 1000000 --burn-workers 4 --no-single   # burn-down only
 
 Method (the one of shared/tools/peerbench, per peer):
   * enqueue/s: one producer process, N single enqueues with the library's normal API;
@@ -10,9 +11,13 @@ Method (the one of shared/tools/peerbench, per peer):
   * drain/s: N jobs queued first, then ONE worker process; rate = (N-1) / (last job start
     - first job start), so start-up is excluded;
   * latency: a worker running and warmed; LAT_N jobs enqueued one at a time at RATE/s;
-    latency = job start - time right before the enqueue call.
+    latency = job start - time right before the enqueue call;
+  * burn-down (``--burn ROWS``, 0 to skip): ROWS jobs queued first with the bulk API
+    (untimed), then ``--burn-workers`` worker processes started together; rate =
+    (ROWS-1) / (last job start - first job start). The issue's figure is 1,000,000
+    rows; the default is small enough for a smoke run.
 Each no-op job appends (t_enq, t_start) to a record file (peers/records.py).
-Procrastinate runs from its own venv (``bench/setup_peers.sh`` creates it).
+Procrastinate and PgQueuer run from their own venvs (``bench/setup_peers.sh``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ PG_ADMIN = os.environ.get("BENCH_PG_ADMIN", "postgresql://postgres@127.0.0.1:543
 PG_DSN = os.environ.get("BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/haze_bench")
 MY_URL = os.environ.get("BENCH_MYSQL_URL", "mysql://root@127.0.0.1:3306/haze_bench")
 PROCRASTINATE_PY = HERE / ".venvs" / "procrastinate" / "bin" / "python"
+PGQUEUER_PY = HERE / ".venvs" / "pgqueuer" / "bin" / "python"
+VENVS = {"procrastinate": PROCRASTINATE_PY, "pgqueuer": PGQUEUER_PY}
 
 
 def peers() -> dict[str, dict[str, object]]:
@@ -52,6 +59,12 @@ def peers() -> dict[str, dict[str, object]]:
             "cmd": [str(PROCRASTINATE_PY), str(PEERS / "procrastinate_peer.py")],
             "backend": "postgres",
             "desc": "1x1 asyncio (its default)",
+            "env": {},
+        },
+        "pgqueuer": {
+            "cmd": [str(PGQUEUER_PY), str(PEERS / "pgqueuer_peer.py")],
+            "backend": "postgres",
+            "desc": "1 process, asyncpg, dequeue batch 10 (its benchmark's)",
             "env": {},
         },
         "haze-postgres": {
@@ -120,9 +133,9 @@ def worker_cmd(peer: dict[str, object]) -> list[str]:
     return out.stdout.strip().split("\0")
 
 
-def start_worker(peer: dict[str, object]) -> subprocess.Popen[bytes]:
+def start_worker(peer: dict[str, object], cmd: list[str] | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        worker_cmd(peer),
+        cmd or worker_cmd(peer),
         env=_env(peer["env"]),
         cwd=PEERS,
         stdout=subprocess.DEVNULL,
@@ -186,6 +199,42 @@ def measure(
     return res
 
 
+def burn_down(name: str, peer: dict[str, object], rows: int, workers: int) -> dict[str, object]:
+    """ROWS jobs queued (bulk, untimed), then WORKERS worker processes drain them."""
+    res: dict[str, object] = {"peer": name, "rows": rows, "workers": workers}
+    run(peer, "clean")
+    run(peer, "bulk", str(rows), timeout=max(600, rows / 500))
+    records.reset()
+    cmd = worker_cmd(peer)
+    procs = [start_worker(peer, cmd) for _ in range(workers)]
+    try:
+        ok = wait_records(rows, max(300, rows / 100))
+    finally:
+        for p in procs:
+            stop(p)
+    starts = sorted(r[1] for r in records.read())
+    res["drain"] = (len(starts) - 1) / (starts[-1] - starts[0]) if ok and len(starts) > 1 else None
+    res["done"] = len(starts)
+    run(peer, "clean")
+    return res
+
+
+def burn_table(rows: list[dict[str, object]]) -> str:
+    raw = next((r for r in rows if r["peer"] == "raw-pg"), {})
+    lines = [
+        "| peer | worker processes | rows | drain/s | drain vs raw |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        a, b = r.get("drain"), raw.get("drain")
+        ratio = f"{a / b:.2f}x" if isinstance(a, float) and isinstance(b, float) and b else "-"
+        lines.append(
+            f"| {r['peer']} | {r.get('workers', '-')} | {fmt(r.get('rows'))} | "
+            f"{fmt(r.get('drain'))} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
 def prepare() -> None:
     import psycopg
 
@@ -243,30 +292,51 @@ def main() -> None:
     ap.add_argument("--lat-n", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=200.0)
     ap.add_argument("--only", default="")
+    ap.add_argument("--burn", type=int, default=20000, help="burn-down rows (0: skip)")
+    ap.add_argument("--burn-workers", type=int, default=2)
+    ap.add_argument("--no-single", action="store_true", help="burn-down only")
     ap.add_argument("--json")
     args = ap.parse_args()
     prepare()
-    chosen = [p for p in peers() if not args.only or p in args.only.split(",")]
-    rows = []
-    for name in chosen:
-        peer = peers()[name]
-        if name == "procrastinate" and not PROCRASTINATE_PY.exists():
-            print("procrastinate venv missing: run bench/setup_peers.sh", file=sys.stderr)
+    chosen = []
+    for name in peers():
+        if args.only and name not in args.only.split(","):
             continue
+        venv = VENVS.get(name)
+        if venv is not None and not venv.exists():
+            print(f"{name} venv missing: run bench/setup_peers.sh", file=sys.stderr)
+            continue
+        chosen.append(name)
+    rows, burns = [], []
+    for name in chosen if not args.no_single else []:
         print(f"== {name}", file=sys.stderr, flush=True)
         try:
-            rows.append(measure(name, peer, args.n, args.lat_n, args.rate))
+            rows.append(measure(name, peers()[name], args.n, args.lat_n, args.rate))
         except Exception as e:
             print(f"{name} failed: {e}", file=sys.stderr)
             rows.append({"peer": name, "desc": f"failed: {type(e).__name__}"})
-    print(table(rows))
+    for name in chosen if args.burn > 0 else []:
+        print(f"== {name} burn-down", file=sys.stderr, flush=True)
+        try:
+            burns.append(burn_down(name, peers()[name], args.burn, args.burn_workers))
+        except Exception as e:
+            print(f"{name} burn-down failed: {e}", file=sys.stderr)
+            burns.append({"peer": name, "workers": args.burn_workers, "rows": args.burn})
     load = os.getloadavg()[0]
-    print(
-        f"\nN={args.n}, latency {args.lat_n} jobs at {args.rate:g}/s; one worker process each; "
-        f"1-min load {load:.1f} on {os.cpu_count()} CPUs."
-    )
+    if rows:
+        print(table(rows))
+        print(
+            f"\nN={args.n}, latency {args.lat_n} jobs at {args.rate:g}/s; one worker process "
+            f"each; 1-min load {load:.1f} on {os.cpu_count()} CPUs.\n"
+        )
+    if burns:
+        print(burn_table(burns))
+        print(
+            f"\nBurn-down: {args.burn:,} rows queued first, {args.burn_workers} worker "
+            f"processes; 1-min load {load:.1f} on {os.cpu_count()} CPUs."
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(json.dumps({"single": rows, "burn": burns}, indent=2))
 
 
 if __name__ == "__main__":

@@ -319,8 +319,13 @@ class Worker:
             return None
         finally:
             self._waiting.discard(task)
-        # Only a claim sent after the outage began proves the backend answers again (one
-        # already on its way may have been answered just before the connection broke).
+        self._answered(began)
+        return job
+
+    def _answered(self, began: float) -> None:
+        """A call sent at ``began`` (monotonic) succeeded: the end of an outage, if one
+        began before it (one already on its way may have been answered just before the
+        connection broke, which proves nothing)."""
         if self._outage and began >= self._outage_since:
             self._outage = False
             self._outage_backoff = 0.0
@@ -329,7 +334,6 @@ class Worker:
                 self.connection,
                 self._unrecorded_note(),
             )
-        return job
 
     def _unrecorded_note(self) -> str:
         """The jobs that ran during the outage without their outcome being recorded."""
@@ -542,6 +546,7 @@ class Worker:
             jobs, self._acks = self._acks, []
             if not jobs:
                 return
+            began = time.monotonic()
             try:
                 owned = await batch.ack_many(jobs)
             except BaseException as e:
@@ -552,6 +557,7 @@ class Worker:
                     "haze worker: batched ack on %s failed; acking one by one", self.connection
                 )
                 owned = [await self.driver.ack(job) for job in jobs]
+            self._answered(began)
         manager = self.app.manager
         for job, ok in zip(jobs, owned, strict=True):
             if not ok:

@@ -12,6 +12,9 @@
 - Server warnings (e.g. the note of ``CREATE TABLE IF NOT EXISTS`` on an existing
   table) are not turned into Python warnings.
 - MySQL has no LISTEN/NOTIFY: idle workers in other processes poll (``sleep``).
+- Sessions run at ``READ COMMITTED`` (``options.init_command`` overrides it): at
+  InnoDB's default ``REPEATABLE READ`` a claim's ``FOR UPDATE SKIP LOCKED`` also locks
+  the gaps it scanned, and concurrent dispatches (``INSERT``) then deadlock with it.
 
 URL: ``mysql://user:password@host:3306/dbname`` (``mariadb://`` too; query
 parameters ``charset``, ``unix_socket`` and ``connect_timeout``). Options:
@@ -173,6 +176,7 @@ class MySQLConnector:
             "charset": query.get("charset", "utf8mb4"),
             "connect_timeout": float(query.get("connect_timeout", CONNECT_TIMEOUT)),
             "autocommit": True,
+            "init_command": "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
         }
         if "unix_socket" in query:
             kwargs["unix_socket"] = query["unix_socket"]

@@ -79,6 +79,26 @@ def _missing_table(e: BaseException) -> bool:
     return "no such table" in str(e)
 
 
+#: MySQL/MariaDB: deadlock found (1213), lock wait timeout (1205). The whole transaction
+#: was rolled back, so running it again is safe.
+_MYSQL_RETRY = (1213, 1205)
+
+
+async def _mysql_retry(fn: Callable[[], Awaitable[_R]], tries: int = 5) -> _R:
+    """Run the transaction ``fn`` again when InnoDB picked it as a deadlock victim: a
+    batch claim and a batch ack of the same worker can lock rows of one index in
+    opposite orders."""
+    for attempt in range(tries):
+        try:
+            return await fn()
+        except Exception as e:
+            args = getattr(e, "args", ())
+            if attempt == tries - 1 or not args or args[0] not in _MYSQL_RETRY:
+                raise
+            await asyncio.sleep(0.002 * (attempt + 1))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def _needs_tables(fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, Coroutine[Any, Any, _R]]:
     """Turn the backend's "no such table" into one line telling the user what to run."""
 
@@ -336,13 +356,21 @@ class DatabaseDriver:
         sql = self.sql
         rows: builtins.list[tuple[Any, ...]]
         if self.dialect == "mysql":
-            async with self.db.transaction() as tx:
-                found = await tx.fetchall(sql["claim_many_select"], (queue, now, abandoned, limit))
-                if not found:
-                    return []
-                ids = [r[0] for r in found]
-                mark = sql["claim_many_mark"].replace("{ids}", ", ".join(["?"] * len(ids)))
-                await tx.execute(mark, (token, token, *ids))
+
+            async def claim() -> builtins.list[tuple[Any, ...]]:
+                async with self.db.transaction() as tx:
+                    found = await tx.fetchall(
+                        sql["claim_many_select"], (queue, now, abandoned, limit)
+                    )
+                    if found:
+                        ids = [r[0] for r in found]
+                        marks = ", ".join(["?"] * len(ids))
+                        await tx.execute(
+                            sql["claim_many_mark"].replace("{ids}", marks), (token, token, *ids)
+                        )
+                return found
+
+            found = await _mysql_retry(claim)
             rows = [(r[0], r[1], int(r[2]) + 1, token) for r in found]
         elif self.dialect == "postgres":
             rows = await self.db.fetchall(
@@ -469,12 +497,19 @@ class DatabaseDriver:
                 for ids in by_token.values()
             )
             params = [v for token, ids in by_token.items() for v in (token, *ids)]
-            async with self.db.transaction() as tx:
-                found = await tx.fetchall(sql["ack_many_select"].replace("{where}", where), params)
-                owned = {int(r[0]) for r in found}
-                if owned:
-                    marks = ", ".join(["?"] * len(owned))
-                    await tx.execute(sql["ack_many_delete"].replace("{ids}", marks), list(owned))
+
+            async def delete() -> set[int]:
+                async with self.db.transaction() as tx:
+                    select = sql["ack_many_select"].replace("{where}", where)
+                    found = {int(r[0]) for r in await tx.fetchall(select, params)}
+                    if found:
+                        marks = ", ".join(["?"] * len(found))
+                        await tx.execute(
+                            sql["ack_many_delete"].replace("{ids}", marks), list(found)
+                        )
+                return found
+
+            owned = await _mysql_retry(delete)
         else:
             per = 45 if self.dialect == "d1" else 400  # D1: at most 100 bound values a statement
             for i in range(0, len(pairs), per):
