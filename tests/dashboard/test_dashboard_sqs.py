@@ -77,4 +77,4 @@ def test_overview_on_sqs_says_what_sqs_cannot_tell(make_app: Any) -> None:
         follow_redirects=False,
     )
     assert r.status_code == 303
-    assert "store+is+local+to+each+process" in r.headers["location"]
+    assert "store is local to each process" in c.get(r.headers["location"]).text

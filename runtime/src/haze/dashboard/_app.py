@@ -7,6 +7,7 @@ parsed form the gate left in ``request.state.form``.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import time
@@ -14,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
@@ -44,6 +45,7 @@ _STATIC = {
 #: Largest POST body read (forms hold ids and filters, never payloads).
 _MAX_FORM = 256 * 1024
 _NO_STORE = {"Cache-Control": "no-store"}
+_FLASH_COOKIE = "haze_flash"
 #: Pages load only the dashboard's own files, and no other site may frame them.
 _PAGE_HEADERS = {
     **_NO_STORE,
@@ -132,13 +134,14 @@ class Dashboard:
         fresh = not self.guard.valid_token(token)
         if fresh or token is None:
             token = self.guard.new_token()
+        flash = _read_flash(request)
         body = self.env.get_template(template).render(
             url=lambda path, **p: self.url(request, path, **p),
             csrf_field=CSRF_FIELD,
             csrf_token=token,
             read_only=self.read_only,
-            flash=request.query_params.get("done", ""),
-            flash_error=request.query_params.get("error", ""),
+            flash=flash.get("done", ""),
+            flash_error=flash.get("error", ""),
             path=request.url.path,
             connections=[
                 n
@@ -148,6 +151,10 @@ class Dashboard:
             **context,
         )
         response = HTMLResponse(body, status_code=status, headers=_PAGE_HEADERS)
+        if flash:
+            response.delete_cookie(
+                _FLASH_COOKIE, path=request.scope.get("root_path", "") or "/", httponly=True
+            )
         if fresh:
             response.set_cookie(
                 CSRF_COOKIE,
@@ -159,16 +166,28 @@ class Dashboard:
             )
         return response
 
-    def back(self, request: Request, fallback: str, **params: Any) -> RedirectResponse:
-        """303 to the form's ``next`` (a path inside the dashboard) or ``fallback``."""
+    def back(self, request: Request, fallback: str, **flash: str) -> RedirectResponse:
+        """303 to the form's ``next`` (a path inside the dashboard) or ``fallback``; the
+        ``done``/``error`` message rides in a short-lived cookie, so no link can make the
+        dashboard show a text of someone else's choosing."""
         target = _form(request, "next")
-        root = request.scope.get("root_path", "")
-        if not (target.startswith(root + "/") or target == root) or target.startswith("//"):
+        root: str = request.scope.get("root_path", "")
+        if not _inside(target, root):
             target = self.url(request, fallback)
-        query = urlencode({k: v for k, v in params.items() if v})
-        if query:
-            target += ("&" if "?" in target else "?") + query
-        return RedirectResponse(target, status_code=303)
+        response = RedirectResponse(target, status_code=303)
+        message = {k: v for k, v in flash.items() if k in ("done", "error") and v}
+        if message:
+            value = base64.urlsafe_b64encode(json.dumps(message).encode()).decode()
+            response.set_cookie(
+                _FLASH_COOKIE,
+                value,
+                max_age=60,
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+                path=root or "/",
+            )
+        return response
 
     # -- pages -------------------------------------------------------------------
 
@@ -379,6 +398,29 @@ async def _retry(app: App, connection: str, ids: list[str]) -> int:
 
 async def _forget(app: App, connection: str, ids: list[str]) -> int:
     return sum([bool(await app.manager.forget(i, connection)) for i in ids])
+
+
+def _inside(target: str, root: str) -> bool:
+    """``target`` is a plain path of this dashboard (no scheme, host or backslash trick)."""
+    if not target or "\\" in target or "%5c" in target.lower() or any(c < " " for c in target):
+        return False
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or target.startswith("//"):
+        return False
+    return parts.path == root or parts.path.startswith(root + "/")
+
+
+def _read_flash(request: Request) -> dict[str, str]:
+    raw = request.cookies.get(_FLASH_COOKIE)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(base64.urlsafe_b64decode(raw.encode()))
+    except ValueError:
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {k: str(v)[:500] for k, v in value.items() if k in ("done", "error")}
 
 
 def _form(request: Request, name: str) -> str:
