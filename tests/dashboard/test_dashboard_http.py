@@ -460,7 +460,7 @@ def test_workers_page_lists_live_workers_and_drops_dead_ones(
     c = client(backend)
 
     async def scenario(app: App) -> None:
-        await dash_slow.dispatch({"s": 1.5}, queue="emails")
+        slow_id = await dash_slow.dispatch({"s": 1.5}, queue="emails")
         w = Worker(app, "main", ["emails", "default"], concurrency=3, sleep=0.05, control=True)
         w.start()
         # The page is read by another process's App, as the dashboard would.
@@ -471,6 +471,10 @@ def test_workers_page_lists_live_workers_and_drops_dead_ones(
         text = html.text
         assert socket.gethostname() in text and f">{os.getpid()}<" in text
         assert "emails, default" in text and ">3<" in text
+        # Job lookup finds it running on this worker, by its short id too.
+        found = (await asyncio.to_thread(c.get, "/jobs", params={"id": slow_id[-8:]})).text
+        assert f"<code>{slow_id}</code>" in found and ">running<" in found
+        assert f"pid {os.getpid()}" in found
         # A clean stop removes the record at once.
         await w.stop()
         await w.run()
@@ -580,3 +584,17 @@ def test_actions_redirect_only_inside_the_dashboard_and_flash_is_not_a_link(
     assert "Resumed" not in c.get("/").text  # shown once
     crafted = c.get("/", params={"done": "Session expired: log in at evil.example"}).text
     assert "evil.example" not in crafted
+
+
+def test_failed_chain_member_shows_the_links_not_run(backend: Backend) -> None:
+    async def go(app: App) -> str:
+        chain = Queue.chain(
+            [dash_boom.with_({"n": "link"}), dash_ok.with_({"i": 1}), dash_slow.with_({"s": 0})]
+        )
+        await chain.dispatch()
+        await drain(app)
+        return (await Queue.failed())[0].id
+
+    job_id = backend.run(go)
+    page = client(backend).get(f"/failed/main/{job_id}").text
+    assert "dash_ok → dash_slow" in page

@@ -257,6 +257,7 @@ class Dashboard:
             "failed_detail.html",
             job=job,
             attempts=_data.attempts(job),
+            chain_links=_data.chain_links(job),
             encrypted=encrypted,
             decrypted=decrypted,
             decrypt_error=decrypt_error,

@@ -318,6 +318,17 @@ def attempts(job: FailedJob) -> int | None:
     return value if isinstance(value, int) else None
 
 
+def chain_links(job: FailedJob) -> builtins.list[str]:
+    """The job names of the chain links that were still to run after this job."""
+    try:
+        links = json.loads(job.body).get("chain") if job.body else None
+    except ValueError:
+        return []
+    if not isinstance(links, list):
+        return []
+    return [str(link.get("job")) for link in links if isinstance(link, dict)]
+
+
 def is_encrypted(job: FailedJob) -> bool:
     if not job.body:
         return False
@@ -352,6 +363,8 @@ class Lookup:
 
     failed: builtins.list[FailedJob] = field(default_factory=list)
     batch: Batch | None = None
+    #: ``(worker record, running job)`` pairs: the job is running on that worker now.
+    running: builtins.list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
     errors: builtins.list[str] = field(default_factory=list)
 
 
@@ -373,6 +386,18 @@ async def lookup(app: App, token: str) -> Lookup:
             found.errors.append(f"{name}: {reason(app, e)}")
             continue
         found.failed.extend(j for j in jobs if j.id == job_id)
+    if shared_store(app):
+        from ..presence import live_workers
+
+        try:
+            workers = await live_workers(app) or []
+            pairs = [(w, j) for w in workers for j in w.get("running") or [] if j.get("id")]
+            job_id = match_id(token, [j["id"] for _, j in pairs])
+            found.running = [(w, j) for w, j in pairs if j["id"] == job_id]
+        except HazeError:
+            raise  # an ambiguous short id: the page says so
+        except Exception as e:
+            found.errors.append(f"workers: {reason(app, e)}")
     try:
         found.batch = await find(app.manager, token)
     except Exception as e:
