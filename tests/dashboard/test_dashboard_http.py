@@ -598,3 +598,18 @@ def test_failed_chain_member_shows_the_links_not_run(backend: Backend) -> None:
     job_id = backend.run(go)
     page = client(backend).get(f"/failed/main/{job_id}").text
     assert "dash_ok → dash_slow" in page
+
+
+def test_failed_list_shows_the_newest_and_actions_cover_every_match(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from haze.dashboard import _app
+
+    monkeypatch.setattr(_app, "_LIST_LIMIT", 2)
+    fail_jobs(backend, [{"n": 1}, {"n": 2}, {"n": 3}])
+    c = client(backend)
+    page = c.get("/failed").text
+    assert "3 failed job(s) match. The newest 2 are listed" in page
+    assert page.count('<tr data-id="') == 2
+    c.post("/failed/forget", data={"_csrf": csrf(page), "all": "1", "connection": "main"})
+    assert backend.run(lambda app: Queue.failed()) == []

@@ -46,6 +46,8 @@ _STATIC = {
 _MAX_FORM = 256 * 1024
 _NO_STORE = {"Cache-Control": "no-store"}
 _FLASH_COOKIE = "haze_flash"
+#: Failed jobs listed on one page (the newest); "all matching" actions act on every one.
+_LIST_LIMIT = 500
 #: Pages load only the dashboard's own files, and no other site may frame them.
 _PAGE_HEADERS = {
     **_NO_STORE,
@@ -227,7 +229,14 @@ class Dashboard:
         except (ValueError, HazeError) as e:
             return self.render(request, "error.html", 400, message=str(e), page="failed")
         jobs = await self.call(lambda app: _data.failed_jobs(app, flt))
-        return self.render(request, "failed.html", jobs=jobs, flt=flt, page="failed")
+        return self.render(
+            request,
+            "failed.html",
+            jobs=jobs[:_LIST_LIMIT],
+            total=len(jobs),
+            flt=flt,
+            page="failed",
+        )
 
     async def failed_detail(self, request: Request) -> Response:
         connection = request.path_params["connection"]
