@@ -149,6 +149,12 @@ def test_unauthorised_requests_get_403_on_every_path(
     truthy = TestClient(create_app(backend.app(), authorize=lambda request: "yes"))
     assert truthy.get("/").status_code == 403
 
+    def broken(request: Any) -> bool:
+        raise RuntimeError("session store down")
+
+    r = TestClient(create_app(backend.app(), authorize=broken)).get("/")
+    assert r.status_code == 403 and "session store" not in r.text
+
 
 def test_async_authorize_and_local_environment(
     backend: Backend, monkeypatch: pytest.MonkeyPatch

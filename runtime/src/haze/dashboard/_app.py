@@ -95,6 +95,7 @@ class Dashboard:
 
             secret = keyed_digest(app, "haze-dashboard-csrf").encode()
         self.guard = Guard(authorize, secret)
+        self.failed_counts = _data.FailedCounts()
         env = Environment(
             loader=FileSystemLoader(str(_HERE / "templates")),
             autoescape=select_autoescape(default=True, default_for_string=True),
@@ -194,7 +195,7 @@ class Dashboard:
     # -- pages -------------------------------------------------------------------
 
     async def overview(self, request: Request) -> Response:
-        rows = await self.call(lambda app: _data.overview(app, self.connection))
+        rows = await self.call(lambda app: _data.overview(app, self.connection, self.failed_counts))
         if request.query_params.get("partial"):
             return self.render(request, "_overview_table.html", rows=rows, now=time.time())
         # Runtime per job is read once per page load, not on every refresh.
@@ -276,6 +277,7 @@ class Dashboard:
         )
 
     async def failed_action(self, request: Request) -> Response:
+        self.failed_counts.clear()
         action = request.path_params["action"]
         connection = _form(request, "connection") or self.app.queue_config.default
         try:
@@ -315,6 +317,7 @@ class Dashboard:
         return self.render(request, "batch_detail.html", batch=batch, page="batches")
 
     async def batch_action(self, request: Request) -> Response:
+        self.failed_counts.clear()
         from ..batches import find
 
         batch_id = request.path_params["batch_id"]
@@ -379,7 +382,7 @@ class Dashboard:
     async def metrics(self, request: Request) -> Response:
         from ..otel import prometheus_text
 
-        rows = await self.call(lambda app: _data.overview(app, self.connection))
+        rows = await self.call(lambda app: _data.overview(app, self.connection, self.failed_counts))
         # Queue gauges only: job counters and histograms are per process, and this
         # process runs no jobs (each worker's own /metrics or OTel exporter has them).
         return PlainTextResponse(

@@ -78,8 +78,38 @@ class QueueRow:
     error: str = ""
 
 
-async def overview(app: App, connection: str | None = None) -> list[QueueRow]:
+#: Seconds the failed-job counts of a connection are reused: counting means listing the
+#: failed jobs (the failed-job store has no count), too much for every 5-second refresh.
+FAILED_COUNTS_TTL = 15.0
+
+
+class FailedCounts:
+    """Failed jobs per queue of each connection, read at most every ``FAILED_COUNTS_TTL``
+    seconds (one per dashboard; actions on failed jobs clear it)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[float, dict[str, int]]] = {}
+
+    async def get(self, app: App, connection: str) -> dict[str, int]:
+        now = time.monotonic()
+        hit = self._seen.get(connection)
+        if hit is not None and now - hit[0] < FAILED_COUNTS_TTL:
+            return hit[1]
+        counts: dict[str, int] = {}
+        for job in await app.driver(connection).failed.list(None):
+            counts[job.queue] = counts.get(job.queue, 0) + 1
+        self._seen[connection] = (now, counts)
+        return counts
+
+    def clear(self) -> None:
+        self._seen.clear()
+
+
+async def overview(
+    app: App, connection: str | None = None, failed_counts: FailedCounts | None = None
+) -> list[QueueRow]:
     """One row per queue of every connection (or of ``connection``)."""
+    failed_counts = failed_counts or FailedCounts()
     from ..control import paused_queues
 
     names = [connection] if connection else list(app.queue_config.connections)
@@ -100,9 +130,7 @@ async def overview(app: App, connection: str | None = None) -> list[QueueRow]:
         failed_by_queue: dict[str, int] | None = None
         error = ""
         try:
-            failed_by_queue = {}
-            for job in await app.driver(name).failed.list(None):
-                failed_by_queue[job.queue] = failed_by_queue.get(job.queue, 0) + 1
+            failed_by_queue = await failed_counts.get(app, name)
         except Exception as e:
             failed_by_queue, error = None, reason(app, e)
         extra = sorted(set(failed_by_queue or {}) - set(queues))

@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import inspect
 import ipaddress
+import logging
 import os
 import secrets
 from collections.abc import Awaitable, Callable
@@ -37,6 +38,8 @@ __all__ = [
 CSRF_COOKIE = "haze_csrf"
 CSRF_FIELD = "_csrf"
 CSRF_HEADER = "x-csrf-token"
+
+log = logging.getLogger("haze.dashboard")
 
 Authorize = Callable[["Request"], "bool | Awaitable[bool]"]
 
@@ -69,9 +72,14 @@ class Guard:
 
     async def allowed(self, request: Request) -> bool:
         if self.authorize is not None:
-            result: Any = self.authorize(request)
-            if inspect.isawaitable(result):
-                result = await result
+            try:
+                result: Any = self.authorize(request)
+                if inspect.isawaitable(result):
+                    result = await result
+            except Exception:
+                # A broken check denies; the traceback goes to the log, not the client.
+                log.exception("haze dashboard: authorize(request) raised; request denied")
+                result = False
             if result is True:
                 return True
         client = request.client.host if request.client else None
