@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import haze.worker as haze_worker
 import pytest
 from harness import BACKENDS, backend_url, mysql_database, pg_database
 from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
@@ -208,6 +209,27 @@ async def test_a_worker_fills_its_free_slots_with_one_claim_statement(db_url: st
         # the one of the slot that reached its next claim first (sent before that claim).
         assert max(flushes) >= n - 1, flushes
         assert worker.leases_lost == 0
+
+
+async def test_acks_wait_in_the_buffer_and_stopping_sends_them(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No timed flush in this test: only the next claim or the stop may send the acks.
+    monkeypatch.setattr(haze_worker, "ACK_FLUSH_INTERVAL", 3600.0)
+    async with open_app(db_url) as (app, table):
+        GATE["open"] = asyncio.Event()
+        await Queue.bulk([dbx_bc_hold.with_({"k": i, "hold": True}) for i in range(3)])
+        worker = Worker(app, "db", ["default"], 3, sleep=0.05)
+        worker.start()
+        db = app.database()
+        await until(lambda: len(STARTED) == 3)
+        worker.request_stop()  # the slots end after these jobs: no claim will flush
+        GATE["open"].set()
+        await until(lambda: len(ENDED) == 3)
+        await asyncio.sleep(0.1)
+        assert len(await db.fetchall(f"SELECT id FROM {table}")) == 3, "acked one by one"
+        await worker.stop()
+        assert await db.fetchall(f"SELECT id FROM {table}") == []
 
 
 async def test_reserve_many_shares_one_token_and_ack_many_says_which_rows_were_owned(
