@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from haze import App, define_database_config, define_job, define_queue_config
+from haze import (
+    App,
+    define_cache_config,
+    define_database_config,
+    define_job,
+    define_queue_config,
+)
 from haze.dashboard import create_app
 from starlette.testclient import TestClient
 
@@ -78,3 +84,34 @@ def test_overview_on_sqs_says_what_sqs_cannot_tell(make_app: Any) -> None:
     )
     assert r.status_code == 303
     assert "store is local to each process" in c.get(r.headers["location"]).text
+
+
+def test_overview_on_cloudflare_says_it_cannot_count(tmp_path: Path) -> None:
+    # Configuration only: the page must not pretend to count a Cloudflare queue (its
+    # driver only learns the backlog when it pulls), so nothing is sent anywhere.
+    app = App(
+        queue=define_queue_config(
+            default="cf",
+            connections={
+                "cf": {
+                    "driver": "cloudflare",
+                    "account_id": "acc",
+                    "queue_id": "q",
+                    "api_token": "token-never-shown",
+                    "failed_store": "main",
+                }
+            },
+            store="main",
+        ),
+        database=define_database_config(
+            default="db", connections={"db": {"url": f"sqlite:///{tmp_path}/cf.db"}}
+        ),
+        cache=define_cache_config(default="main", stores={"main": {"driver": "database"}}),
+    )
+    html = TestClient(create_app(app, authorize=lambda r: True)).get("/").text
+    row = html[
+        html.index('data-connection="cf"') : html.index("</tr>", html.index('data-connection="cf"'))
+    ]
+    assert '<td class="n waiting"><span class="na"' in row
+    assert "Cloudflare Queues tell their backlog only to a consumer" in html
+    assert "token-never-shown" not in html

@@ -37,7 +37,11 @@ __all__ = [
 
 #: Where the driver has no count to give, the page says so instead of guessing.
 _NO_SIZE = {
-    "cloudflare": "Cloudflare reports one backlog for the whole queue, shown on every row",
+    "cloudflare": (
+        "Cloudflare Queues tell their backlog only to a consumer as it pulls (one number for "
+        "the whole queue), so this page cannot count them: see the queue in Cloudflare's "
+        "dashboard"
+    ),
     "sqs": "SQS counts are approximate (its ApproximateNumberOf* attributes)",
 }
 
@@ -147,7 +151,10 @@ async def overview(
             )
             driver = app.driver(name)
             try:
-                row.waiting = await driver.size(queue)
+                # A Cloudflare driver's size is the backlog of its own last pull: in
+                # this process, which never pulls, it would be a made-up 0.
+                if kind != "cloudflare":
+                    row.waiting = await driver.size(queue)
                 if isinstance(driver, QueueInspector):
                     counts = await driver.counts(queue)
                     row.ready, row.delayed, row.running = (
