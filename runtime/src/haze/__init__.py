@@ -24,8 +24,10 @@ from .errors import (
     DelayTooLongError,
     DuplicateJobError,
     HazeError,
+    JobCancelledError,
     JobDefinitionError,
     JobFailedError,
+    JobProgressError,
     JobTimeoutError,
     MaxAttemptsExceededError,
     MaxExceptionsError,
@@ -36,6 +38,7 @@ from .errors import (
     RetryUntilExpiredError,
     ScheduleError,
     UnknownJobError,
+    UntrackedJobError,
 )
 
 if _typing.TYPE_CHECKING:
@@ -67,6 +70,7 @@ if _typing.TYPE_CHECKING:
         without_overlapping,
     )
     from .scheduling import schedule
+    from .status import JobStatus
     from .transactions import after_commit
 
 # Everything else loads on first use (PEP 562), so `import haze` costs next to nothing
@@ -82,6 +86,7 @@ _LAZY: dict[str, str] = {
     "JobContext": "context",
     "JobDefinition": "jobs",
     "JobMiddleware": "middleware",
+    "JobStatus": "status",
     "PendingBatch": "batches",
     "PendingChain": "chains",
     "PendingDispatch": "jobs",
@@ -127,11 +132,14 @@ __all__ = [
     "DuplicateJobError",
     "FailedJob",
     "HazeError",
+    "JobCancelledError",
     "JobContext",
     "JobDefinition",
     "JobDefinitionError",
     "JobFailedError",
     "JobMiddleware",
+    "JobProgressError",
+    "JobStatus",
     "JobTimeoutError",
     "MaxAttemptsExceededError",
     "MaxExceptionsError",
@@ -147,6 +155,7 @@ __all__ = [
     "RetryUntilExpiredError",
     "ScheduleError",
     "UnknownJobError",
+    "UntrackedJobError",
     "__version__",
     "after_commit",
     "current_tenant",

@@ -483,6 +483,19 @@ async def settle(
         await _finish(manager, batch_id, store, record)
 
 
+async def settle_cancelled(manager: QueueManager, message: Message) -> None:
+    """Count a job cancelled with ``Queue.cancel`` like the jobs a cancelled batch skips
+    (processed, not failed; the batch goes on), and the rest of its chain with it."""
+    if message.chain:
+        store = _store(manager)
+        assert message.batch_id is not None
+        record = await store.get(_key(message.batch_id))
+        if record is not None:
+            n = len(message.chain)
+            await _count(manager, store, record, f"{message.id}:rest", "skipped", n)
+    await settle(manager, message, "skipped", None)
+
+
 async def _count(
     manager: QueueManager, store: Store, record: dict[str, Any], job: str, outcome: str, n: int
 ) -> None:

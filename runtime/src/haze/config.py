@@ -450,6 +450,10 @@ class QueueConfig:
     #: connection -> queue -> ``{"max", "release_after", "expire_after"}``, from the dict
     #: form of a connection's ``queues``; enforced by ``middleware.queue_limits``.
     queue_limits: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    #: Keep a status record for every job that does not say ``track=False``
+    #: (``Queue.status``/``wait``); ``keep_result``: also keep results that long.
+    track: bool = False
+    keep_result: float | None = None
 
 
 @dataclass
@@ -515,7 +519,17 @@ def validate_queue(spec: object, source: str | None = None) -> QueueConfig:
     raw = s.raw
     v.unknown(
         raw,
-        {"default", "connections", "store", "batches", "middleware", "run_in_server", "telemetry"},
+        {
+            "default",
+            "connections",
+            "store",
+            "batches",
+            "middleware",
+            "run_in_server",
+            "telemetry",
+            "track",
+            "keep_result",
+        },
         "queue",
     )
     conns_raw = v.mapping(raw.get("connections"), "connections")
@@ -589,7 +603,15 @@ def validate_queue(spec: object, source: str | None = None) -> QueueConfig:
     telemetry = raw.get("telemetry", "auto")
     if not (telemetry is True or telemetry is False or telemetry == "auto"):
         raise v.fail("telemetry", f'expected True, False or "auto", got {telemetry!r}')
+    track = v.boolean(raw.get("track", False), "track")
+    keep_result = (
+        None
+        if raw.get("keep_result") is None
+        else v.duration(raw["keep_result"], "keep_result", allow_zero=False)
+    )
     return QueueConfig(
+        track=bool(track),
+        keep_result=keep_result,
         default=default,
         connections=connections,
         store=store,

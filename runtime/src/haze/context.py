@@ -71,6 +71,14 @@ class AbortSignal:
             if self._event is not None:
                 self._event.set()
 
+    def throw_if_aborted(self) -> None:
+        """Raise the reason (``JobTimeoutError``, ``JobCancelledError``) if the signal is set.
+
+        >>> # for row in rows: job.signal.throw_if_aborted(); await handle(row)
+        """
+        if self.reason is not None:
+            raise self.reason
+
     async def wait(self) -> None:
         """Return once the signal is set."""
         if self.reason is not None:
@@ -106,6 +114,9 @@ class JobContext:
         "_error",
         "_fail_error",
         "_logger",
+        "_loop",
+        "_progress",
+        "_progress_tasks",
         "_release_delay",
         "_retry_delay",
         "_signal",
@@ -149,6 +160,10 @@ class JobContext:
         self._error: BaseException | None = None
         self._chain_prepended: list[PendingDispatch[Any]] | None = None
         self._chain_appended: list[PendingDispatch[Any]] | None = None
+        self._progress: Any = None
+        self._progress_tasks: set[asyncio.Future[None]] | None = None
+        #: The job's event loop, set when a plain ``def`` handler runs in a thread.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def signal(self) -> AbortSignal:
@@ -204,6 +219,27 @@ class JobContext:
         elif isinstance(error, str):
             error = JobFailedError(error)
         self._fail_error = error
+
+    def progress(self, value: int | dict[str, Any]) -> None:
+        """Report progress: an int from 0 to 100, or a small JSON object (1 KB at most).
+
+        Emits the ``progress`` queue event and, for a tracked job, updates its status
+        record (written in the background; the final record is written after it).
+
+        >>> # job.progress(40); job.progress({"rows": 1200, "of": 3000})
+        """
+        from .status import check_progress
+
+        value = check_progress(value)
+        self._progress = value
+        self.app.manager.report_progress(self, value)
+
+    def cancelled(self) -> bool:
+        """True once ``Queue.cancel(id)`` reached this attempt (``job.signal`` is then
+        aborted with a ``JobCancelledError``)."""
+        from .status import cancelled_reason
+
+        return cancelled_reason(self)
 
     def batch(self) -> Batch | None:
         """The batch this job belongs to (a snapshot read before the attempt), or None."""

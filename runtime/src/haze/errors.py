@@ -193,3 +193,22 @@ class ScheduleError(HazeError, ValueError):
     """A ``schedule()`` declaration haze cannot run: a bad cron expression, interval or
     time zone, a name used twice, or a schedule a platform's triggers cannot express.
     Raised when the schedule is declared (or built), naming the schedule and the value."""
+
+
+class JobCancelledError(HazeError):
+    """The job was cancelled with ``Queue.cancel(id)``: the reason of ``job.signal``.
+
+    A running job that stops after the cancel (raises, for example through
+    ``job.signal.throw_if_aborted()``) ends ``cancelled``: no retry, no ``failed()``.
+    """
+
+
+class UntrackedJobError(HazeError, LookupError):
+    """``Queue.wait(id)`` found no status record: the job is not tracked
+    (``define_job(track=True)`` or ``keep_result=...``), its record expired, or the id
+    is not a job's full id."""
+
+
+class JobProgressError(HazeError, ValueError):
+    """``job.progress(value)`` got something other than an int from 0 to 100 or a small
+    JSON object."""

@@ -1,4 +1,5 @@
-"""Queue events (Laravel's ``Queue::before/after/failing/looping``, plus ``worker_idle``).
+"""Queue events (Laravel's ``Queue::before/after/failing/looping``, plus ``worker_idle``,
+``queue_busy`` and ``progress``).
 
 >>> from haze import Queue
 >>> @Queue.on("failing")
@@ -26,6 +27,7 @@ EVENTS = {
     "looping": "(connection: str, queues: list[str] | None)",
     "worker_idle": "(connection: str, queues: list[str] | None)",
     "queue_busy": "(connection: str, queue: str, size: int)",
+    "progress": "(job: JobContext, value: int | dict)",
 }
 
 
@@ -39,6 +41,7 @@ class Events:
         self.looping: list[Callable[..., Any]] = []
         self.worker_idle: list[Callable[..., Any]] = []
         self.queue_busy: list[Callable[..., Any]] = []
+        self.progress: list[Callable[..., Any]] = []
 
     def on(self, event: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         if event not in EVENTS:

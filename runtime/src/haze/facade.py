@@ -19,6 +19,7 @@ from .chains import PendingChain
 from .drivers import FailedJob
 from .durations import Duration, parse_duration
 from .jobs import JobDefinition, PendingDispatch, get_job
+from .status import JobStatus
 
 __all__ = ["Queue"]
 
@@ -110,6 +111,43 @@ async def _clear(queue: str | None = None, *, connection: str | None = None) -> 
     return int(await _manager().clear(queue, connection))
 
 
+async def _status(id: str) -> JobStatus | None:
+    """A tracked job's status record (``JobStatus``), or None: untracked, expired, or
+    not a full job id (records are kept by full id).
+
+    >>> # st = await Queue.status(job_id); st.state, st.progress
+    """
+    from .status import read
+
+    return await read(_manager(), id)
+
+
+async def _wait(id: str, timeout: Duration | None = None) -> JobStatus:
+    """Wait until a tracked job is ``done``, ``failed`` or ``cancelled``; returns its
+    ``JobStatus``. ``TimeoutError`` after ``timeout``; ``UntrackedJobError`` when the job
+    has no record.
+
+    >>> # st = await Queue.wait(job_id, timeout="1m"); st.result
+    """
+    from .status import wait_final
+
+    limit = None if timeout is None else parse_duration(timeout, "Queue.wait(timeout)")
+    return await wait_final(_manager(), id, limit)
+
+
+async def _cancel(id: str) -> bool:
+    """Cancel a job: a queued or delayed one never runs; a running one has ``job.signal``
+    aborted (within about a second, on any worker) and ends ``cancelled`` if it stops.
+    False when its status record says it already ended; True otherwise (an untracked
+    job's state is unknown, so True).
+
+    >>> # await Queue.cancel(job_id)
+    """
+    from .status import cancel
+
+    return await cancel(_manager(), id)
+
+
 class Queue:
     """The queue facade (all static)."""
 
@@ -133,6 +171,12 @@ class Queue:
     size_blocking = staticmethod(blocking(_size))
     clear = staticmethod(_clear)
     clear_blocking = staticmethod(blocking(_clear))
+    status = staticmethod(_status)
+    status_blocking = staticmethod(blocking(_status))
+    wait = staticmethod(_wait)
+    wait_blocking = staticmethod(blocking(_wait))
+    cancel = staticmethod(_cancel)
+    cancel_blocking = staticmethod(blocking(_cancel))
 
     @staticmethod
     def chain(jobs: Sequence[Any]) -> PendingChain:
@@ -147,7 +191,7 @@ class Queue:
     @staticmethod
     def on(event: str, fn: Callable[..., Any] | None = None) -> Any:
         """Listen to a queue event (``before``, ``after``, ``failing``, ``looping``,
-        ``worker_idle``, ``queue_busy``); usable as a decorator."""
+        ``worker_idle``, ``queue_busy``, ``progress``); usable as a decorator."""
         from .manager import events
 
         if fn is None:

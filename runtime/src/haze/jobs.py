@@ -25,6 +25,7 @@ from .message import check_queue_name
 if TYPE_CHECKING:
     from .app import App
     from .context import JobContext
+    from .status import JobStatus
 
 __all__ = [
     "DispatchResult",
@@ -63,6 +64,21 @@ class DispatchResult:
         _set(self, "skipped", skipped)
         _set(self, "deferred", deferred)
         _set(self, "chain_id", chain_id)
+
+    async def wait(self, timeout: Duration | None = None) -> JobStatus:
+        """Wait until the job (tracked: ``track=True`` or ``keep_result``) is final and
+        return its ``JobStatus``; ``TimeoutError`` after ``timeout``. A deferred dispatch
+        waits for its commit too.
+
+        >>> # status = await report.with_({"month": 11}).dispatch(); (await status.wait(60)).result
+        """
+        from .status import wait_final
+
+        limit = None if timeout is None else parse_duration(timeout, "DispatchResult.wait(timeout)")
+        manager = (_use_app or _bind_use_app())().manager
+        return await wait_final(manager, self.id, limit, pending_ok=self.deferred)
+
+    wait_blocking = blocking_method(wait)
 
 
 _set = object.__setattr__
@@ -213,6 +229,8 @@ class JobDefinition(Generic[P]):
         max_wait: Duration | None = None,
         encrypted: bool = False,
         dont_retry: Sequence[type[BaseException]] | type[BaseException] | None = None,
+        track: bool | None = None,
+        keep_result: Duration | None = None,
         origin: str | None = None,
     ) -> None:
         if not callable(handler):
@@ -278,6 +296,20 @@ class JobDefinition(Generic[P]):
             if not (isinstance(t, type) and issubclass(t, BaseException)):
                 raise ValueError(f"{where}: dont_retry must list exception classes, got {t!r}")
         self.dont_retry: tuple[type[BaseException], ...] = tuple(dont_retry)
+        if track is not None and not isinstance(track, bool):
+            raise ValueError(f"{where}: track must be True or False, got {track!r}")
+        self.keep_result = (
+            None
+            if keep_result is None
+            else parse_duration(keep_result, f"{where}: keep_result", allow_zero=False)
+        )
+        if track is False and self.keep_result is not None:
+            raise ValueError(
+                f"{where}: keep_result needs a status record; drop track=False (keep_result "
+                "tracks the job)"
+            )
+        #: None: the queue config's ``track`` decides (off unless it says True).
+        self.track = track
         self.is_async = inspect.iscoroutinefunction(handler)
         self._n_params = _arity(handler, where)
         self._payload_type: Any = _UNSET
@@ -558,6 +590,8 @@ def define_job(
     max_wait: Duration | None = None,
     encrypted: bool = False,
     dont_retry: Sequence[type[BaseException]] | type[BaseException] | None = None,
+    track: bool | None = None,
+    keep_result: Duration | None = None,
 ) -> _JobDecorator: ...
 def define_job(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     """Define a job from a handler ``(payload, job)`` (async or plain, both params optional).
@@ -570,7 +604,8 @@ def define_job(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     ("default"), ``connection`` (the config default), ``unique`` (True or
     ``{"key", "for", "until"}``), ``middleware``, ``after_commit``, ``failed``, and
     ``max_exceptions``, ``retry_until``, ``fail_on_timeout``, ``debounce``/``max_wait``,
-    ``encrypted``, ``dont_retry``.
+    ``encrypted``, ``dont_retry``, ``track`` (keep a status record: ``Queue.status``,
+    ``Queue.wait``) and ``keep_result`` (a duration: also keep ``handle()``'s return value).
     """
     if fn is not None:
         if options:

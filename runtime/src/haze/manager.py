@@ -60,6 +60,7 @@ job_log = logging.getLogger("haze.job")
 events = Events()
 
 _EMSCRIPTEN = sys.platform == "emscripten"
+_CANCEL_POLL = 1.0  # = haze.status.CANCEL_POLL (not imported: untracked jobs never load it)
 _DEBUG = logging.DEBUG
 _perf = time.perf_counter
 _time = time.time
@@ -74,6 +75,7 @@ class _Outcome:
     RETRY = "retry"
     FAILED = "failed"
     SKIPPED = "skipped"
+    CANCELLED = "cancelled"
 
 
 class QueueManager:
@@ -90,6 +92,14 @@ class QueueManager:
         self._warned_store: set[str] = set()  # what ("unique jobs", "batches") was warned
         self._otel: Any = _UNRESOLVED  # haze.otel.Telemetry, or None when telemetry is off
         self._tally: Tally | None = None  # finished jobs per queue not yet in the store
+        # Status records and cancellation (haze.status): job -> its tracking meta (None:
+        # untracked); the attempts running in this process; the cancel-marker poller.
+        self._tracking: dict[JobDefinition[Any], dict[str, float] | None] = {}
+        self._running: dict[str, JobContext] = {}
+        self._watcher: asyncio.Task[None] | None = None
+        self._hint_on = False  # a cancel may be outstanding: check markers before runs
+        self._hint_at = 0.0  # when the hint was last read from the store
+        self._final_events: dict[str, asyncio.Event] = {}
 
     def telemetry(self) -> Telemetry | None:
         """The app's OpenTelemetry recorder (None when off); decided at first use, so an
@@ -135,6 +145,13 @@ class QueueManager:
         payload = job.to_wire(pending.payload)
         if pending._group is not None:
             meta = {**(meta or {}), "group": pending._group}
+        track = self._tracking.get(job, _UNRESOLVED)
+        if track is _UNRESOLVED:
+            from .status import tracking
+
+            track = self._tracking[job] = tracking(job.track, job.keep_result, self.app)
+        if track is not None:
+            meta = {**(meta or {}), **track}
         return Message(
             id=id or new_id(),
             job=job.name,
@@ -278,12 +295,20 @@ class QueueManager:
         if fake is not None:
             fake.record(job, message, delay)
             return DispatchResult(message.id, chain_id=message.chain_id)
+        tracked = message.meta is not None and "track" in message.meta
+        if tracked:
+            from .status import write
+
+            # Before the enqueue: a worker's "running" must come after it.
+            await write(self, message, "delayed" if delay > 0 else "queued", wait=delay)
         try:
             if driver.inline:
                 await self.run_inline(message, body, driver)
             else:
                 await driver.enqueue(body, message, delay)
         except BaseException as e:
+            if tracked and not driver.inline:
+                await self._state_store().delete(f"haze:status:{message.id}")
             if message.unique is not None and not driver.inline:
                 await self._unlock_unique(message)
             down = unavailable(driver, e) if isinstance(e, Exception) else None
@@ -340,6 +365,11 @@ class QueueManager:
             warn_implicit_dispatch()
         for conn, items in groups.items():
             driver = self.app.driver(conn)
+            for _, message, delay in items:
+                if message.meta is not None and "track" in message.meta:
+                    from .status import write
+
+                    await write(self, message, "delayed" if delay > 0 else "queued", wait=delay)
             if driver.inline:
                 for body, message, _ in items:
                     await self.run_inline(message, body, driver)
@@ -503,6 +533,10 @@ class QueueManager:
         for name, worker in stopping.items():
             if self._workers.get(name) is worker:
                 del self._workers[name]
+        watcher = self._watcher
+        if watcher is not None and watcher.get_loop() is loop:
+            self._watcher = None
+            watcher.cancel()
 
     async def shutdown(self) -> None:
         """Stop local consumers after their running jobs; warn about what is lost."""
@@ -665,6 +699,8 @@ class QueueManager:
                     first = await store.get(message.meta["debounce"] + ":first")
                 if first is None or max_wait is None or _time() < float(first) + max_wait:
                     await self._ack(driver, reserved)
+                    if "track" in message.meta:
+                        await self._track(message, ctx, "cancelled", error="superseded (debounce)")
                     return _Outcome.SKIPPED, None
             if max_wait is not None:
                 # the burst is over: the next dispatch starts a new max_wait window
@@ -678,6 +714,8 @@ class QueueManager:
                 await self._settle_batch(message, "skipped", None)
                 await self._unlock_unique(message)
                 await self._ack(driver, reserved)
+                if message.meta is not None and "track" in message.meta:
+                    await self._track(message, ctx, "cancelled", error="its batch was cancelled")
                 return _Outcome.SKIPPED, None
         once = message.meta.get("once") if message.meta is not None else None
         if isinstance(once, str):
@@ -689,6 +727,11 @@ class QueueManager:
                 await self._ack(driver, reserved)
                 return _Outcome.SKIPPED, None
 
+        track = message.meta.get("track") if message.meta is not None else None
+        if (
+            track is not None or self._hint_on or _time() - self._hint_at > _CANCEL_POLL
+        ) and await self._cancel_seen(message, track is not None, reserved.attempt):
+            return await self._cancelled(job, message, reserved, driver, ctx, None)
         if self.events.before:
             await self.events.emit("before", ctx)
         if job_log.isEnabledFor(_DEBUG):
@@ -707,11 +750,16 @@ class QueueManager:
             )
         started = _perf()
         error: BaseException | None = None
+        result: Any = None
+        running = self._running
+        running[message.id] = ctx
+        if self._watcher is None and not inline:
+            self._watch_cancels()
         try:
             if job.timeout is None:
-                await self.pipeline(job)(payload, ctx)
+                result = await self.pipeline(job)(payload, ctx)
             else:
-                await self._with_timeout(job, payload, ctx)
+                result = await self._with_timeout(job, payload, ctx)
         except Exception as e:
             error = e.error if isinstance(e, _Contained) else e
         except asyncio.CancelledError as e:
@@ -728,8 +776,14 @@ class QueueManager:
             # KeyboardInterrupt, SystemExit ... raised by job code: that job's failure (the
             # worker's own signals never get here: its handlers stop it without raising).
             error = e
+        finally:
+            if running.get(message.id) is ctx:
+                del running[message.id]
         elapsed = _perf() - started
 
+        if error is not None and ctx._signal is not None and ctx.cancelled():
+            # Stopped after Queue.cancel(): cancelled, not failed (no retry, no failed()).
+            return await self._cancelled(job, message, reserved, driver, ctx, error)
         if ctx._fail_error is not None:
             return await self._final(
                 job, message, reserved, driver, ctx, payload, ctx._fail_error, inline
@@ -763,6 +817,9 @@ class QueueManager:
                 self._otel.releasing(ctx._release_delay)
             owned = await driver.release(reserved, ctx._release_delay, consume_attempt=False)
             self._owned(owned, reserved, "release")
+            if track is not None:
+                wait = ctx._release_delay
+                await self._track(message, ctx, "delayed" if wait > 0 else "queued", wait=wait)
             return _Outcome.RELEASED, None
 
         if job_log.isEnabledFor(_DEBUG):
@@ -808,6 +865,11 @@ class QueueManager:
         if job.max_exceptions is not None:
             await self._state_store().delete(self._exceptions_key(message))
         await self._ack(driver, reserved)
+        if track is not None:
+            from .status import result_for
+
+            kept, why = result_for(message, result)
+            await self._track(message, ctx, "done", result=kept, error=why)
         if self.events.after:
             await self.events.emit("after", ctx)
         if next_error is not None:
@@ -831,14 +893,201 @@ class QueueManager:
     def _exceptions_key(self, message: Message) -> str:
         return f"haze:exceptions:{message.id}"
 
-    async def _with_timeout(self, job: JobDefinition[Any], payload: Any, ctx: JobContext) -> None:
+    # ---------------------------------------------------------------- status and cancel
+
+    async def _track(
+        self,
+        message: Message,
+        ctx: JobContext,
+        state: str,
+        *,
+        result: Any = None,
+        error: str | None = None,
+        wait: float = 0.0,
+    ) -> None:
+        """Write a tracked job's record after its pending progress writes."""
+        from .status import write
+
+        tasks = ctx._progress_tasks
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await write(
+            self,
+            message,
+            state,
+            attempt=ctx.attempt,
+            progress=ctx._progress,
+            result=result,
+            error=error,
+            wait=wait,
+        )
+
+    async def _cancel_seen(self, message: Message, tracked: bool, attempt: int) -> bool:
+        """Whether a cancel marker stops this attempt before it starts.
+
+        A tracked job writes ``running`` first, then reads its marker (``status.cancel``
+        writes the marker, then reads the record: one of the two sees the other). An
+        untracked job reads it only while the cancel hint is set; the hint is re-read at
+        most once per ``CANCEL_POLL``.
+        """
+        from .status import HINT_KEY, cancel_key, write
+
+        if tracked:
+            await write(self, message, "running", attempt=attempt)
+        store = self._state_store()
+        try:
+            if _time() - self._hint_at > _CANCEL_POLL:
+                hint, marker = await store.get_many([HINT_KEY, cancel_key(message.id)])
+                self._hint_on, self._hint_at = hint is not None, _time()
+            elif tracked or self._hint_on:
+                marker = await store.get(cancel_key(message.id))
+            else:
+                return False
+        except Exception as e:
+            log.warning("could not read the cancel marker of job %s: %s", message.id, e)
+            return False
+        return marker is not None
+
+    async def _cancelled(
+        self,
+        job: JobDefinition[Any],
+        message: Message,
+        reserved: Reserved,
+        driver: Driver,
+        ctx: JobContext,
+        error: BaseException | None,
+    ) -> tuple[str, BaseException | None]:
+        """End a cancelled job: acked, no retry, no ``failed()``; a batch counts it like
+        the jobs a cancelled batch skips; the rest of its chain does not run."""
+        job_log.info(
+            'Job "%s" cancelled%s',
+            job.name,
+            " while running" if error is not None else " before it ran",
+            extra={
+                "job": job.name,
+                "job_id": message.id,
+                "attempt": reserved.attempt,
+                "state": "cancelled",
+            },
+        )
+        if message.batch_id is not None:
+            from .batches import settle_cancelled
+
+            await settle_cancelled(self, message)
+        if message.chain_catch:
+            self.forget_callbacks(message.chain_catch)
+        await self._unlock_unique(message)
+        if job.max_exceptions is not None:
+            await self._state_store().delete(self._exceptions_key(message))
+        await self._ack(driver, reserved)
+        if message.meta is not None and "track" in message.meta:
+            why = "cancelled while running" if error is not None else "cancelled before it ran"
+            await self._track(message, ctx, "cancelled", error=why)
+        return _Outcome.CANCELLED, None
+
+    def _watch_cancels(self) -> None:
+        """Start polling the cancel markers of the jobs running in this process."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # pragma: no cover
+            return
+        self._watcher = loop.create_task(self._watch(), name="haze-cancel-watch")
+
+    async def _watch(self) -> None:
+        from .status import CANCEL_POLL, HINT_KEY, cancel_key
+
+        told = False
+        try:
+            while True:
+                await asyncio.sleep(CANCEL_POLL)
+                ids = list(self._running)
+                if not ids:
+                    return  # the next attempt to start begins a new watch
+                try:
+                    values = await self._state_store().get_many(
+                        [HINT_KEY, *(cancel_key(i) for i in ids)]
+                    )
+                except Exception as e:
+                    if not told:
+                        told = True
+                        log.warning("could not read cancel markers from the store: %s", e)
+                    continue
+                told = False
+                self._hint_on, self._hint_at = values[0] is not None, _time()
+                for job_id, marker in zip(ids, values[1:], strict=True):
+                    if marker is not None:
+                        self._abort_running(job_id)
+        finally:
+            if self._watcher is asyncio.current_task():
+                self._watcher = None
+
+    def _abort_running(self, job_id: str) -> None:
+        ctx = self._running.get(job_id)
+        if ctx is not None and not ctx.signal.aborted:
+            from .errors import JobCancelledError
+
+            ctx.signal.abort(JobCancelledError(f'Job "{ctx.name}" ({job_id}) was cancelled'))
+
+    def _cancel_hint(self, on: bool) -> None:
+        self._hint_on, self._hint_at = on, _time()
+
+    def _final_event(self, job_id: str) -> asyncio.Event:
+        event = self._final_events.get(job_id)
+        if event is None:
+            event = self._final_events[job_id] = asyncio.Event()
+        return event
+
+    def _drop_final_event(self, job_id: str, event: asyncio.Event) -> None:
+        if self._final_events.get(job_id) is event:
+            del self._final_events[job_id]
+
+    def _notify_final(self, job_id: str) -> None:
+        event = self._final_events.pop(job_id, None)
+        if event is not None:
+            event.set()
+
+    def report_progress(self, ctx: JobContext, value: Any) -> None:
+        """``job.progress(value)``: emit the event and update a tracked job's record, in
+        the background (a plain ``def`` handler calls this from its thread)."""
+        m = ctx.message
+        tracked = m is not None and m.meta is not None and "track" in m.meta
+        if not tracked and not self.events.progress:
+            return
+        loop = ctx._loop
+        if loop is not None:
+            try:
+                here = asyncio.get_running_loop()
+            except RuntimeError:
+                here = None
+            if here is not loop:
+                loop.call_soon_threadsafe(self._progress_task, ctx, value, tracked)
+                return
+        self._progress_task(ctx, value, tracked)
+
+    def _progress_task(self, ctx: JobContext, value: Any, tracked: bool) -> None:
+        task = asyncio.ensure_future(self._progress_step(ctx, value, tracked))
+        tasks = ctx._progress_tasks
+        if tasks is None:
+            tasks = ctx._progress_tasks = set()
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _progress_step(self, ctx: JobContext, value: Any, tracked: bool) -> None:
+        if self.events.progress:
+            await self.events.emit("progress", ctx, value)
+        m = ctx.message
+        if tracked and m is not None and ctx._progress is value:  # a newer value is due
+            from .status import write
+
+            await write(self, m, "running", attempt=ctx.attempt, progress=value)
+
+    async def _with_timeout(self, job: JobDefinition[Any], payload: Any, ctx: JobContext) -> Any:
         timeout = job.timeout
         assert timeout is not None
         task = asyncio.ensure_future(_contained(self.pipeline(job)(payload, ctx)))
         done, _ = await asyncio.wait({task}, timeout=timeout)
         if task in done:
-            task.result()
-            return
+            return task.result()
         err = JobTimeoutError(
             f'Job "{job.name}" timed out after {timeout:g}s (attempt {ctx.attempt})'
         )
@@ -897,6 +1146,11 @@ class QueueManager:
             self._otel.retrying(waits, error)
         owned = await driver.release(reserved, delay, consume_attempt=True)
         self._owned(owned, reserved, "retry")
+        if message.meta is not None and "track" in message.meta:
+            from .status import error_text
+
+            state = "delayed" if delay > 0 else "queued"
+            await self._track(message, ctx, state, error=error_text(error), wait=delay)
         return _Outcome.RETRY, error
 
     async def _final_reason(
@@ -970,6 +1224,10 @@ class QueueManager:
             await self._settle_batch(message, "failed", error)
         owned = await driver.fail(reserved, self.failed_record(message, driver.name, error))
         self._owned(owned, reserved, "failure")
+        if message.meta is not None and "track" in message.meta:
+            from .status import error_text
+
+            await self._track(message, ctx, "failed", error=error_text(error))
         await self._unlock_unique(message)
         if job.max_exceptions is not None:
             await self._state_store().delete(self._exceptions_key(message))
@@ -1364,7 +1622,7 @@ def _sync_call(handler: Callable[..., Any], n: int) -> Pipeline:
     import contextvars
 
     async def threaded(payload: Any, ctx: JobContext) -> Any:
-        loop = asyncio.get_running_loop()
+        loop = ctx._loop = asyncio.get_running_loop()  # for job.progress() from the thread
         cv = contextvars.copy_context()
         return await loop.run_in_executor(None, cv.run, invoke, payload, ctx)
 

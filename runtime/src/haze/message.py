@@ -317,6 +317,10 @@ def _check_fields(d: dict[str, Any]) -> None:
             value = meta.get(key)
             if value is not None and not _is_number(value):
                 raise _field_error(d, f"meta.{key}", "a finite number (epoch seconds)")
+        for key in ("track", "keep"):  # status record TTLs (haze.status)
+            value = meta.get(key)
+            if value is not None and (not _is_number(value) or value <= 0):
+                raise _field_error(d, f"meta.{key}", "a positive number of seconds")
         for key in ("debounce", "group"):
             value = meta.get(key)
             if value is not None and value.__class__ is not str:
