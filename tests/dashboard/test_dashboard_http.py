@@ -167,8 +167,15 @@ def test_async_authorize_and_local_environment(
     assert c.get("/", headers={"x-admin": "1"}).status_code == 200
 
     monkeypatch.setenv("HAZE_ENV", "local")
-    local = TestClient(create_app(backend.app()), client=("127.0.0.1", 50000))
+    local = TestClient(
+        create_app(backend.app()), base_url="http://127.0.0.1:8000", client=("127.0.0.1", 50000)
+    )
     assert local.get("/").status_code == 200
+    assert local.get("/", headers={"host": "localhost:8000"}).status_code == 200
+    assert local.get("/", headers={"host": "[::1]:8000"}).status_code == 200
+    # A web page whose name was re-pointed at 127.0.0.1 (DNS rebinding) reaches the
+    # loopback port from the user's own browser, but with its own name in Host: denied.
+    assert local.get("/", headers={"host": "evil.example:8000"}).status_code == 403
     # Local environment but a remote client (e.g. the port published by mistake): denied.
     remote = TestClient(create_app(backend.app()), client=("203.0.113.9", 50000))
     assert remote.get("/").status_code == 403

@@ -2,8 +2,9 @@
 
 Access is denied unless ``authorize(request)`` returns true, or the app runs in a local
 environment (``HAZE_ENV`` or else ``APP_ENV`` is ``local``) *and* the request comes from
-a loopback address. A proxy in front of the dashboard makes every client look local, so
-the environment variable alone never opens it.
+a loopback address *and* names this machine in ``Host`` (``localhost``, ``127.0.0.1``,
+``[::1]``: no DNS rebinding). A proxy in front of the dashboard makes every client look
+local, so the environment variable alone never opens it.
 
 CSRF: a double-submit token. The first page sets a random token in an ``HttpOnly``,
 ``SameSite=Strict`` cookie; every form repeats it in a hidden ``_csrf`` field (scripts
@@ -59,6 +60,16 @@ def _loopback(host: str | None) -> bool:
         return False
 
 
+def _local_host(request: Request) -> bool:
+    """The Host header names this machine. A site whose name an attacker re-points at
+    127.0.0.1 (DNS rebinding) reaches a loopback port from the user's own browser, with
+    the attacker's name in Host: that must not count as local."""
+    host = request.headers.get("host", "")
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    name = name.strip("[]").lower()
+    return name in ("localhost", "127.0.0.1", "::1") or name.endswith(".localhost")
+
+
 class Guard:
     """Access checks and CSRF tokens for one dashboard."""
 
@@ -83,7 +94,7 @@ class Guard:
             if result is True:
                 return True
         client = request.client.host if request.client else None
-        return is_local_environment() and _loopback(client)
+        return is_local_environment() and _loopback(client) and _local_host(request)
 
     def new_token(self) -> str:
         nonce = secrets.token_hex(16)
