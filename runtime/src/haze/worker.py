@@ -2,6 +2,12 @@
 
 ``concurrency`` slots each run their own claim loop, so a job costs no task creation.
 Used by the in-process ``memory`` consumers, ``haze queue:work`` and ``run_in_server``.
+
+A driver that implements ``BatchConsumer`` (the database driver) is used in batches: a
+slot that finds nothing claimed fetches for every free slot in one call (one fetch at a
+time), and finished jobs' acks are buffered and sent together every
+``ACK_FLUSH_INTERVAL``, before the next claim, and when the worker stops. A process
+killed in between loses at most those acks: the jobs run again after ``retry_after``.
 """
 
 from __future__ import annotations
