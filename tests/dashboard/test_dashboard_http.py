@@ -626,3 +626,24 @@ def test_failed_list_shows_the_newest_and_actions_cover_every_match(
     assert page.count('<tr data-id="') == 2
     c.post("/failed/forget", data={"_csrf": csrf(page), "all": "1", "connection": "main"})
     assert backend.run(lambda app: Queue.failed()) == []
+
+
+@define_job(name="dash_tracked", keep_result="1h")
+async def dash_tracked(payload: Any) -> Any:
+    return {"rows": payload["rows"], "note": XSS}
+
+
+def test_job_lookup_shows_a_tracked_jobs_status_and_result(backend: Backend) -> None:
+    async def go(app: App) -> tuple[str, str]:
+        done = await dash_tracked.dispatch({"rows": 1200})
+        await drain(app)
+        waiting = await dash_tracked.dispatch({"rows": 1})
+        return done, waiting
+
+    done_id, waiting_id = backend.run(go)
+    c = client(backend)
+    page = c.get("/jobs", params={"id": done_id}).text
+    assert f"<code>{done_id}</code>" in page and ">done<" in page
+    assert "&#34;rows&#34;: 1200" in page or "&quot;rows&quot;: 1200" in page
+    assert "<script>alert" not in page
+    assert ">queued<" in c.get("/jobs", params={"id": waiting_id}).text

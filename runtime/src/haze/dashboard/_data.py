@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ..app import App
     from ..batches import Batch
     from ..drivers import FailedJob
+    from ..status import JobStatus
     from ..throughput import Latency
 
 __all__ = [
@@ -398,6 +399,8 @@ class Lookup:
 
     failed: builtins.list[FailedJob] = field(default_factory=list)
     batch: Batch | None = None
+    #: The status record of a job defined with ``track=True`` (any state).
+    status: JobStatus | None = None
     #: ``(worker record, running job)`` pairs: the job is running on that worker now.
     running: builtins.list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
     errors: builtins.list[str] = field(default_factory=list)
@@ -433,6 +436,20 @@ async def lookup(app: App, token: str) -> Lookup:
             raise  # an ambiguous short id: the page says so
         except Exception as e:
             found.errors.append(f"workers: {reason(app, e)}")
+    # Tracked jobs keep a status record under their full id: try the id as given, then
+    # the full id a short one matched above.
+    from ..status import read
+
+    for candidate in dict.fromkeys(
+        [token, *(j.id for j in found.failed), *(j["id"] for _, j in found.running)]
+    ):
+        try:
+            found.status = await read(app.manager, candidate)
+        except Exception as e:
+            found.errors.append(f"status: {reason(app, e)}")
+            break
+        if found.status is not None:
+            break
     try:
         found.batch = await find(app.manager, token)
     except Exception as e:
