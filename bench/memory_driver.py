@@ -114,3 +114,34 @@ def haze_memory(n: int) -> Measurement:
 def haze_memory_bulk(n: int) -> Measurement:
     """haze memory driver: Queue.bulk([job.with_(payload), ...]) in chunks of 1,000, then idle()."""
     return asyncio.run(_haze(n, bulk=True))
+
+
+# ------------------------------------------------------------------------- status records
+
+
+async def _tracked(n: int) -> dict[str, float]:
+    global _handled
+    async with _app():
+        _handled = 0
+        with timer() as elapsed:
+            dispatch = bench_tracked.dispatch
+            for i in range(n):
+                await dispatch({"i": i})
+            dispatched, _ = elapsed()
+            await Queue.idle()
+            wall, cpu = elapsed()
+    _check(n)
+    return {"wall": wall, "cpu": cpu, "dispatch": dispatched}
+
+
+bench_tracked = define_job(name="bench.tracked", keep_result="1h")(noop)
+
+
+@entry("haze-memory-tracked", baseline="haze-memory", group="memory")
+def haze_memory_tracked(n: int) -> Measurement:
+    """haze-memory with keep_result="1h": a status record written at dispatch, start and
+    end (memory store), the cancel marker read before each run, the result kept."""
+    r = asyncio.run(_tracked(n))
+    return Measurement(
+        n, r["wall"], r["cpu"], {"dispatch": r["dispatch"], "drain": r["wall"] - r["dispatch"]}
+    )
