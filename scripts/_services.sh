@@ -9,21 +9,26 @@ wait_port() {
     return 1
 }
 
-# The dashboard's browser tests drive Debian's chromium (tests/dashboard). Installed
-# once, when missing and apt-get can run (root); otherwise those tests skip locally and
-# fail under CI=true.
-ensure_chromium() {
-    command -v chromium >/dev/null 2>&1 && return 0
+# Debian tools some tests drive: chromium for the dashboard's browser tests
+# (tests/dashboard), tmux for the live `queue:top` view (tests/test_queue_top_tmux.py).
+# Installed once, when missing and apt-get can run (root); otherwise those tests skip
+# locally and fail under CI=true.
+ensure_tools() {
+    local missing=()
+    for tool in chromium tmux; do
+        command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-        echo "haze: installing chromium for the dashboard's browser tests" >&2
-        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
-            >/tmp/haze-chromium-install.log 2>&1 \
-            || echo "haze: chromium install failed (see /tmp/haze-chromium-install.log)" >&2
+        echo "haze: installing ${missing[*]} for the browser and terminal tests" >&2
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") \
+            >/tmp/haze-tools-install.log 2>&1 \
+            || echo "haze: installing ${missing[*]} failed (see /tmp/haze-tools-install.log)" >&2
     fi
 }
 
 ensure_services() {
-    ensure_chromium
+    ensure_tools
     if ! port_open 5432 && command -v pg_ctlcluster >/dev/null 2>&1; then
         echo "haze: starting PostgreSQL" >&2
         pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true

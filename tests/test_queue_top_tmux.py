@@ -2,7 +2,8 @@
 running one job: the live view shows the counts and the running job, refreshes, and
 Ctrl-C quits it cleanly.
 
-Needs ``tmux`` (skipped without it: nothing here installs it) and PostgreSQL.
+Needs ``tmux`` (scripts/_services.sh installs it; skipped without it locally, a failure
+under CI) and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ import pytest
 
 PG_ADMIN = os.environ.get("HAZE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="no tmux on this machine")
+
+@pytest.fixture(autouse=True)
+def _tmux() -> None:
+    if shutil.which("tmux") is None:
+        message = "tmux is not installed (scripts/_services.sh ensure_tools installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
 
 QUEUE = """\
 from haze import define_queue_config

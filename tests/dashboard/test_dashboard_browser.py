@@ -44,7 +44,7 @@ def _chromium() -> None:
     # Skipped on a machine without chromium, but never in CI, where scripts/_services.sh
     # installs it: a browser test that silently skipped would prove nothing.
     if not Path(CHROMIUM).exists():
-        message = "chromium is not installed (scripts/_services.sh ensure_chromium installs it)"
+        message = "chromium is not installed (scripts/_services.sh ensure_tools installs it)"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
