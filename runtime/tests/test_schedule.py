@@ -4,6 +4,7 @@ errors, the Scheduler's claim, lease and catch-up rules on a memory store, and t
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import textwrap
 from collections.abc import Iterator
@@ -586,3 +587,76 @@ def test_a_schedule_on_an_unknown_connection_stops_the_scheduler_at_start(
         assert result.exit_code == 1, result.output
         assert "unknown queue connection 'redsi'" in result.output
         assert len(result.output.strip().splitlines()) == 1
+
+
+async def test_a_first_tick_claimed_by_a_leader_that_died_is_sent_by_the_next() -> None:
+    """A schedule that never fired: the first leader claims its first tick and dies
+    before dispatching. The next leader resumes from where the first one started (not
+    from its own start) and sends the tick once the dead one's claim expires."""
+    sched = schedule(report.with_({"n": 1}), every="10s", name="first")
+    async with memory_app() as app:
+        from haze import Queue
+
+        store = app.store()
+        t0 = utc(2026, 1, 1, 12, 0, 5)
+        a = Scheduler(app, lease=0.3)
+        await a.step(t0)
+        tick = utc(2026, 1, 1, 12, 0, 10)
+        # a's first write of the tick, then a SIGKILL: its leases are left to expire.
+        assert await store.add(sched.tick_key(tick), f"lease:{a.id}", 0.6)
+        b = Scheduler(app, lease=2.0)
+        await b.step(t0 + timedelta(seconds=6))
+        assert not b.leader  # a's leader lease still holds
+        await asyncio.sleep(0.35)
+        await b.step(t0 + timedelta(seconds=7))
+        assert b.leader and b.dispatched == 0  # a's claim on the tick has not expired
+        await asyncio.sleep(0.35)
+        await b.step(t0 + timedelta(seconds=8))
+        assert b.dispatched == 1
+        assert await store.get(sched.tick_key(tick)) == "done"
+        await Queue.idle()
+    assert [at for _, at in ran] == [tick.isoformat()]
+
+
+async def test_a_tick_sent_twice_runs_once_and_a_manual_run_always_runs() -> None:
+    """Two messages for one tick (a scheduler died after dispatching, before marking the
+    tick done, and the next sent it again): the tick's once key lets the first run and
+    acks the other. ``schedule:run`` is not a tick: no once key, each one runs."""
+    sched = schedule(report.with_({"n": 1}), every="10s", name="twice")
+    async with memory_app() as app:
+        from haze import Queue
+
+        store = app.store()
+        tick = utc(2026, 1, 1, 12, 0, 10)
+        assert await scheduling.fire(app, sched, tick, store=store)
+        await store.delete(sched.tick_key(tick))  # as if the lease ran out unmarked
+        assert await scheduling.fire(app, sched, tick, store=store)
+        assert not await scheduling.fire(app, sched, tick, store=store)  # marked done now
+        await scheduling.run_now(app, "twice")
+        await scheduling.run_now(app, "twice")
+        await Queue.idle()
+    assert [at for _, at in ran].count(tick.isoformat()) == 1
+    assert len(ran) == 3
+
+
+async def test_a_tick_held_by_a_live_scheduler_is_not_passed_over() -> None:
+    """Another scheduler holds the tick's lease (a stalled leader mid-dispatch): this one
+    neither sends it nor moves past it, and leaves it alone once it is marked done."""
+    sched = schedule(report.with_({"n": 1}), every="10s", name="held")
+    async with memory_app() as app:
+        from haze import Queue
+
+        store = app.store()
+        t0 = utc(2026, 1, 1, 12, 0, 5)
+        s = Scheduler(app)
+        await s.step(t0)
+        tick = utc(2026, 1, 1, 12, 0, 10)
+        await store.add(sched.tick_key(tick), "lease:stalled", 30)
+        await s.step(t0 + timedelta(seconds=6))
+        await s.step(t0 + timedelta(seconds=7))
+        assert s.dispatched == 0 and s._cursors["held"] < tick
+        await store.put(sched.tick_key(tick), "done", 130)  # the stalled one finished
+        await s.step(t0 + timedelta(seconds=16))
+        assert s.dispatched == 1  # the 12:00:20 tick only
+        await Queue.idle()
+    assert [at for _, at in ran] == [utc(2026, 1, 1, 12, 0, 20).isoformat()]

@@ -7,10 +7,13 @@ app module; ``haze schedule:work`` or ``haze queue:work --schedule`` dispatches 
 >>> # schedule(send_report.with_({"kind": "daily"}), cron="0 9 * * *", tz="Europe/Paris")
 >>> # schedule(prune_tokens, every="15m")
 
-Each tick is dispatched once however many schedulers run: a scheduler claims the tick
-with ``store.add`` on (schedule name, fire time) in the app's shared store before it
-dispatches. One scheduler at a time holds a leader lease and does the work; the others
-only try to take the lease, so an idle fleet costs one store call per few seconds each.
+Each tick's job runs once however many schedulers run, and whichever of them dies: a
+scheduler takes a short lease on the tick with ``store.add`` on (schedule name, fire
+time) in the app's shared store, dispatches with the tick's once key, then marks the
+tick done (see ``_fire``). A manual ``schedule:run`` is no tick: no claim, no once key.
+
+One scheduler at a time holds a leader lease and does the work; the others only try to
+take the lease, so an idle fleet costs one store call per few seconds each.
 """
 
 from __future__ import annotations
@@ -298,40 +301,79 @@ def _tick_store(app: App) -> Store | None:
         return None  # cloudflare/sqs without a store: the platform's trigger fires once
 
 
-async def fire(app: App, sched: Schedule, at: datetime, *, store: Store | None = None) -> bool:
-    """Dispatch ``sched``'s tick at ``at`` unless another scheduler did: True when this
-    call dispatched it.
+#: The value of a tick's key once its job is queued (before: the claimer's lease).
+_DONE = "done"
+#: What the first version of the scheduler stored: a tick it claimed and dispatched.
+_LEGACY_DONE = "claimed"
 
-    The claim (``store.add`` on name + fire time) comes before the dispatch: a scheduler
-    that dies between the two loses that tick, never sends it twice. A dispatch that
-    fails drops the claim so the tick can be tried again.
+
+async def fire(app: App, sched: Schedule, at: datetime, *, store: Store | None = None) -> bool:
+    """Dispatch ``sched``'s tick at ``at`` unless another scheduler did or is doing it:
+    True when this call dispatched it. See :func:`_fire` for the crash rules.
+    """
+    return await _fire(app, sched, at, store, owner=f"trigger-{uuid.uuid4().hex[:12]}") == "sent"
+
+
+async def _fire(
+    app: App,
+    sched: Schedule,
+    at: datetime,
+    store: Store | None,
+    *,
+    owner: str,
+    lease: float = LEASE,
+    grace: float = MISFIRE_GRACE,
+) -> str:
+    """``"sent"`` (this call dispatched the tick), ``"done"`` (someone did) or ``"busy"``
+    (another scheduler holds the tick's lease: ask again after it).
+
+    Three writes: a lease on the tick key (``store.add``, ``lease`` seconds, value the
+    scheduler's id), the dispatch, then the tick key set to done for the rest of the
+    grace window. The message carries a once key (:func:`tick_once_key`): however many
+    messages a tick gets, the first to run claims it and the others are acked unrun. A
+    scheduler that dies holding the lease leaves the tick to whichever scheduler asks
+    after the lease expired (the new leader does while the tick is in grace): sent again
+    if the first one never was, run once either way.
     """
     key = sched.tick_key(at)
-    if store is not None and not await store.add(key, "claimed", MISFIRE_GRACE * 2 + LEASE):
-        return False
+    meta: dict[str, Any] = {"schedule": sched.name, "fire_at": at.isoformat()}
+    held = f"lease:{owner}"
+    if store is not None:
+        if not await store.add(key, held, lease):
+            value = await store.get(key)
+            if value is None:  # the lease ran out between the two calls: ask again
+                return "busy"
+            return "done" if value in (_DONE, _LEGACY_DONE) else "busy"
+        meta["once"] = tick_once_key(sched, at)
     try:
-        await app.manager.dispatch(
-            sched.pending, meta={"schedule": sched.name, "fire_at": at.isoformat()}
-        )
+        await app.manager.dispatch(sched.pending, meta=meta)
     except BaseException:
         if store is not None:
             try:
-                await store.delete(key, owner="claimed")
-            except Exception:  # the claim expires by itself; the dispatch error matters
+                await store.delete(key, owner=held)
+            except Exception:  # the lease expires by itself; the dispatch error matters
                 log.debug("haze: could not drop the claim on %s", key, exc_info=True)
         raise
     if store is not None:
         try:
+            await store.put(key, _DONE, grace * 2 + lease)
             await store.put(f"haze:schedule:{sched.name}:last", at.timestamp())
         except Exception:
-            # Only where a new leader resumes from: this tick stays claimed, so it is
-            # not sent again.
-            log.debug("haze: could not record the last tick of %s", sched.name, exc_info=True)
-    return True
+            # Only where a new leader resumes from, and whether it asks about this tick
+            # again: sent again, the once key keeps it to one run.
+            log.debug("haze: could not record the tick of %s", sched.name, exc_info=True)
+    return "sent"
+
+
+def tick_once_key(sched: Schedule, at: datetime) -> str:
+    """The once key a tick's message carries: of the messages a tick may get (its
+    scheduler died after the dispatch, before marking it done), only one runs."""
+    return sched.tick_key(at) + ":once"
 
 
 async def run_now(app: App, name: str) -> Schedule:
-    """Dispatch schedule ``name`` once now (``haze schedule:run NAME``), no claim."""
+    """Dispatch schedule ``name`` once now (``haze schedule:run NAME``): not a tick, so
+    no claim and no once key (each manual run runs), and the timetable is untouched."""
     sched = get_schedule(name)
     now = datetime.now(UTC)
     await app.manager.dispatch(
@@ -346,8 +388,8 @@ async def dispatch_due(
     """Dispatch the schedules (default: all) that fire at ``at`` — a platform trigger's
     scheduled time (Cloudflare cron trigger, EventBridge rule). Returns their names.
 
-    The claim on (name, fire time) keeps a trigger delivered twice to one dispatch
-    where the app has a shared store.
+    Where the app has a shared store, the claim on (name, fire time) keeps a trigger
+    delivered twice to one dispatch, and the once key to one run.
     """
     at = at.astimezone(UTC).replace(microsecond=0)
     store = _tick_store(app)
@@ -444,7 +486,7 @@ class Scheduler:
             await self._resume(now)
         elif mono - self._renewed >= self.lease / 3:
             # Owner-checked renewal. Even two leaders at once (a stalled one whose lease
-            # ran out) send each tick once: each tick has its own claim.
+            # ran out) run each tick once: each tick has its own claim and once key.
             if not await store.touch(_LEADER_KEY, self.id, self.lease):
                 self.leader = False
                 log.info("haze: scheduler %s lost the leader lease", self.id)
@@ -463,8 +505,12 @@ class Scheduler:
             last = await store.get(f"haze:schedule:{sched.name}:last")
             if isinstance(last, (int, float)):
                 self._cursors[sched.name] = datetime.fromtimestamp(float(last), UTC)
-            else:  # never fired: nothing was missed
+            else:
+                # Never fired: nothing was missed. Recorded, so that a leader after this
+                # one resumes from here and still sends a first tick this one claimed
+                # and died before sending.
                 self._cursors[sched.name] = now
+                await store.add(f"haze:schedule:{sched.name}:last", now.timestamp())
 
     async def _run_schedule(self, sched: Schedule, now: datetime) -> None:
         cursor = self._cursors.get(sched.name, now)
@@ -479,7 +525,21 @@ class Scheduler:
                 )
         for at in due:
             try:
-                if await fire(self.app, sched, at, store=self.store):
+                outcome = await _fire(
+                    self.app,
+                    sched,
+                    at,
+                    self.store,
+                    owner=self.id,
+                    lease=self.lease,
+                    grace=self.grace,
+                )
+                if outcome == "busy":
+                    # Another scheduler holds this tick (a stalled leader, or a dead one
+                    # whose lease has not run out): the cursor stays before it, so it is
+                    # asked about again next step and sent if that lease expires unmarked.
+                    return
+                if outcome == "sent":
                     self.dispatched += 1
                     if self.on_fire is not None:
                         self.on_fire(sched, at)

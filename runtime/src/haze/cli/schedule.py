@@ -92,7 +92,7 @@ def _stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
 def schedule_work(state: State) -> None:
     """Dispatch the app's schedules on time until SIGTERM/SIGINT.
 
-    Run as many as you like: each tick is dispatched once, by whichever holds the lease."""
+    Run as many as you like: each tick's job runs once, dispatched by whichever holds the lease."""
 
     def say(line: str) -> None:
         click.echo(f"{_stamp()} {line}")
