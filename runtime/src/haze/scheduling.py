@@ -339,11 +339,15 @@ async def _fire(
     meta: dict[str, Any] = {"schedule": sched.name, "fire_at": at.isoformat()}
     held = f"lease:{owner}"
     if store is not None:
-        if not await store.add(key, held, lease):
+        for _ in range(2):
+            if await store.add(key, held, lease):
+                break
             value = await store.get(key)
-            if value is None:  # the lease ran out between the two calls: ask again
-                return "busy"
-            return "done" if value in (_DONE, _LEGACY_DONE) else "busy"
+            if value is not None:
+                return "done" if value in (_DONE, _LEGACY_DONE) else "busy"
+            # the holder's lease ran out between the two calls: try the claim again
+        else:
+            return "busy"
         meta["once"] = tick_once_key(sched, at)
     try:
         await app.manager.dispatch(sched.pending, meta=meta)
