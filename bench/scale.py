@@ -46,7 +46,10 @@ sys.path.insert(0, str(PEERS))
 import records  # noqa: E402
 
 PG_ADMIN = os.environ.get("BENCH_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
-PG_DSN = os.environ.get("BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/haze_bench")
+#: A database of its own: bench/sql.py empties haze_bench's jobs table between steps.
+PG_DSN = os.environ.get(
+    "BENCH_SCALE_PG_DSN", "postgresql://postgres@127.0.0.1:5432/haze_bench_scale"
+)
 #: The interpreter the workers and the producer run in (this tree's haze must import).
 PYTHON = os.environ.get("BENCH_HAZE_PYTHON", sys.executable)
 DELAYED = struct.Struct("ddd")
@@ -63,8 +66,9 @@ class Backend:
     def sql(self) -> bool:
         return self.connection == "db"
 
-    def worker_argv(self, concurrency: int | None = None) -> list[str]:
+    def worker_argv(self, concurrency: int | None = None, quiet: bool = False) -> list[str]:
         argv = [PYTHON, "-m", "haze.cli", "--root", str(self.root), "queue:work"]
+        argv += ["--quiet"] if quiet else []
         argv += ["--connection", self.connection, "--queue", "bench"]
         return argv + (["--concurrency", str(concurrency)] if concurrency else [])
 
@@ -133,8 +137,9 @@ def prepare(b: Backend) -> None:
         import psycopg
 
         with psycopg.connect(PG_ADMIN, autocommit=True) as c:
-            if not c.execute("SELECT 1 FROM pg_database WHERE datname = 'haze_bench'").fetchone():
-                c.execute("CREATE DATABASE haze_bench")
+            db = PG_DSN.rsplit("/", 1)[1]
+            if not c.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db,)).fetchone():
+                c.execute(f'CREATE DATABASE "{db}"')
     helper(b, "_clean")
 
 
@@ -155,11 +160,11 @@ def feeder(b: Backend, n: int, backlog: int = 0, delay: tuple[float, float] | No
 
 
 class Worker:
-    def __init__(self, b: Backend, concurrency: int | None = None) -> None:
+    def __init__(self, b: Backend, concurrency: int | None = None, quiet: bool = False) -> None:
         self.log = open(RUN_DIR / f"worker-{b.name}.log", "ab")  # noqa: SIM115
         self.spawned = time.time()
         self.proc = subprocess.Popen(
-            b.worker_argv(concurrency),
+            b.worker_argv(concurrency, quiet),
             env=_env(b),
             cwd=PEERS,
             stdout=self.log,
@@ -263,7 +268,8 @@ def cmd_scale(a: argparse.Namespace) -> str:
                     f"({r['cpu'] / r['n'] * 1e6:.0f} us cpu/job) load {os.getloadavg()[0]:.1f}"
                 )
     lines = [
-        "| backend | worker processes | jobs/s | vs 1 process | worker CPU us/job (incl. start-up) |",
+        "| backend | worker processes | jobs/s | vs 1 process "
+        "| worker CPU us/job (incl. start-up) |",
         "|---|---|---|---|---|",
     ]
     for b in backends:
@@ -303,7 +309,7 @@ def cmd_soak(a: argparse.Namespace) -> str:
         b = BACKENDS[name]
         prepare(b)
         records.reset()
-        w = Worker(b, a.concurrency)
+        w = Worker(b, a.concurrency, quiet=True)  # a line per job: GBs of log at 1M
         f = feeder(b, a.n, backlog=a.backlog)
         samples: list[dict[str, Any]] = []
         t0, mark = time.monotonic(), a.every
@@ -386,26 +392,26 @@ def cmd_delayed(a: argparse.Namespace) -> str:
         b = BACKENDS[name]
         prepare(b)
         Path(os.environ["BENCH_DELAYED_RECORDS"]).unlink(missing_ok=True)
-        w = Worker(b, a.concurrency)
-        rss: list[tuple[float, int]] = []
+        w = Worker(b, a.concurrency, quiet=True)
+        rss: list[int] = []
         t0 = time.monotonic()
         try:
             f = feeder(b, a.n, delay=(a.min, a.max))
             deadline = t0 + a.max + max(120.0, a.n / 200)
             while time.monotonic() < deadline and w.alive() and delayed_count() < a.n:
-                rss.append((time.monotonic() - t0, rss_kb(w.proc.pid)))
+                if delayed_count():  # from the first job that fired: the worker is warm
+                    rss.append(rss_kb(w.proc.pid))
                 time.sleep(0.5)
             f.wait()
             time.sleep(a.grace)  # a job firing twice would show up here
-            rss.append((time.monotonic() - t0, rss_kb(w.proc.pid)))
+            rss.append(rss_kb(w.proc.pid))
         finally:
             w.stop()
         recs = delayed_read()
         ids = [int(r[0]) for r in recs]
         late = sorted(r[2] - r[1] for r in recs)
         twice, missing = len(ids) - len(set(ids)), a.n - len(set(ids))
-        # the worker's RSS once the first delayed job is due, and at the end
-        rk = [k for _, k in rss if k]
+        rk = [k for k in rss if k]
         verdict = "ok" if twice == 0 and missing == 0 else "FAILED"
         out.append(
             f"**{name}**: {a.n:,} jobs delayed {a.min:g}-{a.max:g} s: ran {len(set(ids)):,}, "
@@ -413,7 +419,8 @@ def cmd_delayed(a: argparse.Namespace) -> str:
             f"{_pct(late, 0.5) * 1000:.0f} ms, p99 {_pct(late, 0.99) * 1000:.0f} ms, max "
             f"{(late[-1] if late else 0) * 1000:.0f} ms; worker RSS min/max/last "
             f"{min(rk, default=0) / 1024:.1f}/{max(rk, default=0) / 1024:.1f}/"
-            f"{(rk[-1] if rk else 0) / 1024:.1f} MiB over {len(rk)} samples"
+            f"{(rk[-1] if rk else 0) / 1024:.1f} MiB over {len(rk)} samples from the first "
+            "job that ran"
         )
     out.append(f"\nOne worker, concurrency {a.concurrency or 'driver default'}; {_machine()}")
     return "\n".join(out)
@@ -447,7 +454,7 @@ def cmd_coldstart(a: argparse.Namespace) -> str:
     lines += [f"| {k} | {_cell(v)} |" for k, v in times.items()]
     lines.append(
         f"\n{a.reps} reps, one job queued before `haze queue:work` is spawned; "
-        f"{_machine()}. Import cost alone: bench/import_time.py."
+        f"{_machine()} Import cost alone: bench/import_time.py."
     )
     return "\n".join(lines)
 
@@ -513,8 +520,11 @@ async def _clean(name: str) -> None:
     app = App(root=b.root)
     await app.__aenter__()
     await ensure_queue_tables(app)
-    await app.database().execute("DELETE FROM jobs")
-    await app.database().execute("DELETE FROM failed_jobs")
+    if name == "postgres":  # the soak's size curve starts from an empty file
+        await app.database().execute("TRUNCATE jobs, failed_jobs")
+    else:
+        await app.database().execute("DELETE FROM jobs")
+        await app.database().execute("DELETE FROM failed_jobs")
     await app.__aexit__(None, None, None)
 
 
@@ -563,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         # the scenario's defaults, then its smoke sizes, then what was given on the line
         opts = {**vars(a), **defaults[sc], **(SMOKE[sc] if a.smoke else {})}
         opts.update({k: v for k, v in vars(a).items() if v is not None and k in given})
-        if opts.get("every") is None:
+        if sc == "soak" and opts.get("every") is None:
             opts["every"] = max(1, opts["n"] // 100)
         ns = argparse.Namespace(**opts)
         missing = [x for x in ns.backends.split(",") if skip_reason(x)]
