@@ -10,6 +10,7 @@ import pytest
 from haze import (
     App,
     Batch,
+    DispatchResult,
     JobDefinition,
     PendingBatch,
     PendingChain,
@@ -105,6 +106,20 @@ async def test_run_blocking_closes_the_coroutine_when_refused() -> None:
     assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED
 
 
+@define_job(name="blocking_kept", keep_result="1h")
+async def blocking_kept(payload: dict) -> dict:
+    return {"twice": payload["n"] * 2}
+
+
+def test_status_twins_from_sync_code() -> None:
+    res = blocking_kept.with_({"n": 21}).dispatch_blocking()
+    status = res.wait_blocking(timeout=10)
+    assert status.state == "done" and status.result == {"twice": 42}
+    assert Queue.wait_blocking(res.id, timeout=1) == status
+    assert Queue.status_blocking(res.id) == status
+    assert Queue.cancel_blocking(res.id) is False  # it is over
+
+
 def test_blocking_wraps_any_coroutine_function() -> None:
     async def add(a: int, b: int = 1) -> int:
         return a + b
@@ -134,6 +149,10 @@ def test_blocking_wraps_any_coroutine_function() -> None:
         (Queue, "idle"),
         (Queue, "size"),
         (Queue, "clear"),
+        (Queue, "status"),
+        (Queue, "wait"),
+        (Queue, "cancel"),
+        (DispatchResult, "wait"),
     ],
 )
 def test_every_public_awaitable_has_a_blocking_twin(owner: type, name: str) -> None:

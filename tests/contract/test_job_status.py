@@ -53,6 +53,11 @@ async def status_plain(payload: dict) -> None:
     RAN.append(("status_plain", payload))
 
 
+@define_job(name="status_untracked", track=False)
+async def status_untracked(payload: dict) -> None:
+    RAN.append(("status_untracked", payload))
+
+
 @define_job(name="status_fails", tries=2, track=True)
 async def status_fails(payload: dict) -> None:
     RAN.append(("status_fails", payload))
@@ -144,18 +149,18 @@ async def test_untracked_job_has_no_record(app: Any, done: Any) -> None:
 
 
 async def test_queue_config_track_tracks_every_job(make_app: Any, done: Any) -> None:
-    from haze import App, define_queue_config
-
-    async with make_app() as base:
-        conns = base.queue_config.connections
-    async with App(queue=define_queue_config(default="main", connections=conns, track=True)):
-        pass  # the config itself is accepted
-    async with make_app(options={}) as app:
+    # define_queue_config(track=True, keep_result=...) is validated in
+    # runtime/tests/test_job_status_config.py; here its effect on every driver.
+    async with make_app() as app:
         app.queue_config.track = True
+        app.queue_config.keep_result = 60.0
         app.manager._tracking.clear()
         job_id = await status_plain.dispatch({"b": 2})
         st = await Queue.wait(job_id, timeout=10)
         assert st.state == "done"
+        opted_out = await status_untracked.dispatch({"c": 3})
+        await done()
+        assert await Queue.status(opted_out) is None
 
 
 @pytest.mark.requires("retries")
