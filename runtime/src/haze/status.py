@@ -255,34 +255,38 @@ async def wait_final(
     deadline = None if timeout is None else loop.time() + timeout
     delay = 0.01
     seen = False
-    while True:
-        event = manager._final_event(job_id)
-        status = await read(manager, job_id)
-        if status is not None:
-            seen = True
-            if status.final:
-                manager._drop_final_event(job_id, event)
-                return status
-        elif not seen and not pending_ok:
-            manager._drop_final_event(job_id, event)
-            raise UntrackedJobError(
-                f'job "{job_id}" has no status record: define it with track=True (or '
-                "keep_result=...) to wait for it; or its record expired, or the id is not "
-                "a full job id"
-            )
-        pause = delay
-        if deadline is not None:
-            left = deadline - loop.time()
-            if left <= 0:
-                manager._drop_final_event(job_id, event)
-                state = status.state if status is not None else "not dispatched yet"
-                raise TimeoutError(f'job "{job_id}" is not finished after {timeout:g}s ({state})')
-            pause = min(pause, left)
-        try:
-            await asyncio.wait_for(event.wait(), pause)
-        except TimeoutError:
-            pass
-        delay = min(delay * 2, 0.5)
+    event = manager._final_event(job_id)
+    try:
+        while True:
+            status = await read(manager, job_id)
+            if status is not None:
+                seen = True
+                if status.final:
+                    return status
+            elif not seen and not pending_ok:
+                raise UntrackedJobError(
+                    f'job "{job_id}" has no status record: define it with track=True (or '
+                    "keep_result=...) to wait for it; or its record expired, or the id is "
+                    "not a full job id"
+                )
+            pause = delay
+            if deadline is not None:
+                left = deadline - loop.time()
+                if left <= 0:
+                    state = status.state if status is not None else "not dispatched yet"
+                    raise TimeoutError(
+                        f'job "{job_id}" is not finished after {timeout:g}s ({state})'
+                    )
+                pause = min(pause, left)
+            try:
+                await asyncio.wait_for(event.wait(), pause)
+            except TimeoutError:
+                pass
+            if event.is_set():  # a final write in this process: read it now
+                event = manager._final_event(job_id)
+            delay = min(delay * 2, 0.5)
+    finally:
+        manager._drop_final_event(job_id, event)
 
 
 async def cancel(manager: QueueManager, job_id: str) -> bool:

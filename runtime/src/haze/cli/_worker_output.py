@@ -37,6 +37,7 @@ _STATES = {
     "retry": "RETRY",
     "released": "RELEASED",
     "failed": "FAILED",
+    "cancelled": "CANCELLED",
 }
 _COLOURS = {
     "running": "\x1b[33m",
@@ -44,6 +45,7 @@ _COLOURS = {
     "retry": "\x1b[33m",
     "released": "\x1b[36m",
     "failed": "\x1b[1;31m",
+    "cancelled": "\x1b[35m",
 }
 _RESET = "\x1b[0m"
 
