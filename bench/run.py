@@ -16,7 +16,10 @@ import harness
 
 #: Modules that register entries on import. A peer whose library is missing should
 #: register anyway and say so through ``skip_reason``, so the table shows the gap.
-ENTRY_MODULES = ["memory_driver", "otel"]
+ENTRY_MODULES = ["memory_driver", "otel", "scale"]
+#: Entries that start worker processes against a server and take minutes at N=100,000:
+#: run only when named (``--only scale-redis-p8`` adds its 1-process baseline).
+OPT_IN_GROUPS = ("scale-redis", "scale-postgres")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,9 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for e in entries.values():
             base = f" (vs {e.baseline})" if e.baseline else ""
-            print(f"{e.name:<22} [{e.group}]{base} {e.description}")
+            opt = " (opt-in)" if e.group in OPT_IN_GROUPS else ""
+            print(f"{e.name:<22} [{e.group}]{opt}{base} {e.description}")
         return 0
-    names = [x.strip() for opt in args.only for x in opt.split(",") if x.strip()] or list(entries)
+    names = [x.strip() for opt in args.only for x in opt.split(",") if x.strip()] or [
+        e.name for e in entries.values() if e.group not in OPT_IN_GROUPS
+    ]
     if args.n < 1 or args.reps < 1:
         parser.error("--n and --reps must be at least 1")
 
