@@ -329,6 +329,8 @@ def cmd_soak(a: argparse.Namespace) -> str:
                     mark = (c // a.every + 1) * a.every
                 if c >= a.n:
                     break
+                if f.poll() not in (None, 0):
+                    raise RuntimeError(f"soak {name}: the producer exited {f.returncode}")
                 time.sleep(0.02)
         finally:
             w.stop()
