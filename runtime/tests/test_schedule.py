@@ -660,3 +660,25 @@ async def test_a_tick_held_by_a_live_scheduler_is_not_passed_over() -> None:
         assert s.dispatched == 1  # the 12:00:20 tick only
         await Queue.idle()
     assert [at for _, at in ran] == [utc(2026, 1, 1, 12, 0, 20).isoformat()]
+
+
+@pytest.mark.usefixtures("isolated_imports")
+def test_a_schedule_file_imports_its_own_jobs_when_another_app_owns_the_app_package(
+    tmp_path: Path,
+) -> None:
+    other = tmp_path / "other"
+    (other / "app" / "job").mkdir(parents=True)
+    (other / "config").mkdir()
+    # Regular packages (not namespace ones): ``app`` then resolves to that root alone.
+    (other / "app" / "__init__.py").write_text("")
+    (other / "app" / "job" / "__init__.py").write_text("")
+    (other / "app" / "job" / "sched_other_jobs.py").write_text(
+        "from haze import define_job\n\n"
+        '@define_job(name="sched_other_job")\nasync def other(payload=None):\n    pass\n'
+    )
+    App(root=other)  # this one takes the ``app`` package name
+    owner = __import__("sys").modules["app"]
+    root = write_app(tmp_path / "mine", SCHEDULES)
+    App(root=root)
+    assert list(registered_schedules()) == ["daily", "sched_cli_ping"]
+    assert __import__("sys").modules["app"] is owner, "the other app keeps its package"

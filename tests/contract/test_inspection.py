@@ -44,8 +44,10 @@ async def test_counts_ready_delayed_and_running_and_lists_the_running_job(
 ) -> None:
     d = app.driver("main")
     if not isinstance(d, QueueInspector):
-        assert driver.id == "sync", f"{driver.id} should count jobs by state"
-        return
+        # sync keeps nothing to count; Cloudflare Queues report one backlog for a whole
+        # queue, with no split by state (queue:stats says so instead of guessing).
+        assert driver.id in {"sync", "cloudflare"}, f"{driver.id} should count jobs by state"
+        pytest.skip(f"the {driver.id} driver cannot count jobs by state")
     GATE["started"], GATE["go"] = asyncio.Event(), asyncio.Event()
     blocked = await insp_block.dispatch({})
     await asyncio.wait_for(GATE["started"].wait(), 30)

@@ -251,8 +251,30 @@ class App:
         """Run ``config/schedule.py`` (after the jobs, which it names) for its schedule()s."""
         assert self.root is not None
         path = self.root / "config" / "schedule.py"
-        if path.is_file():
+        if not path.is_file():
+            return
+        # When another app in this process owns the ``app`` package name, this root's job
+        # modules live under a private name; ``from app.job.x import y`` in the schedule
+        # file must still reach them, so ``app.*`` names this root's modules meanwhile.
+        private = f"{self._private_jobs_package()}."
+        mine = {n[len(private) :]: m for n, m in sys.modules.items() if n.startswith(private)}
+        theirs = {n: m for n, m in sys.modules.items() if n == "app" or n.startswith("app.")}
+        if mine:
+            for name in theirs:
+                del sys.modules[name]
+            sys.modules.update(mine)
+        try:
             _load_module_file(path, f"_haze_config_{abs(hash(str(path)))}_schedule")
+        finally:
+            if mine:
+                for name in [n for n in sys.modules if n == "app" or n.startswith("app.")]:
+                    module = sys.modules.pop(name)
+                    if name not in mine:  # first imported by the schedule file: keep it ours
+                        sys.modules[private + name] = module
+                sys.modules.update(theirs)
+
+    def _private_jobs_package(self) -> str:
+        return f"_haze_jobs_{abs(hash(str(self.root)))}"
 
     def _import_job_module(self, path: Path, dotted: str) -> str:
         existing = sys.modules.get(dotted)
@@ -278,7 +300,7 @@ class App:
                 ) from e
         # Another app already owns the ``app`` package name in this process: load under
         # a private top-level name, with parent packages so relative imports resolve.
-        top_name = f"_haze_jobs_{abs(hash(str(self.root)))}"
+        top_name = self._private_jobs_package()
         name = f"{top_name}.{dotted}"
         if name in sys.modules:  # already imported by a sibling's relative import
             return name

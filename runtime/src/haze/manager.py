@@ -1008,7 +1008,13 @@ class QueueManager:
                         [HINT_KEY, *(cancel_key(i) for i in ids)]
                     )
                 except Exception as e:
-                    if not told:
+                    # An unreachable backend is the worker's outage to report (once per
+                    # outage); repeating it here would make every outage two warnings.
+                    if (
+                        not told
+                        and self.unavailable(e) is None
+                        and not isinstance(e, BackendUnavailableError)
+                    ):
                         told = True
                         log.warning("could not read cancel markers from the store: %s", e)
                     continue

@@ -195,6 +195,11 @@ class Message:
             )
         get = d.get
         mid, job = get("id"), get("job")
+        if mid is None and job is None:  # another producer's JSON, not a broken envelope
+            raise MessageDecodeError(
+                "not a haze message: a JSON object without 'id' and 'job' "
+                f"(keys: {', '.join(sorted(map(str, d))[:5]) or 'none'})"
+            )
         if mid.__class__ is not str or not mid:
             raise _field_error(d, "id", "a non-empty string")
         if job.__class__ is not str or not job:
