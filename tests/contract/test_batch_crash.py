@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from crash_points import Crash, CrashingStore, Injector
 from haze import App, JobContext, Queue, define_cache_config, define_job, define_queue_config
 from haze.drivers import Reserved
 from haze.message import decode
@@ -50,66 +50,6 @@ async def bcx_fail(payload: dict[str, Any], job: JobContext) -> None:
 @define_job(name="bcx_callback", tries=3)
 async def bcx_callback(payload: dict[str, Any], job: JobContext) -> None:
     FIRED[(payload["tag"], payload["kind"])].add(job.id)
-
-
-class Crash(BaseException):
-    """The simulated SIGKILL."""
-
-
-class Injector:
-    def __init__(self, crash_at: int | None) -> None:
-        self.crash_at = crash_at
-        self.writes = 0
-        self.crashed: str | None = None
-
-    def tick(self, what: str) -> None:
-        self.writes += 1
-        if self.writes == self.crash_at:
-            self.crashed = f"write {self.writes} ({what})"
-            raise Crash(self.crashed)
-
-
-class CrashingStore:
-    """The store under test, with a crash point before each write."""
-
-    def __init__(self, inner: Store, injector: Injector) -> None:
-        self.inner = inner
-        self.injector = injector
-        self.name = inner.name
-        self.atomic = inner.atomic
-        self.shared = inner.shared
-
-    async def get(self, key: str) -> Any:
-        return await self.inner.get(key)
-
-    async def get_many(self, keys: Sequence[str]) -> list[Any]:
-        return await self.inner.get_many(keys)
-
-    async def ttl(self, key: str) -> float | None:
-        return await self.inner.ttl(key)
-
-    async def put(self, key: str, value: Any, ttl: float | None = None) -> None:
-        self.injector.tick(f"put {key}")
-        await self.inner.put(key, value, ttl)
-
-    async def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
-        self.injector.tick(f"add {key}")
-        return await self.inner.add(key, value, ttl)
-
-    async def increment(self, key: str, by: int = 1, ttl: float | None = None) -> int:
-        self.injector.tick(f"increment {key}")
-        return await self.inner.increment(key, by, ttl)
-
-    async def delete(self, key: str, owner: Any = None) -> bool:
-        self.injector.tick(f"delete {key}")
-        return await self.inner.delete(key, owner)
-
-    async def settle_batch_job(self, batch: str, job: str, outcome: str, **kw: Any) -> Any:
-        self.injector.tick(f"settle {job} {outcome}")
-        return await self.inner.settle_batch_job(batch, job, outcome, **kw)
-
-    async def close(self) -> None:
-        return None  # the contract fixture closes the real store
 
 
 @dataclass

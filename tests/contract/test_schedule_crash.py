@@ -18,12 +18,13 @@ import asyncio
 import collections
 import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from crash_points import Crash, CrashingStore, Injector
 from haze import (
     App,
     JobContext,
@@ -52,71 +53,6 @@ async def scx_tick(payload: dict[str, Any], job: JobContext) -> None:
     RAN[payload["tag"]].append(job.id)
 
 
-class Crash(BaseException):
-    """The simulated SIGKILL."""
-
-
-class Injector:
-    def __init__(self, crash_at: int | None) -> None:
-        self.crash_at = crash_at
-        self.armed = True  # only the first scheduler's writes count (and crash)
-        self.writes = 0
-        self.crashed: str | None = None
-
-    def tick(self, what: str) -> None:
-        if not self.armed:
-            return
-        if self.crashed is not None:
-            raise Crash(f"already dead, {what}")
-        self.writes += 1
-        if self.writes == self.crash_at:
-            self.crashed = f"write {self.writes} ({what})"
-            raise Crash(self.crashed)
-
-
-class CrashingStore:
-    """The store under test, with a crash point before each write."""
-
-    def __init__(self, inner: Store, injector: Injector) -> None:
-        self.inner = inner
-        self.injector = injector
-        self.name = inner.name
-        self.atomic = inner.atomic
-        self.shared = inner.shared
-
-    async def get(self, key: str) -> Any:
-        return await self.inner.get(key)
-
-    async def get_many(self, keys: Sequence[str]) -> list[Any]:
-        return await self.inner.get_many(keys)
-
-    async def ttl(self, key: str) -> float | None:
-        return await self.inner.ttl(key)
-
-    async def put(self, key: str, value: Any, ttl: float | None = None) -> None:
-        self.injector.tick(f"put {key}")
-        await self.inner.put(key, value, ttl)
-
-    async def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
-        self.injector.tick(f"add {key}")
-        return await self.inner.add(key, value, ttl)
-
-    async def increment(self, key: str, by: int = 1, ttl: float | None = None) -> int:
-        self.injector.tick(f"increment {key}")
-        return await self.inner.increment(key, by, ttl)
-
-    async def touch(self, key: str, owner: Any, ttl: float) -> bool:
-        self.injector.tick(f"touch {key}")
-        return await self.inner.touch(key, owner, ttl)
-
-    async def delete(self, key: str, owner: Any = None) -> bool:
-        self.injector.tick(f"delete {key}")
-        return await self.inner.delete(key, owner)
-
-    async def close(self) -> None:
-        return None  # the contract fixture closes the real store
-
-
 @pytest.fixture(autouse=True)
 def _clean_registry() -> Iterator[None]:
     saved = dict(scheduling._registry)
@@ -135,7 +71,7 @@ class Run:
 
 async def _run(real: Store, crash_at: int | None) -> Run:
     tag = f"t{next(_tags)}-{time.time_ns()}"  # fresh tick keys on a persistent store
-    injector = Injector(crash_at)
+    injector = Injector(crash_at, stay_dead=True)
     app = App(
         queue=define_queue_config(default="main", connections={"main": {"driver": "memory"}}),
         cache=define_cache_config(default="crash", stores={"crash": {"driver": "memory"}}),
