@@ -1,18 +1,23 @@
-"""Shared by the Cloudflare harnesses: wheels built once per pytest session, npm ci."""
+"""Shared by the Cloudflare harnesses: wheels built once per pytest session, npm ci, and
+the Miniflare harness run (tests/cloudflare/miniflare-harness.mjs)."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
+CF_DIR = ROOT / "tests" / "cloudflare"
+PYODIDE_DIR = ROOT / "tests" / "pyodide"
 
 
 def build_wheel(project: str, out: Path, pattern: str) -> Path:
@@ -85,3 +90,30 @@ def npm_ci(directory: Path, marker: str) -> None:
     )
     if proc.returncode != 0:
         pytest.skip(f"npm ci in {directory} failed (offline?):\n{proc.stderr[-2000:]}")
+
+
+def miniflare_node() -> str:
+    """The ``node`` to run the Miniflare harness with, once Pyodide and wrangler are
+    installed (the test skips where Node.js or npm is missing, or npm ci fails)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed")
+    npm_ci(PYODIDE_DIR, "pyodide")
+    npm_ci(CF_DIR, "wrangler")
+    return node
+
+
+def run_miniflare(node: str, wheels: list[Path], script: Path, timeout: float) -> dict[str, Any]:
+    """``miniflare-harness.mjs --wheel W... SCRIPT``: its JSON report (the test fails
+    with the harness's stderr when it exits non-zero)."""
+    args = [node, str(CF_DIR / "miniflare-harness.mjs")]
+    for w in wheels:
+        args += ["--wheel", str(w)]
+    args.append(str(script))
+    proc = subprocess.run(
+        args, cwd=CF_DIR, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"miniflare harness failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result

@@ -6,47 +6,28 @@ claimed in Miniflare's real D1 and the jobs go through the real local queue."""
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cf_build import haze_wheels, npm_ci
+from cf_build import haze_wheels, miniflare_node, run_miniflare
 from test_cf_scheduled import _package_wheel
 
 pytestmark = pytest.mark.pyodide
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
-CF_DIR = ROOT / "tests" / "cloudflare"
-PYODIDE_DIR = ROOT / "tests" / "pyodide"
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("Node.js is not installed")
-    npm_ci(PYODIDE_DIR, "pyodide")
-    npm_ci(CF_DIR, "wrangler")
+    node = miniflare_node()
     out = tmp_path_factory.mktemp("cf-mf-sched")
     wheels = [
         *haze_wheels(tmp_path_factory),
         _package_wheel(out, "cronsim"),
         _package_wheel(out, "tzdata"),
     ]
-    args = [node, str(CF_DIR / "miniflare-harness.mjs")]
-    for w in wheels:
-        args += ["--wheel", str(w)]
-    args.append(str(HERE / "cf_miniflare_scheduled.py"))
-    proc = subprocess.run(
-        args, cwd=CF_DIR, capture_output=True, text=True, timeout=240, check=False
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"miniflare harness failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout)
+    result = run_miniflare(node, wheels, HERE / "cf_miniflare_scheduled.py", 240)
     if "error" in result["python"]:
         pytest.fail(f"the scenario raised inside Pyodide:\n{result['python']['error']}")
     return result

@@ -16,21 +16,16 @@ is real in it).
 from __future__ import annotations
 
 import ast
-import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cf_build import haze_wheels, npm_ci
+from cf_build import haze_wheels, miniflare_node, run_miniflare
 
 pytestmark = pytest.mark.pyodide
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
-CF_DIR = ROOT / "tests" / "cloudflare"
-PYODIDE_DIR = ROOT / "tests" / "pyodide"
 CONTRACT = ROOT / "tests" / "contract" / "test_store_contract.py"
 
 
@@ -50,27 +45,14 @@ TESTS = contract_tests()
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("Node.js is not installed")
-    npm_ci(PYODIDE_DIR, "pyodide")
-    npm_ci(CF_DIR, "wrangler")
+    node = miniflare_node()
     wheels = haze_wheels(tmp_path_factory)
     script = tmp_path_factory.mktemp("cf-mf-store") / "cf_miniflare_store.py"
     script.write_text(
         f"CONTRACT_SRC = {CONTRACT.read_text()!r}\nCONTRACT_TESTS = {TESTS!r}\n"
         + (HERE / "cf_miniflare_store.py").read_text()
     )
-    args = [node, str(CF_DIR / "miniflare-harness.mjs")]
-    for w in wheels:
-        args += ["--wheel", str(w)]
-    args.append(str(script))
-    proc = subprocess.run(
-        args, cwd=CF_DIR, capture_output=True, text=True, timeout=600, check=False
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"miniflare harness failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout)["python"]
+    result: dict[str, Any] = run_miniflare(node, wheels, script, 600)["python"]
     if "error" in result:
         pytest.fail(f"the run raised inside Pyodide:\n{result['error']}")
     return result

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cf_build import npm_ci
+from cf_build import miniflare_node
 from test_build_cloudflare import build_in_subprocess, bundle_wheels
 
 pytestmark = pytest.mark.pyodide
@@ -52,16 +52,14 @@ def built_example(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def run(built_example: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("Node.js is not installed")
-    npm_ci(PYODIDE_DIR, "pyodide")
-    npm_ci(CF_DIR, "wrangler")
+    node = miniflare_node()
     work = tmp_path_factory.mktemp("example-worker-run")
     wheels = bundle_wheels(built_example / "cloudflare" / "src", work)
     wrangler = json.loads((built_example / "wrangler.json").read_text())
     script = work / "cf_example_worker.py"
     script.write_text(f"WRANGLER = {wrangler!r}\n" + (HERE / "cf_example_worker.py").read_text())
+    # Run here, not with cf_build.run_miniflare: a failure inside Pyodide shows the
+    # harness's stderr too (the example's own logs).
     args = [node, str(CF_DIR / "miniflare-harness.mjs")]
     for w in wheels:
         args += ["--wheel", str(w)]
