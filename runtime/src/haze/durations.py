@@ -20,6 +20,7 @@ __all__ = [
     "Duration",
     "backoff_delay",
     "check_delay",
+    "format_age",
     "parse_backoff",
     "parse_duration",
 ]
@@ -119,3 +120,17 @@ def backoff_delay(backoff: float | tuple[float, ...] | str, retry: int) -> float
     if isinstance(backoff, tuple):
         return backoff[min(retry, len(backoff)) - 1]
     return backoff
+
+
+def format_age(seconds: float) -> str:
+    """A wait as people read it (``queue:stats``, the dashboard's oldest ready job).
+
+    >>> format_age(12.4), format_age(245), format_age(7380)
+    ('12s', '4m 05s', '2h 03m')
+    """
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s // 3600}h {s % 3600 // 60:02d}m"

@@ -1228,7 +1228,9 @@ class QueueManager:
             # Before fail(): once the job has left the queue, a crash here would leave
             # the batch waiting for it forever. Counted twice, it still counts once.
             await self._settle_batch(message, "failed", error)
-        owned = await driver.fail(reserved, self.failed_record(message, driver.name, error))
+        owned = await driver.fail(
+            reserved, self.failed_record(message, driver.name, error, reserved.attempt)
+        )
         self._owned(owned, reserved, "failure")
         if message.meta is not None and "track" in message.meta:
             from .status import error_text
@@ -1260,7 +1262,13 @@ class QueueManager:
         except BaseException:  # job code: whatever it raises, the worker goes on
             log.exception('the failed() handler of job "%s" raised', job.name)
 
-    def failed_record(self, message: Message, connection: str, error: BaseException) -> FailedJob:
+    def failed_record(
+        self,
+        message: Message,
+        connection: str,
+        error: BaseException,
+        attempt: int | None = None,
+    ) -> FailedJob:
         import copy
 
         from .drivers import FailedJob
@@ -1269,6 +1277,10 @@ class QueueManager:
         # ``unique``, but ``message`` keeps it so that _final can still release the lock.
         body_message = copy.copy(message)
         body_message.unique = None
+        if attempt is not None:
+            # The attempt it failed on rides in the stored body's meta: every driver's
+            # failed record keeps that body, so no failed-table column is needed.
+            body_message.meta = {**(message.meta or {}), "failed_attempt": attempt}
         if (
             message.enc is None
             and message.job in _registry_names()
@@ -1468,6 +1480,10 @@ class QueueManager:
                 continue
             message.attempts = 0
             message.ts = _time()
+            if message.meta is not None and "failed_attempt" in message.meta:
+                # A fresh run: its next failure records its own attempt.
+                message.meta = {k: v for k, v in message.meta.items() if k != "failed_attempt"}
+                message.meta = message.meta or None
             body = encode(message)
             target = (
                 self.app.driver(message.connection or driver.name)

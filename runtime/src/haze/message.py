@@ -330,6 +330,11 @@ def _check_fields(d: dict[str, Any]) -> None:
             value = meta.get(key)
             if value is not None and value.__class__ is not str:
                 raise _field_error(d, f"meta.{key}", "a string")
+        failed_attempt = meta.get("failed_attempt")  # a failed record's last attempt
+        if failed_attempt is not None and (
+            failed_attempt.__class__ is not int or failed_attempt < 1
+        ):
+            raise _field_error(d, "meta.failed_attempt", "an integer >= 1")
         for key in ("traceparent", "tracestate"):  # W3C trace context (haze.otel)
             value = meta.get(key)
             if value is not None and (value.__class__ is not str or len(value) > 512):

@@ -357,6 +357,13 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _attempts(job: FailedJob) -> str:
+    attempt = job.attempt
+    if attempt is None:
+        return "unknown (recorded before haze kept the attempt)"
+    return f"failed on attempt {attempt}"
+
+
 def _failed_job(job: FailedJob) -> Table:
     """One failed job in full: every field, the payload and the whole exception."""
     table = Table.grid(padding=(0, 2))
@@ -369,6 +376,7 @@ def _failed_job(job: FailedJob) -> Table:
         ("Connection", job.connection),
         ("Queue", job.queue),
         ("Failed at", _stamp(job.failed_at)),
+        ("Attempts", _attempts(job)),
         ("Chain", job.chain_id),
         ("Batch", job.batch_id),
         ("Payload", payload),

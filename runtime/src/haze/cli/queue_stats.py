@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..drivers.base import QueueInspector, RunningJob
+from ..durations import format_age
 from ..ids import short_id
 from ._core import DURATION, QUEUE_NAMES, State, cli, connection_option, console, run
 
@@ -37,6 +38,11 @@ _NO_COUNTS = {
     "cloudflare": "Cloudflare reports one backlog for the whole queue (all haze queues on "
     "the connection), not ready/delayed/running per queue",
 }
+#: Why SQS has no age of its oldest ready message.
+_NO_OLDEST = (
+    "SQS keeps the age of its oldest message only as the CloudWatch metric "
+    "ApproximateAgeOfOldestMessage, not as a queue attribute"
+)
 _NO_RUNNING = {
     "sqs": "SQS cannot list the messages in flight",
     "cloudflare": "Cloudflare cannot list the messages being delivered",
@@ -56,10 +62,20 @@ class QueueStats:
     #: ready + delayed (+ running where the backend counts them together): ``size()``
     waiting: int | None = None
     failed: int | None = None
+    #: When the oldest ready job became ready (epoch seconds); None: none is ready, or
+    #: the backend cannot tell (``unknown`` then says why).
+    oldest_ready_at: float | None = None
     per_minute: float | None = None
     paused: bool | None = None
     running_jobs: list[RunningJob] | None = None
     unknown: dict[str, str] = field(default_factory=dict)
+
+    def oldest_ready_seconds(self, now: float | None = None) -> float | None:
+        """How long the oldest ready job has waited (None: see ``oldest_ready_at``)."""
+        if self.oldest_ready_at is None:
+            return None
+        now = time.time() if now is None else now
+        return round(max(0.0, now - self.oldest_ready_at), 1)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -71,6 +87,8 @@ class QueueStats:
             "running": self.running,
             "waiting": self.waiting,
             "failed": self.failed,
+            "oldest_ready_at": self.oldest_ready_at,
+            "oldest_ready_seconds": self.oldest_ready_seconds(),
             "per_minute": None if self.per_minute is None else round(self.per_minute, 2),
             "paused": self.paused,
             "running_jobs": None
@@ -145,11 +163,13 @@ async def collect(
             if inspector is not None:
                 counts = await inspector.counts(q)
                 row.ready, row.delayed, row.running = counts.ready, counts.delayed, counts.running
+                row.oldest_ready_at = counts.oldest_ready_at
                 if kind == "sqs":
                     row.unknown["counts"] = "SQS counts are approximate"
+                    row.unknown["oldest_ready"] = _NO_OLDEST
             else:
                 why = _NO_COUNTS.get(kind, f"the {kind} driver cannot count jobs by state")
-                for name in ("ready", "delayed", "running"):
+                for name in ("ready", "delayed", "running", "oldest_ready"):
                     row.unknown[name] = why
             if jobs > 0:
                 listed = await inspector.running(q, jobs) if inspector is not None else None
@@ -160,7 +180,7 @@ async def collect(
                     )
         except Exception as e:
             reason = _reason(app, e)
-            for name in ("waiting", "ready", "delayed", "running"):
+            for name in ("waiting", "ready", "delayed", "running", "oldest_ready"):
                 row.unknown.setdefault(name, reason)
         try:
             row.per_minute = await per_minute(app, connection, q) if not shared_error else None
@@ -182,17 +202,27 @@ def _n(value: int | float | None) -> str:
     return f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
+def _oldest(row: QueueStats, now: float) -> str:
+    waited = row.oldest_ready_seconds(now)
+    if waited is not None:
+        return format_age(waited)
+    # Nothing ready is a known answer; "n/a" is for what the backend cannot tell.
+    return "n/a" if "oldest_ready" in row.unknown or row.ready is None else "-"
+
+
 def render(rows: list[QueueStats], *, now: float | None = None, title: str = "") -> Group:
     """The table of queues, then the running jobs and what the backend cannot tell."""
     now = time.time() if now is None else now
     table = Table(title=title or None, title_justify="left", header_style="bold")
-    for header in ("Queue", "Ready", "Delayed", "Running", "Failed", "Done/min", "Paused"):
+    headers = ("Queue", "Ready", "Oldest ready", "Delayed", "Running", "Failed", "Done/min")
+    for header in (*headers, "Paused"):
         table.add_column(header, justify="left" if header == "Queue" else "right")
     for r in rows:
         paused = "n/a" if r.paused is None else ("[yellow]yes[/]" if r.paused else "no")
         table.add_row(
             escape(r.queue),
             _n(r.ready),
+            _oldest(r, now),
             _n(r.delayed),
             _n(r.running),
             _n(r.failed),

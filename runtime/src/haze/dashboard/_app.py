@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 
+from ..durations import format_age
 from ..errors import HazeError
 from ..ids import short_id
 from . import _data
@@ -105,6 +106,7 @@ class Dashboard:
         env.filters["first_line"] = _first_line
         env.filters["sparkline"] = _data.sparkline
         env.filters["seconds"] = _data.seconds
+        env.filters["age"] = format_age
         env.filters["pretty"] = lambda v: json.dumps(v, indent=2, sort_keys=True, default=str)
         self.env = env
 

@@ -36,6 +36,12 @@ __all__ = [
     "recent_batches",
 ]
 
+#: Why an SQS queue shows no oldest ready job.
+_NO_OLDEST = (
+    "SQS keeps the age of its oldest message only as the CloudWatch metric "
+    "ApproximateAgeOfOldestMessage, not as a queue attribute"
+)
+
 #: Where the driver has no count to give, the page says so instead of guessing.
 _NO_SIZE = {
     "cloudflare": (
@@ -62,6 +68,10 @@ class QueueRow:
     ready: int | None = None
     delayed: int | None = None
     running: int | None = None
+    #: When the oldest ready job became ready (epoch seconds); None with nothing ready
+    #: or when the backend cannot tell (``oldest_note`` then says why).
+    oldest_ready_at: float | None = None
+    oldest_note: str = ""
     #: Jobs finished per minute over the last few minutes (the workers' counts).
     per_minute: float | None = None
     #: Over the last hour: jobs finished, how many of them failed for good, and the
@@ -163,6 +173,11 @@ async def overview(
                         counts.delayed,
                         counts.running,
                     )
+                    row.oldest_ready_at = counts.oldest_ready_at
+                    if kind == "sqs":
+                        row.oldest_note = _NO_OLDEST
+                else:
+                    row.oldest_note = f"the {kind} driver cannot count jobs by state"
             except Exception as e:
                 row.error = row.error or reason(app, e)
             try:
@@ -346,12 +361,8 @@ def decrypted_payload(app: App, job: FailedJob) -> tuple[bool, Any]:
 
 
 def attempts(job: FailedJob) -> int | None:
-    """How many attempts the job had used when it failed (from its stored message)."""
-    try:
-        value = json.loads(job.body).get("attempts") if job.body else None
-    except ValueError:
-        return None
-    return value if isinstance(value, int) else None
+    """The attempt the job failed on (kept in its stored message); None when unknown."""
+    return job.attempt
 
 
 def chain_links(job: FailedJob) -> builtins.list[str]:

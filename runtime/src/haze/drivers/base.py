@@ -15,6 +15,7 @@ One message's life through a driver::
 from __future__ import annotations
 
 import builtins
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -73,6 +74,21 @@ class FailedJob:
     batch_id: str | None = None
     body: str = field(default="", repr=False)
 
+    @property
+    def attempt(self) -> int | None:
+        """The attempt it failed on (1 = its first run); None for a record written before
+        haze kept it, or one whose message could not be decoded.
+
+        >>> job.attempt  # doctest: +SKIP
+        3
+        """
+        try:
+            meta = json.loads(self.body).get("meta") if self.body else None
+        except (ValueError, AttributeError):
+            return None
+        value = meta.get("failed_attempt") if isinstance(meta, dict) else None
+        return value if value.__class__ is int and value >= 1 else None
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "id": self.id,
@@ -87,6 +103,9 @@ class FailedJob:
             d["chain_id"] = self.chain_id
         if self.batch_id:
             d["batch_id"] = self.batch_id
+        attempt = self.attempt
+        if attempt is not None:
+            d["attempt"] = attempt
         return d
 
 
@@ -194,6 +213,20 @@ class QueueCounts:
     ready: int | None
     delayed: int | None
     running: int | None
+    #: When the oldest ready job became ready (epoch seconds): dispatched, due after its
+    #: delay or backoff, or its dead worker's lease ran out. None: nothing is ready, or
+    #: the backend cannot tell (SQS keeps that age only as a CloudWatch metric).
+    oldest_ready_at: float | None = None
+
+    def oldest_ready_age(self, now: float) -> float | None:
+        """Seconds the oldest ready job has waited at ``now`` (None: see ``oldest_ready_at``).
+
+        >>> QueueCounts(1, 0, 0, oldest_ready_at=100.0).oldest_ready_age(112.0)
+        12.0
+        """
+        if self.oldest_ready_at is None:
+            return None
+        return max(0.0, now - self.oldest_ready_at)
 
 
 @dataclass(slots=True)

@@ -72,8 +72,8 @@ class MemoryDriver:
         self.concurrency: int = options.get("concurrency") or 1
         self.priority: list[str] = list(options.get("queues") or [])
         self.failed = MemoryFailedJobs()
-        # queue name -> deque of (body, attempts already used)
-        self._ready: dict[str, deque[tuple[str, int]]] = {}
+        #: queue -> (body, attempts used, when it became ready: epoch seconds)
+        self._ready: dict[str, deque[tuple[str, int, float]]] = {}
         self._ready_count = 0
         self._delayed: list[tuple[float, int, str, str, int]] = []
         self._seq = itertools.count()
@@ -123,7 +123,7 @@ class MemoryDriver:
         q = self._ready.get(queue)
         if q is None:
             q = self._ready[queue] = deque()
-        q.append((body, used))
+        q.append((body, used, time.time()))
         self._ready_count += 1
         if not wakeup.is_set():
             wakeup.set()
@@ -144,13 +144,15 @@ class MemoryDriver:
     def _promote(self) -> None:
         self._timer = None
         now = _monotonic()
+        wall = time.time()
         moved = False
         while self._delayed and self._delayed[0][0] <= now:
-            _, _, queue, body, used = heapq.heappop(self._delayed)
+            due, _, queue, body, used = heapq.heappop(self._delayed)
             q = self._ready.get(queue)
             if q is None:
                 q = self._ready[queue] = deque()
-            q.append((body, used))
+            # Ready since it was due, not since the (possibly late) timer fired.
+            q.append((body, used, wall - (now - due)))
             self._ready_count += 1
             moved = True
         if moved and self._wakeup is not None:
@@ -173,7 +175,7 @@ class MemoryDriver:
         for name in self._order(queues):
             q = self._ready.get(name)
             if q:
-                body, used = q.popleft()
+                body, used, _ = q.popleft()
                 self._ready_count -= 1
                 self._running += 1
                 try:
@@ -234,7 +236,8 @@ class MemoryDriver:
         q = self._ready.get(queue)
         delayed = sum(1 for d in self._delayed if d[2] == queue)
         running = sum(1 for job in self._active.values() if job.queue == queue)
-        return QueueCounts(len(q) if q else 0, delayed, running)
+        # Ready jobs are consumed in order, so the head has waited longest.
+        return QueueCounts(len(q) if q else 0, delayed, running, q[0][2] if q else None)
 
     async def running(self, queue: str, limit: int = 50) -> builtins.list[RunningJob] | None:
         jobs = [

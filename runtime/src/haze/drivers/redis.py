@@ -1077,8 +1077,48 @@ class RedisDriver:
 
     async def counts(self, queue: str) -> QueueCounts:
         """Ready (wait, paused, prioritized), delayed, and running (active) jobs."""
-        c = [int(n) for n in await self._link().scripts(queue).getCounts(_SIZED)]
-        return QueueCounts(c[0] + c[1] + c[3], c[2], c[4])
+        link = self._link()
+        s = link.scripts(queue)
+        c = [int(n) for n in await s.getCounts(_SIZED)]
+        ready = c[0] + c[1] + c[3]
+        oldest = await self._oldest_ready(link, s) if ready else None
+        return QueueCounts(ready, c[2], c[4], oldest)
+
+    async def _oldest_ready(self, link: Any, s: Any) -> float | None:
+        """When the next job of the wait and paused lists (consumed from the tail: LPUSH
+        adds at the head) and of the prioritized set became ready, the oldest of them.
+
+        A job's hash keeps its dispatch ``timestamp`` and the delay it was dispatched
+        with (``opts.delay``; BullMQ zeroes ``delay`` on promotion), so that sum is when
+        it first came due. A retried job came back after its last attempt started
+        (``processedOn``); the backoff it then waited is not kept, so its age counts
+        from that start.
+        """
+        async with link.client.pipeline(transaction=False) as pipe:
+            pipe.lindex(s.keys["wait"], -1)
+            pipe.lindex(s.keys["paused"], -1)
+            pipe.zrange(s.keys["prioritized"], 0, 0)
+            wait, paused, prioritized = await pipe.execute()
+        ids = [str(i) for i in (wait, paused, *prioritized) if i is not None]
+        if not ids:
+            return None
+        async with link.client.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hmget(s.toKey(job_id), "timestamp", "opts", "processedOn")
+            rows = await pipe.execute()
+        found: list[float] = []
+        for stamp, opts, started in rows:
+            if stamp is None:
+                continue  # taken by a worker between the two reads
+            try:
+                delay = json.loads(opts).get("delay") if opts else None
+                due = float(stamp) + (float(delay) if isinstance(delay, (int, float)) else 0)
+                if started is not None:
+                    due = max(due, float(started))
+            except (TypeError, ValueError):
+                continue  # not a hash haze or BullMQ wrote
+            found.append(due / 1000)
+        return min(found) if found else None
 
     async def running(self, queue: str, limit: int = 50) -> list[RunningJob] | None:
         """The active list's jobs (a job of a dead worker stays there until the stalled

@@ -1020,7 +1020,8 @@ class SqsDriver:
     async def counts(self, queue: str) -> QueueCounts:
         """SQS's approximate counts: visible (ready), delayed, and in flight (running; a
         message received by a worker that died stays in flight until its visibility
-        timeout ends)."""
+        timeout ends). ``oldest_ready_at`` stays None: the age of the oldest message is
+        the CloudWatch metric ApproximateAgeOfOldestMessage, not a queue attribute."""
         response = await self._call(
             "get_queue_attributes",
             QueueUrl=self.queue_url_for(queue),

@@ -586,9 +586,15 @@ class DatabaseDriver:
     async def counts(self, queue: str) -> QueueCounts:
         now = time.time()
         abandoned = now - self.retry_after
-        row = await self.db.fetchone(self.sql["counts"], (now, abandoned, now, abandoned, queue))
-        ready, delayed, running = (int(v or 0) for v in row) if row else (0, 0, 0)
-        return QueueCounts(ready, delayed, running)
+        row = await self.db.fetchone(
+            self.sql["counts"],
+            (now, abandoned, now, abandoned, now, abandoned, float(self.retry_after), queue),
+        )
+        if not row:
+            return QueueCounts(0, 0, 0)
+        ready, delayed, running = (int(v or 0) for v in row[:3])
+        oldest = None if row[3] is None else float(row[3])
+        return QueueCounts(ready, delayed, running, oldest)
 
     @_needs_tables
     async def running(self, queue: str, limit: int = 50) -> builtins.list[RunningJob] | None:

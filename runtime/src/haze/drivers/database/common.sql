@@ -18,15 +18,21 @@ UPDATE {jobs} SET heartbeat_at = ? WHERE id = ? AND reserved_at = ?
 SELECT COUNT(*) FROM {jobs} WHERE queue = ?
 
 -- name: counts
--- params: now, abandoned_before, now, abandoned_before, queue. A claim whose lease
--- ran out (its worker died) is ready again: the next claim takes it over.
+-- params: now, abandoned_before, now, abandoned_before, now, abandoned_before,
+-- lease_seconds, queue. A claim whose lease ran out (its worker died) is ready again:
+-- the next claim takes it over. The last column is when the oldest ready row became
+-- ready: its available_at (dispatch, or due after a delay or backoff), or the end of
+-- a dead worker's lease.
 SELECT
     SUM(CASE WHEN (reserved_at IS NULL AND available_at <= ?)
               OR (reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?)
         THEN 1 ELSE 0 END),
     SUM(CASE WHEN reserved_at IS NULL AND available_at > ? THEN 1 ELSE 0 END),
     SUM(CASE WHEN reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) > ?
-        THEN 1 ELSE 0 END)
+        THEN 1 ELSE 0 END),
+    MIN(CASE WHEN reserved_at IS NULL AND available_at <= ? THEN available_at
+             WHEN reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?
+             THEN COALESCE(heartbeat_at, reserved_at) + ? END)
 FROM {jobs} WHERE queue = ?
 
 -- name: running
