@@ -39,6 +39,7 @@ from haze import (
     define_redis_config,
 )
 from haze.database.migrations import ensure_queue_tables
+from services import delete_redis_prefix, reachable, throwaway_pg_database
 from worker_procs import WorkerProcs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -65,31 +66,12 @@ cls_limited = jobs_module.cls_limited
 cls_plain = jobs_module.cls_plain
 
 
-def _reachable(url: str) -> bool:
-    import socket
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 0), 0.5):
-            return True
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def pg_url() -> Iterator[str]:
-    if not _reachable(PG_ADMIN_URL):
+    if not reachable(PG_ADMIN_URL):
         pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}")
-    import psycopg
-
-    db = f"cls_{os.getpid()}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
-        c.execute(f"DROP DATABASE IF EXISTS {db}")
-        c.execute(f"CREATE DATABASE {db}")
-    yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{db}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
-        c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+    with throwaway_pg_database(PG_ADMIN_URL, f"cls_{os.getpid()}") as url:
+        yield url
 
 
 class Run(WorkerProcs):
@@ -183,15 +165,7 @@ class Run(WorkerProcs):
 
     async def cleanup(self) -> None:
         if self.backend == "redis":
-            import redis.asyncio as aioredis
-
-            client = aioredis.Redis.from_url(REDIS_URL)
-            try:
-                keys = [k async for k in client.scan_iter(match=f"{self.prefix}:*", count=1000)]
-                for i in range(0, len(keys), 500):
-                    await client.delete(*keys[i : i + 500])
-            finally:
-                await client.aclose()
+            await delete_redis_prefix(REDIS_URL, self.prefix)
 
 
 @contextlib.asynccontextmanager
@@ -243,7 +217,7 @@ def max_overlap(
 def _url(request: pytest.FixtureRequest, backend: str) -> str:
     if backend == "postgres":
         return str(request.getfixturevalue("pg_url"))
-    if not _reachable(REDIS_URL):
+    if not reachable(REDIS_URL):
         pytest.skip(f"no Redis at {REDIS_URL}")
     return REDIS_URL
 

@@ -21,24 +21,13 @@ from typing import Any
 import pytest
 from haze import App, Queue
 from haze.database.migrations import ensure_queue_tables
+from services import delete_redis_prefix, reachable
 from worker_procs import WorkerProcs
 
 pytestmark = [pytest.mark.timeout(180)]
 
 APP = Path(__file__).parent
 REDIS_URL = os.environ.get("HAZE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-
-def _reachable(url: str) -> bool:
-    import socket
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 0), 0.5):
-            return True
-    except OSError:
-        return False
 
 
 def _events(runs: Path) -> list[list[str]]:
@@ -60,7 +49,7 @@ async def worker_app(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[App, WorkerProcs, dict[str, str]]]:
     backend = request.param
-    if backend == "redis" and not _reachable(REDIS_URL):
+    if backend == "redis" and not reachable(REDIS_URL):
         pytest.skip(f"no Redis at {REDIS_URL}")
     prefix = f"jstat-{uuid.uuid4().hex[:8]}"
     env = {
@@ -93,15 +82,7 @@ async def worker_app(
                     pass
             procs.kill_all()
             if backend == "redis":
-                import redis.asyncio as aioredis
-
-                client = aioredis.Redis.from_url(REDIS_URL)
-                try:
-                    keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
-                    if keys:
-                        await client.delete(*keys)
-                finally:
-                    await client.aclose()
+                await delete_redis_prefix(REDIS_URL, prefix)
 
 
 @pytest.mark.parametrize("worker_app", ["sqlite", "redis"], indirect=True)
