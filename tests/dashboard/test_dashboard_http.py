@@ -260,6 +260,7 @@ def test_overview_numbers_match_the_queue(backend: Backend) -> None:
     async def fill(app: App) -> tuple[int, int, int]:
         for i in range(3):
             await dash_ok.dispatch({"i": i}, queue="default")
+        dispatched.append(time.time())
         await dash_ok.dispatch({"i": 9}, queue="default", delay=3600)
         for i in range(2):
             await dash_ok.dispatch({"i": i}, queue="emails")
@@ -274,6 +275,7 @@ def test_overview_numbers_match_the_queue(backend: Backend) -> None:
             len(await Queue.failed(queue="reports")),
         )
 
+    dispatched: list[float] = []
     default_size, emails_size, failed = backend.run(fill)
     assert (default_size, emails_size, failed) == (4, 2, 2)
     c = client(backend)
@@ -291,6 +293,11 @@ def test_overview_numbers_match_the_queue(backend: Backend) -> None:
     assert float(rows[("main", "reports")]["per-minute"]) > 0
     assert rows[("main", "reports")]["wait"].startswith("≤ ")
     assert rows[("main", "default")]["wait"] == "—"
+    # The oldest ready job's wait as an age ("12s"); none ready on reports.
+    oldest = rows[("main", "default")]["oldest-ready"]
+    assert re.fullmatch(r"\d+s", oldest), oldest
+    assert int(oldest[:-1]) <= time.time() - dispatched[0] + 1
+    assert rows[("main", "reports")]["oldest-ready"] == "—"
     runtimes = dict(re.findall(r'<tr data-job="(dash_\w+)">.*?<td class="n runs">(\d+)</td>', html))
     assert runtimes == {"dash_boom": "2", "dash_ok": "3"}
     partial = c.get("/", params={"partial": 1}).text
@@ -307,7 +314,7 @@ def _rows(html: str) -> dict[tuple[str, str], dict[str, str]]:
     ):
         cells = dict(
             re.findall(
-                r'<(?:td|span) class="(?:n |muted )?(waiting|failed|per-minute|failure-rate|finished-hour|wait)"[^>]*>(.*?)</(?:td|span)>',
+                r'<(?:td|span) class="(?:n |muted )?(waiting|failed|per-minute|failure-rate|finished-hour|wait|oldest-ready)"[^>]*>(.*?)</(?:td|span)>',
                 m.group(3),
                 re.S,
             )
@@ -356,6 +363,8 @@ def test_failed_detail_shows_payload_traceback_and_ids(backend: Backend) -> None
     assert job.id in html
     assert "dash_boom" in html
     assert "Traceback" in html and "ValueError: dash boom detail" in html
+    # tries=1: it failed on its first attempt (kept in the stored message)
+    assert re.search(r'<dd id="attempts">failed on attempt 1</dd>', html), html
     assert "&#34;n&#34;: &#34;detail&#34;" in html or "&quot;n&quot;: &quot;detail&quot;" in html
     assert client(backend).get("/failed/main/nope").status_code == 404
 

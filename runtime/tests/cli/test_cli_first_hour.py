@@ -205,6 +205,8 @@ def test_failed_with_an_id_shows_the_whole_row(root: Path) -> None:
         assert "fh_always_fails" in result.output
         assert '"pad": 300' in result.output
         assert "Traceback (most recent call last)" in result.output
+        # one try (the default): it failed on its first attempt
+        assert re.search(r"Attempts\s+failed on attempt 1\b", result.output), result.output
         assert "x" * 300 in "".join(result.output.split()), "nothing cut"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,7 @@ def setup_queues(root: Path) -> str:
 
 
 def test_stats_json_gives_the_numbers_and_the_running_jobs(root: Path) -> None:
+    dispatched = time.time()
     running = setup_queues(root)
     before = time.time()
     # --queue: in a full run other test modules' jobs name queues of their own
@@ -108,6 +110,10 @@ def test_stats_json_gives_the_numbers_and_the_running_jobs(root: Path) -> None:
     assert abs(job["started_at"] - time.time()) < 120
     assert (default["ready"], default["delayed"], default["running"]) == (0, 0, 0)
     assert default["failed"] == 1
+    # the oldest of mail's two ready jobs has waited since its dispatch; default has none
+    assert dispatched <= mail["oldest_ready_at"] <= before
+    assert 0 <= mail["oldest_ready_seconds"] <= time.time() - dispatched + 0.1
+    assert default["oldest_ready_at"] is None and default["oldest_ready_seconds"] is None
     # the worker finished one job on "default" (it failed) and wrote it at shutdown
     assert default["per_minute"] > 0
     assert mail["per_minute"] == 0
@@ -137,8 +143,11 @@ def test_stats_table_for_people(root: Path) -> None:
     result = haze(root, "queue:stats", "--queue", "default,mail")
     assert result.exit_code == 0, result.output
     lines = [" ".join(line.replace("│", " ").split()) for line in result.output.splitlines()]
-    assert any(line.startswith("mail 2 1 1 0 0.0 no") for line in lines), result.output
-    assert any(line.startswith("default 0 0 0 1 ") for line in lines), result.output
+    assert "Oldest ready" in result.output
+    mail = re.compile(r"^mail 2 \d+s 1 1 0 0\.0 no")
+    assert any(mail.match(line) for line in lines), result.output
+    # nothing ready: a known "-", not "n/a" (which is for what the backend cannot tell)
+    assert any(line.startswith("default 0 - 0 0 1 ") for line in lines), result.output
 
 
 def test_top_refreshes_and_shows_the_running_jobs(root: Path) -> None:
@@ -173,7 +182,10 @@ def test_render_says_what_the_backend_cannot_tell() -> None:
             per_minute=12.5,
             paused=False,
             running_jobs=None,
-            unknown={"running_jobs": "SQS cannot list the messages in flight"},
+            unknown={
+                "running_jobs": "SQS cannot list the messages in flight",
+                "oldest_ready": "SQS keeps the age of its oldest message only in CloudWatch",
+            },
         ),
         QueueStats(
             "cf",
@@ -192,8 +204,21 @@ def test_render_says_what_the_backend_cannot_tell() -> None:
     console.print(render(rows, now=130.0, title="t"))
     text = console.export_text()
     lines = [" ".join(line.replace("│", " ").split()) for line in text.splitlines()]
-    assert any(line.startswith("emails 4 0 2 1 12.5 no") for line in lines), text
-    assert any(line.startswith("default n/a n/a n/a n/a n/a n/a") for line in lines), text
+    assert any(line.startswith("emails 4 n/a 0 2 1 12.5 no") for line in lines), text
+    assert any(line.startswith("default n/a n/a n/a n/a n/a n/a n/a") for line in lines), text
+    assert "n/a (oldest_ready): SQS keeps the age of its oldest message only in" in text
     assert "n/a (running_jobs): SQS cannot list the messages in flight" in text
     assert "n/a (delayed, ready, running): Cloudflare reports one backlog" in text
     assert "aaaaaaaa <b>bold</b> default 2 30s" in " ".join(text.split())  # escaped, not markup
+
+
+def test_oldest_ready_reads_as_an_age() -> None:
+    row = QueueStats("db", "mail", "database", ready=3, delayed=0, running=0)
+    row.oldest_ready_at = 100.0
+    console = Console(record=True, width=120, color_system=None)
+    console.print(render([row], now=345.0, title="t"))
+    lines = [
+        " ".join(line.replace("│", " ").split()) for line in console.export_text().splitlines()
+    ]
+    assert any(line.startswith("mail 3 4m 05s 0 0") for line in lines), lines
+    assert row.oldest_ready_seconds(now=345.0) == 245.0
