@@ -45,6 +45,9 @@ def _body(**fields: Any) -> dict[str, Any]:
         ({"meta": {"debounce": 4}}, "meta.debounce"),
         ({"meta": {"traceparent": 4}}, "meta.traceparent"),
         ({"meta": {"tracestate": "x" * 600}}, "meta.tracestate"),
+        ({"meta": {"failed_attempt": 0}}, "meta.failed_attempt"),
+        ({"meta": {"failed_attempt": "3"}}, "meta.failed_attempt"),
+        ({"meta": {"failed_attempt": True}}, "meta.failed_attempt"),
         ({"enc": 9}, "enc"),
     ],
 )
@@ -71,7 +74,7 @@ def test_every_field_haze_writes_decodes_back() -> None:
         chain_catch=[{"job": "cleanup"}, {"fn": "f1"}],
         batch_id="b1",
         unique={"key": "haze:unique:ping:1", "until": "processed"},
-        meta={"first_ts": 1.0, "debounce": "k", "group": "g"},
+        meta={"first_ts": 1.0, "debounce": "k", "group": "g", "failed_attempt": 3},
     )
     assert decode(encode(m)) == m
     assert Message.from_dict(_body(queue=None, ts=None)).queue == "default"

@@ -12,7 +12,8 @@ present; the rest are written only when set, so a plain job stays small::
      "batch_id": "…",
      "unique": {"key": "haze:unique:sync_feed:1", "until": "processed"},
      "meta": {"exceptions": 2, "first_ts": …, "group": "…",
-              "traceparent": "00-<trace id>-<span id>-01"}}   # W3C, when tracing (haze.otel)
+              "traceparent": "00-<trace id>-<span id>-01",    # W3C, when tracing (haze.otel)
+              "failed_attempt": 3}}   # in a failed record's body: the attempt that failed
 
 An encrypted job (``encrypted=True``) stores ``{"enc": "<base64 AES-GCM>"}`` in
 place of ``payload``. No code is ever named by a message beyond a registered job name.
