@@ -305,6 +305,13 @@ def test_overview_numbers_match_the_queue(backend: Backend) -> None:
     metrics = c.get("/metrics")
     assert metrics.headers["content-type"].startswith("text/plain")
     assert 'haze_queue_failed{connection="main",queue="reports"} 2' in metrics.text
+    assert 'haze_queue_oldest_ready_seconds{connection="main",queue="reports"} 0' in metrics.text
+    aged = re.search(
+        r'^haze_queue_oldest_ready_seconds\{connection="main",queue="default"\} (\S+)$',
+        metrics.text,
+        re.M,
+    )
+    assert aged is not None and 0 <= float(aged.group(1)) <= time.time() - dispatched[0] + 1
 
 
 def _rows(html: str) -> dict[tuple[str, str], dict[str, str]]:

@@ -394,4 +394,18 @@ def prometheus_text(
                 if value is not None:
                     labels = _labels((("connection", row.connection), ("queue", row.queue)))
                     lines.append(f"{metric}{labels} {value}")
+        metric = "haze_queue_oldest_ready_seconds"
+        lines.append(f"# HELP {metric} How long the oldest ready job has waited (0: none).")
+        lines.append(f"# TYPE {metric} gauge")
+        now = time.time()
+        for row in rows:
+            oldest = getattr(row, "oldest_ready_at", None)
+            if oldest is not None:
+                waited = max(0.0, now - oldest)
+            elif row.ready == 0:
+                waited = 0.0
+            else:
+                continue  # the backend cannot tell (SQS, Cloudflare): left out, not guessed
+            labels = _labels((("connection", row.connection), ("queue", row.queue)))
+            lines.append(f"{metric}{labels} {_number(round(waited, 3))}")
     return "\n".join(lines) + "\n" if lines else ""
