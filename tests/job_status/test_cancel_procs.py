@@ -10,24 +10,16 @@ what they did to a file (``app/job/jstat_jobs.py``).
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import time
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from haze import App, Queue
-from haze.database.migrations import ensure_queue_tables
-from services import delete_redis_prefix, reachable
 from worker_procs import WorkerProcs
 
 pytestmark = [pytest.mark.timeout(180)]
-
-APP = Path(__file__).parent
-REDIS_URL = os.environ.get("HAZE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def _events(runs: Path) -> list[list[str]]:
@@ -42,47 +34,6 @@ async def _until(cond: Any, limit: float, what: str, procs: WorkerProcs) -> None
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached:\n" + "\n".join(map(procs.log, procs.procs)))
         await asyncio.sleep(0.05)
-
-
-@pytest.fixture
-async def worker_app(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[App, WorkerProcs, dict[str, str]]]:
-    backend = request.param
-    if backend == "redis" and not reachable(REDIS_URL):
-        pytest.skip(f"no Redis at {REDIS_URL}")
-    prefix = f"jstat-{uuid.uuid4().hex[:8]}"
-    env = {
-        "JSTAT_CONNECTION": "r" if backend == "redis" else "db",
-        "JSTAT_STORE": "redis" if backend == "redis" else "db",
-        "JSTAT_DB_URL": f"sqlite:///{tmp_path}/jstat.db",
-        "JSTAT_REDIS_URL": REDIS_URL,
-        "JSTAT_PREFIX": prefix,
-        "JSTAT_RUNS_FILE": str(tmp_path / "runs.txt"),
-        "PYTHONUNBUFFERED": "1",
-    }
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    procs = WorkerProcs(tmp_path, APP)
-    procs.runs_file = tmp_path / "runs.txt"
-    app = App(APP)
-    async with app:
-        if backend != "redis":
-            await ensure_queue_tables(app)
-        try:
-            yield app, procs, {**os.environ, **env}
-        finally:
-            for p in procs.procs:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            for p in procs.procs:
-                try:
-                    await procs.wait_exit(p, 20)
-                except TimeoutError:
-                    pass
-            procs.kill_all()
-            if backend == "redis":
-                await delete_redis_prefix(REDIS_URL, prefix)
 
 
 @pytest.mark.parametrize("worker_app", ["sqlite", "redis"], indirect=True)
