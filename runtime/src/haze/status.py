@@ -22,6 +22,7 @@ run, each process polls the markers of its running jobs once a second
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import JobProgressError, UntrackedJobError
+from .stores.base import StatusNotifier, Subscription
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -64,6 +66,10 @@ PROGRESS_MAX_BYTES = 1024
 CANCEL_TTL = 7 * 86400.0
 #: How often a process with running jobs reads their cancel markers (seconds).
 CANCEL_POLL = 1.0
+
+#: How often ``Queue.wait`` reads the record when the store notifies (seconds): a
+#: safety net for a notification lost with a dropped connection.
+_NOTIFIED_POLL = 2.0
 
 HINT_KEY = "haze:cancels"
 
@@ -212,7 +218,24 @@ async def write(
         log.warning('could not write the status of job "%s" (%s): %s', message.job, message.id, e)
         return
     if state in FINAL_STATES:
-        manager._notify_final(message.id)
+        await _announce_final(manager, message.id, state)
+
+
+def final_channel(job_id: str) -> str:
+    return f"haze:final:{job_id}"
+
+
+async def _announce_final(manager: QueueManager, job_id: str, state: str) -> None:
+    """Wake the waiters of a job whose record just became final: in this process, and,
+    when the store can push messages, in every other one (an error is logged; their
+    slow poll finds the record)."""
+    manager._notify_final(job_id)
+    store = manager._state_store()
+    if isinstance(store, StatusNotifier):
+        try:
+            await store.notify(final_channel(job_id), state)
+        except Exception as e:
+            log.warning("could not notify the waiters of job %s (%s); they poll", job_id, e)
 
 
 def result_for(message: Message, value: Any) -> tuple[Any, str | None]:
@@ -249,8 +272,31 @@ async def read(manager: QueueManager, job_id: str) -> JobStatus | None:
 async def wait_final(
     manager: QueueManager, job_id: str, timeout: float | None, *, pending_ok: bool = False
 ) -> JobStatus:
-    """Poll the record (10 ms doubling to 500 ms; a final write in this process wakes
-    the waiter at once) until it is final."""
+    """Wait until the record is final.
+
+    A store that notifies (``StatusNotifier``: Redis, PostgreSQL) is subscribed to first,
+    then the record is read, then re-read on each notification and every
+    ``_NOTIFIED_POLL`` seconds. Other stores are polled (10 ms doubling to 500 ms); a
+    final write in this process wakes the waiter at once."""
+    store = manager._state_store()
+    async with contextlib.AsyncExitStack() as stack:
+        sub: Subscription | None = None
+        if isinstance(store, StatusNotifier):
+            try:
+                sub = await stack.enter_async_context(store.subscribe(final_channel(job_id)))
+            except Exception as e:
+                log.debug("Queue.wait: cannot subscribe for job %s (%s); polling", job_id, e)
+        return await _wait_loop(manager, job_id, timeout, pending_ok, sub)
+    raise AssertionError("unreachable")  # pragma: no cover - the block returns or raises
+
+
+async def _wait_loop(
+    manager: QueueManager,
+    job_id: str,
+    timeout: float | None,
+    pending_ok: bool,
+    sub: Subscription | None,
+) -> JobStatus:
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     delay = 0.01
@@ -269,7 +315,7 @@ async def wait_final(
                     "keep_result=...) to wait for it; or its record expired, or the id is "
                     "not a full job id"
                 )
-            pause = delay
+            pause = _NOTIFIED_POLL if sub is not None else delay
             if deadline is not None:
                 left = deadline - loop.time()
                 if left <= 0:
@@ -278,13 +324,17 @@ async def wait_final(
                         f'job "{job_id}" is not finished after {timeout:g}s ({state})'
                     )
                 pause = min(pause, left)
-            try:
-                await asyncio.wait_for(event.wait(), pause)
-            except TimeoutError:
-                pass
-            if event.is_set():  # a final write in this process: read it now
-                event = manager._final_event(job_id)
-            delay = min(delay * 2, 0.5)
+            if sub is not None:
+                # A final write in this process notifies the store too.
+                await sub.receive(pause)
+            else:
+                try:
+                    await asyncio.wait_for(event.wait(), pause)
+                except TimeoutError:
+                    pass
+                if event.is_set():  # a final write in this process: read it now
+                    event = manager._final_event(job_id)
+                delay = min(delay * 2, 0.5)
     finally:
         manager._drop_final_event(job_id, event)
 
@@ -317,7 +367,7 @@ async def cancel(manager: QueueManager, job_id: str) -> bool:
         except Exception:
             ttl = None
         await store.put(key, record, ttl or TRACK_TTL)
-        manager._notify_final(job_id)
+        await _announce_final(manager, job_id, "cancelled")
     return True
 
 

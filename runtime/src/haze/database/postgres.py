@@ -11,7 +11,9 @@
   after the INSERT (coalesced, never blocking the producer); ``listen()`` waits on one
   dedicated LISTEN connection per connector, kept open and reconnected with backoff.
   Without it (server unreachable, pooler in transaction mode) ``listen()`` simply
-  sleeps and the driver's polling takes over.
+  sleeps and the driver's polling takes over. ``watch()`` hands each payload of a
+  channel to a callback on the same connection (the database store's ``Queue.wait``
+  notifications).
 
 URL: ``postgresql://user:password@host:5432/dbname`` (``postgres://`` too; any libpq
 URI parameter such as ``?sslmode=require`` works). Options: ``pool_size`` (default 10)
@@ -24,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -180,6 +182,8 @@ class _Listener:
         self._channels: set[str] = set()
         self._events: dict[str, asyncio.Event] = {}
         self._waiting: dict[str, int] = {}
+        #: per channel, callbacks handed each payload (``watch()``); "" means "look now"
+        self._watchers: dict[str, set[Callable[[str], None]]] = {}
         self._banked: set[str] = set()
         self._lock = asyncio.Lock()
         self._failures = 0
@@ -222,6 +226,9 @@ class _Listener:
         for event in self._events.values():
             event.set()
         self._events.clear()
+        for watchers in self._watchers.values():
+            for callback in tuple(watchers):
+                callback("")
 
     async def _ensure(self, channel: str) -> bool:
         reader = self._reader
@@ -267,6 +274,8 @@ class _Listener:
         try:
             async for n in conn.notifies():
                 self._deliver(n.channel)
+                for callback in tuple(self._watchers.get(n.channel, ())):
+                    callback(n.payload)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -553,6 +562,30 @@ class PostgresConnector:
         if self._listener is None:
             self._listener = _Listener(self)
         await self._listener.wait(channel, timeout)
+
+    async def watch(self, channel: str, callback: Callable[[str], None]) -> bool:
+        """Call ``callback(payload)`` for each ``NOTIFY channel`` until ``unwatch``.
+
+        True once the LISTEN is in place (a NOTIFY sent from now on arrives); False when
+        the LISTEN connection is down (the callback is kept, and called with "" when a
+        lost connection may have dropped a notification)."""
+        if self._loop is not asyncio.get_running_loop():
+            self._bind()
+        if self._listener is None:
+            self._listener = _Listener(self)
+        self._listener._watchers.setdefault(channel, set()).add(callback)
+        return await self._listener._ensure(channel)
+
+    def unwatch(self, channel: str, callback: Callable[[str], None]) -> None:
+        """Stop calling ``callback`` (the LISTEN stays: other waiters come and go)."""
+        listener = self._listener
+        if listener is None:
+            return
+        watchers = listener._watchers.get(channel)
+        if watchers is not None:
+            watchers.discard(callback)
+            if not watchers:
+                del listener._watchers[channel]
 
     # -- lifecycle --------------------------------------------------------------------
 

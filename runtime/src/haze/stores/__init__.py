@@ -13,7 +13,7 @@ __all__ = ["Store", "create_store"]
 _STORES = {
     "memory": ("haze.stores.memory", "MemoryStore"),
     "redis": ("haze.stores.redis", "RedisStore"),
-    "database": ("haze.stores.database", "DatabaseStore"),
+    "database": ("haze.stores.database", "database_store"),
     "kv": ("haze_cloudflare.kv", "KVStore"),
 }
 

@@ -7,14 +7,19 @@ delete; a store that cannot (Cloudflare KV) sets ``atomic = False`` and the mana
 logs a warning when it is used for locks or batches. Batches also need
 ``settle_batch_job``: one job's count in one atomic step; concurrency limits need
 ``touch``: an owner-checked lease renewal.
+
+A store whose backend can push messages (Redis pub/sub, PostgreSQL LISTEN/NOTIFY)
+also implements ``StatusNotifier``: ``Queue.wait`` then wakes on the final status
+write instead of polling for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-__all__ = ["BatchSettled", "Store"]
+__all__ = ["BatchSettled", "StatusNotifier", "Store", "Subscription"]
 
 
 class BatchSettled(NamedTuple):
@@ -100,3 +105,31 @@ class Store(Protocol):
 
     async def close(self) -> None:
         """Release connections."""
+
+
+class Subscription(Protocol):
+    """Messages of one channel, from the moment ``StatusNotifier.subscribe`` entered."""
+
+    async def receive(self, timeout: float) -> str | None:
+        """The next message, or None when none came within ``timeout`` seconds. A
+        message may be lost (a dropped connection): callers keep a slow poll."""
+
+
+@runtime_checkable
+class StatusNotifier(Protocol):
+    """A store that can push a short message to the processes listening on a channel.
+
+    ``subscribe`` is listening once it has been entered, so a message sent after that
+    reaches the subscriber: subscribe first, then read the state it is about.
+
+    >>> # async with store.subscribe("haze:final:job-1") as sub:
+    >>> #     ... read the record once ...
+    >>> #     await sub.receive(timeout=2.0)   # "done", or None
+    >>> # await store.notify("haze:final:job-1", "done")   # in another process
+    """
+
+    async def notify(self, channel: str, message: str) -> None:
+        """Send ``message`` to the current subscribers of ``channel`` (none: dropped)."""
+
+    def subscribe(self, channel: str) -> AbstractAsyncContextManager[Subscription]:
+        """Listen on ``channel`` for the duration of the ``async with`` block."""

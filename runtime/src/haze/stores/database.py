@@ -9,6 +9,10 @@ interactive transactions, its statements run one by one (a crash between two of 
 can leave a batch's counters short of the job).
 The table (``haze_cache`` unless ``table`` is set) is created on first use.
 
+On PostgreSQL the store is also a ``StatusNotifier``: ``notify`` is a ``pg_notify`` on
+one channel per table (``<table>_notify``, the payload naming the store's channel), and
+``subscribe`` listens on the connector's LISTEN connection.
+
 >>> # config/cache.py
 >>> # config = define_cache_config(default="database",
 >>> #     stores={"database": {"driver": "database", "connection": "main"}})
@@ -17,21 +21,22 @@ The table (``haze_cache`` unless ``table`` is set) is created on first use.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..database.sqlfiles import sql_blocks
 from ..errors import ConfigError
-from .base import BatchSettled
+from .base import BatchSettled, Subscription
 
 if TYPE_CHECKING:
     from ..database import Connector, Session
 
-__all__ = ["DatabaseStore"]
+__all__ = ["DatabaseStore", "PostgresDatabaseStore", "database_store"]
 
 _SQL_DIR = Path(__file__).parent / "sql"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -223,6 +228,71 @@ class DatabaseStore:
 
     async def close(self) -> None:
         return None  # the connector belongs to the app
+
+
+class PostgresDatabaseStore(DatabaseStore):
+    """The ``database`` store on PostgreSQL: a ``StatusNotifier`` through LISTEN/NOTIFY."""
+
+    @property
+    def _channel(self) -> str:
+        # PostgreSQL channel names are identifiers: at most 63 bytes.
+        return f"{self.table[:56]}_notify"
+
+    async def notify(self, channel: str, message: str) -> None:
+        payload = _dumps([channel, message])
+        await self.db.fetchone("SELECT pg_notify(?, ?)", (self._channel, payload))
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, channel: str) -> AsyncIterator[Subscription]:
+        sub = _PgSubscription(channel)
+        db: Any = self.db
+        pg_channel = self._channel
+        if not await db.watch(pg_channel, sub.deliver):
+            db.unwatch(pg_channel, sub.deliver)
+            # No LISTEN connection now: the caller polls at its usual pace instead.
+            raise RuntimeError(f"no LISTEN connection to database {self._db_name!r}")
+        try:
+            yield sub
+        finally:
+            db.unwatch(pg_channel, sub.deliver)
+
+
+class _PgSubscription:
+    __slots__ = ("_channel", "_messages")
+
+    def __init__(self, channel: str) -> None:
+        self._channel = channel
+        self._messages: asyncio.Queue[str] = asyncio.Queue()
+
+    def deliver(self, payload: str) -> None:
+        if not payload:  # the LISTEN connection dropped: something may have been lost
+            self._messages.put_nowait("")
+            return
+        try:
+            channel, message = json.loads(payload)
+        except (ValueError, TypeError):
+            return  # not one of ours
+        if channel == self._channel:
+            self._messages.put_nowait(str(message))
+
+    async def receive(self, timeout: float) -> str | None:
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._messages.get()
+        except TimeoutError:
+            return None
+
+
+def database_store(name: str, options: dict[str, Any], app: Any) -> DatabaseStore:
+    """The ``database`` store for ``options``: with notifications on PostgreSQL."""
+    store = DatabaseStore(name, options, app)
+    try:
+        dialect = store.db.dialect
+    except Exception:
+        return store  # a bad connection config is reported at first use, as before
+    if dialect == "postgres":
+        return PostgresDatabaseStore(name, options, app)
+    return store
 
 
 _DEADLOCK_RETRIES = 5

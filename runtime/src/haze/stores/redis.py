@@ -12,6 +12,8 @@ Every operation is one atomic Redis command or script:
 - ``get_many``: ``MGET``; ``ttl``: ``PTTL``
 - ``settle_batch_job``: the per-job marker, counters and pending decrement of a batch
   in one Lua script (``redis_settle_batch.lua``)
+- ``notify``/``subscribe`` (``StatusNotifier``): ``PUBLISH`` and a ``SUBSCRIBE`` on a
+  connection of its own for the length of the subscription
 
 Values are stored as JSON text. Keys are prefixed by the connection's ``key_prefix``
 (``config/redis.py``) followed by the store's ``prefix`` option::
@@ -24,14 +26,15 @@ Values are stored as JSON text. Keys are prefixed by the connection's ``key_pref
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import weakref
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, MissingDependencyError
-from .base import BatchSettled
+from .base import BatchSettled, Subscription
 
 try:
     import redis.asyncio as aioredis
@@ -251,6 +254,30 @@ class RedisStore:
         counted, pending, first = await self._conn().settle_batch(keys=keys, args=args)
         return BatchSettled(bool(counted), int(pending), str(_load(first)))
 
+    async def notify(self, channel: str, message: str) -> None:
+        await self._conn().client.publish(self.prefix + channel, message)
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, channel: str) -> AsyncIterator[Subscription]:
+        pubsub = self._conn().client.pubsub()
+        try:
+            await pubsub.subscribe(self.prefix + channel)
+            # SUBSCRIBE goes on its own connection: a read on another one may be served
+            # first. Its confirmation says Redis listens, so a PUBLISH from now on arrives.
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + _POOL_WAIT
+            while True:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise TimeoutError(f"Redis did not confirm SUBSCRIBE {channel!r}")
+                reply = await pubsub.get_message(timeout=min(left, 1.0))
+                if reply is not None and reply.get("type") == "subscribe":
+                    break
+            yield _RedisSubscription(pubsub)
+        finally:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+
     async def close(self) -> None:
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -263,3 +290,22 @@ class RedisStore:
                 await conn.client.aclose()
             elif conn_loop.is_running() and not conn_loop.is_closed():
                 asyncio.run_coroutine_threadsafe(conn.client.aclose(), conn_loop)
+
+
+class _RedisSubscription:
+    __slots__ = ("_pubsub",)
+
+    def __init__(self, pubsub: Any) -> None:
+        self._pubsub = pubsub
+
+    async def receive(self, timeout: float) -> str | None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                return None
+            # get_message's own timeout: nothing is cancelled mid-read.
+            reply = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+            if reply is not None and reply.get("type") == "message":
+                return str(reply["data"])

@@ -53,3 +53,15 @@ def jstat_sync_progress(payload: dict[str, Any], job: JobContext) -> int:
         job.progress(i)
         time.sleep(0.05)
     return 3
+
+
+@define_job(name="jstat_gated", keep_result="1h")
+async def jstat_gated(payload: dict[str, Any], job: JobContext) -> str:
+    """Runs until the file ``payload["go"]`` exists (60 s at most), then returns."""
+    record("start", job.id, job.attempt)
+    for _ in range(1200):
+        if os.path.exists(payload["go"]):
+            break
+        await asyncio.sleep(0.05)
+    record("end", job.id, job.attempt)
+    return "released"

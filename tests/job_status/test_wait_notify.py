@@ -1,0 +1,197 @@
+"""``Queue.wait`` wakes on the store's notification (Redis pub/sub, PostgreSQL NOTIFY).
+
+A real ``haze queue:work`` process runs a job that holds until this test creates a file;
+this process waits for the job with the fallback poll (``status._NOTIFIED_POLL``) set to
+30 s. The wait is entered (subscribed, record read: still running) before the job is
+released, so returning within 10 s can only come from the notification the worker
+sends with the final status write. The control test listens on another channel: the
+same wait then stays asleep after the record is final.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import haze.status as status
+import pytest
+from haze import App, Queue
+from haze.database.migrations import ensure_queue_tables
+from haze.stores.base import StatusNotifier
+from worker_procs import WorkerProcs
+
+pytestmark = [pytest.mark.timeout(180)]
+
+APP = Path(__file__).parent
+REDIS_URL = os.environ.get("HAZE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+PG_ADMIN_URL = os.environ.get(
+    "HAZE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+
+
+def _reachable(url: str) -> bool:
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 0), 0.5):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    if not _reachable(PG_ADMIN_URL):
+        pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}")
+    import psycopg
+
+    db = f"jstat_wait_{os.getpid()}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
+        c.execute(f"DROP DATABASE IF EXISTS {db}")
+        c.execute(f"CREATE DATABASE {db}")
+    yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{db}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
+        c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+@pytest.fixture
+async def worker_app(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[App, WorkerProcs, dict[str, str]]]:
+    backend = request.param
+    if backend == "redis" and not _reachable(REDIS_URL):
+        pytest.skip(f"no Redis at {REDIS_URL}")
+    db_url = (
+        request.getfixturevalue("pg_url")
+        if backend == "postgres"
+        else f"sqlite:///{tmp_path}/unused.db"
+    )
+    prefix = f"jstat-{uuid.uuid4().hex[:8]}"
+    env = {
+        "JSTAT_CONNECTION": "r" if backend == "redis" else "db",
+        "JSTAT_STORE": "redis" if backend == "redis" else "db",
+        "JSTAT_DB_URL": db_url,
+        "JSTAT_REDIS_URL": REDIS_URL,
+        "JSTAT_PREFIX": prefix,
+        "JSTAT_RUNS_FILE": str(tmp_path / "runs.txt"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    procs = WorkerProcs(tmp_path, APP)
+    app = App(APP)
+    async with app:
+        if backend != "redis":
+            await ensure_queue_tables(app)
+        try:
+            yield app, procs, {**os.environ, **env}
+        finally:
+            for p in procs.procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in procs.procs:
+                try:
+                    await procs.wait_exit(p, 20)
+                except TimeoutError:
+                    pass
+            procs.kill_all()
+            if backend == "redis":
+                import redis.asyncio as aioredis
+
+                client = aioredis.Redis.from_url(REDIS_URL)
+                try:
+                    keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
+                    if keys:
+                        await client.delete(*keys)
+                finally:
+                    await client.aclose()
+
+
+async def _started(procs: WorkerProcs, job_id: str, limit: float = 30) -> None:
+    deadline = time.monotonic() + limit
+    while not any(e[0] == "start" and e[1] == job_id for e in procs.events()):
+        if time.monotonic() > deadline:
+            raise AssertionError("job did not start:\n" + "\n".join(map(procs.log, procs.procs)))
+        await asyncio.sleep(0.05)
+
+
+async def _start_wait(
+    monkeypatch: pytest.MonkeyPatch, job_id: str, timeout: float
+) -> asyncio.Task[status.JobStatus]:
+    """``Queue.wait(job_id)`` in a task, returned once the wait has subscribed and read
+    the record (still running)."""
+    entered = asyncio.Event()
+    subscribed: list[bool] = []
+    inner = status._wait_loop
+
+    async def spy(*args: Any) -> status.JobStatus:
+        subscribed.append(args[4] is not None)  # the Subscription, or None when polling
+        entered.set()
+        return await inner(*args)
+
+    monkeypatch.setattr(status, "_wait_loop", spy)
+    waiter = asyncio.create_task(Queue.wait(job_id, timeout=timeout))
+    await asyncio.wait_for(entered.wait(), 10)
+    assert subscribed == [True], "the store did not offer a subscription"
+    await asyncio.sleep(0.3)  # the first read happens while the job still runs
+    assert (await Queue.status(job_id)).state == "running"  # type: ignore[union-attr]
+    return waiter
+
+
+@pytest.mark.parametrize("worker_app", ["postgres", "redis"], indirect=True)
+async def test_wait_wakes_on_the_notification_of_another_process(
+    worker_app: tuple[App, WorkerProcs, dict[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    app, procs, env = worker_app
+    assert isinstance(app.queue_store, StatusNotifier)
+    monkeypatch.setattr(status, "_NOTIFIED_POLL", 30.0)  # no poll within the timeout
+    p = procs.spawn(env["JSTAT_CONNECTION"], "default", ["--sleep", "0.1"], env)
+    await procs.wait_ready(p)
+    go = tmp_path / "go"
+    job_id = await Queue.dispatch("jstat_gated", {"go": str(go)})
+    await _started(procs, job_id)
+    waiter = await _start_wait(monkeypatch, job_id, timeout=60)
+    go.write_text("go")
+    # Its next poll is 30 s away, its deadline 60 s: within 10 s only a notification
+    # wakes it.
+    final = await asyncio.wait_for(waiter, 10)
+    assert (final.state, final.result) == ("done", "released")
+
+
+@pytest.mark.parametrize("worker_app", ["postgres", "redis"], indirect=True)
+async def test_control_a_wait_on_another_channel_times_out(
+    worker_app: tuple[App, WorkerProcs, dict[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Without the notification the same wait sleeps on after the record is final: the
+    test above passes only through it."""
+    _app, procs, env = worker_app
+    monkeypatch.setattr(status, "_NOTIFIED_POLL", 30.0)
+    monkeypatch.setattr(status, "final_channel", lambda job_id: f"haze:final:elsewhere:{job_id}")
+    p = procs.spawn(env["JSTAT_CONNECTION"], "default", ["--sleep", "0.1"], env)
+    await procs.wait_ready(p)
+    go = tmp_path / "go"
+    job_id = await Queue.dispatch("jstat_gated", {"go": str(go)})
+    await _started(procs, job_id)
+    waiter = await _start_wait(monkeypatch, job_id, timeout=60)
+    go.write_text("go")
+    try:
+        deadline = time.monotonic() + 30
+        while not (await Queue.status(job_id)).final:  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the job did not end"
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)  # the notification, had it come, was read by now
+        assert not waiter.done(), "the wait returned without its notification"
+    finally:
+        waiter.cancel()
