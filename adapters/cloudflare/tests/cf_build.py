@@ -1,5 +1,6 @@
 """Shared by the Cloudflare harnesses: wheels built once per pytest session, npm ci, and
-the Miniflare harness run (tests/cloudflare/miniflare-harness.mjs)."""
+the runs of the Pyodide harness (tests/pyodide/run.mjs) and the Miniflare harness
+(tests/cloudflare/miniflare-harness.mjs)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,13 +94,39 @@ def npm_ci(directory: Path, marker: str) -> None:
         pytest.skip(f"npm ci in {directory} failed (offline?):\n{proc.stderr[-2000:]}")
 
 
-def miniflare_node() -> str:
-    """The ``node`` to run the Miniflare harness with, once Pyodide and wrangler are
-    installed (the test skips where Node.js or npm is missing, or npm ci fails)."""
+def pyodide_node() -> str:
+    """The ``node`` to run the Pyodide harness with, once Pyodide is installed (the test
+    skips where Node.js or npm is missing, or npm ci fails)."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("Node.js is not installed")
     npm_ci(PYODIDE_DIR, "pyodide")
+    return node
+
+
+def run_pyodide(
+    node: str, script: Path, timeout: float, wheels: Sequence[Path] = (), mount: Path | None = None
+) -> Any:
+    """``run.mjs [--wheel W]... [--mount DIR] SCRIPT``: its JSON report (the test fails
+    with the harness's stderr when it exits non-zero)."""
+    args = [node, str(PYODIDE_DIR / "run.mjs")]
+    for w in wheels:
+        args += ["--wheel", str(w)]
+    if mount is not None:
+        args += ["--mount", str(mount)]
+    args.append(str(script))
+    proc = subprocess.run(
+        args, cwd=PYODIDE_DIR, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"pyodide run failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+    return json.loads(proc.stdout)
+
+
+def miniflare_node() -> str:
+    """The ``node`` to run the Miniflare harness with, once Pyodide and wrangler are
+    installed (the test skips where Node.js or npm is missing, or npm ci fails)."""
+    node = pyodide_node()
     npm_ci(CF_DIR, "wrangler")
     return node
 

@@ -24,14 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cf_build import npm_ci, pure_wheel
+from cf_build import npm_ci, pure_wheel, pyodide_node, run_pyodide
 from click.testing import CliRunner
 from haze.cli import get_cli
 from haze.errors import ConfigError
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
-PYODIDE_DIR = ROOT / "tests" / "pyodide"
 WRANGLER_DIR = ROOT / "tests" / "cloudflare"
 
 QUEUE_PY = """\
@@ -319,10 +318,7 @@ def bundle_wheels(src: Path, out: Path) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def pyodide_run(built: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("Node.js is not installed")
-    npm_ci(PYODIDE_DIR, "pyodide")
+    node = pyodide_node()
     work = tmp_path_factory.mktemp("bld_cf_pyodide")
     wheels = bundle_wheels(built / "cloudflare" / "src", work)
     wrangler = json.loads((built / "wrangler.json").read_text())
@@ -332,16 +328,7 @@ def pyodide_run(built: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
         f"SIM_JS = {json.dumps((HERE / 'cf_queue_sim.js').read_text())}\n"
         f"CONSUMER = {json.dumps(consumer)}\n" + (HERE / "cf_build_scenarios.py").read_text()
     )
-    args = [node, str(PYODIDE_DIR / "run.mjs")]
-    for w in wheels:
-        args += ["--wheel", str(w)]
-    args.append(str(script))
-    proc = subprocess.run(
-        args, cwd=PYODIDE_DIR, capture_output=True, text=True, timeout=240, check=False
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"pyodide run failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout)
+    result: dict[str, Any] = run_pyodide(node, script, 240, wheels)
     return result
 
 
@@ -676,10 +663,7 @@ def test_synced_python_modules_load_under_pyodide(built: Path, tmp_path: Path) -
     """The project as pywrangler leaves it (python_modules/ from the pyproject.toml), with
     the runtime taken from python_modules/ only (the copy under src/ removed), loads in
     Pyodide and runs a queue() batch the way test_generated_entry_* do."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("Node.js is not installed")
-    npm_ci(PYODIDE_DIR, "pyodide")
+    node = pyodide_node()
     project = tmp_path / "cloudflare"
     shutil.copytree(built / "cloudflare", project)
     modules = pywrangler_vendor(project)
@@ -697,17 +681,7 @@ def test_synced_python_modules_load_under_pyodide(built: Path, tmp_path: Path) -
         f"SIM_JS = {json.dumps((HERE / 'cf_queue_sim.js').read_text())}\n"
         f"CONSUMER = {json.dumps(consumer)}\n" + (HERE / "cf_build_scenarios.py").read_text()
     )
-    proc = subprocess.run(
-        [node, str(PYODIDE_DIR / "run.mjs"), "--mount", str(project), str(script)],
-        cwd=PYODIDE_DIR,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"pyodide run failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
-    v = json.loads(proc.stdout)
+    v = run_pyodide(node, script, 240, mount=project)
     env = v["environment"]
     assert env["haze_file"] == str(modules / "haze" / "__init__.py")
     assert env["adapter_file"] == str(modules / "haze_cloudflare" / "__init__.py")

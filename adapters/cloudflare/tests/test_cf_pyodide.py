@@ -23,20 +23,15 @@ batches, unique jobs, middleware releases, undecodable messages and HTTP dispatc
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cf_build import haze_wheels, npm_ci, pure_wheel
+from cf_build import haze_wheels, pure_wheel, pyodide_node, run_pyodide
 
 pytestmark = pytest.mark.pyodide
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
-PYODIDE_DIR = ROOT / "tests" / "pyodide"
-RUN_MJS = PYODIDE_DIR / "run.mjs"
 
 
 def _app_wheel(out: Path) -> Path:
@@ -52,11 +47,7 @@ def _app_wheel(out: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def node() -> str:
-    exe = shutil.which("node")
-    if exe is None:
-        pytest.skip("Node.js is not installed")
-    npm_ci(PYODIDE_DIR, "pyodide")
-    return exe
+    return pyodide_node()
 
 
 @pytest.fixture(scope="module")
@@ -73,16 +64,7 @@ def scenarios(
     script.write_text(
         f"SIM_JS = {json.dumps(sim)}\n" + (HERE / "cf_pyodide_scenarios.py").read_text()
     )
-    args = [node, str(RUN_MJS)]
-    for w in wheels:
-        args += ["--wheel", str(w)]
-    args.append(str(script))
-    proc = subprocess.run(
-        args, cwd=PYODIDE_DIR, capture_output=True, text=True, timeout=180, check=False
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"pyodide run failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout)
+    result: dict[str, Any] = run_pyodide(node, script, 180, wheels)
     return result
 
 

@@ -10,20 +10,15 @@ driven in test_cf_miniflare.py.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cf_build import haze_wheels, npm_ci, pure_wheel
+from cf_build import haze_wheels, pure_wheel, pyodide_node, run_pyodide
 
 pytestmark = pytest.mark.pyodide
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
-PYODIDE_DIR = ROOT / "tests" / "pyodide"
-RUN_MJS = PYODIDE_DIR / "run.mjs"
 
 
 def _package_wheel(out: Path, module: str, name: str | None = None) -> Path:
@@ -40,10 +35,7 @@ def _package_wheel(out: Path, module: str, name: str | None = None) -> Path:
 
 @pytest.fixture(scope="module")
 def outcome(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("Node.js is not installed")
-    npm_ci(PYODIDE_DIR, "pyodide")
+    node = pyodide_node()
     out = tmp_path_factory.mktemp("cf-sched")
     wheels = [
         *haze_wheels(tmp_path_factory),
@@ -56,16 +48,7 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     script.write_text(
         f"SIM_JS = {json.dumps(sim)}\n" + (HERE / "cf_scheduled_scenarios.py").read_text()
     )
-    args = [node, str(RUN_MJS)]
-    for w in wheels:
-        args += ["--wheel", str(w)]
-    args.append(str(script))
-    proc = subprocess.run(
-        args, cwd=PYODIDE_DIR, capture_output=True, text=True, timeout=180, check=False
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"pyodide run failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout)
+    result: dict[str, Any] = run_pyodide(node, script, 180, wheels)
     if not result["scheduled"]["ok"]:
         pytest.fail(f"scheduled() raised inside Pyodide:\n{result['scheduled']['error']}")
     return result
