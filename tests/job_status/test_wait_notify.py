@@ -195,3 +195,62 @@ async def test_control_a_wait_on_another_channel_times_out(
         assert not waiter.done(), "the wait returned without its notification"
     finally:
         waiter.cancel()
+
+
+@pytest.mark.parametrize("worker_app", ["postgres", "redis"], indirect=True)
+async def test_cancelling_a_queued_job_wakes_its_waiter(
+    worker_app: tuple[App, WorkerProcs, dict[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """No worker: ``Queue.cancel`` writes ``cancelled`` itself and notifies too."""
+    monkeypatch.setattr(status, "_NOTIFIED_POLL", 30.0)
+    job_id = await Queue.dispatch("jstat_gated", {"go": str(tmp_path / "go")})
+    entered = asyncio.Event()
+    inner = status._wait_loop
+
+    async def spy(*args: Any) -> status.JobStatus:
+        assert args[4] is not None  # subscribed
+        entered.set()
+        return await inner(*args)
+
+    monkeypatch.setattr(status, "_wait_loop", spy)
+    waiter = asyncio.create_task(Queue.wait(job_id, timeout=60))
+    await asyncio.wait_for(entered.wait(), 10)
+    await asyncio.sleep(0.3)  # its first read saw "queued"
+    assert await Queue.cancel(job_id) is True
+    final = await asyncio.wait_for(waiter, 10)
+    assert final.state == "cancelled"
+
+
+@pytest.mark.parametrize("worker_app", ["redis"], indirect=True)
+async def test_redis_waits_past_the_subscription_cap_poll(
+    worker_app: tuple[App, WorkerProcs, dict[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Each Redis subscription holds a pooled connection: past the cap a wait polls."""
+    import haze.stores.redis as redis_store
+
+    app, _procs, _env = worker_app
+    store = app.queue_store
+    assert isinstance(store, redis_store.RedisStore)
+    monkeypatch.setattr(redis_store, "_MAX_SUBSCRIPTIONS", 1)
+    monkeypatch.setattr(status, "_NOTIFIED_POLL", 30.0)
+    job_id = await Queue.dispatch("jstat_gated", {"go": str(tmp_path / "go")})
+    subscribed: list[bool] = []
+    inner = status._wait_loop
+
+    async def spy(*args: Any) -> status.JobStatus:
+        subscribed.append(args[4] is not None)
+        return await inner(*args)
+
+    monkeypatch.setattr(status, "_wait_loop", spy)
+    async with store.subscribe("haze:final:someone-else"):
+        waiter = asyncio.create_task(Queue.wait(job_id, timeout=60))
+        await asyncio.sleep(0.3)
+        assert await Queue.cancel(job_id) is True
+        final = await asyncio.wait_for(waiter, 10)
+    assert (final.state, subscribed) == ("cancelled", [False])
+    async with store.subscribe("haze:final:again"):  # the slot was given back
+        pass

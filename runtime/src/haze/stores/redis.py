@@ -58,6 +58,9 @@ _SOCKET_KEYS += ("health_check_interval", "socket_keepalive")
 _DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _POOL_SIZE = 128
 _POOL_WAIT = 30.0
+#: Subscriptions open at once per store and event loop. Each holds a pooled connection,
+#: so past this many a ``Queue.wait`` polls instead of starving the store's other work.
+_MAX_SUBSCRIPTIONS = 32
 
 
 def redis_settings(
@@ -152,10 +155,18 @@ def _load(raw: str | bytes | None) -> Any | None:
 class _Conn:
     """One client (and its scripts) per event loop: redis-py clients are loop-bound."""
 
-    __slots__ = ("client", "delete_owner", "increment", "settle_batch", "touch_owner")
+    __slots__ = (
+        "client",
+        "delete_owner",
+        "increment",
+        "settle_batch",
+        "subscriptions",
+        "touch_owner",
+    )
 
     def __init__(self, client: aioredis.Redis) -> None:
         self.client = client
+        self.subscriptions = 0
         self.increment: AsyncScript = client.register_script(
             (_HERE / "redis_increment.lua").read_text()
         )
@@ -259,7 +270,11 @@ class RedisStore:
 
     @contextlib.asynccontextmanager
     async def subscribe(self, channel: str) -> AsyncIterator[Subscription]:
-        pubsub = self._conn().client.pubsub()
+        conn = self._conn()
+        if conn.subscriptions >= _MAX_SUBSCRIPTIONS:
+            raise RuntimeError(f"{_MAX_SUBSCRIPTIONS} subscriptions open already")
+        conn.subscriptions += 1
+        pubsub = conn.client.pubsub()
         try:
             await pubsub.subscribe(self.prefix + channel)
             # SUBSCRIBE goes on its own connection: a read on another one may be served
@@ -275,6 +290,7 @@ class RedisStore:
                     break
             yield _RedisSubscription(pubsub)
         finally:
+            conn.subscriptions -= 1
             with contextlib.suppress(Exception):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
 
