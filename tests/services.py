@@ -1,6 +1,6 @@
 """The test services (PostgreSQL, Redis) as the process-level fault tests use them.
 
-Shared by ``tests/batch_storm``, ``tests/concurrency_limit`` and ``tests/job_status``:
+Shared by the suites that run real worker processes or CLI commands against them:
 whether a service answers (the test skips otherwise), a throwaway PostgreSQL database for
 one test module, and removing what a run left under its Redis key prefix.
 """
@@ -29,11 +29,12 @@ def throwaway_pg_database(admin_url: str, name: str, *settings: str) -> Iterator
     """A fresh database ``name`` next to ``admin_url`` (its URL), dropped afterwards.
 
     ``settings`` are ``ALTER DATABASE <name> SET ...`` clauses, e.g. ``"synchronous_commit
-    = off"``. The drop forces out connections left by killed workers."""
+    = off"``. Both drops force out connections (left by killed workers, or by an
+    earlier run that died)."""
     import psycopg
 
     with psycopg.connect(admin_url, autocommit=True) as c:
-        c.execute(f"DROP DATABASE IF EXISTS {name}")
+        c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         c.execute(f"CREATE DATABASE {name}")
         for setting in settings:
             c.execute(f"ALTER DATABASE {name} SET {setting}")

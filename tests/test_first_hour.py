@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from services import throwaway_pg_database
 
 PG_ADMIN = os.environ.get("HAZE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = "redis://127.0.0.1:6379/11"
@@ -95,17 +96,12 @@ def test_init_runs_at_once_on_sqlite(tmp_path: Path) -> None:
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     psycopg = pytest.importorskip("psycopg")
-    db = f"haze_first_hour_{os.getpid()}"
     try:
-        admin = psycopg.connect(PG_ADMIN, autocommit=True)
+        psycopg.connect(PG_ADMIN, autocommit=True).close()
     except psycopg.OperationalError:
         pytest.skip(f"no PostgreSQL at {PG_ADMIN}")
-    with admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {db}")
-    yield PG_ADMIN.rsplit("/", 1)[0] + f"/{db}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+    with throwaway_pg_database(PG_ADMIN, f"haze_first_hour_{os.getpid()}") as url:
+        yield url
 
 
 def test_init_postgres_runs_against_the_real_server(tmp_path: Path, pg_url: str) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from services import throwaway_pg_database
 
 PG_ADMIN = os.environ.get("HAZE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -56,19 +57,14 @@ async def top_slow(payload):
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     psycopg = pytest.importorskip("psycopg")
-    db = f"haze_top_{os.getpid()}"
     try:
-        admin = psycopg.connect(PG_ADMIN, autocommit=True)
+        psycopg.connect(PG_ADMIN, autocommit=True).close()
     except psycopg.OperationalError:
         if os.environ.get("CI"):
             raise
         pytest.skip(f"no PostgreSQL at {PG_ADMIN}")
-    with admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {db}")
-    yield PG_ADMIN.rsplit("/", 1)[0] + f"/{db}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+    with throwaway_pg_database(PG_ADMIN, f"haze_top_{os.getpid()}") as url:
+        yield url
 
 
 def _haze(root: Path, *args: str) -> list[str]:
