@@ -321,7 +321,13 @@ class _RedisSubscription:
             left = deadline - loop.time()
             if left <= 0:
                 return None
-            # get_message's own timeout: nothing is cancelled mid-read.
-            reply = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+            try:
+                # get_message's own timeout: nothing is cancelled mid-read.
+                reply = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+            except (RedisConnectionError, OSError):
+                # A message may have been lost with the connection: the caller reads the
+                # record now (and sees the outage there, if it lasts).
+                await asyncio.sleep(min(left, 0.5))
+                return ""
             if reply is not None and reply.get("type") == "message":
                 return str(reply["data"])
