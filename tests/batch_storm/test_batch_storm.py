@@ -23,23 +23,16 @@ import random
 import signal
 import subprocess
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from backend_procs import BackendProcs, backend_run
 from haze import (
-    App,
     Queue,
-    define_cache_config,
-    define_database_config,
-    define_queue_config,
-    define_redis_config,
 )
-from haze.database.migrations import ensure_queue_tables
-from services import delete_redis_prefix, reachable, throwaway_pg_database
-from worker_procs import WorkerProcs
+from services import reachable, throwaway_pg_database
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -77,107 +70,30 @@ def pg_url() -> Iterator[str]:
         yield url
 
 
-class Storm(WorkerProcs):
+class Storm(BackendProcs):
     def __init__(self, tmp: Path, backend: str, url: str) -> None:
-        super().__init__(tmp, APP)
-        self.backend = backend
-        self.url = url
-        tag = uuid.uuid4().hex[:8]
-        self.connection = "r" if backend == "redis" else "db"
-        self.store = "redis" if backend == "redis" else "db"
-        self.prefix = f"bst-{tag}"
-        self.tables = {"jobs": f"bst_jobs_{tag}", "failed": f"bst_failed_{tag}"}
-        self.tables["cache"] = f"bst_cache_{tag}"
-        db_url = url if backend != "redis" else f"sqlite:///{tmp}/unused.db"
-        self.db_url = db_url
-        self.app = App(
-            queue=define_queue_config(
-                default=self.connection,
-                store=self.store,
-                connections={
-                    "db": {
-                        "driver": "database",
-                        "connection": "main",
-                        "table": self.tables["jobs"],
-                        "failed_table": self.tables["failed"],
-                        "retry_after": "3s",
-                    },
-                    "r": {
-                        "driver": "redis",
-                        "url": REDIS_URL,
-                        "prefix": self.prefix,
-                        "queues": ["default"],
-                        "retry_after": "3s",
-                    },
-                },
-            ),
-            cache=define_cache_config(
-                default=self.store,
-                stores={
-                    "db": {
-                        "driver": "database",
-                        "connection": "main",
-                        "table": self.tables["cache"],
-                    },
-                    "redis": {
-                        "driver": "redis",
-                        "connection": "default",
-                        "prefix": self.prefix + ":store:",
-                    },
-                },
-            ),
-            database=define_database_config(default="main", connections={"main": {"url": db_url}}),
-            redis=define_redis_config(
-                default="default", connections={"default": {"url": REDIS_URL}}
-            ),
+        super().__init__(
+            tmp,
+            APP,
+            backend,
+            url,
+            name="bst",
+            redis_url=REDIS_URL,
+            db_options={"retry_after": "3s"},
+            redis_options={"queues": ["default"], "retry_after": "3s"},
         )
-
-    def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            BST_CONNECTION=self.connection,
-            BST_STORE=self.store,
-            BST_DB_URL=self.db_url,
-            BST_TABLE=self.tables["jobs"],
-            BST_FAILED_TABLE=self.tables["failed"],
-            BST_CACHE_TABLE=self.tables["cache"],
-            BST_REDIS_URL=REDIS_URL,
-            BST_PREFIX=self.prefix,
-            BST_RETRY_AFTER="3s",
-            BST_RUNS_FILE=str(self.runs_file),
-            PYTHONUNBUFFERED="1",
-            COLUMNS="200",
-        )
-        return env
 
     def start_worker(self) -> subprocess.Popen[bytes]:
         args = ["--concurrency", str(CONCURRENCY), "--sleep", "0.2"]
-        return self.spawn(self.connection, "default", args, self.env())
-
-    async def cleanup(self) -> None:
-        if self.backend == "redis":
-            await delete_redis_prefix(REDIS_URL, self.prefix)
-        elif self.backend == "postgres":
-            for t in self.tables.values():
-                await self.app.database().execute(f"DROP TABLE IF EXISTS {t}")
+        return self.spawn(self.connection, "default", args, self.env("BST"))
 
     async def queued(self) -> int:
         driver = self.app.driver(self.connection)
         return int(await driver.size("default"))
 
 
-@contextlib.asynccontextmanager
-async def storm(tmp: Path, backend: str, url: str) -> AsyncIterator[Storm]:
-    s = Storm(tmp, backend, url)
-    async with s.app:
-        if backend != "redis":
-            await ensure_queue_tables(s.app)
-        try:
-            yield s
-        finally:
-            s.kill_all()
-            with contextlib.suppress(Exception):
-                await s.cleanup()
+def storm(tmp: Path, backend: str, url: str) -> contextlib.AbstractAsyncContextManager[Storm]:
+    return backend_run(Storm(tmp, backend, url))
 
 
 def _url(request: pytest.FixtureRequest, backend: str, tmp: Path) -> str:

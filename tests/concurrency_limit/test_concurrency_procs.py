@@ -25,22 +25,13 @@ import random
 import signal
 import subprocess
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from haze import (
-    App,
-    define_cache_config,
-    define_database_config,
-    define_queue_config,
-    define_redis_config,
-)
-from haze.database.migrations import ensure_queue_tables
-from services import delete_redis_prefix, reachable, throwaway_pg_database
-from worker_procs import WorkerProcs
+from backend_procs import BackendProcs, backend_run
+from services import reachable, throwaway_pg_database
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -74,86 +65,26 @@ def pg_url() -> Iterator[str]:
         yield url
 
 
-class Run(WorkerProcs):
+class Run(BackendProcs):
     def __init__(self, tmp: Path, backend: str, url: str, queue: str) -> None:
-        super().__init__(tmp, APP)
-        self.backend = backend
-        self.queue = queue
-        tag = uuid.uuid4().hex[:8]
-        self.connection = "r" if backend == "redis" else "db"
-        self.store = "redis" if backend == "redis" else "db"
-        self.prefix = f"cls-{tag}"
-        self.tables = {"jobs": f"cls_jobs_{tag}", "failed": f"cls_failed_{tag}"}
-        self.tables["cache"] = f"cls_cache_{tag}"
-        self.db_url = url if backend != "redis" else f"sqlite:///{tmp}/unused.db"
         limited = {"concurrency": MAX, "expire_after": EXPIRE_AFTER}
-        self.app = App(
-            queue=define_queue_config(
-                default=self.connection,
-                store=self.store,
-                connections={
-                    "db": {
-                        "driver": "database",
-                        "connection": "main",
-                        "table": self.tables["jobs"],
-                        "failed_table": self.tables["failed"],
-                        "queues": {"default": {}, "limited": limited},
-                    },
-                    "r": {
-                        "driver": "redis",
-                        "url": REDIS_URL,
-                        "prefix": self.prefix,
-                        "queues": {"default": {}, "limited": limited},
-                    },
-                },
-            ),
-            cache=define_cache_config(
-                default=self.store,
-                stores={
-                    "db": {
-                        "driver": "database",
-                        "connection": "main",
-                        "table": self.tables["cache"],
-                    },
-                    "redis": {
-                        "driver": "redis",
-                        "connection": "default",
-                        "prefix": self.prefix + ":store:",
-                    },
-                },
-            ),
-            database=define_database_config(
-                default="main", connections={"main": {"url": self.db_url}}
-            ),
-            redis=define_redis_config(
-                default="default", connections={"default": {"url": REDIS_URL}}
-            ),
+        queues = {"queues": {"default": {}, "limited": limited}}
+        super().__init__(
+            tmp,
+            APP,
+            backend,
+            url,
+            name="cls",
+            redis_url=REDIS_URL,
+            db_options=queues,
+            redis_options=queues,
         )
-
-    def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            CLS_CONNECTION=self.connection,
-            CLS_STORE=self.store,
-            CLS_DB_URL=self.db_url,
-            CLS_TABLE=self.tables["jobs"],
-            CLS_FAILED_TABLE=self.tables["failed"],
-            CLS_CACHE_TABLE=self.tables["cache"],
-            CLS_REDIS_URL=REDIS_URL,
-            CLS_PREFIX=self.prefix,
-            CLS_RETRY_AFTER="3s",
-            CLS_MAX=str(MAX),
-            CLS_QUEUE_LIMIT=str(MAX),
-            CLS_EXPIRE_AFTER=f"{EXPIRE_AFTER:g}s",
-            CLS_RUNS_FILE=str(self.runs_file),
-            PYTHONUNBUFFERED="1",
-            COLUMNS="200",
-        )
-        return env
+        self.queue = queue
 
     def start_worker(self) -> subprocess.Popen[bytes]:
         args = ["--concurrency", str(CONCURRENCY), "--sleep", "0.2", "--quiet"]
-        return self.spawn(self.connection, self.queue, args, self.env())
+        env = self.env("CLS", MAX=str(MAX), QUEUE_LIMIT=str(MAX), EXPIRE_AFTER=f"{EXPIRE_AFTER:g}s")
+        return self.spawn(self.connection, self.queue, args, env)
 
     def slot_keys(self) -> list[str]:
         base = (
@@ -163,23 +94,11 @@ class Run(WorkerProcs):
         )
         return [f"{base}:slot:{i}" for i in range(MAX)]
 
-    async def cleanup(self) -> None:
-        if self.backend == "redis":
-            await delete_redis_prefix(REDIS_URL, self.prefix)
 
-
-@contextlib.asynccontextmanager
-async def limited_run(tmp: Path, backend: str, url: str, queue: str) -> AsyncIterator[Run]:
-    r = Run(tmp, backend, url, queue)
-    async with r.app:
-        if backend != "redis":
-            await ensure_queue_tables(r.app)
-        try:
-            yield r
-        finally:
-            r.kill_all()
-            with contextlib.suppress(Exception):
-                await r.cleanup()
+def limited_run(
+    tmp: Path, backend: str, url: str, queue: str
+) -> contextlib.AbstractAsyncContextManager[Run]:
+    return backend_run(Run(tmp, backend, url, queue))
 
 
 def max_overlap(
