@@ -140,14 +140,25 @@ def test_queue_top_in_a_terminal(tmp_path: Path, pg_url: str) -> None:
             raise AssertionError(f"not on screen after {within}s:\n{text}")
 
         def row(text: str) -> list[str]:
+            # cells between the box lines: Queue, Ready, Oldest ready, Delayed, Running, ...
             for line in text.splitlines():
-                cells = line.replace("│", " ").replace("┃", " ").split()
+                cells = [c.strip() for c in line.replace("┃", "│").split("│")]
+                cells = [c for c in cells if c]
                 if cells[:1] == ["reports"]:
                     return cells
             return []
 
+        def waiting_behind_the_slow_job(text: str) -> bool:
+            cells = row(text)
+            return (
+                len(cells) >= 5
+                and (cells[1], cells[3], cells[4]) == ("2", "0", "1")
+                and cells[2].endswith("s")  # the oldest ready job's age, e.g. "59s"
+                and "top_slow" in text
+            )
+
         # the worker holds the 60 s job; the two others wait behind it
-        text = wait_for(lambda t: row(t)[1:4] == ["2", "0", "1"] and "top_slow" in t)
+        text = wait_for(waiting_behind_the_slow_job)
         assert "Running now" in text
         assert 'haze queue:top · "database"' in text
         stamp = next(line for line in text.splitlines() if "haze queue:top" in line)
