@@ -11,108 +11,19 @@ same wait then stays asleep after the record is final.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import haze.status as status
 import pytest
 from haze import App, Queue
-from haze.database.migrations import ensure_queue_tables
 from haze.stores.base import StatusNotifier
 from worker_procs import WorkerProcs
 
 pytestmark = [pytest.mark.timeout(180)]
 
-APP = Path(__file__).parent
-REDIS_URL = os.environ.get("HAZE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-PG_ADMIN_URL = os.environ.get(
-    "HAZE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
-
-
-def _reachable(url: str) -> bool:
-    import socket
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 0), 0.5):
-            return True
-    except OSError:
-        return False
-
-
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    if not _reachable(PG_ADMIN_URL):
-        pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}")
-    import psycopg
-
-    db = f"jstat_wait_{os.getpid()}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
-        c.execute(f"DROP DATABASE IF EXISTS {db}")
-        c.execute(f"CREATE DATABASE {db}")
-    yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{db}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as c:
-        c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
-
-
-@pytest.fixture
-async def worker_app(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[App, WorkerProcs, dict[str, str]]]:
-    backend = request.param
-    if backend == "redis" and not _reachable(REDIS_URL):
-        pytest.skip(f"no Redis at {REDIS_URL}")
-    db_url = (
-        request.getfixturevalue("pg_url")
-        if backend == "postgres"
-        else f"sqlite:///{tmp_path}/unused.db"
-    )
-    prefix = f"jstat-{uuid.uuid4().hex[:8]}"
-    env = {
-        "JSTAT_CONNECTION": "r" if backend == "redis" else "db",
-        "JSTAT_STORE": "redis" if backend == "redis" else "db",
-        "JSTAT_DB_URL": db_url,
-        "JSTAT_REDIS_URL": REDIS_URL,
-        "JSTAT_PREFIX": prefix,
-        "JSTAT_RUNS_FILE": str(tmp_path / "runs.txt"),
-        "PYTHONUNBUFFERED": "1",
-    }
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    procs = WorkerProcs(tmp_path, APP)
-    app = App(APP)
-    async with app:
-        if backend != "redis":
-            await ensure_queue_tables(app)
-        try:
-            yield app, procs, {**os.environ, **env}
-        finally:
-            for p in procs.procs:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            for p in procs.procs:
-                try:
-                    await procs.wait_exit(p, 20)
-                except TimeoutError:
-                    pass
-            procs.kill_all()
-            if backend == "redis":
-                import redis.asyncio as aioredis
-
-                client = aioredis.Redis.from_url(REDIS_URL)
-                try:
-                    keys = [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)]
-                    if keys:
-                        await client.delete(*keys)
-                finally:
-                    await client.aclose()
+# ``worker_app`` (this folder's app, opened, with its worker processes) is in conftest.py.
 
 
 async def _started(procs: WorkerProcs, job_id: str, limit: float = 30) -> None:
