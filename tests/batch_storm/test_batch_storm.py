@@ -43,9 +43,10 @@ PG_ADMIN_URL = os.environ.get(
 REDIS_URL = os.environ.get("HAZE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 BATCHES, PER_BATCH, WORKERS, CONCURRENCY = 60, 50, 3, 16
-#: Seconds a job sleeps: Redis and SQLite run the jobs so fast that, with short jobs,
-#: the run would end after a handful of kills.
-JOB_SLEEP = {"postgres": (0.005, 0.04), "sqlite": (0.2, 0.8), "redis": (0.2, 0.8)}
+#: Seconds a job sleeps: every backend runs the jobs so fast (PostgreSQL too, since the
+#: batched claim and acks) that, with short jobs, the run would end after a handful of
+#: kills.
+JOB_SLEEP = {"postgres": (0.1, 0.4), "sqlite": (0.2, 0.8), "redis": (0.2, 0.8)}
 #: Storm phase: the run stops killing after this long, and fails if not done by DEADLINE.
 STORM_SECONDS, DEADLINE = 75.0, 150.0
 
