@@ -99,7 +99,7 @@ import haze_cloudflare
 from haze_cloudflare import QueueWorker
 t2 = time.perf_counter()
 # what the first queue() batch of a Worker loads on top (app, manager, driver, D1)
-import haze.app, haze.manager, haze.message, haze.drivers.base
+import haze._app.app, haze.manager, haze.message, haze.drivers.base
 import haze_cloudflare.driver, haze_cloudflare.d1
 t3 = time.perf_counter()
 import sys

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from haze import App, Db, Queue
-from haze.ids import short_id
+from haze._kernel.ids import short_id
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table

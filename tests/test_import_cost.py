@@ -30,7 +30,7 @@ def loaded_after(code: str) -> set[str]:
 
 
 def test_import_haze_loads_only_the_package_and_its_errors() -> None:
-    assert loaded_after("import haze") <= {"haze", "haze.errors"}
+    assert loaded_after("import haze") <= {"haze", "haze._kernel", "haze._kernel.errors"}
 
 
 @pytest.mark.parametrize(
@@ -45,14 +45,14 @@ def test_what_an_app_imports_loads_no_test_helper_or_database(statement: str) ->
     loaded = loaded_after(statement)
     assert "haze.testing" not in loaded
     assert not {m for m in loaded if m.startswith("haze.database")}
-    assert not {m for m in loaded if m.startswith("haze.drivers.") and m != "haze.drivers.base"}
+    assert not {m for m in loaded if m.startswith("haze.drivers.")}
 
 
 def test_lazy_names_are_the_modules_own() -> None:
     import haze
-    from haze.app import App
-    from haze.facade import Queue
-    from haze.jobs import define_job
+    from haze._app.app import App
+    from haze._jobs.definition import define_job
+    from haze.api.facade import Queue
 
     assert haze.App is App
     assert haze.Queue is Queue
@@ -64,13 +64,13 @@ def test_lazy_names_are_the_modules_own() -> None:
 
 def test_import_haze_lambda_loads_no_driver_worker_or_http_code() -> None:
     loaded = loaded_after("import haze_lambda")
-    assert loaded <= {"haze", "haze.errors", "haze_lambda"}, sorted(loaded)
+    assert loaded <= {"haze", "haze._kernel", "haze._kernel.errors", "haze_lambda"}, sorted(loaded)
     handlers = loaded_after("from haze_lambda import sqs_handler, http_handler, schedule_handler")
     for heavy in (
-        "haze.app",
-        "haze.config",
+        "haze._app.app",
+        "haze._app.config",
         "haze.drivers.sqs",
-        "haze.worker",
+        "haze._runners.worker",
         "haze.integrations.http_dispatch",
     ):
         assert heavy not in handlers, heavy
@@ -78,17 +78,17 @@ def test_import_haze_lambda_loads_no_driver_worker_or_http_code() -> None:
 
 def test_import_haze_cloudflare_loads_no_driver_d1_or_httpx_code() -> None:
     loaded = loaded_after("import haze_cloudflare")
-    assert loaded <= {"haze", "haze.errors", "haze_cloudflare"}, sorted(loaded)
+    assert loaded <= {"haze", "haze._kernel", "haze._kernel.errors", "haze_cloudflare"}, sorted(loaded)
     entry = loaded_after(
         "from haze_cloudflare import QueueWorker\nclass Default(QueueWorker): pass"
     )
     for heavy in (
-        "haze.app",
-        "haze.config",
+        "haze._app.app",
+        "haze._app.config",
         "haze.drivers.cloudflare",
         "haze.database",
         "haze.database.d1",
-        "haze._http",
+        "haze._kernel.http",
         "haze.testing",
         "haze_cloudflare.d1",
         "haze_cloudflare.driver",

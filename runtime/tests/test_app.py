@@ -8,10 +8,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import haze.app as haze_app
+import haze._app.app as haze_app
 import pytest
 from haze import App, DuplicateJobError, JobContext, Queue, define_job, run_in_app, use_app
-from haze.jobs import get_job
+from haze._jobs.definition import get_job
 
 seen: list[tuple[str, Any]] = []
 

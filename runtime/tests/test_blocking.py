@@ -19,8 +19,8 @@ from haze import (
     define_job,
     tenant,
 )
-from haze._blocking import blocking, run_blocking
-from haze.context import current_tenant
+from haze._jobs.context import current_tenant
+from haze.api._blocking import blocking, run_blocking
 
 seen: list[Any] = []
 

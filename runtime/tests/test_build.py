@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from haze._kernel.errors import ConfigError
 from haze.build import PRESETS, BuildContext, build, deterministic_zip
 from haze.build.cloudflare import merge_wrangler
 from haze.cli import COMMAND_MODULES, get_cli
-from haze.errors import ConfigError
 
 
 def memory_app(root: Path) -> Path:

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from haze._deps import import_if_present, load_by_name, require
-from haze._http import LoopClient
-from haze.errors import ConfigError, MissingDependencyError
+from haze._kernel.deps import import_if_present, load_by_name, require
+from haze._kernel.errors import ConfigError, MissingDependencyError
+from haze._kernel.http import LoopClient
 
 
 @pytest.fixture

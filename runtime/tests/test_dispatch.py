@@ -229,8 +229,8 @@ async def dispatch_unique_big(payload: Any, job: JobContext) -> None:
 async def test_unique_lock_is_released_when_the_locked_message_is_too_large(app: App) -> None:
     # The lock adds a few bytes to the message: a message that fits without it and not
     # with it must not leave a lock behind that blocks every later dispatch.
-    from haze.errors import PayloadTooLargeError
-    from haze.message import Message, encode
+    from haze._kernel.errors import PayloadTooLargeError
+    from haze._kernel.message import Message, encode
 
     driver = app.driver("memory")
     plain = encode(Message(id="0" * 32, job="dispatch_unique_big", payload={"x": "a" * 100}))

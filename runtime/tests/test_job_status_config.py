@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from haze import App, ConfigError, JobStatus, Queue, define_job, define_queue_config
-from haze.message import MessageDecodeError, decode
+from haze._kernel.message import MessageDecodeError, decode
 
 MEM = {"memory": {"driver": "memory"}}
 
@@ -30,7 +30,7 @@ def test_queue_config_track_and_keep_result() -> None:
 
 
 def test_tracking_meta_follows_job_then_config() -> None:
-    from haze.status import TRACK_TTL, tracking
+    from haze._jobs.status import TRACK_TTL, tracking
 
     plain = App(queue=define_queue_config(connections=MEM))
     on = App(queue=define_queue_config(connections=MEM, track=True, keep_result="1h"))

@@ -15,7 +15,7 @@ from haze import (
     UnknownJobError,
     define_job,
 )
-from haze.jobs import get_job, registered_jobs
+from haze._jobs.definition import get_job, registered_jobs
 
 
 @define_job

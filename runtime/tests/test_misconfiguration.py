@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import haze.app as haze_app
+import haze._app.app as haze_app
 import pytest
 from haze import (
     App,

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 from haze import App, JobContext, Queue, define_job, define_queue_config
-from haze.drivers.base import QueueCounts
-from haze.errors import ConfigError
-from haze.otel import Telemetry, prometheus_text
+from haze._engine.otel import Telemetry, prometheus_text
+from haze._kernel.errors import ConfigError
+from haze.contracts.driver import QueueCounts
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider

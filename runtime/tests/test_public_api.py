@@ -98,21 +98,21 @@ def test_version() -> None:
 
 def test_core_modules_import() -> None:
     for mod in (
-        "app",
-        "config",
-        "durations",
-        "jobs",
-        "context",
-        "message",
-        "manager",
-        "facade",
+        "_app.app",
+        "_app.config",
+        "_kernel.durations",
+        "_jobs.definition",
+        "_jobs.context",
+        "_kernel.message",
+        "_engine.manager",
+        "api.facade",
         "testing",
-        "_blocking",
+        "api._blocking",
         "errors",
         "drivers.memory",
         "drivers.sync",
         "stores.memory",
-        "pytest_plugin",
+        "testing.pytest_plugin",
     ):
         importlib.import_module(f"haze.{mod}")
 

@@ -21,10 +21,10 @@ from haze import (
     define_job,
     define_queue_config,
     schedule,
-    scheduling,
 )
+from haze._orchestration import scheduling
+from haze._orchestration.scheduling import Scheduler, dispatch_due, registered_schedules
 from haze.cli import get_cli
-from haze.scheduling import Scheduler, dispatch_due, registered_schedules
 
 ran: list[tuple[Any, str | None]] = []
 
@@ -42,7 +42,7 @@ def utc(*args: int) -> datetime:
 @pytest.fixture(autouse=True)
 def _clean_registry() -> Iterator[None]:
     # Each CLI test's app defines the same job from its own folder: jobs are restored too.
-    from haze import jobs
+    from haze._jobs import definition as jobs
 
     saved, saved_jobs = dict(scheduling._registry), dict(jobs._registry)
     scheduling._registry.clear()

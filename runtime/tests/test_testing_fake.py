@@ -231,10 +231,10 @@ def test_pytest_plugin_is_registered_via_entry_point(pytestconfig: pytest.Config
     from importlib.metadata import entry_points
 
     eps = [ep for ep in entry_points(group="pytest11") if ep.name == "haze"]
-    assert [ep.value for ep in eps] == ["haze.pytest_plugin"]
-    import haze.pytest_plugin
+    assert [ep.value for ep in eps] == ["haze.testing.pytest_plugin"]
+    import haze.testing.pytest_plugin
 
-    assert pytestconfig.pluginmanager.is_registered(haze.pytest_plugin)
+    assert pytestconfig.pluginmanager.is_registered(haze.testing.pytest_plugin)
 
 
 async def test_fake_ignores_the_unique_lock_store_of_the_app(mw_app: App) -> None:

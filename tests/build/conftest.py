@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from haze import jobs
+from haze._jobs import definition as jobs
 
 
 @pytest.fixture(autouse=True)

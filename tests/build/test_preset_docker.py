@@ -43,9 +43,9 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from haze._kernel.errors import ConfigError
 from haze.build import build
 from haze.build._python import pack_wheel
-from haze.errors import ConfigError
 from packaging.requirements import Requirement
 from preset_support import Proc, clean_env, lines_of, make_queue_tables, wait_until, write_app
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from haze._kernel.errors import ConfigError
 from haze.build import build
-from haze.errors import ConfigError
 from preset_support import clean_env, lines_of, uvicorn, write_app
 
 redis = pytest.importorskip("redis")

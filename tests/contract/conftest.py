@@ -159,8 +159,8 @@ class RemoteMemoryDriver(MemoryDriver):
 
 
 def _register_remote_sim() -> Callable[[], None]:
-    from haze import config as haze_config
     from haze import drivers as haze_drivers
+    from haze._app import config as haze_config
 
     had_d = "test_remote" in haze_drivers._DRIVERS
     had_o = "test_remote" in haze_config.QUEUE_DRIVER_OPTIONS
@@ -627,7 +627,7 @@ def make_app(
                 _current_app = app
                 workers = []
                 if s.remote:
-                    from haze.worker import Worker
+                    from haze._runners.worker import Worker
 
                     # extra["consumer"](app, concurrency): a spec's own consumer, shaped
                     # like Worker (cloudflare: the platform delivering batches to queue())

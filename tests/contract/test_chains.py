@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from haze import JobContext, Queue, define_job
-from haze.message import decode
+from haze._kernel.message import decode
 
 # ---------------------------------------- jobs
 

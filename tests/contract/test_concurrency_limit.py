@@ -157,12 +157,12 @@ async def test_release_after_false_drops_the_run(make_app, done):
         GATES["g"] = asyncio.Event()
         await cl_drop.dispatch({"n": 0, "gate": "g"})
         await _wait_for(lambda: _running() == 1)
-        haze.manager.events.on("after", on_after)
+        haze._engine.manager.events.on("after", on_after)
         try:
             dropped = await cl_drop.dispatch({"n": 1})
             await _wait_for(lambda: dropped in finished)
         finally:
-            haze.manager.events.off("after", on_after)
+            haze._engine.manager.events.off("after", on_after)
             GATES["g"].set()
         await done()
         assert [r["payload"]["n"] for r in RUNS] == [0]

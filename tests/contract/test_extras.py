@@ -22,8 +22,8 @@ from haze import (
     RetryUntilExpiredError,
     define_job,
 )
-from haze.crypto import generate_key
-from haze.errors import ConfigError
+from haze._kernel.crypto import generate_key
+from haze._kernel.errors import ConfigError
 
 RUNS: list[dict[str, Any]] = []
 FAILED: list[dict[str, Any]] = []
@@ -111,7 +111,7 @@ async def ex_retry_until(payload: dict, job: JobContext) -> None:
 
 @pytest.mark.requires("retries")
 async def test_retry_until_retries_past_tries_until_the_deadline(app, done, monkeypatch):
-    import haze.manager
+    import haze._engine.manager
 
     CLOCK[0] = time.time()
     monkeypatch.setattr(haze.manager, "_time", lambda: CLOCK[0])
@@ -391,8 +391,8 @@ async def test_undecryptable_payload_fails_clearly_and_is_kept(make_app, done, m
 
 
 async def test_decrypt_error_type(app):
-    from haze.crypto import decrypt_payload, encrypt_payload
-    from haze.message import Message
+    from haze._kernel.crypto import decrypt_payload, encrypt_payload
+    from haze._kernel.message import Message
 
     a = haze.App(key=generate_key())
     b = haze.App(key=generate_key())
@@ -512,7 +512,7 @@ def listen() -> Any:
 
     yield on
     for event, fn in added:
-        haze.manager.events.off(event, fn)
+        haze._engine.manager.events.off(event, fn)
 
 
 async def test_before_after_failing_events(app, driver, done, listen):
@@ -577,7 +577,7 @@ def test_queue_on_as_decorator():
     def listener(job: JobContext) -> None: ...
 
     try:
-        assert listener in haze.manager.events.before
+        assert listener in haze._engine.manager.events.before
     finally:
-        haze.manager.events.off("before", listener)
-    assert listener not in haze.manager.events.before
+        haze._engine.manager.events.off("before", listener)
+    assert listener not in haze._engine.manager.events.before

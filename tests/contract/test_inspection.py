@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from haze import Queue, define_job
-from haze.drivers.base import QueueCounts, QueueInspector
+from haze.contracts.driver import QueueCounts, QueueInspector
 
 GATE: dict[str, asyncio.Event] = {}
 

@@ -293,13 +293,13 @@ async def test_progress_updates_the_record_and_emits_events(app: Any, done: Any)
         final = await Queue.wait(job_id, timeout=10)
         assert final.state == "done" and final.progress == {"step": "waiting", "done": 1}
     finally:
-        from haze.manager import events
+        from haze._engine.manager import events
 
         events.off("progress", seen)
 
 
 async def test_progress_values_are_checked(app: Any) -> None:
-    from haze.status import check_progress
+    from haze._jobs.status import check_progress
 
     assert check_progress(0) == 0 and check_progress(100) == 100
     for bad in (101, -1, True, 1.5, "50", {"x": object()}, {"big": "y" * 2000}):

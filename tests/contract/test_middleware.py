@@ -29,7 +29,7 @@ from haze import (
     throttles_exceptions,
     without_overlapping,
 )
-from haze.errors import ConfigError
+from haze._kernel.errors import ConfigError
 
 RUNS: list[dict[str, Any]] = []
 ORDER: list[str] = []
@@ -266,12 +266,12 @@ async def test_without_overlapping_release_after_false_drops(make_app, done):
         GATES["g"] = asyncio.Event()
         await mw_overlap_drop.dispatch({"n": 0, "gate": "g"})
         await _wait_for(lambda: STATE.get("running") == 1)
-        haze.manager.events.on("after", on_after)
+        haze._engine.manager.events.on("after", on_after)
         try:
             dropped = await mw_overlap_drop.dispatch({"n": 1})
             await _wait_for(lambda: dropped in finished)  # dropped = done, without running
         finally:
-            haze.manager.events.off("after", on_after)
+            haze._engine.manager.events.off("after", on_after)
             GATES["g"].set()
         await done()
         assert [r["payload"]["n"] for r in RUNS] == [0]
@@ -465,13 +465,13 @@ async def test_skip_if_skips_and_counts_as_done(app, driver, done):
     def on_after(job: JobContext) -> None:
         after.append(job.id)
 
-    haze.manager.events.on("after", on_after)
+    haze._engine.manager.events.on("after", on_after)
     try:
         skipped = await mw_skip.dispatch({"user_id": 0})
         await mw_skip.dispatch({"user_id": 5})
         await done()
     finally:
-        haze.manager.events.off("after", on_after)
+        haze._engine.manager.events.off("after", on_after)
     assert [r["payload"]["user_id"] for r in RUNS] == [5]
     assert skipped in after, "a skipped run is a completed run"
     assert await _failed_names(driver) == []

@@ -32,9 +32,9 @@ from haze import (
     define_job,
     define_queue_config,
     schedule,
-    scheduling,
 )
-from haze.scheduling import Scheduler
+from haze._orchestration import scheduling
+from haze._orchestration.scheduling import Scheduler
 from haze.stores import Store
 
 # `store` is the Store contract's fixture (memory, database-*, redis).

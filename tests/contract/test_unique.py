@@ -390,7 +390,7 @@ def test_bad_unique_options_fail_at_definition(unique, needle):
         async def bad(payload: dict) -> None: ...
 
     assert "uq_bad_definition" in str(ei.value)
-    assert "uq_bad_definition" not in haze.jobs.registered_jobs()
+    assert "uq_bad_definition" not in haze._jobs.definition.registered_jobs()
 
 
 # ----------------------------------------------------------------------------- the fake

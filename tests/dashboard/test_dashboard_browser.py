@@ -25,9 +25,9 @@ from urllib.parse import urlsplit
 
 import pytest
 from haze import App, Queue, define_job
-from haze.control import paused_queues
+from haze._app.control import paused_queues
+from haze._runners.worker import Worker
 from haze.database.migrations import ensure_queue_tables
-from haze.worker import Worker
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "database"))
 from harness import pg_database

@@ -28,10 +28,10 @@ from haze import (
     define_queue_config,
     define_redis_config,
 )
-from haze.control import paused_queues
+from haze._app.control import paused_queues
+from haze._runners.worker import Worker
 from haze.dashboard import create_app
 from haze.database.migrations import ensure_queue_tables
-from haze.worker import Worker
 from starlette.testclient import TestClient
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "drivers"))
@@ -244,7 +244,7 @@ def test_user_data_is_escaped_everywhere(backend: Backend) -> None:
 def test_no_app_key_or_secret_in_any_page(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from haze.crypto import generate_key
+    from haze._kernel.crypto import generate_key
 
     key = generate_key()
     monkeypatch.setenv("APP_KEY", key)
@@ -482,7 +482,7 @@ async def dash_slow(payload: Any) -> None:
 def test_workers_page_lists_live_workers_and_drops_dead_ones(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from haze import presence
+    from haze._runners import presence as presence
 
     monkeypatch.setattr(presence, "LEASE", 1.0)
     monkeypatch.setattr(presence, "BEAT_EVERY", 0.1)
@@ -534,7 +534,7 @@ async def dash_secret(payload: Any) -> None:
 def test_encrypted_payload_hidden_unless_decrypted_with_the_app_key(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from haze.crypto import generate_key
+    from haze._kernel.crypto import generate_key
 
     monkeypatch.setenv("APP_KEY", generate_key())
 
@@ -565,7 +565,7 @@ def test_pages_forbid_framing_and_foreign_scripts(backend: Backend) -> None:
 
 
 def test_wait_and_runtime_percentiles_from_the_workers_counts(backend: Backend) -> None:
-    from haze.throughput import Tally
+    from haze._engine.throughput import Tally
 
     async def record(app: App) -> None:
         tally = Tally(app)

@@ -30,13 +30,13 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import haze.worker as haze_worker
+import haze._runners.worker as haze_worker
 import pytest
 from harness import BACKENDS, backend_url, mysql_database, pg_database
 from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
+from haze._runners.worker import Worker
+from haze.contracts.driver import BatchConsumer
 from haze.database.migrations import ensure_queue_tables
-from haze.drivers.base import BatchConsumer
-from haze.worker import Worker
 from worker_procs import WorkerProcs
 
 pytestmark = [pytest.mark.timeout(180)]

@@ -39,10 +39,10 @@ from haze import (
     define_queue_config,
     run_in_app,
 )
+from haze._runners.worker import Worker
 from haze.database import Connector, Session, connect
 from haze.database.postgres import DatabaseConnectionError, translate_placeholders
 from haze.drivers.database import load_sql, schema_sql
-from haze.worker import Worker
 
 CI = os.environ.get("CI", "").strip().lower() == "true"
 

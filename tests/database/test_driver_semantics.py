@@ -26,11 +26,11 @@ import haze
 import pytest
 from harness import BACKENDS, backend_url, mysql_database, pg_database
 from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
+from haze._kernel.errors import ConfigError
+from haze._kernel.message import Message, encode, new_id
+from haze._runners.worker import Worker
 from haze.database.migrations import ensure_queue_tables, make_queue_tables, migrate
 from haze.drivers import FailedJob
-from haze.errors import ConfigError
-from haze.message import Message, encode, new_id
-from haze.worker import Worker
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -609,7 +609,7 @@ async def test_corrupt_rows_go_to_failed_jobs_with_a_clear_exception(env: Env) -
 
 
 async def test_encrypted_payload_is_not_stored_in_plaintext(db_url: str) -> None:
-    from haze.crypto import generate_key
+    from haze._kernel.crypto import generate_key
 
     async with open_env(db_url, key=generate_key()) as env:
         await dbx_sem_secret.dispatch({"card": "4111-1111-1111-1111"})

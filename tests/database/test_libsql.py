@@ -14,13 +14,13 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import haze._runners.worker
 import haze.database.migrations
-import haze.worker
 import pytest
 from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
+from haze._kernel.errors import MissingDependencyError
 from haze.database import Connector, connect
 from haze.database.libsql import LibSQLConnector, LibSQLError, decode_value, encode_value
-from haze.errors import MissingDependencyError
 from sqld import SqldServer, jwt_keypair
 
 pytestmark = pytest.mark.timeout(60)
@@ -439,7 +439,7 @@ async def test_the_database_queue_driver_end_to_end(sqld_url: str) -> None:
         await lsq_fail.dispatch({})
         assert await db.fetchone("SELECT COUNT(*) FROM lsq_jobs") == (6,)
 
-        processed = await haze.worker.Worker(
+        processed = await haze._runners.worker.Worker(
             app, "db", ["default"], concurrency=2, stop_when_empty=True, sleep=0.05
         ).run()
 

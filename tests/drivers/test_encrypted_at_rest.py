@@ -29,10 +29,10 @@ from haze import (
     define_queue_config,
     define_redis_config,
 )
-from haze.crypto import generate_key
+from haze._kernel.crypto import generate_key
+from haze._runners.worker import Worker
 from haze.database.migrations import ensure_queue_tables
 from haze.transactions import register_provider, unregister_provider
-from haze.worker import Worker
 from redis_spec import REDIS_URL, delete_prefix, needs_redis, unique_prefix
 
 MARKER = "PLAINTEXT-MARKER-4242"
@@ -295,7 +295,7 @@ class _Tx:
 def _buffered_strings(callback: object) -> list[str]:
     """The strings a buffered after-commit callback keeps: what its closure holds, its
     messages' fields and the containers in them (not the manager or the app)."""
-    from haze.message import Message
+    from haze._kernel.message import Message
 
     out: list[str] = []
     seen: set[int] = set()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from haze import App, define_job, define_queue_config
-from haze.otel import Telemetry
+from haze._engine.otel import Telemetry
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from haze import App, JobContext, Queue, define_job, define_queue_config, define_redis_config
+from haze._kernel.errors import MissingDependencyError
+from haze._runners.worker import Worker
 from haze.drivers.redis import RedisDriver, _NewJob
-from haze.errors import MissingDependencyError
-from haze.worker import Worker
 from redis_spec import REDIS_URL, needs_redis
 
 pytestmark = needs_redis

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from bullmq.redis_connection import loadScript  # type: ignore[import-untyped]
+from haze._kernel.message import Message, encode, new_id
 from haze.drivers import redis as redis_driver
 from haze.drivers.redis import RedisDriver, _Link, _NewJob
-from haze.message import Message, encode, new_id
 from redis_spec import REDIS_URL, needs_redis
 
 pytestmark = needs_redis

@@ -33,9 +33,9 @@ from haze import (
     define_job,
     define_queue_config,
 )
-from haze.errors import ConfigError, MissingDependencyError, PayloadTooLargeError
-from haze.message import Message, encode, new_id
-from haze.worker import Worker
+from haze._kernel.errors import ConfigError, MissingDependencyError, PayloadTooLargeError
+from haze._kernel.message import Message, encode, new_id
+from haze._runners.worker import Worker
 
 _SPEC = runpy.run_path(str(Path(__file__).with_name("sqs_spec.py")))
 pytestmark = [_SPEC["needs_moto"], pytest.mark.timeout(120)]
@@ -488,7 +488,7 @@ async def test_failed_jobs_in_a_cache_store(make_app: Callable[..., App], tmp_pa
     )
     app = make_app(failed_store="db", cache=cache)
     async with app:
-        from haze.drivers.base import FailedJob
+        from haze.contracts.driver import FailedJob
         from haze.drivers.sqs import StoreFailedJobs
 
         store = app.driver("sqs").failed

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from haze import App, ConfigError, Queue, define_job, define_queue_config
-from haze._env import env_duration, env_size, parse_size
+from haze._app.env import env_duration, env_size, parse_size
 from haze.integrations.http_dispatch import (
     MAX_NESTING,
     MAX_SKEW,

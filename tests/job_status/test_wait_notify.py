@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import haze.status as status
+import haze._jobs.status as status
 import pytest
 from haze import App, Queue
-from haze.stores.base import StatusNotifier
+from haze.contracts.store import StatusNotifier
 from worker_procs import WorkerProcs
 
 pytestmark = [pytest.mark.timeout(180)]

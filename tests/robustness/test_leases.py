@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from haze._runners.worker import Worker
 from haze.drivers import FailedJob
-from haze.worker import Worker
 from rb_harness import jobs, needs_redis, rig
 
 pytestmark = [pytest.mark.timeout(120)]

@@ -26,7 +26,7 @@ import entry
 import haze
 import haze_cloudflare
 from haze import Queue
-from haze.jobs import get_job
+from haze._jobs.definition import get_job
 from haze_cloudflare import QueueWorker
 from haze_cloudflare._js import is_nullish
 

@@ -29,8 +29,8 @@ env = run_js("(e, v) => Object.assign({}, e, v)")(
 
 import entry
 from haze import Queue
-from haze.app import run_in_app
-from haze.config import env_source
+from haze._app.app import run_in_app
+from haze._app.config import env_source
 from haze_cloudflare._js import env_vars, to_py
 
 

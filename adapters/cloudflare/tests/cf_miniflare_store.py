@@ -21,9 +21,9 @@ from typing import Any
 
 import js
 from haze import App, define_database_config, define_queue_config
+from haze._kernel.message import Message, encode
+from haze.contracts.driver import FailedJob
 from haze.database.migrations import ensure_queue_tables
-from haze.drivers.base import FailedJob
-from haze.message import Message, encode
 from haze.stores import Store
 from haze.stores.database import DatabaseStore
 from haze_cloudflare import bind_env

@@ -19,7 +19,7 @@ sim = js.cfSim
 
 import haze_cloudflare
 from cf_sched_app.entry import Default
-from haze.scheduling import platform_triggers
+from haze._orchestration.scheduling import platform_triggers
 from haze_cloudflare._js import is_nullish
 
 worker = Default(None, None)

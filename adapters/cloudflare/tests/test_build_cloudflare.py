@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 from cf_build import npm_ci, pure_wheel, pyodide_node, run_pyodide
 from click.testing import CliRunner
+from haze._kernel.errors import ConfigError
 from haze.cli import get_cli
-from haze.errors import ConfigError
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]

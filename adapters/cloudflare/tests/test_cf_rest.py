@@ -35,9 +35,9 @@ from haze import (
     define_job,
     define_queue_config,
 )
+from haze._kernel.errors import DelayTooLongError, PayloadTooLargeError
+from haze._runners.worker import Worker
 from haze.database.d1 import D1Connector, D1Error
-from haze.errors import DelayTooLongError, PayloadTooLargeError
-from haze.worker import Worker
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .config import InfraConfigError, StackConfig, load_app, stack_config
+from haze_infra.config import InfraConfigError, StackConfig, load_app, stack_config
 
 __all__ = [
     "ContainerSettings",

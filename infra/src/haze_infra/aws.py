@@ -39,7 +39,7 @@ with warnings.catch_warnings():  # some modules warn about their deprecated reso
     import pulumi_aws.lambda_
     import pulumi_aws.sqs
 
-from .config import (
+from haze_infra.config import (
     FARGATE_MAX_STOP_TIMEOUT,
     LAMBDA_MAX_BATCH,
     LAMBDA_MAX_TIMEOUT,
@@ -55,7 +55,7 @@ from .config import (
     min_lambda_timeout,
     min_visibility_timeout,
 )
-from .config import max_receive_count as receive_count_for
+from haze_infra.config import max_receive_count as receive_count_for
 
 __all__ = [
     "CONSUMER_SQS_ACTIONS",

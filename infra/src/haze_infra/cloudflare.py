@@ -28,7 +28,7 @@ with warnings.catch_warnings():  # the package warns about its deprecated resour
     warnings.simplefilter("ignore", DeprecationWarning)
     import pulumi_cloudflare as cloudflare
 
-from .config import (
+from haze_infra.config import (
     CF_DEFAULT_BATCH_SIZE,
     CF_DEFAULT_BATCH_TIMEOUT,
     CF_MAX_BATCH_SIZE,

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from haze._kernel.errors import ConfigError
 from haze.build._cloudflare_config import (
     CF_DEFAULT_BATCH_SIZE,
     CF_DEFAULT_BATCH_TIMEOUT,
@@ -70,7 +71,6 @@ from haze.build._cloudflare_config import (
     cloudflare_max_retries,
     cloudflare_storage,
 )
-from haze.errors import ConfigError
 
 __all__ = [
     "CF_DEFAULT_BATCH_SIZE",
@@ -378,7 +378,7 @@ def stack_config(
         connections[name] = _plan_connection(app, name, options, job_list, env, warnings)
     d1, kv = cloudflare_storage(app)
     root = str(app.root) if app.root is not None else None
-    from haze.scheduling import platform_triggers
+    from haze._orchestration.scheduling import platform_triggers
 
     # A schedule no EventBridge rule can express raises its one-line ScheduleError here.
     rules = platform_triggers("eventbridge", app.root)

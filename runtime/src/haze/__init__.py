@@ -15,7 +15,7 @@ import importlib as _importlib
 import typing as _typing
 
 # Errors are cheap and are what a failing import reports with: loaded up front.
-from .errors import (
+from haze._kernel.errors import (
     AmbiguousIdError,
     BackendUnavailableError,
     BatchFinishedError,
@@ -42,10 +42,8 @@ from .errors import (
 )
 
 if _typing.TYPE_CHECKING:
-    from .app import App, run_in_app, use_app
-    from .batches import Batch, PendingBatch
-    from .chains import PendingChain
-    from .config import (
+    from haze._app.app import App, run_in_app, use_app
+    from haze._app.config import (
         define_cache_config,
         define_database_config,
         define_haze_config,
@@ -53,13 +51,12 @@ if _typing.TYPE_CHECKING:
         define_redis_config,
         env,
     )
-    from .context import AbortSignal, JobContext, current_tenant, tenant
-    from .db import Db
-    from .drivers import FailedJob
-    from .facade import Queue
-    from .health import QueueHealth, queue_check
-    from .jobs import DispatchResult, JobDefinition, PendingDispatch, define_job
-    from .middleware import (
+    from haze._jobs.context import AbortSignal, JobContext, current_tenant, tenant
+    from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch, define_job
+    from haze._jobs.status import JobStatus
+    from haze._orchestration.batches import Batch, PendingBatch
+    from haze._orchestration.chains import PendingChain
+    from haze._orchestration.middleware import (
         JobMiddleware,
         fail_on_exception,
         limit_concurrency,
@@ -69,50 +66,53 @@ if _typing.TYPE_CHECKING:
         throttles_exceptions,
         without_overlapping,
     )
-    from .scheduling import schedule
-    from .status import JobStatus
-    from .transactions import after_commit
+    from haze._orchestration.scheduling import schedule
+    from haze.api.db import Db
+    from haze.api.facade import Queue
+    from haze.api.health import QueueHealth, queue_check
+    from haze.drivers import FailedJob
+    from haze.transactions import after_commit
 
 # Everything else loads on first use (PEP 562), so `import haze` costs next to nothing
 # and an entry point pays only for what it touches (a Lambda or Worker cold start).
 #: Public name -> the submodule that defines it.
 _LAZY: dict[str, str] = {
-    "AbortSignal": "context",
-    "App": "app",
-    "Batch": "batches",
-    "Db": "db",
-    "DispatchResult": "jobs",
+    "AbortSignal": "_jobs.context",
+    "App": "_app.app",
+    "Batch": "_orchestration.batches",
+    "Db": "api.db",
+    "DispatchResult": "_jobs.definition",
     "FailedJob": "drivers",
-    "JobContext": "context",
-    "JobDefinition": "jobs",
-    "JobMiddleware": "middleware",
-    "JobStatus": "status",
-    "PendingBatch": "batches",
-    "PendingChain": "chains",
-    "PendingDispatch": "jobs",
-    "Queue": "facade",
-    "QueueHealth": "health",
+    "JobContext": "_jobs.context",
+    "JobDefinition": "_jobs.definition",
+    "JobMiddleware": "_orchestration.middleware",
+    "JobStatus": "_jobs.status",
+    "PendingBatch": "_orchestration.batches",
+    "PendingChain": "_orchestration.chains",
+    "PendingDispatch": "_jobs.definition",
+    "Queue": "api.facade",
+    "QueueHealth": "api.health",
     "after_commit": "transactions",
-    "current_tenant": "context",
-    "define_cache_config": "config",
-    "define_database_config": "config",
-    "define_haze_config": "config",
-    "define_job": "jobs",
-    "define_queue_config": "config",
-    "define_redis_config": "config",
-    "env": "config",
-    "fail_on_exception": "middleware",
-    "limit_concurrency": "middleware",
-    "queue_check": "health",
-    "rate_limited": "middleware",
-    "run_in_app": "app",
-    "schedule": "scheduling",
-    "skip_if": "middleware",
-    "skip_if_batch_cancelled": "middleware",
-    "tenant": "context",
-    "throttles_exceptions": "middleware",
-    "use_app": "app",
-    "without_overlapping": "middleware",
+    "current_tenant": "_jobs.context",
+    "define_cache_config": "_app.config",
+    "define_database_config": "_app.config",
+    "define_haze_config": "_app.config",
+    "define_job": "_jobs.definition",
+    "define_queue_config": "_app.config",
+    "define_redis_config": "_app.config",
+    "env": "_app.config",
+    "fail_on_exception": "_orchestration.middleware",
+    "limit_concurrency": "_orchestration.middleware",
+    "queue_check": "api.health",
+    "rate_limited": "_orchestration.middleware",
+    "run_in_app": "_app.app",
+    "schedule": "_orchestration.scheduling",
+    "skip_if": "_orchestration.middleware",
+    "skip_if_batch_cancelled": "_orchestration.middleware",
+    "tenant": "_jobs.context",
+    "throttles_exceptions": "_orchestration.middleware",
+    "use_app": "_app.app",
+    "without_overlapping": "_orchestration.middleware",
 }
 
 __version__ = "0.1.0"

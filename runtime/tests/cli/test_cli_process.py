@@ -226,7 +226,7 @@ def test_make_job_writes_a_module_that_registers(tmp_path: Path) -> None:
         f"""\
         import asyncio
         from haze import App, Queue
-        from haze.jobs import get_job
+        from haze._jobs.definition import get_job
         app = App(root={str(tmp_path)!r})
         job = get_job("send_invoice")
         assert job.name == "send_invoice", job.name

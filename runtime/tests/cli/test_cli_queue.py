@@ -22,10 +22,10 @@ from haze import (
     define_job,
     define_queue_config,
 )
+from haze._kernel.ids import short_id
 from haze.cli import MISSING_DEPENDENCIES, get_cli, main
 from haze.cli._core import State
 from haze.cli.queue import MEMORY_REFUSAL, SYNC_REFUSAL, exception_summary
-from haze.ids import short_id
 
 ran: list[Any] = []
 boom = {"fail": True}  # retry tests turn it off so the retried jobs succeed

@@ -12,9 +12,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._js import bind_env, current_env
-    from .kv import KVStore
-    from .worker import LocalResponse, MessageDelivery, QueueWorker
+    from haze_cloudflare._js import bind_env, current_env
+    from haze_cloudflare.kv import KVStore
+    from haze_cloudflare.worker import LocalResponse, MessageDelivery, QueueWorker
 
 __all__ = ["KVStore", "LocalResponse", "MessageDelivery", "QueueWorker", "bind_env", "current_env"]
 

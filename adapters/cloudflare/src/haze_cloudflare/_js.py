@@ -56,7 +56,7 @@ def bind_env(env: Any) -> None:
     if _first_request and env is not None:
         # Every isolate of a deployed Worker starts from one memory snapshot of the
         # top-level code: an id prefix drawn there would be every isolate's.
-        from haze.message import new_id_prefix
+        from haze._kernel.message import new_id_prefix
 
         new_id_prefix()
         _first_request = False

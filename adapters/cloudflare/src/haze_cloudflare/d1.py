@@ -18,7 +18,7 @@ from typing import Any
 
 from haze.database import d1 as _rt
 
-from ._js import binding, js_null, to_js, to_py
+from haze_cloudflare._js import binding, js_null, to_js, to_py
 
 __all__ = ["BindingExecutor"]
 

@@ -23,7 +23,7 @@ from haze.drivers.cloudflare import (
     delay_seconds,
 )
 
-from ._js import binding, to_js
+from haze_cloudflare._js import binding, to_js
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",

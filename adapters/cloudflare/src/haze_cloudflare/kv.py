@@ -22,10 +22,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from haze.errors import HazeError
-from haze.stores.base import BatchSettled
+from haze._kernel.errors import HazeError
+from haze.contracts.store import BatchSettled
 
-from ._js import binding, is_nullish, to_js, to_py
+from haze_cloudflare._js import binding, is_nullish, to_js, to_py
 
 __all__ = ["KVStore"]
 

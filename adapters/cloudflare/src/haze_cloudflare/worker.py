@@ -63,14 +63,14 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from haze.errors import ConfigError, HazeError
+from haze._kernel.errors import ConfigError, HazeError
 
-from ._js import bind_env, binding, env_vars, to_py
+from haze_cloudflare._js import bind_env, binding, env_vars, to_py
 
 if TYPE_CHECKING:  # loaded by the first invocation, not at import (cold start)
-    from haze.app import App
-    from haze.drivers.base import Reserved
-    from haze.message import Message
+    from haze._app.app import App
+    from haze._kernel.message import Message
+    from haze.contracts.driver import Reserved
 
 __all__ = ["LocalResponse", "MessageDelivery", "QueueWorker"]
 
@@ -205,11 +205,11 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         >>> Default.preload()
         """
         from haze import define_cache_config, define_database_config, define_redis_config
-        from haze.app import App
-        from haze.config import define_haze_config, define_queue_config
-        from haze.drivers.base import Reserved  # noqa: F401
+        from haze._app.app import App
+        from haze._app.config import define_haze_config, define_queue_config
+        from haze._kernel.message import decode  # noqa: F401
+        from haze.contracts.driver import Reserved  # noqa: F401
         from haze.integrations.http_dispatch import dispatch_request  # noqa: F401
-        from haze.message import decode  # noqa: F401
 
         _register_bindings()
         root = cls.app_root
@@ -230,7 +230,7 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         """Build the app (once per isolate): ``haze_app``, ``app_root`` or HAZE_APP_ROOT."""
         if self.haze_app is not None:
             return self.haze_app
-        from haze.app import App
+        from haze._app.app import App
 
         root = self.app_root
         if root is None:
@@ -274,7 +274,7 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         if env is None:
             yield
             return
-        from haze.config import env_source  # at the first invocation (cold start)
+        from haze._app.config import env_source  # at the first invocation (cold start)
 
         with env_source(env_vars(env)):
             yield
@@ -340,8 +340,8 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
 
     def reserved(self, app: App, message: Any, delivery: MessageDelivery) -> tuple[Reserved, str]:
         """A ``Reserved`` for a Cloudflare message, and the haze connection it belongs to."""
-        from haze.drivers.base import Reserved
-        from haze.message import decode
+        from haze._kernel.message import decode
+        from haze.contracts.driver import Reserved
 
         cf_attempts = int(to_py(getattr(message, "attempts", 1)) or 1)
         body, error = _body_text(to_py(message.body))
@@ -384,7 +384,7 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
     async def fetch(self, request: Any, env: Any = None, ctx: Any = None) -> Any:
         """``POST {"job", "payload", "delay"?, "queue"?, "group"?}``, authenticated like
         every haze HTTP entrypoint (``haze.integrations.http_dispatch``)."""
-        from haze.app import run_in_app
+        from haze._app.app import run_in_app
         from haze.integrations.http_dispatch import DispatchResponse, dispatch_request
 
         self._bind(env)
@@ -427,8 +427,8 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         """
         from datetime import UTC, datetime
 
-        from haze.app import run_in_app
-        from haze.scheduling import dispatch_trigger
+        from haze._app.app import run_in_app
+        from haze._orchestration.scheduling import dispatch_trigger
 
         self._bind(env)
         cron = str(to_py(getattr(controller, "cron", "")) or "")
@@ -456,8 +456,8 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
 def _register_bindings() -> None:
     """Let the runtime reach the Worker's Queue and D1 bindings (importing the two modules
     registers them), on the first invocation rather than at import."""
-    from . import d1 as _d1  # noqa: F401
-    from . import driver as _driver  # noqa: F401
+    from haze_cloudflare import d1 as _d1  # noqa: F401
+    from haze_cloudflare import driver as _driver  # noqa: F401
 
 
 def _body_text(raw: Any) -> tuple[str, BaseException | None]:
@@ -467,7 +467,7 @@ def _body_text(raw: Any) -> tuple[str, BaseException | None]:
     structured-cloneable value in a body: a ``Date``, a class instance, a ``RegExp`` has
     no JSON form and reaches Python as a JS object.
     """
-    from haze.errors import MessageDecodeError
+    from haze._kernel.errors import MessageDecodeError
 
     if isinstance(raw, (bytes, bytearray, memoryview)):
         raw = bytes(raw).decode("utf-8", "replace")

@@ -20,10 +20,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._boot import app_root, boot, reset, run
-    from .http import http_handler
-    from .schedule import schedule_handler
-    from .sqs import sqs_handler
+    from haze_lambda._boot import app_root, boot, reset, run
+    from haze_lambda.http import http_handler
+    from haze_lambda.schedule import schedule_handler
+    from haze_lambda.sqs import sqs_handler
 
 __all__ = ["app_root", "boot", "http_handler", "reset", "run", "schedule_handler", "sqs_handler"]
 

@@ -75,8 +75,8 @@ def app_root() -> Path:
 def check_settings() -> None:
     """Read every size, duration and number setting of the environment once, so that a
     bad value fails the boot with one line naming it, not each invocation later."""
-    from haze._env import env_duration
-    from haze.config import env
+    from haze._app.config import env
+    from haze._app.env import env_duration
     from haze.integrations.http_dispatch import max_body
 
     max_body()
@@ -92,7 +92,7 @@ def boot(root: str | os.PathLike[str] | None = None) -> App:
         if app is not None and _state.get("pid") == os.getpid():
             return app
         check_settings()
-        from haze.app import App
+        from haze._app.app import App
 
         path = Path(root) if root is not None else app_root()
         loop = asyncio.new_event_loop()
@@ -111,7 +111,7 @@ def run(fn: Callable[[App], Awaitable[T]]) -> T:
         app = boot()
         loop: asyncio.AbstractEventLoop = _state["loop"]
 
-        from haze.app import run_in_app
+        from haze._app.app import run_in_app
 
         async def pinned() -> T:
             try:

@@ -14,7 +14,7 @@ import base64
 import binascii
 from typing import TYPE_CHECKING, Any
 
-from ._boot import run
+from haze_lambda._boot import run
 
 if TYPE_CHECKING:  # loaded on the first request, not at import (cold start)
     from haze import App

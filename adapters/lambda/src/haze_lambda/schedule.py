@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # loaded on the first invocation, not at import (cold start)
     from haze import App
 
-from ._boot import run
+from haze_lambda._boot import run
 
 __all__ = ["schedule_handler"]
 
@@ -57,9 +57,9 @@ def _setting(event: dict[str, Any], key: str) -> Any:
 
 
 async def _drain(app: App, event: dict[str, Any], context: Any) -> dict[str, Any]:
-    from haze._env import env_duration
-    from haze.config import env
-    from haze.durations import parse_duration
+    from haze._app.config import env
+    from haze._app.env import env_duration
+    from haze._kernel.durations import parse_duration
 
     connection = app.connection_name(
         _setting(event, "connection") or os.environ.get("HAZE_SCHEDULE_CONNECTION") or None
@@ -111,7 +111,7 @@ async def _drain(app: App, event: dict[str, Any], context: Any) -> dict[str, Any
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
 
     started = time.monotonic()
-    from haze.worker import Worker
+    from haze._runners.worker import Worker
 
     worker = Worker(
         app, connection, queues, concurrency, max_time=budget, stop_when_empty=True, on_job=on_job
@@ -130,8 +130,8 @@ async def _drain(app: App, event: dict[str, Any], context: Any) -> dict[str, Any
 async def _dispatch_schedules(app: App, trigger: str, when: Any) -> dict[str, Any]:
     from datetime import UTC, datetime
 
-    from haze.errors import ScheduleError
-    from haze.scheduling import dispatch_trigger
+    from haze._kernel.errors import ScheduleError
+    from haze._orchestration.scheduling import dispatch_trigger
 
     if when is None:
         at = datetime.now(UTC)

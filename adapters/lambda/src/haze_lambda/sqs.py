@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # loaded on the first invocation, not at import (cold start)
     from haze import App
-    from haze.drivers.base import FailedJob, Reserved
+    from haze.contracts.driver import FailedJob, Reserved
     from haze.drivers.sqs import SqsDriver
 
-from ._boot import run
+from haze_lambda._boot import run
 
 __all__ = ["sqs_handler"]
 
@@ -119,7 +119,7 @@ def _remaining(context: Any) -> float | None:
 
 
 async def _handle(app: App, event: dict[str, Any], context: Any) -> dict[str, Any]:
-    from haze._env import env_duration
+    from haze._app.env import env_duration
 
     records: list[dict[str, Any]] = list(event.get("Records") or [])
     margin = env_duration("HAZE_SQS_MARGIN", 5.0)

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
+from haze._kernel.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..app import App
+    from haze._app.app import App
 
 __all__ = ["PRESETS", "BuildContext", "BuildResult", "build", "deterministic_zip", "install_hint"]
 
@@ -171,7 +171,7 @@ def build(root: str | Path, preset: str, out: str | Path | None = None) -> Build
         raise ConfigError(
             f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}", key="--preset"
         )
-    from ..app import App
+    from haze._app.app import App
 
     root = Path(root).resolve()
     app = App(root=root)

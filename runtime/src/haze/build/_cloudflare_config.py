@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..app import App
-    from ..jobs import JobDefinition
+    from haze._app.app import App
+    from haze._jobs.definition import JobDefinition
 
 __all__ = [
     "CF_DEFAULT_BATCH_SIZE",
@@ -132,7 +132,7 @@ def wrangler_queues(app: App) -> tuple[list[dict[str, Any]], list[dict[str, Any]
 def app_jobs(app: App) -> list[JobDefinition[Any]]:
     """The job definitions of the app: those defined in files under its root (every
     registered job when the app has no root)."""
-    from ..jobs import registered_jobs
+    from haze._jobs.definition import registered_jobs
 
     jobs = list(registered_jobs().values())
     if app.root is None:
@@ -213,7 +213,7 @@ def cloudflare_consumer(
 
 def cloudflare_storage(app: App) -> tuple[tuple[D1Plan, ...], tuple[KvPlan, ...]]:
     """The D1 databases and KV namespaces the Worker binds (see the module docstring)."""
-    from ..database.d1 import d1_target
+    from haze.database.d1 import d1_target
 
     d1: dict[str, D1Plan] = {}
     for name, c in app.database_config.connections.items():

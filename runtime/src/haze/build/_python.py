@@ -25,11 +25,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
+from haze._kernel.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..app import App
-    from ..jobs import JobDefinition
+    from haze._app.app import App
+    from haze._jobs.definition import JobDefinition
 
 __all__ = [
     "DRAIN_SLACK",
@@ -60,7 +60,7 @@ _DIALECT_EXTRA = {"postgres": "postgres", "mysql": "mysql", "libsql": "libsql", 
 def app_jobs(app: App) -> list[JobDefinition[Any]]:
     """The job definitions in files under the app root, by name (the registry is
     process-wide)."""
-    from ._cloudflare_config import app_jobs as jobs_under_root
+    from haze.build._cloudflare_config import app_jobs as jobs_under_root
 
     return sorted(jobs_under_root(app), key=lambda j: j.name)
 
@@ -95,7 +95,7 @@ def driver_of(app: App, connection: str) -> str:
 
 def is_sqlite(app: App, connection: str) -> bool:
     """Whether a ``database`` connection's queue is a SQLite file (as configured now)."""
-    from ..database import dialect_of
+    from haze.database import dialect_of
 
     name = app.queue_config.connections[connection].get("connection")
     options = app.database_config.connections.get(name or app.database_config.default)
@@ -114,7 +114,7 @@ def is_remote(app: App, connection: str) -> bool:
 
 
 def _database_extra(app: App, name: str | None) -> str | None:
-    from ..database import dialect_of
+    from haze.database import dialect_of
 
     dc = app.database_config
     options = dc.connections.get(name or dc.default)
@@ -157,7 +157,7 @@ def extras_for(app: App) -> list[str]:
             c.__module__.startswith("pydantic") for c in payload_type.__mro__[1:]
         ):
             extras.add("pydantic")
-    from ..scheduling import app_schedules
+    from haze._orchestration.scheduling import app_schedules
 
     if app_schedules(app.root):  # cronsim for cron, tzdata for zones
         extras.add("schedule")

@@ -55,19 +55,19 @@ from collections.abc import Iterable, Mapping
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
-from . import BuildContext, BuildResult
-from ._cloudflare_config import (
+from haze._kernel.errors import ConfigError
+from haze.build import BuildContext, BuildResult
+from haze.build._cloudflare_config import (
     app_jobs,
     cloudflare_consumer,
     cloudflare_storage,
     connection_max_tries,
     wrangler_section,
 )
-from ._python import app_requirements, pack_wheel
+from haze.build._python import app_requirements, pack_wheel
 
 if TYPE_CHECKING:
-    from ..app import App
+    from haze._app.app import App
 
 __all__ = [
     "COMPATIBILITY_DATE",
@@ -223,8 +223,8 @@ def _var(variables: Mapping[str, Any], name: str) -> str | None:
 def worker_app(ctx: BuildContext, variables: Mapping[str, Any]) -> App:
     """The app's config as the Worker reads it: ``config/*.py`` evaluated with the Worker's
     ``vars`` as environment variables (no jobs imported: the build's app has them)."""
-    from ..app import App, _load_module_file
-    from ..config import env_source
+    from haze._app.app import App, _load_module_file
+    from haze._app.config import env_source
 
     if not variables:
         return ctx.app
@@ -239,7 +239,7 @@ def worker_app(ctx: BuildContext, variables: Mapping[str, Any]) -> App:
 
 
 def _database_problem(app: App, connection: str | None) -> str | None:
-    from ..database import dialect_of
+    from haze.database import dialect_of
 
     dc = app.database_config
     options = dc.connections.get(connection or dc.default)
@@ -442,7 +442,7 @@ def _add_cron_triggers(ctx: BuildContext, config: dict[str, Any], notes: list[st
     """``triggers.crons``: one Cron Trigger per distinct UTC cron of the app's schedules
     (kept beside any the wrangler section lists); the Worker's ``scheduled()`` handler
     dispatches the schedules of the trigger that fired."""
-    from ..scheduling import platform_triggers
+    from haze._orchestration.scheduling import platform_triggers
 
     triggers = platform_triggers("cloudflare", ctx.root)
     if not triggers:
@@ -532,7 +532,7 @@ def build(ctx: BuildContext) -> BuildResult:
     src = ctx.dest / "src"
     files = [ctx.write("src/entry.py", entry_source())]
     files += ctx.copy_app(src)
-    from ..scheduling import bundle_packages
+    from haze._orchestration.scheduling import bundle_packages
 
     bundled = bundle_packages(ctx.root)
     files += ctx.vendor((*PACKAGES, *bundled), src)

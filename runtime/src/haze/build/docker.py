@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import json
 
-from ..errors import ConfigError
-from . import BuildContext, BuildResult
-from ._python import (
+from haze._kernel.errors import ConfigError
+from haze.build import BuildContext, BuildResult
+from haze.build._python import (
     app_jobs,
     app_requirements,
     driver_of,
@@ -75,7 +75,7 @@ import sys
 from pathlib import Path
 
 from haze import App, queue_check
-from haze.app import run_in_app
+from haze._app.app import run_in_app
 
 TIMEOUT = 10.0
 

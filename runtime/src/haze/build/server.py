@@ -21,9 +21,9 @@ connection does not answer.
 
 from __future__ import annotations
 
-from ..errors import ConfigError
-from . import BuildContext, BuildResult
-from ._python import (
+from haze._kernel.errors import ConfigError
+from haze.build import BuildContext, BuildResult
+from haze.build._python import (
     app_jobs,
     app_requirements,
     driver_of,

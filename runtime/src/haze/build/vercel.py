@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import json
 
-from ..errors import ConfigError
-from . import BuildContext, BuildResult
-from ._python import (
+from haze._kernel.errors import ConfigError
+from haze.build import BuildContext, BuildResult
+from haze.build._python import (
     app_jobs,
     app_requirements,
     driver_of,
@@ -35,7 +35,7 @@ from ._python import (
     extras_for,
     is_sqlite,
 )
-from ._python import is_remote as _is_remote
+from haze.build._python import is_remote as _is_remote
 
 __all__ = ["MAX_DURATION", "build"]
 

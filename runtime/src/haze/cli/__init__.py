@@ -40,7 +40,7 @@ MISSING_DEPENDENCIES = "The haze CLI needs click and rich: pip install 'haze[cli
 
 def get_cli() -> click.Group:
     """The root ``haze`` group with every command module registered (for CliRunner)."""
-    from ._core import cli
+    from haze.cli._core import cli
 
     for name in COMMAND_MODULES:
         importlib.import_module(name)

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 from rich.console import Console
 
-from ..durations import parse_duration
-from ..errors import HazeError
+from haze._kernel.durations import parse_duration
+from haze._kernel.errors import HazeError
 
 if TYPE_CHECKING:
-    from ..app import App
+    from haze._app.app import App
 
 __all__ = [
     "DURATION",
@@ -49,7 +49,7 @@ class State:
     def app(self) -> App:
         """The app at ``root``, created on first use so ``make:*`` works with a broken config."""
         if self._app is None:
-            from ..app import App
+            from haze._app.app import App
 
             self._app = App(root=self.root)
         return self._app
@@ -91,7 +91,7 @@ def _caused_by_os_error(error: BaseException) -> bool:
 
 
 def _version() -> str:
-    from .. import __version__
+    from haze import __version__
 
     return __version__
 
@@ -141,7 +141,7 @@ def run(state: State, fn: Callable[[App], Awaitable[T]]) -> T:
     app = state.app()
 
     async def runner() -> T:
-        from ..app import run_in_app
+        from haze._app.app import run_in_app
 
         async def call() -> T:
             return await fn(app)

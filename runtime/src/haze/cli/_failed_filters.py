@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from ..durations import parse_duration
+from haze._kernel.durations import parse_duration
 
 if TYPE_CHECKING:
-    from ..drivers import FailedJob
+    from haze.drivers import FailedJob
 
 __all__ = ["FailedFilter", "build_filter", "filter_options", "parse_range", "parse_since"]
 

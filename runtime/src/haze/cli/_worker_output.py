@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from ..ids import short_id
+from haze._kernel.ids import short_id
 
 __all__ = ["WorkerOutput", "worker_output"]
 
@@ -224,7 +224,7 @@ def worker_output(handler: WorkerOutput) -> Iterator[WorkerOutput]:
     received before (the records at the levels haze's loggers had), not the new DEBUG
     lifecycle records.
     """
-    from . import _DEFAULT_HANDLER_FLAG
+    from haze.cli import _DEFAULT_HANDLER_FLAG
 
     haze_log = logging.getLogger("haze")
     job_log = logging.getLogger("haze.job")

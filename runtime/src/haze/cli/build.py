@@ -14,9 +14,9 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from ..build import PRESETS, BuildResult
-from ..build import build as run_build
-from ._core import State, cli, console
+from haze.build import PRESETS, BuildResult
+from haze.build import build as run_build
+from haze.cli._core import State, cli, console
 
 __all__ = ["build_command"]
 

@@ -12,7 +12,7 @@ import os
 
 import click
 
-from ._core import State, cli, connection_option, console
+from haze.cli._core import State, cli, connection_option, console
 
 __all__ = ["dashboard"]
 
@@ -29,9 +29,9 @@ _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 @click.pass_obj
 def dashboard(state: State, host: str, port: int, connection: str | None, read_only: bool) -> None:
     """Serve the dashboard at http://HOST:PORT/ until interrupted (Ctrl-C)."""
-    from .._deps import require
-    from ..dashboard._app import build
-    from ..dashboard._security import basic_auth, is_local_environment
+    from haze._kernel.deps import require
+    from haze.dashboard._app import build
+    from haze.dashboard._security import basic_auth, is_local_environment
 
     require("uvicorn", what="haze dashboard", extra="dashboard")
     import uvicorn

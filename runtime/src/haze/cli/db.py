@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 import click
 from rich.markup import escape
 
-from ..errors import HazeError
-from ._core import State, cli, connection_option, console, run
+from haze._kernel.errors import HazeError
+from haze.cli._core import State, cli, connection_option, console, run
 
 if TYPE_CHECKING:
-    from ..app import App
-    from ..database.migrations import MigrationResult
+    from haze._app.app import App
+    from haze.database.migrations import MigrationResult
 
 __all__ = ["db_migrate", "make_queue_tables"]
 
@@ -27,8 +27,8 @@ __all__ = ["db_migrate", "make_queue_tables"]
 @click.pass_obj
 def make_queue_tables(state: State, connection: str | None, force: bool) -> None:
     """Write database/migrations/<stamp>_create_<jobs>_and_<failed>_tables.sql."""
-    from ..database.migrations import make_queue_tables as write
-    from ..database.migrations import pending_migrations
+    from haze.database.migrations import make_queue_tables as write
+    from haze.database.migrations import pending_migrations
 
     async def make(app: App) -> tuple[Path, bool]:
         before = set(pending_migrations(app))
@@ -56,7 +56,7 @@ def make_queue_tables(state: State, connection: str | None, force: bool) -> None
 @click.pass_obj
 def db_migrate(state: State, database: str | None) -> None:
     """Apply database/migrations/*.sql not applied yet (recorded in haze_migrations)."""
-    from ..database.migrations import MIGRATIONS_DIR, migrate, pending_migrations
+    from haze.database.migrations import MIGRATIONS_DIR, migrate, pending_migrations
 
     async def apply(app: App) -> tuple[str, bool, MigrationResult]:
         name = database or app.database_config.default

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from ._core import cli, console
+from haze.cli._core import cli, console
 
 __all__ = ["init", "scaffold"]
 
@@ -211,7 +211,7 @@ import sys
 from pathlib import Path
 
 from haze import App
-from haze.ids import short_id
+from haze._kernel.ids import short_id
 
 from app.job.example import example
 
@@ -295,8 +295,8 @@ def _ignore_storage(path: Path) -> bool:
 def _queue_tables(directory: Path) -> Path | None:
     """Write the queue-tables migration when the default connection is a database one
     (an existing migration is kept). None for other drivers: they need no tables."""
-    from ..app import App, _load_module_file
-    from ..database.migrations import make_queue_tables
+    from haze._app.app import App, _load_module_file
+    from haze.database.migrations import make_queue_tables
 
     # Config only: importing the job modules here could clash with jobs of the same
     # name already registered in this process.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from ._core import State, cli, console
+from haze.cli._core import State, cli, console
 
 __all__ = ["job_path", "make_job", "snake_case"]
 

@@ -16,9 +16,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from ..errors import UnknownJobError
-from ..ids import match_id, short_id
-from ._core import (
+from haze._kernel.errors import UnknownJobError
+from haze._kernel.ids import match_id, short_id
+from haze.cli._core import (
     DURATION,
     QUEUE_NAME,
     State,
@@ -28,12 +28,12 @@ from ._core import (
     queue_names,
     run,
 )
-from ._failed_filters import FailedFilter, build_filter, filter_options
+from haze.cli._failed_filters import FailedFilter, build_filter, filter_options
 
 if TYPE_CHECKING:
-    from ..app import App
-    from ..drivers import FailedJob
-    from ..worker import Worker
+    from haze._app.app import App
+    from haze._runners.worker import Worker
+    from haze.drivers import FailedJob
 
 __all__ = [
     "exception_summary",
@@ -181,7 +181,7 @@ def queue_work(
 
     Prints one line per job state: time, job, short id, then RUNNING, DONE 12ms,
     RETRY in 10s or FAILED with the exception (its traceback with -v)."""
-    from ._worker_output import WorkerOutput, worker_output
+    from haze.cli._worker_output import WorkerOutput, worker_output
 
     if quiet and as_json:
         raise click.UsageError("--quiet and --json exclude each other")
@@ -195,7 +195,7 @@ def queue_work(
     if not app.driver(name).remote and not with_schedule:
         raise click.ClickException(f'connection "{name}" {MEMORY_REFUSAL}')
     _ = app.queue_store  # no usable lock store is a start-up error, not a warning a second
-    from ..throughput import retention
+    from haze._engine.throughput import retention
 
     retention()  # a bad HAZE_METRICS_RETENTION stops the worker here, in one line
     output = WorkerOutput(
@@ -204,10 +204,10 @@ def queue_work(
     say = output.say
 
     async def work(app: App) -> int:
-        from ..worker import Worker
+        from haze._runners.worker import Worker
 
         if with_schedule:  # a schedule it cannot run stops it before any job is taken
-            from .schedule import check_runnable
+            from haze.cli.schedule import check_runnable
 
             check_runnable(app, in_worker=True)
 
@@ -237,7 +237,7 @@ def queue_work(
         task = loop.create_task(worker.run())
         scheduling = None
         if with_schedule:
-            from .schedule import start_scheduler
+            from haze.cli.schedule import start_scheduler
 
             scheduling = start_scheduler(app, say)
         # An idle in-process slot sleeps until woken, so it would not see --max-time itself.
@@ -502,7 +502,7 @@ def queue_retry(
     out = console()
 
     async def retry(app: App) -> tuple[str, int, list[str]]:
-        from ..jobs import registered_jobs
+        from haze._jobs.definition import registered_jobs
 
         name = app.connection_name(connection)
         manager = app.manager

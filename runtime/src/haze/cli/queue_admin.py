@@ -18,15 +18,15 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from ..ids import match_id
-from ._core import QUEUE_NAMES, State, cli, connection_option, console, queue_names, run
+from haze._kernel.ids import match_id
+from haze.cli._core import QUEUE_NAMES, State, cli, connection_option, console, queue_names, run
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..app import App
-    from ..batches import Batch
-    from ..drivers import FailedJob
+    from haze._app.app import App
+    from haze._orchestration.batches import Batch
+    from haze.drivers import FailedJob
 
 __all__ = [
     "parse_target",
@@ -110,7 +110,7 @@ def _bar(out: Console, description: str) -> Iterator[Callable[[int, int], None]]
 @click.pass_obj
 def queue_restart(state: State) -> None:
     """Every queue:work process stops after its running jobs (a supervisor restarts it)."""
-    from ..control import request_restart
+    from haze._app.control import request_restart
 
     app = state.app()
     _require_shared_store(app, "queue:restart")
@@ -123,7 +123,7 @@ def queue_restart(state: State) -> None:
 @click.pass_obj
 def queue_pause(state: State, target: str) -> None:
     """Workers stop claiming from CONNECTION:QUEUE (running jobs finish) until queue:continue."""
-    from ..control import pause
+    from haze._app.control import pause
 
     app = state.app()
     connection, queue = parse_target(app, target)
@@ -145,7 +145,7 @@ def queue_pause(state: State, target: str) -> None:
 @click.pass_obj
 def queue_continue(state: State, target: str) -> None:
     """Undo queue:pause for CONNECTION:QUEUE."""
-    from ..control import resume
+    from haze._app.control import resume
 
     app = state.app()
     connection, queue = parse_target(app, target)
@@ -206,7 +206,7 @@ def queue_monitor(
     ]
 
     async def monitor(app: App) -> list[tuple[str, str, int]]:
-        from .. import manager
+        from haze._engine import manager as manager
 
         sizes = [(c, q, await app.manager.size(q, c)) for c, q in wanted]
         for c, q, n in sizes:
@@ -286,7 +286,7 @@ def queue_prune_batches(
 ) -> None:
     """Delete batch state from the batches store (all of it expires after batches.ttl
     anyway; pruning frees it sooner). Schedule it daily."""
-    from ..batches import prune
+    from haze._orchestration.batches import prune
 
     app = state.app()
     out = console()
@@ -330,7 +330,7 @@ def queue_retry_batch(state: State, batch_id: str, connection: str | None) -> No
     out = console()
 
     async def retry(app: App) -> tuple[str, Batch | None, int, int, list[str]]:
-        from ..batches import find
+        from haze._orchestration.batches import find
 
         nonlocal batch_id
         manager = app.manager

@@ -23,13 +23,13 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from ..drivers.base import QueueInspector, RunningJob
-from ..durations import format_age
-from ..ids import short_id
-from ._core import DURATION, QUEUE_NAMES, State, cli, connection_option, console, run
+from haze._kernel.durations import format_age
+from haze._kernel.ids import short_id
+from haze.cli._core import DURATION, QUEUE_NAMES, State, cli, connection_option, console, run
+from haze.contracts.driver import QueueInspector, RunningJob
 
 if TYPE_CHECKING:
-    from ..app import App
+    from haze._app.app import App
 
 __all__ = ["QueueStats", "collect", "queue_stats", "queue_top", "render"]
 
@@ -121,8 +121,8 @@ async def collect(
 ) -> list[QueueStats]:
     """The numbers of ``queues`` on ``connection``; with ``jobs`` > 0 also up to that many
     running jobs per queue."""
-    from ..control import paused_queues
-    from ..throughput import per_minute
+    from haze._app.control import paused_queues
+    from haze._engine.throughput import per_minute
 
     driver = app.driver(connection)
     kind = str(app.queue_config.connections[connection].get("driver"))

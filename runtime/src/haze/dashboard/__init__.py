@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from .._deps import require
+from haze._kernel.deps import require
 
 if TYPE_CHECKING:
-    from ..app import App
+    from haze._app.app import App
 
 __all__ = ["create_app"]
 
@@ -57,6 +57,6 @@ def create_app(
         raise ValueError(
             f"create_app(base_path=...): expected a path like '/haze', got {base_path!r}"
         )
-    from ._app import build
+    from haze.dashboard._app import build
 
     return build(app, authorize, read_only, base_path)

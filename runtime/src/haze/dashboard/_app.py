@@ -23,16 +23,16 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 
-from ..durations import format_age
-from ..errors import HazeError
-from ..ids import short_id
-from . import _data
-from ._security import CSRF_COOKIE, CSRF_FIELD, CSRF_HEADER, Authorize, Guard
+from haze._kernel.durations import format_age
+from haze._kernel.errors import HazeError
+from haze._kernel.ids import short_id
+from haze.dashboard import _data
+from haze.dashboard._security import CSRF_COOKIE, CSRF_FIELD, CSRF_HEADER, Authorize, Guard
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-    from ..app import App
+    from haze._app.app import App
 
 __all__ = ["build"]
 
@@ -92,7 +92,7 @@ class Dashboard:
         if app is not None and app.key:
             # Several dashboard processes with one app key accept each other's tokens;
             # the digest cannot be turned back into the key.
-            from ..crypto import keyed_digest
+            from haze._kernel.crypto import keyed_digest
 
             secret = keyed_digest(app, "haze-dashboard-csrf").encode()
         self.guard = Guard(authorize, secret)
@@ -114,13 +114,13 @@ class Dashboard:
     def app(self) -> App:
         if self._app is not None:
             return self._app
-        from ..app import use_app
+        from haze._app.app import use_app
 
         return use_app()
 
     async def call(self, fn: Callable[[App], Awaitable[Any]]) -> Any:
         """Run ``fn(app)`` with the haze app current (batch methods read it)."""
-        from ..app import run_in_app
+        from haze._app.app import run_in_app
 
         app = self.app
         return await run_in_app(app, lambda: fn(app))
@@ -309,7 +309,7 @@ class Dashboard:
         return self.render(request, "batches.html", batches=batches, page="batches")
 
     async def batch_detail(self, request: Request) -> Response:
-        from ..batches import find
+        from haze._orchestration.batches import find
 
         batch_id = request.path_params["batch_id"]
         batch = await self.call(lambda app: find(app.manager, batch_id))
@@ -320,7 +320,7 @@ class Dashboard:
 
     async def batch_action(self, request: Request) -> Response:
         self.failed_counts.clear()
-        from ..batches import find
+        from haze._orchestration.batches import find
 
         batch_id = request.path_params["batch_id"]
         action = request.path_params["action"]
@@ -337,7 +337,7 @@ class Dashboard:
         return self.back(request, where, done=f"Retried {done} failed job(s) of the batch.")
 
     async def workers(self, request: Request) -> Response:
-        from ..presence import LEASE, live_workers
+        from haze._runners.presence import LEASE, live_workers
 
         found = await self.call(live_workers)
         if found is not None and self.connection is not None:
@@ -358,7 +358,7 @@ class Dashboard:
         return self.render(request, "jobs.html", token=token, found=found, error=error, page="jobs")
 
     async def queue_action(self, request: Request) -> Response:
-        from ..control import pause, resume
+        from haze._app.control import pause, resume
 
         action = request.path_params["action"]
         connection, queue = _form(request, "connection"), _form(request, "queue")
@@ -382,7 +382,7 @@ class Dashboard:
         return self.back(request, "/", done=f'Resumed "{queue}" on "{connection}".')
 
     async def metrics(self, request: Request) -> Response:
-        from ..otel import prometheus_text
+        from haze._engine.otel import prometheus_text
 
         rows = await self.call(lambda app: _data.overview(app, self.connection, self.failed_counts))
         # Queue gauges only: job counters and histograms are per process, and this

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, runtime_checkable
 
-from .._deps import load_by_name
-from ..errors import ConfigError
+from haze._kernel.deps import load_by_name
+from haze._kernel.errors import ConfigError
 
 __all__ = ["Connector", "Session", "connect", "dialect_of"]
 

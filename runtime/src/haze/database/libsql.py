@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from .._http import LoopClient
-from ..durations import parse_duration
-from ..errors import ConfigError, DatabaseConnectionError, HazeError
+from haze._kernel.durations import parse_duration
+from haze._kernel.errors import ConfigError, DatabaseConnectionError, HazeError
+from haze._kernel.http import LoopClient
 
 if TYPE_CHECKING:
     import httpx

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
+from haze._kernel.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..app import App
-    from . import Connector
+    from haze._app.app import App
+    from haze.database import Connector
 
 __all__ = ["MigrationResult", "make_queue_tables", "migrate", "pending_migrations"]
 
@@ -66,7 +66,7 @@ def _queue_db_connection(app: App, connection: str | None) -> tuple[str, str, st
 
 def make_queue_tables(app: App, connection: str | None = None, *, force: bool = False) -> Path:
     """Write the queue-tables migration into the app; returns its path."""
-    from ..drivers.database import schema_sql
+    from haze.drivers.database import schema_sql
 
     if app.root is None:
         raise ConfigError("make:queue-tables needs an app root (App(root=...))")
@@ -134,7 +134,7 @@ async def migrate(app: App, database: str | None = None) -> MigrationResult:
 
 async def ensure_queue_tables(app: App, connection: str | None = None) -> None:
     """Create the queue tables directly (tests, benchmarks, the example app)."""
-    from ..drivers.database import schema_sql
+    from haze.drivers.database import schema_sql
 
     _, db, jobs, failed = _queue_db_connection(app, connection)
     c = app.database(db)

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from .._deps import require
-from ..errors import ConfigError, DatabaseConnectionError
-from .postgres import redact_url, translate_placeholders
+from haze._kernel.deps import require
+from haze._kernel.errors import ConfigError, DatabaseConnectionError
+from haze.database.postgres import redact_url, translate_placeholders
 
 __all__ = ["DatabaseConnectionError", "MySQLConnector"]
 

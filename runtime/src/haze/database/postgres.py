@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
-from .._deps import require
-from ..errors import ConfigError, DatabaseConnectionError
+from haze._kernel.deps import require
+from haze._kernel.errors import ConfigError, DatabaseConnectionError
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection

@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import DatabaseConnectionError
+from haze._kernel.errors import DatabaseConnectionError
 
 __all__ = ["SQLiteConnector"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._deps import load_by_name
-from .base import Driver, FailedJob, FailedJobStore, Reserved
+from haze._kernel.deps import load_by_name
+from haze.contracts.driver import Driver, FailedJob, FailedJobStore, Reserved
 
 __all__ = ["Driver", "FailedJob", "FailedJobStore", "Reserved", "create_driver"]
 

@@ -49,14 +49,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._http import LoopClient
-from ..errors import ConfigError, DelayTooLongError, HazeError
-from ..message import Message, decode
-from .base import FailedJob, FailedJobStore, Reserved
+from haze._kernel.errors import ConfigError, DelayTooLongError, HazeError
+from haze._kernel.http import LoopClient
+from haze._kernel.message import Message, decode
+from haze.contracts.driver import FailedJob, FailedJobStore, Reserved
 
 if TYPE_CHECKING:
-    from ..database import Connector
-    from ..stores import Store
+    from haze.database import Connector
+    from haze.stores import Store
 
 __all__ = [
     "API_URL",
@@ -330,7 +330,7 @@ class SqlFailedJobs:
     """Final failures in a ``failed_jobs`` table of a database connection (D1 included)."""
 
     def __init__(self, db: Connector, table: str = "failed_jobs"):
-        from .database import load_sql, schema_sql
+        from haze.drivers.database import load_sql, schema_sql
 
         self.db = db
         self.table = table
@@ -346,7 +346,7 @@ class SqlFailedJobs:
 
     @staticmethod
     def _row(row: Sequence[Any]) -> FailedJob:
-        from .database import _FailedJobs
+        from haze.drivers.database import _FailedJobs
 
         return _FailedJobs._row(row)
 
@@ -415,7 +415,7 @@ class StoreFailedJobs:
     def _job(self, d: Any) -> FailedJob | None:
         if not isinstance(d, dict):
             return None
-        from .database import _FailedJobs
+        from haze.drivers.database import _FailedJobs
 
         return _FailedJobs._row(
             (d["id"], d["connection"], d["queue"], d["body"], d["exception"], d["failed_at"])
@@ -525,7 +525,7 @@ class CloudflareDriver:
         name = self.options.get("failed_store")
         key = f"connections.{self.name}.failed_store"
         if not name:
-            from .memory import MemoryFailedJobs
+            from haze.drivers.memory import MemoryFailedJobs
 
             return MemoryFailedJobs()
         app = self.app

@@ -29,9 +29,9 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ..errors import BackendUnavailableError, ConfigError
-from ..message import Message
-from .base import Driver, FailedJob, FailedJobStore, Reserved, unavailable
+from haze._kernel.errors import BackendUnavailableError, ConfigError
+from haze._kernel.message import Message
+from haze.contracts.driver import Driver, FailedJob, FailedJobStore, Reserved, unavailable
 
 __all__ = ["FailoverDriver"]
 

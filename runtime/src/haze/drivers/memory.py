@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from ..message import MAX_MESSAGE_SIZE, Message, decode
-from .base import FailedJob, QueueCounts, Reserved, RunningJob
+from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode
+from haze.contracts.driver import FailedJob, QueueCounts, Reserved, RunningJob
 
 __all__ = ["MemoryDriver", "MemoryFailedJobs"]
 

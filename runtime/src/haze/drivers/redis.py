@@ -73,9 +73,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import MessageDecodeError, MissingDependencyError
-from ..message import MAX_MESSAGE_SIZE, Message, decode
-from .base import FailedJob, QueueCounts, Reserved, RunningJob
+from haze._kernel.errors import MessageDecodeError, MissingDependencyError
+from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode
+from haze.contracts.driver import FailedJob, QueueCounts, Reserved, RunningJob
 
 try:
     import msgpack  # type: ignore[import-untyped]
@@ -88,8 +88,8 @@ try:
 except ImportError as e:  # pragma: no cover - exercised without the extra installed
     raise MissingDependencyError("the redis driver", "redis", "bullmq") from e
 
-from ..stores.redis import new_client, redis_settings
-from .redis_wire import Wire, wire_for
+from haze.drivers.redis_wire import Wire, wire_for
+from haze.stores.redis import new_client, redis_settings
 
 if TYPE_CHECKING:
     from redis.commands.core import AsyncScript

@@ -99,11 +99,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from .._deps import require
-from ..errors import BackendUnavailableError, ConfigError, HazeError
-from ..message import Message, decode, new_id
-from .base import FailedJob, FailedJobStore, QueueCounts, Reserved, RunningJob
-from .memory import MemoryFailedJobs
+from haze._kernel.deps import require
+from haze._kernel.errors import BackendUnavailableError, ConfigError, HazeError
+from haze._kernel.message import Message, decode, new_id
+from haze.contracts.driver import FailedJob, FailedJobStore, QueueCounts, Reserved, RunningJob
+from haze.drivers.memory import MemoryFailedJobs
 
 __all__ = [
     "SQS_MAX_DELAY",
@@ -322,7 +322,7 @@ class DatabaseFailedJobs:
     async def _db(self) -> Any:
         db = self.app.database(self.database)
         if not self._ready:
-            from .database import schema_sql
+            from haze.drivers.database import schema_sql
 
             for stmt in schema_sql(db.dialect, "jobs", self.table):
                 if self.table not in stmt:
@@ -340,7 +340,7 @@ class DatabaseFailedJobs:
 
     @staticmethod
     def _row(row: Sequence[Any]) -> FailedJob:
-        from .database import _FailedJobs
+        from haze.drivers.database import _FailedJobs
 
         return _FailedJobs._row(row)
 

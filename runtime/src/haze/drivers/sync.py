@@ -12,8 +12,8 @@ import builtins
 from collections.abc import Sequence
 from typing import Any
 
-from ..message import MAX_MESSAGE_SIZE, Message
-from .base import FailedJob, Reserved
+from haze._kernel.message import MAX_MESSAGE_SIZE, Message
+from haze.contracts.driver import FailedJob, Reserved
 
 __all__ = ["SyncDriver"]
 

@@ -30,8 +30,8 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..app import App
-    from ..worker import Worker
+    from haze._app.app import App
+    from haze._runners.worker import Worker
 
 __all__ = ["ServerWorker", "haze_lifespan", "run_in_server"]
 
@@ -86,7 +86,7 @@ class ServerWorker:
         concurrency = settings.get("concurrency")
         if not driver.remote and queues is None and concurrency is None:
             return  # the web process already consumes its memory connection
-        from ..worker import Worker
+        from haze._runners.worker import Worker
 
         self.worker = Worker(
             self.app,

@@ -61,11 +61,16 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._env import env_size
-from ..errors import ConfigError, DelayTooLongError, PayloadTooLargeError, UnknownJobError
+from haze._app.env import env_size
+from haze._kernel.errors import (
+    ConfigError,
+    DelayTooLongError,
+    PayloadTooLargeError,
+    UnknownJobError,
+)
 
 if TYPE_CHECKING:
-    from ..app import App
+    from haze._app.app import App
 
 __all__ = [
     "DispatchApp",
@@ -253,7 +258,7 @@ async def dispatch_request(
     Worker reads its secrets from bindings). The app must be the current one
     (``run_in_app``) when a job's code could look it up.
     """
-    from ..jobs import PendingDispatch, get_job
+    from haze._jobs.definition import PendingDispatch, get_job
 
     if secret is None:
         secret = os.environ.get("HAZE_HTTP_SECRET", "")
@@ -371,7 +376,7 @@ class DispatchApp:
             return self._fixed
         loop = asyncio.get_running_loop()
         if self._per_loop is None or self._per_loop[0] is not loop:
-            from ..app import App
+            from haze._app.app import App
 
             self._per_loop = (loop, App(root=self._root))
         return self._per_loop[1]
@@ -382,7 +387,7 @@ class DispatchApp:
             return
         if scope["type"] != "http":
             return
-        from ..app import run_in_app
+        from haze._app.app import run_in_app
 
         path = str(scope.get("path") or "/")
         method = str(scope.get("method") or "")
@@ -412,7 +417,7 @@ class DispatchApp:
 
 
 async def _health(method: str) -> DispatchResponse:
-    from ..health import queue_check
+    from haze.api.health import queue_check
 
     if method.upper() not in ("GET", "HEAD"):
         return _error(405, f"use GET for the health check (got {method})", {"allow": "GET"})

@@ -81,8 +81,8 @@ from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ..errors import MissingDependencyError
-from ..transactions import fire, register_provider
+from haze._kernel.errors import MissingDependencyError
+from haze.transactions import fire, register_provider
 
 try:
     from sqlalchemy import event

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._deps import load_by_name
-from .base import Store
+from haze._kernel.deps import load_by_name
+from haze.contracts.store import Store
 
 __all__ = ["Store", "create_store"]
 

@@ -29,12 +29,12 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..database.sqlfiles import sql_blocks
-from ..errors import ConfigError
-from .base import BatchSettled, Subscription
+from haze._kernel.errors import ConfigError
+from haze.contracts.store import BatchSettled, Subscription
+from haze.database.sqlfiles import sql_blocks
 
 if TYPE_CHECKING:
-    from ..database import Connector, Session
+    from haze.database import Connector, Session
 
 __all__ = ["DatabaseStore", "PostgresDatabaseStore", "database_store"]
 

@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .base import BatchSettled
+from haze.contracts.store import BatchSettled
 
 __all__ = ["MemoryStore"]
 

@@ -33,8 +33,8 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, MissingDependencyError
-from .base import BatchSettled, Subscription
+from haze._kernel.errors import ConfigError, MissingDependencyError
+from haze.contracts.store import BatchSettled, Subscription
 
 try:
     import redis.asyncio as aioredis

@@ -27,13 +27,13 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from ...database.sqlfiles import sql_blocks
-from ...errors import ConfigError, DatabaseConnectionError, QueueTablesMissingError
-from ...message import MAX_MESSAGE_SIZE, Message, decode
-from ..base import FailedJob, QueueCounts, Reserved, RunningJob
+from haze._kernel.errors import ConfigError, DatabaseConnectionError, QueueTablesMissingError
+from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode
+from haze.contracts.driver import FailedJob, QueueCounts, Reserved, RunningJob
+from haze.database.sqlfiles import sql_blocks
 
 if TYPE_CHECKING:
-    from ...database import Connector
+    from haze.database import Connector
 
 __all__ = ["DatabaseDriver", "load_sql", "schema_sql"]
 
@@ -235,7 +235,7 @@ class DatabaseDriver:
 
     def tables_missing(self) -> QueueTablesMissingError:
         """The error for this connection's missing tables, naming the command to run."""
-        from ...database.migrations import MIGRATIONS_DIR
+        from haze.database.migrations import MIGRATIONS_DIR
 
         root = self.app.root
         written = root is not None and any(

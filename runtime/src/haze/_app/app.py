@@ -1,0 +1,573 @@
+"""The app: config, job discovery, connections and stores, and the current-app context.
+
+>>> app = App(queue=define_queue_config(default="memory",
+...     connections={"memory": {"driver": "memory", "concurrency": 2}}))
+>>> # async with app:
+>>> #     await send_invoice.dispatch({"invoice_id": 1})
+>>> #     await Queue.idle()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import importlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import sys
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from haze._app.config import (
+    CacheConfig,
+    DatabaseConfig,
+    HazeConfig,
+    QueueConfig,
+    RedisConfig,
+    read_env,
+    validate_cache,
+    validate_database,
+    validate_haze,
+    validate_queue,
+    validate_redis,
+)
+from haze._kernel.errors import ConfigError, HazeError
+from haze.drivers import Driver, create_driver
+from haze.stores import Store, create_store
+
+if TYPE_CHECKING:
+    from haze._engine.manager import QueueManager
+    from haze._runners.worker import Worker
+    from haze.database import Connector
+
+__all__ = ["App", "run_in_app", "use_app"]
+
+log = logging.getLogger("haze")
+T = TypeVar("T")
+
+_current: contextvars.ContextVar[App | None] = contextvars.ContextVar("haze_app", default=None)
+_last_entered: App | None = None
+_default_app: App | None = None
+_default_lock = threading.Lock()
+_warned_implicit = False
+
+
+def use_app() -> App:
+    """The current app: the job's app inside a job, else the most recently entered app,
+    else the implicit default app (one ``memory`` connection)."""
+    app = _current.get()
+    if app is not None:
+        return app
+    if _last_entered is not None and _last_entered._entered:
+        return _last_entered
+    return _default()
+
+
+def _default() -> App:
+    global _default_app
+    with _default_lock:
+        if _default_app is None:
+            _default_app = App()
+            _default_app._implicit = True
+        return _default_app
+
+
+def warn_implicit_dispatch() -> None:
+    """Say once per process that jobs went to the implicit app (they die with it)."""
+    global _warned_implicit
+    if _warned_implicit:
+        return
+    _warned_implicit = True
+    log.warning(
+        "haze: no App was created, so this job went to the implicit in-memory app: its jobs "
+        "are lost when this process exits. Create config/queue.py naming a database or redis "
+        "connection and load it with App(root=__file__) (or pass App(queue=...))."
+    )
+
+
+async def run_in_app(app: App, fn: Callable[[], Awaitable[T] | T]) -> T:
+    """Run ``fn`` with ``app`` as the current app (for scripts with several apps)."""
+    token = _current.set(app)
+    try:
+        result = fn()
+        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+            return await result  # type: ignore[no-any-return]
+        return result  # type: ignore[return-value]
+    finally:
+        _current.reset(token)
+
+
+def _app_root(root: str | os.PathLike[str]) -> Path:
+    """The app folder: ``root`` itself, or the folder of a file (``App(root=__file__)``)."""
+    path = Path(root).expanduser().resolve()
+    if path.is_file():
+        path = path.parent
+    elif not path.exists():
+        raise ConfigError("the app root does not exist", source=str(path))
+    elif not path.is_dir():
+        raise ConfigError("the app root is not a directory", source=str(path))
+    if not (path / "config").is_dir() and not (path / "app").is_dir():
+        raise ConfigError(
+            "neither config/ nor app/ is here, so this is not a haze app; point root at the "
+            "folder that holds them (from a file in that folder: App(root=__file__))",
+            source=str(path),
+        )
+    return path
+
+
+def _load_module_file(path: Path, module_name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:  # pragma: no cover
+        raise ConfigError("cannot be imported", source=str(path))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except HazeError:
+        sys.modules.pop(module_name, None)
+        raise
+    except Exception as e:
+        sys.modules.pop(module_name, None)
+        raise ConfigError(f"failed to import: {type(e).__name__}: {e}", source=str(path)) from e
+    return module
+
+
+class App:
+    """A haze application: config, connections, stores and the queue manager.
+
+    ``App(root=".")`` reads ``config/{queue,cache,redis,database}.py`` and imports every
+    ``app/job/**/*.py`` under ``root``. Config objects passed in win over the files.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | None = None,
+        *,
+        queue: Any = None,
+        cache: Any = None,
+        redis: Any = None,
+        database: Any = None,
+        haze: Any = None,
+        key: str | None = None,
+    ) -> None:
+        self.root = _app_root(root) if root is not None else None
+        self._entered = False
+        self._implicit = False  # the process-wide default app (see use_app)
+        self._key = key
+        specs: dict[str, tuple[Any, str | None]] = {
+            "queue": (queue, None),
+            "cache": (cache, None),
+            "redis": (redis, None),
+            "database": (database, None),
+        }
+        haze_spec: tuple[Any, str | None] = (haze, None)
+        if self.root is not None:
+            for kind in specs:
+                if specs[kind][0] is None:
+                    path = self.root / "config" / f"{kind}.py"
+                    if path.is_file():
+                        specs[kind] = (self._read_config(path, kind), str(path))
+            hz = self.root / "haze.config.py"
+            if haze is None and hz.is_file():
+                haze_spec = (self._read_config(hz, "haze"), str(hz))
+        self.queue_config: QueueConfig = validate_queue(*specs["queue"])
+        self.cache_config: CacheConfig = validate_cache(*specs["cache"])
+        self.redis_config: RedisConfig = validate_redis(*specs["redis"])
+        self.database_config: DatabaseConfig = validate_database(*specs["database"])
+        self.haze_config: HazeConfig = validate_haze(*haze_spec)
+        self._check_store_names()
+        self._drivers: dict[str, Driver] = {}
+        self._stores: dict[str, Store] = {}
+        # Stores the lock/batch store resolves to without config/cache.py naming them.
+        self._derived_stores: dict[str, dict[str, Any]] = {}
+        self._lock_store: str | None = None
+        self._connectors: dict[str, Connector] = {}
+        self._workers: list[Worker] = []
+        self._discovered = False
+        from haze._engine.manager import QueueManager
+
+        self.manager: QueueManager = QueueManager(self)
+        if self.root is not None:
+            self.discover()
+            self._load_schedules()
+
+    # -- config ------------------------------------------------------------------
+
+    def _read_config(self, path: Path, kind: str) -> Any:
+        name = f"_haze_config_{abs(hash(str(path)))}_{kind}"
+        module = _load_module_file(path, name)
+        if not hasattr(module, "config"):
+            raise ConfigError(
+                f"defines no module-level 'config'; add config = define_{kind}_config(...)",
+                source=str(path),
+            )
+        return module.config
+
+    def _check_store_names(self) -> None:
+        qc, cc = self.queue_config, self.cache_config
+        for key, name in (("store", qc.store), ("batches.store", qc.batches_store)):
+            if name is not None and name not in cc.stores:
+                raise ConfigError(
+                    f"{name!r} is not a store in config/cache.py (stores: {', '.join(cc.stores)})",
+                    source=qc.source,
+                    key=key,
+                )
+
+    @property
+    def key(self) -> str | None:
+        """The app key for ``encrypted`` jobs: ``App(key=...)`` or the ``APP_KEY`` env var."""
+        # read_env: inside a Cloudflare Worker, its secret of this invocation
+        return self._key if self._key is not None else read_env("APP_KEY")
+
+    # -- discovery ---------------------------------------------------------------
+
+    def discover(self) -> list[str]:
+        """Import every ``app/job/**/*.py`` under the root; returns the module names."""
+        if self.root is None:
+            return []
+        job_dir = self.root / "app" / "job"
+        if not job_dir.is_dir():
+            return []
+        root = str(self.root)
+        if root not in sys.path:
+            sys.path.insert(0, root)
+        names: list[str] = []
+        for path in sorted(job_dir.rglob("*.py")):
+            if path.name.startswith("_") and path.name != "__init__.py":
+                continue
+            if path.name == "__init__.py":
+                continue
+            rel = path.relative_to(self.root).with_suffix("")
+            dotted = ".".join(rel.parts)
+            names.append(self._import_job_module(path, dotted))
+        self._discovered = True
+        return names
+
+    def _load_schedules(self) -> None:
+        """Run ``config/schedule.py`` (after the jobs, which it names) for its schedule()s."""
+        assert self.root is not None
+        path = self.root / "config" / "schedule.py"
+        if not path.is_file():
+            return
+        # When another app in this process owns the ``app`` package name, this root's job
+        # modules live under a private name; ``from app.job.x import y`` in the schedule
+        # file must still reach them, so ``app.*`` names this root's modules meanwhile.
+        private = f"{self._private_jobs_package()}."
+        mine = {n[len(private) :]: m for n, m in sys.modules.items() if n.startswith(private)}
+        theirs = {n: m for n, m in sys.modules.items() if n == "app" or n.startswith("app.")}
+        if mine:
+            for name in theirs:
+                del sys.modules[name]
+            sys.modules.update(mine)
+        try:
+            _load_module_file(path, f"_haze_config_{abs(hash(str(path)))}_schedule")
+        finally:
+            if mine:
+                for name in [n for n in sys.modules if n == "app" or n.startswith("app.")]:
+                    module = sys.modules.pop(name)
+                    if name not in mine:  # first imported by the schedule file: keep it ours
+                        sys.modules[private + name] = module
+                sys.modules.update(theirs)
+
+    def _private_jobs_package(self) -> str:
+        return f"_haze_jobs_{abs(hash(str(self.root)))}"
+
+    def _import_job_module(self, path: Path, dotted: str) -> str:
+        existing = sys.modules.get(dotted)
+        if existing is not None and Path(getattr(existing, "__file__", "") or "").resolve() == path:
+            return dotted
+        top = sys.modules.get(dotted.split(".")[0])
+        top_paths = [str(Path(p).resolve()) for p in getattr(top, "__path__", [])]
+        assert self.root is not None
+        if top is None or str(self.root / "app") in top_paths:
+            try:
+                module = importlib.import_module(dotted)
+                # ``app`` is a namespace package spanning every root on sys.path: the
+                # name can resolve to another app's module of the same path.
+                if Path(getattr(module, "__file__", "") or "").resolve() == path:
+                    return dotted
+            except HazeError:
+                raise
+            except ImportError:
+                pass
+            except Exception as e:
+                raise ConfigError(
+                    f"failed to import job module: {type(e).__name__}: {e}", source=str(path)
+                ) from e
+        # Another app already owns the ``app`` package name in this process: load under
+        # a private top-level name, with parent packages so relative imports resolve.
+        top_name = self._private_jobs_package()
+        name = f"{top_name}.{dotted}"
+        if name in sys.modules:  # already imported by a sibling's relative import
+            return name
+        parts = [top_name, *dotted.split(".")[:-1]]
+        for depth in range(1, len(parts) + 1):
+            pkg = ".".join(parts[:depth])
+            if pkg not in sys.modules:
+                where = self.root.joinpath(*parts[1:depth])
+                spec = importlib.machinery.ModuleSpec(pkg, None, is_package=True)
+                spec.submodule_search_locations = [str(where)]
+                sys.modules[pkg] = importlib.util.module_from_spec(spec)
+        _load_module_file(path, name)
+        return name
+
+    # -- connections and stores ---------------------------------------------------
+
+    def connection_name(self, name: str | None) -> str:
+        if name is None:
+            return self.queue_config.default
+        if name not in self.queue_config.connections:
+            from haze._kernel.hints import did_you_mean
+
+            connections = self.queue_config.connections
+            known = ", ".join(connections)
+            source = self.queue_config.source
+            if source.startswith("<"):  # no config/queue.py: the built-in default
+                where = (
+                    f"there is no config/queue.py under {self.root}, so the only connection "
+                    f"is the built-in {known}"
+                    if self.root is not None
+                    else f"this app's queue config has only: {known}"
+                )
+            else:
+                where = f"configured connections (defined in {source}): {known}"
+            raise ConfigError(
+                f"unknown queue connection {name!r}{did_you_mean(name, connections)}; {where}",
+            )
+        return name
+
+    def driver(self, name: str | None = None) -> Driver:
+        """The driver of a queue connection (created on first use)."""
+        name = self.connection_name(name)
+        d = self._drivers.get(name)
+        if d is None:
+            options = self.queue_config.connections[name]
+            d = self._drivers[name] = create_driver(name, options, self, self.queue_config.source)
+        return d
+
+    def store(self, name: str | None = None) -> Store:
+        """A cache store from ``config/cache.py`` (the default when ``name`` is None)."""
+        cc = self.cache_config
+        name = name or cc.default
+        s = self._stores.get(name)
+        if s is None:
+            options = cc.stores.get(name) or self._derived_stores.get(name)
+            if options is None:
+                raise ConfigError(
+                    f"unknown store {name!r}; configured stores: {', '.join(cc.stores)}",
+                    source=cc.source,
+                    key="stores",
+                )
+            s = self._stores[name] = create_store(name, options, self, cc.source)
+        return s
+
+    def database(self, name: str | None = None) -> Connector:
+        """A SQL connector from ``config/database.py`` (created on first use, shared)."""
+        from haze.database import connect
+
+        dc = self.database_config
+        name = name or dc.default
+        c = self._connectors.get(name)
+        if c is None:
+            if name not in dc.connections:
+                raise ConfigError(
+                    f"unknown database connection {name!r}; "
+                    f"configured: {', '.join(dc.connections)}",
+                    source=dc.source,
+                    key="connections",
+                )
+            c = self._connectors[name] = connect(
+                name, dc.connections[name], root=self.root, source=dc.source
+            )
+        return c
+
+    def job_queues(self, connection: str) -> dict[str, list[str]]:
+        """The queues the registered jobs name on ``connection``, each with those jobs'
+        names (a job without ``queue`` uses ``default``, without ``connection`` the
+        default connection)."""
+        from haze._jobs.definition import registered_jobs
+
+        found: dict[str, list[str]] = {}
+        for job in registered_jobs().values():
+            if (job.connection or self.queue_config.default) == connection:
+                found.setdefault(job.queue or "default", []).append(job.name)
+        return {q: sorted(found[q]) for q in sorted(found)}
+
+    def known_queues(self, connection: str) -> list[str]:
+        """The connection's configured ``queues`` (else ``default``), then every other
+        queue a registered job names on it: what failed/retry/size/flush look at."""
+        configured = self.queue_config.connections[connection].get("queues") or ["default"]
+        return list(dict.fromkeys([*configured, *self.job_queues(connection)]))
+
+    @property
+    def queue_store(self) -> Store:
+        """The store for unique locks and middleware state: ``store`` in config/queue.py,
+        else the ``default`` of config/cache.py, else the shared store of the default
+        connection's backend (a database connection keeps them in its database, redis in
+        its Redis). Raises ``ConfigError`` for sqs and cloudflare when no store fits."""
+        return self.store(self._lock_store_name())
+
+    @property
+    def batch_store(self) -> Store:
+        """The store for batch state (``batches.store``, default: the queue store)."""
+        return self.store(self.queue_config.batches_store or self._lock_store_name())
+
+    def _lock_store_name(self) -> str:
+        qc, cc = self.queue_config, self.cache_config
+        if qc.store is not None:
+            return qc.store
+        if cc.default_named:
+            return cc.default
+        if self._lock_store is None:
+            self._lock_store = self._store_of_connection(qc.default)
+        return self._lock_store
+
+    def _store_of_connection(self, connection: str) -> str:
+        """The shared store of a queue connection's own backend (registered if needed)."""
+        from haze.database import dialect_of
+
+        qc, cc, dc = self.queue_config, self.cache_config, self.database_config
+        options = qc.connections[connection]
+        driver = options["driver"]
+        if driver == "failover":
+            return self._store_of_connection(options["connections"][0])
+        if driver == "database":
+            db = options.get("connection") or dc.default
+            return self._derived_store("database", {"driver": "database", "connection": db})
+        if driver == "redis":
+            redis = {"driver": "redis", "connection": options.get("connection")}
+            if options.get("url"):
+                redis["url"] = options["url"]
+            return self._derived_store("redis", redis)
+        if driver not in ("sqs", "cloudflare"):  # memory, sync: only this process consumes
+            mem = [n for n, o in cc.stores.items() if o["driver"] == "memory"]
+            return mem[0] if mem else self._derived_store("memory", {"driver": "memory"})
+        failed: str | None = options.get("failed_store")
+        if failed is not None:
+            kind, _, bare = failed.partition(":")
+            if kind not in ("store", "database"):
+                kind, bare = "", failed
+            named = cc.stores.get(bare)
+            if kind in ("", "store") and named is not None and named["driver"] != "memory":
+                return bare
+            if kind in ("", "database") and bare in dc.connections:
+                return self._derived_store("database", {"driver": "database", "connection": bare})
+        where = f'connection "{connection}" ({driver}) has no store for unique locks and batches'
+        if driver == "cloudflare":
+            d1 = [n for n, c in dc.connections.items() if dialect_of(c["url"]) == "d1"]
+            if d1:
+                return self._derived_store("database", {"driver": "database", "connection": d1[0]})
+            kv = [n for n, o in cc.stores.items() if o["driver"] == "kv"]
+            if kv:
+                return kv[0]
+            raise ConfigError(
+                f"{where}: add a D1 database to config/database.py "
+                '({"url": "d1://ACCOUNT/DATABASE", "options": {"binding": "DB"}}) or a KV '
+                'store to config/cache.py ({"driver": "kv", "binding": "KV"}), or set store= '
+                "in config/queue.py",
+                source=qc.source,
+                key="store",
+            )
+        raise ConfigError(
+            f"{where}, and SQS cannot hold one: set store= in config/queue.py to a redis or "
+            'database store of config/cache.py (e.g. "locks": {"driver": "database", '
+            '"connection": "main"}), or set failed_store on the connection to a database '
+            "connection",
+            source=qc.source,
+            key="store",
+        )
+
+    def _derived_store(self, driver: str, options: dict[str, Any]) -> str:
+        """A configured store with these options, else one registered under a new name."""
+        cc = self.cache_config
+        defaults = {"database": self.database_config.default, "redis": self.redis_config.default}
+
+        def target(o: dict[str, Any]) -> tuple[Any, ...]:
+            return (o["driver"], o.get("connection") or defaults.get(driver), o.get("url"))
+
+        for name, configured in cc.stores.items():
+            if target(configured) == target(options):
+                return name
+        name = driver
+        if name in cc.stores:
+            name = f"{driver}:{options.get('connection') or options.get('url') or 'default'}"
+        self._derived_stores[name] = options
+        return name
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def __aenter__(self) -> App:
+        global _last_entered
+        self._entered = True
+        self._token = _current.set(self)
+        _last_entered = self
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        global _last_entered
+        try:
+            await self.stop()
+        finally:
+            self._entered = False
+            if _last_entered is self:
+                _last_entered = None
+            try:
+                _current.reset(self._token)
+            except ValueError:  # exited in another context (e.g. a fixture's teardown task)
+                _current.set(None)
+
+    def __enter__(self) -> App:
+        """``with App(root=...) as app:`` for sync code: :meth:`start_blocking` on entry,
+        :meth:`stop_blocking` on exit."""
+        return self.start_blocking()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_blocking()
+
+    def start_blocking(self) -> App:
+        """Enter the app from sync code (Flask, Django, scripts); returns the app.
+
+        The app becomes current for the whole process and its ``memory`` consumers run
+        on haze's background event loop, so ``job.dispatch_blocking(...)`` works from any
+        thread until :meth:`stop_blocking`.
+
+        >>> # app = App(root=".").start_blocking()
+        >>> # send_invoice.dispatch_blocking({"invoice_id": 1})
+        >>> # app.stop_blocking()
+        """
+        from haze.api._blocking import run_blocking
+
+        run_blocking(self.__aenter__(), "App.start")
+        return self
+
+    def stop_blocking(self) -> None:
+        """Leave the app from sync code: stop taking jobs and wait for the running ones."""
+        from haze.api._blocking import run_blocking
+
+        if self._entered:
+            run_blocking(self.__aexit__(None, None, None), "App.stop")
+
+    async def start(self) -> None:
+        """Start in-process consumers for the ``memory`` connections."""
+        self._lock_store_name()  # no usable lock/batch store is a start-up error
+        for name, options in self.queue_config.connections.items():
+            if options["driver"] == "memory":
+                self.manager.ensure_local_worker(name)
+
+    async def stop(self) -> None:
+        """Stop taking jobs, wait for running ones, and report what stays queued."""
+        await self.manager.shutdown()
+        for d in self._drivers.values():
+            await d.close()
+        for s in self._stores.values():
+            await s.close()
+        for c in self._connectors.values():
+            await c.close()
+
+    def __repr__(self) -> str:
+        return f"<haze.App root={str(self.root) if self.root else None!r}>"

@@ -1,0 +1,1 @@
+"""The engine: dispatch, locks, execution, outcome hooks, admin; the QueueManager composes them."""

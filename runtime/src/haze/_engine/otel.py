@@ -1,0 +1,411 @@
+"""OpenTelemetry traces and metrics for haze jobs (extra ``haze[otel]``).
+
+Built on ``opentelemetry-api`` only: the app picks and configures the SDK and its
+exporters, haze records through whatever providers are set. Traces follow the
+messaging semantic conventions:
+
+* ``send <queue>`` (PRODUCER) around each dispatch; its W3C ``traceparent`` travels in
+  the message (``meta.traceparent``), so the trace survives the hop between processes;
+* ``create <queue>`` (PRODUCER) per message of ``Queue.bulk``;
+* ``process <queue>`` (CONSUMER) around each execution, a child of the producer's
+  context and linked to it, with events ``haze.job.retry``, ``haze.job.release`` and
+  ``haze.job.failure``.
+
+Metrics, per ``haze.job.name`` and ``messaging.destination.name`` (the queue):
+``haze.jobs.dispatched``, ``haze.jobs.processed``, ``haze.jobs.failed``,
+``haze.jobs.retried``, ``haze.jobs.released`` (counters), ``haze.job.wait_time`` and
+``haze.job.runtime`` (histograms, seconds), ``haze.jobs.running`` (up-down counter).
+
+When it is on: ``telemetry=True`` in ``config/queue.py`` always; ``"auto"`` (the
+default) when, at the app's first dispatch or job, the app has already imported
+OpenTelemetry and set a tracer or meter provider; ``False`` never. Off, haze never
+imports OpenTelemetry and each dispatch and job pays one attribute check.
+
+>>> from opentelemetry.sdk.trace import TracerProvider   # doctest: +SKIP
+>>> from opentelemetry import trace                       # doctest: +SKIP
+>>> trace.set_tracer_provider(TracerProvider())           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+import time
+from bisect import bisect_left
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from haze._kernel.deps import require
+
+if TYPE_CHECKING:
+    from haze._app.app import App
+    from haze._jobs.definition import JobDefinition
+    from haze._kernel.message import Message
+    from haze.drivers import Driver, Reserved
+
+__all__ = ["Telemetry", "prometheus_text", "telemetry_for"]
+
+_time = time.time
+_perf = time.perf_counter
+
+#: ``messaging.system``: haze is the messaging layer, whatever backend carries it.
+SYSTEM = "haze"
+#: The counters, in the order ``prometheus_text`` renders them.
+COUNTERS = ("dispatched", "processed", "failed", "retried", "released")
+#: Histogram buckets (seconds) for the Prometheus rendering of wait time and runtime.
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+_OUTCOME_COUNTER = {
+    "done": "processed",
+    "failed": "failed",
+    "retry": "retried",
+    "released": "released",
+}
+
+
+def _default_providers() -> bool:
+    """Whether the process still has OpenTelemetry's placeholder providers (no SDK)."""
+    from opentelemetry import metrics, trace
+
+    tracer = trace.get_tracer_provider()
+    meter = metrics.get_meter_provider()
+    return isinstance(tracer, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)) and type(
+        meter
+    ).__name__ in ("_ProxyMeterProvider", "NoOpMeterProvider")
+
+
+def telemetry_for(app: App) -> Telemetry | None:
+    """The app's telemetry recorder, or None when telemetry is off (see the module doc)."""
+    setting = app.queue_config.telemetry
+    if setting is False:
+        return None
+    if setting == "auto":
+        # Never import OpenTelemetry to find out: an app that configured an SDK has
+        # imported it already, and an app that did not pays nothing.
+        if "opentelemetry.trace" not in sys.modules or _default_providers():
+            return None
+    else:
+        require("opentelemetry.trace", what="telemetry=True", extra="otel")
+    return Telemetry()
+
+
+class _Series:
+    """A histogram kept for the Prometheus text: per-bucket counts, sum and count."""
+
+    __slots__ = ("count", "counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(BUCKETS) + 1)  # the last one: above every bound
+        self.count = 0
+        self.sum = 0.0
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        self.sum += value
+        self.counts[bisect_left(BUCKETS, value)] += 1
+
+    @property
+    def buckets(self) -> list[int]:
+        """Cumulative counts per bound (``le``), as Prometheus wants them."""
+        return list(itertools.accumulate(self.counts[:-1]))
+
+
+class Telemetry:
+    """Spans and metrics for one app's dispatches and executions.
+
+    Besides the OpenTelemetry instruments it keeps this process's totals
+    (``counts``, ``histograms``) for :func:`prometheus_text`.
+    """
+
+    def __init__(self, *, tracer_provider: Any = None, meter_provider: Any = None) -> None:
+        from opentelemetry import metrics, trace
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        from haze import __version__
+
+        self._trace = trace
+        self._propagator = TraceContextTextMapPropagator()
+        # The global providers unless given (tests, an app with providers of its own).
+        self.tracer = trace.get_tracer("haze", __version__, tracer_provider)
+        meter = metrics.get_meter("haze", __version__, meter_provider)
+        self._counters = {
+            name: meter.create_counter(
+                f"haze.jobs.{name}", unit="{job}", description=f"Jobs {name}"
+            )
+            for name in COUNTERS
+        }
+        self._wait = meter.create_histogram(
+            "haze.job.wait_time", unit="s", description="From dispatch to the start of an attempt"
+        )
+        self._runtime = meter.create_histogram(
+            "haze.job.runtime", unit="s", description="How long an attempt ran"
+        )
+        self._running = meter.create_up_down_counter(
+            "haze.jobs.running", unit="{job}", description="Jobs running now"
+        )
+        self.counts: dict[tuple[str, str, str], int] = {}
+        self.histograms: dict[tuple[str, str, str], _Series] = {}
+        self.running: dict[tuple[str, str], int] = {}
+
+    # ------------------------------------------------------------------ local totals
+
+    def _count(self, name: str, job: str, queue: str, attrs: dict[str, Any]) -> None:
+        self._counters[name].add(1, attrs)
+        key = (name, job, queue)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def _observe(self, name: str, job: str, queue: str, value: float) -> None:
+        series = self.histograms.get((name, job, queue))
+        if series is None:
+            series = self.histograms[(name, job, queue)] = _Series()
+        series.add(value)
+
+    # ------------------------------------------------------------------ producer
+
+    def _attributes(self, message: Message, connection: str) -> dict[str, Any]:
+        attrs: dict[str, Any] = {
+            "messaging.system": SYSTEM,
+            "messaging.destination.name": message.queue,
+            "messaging.message.id": message.id,
+            "haze.job.name": message.job,
+            "haze.connection": connection,
+        }
+        if message.chain_id is not None:
+            attrs["haze.chain.id"] = message.chain_id
+        if message.batch_id is not None:
+            attrs["haze.batch.id"] = message.batch_id
+        return attrs
+
+    def _stamp(self, message: Message) -> None:
+        carrier: dict[str, str] = {}
+        self._propagator.inject(carrier)
+        if carrier:
+            # A new dict: the caller's meta may be shared with other messages.
+            message.meta = {**(message.meta or {}), **carrier}
+
+    async def send(
+        self,
+        message: Message,
+        delay: float,
+        enqueue: Callable[[], Awaitable[Any]],
+    ) -> Any:
+        """Run ``enqueue`` inside a ``send <queue>`` span whose context ``message`` carries."""
+        connection = message.connection or ""
+        attrs = self._attributes(message, connection)
+        attrs["messaging.operation.type"] = "send"
+        attrs["messaging.operation.name"] = "send"
+        if delay:
+            attrs["haze.job.delay"] = delay
+        with self.tracer.start_as_current_span(
+            f"send {message.queue}", kind=self._trace.SpanKind.PRODUCER, attributes=attrs
+        ) as span:
+            self._stamp(message)
+            result = await enqueue()
+            if getattr(result, "skipped", False):
+                span.set_attribute("haze.job.skipped", True)
+            else:
+                self._count(
+                    "dispatched",
+                    message.job,
+                    message.queue,
+                    {"haze.job.name": message.job, "messaging.destination.name": message.queue},
+                )
+            return result
+
+    def created(self, message: Message) -> None:
+        """A message of a bulk dispatch: a ``create <queue>`` span whose context it carries."""
+        attrs = self._attributes(message, message.connection or "")
+        attrs["messaging.operation.type"] = "create"
+        attrs["messaging.operation.name"] = "create"
+        with self.tracer.start_as_current_span(
+            f"create {message.queue}", kind=self._trace.SpanKind.PRODUCER, attributes=attrs
+        ):
+            self._stamp(message)
+        self._count(
+            "dispatched",
+            message.job,
+            message.queue,
+            {"haze.job.name": message.job, "messaging.destination.name": message.queue},
+        )
+
+    # ------------------------------------------------------------------ consumer
+
+    async def process(
+        self,
+        job: JobDefinition[Any],
+        message: Message,
+        reserved: Reserved,
+        driver: Driver,
+        run: Callable[[], Awaitable[tuple[str, BaseException | None]]],
+    ) -> tuple[str, BaseException | None]:
+        """Run one execution (``run``) inside a ``process <queue>`` span."""
+        trace = self._trace
+        parent = None
+        links = None
+        meta = message.meta
+        if meta is not None and "traceparent" in meta:
+            parent = self._propagator.extract(meta)
+            producer = trace.get_current_span(parent).get_span_context()
+            if producer.is_valid:
+                links = [trace.Link(producer)]
+        queue = message.queue
+        attrs = self._attributes(message, driver.name)
+        attrs["messaging.operation.type"] = "process"
+        attrs["messaging.operation.name"] = "process"
+        attrs["haze.job.attempt"] = reserved.attempt
+        metric_attrs = {"haze.job.name": job.name, "messaging.destination.name": queue}
+        wait = max(0.0, _time() - message.ts) if message.ts else None
+        if wait is not None:
+            self._wait.record(wait, metric_attrs)
+            self._observe("wait_time", job.name, queue, wait)
+        self._running.add(1, metric_attrs)
+        key = (job.name, queue)
+        self.running[key] = self.running.get(key, 0) + 1
+        outcome = "cancelled"
+        error: BaseException | None = None
+        started = _perf()
+        with self.tracer.start_as_current_span(
+            f"process {queue}",
+            context=parent,
+            kind=trace.SpanKind.CONSUMER,
+            attributes=attrs,
+            links=links,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                outcome, error = await run()
+                return outcome, error
+            except BaseException as e:
+                error = e
+                raise
+            finally:
+                elapsed = _perf() - started
+                self._running.add(-1, metric_attrs)
+                self.running[key] -= 1
+                self._runtime.record(elapsed, {**metric_attrs, "haze.job.outcome": outcome})
+                self._observe("runtime", job.name, queue, elapsed)
+                counter = _OUTCOME_COUNTER.get(outcome)
+                if counter is not None:
+                    self._count(counter, job.name, queue, metric_attrs)
+                span.set_attribute("haze.job.outcome", outcome)
+                if outcome == "failed" and error is not None:
+                    span.add_event(
+                        "haze.job.failure",
+                        {
+                            "exception.type": type(error).__name__,
+                            "exception.message": str(error),
+                        },
+                    )
+                    span.record_exception(error)
+                    span.set_attribute("error.type", type(error).__qualname__)
+                    span.set_status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}")
+
+    def retrying(self, delay: float, error: BaseException) -> None:
+        """The running job failed and goes back for another try in ``delay`` seconds."""
+        self._trace.get_current_span().add_event(
+            "haze.job.retry",
+            {
+                "haze.job.retry_in": delay,
+                "exception.type": type(error).__name__,
+                "exception.message": str(error),
+            },
+        )
+
+    def releasing(self, delay: float) -> None:
+        """The running job called ``job.release(delay)``."""
+        self._trace.get_current_span().add_event("haze.job.release", {"haze.job.retry_in": delay})
+
+
+# ====================================================================== Prometheus
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(pairs: Iterable[tuple[str, str]]) -> str:
+    inner = ",".join(f'{k}="{_label(v)}"' for k, v in pairs)
+    return "{" + inner + "}" if inner else ""
+
+
+def _number(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+def prometheus_text(
+    telemetry: Telemetry | None = None,
+    queues: Iterable[Any] = (),
+) -> str:
+    """Prometheus text exposition (format 0.0.4) of this process's job totals and of
+    queue sizes.
+
+    ``telemetry`` is an app's recorder (``app.manager.telemetry()``); ``queues`` are
+    ``QueueStats`` rows (``haze queue:stats``'s numbers) rendered as gauges, a count a
+    backend cannot give being left out rather than guessed.
+
+    >>> print(prometheus_text(None, []), end="")
+    """
+    lines: list[str] = []
+    if telemetry is not None:
+        for name in COUNTERS:
+            metric = f"haze_jobs_{name}_total"
+            lines.append(f"# HELP {metric} Jobs {name} by this process.")
+            lines.append(f"# TYPE {metric} counter")
+            for (n, job, queue), value in sorted(telemetry.counts.items()):
+                if n == name:
+                    lines.append(f"{metric}{_labels((('job', job), ('queue', queue)))} {value}")
+        lines.append("# HELP haze_jobs_running Jobs running now in this process.")
+        lines.append("# TYPE haze_jobs_running gauge")
+        for (job, queue), value in sorted(telemetry.running.items()):
+            lines.append(f"haze_jobs_running{_labels((('job', job), ('queue', queue)))} {value}")
+        for name, what in (
+            ("wait_time", "From dispatch to the start of an attempt"),
+            ("runtime", "How long an attempt ran"),
+        ):
+            metric = f"haze_job_{name}_seconds"
+            lines.append(f"# HELP {metric} {what}, in seconds.")
+            lines.append(f"# TYPE {metric} histogram")
+            for (n, job, queue), series in sorted(telemetry.histograms.items()):
+                if n != name:
+                    continue
+                base = (("job", job), ("queue", queue))
+                for bound, count in zip(BUCKETS, series.buckets, strict=True):
+                    le = _labels((*base, ("le", _number(bound))))
+                    lines.append(f"{metric}_bucket{le} {count}")
+                lines.append(f"{metric}_bucket{_labels((*base, ('le', '+Inf')))} {series.count}")
+                lines.append(f"{metric}_sum{_labels(base)} {_number(series.sum)}")
+                lines.append(f"{metric}_count{_labels(base)} {series.count}")
+    rows = list(queues)
+    if rows:
+        for field, what in (
+            ("ready", "Jobs ready to run"),
+            ("delayed", "Jobs waiting for their delay"),
+            ("running", "Jobs claimed by a worker"),
+            ("failed", "Failed jobs kept"),
+        ):
+            metric = f"haze_queue_{field}"
+            lines.append(f"# HELP {metric} {what}.")
+            lines.append(f"# TYPE {metric} gauge")
+            for row in rows:
+                value = getattr(row, field)
+                if value is not None:
+                    labels = _labels((("connection", row.connection), ("queue", row.queue)))
+                    lines.append(f"{metric}{labels} {value}")
+        metric = "haze_queue_oldest_ready_seconds"
+        lines.append(f"# HELP {metric} How long the oldest ready job has waited (0: none).")
+        lines.append(f"# TYPE {metric} gauge")
+        now = time.time()
+        for row in rows:
+            oldest = getattr(row, "oldest_ready_at", None)
+            if oldest is not None:
+                waited = max(0.0, now - oldest)
+            elif row.ready == 0:
+                waited = 0.0
+            else:
+                continue  # the backend cannot tell (SQS, Cloudflare): left out, not guessed
+            labels = _labels((("connection", row.connection), ("queue", row.queue)))
+            lines.append(f"{metric}{labels} {_number(round(waited, 3))}")
+    return "\n".join(lines) + "\n" if lines else ""

@@ -1,0 +1,1 @@
+"""Job definitions, pending dispatches, the job context and job status records."""

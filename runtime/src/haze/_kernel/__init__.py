@@ -1,0 +1,4 @@
+"""The kernel: errors, durations, the message envelope, ids, crypto.
+
+Imports nothing else of haze.
+"""

@@ -1,0 +1,220 @@
+"""Every error haze raises on purpose.
+
+The tree::
+
+    HazeError
+    ├── ConfigError                 bad value in config/*.py or App(...) (names file and key)
+    ├── DuplicateJobError           two different jobs share a name (names both places)
+    ├── UnknownJobError             a message or a call names a job nobody registered
+    ├── MissingDependencyError      an optional extra is not installed (names haze[extra])
+    ├── PayloadTooLargeError        the JSON payload exceeds the connection's message limit
+    ├── DelayTooLongError           a delay over 365 days (or the driver's lower cap: cloudflare)
+    ├── BatchFinishedError          Batch.add() after the batch finished
+    ├── JobTimeoutError             an attempt ran past its ``timeout``
+    ├── MaxExceptionsError          ``max_exceptions`` reached before ``tries`` ran out
+    ├── MaxAttemptsExceededError    reclaimed after a crash with no try left
+    ├── RetryUntilExpiredError      ``retry_until`` passed
+    ├── MessageDecodeError          a queued message is not valid haze JSON / cannot be decrypted
+    ├── JobFailedError              ``job.fail(reason)`` was called with a string
+    ├── JobDefinitionError          define_job: unknown option, or a handler it cannot call
+    ├── BackendUnavailableError     Redis, a database, SQS, libSQL or D1 cannot be reached
+    │   └── DatabaseConnectionError a config/database.py database is unreachable or locked
+    ├── QueueTablesMissingError     the database queue tables do not exist (run db:migrate)
+    ├── AmbiguousIdError            a short job id given to a command matches several jobs
+    └── ScheduleError               a bad schedule(): cron, every, tz or a duplicate name
+
+``TypeError`` and ``ValueError`` are used where Python users expect them: a payload
+that is not JSON (``TypeError``), a bad duration or option (``ValueError``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = [
+    "AmbiguousIdError",
+    "BackendUnavailableError",
+    "BatchFinishedError",
+    "ConfigError",
+    "DatabaseConnectionError",
+    "DelayTooLongError",
+    "DuplicateJobError",
+    "HazeError",
+    "JobDefinitionError",
+    "JobFailedError",
+    "JobTimeoutError",
+    "MaxAttemptsExceededError",
+    "MaxExceptionsError",
+    "MessageDecodeError",
+    "MissingDependencyError",
+    "PayloadTooLargeError",
+    "QueueTablesMissingError",
+    "RetryUntilExpiredError",
+    "ScheduleError",
+    "UnknownJobError",
+]
+
+
+class HazeError(Exception):
+    """The root of every error haze raises on purpose."""
+
+
+class ConfigError(HazeError, ValueError):
+    """A configuration value is missing, unknown or of the wrong type.
+
+    The message names the file (or ``App(...)`` argument) and the key path.
+    """
+
+    def __init__(self, message: str, *, source: str | None = None, key: str | None = None):
+        self.source = source
+        self.key = key
+        where = ""
+        if source and key:
+            where = f"{source}: {key}: "
+        elif source:
+            where = f"{source}: "
+        elif key:
+            where = f"{key}: "
+        super().__init__(f"{where}{message}")
+
+
+class DuplicateJobError(HazeError):
+    """Two different job definitions registered the same name."""
+
+
+class UnknownJobError(HazeError, LookupError):
+    """A job name that no imported module registered.
+
+    ``known`` (the registered names) adds a "did you mean" hint for a near miss.
+    """
+
+    def __init__(self, name: str, known: Iterable[str] = ()):
+        from haze._kernel.hints import did_you_mean
+
+        self.job_name = name
+        super().__init__(
+            f"no job named {name!r}{did_you_mean(name, known)}; define it with @define_job in "
+            "a module under app/job/ (imported at app start) or import its module before "
+            "dispatching"
+        )
+
+
+class MissingDependencyError(HazeError, ImportError):
+    """An optional dependency of a driver, store or integration is missing."""
+
+    def __init__(self, what: str, extra: str, module: str):
+        self.extra = extra
+        super().__init__(
+            f"{what} needs the '{module}' package, which is not installed. "
+            f"Install it with: pip install 'haze[{extra}]'"
+        )
+
+
+class PayloadTooLargeError(HazeError, ValueError):
+    """A message is larger than the connection accepts; nothing was enqueued."""
+
+
+class DelayTooLongError(HazeError, ValueError):
+    """A delay beyond what the driver can hold; nothing was enqueued."""
+
+
+class BatchFinishedError(HazeError):
+    """``Batch.add()`` was called after every job of the batch had finished."""
+
+
+class JobTimeoutError(HazeError, TimeoutError):
+    """An attempt ran past the job's ``timeout``."""
+
+
+class MaxExceptionsError(HazeError):
+    """The job raised ``max_exceptions`` times; it fails without using its remaining tries."""
+
+
+class MaxAttemptsExceededError(HazeError):
+    """A job was claimed again (its worker crashed) after it had used all its tries."""
+
+
+class RetryUntilExpiredError(HazeError):
+    """The job's ``retry_until`` deadline passed; it is not retried again."""
+
+
+class MessageDecodeError(HazeError):
+    """A queued message could not be read: bad JSON, not a haze envelope, or undecryptable."""
+
+
+class JobFailedError(HazeError):
+    """Raised inside the pipeline when a handler calls ``job.fail("reason")``."""
+
+
+class JobDefinitionError(HazeError, TypeError):
+    """``define_job`` got an option it does not know, or a handler haze cannot call as
+    ``(payload)`` or ``(payload, job)``. Raised when the module is imported, not when a
+    job runs."""
+
+
+class BackendUnavailableError(HazeError, ConnectionError):
+    """A queue or store backend (Redis, a database, SQS, libSQL, D1) could not be reached.
+
+    The message names the connection and where it points. Nothing was changed on that
+    backend by the call that raised it; a worker waits for the backend to come back.
+    """
+
+
+class DatabaseConnectionError(BackendUnavailableError):
+    """A database from ``config/database.py`` could not be reached, or stayed locked."""
+
+
+class QueueTablesMissingError(HazeError):
+    """The ``jobs``/``failed_jobs`` tables of a database queue connection do not exist.
+
+    Raised by dispatch, ``queue:work`` and every ``queue:*`` command instead of the
+    database's own "no such table" error, so a fresh app is told what to run::
+
+        the queue tables are missing on database "main": run haze db:migrate
+    """
+
+    def __init__(self, database: str, run: str = "haze db:migrate"):
+        self.database = database
+        super().__init__(f'the queue tables are missing on database "{database}": run {run}')
+
+
+class AmbiguousIdError(HazeError, LookupError):
+    """A short id matches more than one job; ``matches`` lists their full ids."""
+
+    def __init__(self, token: str, matches: list[str]):
+        self.matches = matches
+        shown = ", ".join(matches[:10]) + (", …" if len(matches) > 10 else "")
+        super().__init__(
+            f"the id {token!r} matches {len(matches)} jobs: {shown}; give more of the id"
+        )
+
+
+class ScheduleError(HazeError, ValueError):
+    """A ``schedule()`` declaration haze cannot run: a bad cron expression, interval or
+    time zone, a name used twice, or a schedule a platform's triggers cannot express.
+    Raised when the schedule is declared (or built), naming the schedule and the value."""
+
+
+class JobCancelledError(HazeError):
+    """The job was cancelled with ``Queue.cancel(id)``: the reason of ``job.signal``.
+
+    A running job that stops after the cancel (raises, for example through
+    ``job.signal.throw_if_aborted()``) ends ``cancelled``: no retry, no ``failed()``.
+    """
+
+
+class UntrackedJobError(HazeError, LookupError):
+    """``Queue.wait(id)`` found no status record: the job is not tracked
+    (``define_job(track=True)`` or ``keep_result=...``), its record expired, or the id
+    is not a job's full id."""
+
+
+class JobProgressError(HazeError, ValueError):
+    """``job.progress(value)`` got something other than an int from 0 to 100 or a small
+    JSON object."""
+
+
+# Tracebacks and reprs name the public module users import from, not this private one.
+for _name in __all__:
+    globals()[_name].__module__ = "haze.errors"
+del _name

@@ -1,0 +1,1 @@
+"""Chains, batches, job middleware and schedules, plugged into the engine as outcome hooks."""

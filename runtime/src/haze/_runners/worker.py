@@ -1,0 +1,598 @@
+"""The worker loop: claim → manager.process → repeat. It never knows which driver it runs.
+
+``concurrency`` slots each run their own claim loop, so a job costs no task creation.
+Used by the in-process ``memory`` consumers, ``haze queue:work`` and ``run_in_server``.
+
+A driver that implements ``BatchConsumer`` (the database driver) is used in batches: a
+slot that finds nothing claimed fetches for every free slot in one call (one fetch at a
+time), and finished jobs' acks are buffered and sent together every
+``ACK_FLUSH_INTERVAL``, before the next claim, and when the worker stops. A process
+killed in between loses at most those acks: the jobs run again after ``retry_after``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from haze._kernel.errors import HazeError, QueueTablesMissingError
+from haze.contracts.driver import BatchConsumer
+
+if TYPE_CHECKING:
+    from haze._app.app import App
+    from haze._runners.presence import Presence
+    from haze.drivers import Driver, Reserved
+
+__all__ = ["Worker"]
+
+log = logging.getLogger("haze.worker")
+
+_T = TypeVar("_T")
+
+#: How long a finished job's ack may wait in a batching worker's buffer (seconds). A
+#: crash loses at most the acks of this window (those jobs run again), and it is far
+#: shorter than any lease (retry_after).
+ACK_FLUSH_INTERVAL = 0.005
+
+
+class Worker:
+    """Runs jobs from one connection.
+
+    ``queues`` are taken in priority order (None: every queue, for ``memory``).
+    ``once``/``max_jobs``/``max_time``/``stop_when_empty`` stop it like Laravel's worker.
+    ``sleep``/``max_sleep``: idle polling starts at ``sleep`` and doubles to ``max_sleep``.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        connection: str,
+        queues: Sequence[str] | None = None,
+        concurrency: int = 1,
+        *,
+        once: bool = False,
+        max_jobs: int | None = None,
+        max_time: float | None = None,
+        stop_when_empty: bool = False,
+        sleep: float = 1.0,
+        max_sleep: float | None = None,
+        on_job: Callable[[Reserved, str, float], None] | None = None,
+        control: bool = False,
+    ) -> None:
+        self.app = app
+        self.connection = connection
+        self.driver: Driver = app.driver(connection)
+        from haze.drivers.failover import FailoverDriver
+
+        if isinstance(self.driver, FailoverDriver):
+            raise self.driver.no_consumer()  # it only dispatches: nothing to claim
+        self.queues = list(queues) if queues else None
+        self.concurrency = max(1, concurrency)
+        self.once = once
+        self.max_jobs = 1 if once else max_jobs
+        self.max_time = max_time
+        self.stop_when_empty = stop_when_empty or once
+        self.sleep = sleep
+        self.max_sleep = max_sleep if max_sleep is not None else sleep * 5
+        self.on_job = on_job
+        self.processed = 0
+        #: Jobs whose ack/release/fail found another worker owning them (lease expired).
+        self.leases_lost = 0
+        self.stopping = False
+        self._busy = 0
+        self._claiming = 0  # slots inside a claim: it may return a job (stop_when_empty)
+        #: Jobs ended so far: a claim that found nothing only proves the queue empty if no
+        #: job ended (and maybe queued a retry or a chain link) while it ran.
+        self._ended = 0
+        #: Remote drivers: one idle slot polls at a time (the seed's "one loop per worker");
+        #: the other idle slots wait for it instead of each polling the backend.
+        self._idle_gate: asyncio.Lock | None = None
+        self._idle_slots = 0
+        self._claimed = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._waiting: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started_at = 0.0
+        self._done: asyncio.Event | None = None
+        self._active: dict[int, Reserved] = {}
+        self._outage = False
+        self._outage_backoff = 0.0
+        self._outage_since = 0.0
+        #: Jobs that ran while the backend was out, so their outcome was not recorded:
+        #: told once, on the "reachable again" line, not one warning per job.
+        self._unrecorded: list[str] = []
+        #: Errors that mean "the backend is unreachable" rather than a bug: they are
+        #: logged once per outage instead of with a traceback per job.
+        self._outage_errors: tuple[type[BaseException], ...] = (
+            OSError,
+            *self.driver.outage_errors,
+        )
+        #: Queues paused with ``haze queue:pause`` (read from the store by the control task).
+        self._paused: set[str] = set()
+        self.control = control
+        self._control_task: asyncio.Task[None] | None = None
+        #: This worker's record in the store (``haze.presence``), for ``queue:work``.
+        self._presence: Presence | None = None
+        self._started_wall = 0.0
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._beating = False
+        #: A setup error no retry can cure (missing queue tables): run() raises it.
+        self._fatal: HazeError | None = None
+        #: Drivers that claim and complete in batches: one claim fills every free slot
+        #: (the rows wait in ``_ready``), and acks are buffered in ``_acks`` and sent
+        #: together every ACK_FLUSH_INTERVAL and before the next claim.
+        self._batch: BatchConsumer | None = (
+            self.driver if isinstance(self.driver, BatchConsumer) else None
+        )
+        self._ready: collections.deque[Reserved] = collections.deque()
+        self._fetch_lock: asyncio.Lock | None = None
+        self._fetch_idle = False  # the fetch in progress is an idle wait
+        self._cut_wait = False  # a slot freed up during it: end it now
+        self._acks: list[Reserved] = []
+        self._flush_lock: asyncio.Lock | None = None
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._loop
+
+    @property
+    def running(self) -> int:
+        return self._busy
+
+    def start(self) -> None:
+        """Start the slots as tasks on the running loop."""
+        self._loop = asyncio.get_running_loop()
+        self._started_at = time.monotonic()
+        self._done = asyncio.Event()
+        self.stopping = False
+        self._idle_gate = (
+            asyncio.Lock()
+            if self.driver.remote and not self.stop_when_empty and self._batch is None
+            else None
+        )
+        self._fetch_lock = asyncio.Lock()
+        self._flush_lock = asyncio.Lock()
+        self._tasks = [
+            self._loop.create_task(self._slot(i), name=f"haze-worker-{self.connection}-{i}")
+            for i in range(self.concurrency)
+        ]
+        if getattr(self.driver, "heartbeat", None) is not None:
+            self._beating = True
+            self._heartbeat_task = self._loop.create_task(self._heartbeat())
+        self._started_wall = time.time()
+        if self.control:
+            self._control_task = self._loop.create_task(self._control())
+
+    async def run(self) -> int:
+        """Run until stopped (signal, limits, or empty with ``stop_when_empty``)."""
+        if not self._tasks:
+            self.start()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._final_flush()
+        self._stop_heartbeat()
+        if self._presence is not None:
+            await self._presence.leave()
+        if self._unrecorded:  # stopped before the backend came back
+            log.warning(
+                "haze worker: stopped while connection %r was unavailable%s",
+                self.connection,
+                self._unrecorded_note(),
+            )
+        if self._fatal is not None:
+            raise self._fatal
+        return self.processed
+
+    def _stop_heartbeat(self) -> None:
+        self._beating = False
+        for attr in ("_heartbeat_task", "_control_task"):
+            task = getattr(self, attr)
+            if task is not None:
+                task.cancel()
+                setattr(self, attr, None)
+
+    async def _control(self, interval: float = 1.0) -> None:
+        """Follow ``queue:restart`` and ``queue:pause``/``continue`` through the queue store."""
+        from haze._app.control import paused_queues, restart_requested_at
+        from haze._runners.presence import Presence
+
+        self._presence = presence = Presence(self)
+        failures, told = 0, False
+        while not self.stopping:
+            try:
+                restart = await restart_requested_at(self.app)
+                if restart is not None and restart >= self._started_wall:
+                    log.warning(
+                        "haze worker: restart requested (queue:restart); stopping "
+                        "after the running jobs"
+                    )
+                    self.request_stop()
+                    return
+                self._paused = await paused_queues(self.app, self.connection, self.queues or [])
+                failures, told = 0, False
+                await presence.beat()
+            except Exception as e:
+                failures += 1
+                # Once per outage, not every second; and not at all while the connection
+                # itself is out (the store is usually on the same server, and the worker
+                # already said so): only a store that stays down on its own is news.
+                if failures >= 2 and not told and not self._outage:
+                    told = True
+                    log.warning("haze worker: cannot read worker signals from the store: %s", e)
+            await asyncio.sleep(interval)
+
+    async def _heartbeat(self) -> None:
+        """Renew the lease of running jobs (database heartbeat, BullMQ lock, SQS visibility)
+        so a long job is not handed to another worker while this one lives."""
+        interval = float(getattr(self.driver, "heartbeat_interval", 30.0))
+        beat = self.driver.heartbeat  # type: ignore[attr-defined]
+        # Ends on the flag, not only on cancel(): a client library can swallow a
+        # cancellation that lands mid-command, and a task that outlives the worker would
+        # keep asyncio.run() from returning.
+        while self._beating:
+            await asyncio.sleep(interval)
+            if (self._active or self._ready) and self._beating:
+                try:
+                    await beat([*self._active.values(), *self._ready])
+                except Exception as e:
+                    if isinstance(e, self._outage_errors):
+                        self._enter_outage(e)
+                    else:
+                        log.warning("haze worker: heartbeat on %s failed: %s", self.connection, e)
+
+    def request_stop(self) -> None:
+        """Stop claiming; running jobs finish. Slots blocked in a claim are interrupted."""
+        if self.stopping:
+            return
+        self.stopping = True
+        interrupt = getattr(self.driver, "interrupt", None)
+        if interrupt is not None:
+            # Remote drivers end their idle wait themselves: cancelling a claim midway
+            # could leave a row claimed by nobody until retry_after.
+            interrupt()
+            return
+        for t in list(self._waiting):
+            t.cancel()
+
+    async def stop(self) -> None:
+        """Stop claiming and wait for the running jobs."""
+        self.request_stop()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._final_flush()
+        self._stop_heartbeat()
+
+    def _limit_reached(self) -> bool:
+        if self.max_jobs is not None and self._claimed >= self.max_jobs:
+            return True
+        return self.max_time is not None and time.monotonic() - self._started_at >= self.max_time
+
+    async def _claim(self, wait: float) -> Reserved | None:
+        """Claim with an interruptible wait (request_stop cancels it)."""
+        return await self._guarded_claim(lambda queues: self.driver.reserve(queues, wait), wait)
+
+    async def _claim_many(self, wait: float, limit: int) -> list[Reserved]:
+        """Flush the buffered acks, then claim up to ``limit`` jobs in one statement."""
+        batch = self._batch
+        assert batch is not None
+
+        async def claim(queues: Sequence[str]) -> list[Reserved]:
+            self._cut_wait = False
+            await self._flush_acks()
+            # A stop or a freed slot during the flush came before reserve_many armed its
+            # wake-up, so its interrupt() was missed: do not start a wait then.
+            cut = self.stopping or self._cut_wait
+            return await batch.reserve_many(queues, limit, 0.0 if cut else wait)
+
+        return await self._guarded_claim(claim, wait) or []
+
+    async def _guarded_claim(
+        self, call: Callable[[Sequence[str]], Awaitable[_T]], wait: float
+    ) -> _T | None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._waiting.add(task)
+        began = time.monotonic()
+        try:
+            queues = self.queues or []
+            if self._paused:
+                queues = [q for q in queues if q not in self._paused]
+                if not queues:
+                    await asyncio.sleep(min(wait, 1.0) if wait > 0 else 0.05)
+                    return None
+            job = await call(queues)
+        except asyncio.CancelledError:
+            if self.stopping:
+                task.uncancel()
+                return None
+            raise
+        except QueueTablesMissingError as e:
+            # Not an outage: waiting cannot create the tables. Stop and say what to run.
+            self._fatal = e
+            self.request_stop()
+            return None
+        except Exception as e:
+            # The backend is down or unreachable: keep the worker alive and retry with
+            # backoff; nothing is lost (claimed rows come back after retry_after).
+            self._outage_backoff = min(max(self._outage_backoff * 2, 0.1), self.max_sleep)
+            self._enter_outage(e)
+            await asyncio.sleep(self._outage_backoff)
+            return None
+        finally:
+            self._waiting.discard(task)
+        self._answered(began)
+        return job
+
+    def _answered(self, began: float) -> None:
+        """A call sent at ``began`` (monotonic) succeeded: the end of an outage, if one
+        began before it (one already on its way may have been answered just before the
+        connection broke, which proves nothing)."""
+        if self._outage and began >= self._outage_since:
+            self._outage = False
+            self._outage_backoff = 0.0
+            log.warning(
+                "haze worker: connection %r is reachable again%s",
+                self.connection,
+                self._unrecorded_note(),
+            )
+
+    def _unrecorded_note(self) -> str:
+        """The jobs that ran during the outage without their outcome being recorded."""
+        ids, self._unrecorded = self._unrecorded, []
+        if not ids:
+            return ""
+        shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        return (
+            f"; {len(ids)} job(s) ran during the outage but their outcome could not be "
+            f"recorded ({shown}): they run again once their claim expires (retry_after)"
+        )
+
+    def _enter_outage(self, e: BaseException) -> None:
+        """Log the first failure of an outage (claims, heartbeats and acks all fail at
+        once then, and every slot retries: one warning, not one per loop or per job)."""
+        if self._outage:
+            return
+        self._outage = True
+        self._outage_since = time.monotonic()
+        log.warning(
+            "haze worker: connection %r is unavailable (%s: %s); retrying every %.1fs "
+            "up to %.1fs until it is back",
+            self.connection,
+            type(e).__name__,
+            e,
+            max(self._outage_backoff, 0.1),
+            self.max_sleep,
+        )
+        lost = getattr(self.driver, "connection_lost", None)
+        if lost is not None:
+            lost()
+
+    async def _slot(self, index: int) -> None:
+        manager = self.app.manager
+        driver = self.driver
+        events = manager.events
+        idle_wait = self.sleep
+        reserve_nowait = getattr(driver, "reserve_nowait", None)
+        queues = self.queues
+        idle = False  # this slot's last claim found nothing
+        ready = self._ready
+        # Rows a batch claim took for this worker run even after a stop: they are claimed.
+        while not self.stopping or ready:
+            if self._limit_reached():
+                self.request_stop()
+                if not ready:
+                    break
+            if events.looping:
+                await events.emit("looping", self.connection, queues)
+            job = reserve_nowait(queues) if reserve_nowait is not None else None
+            if job is None and ready:
+                job = ready.popleft()
+            idle_told = False
+            if job is None:
+                if events.worker_idle and reserve_nowait is not None and not self.stop_when_empty:
+                    # an in-process queue blocks (up to an hour) until a job arrives: tell
+                    # listeners it is idle before the wait, not after it
+                    await events.emit("worker_idle", self.connection, queues)
+                    idle_told = True
+                    if self.stopping:  # a stop requested during the listener
+                        break
+                gate = self._idle_gate if idle else None
+                if gate is not None:
+                    # Idle: poll only when no other idle slot is polling. A slot that just
+                    # finished a job claims at once; one that finds a job hands the gate on.
+                    await gate.acquire()
+                try:
+                    if self.stopping:
+                        break
+                    ended_before = self._ended
+                    self._claiming += 1
+                    try:
+                        wait = 0.0 if self.stop_when_empty else self._wait_for(idle_wait)
+                        if self._batch is not None:
+                            job = await self._fetch(wait, freed=not idle)
+                        else:
+                            job = await self._claim(wait)
+                    finally:
+                        self._claiming -= 1
+                finally:
+                    if gate is not None:
+                        gate.release()
+            idle = job is None
+            if job is None:
+                if self.stopping:
+                    break
+                if events.worker_idle and not idle_told:
+                    await events.emit("worker_idle", self.connection, queues)
+                if self.stop_when_empty:
+                    # Found nothing: wait for the claims still in flight rather than claim
+                    # again (slots re-claiming in turn would keep _claiming above 0 forever).
+                    while self._busy == 0 and self._claiming and not self.stopping:
+                        await asyncio.sleep(0.005)
+                    if (
+                        self._busy == 0
+                        and self._claiming == 0
+                        and self._ended == ended_before
+                        and not ready
+                    ):
+                        self.request_stop()
+                        break
+                    await asyncio.sleep(0.005)  # another slot is busy and may queue more
+                    continue
+                idle_wait = min(idle_wait * 2, self.max_sleep)
+                continue
+            idle_wait = self.sleep
+            self._claimed += 1
+            self._busy += 1
+            started = time.perf_counter()
+            self._active[id(job)] = job
+            if self._batch is not None:
+                job.ack_later = self._ack_later
+            try:
+                outcome = await manager.process(job, driver)
+            except Exception as e:  # process() handles job errors itself: a backend error
+                if isinstance(e, self._outage_errors):
+                    self._enter_outage(e)
+                    self._unrecorded.append(
+                        job.message.id if job.message is not None else str(job.token)
+                    )
+                else:  # pragma: no cover - a bug
+                    log.exception("haze worker: unexpected error while processing a job")
+                outcome = "error"
+            finally:
+                self._busy -= 1
+                self._ended += 1
+                del self._active[id(job)]
+            self.processed += 1
+            if job.lease_lost:
+                self.leases_lost += 1
+            if self.on_job is not None:
+                self.on_job(job, outcome, time.perf_counter() - started)
+        check_idle = getattr(driver, "check_idle", None)
+        if check_idle is not None:
+            check_idle()
+
+    # -- batched claims and acks (drivers implementing BatchConsumer) ---------------------
+
+    async def _fetch(self, wait: float, *, freed: bool) -> Reserved | None:
+        """One claim for every free slot: this slot's job, the rest into ``_ready``.
+
+        One fetch at a time: the slots that find nothing ready queue on the lock and take
+        what it brought. An idle wait in progress is cut short when a slot frees up, so
+        that slot does not sit behind it while jobs may be waiting (``freed``: this slot
+        just ended a job; idle slots taking turns must not cut each other's waits).
+        """
+        lock = self._fetch_lock
+        assert lock is not None and self._batch is not None
+        if freed and lock.locked() and self._fetch_idle:
+            self._cut_wait = True
+            self._batch.interrupt()
+        async with lock:
+            if self._ready:
+                return self._ready.popleft()
+            if self.stopping:
+                return None
+            limit = self.concurrency - self._busy
+            if self.max_jobs is not None:
+                limit = min(limit, self.max_jobs - self._claimed)
+            if limit <= 0:
+                return None
+            self._fetch_idle = wait > 0
+            try:
+                jobs = await self._claim_many(wait, limit)
+            finally:
+                self._fetch_idle = False
+            if not jobs:
+                return None
+            self._ready.extend(jobs[1:])
+            return jobs[0]
+
+    def _ack_later(self, job: Reserved) -> None:
+        """The manager finished ``job``: its ack goes out with the next flush."""
+        self._acks.append(job)
+        if self._flush_timer is None and self._loop is not None:
+            self._flush_timer = self._loop.call_later(ACK_FLUSH_INTERVAL, self._flush_due)
+
+    def _flush_due(self) -> None:
+        self._flush_timer = None
+        if not self._acks or self._loop is None:
+            return
+        task = self._loop.create_task(self._timed_flush())
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
+
+    async def _timed_flush(self) -> None:
+        try:
+            await self._flush_acks()
+        except Exception as e:
+            if isinstance(e, self._outage_errors):
+                self._enter_outage(e)
+            else:  # pragma: no cover - a bug: _flush_acks falls back to single acks
+                log.warning("haze worker: acks on %s failed: %s", self.connection, e)
+            if self._acks and self._loop is not None and self._flush_timer is None:
+                # kept for the next try; the next claim also flushes first
+                self._flush_timer = self._loop.call_later(
+                    max(self.sleep, ACK_FLUSH_INTERVAL), self._flush_due
+                )
+
+    async def _flush_acks(self) -> None:
+        """Send the buffered acks in one statement and report lost leases.
+
+        An outage keeps them buffered (raised, for the caller's outage handling); any
+        other error falls back to one ack per job, so a bug here cannot re-run jobs.
+        """
+        batch, lock = self._batch, self._flush_lock
+        if batch is None or lock is None or not self._acks:
+            return
+        async with lock:
+            jobs, self._acks = self._acks, []
+            if not jobs:
+                return
+            began = time.monotonic()
+            try:
+                owned = await batch.ack_many(jobs)
+            except BaseException as e:
+                if isinstance(e, self._outage_errors) or not isinstance(e, Exception):
+                    self._acks[:0] = jobs
+                    raise
+                log.exception(
+                    "haze worker: batched ack on %s failed; acking one by one", self.connection
+                )
+                owned = [await self.driver.ack(job) for job in jobs]
+            self._answered(began)
+        manager = self.app.manager
+        for job, ok in zip(jobs, owned, strict=True):
+            if not ok:
+                manager._owned(False, job, "completion")
+                self.leases_lost += 1
+
+    async def _final_flush(self) -> None:
+        """Stopping: send the buffered acks now (a lost one re-runs its job later)."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        if self._flushes:
+            await asyncio.gather(*self._flushes, return_exceptions=True)
+        try:
+            await self._flush_acks()
+        except Exception as e:
+            if isinstance(e, self._outage_errors):
+                self._enter_outage(e)
+            else:  # pragma: no cover - a bug
+                log.exception("haze worker: final acks on %s failed", self.connection)
+            self._unrecorded.extend(
+                job.message.id if job.message is not None else str(job.token) for job in self._acks
+            )
+            self._acks = []
+
+    def _wait_for(self, idle_wait: float) -> float:
+        # In-process queues wake the slot on enqueue, so a long wait costs nothing.
+        wait = 3600.0 if not self.driver.remote else idle_wait
+        if self.max_time is not None:
+            left = self.max_time - (time.monotonic() - self._started_at)
+            wait = max(0.0, min(wait, left))
+        return wait

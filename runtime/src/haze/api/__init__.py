@@ -1,0 +1,1 @@
+"""The public facades: Queue, blocking twins, health, Db."""

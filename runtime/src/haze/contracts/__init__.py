@@ -1,0 +1,1 @@
+"""The written contracts: the Driver and Store protocols and their optional capabilities."""

@@ -1,0 +1,277 @@
+"""The ``Driver`` protocol: the nine calls every queue backend implements.
+
+Everything else (retries, backoff, chains, batches, unique locks, middleware,
+callbacks) lives in the queue manager above this line, once, for every driver.
+
+One message's life through a driver::
+
+    enqueue / enqueue_many  →  reserve  →  (manager runs the job)
+                                        →  ack            success (or skipped)
+                                        →  release        retry (consume_attempt=True)
+                                                          or job.release() (False)
+                                        →  fail           final failure: into failed jobs
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from haze._kernel.errors import BackendUnavailableError
+from haze._kernel.message import Message
+
+__all__ = [
+    "BatchConsumer",
+    "Driver",
+    "FailedJob",
+    "FailedJobStore",
+    "QueueCounts",
+    "QueueInspector",
+    "Reserved",
+    "RunningJob",
+    "unavailable",
+]
+
+
+@dataclass(slots=True)
+class Reserved:
+    """A message a worker has claimed.
+
+    ``attempt`` is the 1-based attempt number of this run (crash restarts count).
+    ``message`` is None when the body could not be decoded; ``error`` then says why.
+    ``token`` is private to the driver (row id + reserved_at, a BullMQ lock, a receipt).
+    """
+
+    message: Message | None
+    attempt: int
+    body: str
+    queue: str
+    token: Any = None
+    error: BaseException | None = None
+    #: Set when ack/release/fail found another worker owning the job (its lease expired).
+    lease_lost: bool = False
+    #: Set by a worker that completes jobs in batches (``BatchConsumer``): the manager
+    #: hands the finished job to it instead of awaiting ``driver.ack``; the worker
+    #: flushes it with others and reports a lost lease then.
+    ack_later: Callable[[Reserved], None] | None = field(default=None, repr=False)
+
+
+@dataclass
+class FailedJob:
+    """One job that used all its tries (``Queue.failed()``, ``haze queue:failed``)."""
+
+    id: str
+    name: str
+    connection: str
+    queue: str
+    payload: Any
+    exception: str
+    failed_at: float
+    chain_id: str | None = None
+    batch_id: str | None = None
+    body: str = field(default="", repr=False)
+
+    @property
+    def attempt(self) -> int | None:
+        """The attempt it failed on (1 = its first run); None for a record written before
+        haze kept it, or one whose message could not be decoded.
+
+        >>> job.attempt  # doctest: +SKIP
+        3
+        """
+        try:
+            meta = json.loads(self.body).get("meta") if self.body else None
+        except (ValueError, AttributeError):
+            return None
+        value = meta.get("failed_attempt") if isinstance(meta, dict) else None
+        return value if value.__class__ is int and value >= 1 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "id": self.id,
+            "name": self.name,
+            "connection": self.connection,
+            "queue": self.queue,
+            "payload": self.payload,
+            "exception": self.exception,
+            "failed_at": self.failed_at,
+        }
+        if self.chain_id:
+            d["chain_id"] = self.chain_id
+        if self.batch_id:
+            d["batch_id"] = self.batch_id
+        attempt = self.attempt
+        if attempt is not None:
+            d["attempt"] = attempt
+        return d
+
+
+@runtime_checkable
+class FailedJobStore(Protocol):
+    """Where final failures are kept for inspection and retry."""
+
+    async def record(self, job: FailedJob) -> None: ...
+    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]: ...
+    async def find(self, id: str) -> FailedJob | None: ...
+    async def forget(self, id: str) -> bool: ...
+    async def flush(self, older_than: float | None = None) -> int:
+        """Delete failed jobs (only those older than ``older_than`` seconds when given)."""
+
+
+@runtime_checkable
+class Driver(Protocol):
+    """A queue backend. Methods never run job code; the manager does."""
+
+    name: str
+    #: Messages are consumed by other processes (redis, database, sqs, cloudflare).
+    remote: bool
+    #: The dispatching process also runs the jobs, so plain-function callbacks work.
+    local_callbacks: bool
+    #: Runs the job inside dispatch() (sync): the manager executes it inline.
+    inline: bool
+    #: Largest JSON body in bytes, None = no limit.
+    max_message_size: int | None
+    #: Errors that mean "the backend cannot be reached" rather than a bug: a worker logs
+    #: them once per outage and waits, and dispatch raises ``BackendUnavailableError``
+    #: (``()`` for in-process drivers, which have no backend to lose).
+    outage_errors: tuple[type[BaseException], ...]
+
+    @property
+    def failed(self) -> FailedJobStore:
+        """Where this connection keeps final failures."""
+
+    async def enqueue(self, body: str, message: Message, delay: float) -> None:
+        """Queue one message, available after ``delay`` seconds."""
+
+    async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
+        """Queue several messages with the backend's batch primitive."""
+
+    async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
+        """Claim the next available message, queues in priority order; wait up to ``wait``s."""
+
+    async def ack(self, job: Reserved) -> bool:
+        """The job is done: remove it.
+
+        ack, release and fail return True when this worker still held the job, and False
+        when it no longer did (its lease expired and another worker took the job over;
+        nothing was changed). A driver that cannot tell returns True.
+        """
+
+    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
+        """Put the job back, available after ``delay``.
+
+        ``consume_attempt`` is True for a retry and False for ``job.release()``, which
+        must not count as an attempt.
+        """
+
+    async def fail(self, job: Reserved, failed: FailedJob) -> bool:
+        """Final failure: remove the job and keep it in ``failed``."""
+
+    async def size(self, queue: str) -> int:
+        """Messages waiting (ready and delayed) on ``queue``."""
+
+    async def purge(self, queue: str) -> int:
+        """Delete waiting messages on ``queue``; returns how many."""
+
+    async def close(self) -> None:
+        """Release connections; called when the app stops."""
+
+
+@runtime_checkable
+class BatchConsumer(Protocol):
+    """A driver that claims several jobs in one statement and completes several in one.
+
+    A worker whose driver implements it fills all its free slots with one
+    ``reserve_many`` and buffers acks, sending them with ``ack_many`` every few
+    milliseconds and before its next claim (the database driver does).
+
+    >>> isinstance(app.driver("database"), BatchConsumer)  # doctest: +SKIP
+    True
+    """
+
+    async def reserve_many(
+        self, queues: Sequence[str], limit: int, wait: float
+    ) -> builtins.list[Reserved]:
+        """Claim up to ``limit`` messages, queues in priority order; wait up to ``wait``s
+        for the first one (an empty list when none came)."""
+
+    async def ack_many(self, jobs: Sequence[Reserved]) -> builtins.list[bool]:
+        """``ack`` for several jobs at once, one bool per job in order (True: this worker
+        still held it and it is removed; False: its lease had passed to another worker)."""
+
+    def interrupt(self) -> None:
+        """End a ``reserve_many`` wait now (a slot is free again, or the worker stops)."""
+
+
+@dataclass(slots=True)
+class QueueCounts:
+    """How many jobs one queue holds, by state. None: the backend cannot tell."""
+
+    ready: int | None
+    delayed: int | None
+    running: int | None
+    #: When the oldest ready job became ready (epoch seconds): dispatched, due after its
+    #: delay or backoff, or its dead worker's lease ran out. None: nothing is ready, or
+    #: the backend cannot tell (SQS keeps that age only as a CloudWatch metric).
+    oldest_ready_at: float | None = None
+
+    def oldest_ready_age(self, now: float) -> float | None:
+        """Seconds the oldest ready job has waited at ``now`` (None: see ``oldest_ready_at``).
+
+        >>> QueueCounts(1, 0, 0, oldest_ready_at=100.0).oldest_ready_age(112.0)
+        12.0
+        """
+        if self.oldest_ready_at is None:
+            return None
+        return max(0.0, now - self.oldest_ready_at)
+
+
+@dataclass(slots=True)
+class RunningJob:
+    """A job a worker has claimed and not settled yet."""
+
+    id: str
+    name: str
+    queue: str
+    attempt: int
+    #: When this attempt was claimed (epoch seconds); None when the backend does not say.
+    started_at: float | None
+
+
+@runtime_checkable
+class QueueInspector(Protocol):
+    """A driver that can count a queue's jobs by state (``haze queue:stats``, ``queue:top``,
+    the dashboard). Drivers without it only answer ``size``.
+
+    >>> isinstance(app.driver("redis"), QueueInspector)  # doctest: +SKIP
+    True
+    """
+
+    async def counts(self, queue: str) -> QueueCounts:
+        """Ready, delayed and running jobs on ``queue`` (None where it cannot tell)."""
+
+    async def running(self, queue: str, limit: int = 50) -> builtins.list[RunningJob] | None:
+        """Up to ``limit`` claimed jobs of ``queue``, oldest claim first; None when the
+        backend cannot list them."""
+
+
+def unavailable(driver: Driver, error: BaseException) -> BackendUnavailableError | None:
+    """``error`` as a one-line ``BackendUnavailableError`` when it says ``driver``'s backend
+    cannot be reached (None for any other error, which is not the backend's absence).
+
+    Example: ``except Exception as e: raise (unavailable(driver, e) or e) from None``.
+    """
+    if isinstance(error, BackendUnavailableError):
+        return error
+    if not isinstance(error, driver.outage_errors) and not (
+        driver.remote and isinstance(error, OSError)
+    ):
+        return None
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return BackendUnavailableError(
+        f"queue connection {driver.name!r} is unavailable ({type(error).__name__}: {reason}); "
+        "check that its server is running and reachable, and the connection's settings"
+    )
