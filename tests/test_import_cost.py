@@ -78,7 +78,9 @@ def test_import_haze_lambda_loads_no_driver_worker_or_http_code() -> None:
 
 def test_import_haze_cloudflare_loads_no_driver_d1_or_httpx_code() -> None:
     loaded = loaded_after("import haze_cloudflare")
-    assert loaded <= {"haze", "haze._kernel", "haze._kernel.errors", "haze_cloudflare"}, sorted(loaded)
+    assert loaded <= {"haze", "haze._kernel", "haze._kernel.errors", "haze_cloudflare"}, sorted(
+        loaded
+    )
     entry = loaded_after(
         "from haze_cloudflare import QueueWorker\nclass Default(QueueWorker): pass"
     )

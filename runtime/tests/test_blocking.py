@@ -20,7 +20,7 @@ from haze import (
     tenant,
 )
 from haze._jobs.context import current_tenant
-from haze.api._blocking import blocking, run_blocking
+from haze._kernel.blocking import blocking, run_blocking
 
 seen: list[Any] = []
 

@@ -107,7 +107,7 @@ def test_core_modules_import() -> None:
         "_engine.manager",
         "api.facade",
         "testing",
-        "api._blocking",
+        "_kernel.blocking",
         "errors",
         "drivers.memory",
         "drivers.sync",

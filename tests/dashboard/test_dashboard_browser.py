@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from haze import App, Queue, define_job
-from haze._app.control import paused_queues
+from haze._engine.control import paused_queues
 from haze._runners.worker import Worker
 from haze.database.migrations import ensure_queue_tables
 

@@ -28,7 +28,7 @@ from haze import (
     define_queue_config,
     define_redis_config,
 )
-from haze._app.control import paused_queues
+from haze._engine.control import paused_queues
 from haze._runners.worker import Worker
 from haze.dashboard import create_app
 from haze.database.migrations import ensure_queue_tables

@@ -90,7 +90,7 @@ def _schedule(awaitable: Any) -> None:
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        from haze.api._blocking import run_blocking
+        from haze._kernel.blocking import run_blocking
 
         run_blocking(run(), "after_commit")
         return

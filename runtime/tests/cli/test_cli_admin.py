@@ -28,8 +28,8 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 from haze import App, Batch, Queue, define_job
-from haze._app.control import paused_queues
 from haze._engine import manager as haze_manager
+from haze._engine.control import paused_queues
 from haze._orchestration.batches import _INDEX_COUNT, _index_key, find, prune
 from haze.cli import get_cli
 from haze.cli.queue_admin import parse_target

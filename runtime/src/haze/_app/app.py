@@ -540,14 +540,14 @@ class App:
         >>> # send_invoice.dispatch_blocking({"invoice_id": 1})
         >>> # app.stop_blocking()
         """
-        from haze.api._blocking import run_blocking
+        from haze._kernel.blocking import run_blocking
 
         run_blocking(self.__aenter__(), "App.start")
         return self
 
     def stop_blocking(self) -> None:
         """Leave the app from sync code: stop taking jobs and wait for the running ones."""
-        from haze.api._blocking import run_blocking
+        from haze._kernel.blocking import run_blocking
 
         if self._entered:
             run_blocking(self.__aexit__(None, None, None), "App.stop")

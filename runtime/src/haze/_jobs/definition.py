@@ -16,11 +16,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
+from haze._kernel.blocking import blocking_method
 from haze._kernel.durations import Duration, check_delay, parse_backoff, parse_duration
 from haze._kernel.errors import DuplicateJobError, JobDefinitionError, UnknownJobError
 from haze._kernel.hints import did_you_mean
 from haze._kernel.message import check_queue_name
-from haze.api._blocking import blocking_method
 
 if TYPE_CHECKING:
     from haze._app.app import App

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from haze._jobs.definition import JobDefinition, PendingDispatch
+from haze._kernel.blocking import blocking_method
 from haze._kernel.errors import BatchFinishedError
 from haze._kernel.message import Message, new_id
-from haze.api._blocking import blocking_method
 
 if TYPE_CHECKING:
     from haze._engine.manager import QueueManager

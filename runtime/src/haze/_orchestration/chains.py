@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch
+from haze._kernel.blocking import blocking_method
 from haze._kernel.durations import Duration, check_delay, parse_duration
 from haze._kernel.message import Message, check_queue_name, new_id
-from haze.api._blocking import blocking_method
 
 if TYPE_CHECKING:
     from haze._engine.manager import QueueManager

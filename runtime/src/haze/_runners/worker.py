@@ -198,7 +198,7 @@ class Worker:
 
     async def _control(self, interval: float = 1.0) -> None:
         """Follow ``queue:restart`` and ``queue:pause``/``continue`` through the queue store."""
-        from haze._app.control import paused_queues, restart_requested_at
+        from haze._engine.control import paused_queues, restart_requested_at
         from haze._runners.presence import Presence
 
         self._presence = presence = Presence(self)

@@ -15,10 +15,10 @@ from typing import Any
 from haze import testing
 from haze._jobs.definition import JobDefinition, PendingDispatch, get_job
 from haze._jobs.status import JobStatus
+from haze._kernel.blocking import blocking
 from haze._kernel.durations import Duration, parse_duration
 from haze._orchestration.batches import Batch, PendingBatch
 from haze._orchestration.chains import PendingChain
-from haze.api._blocking import blocking
 from haze.drivers import FailedJob
 
 __all__ = ["Queue"]

@@ -110,7 +110,7 @@ def _bar(out: Console, description: str) -> Iterator[Callable[[int, int], None]]
 @click.pass_obj
 def queue_restart(state: State) -> None:
     """Every queue:work process stops after its running jobs (a supervisor restarts it)."""
-    from haze._app.control import request_restart
+    from haze._engine.control import request_restart
 
     app = state.app()
     _require_shared_store(app, "queue:restart")
@@ -123,7 +123,7 @@ def queue_restart(state: State) -> None:
 @click.pass_obj
 def queue_pause(state: State, target: str) -> None:
     """Workers stop claiming from CONNECTION:QUEUE (running jobs finish) until queue:continue."""
-    from haze._app.control import pause
+    from haze._engine.control import pause
 
     app = state.app()
     connection, queue = parse_target(app, target)
@@ -145,7 +145,7 @@ def queue_pause(state: State, target: str) -> None:
 @click.pass_obj
 def queue_continue(state: State, target: str) -> None:
     """Undo queue:pause for CONNECTION:QUEUE."""
-    from haze._app.control import resume
+    from haze._engine.control import resume
 
     app = state.app()
     connection, queue = parse_target(app, target)

@@ -121,7 +121,7 @@ async def collect(
 ) -> list[QueueStats]:
     """The numbers of ``queues`` on ``connection``; with ``jobs`` > 0 also up to that many
     running jobs per queue."""
-    from haze._app.control import paused_queues
+    from haze._engine.control import paused_queues
     from haze._engine.throughput import per_minute
 
     driver = app.driver(connection)

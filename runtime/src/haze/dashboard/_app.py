@@ -358,7 +358,7 @@ class Dashboard:
         return self.render(request, "jobs.html", token=token, found=found, error=error, page="jobs")
 
     async def queue_action(self, request: Request) -> Response:
-        from haze._app.control import pause, resume
+        from haze._engine.control import pause, resume
 
         action = request.path_params["action"]
         connection, queue = _form(request, "connection"), _form(request, "queue")

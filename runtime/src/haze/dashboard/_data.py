@@ -125,7 +125,7 @@ async def overview(
 ) -> list[QueueRow]:
     """One row per queue of every connection (or of ``connection``)."""
     failed_counts = failed_counts or FailedCounts()
-    from haze._app.control import paused_queues
+    from haze._engine.control import paused_queues
 
     names = [connection] if connection else list(app.queue_config.connections)
     rows: list[QueueRow] = []
