@@ -25,9 +25,15 @@ from haze._kernel.message import Message
 
 __all__ = [
     "BatchConsumer",
+    "Concurrent",
+    "ConnectionAware",
     "Driver",
     "FailedJob",
     "FailedJobStore",
+    "IdlePolling",
+    "Interruptible",
+    "Leased",
+    "LocalQueue",
     "QueueCounts",
     "QueueInspector",
     "Reserved",
@@ -180,8 +186,78 @@ class Driver(Protocol):
         """Release connections; called when the app stops."""
 
 
+# -- optional capabilities: each is checked once (isinstance) when a worker or consumer
+# starts, never probed by name, so a misspelt method is a type error and not a silently
+# disabled feature.
+
+
 @runtime_checkable
-class BatchConsumer(Protocol):
+class Interruptible(Protocol):
+    """A driver whose claim waits on the backend: ``interrupt`` ends them from outside.
+
+    A worker that stops calls it instead of cancelling its claims, since a claim cut
+    midway could leave a job claimed by nobody until ``retry_after``.
+    """
+
+    def interrupt(self) -> None:
+        """End the idle waits of claims in progress now (the worker is stopping)."""
+
+
+@runtime_checkable
+class Leased(Protocol):
+    """A driver whose claims expire unless renewed (a database row's heartbeat, a BullMQ
+    lock, an SQS visibility timeout): consumers renew the lease of their running jobs
+    every ``heartbeat_interval`` seconds, so a long job is not handed to another worker.
+    """
+
+    #: Seconds between two renewals; well inside the lease (``retry_after``).
+    heartbeat_interval: float
+
+    async def heartbeat(self, jobs: Sequence[Reserved]) -> None:
+        """Renew the lease of ``jobs`` (all claimed by this consumer and still running)."""
+
+
+@runtime_checkable
+class ConnectionAware(Protocol):
+    """A driver that keeps state tied to its connection (jobs fetched ahead, blocking
+    waits): told when a worker sees the backend go away, so the next claim asks the
+    server again instead of trusting a connection that may have died half-open."""
+
+    def connection_lost(self) -> None:
+        """The backend was seen unreachable: drop what the lost connection held."""
+
+
+@runtime_checkable
+class LocalQueue(Protocol):
+    """An in-process queue (``memory``): a claim can be answered without waiting, and
+    consumers say when they stop so ``Queue.idle()`` waiters can be woken."""
+
+    def reserve_nowait(self, queues: Sequence[str] | None = None) -> Reserved | None:
+        """The next ready message of ``queues`` (None: every queue), or None at once."""
+
+    def check_idle(self) -> None:
+        """A consumer stopped: wake ``idle()`` waiters if nothing is left."""
+
+
+@runtime_checkable
+class Concurrent(Protocol):
+    """A driver configured with how many jobs one consumer runs at once (the
+    connection's ``concurrency`` option): the default of workers and batch handlers."""
+
+    concurrency: int
+
+
+@runtime_checkable
+class IdlePolling(Protocol):
+    """A driver that polls its backend when idle, configured with the pace: the first
+    idle wait (``sleep``) doubling up to ``max_sleep`` (seconds)."""
+
+    sleep: float
+    max_sleep: float
+
+
+@runtime_checkable
+class BatchConsumer(Interruptible, Protocol):
     """A driver that claims several jobs in one statement and completes several in one.
 
     A worker whose driver implements it fills all its free slots with one
