@@ -4,20 +4,31 @@ Each command group lives in its own module and registers its commands on the roo
 group from :mod:`haze.cli._core` with ``@cli.command("group:name")``. A new group is a
 new module plus one entry in :data:`COMMAND_MODULES`; nothing else changes.
 
-click and rich come with the ``haze[cli]`` extra. They are imported only when the
-CLI runs, so the runtime itself stays dependency-free.
+click and rich come with the ``haze[cli]`` extra; the runtime itself stays
+dependency-free. Without them this package still imports, so :func:`main` can say what
+to install.
 """
 
 from __future__ import annotations
 
 import importlib
-import logging
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from haze.cli._logging import configure_logging
+
 if TYPE_CHECKING:
     import click
+
+try:
+    from haze.cli._core import cli as _core_cli
+
+    _root: click.Group | None = _core_cli
+except ModuleNotFoundError as error:  # click or rich is missing: main() says what to install
+    if error.name not in ("click", "rich") and not str(error.name).startswith("rich."):
+        raise
+    _root = None
 
 __all__ = ["COMMAND_MODULES", "get_cli", "main"]
 
@@ -40,11 +51,11 @@ MISSING_DEPENDENCIES = "The haze CLI needs click and rich: pip install 'haze[cli
 
 def get_cli() -> click.Group:
     """The root ``haze`` group with every command module registered (for CliRunner)."""
-    from haze.cli._core import cli
-
+    if _root is None:
+        raise ModuleNotFoundError(MISSING_DEPENDENCIES)
     for name in COMMAND_MODULES:
         importlib.import_module(name)
-    return cli
+    return _root
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -55,22 +66,5 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ImportError:
         print(MISSING_DEPENDENCIES, file=sys.stderr)
         sys.exit(1)
-    _configure_logging()
+    configure_logging()
     get_cli().main(args=list(argv) if argv is not None else None, prog_name="haze")
-
-
-def _configure_logging() -> None:
-    # Job logs and haze's warnings must reach a worker's stderr; an app that set up
-    # logging itself (e.g. in a job module) keeps its own handlers.
-    root = logging.getLogger()
-    if not root.handlers:
-        logging.basicConfig(
-            level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
-        for handler in root.handlers:
-            # queue:work prints haze's records itself; it skips only this handler.
-            setattr(handler, _DEFAULT_HANDLER_FLAG, True)
-
-
-#: Marks the root handler the CLI installed (not one the app configured).
-_DEFAULT_HANDLER_FLAG = "_haze_cli_default"

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 from rich.console import Console
 
+from haze._app.app import App, run_in_app
 from haze._kernel.durations import parse_duration
 from haze._kernel.errors import HazeError
-
-if TYPE_CHECKING:
-    from haze._app.app import App
+from haze._kernel.version import __version__
 
 __all__ = [
     "DURATION",
@@ -49,8 +48,6 @@ class State:
     def app(self) -> App:
         """The app at ``root``, created on first use so ``make:*`` works with a broken config."""
         if self._app is None:
-            from haze._app.app import App
-
             self._app = App(root=self.root)
         return self._app
 
@@ -91,8 +88,6 @@ def _caused_by_os_error(error: BaseException) -> bool:
 
 
 def _version() -> str:
-    from haze import __version__
-
     return __version__
 
 
@@ -141,8 +136,6 @@ def run(state: State, fn: Callable[[App], Awaitable[T]]) -> T:
     app = state.app()
 
     async def runner() -> T:
-        from haze._app.app import run_in_app
-
         async def call() -> T:
             return await fn(app)
 

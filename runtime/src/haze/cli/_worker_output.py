@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 from haze._kernel.ids import short_id
+from haze.cli._logging import DEFAULT_HANDLER_FLAG
 
 __all__ = ["WorkerOutput", "worker_output"]
 
@@ -224,14 +225,12 @@ def worker_output(handler: WorkerOutput) -> Iterator[WorkerOutput]:
     received before (the records at the levels haze's loggers had), not the new DEBUG
     lifecycle records.
     """
-    from haze.cli import _DEFAULT_HANDLER_FLAG
-
     haze_log = logging.getLogger("haze")
     job_log = logging.getLogger("haze.job")
     saved = (haze_log.level, job_log.level, haze_log.propagate)
     root = logging.getLogger()
     if haze_log.propagate and not all(
-        getattr(h, _DEFAULT_HANDLER_FLAG, False) for h in root.handlers
+        getattr(h, DEFAULT_HANDLER_FLAG, False) for h in root.handlers
     ):
         handler.forward = {
             "haze.job": job_log.getEffectiveLevel(),

@@ -12,7 +12,10 @@ import os
 
 import click
 
+from haze._kernel.deps import require
 from haze.cli._core import State, cli, connection_option, console
+from haze.dashboard._app import build
+from haze.dashboard._security import basic_auth, is_local_environment
 
 __all__ = ["dashboard"]
 
@@ -29,10 +32,6 @@ _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 @click.pass_obj
 def dashboard(state: State, host: str, port: int, connection: str | None, read_only: bool) -> None:
     """Serve the dashboard at http://HOST:PORT/ until interrupted (Ctrl-C)."""
-    from haze._kernel.deps import require
-    from haze.dashboard._app import build
-    from haze.dashboard._security import basic_auth, is_local_environment
-
     require("uvicorn", what="haze dashboard", extra="dashboard")
     import uvicorn
 

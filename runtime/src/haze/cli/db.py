@@ -10,6 +10,8 @@ from rich.markup import escape
 
 from haze._kernel.errors import HazeError
 from haze.cli._core import State, cli, connection_option, console, run
+from haze.database.migrations import MIGRATIONS_DIR, migrate, pending_migrations
+from haze.database.migrations import make_queue_tables as write
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -27,8 +29,6 @@ __all__ = ["db_migrate", "make_queue_tables"]
 @click.pass_obj
 def make_queue_tables(state: State, connection: str | None, force: bool) -> None:
     """Write database/migrations/<stamp>_create_<jobs>_and_<failed>_tables.sql."""
-    from haze.database.migrations import make_queue_tables as write
-    from haze.database.migrations import pending_migrations
 
     async def make(app: App) -> tuple[Path, bool]:
         before = set(pending_migrations(app))
@@ -56,7 +56,6 @@ def make_queue_tables(state: State, connection: str | None, force: bool) -> None
 @click.pass_obj
 def db_migrate(state: State, database: str | None) -> None:
     """Apply database/migrations/*.sql not applied yet (recorded in haze_migrations)."""
-    from haze.database.migrations import MIGRATIONS_DIR, migrate, pending_migrations
 
     async def apply(app: App) -> tuple[str, bool, MigrationResult]:
         name = database or app.database_config.default

@@ -17,14 +17,13 @@ from typing import Any
 
 import click
 
+from haze.build import install_hint
 from haze.cli._core import State, cli
 
 __all__ = ["infra_config"]
 
 
 def _missing() -> str:
-    from haze.build import install_hint
-
     return f"haze infra:config needs the haze-infra package: {install_hint('haze_infra')}"
 
 

@@ -13,7 +13,9 @@ from typing import Any
 
 import click
 
+from haze._app.app import App, _load_module_file
 from haze.cli._core import cli, console
+from haze.database.migrations import make_queue_tables
 
 __all__ = ["init", "scaffold"]
 
@@ -295,9 +297,6 @@ def _ignore_storage(path: Path) -> bool:
 def _queue_tables(directory: Path) -> Path | None:
     """Write the queue-tables migration when the default connection is a database one
     (an existing migration is kept). None for other drivers: they need no tables."""
-    from haze._app.app import App, _load_module_file
-    from haze.database.migrations import make_queue_tables
-
     # Config only: importing the job modules here could clash with jobs of the same
     # name already registered in this process.
     configs: dict[str, Any] = {}

@@ -16,8 +16,11 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from haze._engine.throughput import retention
+from haze._jobs.definition import registered_jobs
 from haze._kernel.errors import UnknownJobError
 from haze._kernel.ids import match_id, short_id
+from haze._runners.worker import Worker
 from haze.cli._core import (
     DURATION,
     QUEUE_NAME,
@@ -29,10 +32,11 @@ from haze.cli._core import (
     run,
 )
 from haze.cli._failed_filters import FailedFilter, build_filter, filter_options
+from haze.cli._worker_output import WorkerOutput, worker_output
+from haze.cli.schedule import check_runnable, start_scheduler
 
 if TYPE_CHECKING:
     from haze._app.app import App
-    from haze._runners.worker import Worker
     from haze.drivers import FailedJob
 
 __all__ = [
@@ -181,8 +185,6 @@ def queue_work(
 
     Prints one line per job state: time, job, short id, then RUNNING, DONE 12ms,
     RETRY in 10s or FAILED with the exception (its traceback with -v)."""
-    from haze.cli._worker_output import WorkerOutput, worker_output
-
     if quiet and as_json:
         raise click.UsageError("--quiet and --json exclude each other")
     queues = _queue_list(queue)
@@ -195,8 +197,6 @@ def queue_work(
     if not app.driver(name).remote and not with_schedule:
         raise click.ClickException(f'connection "{name}" {MEMORY_REFUSAL}')
     _ = app.queue_store  # no usable lock store is a start-up error, not a warning a second
-    from haze._engine.throughput import retention
-
     retention()  # a bad HAZE_METRICS_RETENTION stops the worker here, in one line
     output = WorkerOutput(
         mode="json" if as_json else "quiet" if quiet else "lines", verbose=verbose
@@ -204,11 +204,7 @@ def queue_work(
     say = output.say
 
     async def work(app: App) -> int:
-        from haze._runners.worker import Worker
-
         if with_schedule:  # a schedule it cannot run stops it before any job is taken
-            from haze.cli.schedule import check_runnable
-
             check_runnable(app, in_worker=True)
 
         driver = app.driver(name)
@@ -237,8 +233,6 @@ def queue_work(
         task = loop.create_task(worker.run())
         scheduling = None
         if with_schedule:
-            from haze.cli.schedule import start_scheduler
-
             scheduling = start_scheduler(app, say)
         # An idle in-process slot sleeps until woken, so it would not see --max-time itself.
         timer = loop.call_later(max_time, worker.request_stop) if max_time is not None else None
@@ -502,8 +496,6 @@ def queue_retry(
     out = console()
 
     async def retry(app: App) -> tuple[str, int, list[str]]:
-        from haze._jobs.definition import registered_jobs
-
         name = app.connection_name(connection)
         manager = app.manager
         failed = await manager.failed(name, queue if retry_all else None)

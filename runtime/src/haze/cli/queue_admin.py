@@ -18,7 +18,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from haze._engine.control import pause, request_restart, resume
+from haze._engine.manager import events
 from haze._kernel.ids import match_id
+from haze._orchestration.batches import find, prune
 from haze.cli._core import QUEUE_NAMES, State, cli, connection_option, console, queue_names, run
 
 if TYPE_CHECKING:
@@ -110,8 +113,6 @@ def _bar(out: Console, description: str) -> Iterator[Callable[[int, int], None]]
 @click.pass_obj
 def queue_restart(state: State) -> None:
     """Every queue:work process stops after its running jobs (a supervisor restarts it)."""
-    from haze._engine.control import request_restart
-
     app = state.app()
     _require_shared_store(app, "queue:restart")
     run(state, request_restart)
@@ -123,8 +124,6 @@ def queue_restart(state: State) -> None:
 @click.pass_obj
 def queue_pause(state: State, target: str) -> None:
     """Workers stop claiming from CONNECTION:QUEUE (running jobs finish) until queue:continue."""
-    from haze._engine.control import pause
-
     app = state.app()
     connection, queue = parse_target(app, target)
     if app.queue_config.connections[connection]["driver"] == "sync":
@@ -145,8 +144,6 @@ def queue_pause(state: State, target: str) -> None:
 @click.pass_obj
 def queue_continue(state: State, target: str) -> None:
     """Undo queue:pause for CONNECTION:QUEUE."""
-    from haze._engine.control import resume
-
     app = state.app()
     connection, queue = parse_target(app, target)
     _require_shared_store(app, "queue:continue")
@@ -206,12 +203,10 @@ def queue_monitor(
     ]
 
     async def monitor(app: App) -> list[tuple[str, str, int]]:
-        from haze._engine import manager as manager
-
         sizes = [(c, q, await app.manager.size(q, c)) for c, q in wanted]
         for c, q, n in sizes:
             if n >= max_size:
-                await manager.events.emit("queue_busy", c, q, n)
+                await events.emit("queue_busy", c, q, n)
         return sizes
 
     sizes = run(state, monitor)
@@ -286,8 +281,6 @@ def queue_prune_batches(
 ) -> None:
     """Delete batch state from the batches store (all of it expires after batches.ttl
     anyway; pruning frees it sooner). Schedule it daily."""
-    from haze._orchestration.batches import prune
-
     app = state.app()
     out = console()
     store = app.batch_store
@@ -330,8 +323,6 @@ def queue_retry_batch(state: State, batch_id: str, connection: str | None) -> No
     out = console()
 
     async def retry(app: App) -> tuple[str, Batch | None, int, int, list[str]]:
-        from haze._orchestration.batches import find
-
         nonlocal batch_id
         manager = app.manager
         batch = await find(manager, batch_id)

@@ -23,6 +23,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from haze._engine.control import paused_queues
+from haze._engine.throughput import per_minute
 from haze._kernel.durations import format_age
 from haze._kernel.ids import short_id
 from haze.cli._core import DURATION, QUEUE_NAMES, State, cli, connection_option, console, run
@@ -121,9 +123,6 @@ async def collect(
 ) -> list[QueueStats]:
     """The numbers of ``queues`` on ``connection``; with ``jobs`` > 0 also up to that many
     running jobs per queue."""
-    from haze._engine.control import paused_queues
-    from haze._engine.throughput import per_minute
-
     driver = app.driver(connection)
     kind = str(app.queue_config.connections[connection].get("driver"))
     rows = [QueueStats(connection, q, kind) for q in queues]

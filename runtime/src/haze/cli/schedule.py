@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 import click
 
 from haze._kernel.errors import ScheduleError
+from haze._orchestration.scheduling import Scheduler, registered_schedules, run_now
 from haze.cli._core import State, cli, run
 
 if TYPE_CHECKING:
     from haze._app.app import App
-    from haze._orchestration.scheduling import Schedule, Scheduler
+    from haze._orchestration.scheduling import Schedule
 
 __all__ = ["check_runnable", "schedule_list", "schedule_run", "schedule_work", "start_scheduler"]
 
@@ -41,8 +42,6 @@ def check_runnable(app: App, *, in_worker: bool) -> list[Schedule]:
     ``schedule:work`` refuses a schedule whose job goes to a memory connection: the
     jobs would stay inside the scheduler. ``queue:work --schedule`` runs them itself.
     """
-    from haze._orchestration.scheduling import registered_schedules
-
     schedules = list(registered_schedules().values())
     if not schedules:
         raise ScheduleError(NO_SCHEDULES)
@@ -61,7 +60,6 @@ def start_scheduler(
     app: App, say: Callable[[str], None]
 ) -> tuple[Scheduler, asyncio.Task[None], asyncio.Event]:
     """Start a scheduler task in the running loop; set the event to stop it."""
-    from haze._orchestration.scheduling import Scheduler
 
     def fired(sched: Schedule, at: datetime) -> None:
         say(f'Schedule "{sched.name}" dispatched {sched.job_name} (tick {_local(sched, at)})')
@@ -118,8 +116,6 @@ def schedule_list(state: State) -> None:
     """Each schedule: name, job, when, and its next three fire times (in its time zone)."""
 
     async def listing(app: App) -> list[Schedule]:
-        from haze._orchestration.scheduling import registered_schedules
-
         return list(registered_schedules().values())
 
     schedules = run(state, listing)
@@ -140,8 +136,6 @@ def schedule_run(state: State, name: str) -> None:
     """Dispatch the job of schedule NAME once now, outside its timetable."""
 
     async def fire(app: App) -> Schedule:
-        from haze._orchestration.scheduling import run_now
-
         return await run_now(app, name)
 
     sched = run(state, fire)
