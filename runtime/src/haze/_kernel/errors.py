@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from haze._kernel.hints import did_you_mean
+
 __all__ = [
     "AmbiguousIdError",
     "BackendUnavailableError",
@@ -89,8 +91,6 @@ class UnknownJobError(HazeError, LookupError):
     """
 
     def __init__(self, name: str, known: Iterable[str] = ()):
-        from haze._kernel.hints import did_you_mean
-
         self.job_name = name
         super().__init__(
             f"no job named {name!r}{did_you_mean(name, known)}; define it with @define_job in "

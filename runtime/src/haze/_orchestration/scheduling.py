@@ -31,12 +31,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from haze._jobs.definition import JobDefinition, PendingDispatch
 from haze._kernel.durations import Duration, parse_duration
-from haze._kernel.errors import ConfigError, ScheduleError
+from haze._kernel.errors import ConfigError, MissingDependencyError, ScheduleError
+from haze._kernel.hints import did_you_mean
 
 if TYPE_CHECKING:
     from haze._app.app import App
-    from haze._jobs.definition import JobDefinition, PendingDispatch
     from haze.stores import Store
 
 __all__ = ["Schedule", "Scheduler", "registered_schedules", "schedule"]
@@ -184,8 +185,6 @@ def _check_cron(cron: object, where: str) -> str:
     try:
         from cronsim import CronSim, CronSimError
     except ImportError:
-        from haze._kernel.errors import MissingDependencyError
-
         raise MissingDependencyError("schedule(cron=...)", "schedule", "cronsim") from None
     fields = len(expr.split())
     if fields not in (5, 6):
@@ -223,8 +222,6 @@ def schedule(
     >>> #          tz="Europe/Paris", name="daily-report")
     >>> # schedule(prune_tokens, every="15m")
     """
-    from haze._jobs.definition import JobDefinition, PendingDispatch
-
     origin = _caller_origin()
     if isinstance(job_or_pending, JobDefinition):
         pending: PendingDispatch[Any] = job_or_pending.with_()
@@ -283,8 +280,6 @@ def get_schedule(name: str) -> Schedule:
     try:
         return _registry[name]
     except KeyError:
-        from haze._kernel.hints import did_you_mean
-
         known = ", ".join(_registry) or "none are declared (config/schedule.py)"
         raise ScheduleError(
             f"no schedule named {name!r}{did_you_mean(name, _registry)}; schedules: {known}"

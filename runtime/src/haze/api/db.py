@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from haze import transactions
+from haze._app.app import use_app
 from haze.database import Session
 
 __all__ = ["Db"]
@@ -75,8 +76,6 @@ class Db:
     @asynccontextmanager
     async def transaction(connection: str | None = None) -> AsyncIterator[Session]:
         """A transaction (or, nested on the same connection, a savepoint)."""
-        from haze._app.app import use_app
-
         app = use_app()
         name = connection or app.database_config.default
         outer = _current.get()
@@ -108,8 +107,6 @@ class Db:
     @staticmethod
     def connection(name: str | None = None) -> Any:
         """The connector of a ``config/database.py`` connection (``execute``/``fetchall``…)."""
-        from haze._app.app import use_app
-
         return use_app().database(name)
 
 

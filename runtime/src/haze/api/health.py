@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from haze._app.app import use_app
+
 __all__ = ["QueueHealth", "queue_check"]
 
 
@@ -44,8 +46,6 @@ async def queue_check(
     queues: list[str] | None = None,
 ) -> QueueHealth:
     """Whether a connection answers, its queue sizes and failed count, against limits."""
-    from haze._app.app import use_app
-
     app = use_app()
     name = app.connection_name(connection)
     driver = app.driver(name)
