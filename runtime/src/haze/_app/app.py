@@ -9,18 +9,14 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import importlib
 import importlib.machinery
 import importlib.util
 import logging
 import os
 import sys
-import threading
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from haze._app.config import (
     CacheConfig,
@@ -35,7 +31,10 @@ from haze._app.config import (
     validate_queue,
     validate_redis,
 )
+from haze._kernel import current
+from haze._kernel.current import run_in_app
 from haze._kernel.errors import ConfigError, HazeError
+from haze.contracts.recorder import DispatchRecorder
 from haze.drivers import Driver, create_driver
 from haze.stores import Store, create_store
 
@@ -47,33 +46,31 @@ if TYPE_CHECKING:
 __all__ = ["App", "run_in_app", "use_app"]
 
 log = logging.getLogger("haze")
-T = TypeVar("T")
 
-_current: contextvars.ContextVar[App | None] = contextvars.ContextVar("haze_app", default=None)
-_last_entered: App | None = None
-_default_app: App | None = None
-_default_lock = threading.Lock()
+#: The current-app context (kept under this name: tests and older callers read it).
+_current = current.app_var
 _warned_implicit = False
 
 
 def use_app() -> App:
     """The current app: the job's app inside a job, else the most recently entered app,
     else the implicit default app (one ``memory`` connection)."""
-    app = _current.get()
-    if app is not None:
-        return app
-    if _last_entered is not None and _last_entered._entered:
-        return _last_entered
-    return _default()
+    app: App = current.use_app()
+    return app
 
 
 def _default() -> App:
-    global _default_app
-    with _default_lock:
-        if _default_app is None:
-            _default_app = App()
-            _default_app._implicit = True
-        return _default_app
+    app: App = current.default_app()
+    return app
+
+
+def _new_default_app() -> App:
+    app = App()
+    app._implicit = True
+    return app
+
+
+current.set_default_factory(_new_default_app)
 
 
 def warn_implicit_dispatch() -> None:
@@ -87,18 +84,6 @@ def warn_implicit_dispatch() -> None:
         "are lost when this process exits. Create config/queue.py naming a database or redis "
         "connection and load it with App(root=__file__) (or pass App(queue=...))."
     )
-
-
-async def run_in_app(app: App, fn: Callable[[], Awaitable[T] | T]) -> T:
-    """Run ``fn`` with ``app`` as the current app (for scripts with several apps)."""
-    token = _current.set(app)
-    try:
-        result = fn()
-        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-            return await result  # type: ignore[no-any-return]
-        return result  # type: ignore[return-value]
-    finally:
-        _current.reset(token)
 
 
 def _app_root(root: str | os.PathLike[str]) -> Path:
@@ -157,6 +142,8 @@ class App:
         self.root = _app_root(root) if root is not None else None
         self._entered = False
         self._implicit = False  # the process-wide default app (see use_app)
+        #: Set by ``Queue.fake()``: dispatches are recorded on it instead of queued.
+        self.recorder: DispatchRecorder | None = None
         self._key = key
         specs: dict[str, tuple[Any, str | None]] = {
             "queue": (queue, None),
@@ -501,25 +488,17 @@ class App:
     # -- lifecycle -----------------------------------------------------------------
 
     async def __aenter__(self) -> App:
-        global _last_entered
         self._entered = True
-        self._token = _current.set(self)
-        _last_entered = self
+        self._token = current.entered(self)
         await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        global _last_entered
         try:
             await self.stop()
         finally:
             self._entered = False
-            if _last_entered is self:
-                _last_entered = None
-            try:
-                _current.reset(self._token)
-            except ValueError:  # exited in another context (e.g. a fixture's teardown task)
-                _current.set(None)
+            current.left(self, self._token)
 
     def __enter__(self) -> App:
         """``with App(root=...) as app:`` for sync code: :meth:`start_blocking` on entry,
