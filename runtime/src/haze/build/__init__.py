@@ -21,12 +21,9 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from haze._app.app import App
 from haze._kernel.errors import ConfigError
-
-if TYPE_CHECKING:
-    from haze._app.app import App
 
 __all__ = ["PRESETS", "BuildContext", "BuildResult", "build", "deterministic_zip", "install_hint"]
 
@@ -171,8 +168,6 @@ def build(root: str | Path, preset: str, out: str | Path | None = None) -> Build
         raise ConfigError(
             f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}", key="--preset"
         )
-    from haze._app.app import App
-
     root = Path(root).resolve()
     app = App(root=root)
     target = Path(out).resolve() if out is not None else root / "dist"

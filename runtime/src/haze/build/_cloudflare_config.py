@@ -40,6 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from haze._jobs.definition import registered_jobs
+from haze.database.d1 import d1_target
+
 if TYPE_CHECKING:
     from haze._app.app import App
     from haze._jobs.definition import JobDefinition
@@ -132,8 +135,6 @@ def wrangler_queues(app: App) -> tuple[list[dict[str, Any]], list[dict[str, Any]
 def app_jobs(app: App) -> list[JobDefinition[Any]]:
     """The job definitions of the app: those defined in files under its root (every
     registered job when the app has no root)."""
-    from haze._jobs.definition import registered_jobs
-
     jobs = list(registered_jobs().values())
     if app.root is None:
         return jobs
@@ -213,8 +214,6 @@ def cloudflare_consumer(
 
 def cloudflare_storage(app: App) -> tuple[tuple[D1Plan, ...], tuple[KvPlan, ...]]:
     """The D1 databases and KV namespaces the Worker binds (see the module docstring)."""
-    from haze.database.d1 import d1_target
-
     d1: dict[str, D1Plan] = {}
     for name, c in app.database_config.connections.items():
         url = str(c.get("url") or "")

@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from haze._kernel.errors import ConfigError
+from haze._orchestration.scheduling import app_schedules
+from haze.build._cloudflare_config import app_jobs as jobs_under_root
+from haze.database import dialect_of
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -60,8 +63,6 @@ _DIALECT_EXTRA = {"postgres": "postgres", "mysql": "mysql", "libsql": "libsql", 
 def app_jobs(app: App) -> list[JobDefinition[Any]]:
     """The job definitions in files under the app root, by name (the registry is
     process-wide)."""
-    from haze.build._cloudflare_config import app_jobs as jobs_under_root
-
     return sorted(jobs_under_root(app), key=lambda j: j.name)
 
 
@@ -95,8 +96,6 @@ def driver_of(app: App, connection: str) -> str:
 
 def is_sqlite(app: App, connection: str) -> bool:
     """Whether a ``database`` connection's queue is a SQLite file (as configured now)."""
-    from haze.database import dialect_of
-
     name = app.queue_config.connections[connection].get("connection")
     options = app.database_config.connections.get(name or app.database_config.default)
     return options is not None and dialect_of(str(options["url"])) == "sqlite"
@@ -114,8 +113,6 @@ def is_remote(app: App, connection: str) -> bool:
 
 
 def _database_extra(app: App, name: str | None) -> str | None:
-    from haze.database import dialect_of
-
     dc = app.database_config
     options = dc.connections.get(name or dc.default)
     if not options:
@@ -157,8 +154,6 @@ def extras_for(app: App) -> list[str]:
             c.__module__.startswith("pydantic") for c in payload_type.__mro__[1:]
         ):
             extras.add("pydantic")
-    from haze._orchestration.scheduling import app_schedules
-
     if app_schedules(app.root):  # cronsim for cron, tzdata for zones
         extras.add("schedule")
     for extra in os.environ.get("HAZE_BUILD_EXTRAS", "").split(","):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from haze._orchestration.scheduling import bundle_packages, platform_triggers
 from haze.build import BuildContext, BuildResult, deterministic_zip
 
 __all__ = ["HANDLER_SOURCE", "PACKAGES", "build", "third_party_packages"]
@@ -94,8 +95,6 @@ def build(ctx: BuildContext) -> BuildResult:
     """Write the package and its zip (see the module docstring)."""
     files = [ctx.write("handler.py", HANDLER_SOURCE)]
     files += ctx.copy_app(ctx.dest)
-    from haze._orchestration.scheduling import bundle_packages, platform_triggers
-
     # Checked before anything is zipped: a schedule no EventBridge rule can express
     # stops the build with one line naming it.
     rules = platform_triggers("eventbridge", ctx.root)

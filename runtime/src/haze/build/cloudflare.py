@@ -53,9 +53,12 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from datetime import date
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from haze._app.app import App, _load_module_file
+from haze._app.config import env_source
 from haze._kernel.errors import ConfigError
+from haze._orchestration.scheduling import bundle_packages, platform_triggers
 from haze.build import BuildContext, BuildResult
 from haze.build._cloudflare_config import (
     app_jobs,
@@ -65,9 +68,7 @@ from haze.build._cloudflare_config import (
     wrangler_section,
 )
 from haze.build._python import app_requirements, pack_wheel
-
-if TYPE_CHECKING:
-    from haze._app.app import App
+from haze.database import dialect_of
 
 __all__ = [
     "COMPATIBILITY_DATE",
@@ -223,9 +224,6 @@ def _var(variables: Mapping[str, Any], name: str) -> str | None:
 def worker_app(ctx: BuildContext, variables: Mapping[str, Any]) -> App:
     """The app's config as the Worker reads it: ``config/*.py`` evaluated with the Worker's
     ``vars`` as environment variables (no jobs imported: the build's app has them)."""
-    from haze._app.app import App, _load_module_file
-    from haze._app.config import env_source
-
     if not variables:
         return ctx.app
     specs: dict[str, Any] = {}
@@ -239,8 +237,6 @@ def worker_app(ctx: BuildContext, variables: Mapping[str, Any]) -> App:
 
 
 def _database_problem(app: App, connection: str | None) -> str | None:
-    from haze.database import dialect_of
-
     dc = app.database_config
     options = dc.connections.get(connection or dc.default)
     if options is None:
@@ -442,8 +438,6 @@ def _add_cron_triggers(ctx: BuildContext, config: dict[str, Any], notes: list[st
     """``triggers.crons``: one Cron Trigger per distinct UTC cron of the app's schedules
     (kept beside any the wrangler section lists); the Worker's ``scheduled()`` handler
     dispatches the schedules of the trigger that fired."""
-    from haze._orchestration.scheduling import platform_triggers
-
     triggers = platform_triggers("cloudflare", ctx.root)
     if not triggers:
         return
@@ -532,8 +526,6 @@ def build(ctx: BuildContext) -> BuildResult:
     src = ctx.dest / "src"
     files = [ctx.write("src/entry.py", entry_source())]
     files += ctx.copy_app(src)
-    from haze._orchestration.scheduling import bundle_packages
-
     bundled = bundle_packages(ctx.root)
     files += ctx.vendor((*PACKAGES, *bundled), src)
     wheels: dict[str, str] = {}

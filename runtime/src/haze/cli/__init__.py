@@ -26,7 +26,7 @@ try:
 
     _root: click.Group | None = _core_cli
 except ModuleNotFoundError as error:  # click or rich is missing: main() says what to install
-    if error.name not in ("click", "rich") and not str(error.name).startswith("rich."):
+    if (error.name or "").split(".")[0] not in ("click", "rich"):
         raise
     _root = None
 

@@ -14,7 +14,12 @@ import click
 
 from haze._kernel.deps import require
 from haze.cli._core import State, cli, connection_option, console
-from haze.dashboard._app import build
+
+try:
+    from haze.dashboard._app import build
+except ModuleNotFoundError as error:  # no haze[dashboard]: the command says what to install
+    if (error.name or "").split(".")[0] not in ("starlette", "jinja2"):
+        raise
 from haze.dashboard._security import basic_auth, is_local_environment
 
 __all__ = ["dashboard"]
@@ -32,7 +37,8 @@ _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 @click.pass_obj
 def dashboard(state: State, host: str, port: int, connection: str | None, read_only: bool) -> None:
     """Serve the dashboard at http://HOST:PORT/ until interrupted (Ctrl-C)."""
-    require("uvicorn", what="haze dashboard", extra="dashboard")
+    for package in ("starlette", "jinja2", "uvicorn"):
+        require(package, what="haze dashboard", extra="dashboard")
     import uvicorn
 
     app = state.app()

@@ -25,6 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from haze._kernel.deps import require
 
+try:
+    from haze.dashboard._app import build
+except ModuleNotFoundError as error:  # no haze[dashboard]: create_app says what to install
+    if (error.name or "").split(".")[0] not in ("starlette", "jinja2"):
+        raise
+
 if TYPE_CHECKING:
     from haze._app.app import App
 
@@ -57,6 +63,4 @@ def create_app(
         raise ValueError(
             f"create_app(base_path=...): expected a path like '/haze', got {base_path!r}"
         )
-    from haze.dashboard._app import build
-
     return build(app, authorize, read_only, base_path)

@@ -23,16 +23,20 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 
+import haze.dashboard._data as _data
+from haze._app.app import App, run_in_app, use_app
+from haze._engine.control import pause, resume
+from haze._engine.otel import prometheus_text
+from haze._kernel.crypto import keyed_digest
 from haze._kernel.durations import format_age
 from haze._kernel.errors import HazeError
 from haze._kernel.ids import short_id
-from haze.dashboard import _data
+from haze._orchestration.batches import find
+from haze._runners.presence import LEASE, live_workers
 from haze.dashboard._security import CSRF_COOKIE, CSRF_FIELD, CSRF_HEADER, Authorize, Guard
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
-
-    from haze._app.app import App
 
 __all__ = ["build"]
 
@@ -92,8 +96,6 @@ class Dashboard:
         if app is not None and app.key:
             # Several dashboard processes with one app key accept each other's tokens;
             # the digest cannot be turned back into the key.
-            from haze._kernel.crypto import keyed_digest
-
             secret = keyed_digest(app, "haze-dashboard-csrf").encode()
         self.guard = Guard(authorize, secret)
         self.failed_counts = _data.FailedCounts()
@@ -114,14 +116,10 @@ class Dashboard:
     def app(self) -> App:
         if self._app is not None:
             return self._app
-        from haze._app.app import use_app
-
         return use_app()
 
     async def call(self, fn: Callable[[App], Awaitable[Any]]) -> Any:
         """Run ``fn(app)`` with the haze app current (batch methods read it)."""
-        from haze._app.app import run_in_app
-
         app = self.app
         return await run_in_app(app, lambda: fn(app))
 
@@ -309,8 +307,6 @@ class Dashboard:
         return self.render(request, "batches.html", batches=batches, page="batches")
 
     async def batch_detail(self, request: Request) -> Response:
-        from haze._orchestration.batches import find
-
         batch_id = request.path_params["batch_id"]
         batch = await self.call(lambda app: find(app.manager, batch_id))
         if batch is None:
@@ -320,8 +316,6 @@ class Dashboard:
 
     async def batch_action(self, request: Request) -> Response:
         self.failed_counts.clear()
-        from haze._orchestration.batches import find
-
         batch_id = request.path_params["batch_id"]
         action = request.path_params["action"]
         batch = await self.call(lambda app: find(app.manager, batch_id))
@@ -337,8 +331,6 @@ class Dashboard:
         return self.back(request, where, done=f"Retried {done} failed job(s) of the batch.")
 
     async def workers(self, request: Request) -> Response:
-        from haze._runners.presence import LEASE, live_workers
-
         found = await self.call(live_workers)
         if found is not None and self.connection is not None:
             found = [w for w in found if w.get("connection") == self.connection]
@@ -358,8 +350,6 @@ class Dashboard:
         return self.render(request, "jobs.html", token=token, found=found, error=error, page="jobs")
 
     async def queue_action(self, request: Request) -> Response:
-        from haze._engine.control import pause, resume
-
         action = request.path_params["action"]
         connection, queue = _form(request, "connection"), _form(request, "queue")
         try:
@@ -382,8 +372,6 @@ class Dashboard:
         return self.back(request, "/", done=f'Resumed "{queue}" on "{connection}".')
 
     async def metrics(self, request: Request) -> Response:
-        from haze._engine.otel import prometheus_text
-
         rows = await self.call(lambda app: _data.overview(app, self.connection, self.failed_counts))
         # Queue gauges only: job counters and histograms are per process, and this
         # process runs no jobs (each worker's own /metrics or OTel exporter has them).

@@ -14,8 +14,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from haze._engine.control import paused_queues
+from haze._engine.throughput import WINDOW, runtimes, series, wait_time
+from haze._jobs.status import read
+from haze._kernel.crypto import decrypt_payload
 from haze._kernel.durations import parse_duration
 from haze._kernel.errors import HazeError
+from haze._kernel.ids import match_id
+from haze._kernel.message import decode
+from haze._orchestration.batches import find, recent_ids
+from haze._runners.presence import live_workers
 from haze.contracts.driver import QueueInspector
 
 if TYPE_CHECKING:
@@ -125,8 +133,6 @@ async def overview(
 ) -> list[QueueRow]:
     """One row per queue of every connection (or of ``connection``)."""
     failed_counts = failed_counts or FailedCounts()
-    from haze._engine.control import paused_queues
-
     names = [connection] if connection else list(app.queue_config.connections)
     rows: list[QueueRow] = []
     for name in names:
@@ -189,8 +195,6 @@ async def overview(
 
 
 async def _rates(app: App, row: QueueRow) -> None:
-    from haze._engine.throughput import WINDOW, series, wait_time
-
     minutes = await series(app, row.connection, row.queue, 60)
     if minutes is None:  # a process-local store: no worker's counts are visible here
         return
@@ -215,8 +219,6 @@ class JobRuntime:
 async def job_runtimes(app: App, connection: str | None = None) -> builtins.list[JobRuntime] | None:
     """Runtime per job name on each connection, for the jobs whose definition sends them
     there (jobs that ran in the last hour); None when the queue store is process-local."""
-    from haze._engine.throughput import runtimes
-
     out: builtins.list[JobRuntime] = []
     names = [connection] if connection else list(app.queue_config.connections)
     for name in names:
@@ -349,9 +351,6 @@ async def find_failed(app: App, connection: str, job_id: str) -> FailedJob | Non
 def decrypted_payload(app: App, job: FailedJob) -> tuple[bool, Any]:
     """``(encrypted, payload)``: the payload of an encrypted job is decrypted with the
     app key (raises ``HazeError`` when no key opens it)."""
-    from haze._kernel.crypto import decrypt_payload
-    from haze._kernel.message import decode
-
     if not job.body:
         return False, job.payload
     message = decode(job.body)
@@ -390,8 +389,6 @@ def is_encrypted(job: FailedJob) -> bool:
 
 async def recent_batches(app: App, limit: int = 50) -> builtins.list[Batch]:
     """The newest batches still in the batches store (newest first)."""
-    from haze._orchestration.batches import find, recent_ids
-
     ids = await recent_ids(app.manager, limit)
     out = []
     for batch_id in ids:
@@ -420,9 +417,6 @@ class Lookup:
 async def lookup(app: App, token: str) -> Lookup:
     """Failed jobs (on every connection) and the batch that ``token`` names (full or short
     id). Drivers keep no record of queued or finished jobs that can be listed by id."""
-    from haze._kernel.ids import match_id
-    from haze._orchestration.batches import find
-
     found = Lookup()
     token = token.strip()
     for name, options in app.queue_config.connections.items():
@@ -436,8 +430,6 @@ async def lookup(app: App, token: str) -> Lookup:
             continue
         found.failed.extend(j for j in jobs if j.id == job_id)
     if shared_store(app):
-        from haze._runners.presence import live_workers
-
         try:
             workers = await live_workers(app) or []
             pairs = [(w, j) for w in workers for j in w.get("running") or [] if j.get("id")]
@@ -449,8 +441,6 @@ async def lookup(app: App, token: str) -> Lookup:
             found.errors.append(f"workers: {reason(app, e)}")
     # Tracked jobs keep a status record under their full id: try the id as given, then
     # the full id a short one matched above.
-    from haze._jobs.status import read
-
     for candidate in dict.fromkeys(
         [token, *(j.id for j in found.failed), *(j["id"] for _, j in found.running)]
     ):

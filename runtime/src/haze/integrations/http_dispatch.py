@@ -59,18 +59,18 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from haze._app.app import App, run_in_app
 from haze._app.env import env_size
+from haze._jobs.definition import PendingDispatch, get_job
 from haze._kernel.errors import (
     ConfigError,
     DelayTooLongError,
     PayloadTooLargeError,
     UnknownJobError,
 )
-
-if TYPE_CHECKING:
-    from haze._app.app import App
+from haze.api.health import queue_check
 
 __all__ = [
     "DispatchApp",
@@ -258,8 +258,6 @@ async def dispatch_request(
     Worker reads its secrets from bindings). The app must be the current one
     (``run_in_app``) when a job's code could look it up.
     """
-    from haze._jobs.definition import PendingDispatch, get_job
-
     if secret is None:
         secret = os.environ.get("HAZE_HTTP_SECRET", "")
     refused = check_method(method) or check_secret(where, secret)
@@ -376,8 +374,6 @@ class DispatchApp:
             return self._fixed
         loop = asyncio.get_running_loop()
         if self._per_loop is None or self._per_loop[0] is not loop:
-            from haze._app.app import App
-
             self._per_loop = (loop, App(root=self._root))
         return self._per_loop[1]
 
@@ -387,8 +383,6 @@ class DispatchApp:
             return
         if scope["type"] != "http":
             return
-        from haze._app.app import run_in_app
-
         path = str(scope.get("path") or "/")
         method = str(scope.get("method") or "")
         app = self.app()
@@ -417,8 +411,6 @@ class DispatchApp:
 
 
 async def _health(method: str) -> DispatchResponse:
-    from haze.api.health import queue_check
-
     if method.upper() not in ("GET", "HEAD"):
         return _error(405, f"use GET for the health check (got {method})", {"allow": "GET"})
     report = await queue_check()
