@@ -19,10 +19,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 __all__ = [
+    "add_enter_hook",
     "app_var",
+    "default_app",
     "entered",
     "explicit_app",
     "left",
+    "remove_enter_hook",
     "run_in_app",
     "set_default_factory",
     "use_app",
@@ -38,6 +41,7 @@ _last_entered: Any = None
 _default_app: Any = None
 _default_factory: Callable[[], Any] | None = None
 _default_lock = threading.Lock()
+_enter_hooks: list[Callable[[Any], None]] = []
 
 
 def use_app() -> Any:
@@ -85,6 +89,8 @@ def entered(app: object) -> contextvars.Token[Any]:
     recently entered app elsewhere. Returns the token for :func:`left`."""
     global _last_entered
     _last_entered = app
+    for hook in list(_enter_hooks):
+        hook(app)
     return app_var.set(app)
 
 
@@ -97,6 +103,18 @@ def left(app: object, token: contextvars.Token[Any]) -> None:
         app_var.reset(token)
     except ValueError:  # exited in another context (e.g. a fixture's teardown task)
         app_var.set(None)
+
+
+def add_enter_hook(hook: Callable[[Any], None]) -> None:
+    """Call ``hook(app)`` whenever an app is entered (``Queue.fake()`` made before the
+    test's app was entered uses it to fake that app too)."""
+    _enter_hooks.append(hook)
+
+
+def remove_enter_hook(hook: Callable[[Any], None]) -> None:
+    """Undo :func:`add_enter_hook` (no error when ``hook`` is not there)."""
+    if hook in _enter_hooks:
+        _enter_hooks.remove(hook)
 
 
 async def run_in_app(app: object, fn: Callable[[], Awaitable[T] | T]) -> T:

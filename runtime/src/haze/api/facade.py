@@ -13,10 +13,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from haze import testing
+from haze._app.app import use_app
+from haze._engine.manager import QueueManager, events
+from haze._jobs import status
 from haze._jobs.definition import JobDefinition, PendingDispatch, get_job
 from haze._jobs.status import JobStatus
 from haze._kernel.blocking import blocking
 from haze._kernel.durations import Duration, parse_duration
+from haze._orchestration import batches
 from haze._orchestration.batches import Batch, PendingBatch
 from haze._orchestration.chains import PendingChain
 from haze.drivers import FailedJob
@@ -24,9 +28,7 @@ from haze.drivers import FailedJob
 __all__ = ["Queue"]
 
 
-def _manager() -> Any:
-    from haze._app.app import use_app
-
+def _manager() -> QueueManager:
     return use_app().manager
 
 
@@ -63,9 +65,7 @@ async def _bulk(jobs: Sequence[PendingDispatch[Any]]) -> list[str]:
 
 async def _find_batch(batch_id: str) -> Batch | None:
     """The batch with this id, or None (unknown or expired)."""
-    from haze._orchestration.batches import find
-
-    return await find(_manager(), batch_id)
+    return await batches.find(_manager(), batch_id)
 
 
 async def _failed(connection: str | None = None, queue: str | None = None) -> list[FailedJob]:
@@ -117,9 +117,7 @@ async def _status(id: str) -> JobStatus | None:
 
     >>> # st = await Queue.status(job_id); st.state, st.progress
     """
-    from haze._jobs.status import read
-
-    return await read(_manager(), id)
+    return await status.read(_manager(), id)
 
 
 async def _wait(id: str, timeout: Duration | None = None) -> JobStatus:
@@ -129,10 +127,8 @@ async def _wait(id: str, timeout: Duration | None = None) -> JobStatus:
 
     >>> # st = await Queue.wait(job_id, timeout="1m"); st.result
     """
-    from haze._jobs.status import wait_final
-
     limit = None if timeout is None else parse_duration(timeout, "Queue.wait(timeout)")
-    return await wait_final(_manager(), id, limit)
+    return await status.wait_final(_manager(), id, limit)
 
 
 async def _cancel(id: str) -> bool:
@@ -143,9 +139,7 @@ async def _cancel(id: str) -> bool:
 
     >>> # await Queue.cancel(job_id)
     """
-    from haze._jobs.status import cancel
-
-    return await cancel(_manager(), id)
+    return await status.cancel(_manager(), id)
 
 
 class Queue:
@@ -192,18 +186,18 @@ class Queue:
     def on(event: str, fn: Callable[..., Any] | None = None) -> Any:
         """Listen to a queue event (``before``, ``after``, ``failing``, ``looping``,
         ``worker_idle``, ``queue_busy``, ``progress``); usable as a decorator."""
-        from haze._engine.manager import events
-
         if fn is None:
             return lambda f: events.on(event, f)
         return events.on(event, fn)
 
     @staticmethod
     def fake() -> testing.FakeQueue:
-        """Record dispatches instead of queueing them (see ``haze.testing``)."""
+        """Record the current app's dispatches instead of queueing them (see
+        ``haze.testing``); called before any app is entered, the fake also covers the
+        apps entered until ``Queue.restore()``."""
         return testing.install()
 
     @staticmethod
     def restore() -> None:
-        """Undo ``Queue.fake()``."""
+        """Undo ``Queue.fake()`` (on every app it faked)."""
         testing.uninstall()

@@ -22,8 +22,9 @@ __all__ = ["DispatchRecorder"]
 class DispatchRecorder(Protocol):
     """Records what an App would have queued."""
 
-    #: Holds unique locks, debounce and middleware state while recording.
-    store: Store
+    @property
+    def store(self) -> Store:
+        """Holds unique locks, debounce and middleware state while recording."""
 
     def record(self, job: Any, message: Any, delay: float) -> None:
         """A job (``JobDefinition``) was dispatched as ``message`` (``Message``),

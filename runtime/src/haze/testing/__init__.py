@@ -12,23 +12,34 @@ restores around each test.
 
 from __future__ import annotations
 
+import builtins
 import inspect
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from haze.drivers.memory import MemoryDriver
+from haze._app.app import App, use_app
+from haze._jobs.definition import JobDefinition, PendingDispatch
+from haze._kernel import current
+from haze._kernel.crypto import unseal_link
+from haze._kernel.message import Message, decode, encode, new_id
+from haze._orchestration.batches import Batch, PendingBatch
+from haze._orchestration.chains import PendingChain
+from haze._runners.delivery import Delivery
+from haze.contracts.driver import FailedJob, Reserved
 from haze.stores.memory import MemoryStore
-
-if TYPE_CHECKING:
-    from haze._jobs.definition import JobDefinition
-    from haze._kernel.message import Message
-    from haze._orchestration.batches import Batch, PendingBatch
-    from haze._orchestration.chains import PendingChain
 
 __all__ = ["FakeQueue", "RecordedJob"]
 
+#: The fake ``Queue.fake()`` made last (None after ``Queue.restore()``). Bookkeeping
+#: for tests and the pytest plugin: the engine reads ``App.recorder``, never this.
 _active_fake: FakeQueue | None = None
+#: Every fake ``Queue.fake()`` made since the last ``Queue.restore()``.
+_installed: list[FakeQueue] = []
+#: The fake made while no app was current: it also fakes each app entered later.
+_pending: FakeQueue | None = None
 
 
 @dataclass
@@ -78,16 +89,101 @@ class RecordedBatch:
         return self.batch.id
 
 
-class _FakeDriver(MemoryDriver):
-    """Runs drained jobs with every delay and backoff ignored."""
+class _DrainQueue:
+    """The queue ``drain()`` runs one connection's recorded jobs from: a ``Driver`` whose
+    every delay and backoff is ignored, so a retry or a release runs again at once."""
 
-    def _push(self, queue: str, body: str, used: int, delay: float) -> None:
-        super()._push(queue, body, used, 0.0)
+    remote = False
+    local_callbacks = True
+    inline = False
+    max_message_size: int | None = None
+    outage_errors: tuple[type[BaseException], ...] = ()
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        #: (queue, body, attempts used): what ``reserve`` hands out next, in order.
+        self._ready: deque[tuple[str, str, int]] = deque()
+        self._failed = _FailedList()
+
+    @property
+    def failed(self) -> _FailedList:
+        return self._failed
+
+    def push(self, queue: str, body: str, used: int) -> None:
+        self._ready.append((queue, body, used))
+
+    def reserve_nowait(self) -> Reserved | None:
+        if not self._ready:
+            return None
+        queue, body, used = self._ready.popleft()
+        try:
+            message: Message | None = decode(body)
+            error: BaseException | None = None
+        except Exception as e:
+            message, error = None, e
+        return Reserved(message, used + 1, body, queue, time.time(), error)
+
+    async def enqueue(self, body: str, message: Message, delay: float) -> None:
+        self.push(message.queue, body, message.attempts)
+
+    async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
+        for body, message, _ in items:
+            self.push(message.queue, body, message.attempts)
+
+    async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
+        return self.reserve_nowait()
+
+    async def ack(self, job: Reserved) -> bool:
+        return True
+
+    async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
+        self.push(job.queue, job.body, job.attempt if consume_attempt else job.attempt - 1)
+        return True
+
+    async def fail(self, job: Reserved, failed: FailedJob) -> bool:
+        await self._failed.record(failed)
+        return True
+
+    async def size(self, queue: str) -> int:
+        return sum(1 for q, _, _ in self._ready if q == queue)
+
+    async def purge(self, queue: str) -> int:
+        n = await self.size(queue)
+        self._ready = deque(item for item in self._ready if item[0] != queue)
+        return n
+
+    async def close(self) -> None:
+        self._ready.clear()
+
+
+class _FailedList:
+    """The jobs that failed for good while draining (a ``FailedJobStore``)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, FailedJob] = {}
+
+    async def record(self, job: FailedJob) -> None:
+        self.jobs.pop(job.id, None)
+        self.jobs[job.id] = job
+
+    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
+        return [j for j in self.jobs.values() if queue is None or j.queue == queue]
+
+    async def find(self, id: str) -> FailedJob | None:
+        return self.jobs.get(id)
+
+    async def forget(self, id: str) -> bool:
+        return self.jobs.pop(id, None) is not None
+
+    async def flush(self, older_than: float | None = None) -> int:
+        cutoff = time.time() - older_than if older_than is not None else None
+        old = [k for k, j in self.jobs.items() if cutoff is None or j.failed_at < cutoff]
+        for k in old:
+            del self.jobs[k]
+        return len(old)
 
 
 def _name_of(job: object) -> str:
-    from haze._jobs.definition import JobDefinition, PendingDispatch
-
     if isinstance(job, str):
         return job
     if isinstance(job, JobDefinition):
@@ -116,7 +212,9 @@ class FakeQueue:
         self.skipped: list[RecordedJob] = []
         self.batches: list[RecordedBatch] = []
         self.chains: list[list[dict[str, Any]]] = []
-        self._drivers: dict[str, _FakeDriver] = {}
+        self._queues: dict[str, _DrainQueue] = {}
+        #: The apps this fake is set on (``app.recorder``).
+        self._apps: list[App] = []
 
     # -- recording (called by the manager) -----------------------------------------
 
@@ -130,11 +228,6 @@ class FakeQueue:
         self.chains.append(links)
 
     def record_batch(self, pending: PendingBatch, spec: dict[str, Any]) -> Batch:
-        import time
-
-        from haze._kernel.message import new_id
-        from haze._orchestration.batches import Batch
-
         n = sum(len(j) if isinstance(j, list) else 1 for j in pending.jobs)
         batch = Batch(
             id=new_id(),
@@ -192,8 +285,6 @@ class FakeQueue:
 
     def assert_chained(self, jobs: Sequence[object]) -> None:
         """A chain of these jobs was dispatched (names; ``with_(...)`` also compares payload)."""
-        from haze._jobs.definition import PendingDispatch
-
         expected: list[tuple[str, Any, bool]] = []
         for j in jobs:
             if isinstance(j, PendingDispatch):
@@ -204,9 +295,6 @@ class FakeQueue:
         def plain(link: dict[str, Any]) -> Any:
             if "enc" not in link:
                 return link.get("payload")
-            from haze._app.app import use_app
-            from haze._kernel.crypto import unseal_link
-
             return unseal_link(use_app(), link)  # an encrypted job's link
 
         def same(links: list[dict[str, Any]]) -> bool:
@@ -257,55 +345,103 @@ class FakeQueue:
         if not any(r.name == name and _matches(predicate, r.payload, r) for r in self.skipped):
             raise AssertionError(f'expected a dispatch of unique job "{name}" to be skipped')
 
+    # -- installing -----------------------------------------------------------------
+
+    def install(self, app: App) -> None:
+        """Record ``app``'s dispatches on this fake (until :meth:`uninstall`)."""
+        app.recorder = self
+        if app not in self._apps:
+            self._apps.append(app)
+
+    def uninstall(self) -> None:
+        """Give the apps this fake is set on back their real connections."""
+        for app in self._apps:
+            if app.recorder is self:
+                app.recorder = None
+        self._apps.clear()
+
+    def _adopt(self, app: object) -> None:
+        # An app entered after a Queue.fake() that found no current app: fake it too,
+        # unless a fake of its own is set already.
+        if isinstance(app, App) and app.recorder is None:
+            self.install(app)
+
+    def _app(self) -> App:
+        """The app to drain through: the current one, if this fake is set on it."""
+        app = use_app()
+        if app.recorder is not self:
+            mine = [a for a in self._apps if a.recorder is self]
+            if mine:
+                return mine[-1]
+        return app
+
     # -- running ---------------------------------------------------------------------
 
-    def _driver(self, connection: str) -> _FakeDriver:
-        d = self._drivers.get(connection)
-        if d is None:
-            d = self._drivers[connection] = _FakeDriver(connection, {})
-        return d
+    def _queue(self, connection: str) -> _DrainQueue:
+        q = self._queues.get(connection)
+        if q is None:
+            q = self._queues[connection] = _DrainQueue(connection)
+        return q
 
     @property
-    def failed(self) -> list[Any]:
+    def failed(self) -> list[FailedJob]:
         """Jobs that failed for good during ``drain()``."""
-        out: list[Any] = []
-        for d in self._drivers.values():
-            out.extend(d.failed._jobs.values())
-        return out
+        return [job for q in self._queues.values() for job in q.failed.jobs.values()]
 
     async def drain(self) -> int:
         """Run the recorded jobs in dispatch order through the real pipeline (middleware,
         release, retries; delays ignored). Jobs they dispatch are recorded, not run: call
         ``drain()`` again to go on. Returns the number of attempts run."""
-        from haze._app.app import use_app
-        from haze._kernel.message import encode
-
-        manager = use_app().manager
-        todo = [r for r in self.dispatched if not r.drained]
-        for r in todo:
-            r.drained = True
-            d = self._driver(r.connection or manager.app.queue_config.default)
-            d._push(r.message.queue, encode(r.message), r.message.attempts, 0.0)
+        manager = self._app().manager
+        default = manager.app.queue_config.default
+        for r in self.dispatched:
+            if not r.drained:
+                r.drained = True
+                q = self._queue(r.connection or default)
+                q.push(r.message.queue, encode(r.message), r.message.attempts)
+        deliveries = {name: Delivery(manager, name) for name in self._queues}
         runs = 0
         progress = True
         while progress:
             progress = False
-            for d in list(self._drivers.values()):
-                job = d.reserve_nowait(None)
+            for name, q in list(self._queues.items()):
+                job = q.reserve_nowait()
                 while job is not None:
                     progress = True
                     runs += 1
-                    await manager.process(job, d)
-                    job = d.reserve_nowait(None)
+                    await deliveries[name].run(job, q)
+                    job = q.reserve_nowait()
         return runs
 
 
 def install() -> FakeQueue:
-    global _active_fake
-    _active_fake = FakeQueue()
-    return _active_fake
+    """``Queue.fake()``: a new fake on the current app, replacing any fake it had. With
+    no app current (a fixture faked before the test entered its app), the fake is set
+    on the implicit default app and on every app entered until ``Queue.restore()``."""
+    global _active_fake, _pending
+    fake = FakeQueue()
+    app = current.explicit_app()
+    if app is not None:
+        fake.install(app)
+    else:
+        if _pending is not None:
+            current.remove_enter_hook(_pending._adopt)
+        _pending = fake
+        current.add_enter_hook(fake._adopt)
+        default: App = current.default_app()
+        fake.install(default)
+    _installed.append(fake)
+    _active_fake = fake
+    return fake
 
 
 def uninstall() -> None:
-    global _active_fake
+    """``Queue.restore()``: every app faked since the last restore queues for real again."""
+    global _active_fake, _pending
+    if _pending is not None:
+        current.remove_enter_hook(_pending._adopt)
+        _pending = None
+    for fake in _installed:
+        fake.uninstall()
+    _installed.clear()
     _active_fake = None
