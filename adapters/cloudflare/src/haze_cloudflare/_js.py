@@ -32,6 +32,13 @@ try:
 except ImportError:
     _jsnull = None
 
+from haze._kernel.message import new_id_prefix
+
+from haze_cloudflare import _plugins
+
+# A Worker bundle has no .dist-info to read entry points from: register them here.
+_plugins.register()
+
 __all__ = [
     "IN_PYODIDE",
     "bind_env",
@@ -56,8 +63,6 @@ def bind_env(env: Any) -> None:
     if _first_request and env is not None:
         # Every isolate of a deployed Worker starts from one memory snapshot of the
         # top-level code: an id prefix drawn there would be every isolate's.
-        from haze._kernel.message import new_id_prefix
-
         new_id_prefix()
         _first_request = False
     _env = env

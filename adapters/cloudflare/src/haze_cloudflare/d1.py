@@ -1,8 +1,9 @@
 """D1 through the Worker's binding, so the ``database`` driver can dispatch from a Worker.
 
-``haze.database.d1.D1Connector`` (a ``d1://ACCOUNT/DATABASE`` connection) asks this
-module for an executor over the binding named by the connection's ``options.binding``
-(default ``DB``) whenever a Worker env is bound; otherwise it uses the REST API.
+``haze.database.d1.D1Connector`` (a ``d1://ACCOUNT/DATABASE`` connection) asks
+``binding_executor``, the ``haze.bindings`` plugin ``d1`` (see ``haze_cloudflare._plugins``),
+for an executor over the binding named by the connection's ``options.binding`` (default
+``DB``) whenever a Worker env is bound; otherwise it uses the REST API.
 
 Statements: ``env.DB.prepare(sql).bind(*params).all()`` for rows (and for rows changed,
 ``meta.changes``), ``.run()`` for writes, ``env.DB.batch([...])`` for ``executemany`` (one
@@ -16,11 +17,9 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
-from haze.database import d1 as _rt
-
 from haze_cloudflare._js import binding, js_null, to_js, to_py
 
-__all__ = ["BindingExecutor"]
+__all__ = ["BindingExecutor", "binding_executor"]
 
 Row = tuple[Any, ...]
 
@@ -85,9 +84,7 @@ class BindingExecutor:
         return sum(_changes(r) for r in results)
 
 
-def _lookup(connection: str, name: str) -> BindingExecutor | None:
+def binding_executor(connection: str, name: str) -> BindingExecutor | None:
+    """An executor over the D1 binding ``name`` of the bound env, or None (not bound)."""
     db = binding(name)
     return BindingExecutor(db) if db is not None else None
-
-
-_rt.register_binding_executor(_lookup)

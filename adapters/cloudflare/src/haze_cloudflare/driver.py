@@ -4,8 +4,9 @@ The driver itself (REST producer, HTTP pull consumer, settling deliveries, the f
 store) lives in the runtime, ``haze.drivers.cloudflare``, so ``haze[cloudflare]`` alone
 runs ``haze queue:work --connection cloudflare`` in a container. This module adds what
 only exists inside a Worker: ``env[binding].send(body, {delaySeconds, contentType})`` and
-``sendBatch([...])``. Importing it registers the binding lookup with the runtime; the
-driver then uses the binding whenever the bound env (``bind_env``) has it.
+``sendBatch([...])``. ``binding_producer`` is the ``haze.bindings`` plugin ``cloudflare``
+(see ``haze_cloudflare._plugins``): the driver uses the binding whenever the bound env
+(``bind_env``) has it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = [
     "BindingProducer",
     "CloudflareDriver",
     "CloudflareError",
+    "binding_producer",
     "delay_seconds",
 ]
 
@@ -72,8 +74,6 @@ class BindingProducer:
             await _settle(q.sendBatch(to_js(messages)))
 
 
-def _lookup(name: str) -> BindingProducer | None:
+def binding_producer(name: str) -> BindingProducer | None:
+    """A producer on the Queue binding ``name`` of the bound env, or None (not bound)."""
     return BindingProducer(name) if binding(name) is not None else None
-
-
-_rt.register_binding_producer(_lookup)

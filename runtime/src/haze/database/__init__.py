@@ -15,6 +15,11 @@ URL                     module               client (extra)
 ======================  ===================  =====================
 
 SQL is written with ``?`` placeholders; connectors translate them for their driver.
+
+Another URL scheme is a plugin (``haze._kernel.plugins``): a connector class registered
+with ``register_connector``, or an installed distribution's entry point in the
+``haze.connectors`` group, named by the URL's scheme (its dialect). A connector class is
+called ``cls(connection_name, options, root=app_root)``.
 """
 
 from __future__ import annotations
@@ -23,10 +28,22 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, runtime_checkable
 
+from haze._kernel import plugins
 from haze._kernel.deps import load_by_name
 from haze._kernel.errors import ConfigError
 
-__all__ = ["Connector", "Session", "connect", "dialect_of"]
+__all__ = [
+    "GROUP",
+    "Connector",
+    "Session",
+    "connect",
+    "connector_class",
+    "dialect_of",
+    "register_connector",
+]
+
+#: The entry point group of third-party database backends, named by dialect.
+GROUP = "haze.connectors"
 
 Row = tuple[Any, ...]
 
@@ -83,21 +100,35 @@ def dialect_of(url: str) -> str:
     }.get(scheme, scheme)
 
 
+def register_connector(dialect: str, target: object) -> None:
+    """Make URLs of the scheme ``dialect`` use ``target``: a connector class, or
+    ``"module:Class"`` (imported on first use). A built-in dialect is not taken over."""
+    if dialect in _BACKENDS:
+        raise ValueError(f"{dialect!r} is a built-in database backend")
+    plugins.register(GROUP, dialect, target)
+
+
+def connector_class(url: str, *, source: str = "", key: str = "url") -> Any:
+    """The connector class for ``url``'s dialect (built in, then plugins)."""
+    dialect = dialect_of(url)
+    if dialect in _BACKENDS:
+        module_name, cls_name = _BACKENDS[dialect]
+        return load_by_name(
+            module_name, cls_name, what=f"the {dialect} backend", source=source, key=key
+        )
+    found = plugins.find(GROUP, dialect)
+    if found is None:
+        raise ConfigError(
+            f"unsupported database URL {url!r} (built in: sqlite, postgresql, mysql, libsql, "
+            f"d1); a package adds a scheme through the {GROUP!r} entry point group",
+            source=source,
+            key=key,
+        )
+    return found
+
+
 def connect(name: str, options: dict[str, Any], *, root: Any = None, source: str = "") -> Connector:
     """A connector for one ``config/database.py`` connection (does not connect yet)."""
-    url = options["url"]
-    dialect = dialect_of(url)
-    if dialect not in _BACKENDS:
-        raise ConfigError(
-            f"unsupported database URL {url!r}", source=source, key=f"connections.{name}.url"
-        )
-    module_name, cls_name = _BACKENDS[dialect]
-    cls = load_by_name(
-        module_name,
-        cls_name,
-        what=f"the {dialect} backend",
-        source=source,
-        key=f"connections.{name}.url",
-    )
+    cls = connector_class(options["url"], source=source, key=f"connections.{name}.url")
     connector: Connector = cls(name, options, root=root)
     return connector

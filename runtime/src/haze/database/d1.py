@@ -1,4 +1,4 @@
-"""Cloudflare D1: the REST API with httpx, or the Worker's D1 binding through ``haze_cloudflare``.
+"""Cloudflare D1: the REST API with httpx, or the Worker's D1 binding (the Cloudflare adapter).
 
 ``config/database.py``::
 
@@ -13,7 +13,8 @@ client at another base URL (a local stand-in in tests); ``options.timeout`` (def
 
 Inside a Python Worker whose ``env`` is bound (``haze_cloudflare.bind_env``, done by
 ``QueueWorker``), the connector uses the binding named ``options.binding`` (default
-``DB``): ``prepare(sql).bind(...).all()/run()``, ``batch()`` for ``executemany``. So the
+``DB``) through the ``haze.bindings`` plugin ``d1`` (``haze._kernel.plugins``):
+``prepare(sql).bind(...).all()/run()``, ``batch()`` for ``executemany``. So the
 ``database`` driver can dispatch from a Worker; consuming it needs a long-running worker
 elsewhere (the seed's Edge rule).
 
@@ -25,7 +26,6 @@ atomic.
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from haze._kernel import plugins
 from haze._kernel.durations import parse_duration
 from haze._kernel.errors import ConfigError, DatabaseConnectionError, HazeError
 from haze._kernel.http import LoopClient
@@ -81,32 +82,20 @@ class D1Executor(Protocol):
         """Run ``sql`` once per parameter row; the total of rows changed."""
 
 
-#: Set by ``haze_cloudflare`` on import: (connection name, binding name) -> an executor
-#: over the Worker's D1 binding, or None when no Worker env with that binding is bound.
-_binding_executor: Callable[[str, str], D1Executor | None] | None = None
+#: The plugin (group ``haze.bindings``, name ``d1``) that reaches a Worker's D1 bindings:
+#: (connection name, binding name) -> an executor, or None when no Worker env with that
+#: binding is bound (then the REST API is used). The Cloudflare adapter provides it.
+BINDINGS_GROUP = "haze.bindings"
 
 
-def register_binding_executor(fn: Callable[[str, str], D1Executor | None] | None) -> None:
-    """Install the Worker-binding lookup (``haze_cloudflare`` calls this on import)."""
-    global _binding_executor
-    _binding_executor = fn
-
-
-_hook_tried = False
+def register_binding_executor(fn: Callable[[str, str], D1Executor | None]) -> None:
+    """Install the Worker-binding lookup in this process (before the plugin's entry point)."""
+    plugins.register(BINDINGS_GROUP, "d1", fn)
 
 
 def _binding_lookup() -> Callable[[str, str], D1Executor | None] | None:
-    # haze_cloudflare loads its D1 module on first use, not on import (cold start): a
-    # Worker that bound its env and dispatches before any QueueWorker ran gets it here.
-    global _hook_tried
-    if _binding_executor is None and not _hook_tried:
-        _hook_tried = True
-        try:
-            importlib.import_module("haze_cloudflare.d1")
-        except ModuleNotFoundError as e:
-            if not (e.name or "").startswith("haze_cloudflare"):
-                raise
-    return _binding_executor
+    lookup: Callable[[str, str], D1Executor | None] | None = plugins.find(BINDINGS_GROUP, "d1")
+    return lookup
 
 
 def encode_param(value: Any) -> Any:

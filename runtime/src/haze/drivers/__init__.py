@@ -1,13 +1,37 @@
-"""Queue drivers, one module each, loaded by driver name when a connection is first used."""
+"""Queue drivers, one module each, loaded by driver name when a connection is first used.
+
+The built-in drivers are in ``_DRIVERS``. Any other name is a plugin (``haze._kernel.plugins``):
+one registered in this process with ``register_driver``, or an installed distribution's
+entry point in the ``haze.drivers`` group::
+
+    [project.entry-points."haze.drivers"]
+    mine = "my_package.driver:MyDriver"     # config/queue.py: {"driver": "mine", ...}
+
+A driver class is called ``cls(connection_name, options, app)``.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from haze._kernel import plugins
 from haze._kernel.deps import load_by_name
+from haze._kernel.errors import ConfigError
 from haze.contracts.driver import Driver, FailedJob, FailedJobStore, Reserved
 
-__all__ = ["Driver", "FailedJob", "FailedJobStore", "Reserved", "create_driver"]
+__all__ = [
+    "GROUP",
+    "Driver",
+    "FailedJob",
+    "FailedJobStore",
+    "Reserved",
+    "create_driver",
+    "driver_class",
+    "register_driver",
+]
+
+#: The entry point group of third-party queue drivers.
+GROUP = "haze.drivers"
 
 # driver name -> (module, class). A missing optional client raises
 # MissingDependencyError from inside the module, naming the haze[extra] to install.
@@ -22,15 +46,34 @@ _DRIVERS = {
 }
 
 
+def register_driver(name: str, target: object) -> None:
+    """Make ``{"driver": name}`` use ``target``: a driver class, or ``"module:Class"``
+    (imported on first use). A built-in driver's name is not taken over."""
+    if name in _DRIVERS:
+        raise ValueError(f"{name!r} is a built-in queue driver; register under another name")
+    plugins.register(GROUP, name, target)
+
+
+def driver_class(kind: str, *, source: str = "", key: str = "driver") -> Any:
+    """The class of the queue driver named ``kind`` (built in, then plugins)."""
+    if kind in _DRIVERS:
+        module_name, cls_name = _DRIVERS[kind]
+        return load_by_name(
+            module_name, cls_name, what=f"the {kind!r} driver", source=source, key=key
+        )
+    found = plugins.find(GROUP, kind)
+    if found is None:
+        known = ", ".join(sorted({*_DRIVERS, *plugins.names(GROUP)}))
+        raise ConfigError(
+            f"no queue driver is named {kind!r} (known: {known}); a package adds one "
+            f"through the {GROUP!r} entry point group",
+            source=source,
+            key=key,
+        )
+    return found
+
+
 def create_driver(name: str, options: dict[str, Any], app: Any, source: str) -> Driver:
-    kind = options["driver"]
-    module_name, cls_name = _DRIVERS[kind]
-    cls = load_by_name(
-        module_name,
-        cls_name,
-        what=f"the {kind!r} driver",
-        source=source,
-        key=f"connections.{name}.driver",
-    )
+    cls = driver_class(options["driver"], source=source, key=f"connections.{name}.driver")
     driver: Driver = cls(name, options, app)
     return driver

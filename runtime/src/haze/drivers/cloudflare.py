@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import builtins
-import importlib
 import json
 import logging
 import math
@@ -49,6 +48,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from haze._kernel import plugins
 from haze._kernel.errors import ConfigError, DelayTooLongError, HazeError
 from haze._kernel.http import LoopClient
 from haze._kernel.message import Message, decode
@@ -115,28 +115,21 @@ class Delivery(Protocol):
     async def retry(self, delay: int) -> None: ...
 
 
-#: Set by ``haze_cloudflare`` on import: binding name -> a binding producer, or None when
-#: no Worker env with that binding is bound (then the REST API is used).
-_binding_producer: Callable[[str], Producer | None] | None = None
-_hook_tried = False
+#: The plugin (group ``haze.bindings``, name ``cloudflare``) that reaches a Worker's Queue
+#: bindings: binding name -> a producer, or None when no Worker env with that binding is
+#: bound (then the REST API is used). The Cloudflare adapter provides it.
+BINDINGS_GROUP = "haze.bindings"
 
 
-def register_binding_producer(fn: Callable[[str], Producer | None] | None) -> None:
-    """Install the Worker-binding producer lookup (``haze_cloudflare`` calls this)."""
-    global _binding_producer
-    _binding_producer = fn
+def register_binding_producer(fn: Callable[[str], Producer | None]) -> None:
+    """Install the Worker-binding producer lookup in this process (before the plugin's
+    entry point)."""
+    plugins.register(BINDINGS_GROUP, "cloudflare", fn)
 
 
 def _binding_lookup() -> Callable[[str], Producer | None] | None:
-    global _hook_tried
-    if _binding_producer is None and not _hook_tried:
-        _hook_tried = True
-        try:  # the adapter registers itself on import; it is optional outside a Worker
-            importlib.import_module("haze_cloudflare.driver")
-        except ModuleNotFoundError as e:
-            if not (e.name or "").startswith("haze_cloudflare"):
-                raise
-    return _binding_producer
+    lookup: Callable[[str], Producer | None] | None = plugins.find(BINDINGS_GROUP, "cloudflare")
+    return lookup
 
 
 # --------------------------------------------------------------------------- helpers

@@ -1,0 +1,62 @@
+"""haze_cloudflare reaches haze by name only: entry points, and the same table registered
+in-process for a Worker bundle (vendored without .dist-info)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from haze._kernel import plugins
+from haze_cloudflare import _plugins
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+
+def test_the_entry_points_are_the_registered_table() -> None:
+    declared = tomllib.loads(PYPROJECT.read_text())["project"]["entry-points"]
+    flat = {
+        (group, name): target for group, eps in declared.items() for name, target in eps.items()
+    }
+    assert flat == _plugins.PLUGINS
+
+
+def test_every_target_resolves() -> None:
+    for (group, name), target in _plugins.PLUGINS.items():
+        module, _, attr = target.partition(":")
+        found = plugins.find(group, name)
+        assert found is getattr(__import__(module, fromlist=[attr]), attr)
+
+
+def test_the_runtime_finds_them_without_importing_the_adapter() -> None:
+    # A fresh interpreter: nothing of haze_cloudflare imported, the entry points alone.
+    code = (
+        "import sys\n"
+        "from haze.stores import store_class\n"
+        "from haze._kernel import plugins\n"
+        "assert 'haze_cloudflare' not in sys.modules\n"
+        "print(store_class('kv').__module__)\n"
+        "print(plugins.find('haze.bindings', 'd1').__module__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.split() == ["haze_cloudflare.kv", "haze_cloudflare.d1"]
+
+
+def test_the_worker_path_registers_them_without_metadata() -> None:
+    # As in a Worker bundle: the entry points are hidden, importing the adapter registers.
+    code = (
+        "import importlib.metadata as m\n"
+        "m.entry_points = lambda **kw: []\n"
+        "from haze._kernel import plugins\n"
+        "assert plugins.find('haze.stores', 'kv') is None\n"
+        "import haze_cloudflare._js\n"
+        "print(plugins.find('haze.stores', 'kv').__name__)\n"
+        "print(plugins.find('haze.bindings', 'cloudflare').__name__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.split() == ["KVStore", "binding_producer"]

@@ -1,0 +1,102 @@
+"""Named plugins: what an installed distribution adds to haze, found by name.
+
+A queue driver, a cache store, a database backend or a platform's bindings that haze
+does not ship (``haze_cloudflare`` adds the ``kv`` store and the Worker bindings) is
+declared as an entry point in the distribution's ``pyproject.toml``::
+
+    [project.entry-points."haze.stores"]
+    kv = "haze_cloudflare.kv:KVStore"
+
+======================  ==================================  ==================================
+group                   name                                the object
+======================  ==================================  ==================================
+``haze.drivers``        a queue connection's ``driver``     a class ``(name, options, app)``
+``haze.stores``         a store's ``driver``                a class ``(name, options, app)``
+``haze.connectors``     a database URL's dialect (scheme)   a class ``(name, options, root=)``
+``haze.bindings``       ``cloudflare``, ``d1``              the Worker-binding lookup the
+                                                            built-in backend of that name
+                                                            uses when a binding is bound
+======================  ==================================  ==================================
+
+Each registry (``haze.drivers``, ``haze.stores``, ``haze.database``) checks its built-in
+table first, then asks here: names registered in this process (``register``, for a
+bundle that vendors a package without its ``.dist-info``, where no entry point is
+found), then the group's entry points. The entry points are read once per group, and
+only when a name is not found otherwise: ``importlib.metadata`` costs a cold start.
+
+A target is ``"module:attribute"`` (imported on first use) or the object itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Any
+
+__all__ = ["GROUPS", "find", "names", "register"]
+
+GROUPS = ("haze.drivers", "haze.stores", "haze.connectors", "haze.bindings")
+
+_registered: dict[str, dict[str, object]] = {}
+_published: dict[str, dict[str, str]] = {}
+_loaded: dict[tuple[str, str], object] = {}
+
+# "module:attr.path", optionally followed by "[extras]" (ignored, as pip does at run time)
+_TARGET = re.compile(r"^\s*([\w.]+)\s*(?::\s*([\w.]+))?\s*(?:\[.*\])?\s*$")
+
+
+def register(group: str, name: str, target: object) -> None:
+    """Make ``name`` in ``group`` resolve to ``target`` in this process (before any entry
+    point of that name). ``target`` is an object or a lazy ``"module:attribute"``."""
+    _registered.setdefault(group, {})[name] = target
+    _loaded.pop((group, name), None)
+
+
+def find(group: str, name: str) -> Any:
+    """The object ``name`` stands for in ``group``, or None when nothing provides it.
+
+    A target that fails to import raises its own error, with a note naming the plugin.
+    """
+    key = (group, name)
+    if key in _loaded:
+        return _loaded[key]
+    target = _registered.get(group, {}).get(name)
+    if target is None:
+        target = _entry_points(group).get(name)
+    if target is None:
+        return None
+    value = _resolve(group, name, target) if isinstance(target, str) else target
+    _loaded[key] = value
+    return value
+
+
+def names(group: str) -> list[str]:
+    """Every name ``group`` provides here (registered or published), sorted."""
+    return sorted({*_registered.get(group, {}), *_entry_points(group)})
+
+
+def _entry_points(group: str) -> dict[str, str]:
+    if group not in _published:
+        # stdlib, but costly to import: only reached when a name is not found otherwise
+        from importlib.metadata import entry_points
+
+        found: dict[str, str] = {}
+        for ep in entry_points(group=group):
+            found.setdefault(ep.name, ep.value)  # the first distribution wins
+        _published[group] = found
+    return _published[group]
+
+
+def _resolve(group: str, name: str, target: str) -> object:
+    match = _TARGET.match(target)
+    if match is None:
+        raise ValueError(f"{group} plugin {name!r}: {target!r} is not 'module:attribute'")
+    module, attrs = match.group(1), match.group(2) or ""
+    try:
+        value: object = importlib.import_module(module)
+        for attr in filter(None, attrs.split(".")):
+            value = getattr(value, attr)
+    except (ImportError, AttributeError) as e:
+        e.add_note(f"while loading the {group} plugin {name!r} ({target})")
+        raise
+    return value
