@@ -517,89 +517,17 @@ def validate_queue(spec: object, source: str | None = None) -> QueueConfig:
     s = _expect_kind(spec, "queue", src)
     v = _V(src)
     raw = s.raw
-    v.unknown(
-        raw,
-        {
-            "default",
-            "connections",
-            "store",
-            "batches",
-            "middleware",
-            "run_in_server",
-            "telemetry",
-            "track",
-            "keep_result",
-        },
-        "queue",
-    )
-    conns_raw = v.mapping(raw.get("connections"), "connections")
-    if not conns_raw:
-        conns_raw = {"memory": {"driver": "memory"}}
-    connections: dict[str, dict[str, Any]] = {}
-    queue_limits: dict[str, dict[str, dict[str, float]]] = {}
-    for name, c in conns_raw.items():
-        key = f"connections.{name}"
-        v.name(name, key)
-        c = v.mapping(c, key, required=True)
-        driver = v.string(c.get("driver"), f"{key}.driver", required=True)
-        if driver not in QUEUE_DRIVER_OPTIONS:
-            known = ", ".join(sorted(QUEUE_DRIVER_OPTIONS))
-            raise v.fail(f"{key}.driver", f"unknown driver {driver!r}; known drivers: {known}")
-        connections[name] = _check_options(v, c, QUEUE_DRIVER_OPTIONS[driver], key)
-        limits = v.queue_limits(c.get("queues"), f"{key}.queues")
-        if limits:
-            queue_limits[name] = limits
-    for name, c in connections.items():
-        if c["driver"] == "failover":
-            members = c.get("connections") or []
-            if not members:
-                raise v.fail(f"connections.{name}.connections", "is required for failover")
-            for m in members:
-                if m not in connections or m == name:
-                    raise v.fail(f"connections.{name}.connections", f"unknown connection {m!r}")
-                if connections[m]["driver"] == "failover":
-                    raise v.fail(
-                        f"connections.{name}.connections",
-                        f"{m!r} is a failover connection itself; list the real connections",
-                    )
-        if c["driver"] == "sqs" and not c.get("queue_url"):
-            raise v.fail(f"connections.{name}.queue_url", "is required for the sqs driver")
-    default = raw.get("default")
-    if default is None:
-        default = next(iter(connections))
-    default = v.string(default, "default", required=True)
-    if default not in connections:
-        raise v.fail(
-            "default", f"{default!r} is not one of the connections: {', '.join(connections)}"
-        )
+    v.unknown(raw, _QUEUE_KEYS, "queue")
+    connections, queue_limits = _queue_connections(v, raw)
+    _check_connection_links(v, connections)
+    default = _queue_default(v, raw, connections)
     store = v.string(raw.get("store"), "store")
     batches = v.mapping(raw.get("batches"), "batches")
     v.unknown(batches, {"store", "ttl"}, "batches")
     batches_store = v.string(batches.get("store"), "batches.store")
     ttl = v.duration(batches.get("ttl", "7d"), "batches.ttl", allow_zero=False)
-    middleware = raw.get("middleware") or []
-    if not isinstance(middleware, (list, tuple)):
-        raise v.fail("middleware", f"expected a list of middleware, got {middleware!r}")
-    for i, mw in enumerate(middleware):
-        if not callable(mw):
-            raise v.fail(f"middleware[{i}]", f"expected a callable middleware, got {mw!r}")
-    ris = raw.get("run_in_server", False)
-    run_in_server: dict[str, Any] | None
-    if ris is False or ris is None:
-        run_in_server = None
-    elif ris is True:
-        run_in_server = {}
-    else:
-        run_in_server = v.mapping(ris, "run_in_server")
-        v.unknown(run_in_server, {"connection", "queues", "concurrency"}, "run_in_server")
-        if "connection" in run_in_server:
-            c_name = v.string(run_in_server["connection"], "run_in_server.connection")
-            if c_name not in connections:
-                raise v.fail("run_in_server.connection", f"unknown connection {c_name!r}")
-        if "queues" in run_in_server:
-            run_in_server["queues"] = v.names(run_in_server["queues"], "run_in_server.queues")
-        if "concurrency" in run_in_server:
-            v.integer(run_in_server["concurrency"], "run_in_server.concurrency", minimum=1)
+    middleware = _queue_middleware(v, raw)
+    run_in_server = _run_in_server(v, raw.get("run_in_server", False), connections)
     telemetry = raw.get("telemetry", "auto")
     if not (telemetry is True or telemetry is False or telemetry == "auto"):
         raise v.fail("telemetry", f'expected True, False or "auto", got {telemetry!r}')
@@ -617,12 +545,111 @@ def validate_queue(spec: object, source: str | None = None) -> QueueConfig:
         store=store,
         batches_store=batches_store,
         batches_ttl=ttl,
-        middleware=list(middleware),
+        middleware=middleware,
         run_in_server=run_in_server,
         source=src,
         telemetry=telemetry,
         queue_limits=queue_limits,
     )
+
+
+_QUEUE_KEYS = {
+    "default",
+    "connections",
+    "store",
+    "batches",
+    "middleware",
+    "run_in_server",
+    "telemetry",
+    "track",
+    "keep_result",
+}
+
+
+def _queue_connections(
+    v: _V, raw: Mapping[str, Any]
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, dict[str, float]]]]:
+    """Each connection's checked options, and the per-queue limits of those that set any."""
+    conns_raw = v.mapping(raw.get("connections"), "connections")
+    if not conns_raw:
+        conns_raw = {"memory": {"driver": "memory"}}
+    connections: dict[str, dict[str, Any]] = {}
+    queue_limits: dict[str, dict[str, dict[str, float]]] = {}
+    for name, c in conns_raw.items():
+        key = f"connections.{name}"
+        v.name(name, key)
+        c = v.mapping(c, key, required=True)
+        driver = v.string(c.get("driver"), f"{key}.driver", required=True)
+        if driver not in QUEUE_DRIVER_OPTIONS:
+            known = ", ".join(sorted(QUEUE_DRIVER_OPTIONS))
+            raise v.fail(f"{key}.driver", f"unknown driver {driver!r}; known drivers: {known}")
+        connections[name] = _check_options(v, c, QUEUE_DRIVER_OPTIONS[driver], key)
+        limits = v.queue_limits(c.get("queues"), f"{key}.queues")
+        if limits:
+            queue_limits[name] = limits
+    return connections, queue_limits
+
+
+def _check_connection_links(v: _V, connections: dict[str, dict[str, Any]]) -> None:
+    """What one connection's options can only be checked against the others (failover)."""
+    for name, c in connections.items():
+        if c["driver"] == "failover":
+            members = c.get("connections") or []
+            if not members:
+                raise v.fail(f"connections.{name}.connections", "is required for failover")
+            for m in members:
+                if m not in connections or m == name:
+                    raise v.fail(f"connections.{name}.connections", f"unknown connection {m!r}")
+                if connections[m]["driver"] == "failover":
+                    raise v.fail(
+                        f"connections.{name}.connections",
+                        f"{m!r} is a failover connection itself; list the real connections",
+                    )
+        if c["driver"] == "sqs" and not c.get("queue_url"):
+            raise v.fail(f"connections.{name}.queue_url", "is required for the sqs driver")
+
+
+def _queue_default(v: _V, raw: Mapping[str, Any], connections: dict[str, dict[str, Any]]) -> str:
+    default = raw.get("default")
+    if default is None:
+        default = next(iter(connections))
+    default = v.string(default, "default", required=True)
+    if default not in connections:
+        raise v.fail(
+            "default", f"{default!r} is not one of the connections: {', '.join(connections)}"
+        )
+    return default
+
+
+def _queue_middleware(v: _V, raw: Mapping[str, Any]) -> list[Any]:
+    middleware = raw.get("middleware") or []
+    if not isinstance(middleware, (list, tuple)):
+        raise v.fail("middleware", f"expected a list of middleware, got {middleware!r}")
+    for i, mw in enumerate(middleware):
+        if not callable(mw):
+            raise v.fail(f"middleware[{i}]", f"expected a callable middleware, got {mw!r}")
+    return list(middleware)
+
+
+def _run_in_server(
+    v: _V, ris: object, connections: dict[str, dict[str, Any]]
+) -> dict[str, Any] | None:
+    """``run_in_server``: False/None is off, True is the defaults, a mapping is checked."""
+    if ris is False or ris is None:
+        return None
+    if ris is True:
+        return {}
+    run_in_server = v.mapping(ris, "run_in_server")
+    v.unknown(run_in_server, {"connection", "queues", "concurrency"}, "run_in_server")
+    if "connection" in run_in_server:
+        c_name = v.string(run_in_server["connection"], "run_in_server.connection")
+        if c_name not in connections:
+            raise v.fail("run_in_server.connection", f"unknown connection {c_name!r}")
+    if "queues" in run_in_server:
+        run_in_server["queues"] = v.names(run_in_server["queues"], "run_in_server.queues")
+    if "concurrency" in run_in_server:
+        v.integer(run_in_server["concurrency"], "run_in_server.concurrency", minimum=1)
+    return run_in_server
 
 
 def _validate_named(
