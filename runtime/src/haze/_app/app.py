@@ -31,9 +31,12 @@ from haze._app.config import (
     validate_queue,
     validate_redis,
 )
+from haze._jobs.definition import registered_jobs
 from haze._kernel import current
+from haze._kernel.blocking import run_blocking
 from haze._kernel.current import run_in_app
 from haze._kernel.errors import ConfigError, HazeError
+from haze._kernel.hints import did_you_mean
 from haze.contracts.recorder import DispatchRecorder
 from haze.drivers import Driver, create_driver
 from haze.stores import Store, create_store
@@ -308,8 +311,6 @@ class App:
         if name is None:
             return self.queue_config.default
         if name not in self.queue_config.connections:
-            from haze._kernel.hints import did_you_mean
-
             connections = self.queue_config.connections
             known = ", ".join(connections)
             source = self.queue_config.source
@@ -376,8 +377,6 @@ class App:
         """The queues the registered jobs name on ``connection``, each with those jobs'
         names (a job without ``queue`` uses ``default``, without ``connection`` the
         default connection)."""
-        from haze._jobs.definition import registered_jobs
-
         found: dict[str, list[str]] = {}
         for job in registered_jobs().values():
             if (job.connection or self.queue_config.default) == connection:
@@ -519,15 +518,11 @@ class App:
         >>> # send_invoice.dispatch_blocking({"invoice_id": 1})
         >>> # app.stop_blocking()
         """
-        from haze._kernel.blocking import run_blocking
-
         run_blocking(self.__aenter__(), "App.start")
         return self
 
     def stop_blocking(self) -> None:
         """Leave the app from sync code: stop taking jobs and wait for the running ones."""
-        from haze._kernel.blocking import run_blocking
-
         if self._entered:
             run_blocking(self.__aexit__(None, None, None), "App.stop")
 
