@@ -8,6 +8,12 @@
 
 With pytest, use the ``queue_fake`` fixture (installed with haze), which fakes and
 restores around each test.
+
+The fake is a recorder set on an App (``app.recorder``, a ``DispatchRecorder``): the
+engine records on it instead of queueing, per app, so two apps can each have their own
+fake. ``Queue.fake()`` sets it on the current app; made before any app is current (a
+fixture that runs before the test's app is entered), it goes on the implicit default
+app and on each app entered until ``Queue.restore()``.
 """
 
 from __future__ import annotations
