@@ -7,7 +7,8 @@ import contextlib
 import json
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -187,84 +188,121 @@ def queue_work(
     RETRY in 10s or FAILED with the exception (its traceback with -v)."""
     if quiet and as_json:
         raise click.UsageError("--quiet and --json exclude each other")
-    queues = _queue_list(queue)
     app = state.app()
     name = app.connection_name(connection)
-    options = app.queue_config.connections[name]
-    if options["driver"] == "sync" or app.driver(name).inline:
-        raise click.ClickException(f'connection "{name}": {SYNC_REFUSAL}')
-    # With --schedule the scheduler dispatches into this process: a memory queue works.
-    if not app.driver(name).remote and not with_schedule:
-        raise click.ClickException(f'connection "{name}" {MEMORY_REFUSAL}')
+    _refuse_unworkable(app, name, with_schedule)
     _ = app.queue_store  # no usable lock store is a start-up error, not a warning a second
     retention()  # a bad HAZE_METRICS_RETENTION stops the worker here, in one line
     output = WorkerOutput(
         mode="json" if as_json else "quiet" if quiet else "lines", verbose=verbose
     )
-    say = output.say
-
-    async def work(app: App) -> int:
-        if with_schedule:  # a schedule it cannot run stops it before any job is taken
-            check_runnable(app, in_worker=True)
-
-        driver = app.driver(name)
-        chosen = queues
-        if chosen is None and driver.remote:
-            chosen = _default_queues(app, name)
-        # A local (memory) worker with no --queue takes every queue, like the in-app one.
-        pace = sleep if sleep is not None else options.get("sleep") or 1.0
-        ceiling = options.get("max_sleep")
-        worker = Worker(
-            app,
-            name,
-            chosen,
-            concurrency or options.get("concurrency") or 1,
-            once=once,
-            max_jobs=max_jobs,
-            max_time=max_time,
-            stop_when_empty=stop_when_empty,
-            sleep=pace,
-            max_sleep=max(ceiling, pace) if ceiling is not None else None,
-            control=True,  # follow queue:restart and queue:pause through the store
-        )
-        loop = asyncio.get_running_loop()
-        # Started before the handlers go in: a stop requested earlier would be reset.
-        worker.start()
-        task = loop.create_task(worker.run())
-        scheduling = None
-        if with_schedule:
-            scheduling = start_scheduler(app, say)
-        # An idle in-process slot sleeps until woken, so it would not see --max-time itself.
-        timer = loop.call_later(max_time, worker.request_stop) if max_time is not None else None
-        with _stop_on_signals(worker, say, task) as forced:
-            # Announced only now, so whoever waits for this line can signal us safely.
-            shown = ", ".join(chosen) if chosen else "all"
-            say(
-                f'Working connection "{name}" (queues: {shown}, concurrency '
-                f"{worker.concurrency}). Ctrl+C or SIGTERM stops after the running jobs."
-            )
-            for line in unconsumed_queues(app, name, chosen or []):
-                say(line, level="WARNING")
-            try:
-                processed = await task
-            except asyncio.CancelledError:
-                if not forced:
-                    raise
-                say("Stopped without waiting for the running jobs.")
-                return 128 + forced[0]
-            finally:
-                if timer is not None:
-                    timer.cancel()
-                if scheduling is not None:
-                    scheduling[2].set()
-                    await scheduling[1]
-        say(f"Worker stopped after {processed} job(s).")
-        return 0
-
+    plan = _WorkPlan(
+        name=name,
+        queues=_queue_list(queue),
+        options=app.queue_config.connections[name],
+        concurrency=concurrency,
+        once=once,
+        max_jobs=max_jobs,
+        max_time=max_time,
+        stop_when_empty=stop_when_empty,
+        sleep=sleep,
+        with_schedule=with_schedule,
+        output=output,
+    )
     with worker_output(output):
-        code = run(state, work)
+        code = run(state, lambda app: _work(app, plan))
     if code:
         click.get_current_context().exit(code)
+
+
+def _refuse_unworkable(app: App, name: str, with_schedule: bool) -> None:
+    if app.queue_config.connections[name]["driver"] == "sync" or app.driver(name).inline:
+        raise click.ClickException(f'connection "{name}": {SYNC_REFUSAL}')
+    # With --schedule the scheduler dispatches into this process: a memory queue works.
+    if not app.driver(name).remote and not with_schedule:
+        raise click.ClickException(f'connection "{name}" {MEMORY_REFUSAL}')
+
+
+@dataclass(frozen=True)
+class _WorkPlan:
+    """What ``queue:work`` was asked to run (its options, checked)."""
+
+    name: str
+    queues: list[str] | None
+    options: dict[str, Any]
+    concurrency: int | None
+    once: bool
+    max_jobs: int | None
+    max_time: float | None
+    stop_when_empty: bool
+    sleep: float | None
+    with_schedule: bool
+    output: WorkerOutput
+
+
+def _new_worker(app: App, plan: _WorkPlan) -> tuple[Worker, list[str] | None]:
+    """The worker ``plan`` asks for, and the queues it takes (None: every queue)."""
+    options = plan.options
+    chosen = plan.queues
+    if chosen is None and app.driver(plan.name).remote:
+        chosen = _default_queues(app, plan.name)
+    # A local (memory) worker with no --queue takes every queue, like the in-app one.
+    pace = plan.sleep if plan.sleep is not None else options.get("sleep") or 1.0
+    ceiling = options.get("max_sleep")
+    worker = Worker(
+        app,
+        plan.name,
+        chosen,
+        plan.concurrency or options.get("concurrency") or 1,
+        once=plan.once,
+        max_jobs=plan.max_jobs,
+        max_time=plan.max_time,
+        stop_when_empty=plan.stop_when_empty,
+        sleep=pace,
+        max_sleep=max(ceiling, pace) if ceiling is not None else None,
+        control=True,  # follow queue:restart and queue:pause through the store
+    )
+    return worker, chosen
+
+
+async def _work(app: App, plan: _WorkPlan) -> int:
+    """Run the worker (and with --schedule a scheduler) until it stops; the exit code."""
+    say = plan.output.say
+    if plan.with_schedule:  # a schedule it cannot run stops it before any job is taken
+        check_runnable(app, in_worker=True)
+    worker, chosen = _new_worker(app, plan)
+    loop = asyncio.get_running_loop()
+    # Started before the handlers go in: a stop requested earlier would be reset.
+    worker.start()
+    task = loop.create_task(worker.run())
+    scheduling = start_scheduler(app, say) if plan.with_schedule else None
+    # An idle in-process slot sleeps until woken, so it would not see --max-time itself.
+    max_time = plan.max_time
+    timer = loop.call_later(max_time, worker.request_stop) if max_time is not None else None
+    with _stop_on_signals(worker, say, task) as forced:
+        # Announced only now, so whoever waits for this line can signal us safely.
+        shown = ", ".join(chosen) if chosen else "all"
+        say(
+            f'Working connection "{plan.name}" (queues: {shown}, concurrency '
+            f"{worker.concurrency}). Ctrl+C or SIGTERM stops after the running jobs."
+        )
+        for line in unconsumed_queues(app, plan.name, chosen or []):
+            say(line, level="WARNING")
+        try:
+            processed = await task
+        except asyncio.CancelledError:
+            if not forced:
+                raise
+            say("Stopped without waiting for the running jobs.")
+            return 128 + forced[0]
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if scheduling is not None:
+                scheduling[2].set()
+                await scheduling[1]
+    say(f"Worker stopped after {processed} job(s).")
+    return 0
 
 
 def unconsumed_queues(app: App, connection: str, consumed: Sequence[str]) -> list[str]:
@@ -497,42 +535,19 @@ def queue_retry(
 
     async def retry(app: App) -> tuple[str, int, list[str]]:
         name = app.connection_name(connection)
-        manager = app.manager
-        failed = await manager.failed(name, queue if retry_all else None)
+        failed = await app.manager.failed(name, queue if retry_all else None)
         problems: list[str] = []
-        if retry_all:
-            wanted = selection.apply(failed)
-        else:
-            by_id = {j.id: j for j in failed}
-            wanted = []
-            for token in dict.fromkeys(ids):
-                found = match_id(token, by_id)
-                if found is None:
-                    problems.append(f'no failed job with id "{token}" on connection "{name}"')
-                else:
-                    wanted.append(by_id[found])
+        wanted = selection.apply(failed) if retry_all else _by_ids(failed, ids, name, problems)
         jobs = registered_jobs()
         done = 0
         with _progress(out, len(wanted)) as progress:
             task = progress.add_task("Retrying", total=len(wanted))
             for job in wanted:
-                if not job.name.startswith("<") and job.name not in jobs:
-                    # It would only fail again: keep it, and say what is missing.
-                    unknown = UnknownJobError(job.name, jobs)
-                    problems.append(f'failed job "{job.id}" was kept: {unknown}')
-                    progress.advance(task)
-                    continue
-                try:
-                    retried = await manager.retry([job.id], connection=name)
-                except LookupError as e:
-                    # With 'all', another process may have retried or forgotten it meanwhile.
-                    if not retry_all:
-                        problems.append(e.args[0] if e.args else str(e))
-                else:
-                    if retried:
-                        done += 1
-                    else:
-                        problems.append(f'failed job "{job.id}" cannot be decoded; it was kept')
+                problem = await _retry_failed(app, job, name, jobs, quiet_if_gone=retry_all)
+                if problem is None:
+                    done += 1
+                elif problem:
+                    problems.append(problem)
                 progress.advance(task)
         return name, done, problems
 
@@ -542,6 +557,37 @@ def queue_retry(
     out.print(f'Retried {done} failed job(s) on connection "{escape(name)}".')
     if problems:
         click.get_current_context().exit(1)
+
+
+def _by_ids(
+    failed: Sequence[FailedJob], ids: Sequence[str], connection: str, problems: list[str]
+) -> list[FailedJob]:
+    """The failed jobs the (full or short) ``ids`` name; a problem per id that names none."""
+    by_id = {j.id: j for j in failed}
+    wanted = []
+    for token in dict.fromkeys(ids):
+        found = match_id(token, by_id)
+        if found is None:
+            problems.append(f'no failed job with id "{token}" on connection "{connection}"')
+        else:
+            wanted.append(by_id[found])
+    return wanted
+
+
+async def _retry_failed(
+    app: App, job: FailedJob, connection: str, jobs: Collection[str], *, quiet_if_gone: bool
+) -> str | None:
+    """Retry one failed job: None when it is back on its queue, else the problem ("" for
+    one not worth reporting: with ``quiet_if_gone``, a job another process took first)."""
+    if not job.name.startswith("<") and job.name not in jobs:
+        # It would only fail again: keep it, and say what is missing.
+        return f'failed job "{job.id}" was kept: {UnknownJobError(job.name, jobs)}'
+    try:
+        retried = await app.manager.retry([job.id], connection=connection)
+    except LookupError as e:
+        # With 'all', another process may have retried or forgotten it meanwhile.
+        return "" if quiet_if_gone else (e.args[0] if e.args else str(e))
+    return None if retried else f'failed job "{job.id}" cannot be decoded; it was kept'
 
 
 @cli.command("queue:forget", short_help="Delete failed jobs (IDs, all, or filters).")
