@@ -44,7 +44,6 @@ without one (``App(queue=...)``), every job of the process-wide registry.
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import sys
@@ -56,7 +55,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import haze
+from haze._app import config as haze_config
+from haze._app.app import App
 from haze._kernel.errors import ConfigError
+from haze._orchestration.scheduling import platform_triggers
 from haze.build._cloudflare_config import (
     CF_DEFAULT_BATCH_SIZE,
     CF_DEFAULT_BATCH_TIMEOUT,
@@ -307,8 +310,6 @@ _trace_lock = threading.RLock()
 def _traced_env(reads: dict[str, EnvRead], placeholders: bool, root: Path) -> Iterator[None]:
     """Patch ``haze.env`` while the app's config files run, recording the reads made by
     files under ``root`` (not haze's own fallbacks)."""
-    haze = importlib.import_module("haze")
-    haze_config = importlib.import_module("haze.config")
     original: Callable[..., Any] = haze_config.env
 
     def env(name: str, default: object = None) -> object:
@@ -339,8 +340,6 @@ def load_app(root: str | Path) -> tuple[Any, tuple[EnvRead, ...]]:
     ``queue_url`` the stack will provide validates; if that breaks another value, the
     app is loaded again without placeholders and that error is raised.
     """
-    from haze import App
-
     reads: dict[str, EnvRead] = {}
     base = Path(root).resolve()
     try:
@@ -378,8 +377,6 @@ def stack_config(
         connections[name] = _plan_connection(app, name, options, job_list, env, warnings)
     d1, kv = cloudflare_storage(app)
     root = str(app.root) if app.root is not None else None
-    from haze._orchestration.scheduling import platform_triggers
-
     # A schedule no EventBridge rule can express raises its one-line ScheduleError here.
     rules = platform_triggers("eventbridge", app.root)
     return StackConfig(
