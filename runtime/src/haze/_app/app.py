@@ -31,19 +31,21 @@ from haze._app.config import (
     validate_queue,
     validate_redis,
 )
+from haze._app.env import env_duration
+from haze._engine.manager import QueueManager
 from haze._jobs.definition import registered_jobs
 from haze._kernel import current
 from haze._kernel.blocking import run_blocking
 from haze._kernel.current import run_in_app
 from haze._kernel.errors import ConfigError, HazeError
 from haze._kernel.hints import did_you_mean
+from haze._orchestration.install import install as install_orchestration
+from haze._runners.worker import Worker
 from haze.contracts.recorder import DispatchRecorder
 from haze.drivers import Driver, create_driver
 from haze.stores import Store, create_store
 
 if TYPE_CHECKING:
-    from haze._engine.manager import QueueManager
-    from haze._runners.worker import Worker
     from haze.database import Connector
 
 __all__ = ["App", "run_in_app", "use_app"]
@@ -178,9 +180,13 @@ class App:
         self._connectors: dict[str, Connector] = {}
         self._workers: list[Worker] = []
         self._discovered = False
-        from haze._engine.manager import QueueManager
-
-        self.manager: QueueManager = QueueManager(self)
+        self.manager: QueueManager = QueueManager(
+            self,
+            worker_factory=lambda connection, n: Worker(self, connection, None, n),
+            warn_implicit=warn_implicit_dispatch,
+            read_duration=env_duration,
+        )
+        install_orchestration(self.manager)
         if self.root is not None:
             self.discover()
             self._load_schedules()

@@ -15,7 +15,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["EVENTS", "Events"]
+from haze._engine.hooks import Outcome, Run
+
+__all__ = ["EVENTS", "AfterEvent", "Events", "events"]
 
 log = logging.getLogger("haze")
 
@@ -66,3 +68,22 @@ class Events:
                     await result
             except Exception:
                 log.exception("queue event listener %r for %r failed", fn, event)
+
+
+#: Process-wide queue events (``Queue.on``): listeners registered at import time work
+#: for every app.
+events = Events()
+
+
+class AfterEvent:
+    """Outcome hook: the ``after`` event of a job that succeeded, once the queue has it."""
+
+    def __init__(self, events: Events) -> None:
+        self.events = events
+
+    async def settling(self, run: Run) -> None:
+        return None
+
+    async def settled(self, run: Run) -> None:
+        if run.outcome == Outcome.SUCCESS and self.events.after:
+            await self.events.emit("after", run.ctx)

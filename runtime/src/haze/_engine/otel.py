@@ -36,7 +36,9 @@ from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from haze._engine.hooks import Outcome, Run
 from haze._kernel.deps import require
+from haze._kernel.version import __version__
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
     from haze._kernel.message import Message
     from haze.drivers import Driver, Reserved
 
-__all__ = ["Telemetry", "prometheus_text", "telemetry_for"]
+__all__ = ["Telemetry", "TelemetryHook", "TelemetrySlot", "prometheus_text", "telemetry_for"]
 
 _time = time.time
 _perf = time.perf_counter
@@ -120,8 +122,6 @@ class Telemetry:
     def __init__(self, *, tracer_provider: Any = None, meter_provider: Any = None) -> None:
         from opentelemetry import metrics, trace
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-        from haze import __version__
 
         self._trace = trace
         self._propagator = TraceContextTextMapPropagator()
@@ -201,7 +201,7 @@ class Telemetry:
         ) as span:
             self._stamp(message)
             result = await enqueue()
-            if getattr(result, "skipped", False):
+            if result.skipped:
                 span.set_attribute("haze.job.skipped", True)
             else:
                 self._count(
@@ -240,27 +240,14 @@ class Telemetry:
     ) -> tuple[str, BaseException | None]:
         """Run one execution (``run``) inside a ``process <queue>`` span."""
         trace = self._trace
-        parent = None
-        links = None
-        meta = message.meta
-        if meta is not None and "traceparent" in meta:
-            parent = self._propagator.extract(meta)
-            producer = trace.get_current_span(parent).get_span_context()
-            if producer.is_valid:
-                links = [trace.Link(producer)]
+        parent, links = self._parent(message)
         queue = message.queue
         attrs = self._attributes(message, driver.name)
         attrs["messaging.operation.type"] = "process"
         attrs["messaging.operation.name"] = "process"
         attrs["haze.job.attempt"] = reserved.attempt
         metric_attrs = {"haze.job.name": job.name, "messaging.destination.name": queue}
-        wait = max(0.0, _time() - message.ts) if message.ts else None
-        if wait is not None:
-            self._wait.record(wait, metric_attrs)
-            self._observe("wait_time", job.name, queue, wait)
-        self._running.add(1, metric_attrs)
-        key = (job.name, queue)
-        self.running[key] = self.running.get(key, 0) + 1
+        self._starting(job.name, message, metric_attrs)
         outcome = "cancelled"
         error: BaseException | None = None
         started = _perf()
@@ -280,26 +267,53 @@ class Telemetry:
                 error = e
                 raise
             finally:
-                elapsed = _perf() - started
-                self._running.add(-1, metric_attrs)
-                self.running[key] -= 1
-                self._runtime.record(elapsed, {**metric_attrs, "haze.job.outcome": outcome})
-                self._observe("runtime", job.name, queue, elapsed)
-                counter = _OUTCOME_COUNTER.get(outcome)
-                if counter is not None:
-                    self._count(counter, job.name, queue, metric_attrs)
-                span.set_attribute("haze.job.outcome", outcome)
-                if outcome == "failed" and error is not None:
-                    span.add_event(
-                        "haze.job.failure",
-                        {
-                            "exception.type": type(error).__name__,
-                            "exception.message": str(error),
-                        },
-                    )
-                    span.record_exception(error)
-                    span.set_attribute("error.type", type(error).__qualname__)
-                    span.set_status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}")
+                self._ended(job.name, queue, metric_attrs, outcome, _perf() - started)
+                self._outcome(span, outcome, error)
+
+    def _parent(self, message: Message) -> tuple[Any, Any]:
+        """The producer's context carried by ``message``, and a link to its span."""
+        trace = self._trace
+        meta = message.meta
+        if meta is None or "traceparent" not in meta:
+            return None, None
+        parent = self._propagator.extract(meta)
+        producer = trace.get_current_span(parent).get_span_context()
+        return parent, [trace.Link(producer)] if producer.is_valid else None
+
+    def _starting(self, job: str, message: Message, metric_attrs: dict[str, Any]) -> None:
+        queue = message.queue
+        wait = max(0.0, _time() - message.ts) if message.ts else None
+        if wait is not None:
+            self._wait.record(wait, metric_attrs)
+            self._observe("wait_time", job, queue, wait)
+        self._running.add(1, metric_attrs)
+        key = (job, queue)
+        self.running[key] = self.running.get(key, 0) + 1
+
+    def _ended(
+        self, job: str, queue: str, metric_attrs: dict[str, Any], outcome: str, elapsed: float
+    ) -> None:
+        self._running.add(-1, metric_attrs)
+        self.running[(job, queue)] -= 1
+        self._runtime.record(elapsed, {**metric_attrs, "haze.job.outcome": outcome})
+        self._observe("runtime", job, queue, elapsed)
+        counter = _OUTCOME_COUNTER.get(outcome)
+        if counter is not None:
+            self._count(counter, job, queue, metric_attrs)
+
+    def _outcome(self, span: Any, outcome: str, error: BaseException | None) -> None:
+        span.set_attribute("haze.job.outcome", outcome)
+        if outcome == "failed" and error is not None:
+            span.add_event(
+                "haze.job.failure",
+                {
+                    "exception.type": type(error).__name__,
+                    "exception.message": str(error),
+                },
+            )
+            span.record_exception(error)
+            span.set_attribute("error.type", type(error).__qualname__)
+            span.set_status(self._trace.StatusCode.ERROR, f"{type(error).__name__}: {error}")
 
     def retrying(self, delay: float, error: BaseException) -> None:
         """The running job failed and goes back for another try in ``delay`` seconds."""
@@ -350,62 +364,110 @@ def prometheus_text(
     """
     lines: list[str] = []
     if telemetry is not None:
-        for name in COUNTERS:
-            metric = f"haze_jobs_{name}_total"
-            lines.append(f"# HELP {metric} Jobs {name} by this process.")
-            lines.append(f"# TYPE {metric} counter")
-            for (n, job, queue), value in sorted(telemetry.counts.items()):
-                if n == name:
-                    lines.append(f"{metric}{_labels((('job', job), ('queue', queue)))} {value}")
-        lines.append("# HELP haze_jobs_running Jobs running now in this process.")
-        lines.append("# TYPE haze_jobs_running gauge")
-        for (job, queue), value in sorted(telemetry.running.items()):
-            lines.append(f"haze_jobs_running{_labels((('job', job), ('queue', queue)))} {value}")
-        for name, what in (
-            ("wait_time", "From dispatch to the start of an attempt"),
-            ("runtime", "How long an attempt ran"),
-        ):
-            metric = f"haze_job_{name}_seconds"
-            lines.append(f"# HELP {metric} {what}, in seconds.")
-            lines.append(f"# TYPE {metric} histogram")
-            for (n, job, queue), series in sorted(telemetry.histograms.items()):
-                if n != name:
-                    continue
-                base = (("job", job), ("queue", queue))
-                for bound, count in zip(BUCKETS, series.buckets, strict=True):
-                    le = _labels((*base, ("le", _number(bound))))
-                    lines.append(f"{metric}_bucket{le} {count}")
-                lines.append(f"{metric}_bucket{_labels((*base, ('le', '+Inf')))} {series.count}")
-                lines.append(f"{metric}_sum{_labels(base)} {_number(series.sum)}")
-                lines.append(f"{metric}_count{_labels(base)} {series.count}")
+        _job_lines(telemetry, lines)
     rows = list(queues)
     if rows:
-        for field, what in (
-            ("ready", "Jobs ready to run"),
-            ("delayed", "Jobs waiting for their delay"),
-            ("running", "Jobs claimed by a worker"),
-            ("failed", "Failed jobs kept"),
-        ):
-            metric = f"haze_queue_{field}"
-            lines.append(f"# HELP {metric} {what}.")
-            lines.append(f"# TYPE {metric} gauge")
-            for row in rows:
-                value = getattr(row, field)
-                if value is not None:
-                    labels = _labels((("connection", row.connection), ("queue", row.queue)))
-                    lines.append(f"{metric}{labels} {value}")
-        metric = "haze_queue_oldest_ready_seconds"
-        lines.append(f"# HELP {metric} How long the oldest ready job has waited (0: none).")
-        lines.append(f"# TYPE {metric} gauge")
-        now = time.time()
-        for row in rows:
-            oldest = getattr(row, "oldest_ready_at", None)
-            if oldest is not None:
-                waited = max(0.0, now - oldest)
-            elif row.ready == 0:
-                waited = 0.0
-            else:
-                continue  # the backend cannot tell (SQS, Cloudflare): left out, not guessed
-            labels = _labels((("connection", row.connection), ("queue", row.queue)))
-            lines.append(f"{metric}{labels} {_number(round(waited, 3))}")
+        _queue_lines(rows, lines)
     return "\n".join(lines) + "\n" if lines else ""
+
+
+def _job_lines(telemetry: Telemetry, lines: list[str]) -> None:
+    for name in COUNTERS:
+        metric = f"haze_jobs_{name}_total"
+        lines.append(f"# HELP {metric} Jobs {name} by this process.")
+        lines.append(f"# TYPE {metric} counter")
+        for (n, job, queue), value in sorted(telemetry.counts.items()):
+            if n == name:
+                lines.append(f"{metric}{_labels((('job', job), ('queue', queue)))} {value}")
+    lines.append("# HELP haze_jobs_running Jobs running now in this process.")
+    lines.append("# TYPE haze_jobs_running gauge")
+    for (job, queue), value in sorted(telemetry.running.items()):
+        lines.append(f"haze_jobs_running{_labels((('job', job), ('queue', queue)))} {value}")
+    for name, what in (
+        ("wait_time", "From dispatch to the start of an attempt"),
+        ("runtime", "How long an attempt ran"),
+    ):
+        metric = f"haze_job_{name}_seconds"
+        lines.append(f"# HELP {metric} {what}, in seconds.")
+        lines.append(f"# TYPE {metric} histogram")
+        for (n, job, queue), series in sorted(telemetry.histograms.items()):
+            if n != name:
+                continue
+            base = (("job", job), ("queue", queue))
+            for bound, count in zip(BUCKETS, series.buckets, strict=True):
+                le = _labels((*base, ("le", _number(bound))))
+                lines.append(f"{metric}_bucket{le} {count}")
+            lines.append(f"{metric}_bucket{_labels((*base, ('le', '+Inf')))} {series.count}")
+            lines.append(f"{metric}_sum{_labels(base)} {_number(series.sum)}")
+            lines.append(f"{metric}_count{_labels(base)} {series.count}")
+
+
+def _queue_lines(rows: list[Any], lines: list[str]) -> None:
+    for field, what in (
+        ("ready", "Jobs ready to run"),
+        ("delayed", "Jobs waiting for their delay"),
+        ("running", "Jobs claimed by a worker"),
+        ("failed", "Failed jobs kept"),
+    ):
+        metric = f"haze_queue_{field}"
+        lines.append(f"# HELP {metric} {what}.")
+        lines.append(f"# TYPE {metric} gauge")
+        for row in rows:
+            value = getattr(row, field)
+            if value is not None:
+                labels = _labels((("connection", row.connection), ("queue", row.queue)))
+                lines.append(f"{metric}{labels} {value}")
+    metric = "haze_queue_oldest_ready_seconds"
+    lines.append(f"# HELP {metric} How long the oldest ready job has waited (0: none).")
+    lines.append(f"# TYPE {metric} gauge")
+    now = time.time()
+    for row in rows:
+        oldest = getattr(row, "oldest_ready_at", None)
+        if oldest is not None:
+            waited = max(0.0, now - oldest)
+        elif row.ready == 0:
+            waited = 0.0
+        else:
+            continue  # the backend cannot tell (SQS, Cloudflare): left out, not guessed
+        labels = _labels((("connection", row.connection), ("queue", row.queue)))
+        lines.append(f"{metric}{labels} {_number(round(waited, 3))}")
+
+
+_UNRESOLVED: Any = object()
+
+
+class TelemetrySlot:
+    """An app's recorder, decided at first use (so an SDK set up after the app was
+    created still counts); ``value`` may be set to a recorder of one's own (tests)."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.value: Any = _UNRESOLVED
+
+    def get(self) -> Telemetry | None:
+        value = self.value
+        if value is _UNRESOLVED:
+            value = self.value = telemetry_for(self.app)
+        return value  # type: ignore[no-any-return]
+
+
+class TelemetryHook:
+    """Outcome hook: a retry or a release is an event of the running job's span."""
+
+    def __init__(self, slot: TelemetrySlot) -> None:
+        self.slot = slot
+
+    async def settling(self, run: Run) -> None:
+        if run.outcome not in (Outcome.RETRY, Outcome.RELEASED):
+            return
+        otel = self.slot.get()
+        if otel is None:
+            return
+        if run.outcome == Outcome.RETRY:
+            assert run.error is not None
+            otel.retrying(run.shown_delay, run.error)
+        else:
+            otel.releasing(run.delay)
+
+    async def settled(self, run: Run) -> None:
+        return None

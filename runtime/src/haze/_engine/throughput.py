@@ -24,10 +24,11 @@ import bisect
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from haze._kernel.errors import HazeError
+from haze._kernel.errors import ConfigError, HazeError
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FLUSH_EVERY",
     "LATENCY_BUCKETS",
+    "RETENTION_ENV",
     "WINDOW",
     "Latency",
     "Tally",
@@ -53,6 +55,8 @@ FLUSH_EVERY = 5.0
 #: Minutes ``per_minute`` averages over.
 WINDOW = 5
 _KEEP = 2 * 3600  # seconds a minute's key lives, unless HAZE_METRICS_RETENTION says
+#: The environment variable of the retention (a duration).
+RETENTION_ENV = "HAZE_METRICS_RETENTION"
 _MAX_KEEP = 7 * 86400
 _monotonic = time.monotonic
 
@@ -78,12 +82,14 @@ def _window_key(connection: str, queue: str, window: int, kind: str) -> str:
     return f"haze:throughput:{connection}:{queue}:w{window}:{kind}"
 
 
-def retention() -> float:
-    """Seconds a minute's counts are kept (``HAZE_METRICS_RETENTION``, default 2 hours)."""
-    from haze._app.env import env_duration
-    from haze._kernel.errors import ConfigError
+#: Reads a duration setting: (name, default) -> seconds (``haze._app.env.env_duration``).
+ReadDuration = Callable[[str, float], float]
 
-    keep = env_duration("HAZE_METRICS_RETENTION", _KEEP)
+
+def retention(read: ReadDuration) -> float:
+    """Seconds a minute's counts are kept (``HAZE_METRICS_RETENTION``, default 2 hours),
+    read with ``read`` (the app's settings reader)."""
+    keep = read(RETENTION_ENV, _KEEP)
     if not 60 <= keep <= _MAX_KEEP:
         raise ConfigError(
             f"HAZE_METRICS_RETENTION: expected a duration from 1m to 7d, got {keep:g}s"
@@ -94,11 +100,11 @@ def retention() -> float:
 class Tally:
     """One process's finished jobs not yet written to the store."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: App, read: ReadDuration | None = None) -> None:
         self.app = app
         self.counts: dict[tuple[str, str, str], int] = {}
         try:
-            self.keep = retention()
+            self.keep = retention(read) if read is not None else float(_KEEP)
         except HazeError as e:
             # Read once per worker: one clear line, and the default rather than no counts.
             log.error("haze: %s; keeping job counts for 2h", e)
@@ -138,8 +144,8 @@ class Tally:
         self.flushed = _monotonic()
         if not self.counts:
             return
-        store: Any = self.app.queue_store
-        if not getattr(store, "shared", False):
+        store = self.app.queue_store
+        if not store.shared:
             self.counts.clear()  # no other process could read them
             return
         minute = int(time.time() // 60)
@@ -161,8 +167,8 @@ class Tally:
 async def per_minute(app: App, connection: str, queue: str) -> float | None:
     """Jobs finished per minute on ``queue`` over the last ``WINDOW`` minutes (the current
     one counted for the part that has passed); None when the queue store is process-local."""
-    store: Any = app.queue_store
-    if not getattr(store, "shared", False):
+    store = app.queue_store
+    if not store.shared:
         return None
     now = time.time()
     minute = int(now // 60)
@@ -180,8 +186,8 @@ async def series(
     """``(minute, finished, failed)`` for each of the last ``minutes`` minutes, oldest
     first (``minute`` is epoch minutes; the last one is still running); None when the
     queue store is process-local."""
-    store: Any = app.queue_store
-    if not getattr(store, "shared", False):
+    store = app.queue_store
+    if not store.shared:
         return None
     now = int(time.time() // 60)
     span = list(range(now - minutes + 1, now + 1))

@@ -16,7 +16,9 @@ import logging
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
+from haze._jobs.status import cancelled_reason, check_progress
 from haze._kernel.durations import Duration, check_delay, parse_duration
+from haze._kernel.errors import JobFailedError
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -212,8 +214,6 @@ class JobContext:
 
         Return after calling it; the pipeline treats the attempt as the final failure.
         """
-        from haze._kernel.errors import JobFailedError
-
         if error is None:
             error = JobFailedError(f'Job "{self.name}" was marked as failed')
         elif isinstance(error, str):
@@ -228,8 +228,6 @@ class JobContext:
 
         >>> # job.progress(40); job.progress({"rows": 1200, "of": 3000})
         """
-        from haze._jobs.status import check_progress
-
         value = check_progress(value)
         self._progress = value
         self.app.manager.report_progress(self, value)
@@ -237,8 +235,6 @@ class JobContext:
     def cancelled(self) -> bool:
         """True once ``Queue.cancel(id)`` reached this attempt (``job.signal`` is then
         aborted with a ``JobCancelledError``)."""
-        from haze._jobs.status import cancelled_reason
-
         return cancelled_reason(self)
 
     def batch(self) -> Batch | None:

@@ -16,7 +16,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
+from haze._jobs import status
 from haze._kernel.blocking import blocking_method
+from haze._kernel.crypto import seal_link, unseal_link
+from haze._kernel.current import use_app
 from haze._kernel.durations import Duration, check_delay, parse_backoff, parse_duration
 from haze._kernel.errors import DuplicateJobError, JobDefinitionError, UnknownJobError
 from haze._kernel.hints import did_you_mean
@@ -25,7 +28,6 @@ from haze._kernel.message import check_queue_name
 if TYPE_CHECKING:
     from haze._app.app import App
     from haze._jobs.context import JobContext
-    from haze._jobs.status import JobStatus
 
 __all__ = [
     "DispatchResult",
@@ -33,6 +35,7 @@ __all__ = [
     "PendingDispatch",
     "define_job",
     "get_job",
+    "link_to_pending",
     "registered_jobs",
 ]
 
@@ -65,18 +68,16 @@ class DispatchResult:
         _set(self, "deferred", deferred)
         _set(self, "chain_id", chain_id)
 
-    async def wait(self, timeout: Duration | None = None) -> JobStatus:
+    async def wait(self, timeout: Duration | None = None) -> status.JobStatus:
         """Wait until the job (tracked: ``track=True`` or ``keep_result``) is final and
         return its ``JobStatus``; ``TimeoutError`` after ``timeout``. A deferred dispatch
         waits for its commit too.
 
         >>> # status = await report.with_({"month": 11}).dispatch(); (await status.wait(60)).result
         """
-        from haze._jobs.status import wait_final
-
         limit = None if timeout is None else parse_duration(timeout, "DispatchResult.wait(timeout)")
-        manager = (_use_app or _bind_use_app())().manager
-        return await wait_final(manager, self.id, limit, pending_ok=self.deferred)
+        manager = use_app().manager
+        return await status.wait_final(manager, self.id, limit, pending_ok=self.deferred)
 
     wait_blocking = blocking_method(wait)
 
@@ -104,6 +105,11 @@ def get_job(name: str) -> JobDefinition[Any]:
         return _registry[name]
     except KeyError:
         raise UnknownJobError(name, _registry) from None
+
+
+def find_job(name: str) -> JobDefinition[Any] | None:
+    """The job registered under ``name``, or None."""
+    return _registry.get(name)
 
 
 def registered_jobs() -> dict[str, JobDefinition[Any]]:
@@ -245,75 +251,26 @@ class JobDefinition(Generic[P]):
             raise ValueError(f"{where}: tries must be an integer >= 1, got {tries!r}")
         self.tries = tries
         self.backoff = parse_backoff(backoff, f"{where}: backoff")
-        self.timeout = (
-            None
-            if timeout is None
-            else parse_duration(timeout, f"{where}: timeout", allow_zero=False)
-        )
-        for opt, val in (("queue", queue), ("connection", connection)):
-            if val is not None and (not isinstance(val, str) or not val):
-                raise ValueError(f"{where}: {opt} must be a non-empty string, got {val!r}")
-        if queue is not None:
-            check_queue_name(queue, f"{where}: queue")
-        self.queue = queue
-        self.connection = connection
+        self.timeout = _positive_duration(timeout, f"{where}: timeout")
+        self.queue, self.connection = _check_target(queue, connection, where)
         self.unique = _parse_unique(unique, where)
-        if middleware is None:
-            middleware = ()
-        if not isinstance(middleware, (list, tuple)):
-            raise ValueError(f"{where}: middleware must be a list, got {middleware!r}")
-        for i, mw in enumerate(middleware):
-            if not callable(mw):
-                raise ValueError(f"{where}: middleware[{i}] must be callable, got {mw!r}")
-        self.middleware: tuple[Callable[..., Any], ...] = tuple(middleware)
+        self.middleware: tuple[Callable[..., Any], ...] = _parse_middleware(middleware, where)
         if not isinstance(after_commit, bool):
             raise ValueError(f"{where}: after_commit must be True or False, got {after_commit!r}")
         self.after_commit = after_commit
         _check_callable(failed, "failed", where)
         self.failed = failed
-        if max_exceptions is not None and (
-            isinstance(max_exceptions, bool)
-            or not isinstance(max_exceptions, int)
-            or max_exceptions < 1
-        ):
-            raise ValueError(
-                f"{where}: max_exceptions must be an integer >= 1, got {max_exceptions!r}"
-            )
-        self.max_exceptions = max_exceptions
-        self.retry_until = (
-            None
-            if retry_until is None
-            else parse_duration(retry_until, f"{where}: retry_until", allow_zero=False)
-        )
+        self.max_exceptions = _check_max_exceptions(max_exceptions, where)
+        self.retry_until = _positive_duration(retry_until, f"{where}: retry_until")
         self.fail_on_timeout = bool(fail_on_timeout)
         self.debounce = _parse_debounce(debounce, max_wait, where)
         self.encrypted = bool(encrypted)
-        if dont_retry is None:
-            dont_retry = ()
-        elif isinstance(dont_retry, type):
-            dont_retry = (dont_retry,)
-        for t in dont_retry:
-            if not (isinstance(t, type) and issubclass(t, BaseException)):
-                raise ValueError(f"{where}: dont_retry must list exception classes, got {t!r}")
-        self.dont_retry: tuple[type[BaseException], ...] = tuple(dont_retry)
-        if track is not None and not isinstance(track, bool):
-            raise ValueError(f"{where}: track must be True or False, got {track!r}")
-        self.keep_result = (
-            None
-            if keep_result is None
-            else parse_duration(keep_result, f"{where}: keep_result", allow_zero=False)
-        )
-        if track is False and self.keep_result is not None:
-            raise ValueError(
-                f"{where}: keep_result needs a status record; drop track=False (keep_result "
-                "tracks the job)"
-            )
+        self.dont_retry: tuple[type[BaseException], ...] = _parse_dont_retry(dont_retry, where)
         #: None: the queue config's ``track`` decides (off unless it says True).
-        self.track = track
+        self.track, self.keep_result = _parse_tracking(track, keep_result, where)
         self.is_async = inspect.iscoroutinefunction(handler)
         self._n_params = _arity(handler, where)
         self._payload_type: Any = _UNSET
-        self._pipeline: Any = None  # composed middleware, built once by the manager
         _register(self)
 
     # -- payload conversion (dataclass / pydantic) ---------------------------------
@@ -381,13 +338,68 @@ class JobDefinition(Generic[P]):
             delay=delay, queue=queue, connection=connection, after_commit=after_commit, group=group
         )
         # what pending.dispatch() does, minus one coroutine layer per dispatch
-        result: DispatchResult = await (_use_app or _bind_use_app())().manager.dispatch(pending)
+        result: DispatchResult = await use_app().manager.dispatch(pending)
         return result.id
 
     dispatch_blocking = blocking_method(dispatch)
 
     def __repr__(self) -> str:
         return f"<JobDefinition {self.name!r} from {self.origin}>"
+
+
+def _positive_duration(value: Duration | None, what: str) -> float | None:
+    return None if value is None else parse_duration(value, what, allow_zero=False)
+
+
+def _check_target(queue: object, connection: object, where: str) -> tuple[Any, Any]:
+    for opt, val in (("queue", queue), ("connection", connection)):
+        if val is not None and (not isinstance(val, str) or not val):
+            raise ValueError(f"{where}: {opt} must be a non-empty string, got {val!r}")
+    if queue is not None:
+        check_queue_name(queue, f"{where}: queue")
+    return queue, connection
+
+
+def _parse_middleware(middleware: object, where: str) -> tuple[Callable[..., Any], ...]:
+    if middleware is None:
+        middleware = ()
+    if not isinstance(middleware, (list, tuple)):
+        raise ValueError(f"{where}: middleware must be a list, got {middleware!r}")
+    for i, mw in enumerate(middleware):
+        if not callable(mw):
+            raise ValueError(f"{where}: middleware[{i}] must be callable, got {mw!r}")
+    return tuple(middleware)
+
+
+def _check_max_exceptions(value: object, where: str) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{where}: max_exceptions must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _parse_dont_retry(value: object, where: str) -> tuple[type[BaseException], ...]:
+    if value is None:
+        value = ()
+    elif isinstance(value, type):
+        value = (value,)
+    for t in value:  # type: ignore[attr-defined]
+        if not (isinstance(t, type) and issubclass(t, BaseException)):
+            raise ValueError(f"{where}: dont_retry must list exception classes, got {t!r}")
+    return tuple(value)  # type: ignore[arg-type]
+
+
+def _parse_tracking(
+    track: object, keep_result: Duration | None, where: str
+) -> tuple[bool | None, float | None]:
+    if track is not None and not isinstance(track, bool):
+        raise ValueError(f"{where}: track must be True or False, got {track!r}")
+    keep = _positive_duration(keep_result, f"{where}: keep_result")
+    if track is False and keep is not None:
+        raise ValueError(
+            f"{where}: keep_result needs a status record; drop track=False (keep_result "
+            "tracks the job)"
+        )
+    return track, keep
 
 
 def _arity(handler: Callable[..., Any], where: str) -> int:
@@ -505,13 +517,11 @@ class PendingDispatch(Generic[P]):
         if self._group is not None:
             link["group"] = self._group
         if self.job.encrypted:
-            from haze._kernel.crypto import seal_link
-
-            link = seal_link(app if app is not None else (_use_app or _bind_use_app())(), link)
+            link = seal_link(app if app is not None else use_app(), link)
         return link
 
     async def dispatch(self) -> DispatchResult:
-        result: DispatchResult = await (_use_app or _bind_use_app())().manager.dispatch(self)
+        result: DispatchResult = await use_app().manager.dispatch(self)
         return result
 
     dispatch_blocking = blocking_method(dispatch)
@@ -520,7 +530,22 @@ class PendingDispatch(Generic[P]):
         return f"<PendingDispatch {self.job.name} payload={self.payload!r}>"
 
 
-_use_app: Callable[[], Any] | None = None
+def link_to_pending(link: dict[str, Any], app: App) -> PendingDispatch[Any]:
+    """Rebuild a pending dispatch from its JSON link (chains, callbacks; the inverse of
+    ``PendingDispatch.to_link``); an encrypted link is decrypted with ``app``'s key."""
+    job = get_job(link["job"])
+    payload = unseal_link(app, link) if "enc" in link else link.get("payload")
+    p: PendingDispatch[Any] = PendingDispatch(job, job.from_wire(payload))
+    if link.get("queue"):
+        p._queue = link["queue"]
+    if link.get("connection"):
+        p._connection = link["connection"]
+    if link.get("delay"):
+        p._delay = float(link["delay"])
+    if link.get("group"):
+        p._group = link["group"]
+    return p
+
 
 #: The keyword options of ``define_job``, in the order the docs list them.
 _OPTIONS: tuple[str, ...] = tuple(
@@ -528,16 +553,6 @@ _OPTIONS: tuple[str, ...] = tuple(
     for name in inspect.signature(JobDefinition.__init__).parameters
     if name not in ("self", "handler", "origin")
 )
-
-
-def _bind_use_app() -> Callable[[], Any]:
-    # haze.app imports this module, so the import waits for the first dispatch; a
-    # function-level import on every dispatch costs about 1us of import machinery.
-    global _use_app
-    from haze._app.app import use_app
-
-    _use_app = use_app
-    return use_app
 
 
 # --------------------------------------------------------------------------- define_job

@@ -27,13 +27,12 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from haze._kernel.errors import JobProgressError, UntrackedJobError
-from haze.contracts.store import StatusNotifier, Subscription
+from haze._kernel.errors import JobCancelledError, JobProgressError, UntrackedJobError
+from haze.contracts.store import StatusNotifier, Store, Subscription
 
 if TYPE_CHECKING:
-    from haze._engine.manager import QueueManager
     from haze._jobs.context import JobContext
     from haze._kernel.message import Message
 
@@ -44,6 +43,7 @@ __all__ = [
     "RESULT_MAX_BYTES",
     "STATES",
     "JobStatus",
+    "StatusHost",
     "check_progress",
 ]
 
@@ -72,6 +72,25 @@ CANCEL_POLL = 1.0
 _NOTIFIED_POLL = 2.0
 
 HINT_KEY = "haze:cancels"
+
+
+class StatusHost(Protocol):
+    """What the status functions need of the engine (``app.manager`` is one): its state
+    store, and this process's waiters and running attempts."""
+
+    def state_store(self) -> Store: ...
+    def notify_final(self, job_id: str) -> None:
+        """Wake this process's waiters of a job whose record became final."""
+
+    def final_event(self, job_id: str) -> asyncio.Event:
+        """The event a final write of ``job_id`` in this process sets."""
+
+    def drop_final_event(self, job_id: str, event: asyncio.Event) -> None: ...
+    def cancel_hint(self, on: bool) -> None:
+        """A cancel may be outstanding: attempts check their marker before they start."""
+
+    def abort_running(self, job_id: str) -> None:
+        """Abort the signal of ``job_id`` when it runs in this process."""
 
 
 def status_key(job_id: str) -> str:
@@ -171,9 +190,9 @@ def tracking(job_track: bool | None, job_keep: float | None, app: Any) -> dict[s
     if job_track is False:
         return None
     cfg = app.queue_config
-    if not (job_track or job_keep is not None or getattr(cfg, "track", False)):
+    if not (job_track or job_keep is not None or cfg.track):
         return None
-    keep = job_keep if job_keep is not None else getattr(cfg, "keep_result", None)
+    keep = job_keep if job_keep is not None else cfg.keep_result
     if keep is not None:
         return {"track": keep, "keep": keep}
     return {"track": TRACK_TTL}
@@ -195,7 +214,7 @@ def _record(
 
 
 async def write(
-    manager: QueueManager,
+    manager: StatusHost,
     message: Message,
     state: str,
     *,
@@ -213,7 +232,7 @@ async def write(
         ttl = max(ttl, TRACK_TTL) + wait  # outlive the wait, however short keep_result is
     record = _record(message, state, attempt, progress, result, error)
     try:
-        await manager._state_store().put(status_key(message.id), record, ttl)
+        await manager.state_store().put(status_key(message.id), record, ttl)
     except Exception as e:
         log.warning('could not write the status of job "%s" (%s): %s', message.job, message.id, e)
         return
@@ -225,12 +244,12 @@ def final_channel(job_id: str) -> str:
     return f"haze:final:{job_id}"
 
 
-async def _announce_final(manager: QueueManager, job_id: str, state: str) -> None:
+async def _announce_final(manager: StatusHost, job_id: str, state: str) -> None:
     """Wake the waiters of a job whose record just became final: in this process, and,
     when the store can push messages, in every other one (an error is logged; their
     slow poll finds the record)."""
-    manager._notify_final(job_id)
-    store = manager._state_store()
+    manager.notify_final(job_id)
+    store = manager.state_store()
     if isinstance(store, StatusNotifier):
         try:
             await store.notify(final_channel(job_id), state)
@@ -263,14 +282,14 @@ def error_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"[:2000]
 
 
-async def read(manager: QueueManager, job_id: str) -> JobStatus | None:
+async def read(manager: StatusHost, job_id: str) -> JobStatus | None:
     if not isinstance(job_id, str) or not job_id:
         raise ValueError(f"Queue.status: expected a job id, got {job_id!r}")
-    return JobStatus.from_record(await manager._state_store().get(status_key(job_id)))
+    return JobStatus.from_record(await manager.state_store().get(status_key(job_id)))
 
 
 async def wait_final(
-    manager: QueueManager, job_id: str, timeout: float | None, *, pending_ok: bool = False
+    manager: StatusHost, job_id: str, timeout: float | None, *, pending_ok: bool = False
 ) -> JobStatus:
     """Wait until the record is final.
 
@@ -278,7 +297,7 @@ async def wait_final(
     then the record is read, then re-read on each notification and every
     ``_NOTIFIED_POLL`` seconds. Other stores are polled (10 ms doubling to 500 ms); a
     final write in this process wakes the waiter at once."""
-    store = manager._state_store()
+    store = manager.state_store()
     async with contextlib.AsyncExitStack() as stack:
         sub: Subscription | None = None
         if isinstance(store, StatusNotifier):
@@ -291,7 +310,7 @@ async def wait_final(
 
 
 async def _wait_loop(
-    manager: QueueManager,
+    manager: StatusHost,
     job_id: str,
     timeout: float | None,
     pending_ok: bool,
@@ -301,7 +320,7 @@ async def _wait_loop(
     deadline = None if timeout is None else loop.time() + timeout
     delay = 0.01
     seen = False
-    event = manager._final_event(job_id)
+    event = manager.final_event(job_id)
     try:
         while True:
             status = await read(manager, job_id)
@@ -333,18 +352,18 @@ async def _wait_loop(
                 except TimeoutError:
                     pass
                 if event.is_set():  # a final write in this process: read it now
-                    event = manager._final_event(job_id)
+                    event = manager.final_event(job_id)
                 delay = min(delay * 2, 0.5)
     finally:
-        manager._drop_final_event(job_id, event)
+        manager.drop_final_event(job_id, event)
 
 
-async def cancel(manager: QueueManager, job_id: str) -> bool:
+async def cancel(manager: StatusHost, job_id: str) -> bool:
     """Cancel a job: True when the cancel was recorded, False when its record says it
     already ended. An untracked job's state is unknown here: True."""
     if not isinstance(job_id, str) or not job_id:
         raise ValueError(f"Queue.cancel: expected a job id, got {job_id!r}")
-    store = manager._state_store()
+    store = manager.state_store()
     key = status_key(job_id)
     status = JobStatus.from_record(await store.get(key))
     if status is not None and status.final:
@@ -352,8 +371,8 @@ async def cancel(manager: QueueManager, job_id: str) -> bool:
     now = time.time()
     await store.put(cancel_key(job_id), now, CANCEL_TTL)
     await store.put(HINT_KEY, now, CANCEL_TTL)
-    manager._cancel_hint(True)
-    manager._abort_running(job_id)
+    manager.cancel_hint(True)
+    manager.abort_running(job_id)
     # Read again after the marker: an attempt that starts from now on sees the marker,
     # so a record still waiting can say cancelled (a worker's "running" write that
     # lands after this read is followed by its own marker check).
@@ -372,7 +391,5 @@ async def cancel(manager: QueueManager, job_id: str) -> bool:
 
 
 def cancelled_reason(ctx: JobContext) -> bool:
-    from haze._kernel.errors import JobCancelledError
-
     signal = ctx._signal
     return signal is not None and isinstance(signal.reason, JobCancelledError)

@@ -21,18 +21,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from haze._jobs.definition import JobDefinition, PendingDispatch
+from haze._engine.hooks import Outcome, Run, Skip
+from haze._engine.manager import QueueManager
+from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch, link_to_pending
 from haze._kernel.blocking import blocking_method
-from haze._kernel.errors import BatchFinishedError
+from haze._kernel.current import use_app
+from haze._kernel.errors import BatchFinishedError, HazeError
 from haze._kernel.message import Message, new_id
+from haze.contracts.store import Store
 
-if TYPE_CHECKING:
-    from haze._engine.manager import QueueManager
-    from haze.stores import Store
-
-__all__ = ["Batch", "PendingBatch"]
+__all__ = ["Batch", "BatchCount", "BatchGuard", "PendingBatch"]
 
 _CALLBACKS = ("then", "catch", "finally", "progress", "failure")
 
@@ -131,16 +131,11 @@ class Batch:
 
     async def fresh(self) -> Batch:
         """Read the batch again from the store."""
-        from haze._app.app import use_app
-
-        manager = use_app().manager
-        b = await find(manager, self.id)
+        b = await find(use_app().manager, self.id)
         return b if b is not None else self
 
     async def cancel(self) -> None:
         """Cancel: jobs that have not started are skipped (counted as processed)."""
-        from haze._app.app import use_app
-
         store = _store(use_app().manager)
         await store.add(_key(self.id, "cancelled"), time.time(), self.options.get("ttl"))
         if self.cancelled_at is None:
@@ -148,9 +143,7 @@ class Batch:
 
     async def add(self, jobs: Sequence[Any]) -> Batch:
         """Add jobs to the batch; raises ``BatchFinishedError`` once it has finished."""
-        from haze._app.app import use_app
-
-        manager = use_app().manager
+        manager: QueueManager = use_app().manager
         store = _store(manager)
         items = [_as_item(j, f"Batch.add[{i}]") for i, j in enumerate(jobs)]
         if await store.get(_key(self.id, "finished")) is not None:
@@ -169,20 +162,8 @@ class Batch:
     add_blocking = blocking_method(add)
 
 
-def _fake_store() -> Store | None:
-    from haze import testing
-
-    fake = testing._active_fake
-    return None if fake is None else fake.store
-
-
 def _store(manager: QueueManager) -> Store:
-    from haze import testing
-
-    fake = testing._active_fake
-    if fake is not None:
-        return fake.store
-    return manager.app.batch_store
+    return manager.stores.batches()
 
 
 class PendingBatch:
@@ -248,8 +229,6 @@ class PendingBatch:
     def to_spec(self, manager: QueueManager, connection: str | None = None) -> dict[str, Any]:
         """The JSON description of this batch (also how a batch travels inside a chain)."""
         conn = manager.app.connection_name(self._connection or connection)
-        from haze._orchestration.chains import check_function_callbacks
-
         check_function_callbacks(
             manager,
             [cb for v in self._callbacks.values() for cb in v],
@@ -277,14 +256,12 @@ class PendingBatch:
         }
 
     async def dispatch(self) -> Batch:
-        from haze import testing
-        from haze._app.app import use_app
-
-        manager = use_app().manager
+        manager: QueueManager = use_app().manager
         spec = self.to_spec(manager)
-        fake = testing._active_fake
-        if fake is not None:
-            return fake.record_batch(self, spec)
+        recorder = manager.app.recorder
+        if recorder is not None:
+            batch: Batch = recorder.record_batch(self, spec)
+            return batch
         return await dispatch_spec(manager, spec)
 
     dispatch_blocking = blocking_method(dispatch)
@@ -293,13 +270,11 @@ class PendingBatch:
 async def dispatch_spec(
     manager: QueueManager, spec: dict[str, Any], chain: dict[str, Any] | None = None
 ) -> Batch:
-    from haze._engine.manager import link_to_pending
-
     store = _store(manager)
     ttl = manager.app.queue_config.batches_ttl
-    if store is not _fake_store():
+    if manager.app.recorder is None:
         # A store this process alone sees beside a remote connection loses the callbacks.
-        manager._check_lock_store(store, manager.app.driver(spec["connection"]), "batches")
+        manager.stores.check(store, manager.app.driver(spec["connection"]), "batches")
     batch_id = new_id()
     now = time.time()
     items: list[PendingDispatch[Any] | list[PendingDispatch[Any]]] = []
@@ -347,8 +322,6 @@ async def _dispatch_items(
     items: Sequence[PendingDispatch[Any] | list[PendingDispatch[Any]]],
     options: dict[str, Any],
 ) -> None:
-    from haze._orchestration.chains import start_links
-
     conn, queue = options.get("connection"), options.get("queue")
     first_error: BaseException | None = None
     # Runs of plain jobs for queue drivers go in one enqueue_many per connection (one
@@ -357,12 +330,12 @@ async def _dispatch_items(
 
     async def flush() -> None:
         if run:
-            await manager.bulk(run, queue=queue, connection=conn, batch_id=batch_id)
+            await manager.dispatcher.bulk(run, queue=queue, connection=conn, batch_id=batch_id)
             run.clear()
 
     for item in items:
         head = item[0] if isinstance(item, list) else item
-        target = manager.resolve(head, queue=queue, connection=conn)[0]
+        target = manager.dispatcher.resolve(head, queue=queue, connection=conn)[0]
         if not isinstance(item, list) and not manager.app.driver(target).inline:
             run.append(item)
             continue
@@ -379,7 +352,9 @@ async def _dispatch_items(
                     links.append(link)
                 await start_links(manager, links, new_id(), None, batch_id=batch_id)
             else:
-                await manager.dispatch(item, queue=queue, connection=conn, batch_id=batch_id)
+                await manager.dispatcher.dispatch(
+                    item, queue=queue, connection=conn, batch_id=batch_id
+                )
         except Exception as e:
             # sync runs each job inside dispatch(): a failure is raised here. Dispatch
             # the rest so the batch still reaches its end (they are skipped once it is
@@ -550,8 +525,6 @@ async def _finish(
 async def _continue_chain(
     manager: QueueManager, record: dict[str, Any], chain: dict[str, Any], result: str, batch: Batch
 ) -> None:
-    from haze._orchestration.chains import start_links
-
     batch_id = record["id"]
     if result == "ok" or (result == "failed" and batch.allows_failures):
         links = chain.get("links")
@@ -570,8 +543,6 @@ async def _continue_chain(
             )
             await store.put(mark, time.time(), record["options"].get("ttl"))
     else:
-        from haze._kernel.errors import HazeError
-
         err = HazeError(f'batch "{batch_id}" in chain {chain["chain_id"]} failed')
         refs = chain.get("catch") or []
         if refs:
@@ -620,11 +591,7 @@ async def claim_once(manager: QueueManager, key: str, owner: str) -> bool:
     The first message to claim the key owns it; a redelivery of that message still
     owns it (it may have died mid-run), any other message is a duplicate dispatch.
     """
-    store = _store(manager)
-    ttl = manager.app.queue_config.batches_ttl
-    if await store.add(key, owner, ttl):
-        return True
-    return bool(await store.get(key) == owner)
+    return await manager.callbacks.claim_once(key, owner)
 
 
 async def _run(
@@ -720,3 +687,146 @@ async def _delete(store: Store, batch: Batch) -> None:
     parts += ["recovered", *(f"failed:{i}" for i in range(1, raw_failed + 1))]
     for part in parts:
         await store.delete(_key(batch.id, part))
+
+
+# ====================================================================== links of a chain
+# A chain's links may hold a batch and a batch may hold chains: the link runner lives
+# here, below chains.py, so the two modules import one way only.
+
+
+def _item_connections(item: Any, defaults: tuple[str | None, ...]) -> list[str | None]:
+    """Connections the jobs of a chain/batch item run on (None: the config default)."""
+    if isinstance(item, PendingBatch):
+        out: list[str | None] = []
+        for m in item.jobs:
+            for p in m if isinstance(m, list) else [m]:
+                out += _item_connections(p, (item._connection, *defaults))
+        return out
+    if isinstance(item, list):
+        return [c for p in item for c in _item_connections(p, defaults)]
+    return [next((c for c in (item._connection, *defaults, item.job.connection) if c), None)]
+
+
+def check_function_callbacks(
+    manager: QueueManager,
+    callbacks: Sequence[Any],
+    items: Sequence[Any],
+    defaults: tuple[str | None, ...],
+    where: str,
+) -> None:
+    """A plain-function callback needs every job of the chain/batch on a local connection
+    (its settle may run the callback in the worker that ran the job)."""
+    if not any(
+        callable(cb) and not isinstance(cb, (PendingDispatch, JobDefinition)) for cb in callbacks
+    ):
+        return
+    for item in items:
+        for c in _item_connections(item, defaults):
+            name = manager.app.connection_name(c)
+            driver = manager.app.driver(name)
+            if not driver.local_callbacks:
+                raise ValueError(
+                    f"{where}: a plain function cannot travel to the workers of connection "
+                    f'"{name}" (driver {type(driver).__name__}); pass a job reference '
+                    "such as cleanup.with_({...}) instead"
+                )
+
+
+async def start_links(
+    manager: QueueManager,
+    links: list[dict[str, Any]],
+    chain_id: str,
+    catch: list[dict[str, Any]] | None,
+    *,
+    batch_id: str | None,
+    attempts: int = 0,
+    id: str | None = None,
+    meta: dict[str, Any] | None = None,
+) -> DispatchResult:
+    """Dispatch ``links[0]`` carrying the rest of the chain (as message ``id`` when given,
+    with ``meta`` when it is a job)."""
+    head, rest = links[0], links[1:]
+    if "batch" in head:
+        if manager.app.recorder is not None:
+            return _record_batch_link(manager, head["batch"], chain_id)
+        batch = await dispatch_spec(
+            manager, head["batch"], chain={"links": rest, "chain_id": chain_id, "catch": catch}
+        )
+        return DispatchResult(batch.id, chain_id=chain_id)
+    pending = link_to_pending(head, manager.app)
+    return await manager.dispatcher.dispatch(
+        pending,
+        chain=rest or None,
+        chain_id=chain_id,
+        chain_catch=catch,
+        batch_id=batch_id,
+        id=id,
+        meta=meta,
+    )
+
+
+def _record_batch_link(
+    manager: QueueManager, spec: dict[str, Any], chain_id: str
+) -> DispatchResult:
+    """Under ``Queue.fake()`` a batch link is recorded in ``fake.batches``, not run."""
+    recorder = manager.app.recorder
+    assert recorder is not None
+    app = manager.app
+    pb = PendingBatch(
+        [
+            [link_to_pending(x, app) for x in j["chain"]]
+            if "chain" in j
+            else link_to_pending(j, app)
+            for j in spec["jobs"]
+        ]
+    )
+    pb._name, pb._queue = spec.get("name"), spec.get("queue")
+    pb._connection, pb._allow_failures = spec.get("connection"), bool(spec.get("allow_failures"))
+    batch = recorder.record_batch(pb, spec)
+    return DispatchResult(batch.id, chain_id=chain_id)
+
+
+# ====================================================================== outcome hooks
+
+
+class BatchGuard:
+    """Run guard: a job of a cancelled batch is skipped (and every job of a batch sees
+    its batch, read before the attempt, as ``job.batch()``)."""
+
+    def __init__(self, manager: QueueManager) -> None:
+        self.manager = manager
+
+    async def admit(self, run: Run) -> Skip | None:
+        batch_id = run.message.batch_id
+        if batch_id is None:
+            return None
+        batch = await load_for_job(self.manager, batch_id)
+        run.ctx._batch = batch
+        if batch is not None and batch.cancelled:
+            return Skip("its batch was cancelled")
+        return None
+
+
+class BatchCount:
+    """Outcome hook: a job of a batch is counted, and the callbacks it makes due run,
+    before the queue records its outcome (a redelivery after a crash counts it once)."""
+
+    def __init__(self, manager: QueueManager) -> None:
+        self.manager = manager
+
+    async def settling(self, run: Run) -> None:
+        message = run.message
+        if message.batch_id is None:
+            return
+        outcome = run.outcome
+        if outcome == Outcome.SUCCESS:
+            await settle(self.manager, message, "done", None)
+        elif outcome == Outcome.FAILED:
+            await settle(self.manager, message, "failed", run.error)
+        elif outcome == Outcome.CANCELLED:
+            await settle_cancelled(self.manager, message)
+        elif outcome == Outcome.SKIPPED and run.ctx._batch is not None and run.ctx._batch.cancelled:
+            await settle(self.manager, message, "skipped", None)
+
+    async def settled(self, run: Run) -> None:
+        return None

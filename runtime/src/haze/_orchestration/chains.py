@@ -10,27 +10,31 @@ Any worker that finishes a link dispatches the next one, so chains work on every
 
 from __future__ import annotations
 
+import hashlib
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from haze._engine.hooks import Outcome, Run
+from haze._engine.manager import QueueManager
 from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch
 from haze._kernel.blocking import blocking_method
+from haze._kernel.current import use_app
 from haze._kernel.durations import Duration, check_delay, parse_duration
 from haze._kernel.message import Message, check_queue_name, new_id
+from haze._orchestration.batches import PendingBatch, check_function_callbacks, start_links
 
 if TYPE_CHECKING:
-    from haze._engine.manager import QueueManager
     from haze._jobs.context import JobContext
-    from haze._orchestration.batches import PendingBatch
 
-__all__ = ["PendingChain"]
+__all__ = ["ChainCatch", "ChainNext", "PendingChain"]
+
+log = logging.getLogger("haze")
 
 ChainItem = "PendingDispatch[Any] | JobDefinition[Any] | PendingBatch"
 
 
 def _as_pending(item: object, where: str) -> PendingDispatch[Any] | PendingBatch:
-    from haze._orchestration.batches import PendingBatch
-
     if isinstance(item, (PendingDispatch, PendingBatch)):
         return item
     if isinstance(item, JobDefinition):
@@ -81,9 +85,7 @@ class PendingChain:
         return out
 
     async def dispatch(self) -> DispatchResult:
-        from haze._app.app import use_app
-
-        manager = use_app().manager
+        manager: QueueManager = use_app().manager
         first = self.jobs[0]
         connection = manager.app.connection_name(
             (first._connection if isinstance(first, PendingDispatch) else None)
@@ -98,55 +100,13 @@ class PendingChain:
         links = self.links(manager, connection)
         if self._delay and "job" in links[0]:
             links[0]["delay"] = links[0].get("delay") or self._delay
-        from haze import testing
-
-        fake = testing._active_fake
-        if fake is not None:
-            fake.record_chain(self, links, chain_id)
+        recorder = manager.app.recorder
+        if recorder is not None:
+            recorder.record_chain(self, links, chain_id)
         result = await start_links(manager, links, chain_id, catch or None, batch_id=None)
         return DispatchResult(result.id, result.skipped, result.deferred, chain_id)
 
     dispatch_blocking = blocking_method(dispatch)
-
-
-def _item_connections(item: Any, defaults: tuple[str | None, ...]) -> list[str | None]:
-    """Connections the jobs of a chain/batch item run on (None: the config default)."""
-    from haze._orchestration.batches import PendingBatch
-
-    if isinstance(item, PendingBatch):
-        out: list[str | None] = []
-        for m in item.jobs:
-            for p in m if isinstance(m, list) else [m]:
-                out += _item_connections(p, (item._connection, *defaults))
-        return out
-    if isinstance(item, list):
-        return [c for p in item for c in _item_connections(p, defaults)]
-    return [next((c for c in (item._connection, *defaults, item.job.connection) if c), None)]
-
-
-def check_function_callbacks(
-    manager: QueueManager,
-    callbacks: Sequence[Any],
-    items: Sequence[Any],
-    defaults: tuple[str | None, ...],
-    where: str,
-) -> None:
-    """A plain-function callback needs every job of the chain/batch on a local connection
-    (its settle may run the callback in the worker that ran the job)."""
-    if not any(
-        callable(cb) and not isinstance(cb, (PendingDispatch, JobDefinition)) for cb in callbacks
-    ):
-        return
-    for item in items:
-        for c in _item_connections(item, defaults):
-            name = manager.app.connection_name(c)
-            driver = manager.app.driver(name)
-            if not driver.local_callbacks:
-                raise ValueError(
-                    f"{where}: a plain function cannot travel to the workers of connection "
-                    f'"{name}" (driver {type(driver).__name__}); pass a job reference '
-                    "such as cleanup.with_({...}) instead"
-                )
 
 
 def link_of(
@@ -156,8 +116,6 @@ def link_of(
     connection: str | None,
     default_connection: str,
 ) -> dict[str, Any]:
-    from haze._orchestration.batches import PendingBatch
-
     if isinstance(item, PendingBatch):
         return {"batch": item.to_spec(manager, connection or default_connection)}
     link = item.to_link(manager.app)
@@ -166,62 +124,6 @@ def link_of(
     if connection is not None and "connection" not in link:
         link["connection"] = connection
     return link
-
-
-async def start_links(
-    manager: QueueManager,
-    links: list[dict[str, Any]],
-    chain_id: str,
-    catch: list[dict[str, Any]] | None,
-    *,
-    batch_id: str | None,
-    attempts: int = 0,
-    id: str | None = None,
-    meta: dict[str, Any] | None = None,
-) -> DispatchResult:
-    """Dispatch ``links[0]`` carrying the rest of the chain (as message ``id`` when given,
-    with ``meta`` when it is a job)."""
-    from haze._engine.manager import link_to_pending
-
-    head, rest = links[0], links[1:]
-    if "batch" in head:
-        from haze import testing
-        from haze._orchestration.batches import dispatch_spec
-
-        if testing._active_fake is not None:
-            # Under Queue.fake() a batch is recorded in fake.batches, not run (seed 测试).
-            from haze._orchestration.batches import PendingBatch
-
-            spec = head["batch"]
-            pb = PendingBatch(
-                [
-                    [link_to_pending(x, manager.app) for x in j["chain"]]
-                    if "chain" in j
-                    else link_to_pending(j, manager.app)
-                    for j in spec["jobs"]
-                ]
-            )
-            pb._name, pb._queue = spec.get("name"), spec.get("queue")
-            pb._connection, pb._allow_failures = (
-                spec.get("connection"),
-                bool(spec.get("allow_failures")),
-            )
-            batch = testing._active_fake.record_batch(pb, spec)
-            return DispatchResult(batch.id, chain_id=chain_id)
-        batch = await dispatch_spec(
-            manager, head["batch"], chain={"links": rest, "chain_id": chain_id, "catch": catch}
-        )
-        return DispatchResult(batch.id, chain_id=chain_id)
-    pending = link_to_pending(head, manager.app)
-    return await manager.dispatch(
-        pending,
-        chain=rest or None,
-        chain_id=chain_id,
-        chain_catch=catch,
-        batch_id=batch_id,
-        id=id,
-        meta=meta,
-    )
 
 
 async def dispatch_next_link(manager: QueueManager, message: Message, ctx: JobContext) -> None:
@@ -244,8 +146,6 @@ async def dispatch_next_link(manager: QueueManager, message: Message, ctx: JobCo
 
 def derived_id(base: str, what: str) -> str:
     """A message id (32 hex characters) that is always the same for ``base`` and ``what``."""
-    import hashlib
-
     return hashlib.blake2b(f"{base}:{what}".encode(), digest_size=16).hexdigest()
 
 
@@ -256,3 +156,59 @@ async def chain_failed(manager: QueueManager, message: Message, error: BaseExcep
     for ref in message.chain_catch or []:
         await manager.run_callback(ref, (error,), connection=message.connection)
     manager.forget_callbacks(message.chain_catch)
+
+
+class ChainNext:
+    """Outcome hook: a link that succeeded dispatches the next one before it is acked
+    (a crash in between runs the link again, and it dispatches the next link again)."""
+
+    def __init__(self, manager: QueueManager) -> None:
+        self.manager = manager
+
+    async def settling(self, run: Run) -> None:
+        message, ctx = run.message, run.ctx
+        if run.outcome != Outcome.SUCCESS or not (
+            message.chain or ctx._chain_appended or ctx._chain_prepended
+        ):
+            return
+        try:
+            await dispatch_next_link(self.manager, message, ctx)
+        except Exception as e:
+            # sync: the next link ran inline and failed; finish this job first, then
+            # raise that failure to the dispatch() caller.
+            if run.inline:
+                run.raise_after = e
+            else:
+                # This job did its work; leaving it un-acked would only run it again.
+                log.exception(
+                    'job "%s" (%s) succeeded but dispatching the next link of chain %s failed',
+                    run.job.name,
+                    message.id,
+                    message.chain_id,
+                )
+
+    async def settled(self, run: Run) -> None:
+        return None
+
+
+class ChainCatch:
+    """Outcome hook: a link that failed for good runs the chain's ``catch`` callbacks
+    (once it is in the failed list); a chain that ended drops its function callbacks."""
+
+    def __init__(self, manager: QueueManager) -> None:
+        self.manager = manager
+
+    async def settling(self, run: Run) -> None:
+        message, ctx = run.message, run.ctx
+        if not message.chain_catch:
+            return
+        ended = run.outcome == Outcome.SUCCESS and not (
+            message.chain or ctx._chain_appended or ctx._chain_prepended
+        )
+        if ended or run.outcome == Outcome.CANCELLED:
+            self.manager.forget_callbacks(message.chain_catch)
+
+    async def settled(self, run: Run) -> None:
+        if run.outcome == Outcome.FAILED and run.message.chain_id is not None:
+            assert run.error is not None
+            await chain_failed(self.manager, run.message, run.error)

@@ -52,7 +52,7 @@ async def _maybe(value: Any) -> Any:
 
 
 def _store(job: JobContext) -> Any:
-    return job.app.manager._state_store()
+    return job.app.manager.state_store()
 
 
 def _scoped(job: JobContext, *parts: object) -> str:

@@ -24,9 +24,11 @@ from haze._kernel.errors import BackendUnavailableError
 from haze._kernel.message import Message
 
 __all__ = [
+    "Backlog",
     "BatchConsumer",
     "Concurrent",
     "ConnectionAware",
+    "DelayStep",
     "Driver",
     "FailedJob",
     "FailedJobStore",
@@ -254,6 +256,29 @@ class IdlePolling(Protocol):
 
     sleep: float
     max_sleep: float
+
+
+@runtime_checkable
+class Backlog(Protocol):
+    """A queue held in this process's memory (``memory``): ``Queue.idle()`` waits for it
+    to drain, and the app says what it loses when it stops with jobs left."""
+
+    def pending(self) -> int:
+        """Queued + delayed + running."""
+
+    def waiting(self) -> int:
+        """Queued + delayed (what is lost if the process exits now)."""
+
+    async def wait_idle(self) -> None:
+        """Return once ``pending()`` is 0."""
+
+
+@runtime_checkable
+class DelayStep(Protocol):
+    """A backend whose delays come in steps (whole seconds on SQS and Cloudflare): a
+    retry's wait is reported rounded up to it, as the backend applies it."""
+
+    delay_step: float
 
 
 @runtime_checkable

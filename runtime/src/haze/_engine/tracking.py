@@ -1,0 +1,276 @@
+"""Status records, cancellation and progress, on the engine's side (``haze._jobs.status``
+holds the record format and ``Queue.status``/``wait``/``cancel``).
+
+``Tracking`` writes a tracked job's record at each step, reads cancel markers before an
+attempt and polls them while attempts run, wakes local waiters of a final record, and
+reports ``job.progress``. ``StatusRecord`` is the outcome hook that writes the record of
+each outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from haze._engine.hooks import Outcome, Run
+from haze._jobs import status
+from haze._kernel.errors import BackendUnavailableError, JobCancelledError
+
+if TYPE_CHECKING:
+    from haze._app.app import App
+    from haze._engine.events import Events
+    from haze._engine.stores import EngineStores
+    from haze._jobs.context import JobContext
+    from haze._jobs.definition import JobDefinition
+    from haze._kernel.message import Message
+    from haze.contracts.store import Store
+
+__all__ = ["StatusRecord", "Tracking"]
+
+log = logging.getLogger("haze")
+_time = time.time
+_UNRESOLVED: Any = object()
+
+
+class Tracking:
+    """Status records, cancel markers and progress for one app (a ``status.StatusHost``)."""
+
+    def __init__(
+        self,
+        app: App,
+        stores: EngineStores,
+        events: Events,
+        unavailable: Callable[[BaseException], BaseException | None],
+    ) -> None:
+        self.app = app
+        self.stores = stores
+        self.events = events
+        self._unavailable = unavailable
+        #: job -> its tracking meta (None: untracked), decided at its first dispatch
+        self.meta: dict[JobDefinition[Any], dict[str, float] | None] = {}
+        #: the attempts running in this process
+        self.running: dict[str, JobContext] = {}
+        self._watcher: asyncio.Task[None] | None = None
+        self._hint_on = False  # a cancel may be outstanding: check markers before runs
+        self._hint_at = 0.0  # when the hint was last read from the store
+        self._final_events: dict[str, asyncio.Event] = {}
+
+    # ------------------------------------------------------------ status.StatusHost
+
+    def state_store(self) -> Store:
+        return self.stores.state()
+
+    def final_event(self, job_id: str) -> asyncio.Event:
+        event = self._final_events.get(job_id)
+        if event is None:
+            event = self._final_events[job_id] = asyncio.Event()
+        return event
+
+    def drop_final_event(self, job_id: str, event: asyncio.Event) -> None:
+        if self._final_events.get(job_id) is event:
+            del self._final_events[job_id]
+
+    def notify_final(self, job_id: str) -> None:
+        event = self._final_events.pop(job_id, None)
+        if event is not None:
+            event.set()
+
+    def cancel_hint(self, on: bool) -> None:
+        self._hint_on, self._hint_at = on, _time()
+
+    def abort_running(self, job_id: str) -> None:
+        ctx = self.running.get(job_id)
+        if ctx is not None and not ctx.signal.aborted:
+            ctx.signal.abort(JobCancelledError(f'Job "{ctx.name}" ({job_id}) was cancelled'))
+
+    # ------------------------------------------------------------ records
+
+    def meta_for(self, job: JobDefinition[Any]) -> dict[str, float] | None:
+        """The ``meta`` fields that mark ``job``'s messages as tracked (None: untracked)."""
+        track = self.meta.get(job, _UNRESOLVED)
+        if track is _UNRESOLVED:
+            track = self.meta[job] = status.tracking(job.track, job.keep_result, self.app)
+        return track  # type: ignore[no-any-return]
+
+    async def queued(self, message: Message, delay: float) -> None:
+        """A tracked message is about to be queued (before the enqueue: a worker's
+        ``running`` must come after it)."""
+        await status.write(self, message, "delayed" if delay > 0 else "queued", wait=delay)
+
+    async def record(
+        self,
+        message: Message,
+        ctx: JobContext,
+        state: str,
+        *,
+        result: Any = None,
+        error: str | None = None,
+        wait: float = 0.0,
+    ) -> None:
+        """Write a tracked job's record after its pending progress writes."""
+        tasks = ctx._progress_tasks
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await status.write(
+            self,
+            message,
+            state,
+            attempt=ctx.attempt,
+            progress=ctx._progress,
+            result=result,
+            error=error,
+            wait=wait,
+        )
+
+    # ------------------------------------------------------------ cancellation
+
+    def may_be_cancelled(self, tracked: bool) -> bool:
+        """Whether an attempt must read its cancel marker before it starts."""
+        return tracked or self._hint_on or _time() - self._hint_at > status.CANCEL_POLL
+
+    async def cancel_seen(self, message: Message, tracked: bool, attempt: int) -> bool:
+        """Whether a cancel marker stops this attempt before it starts.
+
+        A tracked job writes ``running`` first, then reads its marker (``status.cancel``
+        writes the marker, then reads the record: one of the two sees the other). An
+        untracked job reads it only while the cancel hint is set; the hint is re-read at
+        most once per ``CANCEL_POLL``.
+        """
+        if tracked:
+            await status.write(self, message, "running", attempt=attempt)
+        store = self.stores.state()
+        try:
+            if _time() - self._hint_at > status.CANCEL_POLL:
+                keys = [status.HINT_KEY, status.cancel_key(message.id)]
+                hint, marker = await store.get_many(keys)
+                self._hint_on, self._hint_at = hint is not None, _time()
+            elif tracked or self._hint_on:
+                marker = await store.get(status.cancel_key(message.id))
+            else:
+                return False
+        except Exception as e:
+            log.warning("could not read the cancel marker of job %s: %s", message.id, e)
+            return False
+        return marker is not None
+
+    def started(self, ctx: JobContext, inline: bool) -> None:
+        """An attempt starts: its markers are polled while it runs."""
+        self.running[ctx.id] = ctx
+        if self._watcher is None and not inline:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # pragma: no cover
+                return
+            self._watcher = loop.create_task(self._watch(), name="haze-cancel-watch")
+
+    def ended(self, ctx: JobContext) -> None:
+        if self.running.get(ctx.id) is ctx:
+            del self.running[ctx.id]
+
+    def stop_watching(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        watcher = self._watcher
+        if watcher is not None and watcher.get_loop() is loop:
+            self._watcher = None
+            watcher.cancel()
+
+    async def _watch(self) -> None:
+        told = False
+        try:
+            while True:
+                await asyncio.sleep(status.CANCEL_POLL)
+                ids = list(self.running)
+                if not ids:
+                    return  # the next attempt to start begins a new watch
+                try:
+                    keys = [status.HINT_KEY, *(status.cancel_key(i) for i in ids)]
+                    values = await self.stores.state().get_many(keys)
+                except Exception as e:
+                    # An unreachable backend is the worker's outage to report (once per
+                    # outage); repeating it here would make every outage two warnings.
+                    if (
+                        not told
+                        and self._unavailable(e) is None
+                        and not isinstance(e, BackendUnavailableError)
+                    ):
+                        told = True
+                        log.warning("could not read cancel markers from the store: %s", e)
+                    continue
+                told = False
+                self._hint_on, self._hint_at = values[0] is not None, _time()
+                for job_id, marker in zip(ids, values[1:], strict=True):
+                    if marker is not None:
+                        self.abort_running(job_id)
+        finally:
+            if self._watcher is asyncio.current_task():
+                self._watcher = None
+
+    # ------------------------------------------------------------ progress
+
+    def report_progress(self, ctx: JobContext, value: Any) -> None:
+        """``job.progress(value)``: emit the event and update a tracked job's record, in
+        the background (a plain ``def`` handler calls this from its thread)."""
+        m = ctx.message
+        tracked = m is not None and m.meta is not None and "track" in m.meta
+        if not tracked and not self.events.progress:
+            return
+        loop = ctx._loop
+        if loop is not None:
+            try:
+                here = asyncio.get_running_loop()
+            except RuntimeError:
+                here = None
+            if here is not loop:
+                loop.call_soon_threadsafe(self._progress_task, ctx, value, tracked)
+                return
+        self._progress_task(ctx, value, tracked)
+
+    def _progress_task(self, ctx: JobContext, value: Any, tracked: bool) -> None:
+        task = asyncio.ensure_future(self._progress_step(ctx, value, tracked))
+        tasks = ctx._progress_tasks
+        if tasks is None:
+            tasks = ctx._progress_tasks = set()
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _progress_step(self, ctx: JobContext, value: Any, tracked: bool) -> None:
+        if self.events.progress:
+            await self.events.emit("progress", ctx, value)
+        m = ctx.message
+        if tracked and m is not None and ctx._progress is value:  # a newer value is due
+            await status.write(self, m, "running", attempt=ctx.attempt, progress=value)
+
+
+class StatusRecord:
+    """Outcome hook: a tracked job's record says each outcome, once the queue has it."""
+
+    def __init__(self, tracking: Tracking) -> None:
+        self.tracking = tracking
+
+    async def settling(self, run: Run) -> None:
+        return None
+
+    async def settled(self, run: Run) -> None:
+        if not run.tracked:
+            return
+        message, ctx, outcome = run.message, run.ctx, run.outcome
+        record = self.tracking.record
+        if outcome == Outcome.SUCCESS:
+            kept, why = status.result_for(message, run.result)
+            await record(message, ctx, "done", result=kept, error=why)
+        elif outcome == Outcome.FAILED:
+            assert run.error is not None
+            await record(message, ctx, "failed", error=status.error_text(run.error))
+        elif outcome in (Outcome.CANCELLED, Outcome.SKIPPED):
+            if run.note is not None:
+                await record(message, ctx, "cancelled", error=run.note)
+        elif outcome == Outcome.RETRY:
+            assert run.error is not None
+            state = "delayed" if run.delay > 0 else "queued"
+            error = status.error_text(run.error)
+            await record(message, ctx, state, error=error, wait=run.delay)
+        elif outcome == Outcome.RELEASED:
+            state = "delayed" if run.delay > 0 else "queued"
+            await record(message, ctx, state, wait=run.delay)
