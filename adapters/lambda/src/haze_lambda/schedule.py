@@ -98,11 +98,13 @@ async def _drain(app: App, event: dict[str, Any], context: Any) -> dict[str, Any
     if budget is not None and budget <= 0:
         result["stopped"] = "time"
         return result
+    from haze.contracts.driver import Concurrent
+
     driver = app.driver(connection)
     concurrency = int(
         _setting(event, "concurrency")
         or env("HAZE_SCHEDULE_CONCURRENCY", 0)
-        or getattr(driver, "concurrency", 1)
+        or (driver.concurrency if isinstance(driver, Concurrent) else 1)
         or 1
     )
     outcomes: dict[str, int] = {}

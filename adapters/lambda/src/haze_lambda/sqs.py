@@ -40,12 +40,41 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # loaded on the first invocation, not at import (cold start)
     from haze import App
-    from haze.contracts.driver import FailedJob, Reserved
-    from haze.drivers.sqs import SqsDriver
+    from haze._kernel.message import Message
+    from haze._runners.delivery import Delivery
+    from haze.contracts.driver import (
+        Concurrent,
+        Driver,
+        FailedJob,
+        FailedJobStore,
+        Leased,
+        Reserved,
+    )
+    from haze.drivers.sqs import SqsReceipt
+
+    class SqsRecords(Driver, Leased, Concurrent, Protocol):
+        """What the handler needs from the connection's driver (``SqsDriver``): it
+        admits a record delivered by Lambda as a job, and says how a release settled it.
+        """
+
+        fifo: bool
+        #: Delays are whole seconds: the manager rounds a retry's backoff up to it.
+        delay_step: float
+
+        def url_for_arn(self, arn: str) -> str | None: ...
+        def receipt_from_record(self, url: str, record: dict[str, Any]) -> SqsReceipt: ...
+        async def admit(
+            self, url: str, receipt: SqsReceipt, body: str
+        ) -> tuple[Reserved | None, bool]: ...
+        async def settle_release(
+            self, job: Reserved, delay: float, *, consume_attempt: bool
+        ) -> bool: ...
+
 
 from haze_lambda._boot import run
 
@@ -55,24 +84,33 @@ log = logging.getLogger("haze.lambda")
 
 
 class _RecordDriver:
-    """The connection's driver for one received record: everything is delegated, and
-    ``release`` notes whether the message stayed in the queue (to be reported)."""
+    """The connection's driver for one received record: it settles the job as the
+    driver does, and notes whether a release left the message in its queue (a retry
+    whose visibility haze set: Lambda must be told, as a batch item failure)."""
 
-    def __init__(self, driver: SqsDriver) -> None:
+    def __init__(self, driver: SqsRecords) -> None:
         self._d = driver
         self.name = driver.name
         self.remote = driver.remote
         self.local_callbacks = driver.local_callbacks
         self.inline = driver.inline
         self.max_message_size = driver.max_message_size
+        self.outage_errors = driver.outage_errors
+        self.delay_step = driver.delay_step
         self.kept = False
 
     @property
-    def failed(self) -> Any:
+    def failed(self) -> FailedJobStore:
         return self._d.failed
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._d, name)
+    async def enqueue(self, body: str, message: Message, delay: float) -> None:
+        await self._d.enqueue(body, message, delay)
+
+    async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
+        await self._d.enqueue_many(items)
+
+    async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
+        return await self._d.reserve(queues, wait)
 
     async def ack(self, job: Reserved) -> bool:
         return await self._d.ack(job)
@@ -84,8 +122,17 @@ class _RecordDriver:
     async def fail(self, job: Reserved, failed: FailedJob) -> bool:
         return await self._d.fail(job, failed)
 
+    async def size(self, queue: str) -> int:
+        return await self._d.size(queue)
 
-def _connection_for(app: App, arn: str) -> tuple[SqsDriver, str]:
+    async def purge(self, queue: str) -> int:
+        return await self._d.purge(queue)
+
+    async def close(self) -> None:
+        await self._d.close()
+
+
+def _connection_for(app: App, arn: str) -> tuple[SqsRecords, str]:
     named = os.environ.get("HAZE_SQS_CONNECTION")
     candidates = (
         [named]
@@ -118,96 +165,79 @@ def _remaining(context: Any) -> float | None:
         return None
 
 
+async def _run_record(
+    delivery: Delivery,
+    record: dict[str, Any],
+    driver: SqsRecords,
+    url: str,
+    deadline: float | None,
+) -> bool:
+    """Run one record; True when it must be reported as a batch item failure."""
+    receipt = driver.receipt_from_record(url, record)
+    job, kept = await driver.admit(url, receipt, record.get("body") or "")
+    if job is None:
+        delivery.outcomes["forwarded"] += 1
+        return kept
+    if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+        await driver.settle_release(job, 0.0, consume_attempt=False)
+        delivery.outcomes["handed_back"] += 1
+        return False
+    adapter = _RecordDriver(driver)
+    await delivery.run(job, adapter, leased=driver)
+    return adapter.kept
+
+
 async def _handle(app: App, event: dict[str, Any], context: Any) -> dict[str, Any]:
     from haze._app.env import env_duration
+    from haze._runners.delivery import Delivery
 
     records: list[dict[str, Any]] = list(event.get("Records") or [])
     margin = env_duration("HAZE_SQS_MARGIN", 5.0)
-    loop = asyncio.get_running_loop()
     remaining = _remaining(context)
-    deadline = None if remaining is None else loop.time() + remaining - margin
+    deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining - margin
     resolved = [_connection_for(app, r.get("eventSourceARN", "")) for r in records]
-    active: dict[int, tuple[SqsDriver, Reserved]] = {}
-    reported: list[str] = []
-    outcomes: dict[str, int] = {}
-
-    async def one(record: dict[str, Any], driver: SqsDriver, url: str) -> bool:
-        """Run one record; True when it must be reported as a batch item failure."""
-        receipt = driver.receipt_from_record(url, record)
-        job, kept = await driver.admit(url, receipt, record.get("body") or "")
-        if job is None:
-            outcomes["forwarded"] = outcomes.get("forwarded", 0) + 1
-            return kept
-        if deadline is not None and loop.time() >= deadline:
-            await driver.settle_release(job, 0.0, consume_attempt=False)
-            outcomes["handed_back"] = outcomes.get("handed_back", 0) + 1
-            return False
-        adapter = _RecordDriver(driver)
-        active[id(job)] = (driver, job)
-        try:
-            outcome = await app.manager.process(job, adapter)
-        finally:
-            del active[id(job)]
-        outcomes[outcome] = outcomes.get(outcome, 0) + 1
-        return adapter.kept
-
-    async def heartbeat(interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            by_driver: dict[int, tuple[SqsDriver, list[Reserved]]] = {}
-            for d, j in list(active.values()):
-                by_driver.setdefault(id(d), (d, []))[1].append(j)
-            for d, jobs in by_driver.values():
-                try:
-                    await d.heartbeat(jobs)
-                except Exception as e:
-                    log.warning("haze_lambda: heartbeat failed: %s", e)
-
     drivers = list({id(d): d for d, _ in resolved}.values())
+    fifo = any(d.fifo for d in drivers)
+    delivery = Delivery(app.manager)
+
+    async def one(item: tuple[dict[str, Any], tuple[SqsRecords, str]]) -> bool:
+        record, (driver, url) = item
+        try:
+            return await _run_record(delivery, record, driver, url, deadline)
+        except Exception:
+            log.exception(
+                "haze_lambda: record %s could not be settled; %s",
+                record.get("messageId"),
+                "reporting it and the rest of the batch" if fifo else "reporting it as failed",
+            )
+            return True
+
     beat = None
     if drivers:
-        beat = asyncio.ensure_future(heartbeat(min(d.heartbeat_interval for d in drivers)))
-    try:
-        fifo = any(d.fifo for d in drivers)
-        if fifo:
-            for i, (record, (driver, url)) in enumerate(zip(records, resolved, strict=True)):
-                try:
-                    report = await one(record, driver, url)
-                except Exception:
-                    log.exception(
-                        "haze_lambda: record %s could not be settled; reporting it "
-                        "and the rest of the batch",
-                        record.get("messageId"),
-                    )
-                    report = True
-                if report:
-                    reported.extend(r["messageId"] for r in records[i:])
-                    break
-        else:
-            limit = asyncio.Semaphore(max(d.concurrency for d in drivers) if drivers else 1)
-
-            async def bounded(record: dict[str, Any], driver: SqsDriver, url: str) -> None:
-                async with limit:
-                    try:
-                        report = await one(record, driver, url)
-                    except Exception:
-                        log.exception(
-                            "haze_lambda: record %s could not be settled; reporting it as failed",
-                            record.get("messageId"),
-                        )
-                        report = True
-                if report:
-                    reported.append(record["messageId"])
-
-            await asyncio.gather(
-                *(bounded(r, d, u) for r, (d, u) in zip(records, resolved, strict=True))
+        beat = asyncio.ensure_future(
+            delivery.keep_leases(
+                min(d.heartbeat_interval for d in drivers),
+                lambda e: log.warning("haze_lambda: heartbeat failed: %s", e),
             )
+        )
+    try:
+        # FIFO: in order, and after the first reported record the rest of the batch is
+        # reported unprocessed, as AWS requires for FIFO triggers.
+        reports = await delivery.run_batch(
+            list(zip(records, resolved, strict=True)),
+            one,
+            concurrency=max((d.concurrency for d in drivers), default=1),
+            stop=(lambda report: report) if fifo else None,
+        )
     finally:
         if beat is not None:
             beat.cancel()
-    order = {r["messageId"]: i for i, r in enumerate(records)}
-    reported.sort(key=lambda m: order.get(m, 0))
-    log.info("haze_lambda: %d record(s): %s", len(records), outcomes)
+    if fifo:
+        first = len(reports) - 1 if reports and reports[-1] else len(records)
+        reported = [r["messageId"] for r in records[first:]]
+    else:
+        reported = [r["messageId"] for r, report in zip(records, reports, strict=True) if report]
+    log.info("haze_lambda: %d record(s): %s", len(records), dict(delivery.outcomes))
     return {"batchItemFailures": [{"itemIdentifier": m} for m in reported]}
 
 

@@ -65,7 +65,7 @@ class Presence:
     def record(self) -> dict[str, Any]:
         w = self.worker
         running = []
-        for job in list(w._active.values())[:MAX_RUNNING]:
+        for job in w.running_jobs()[:MAX_RUNNING]:
             m = job.message
             running.append(
                 {
@@ -85,7 +85,7 @@ class Presence:
             "started_at": self.started_at,
             "beat_at": time.time(),
             "processed": w.processed,
-            "paused": sorted(w._paused),
+            "paused": sorted(w.paused),
             "running": running,
         }
 

@@ -19,13 +19,23 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from haze._engine.control import paused_queues, restart_requested_at
 from haze._kernel.errors import HazeError, QueueTablesMissingError
-from haze.contracts.driver import BatchConsumer
+from haze._runners.delivery import Delivery
+from haze._runners.presence import Presence
+from haze.contracts.driver import (
+    BatchConsumer,
+    ConnectionAware,
+    Driver,
+    Interruptible,
+    Leased,
+    LocalQueue,
+    Reserved,
+)
+from haze.drivers.failover import FailoverDriver
 
 if TYPE_CHECKING:
     from haze._app.app import App
-    from haze._runners.presence import Presence
-    from haze.drivers import Driver, Reserved
 
 __all__ = ["Worker"]
 
@@ -66,10 +76,9 @@ class Worker:
         self.app = app
         self.connection = connection
         self.driver: Driver = app.driver(connection)
-        from haze.drivers.failover import FailoverDriver
-
         if isinstance(self.driver, FailoverDriver):
             raise self.driver.no_consumer()  # it only dispatches: nothing to claim
+        self._init_capabilities(self.driver)
         self.queues = list(queues) if queues else None
         self.concurrency = max(1, concurrency)
         self.once = once
@@ -91,14 +100,32 @@ class Worker:
         #: Remote drivers: one idle slot polls at a time (the seed's "one loop per worker");
         #: the other idle slots wait for it instead of each polling the backend.
         self._idle_gate: asyncio.Lock | None = None
-        self._idle_slots = 0
         self._claimed = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._waiting: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started_at = 0.0
-        self._done: asyncio.Event | None = None
-        self._active: dict[int, Reserved] = {}
+        #: Runs the claimed jobs and keeps the running ones (whose leases are renewed).
+        self._delivery = Delivery(app.manager, connection)
+        self._init_outage(self.driver)
+        self.control = control
+        self._init_tasks()
+        #: A setup error no retry can cure (missing queue tables): run() raises it.
+        self._fatal: HazeError | None = None
+        self._init_batching()
+
+    def _init_tasks(self) -> None:
+        """The state of the control (``control=True``) and heartbeat tasks."""
+        #: Queues paused with ``haze queue:pause`` (read from the store by the control task).
+        self._paused: set[str] = set()
+        self._control_task: asyncio.Task[None] | None = None
+        #: This worker's record in the store (``haze.presence``), for ``queue:work``.
+        self._presence: Presence | None = None
+        self._started_wall = 0.0
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._beating = False
+
+    def _init_outage(self, driver: Driver) -> None:
         self._outage = False
         self._outage_backoff = 0.0
         self._outage_since = 0.0
@@ -107,27 +134,24 @@ class Worker:
         self._unrecorded: list[str] = []
         #: Errors that mean "the backend is unreachable" rather than a bug: they are
         #: logged once per outage instead of with a traceback per job.
-        self._outage_errors: tuple[type[BaseException], ...] = (
-            OSError,
-            *self.driver.outage_errors,
-        )
-        #: Queues paused with ``haze queue:pause`` (read from the store by the control task).
-        self._paused: set[str] = set()
-        self.control = control
-        self._control_task: asyncio.Task[None] | None = None
-        #: This worker's record in the store (``haze.presence``), for ``queue:work``.
-        self._presence: Presence | None = None
-        self._started_wall = 0.0
-        self._heartbeat_task: asyncio.Task[None] | None = None
-        self._beating = False
-        #: A setup error no retry can cure (missing queue tables): run() raises it.
-        self._fatal: HazeError | None = None
+        self._outage_errors: tuple[type[BaseException], ...] = (OSError, *driver.outage_errors)
+
+    def _init_capabilities(self, driver: Driver) -> None:
+        """The driver's optional capabilities, checked once (``haze.contracts.driver``)."""
+        #: Renews the lease of running jobs (heartbeat task).
+        self._leased = driver if isinstance(driver, Leased) else None
+        #: Ends its claims' waits itself on a stop (else the waiting claims are cancelled).
+        self._interruptible = driver if isinstance(driver, Interruptible) else None
+        #: Told when the backend goes away, to drop what the lost connection held.
+        self._connection_aware = driver if isinstance(driver, ConnectionAware) else None
+        #: An in-process queue: claims answered at once, told when a slot ends.
+        self._local = driver if isinstance(driver, LocalQueue) else None
         #: Drivers that claim and complete in batches: one claim fills every free slot
         #: (the rows wait in ``_ready``), and acks are buffered in ``_acks`` and sent
         #: together every ACK_FLUSH_INTERVAL and before the next claim.
-        self._batch: BatchConsumer | None = (
-            self.driver if isinstance(self.driver, BatchConsumer) else None
-        )
+        self._batch = driver if isinstance(driver, BatchConsumer) else None
+
+    def _init_batching(self) -> None:
         self._ready: collections.deque[Reserved] = collections.deque()
         self._fetch_lock: asyncio.Lock | None = None
         self._fetch_idle = False  # the fetch in progress is an idle wait
@@ -145,11 +169,19 @@ class Worker:
     def running(self) -> int:
         return self._busy
 
+    @property
+    def paused(self) -> set[str]:
+        """Queues paused with ``haze queue:pause``, as last read from the store."""
+        return self._paused
+
+    def running_jobs(self) -> list[Reserved]:
+        """The jobs running now, oldest first."""
+        return self._delivery.running()
+
     def start(self) -> None:
         """Start the slots as tasks on the running loop."""
         self._loop = asyncio.get_running_loop()
         self._started_at = time.monotonic()
-        self._done = asyncio.Event()
         self.stopping = False
         self._idle_gate = (
             asyncio.Lock()
@@ -162,9 +194,9 @@ class Worker:
             self._loop.create_task(self._slot(i), name=f"haze-worker-{self.connection}-{i}")
             for i in range(self.concurrency)
         ]
-        if getattr(self.driver, "heartbeat", None) is not None:
+        if self._leased is not None:
             self._beating = True
-            self._heartbeat_task = self._loop.create_task(self._heartbeat())
+            self._heartbeat_task = self._loop.create_task(self._heartbeat(self._leased))
         self._started_wall = time.time()
         if self.control:
             self._control_task = self._loop.create_task(self._control())
@@ -198,9 +230,6 @@ class Worker:
 
     async def _control(self, interval: float = 1.0) -> None:
         """Follow ``queue:restart`` and ``queue:pause``/``continue`` through the queue store."""
-        from haze._engine.control import paused_queues, restart_requested_at
-        from haze._runners.presence import Presence
-
         self._presence = presence = Presence(self)
         failures, told = 0, False
         while not self.stopping:
@@ -226,35 +255,33 @@ class Worker:
                     log.warning("haze worker: cannot read worker signals from the store: %s", e)
             await asyncio.sleep(interval)
 
-    async def _heartbeat(self) -> None:
+    async def _heartbeat(self, leased: Leased) -> None:
         """Renew the lease of running jobs (database heartbeat, BullMQ lock, SQS visibility)
-        so a long job is not handed to another worker while this one lives."""
-        interval = float(getattr(self.driver, "heartbeat_interval", 30.0))
-        beat = self.driver.heartbeat  # type: ignore[attr-defined]
-        # Ends on the flag, not only on cancel(): a client library can swallow a
-        # cancellation that lands mid-command, and a task that outlives the worker would
-        # keep asyncio.run() from returning.
-        while self._beating:
-            await asyncio.sleep(interval)
-            if (self._active or self._ready) and self._beating:
-                try:
-                    await beat([*self._active.values(), *self._ready])
-                except Exception as e:
-                    if isinstance(e, self._outage_errors):
-                        self._enter_outage(e)
-                    else:
-                        log.warning("haze worker: heartbeat on %s failed: %s", self.connection, e)
+        so a long job is not handed to another worker while this one lives; the jobs a
+        batch claim took and no slot started yet are claimed too."""
+
+        def failed(e: Exception) -> None:
+            if isinstance(e, self._outage_errors):
+                self._enter_outage(e)
+            else:
+                log.warning("haze worker: heartbeat on %s failed: %s", self.connection, e)
+
+        await self._delivery.keep_leases(
+            float(leased.heartbeat_interval),
+            failed,
+            alive=lambda: self._beating,
+            also=lambda: [(leased, job) for job in self._ready],
+        )
 
     def request_stop(self) -> None:
         """Stop claiming; running jobs finish. Slots blocked in a claim are interrupted."""
         if self.stopping:
             return
         self.stopping = True
-        interrupt = getattr(self.driver, "interrupt", None)
-        if interrupt is not None:
+        if self._interruptible is not None:
             # Remote drivers end their idle wait themselves: cancelling a claim midway
             # could leave a row claimed by nobody until retry_after.
-            interrupt()
+            self._interruptible.interrupt()
             return
         for t in list(self._waiting):
             t.cancel()
@@ -368,17 +395,12 @@ class Worker:
             max(self._outage_backoff, 0.1),
             self.max_sleep,
         )
-        lost = getattr(self.driver, "connection_lost", None)
-        if lost is not None:
-            lost()
+        if self._connection_aware is not None:
+            self._connection_aware.connection_lost()
 
     async def _slot(self, index: int) -> None:
-        manager = self.app.manager
-        driver = self.driver
-        events = manager.events
+        events = self.app.manager.events
         idle_wait = self.sleep
-        reserve_nowait = getattr(driver, "reserve_nowait", None)
-        queues = self.queues
         idle = False  # this slot's last claim found nothing
         ready = self._ready
         # Rows a batch claim took for this worker run even after a stop: they are claimed.
@@ -388,93 +410,109 @@ class Worker:
                 if not ready:
                     break
             if events.looping:
-                await events.emit("looping", self.connection, queues)
-            job = reserve_nowait(queues) if reserve_nowait is not None else None
+                await events.emit("looping", self.connection, self.queues)
+            job = self._local.reserve_nowait(self.queues) if self._local is not None else None
             if job is None and ready:
                 job = ready.popleft()
-            idle_told = False
+            idle_told, ended_before = False, self._ended
             if job is None:
-                if events.worker_idle and reserve_nowait is not None and not self.stop_when_empty:
-                    # an in-process queue blocks (up to an hour) until a job arrives: tell
-                    # listeners it is idle before the wait, not after it
-                    await events.emit("worker_idle", self.connection, queues)
-                    idle_told = True
-                    if self.stopping:  # a stop requested during the listener
-                        break
-                gate = self._idle_gate if idle else None
-                if gate is not None:
-                    # Idle: poll only when no other idle slot is polling. A slot that just
-                    # finished a job claims at once; one that finds a job hands the gate on.
-                    await gate.acquire()
-                try:
-                    if self.stopping:
-                        break
-                    ended_before = self._ended
-                    self._claiming += 1
-                    try:
-                        wait = 0.0 if self.stop_when_empty else self._wait_for(idle_wait)
-                        if self._batch is not None:
-                            job = await self._fetch(wait, freed=not idle)
-                        else:
-                            job = await self._claim(wait)
-                    finally:
-                        self._claiming -= 1
-                finally:
-                    if gate is not None:
-                        gate.release()
+                job, idle_told, ended_before = await self._claim_next(idle, idle_wait)
             idle = job is None
-            if job is None:
-                if self.stopping:
-                    break
-                if events.worker_idle and not idle_told:
-                    await events.emit("worker_idle", self.connection, queues)
-                if self.stop_when_empty:
-                    # Found nothing: wait for the claims still in flight rather than claim
-                    # again (slots re-claiming in turn would keep _claiming above 0 forever).
-                    while self._busy == 0 and self._claiming and not self.stopping:
-                        await asyncio.sleep(0.005)
-                    if (
-                        self._busy == 0
-                        and self._claiming == 0
-                        and self._ended == ended_before
-                        and not ready
-                    ):
-                        self.request_stop()
-                        break
-                    await asyncio.sleep(0.005)  # another slot is busy and may queue more
-                    continue
-                idle_wait = min(idle_wait * 2, self.max_sleep)
+            if job is not None:
+                idle_wait = self.sleep
+                await self._run(job)
                 continue
-            idle_wait = self.sleep
-            self._claimed += 1
-            self._busy += 1
-            started = time.perf_counter()
-            self._active[id(job)] = job
-            if self._batch is not None:
-                job.ack_later = self._ack_later
+            if self.stopping:
+                break
+            if events.worker_idle and not idle_told:
+                await events.emit("worker_idle", self.connection, self.queues)
+            if self.stop_when_empty:
+                if await self._drained(ended_before):
+                    break
+                continue
+            idle_wait = min(idle_wait * 2, self.max_sleep)
+        if self._local is not None:
+            self._local.check_idle()
+
+    async def _claim_next(self, idle: bool, idle_wait: float) -> tuple[Reserved | None, bool, int]:
+        """Claim when nothing was at hand: (the job or None, whether ``worker_idle`` was
+        told already, the count of ended jobs when the claim began)."""
+        events = self.app.manager.events
+        idle_told = False
+        if events.worker_idle and self._local is not None and not self.stop_when_empty:
+            # an in-process queue blocks (up to an hour) until a job arrives: tell
+            # listeners it is idle before the wait, not after it
+            await events.emit("worker_idle", self.connection, self.queues)
+            idle_told = True
+            if self.stopping:  # a stop requested during the listener
+                return None, idle_told, self._ended
+        gate = self._idle_gate if idle else None
+        if gate is not None:
+            # Idle: poll only when no other idle slot is polling. A slot that just
+            # finished a job claims at once; one that finds a job hands the gate on.
+            await gate.acquire()
+        try:
+            if self.stopping:
+                return None, idle_told, self._ended
+            ended_before = self._ended
+            self._claiming += 1
             try:
-                outcome = await manager.process(job, driver)
-            except Exception as e:  # process() handles job errors itself: a backend error
-                if isinstance(e, self._outage_errors):
-                    self._enter_outage(e)
-                    self._unrecorded.append(
-                        job.message.id if job.message is not None else str(job.token)
-                    )
-                else:  # pragma: no cover - a bug
-                    log.exception("haze worker: unexpected error while processing a job")
-                outcome = "error"
+                wait = 0.0 if self.stop_when_empty else self._wait_for(idle_wait)
+                if self._batch is not None:
+                    job = await self._fetch(wait, freed=not idle)
+                else:
+                    job = await self._claim(wait)
             finally:
-                self._busy -= 1
-                self._ended += 1
-                del self._active[id(job)]
-            self.processed += 1
-            if job.lease_lost:
-                self.leases_lost += 1
-            if self.on_job is not None:
-                self.on_job(job, outcome, time.perf_counter() - started)
-        check_idle = getattr(driver, "check_idle", None)
-        if check_idle is not None:
-            check_idle()
+                self._claiming -= 1
+        finally:
+            if gate is not None:
+                gate.release()
+        return job, idle_told, ended_before
+
+    async def _drained(self, ended_before: int) -> bool:
+        """``stop_when_empty`` and a claim found nothing: True (and stopping) when the
+        queues are empty, False when another slot may still bring or queue more."""
+        # Wait for the claims still in flight rather than claim again (slots re-claiming
+        # in turn would keep _claiming above 0 forever).
+        while self._busy == 0 and self._claiming and not self.stopping:
+            await asyncio.sleep(0.005)
+        if (
+            self._busy == 0
+            and self._claiming == 0
+            and self._ended == ended_before
+            and not self._ready
+        ):
+            self.request_stop()
+            return True
+        await asyncio.sleep(0.005)  # another slot is busy and may queue more
+        return False
+
+    async def _run(self, job: Reserved) -> None:
+        """Run a claimed job through the consumer core and count it."""
+        self._claimed += 1
+        self._busy += 1
+        started = time.perf_counter()
+        if self._batch is not None:
+            job.ack_later = self._ack_later
+        try:
+            outcome = await self._delivery.run(job, self.driver, leased=self._leased)
+        except Exception as e:  # process() handles job errors itself: a backend error
+            if isinstance(e, self._outage_errors):
+                self._enter_outage(e)
+                self._unrecorded.append(
+                    job.message.id if job.message is not None else str(job.token)
+                )
+            else:  # pragma: no cover - a bug
+                log.exception("haze worker: unexpected error while processing a job")
+            outcome = "error"
+        finally:
+            self._busy -= 1
+            self._ended += 1
+        self.processed += 1
+        if job.lease_lost:
+            self.leases_lost += 1
+        if self.on_job is not None:
+            self.on_job(job, outcome, time.perf_counter() - started)
 
     # -- batched claims and acks (drivers implementing BatchConsumer) ---------------------
 

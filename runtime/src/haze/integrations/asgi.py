@@ -29,9 +29,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+from haze._runners.worker import Worker
+from haze.contracts.driver import IdlePolling
+
 if TYPE_CHECKING:
     from haze._app.app import App
-    from haze._runners.worker import Worker
 
 __all__ = ["ServerWorker", "haze_lifespan", "run_in_server"]
 
@@ -86,16 +88,15 @@ class ServerWorker:
         concurrency = settings.get("concurrency")
         if not driver.remote and queues is None and concurrency is None:
             return  # the web process already consumes its memory connection
-        from haze._runners.worker import Worker
-
+        pace = driver if isinstance(driver, IdlePolling) else None
         self.worker = Worker(
             self.app,
             name,
             queues or ["default"],
             concurrency or 1,
             control=driver.remote,
-            sleep=float(getattr(driver, "sleep", 1.0)),
-            max_sleep=getattr(driver, "max_sleep", None),
+            sleep=float(pace.sleep) if pace is not None else 1.0,
+            max_sleep=pace.max_sleep if pace is not None else None,
         )
         self.worker.start()
         log.info(
