@@ -492,6 +492,19 @@ class App:
 
     # -- lifecycle -----------------------------------------------------------------
 
+    @property
+    def entered(self) -> bool:
+        """True from entering the app (``async with app``, ``start_blocking``) until it is
+        left."""
+        return self._entered
+
+    async def ensure_entered(self) -> App:
+        """Enter the app unless it is entered already, and return it: for a host that
+        boots it once and keeps it for the process (a Cloudflare Worker isolate)."""
+        if not self._entered:
+            await self.__aenter__()
+        return self
+
     async def __aenter__(self) -> App:
         self._entered = True
         self._token = current.entered(self)
