@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from typing import Any
 
 import pytest
-from haze import App, JobContext, Queue, define_job, define_queue_config
+from haze import App, JobContext, Queue, define_job, define_queue_config, run_in_app
 from haze import testing as haze_testing
 from haze.testing import FakeQueue
 
@@ -253,3 +255,62 @@ async def test_fake_ignores_the_unique_lock_store_of_the_app(mw_app: App) -> Non
     # the lock was released by drain(): a new dispatch is recorded again
     assert (await fake_unique_job.with_({}).dispatch()).skipped is False
     Queue.restore()
+
+
+def _memory_app() -> App:
+    return App(
+        queue=define_queue_config(default="memory", connections={"memory": {"driver": "memory"}})
+    )
+
+
+async def test_each_app_has_its_own_fake() -> None:
+    first, second = _memory_app(), _memory_app()
+    async with first, second:
+        fake_first = await run_in_app(first, Queue.fake)
+        fake_second = await run_in_app(second, Queue.fake)
+        assert (first.recorder, second.recorder) == (fake_first, fake_second)
+        await run_in_app(first, lambda: fake_reminder.dispatch({"invoice_id": 1}))
+        await run_in_app(second, lambda: fake_reminder.dispatch({"invoice_id": 2}))
+        fake_first.assert_dispatched(fake_reminder, lambda p: p["invoice_id"] == 1, times=1)
+        fake_second.assert_dispatched(fake_reminder, lambda p: p["invoice_id"] == 2, times=1)
+        assert await fake_first.drain() == 1  # through its own app, whichever is current
+        assert events == [("reminder", 1)]
+        Queue.restore()
+        assert (first.recorder, second.recorder) == (None, None)
+        await run_in_app(first, lambda: fake_reminder.dispatch({"invoice_id": 3}))
+        await run_in_app(first, Queue.idle)
+        assert events == [("reminder", 1), ("reminder", 3)]
+        fake_first.assert_count(1)
+
+
+async def test_a_fake_made_before_any_app_fakes_the_app_entered_later() -> None:
+    fake = Queue.fake()
+    app = _memory_app()
+    async with app:
+        assert app.recorder is fake
+        await fake_reminder.dispatch({"invoice_id": 1})
+    fake.assert_count(1)
+    Queue.restore()
+    assert app.recorder is None
+    assert events == []
+
+
+async def test_a_fake_of_one_app_leaves_another_app_alone() -> None:
+    faked, real = _memory_app(), _memory_app()
+    async with faked, real:
+        fake = await run_in_app(faked, Queue.fake)
+        await run_in_app(real, lambda: fake_reminder.dispatch({"invoice_id": 7}))
+        await run_in_app(real, Queue.idle)
+        assert events == [("reminder", 7)]
+        fake.assert_nothing_dispatched()
+        Queue.restore()
+
+
+def test_the_engine_does_not_import_the_test_helpers() -> None:
+    code = (
+        "import sys, haze._engine.manager, haze._orchestration.chains, "
+        "haze._orchestration.batches, haze._app.app\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('haze.testing', 'haze.drivers.memory'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
