@@ -489,7 +489,7 @@ async def test_failed_jobs_in_a_cache_store(make_app: Callable[..., App], tmp_pa
     app = make_app(failed_store="db", cache=cache)
     async with app:
         from haze.contracts.driver import FailedJob
-        from haze.drivers.sqs import StoreFailedJobs
+        from haze._failed import StoreFailedJobs
 
         store = app.driver("sqs").failed
         assert isinstance(store, StoreFailedJobs)

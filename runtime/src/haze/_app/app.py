@@ -33,6 +33,7 @@ from haze._app.config import (
 )
 from haze._app.env import env_duration
 from haze._engine.manager import QueueManager
+from haze._failed import failed_target
 from haze._jobs.definition import registered_jobs
 from haze._kernel import current
 from haze._kernel.blocking import run_blocking
@@ -439,14 +440,13 @@ class App:
             mem = [n for n, o in cc.stores.items() if o["driver"] == "memory"]
             return mem[0] if mem else self._derived_store("memory", {"driver": "memory"})
         failed: str | None = options.get("failed_store")
-        if failed is not None:
-            kind, _, bare = failed.partition(":")
-            if kind not in ("store", "database"):
-                kind, bare = "", failed
-            named = cc.stores.get(bare)
-            if kind in ("", "store") and named is not None and named["driver"] != "memory":
+        # The failed jobs' own resolution (and precedence) picks the shared backend.
+        target = None if failed is None else failed_target(failed, cc.stores, dc.connections)
+        if target is not None:
+            kind, bare = target
+            if kind == "store" and cc.stores[bare]["driver"] != "memory":
                 return bare
-            if kind in ("", "database") and bare in dc.connections:
+            if kind == "database":
                 return self._derived_store("database", {"driver": "database", "connection": bare})
         where = f'connection "{connection}" ({driver}) has no store for unique locks and batches'
         if driver == "cloudflare":

@@ -26,7 +26,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from haze._kernel.durations import MAX_DELAY
@@ -36,11 +36,13 @@ __all__ = [
     "MAX_DELAY",
     "MAX_MESSAGE_SIZE",
     "MAX_QUEUE_NAME",
+    "FailedJob",
     "Message",
     "check_json",
     "check_queue_name",
     "decode",
     "encode",
+    "envelope_of",
     "new_id",
 ]
 
@@ -385,6 +387,123 @@ def decode(body: str | bytes) -> Message:
         preview = body[:80] if isinstance(body, str) else body[:80].decode("utf-8", "replace")
         raise MessageDecodeError(f"message body is not valid JSON ({e}): {preview!r}") from None
     return Message.from_dict(data)
+
+
+_NOT_JSON = object()
+
+
+def _loads_or_not_json(body: Any) -> Any:
+    try:
+        return _loads(body)
+    except (ValueError, TypeError):
+        return _NOT_JSON
+
+
+def envelope_of(body: Any) -> dict[str, Any] | None:
+    """The JSON object of a stored body, unchecked; None when the body is not one.
+
+    For reading failed records, whose body may be anything a producer sent: unlike
+    ``decode`` it never raises, and it checks no field.
+
+    >>> envelope_of('{"id": "a1", "job": "ping"}')["job"], envelope_of("[1]")
+    ('ping', None)
+    """
+    data = _loads_or_not_json(body)
+    return data if isinstance(data, dict) else None
+
+
+@dataclass
+class FailedJob:
+    """One job that used all its tries (``Queue.failed()``, ``haze queue:failed``)."""
+
+    id: str
+    name: str
+    connection: str
+    queue: str
+    payload: Any
+    exception: str
+    failed_at: float
+    chain_id: str | None = None
+    batch_id: str | None = None
+    body: str = field(default="", repr=False)
+
+    @classmethod
+    def from_body(
+        cls,
+        body: str,
+        *,
+        id: str | None,
+        connection: str,
+        queue: str,
+        exception: str,
+        failed_at: float,
+        name: str | None = None,
+    ) -> FailedJob:
+        """The record of a failure stored as its envelope ``body``: the one place a failed
+        row's job name, payload, ``chain_id`` and ``batch_id`` are read from the body.
+
+        ``id`` None takes the envelope's own id ("" when it has none). ``name`` is the
+        job name when the envelope names none (default ``<unknown>``, or
+        ``<undecodable>`` for a body that is not JSON); a body that is not a JSON object
+        becomes the payload.
+
+        >>> FailedJob.from_body('{"id": "a1", "job": "ping", "payload": 1, "batch_id": "b"}',
+        ...     id=None, connection="c", queue="q", exception="E", failed_at=0.0).batch_id
+        'b'
+        """
+        data = _loads_or_not_json(body)
+        if not isinstance(data, dict):
+            if name is None:
+                name = "<undecodable>" if data is _NOT_JSON else "<unknown>"
+            return cls(id or "", name, connection, queue, body, exception, failed_at, body=body)
+        job = data.get("job")
+        if id is None:
+            own = data.get("id")
+            id = "" if own is None else str(own)
+        return cls(
+            id=id,
+            name=job if isinstance(job, str) else (name or "<unknown>"),
+            connection=connection,
+            queue=queue,
+            payload=data.get("payload"),
+            exception=exception,
+            failed_at=failed_at,
+            chain_id=data.get("chain_id"),
+            batch_id=data.get("batch_id"),
+            body=body,
+        )
+
+    @property
+    def attempt(self) -> int | None:
+        """The attempt it failed on (1 = its first run); None for a record written before
+        haze kept it, or one whose message could not be decoded.
+
+        >>> job.attempt  # doctest: +SKIP
+        3
+        """
+        data = envelope_of(self.body) if self.body else None
+        meta = data.get("meta") if data is not None else None
+        value = meta.get("failed_attempt") if isinstance(meta, dict) else None
+        return value if value.__class__ is int and value >= 1 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "id": self.id,
+            "name": self.name,
+            "connection": self.connection,
+            "queue": self.queue,
+            "payload": self.payload,
+            "exception": self.exception,
+            "failed_at": self.failed_at,
+        }
+        if self.chain_id:
+            d["chain_id"] = self.chain_id
+        if self.batch_id:
+            d["batch_id"] = self.batch_id
+        attempt = self.attempt
+        if attempt is not None:
+            d["attempt"] = attempt
+        return d
 
 
 def check_json(value: Any, path: str = "payload") -> None:

@@ -15,13 +15,13 @@ One message's life through a driver::
 from __future__ import annotations
 
 import builtins
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from haze._kernel.errors import BackendUnavailableError
-from haze._kernel.message import Message
+from haze._kernel.message import FailedJob, Message
+from haze.contracts.failed import FailedJobStore
 
 __all__ = [
     "Backlog",
@@ -65,68 +65,6 @@ class Reserved:
     #: hands the finished job to it instead of awaiting ``driver.ack``; the worker
     #: flushes it with others and reports a lost lease then.
     ack_later: Callable[[Reserved], None] | None = field(default=None, repr=False)
-
-
-@dataclass
-class FailedJob:
-    """One job that used all its tries (``Queue.failed()``, ``haze queue:failed``)."""
-
-    id: str
-    name: str
-    connection: str
-    queue: str
-    payload: Any
-    exception: str
-    failed_at: float
-    chain_id: str | None = None
-    batch_id: str | None = None
-    body: str = field(default="", repr=False)
-
-    @property
-    def attempt(self) -> int | None:
-        """The attempt it failed on (1 = its first run); None for a record written before
-        haze kept it, or one whose message could not be decoded.
-
-        >>> job.attempt  # doctest: +SKIP
-        3
-        """
-        try:
-            meta = json.loads(self.body).get("meta") if self.body else None
-        except (ValueError, AttributeError):
-            return None
-        value = meta.get("failed_attempt") if isinstance(meta, dict) else None
-        return value if value.__class__ is int and value >= 1 else None
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "id": self.id,
-            "name": self.name,
-            "connection": self.connection,
-            "queue": self.queue,
-            "payload": self.payload,
-            "exception": self.exception,
-            "failed_at": self.failed_at,
-        }
-        if self.chain_id:
-            d["chain_id"] = self.chain_id
-        if self.batch_id:
-            d["batch_id"] = self.batch_id
-        attempt = self.attempt
-        if attempt is not None:
-            d["attempt"] = attempt
-        return d
-
-
-@runtime_checkable
-class FailedJobStore(Protocol):
-    """Where final failures are kept for inspection and retry."""
-
-    async def record(self, job: FailedJob) -> None: ...
-    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]: ...
-    async def find(self, id: str) -> FailedJob | None: ...
-    async def forget(self, id: str) -> bool: ...
-    async def flush(self, older_than: float | None = None) -> int:
-        """Delete failed jobs (only those older than ``older_than`` seconds when given)."""
 
 
 @runtime_checkable

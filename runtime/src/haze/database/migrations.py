@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from haze._kernel.errors import ConfigError
+from haze.database.sqlfiles import queue_schema
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -66,8 +67,6 @@ def _queue_db_connection(app: App, connection: str | None) -> tuple[str, str, st
 
 def make_queue_tables(app: App, connection: str | None = None, *, force: bool = False) -> Path:
     """Write the queue-tables migration into the app; returns its path."""
-    from haze.drivers.database import schema_sql
-
     if app.root is None:
         raise ConfigError("make:queue-tables needs an app root (App(root=...))")
     conn, db, jobs, failed = _queue_db_connection(app, connection)
@@ -83,7 +82,7 @@ def make_queue_tables(app: App, connection: str | None = None, *, force: bool = 
         f"-- haze queue tables for connection {conn!r} ({dialect}, database {db!r}).\n"
         "-- Written by `haze make:queue-tables`; applied by `haze db:migrate`.\n"
     )
-    body = ";\n\n".join(schema_sql(dialect, jobs, failed)) + ";\n"
+    body = ";\n\n".join(queue_schema(dialect, jobs, failed)) + ";\n"
     path.write_text(header + body)
     return path
 
@@ -134,9 +133,7 @@ async def migrate(app: App, database: str | None = None) -> MigrationResult:
 
 async def ensure_queue_tables(app: App, connection: str | None = None) -> None:
     """Create the queue tables directly (tests, benchmarks, the example app)."""
-    from haze.drivers.database import schema_sql
-
     _, db, jobs, failed = _queue_db_connection(app, connection)
     c = app.database(db)
-    for stmt in schema_sql(c.dialect, jobs, failed):
+    for stmt in queue_schema(c.dialect, jobs, failed):
         await c.execute(stmt)

@@ -29,7 +29,8 @@ Consumers
     plus the envelope's ``attempts`` offset.
 Failed jobs
     ``failed_store`` names a database connection (its ``failed_jobs`` table: D1 through the
-    binding in a Worker, D1 REST or any SQL database elsewhere) or a cache store. Without
+    binding in a Worker, D1 REST or any SQL database elsewhere) or a cache store
+    (``haze._failed.failed_store``; a bare name that is both is the database). Without
     it, failures are kept in memory (lost with the isolate) and a warning says so.
     Messages that exhaust the queue's own ``max_retries`` go to its dead-letter queue, not
     to the failed store: keep ``max_retries`` >= ``tries - 1``.
@@ -39,24 +40,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import builtins
 import json
 import logging
 import math
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from haze._failed import failed_store
 from haze._kernel import plugins
 from haze._kernel.errors import ConfigError, DelayTooLongError, HazeError
 from haze._kernel.http import LoopClient
 from haze._kernel.message import Message, decode
 from haze.contracts.driver import FailedJob, FailedJobStore, Reserved
-
-if TYPE_CHECKING:
-    from haze.database import Connector
-    from haze.stores import Store
 
 __all__ = [
     "API_URL",
@@ -67,8 +63,6 @@ __all__ = [
     "Delivery",
     "Producer",
     "RestClient",
-    "SqlFailedJobs",
-    "StoreFailedJobs",
     "decode_pulled_body",
     "delay_seconds",
     "register_binding_producer",
@@ -316,131 +310,6 @@ class _Lease:
         await self.client.settle([], [(self.lease_id, delay)])
 
 
-# --------------------------------------------------------------------------- failed stores
-
-
-class SqlFailedJobs:
-    """Final failures in a ``failed_jobs`` table of a database connection (D1 included)."""
-
-    def __init__(self, db: Connector, table: str = "failed_jobs"):
-        from haze.drivers.database import load_sql, schema_sql
-
-        self.db = db
-        self.table = table
-        self._sql = load_sql(db.dialect, "jobs", table)
-        self._schema = [s for s in schema_sql(db.dialect, "jobs", table) if table in s]
-        self._ready = False
-
-    async def _ensure(self) -> None:
-        if not self._ready:
-            for stmt in self._schema:
-                await self.db.execute(stmt)
-            self._ready = True
-
-    @staticmethod
-    def _row(row: Sequence[Any]) -> FailedJob:
-        from haze.drivers.database import _FailedJobs
-
-        return _FailedJobs._row(row)
-
-    async def record(self, job: FailedJob) -> None:
-        await self._ensure()
-        await self.db.execute(self._sql["failed_forget"], (job.id,))
-        await self.db.execute(
-            self._sql["failed_insert"],
-            (job.id, job.connection, job.queue, job.body, job.exception, job.failed_at),
-        )
-
-    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
-        await self._ensure()
-        if queue is None:
-            rows = await self.db.fetchall(self._sql["failed_list"])
-        else:
-            rows = await self.db.fetchall(self._sql["failed_list_queue"], (queue,))
-        return [self._row(r) for r in rows]
-
-    async def find(self, id: str) -> FailedJob | None:
-        await self._ensure()
-        row = await self.db.fetchone(self._sql["failed_find"], (id,))
-        return None if row is None else self._row(row)
-
-    async def forget(self, id: str) -> bool:
-        await self._ensure()
-        return await self.db.execute(self._sql["failed_forget"], (id,)) > 0
-
-    async def flush(self, older_than: float | None = None) -> int:
-        await self._ensure()
-        if older_than is None:
-            return await self.db.execute(self._sql["failed_flush"])
-        return await self.db.execute(self._sql["failed_flush_older"], (time.time() - older_than,))
-
-
-class StoreFailedJobs:
-    """Final failures in a cache store (``kv``, ``redis``…): one key per job plus an index.
-
-    The index is read-modify-write, so on a non-atomic store (KV) two failures recorded at
-    the same instant may race; prefer a database connection (D1) for ``failed_store``.
-    """
-
-    def __init__(self, store: Store, connection: str):
-        self.store = store
-        self.prefix = f"haze:failed:{connection}:"
-
-    async def _ids(self) -> builtins.list[str]:
-        ids = await self.store.get(self.prefix + "index")
-        return [str(i) for i in ids] if isinstance(ids, list) else []
-
-    async def record(self, job: FailedJob) -> None:
-        await self.store.put(
-            self.prefix + job.id,
-            {
-                "id": job.id,
-                "connection": job.connection,
-                "queue": job.queue,
-                "body": job.body,
-                "exception": job.exception,
-                "failed_at": job.failed_at,
-            },
-        )
-        ids = [i for i in await self._ids() if i != job.id]
-        await self.store.put(self.prefix + "index", [*ids, job.id])
-
-    def _job(self, d: Any) -> FailedJob | None:
-        if not isinstance(d, dict):
-            return None
-        from haze.drivers.database import _FailedJobs
-
-        return _FailedJobs._row(
-            (d["id"], d["connection"], d["queue"], d["body"], d["exception"], d["failed_at"])
-        )
-
-    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
-        ids = await self._ids()
-        values = await self.store.get_many([self.prefix + i for i in ids])
-        jobs = [j for j in (self._job(v) for v in values) if j is not None]
-        return [j for j in jobs if queue is None or j.queue == queue]
-
-    async def find(self, id: str) -> FailedJob | None:
-        return self._job(await self.store.get(self.prefix + id))
-
-    async def forget(self, id: str) -> bool:
-        ids = await self._ids()
-        existed = await self.store.delete(self.prefix + id)
-        if id in ids:
-            await self.store.put(self.prefix + "index", [i for i in ids if i != id])
-        return existed
-
-    async def flush(self, older_than: float | None = None) -> int:
-        jobs = await self.list()
-        cutoff = None if older_than is None else time.time() - older_than
-        gone = [j.id for j in jobs if cutoff is None or j.failed_at < cutoff]
-        for i in gone:
-            await self.store.delete(self.prefix + i)
-        keep = [j.id for j in jobs if j.id not in gone]
-        await self.store.put(self.prefix + "index", keep)
-        return len(gone)
-
-
 # --------------------------------------------------------------------------- the driver
 
 
@@ -466,7 +335,6 @@ class CloudflareDriver:
         self.visibility_timeout: float = options.get("visibility_timeout") or 30.0
         self._rest: RestClient | None = None
         self._failed: FailedJobStore | None = None
-        self._warned_memory = False
         self._buffer: deque[Json] = deque()
         self._backlog = 0
         self._wakeup: asyncio.Event | None = None
@@ -511,45 +379,8 @@ class CloudflareDriver:
     @property
     def failed(self) -> FailedJobStore:
         if self._failed is None:
-            self._failed = self._make_failed()
+            self._failed = failed_store(self.name, self.options.get("failed_store"), self.app, log)
         return self._failed
-
-    def _make_failed(self) -> FailedJobStore:
-        name = self.options.get("failed_store")
-        key = f"connections.{self.name}.failed_store"
-        if not name:
-            from haze.drivers.memory import MemoryFailedJobs
-
-            return MemoryFailedJobs()
-        app = self.app
-        if app is None:
-            raise ConfigError("failed_store needs an app", key=key)
-        kind, _, rest = name.partition(":")
-        if rest and kind in ("database", "store"):
-            name = rest
-        else:
-            kind = ""
-        if kind in ("", "database") and name in app.database_config.connections:
-            return SqlFailedJobs(app.database(name))
-        if kind in ("", "store") and name in app.cache_config.stores:
-            return StoreFailedJobs(app.store(name), self.name)
-        raise ConfigError(
-            f"{name!r} is neither a connection in config/database.py nor a store in "
-            "config/cache.py",
-            source=getattr(app.queue_config, "source", None),
-            key=key,
-        )
-
-    async def _record_failed(self, failed: FailedJob) -> None:
-        if not self.options.get("failed_store") and not self._warned_memory:
-            self._warned_memory = True
-            log.warning(
-                'connection "%s" has no failed_store: final failures are kept in this '
-                "process's memory only (lost when the Worker isolate ends). Set "
-                "failed_store to a database connection (D1) in config/queue.py.",
-                self.name,
-            )
-        await self.failed.record(failed)
 
     # -- producer side ----------------------------------------------------------------
 
@@ -598,7 +429,7 @@ class CloudflareDriver:
         return True
 
     async def fail(self, job: Reserved, failed: FailedJob) -> bool:
-        await self._record_failed(failed)
+        await self.failed.record(failed)
         await self._delivery(job).ack()
         return True
 

@@ -24,58 +24,18 @@
 
 from __future__ import annotations
 
-import builtins
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from haze._failed import FailedJobsUnion
 from haze._kernel.errors import BackendUnavailableError, ConfigError
 from haze._kernel.message import Message
-from haze.contracts.driver import Driver, FailedJob, FailedJobStore, Reserved, unavailable
+from haze.contracts.driver import Driver, FailedJob, Reserved, unavailable
 
 __all__ = ["FailoverDriver"]
 
 log = logging.getLogger("haze.drivers.failover")
-
-
-class _FailedJobs:
-    """The failed jobs of every listed connection, as one store."""
-
-    def __init__(self, members: Sequence[Driver]):
-        self._members = members
-
-    async def record(self, job: FailedJob) -> None:
-        await self._members[0].failed.record(job)
-
-    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
-        out: builtins.list[FailedJob] = []
-        for store in self._stores():
-            out.extend(await store.list(queue))
-        return sorted(out, key=lambda f: f.failed_at)
-
-    async def find(self, id: str) -> FailedJob | None:
-        for store in self._stores():
-            found = await store.find(id)
-            if found is not None:
-                return found
-        return None
-
-    async def forget(self, id: str) -> bool:
-        forgot = False
-        for store in self._stores():
-            forgot = await store.forget(id) or forgot
-        return forgot
-
-    async def flush(self, older_than: float | None = None) -> int:
-        return sum([await store.flush(older_than) for store in self._stores()])
-
-    def _stores(self) -> builtins.list[FailedJobStore]:
-        # Two connections on one backend share a failed-jobs table: read it once.
-        seen: builtins.list[FailedJobStore] = []
-        for m in self._members:
-            if all(m.failed is not s for s in seen):
-                seen.append(m.failed)
-        return seen
 
 
 class FailoverDriver:
@@ -102,7 +62,7 @@ class FailoverDriver:
         limits = [m.max_message_size for m in self.members if m.max_message_size is not None]
         #: the smallest limit: a message that fits goes to any of the connections
         self.max_message_size: int | None = min(limits) if limits else None
-        self.failed = _FailedJobs(self.members)
+        self.failed = FailedJobsUnion(lambda: [m.failed for m in self.members])
         self._down: set[str] = set()
 
     # -- producer -----------------------------------------------------------------

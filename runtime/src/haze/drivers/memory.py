@@ -16,44 +16,14 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from haze._failed import MemoryFailedJobs
 from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode
 from haze.contracts.driver import FailedJob, QueueCounts, Reserved, RunningJob
 
-__all__ = ["MemoryDriver", "MemoryFailedJobs"]
+__all__ = ["MemoryDriver"]
 
 _monotonic = time.monotonic
 _time = time.time
-
-
-class MemoryFailedJobs:
-    """Failed jobs kept in a dict, newest last."""
-
-    def __init__(self) -> None:
-        self._jobs: dict[str, FailedJob] = {}
-
-    async def record(self, job: FailedJob) -> None:
-        self._jobs.pop(job.id, None)
-        self._jobs[job.id] = job
-
-    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
-        return [j for j in self._jobs.values() if queue is None or j.queue == queue]
-
-    async def find(self, id: str) -> FailedJob | None:
-        return self._jobs.get(id)
-
-    async def forget(self, id: str) -> bool:
-        return self._jobs.pop(id, None) is not None
-
-    async def flush(self, older_than: float | None = None) -> int:
-        if older_than is None:
-            n = len(self._jobs)
-            self._jobs.clear()
-            return n
-        cutoff = time.time() - older_than
-        old = [k for k, j in self._jobs.items() if j.failed_at < cutoff]
-        for k in old:
-            del self._jobs[k]
-        return len(old)
 
 
 class MemoryDriver:

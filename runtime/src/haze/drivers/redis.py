@@ -74,7 +74,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from haze._kernel.errors import MessageDecodeError, MissingDependencyError
-from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode
+from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode, envelope_of
 from haze.contracts.driver import FailedJob, QueueCounts, Reserved, RunningJob
 
 try:
@@ -455,14 +455,6 @@ class RedisFailedJobs:
 
     def _record(self, queue: str, job_id: str, row: Sequence[str | None]) -> FailedJob:
         name, data, reason, stack, finished_on = row
-        body = data or ""
-        try:
-            envelope = json.loads(body)
-        except ValueError:
-            envelope = None
-        if not isinstance(envelope, dict):
-            envelope = None
-        hid = str(envelope["id"]) if envelope and "id" in envelope else f"bullmq:{queue}:{job_id}"
         exception = reason or ""
         if stack:
             try:
@@ -471,20 +463,19 @@ class RedisFailedJobs:
                     exception = str(frames[-1])
             except ValueError:
                 pass
-        job_name = envelope.get("job") if envelope else None
-        self._where[hid] = (queue, job_id)
-        return FailedJob(
-            id=hid,
-            name=job_name if isinstance(job_name, str) else (name or "<undecodable>"),
+        job = FailedJob.from_body(
+            data or "",
+            id=None,
             connection=self._d.name,
             queue=queue,
-            payload=envelope.get("payload") if envelope else body,
             exception=exception,
             failed_at=int(finished_on or 0) / 1000,
-            chain_id=envelope.get("chain_id") if envelope else None,
-            batch_id=envelope.get("batch_id") if envelope else None,
-            body=body,
+            name=name or "<undecodable>",
         )
+        if not job.id:  # not a haze envelope: BullMQ's own id
+            job.id = f"bullmq:{queue}:{job_id}"
+        self._where[job.id] = (queue, job_id)
+        return job
 
     async def _locate(self, id: str) -> tuple[str, str, Sequence[str | None]] | None:
         link = self._d._link()
@@ -545,11 +536,8 @@ _FAILED_FIELDS = ("name", "data", "failedReason", "stacktrace", "finishedOn")
 
 
 def _envelope_id(data: str | None) -> str | None:
-    try:
-        d = json.loads(data or "")
-    except ValueError:
-        return None
-    return str(d["id"]) if isinstance(d, dict) and "id" in d else None
+    d = envelope_of(data or "")
+    return str(d["id"]) if d is not None and "id" in d else None
 
 
 def _reason(exception: str) -> str:

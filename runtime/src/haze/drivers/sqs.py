@@ -57,7 +57,9 @@ dispatch time) is not; a re-send (release, forwarding) gets a fresh suffix.
   if missing, the same schema as the database driver's), rows filtered by connection;
 - a cache store of ``config/cache.py`` (``database`` or ``redis``): records under
   ``haze:failed:<connection>:``, with an append-only index for listing (see
-  ``StoreFailedJobs``).
+  ``haze._failed.StoreFailedJobs``).
+
+A bare name that is both is the database connection (``haze._failed.failed_target``).
 
 Without ``failed_store`` the failures are kept in this process's memory and a warning
 says so on the first one. A dead-letter queue pairs with this: give the source queue a
@@ -85,7 +87,6 @@ per driver (boto3 clients are thread-safe).
 from __future__ import annotations
 
 import asyncio
-import builtins
 import importlib
 import json
 import logging
@@ -99,21 +100,19 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from haze._failed import failed_store
 from haze._kernel.deps import require
 from haze._kernel.errors import BackendUnavailableError, ConfigError, HazeError
 from haze._kernel.message import Message, decode, new_id
 from haze.contracts.driver import FailedJob, FailedJobStore, QueueCounts, Reserved, RunningJob
-from haze.drivers.memory import MemoryFailedJobs
 
 __all__ = [
     "SQS_MAX_DELAY",
     "SQS_MAX_MESSAGE_SIZE",
     "SQS_MAX_VISIBILITY",
-    "DatabaseFailedJobs",
     "SqsDriver",
     "SqsError",
     "SqsReceipt",
-    "StoreFailedJobs",
 ]
 
 log = logging.getLogger("haze.sqs")
@@ -211,209 +210,6 @@ def _due_of(message: Message | None) -> float | None:
         return None
 
 
-# --------------------------------------------------------------------------- failed stores
-
-
-class StoreFailedJobs:
-    """Failed jobs in a cache store (``database`` or ``redis``), for ``failed_store``.
-
-    Keys, under ``haze:failed:<connection>:``:
-
-    - ``rec:<id>`` the record (``FailedJob`` fields and the message body), no expiry;
-    - ``seq`` a counter and ``slot:<n>`` the id recorded n-th: the index ``list()`` reads,
-      oldest first (an id recorded twice is listed once);
-    - ``floor`` slots at or below it were flushed.
-
-    Every write is one atomic store call, so several processes can record at once.
-    ``forget`` deletes the record and leaves its slot (skipped when listing); a full
-    ``flush`` deletes the slots too. A record written while a full flush runs may be
-    left out of the index (still found by id). Listing reads every slot since the last
-    full flush: for a long failed history, prefer a database connection.
-    """
-
-    def __init__(self, store: Any, connection: str) -> None:
-        self.store = store
-        self.connection = connection
-        self._prefix = f"haze:failed:{connection}:"
-
-    def _k(self, suffix: str) -> str:
-        return self._prefix + suffix
-
-    async def record(self, job: FailedJob) -> None:
-        data = job.to_dict()
-        data["body"] = job.body
-        await self.store.put(self._k(f"rec:{job.id}"), data)
-        n = await self.store.increment(self._k("seq"), 1)
-        await self.store.put(self._k(f"slot:{n}"), job.id)
-
-    @staticmethod
-    def _job(data: Any) -> FailedJob | None:
-        if not isinstance(data, dict):
-            return None
-        return FailedJob(
-            id=str(data.get("id")),
-            name=str(data.get("name")),
-            connection=str(data.get("connection")),
-            queue=str(data.get("queue")),
-            payload=data.get("payload"),
-            exception=str(data.get("exception")),
-            failed_at=float(data.get("failed_at") or 0.0),
-            chain_id=data.get("chain_id"),
-            batch_id=data.get("batch_id"),
-            body=str(data.get("body") or ""),
-        )
-
-    async def _get_many(self, keys: Sequence[str]) -> builtins.list[Any]:
-        out: builtins.list[Any] = []
-        for i in range(0, len(keys), 500):
-            out.extend(await self.store.get_many(keys[i : i + 500]))
-        return out
-
-    async def _ids(self) -> tuple[builtins.list[str], int, int]:
-        seq = int(await self.store.get(self._k("seq")) or 0)
-        floor = int(await self.store.get(self._k("floor")) or 0)
-        values = await self._get_many([self._k(f"slot:{n}") for n in range(floor + 1, seq + 1)])
-        ids = list(dict.fromkeys(str(v) for v in values if v is not None))
-        return ids, floor, seq
-
-    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
-        ids, _, _ = await self._ids()
-        records = await self._get_many([self._k(f"rec:{i}") for i in ids])
-        jobs = [j for j in map(self._job, records) if j is not None]
-        jobs.sort(key=lambda j: j.failed_at)
-        return [j for j in jobs if queue is None or j.queue == queue]
-
-    async def find(self, id: str) -> FailedJob | None:
-        return self._job(await self.store.get(self._k(f"rec:{id}")))
-
-    async def forget(self, id: str) -> bool:
-        return bool(await self.store.delete(self._k(f"rec:{id}")))
-
-    async def flush(self, older_than: float | None = None) -> int:
-        if older_than is not None:
-            cutoff = time.time() - older_than
-            n = 0
-            for job in await self.list():
-                if job.failed_at < cutoff and await self.forget(job.id):
-                    n += 1
-            return n
-        ids, floor, seq = await self._ids()
-        n = 0
-        for i in ids:
-            if await self.store.delete(self._k(f"rec:{i}")):
-                n += 1
-        await self.store.put(self._k("floor"), seq)
-        for slot in range(floor + 1, seq + 1):
-            await self.store.delete(self._k(f"slot:{slot}"))
-        return n
-
-
-class DatabaseFailedJobs:
-    """Failed jobs in the ``failed_jobs`` table of a database connection (the database
-    driver's schema; created on first use), limited to one queue connection's rows."""
-
-    def __init__(self, app: Any, database: str, connection: str, table: str = "failed_jobs"):
-        self.app = app
-        self.database = database
-        self.connection = connection
-        self.table = table
-        self._ready = False
-
-    async def _db(self) -> Any:
-        db = self.app.database(self.database)
-        if not self._ready:
-            from haze.drivers.database import schema_sql
-
-            for stmt in schema_sql(db.dialect, "jobs", self.table):
-                if self.table not in stmt:
-                    continue
-                try:
-                    await db.execute(stmt)
-                except Exception as e:  # an index that already exists (MySQL)
-                    if stmt.lstrip().upper().startswith("CREATE TABLE"):
-                        raise
-                    log.debug("haze sqs: %s: %s", stmt.split("(")[0], e)
-            self._ready = True
-        return db
-
-    _COLUMNS = "uuid, connection, queue, payload, exception, failed_at"
-
-    @staticmethod
-    def _row(row: Sequence[Any]) -> FailedJob:
-        from haze.drivers.database import _FailedJobs
-
-        return _FailedJobs._row(row)
-
-    async def record(self, job: FailedJob) -> None:
-        db = await self._db()
-        t = self.table
-        async with db.transaction() as tx:
-            await tx.execute(f"DELETE FROM {t} WHERE uuid = ?", (job.id,))
-            await tx.execute(
-                f"INSERT INTO {t} ({self._COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
-                (job.id, job.connection, job.queue, job.body, job.exception, job.failed_at),
-            )
-
-    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
-        db = await self._db()
-        sql = f"SELECT {self._COLUMNS} FROM {self.table} WHERE connection = ?"
-        params: tuple[Any, ...] = (self.connection,)
-        if queue is not None:
-            sql += " AND queue = ?"
-            params += (queue,)
-        rows = await db.fetchall(sql + " ORDER BY id", params)
-        return [self._row(r) for r in rows]
-
-    async def find(self, id: str) -> FailedJob | None:
-        db = await self._db()
-        row = await db.fetchone(
-            f"SELECT {self._COLUMNS} FROM {self.table} WHERE uuid = ? AND connection = ?",
-            (id, self.connection),
-        )
-        return None if row is None else self._row(row)
-
-    async def forget(self, id: str) -> bool:
-        db = await self._db()
-        n = await db.execute(
-            f"DELETE FROM {self.table} WHERE uuid = ? AND connection = ?", (id, self.connection)
-        )
-        return bool(n)
-
-    async def flush(self, older_than: float | None = None) -> int:
-        db = await self._db()
-        sql = f"DELETE FROM {self.table} WHERE connection = ?"
-        if older_than is None:
-            return int(await db.execute(sql, (self.connection,)))
-        return int(
-            await db.execute(
-                sql + " AND failed_at < ?", (self.connection, time.time() - older_than)
-            )
-        )
-
-
-class _WarningFailedJobs(MemoryFailedJobs):
-    """The memory fallback: warns once, on the first failure it keeps."""
-
-    def __init__(self, connection: str, why: str) -> None:
-        super().__init__()
-        self.connection = connection
-        self.why = why
-        self._warned = False
-
-    async def record(self, job: FailedJob) -> None:
-        if not self._warned:
-            self._warned = True
-            log.warning(
-                'Connection "%s" keeps failed jobs in the memory of this process (%s): they '
-                "are lost when it exits, and other processes (haze queue:failed, other "
-                "Lambda containers) cannot see them. Set failed_store to a database "
-                "connection or a redis/database cache store.",
-                self.connection,
-                self.why,
-            )
-        await super().record(job)
-
-
 # --------------------------------------------------------------------------- the driver
 
 
@@ -456,7 +252,7 @@ class SqsDriver:
         self.region: str | None = options.get("region") or self._region_from_url()
         self.endpoint_url: str | None = options.get("endpoint_url")
         self.credentials: dict[str, Any] = dict(options.get("credentials") or {})
-        self.failed: FailedJobStore = self._failed_store(options.get("failed_store"))
+        self.failed: FailedJobStore = failed_store(name, options.get("failed_store"), app, log)
         #: The wall clock (seconds since the epoch); tests may replace it.
         self.clock: Callable[[], float] = time.time
         self._client_obj: Any = None
@@ -475,29 +271,6 @@ class SqsDriver:
         host = urlsplit(self.queue_url).netloc
         m = re.match(r"^(?:sqs|queue)\.([a-z0-9-]+)\.amazonaws\.com", host)
         return m.group(1) if m else None
-
-    def _failed_store(self, name: str | None) -> FailedJobStore:
-        key = f"connections.{self.name}.failed_store"
-        if name is None or self.app is None:
-            return _WarningFailedJobs(self.name, "no failed_store is set")
-        kind, _, bare = name.partition(":")
-        if kind not in ("store", "database"):
-            kind, bare = "", name
-        stores = self.app.cache_config.stores
-        databases = self.app.database_config.connections
-        if kind in ("", "store") and bare in stores:
-            store = self.app.store(bare)
-            if not getattr(store, "shared", False):
-                return _WarningFailedJobs(self.name, f'the "{bare}" store is not shared')
-            return StoreFailedJobs(store, self.name)
-        if kind in ("", "database") and bare in databases:
-            return DatabaseFailedJobs(self.app, bare, self.name)
-        raise ConfigError(
-            f"{name!r} is neither a cache store (config/cache.py: {', '.join(stores) or 'none'}) "
-            f"nor a database connection (config/database.py: {', '.join(databases) or 'none'})",
-            source=getattr(self.app.queue_config, "source", None),
-            key=key,
-        )
 
     def queue_url_for(self, queue: str) -> str:
         """The SQS queue URL of haze queue ``queue`` (see "Queues" in the module docstring)."""

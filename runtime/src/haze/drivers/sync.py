@@ -8,31 +8,14 @@ The manager sees ``inline = True`` and runs the pipeline itself.
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import Sequence
 from typing import Any
 
+from haze._failed import NoFailedJobs
 from haze._kernel.message import MAX_MESSAGE_SIZE, Message
 from haze.contracts.driver import FailedJob, Reserved
 
 __all__ = ["SyncDriver"]
-
-
-class _NoFailedJobs:
-    async def record(self, job: FailedJob) -> None:
-        return None
-
-    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
-        return []
-
-    async def find(self, id: str) -> FailedJob | None:
-        return None
-
-    async def forget(self, id: str) -> bool:
-        return False
-
-    async def flush(self, older_than: float | None = None) -> int:
-        return 0
 
 
 class SyncDriver:
@@ -45,7 +28,7 @@ class SyncDriver:
     def __init__(self, name: str, options: dict[str, Any], app: Any = None):
         self.name = name
         self.max_message_size: int | None = options.get("max_message_size") or MAX_MESSAGE_SIZE
-        self.failed = _NoFailedJobs()
+        self.failed = NoFailedJobs()
 
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         raise AssertionError("the manager runs sync jobs inline")  # pragma: no cover

@@ -20,48 +20,26 @@ from __future__ import annotations
 import asyncio
 import builtins
 import functools
-import json
 import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from haze._failed import SqlFailedJobs
 from haze._kernel.errors import ConfigError, DatabaseConnectionError, QueueTablesMissingError
 from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode
 from haze.contracts.driver import FailedJob, QueueCounts, Reserved, RunningJob
-from haze.database.sqlfiles import sql_blocks
+from haze.database.migrations import MIGRATIONS_DIR
+from haze.database.sqlfiles import queue_schema, queue_sql
 
 if TYPE_CHECKING:
     from haze.database import Connector
 
 __all__ = ["DatabaseDriver", "load_sql", "schema_sql"]
 
-_HERE = Path(__file__).parent
-_DIALECT_FILE = {
-    "sqlite": "sqlite",
-    "libsql": "sqlite",
-    "d1": "sqlite",
-    "postgres": "postgres",
-    "mysql": "mysql",
-}
-
-
-def _blocks(file: str) -> dict[str, str]:
-    return sql_blocks(_HERE / f"{file}.sql")
-
-
-def load_sql(dialect: str, jobs: str, failed: str) -> dict[str, str]:
-    """Every queue statement for ``dialect`` with the (validated) table names filled in."""
-    merged = {**_blocks("common"), **_blocks(_DIALECT_FILE[dialect])}
-    return {k: v.format(jobs=jobs, failed=failed) for k, v in merged.items()}
-
-
-def schema_sql(dialect: str, jobs: str = "jobs", failed: str = "failed_jobs") -> list[str]:
-    """The ``CREATE TABLE``/``INDEX`` statements for the queue tables, one per item."""
-    text = load_sql(dialect, jobs, failed)["schema"]
-    return [s.strip() for s in text.split(";") if s.strip()]
-
+#: The queue statements (``load_sql``) and schema (``schema_sql``) of ``dialect``.
+load_sql = queue_sql
+schema_sql = queue_schema
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _P = ParamSpec("_P")
@@ -109,75 +87,10 @@ def _needs_tables(fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, Coroutine[Any
         except Exception as e:
             if not _missing_table(e):
                 raise
-            owner: Any = args[0]
-            driver: DatabaseDriver = getattr(owner, "_d", owner)
+            driver: Any = args[0]
             raise driver.tables_missing() from None
 
     return call
-
-
-class _FailedJobs:
-    """``failed_jobs`` table access (``Queue.failed()``, ``haze queue:failed``)."""
-
-    def __init__(self, driver: DatabaseDriver):
-        self._d = driver
-
-    @staticmethod
-    def _row(row: Sequence[Any]) -> FailedJob:
-        uuid, connection, queue, body, exception, failed_at = row
-        try:
-            data = json.loads(body)
-            name = data.get("job", "<unknown>") if isinstance(data, dict) else "<unknown>"
-            payload = data.get("payload") if isinstance(data, dict) else body
-            chain_id = data.get("chain_id") if isinstance(data, dict) else None
-            batch_id = data.get("batch_id") if isinstance(data, dict) else None
-        except ValueError:
-            name, payload, chain_id, batch_id = "<undecodable>", body, None, None
-        return FailedJob(
-            id=str(uuid),
-            name=name,
-            connection=connection,
-            queue=queue,
-            payload=payload,
-            exception=exception,
-            failed_at=float(failed_at),
-            chain_id=chain_id,
-            batch_id=batch_id,
-            body=body,
-        )
-
-    @_needs_tables
-    async def record(self, job: FailedJob) -> None:
-        d = self._d
-        await d.db.execute(
-            d.sql["failed_insert"],
-            (job.id, job.connection, job.queue, job.body, job.exception, job.failed_at),
-        )
-
-    @_needs_tables
-    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
-        d = self._d
-        if queue is None:
-            rows = await d.db.fetchall(d.sql["failed_list"])
-        else:
-            rows = await d.db.fetchall(d.sql["failed_list_queue"], (queue,))
-        return [self._row(r) for r in rows]
-
-    @_needs_tables
-    async def find(self, id: str) -> FailedJob | None:
-        row = await self._d.db.fetchone(self._d.sql["failed_find"], (id,))
-        return None if row is None else self._row(row)
-
-    @_needs_tables
-    async def forget(self, id: str) -> bool:
-        return await self._d.db.execute(self._d.sql["failed_forget"], (id,)) > 0
-
-    @_needs_tables
-    async def flush(self, older_than: float | None = None) -> int:
-        d = self._d
-        if older_than is None:
-            return await d.db.execute(d.sql["failed_flush"])
-        return await d.db.execute(d.sql["failed_flush_older"], (time.time() - older_than,))
 
 
 class DatabaseDriver:
@@ -210,7 +123,9 @@ class DatabaseDriver:
         self._db_name: str = options.get("connection") or app.database_config.default
         self._db: Connector | None = None
         self._sql: dict[str, str] | None = None
-        self.failed = _FailedJobs(self)
+        self.failed = SqlFailedJobs(
+            lambda: self.db, table=self.failed_table, error=self._tables_missing_for
+        )
         self._wakeup: asyncio.Event | None = None
         self._wake_loop: asyncio.AbstractEventLoop | None = None
         self._last_ts = 0.0
@@ -233,10 +148,12 @@ class DatabaseDriver:
             self._sql = load_sql(self.dialect, self.table, self.failed_table)
         return self._sql
 
+    def _tables_missing_for(self, error: BaseException) -> QueueTablesMissingError | None:
+        """``tables_missing()`` when ``error`` is the backend's "no such table"."""
+        return self.tables_missing() if _missing_table(error) else None
+
     def tables_missing(self) -> QueueTablesMissingError:
         """The error for this connection's missing tables, naming the command to run."""
-        from haze.database.migrations import MIGRATIONS_DIR
-
         root = self.app.root
         written = root is not None and any(
             (root / MIGRATIONS_DIR).glob(

@@ -66,3 +66,27 @@ DELETE FROM {failed}
 
 -- name: failed_flush_older
 DELETE FROM {failed} WHERE failed_at < ?
+
+-- The same, limited to one queue connection's rows: a failed_store table that several
+-- connections (sqs, cloudflare) share.
+
+-- name: failed_list_of
+SELECT uuid, connection, queue, payload, exception, failed_at FROM {failed}
+WHERE connection = ? ORDER BY id
+
+-- name: failed_list_queue_of
+SELECT uuid, connection, queue, payload, exception, failed_at FROM {failed}
+WHERE connection = ? AND queue = ? ORDER BY id
+
+-- name: failed_find_of
+SELECT uuid, connection, queue, payload, exception, failed_at FROM {failed}
+WHERE connection = ? AND uuid = ?
+
+-- name: failed_forget_of
+DELETE FROM {failed} WHERE connection = ? AND uuid = ?
+
+-- name: failed_flush_of
+DELETE FROM {failed} WHERE connection = ?
+
+-- name: failed_flush_older_of
+DELETE FROM {failed} WHERE connection = ? AND failed_at < ?

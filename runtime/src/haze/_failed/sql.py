@@ -1,0 +1,156 @@
+"""Failed jobs in a SQL ``failed_jobs`` table, on the queue tables' ``.sql`` blocks.
+
+One layout for every SQL backend (SQLite, libSQL, D1, PostgreSQL, MySQL/MariaDB): the
+database driver's own table, and the table a ``failed_store`` database connection
+keeps (sqs, cloudflare). A row holds the envelope ``body`` (column ``payload``); the job
+name, payload, ``chain_id`` and ``batch_id`` are read back from it with
+``FailedJob.from_body``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from haze._kernel.message import FailedJob
+from haze.database.sqlfiles import queue_schema, queue_sql
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+    from haze.database import Connector
+
+__all__ = ["SqlFailedJobs", "failed_row"]
+
+log = logging.getLogger("haze.failed")
+
+_R = TypeVar("_R")
+#: The jobs table's name when only the failed table's schema is wanted (never created).
+_NO_JOBS = "haze_no_jobs_table"
+
+
+def failed_row(row: Sequence[Any]) -> FailedJob:
+    """A ``failed_jobs`` row (uuid, connection, queue, payload, exception, failed_at)."""
+    uuid, connection, queue, body, exception, failed_at = row
+    return FailedJob.from_body(
+        body,
+        id=str(uuid),
+        connection=connection,
+        queue=queue,
+        exception=exception,
+        failed_at=float(failed_at),
+    )
+
+
+class SqlFailedJobs:
+    """The ``failed_jobs`` table ``table`` of the database ``db()`` returns.
+
+    ``connection`` limits every call to that queue connection's rows (a ``failed_store``
+    table may be shared); None reads the whole table (the database driver's own).
+    ``create`` makes the table on first use when it is missing (a ``failed_store``);
+    otherwise ``error`` may turn a backend error into a clearer one (the database
+    driver's "run haze make:queue-tables"), None keeping it as it is.
+    """
+
+    def __init__(
+        self,
+        db: Callable[[], Connector],
+        *,
+        table: str = "failed_jobs",
+        connection: str | None = None,
+        create: bool = False,
+        error: Callable[[BaseException], BaseException | None] | None = None,
+    ) -> None:
+        self._db = db
+        self.table = table
+        self.connection = connection
+        self._create = create
+        self._error = error
+        self._sql: dict[str, str] | None = None
+        self._dialect: str | None = None
+        self._ready = not create
+
+    async def _call(self, fn: Callable[[Connector, dict[str, str]], Awaitable[_R]]) -> _R:
+        db = self._db()
+        if self._sql is None or self._dialect != db.dialect:
+            self._sql, self._dialect = queue_sql(db.dialect, _NO_JOBS, self.table), db.dialect
+        if not self._ready:
+            await self._make_table(db)
+        try:
+            return await fn(db, self._sql)
+        except Exception as e:
+            better = self._error(e) if self._error is not None else None
+            if better is None:
+                raise
+            raise better from None
+
+    async def _make_table(self, db: Connector) -> None:
+        for stmt in queue_schema(db.dialect, _NO_JOBS, self.table):
+            if _NO_JOBS in stmt:
+                continue
+            try:
+                await db.execute(stmt)
+            except Exception as e:  # an index that already exists (MySQL)
+                if stmt.lstrip().upper().startswith("CREATE TABLE"):
+                    raise
+                log.debug("haze failed jobs: %s: %s", stmt.split("(")[0], e)
+        self._ready = True
+
+    def _of(self, name: str, *params: Any) -> tuple[str, tuple[Any, ...]]:
+        """Statement ``name`` and its parameters, limited to ``connection`` when set."""
+        if self.connection is None:
+            return name, params
+        return f"{name}_of", (self.connection, *params)
+
+    async def record(self, job: FailedJob) -> None:
+        async def run(db: Connector, sql: dict[str, str]) -> None:
+            async with db.transaction() as tx:
+                # uuid is unique: a job failed again (after Queue.retry) replaces its row
+                await tx.execute(sql["failed_forget"], (job.id,))
+                await tx.execute(
+                    sql["failed_insert"],
+                    (job.id, job.connection, job.queue, job.body, job.exception, job.failed_at),
+                )
+
+        await self._call(run)
+
+    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
+        name, params = (
+            self._of("failed_list") if queue is None else self._of("failed_list_queue", queue)
+        )
+
+        async def run(db: Connector, sql: dict[str, str]) -> builtins.list[FailedJob]:
+            return [failed_row(r) for r in await db.fetchall(sql[name], params)]
+
+        return await self._call(run)
+
+    async def find(self, id: str) -> FailedJob | None:
+        name, params = self._of("failed_find", id)
+
+        async def run(db: Connector, sql: dict[str, str]) -> FailedJob | None:
+            row = await db.fetchone(sql[name], params)
+            return None if row is None else failed_row(row)
+
+        return await self._call(run)
+
+    async def forget(self, id: str) -> bool:
+        name, params = self._of("failed_forget", id)
+
+        async def run(db: Connector, sql: dict[str, str]) -> bool:
+            return await db.execute(sql[name], params) > 0
+
+        return await self._call(run)
+
+    async def flush(self, older_than: float | None = None) -> int:
+        if older_than is None:
+            name, params = self._of("failed_flush")
+        else:
+            name, params = self._of("failed_flush_older", time.time() - older_than)
+
+        async def run(db: Connector, sql: dict[str, str]) -> int:
+            return int(await db.execute(sql[name], params))
+
+        return await self._call(run)
