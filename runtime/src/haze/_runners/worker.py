@@ -26,13 +26,13 @@ from haze._runners.presence import Presence
 from haze.contracts.driver import (
     BatchConsumer,
     ConnectionAware,
+    DispatchOnly,
     Driver,
     Interruptible,
     Leased,
     LocalQueue,
     Reserved,
 )
-from haze.drivers.failover import FailoverDriver
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -76,7 +76,7 @@ class Worker:
         self.app = app
         self.connection = connection
         self.driver: Driver = app.driver(connection)
-        if isinstance(self.driver, FailoverDriver):
+        if isinstance(self.driver, DispatchOnly):
             raise self.driver.no_consumer()  # it only dispatches: nothing to claim
         self._init_capabilities(self.driver)
         self.queues = list(queues) if queues else None

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from haze._kernel.errors import BackendUnavailableError
+from haze._kernel.errors import BackendUnavailableError, HazeError
 from haze._kernel.message import FailedJob, Message
 from haze.contracts.failed import FailedJobStore
 
@@ -29,6 +29,7 @@ __all__ = [
     "Concurrent",
     "ConnectionAware",
     "DelayStep",
+    "DispatchOnly",
     "Driver",
     "FailedJob",
     "FailedJobStore",
@@ -194,6 +195,15 @@ class IdlePolling(Protocol):
 
     sleep: float
     max_sleep: float
+
+
+@runtime_checkable
+class DispatchOnly(Protocol):
+    """A connection that only dispatches (``failover``, over other connections): nothing
+    is claimed under its name, so a worker pointed at it refuses to start."""
+
+    def no_consumer(self) -> HazeError:
+        """The error for a worker pointed at this connection, saying what to run instead."""
 
 
 @runtime_checkable
