@@ -70,6 +70,7 @@ from haze_cloudflare._js import bind_env, binding, env_vars, to_py
 if TYPE_CHECKING:  # loaded by the first invocation, not at import (cold start)
     from haze._app.app import App
     from haze._kernel.message import Message
+    from haze._runners.delivery import Delivery
     from haze.contracts.driver import Reserved
 
 __all__ = ["LocalResponse", "MessageDelivery", "QueueWorker"]
@@ -208,6 +209,7 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         from haze._app.app import App
         from haze._app.config import define_haze_config, define_queue_config
         from haze._kernel.message import decode  # noqa: F401
+        from haze._runners.delivery import Delivery  # noqa: F401
         from haze.contracts.driver import Reserved  # noqa: F401
         from haze.integrations.http_dispatch import dispatch_request  # noqa: F401
 
@@ -252,9 +254,7 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
 
                 with self._worker_vars(None):  # config files read the Worker's vars
                     max_body()  # a bad HAZE_HTTP_MAX_BODY stops the boot with one line
-                    app = self.create_app()
-                    if not app._entered:
-                        await app.__aenter__()
+                    app = await self.create_app().ensure_entered()
                 _apps[cls] = app
         return app
 
@@ -284,6 +284,9 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
     @_invocation
     async def queue(self, batch: Any, env: Any = None, ctx: Any = None) -> None:
         """Run every message of ``batch`` through haze and settle it (see the module doc)."""
+        from haze._runners.delivery import Delivery
+        from haze.contracts.driver import Concurrent
+
         self._bind(env)
         app = await self.get_app()
         messages = list(batch.messages)
@@ -292,69 +295,60 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         consumed: str | None = None
         try:
             consumed = self._connection_for(app, None)
-            concurrency = max(1, int(app.driver(consumed).concurrency))  # type: ignore[attr-defined]
-        except (ConfigError, AttributeError):
+            driver = app.driver(consumed)
+            if isinstance(driver, Concurrent):
+                concurrency = max(1, int(driver.concurrency))
+        except ConfigError:
             pass
-        events = app.manager.events
+        delivery = Delivery(app.manager, consumed)
 
-        async def one(m: Any) -> str:
-            if events.looping and consumed is not None:
-                await events.emit("looping", consumed, None)
-            return await self.handle_message(app, m, queue_name)
+        async def one(message: Any) -> str:
+            return await self.handle_message(app, message, queue_name, delivery)
 
-        if concurrency == 1 or len(messages) <= 1:
-            self.outcomes = [await one(m) for m in messages]
-        else:
-            sem = asyncio.Semaphore(concurrency)
+        self.outcomes = await delivery.run_batch(
+            messages, one, concurrency=concurrency, events=True
+        )
 
-            async def limited(m: Any) -> str:
-                async with sem:
-                    return await one(m)
-
-            self.outcomes = list(await asyncio.gather(*(limited(m) for m in messages)))
-        if events.worker_idle and consumed is not None:
-            await events.emit("worker_idle", consumed, None)
-
-    async def handle_message(self, app: App, message: Any, queue_name: str = "") -> str:
+    async def handle_message(
+        self, app: App, message: Any, queue_name: str = "", delivery: Delivery | None = None
+    ) -> str:
         """Run one Cloudflare message through the manager; returns the outcome."""
-        delivery = MessageDelivery(message)
+        from haze._runners.delivery import Delivery
+
+        token = MessageDelivery(message)
         try:
-            reserved, connection = self.reserved(app, message, delivery)
-            outcome: str = await app.manager.process(reserved, app.driver(connection))
+            reserved, connection = self.reserved(app, message, token)
+            outcome = await (delivery or Delivery(app.manager)).run(
+                reserved, app.driver(connection)
+            )
         except Exception:
             log.exception(
                 "haze: cannot process Cloudflare message %s from queue %r",
                 _message_id(message),
                 queue_name,
             )
-            if delivery.verdict is None:
+            if token.verdict is None:
                 try:  # let Cloudflare redeliver it (and dead-letter it after max_retries)
                     await _settle(message.retry())
-                    delivery.verdict = "retry"
+                    token.verdict = "retry"
                 except Exception:
                     log.exception("haze: message.retry() failed")
             return "error"
-        if delivery.verdict is None:  # pragma: no cover - the manager always settles
-            await delivery.ack()
+        if token.verdict is None:  # pragma: no cover - the manager always settles
+            await token.ack()
         return outcome
 
     def reserved(self, app: App, message: Any, delivery: MessageDelivery) -> tuple[Reserved, str]:
-        """A ``Reserved`` for a Cloudflare message, and the haze connection it belongs to."""
-        from haze._kernel.message import decode
-        from haze.contracts.driver import Reserved
+        """A ``Reserved`` for a Cloudflare message, and the haze connection it belongs to.
+
+        The attempt is ``message.attempts`` (Cloudflare's delivery count) plus the
+        envelope's ``attempts`` offset."""
+        from haze._runners.delivery import delivered
 
         cf_attempts = int(to_py(getattr(message, "attempts", 1)) or 1)
         body, error = _body_text(to_py(message.body))
-        decoded: Message | None = None
-        if error is None:
-            try:
-                decoded = decode(body)
-            except Exception as e:
-                error = e
-        connection = self._connection_for(app, decoded)
-        offset = decoded.attempts if decoded is not None else 0
-        queue = decoded.queue if decoded is not None else "default"
-        return Reserved(decoded, offset + cf_attempts, body, queue, delivery, error), connection
+        reserved = delivered(body, cf_attempts, delivery, error)
+        return reserved, self._connection_for(app, reserved.message)
 
     def _connection_for(self, app: App, message: Message | None) -> str:
         conns = app.queue_config.connections
