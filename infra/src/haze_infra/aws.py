@@ -23,7 +23,7 @@ import json
 import math
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,6 +168,34 @@ def _check(ok: bool, message: str, key: str) -> None:
         raise InfraConfigError(message, source="haze_infra.aws", key=key)
 
 
+def _logs(parent: pulumi.Resource, name: str, prefix: str, days: int) -> aws.cloudwatch.LogGroup:
+    """The log group ``<name>-logs`` (a generated name under ``prefix``)."""
+    return aws.cloudwatch.LogGroup(
+        f"{name}-logs", name_prefix=prefix, retention_in_days=days, opts=_child(parent)
+    )
+
+
+def _role(
+    parent: pulumi.Resource, resource: str, service: str, description: str | None = None
+) -> aws.iam.Role:
+    """A role that ``service`` (``lambda.amazonaws.com``…) assumes."""
+    return aws.iam.Role(
+        resource,
+        assume_role_policy=_assume_role(service),
+        description=description,
+        opts=_child(parent),
+    )
+
+
+def _role_policy(
+    parent: pulumi.Resource, resource: str, role: aws.iam.Role, statements: Sequence[Any]
+) -> aws.iam.RolePolicy:
+    """The inline policy of ``role``: exactly ``statements``."""
+    return aws.iam.RolePolicy(
+        resource, role=role.id, policy=_policy(statements), opts=_child(parent)
+    )
+
+
 # --------------------------------------------------------------------------- SQS
 
 
@@ -203,46 +231,15 @@ class HazeSqsQueue(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("haze:aws:HazeSqsQueue", name, None, opts)
-        need = receive_count_for(max_tries)
-        count = need if max_receive_count is None else max_receive_count
-        _check(
-            need <= count <= SQS_MAX_RECEIVE_COUNT,
-            f"maxReceiveCount {count} is below tries + {SQS_RECEIVE_SLACK} = {need} for jobs "
-            f"of {max_tries} tries: SQS would dead-letter messages haze still retries"
-            if count < need
-            else f"maxReceiveCount {count} is over SQS's limit ({SQS_MAX_RECEIVE_COUNT})",
-            f"{name}.max_receive_count",
-        )
-        _check(
-            0 <= visibility_timeout_seconds <= SQS_MAX_VISIBILITY,
-            f"visibility timeout {visibility_timeout_seconds}s is outside SQS's 0-"
-            f"{SQS_MAX_VISIBILITY}s",
-            f"{name}.visibility_timeout_seconds",
-        )
-        if queue_name is not None:
-            _check(
-                bool(_SQS_NAME.match(queue_name.removesuffix(".fifo")))
-                and len(queue_name) <= 80 - 4,
-                f"{queue_name!r} is not a valid SQS queue name (letters, digits, - and _; at "
-                "most 76 characters, so that its DLQ's name fits in 80)",
-                f"{name}.queue_name",
-            )
-            _check(
-                fifo == queue_name.endswith(".fifo"),
-                f"the queue name {queue_name!r} must end in .fifo exactly when fifo=True",
-                f"{name}.queue_name",
-            )
+        count = _checked_receive_count(name, max_tries, max_receive_count)
+        _check_sqs_queue(name, queue_name, fifo, visibility_timeout_seconds)
         self.logical_name = name
         self.fifo = fifo
         self.max_tries = max_tries
         self.max_receive_count = count
         self.visibility_timeout_seconds = visibility_timeout_seconds
         self.queue_name = queue_name
-        dlq_name = None
-        if queue_name is not None:
-            base = queue_name[: -len(".fifo")] if fifo else queue_name
-            dlq_name = f"{base}-dlq" + (".fifo" if fifo else "")
-        self.dlq_name = dlq_name
+        self.dlq_name = dlq_name = _dlq_name(queue_name, fifo)
         common: dict[str, Any] = {"sqs_managed_sse_enabled": True, "tags": dict(tags or {})}
         if fifo:
             common["fifo_queue"] = True
@@ -274,6 +271,49 @@ class HazeSqsQueue(pulumi.ComponentResource):
         )
 
 
+def _checked_receive_count(name: str, max_tries: int | None, chosen: int | None) -> int:
+    """The redrive ``maxReceiveCount``: ``chosen``, else the least ``max_tries`` needs."""
+    need = receive_count_for(max_tries)
+    count = need if chosen is None else chosen
+    _check(
+        need <= count <= SQS_MAX_RECEIVE_COUNT,
+        f"maxReceiveCount {count} is below tries + {SQS_RECEIVE_SLACK} = {need} for jobs "
+        f"of {max_tries} tries: SQS would dead-letter messages haze still retries"
+        if count < need
+        else f"maxReceiveCount {count} is over SQS's limit ({SQS_MAX_RECEIVE_COUNT})",
+        f"{name}.max_receive_count",
+    )
+    return count
+
+
+def _check_sqs_queue(name: str, queue_name: str | None, fifo: bool, visibility: int) -> None:
+    _check(
+        0 <= visibility <= SQS_MAX_VISIBILITY,
+        f"visibility timeout {visibility}s is outside SQS's 0-{SQS_MAX_VISIBILITY}s",
+        f"{name}.visibility_timeout_seconds",
+    )
+    if queue_name is None:
+        return
+    _check(
+        bool(_SQS_NAME.match(queue_name.removesuffix(".fifo"))) and len(queue_name) <= 80 - 4,
+        f"{queue_name!r} is not a valid SQS queue name (letters, digits, - and _; at "
+        "most 76 characters, so that its DLQ's name fits in 80)",
+        f"{name}.queue_name",
+    )
+    _check(
+        fifo == queue_name.endswith(".fifo"),
+        f"the queue name {queue_name!r} must end in .fifo exactly when fifo=True",
+        f"{name}.queue_name",
+    )
+
+
+def _dlq_name(queue_name: str | None, fifo: bool) -> str | None:
+    if queue_name is None:
+        return None
+    base = queue_name[: -len(".fifo")] if fifo else queue_name
+    return f"{base}-dlq" + (".fifo" if fifo else "")
+
+
 # --------------------------------------------------------------------------- Lambda
 
 
@@ -302,24 +342,12 @@ class _Function(pulumi.ComponentResource):
         reserved_concurrency: int | None,
         description: str,
     ) -> None:
-        self.log_group = aws.cloudwatch.LogGroup(
-            f"{name}-logs",
-            name_prefix=f"/aws/lambda/haze-{name}-",
-            retention_in_days=log_retention_days,
-            opts=_child(self),
-        )
-        self.role = aws.iam.Role(
-            f"{name}-role",
-            assume_role_policy=_assume_role("lambda.amazonaws.com"),
-            description=f"haze: {description}",
-            opts=_child(self),
-        )
+        self.log_group = _logs(self, name, f"/aws/lambda/haze-{name}-", log_retention_days)
+        self.role = _role(self, f"{name}-role", "lambda.amazonaws.com", f"haze: {description}")
         allowed = [*statements, _write_logs(self.log_group)]
         if vpc_config:
             allowed.append(_allow("VpcNetworkInterfaces", VPC_ACTIONS, ["*"]))
-        self.policy = aws.iam.RolePolicy(
-            f"{name}-policy", role=self.role.id, policy=_policy(allowed), opts=_child(self)
-        )
+        self.policy = _role_policy(self, f"{name}-policy", self.role, allowed)
         variables: Any = {"variables": dict(environment)} if environment else None
         logging: Any = {"log_format": "Text", "log_group": self.log_group.name}
         vpc: Any = dict(vpc_config) if vpc_config else None
@@ -389,76 +417,12 @@ class HazeLambdaConsumer(_Function):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("haze:aws:HazeLambdaConsumer", name, None, opts)
-        _check(bool(queues), "a consumer needs at least one queue", f"{name}.queues")
         window = maximum_batching_window_in_seconds
-        _check(
-            1 <= timeout <= LAMBDA_MAX_TIMEOUT,
-            f"the Lambda timeout {timeout}s is outside 1-{LAMBDA_MAX_TIMEOUT}s"
-            + (
-                f"; the longest job ({job_timeout:g}s) needs a container worker"
-                if job_timeout and job_timeout > LAMBDA_MAX_TIMEOUT - 5
-                else ""
-            ),
-            f"{name}.timeout",
-        )
-        need = min_lambda_timeout(job_timeout, batch_size, concurrency)
-        _check(
-            timeout >= need,
-            f"the Lambda timeout {timeout}s is too short for jobs of up to "
-            f"{job_timeout or 0:g}s in batches of {batch_size} at concurrency "
-            f"{concurrency} (needs >= {need}s)",
-            f"{name}.timeout",
-        )
-        _check(
-            0 <= window <= 300,
-            f"the batching window {window}s is outside 0-300s",
-            f"{name}.maximum_batching_window_in_seconds",
-        )
-        fifo = any(q.fifo for q in queues)
-        limit = 10 if fifo else LAMBDA_MAX_BATCH
-        _check(
-            1 <= batch_size <= limit,
-            f"batch size {batch_size} is outside 1-{limit}" + (" (FIFO queue)" if fifo else ""),
-            f"{name}.batch_size",
-        )
-        _check(
-            batch_size <= 10 or window >= 1,
-            "a batch size over 10 needs a batching window of at least 1 s",
-            f"{name}.maximum_batching_window_in_seconds",
-        )
-        if max_concurrency is not None:
-            _check(
-                2 <= max_concurrency <= 1000,
-                f"max_concurrency {max_concurrency} is outside 2-1000",
-                f"{name}.max_concurrency",
-            )
-        visibility = min_visibility_timeout(timeout, window)
-        for q in queues:
-            _check(
-                q.visibility_timeout_seconds >= visibility,
-                f"queue {q.queue_name or q.logical_name!r}: visibility timeout "
-                f"{q.visibility_timeout_seconds}s is below 6 × the Lambda timeout "
-                f"({timeout}s) + the batching window ({window}s) = {visibility}s",
-                f"{name}.queues",
-            )
-            if max_tries is not None:
-                need_count = receive_count_for(max_tries)
-                _check(
-                    q.max_receive_count >= need_count,
-                    f"queue {q.queue_name or q.logical_name!r}: maxReceiveCount "
-                    f"{q.max_receive_count} is below {need_count} for jobs of {max_tries} "
-                    "tries",
-                    f"{name}.queues",
-                )
         self.connection = connection
         self.timeout = timeout
         self.batch_size = batch_size
         self.queues = list(queues)
-        arns = [q.arn for q in queues]
-        statements = [_allow("ConsumeHazeQueues", CONSUMER_SQS_ACTIONS, arns)]
-        send = [*(arns if allow_send else []), *send_queue_arns]
-        if send:
-            statements.append(_allow("SendToHazeQueues", SEND_SQS_ACTIONS, send))
+        self._check_settings(name, job_timeout, concurrency, window, max_concurrency, max_tries)
         env: dict[str, Any] = {"HAZE_SQS_CONNECTION": connection, **dict(environment or {})}
         if queue_url_env and queue_url_value is not None:
             env[queue_url_env] = queue_url_value
@@ -467,7 +431,7 @@ class HazeLambdaConsumer(_Function):
             archive=lambda_archive(archive, dist_dir, app_root),
             handler=handler,
             timeout=timeout,
-            statements=statements,
+            statements=_consumer_statements(self.queues, allow_send, send_queue_arns),
             environment=env,
             runtime=runtime,
             memory_size=memory_size,
@@ -477,23 +441,130 @@ class HazeLambdaConsumer(_Function):
             reserved_concurrency=reserved_concurrency,
             description=f"SQS consumer of connection {connection}",
         )
-        self.mappings = []
-        for i, q in enumerate(queues):
-            self.mappings.append(
-                aws.lambda_.EventSourceMapping(
-                    f"{name}-source-{i}",
-                    event_source_arn=q.arn,
-                    function_name=self.function.arn,
-                    batch_size=batch_size,
-                    maximum_batching_window_in_seconds=window,
-                    function_response_types=["ReportBatchItemFailures"],
-                    scaling_config={"maximum_concurrency": max_concurrency}
-                    if max_concurrency is not None
-                    else None,
-                    opts=_child(self, [self.policy]),
-                )
-            )
+        self.mappings = self._mappings(name, window, max_concurrency)
         self.register_outputs({"function_arn": self.function.arn, "role_arn": self.role.arn})
+
+    def _check_settings(
+        self,
+        name: str,
+        job_timeout: float | None,
+        concurrency: int,
+        window: int,
+        max_concurrency: int | None,
+        max_tries: int | None,
+    ) -> None:
+        _check(bool(self.queues), "a consumer needs at least one queue", f"{name}.queues")
+        _check_lambda_timeout(name, self.timeout, job_timeout, self.batch_size, concurrency)
+        _check_batching(name, self.queues, self.batch_size, window, max_concurrency)
+        visibility = min_visibility_timeout(self.timeout, window)
+        for q in self.queues:
+            _check_consumed_queue(name, q, self.timeout, window, visibility, max_tries)
+
+    def _mappings(
+        self, name: str, window: int, max_concurrency: int | None
+    ) -> list[aws.lambda_.EventSourceMapping]:
+        """One event source mapping per queue, reporting partial batch failures."""
+        scaling: Any = {"maximum_concurrency": max_concurrency} if max_concurrency else None
+        return [
+            aws.lambda_.EventSourceMapping(
+                f"{name}-source-{i}",
+                event_source_arn=q.arn,
+                function_name=self.function.arn,
+                batch_size=self.batch_size,
+                maximum_batching_window_in_seconds=window,
+                function_response_types=["ReportBatchItemFailures"],
+                scaling_config=scaling,
+                opts=_child(self, [self.policy]),
+            )
+            for i, q in enumerate(self.queues)
+        ]
+
+
+def _check_lambda_timeout(
+    name: str, timeout: int, job_timeout: float | None, batch_size: int, concurrency: int
+) -> None:
+    _check(
+        1 <= timeout <= LAMBDA_MAX_TIMEOUT,
+        f"the Lambda timeout {timeout}s is outside 1-{LAMBDA_MAX_TIMEOUT}s"
+        + (
+            f"; the longest job ({job_timeout:g}s) needs a container worker"
+            if job_timeout and job_timeout > LAMBDA_MAX_TIMEOUT - 5
+            else ""
+        ),
+        f"{name}.timeout",
+    )
+    need = min_lambda_timeout(job_timeout, batch_size, concurrency)
+    _check(
+        timeout >= need,
+        f"the Lambda timeout {timeout}s is too short for jobs of up to "
+        f"{job_timeout or 0:g}s in batches of {batch_size} at concurrency "
+        f"{concurrency} (needs >= {need}s)",
+        f"{name}.timeout",
+    )
+
+
+def _check_batching(
+    name: str,
+    queues: Sequence[HazeSqsQueue],
+    batch_size: int,
+    window: int,
+    max_concurrency: int | None,
+) -> None:
+    _check(
+        0 <= window <= 300,
+        f"the batching window {window}s is outside 0-300s",
+        f"{name}.maximum_batching_window_in_seconds",
+    )
+    fifo = any(q.fifo for q in queues)
+    limit = 10 if fifo else LAMBDA_MAX_BATCH
+    _check(
+        1 <= batch_size <= limit,
+        f"batch size {batch_size} is outside 1-{limit}" + (" (FIFO queue)" if fifo else ""),
+        f"{name}.batch_size",
+    )
+    _check(
+        batch_size <= 10 or window >= 1,
+        "a batch size over 10 needs a batching window of at least 1 s",
+        f"{name}.maximum_batching_window_in_seconds",
+    )
+    if max_concurrency is not None:
+        _check(
+            2 <= max_concurrency <= 1000,
+            f"max_concurrency {max_concurrency} is outside 2-1000",
+            f"{name}.max_concurrency",
+        )
+
+
+def _check_consumed_queue(
+    name: str, q: HazeSqsQueue, timeout: int, window: int, visibility: int, max_tries: int | None
+) -> None:
+    _check(
+        q.visibility_timeout_seconds >= visibility,
+        f"queue {q.queue_name or q.logical_name!r}: visibility timeout "
+        f"{q.visibility_timeout_seconds}s is below 6 × the Lambda timeout "
+        f"({timeout}s) + the batching window ({window}s) = {visibility}s",
+        f"{name}.queues",
+    )
+    if max_tries is not None:
+        need_count = receive_count_for(max_tries)
+        _check(
+            q.max_receive_count >= need_count,
+            f"queue {q.queue_name or q.logical_name!r}: maxReceiveCount "
+            f"{q.max_receive_count} is below {need_count} for jobs of {max_tries} tries",
+            f"{name}.queues",
+        )
+
+
+def _consumer_statements(
+    queues: Sequence[HazeSqsQueue], allow_send: bool, send_queue_arns: Sequence[Any]
+) -> list[dict[str, Any]]:
+    """Consume the queues; send to them (``allow_send``) and to ``send_queue_arns``."""
+    arns = [q.arn for q in queues]
+    statements = [_allow("ConsumeHazeQueues", CONSUMER_SQS_ACTIONS, arns)]
+    send = [*(arns if allow_send else []), *send_queue_arns]
+    if send:
+        statements.append(_allow("SendToHazeQueues", SEND_SQS_ACTIONS, send))
+    return statements
 
 
 class HazeDrainSchedule(_Function):
@@ -534,21 +605,7 @@ class HazeDrainSchedule(_Function):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("haze:aws:HazeDrainSchedule", name, None, opts)
-        need = drain_margin(job_timeout)
-        margin = need if margin is None else margin
-        _check(
-            margin >= need,
-            f"HAZE_SCHEDULE_MARGIN {margin}s is shorter than the longest "
-            f"job ({job_timeout}s) + 5 s = {need}s: a job claimed late would be cut off",
-            f"{name}.margin",
-        )
-        timeout = min(LAMBDA_MAX_TIMEOUT, margin + 50) if timeout is None else timeout
-        _check(
-            margin + 10 <= timeout <= LAMBDA_MAX_TIMEOUT,
-            f"the drain's Lambda timeout {timeout}s must be at most {LAMBDA_MAX_TIMEOUT}s "
-            f"and leave at least 10 s beyond the margin ({margin}s)",
-            f"{name}.timeout",
-        )
+        margin, timeout = _drain_timing(name, job_timeout, margin, timeout)
         self.connection = connection
         self.timeout = timeout
         self.margin = margin
@@ -572,13 +629,20 @@ class HazeDrainSchedule(_Function):
             reserved_concurrency=None,
             description=f"scheduled drain of connection {connection}",
         )
+        self._trigger(name, schedule_expression, queues, concurrency)
+        self.register_outputs({"function_arn": self.function.arn, "rule_arn": self.rule.arn})
+
+    def _trigger(
+        self, name: str, expression: str, queues: Sequence[str] | None, concurrency: int | None
+    ) -> None:
+        """The rule, its target (the function, with the drain's detail) and the permission."""
         self.rule = aws.cloudwatch.EventRule(
             f"{name}-rule",
-            schedule_expression=schedule_expression,
-            description=f"haze: drain connection {connection}",
+            schedule_expression=expression,
+            description=f"haze: drain connection {self.connection}",
             opts=_child(self),
         )
-        detail: dict[str, Any] = {"connection": connection}
+        detail: dict[str, Any] = {"connection": self.connection}
         if queues:
             detail["queues"] = list(queues)
         if concurrency:
@@ -590,15 +654,46 @@ class HazeDrainSchedule(_Function):
             input=json.dumps(detail),
             opts=_child(self),
         )
-        self.permission = aws.lambda_.Permission(
-            f"{name}-invoke",
-            action="lambda:InvokeFunction",
-            function=self.function.name,
-            principal="events.amazonaws.com",
-            source_arn=self.rule.arn,
-            opts=_child(self),
-        )
-        self.register_outputs({"function_arn": self.function.arn, "rule_arn": self.rule.arn})
+        self.permission = _invoke_permission(self, f"{name}-invoke", self.function, self.rule)
+
+
+def _drain_timing(
+    name: str, job_timeout: float | None, margin: int | None, timeout: int | None
+) -> tuple[int, int]:
+    """(margin, Lambda timeout) of a drain: derived from the longest job unless given."""
+    need = drain_margin(job_timeout)
+    margin = need if margin is None else margin
+    _check(
+        margin >= need,
+        f"HAZE_SCHEDULE_MARGIN {margin}s is shorter than the longest "
+        f"job ({job_timeout}s) + 5 s = {need}s: a job claimed late would be cut off",
+        f"{name}.margin",
+    )
+    timeout = min(LAMBDA_MAX_TIMEOUT, margin + 50) if timeout is None else timeout
+    _check(
+        margin + 10 <= timeout <= LAMBDA_MAX_TIMEOUT,
+        f"the drain's Lambda timeout {timeout}s must be at most {LAMBDA_MAX_TIMEOUT}s "
+        f"and leave at least 10 s beyond the margin ({margin}s)",
+        f"{name}.timeout",
+    )
+    return margin, timeout
+
+
+def _invoke_permission(
+    parent: pulumi.Resource,
+    resource: str,
+    function: aws.lambda_.Function,
+    rule: aws.cloudwatch.EventRule,
+) -> aws.lambda_.Permission:
+    """EventBridge may invoke ``function`` for ``rule``."""
+    return aws.lambda_.Permission(
+        resource,
+        action="lambda:InvokeFunction",
+        function=function.name,
+        principal="events.amazonaws.com",
+        source_arn=rule.arn,
+        opts=_child(parent),
+    )
 
 
 class HazeScheduleRules(_Function):
@@ -667,37 +762,28 @@ class HazeScheduleRules(_Function):
         )
         self.rules, self.targets, self.permissions = {}, {}, {}
         for n, (expression, names) in enumerate(rules.items()):
-            key = f"{name}-rule-{n}"
-            self.rules[expression] = rule = aws.cloudwatch.EventRule(
-                key,
-                schedule_expression=expression,
-                description=f"haze schedules: {', '.join(names)}"[:512],
-                opts=_child(self),
-            )
-            template = '{"haze_schedule": ' + json.dumps(expression) + ', "time": <time>}'
-            self.targets[expression] = aws.cloudwatch.EventTarget(
-                f"{key}-target",
-                rule=rule.name,
-                arn=self.function.arn,
-                input_transformer={
-                    "input_paths": {"time": "$.time"},
-                    "input_template": template,
-                },
-                opts=_child(self),
-            )
-            self.permissions[expression] = aws.lambda_.Permission(
-                f"{key}-invoke",
-                action="lambda:InvokeFunction",
-                function=self.function.name,
-                principal="events.amazonaws.com",
-                source_arn=rule.arn,
-                opts=_child(self),
-            )
-        self.register_outputs(
-            {
-                "function_arn": self.function.arn,
-                "rule_arns": {e: r.arn for e, r in self.rules.items()},
-            }
+            self._rule(f"{name}-rule-{n}", expression, names)
+        rule_arns = {e: r.arn for e, r in self.rules.items()}
+        self.register_outputs({"function_arn": self.function.arn, "rule_arns": rule_arns})
+
+    def _rule(self, key: str, expression: str, names: Sequence[str]) -> None:
+        """The rule of one cron expression; its target sends the expression and the time."""
+        self.rules[expression] = rule = aws.cloudwatch.EventRule(
+            key,
+            schedule_expression=expression,
+            description=f"haze schedules: {', '.join(names)}"[:512],
+            opts=_child(self),
+        )
+        template = '{"haze_schedule": ' + json.dumps(expression) + ', "time": <time>}'
+        self.targets[expression] = aws.cloudwatch.EventTarget(
+            f"{key}-target",
+            rule=rule.name,
+            arn=self.function.arn,
+            input_transformer={"input_paths": {"time": "$.time"}, "input_template": template},
+            opts=_child(self),
+        )
+        self.permissions[expression] = _invoke_permission(
+            self, f"{key}-invoke", self.function, rule
         )
 
 
@@ -749,112 +835,16 @@ class HazeContainerWorker(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("haze:aws:HazeContainerWorker", name, None, opts)
-        need = container_stop_timeout(job_timeout)
-        stop = min(need, FARGATE_MAX_STOP_TIMEOUT) if stop_timeout is None else stop_timeout
-        _check(
-            2 <= stop <= FARGATE_MAX_STOP_TIMEOUT,
-            f"stop timeout {stop}s is outside Fargate's 2-{FARGATE_MAX_STOP_TIMEOUT}s",
-            f"{name}.stop_timeout",
-        )
-        if stop < need:
-            if stop_timeout is not None and need <= FARGATE_MAX_STOP_TIMEOUT:
-                _check(
-                    False,
-                    f"stop timeout {stop}s is shorter than the longest job "
-                    f"({job_timeout}s) + 5 s: a deploy would cut running jobs off",
-                    f"{name}.stop_timeout",
-                )
-            pulumi.log.warn(
-                f"haze: {name}: jobs of up to {job_timeout}s outlive Fargate's "
-                f"{FARGATE_MAX_STOP_TIMEOUT}s stop timeout; a deploy cuts them "
-                "off and they run again after the connection's retry_after"
-            )
-        self.stop_timeout = stop
+        self.stop_timeout = stop = _stop_timeout(name, job_timeout, stop_timeout)
         self.connection = connection
         if cluster_arn is None:
-            cluster = aws.ecs.Cluster(f"{name}-cluster", opts=_child(self))
-            self.cluster_arn = cluster.arn
+            self.cluster_arn = aws.ecs.Cluster(f"{name}-cluster", opts=_child(self)).arn
         else:
             self.cluster_arn = pulumi.Output.from_input(cluster_arn)
-        self.log_group = aws.cloudwatch.LogGroup(
-            f"{name}-logs",
-            name_prefix=f"/ecs/haze-{name}-",
-            retention_in_days=log_retention_days,
-            opts=_child(self),
-        )
-        self.execution_role = aws.iam.Role(
-            f"{name}-execution",
-            assume_role_policy=_assume_role("ecs-tasks.amazonaws.com"),
-            opts=_child(self),
-        )
-        image_out = pulumi.Output.from_input(image)
-        execution = [_write_logs(self.log_group)]
-        if ecr_pull is None:
-            ecr_pull = not isinstance(image, str) or ".dkr.ecr." in image
-        if ecr_pull:  # an ECR token is account-wide; the repository may be any
-            execution.append(_allow("PullImage", ECR_PULL_ACTIONS, ["*"]))
-        aws.iam.RolePolicy(
-            f"{name}-execution-policy",
-            role=self.execution_role.id,
-            policy=_policy(execution),
-            opts=_child(self),
-        )
-        self.task_role = aws.iam.Role(
-            f"{name}-task",
-            assume_role_policy=_assume_role("ecs-tasks.amazonaws.com"),
-            opts=_child(self),
-        )
-        if sqs_queue_arns:
-            aws.iam.RolePolicy(
-                f"{name}-task-policy",
-                role=self.task_role.id,
-                policy=_policy(
-                    [
-                        _allow(
-                            "ConsumeHazeQueues",
-                            [*CONSUMER_SQS_ACTIONS, *SEND_SQS_ACTIONS],
-                            sqs_queue_arns,
-                        )
-                    ]
-                ),
-                opts=_child(self),
-            )
-        command = ["haze", "queue:work", "--connection", connection]
-        if queues:
-            command += ["--queue", ",".join(queues)]
-        if concurrency:
-            command += ["--concurrency", str(concurrency)]
-        self.command = command
-        region_out = (
-            pulumi.Output.from_input(region)
-            if region is not None
-            else (aws.get_region_output().region)
-        )
-        env_out = pulumi.Output.from_input(dict(environment or {}))
-        containers = pulumi.Output.all(image_out, self.log_group.name, region_out, env_out).apply(
-            lambda a: json.dumps(
-                [
-                    {
-                        "name": "worker",
-                        "image": a[0],
-                        "essential": True,
-                        "command": command,
-                        "stopTimeout": stop,
-                        "environment": [
-                            {"name": k, "value": str(v)} for k, v in sorted(a[3].items())
-                        ],
-                        "logConfiguration": {
-                            "logDriver": "awslogs",
-                            "options": {
-                                "awslogs-group": a[1],
-                                "awslogs-region": a[2],
-                                "awslogs-stream-prefix": "haze",
-                            },
-                        },
-                    }
-                ]
-            )
-        )
+        self.log_group = _logs(self, name, f"/ecs/haze-{name}-", log_retention_days)
+        self.execution_role = self._execution_role(name, image, ecr_pull)
+        self.task_role = self._task_role(name, sqs_queue_arns)
+        self.command = _worker_command(connection, queues, concurrency)
         self.task_definition = aws.ecs.TaskDefinition(
             f"{name}-task",
             family=f"haze-{name}",
@@ -864,10 +854,61 @@ class HazeContainerWorker(pulumi.ComponentResource):
             requires_compatibilities=["FARGATE"],
             execution_role_arn=self.execution_role.arn,
             task_role_arn=self.task_role.arn,
-            container_definitions=containers,
+            container_definitions=self._containers(image, region, environment, stop),
             opts=_child(self),
         )
-        self.service = aws.ecs.Service(
+        network: Any = {
+            "subnets": list(subnet_ids),
+            "security_groups": list(security_group_ids),
+            "assign_public_ip": assign_public_ip,
+        }
+        self.service = self._service(name, desired_count, network)
+        self.register_outputs({"service": self.service.name, "cluster_arn": self.cluster_arn})
+
+    def _execution_role(
+        self, name: str, image: pulumi.Input[str], ecr_pull: bool | None
+    ) -> aws.iam.Role:
+        """Writes the service's log group; pulls the image from ECR (``ecr_pull``, by
+        default when the image is an ECR one or not known yet)."""
+        role = _role(self, f"{name}-execution", "ecs-tasks.amazonaws.com")
+        execution = [_write_logs(self.log_group)]
+        if ecr_pull is None:
+            ecr_pull = not isinstance(image, str) or ".dkr.ecr." in image
+        if ecr_pull:  # an ECR token is account-wide; the repository may be any
+            execution.append(_allow("PullImage", ECR_PULL_ACTIONS, ["*"]))
+        _role_policy(self, f"{name}-execution-policy", role, execution)
+        return role
+
+    def _task_role(self, name: str, sqs_queue_arns: Sequence[pulumi.Input[str]]) -> aws.iam.Role:
+        """No permissions, unless the worker consumes SQS queues."""
+        role = _role(self, f"{name}-task", "ecs-tasks.amazonaws.com")
+        if sqs_queue_arns:
+            actions = [*CONSUMER_SQS_ACTIONS, *SEND_SQS_ACTIONS]
+            statements = [_allow("ConsumeHazeQueues", actions, sqs_queue_arns)]
+            _role_policy(self, f"{name}-task-policy", role, statements)
+        return role
+
+    def _containers(
+        self,
+        image: pulumi.Input[str],
+        region: pulumi.Input[str] | None,
+        environment: Mapping[str, pulumi.Input[str]] | None,
+        stop: int,
+    ) -> pulumi.Output[str]:
+        """The task's container definitions (JSON): the worker, logging to the group."""
+        region_out = (
+            pulumi.Output.from_input(region)
+            if region is not None
+            else (aws.get_region_output().region)
+        )
+        env_out = pulumi.Output.from_input(dict(environment or {}))
+        command = self.command
+        return pulumi.Output.all(
+            pulumi.Output.from_input(image), self.log_group.name, region_out, env_out
+        ).apply(lambda a: json.dumps([_container(a[0], command, stop, a[3], a[1], a[2])]))
+
+    def _service(self, name: str, desired_count: int, network: Any) -> aws.ecs.Service:
+        return aws.ecs.Service(
             f"{name}-service",
             cluster=self.cluster_arn,
             task_definition=self.task_definition.arn,
@@ -875,14 +916,73 @@ class HazeContainerWorker(pulumi.ComponentResource):
             launch_type="FARGATE",
             deployment_minimum_healthy_percent=100,
             deployment_maximum_percent=200,
-            network_configuration={
-                "subnets": list(subnet_ids),
-                "security_groups": list(security_group_ids),
-                "assign_public_ip": assign_public_ip,
-            },
+            network_configuration=network,
             opts=_child(self),
         )
-        self.register_outputs({"service": self.service.name, "cluster_arn": self.cluster_arn})
+
+
+def _stop_timeout(name: str, job_timeout: float | None, stop_timeout: int | None) -> int:
+    """The container's stop timeout: the longest job + 5 s (at most Fargate's), or the
+    one given, which may not cut a job off that Fargate could have waited for."""
+    need = container_stop_timeout(job_timeout)
+    stop = min(need, FARGATE_MAX_STOP_TIMEOUT) if stop_timeout is None else stop_timeout
+    _check(
+        2 <= stop <= FARGATE_MAX_STOP_TIMEOUT,
+        f"stop timeout {stop}s is outside Fargate's 2-{FARGATE_MAX_STOP_TIMEOUT}s",
+        f"{name}.stop_timeout",
+    )
+    if stop < need:
+        if stop_timeout is not None and need <= FARGATE_MAX_STOP_TIMEOUT:
+            _check(
+                False,
+                f"stop timeout {stop}s is shorter than the longest job "
+                f"({job_timeout}s) + 5 s: a deploy would cut running jobs off",
+                f"{name}.stop_timeout",
+            )
+        pulumi.log.warn(
+            f"haze: {name}: jobs of up to {job_timeout}s outlive Fargate's "
+            f"{FARGATE_MAX_STOP_TIMEOUT}s stop timeout; a deploy cuts them "
+            "off and they run again after the connection's retry_after"
+        )
+    return stop
+
+
+def _worker_command(
+    connection: str, queues: Sequence[str] | None, concurrency: int | None
+) -> list[str]:
+    command = ["haze", "queue:work", "--connection", connection]
+    if queues:
+        command += ["--queue", ",".join(queues)]
+    if concurrency:
+        command += ["--concurrency", str(concurrency)]
+    return command
+
+
+def _container(
+    image: str,
+    command: list[str],
+    stop: int,
+    environment: Mapping[str, Any],
+    log_group: str,
+    region: str,
+) -> dict[str, Any]:
+    """One container definition: ``queue:work``, stopped after ``stop`` seconds."""
+    return {
+        "name": "worker",
+        "image": image,
+        "essential": True,
+        "command": command,
+        "stopTimeout": stop,
+        "environment": [{"name": k, "value": str(v)} for k, v in sorted(environment.items())],
+        "logConfiguration": {
+            "logDriver": "awslogs",
+            "options": {
+                "awslogs-group": log_group,
+                "awslogs-region": region,
+                "awslogs-stream-prefix": "haze",
+            },
+        },
+    }
 
 
 # --------------------------------------------------------------------------- the app
@@ -957,62 +1057,30 @@ class HazeAwsApp(pulumi.ComponentResource):
         super().__init__("haze:aws:HazeAwsApp", name, None, opts)
         self.queues, self.consumers, self.drains, self.workers = {}, {}, {}, {}
         self._queue_url_env: dict[str, Any] = {}
-        prefix = name_prefix or name
-        selected = (
-            [stack.connection(c) for c in connections]
-            if connections is not None
-            else [
-                c
-                for c in stack.connections.values()
-                if c.driver == "sqs"
-                or (c.driver in ("database", "redis") and (drain_schedule or container))
-            ]
+        selected = _selected(stack, connections, drain_schedule, container)
+        code: list[pulumi.Archive] = []
+
+        def bundle() -> pulumi.Archive:  # found once, and only when a function needs it
+            if not code:
+                code.append(lambda_archive(archive, dist_dir, stack.app_root))
+            return code[0]
+
+        shared = _Shared(
+            name, name_prefix or name, runtime, memory_size, environment, vpc_config, container
         )
-        if not selected and not stack.schedules:
-            raise InfraConfigError(
-                "nothing to deploy on AWS: config/queue.py has no sqs connection (and no "
-                "database/redis connection with drain_schedule= or container=)",
-                source=stack.source,
-                key="connections",
-            )
-        code: pulumi.Archive | None = None
-
-        def bundle() -> pulumi.Archive:
-            nonlocal code
-            if code is None:
-                code = lambda_archive(archive, dist_dir, stack.app_root)
-            return code
-
         for plan in selected:
             if plan.driver == "sqs":
-                self._sqs(
-                    plan,
-                    prefix,
-                    name,
-                    bundle(),
-                    runtime,
-                    memory_size,
-                    environment,
-                    (function_timeout or {}).get(plan.name),
-                    (batch_size or {}).get(plan.name),
-                    (batching_window or {}).get(plan.name),
-                    (visibility_timeout or {}).get(plan.name),
-                    (max_concurrency or {}).get(plan.name),
-                    vpc_config,
-                    container,
+                overrides = (
+                    function_timeout,
+                    batch_size,
+                    batching_window,
+                    visibility_timeout,
+                    max_concurrency,
                 )
+                tuning = _Tuning(*((m or {}).get(plan.name) for m in overrides))
+                self._sqs(plan, shared, bundle(), tuning)
             elif plan.driver in ("database", "redis"):
-                self._worker(
-                    plan,
-                    name,
-                    bundle if drain_schedule else None,
-                    drain_schedule,
-                    runtime,
-                    memory_size,
-                    environment,
-                    vpc_config,
-                    container,
-                )
+                self._worker(plan, shared, bundle if drain_schedule else None, drain_schedule)
             else:
                 raise InfraConfigError(
                     f"connection {plan.name!r} uses the {plan.driver} driver, which has "
@@ -1020,118 +1088,55 @@ class HazeAwsApp(pulumi.ComponentResource):
                     source=stack.source,
                     key="connections",
                 )
-        self.schedules: HazeScheduleRules | None = None
-        if stack.schedules:
-            # The dispatcher sends to every queue the stack made and sees the variables
-            # the consumers read their queue URLs from.
-            self.schedules = HazeScheduleRules(
-                f"{name}-schedules",
-                rules=stack.schedules,
-                archive=bundle(),
-                send_queue_arns=[q.arn for qs in self.queues.values() for q in qs.values()],
-                runtime=runtime,
-                memory_size=memory_size,
-                environment={**self._queue_url_env, **dict(environment or {})},
-                vpc_config=vpc_config,
-                opts=_child(self),
-            )
-        self.register_outputs(
-            {
-                "queue_urls": {
-                    c: {q: v.url for q, v in qs.items()} for c, qs in self.queues.items()
-                },
-                "functions": {c: v.function.arn for c, v in self.consumers.items()},
-            }
+        self.schedules = self._schedules(stack, shared, bundle) if stack.schedules else None
+        queue_urls = {c: {q: v.url for q, v in qs.items()} for c, qs in self.queues.items()}
+        functions = {c: v.function.arn for c, v in self.consumers.items()}
+        self.register_outputs({"queue_urls": queue_urls, "functions": functions})
+
+    def _schedules(
+        self, stack: StackConfig, shared: _Shared, bundle: Callable[[], pulumi.Archive]
+    ) -> HazeScheduleRules:
+        # The dispatcher sends to every queue the stack made and sees the variables the
+        # consumers read their queue URLs from.
+        return HazeScheduleRules(
+            f"{shared.name}-schedules",
+            rules=stack.schedules,
+            archive=bundle(),
+            send_queue_arns=[q.arn for qs in self.queues.values() for q in qs.values()],
+            runtime=shared.runtime,
+            memory_size=shared.memory_size,
+            environment={**self._queue_url_env, **dict(shared.environment or {})},
+            vpc_config=shared.vpc_config,
+            opts=_child(self),
         )
 
     def _sqs(
-        self,
-        plan: ConnectionPlan,
-        prefix: str,
-        name: str,
-        code: pulumi.Archive,
-        runtime: str,
-        memory_size: int,
-        environment: Mapping[str, Any] | None,
-        timeout: int | None,
-        batch: int | None,
-        window: int | None,
-        visibility: int | None,
-        max_concurrency: int | None,
-        vpc_config: Mapping[str, Any] | None,
-        container: ContainerSettings | None,
+        self, plan: ConnectionPlan, shared: _Shared, code: pulumi.Archive, tuning: _Tuning
     ) -> None:
         sqs = plan.aws
         assert sqs is not None
-        batch = sqs.batch_size if batch is None else batch
-        window = sqs.batching_window if window is None else window
+        batch = sqs.batch_size if tuning.batch is None else tuning.batch
+        window = sqs.batching_window if tuning.window is None else tuning.window
+        timeout = tuning.timeout
         if timeout is None:
             timeout = lambda_timeout(plan.max_job_timeout, batch, sqs.concurrency)
         # Jobs longer than Lambda allows go to a container worker, whose receives ask for
         # retry_after and whose heartbeat extends it: the queue default only has to match.
-        use_container = timeout > LAMBDA_MAX_TIMEOUT and container is not None
+        use_container = timeout > LAMBDA_MAX_TIMEOUT and shared.container is not None
+        visibility = tuning.visibility
         if visibility is None:
             visibility = (
                 math.ceil(sqs.retry_after)
                 if use_container
                 else min_visibility_timeout(timeout, window)
             )
-        suffix = ".fifo" if sqs.fifo else ""
-        chosen = f"{prefix}-{plan.name}"
-        queues: dict[str, HazeSqsQueue] = {}
-        for q, sqs_name in sqs.queue_names.items():
-            queue_name = sqs_name or f"{chosen}-{q.removesuffix('.fifo')}{suffix}"
-            queues[q] = HazeSqsQueue(
-                f"{name}-{plan.name}-{q.replace('.', '-')}",
-                queue_name=queue_name,
-                fifo=sqs.fifo,
-                max_tries=plan.max_tries,
-                visibility_timeout_seconds=visibility,
-                opts=_child(self),
-            )
-        self.queues[plan.name] = queues
-        default = queues["default"]
-        if sqs.queue_url is None:
-            template: str | None = f"{chosen}-{{queue}}{suffix}"
-        elif "{queue}" in sqs.queue_url:
-            template = sqs.queue_url.rstrip("/").rsplit("/", 1)[-1]
-        else:
-            template = None
-        if sqs.queue_url_env:
-            self._queue_url_env[sqs.queue_url_env] = _sqs_url_value(default, template)
+        queues = self._sqs_queues(plan, shared, visibility)
+        url_env = self._queue_url(plan, shared, queues["default"])
         if use_container:
-            assert container is not None
-            pulumi.log.warn(
-                f"haze: connection {plan.name}: jobs outlive Lambda; consumed by a "
-                "container worker instead"
-            )
-            self.workers[plan.name] = HazeContainerWorker(
-                f"{name}-{plan.name}-worker",
-                connection=plan.name,
-                image=container.image,
-                subnet_ids=container.subnet_ids,
-                security_group_ids=container.security_group_ids,
-                assign_public_ip=container.assign_public_ip,
-                queues=plan.queues,
-                job_timeout=plan.max_job_timeout,
-                cluster_arn=container.cluster_arn,
-                cpu=container.cpu,
-                memory=container.memory,
-                desired_count=container.desired_count,
-                environment={
-                    **container.environment,
-                    **(
-                        {sqs.queue_url_env: _sqs_url_value(default, template)}
-                        if sqs.queue_url_env
-                        else {}
-                    ),
-                },
-                sqs_queue_arns=[v.arn for v in queues.values()],
-                opts=_child(self),
-            )
+            self._sqs_container(plan, shared, queues, url_env)
             return
         self.consumers[plan.name] = HazeLambdaConsumer(
-            f"{name}-{plan.name}-consumer",
+            f"{shared.name}-{plan.name}-consumer",
             queues=list(queues.values()),
             connection=plan.name,
             archive=code,
@@ -1141,32 +1146,121 @@ class HazeAwsApp(pulumi.ComponentResource):
             concurrency=sqs.concurrency,
             batch_size=batch,
             maximum_batching_window_in_seconds=window,
-            max_concurrency=max_concurrency,
-            runtime=runtime,
-            memory_size=memory_size,
-            environment=environment,
+            max_concurrency=tuning.max_concurrency,
+            runtime=shared.runtime,
+            memory_size=shared.memory_size,
+            environment=shared.environment,
             queue_url_env=sqs.queue_url_env,
-            queue_url_value=_sqs_url_value(default, template) if sqs.queue_url_env else None,
-            vpc_config=vpc_config,
+            queue_url_value=url_env.get(sqs.queue_url_env or ""),
+            vpc_config=shared.vpc_config,
+            opts=_child(self),
+        )
+
+    def _sqs_queues(
+        self, plan: ConnectionPlan, shared: _Shared, visibility: int
+    ) -> dict[str, HazeSqsQueue]:
+        """A queue per haze queue: the name ``queue_url`` gives, else
+        ``<prefix>-<connection>-<queue>``."""
+        sqs = plan.aws
+        assert sqs is not None
+        suffix = ".fifo" if sqs.fifo else ""
+        queues: dict[str, HazeSqsQueue] = {}
+        for q, sqs_name in sqs.queue_names.items():
+            queue_name = (
+                sqs_name or f"{shared.prefix}-{plan.name}-{q.removesuffix('.fifo')}{suffix}"
+            )
+            queues[q] = HazeSqsQueue(
+                f"{shared.name}-{plan.name}-{q.replace('.', '-')}",
+                queue_name=queue_name,
+                fifo=sqs.fifo,
+                max_tries=plan.max_tries,
+                visibility_timeout_seconds=visibility,
+                opts=_child(self),
+            )
+        self.queues[plan.name] = queues
+        return queues
+
+    def _queue_url(
+        self, plan: ConnectionPlan, shared: _Shared, default: HazeSqsQueue
+    ) -> dict[str, pulumi.Output[str]]:
+        """``{variable: queue_url}`` for the variable the app reads its ``queue_url`` from
+        (empty when it names none); the schedules' function sees it too."""
+        sqs = plan.aws
+        assert sqs is not None
+        if not sqs.queue_url_env:
+            return {}
+        if sqs.queue_url is None:
+            suffix = ".fifo" if sqs.fifo else ""
+            template: str | None = f"{shared.prefix}-{plan.name}-{{queue}}{suffix}"
+        elif "{queue}" in sqs.queue_url:
+            template = sqs.queue_url.rstrip("/").rsplit("/", 1)[-1]
+        else:
+            template = None
+        value = _sqs_url_value(default, template)
+        self._queue_url_env[sqs.queue_url_env] = value
+        return {sqs.queue_url_env: value}
+
+    def _sqs_container(
+        self,
+        plan: ConnectionPlan,
+        shared: _Shared,
+        queues: dict[str, HazeSqsQueue],
+        url_env: dict[str, pulumi.Output[str]],
+    ) -> None:
+        container = shared.container
+        assert container is not None
+        pulumi.log.warn(
+            f"haze: connection {plan.name}: jobs outlive Lambda; consumed by a "
+            "container worker instead"
+        )
+        self.workers[plan.name] = self._container(
+            plan,
+            shared.name,
+            container,
+            queues=plan.queues,
+            environment={**container.environment, **url_env},
+            sqs_queue_arns=[v.arn for v in queues.values()],
+        )
+
+    def _container(
+        self,
+        plan: ConnectionPlan,
+        name: str,
+        container: ContainerSettings,
+        *,
+        queues: Sequence[str],
+        environment: Mapping[str, pulumi.Input[str]],
+        sqs_queue_arns: Sequence[pulumi.Input[str]] = (),
+    ) -> HazeContainerWorker:
+        return HazeContainerWorker(
+            f"{name}-{plan.name}-worker",
+            connection=plan.name,
+            image=container.image,
+            subnet_ids=container.subnet_ids,
+            security_group_ids=container.security_group_ids,
+            assign_public_ip=container.assign_public_ip,
+            queues=queues,
+            job_timeout=plan.max_job_timeout,
+            cluster_arn=container.cluster_arn,
+            cpu=container.cpu,
+            memory=container.memory,
+            desired_count=container.desired_count,
+            environment=environment,
+            sqs_queue_arns=sqs_queue_arns,
             opts=_child(self),
         )
 
     def _worker(
         self,
         plan: ConnectionPlan,
-        name: str,
-        bundle: Any,
+        shared: _Shared,
+        bundle: Callable[[], pulumi.Archive] | None,
         schedule: str | None,
-        runtime: str,
-        memory_size: int,
-        environment: Mapping[str, Any] | None,
-        vpc_config: Mapping[str, Any] | None,
-        container: ContainerSettings | None,
     ) -> None:
-        worker = plan.worker
+        worker, name = plan.worker, shared.name
         assert worker is not None
         _check(
-            bool(schedule) or container is not None,
+            bool(schedule) or shared.container is not None,
             f"connection {plan.name!r} ({plan.driver}) has no trigger on AWS: pass "
             "drain_schedule= (a scheduled Lambda drain) or container= (an ECS worker)",
             f"{name}.connections",
@@ -1186,26 +1280,66 @@ class HazeAwsApp(pulumi.ComponentResource):
                 archive=bundle(),
                 schedule_expression=schedule,
                 job_timeout=plan.max_job_timeout,
-                runtime=runtime,
-                memory_size=memory_size,
-                environment=environment,
-                vpc_config=vpc_config,
+                runtime=shared.runtime,
+                memory_size=shared.memory_size,
+                environment=shared.environment,
+                vpc_config=shared.vpc_config,
                 opts=_child(self),
             )
-        if container is not None:
-            self.workers[plan.name] = HazeContainerWorker(
-                f"{name}-{plan.name}-worker",
-                connection=plan.name,
-                image=container.image,
-                subnet_ids=container.subnet_ids,
-                security_group_ids=container.security_group_ids,
-                assign_public_ip=container.assign_public_ip,
-                queues=list(worker.queues),
-                job_timeout=plan.max_job_timeout,
-                cluster_arn=container.cluster_arn,
-                cpu=container.cpu,
-                memory=container.memory,
-                desired_count=container.desired_count,
-                environment={**dict(environment or {}), **container.environment},
-                opts=_child(self),
+        if shared.container is not None:
+            environment = {**dict(shared.environment or {}), **shared.container.environment}
+            self.workers[plan.name] = self._container(
+                plan, name, shared.container, queues=list(worker.queues), environment=environment
             )
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """What every function and worker of one :class:`HazeAwsApp` is given."""
+
+    name: str
+    prefix: str
+    runtime: str
+    memory_size: int
+    environment: Mapping[str, Any] | None
+    vpc_config: Mapping[str, Any] | None
+    container: ContainerSettings | None
+
+
+@dataclass(frozen=True)
+class _Tuning:
+    """One ``sqs`` connection's overrides of the derived values (None: derive)."""
+
+    timeout: int | None
+    batch: int | None
+    window: int | None
+    visibility: int | None
+    max_concurrency: int | None
+
+
+def _selected(
+    stack: StackConfig,
+    connections: Sequence[str] | None,
+    drain_schedule: str | None,
+    container: ContainerSettings | None,
+) -> list[ConnectionPlan]:
+    """The connections to deploy: those named, else every ``sqs`` one (and the
+    ``database``/``redis`` ones when they get a drain or a container)."""
+    selected = (
+        [stack.connection(c) for c in connections]
+        if connections is not None
+        else [
+            c
+            for c in stack.connections.values()
+            if c.driver == "sqs"
+            or (c.driver in ("database", "redis") and (drain_schedule or container))
+        ]
+    )
+    if not selected and not stack.schedules:
+        raise InfraConfigError(
+            "nothing to deploy on AWS: config/queue.py has no sqs connection (and no "
+            "database/redis connection with drain_schedule= or container=)",
+            source=stack.source,
+            key="connections",
+        )
+    return selected
