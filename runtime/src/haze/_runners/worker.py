@@ -222,11 +222,10 @@ class Worker:
 
     def _stop_heartbeat(self) -> None:
         self._beating = False
-        for attr in ("_heartbeat_task", "_control_task"):
-            task = getattr(self, attr)
+        for task in (self._heartbeat_task, self._control_task):
             if task is not None:
                 task.cancel()
-                setattr(self, attr, None)
+        self._heartbeat_task = self._control_task = None
 
     async def _control(self, interval: float = 1.0) -> None:
         """Follow ``queue:restart`` and ``queue:pause``/``continue`` through the queue store."""
@@ -605,7 +604,7 @@ class Worker:
         manager = self.app.manager
         for job, ok in zip(jobs, owned, strict=True):
             if not ok:
-                manager._owned(False, job, "completion")
+                manager.owned(False, job, "completion")
                 self.leases_lost += 1
 
     async def _final_flush(self) -> None:
