@@ -4,8 +4,9 @@ KV is eventually consistent and has no compare-and-set: ``add``, ``increment``, 
 owner check of ``delete`` and ``touch`` (a lease renewal) are read-then-write here, so
 two isolates can both take a "unique" lock or lose an increment. The store says so with
 ``atomic = False``, and logs a warning the first time it is used for locks or counters
-(unique jobs, middleware, batches). Use ``redis`` or the ``database`` store (D1 through
-the binding) for those; KV is fine for state that tolerates races.
+(unique jobs, middleware, batches, a ``failed_store``'s index). Use ``redis`` or the
+``database`` store (D1 through the binding) for those; KV is fine for state that
+tolerates races.
 
 Values are stored as JSON ``{"v": value, "e": expires_at}``. KV's own expiry
 (``expirationTtl``) has a 60-second minimum, so it is set to at least 60 s and the exact
@@ -73,8 +74,9 @@ class KVStore:
         log.warning(
             'The "%s" store is Cloudflare KV, which is not atomic (eventually consistent, no '
             "compare-and-set): %s on it may race between isolates, so unique locks can be "
-            "taken twice and batch or rate-limit counters can lose updates. Use redis, or the "
-            "database store on D1, for locks and batches.",
+            "taken twice, batch or rate-limit counters can lose updates, and a failed_store "
+            "index can miss a failure recorded at the same instant (still found by its id). "
+            "Use redis, or the database store on D1, for locks, batches and failed jobs.",
             self.name,
             what,
         )
