@@ -34,6 +34,7 @@ from haze_infra.config import (
     CF_MAX_BATCH_SIZE,
     CF_MAX_BATCH_TIMEOUT,
     CF_MAX_RETRIES,
+    ConnectionPlan,
     InfraConfigError,
     StackConfig,
     cloudflare_max_retries,
@@ -238,18 +239,7 @@ class HazeCloudflareWorker(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("haze:cloudflare:HazeCloudflareWorker", name, None, opts)
-        names = (
-            [q.binding for q in queues]
-            + list(d1_databases or {})
-            + list(kv_namespaces or {})
-            + list(vars or {})
-            + list(secrets or {})
-        )
-        dup = sorted({b for b in names if names.count(b) > 1})
-        _check(not dup, f"binding names used twice: {', '.join(dup)}", f"{name}.bindings")
-        for q in queues:
-            if q.consumer is not None:
-                _check_consumer(name, q)
+        _check_bindings(name, queues, d1_databases, kv_namespaces, vars, secrets)
         base = (
             Path(dist_dir)
             if dist_dir is not None
@@ -257,48 +247,9 @@ class HazeCloudflareWorker(pulumi.ComponentResource):
         )
         main, modules = worker_modules(base)
         wrangler = _wrangler_settings(base)
-        date = (
-            compatibility_date or wrangler.get("compatibility_date") or (DEFAULT_COMPATIBILITY_DATE)
-        )
-        flags = list(
-            compatibility_flags
-            if compatibility_flags is not None
-            else (wrangler.get("compatibility_flags") or [])
-        )
-        if "python_workers" not in flags:
-            flags.append("python_workers")
+        date, flags = _compatibility(wrangler, compatibility_date, compatibility_flags)
         self.script_name = script_name
-        self.d1 = {
-            b: cloudflare.D1Database(
-                f"{name}-d1-{b.lower()}",
-                account_id=account_id,
-                name=db or f"{script_name}-{b.lower()}",
-                opts=_child(self),
-            )
-            for b, db in (d1_databases or {}).items()
-        }
-        self.kv = {
-            b: cloudflare.WorkersKvNamespace(
-                f"{name}-kv-{b.lower()}",
-                account_id=account_id,
-                title=title or f"{script_name}-{b.lower()}",
-                opts=_child(self),
-            )
-            for b, title in (kv_namespaces or {}).items()
-        }
-        bindings: list[Any] = []
-        for q in queues:
-            bindings.append(
-                {"name": q.binding, "type": "queue", "queue_name": q.queue.queue.queue_name}
-            )
-        for b, db in self.d1.items():
-            bindings.append({"name": b, "type": "d1", "id": db.uuid})
-        for b, ns in self.kv.items():
-            bindings.append({"name": b, "type": "kv_namespace", "namespace_id": ns.id})
-        for k, v in (vars or {}).items():
-            bindings.append({"name": k, "type": "plain_text", "text": v})
-        for k, v in (secrets or {}).items():
-            bindings.append({"name": k, "type": "secret_text", "text": v})
+        self._storage(name, account_id, d1_databases, kv_namespaces)
         self.script = cloudflare.WorkersScript(
             name,
             account_id=account_id,
@@ -307,58 +258,16 @@ class HazeCloudflareWorker(pulumi.ComponentResource):
             content_file=str(main),
             content_sha256=_sha256(main),
             content_type="text/x-python",
-            files={
-                part: {
-                    "content_type": _content_type(p),
-                    "content_file": str(p),
-                    "content_sha256": _sha256(p),
-                }
-                for part, p in modules.items()
-            }
-            or None,
+            files=_module_files(modules),
             compatibility_date=date,
             compatibility_flags=flags,
-            bindings=bindings,
+            bindings=_bindings(queues, self.d1, self.kv, vars, secrets),
             opts=_child(self, [q.queue for q in queues]),
         )
-        # The Cron Triggers of config/schedule.py: triggers.crons of the build's
-        # wrangler.json unless given; scheduled() dispatches the schedules of each.
-        if crons is None:
-            triggers = wrangler.get("triggers")
-            crons = list((triggers or {}).get("crons") or []) if isinstance(triggers, dict) else []
-        self.cron_trigger: cloudflare.WorkersCronTrigger | None = None
-        if crons:
-            self.cron_trigger = cloudflare.WorkersCronTrigger(
-                f"{name}-crons",
-                account_id=account_id,
-                script_name=self.script.script_name,
-                schedules=[{"cron": str(c)} for c in crons],
-                opts=_child(self, [self.script]),
-            )
-        self.consumers = {}
-        for q in queues:
-            c = q.consumer
-            if c is None:
-                continue
-            settings: Any = {
-                "batch_size": c.max_batch_size,
-                "max_retries": c.retries(),
-                "max_wait_time_ms": int(c.max_batch_timeout * 1000),
-            }
-            if c.max_concurrency is not None:
-                settings["max_concurrency"] = c.max_concurrency
-            if c.retry_delay is not None:
-                settings["retry_delay"] = c.retry_delay
-            self.consumers[q.binding] = cloudflare.QueueConsumer(
-                f"{name}-consumer-{q.binding.lower()}",
-                account_id=account_id,
-                queue_id=q.queue.queue.queue_id,
-                type="worker",
-                script_name=self.script.script_name,
-                dead_letter_queue=q.queue.dlq_name,
-                settings=settings,
-                opts=_child(self, [self.script]),
-            )
+        self.cron_trigger = self._cron_trigger(name, account_id, wrangler, crons)
+        self.consumers = {
+            q.binding: self._consumer(name, account_id, q) for q in queues if q.consumer is not None
+        }
         self.register_outputs(
             {
                 "script_name": script_name,
@@ -366,6 +275,153 @@ class HazeCloudflareWorker(pulumi.ComponentResource):
                 "kv": {b: ns.id for b, ns in self.kv.items()},
             }
         )
+
+    def _cron_trigger(
+        self,
+        name: str,
+        account_id: pulumi.Input[str],
+        wrangler: Mapping[str, Any],
+        crons: Sequence[str] | None,
+    ) -> cloudflare.WorkersCronTrigger | None:
+        """The Cron Triggers of config/schedule.py: ``triggers.crons`` of the build's
+        wrangler.json unless given; ``scheduled()`` dispatches the schedules of each."""
+        if crons is None:
+            triggers = wrangler.get("triggers")
+            crons = list((triggers or {}).get("crons") or []) if isinstance(triggers, dict) else []
+        if not crons:
+            return None
+        return cloudflare.WorkersCronTrigger(
+            f"{name}-crons",
+            account_id=account_id,
+            script_name=self.script.script_name,
+            schedules=[{"cron": str(c)} for c in crons],
+            opts=_child(self, [self.script]),
+        )
+
+    def _storage(
+        self,
+        name: str,
+        account_id: pulumi.Input[str],
+        d1_databases: Mapping[str, str | None] | None,
+        kv_namespaces: Mapping[str, str | None] | None,
+    ) -> None:
+        """The D1 databases and KV namespaces (named after the Worker unless given)."""
+        self.d1 = {
+            b: cloudflare.D1Database(
+                f"{name}-d1-{b.lower()}",
+                account_id=account_id,
+                name=db or f"{self.script_name}-{b.lower()}",
+                opts=_child(self),
+            )
+            for b, db in (d1_databases or {}).items()
+        }
+        self.kv = {
+            b: cloudflare.WorkersKvNamespace(
+                f"{name}-kv-{b.lower()}",
+                account_id=account_id,
+                title=title or f"{self.script_name}-{b.lower()}",
+                opts=_child(self),
+            )
+            for b, title in (kv_namespaces or {}).items()
+        }
+
+    def _consumer(
+        self, name: str, account_id: pulumi.Input[str], q: QueueBinding
+    ) -> cloudflare.QueueConsumer:
+        """The Worker consuming ``q`` with its (checked) consumer settings."""
+        c = q.consumer
+        assert c is not None
+        settings: Any = {
+            "batch_size": c.max_batch_size,
+            "max_retries": c.retries(),
+            "max_wait_time_ms": int(c.max_batch_timeout * 1000),
+        }
+        if c.max_concurrency is not None:
+            settings["max_concurrency"] = c.max_concurrency
+        if c.retry_delay is not None:
+            settings["retry_delay"] = c.retry_delay
+        return cloudflare.QueueConsumer(
+            f"{name}-consumer-{q.binding.lower()}",
+            account_id=account_id,
+            queue_id=q.queue.queue.queue_id,
+            type="worker",
+            script_name=self.script.script_name,
+            dead_letter_queue=q.queue.dlq_name,
+            settings=settings,
+            opts=_child(self, [self.script]),
+        )
+
+
+def _check_bindings(
+    name: str,
+    queues: Sequence[QueueBinding],
+    d1_databases: Mapping[str, str | None] | None,
+    kv_namespaces: Mapping[str, str | None] | None,
+    vars: Mapping[str, pulumi.Input[str]] | None,
+    secrets: Mapping[str, pulumi.Input[str]] | None,
+) -> None:
+    """Each binding name once; each consumer within Cloudflare's and the jobs' limits."""
+    names = (
+        [q.binding for q in queues]
+        + list(d1_databases or {})
+        + list(kv_namespaces or {})
+        + list(vars or {})
+        + list(secrets or {})
+    )
+    dup = sorted({b for b in names if names.count(b) > 1})
+    _check(not dup, f"binding names used twice: {', '.join(dup)}", f"{name}.bindings")
+    for q in queues:
+        if q.consumer is not None:
+            _check_consumer(name, q)
+
+
+def _compatibility(
+    wrangler: Mapping[str, Any], date: str | None, flags: Sequence[str] | None
+) -> tuple[str, list[str]]:
+    """The compatibility date and flags: given, else the build's wrangler.json's (with
+    ``python_workers`` always on)."""
+    chosen = date or wrangler.get("compatibility_date") or (DEFAULT_COMPATIBILITY_DATE)
+    all_flags = list(flags if flags is not None else (wrangler.get("compatibility_flags") or []))
+    if "python_workers" not in all_flags:
+        all_flags.append("python_workers")
+    return str(chosen), all_flags
+
+
+def _module_files(modules: Mapping[str, Path]) -> Any:
+    """The Worker's other modules (the vendored runtime, the app), or None."""
+    files = {
+        part: {
+            "content_type": _content_type(p),
+            "content_file": str(p),
+            "content_sha256": _sha256(p),
+        }
+        for part, p in modules.items()
+    }
+    return files or None
+
+
+def _bindings(
+    queues: Sequence[QueueBinding],
+    d1: Mapping[str, cloudflare.D1Database],
+    kv: Mapping[str, cloudflare.WorkersKvNamespace],
+    vars: Mapping[str, pulumi.Input[str]] | None,
+    secrets: Mapping[str, pulumi.Input[str]] | None,
+) -> list[Any]:
+    """The script's bindings: queues, D1, KV, plain-text vars and secrets."""
+    bindings: list[Any] = []
+    for q in queues:
+        bindings.append(
+            {"name": q.binding, "type": "queue", "queue_name": q.queue.queue.queue_name}
+        )
+    for b, db in d1.items():
+        bindings.append({"name": b, "type": "d1", "id": db.uuid})
+    for b, ns in kv.items():
+        bindings.append({"name": b, "type": "kv_namespace", "namespace_id": ns.id})
+    for k, v in (vars or {}).items():
+        bindings.append({"name": k, "type": "plain_text", "text": v})
+    for k, v in (secrets or {}).items():
+        bindings.append({"name": k, "type": "secret_text", "text": v})
+    return bindings
 
 
 def _check_consumer(worker: str, q: QueueBinding) -> None:
@@ -439,50 +495,11 @@ class HazeCloudflareApp(pulumi.ComponentResource):
     ) -> None:
         super().__init__("haze:cloudflare:HazeCloudflareApp", name, None, opts)
         prefix = name_prefix or name
-        plans = (
-            [stack.connection(c) for c in connections]
-            if connections is not None
-            else (stack.by_driver("cloudflare"))
-        )
-        if not plans:
-            raise InfraConfigError(
-                "nothing to deploy on Cloudflare: config/queue.py has no cloudflare connection",
-                source=stack.source,
-                key="connections",
-            )
         self.queues = {}
-        bindings: list[QueueBinding] = []
-        for plan in plans:
-            cf = plan.cloudflare
-            if cf is None:
-                raise InfraConfigError(
-                    f"connection {plan.name!r} uses the {plan.driver} driver, not cloudflare",
-                    source=stack.source,
-                    key="connections",
-                )
-            queue_name = cf.queue_name or f"{prefix}-{plan.name}"
-            queue = HazeCloudflareQueue(
-                f"{name}-{plan.name}",
-                account_id=account_id,
-                queue_name=queue_name,
-                dead_letter_queue_name=cf.dead_letter_queue,
-                opts=_child(self),
-            )
-            self.queues[plan.name] = queue
-            bindings.append(
-                QueueBinding(
-                    cf.binding,
-                    queue,
-                    ConsumerSettings(
-                        max_tries=plan.max_tries,
-                        max_retries=cf.max_retries,
-                        max_batch_size=cf.max_batch_size,
-                        max_batch_timeout=cf.max_batch_timeout,
-                        max_concurrency=cf.max_concurrency,
-                        retry_delay=cf.retry_delay,
-                    ),
-                )
-            )
+        bindings = [
+            self._queue(name, prefix, account_id, plan, stack)
+            for plan in _plans(stack, connections)
+        ]
         d1: dict[str, str | None] = {d.binding: None for d in stack.d1}
         d1.update(d1_databases or {})
         kv: dict[str, str | None] = {k.binding: None for k in stack.kv}
@@ -512,3 +529,53 @@ class HazeCloudflareApp(pulumi.ComponentResource):
                 "queues": {c: q.queue_name for c, q in self.queues.items()},
             }
         )
+
+    def _queue(
+        self,
+        name: str,
+        prefix: str,
+        account_id: pulumi.Input[str],
+        plan: ConnectionPlan,
+        stack: StackConfig,
+    ) -> QueueBinding:
+        """The queue of one ``cloudflare`` connection, bound and consumed by the Worker."""
+        cf = plan.cloudflare
+        if cf is None:
+            raise InfraConfigError(
+                f"connection {plan.name!r} uses the {plan.driver} driver, not cloudflare",
+                source=stack.source,
+                key="connections",
+            )
+        queue = HazeCloudflareQueue(
+            f"{name}-{plan.name}",
+            account_id=account_id,
+            queue_name=cf.queue_name or f"{prefix}-{plan.name}",
+            dead_letter_queue_name=cf.dead_letter_queue,
+            opts=_child(self),
+        )
+        self.queues[plan.name] = queue
+        consumer = ConsumerSettings(
+            max_tries=plan.max_tries,
+            max_retries=cf.max_retries,
+            max_batch_size=cf.max_batch_size,
+            max_batch_timeout=cf.max_batch_timeout,
+            max_concurrency=cf.max_concurrency,
+            retry_delay=cf.retry_delay,
+        )
+        return QueueBinding(cf.binding, queue, consumer)
+
+
+def _plans(stack: StackConfig, connections: Sequence[str] | None) -> list[ConnectionPlan]:
+    """The connections to deploy: those named, else every ``cloudflare`` one."""
+    plans = (
+        [stack.connection(c) for c in connections]
+        if connections is not None
+        else (stack.by_driver("cloudflare"))
+    )
+    if not plans:
+        raise InfraConfigError(
+            "nothing to deploy on Cloudflare: config/queue.py has no cloudflare connection",
+            source=stack.source,
+            key="connections",
+        )
+    return list(plans)

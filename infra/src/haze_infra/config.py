@@ -449,31 +449,14 @@ def _plan_sqs(
     env: Sequence[EnvRead],
     warnings: list[str],
 ) -> SqsPlan:
-    url = options.get("queue_url")
-    url_env: str | None = None
-    if isinstance(url, _EnvPlaceholder):
-        url_env, url = url.env_name, None
-    else:
-        for read in env:  # the variable the configured value came from, if any
-            came_from = os.environ.get(read.name) if read.set else read.default
-            if url is not None and came_from == url:
-                url_env = read.name
+    url, url_env = _queue_url(options.get("queue_url"), env)
     fifo_opt = options.get("fifo")
     fifo = (
         bool(fifo_opt)
         if fifo_opt is not None
         else bool(url and _queue_name_of(url).endswith(".fifo"))
     )
-    names: dict[str, str | None] = {}
-    for q in plan.queues:
-        if url is None:
-            names[q] = None
-        elif "{queue}" in url:
-            names[q] = _queue_name_of(url).replace("{queue}", q)
-        elif q == "default":
-            names[q] = _queue_name_of(url)
-        else:
-            names[q] = q + ".fifo" if fifo and not q.endswith(".fifo") else q
+    names = _sqs_queue_names(url, plan.queues, fifo)
     concurrency = int(options.get("concurrency") or 1)
     batch = max(1, min(10, concurrency))
     window = 0
@@ -535,6 +518,83 @@ def _seconds(value: float | None) -> str:
     return "none" if value is None else f"{value:g}s"
 
 
+def _queue_url(url: Any, env: Sequence[EnvRead]) -> tuple[str | None, str | None]:
+    """(``queue_url`` as configured, the variable it came from): an unset variable's
+    placeholder is no URL, only a variable the stack has to set."""
+    if isinstance(url, _EnvPlaceholder):
+        return None, url.env_name
+    url_env: str | None = None
+    for read in env:  # the variable the configured value came from, if any
+        came_from = os.environ.get(read.name) if read.set else read.default
+        if url is not None and came_from == url:
+            url_env = read.name
+    return url, url_env
+
+
+def _sqs_queue_names(url: str | None, queues: Sequence[str], fifo: bool) -> dict[str, str | None]:
+    """Each haze queue's SQS queue name as ``queue_url`` gives it (None: the stack names it)."""
+    names: dict[str, str | None] = {}
+    for q in queues:
+        if url is None:
+            names[q] = None
+        elif "{queue}" in url:
+            names[q] = _queue_name_of(url).replace("{queue}", q)
+        elif q == "default":
+            names[q] = _queue_name_of(url)
+        else:
+            names[q] = q + ".fifo" if fifo and not q.endswith(".fifo") else q
+    return names
+
+
+def _connection_text(c: ConnectionPlan) -> list[str]:
+    lines: list[str] = []
+    lines.append(f"connection {c.name} ({c.driver}){' [default]' if c.default else ''}")
+    lines.append(f"  queues: {', '.join(c.queues)}")
+    lines.append(f"  jobs: {', '.join(c.jobs) or 'none'}")
+    tries = "unbounded (retry_until)" if c.max_tries is None else str(c.max_tries)
+    lines.append(f"  max tries: {tries}; longest job timeout: {_seconds(c.max_job_timeout)}")
+    if c.aws is not None:
+        a = c.aws
+        url = a.queue_url or "(set by the stack)"
+        lines.append(
+            f"  sqs: queue_url {url}" + (f" (env {a.queue_url_env})" if a.queue_url_env else "")
+        )
+        for q, n in a.queue_names.items():
+            lines.append(f"    queue {q}: {n or '(named by the stack)'}")
+        lines.append(
+            f"    redrive maxReceiveCount {a.max_receive_count}; visibility "
+            f"{a.visibility_timeout}s; fifo {'yes' if a.fifo else 'no'}"
+        )
+        lines.append(
+            f"    lambda timeout {a.function_timeout}s (>= {a.min_function_timeout}"
+            f"s); batch size {a.batch_size}; batching window {a.batching_window}s"
+        )
+    if c.cloudflare is not None:
+        f = c.cloudflare
+        lines.append(
+            f"  cloudflare: binding {f.binding}; queue "
+            f"{f.queue_name or '(named by the stack)'}; dead letter queue "
+            f"{f.dead_letter_queue or '(named by the stack)'}"
+        )
+        lines.append(
+            f"    max_retries {f.max_retries} (>= {f.min_max_retries}); "
+            f"max_batch_size {f.max_batch_size}; max_batch_timeout "
+            f"{f.max_batch_timeout:g}s"
+        )
+    if c.worker is not None and c.driver != "sqs":
+        w = c.worker
+        cap = (
+            f" (Fargate allows {FARGATE_MAX_STOP_TIMEOUT}s)"
+            if w.stop_timeout > FARGATE_MAX_STOP_TIMEOUT
+            else ""
+        )
+        lines.append(
+            f"  worker: stop timeout {w.stop_timeout}s{cap}; scheduled drain margin "
+            f"{w.drain_margin}s, function timeout {w.drain_function_timeout}s"
+        )
+    return lines
+
+
 def format_text(stack: StackConfig) -> str:
     """The human-readable form ``haze infra:config`` prints by default."""
     lines = [
@@ -544,50 +604,7 @@ def format_text(stack: StackConfig) -> str:
     ]
     for c in stack.connections.values():
         lines.append("")
-        lines.append(f"connection {c.name} ({c.driver}){' [default]' if c.default else ''}")
-        lines.append(f"  queues: {', '.join(c.queues)}")
-        lines.append(f"  jobs: {', '.join(c.jobs) or 'none'}")
-        tries = "unbounded (retry_until)" if c.max_tries is None else str(c.max_tries)
-        lines.append(f"  max tries: {tries}; longest job timeout: {_seconds(c.max_job_timeout)}")
-        if c.aws is not None:
-            a = c.aws
-            url = a.queue_url or "(set by the stack)"
-            lines.append(
-                f"  sqs: queue_url {url}" + (f" (env {a.queue_url_env})" if a.queue_url_env else "")
-            )
-            for q, n in a.queue_names.items():
-                lines.append(f"    queue {q}: {n or '(named by the stack)'}")
-            lines.append(
-                f"    redrive maxReceiveCount {a.max_receive_count}; visibility "
-                f"{a.visibility_timeout}s; fifo {'yes' if a.fifo else 'no'}"
-            )
-            lines.append(
-                f"    lambda timeout {a.function_timeout}s (>= {a.min_function_timeout}"
-                f"s); batch size {a.batch_size}; batching window {a.batching_window}s"
-            )
-        if c.cloudflare is not None:
-            f = c.cloudflare
-            lines.append(
-                f"  cloudflare: binding {f.binding}; queue "
-                f"{f.queue_name or '(named by the stack)'}; dead letter queue "
-                f"{f.dead_letter_queue or '(named by the stack)'}"
-            )
-            lines.append(
-                f"    max_retries {f.max_retries} (>= {f.min_max_retries}); "
-                f"max_batch_size {f.max_batch_size}; max_batch_timeout "
-                f"{f.max_batch_timeout:g}s"
-            )
-        if c.worker is not None and c.driver != "sqs":
-            w = c.worker
-            cap = (
-                f" (Fargate allows {FARGATE_MAX_STOP_TIMEOUT}s)"
-                if w.stop_timeout > FARGATE_MAX_STOP_TIMEOUT
-                else ""
-            )
-            lines.append(
-                f"  worker: stop timeout {w.stop_timeout}s{cap}; scheduled drain margin "
-                f"{w.drain_margin}s, function timeout {w.drain_function_timeout}s"
-            )
+        lines.extend(_connection_text(c))
     if stack.d1 or stack.kv:
         lines.append("")
         for d in stack.d1:
