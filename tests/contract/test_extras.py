@@ -111,10 +111,10 @@ async def ex_retry_until(payload: dict, job: JobContext) -> None:
 
 @pytest.mark.requires("retries")
 async def test_retry_until_retries_past_tries_until_the_deadline(app, done, monkeypatch):
-    import haze._engine.manager
+    import haze._engine.failures
 
     CLOCK[0] = time.time()
-    monkeypatch.setattr(haze.manager, "_time", lambda: CLOCK[0])
+    monkeypatch.setattr(haze._engine.failures, "_time", lambda: CLOCK[0])
     await ex_retry_until.dispatch({})
     await done()
     # failures at +0.1 and +0.2 are retried although tries=1; the one at +0.3 is final

@@ -72,13 +72,16 @@ class QueueManager:
         self.otel = TelemetrySlot(app)
         self.tracking = Tracking(app, self.stores, events, self.unavailable)
         self.failures = Failures(app, self.stores)
+        # Looked up on the manager at each call: a test may replace them on it.
+        run_inline = lambda *a: self.run_inline(*a)  # noqa: E731
+        ensure_local_worker = lambda c: self.ensure_local_worker(c)  # noqa: E731
         self.dispatcher = Dispatcher(
             app,
             self.locks,
             self.tracking,
             self.otel,
-            run_inline=self.run_inline,
-            ensure_local_worker=self.local.ensure,
+            run_inline=run_inline,
+            ensure_local_worker=ensure_local_worker,
             warn_implicit=warn_implicit,
         )
         self.callbacks = Callbacks(app, self.stores, self.dispatcher.dispatch)
@@ -93,7 +96,7 @@ class QueueManager:
             events,
             read_duration,
         )
-        self.admin = Admin(app, self.run_inline, self.local.ensure)
+        self.admin = Admin(app, run_inline, ensure_local_worker)
         self.hooks.add(StatusRecord(self.tracking), Stage.RECORD)
         self.hooks.add(UniqueRelease(self.locks), Stage.RELEASE)
         self.hooks.add(ExceptionCount(self.stores), Stage.RELEASE)
