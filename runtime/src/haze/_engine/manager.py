@@ -111,12 +111,12 @@ class QueueManager:
         return self.otel.get()
 
     @property
-    def _otel(self) -> Any:
+    def _otel(self) -> Telemetry | None:
         return self.otel.value
 
     @_otel.setter
     def _otel(self, value: Telemetry | None) -> None:
-        self.otel.value = value  # a recorder of one's own (tests)
+        self.otel.set(value)  # a recorder of one's own (tests)
 
     @property
     def _tracking(self) -> dict[JobDefinition[Any], dict[str, float] | None]:

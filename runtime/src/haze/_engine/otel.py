@@ -433,22 +433,22 @@ def _queue_lines(rows: list[Any], lines: list[str]) -> None:
         lines.append(f"{metric}{labels} {_number(round(waited, 3))}")
 
 
-_UNRESOLVED: Any = object()
-
-
 class TelemetrySlot:
     """An app's recorder, decided at first use (so an SDK set up after the app was
-    created still counts); ``value`` may be set to a recorder of one's own (tests)."""
+    created still counts); ``set`` puts a recorder of one's own (tests)."""
 
     def __init__(self, app: App) -> None:
         self.app = app
-        self.value: Any = _UNRESOLVED
+        self.value: Telemetry | None = None
+        self.resolved = False
 
     def get(self) -> Telemetry | None:
-        value = self.value
-        if value is _UNRESOLVED:
-            value = self.value = telemetry_for(self.app)
-        return value  # type: ignore[no-any-return]
+        if not self.resolved:
+            self.set(telemetry_for(self.app))
+        return self.value
+
+    def set(self, value: Telemetry | None) -> None:
+        self.value, self.resolved = value, True
 
 
 class TelemetryHook:

@@ -32,7 +32,6 @@ __all__ = ["StatusRecord", "Tracking"]
 
 log = logging.getLogger("haze")
 _time = time.time
-_UNRESOLVED: Any = object()
 
 
 class Tracking:
@@ -90,10 +89,10 @@ class Tracking:
 
     def meta_for(self, job: JobDefinition[Any]) -> dict[str, float] | None:
         """The ``meta`` fields that mark ``job``'s messages as tracked (None: untracked)."""
-        track = self.meta.get(job, _UNRESOLVED)
-        if track is _UNRESOLVED:
-            track = self.meta[job] = status.tracking(job.track, job.keep_result, self.app)
-        return track  # type: ignore[no-any-return]
+        if job in self.meta:
+            return self.meta[job]
+        track = self.meta[job] = status.tracking(job.track, job.keep_result, self.app)
+        return track
 
     async def queued(self, message: Message, delay: float) -> None:
         """A tracked message is about to be queued (before the enqueue: a worker's

@@ -377,15 +377,16 @@ def _check_max_exceptions(value: object, where: str) -> int | None:
     return value
 
 
-def _parse_dont_retry(value: object, where: str) -> tuple[type[BaseException], ...]:
-    if value is None:
-        value = ()
-    elif isinstance(value, type):
-        value = (value,)
-    for t in value:  # type: ignore[attr-defined]
+def _parse_dont_retry(
+    value: Sequence[type[BaseException]] | type[BaseException] | None, where: str
+) -> tuple[type[BaseException], ...]:
+    items: Sequence[object] = (
+        () if value is None else (value,) if isinstance(value, type) else value
+    )
+    for t in items:
         if not (isinstance(t, type) and issubclass(t, BaseException)):
             raise ValueError(f"{where}: dont_retry must list exception classes, got {t!r}")
-    return tuple(value)  # type: ignore[arg-type]
+    return tuple(t for t in items if isinstance(t, type) and issubclass(t, BaseException))
 
 
 def _parse_tracking(

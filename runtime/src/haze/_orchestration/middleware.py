@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from haze._kernel.durations import Duration, parse_duration
+from haze.contracts.store import Store
 
 if TYPE_CHECKING:
     from haze._jobs.context import JobContext
@@ -51,7 +52,7 @@ async def _maybe(value: Any) -> Any:
     return value
 
 
-def _store(job: JobContext) -> Any:
+def _store(job: JobContext) -> Store:
     return job.app.manager.state_store()
 
 
@@ -111,12 +112,12 @@ def _release_delay(release_after: Duration | bool, where: str) -> float | None:
 
 
 #: The stores already warned about (once per store, as for unique locks).
-_warned_local: weakref.WeakSet[Any] = weakref.WeakSet()
+_warned_local: weakref.WeakSet[Store] = weakref.WeakSet()
 
 
-def _warn_local_store(job: JobContext, store: Any) -> None:
+def _warn_local_store(job: JobContext, store: Store) -> None:
     """A store only this process sees cannot limit what other processes run."""
-    if getattr(store, "shared", True) or store in _warned_local:
+    if store.shared or store in _warned_local:
         return
     # The driver that delivered the job exists already; under Queue.fake() none may.
     driver = job.app._drivers.get(job.connection)
