@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from haze._app.env import env_duration
 from haze._engine.throughput import retention
 from haze._jobs.definition import registered_jobs
 from haze._kernel.errors import UnknownJobError
@@ -188,17 +189,18 @@ def queue_work(
     RETRY in 10s or FAILED with the exception (its traceback with -v)."""
     if quiet and as_json:
         raise click.UsageError("--quiet and --json exclude each other")
+    queues = _queue_list(queue)
     app = state.app()
     name = app.connection_name(connection)
     _refuse_unworkable(app, name, with_schedule)
     _ = app.queue_store  # no usable lock store is a start-up error, not a warning a second
-    retention()  # a bad HAZE_METRICS_RETENTION stops the worker here, in one line
+    retention(env_duration)  # a bad HAZE_METRICS_RETENTION stops the worker here, in one line
     output = WorkerOutput(
         mode="json" if as_json else "quiet" if quiet else "lines", verbose=verbose
     )
     plan = _WorkPlan(
         name=name,
-        queues=_queue_list(queue),
+        queues=queues,
         options=app.queue_config.connections[name],
         concurrency=concurrency,
         once=once,
