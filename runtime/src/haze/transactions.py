@@ -15,6 +15,8 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from haze._kernel.blocking import run_blocking
+
 __all__ = ["Transaction", "after_commit", "current_transaction", "fire", "register_provider"]
 
 log = logging.getLogger("haze")
@@ -90,8 +92,6 @@ def _schedule(awaitable: Any) -> None:
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        from haze._kernel.blocking import run_blocking
-
         run_blocking(run(), "after_commit")
         return
     task = loop.create_task(run())
