@@ -38,7 +38,6 @@ from haze._engine.tracking import StatusRecord, Tracking
 if TYPE_CHECKING:
     from haze._app.app import App
     from haze._engine.otel import Telemetry
-    from haze._engine.pipeline import Pipeline
     from haze._jobs.context import JobContext
     from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch
     from haze._kernel.message import Message
@@ -183,9 +182,6 @@ class QueueManager:
 
     # ------------------------------------------------------------ execution
 
-    def pipeline(self, job: JobDefinition[Any]) -> Pipeline:
-        return self.execution.pipeline(job)
-
     async def run_inline(self, message: Message, body: str, driver: Driver) -> None:
         """The ``sync`` driver: run now in the caller's context; raise a final failure."""
         await self.execution.run_inline(message, body, driver)
@@ -197,14 +193,6 @@ class QueueManager:
     def owned(self, owned: bool, reserved: Reserved, what: str) -> None:
         """Warn (and mark ``reserved``) when the driver said the job was no longer ours."""
         self.execution.owned(owned, reserved, what)
-
-    # The worker's old name for ``owned`` (haze._runners.worker: switch it, then drop this).
-    _owned = owned
-
-    def failed_record(
-        self, message: Message, connection: str, error: BaseException, attempt: int | None = None
-    ) -> FailedJob:
-        return self.failures.record(message, connection, error, attempt)
 
     def report_progress(self, ctx: JobContext, value: Any) -> None:
         self.tracking.report_progress(ctx, value)
