@@ -28,7 +28,7 @@ from haze._engine.throughput import per_minute
 from haze._kernel.durations import format_age
 from haze._kernel.ids import short_id
 from haze.cli._core import DURATION, QUEUE_NAMES, State, cli, connection_option, console, run
-from haze.contracts.driver import QueueInspector, RunningJob
+from haze.contracts.driver import Driver, QueueInspector, RunningJob
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -126,26 +126,8 @@ async def collect(
     driver = app.driver(connection)
     kind = str(app.queue_config.connections[connection].get("driver"))
     rows = [QueueStats(connection, q, kind) for q in queues]
-    failed: dict[str, int] | None = None
-    failed_error = ""
-    try:
-        failed = {}
-        for job in await driver.failed.list(None):
-            failed[job.queue] = failed.get(job.queue, 0) + 1
-    except Exception as e:
-        failed, failed_error = None, _reason(app, e)
-    paused: set[str] | None = None
-    shared_error = ""
-    try:
-        if getattr(app.queue_store, "shared", False):
-            paused = await paused_queues(app, connection, queues)
-        else:
-            shared_error = (
-                f'the queue store "{app.queue_store.name}" lives in each process only; '
-                "set store= in config/queue.py to a redis or database store"
-            )
-    except Exception as e:
-        shared_error = _reason(app, e)
+    failed, failed_error = await _failed_per_queue(app, driver)
+    paused, shared_error = await _paused(app, connection, queues)
     inspector = driver if isinstance(driver, QueueInspector) else None
     for row in rows:
         q = row.queue
@@ -159,24 +141,7 @@ async def collect(
             row.unknown["paused"] = shared_error
         try:
             row.waiting = await driver.size(q)
-            if inspector is not None:
-                counts = await inspector.counts(q)
-                row.ready, row.delayed, row.running = counts.ready, counts.delayed, counts.running
-                row.oldest_ready_at = counts.oldest_ready_at
-                if kind == "sqs":
-                    row.unknown["counts"] = "SQS counts are approximate"
-                    row.unknown["oldest_ready"] = _NO_OLDEST
-            else:
-                why = _NO_COUNTS.get(kind, f"the {kind} driver cannot count jobs by state")
-                for name in ("ready", "delayed", "running", "oldest_ready"):
-                    row.unknown[name] = why
-            if jobs > 0:
-                listed = await inspector.running(q, jobs) if inspector is not None else None
-                row.running_jobs = listed
-                if listed is None:
-                    row.unknown["running_jobs"] = _NO_RUNNING.get(
-                        kind, f"the {kind} driver cannot list running jobs"
-                    )
+            await _counts(row, inspector, jobs)
         except Exception as e:
             reason = _reason(app, e)
             for name in ("waiting", "ready", "delayed", "running", "oldest_ready"):
@@ -189,6 +154,54 @@ async def collect(
             if row.per_minute is None:
                 row.unknown["per_minute"] = shared_error or "no store every process shares"
     return rows
+
+
+async def _failed_per_queue(app: App, driver: Driver) -> tuple[dict[str, int] | None, str]:
+    """Failed jobs per queue, or None and why they could not be counted."""
+    try:
+        failed: dict[str, int] = {}
+        for job in await driver.failed.list(None):
+            failed[job.queue] = failed.get(job.queue, 0) + 1
+    except Exception as e:
+        return None, _reason(app, e)
+    return failed, ""
+
+
+async def _paused(app: App, connection: str, queues: list[str]) -> tuple[set[str] | None, str]:
+    """The paused queues, or None and why pauses (and throughput) cannot be read."""
+    try:
+        if getattr(app.queue_store, "shared", False):
+            return await paused_queues(app, connection, queues), ""
+        return None, (
+            f'the queue store "{app.queue_store.name}" lives in each process only; '
+            "set store= in config/queue.py to a redis or database store"
+        )
+    except Exception as e:
+        return None, _reason(app, e)
+
+
+async def _counts(row: QueueStats, inspector: QueueInspector | None, jobs: int) -> None:
+    """Ready, delayed, running and the oldest ready job (and up to ``jobs`` running jobs)
+    where the driver can tell, else why not."""
+    kind = row.driver
+    if inspector is not None:
+        counts = await inspector.counts(row.queue)
+        row.ready, row.delayed, row.running = counts.ready, counts.delayed, counts.running
+        row.oldest_ready_at = counts.oldest_ready_at
+        if kind == "sqs":
+            row.unknown["counts"] = "SQS counts are approximate"
+            row.unknown["oldest_ready"] = _NO_OLDEST
+    else:
+        why = _NO_COUNTS.get(kind, f"the {kind} driver cannot count jobs by state")
+        for name in ("ready", "delayed", "running", "oldest_ready"):
+            row.unknown[name] = why
+    if jobs > 0:
+        listed = await inspector.running(row.queue, jobs) if inspector is not None else None
+        row.running_jobs = listed
+        if listed is None:
+            row.unknown["running_jobs"] = _NO_RUNNING.get(
+                kind, f"the {kind} driver cannot list running jobs"
+            )
 
 
 def _queues(app: App, connection: str, value: list[str] | None) -> list[str]:
