@@ -24,7 +24,7 @@ from haze._kernel.ids import match_id
 from haze._kernel.message import decode
 from haze._orchestration.batches import find, recent_ids
 from haze._runners.presence import live_workers
-from haze.contracts.driver import QueueInspector
+from haze.contracts.driver import Driver, QueueInspector
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -166,24 +166,8 @@ async def overview(
                 note=_NO_SIZE.get(kind, ""),
                 error=error,
             )
-            driver = app.driver(name)
             try:
-                # A Cloudflare driver's size is the backlog of its own last pull: in
-                # this process, which never pulls, it would be a made-up 0.
-                if kind != "cloudflare":
-                    row.waiting = await driver.size(queue)
-                if isinstance(driver, QueueInspector):
-                    counts = await driver.counts(queue)
-                    row.ready, row.delayed, row.running = (
-                        counts.ready,
-                        counts.delayed,
-                        counts.running,
-                    )
-                    row.oldest_ready_at = counts.oldest_ready_at
-                    if kind == "sqs":
-                        row.oldest_note = _NO_OLDEST
-                else:
-                    row.oldest_note = f"the {kind} driver cannot count jobs by state"
+                await _sizes(app.driver(name), row)
             except Exception as e:
                 row.error = row.error or reason(app, e)
             try:
@@ -192,6 +176,23 @@ async def overview(
                 row.error = row.error or reason(app, e)
             rows.append(row)
     return rows
+
+
+async def _sizes(driver: Driver, row: QueueRow) -> None:
+    """The queue's size, and its per-state counts where the driver can tell."""
+    kind = row.driver
+    # A Cloudflare driver's size is the backlog of its own last pull: in
+    # this process, which never pulls, it would be a made-up 0.
+    if kind != "cloudflare":
+        row.waiting = await driver.size(row.queue)
+    if isinstance(driver, QueueInspector):
+        counts = await driver.counts(row.queue)
+        row.ready, row.delayed, row.running = counts.ready, counts.delayed, counts.running
+        row.oldest_ready_at = counts.oldest_ready_at
+        if kind == "sqs":
+            row.oldest_note = _NO_OLDEST
+    else:
+        row.oldest_note = f"the {kind} driver cannot count jobs by state"
 
 
 async def _rates(app: App, row: QueueRow) -> None:
