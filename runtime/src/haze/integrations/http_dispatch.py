@@ -273,6 +273,35 @@ async def dispatch_request(
     denied = authorize(headers, raw, secret)
     if denied is not None:
         return denied
+    data = _body(raw)
+    if isinstance(data, DispatchResponse):
+        return data
+    name = data.get("job")
+    if not isinstance(name, str) or not name:
+        return _error(400, 'the body needs "job": the name of a job')
+    pending = _pending(name, data)
+    if isinstance(pending, DispatchResponse):
+        return pending
+    try:
+        result = await app.manager.dispatch(pending)
+    except PayloadTooLargeError as e:
+        return _error(413, str(e))
+    except ConfigError as e:
+        log.error("%s: cannot dispatch %s: %s", where, name, e)
+        return _error(500, f"the queue connection is misconfigured: {e}")
+    except (DelayTooLongError, TypeError, ValueError) as e:
+        return _error(400, str(e))
+    except RecursionError:
+        # json.loads has a lower depth limit than encoding the message: a payload just
+        # under it can still be too deep to encode.
+        return _error(400, _TOO_DEEP)
+    return DispatchResponse(
+        202, {"id": result.id, "job": name, "skipped": result.skipped, "deferred": result.deferred}
+    )
+
+
+def _body(raw: bytes) -> dict[str, Any] | DispatchResponse:
+    """The request's JSON object, or the 400 that says what is wrong with it."""
     if _too_deep(raw):
         return _error(400, _TOO_DEEP)
     try:
@@ -288,9 +317,11 @@ async def dispatch_request(
         return _error(
             400, f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(KEYS))}"
         )
-    name = data.get("job")
-    if not isinstance(name, str) or not name:
-        return _error(400, 'the body needs "job": the name of a job')
+    return data
+
+
+def _pending(name: str, data: dict[str, Any]) -> PendingDispatch[Any] | DispatchResponse:
+    """The dispatch the body asks for, or the 404/400 that refuses it."""
     allow = os.environ.get("HAZE_HTTP_JOBS")
     allowed = {j.strip() for j in allow.split(",") if j.strip()} if allow else None
     try:
@@ -312,22 +343,7 @@ async def dispatch_request(
             setter(value)
     except ValueError as e:
         return _error(400, str(e))
-    try:
-        result = await app.manager.dispatch(pending)
-    except PayloadTooLargeError as e:
-        return _error(413, str(e))
-    except ConfigError as e:
-        log.error("%s: cannot dispatch %s: %s", where, name, e)
-        return _error(500, f"the queue connection is misconfigured: {e}")
-    except (DelayTooLongError, TypeError, ValueError) as e:
-        return _error(400, str(e))
-    except RecursionError:
-        # json.loads has a lower depth limit than encoding the message: a payload just
-        # under it can still be too deep to encode.
-        return _error(400, _TOO_DEEP)
-    return DispatchResponse(
-        202, {"id": result.id, "job": name, "skipped": result.skipped, "deferred": result.deferred}
-    )
+    return pending
 
 
 # --------------------------------------------------------------------------- ASGI
