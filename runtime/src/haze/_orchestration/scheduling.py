@@ -223,15 +223,7 @@ def schedule(
     >>> # schedule(prune_tokens, every="15m")
     """
     origin = _caller_origin()
-    if isinstance(job_or_pending, JobDefinition):
-        pending: PendingDispatch[Any] = job_or_pending.with_()
-    elif isinstance(job_or_pending, PendingDispatch):
-        pending = job_or_pending
-    else:
-        raise ScheduleError(
-            f"schedule ({origin}): expected a job (from @define_job) or job.with_(payload), "
-            f"got {type(job_or_pending).__name__} {job_or_pending!r}"
-        )
+    pending = _pending_of(job_or_pending, origin)
     label = pending.job.name if name is None else name
     if not isinstance(label, str) or not label.strip() or len(label) > 200:
         raise ScheduleError(
@@ -245,23 +237,11 @@ def schedule(
         raise ScheduleError(f"{where}: catch_up must be True or False, got {catch_up!r}")
     zone = None
     if tz is not None:
-        if every is not None:
-            raise ScheduleError(
-                f"{where}: tz applies to cron schedules; every= counts from the Unix epoch. "
-                "For a time of day in a zone use cron, e.g. cron='0 0 * * *', tz=" + repr(tz)
-            )
-        if not isinstance(tz, str) or not tz:
-            raise ScheduleError(f"{where}: tz must be a time zone name, got {tz!r}")
-        zone = _zone(tz, where)
+        zone = _zone_of(tz, every, where)
     seconds: float | None = None
     expr: str | None = None
     if every is not None:
-        try:
-            seconds = parse_duration(every, f"{where}: every", allow_zero=False)
-        except ValueError as e:
-            raise ScheduleError(str(e)) from None
-        if seconds < MIN_EVERY:
-            raise ScheduleError(f"{where}: every={every!r} is under 1s; the shortest is '1s'")
+        seconds = _every_seconds(every, where)
     else:
         expr = _check_cron(cron, where)
     made = Schedule(label, pending, expr, seconds, tz, catch_up, origin, zone)
@@ -273,6 +253,39 @@ def schedule(
         )
     _registry[label] = made  # the same declaration read again (another App) replaces itself
     return made
+
+
+def _pending_of(job_or_pending: object, origin: str) -> PendingDispatch[Any]:
+    if isinstance(job_or_pending, JobDefinition):
+        pending: PendingDispatch[Any] = job_or_pending.with_()
+        return pending
+    if isinstance(job_or_pending, PendingDispatch):
+        return job_or_pending
+    raise ScheduleError(
+        f"schedule ({origin}): expected a job (from @define_job) or job.with_(payload), "
+        f"got {type(job_or_pending).__name__} {job_or_pending!r}"
+    )
+
+
+def _zone_of(tz: object, every: Duration | None, where: str) -> Any:
+    if every is not None:
+        raise ScheduleError(
+            f"{where}: tz applies to cron schedules; every= counts from the Unix epoch. "
+            "For a time of day in a zone use cron, e.g. cron='0 0 * * *', tz=" + repr(tz)
+        )
+    if not isinstance(tz, str) or not tz:
+        raise ScheduleError(f"{where}: tz must be a time zone name, got {tz!r}")
+    return _zone(tz, where)
+
+
+def _every_seconds(every: Duration, where: str) -> float:
+    try:
+        seconds = parse_duration(every, f"{where}: every", allow_zero=False)
+    except ValueError as e:
+        raise ScheduleError(str(e)) from None
+    if seconds < MIN_EVERY:
+        raise ScheduleError(f"{where}: every={every!r} is under 1s; the shortest is '1s'")
+    return seconds
 
 
 def get_schedule(name: str) -> Schedule:
