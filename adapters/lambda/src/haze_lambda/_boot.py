@@ -75,6 +75,8 @@ def app_root() -> Path:
 def check_settings() -> None:
     """Read every size, duration and number setting of the environment once, so that a
     bad value fails the boot with one line naming it, not each invocation later."""
+    # haze's modules load at the first invocation, not when Lambda imports the handler
+    # (tests/test_import_cost.py): the only imports inside functions in this adapter.
     from haze._app.config import env
     from haze._app.env import env_duration
     from haze.integrations.http_dispatch import max_body

@@ -36,7 +36,8 @@ def _response(answer: DispatchResponse) -> dict[str, Any]:
 
 async def _handle(app: App, event: dict[str, Any]) -> dict[str, Any]:
     # The request rules live in haze.integrations.http_dispatch (shared with the server
-    # and vercel presets); only the API Gateway event shape is handled here.
+    # and vercel presets); only the API Gateway event shape is handled here. Imported at
+    # the first request, not with the handler (cold start, see _boot.check_settings).
     from haze.integrations.http_dispatch import (
         DispatchResponse,
         check_method,
