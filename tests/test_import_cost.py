@@ -30,7 +30,12 @@ def loaded_after(code: str) -> set[str]:
 
 
 def test_import_haze_loads_only_the_package_and_its_errors() -> None:
-    assert loaded_after("import haze") <= {"haze", "haze._kernel", "haze._kernel.errors"}
+    assert loaded_after("import haze") <= {
+        "haze",
+        "haze._kernel",
+        "haze._kernel.errors",
+        "haze._kernel.hints",
+    }
 
 
 @pytest.mark.parametrize(
@@ -64,7 +69,13 @@ def test_lazy_names_are_the_modules_own() -> None:
 
 def test_import_haze_lambda_loads_no_driver_worker_or_http_code() -> None:
     loaded = loaded_after("import haze_lambda")
-    assert loaded <= {"haze", "haze._kernel", "haze._kernel.errors", "haze_lambda"}, sorted(loaded)
+    assert loaded <= {
+        "haze",
+        "haze._kernel",
+        "haze._kernel.errors",
+        "haze._kernel.hints",
+        "haze_lambda",
+    }, sorted(loaded)
     handlers = loaded_after("from haze_lambda import sqs_handler, http_handler, schedule_handler")
     for heavy in (
         "haze._app.app",
@@ -78,9 +89,13 @@ def test_import_haze_lambda_loads_no_driver_worker_or_http_code() -> None:
 
 def test_import_haze_cloudflare_loads_no_driver_d1_or_httpx_code() -> None:
     loaded = loaded_after("import haze_cloudflare")
-    assert loaded <= {"haze", "haze._kernel", "haze._kernel.errors", "haze_cloudflare"}, sorted(
-        loaded
-    )
+    assert loaded <= {
+        "haze",
+        "haze._kernel",
+        "haze._kernel.errors",
+        "haze._kernel.hints",
+        "haze_cloudflare",
+    }, sorted(loaded)
     entry = loaded_after(
         "from haze_cloudflare import QueueWorker\nclass Default(QueueWorker): pass"
     )
