@@ -61,6 +61,7 @@ from haze._kernel.errors import ConfigError
 from haze._orchestration.scheduling import bundle_packages, platform_triggers
 from haze.build import BuildContext, BuildResult
 from haze.build._cloudflare_config import (
+    CloudflarePlan,
     app_jobs,
     cloudflare_consumer,
     cloudflare_storage,
@@ -267,10 +268,17 @@ def _store_problem(app: App, store: str) -> str | None:
 
 def worker_warnings(app: App) -> list[str]:
     """What in ``app``'s config cannot work inside a Worker (see the module docstring)."""
-    qc = app.queue_config
-    warnings: list[str] = []
-    default = qc.default
-    options = qc.connections.get(default) or {}
+    default = _default_connection_warning(app)
+    return [
+        *([default] if default is not None else []),
+        *_store_warnings(app),
+        *_failed_store_warnings(app),
+    ]
+
+
+def _default_connection_warning(app: App) -> str | None:
+    default = app.queue_config.default
+    options = app.queue_config.connections.get(default) or {}
     driver = options.get("driver")
     problem: str | None = None
     if driver == "database":
@@ -279,33 +287,38 @@ def worker_warnings(app: App) -> list[str]:
         problem = "Redis over TCP (Python Workers open no TCP sockets)"
     elif driver in ("memory", "sync"):
         problem = f"the {driver} driver (jobs would run only inside the isolate that dispatched)"
-    if problem is not None:
-        warnings.append(
-            f"the default connection {default!r} is {problem}: dispatch from the Worker "
-            "will fail; make the cloudflare connection the default in the Worker (e.g. the "
-            'var QUEUE_CONNECTION = "cloudflare" under cloudflare.wrangler.vars)'
-        )
+    if problem is None:
+        return None
+    return (
+        f"the default connection {default!r} is {problem}: dispatch from the Worker "
+        "will fail; make the cloudflare connection the default in the Worker (e.g. the "
+        'var QUEUE_CONNECTION = "cloudflare" under cloudflare.wrangler.vars)'
+    )
+
+
+def _store_warnings(app: App) -> list[str]:
+    """The lock and batch stores a Worker cannot reach."""
     try:
         lock = app._lock_store_name()
     except ConfigError as e:
-        warnings.append(f"no store for locks and batches: {e}")
-    else:
-        batch = qc.batches_store or lock
-        for what, store in (
-            (("lock and batch", lock),)
-            if batch == lock
-            else (
-                ("lock", lock),
-                ("batch", batch),
+        return [f"no store for locks and batches: {e}"]
+    batch = app.queue_config.batches_store or lock
+    stores = (("lock and batch", lock),) if batch == lock else (("lock", lock), ("batch", batch))
+    warnings = []
+    for what, store in stores:
+        problem = _store_problem(app, store)
+        if problem is not None:
+            warnings.append(
+                f"the {what} store {store!r} (config/queue.py store/batches) is "
+                f"{problem}; use a D1 database or a KV store"
             )
-        ):
-            problem = _store_problem(app, store)
-            if problem is not None:
-                warnings.append(
-                    f"the {what} store {store!r} (config/queue.py store/batches) is "
-                    f"{problem}; use a D1 database or a KV store"
-                )
-    for name, conn in qc.connections.items():
+    return warnings
+
+
+def _failed_store_warnings(app: App) -> list[str]:
+    """The cloudflare connections whose failed jobs would not be kept."""
+    warnings = []
+    for name, conn in app.queue_config.connections.items():
         if conn.get("driver") != "cloudflare":
             continue
         failed = conn.get("failed_store")
@@ -336,6 +349,41 @@ def wrangler_config(ctx: BuildContext, notes: list[str]) -> dict[str, Any]:
     section = wrangler_section(ctx.app)
     variables = section.get("vars") or {}
     app = worker_app(ctx, variables if isinstance(variables, Mapping) else {})
+    name = str(section.get("name") or _slug(ctx.root.name))
+    warnings: list[str] = []
+    producers, consumers = _queue_bindings(ctx, app, name, notes, warnings)
+    warnings += worker_warnings(app)
+    notes.extend(f"warning: {w}" for w in warnings)
+    config: dict[str, Any] = {
+        "name": name,
+        "main": ENTRY,
+        "compatibility_date": COMPATIBILITY_DATE,
+        "compatibility_flags": ["python_workers"],
+        "queues": {"producers": producers, "consumers": consumers},
+        # wrangler uploads .py and .sql by default; haze also ships Lua scripts (redis).
+        "rules": [{"type": "Text", "globs": ["**/*.lua"], "fallthrough": True}],
+    }
+    _add_storage(app, config)
+    merged = merge_wrangler(config, section)
+    _add_cron_triggers(ctx, merged, notes)
+    _check_merged(merged, notes)
+    ours = {c["queue"] for c in consumers}
+    queues: list[str] = []
+    for c in merged["queues"]["consumers"]:
+        if isinstance(c, dict) and c.get("queue") in ours:
+            queues += [str(q) for q in (c["queue"], c.get("dead_letter_queue")) if q]
+    notes.append(
+        "create the queues once before the first deploy: "
+        + "; ".join(f"npx wrangler queues create {q}" for q in queues)
+    )
+    return merged
+
+
+def _queue_bindings(
+    ctx: BuildContext, app: App, name: str, notes: list[str], warnings: list[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The producers and consumers of the app's cloudflare connections (one consumer
+    per queue, one producer per binding)."""
     qc = app.queue_config
     cloudflare = {n: o for n, o in qc.connections.items() if o["driver"] == "cloudflare"}
     if not cloudflare:
@@ -346,11 +394,9 @@ def wrangler_config(ctx: BuildContext, notes: list[str]) -> dict[str, Any]:
             source=qc.source,
             key="connections",
         )
-    name = str(section.get("name") or _slug(ctx.root.name))
     jobs = app_jobs(ctx.app)
     producers: list[dict[str, Any]] = []
     consumers: list[dict[str, Any]] = []
-    warnings: list[str] = []
     for conn, options in cloudflare.items():
         plan = cloudflare_consumer(app, conn, options, connection_max_tries(jobs, conn), warnings)
         queue = plan.queue_name
@@ -363,31 +409,28 @@ def wrangler_config(ctx: BuildContext, notes: list[str]) -> dict[str, Any]:
             )
         if not any(p["binding"] == plan.binding for p in producers):
             producers.append({"binding": plan.binding, "queue": queue})
-        if any(c["queue"] == queue for c in consumers):
-            continue
-        consumer: dict[str, Any] = {
-            "queue": queue,
-            "max_batch_size": plan.max_batch_size,
-            "max_batch_timeout": _number(plan.max_batch_timeout),
-            "max_retries": plan.max_retries,
-            "dead_letter_queue": plan.dead_letter_queue or f"{queue}-dlq",
-        }
-        if plan.max_concurrency is not None:
-            consumer["max_concurrency"] = plan.max_concurrency
-        if plan.retry_delay is not None:
-            consumer["retry_delay"] = plan.retry_delay
-        consumers.append(consumer)
-    warnings += worker_warnings(app)
-    notes.extend(f"warning: {w}" for w in warnings)
-    config: dict[str, Any] = {
-        "name": name,
-        "main": ENTRY,
-        "compatibility_date": COMPATIBILITY_DATE,
-        "compatibility_flags": ["python_workers"],
-        "queues": {"producers": producers, "consumers": consumers},
-        # wrangler uploads .py and .sql by default; haze also ships Lua scripts (redis).
-        "rules": [{"type": "Text", "globs": ["**/*.lua"], "fallthrough": True}],
+        if not any(c["queue"] == queue for c in consumers):
+            consumers.append(_consumer(plan, queue))
+    return producers, consumers
+
+
+def _consumer(plan: CloudflarePlan, queue: str) -> dict[str, Any]:
+    consumer: dict[str, Any] = {
+        "queue": queue,
+        "max_batch_size": plan.max_batch_size,
+        "max_batch_timeout": _number(plan.max_batch_timeout),
+        "max_retries": plan.max_retries,
+        "dead_letter_queue": plan.dead_letter_queue or f"{queue}-dlq",
     }
+    if plan.max_concurrency is not None:
+        consumer["max_concurrency"] = plan.max_concurrency
+    if plan.retry_delay is not None:
+        consumer["retry_delay"] = plan.retry_delay
+    return consumer
+
+
+def _add_storage(app: App, config: dict[str, Any]) -> None:
+    """The D1 databases and KV namespaces the app's connections and stores bind."""
     d1, kv = cloudflare_storage(app)
     d1_entries = [
         {"binding": d.binding, "database_id": d.database} for d in d1 if d.connection is not None
@@ -397,8 +440,11 @@ def wrangler_config(ctx: BuildContext, notes: list[str]) -> dict[str, Any]:
         config["d1_databases"] = d1_entries
     if kv_entries:
         config["kv_namespaces"] = kv_entries
-    merged = merge_wrangler(config, section)
-    _add_cron_triggers(ctx, merged, notes)
+
+
+def _check_merged(merged: dict[str, Any], notes: list[str]) -> None:
+    """Put back what haze.config.py must not change (the entry, python_workers), and note
+    what it set that haze cannot vouch for."""
     if merged.get("main") != ENTRY:
         notes.append(
             f"cloudflare.wrangler.main ({merged.get('main')!r}) is ignored: the Worker's entry "
@@ -422,16 +468,6 @@ def wrangler_config(ctx: BuildContext, notes: list[str]) -> dict[str, Any]:
                 "cloudflare.wrangler.kv_namespaces in haze.config.py (or let wrangler "
                 "provision one)"
             )
-    ours = {c["queue"] for c in consumers}
-    queues: list[str] = []
-    for c in merged["queues"]["consumers"]:
-        if isinstance(c, dict) and c.get("queue") in ours:
-            queues += [str(q) for q in (c["queue"], c.get("dead_letter_queue")) if q]
-    notes.append(
-        "create the queues once before the first deploy: "
-        + "; ".join(f"npx wrangler queues create {q}" for q in queues)
-    )
-    return merged
 
 
 def _add_cron_triggers(ctx: BuildContext, config: dict[str, Any], notes: list[str]) -> None:
