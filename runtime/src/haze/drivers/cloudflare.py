@@ -52,7 +52,14 @@ from haze._kernel import plugins
 from haze._kernel.errors import ConfigError, DelayTooLongError, HazeError
 from haze._kernel.http import LoopClient
 from haze._kernel.message import Message, decode
-from haze.contracts.driver import FailedJob, FailedJobStore, Reserved
+from haze.contracts.driver import (
+    Concurrent,
+    DelayStep,
+    FailedJob,
+    FailedJobStore,
+    Interruptible,
+    Reserved,
+)
 
 __all__ = [
     "API_URL",
@@ -313,7 +320,7 @@ class _Lease:
 # --------------------------------------------------------------------------- the driver
 
 
-class CloudflareDriver:
+class CloudflareDriver(Interruptible, DelayStep, Concurrent):
     """Cloudflare Queues; see the module docstring."""
 
     remote = True

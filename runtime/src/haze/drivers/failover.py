@@ -31,14 +31,14 @@ from typing import Any
 from haze._failed import FailedJobsUnion
 from haze._kernel.errors import BackendUnavailableError, ConfigError
 from haze._kernel.message import Message
-from haze.contracts.driver import Driver, FailedJob, Reserved, unavailable
+from haze.contracts.driver import DispatchOnly, Driver, FailedJob, Reserved, unavailable
 
 __all__ = ["FailoverDriver"]
 
 log = logging.getLogger("haze.drivers.failover")
 
 
-class FailoverDriver:
+class FailoverDriver(DispatchOnly):
     """Dispatch-only connection over other connections; see the module docstring."""
 
     inline = False

@@ -18,7 +18,15 @@ from typing import Any
 
 from haze._failed import MemoryFailedJobs
 from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode
-from haze.contracts.driver import FailedJob, QueueCounts, Reserved, RunningJob
+from haze.contracts.driver import (
+    Backlog,
+    Concurrent,
+    FailedJob,
+    LocalQueue,
+    QueueCounts,
+    Reserved,
+    RunningJob,
+)
 
 __all__ = ["MemoryDriver"]
 
@@ -26,7 +34,7 @@ _monotonic = time.monotonic
 _time = time.time
 
 
-class MemoryDriver:
+class MemoryDriver(LocalQueue, Backlog, Concurrent):
     """In-process queues. ``queues`` (optional) sets the priority order of the consumers."""
 
     remote = False

@@ -75,7 +75,16 @@ from typing import TYPE_CHECKING, Any
 
 from haze._kernel.errors import MessageDecodeError, MissingDependencyError
 from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode, envelope_of
-from haze.contracts.driver import FailedJob, QueueCounts, Reserved, RunningJob
+from haze.contracts.driver import (
+    Concurrent,
+    ConnectionAware,
+    FailedJob,
+    Interruptible,
+    Leased,
+    QueueCounts,
+    Reserved,
+    RunningJob,
+)
 
 try:
     import msgpack  # type: ignore[import-untyped]
@@ -549,7 +558,7 @@ def _reason(exception: str) -> str:
 # ----------------------------------------------------------------------------- the driver
 
 
-class RedisDriver:
+class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
     """A queue connection on Redis with BullMQ's data model; see the module docstring."""
 
     remote = True

@@ -104,7 +104,17 @@ from haze._failed import failed_store
 from haze._kernel.deps import require
 from haze._kernel.errors import BackendUnavailableError, ConfigError, HazeError
 from haze._kernel.message import Message, decode, new_id
-from haze.contracts.driver import FailedJob, FailedJobStore, QueueCounts, Reserved, RunningJob
+from haze.contracts.driver import (
+    Concurrent,
+    DelayStep,
+    FailedJob,
+    FailedJobStore,
+    Interruptible,
+    Leased,
+    QueueCounts,
+    Reserved,
+    RunningJob,
+)
 
 __all__ = [
     "SQS_MAX_DELAY",
@@ -213,7 +223,7 @@ def _due_of(message: Message | None) -> float | None:
 # --------------------------------------------------------------------------- the driver
 
 
-class SqsDriver:
+class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
     """Queue connection on Amazon SQS; see the module docstring for the rules."""
 
     remote = True

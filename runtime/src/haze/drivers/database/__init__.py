@@ -28,7 +28,16 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from haze._failed import SqlFailedJobs
 from haze._kernel.errors import ConfigError, DatabaseConnectionError, QueueTablesMissingError
 from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode
-from haze.contracts.driver import FailedJob, QueueCounts, Reserved, RunningJob
+from haze.contracts.driver import (
+    BatchConsumer,
+    Concurrent,
+    FailedJob,
+    IdlePolling,
+    Leased,
+    QueueCounts,
+    Reserved,
+    RunningJob,
+)
 from haze.database.migrations import MIGRATIONS_DIR
 from haze.database.sqlfiles import queue_schema, queue_sql
 
@@ -93,7 +102,7 @@ def _needs_tables(fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, Coroutine[Any
     return call
 
 
-class DatabaseDriver:
+class DatabaseDriver(BatchConsumer, Leased, IdlePolling, Concurrent):
     """Queue connection on a SQL table; see the module docstring for the rules."""
 
     remote = True
