@@ -1,4 +1,7 @@
-"""The worker loop: claim → manager.process → repeat. It never knows which driver it runs.
+"""The worker loop: claim → run (the consumer core, ``delivery.Delivery``) → repeat. It
+never knows which driver it runs: the optional capabilities it uses (lease heartbeats,
+interrupting a claim, in-process claims, batch claims) are the Protocols of
+``haze.contracts.driver``, checked once when the worker is built.
 
 ``concurrency`` slots each run their own claim loop, so a job costs no task creation.
 Used by the in-process ``memory`` consumers, ``haze queue:work`` and ``run_in_server``.
