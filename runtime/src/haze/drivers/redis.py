@@ -417,7 +417,7 @@ class RedisFailedJobs:
         # Failed sets are per queue: a job's own queue must be looked at even when the
         # connection's ``queues`` option does not list it.
         app = self._d.app
-        named = app.job_queues(self._d.name) if hasattr(app, "job_queues") else {}
+        named = app.job_queues(self._d.name) if app is not None else {}
         return list(dict.fromkeys([*self._d.queues, *named]))
 
     async def record(self, job: FailedJob) -> None:
