@@ -165,22 +165,7 @@ def build(ctx: BuildContext) -> BuildResult:
     app = ctx.app
     connection = app.queue_config.default
     driver = driver_of(app, connection)
-    if driver == "sync":
-        raise ConfigError(
-            f'the default connection "{connection}" is sync: it runs jobs inside dispatch() '
-            "and a worker has nothing to consume; make the default (QUEUE_CONNECTION) a "
-            "redis, database, sqs or cloudflare connection",
-            source=app.queue_config.source,
-            key="default",
-        )
-    if not is_remote(app, connection):
-        raise ConfigError(
-            f'the default connection "{connection}" ({driver}) lives inside one process: a '
-            "container worker cannot see what your web process dispatches to it; make the "
-            "default (QUEUE_CONNECTION) a redis, database, sqs or cloudflare connection",
-            source=app.queue_config.source,
-            key="default",
-        )
+    _refuse_local(ctx, connection, driver)
     extras = ["cli", *(e for e in extras_for(app) if e != "cli")]
     queues = worker_queues(app, connection)
     cmd = ["--connection", connection, "--queue", ",".join(queues)]
@@ -213,25 +198,13 @@ def build(ctx: BuildContext) -> BuildResult:
             ),
         )
     )
-
     notes = [
         f"the worker runs `haze queue:work {' '.join(cmd)}` (override with arguments to "
         "`docker run IMAGE ...`)",
         f"requirements: haze[{','.join(extras)}] from the config as read now; set "
         "HAZE_BUILD_EXTRAS=postgres,... if production's environment picks other backends",
+        _stop_note(stop, longest if stop_known else None),
     ]
-    if stop_known:
-        assert longest is not None
-        notes.append(
-            f"stop timeout: give `docker stop -t {stop}` (or --stop-timeout, compose "
-            f"stop_grace_period, ECS stopTimeout) at least {stop}s: the longest job may run "
-            f"{longest:g}s and the worker waits for it on SIGTERM"
-        )
-    else:
-        notes.append(
-            "stop timeout: no job sets a timeout, so no drain time can be computed; "
-            f"the Dockerfile assumes {stop}s: set `docker stop -t` above your longest job"
-        )
     if driver == "database" and is_sqlite(app, connection):
         notes.append(
             f'connection "{connection}" is SQLite here: inside a container that file is not '
@@ -239,6 +212,41 @@ def build(ctx: BuildContext) -> BuildResult:
             "the file) when you run the image"
         )
     return BuildResult(preset=ctx.preset, path=dest, files=files, notes=notes)
+
+
+def _refuse_local(ctx: BuildContext, connection: str, driver: str) -> None:
+    """A container worker needs a queue other processes reach: not sync, not in-process."""
+    app = ctx.app
+    if driver == "sync":
+        raise ConfigError(
+            f'the default connection "{connection}" is sync: it runs jobs inside dispatch() '
+            "and a worker has nothing to consume; make the default (QUEUE_CONNECTION) a "
+            "redis, database, sqs or cloudflare connection",
+            source=app.queue_config.source,
+            key="default",
+        )
+    if not is_remote(app, connection):
+        raise ConfigError(
+            f'the default connection "{connection}" ({driver}) lives inside one process: a '
+            "container worker cannot see what your web process dispatches to it; make the "
+            "default (QUEUE_CONNECTION) a redis, database, sqs or cloudflare connection",
+            source=app.queue_config.source,
+            key="default",
+        )
+
+
+def _stop_note(stop: int, longest: float | None) -> str:
+    """How long ``docker stop`` must wait (``longest``: the longest job timeout, if known)."""
+    if longest is not None:
+        return (
+            f"stop timeout: give `docker stop -t {stop}` (or --stop-timeout, compose "
+            f"stop_grace_period, ECS stopTimeout) at least {stop}s: the longest job may run "
+            f"{longest:g}s and the worker waits for it on SIGTERM"
+        )
+    return (
+        "stop timeout: no job sets a timeout, so no drain time can be computed; "
+        f"the Dockerfile assumes {stop}s: set `docker stop -t` above your longest job"
+    )
 
 
 def _haze_version() -> str:

@@ -24,7 +24,10 @@ one would be lost with the function instance, so the build refuses them.
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
+from haze._app.app import App
 from haze._kernel.errors import ConfigError
 from haze.build import BuildContext, BuildResult
 from haze.build._python import (
@@ -96,15 +99,7 @@ def build(ctx: BuildContext) -> BuildResult:
     ]
     files.append(ctx.write("requirements.txt", "\n".join(requirements) + "\n"))
     files.append(ctx.write(FUNCTION, DISPATCH_PY.format(function=f"dist/vercel/{FUNCTION}")))
-    bundled = [n for n in ("config", "app", "database", "haze") if (dest / n).is_dir()]
-    if (dest / "haze.config.py").is_file():
-        bundled.append("haze.config.py")
-    include = "{" + ",".join(f"{n}/**" if (dest / n).is_dir() else n for n in bundled) + "}"
-    vercel_json = {
-        "$schema": "https://openapi.vercel.sh/vercel.json",
-        "functions": {FUNCTION: {"maxDuration": MAX_DURATION, "includeFiles": include}},
-    }
-    files.append(ctx.write("vercel.json", json.dumps(vercel_json, indent=2) + "\n"))
+    files.append(ctx.write("vercel.json", json.dumps(_vercel_json(dest), indent=2) + "\n"))
 
     notes = [
         f"deploy: cd dist/vercel && vercel deploy; set HAZE_HTTP_SECRET (and the backend's "
@@ -117,6 +112,24 @@ def build(ctx: BuildContext) -> BuildResult:
             f'connection "{connection}" is SQLite as read now: a function\'s filesystem is '
             "not your worker's; set DATABASE_URL to PostgreSQL, MySQL or Turso on Vercel"
         )
+    notes.extend(_pinned_note(app))
+    return BuildResult(preset=ctx.preset, path=dest, files=files, notes=notes)
+
+
+def _vercel_json(dest: Path) -> dict[str, Any]:
+    """The function's settings; it ships the app's folders and haze.config.py."""
+    bundled = [n for n in ("config", "app", "database", "haze") if (dest / n).is_dir()]
+    if (dest / "haze.config.py").is_file():
+        bundled.append("haze.config.py")
+    include = "{" + ",".join(f"{n}/**" if (dest / n).is_dir() else n for n in bundled) + "}"
+    return {
+        "$schema": "https://openapi.vercel.sh/vercel.json",
+        "functions": {FUNCTION: {"maxDuration": MAX_DURATION, "includeFiles": include}},
+    }
+
+
+def _pinned_note(app: App) -> list[str]:
+    """A note on the jobs pinned to an in-process connection, if any."""
     pinned = sorted(
         j.name
         for j in app_jobs(app)
@@ -124,10 +137,10 @@ def build(ctx: BuildContext) -> BuildResult:
         and j.connection in app.queue_config.connections
         and not _is_remote(app, j.connection)
     )
-    if pinned:
-        notes.append(
-            f"job(s) {', '.join(pinned)} are pinned to an in-process connection; dispatched "
-            "from Vercel they would run in the request or be lost: set HAZE_HTTP_JOBS to "
-            "the jobs the function may dispatch"
-        )
-    return BuildResult(preset=ctx.preset, path=dest, files=files, notes=notes)
+    if not pinned:
+        return []
+    return [
+        f"job(s) {', '.join(pinned)} are pinned to an in-process connection; dispatched "
+        "from Vercel they would run in the request or be lost: set HAZE_HTTP_JOBS to "
+        "the jobs the function may dispatch"
+    ]
