@@ -56,24 +56,12 @@ def _setting(event: dict[str, Any], key: str) -> Any:
     return None
 
 
-async def _drain(app: App, event: dict[str, Any], context: Any) -> dict[str, Any]:
-    from haze._app.config import env
+def _budget(event: dict[str, Any], context: Any) -> float | None:
+    """Seconds the drain may run: ``max_time``, cut to the invocation's time left less
+    ``HAZE_SCHEDULE_MARGIN`` (None: no limit)."""
     from haze._app.env import env_duration
     from haze._kernel.durations import parse_duration
 
-    connection = app.connection_name(
-        _setting(event, "connection") or os.environ.get("HAZE_SCHEDULE_CONNECTION") or None
-    )
-    kind = app.queue_config.connections[connection]["driver"]
-    if kind not in _DRAINABLE:
-        raise ValueError(
-            f"haze_lambda.schedule_handler drains database and redis connections; connection "
-            f'"{connection}" uses the {kind} driver (an sqs connection uses sqs_handler, a '
-            "memory or sync connection has nothing to drain from Lambda)"
-        )
-    queues = _setting(event, "queues") or os.environ.get("HAZE_SCHEDULE_QUEUES") or None
-    if isinstance(queues, str):
-        queues = [q.strip() for q in queues.split(",") if q.strip()]
     configured = _setting(event, "max_time")
     cap: float | None = (
         parse_duration(configured, "max_time")
@@ -88,6 +76,37 @@ async def _drain(app: App, event: dict[str, Any], context: Any) -> dict[str, Any
     if get_remaining is not None:
         left = float(get_remaining()) / 1000.0 - margin
         budget = left if budget is None else min(budget, left)
+    return budget
+
+
+def _concurrency(app: App, event: dict[str, Any], connection: str) -> int:
+    from haze._app.config import env
+    from haze.contracts.driver import Concurrent
+
+    driver = app.driver(connection)
+    return int(
+        _setting(event, "concurrency")
+        or env("HAZE_SCHEDULE_CONCURRENCY", 0)
+        or (driver.concurrency if isinstance(driver, Concurrent) else 1)
+        or 1
+    )
+
+
+async def _drain(app: App, event: dict[str, Any], context: Any) -> dict[str, Any]:
+    connection = app.connection_name(
+        _setting(event, "connection") or os.environ.get("HAZE_SCHEDULE_CONNECTION") or None
+    )
+    kind = app.queue_config.connections[connection]["driver"]
+    if kind not in _DRAINABLE:
+        raise ValueError(
+            f"haze_lambda.schedule_handler drains database and redis connections; connection "
+            f'"{connection}" uses the {kind} driver (an sqs connection uses sqs_handler, a '
+            "memory or sync connection has nothing to drain from Lambda)"
+        )
+    queues = _setting(event, "queues") or os.environ.get("HAZE_SCHEDULE_QUEUES") or None
+    if isinstance(queues, str):
+        queues = [q.strip() for q in queues.split(",") if q.strip()]
+    budget = _budget(event, context)
     result: dict[str, Any] = {
         "connection": connection,
         "queues": queues,
@@ -98,15 +117,7 @@ async def _drain(app: App, event: dict[str, Any], context: Any) -> dict[str, Any
     if budget is not None and budget <= 0:
         result["stopped"] = "time"
         return result
-    from haze.contracts.driver import Concurrent
-
-    driver = app.driver(connection)
-    concurrency = int(
-        _setting(event, "concurrency")
-        or env("HAZE_SCHEDULE_CONCURRENCY", 0)
-        or (driver.concurrency if isinstance(driver, Concurrent) else 1)
-        or 1
-    )
+    concurrency = _concurrency(app, event, connection)
     outcomes: dict[str, int] = {}
 
     def on_job(job: Any, outcome: str, seconds: float) -> None:
