@@ -18,7 +18,6 @@ app and on each app entered until ``Queue.restore()``.
 
 from __future__ import annotations
 
-import builtins
 import inspect
 import time
 from collections import deque
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from haze._app.app import App, use_app
+from haze._failed.memory import MemoryFailedJobs
 from haze._jobs.definition import JobDefinition, PendingDispatch
 from haze._kernel import current
 from haze._kernel.crypto import unseal_link
@@ -34,7 +34,7 @@ from haze._kernel.message import Message, decode, encode, new_id
 from haze._orchestration.batches import Batch, PendingBatch
 from haze._orchestration.chains import PendingChain
 from haze._runners.delivery import Delivery
-from haze.contracts.driver import FailedJob, Reserved
+from haze.contracts.driver import Driver, FailedJob, Reserved
 from haze.stores.memory import MemoryStore
 
 __all__ = ["FakeQueue", "RecordedJob"]
@@ -95,7 +95,7 @@ class RecordedBatch:
         return self.batch.id
 
 
-class _DrainQueue:
+class _DrainQueue(Driver):
     """The queue ``drain()`` runs one connection's recorded jobs from: a ``Driver`` whose
     every delay and backoff is ignored, so a retry or a release runs again at once."""
 
@@ -109,10 +109,10 @@ class _DrainQueue:
         self.name = name
         #: (queue, body, attempts used): what ``reserve`` hands out next, in order.
         self._ready: deque[tuple[str, str, int]] = deque()
-        self._failed = _FailedList()
+        self._failed = MemoryFailedJobs()
 
     @property
-    def failed(self) -> _FailedList:
+    def failed(self) -> MemoryFailedJobs:
         return self._failed
 
     def push(self, queue: str, body: str, used: int) -> None:
@@ -162,33 +162,6 @@ class _DrainQueue:
         self._ready.clear()
 
 
-class _FailedList:
-    """The jobs that failed for good while draining (a ``FailedJobStore``)."""
-
-    def __init__(self) -> None:
-        self.jobs: dict[str, FailedJob] = {}
-
-    async def record(self, job: FailedJob) -> None:
-        self.jobs.pop(job.id, None)
-        self.jobs[job.id] = job
-
-    async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
-        return [j for j in self.jobs.values() if queue is None or j.queue == queue]
-
-    async def find(self, id: str) -> FailedJob | None:
-        return self.jobs.get(id)
-
-    async def forget(self, id: str) -> bool:
-        return self.jobs.pop(id, None) is not None
-
-    async def flush(self, older_than: float | None = None) -> int:
-        cutoff = time.time() - older_than if older_than is not None else None
-        old = [k for k, j in self.jobs.items() if cutoff is None or j.failed_at < cutoff]
-        for k in old:
-            del self.jobs[k]
-        return len(old)
-
-
 def _name_of(job: object) -> str:
     if isinstance(job, str):
         return job
@@ -219,6 +192,7 @@ class FakeQueue:
         self.batches: list[RecordedBatch] = []
         self.chains: list[list[dict[str, Any]]] = []
         self._queues: dict[str, _DrainQueue] = {}
+        self._failed: list[FailedJob] = []
         #: The apps this fake is set on (``app.recorder``).
         self._apps: list[App] = []
 
@@ -392,7 +366,7 @@ class FakeQueue:
     @property
     def failed(self) -> list[FailedJob]:
         """Jobs that failed for good during ``drain()``."""
-        return [job for q in self._queues.values() for job in q.failed.jobs.values()]
+        return list(self._failed)
 
     async def drain(self) -> int:
         """Run the recorded jobs in dispatch order through the real pipeline (middleware,
@@ -417,6 +391,7 @@ class FakeQueue:
                     runs += 1
                     await deliveries[name].run(job, q)
                     job = q.reserve_nowait()
+        self._failed = [job for q in self._queues.values() for job in await q.failed.list()]
         return runs
 
 
