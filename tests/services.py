@@ -1,27 +1,74 @@
-"""The test services (PostgreSQL, Redis) as the process-level fault tests use them.
+"""The test services (PostgreSQL, MySQL/MariaDB, Redis) as the tests use them.
 
-Shared by the suites that run real worker processes or CLI commands against them:
-whether a service answers (the test skips otherwise), a throwaway PostgreSQL database for
-one test module, and removing what a run left under its Redis key prefix.
+Whether a server answers, and what a test does when it does not: locally it skips; under
+``CI=true`` it fails, naming the server and how to start it, because CI runs every test
+(Dramatiq's ``check_redis``). A throwaway PostgreSQL database for one test module, and
+removing what a run left under a Redis key prefix.
+
+>>> # require_server("Redis", REDIS_URL)      in a test or fixture: skip, or fail in CI
+>>> # @needs_server("PostgreSQL", PG_URL)     the same as a mark (checked at test setup)
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 from collections.abc import Iterator
+from typing import NoReturn
+from urllib.parse import urlsplit
+
+import pytest
+
+#: CI runs every test: a missing server fails the test instead of skipping it.
+CI = os.environ.get("CI", "").strip().lower() == "true"
+
+#: How to start each server (scripts/test starts the installed ones: scripts/_services.sh).
+HOW_TO_START = {
+    "PostgreSQL": "pg_ctlcluster <version> main start, or scripts/test (starts it when installed)",
+    "MySQL/MariaDB": "start-stop-daemon --start --background --exec /usr/sbin/mariadbd, or "
+    "scripts/test (starts it when installed)",
+    "Redis": "redis-server --port 6379 --save '' --daemonize yes, or scripts/test (starts it "
+    "when installed)",
+}
+
+_MARK = "needs_server"
 
 
 def reachable(url: str) -> bool:
     """Whether something accepts a TCP connection at the URL's host and port."""
-    import socket
-    from urllib.parse import urlsplit
-
     parts = urlsplit(url)
     try:
         with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 0), 0.5):
             return True
     except OSError:
         return False
+
+
+def server_missing(server: str, where: str, detail: str = "") -> NoReturn:
+    """Skip the test because ``server`` does not answer at ``where``; fail it under CI=true."""
+    how = HOW_TO_START.get(server, f"start {server}")
+    message = f"no {server} at {where}{f' ({detail})' if detail else ''}: start it with {how}"
+    if CI:
+        pytest.fail(f"{message}. CI=true: the tests need every server", pytrace=False)
+    pytest.skip(message)
+
+
+def require_server(server: str, url: str) -> None:
+    """Go on only when ``server`` answers at ``url`` (see :func:`server_missing`)."""
+    if not reachable(url):
+        server_missing(server, url)
+
+
+def needs_server(server: str, url: str) -> pytest.MarkDecorator:
+    """A mark: :func:`require_server` runs when the test is set up (tests/conftest.py)."""
+    return getattr(pytest.mark, _MARK)(server, url)
+
+
+def check_marked_servers(item: pytest.Item) -> None:
+    """:func:`require_server` for each ``needs_server`` mark on ``item``."""
+    for mark in item.iter_markers(_MARK):
+        require_server(*mark.args)
 
 
 @contextlib.contextmanager

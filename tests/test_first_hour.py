@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from services import throwaway_pg_database
+from services import server_missing, throwaway_pg_database
 
 PG_ADMIN = os.environ.get("HAZE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = "redis://127.0.0.1:6379/11"
@@ -98,8 +98,8 @@ def pg_url() -> Iterator[str]:
     psycopg = pytest.importorskip("psycopg")
     try:
         psycopg.connect(PG_ADMIN, autocommit=True).close()
-    except psycopg.OperationalError:
-        pytest.skip(f"no PostgreSQL at {PG_ADMIN}")
+    except psycopg.OperationalError as e:
+        server_missing("PostgreSQL", PG_ADMIN, str(e))
     with throwaway_pg_database(PG_ADMIN, f"haze_first_hour_{os.getpid()}") as url:
         yield url
 
@@ -119,8 +119,8 @@ def redis_db() -> Iterator[str]:
     client = redis.Redis.from_url(REDIS_URL)
     try:
         client.ping()
-    except redis.ConnectionError:
-        pytest.skip(f"no Redis at {REDIS_URL}")
+    except redis.ConnectionError as e:
+        server_missing("Redis", REDIS_URL, str(e))
 
     def clean() -> None:
         keys = list(client.scan_iter("haze:*"))

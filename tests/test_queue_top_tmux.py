@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from services import throwaway_pg_database
+from services import CI, server_missing, throwaway_pg_database
 
 PG_ADMIN = os.environ.get("HAZE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -28,7 +28,7 @@ PG_ADMIN = os.environ.get("HAZE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5
 def _tmux() -> None:
     if shutil.which("tmux") is None:
         message = "tmux is not installed (scripts/_services.sh ensure_tools installs it)"
-        if os.environ.get("CI"):
+        if CI:
             pytest.fail(message)
         pytest.skip(message)
 
@@ -59,10 +59,8 @@ def pg_url() -> Iterator[str]:
     psycopg = pytest.importorskip("psycopg")
     try:
         psycopg.connect(PG_ADMIN, autocommit=True).close()
-    except psycopg.OperationalError:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"no PostgreSQL at {PG_ADMIN}")
+    except psycopg.OperationalError as e:
+        server_missing("PostgreSQL", PG_ADMIN, str(e))
     with throwaway_pg_database(PG_ADMIN, f"haze_top_{os.getpid()}") as url:
         yield url
 

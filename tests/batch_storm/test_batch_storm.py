@@ -32,7 +32,7 @@ from backend_procs import BackendProcs, backend_run
 from haze import (
     Queue,
 )
-from services import reachable, throwaway_pg_database
+from services import require_server, throwaway_pg_database
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -62,8 +62,7 @@ bst_callback = jobs_module.bst_callback
 
 @pytest.fixture(scope="module")
 def pg_url() -> Iterator[str]:
-    if not reachable(PG_ADMIN_URL):
-        pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}")
+    require_server("PostgreSQL", PG_ADMIN_URL)
     # Workers are killed here, never the server: only speed changes.
     with throwaway_pg_database(
         PG_ADMIN_URL, f"bst_{os.getpid()}", "synchronous_commit = off"
@@ -102,8 +101,7 @@ def _url(request: pytest.FixtureRequest, backend: str, tmp: Path) -> str:
         return f"sqlite:///{tmp}/bst.db"
     if backend == "postgres":
         return str(request.getfixturevalue("pg_url"))
-    if not reachable(REDIS_URL):
-        pytest.skip(f"no Redis at {REDIS_URL}")
+    require_server("Redis", REDIS_URL)
     return REDIS_URL
 
 

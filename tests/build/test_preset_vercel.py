@@ -28,6 +28,7 @@ import pytest
 from haze._kernel.errors import ConfigError
 from haze.build import build
 from preset_support import clean_env, lines_of, uvicorn, write_app
+from services import server_missing
 
 redis = pytest.importorskip("redis")
 
@@ -62,7 +63,7 @@ def prefix() -> Iterator[str]:
     try:
         client.ping()
     except redis.RedisError as e:
-        pytest.skip(f"no Redis at 127.0.0.1:6379: {e}")
+        server_missing("Redis", "127.0.0.1:6379", str(e))
     yield name
     keys = list(client.scan_iter(f"{name}:*"))
     if keys:

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 from backend_procs import BackendProcs, backend_run
-from services import reachable, throwaway_pg_database
+from services import require_server, throwaway_pg_database
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -59,8 +59,7 @@ cls_plain = jobs_module.cls_plain
 
 @pytest.fixture(scope="module")
 def pg_url() -> Iterator[str]:
-    if not reachable(PG_ADMIN_URL):
-        pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}")
+    require_server("PostgreSQL", PG_ADMIN_URL)
     with throwaway_pg_database(PG_ADMIN_URL, f"cls_{os.getpid()}") as url:
         yield url
 
@@ -136,8 +135,7 @@ def max_overlap(
 def _url(request: pytest.FixtureRequest, backend: str) -> str:
     if backend == "postgres":
         return str(request.getfixturevalue("pg_url"))
-    if not reachable(REDIS_URL):
-        pytest.skip(f"no Redis at {REDIS_URL}")
+    require_server("Redis", REDIS_URL)
     return REDIS_URL
 
 

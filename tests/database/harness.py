@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from services import require_server
 
 PG_ADMIN_URL = os.environ.get(
     "HAZE_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -56,8 +57,7 @@ def pg_database(prefix: str, *setup: str) -> Iterator[str]:
     ``setup`` statements run on the admin connection after ``CREATE``; ``{db}`` in
     them is the database's name.
     """
-    if not reachable(PG_ADMIN_URL):
-        pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}")
+    require_server("PostgreSQL", PG_ADMIN_URL)
     import psycopg
 
     db = f"{prefix}_{os.getpid()}"
@@ -88,8 +88,7 @@ def _mysql_admin() -> Any:
 
 def mysql_database(prefix: str) -> Iterator[str]:
     """A MySQL/MariaDB database for the session: its URL (skips with no server)."""
-    if not reachable(MYSQL_ADMIN_URL):
-        pytest.skip(f"no MySQL/MariaDB at {MYSQL_ADMIN_URL}")
+    require_server("MySQL/MariaDB", MYSQL_ADMIN_URL)
     db = f"{prefix}_{os.getpid()}"
     with contextlib.closing(_mysql_admin()) as c, c.cursor() as cur:
         cur.execute("SHOW DATABASES")

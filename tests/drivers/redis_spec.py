@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import pytest
+from services import needs_server
 
 REDIS_URL = os.environ.get("HAZE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -35,9 +35,8 @@ def redis_reachable(url: str = REDIS_URL) -> bool:
         return False
 
 
-needs_redis = pytest.mark.skipif(
-    not os.environ.get("CI") and not redis_reachable(), reason=f"no Redis at {REDIS_URL}"
-)
+#: Skips without a Redis server; fails under CI=true (tests/services.py).
+needs_redis = needs_server("Redis", REDIS_URL)
 
 
 def unique_prefix(kind: str = "t") -> str:

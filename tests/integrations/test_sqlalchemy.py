@@ -27,6 +27,7 @@ import pytest
 from haze import App, DispatchResult, Queue, define_job, define_queue_config
 from haze.integrations.sqlalchemy import TransactionScope, transaction_scope
 from haze.transactions import current_transaction
+from services import server_missing
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
@@ -104,9 +105,7 @@ def pg_database() -> Iterator[str]:
 
         admin = psycopg.connect(PG_ADMIN_DSN, autocommit=True)
     except Exception as exc:
-        if IN_CI:
-            pytest.fail(f"PostgreSQL on 127.0.0.1:5432 is required in CI: {exc}")
-        pytest.skip(f"PostgreSQL not reachable on 127.0.0.1:5432: {exc}")
+        server_missing("PostgreSQL", "127.0.0.1:5432", str(exc))
     name = f"haze_sa_{os.getpid()}_{uuid.uuid4().hex[:10]}"
     admin.execute(f'CREATE DATABASE "{name}"')
     try:

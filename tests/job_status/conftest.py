@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from haze import App
 from haze.database.migrations import ensure_queue_tables
-from services import delete_redis_prefix, reachable, throwaway_pg_database
+from services import delete_redis_prefix, require_server, throwaway_pg_database
 from worker_procs import WorkerProcs
 
 APP = Path(__file__).parent
@@ -28,8 +28,7 @@ PG_ADMIN_URL = os.environ.get(
 
 @pytest.fixture(scope="module")
 def pg_url() -> Iterator[str]:
-    if not reachable(PG_ADMIN_URL):
-        pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}")
+    require_server("PostgreSQL", PG_ADMIN_URL)
     with throwaway_pg_database(PG_ADMIN_URL, f"jstat_{os.getpid()}") as url:
         yield url
 
@@ -39,8 +38,8 @@ async def worker_app(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[App, WorkerProcs, dict[str, str]]]:
     backend = request.param
-    if backend == "redis" and not reachable(REDIS_URL):
-        pytest.skip(f"no Redis at {REDIS_URL}")
+    if backend == "redis":
+        require_server("Redis", REDIS_URL)
     # On Redis the database connection is configured but unused.
     db_url = (
         request.getfixturevalue("pg_url")
