@@ -33,9 +33,13 @@ import importlib
 import re
 from typing import Any
 
-__all__ = ["GROUPS", "find", "names", "register"]
+__all__ = ["BINDINGS", "CONNECTORS", "DRIVERS", "GROUPS", "STORES", "find", "names", "register"]
 
-GROUPS = ("haze.drivers", "haze.stores", "haze.connectors", "haze.bindings")
+DRIVERS = "haze.drivers"
+STORES = "haze.stores"
+CONNECTORS = "haze.connectors"
+BINDINGS = "haze.bindings"
+GROUPS = (DRIVERS, STORES, CONNECTORS, BINDINGS)
 
 _registered: dict[str, dict[str, object]] = {}
 _published: dict[str, dict[str, str]] = {}

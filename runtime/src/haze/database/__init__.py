@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: The entry point group of third-party database backends, named by dialect.
-GROUP = "haze.connectors"
+GROUP = plugins.CONNECTORS
 
 Row = tuple[Any, ...]
 

@@ -85,7 +85,7 @@ class D1Executor(Protocol):
 #: The plugin (group ``haze.bindings``, name ``d1``) that reaches a Worker's D1 bindings:
 #: (connection name, binding name) -> an executor, or None when no Worker env with that
 #: binding is bound (then the REST API is used). The Cloudflare adapter provides it.
-BINDINGS_GROUP = "haze.bindings"
+BINDINGS_GROUP = plugins.BINDINGS
 
 
 def register_binding_executor(fn: Callable[[str, str], D1Executor | None]) -> None:

@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 #: The entry point group of third-party queue drivers.
-GROUP = "haze.drivers"
+GROUP = plugins.DRIVERS
 
 # driver name -> (module, class). A missing optional client raises
 # MissingDependencyError from inside the module, naming the haze[extra] to install.

@@ -119,7 +119,7 @@ class Delivery(Protocol):
 #: The plugin (group ``haze.bindings``, name ``cloudflare``) that reaches a Worker's Queue
 #: bindings: binding name -> a producer, or None when no Worker env with that binding is
 #: bound (then the REST API is used). The Cloudflare adapter provides it.
-BINDINGS_GROUP = "haze.bindings"
+BINDINGS_GROUP = plugins.BINDINGS
 
 
 def register_binding_producer(fn: Callable[[str], Producer | None]) -> None:

@@ -18,7 +18,7 @@ from haze.contracts.store import Store
 __all__ = ["GROUP", "Store", "create_store", "register_store", "store_class"]
 
 #: The entry point group of third-party stores.
-GROUP = "haze.stores"
+GROUP = plugins.STORES
 
 # driver name -> (module, class). Imported only when a config names the driver.
 _STORES = {
