@@ -54,6 +54,13 @@ def server_missing(server: str, where: str, detail: str = "") -> NoReturn:
     pytest.skip(message)
 
 
+def tool_missing(message: str) -> NoReturn:
+    """Skip the test for a missing tool (Node.js, npm); fail it under CI=true."""
+    if CI:
+        pytest.fail(f"{message}. CI=true: the tests need every tool", pytrace=False)
+    pytest.skip(message)
+
+
 def require_server(server: str, url: str) -> None:
     """Go on only when ``server`` answers at ``url`` (see :func:`server_missing`)."""
     if not reachable(url):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from services import tool_missing
 
 pytestmark = pytest.mark.pyodide
 
@@ -66,11 +67,11 @@ class PyodideRunner:
 def pyodide_node() -> str:
     node = shutil.which("node")
     if node is None:
-        pytest.skip("Node.js is not installed")
+        tool_missing("Node.js is not installed")
     if not (PYODIDE_DIR / "node_modules" / "pyodide").is_dir():
         npm = shutil.which("npm")
         if npm is None:
-            pytest.skip("npm is not installed")
+            tool_missing("npm is not installed")
         # A fresh clone has no node_modules; the lock file pins the exact Pyodide.
         subprocess.run(
             [npm, "ci", "--no-audit", "--no-fund"],

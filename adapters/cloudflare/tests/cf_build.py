@@ -7,13 +7,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -75,13 +76,24 @@ def haze_wheels(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     ]
 
 
+#: CI installs Node.js, npm and uv: a missing tool fails the test there instead of skipping.
+CI = os.environ.get("CI", "").strip().lower() == "true"
+
+
+def tool_missing(message: str) -> NoReturn:
+    """Skip the test for a missing tool (Node.js, npm, uv); fail it under CI=true."""
+    if CI:
+        pytest.fail(f"{message}. CI=true: the tests need every tool", pytrace=False)
+    pytest.skip(message)
+
+
 def npm_ci(directory: Path, marker: str) -> None:
     """``npm ci`` in ``directory`` unless ``node_modules/<marker>`` exists (bounded)."""
     if (directory / "node_modules" / marker).is_dir():
         return
     npm = shutil.which("npm")
     if npm is None:
-        pytest.skip("npm is not installed")
+        tool_missing("npm is not installed")
     proc = subprocess.run(
         [npm, "ci", "--no-audit", "--no-fund"],
         cwd=directory,
@@ -99,7 +111,7 @@ def pyodide_node() -> str:
     skips where Node.js or npm is missing, or npm ci fails)."""
     node = shutil.which("node")
     if node is None:
-        pytest.skip("Node.js is not installed")
+        tool_missing("Node.js is not installed")
     npm_ci(PYODIDE_DIR, "pyodide")
     return node
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cf_build import tool_missing
 
 ROOT = Path(__file__).resolve().parents[3]
 SDK = "workers-runtime-sdk==1.9.5"
@@ -24,7 +25,7 @@ SDK = "workers-runtime-sdk==1.9.5"
 def sdk_mypy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     uv = shutil.which("uv")
     if uv is None:
-        pytest.skip("uv is not installed")
+        tool_missing("uv is not installed")
     venv = tmp_path_factory.mktemp("workers-sdk") / "venv"
     packages = [SDK, "mypy", "httpx", "cronsim", "opentelemetry-api", "opentelemetry-sdk"]
     for cmd in (

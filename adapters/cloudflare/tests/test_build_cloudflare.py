@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cf_build import npm_ci, pure_wheel, pyodide_node, run_pyodide
+from cf_build import npm_ci, pure_wheel, pyodide_node, run_pyodide, tool_missing
 from click.testing import CliRunner
 from haze._kernel.errors import ConfigError
 from haze.cli import get_cli
@@ -192,7 +192,7 @@ def test_bundle_layout(built: Path) -> None:
 
 def _wrangler() -> Path:
     if shutil.which("node") is None:
-        pytest.skip("Node.js is not installed")
+        tool_missing("Node.js is not installed")
     npm_ci(WRANGLER_DIR, "wrangler")
     exe = WRANGLER_DIR / "node_modules" / ".bin" / "wrangler"
     if not exe.exists():
@@ -564,7 +564,7 @@ def pywrangler(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shadow the standard library of the workspace's environment."""
     uv = shutil.which("uv")
     if uv is None:
-        pytest.skip("uv is not installed")
+        tool_missing("uv is not installed")
     venv = tmp_path_factory.mktemp("pywrangler") / "venv"
     for cmd in (
         [uv, "venv", "-q", "-p", sys.executable, str(venv)],
@@ -614,7 +614,7 @@ def pywrangler_vendor(project: Path) -> Path:
     requirements file instead of its pylock.toml)."""
     uv = shutil.which("uv")
     if uv is None:
-        pytest.skip("uv is not installed")
+        tool_missing("uv is not installed")
     target = ["--python-platform", "wasm32-pyodide2024", "--python-version", "3.13"]
     extra = project / "sdk.txt"
     extra.write_text("workers-runtime-sdk\n")

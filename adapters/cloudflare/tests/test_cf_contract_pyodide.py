@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cf_build import haze_wheels, npm_ci
+from cf_build import haze_wheels, npm_ci, tool_missing
 
 pytestmark = pytest.mark.pyodide
 
@@ -248,7 +248,7 @@ class ContractRun:
 def node() -> str:
     exe = shutil.which("node")
     if exe is None:
-        pytest.skip("Node.js is not installed")
+        tool_missing("Node.js is not installed")
     npm_ci(PYODIDE_DIR, "pyodide")
     return exe
 

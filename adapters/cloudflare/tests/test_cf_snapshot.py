@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cf_build import haze_wheels
+from cf_build import haze_wheels, tool_missing
 from test_cf_pyodide import _app_wheel
 
 pytestmark = pytest.mark.pyodide
@@ -67,7 +67,7 @@ response = await Default(None, env).fetch(request, env)
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("node") is None:
-        pytest.skip("Node.js is not installed")
+        tool_missing("Node.js is not installed")
     if not (PYODIDE_DIR / "node_modules" / "pyodide").is_dir():
         pytest.skip(f"{PYODIDE_DIR} has no node_modules (npm ci there)")
     out = tmp_path_factory.mktemp("cf-snapshot-bundle")
