@@ -35,7 +35,7 @@ from cf_pyo_app.entry import Default  # the generated entry: Default.preload() a
 from haze._kernel.message import new_id
 before = sorted(m for m in sys.modules if m.startswith("app.job"))
 drawn = new_id() if DRAW_AT_TOP_LEVEL else None  # an id drawn before the snapshot
-{"jobs": before, "drawn": drawn, "runtime_loaded": "haze.manager" in sys.modules}
+{"jobs": before, "drawn": drawn, "runtime_loaded": "haze._engine.manager" in sys.modules}
 """
 
 REQUEST = """
