@@ -488,8 +488,8 @@ async def test_failed_jobs_in_a_cache_store(make_app: Callable[..., App], tmp_pa
     )
     app = make_app(failed_store="db", cache=cache)
     async with app:
-        from haze.contracts.driver import FailedJob
         from haze._failed import StoreFailedJobs
+        from haze.contracts.driver import FailedJob
 
         store = app.driver("sqs").failed
         assert isinstance(store, StoreFailedJobs)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from haze._kernel.message import FailedJob
-from haze.database.sqlfiles import queue_schema, queue_sql
+from haze._kernel.sqlfiles import queue_schema, queue_sql
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from haze._kernel.errors import ConfigError
-from haze.database.sqlfiles import queue_schema
+from haze._kernel.sqlfiles import queue_schema
 
 if TYPE_CHECKING:
     from haze._app.app import App

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from haze._kernel.errors import ConfigError
+from haze._kernel.sqlfiles import sql_blocks
 from haze.contracts.store import BatchSettled, Subscription
-from haze.database.sqlfiles import sql_blocks
 
 if TYPE_CHECKING:
     from haze.database import Connector, Session

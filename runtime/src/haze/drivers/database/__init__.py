@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from haze._failed import SqlFailedJobs
 from haze._kernel.errors import ConfigError, DatabaseConnectionError, QueueTablesMissingError
 from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode
+from haze._kernel.sqlfiles import queue_schema, queue_sql
 from haze.contracts.driver import (
     BatchConsumer,
     Concurrent,
@@ -39,7 +40,6 @@ from haze.contracts.driver import (
     RunningJob,
 )
 from haze.database.migrations import MIGRATIONS_DIR
-from haze.database.sqlfiles import queue_schema, queue_sql
 
 if TYPE_CHECKING:
     from haze.database import Connector
