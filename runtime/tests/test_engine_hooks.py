@@ -1,0 +1,92 @@
+"""Outcome hooks: what plugs into the engine sees each outcome in stage order, before and
+after the driver records it; a run guard can skip an attempt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from haze import App, JobContext, Queue, define_job, define_queue_config
+from haze._engine.hooks import Outcome, Run, Skip, Stage
+
+seen: list[tuple[str, str, str]] = []
+
+
+@define_job(name="hooks_ok")
+async def hooks_ok(payload: dict[str, Any]) -> str:
+    return "fine"
+
+
+@define_job(name="hooks_boom", tries=2, backoff=0)
+async def hooks_boom(payload: dict[str, Any]) -> None:
+    raise RuntimeError("boom")
+
+
+released: list[str] = []
+
+
+@define_job(name="hooks_release")
+async def hooks_release(payload: dict[str, Any], job: JobContext) -> None:
+    if not released:  # a release uses no attempt: the second run is attempt 1 again
+        released.append(job.id)
+        job.release(0)
+
+
+class Recorder:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def settling(self, run: Run) -> None:
+        seen.append((self.name, "settling", run.outcome))
+
+    async def settled(self, run: Run) -> None:
+        seen.append((self.name, "settled", run.outcome))
+
+
+class SkipFlagged:
+    async def admit(self, run: Run) -> Skip | None:
+        return Skip("flagged") if run.message.payload.get("skip") else None
+
+
+def memory_app() -> App:
+    return App(queue=define_queue_config(connections={"memory": {"driver": "memory"}}))
+
+
+async def test_hooks_see_each_outcome_in_stage_order_around_the_record() -> None:
+    seen.clear()
+    async with memory_app() as app:
+        # Added out of order: the stage decides, then the order of adding.
+        app.manager.hooks.add(Recorder("late"), Stage.NOTIFY)
+        app.manager.hooks.add(Recorder("early"), Stage.CONTINUE)
+        await hooks_ok.dispatch({})
+        await Queue.idle()
+    assert seen == [
+        ("early", "settling", Outcome.SUCCESS),
+        ("late", "settling", Outcome.SUCCESS),
+        ("early", "settled", Outcome.SUCCESS),
+        ("late", "settled", Outcome.SUCCESS),
+    ]
+
+
+async def test_hooks_see_retries_releases_and_the_final_failure() -> None:
+    seen.clear()
+    released.clear()
+    async with memory_app() as app:
+        app.manager.hooks.add(Recorder("h"), Stage.COUNT)
+        await hooks_boom.dispatch({})
+        await hooks_release.dispatch({})
+        await Queue.idle()
+    outcomes = [outcome for _, step, outcome in seen if step == "settled"]
+    assert sorted(outcomes) == sorted(
+        [Outcome.RETRY, Outcome.FAILED, Outcome.RELEASED, Outcome.SUCCESS]
+    )
+
+
+async def test_a_run_guard_skips_the_attempt() -> None:
+    seen.clear()
+    async with memory_app() as app:
+        app.manager.hooks.add(Recorder("h"), Stage.COUNT)
+        app.manager.hooks.guard(SkipFlagged())
+        await hooks_ok.dispatch({"skip": True})
+        await Queue.idle()
+        assert await Queue.failed() == []
+    assert seen == [("h", "settling", Outcome.SKIPPED), ("h", "settled", Outcome.SKIPPED)]
