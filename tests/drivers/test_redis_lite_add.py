@@ -4,9 +4,20 @@ the lite add can never drift from BullMQ unnoticed.
 
 Each case adds the same jobs, with the same timestamps, to two queues of one prefix:
 one through bullmq's own builder and script (over redis-py), one through the lite add
-(over the lean connection). Every key of the two queues is then compared with ``DUMP``
-(the serialized value: fields, members, their order and encoding); the events stream,
-whose entry ids are clock-based, by the fields of each entry in order.
+(over the lean connection). Every key of the two queues is then compared by its type and
+its contents as a reader sees them: a hash's fields and values, a list in order, a
+sorted set's members and scores in order, a string's value; the events stream, whose
+entry ids are clock-based, by the fields of each entry in order.
+
+Not by ``DUMP``: a job hash holds a data value longer than ``hash-max-listpack-value``
+(64 bytes), so Redis stores it as a hash table, and DUMP writes a hash table's fields in
+bucket order. That order depends on the server's hash seed (random at each start) and on
+how far the table's incremental rehash has gone, which any later read of the hash (an
+HGET) moves on. Two hashes written by the same HMSET with the same fields, values and
+order can then DUMP differently; whether they do depends on the seed, so a DUMP test
+passes or fails per Redis start, not per code. No reader sees that order: BullMQ (Node
+and Python) and dashboards read a job with HGETALL into a map. A missing or extra field,
+or any different value, still fails the comparison.
 """
 
 from __future__ import annotations
@@ -40,7 +51,7 @@ async def driver(redis_prefix: str) -> AsyncIterator[RedisDriver]:
 
 @pytest.fixture
 async def raw() -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(REDIS_URL)  # bytes: DUMP payloads are binary
+    client = aioredis.Redis.from_url(REDIS_URL)  # bytes: values compared as stored
     try:
         yield client
     finally:
@@ -64,16 +75,29 @@ async def _add_lite(link: _Link, queue: str, name: str, body: str, ts: int) -> A
     return await wire.run_head(script, head, (name, body, ts))
 
 
+async def _contents(raw: aioredis.Redis, key: bytes, kind: str) -> Any:
+    """A key's value as a reader sees it (see the module docstring: not its DUMP)."""
+    if kind == "hash":
+        return await raw.hgetall(key)  # a map: a hash table's field order is not data
+    if kind == "list":
+        return await raw.lrange(key, 0, -1)
+    if kind == "zset":
+        return await raw.zrange(key, 0, -1, withscores=True)
+    if kind == "string":
+        return await raw.get(key)
+    if kind == "set":
+        return await raw.smembers(key)
+    if kind == "stream":  # entry ids are clock-based: the fields of each entry, in order
+        return [fields for _, fields in await raw.xrange(key)]
+    raise AssertionError(f"{key!r}: a {kind} key, which this test does not compare yet")
+
+
 async def _snapshot(raw: aioredis.Redis, prefix: str, queue: str) -> dict[str, Any]:
     base = f"{prefix}:{queue}:".encode()
     out: dict[str, Any] = {}
     async for key in raw.scan_iter(match=base + b"*", count=1000):
-        name = key[len(base) :].decode()
         kind = (await raw.type(key)).decode()
-        if kind == "stream":
-            out[name] = [fields for _, fields in await raw.xrange(key)]
-        else:
-            out[name] = (kind, await raw.dump(key))
+        out[key[len(base) :].decode()] = (kind, await _contents(raw, key, kind))
     return out
 
 
@@ -156,7 +180,7 @@ async def test_the_lite_add_writes_what_bullmqs_addstandardjob_writes(
         case not in {"paused queue: no marker", "concurrency reached: no marker"}
     )
     if case.startswith("events trimmed"):
-        assert len(bull["events"]) < 2 * n  # MAXLEN ~ did trim, the same way
+        assert len(bull["events"][1]) < 2 * n  # MAXLEN ~ did trim, the same way
 
 
 async def test_dispatches_after_a_queues_first_take_the_lite_add(
@@ -164,7 +188,9 @@ async def test_dispatches_after_a_queues_first_take_the_lite_add(
 ) -> None:
     """Through ``enqueue``: the first job of a queue goes through BullMQ's script (and
     checks haze's template against bullmq's builder), the next ones through the lite
-    add; both end up as BullMQ would have written them."""
+    add; both end up as BullMQ would have written them. (The HGETs of the timestamps
+    move the rehash of queue a's job hashes on: a DUMP comparison failed here under
+    about half of Redis's hash seeds, see the module docstring.)"""
     link = driver._link()
     bodies = [_body(i) for i in range(3)]
     for body in bodies:
@@ -178,7 +204,7 @@ async def test_dispatches_after_a_queues_first_take_the_lite_add(
     a = await _snapshot(raw, redis_prefix, "a")
     b = await _snapshot(raw, redis_prefix, "b")
     assert a == b
-    assert len(a["events"]) == 6
+    assert len(a["events"][1]) == 6
 
 
 async def test_delayed_jobs_keep_bullmqs_script(driver: RedisDriver, redis_prefix: str) -> None:
