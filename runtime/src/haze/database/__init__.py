@@ -35,6 +35,7 @@ from haze._kernel.errors import ConfigError
 __all__ = [
     "GROUP",
     "Connector",
+    "Notifying",
     "Session",
     "connect",
     "connector_class",
@@ -74,6 +75,18 @@ class Connector(Session, Protocol):
         """A transaction; ``immediate`` takes the write lock up front (SQLite)."""
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Notifying(Protocol):
+    """A connector whose database can wake idle workers in other processes at once
+    (PostgreSQL's LISTEN/NOTIFY); without it, workers poll."""
+
+    def notify(self, channel: str, payload: str = "") -> None:
+        """Send ``payload`` on ``channel`` (fire and forget)."""
+
+    async def listen(self, channel: str, timeout: float) -> None:
+        """Return on the next notification on ``channel``, or after ``timeout`` seconds."""
 
 
 _BACKENDS = {

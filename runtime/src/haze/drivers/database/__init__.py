@@ -39,6 +39,7 @@ from haze.contracts.driver import (
     Reserved,
     RunningJob,
 )
+from haze.database import Notifying
 from haze.database.migrations import MIGRATIONS_DIR
 
 if TYPE_CHECKING:
@@ -131,6 +132,7 @@ class DatabaseDriver(BatchConsumer, Leased, IdlePolling, Concurrent):
                 )
         self._db_name: str = options.get("connection") or app.database_config.default
         self._db: Connector | None = None
+        self._wakes: tuple[Notifying, ...] | None = None
         self._sql: dict[str, str] | None = None
         self.failed = SqlFailedJobs(
             lambda: self.db, table=self.failed_table, error=self._tables_missing_for
@@ -146,6 +148,15 @@ class DatabaseDriver(BatchConsumer, Leased, IdlePolling, Concurrent):
         if self._db is None:
             self._db = self.app.database(self._db_name)
         return self._db
+
+    @property
+    def _notifying(self) -> Notifying | None:
+        """The connector's cross-process wake-ups, when its database has them (checked
+        once: the dispatch path asks on every job)."""
+        if self._wakes is None:
+            db = self.db
+            self._wakes = (db,) if isinstance(db, Notifying) else ()
+        return self._wakes[0] if self._wakes else None
 
     @property
     def dialect(self) -> str:
@@ -245,9 +256,8 @@ class DatabaseDriver(BatchConsumer, Leased, IdlePolling, Concurrent):
         """Same-process dispatch wakes an idle worker at once."""
         if self._wake_local():
             return
-        notify = getattr(self.db, "notify", None)
-        if notify is not None:
-            notify(f"haze_{self.table}", queue)
+        if self._notifying is not None:
+            self._notifying.notify(f"haze_{self.table}", queue)
 
     # -- consumer -----------------------------------------------------------------
 
@@ -386,11 +396,11 @@ class DatabaseDriver(BatchConsumer, Leased, IdlePolling, Concurrent):
 
     async def _idle_wait(self, event: asyncio.Event, wait: float) -> None:
         """Until a dispatch of this process, a NOTIFY, interrupt() or ``wait`` seconds."""
-        listen = getattr(self.db, "listen", None)
         waiter = asyncio.ensure_future(event.wait())
         waiters: set[asyncio.Future[Any]] = {waiter}
-        if listen is not None:
-            waiters.add(asyncio.ensure_future(listen(f"haze_{self.table}", wait)))
+        if self._notifying is not None:
+            listen = self._notifying.listen(f"haze_{self.table}", wait)
+            waiters.add(asyncio.ensure_future(listen))
         try:
             await asyncio.wait(waiters, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
         finally:
