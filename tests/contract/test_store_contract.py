@@ -333,6 +333,33 @@ async def test_settle_batch_job_is_atomic_under_concurrency(store):
     assert (c["pending"], c["processed"]) == (0, n)
 
 
+async def test_settle_batch_job_lists_the_first_jobs_it_counts(store):
+    # keep=n: the n first jobs counted are listed under <batch>:jobs:<i> (the dashboard's
+    # batch page), in the same atomic step; a job counted again is not listed again.
+    await _batch(store, 5)
+    await store.settle_batch_job(B, "j1", "done", ttl=60, keep=2)
+    await store.settle_batch_job(B, "j1", "done", ttl=60, keep=2)
+    await store.settle_batch_job(B, "j2", "failed", cancel=True, now=1.0, ttl=60, keep=2)
+    await store.settle_batch_job(B, "j2", "done", ttl=60, keep=2)  # retried: not relisted
+    await store.settle_batch_job(B, "j3", "skipped", ttl=60, keep=2)  # beyond keep
+    await store.settle_batch_job(B, "j4", "done", ttl=60)  # keep=0: not listed
+    assert await store.get(f"{B}:jobs") == 3
+    listed = await store.get_many([f"{B}:jobs:1", f"{B}:jobs:2", f"{B}:jobs:3"])
+    assert listed == ["j1", "j2", None]
+    assert 0 < (await store.ttl(f"{B}:jobs:1") or 0) <= 60
+    assert 0 < (await store.ttl(f"{B}:jobs") or 0) <= 60
+
+
+async def test_settle_batch_job_lists_each_job_once_under_concurrency(store):
+    n = 20
+    await _batch(store, n)
+    calls = [store.settle_batch_job(B, f"j{i % n}", "done", ttl=60, keep=n) for i in range(2 * n)]
+    await asyncio.gather(*calls)
+    listed = await store.get_many([f"{B}:jobs:{i}" for i in range(1, n + 1)])
+    assert sorted(str(x) for x in listed) == sorted(f"j{i}" for i in range(n))
+    assert await store.get(f"{B}:jobs") == n
+
+
 # --------------------------------------------------------------------------- touch
 # A lease renewal (limit_concurrency's slots): only the holder extends its key.
 

@@ -427,6 +427,30 @@ def test_batches_list_detail_cancel_and_retry_failed(backend: Backend) -> None:
     assert c.get("/batches/unknown-batch").status_code == 404
 
 
+def test_batch_page_lists_its_jobs_with_their_state(backend: Backend) -> None:
+    async def make(app: App) -> tuple[str, list[str]]:
+        batch = (
+            await Queue.batch(
+                [dash_ok.with_({"i": 1}), dash_boom.with_({"n": "m"}), dash_ok.with_({"i": 2})]
+            )
+            .allow_failures()
+            .on_queue("reports")
+            .dispatch()
+        )
+        await drain(app, ["reports"])
+        return batch.id, [j.id for j in await Queue.failed()]
+
+    batch_id, failed_ids = backend.run(make)
+    page = client(backend).get(f"/batches/{batch_id}").text
+    rows = dict(
+        re.findall(r'<tr data-job="([^"]+)">.*?<span class="badge[^"]*">(\w+)<', page, re.S)
+    )
+    assert len(rows) == 3, page
+    assert [rows[i] for i in failed_ids] == ["failed"]
+    assert sorted(rows.values()) == ["done", "done", "failed"]
+    assert "3 of 3 jobs have ended" in page
+
+
 def test_job_lookup_by_full_and_short_id(backend: Backend) -> None:
     fail_jobs(backend, [{"n": "look"}])
     job = backend.run(lambda app: Queue.failed())[0]

@@ -170,6 +170,7 @@ class KVStore:
         cancel: bool = False,
         now: float = 0.0,
         ttl: float | None = None,
+        keep: int = 0,
     ) -> BatchSettled:
         """The same steps as the atomic stores, one KV read or write at a time: a crash
         or a second isolate in between can lose or double a count (hence the warning)."""
@@ -185,6 +186,8 @@ class KVStore:
                     await self.add(f"{batch}:cancelled", now, ttl)
             else:
                 await self.increment(f"{batch}:processed", count, ttl)
+            if keep > 0 and (n := await self.increment(f"{batch}:jobs", 1, ttl)) <= keep:
+                await self.put(f"{batch}:jobs:{n}", job, ttl)
             pending = await self.increment(f"{batch}:pending", -count, ttl)
             return BatchSettled(True, pending, outcome)
         first = str(got[0])

@@ -32,9 +32,12 @@ from haze._kernel.errors import BatchFinishedError, HazeError
 from haze._kernel.message import Message, new_id
 from haze.contracts.store import Store
 
-__all__ = ["Batch", "BatchCount", "BatchGuard", "PendingBatch"]
+__all__ = ["Batch", "BatchCount", "BatchGuard", "BatchJob", "PendingBatch"]
 
 _CALLBACKS = ("then", "catch", "finally", "progress", "failure")
+#: Jobs of one batch whose ids are kept, in the order they ended (``jobs``): the first
+#: ones only, so a batch of a million jobs costs no more than one of a thousand.
+KEEP_JOB_IDS = 1000
 
 
 def _key(batch_id: str, part: str = "") -> str:
@@ -402,6 +405,36 @@ async def find(manager: QueueManager, batch_id: str) -> Batch | None:
     )
 
 
+@dataclass
+class BatchJob:
+    """One job of a batch that has ended, as ``jobs`` lists it."""
+
+    id: str
+    #: ``done``, ``failed``, ``skipped`` (its batch was cancelled, or it was cancelled),
+    #: or ``retried`` (failed, then retried from the failed jobs and done).
+    state: str
+
+
+async def jobs(manager: QueueManager, batch_id: str) -> tuple[list[BatchJob], int]:
+    """The jobs of a batch that have ended, in the order they ended, and how many have
+    ended in all: only the first ``KEEP_JOB_IDS`` are listed (the dashboard's batch page;
+    jobs still pending are only counted)."""
+    store = _store(manager)
+    ended = int(await store.get(_key(batch_id, "jobs")) or 0)
+    if not ended:
+        return [], 0
+    slots = [_key(batch_id, f"jobs:{n}") for n in range(1, min(ended, KEEP_JOB_IDS) + 1)]
+    ids = [str(v) for v in await store.get_many(slots) if v is not None]
+    marks = await store.get_many(
+        [_key(batch_id, f"{part}:{i}") for i in ids for part in ("done", "recovered")]
+    )
+    out = []
+    for i, job_id in enumerate(ids):
+        state, recovered = marks[2 * i], marks[2 * i + 1]
+        out.append(BatchJob(job_id, "retried" if recovered is not None else str(state or "")))
+    return out, ended
+
+
 async def recent_ids(manager: QueueManager, limit: int = 50) -> list[str]:
     """Ids of the newest batches in the index (newest first, at most ``limit``; the
     dashboard's batch list). Slots of pruned or expired batches are skipped."""
@@ -441,7 +474,13 @@ async def settle(
         await _count(manager, store, record, f"{message.id}:rest", "skipped", len(message.chain))
     cancel = outcome == "failed" and not record["options"].get("allow_failures")
     settled = await store.settle_batch_job(
-        _key(batch_id), message.id, outcome, cancel=cancel, now=time.time(), ttl=ttl
+        _key(batch_id),
+        message.id,
+        outcome,
+        cancel=cancel,
+        now=time.time(),
+        ttl=ttl,
+        keep=KEEP_JOB_IDS,
     )
     callbacks = record.get("callbacks") or {}
     if outcome == "failed" and settled.outcome == "failed":
@@ -685,6 +724,8 @@ async def _delete(store: Store, batch: Batch) -> None:
     parts = ["", "total", "pending", "processed", "failed", "finished", "cancelled", "outcome"]
     parts += ["cb:then", "cb:finally", "cb:catch", "cb:chain", "cb:chain-catch"]
     parts += ["recovered", *(f"failed:{i}" for i in range(1, raw_failed + 1))]
+    listed = min(int(await store.get(_key(batch.id, "jobs")) or 0), KEEP_JOB_IDS)
+    parts += ["jobs", *(f"jobs:{i}" for i in range(1, listed + 1))]
     for part in parts:
         await store.delete(_key(batch.id, part))
 
@@ -796,6 +837,9 @@ class BatchGuard:
     def __init__(self, manager: QueueManager) -> None:
         self.manager = manager
 
+    def wants(self, run: Run) -> bool:
+        return run.message.batch_id is not None
+
     async def admit(self, run: Run) -> Skip | None:
         batch_id = run.message.batch_id
         if batch_id is None:
@@ -813,6 +857,9 @@ class BatchCount:
 
     def __init__(self, manager: QueueManager) -> None:
         self.manager = manager
+
+    def wants(self, run: Run) -> bool:
+        return run.message.batch_id is not None
 
     async def settling(self, run: Run) -> None:
         message = run.message

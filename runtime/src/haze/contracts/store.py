@@ -85,14 +85,17 @@ class Store(Protocol):
         cancel: bool = False,
         now: float = 0.0,
         ttl: float | None = None,
+        keep: int = 0,
     ) -> BatchSettled:
         """Count ``job`` of the batch whose keys start with ``batch``, once, in one step.
 
         When ``<batch>:done:<job>`` is absent: set it to ``outcome``; add ``count`` to
         ``<batch>:failed`` (``outcome == "failed"``, also writing the job id under
         ``<batch>:failed:<n>`` for the new value n) or else to ``<batch>:processed``;
-        with ``cancel``, add ``<batch>:cancelled`` = ``now`` if absent; subtract
-        ``count`` from ``<batch>:pending``. When the marker is there, the job was
+        with ``cancel``, add ``<batch>:cancelled`` = ``now`` if absent; with ``keep``
+        above 0, add 1 to ``<batch>:jobs`` and, while its new value n is at most
+        ``keep``, write the job id under ``<batch>:jobs:<n>`` (the batch's job list,
+        bounded); subtract ``count`` from ``<batch>:pending``. When the marker is there, the job was
         counted already: nothing changes, except that a job counted ``"failed"`` that
         now ends ``"done"`` (retried from failed jobs) moves once to processed
         (``<batch>:recovered:<job>`` marker, ``<batch>:recovered`` counter).

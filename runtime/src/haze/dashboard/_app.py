@@ -31,7 +31,7 @@ from haze._kernel.crypto import keyed_digest
 from haze._kernel.durations import format_age
 from haze._kernel.errors import HazeError
 from haze._kernel.ids import short_id
-from haze._orchestration.batches import find
+from haze._orchestration.batches import KEEP_JOB_IDS, find, jobs
 from haze._runners.presence import LEASE, live_workers
 from haze.dashboard._security import CSRF_COOKIE, CSRF_FIELD, CSRF_HEADER, Authorize, Guard
 
@@ -312,7 +312,16 @@ class Dashboard:
         if batch is None:
             message = f'no batch "{batch_id}" (unknown, pruned or expired)'
             return self.render(request, "error.html", 404, message=message, page="batches")
-        return self.render(request, "batch_detail.html", batch=batch, page="batches")
+        members, ended = await self.call(lambda app: jobs(app.manager, batch_id))
+        return self.render(
+            request,
+            "batch_detail.html",
+            batch=batch,
+            members=members,
+            ended=ended,
+            keep=KEEP_JOB_IDS,
+            page="batches",
+        )
 
     async def batch_action(self, request: Request) -> Response:
         self.failed_counts.clear()

@@ -150,6 +150,7 @@ class DatabaseStore:
         cancel: bool = False,
         now: float = 0.0,
         ttl: float | None = None,
+        keep: int = 0,
     ) -> BatchSettled:
         sql = await self._statements()
         for attempt in range(_DEADLOCK_RETRIES):
@@ -157,7 +158,9 @@ class DatabaseStore:
                 # immediate: SQLite takes the write lock at BEGIN, so two settles never
                 # both read and then fail to upgrade their lock.
                 async with self.db.transaction(immediate=True) as tx:
-                    return await self._settle(tx, sql, batch, job, outcome, count, cancel, now, ttl)
+                    return await self._settle(
+                        tx, sql, batch, job, outcome, (count, keep), cancel, now, ttl
+                    )
             except Exception as e:
                 # A rolled-back transaction changed nothing: run it again.
                 if attempt + 1 >= _DEADLOCK_RETRIES or "deadlock" not in str(e).lower():
@@ -172,11 +175,12 @@ class DatabaseStore:
         batch: str,
         job: str,
         outcome: str,
-        count: int,
+        counts: tuple[int, int],
         cancel: bool,
         now: float,
         ttl: float | None,
     ) -> BatchSettled:
+        count, keep = counts
         clock = time.time()
         exp = self._exp(ttl, clock)
         marker = f"{batch}:done:{job}"
@@ -188,6 +192,10 @@ class DatabaseStore:
                     await _add(tx, sql, f"{batch}:cancelled", _dumps(now), exp, clock)
             else:
                 await _increment(tx, sql, f"{batch}:processed", count, exp, clock)
+            if keep > 0:
+                n = await _increment(tx, sql, f"{batch}:jobs", 1, exp, clock)
+                if n <= keep:
+                    await tx.execute(sql["put"], (f"{batch}:jobs:{n}", _dumps(job), exp))
             pending = await _increment(tx, sql, f"{batch}:pending", -count, exp, clock)
             return BatchSettled(True, pending, outcome)
         row = await tx.fetchone(sql["get"], (marker, clock))

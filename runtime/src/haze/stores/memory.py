@@ -99,6 +99,7 @@ class MemoryStore:
         cancel: bool = False,
         now: float = 0.0,
         ttl: float | None = None,
+        keep: int = 0,
     ) -> BatchSettled:
         # No await in here: the event loop cannot run anything else in between.
         expires = None if ttl is None else _monotonic() + ttl
@@ -112,6 +113,8 @@ class MemoryStore:
                     self._data[f"{batch}:cancelled"] = (now, expires)
             else:
                 self._incr(f"{batch}:processed", count, expires)
+            if keep > 0 and (n := self._incr(f"{batch}:jobs", 1, expires)) <= keep:
+                self._data[f"{batch}:jobs:{n}"] = (job, expires)
             return BatchSettled(True, self._incr(f"{batch}:pending", -count, expires), outcome)
         first = str(marker[0])
         if outcome == "done" and first == "failed" and not self._live(f"{batch}:recovered:{job}"):

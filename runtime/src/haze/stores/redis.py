@@ -255,13 +255,15 @@ class RedisStore:
         cancel: bool = False,
         now: float = 0.0,
         ttl: float | None = None,
+        keep: int = 0,
     ) -> BatchSettled:
         b = self.prefix + batch
         keys = [f"{b}:done:{job}", f"{b}:processed", f"{b}:failed", f"{b}:pending"]
         keys += [f"{b}:cancelled", f"{b}:recovered", f"{b}:recovered:{job}"]
         args: list[str | int] = [_dumps(outcome), int(count), "" if ttl is None else _ms(ttl)]
         args.append(int(cancel))
-        args += [_dumps(now), f"{b}:failed:", _dumps(job)]
+        args += [_dumps(now), f"{b}:failed:", _dumps(job), int(keep)]
+        keys.append(f"{b}:jobs")
         counted, pending, first = await self._conn().settle_batch(keys=keys, args=args)
         return BatchSettled(bool(counted), int(pending), str(_load(first)))
 

@@ -11,6 +11,9 @@
     ARGV[5]  the cancel time, JSON-encoded
     ARGV[6]  <batch>:failed: (the failed job list; the n-th entry is ARGV[6] .. n)
     ARGV[7]  the job id, JSON-encoded
+    ARGV[8]  keep: list the first ARGV[8] jobs counted (KEYS[8] counts them; the n-th
+             id goes to <batch>:jobs:n, built like the failed list's keys)
+    KEYS[8]  <batch>:jobs
   Returns {1 if counted here else 0, pending after, the outcome counted (JSON)}.
 ]]
 local ttl = ARGV[3]
@@ -43,6 +46,13 @@ if set(KEYS[1], ARGV[1], true) then
     end
   else
     incr(KEYS[2], count)
+  end
+  local keep = tonumber(ARGV[8] or "0")
+  if keep > 0 then
+    local n = incr(KEYS[8], 1)
+    if n <= keep then
+      set(KEYS[8] .. ":" .. n, ARGV[7], false)
+    end
   end
   return {1, incr(KEYS[4], -count), ARGV[1]}
 end
