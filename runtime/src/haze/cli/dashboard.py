@@ -65,7 +65,11 @@ def dashboard(state: State, host: str, port: int, connection: str | None, read_o
                 "requests from this machine are allowed.[/]"
             )
         who = "requests from this machine (HAZE_ENV=local)"
-    asgi = build(app, authorize, read_only, "", connection=connection, challenge=challenge)
+    # close_app: the app's connections (opened by the pages, on uvicorn's event loop)
+    # are closed on that loop when the server shuts down (its lifespan's shutdown).
+    asgi = build(
+        app, authorize, read_only, "", connection=connection, challenge=challenge, close_app=True
+    )
     shown = f"[{host}]" if ":" in host else host
     out.print(f"haze dashboard on http://{shown}:{port}/ ({who}); Ctrl-C stops it.")
-    uvicorn.run(asgi, host=host, port=port, log_level="warning", lifespan="off")
+    uvicorn.run(asgi, host=host, port=port, log_level="warning", lifespan="on")

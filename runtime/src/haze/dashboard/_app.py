@@ -8,10 +8,12 @@ parsed form the gate left in ``request.state.form``.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -501,6 +503,17 @@ def _plain(status: int, text: str) -> Response:
     return PlainTextResponse(text, status_code=status, headers=_NO_STORE)
 
 
+def _closing(d: Dashboard) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await d.app.stop()
+
+    return lifespan
+
+
 def build(
     app: App | None,
     authorize: Authorize | None,
@@ -509,9 +522,11 @@ def build(
     *,
     connection: str | None = None,
     challenge: str | None = None,
+    close_app: bool = False,
 ) -> ASGIApp:
-    """The dashboard's ASGI app (see :func:`haze.dashboard.create_app`); ``connection``
-    and ``challenge`` (a ``WWW-Authenticate`` value for 401s) serve ``haze dashboard``."""
+    """The dashboard's ASGI app (see :func:`haze.dashboard.create_app`); ``connection``,
+    ``challenge`` (a ``WWW-Authenticate`` value for 401s) and ``close_app`` (close the
+    app's connections at the server's lifespan shutdown) serve ``haze dashboard``."""
     d = Dashboard(app, authorize, read_only, base_path, connection)
     d.guard.challenge = challenge
     routes = [
@@ -528,5 +543,7 @@ def build(
         Route("/metrics", d.metrics),
         Route("/static/{name}", d.static),
     ]
-    starlette = Starlette(routes=[Mount(base_path, routes=routes)] if base_path else routes)
+    lifespan = _closing(d) if close_app else None
+    mounted = [Mount(base_path, routes=routes)] if base_path else routes
+    starlette = Starlette(routes=mounted, lifespan=lifespan)
     return _Gate(starlette, d)
