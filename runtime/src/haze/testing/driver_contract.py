@@ -1,0 +1,633 @@
+"""The driver contract: what every haze queue driver must do, as tests a driver's own
+suite inherits (River's ``riverdrivertest``, for haze).
+
+A third-party driver proves itself by subclassing ``DriverContract`` in its tests::
+
+    from haze.testing.driver_contract import DriverContract
+
+
+    class TestMyDriver(DriverContract):
+        connection = {"driver": "mine", "url": "mine://127.0.0.1"}
+
+Each ``test_*`` method builds an ``App`` whose default connection ``"main"`` is that
+connection, opens it, and talks to its driver directly: ``enqueue`` → ``reserve`` →
+``ack`` / ``release`` / ``fail``, the failed-job store, ``size`` and ``purge``, and each
+optional capability (``Leased``, ``Backlog``, ``QueueInspector``, ``LocalQueue``,
+``BatchConsumer``, ``Interruptible``) the driver declares. A test of a capability the
+driver does not declare is skipped, saying which; nothing is skipped for being slow.
+Every test runs its own event loop, so no async pytest plugin is needed.
+
+Hooks a subclass may set or override: ``connection`` (or ``connection_options(tmp_path)``
+when it depends on the test's directory), ``app_options(tmp_path)`` (more ``App(...)``
+keywords, e.g. a database config), ``queues`` (two queue names the backend accepts),
+``lease_options`` (a short lease for the ``Leased`` tests), ``ordered`` (False when the
+backend does not keep first-in-first-out order within a queue) and ``patience`` (seconds
+a ready message may take to be claimed).
+
+The methods can be called without pytest's runner too: ``TestMyDriver().test_release_
+without_consuming_an_attempt(tmp_path)`` raises ``AssertionError`` when the driver breaks
+the contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import pytest
+
+from haze._app.app import App
+from haze._app.config import define_queue_config
+from haze._jobs.definition import define_job
+from haze._kernel.errors import PayloadTooLargeError
+from haze._kernel.message import Message, decode, encode, new_id
+from haze.contracts.driver import (
+    Backlog,
+    BatchConsumer,
+    Concurrent,
+    ConnectionAware,
+    DelayStep,
+    DispatchOnly,
+    Driver,
+    FailedJob,
+    FailedJobStore,
+    IdlePolling,
+    Interruptible,
+    Leased,
+    LocalQueue,
+    QueueInspector,
+    Reserved,
+)
+
+__all__ = ["CAPABILITIES", "DriverContract", "DriverUnderTest"]
+
+#: The optional capability Protocols of ``haze.contracts.driver``.
+CAPABILITIES: tuple[type, ...] = (
+    Backlog,
+    BatchConsumer,
+    Concurrent,
+    ConnectionAware,
+    DelayStep,
+    DispatchOnly,
+    IdlePolling,
+    Interruptible,
+    Leased,
+    LocalQueue,
+    QueueInspector,
+)
+
+#: The job the size-limit test dispatches; it is refused before anything is queued, so
+#: it never runs.
+_TOO_BIG_NAME = "haze_driver_contract_too_big"
+
+
+async def _never_runs(payload: Any) -> None:
+    """The contract dispatches this job only to see it refused."""
+
+
+_TOO_BIG = define_job(name=_TOO_BIG_NAME)(_never_runs)
+
+
+@dataclass
+class DriverUnderTest:
+    """One test's open App and its ``"main"`` driver, with the calls the contract repeats."""
+
+    app: App
+    driver: Driver
+    queue: str
+    other: str
+    patience: float
+
+    def message(self, queue: str | None = None, payload: Any = None, attempts: int = 0) -> Message:
+        """A fresh envelope for ``queue`` (the first test queue by default)."""
+        return Message(
+            id=new_id(),
+            job="haze_driver_contract",
+            payload={"n": 0} if payload is None else payload,
+            queue=queue or self.queue,
+            connection=self.driver.name,
+            ts=time.time(),
+            attempts=attempts,
+        )
+
+    async def put(
+        self,
+        queue: str | None = None,
+        *,
+        payload: Any = None,
+        delay: float = 0.0,
+        attempts: int = 0,
+    ) -> Message:
+        """Enqueue a fresh message; returns it."""
+        message = self.message(queue, payload, attempts)
+        await self.driver.enqueue(encode(message), message, delay)
+        return message
+
+    async def take(
+        self, queues: Sequence[str] | None = None, within: float | None = None
+    ) -> Reserved:
+        """Claim the next message of ``queues``, waiting up to ``within`` seconds (default
+        ``patience``) for one; fails the test when none comes."""
+        wanted = list(queues or [self.queue])
+        deadline = time.monotonic() + (self.patience if within is None else within)
+        while True:
+            left = deadline - time.monotonic()
+            got = await self.driver.reserve(wanted, max(0.05, min(1.0, left)))
+            if got is not None:
+                return got
+            assert time.monotonic() < deadline, (
+                f"{self.driver.name}: nothing could be reserved from {wanted} within "
+                f"{self.patience if within is None else within:g}s"
+            )
+
+    async def nothing(self, queues: Sequence[str] | None = None, wait: float = 0.3) -> None:
+        """Nothing can be claimed from ``queues`` now."""
+        wanted = list(queues or [self.queue])
+        got = await self.driver.reserve(wanted, wait)
+        assert got is None, f"{self.driver.name}: reserved {got!r} from {wanted}, expected nothing"
+
+
+def failure_of(job: Reserved, driver: Driver, exception: str = "RuntimeError: boom") -> FailedJob:
+    """The record the engine hands ``Driver.fail`` for ``job``."""
+    return FailedJob.from_body(
+        job.body,
+        id=None,
+        connection=driver.name,
+        queue=job.queue,
+        exception=exception,
+        failed_at=time.time(),
+    )
+
+
+def _is_protocol_class(cls: type) -> bool:
+    # typing marks each class that is itself a Protocol in its own namespace.
+    return cls.__module__ == "typing" or vars(cls).get("_is_protocol") is True
+
+
+def same_message(got: Reserved, sent: Message) -> None:
+    """``got`` is ``sent``, intact."""
+    assert got.error is None, f"the reserved body did not decode: {got.error}"
+    assert got.message is not None
+    assert got.message.id == sent.id, f"reserved {got.message.id}, expected {sent.id}"
+    assert got.message.job == sent.job
+    assert got.message.payload == sent.payload
+    assert got.queue == sent.queue, f"reserved from {got.queue!r}, sent to {sent.queue!r}"
+    assert decode(got.body).id == sent.id
+
+
+_Contract = TypeVar("_Contract", bound="DriverContract")
+_Body = Callable[[_Contract, DriverUnderTest], Awaitable[None]]
+_Test = Callable[[_Contract, Path], None]
+
+
+def contract_test(
+    *, needs: type | None = None, lease: bool = False
+) -> Callable[[_Body[_Contract]], _Test[_Contract]]:
+    """Turn ``async def body(self, d)`` into a pytest test ``test(self, tmp_path)`` that
+    opens the driver, skips unless it declares ``needs`` and runs ``body``.
+
+    The wrapper has its own signature on purpose (no ``functools.wraps``): pytest reads
+    the parameters of ``__wrapped__`` and would ask for a fixture named ``d``."""
+
+    def decorate(body: _Body[_Contract]) -> _Test[_Contract]:
+        def test(self: _Contract, tmp_path: Path) -> None:
+            asyncio.run(self.run_contract(tmp_path, body, needs=needs, lease=lease))
+
+        test.__name__ = body.__name__
+        test.__qualname__ = body.__qualname__
+        test.__doc__ = body.__doc__
+        return test
+
+    return decorate
+
+
+class DriverContract:
+    """Subclass it in a driver's test suite; see the module docs for the hooks."""
+
+    #: The options of the connection under test: ``{"driver": "mine", ...}``.
+    connection: ClassVar[dict[str, Any]] = {}
+    #: Two queue names the backend accepts (a backend that needs its queues created
+    #: beforehand creates these).
+    queues: ClassVar[tuple[str, str]] = ("contract_a", "contract_b")
+    #: Options merged into ``connection`` for the lease tests: a lease short enough to
+    #: watch expire.
+    lease_options: ClassVar[dict[str, Any]] = {"retry_after": 1}
+    #: False when the backend does not keep first-in-first-out order within a queue
+    #: (SQS standard queues): the order test is skipped.
+    ordered: ClassVar[bool] = True
+    #: Seconds a ready message may take to be claimed (a polling backend, an HTTP API).
+    patience: ClassVar[float] = 10.0
+
+    def connection_options(self, tmp_path: Path) -> dict[str, Any]:
+        """The connection under test; override when it depends on ``tmp_path``."""
+        return dict(self.connection)
+
+    def app_options(self, tmp_path: Path) -> dict[str, Any]:
+        """More ``App(...)`` keywords (a database config the connection names ...)."""
+        return {}
+
+    def make_app(self, tmp_path: Path, extra: dict[str, Any] | None = None) -> App:
+        """The App of one test: ``"main"`` is the connection under test, and the lock
+        store is in memory so the test needs no cache backend."""
+        main = {**self.connection_options(tmp_path), **(extra or {})}
+        assert main.get("driver"), (
+            f"{type(self).__name__}: set connection = {{'driver': ..., ...}} (the connection "
+            "under test) or override connection_options()"
+        )
+        config = define_queue_config(default="main", connections={"main": main}, store="memory")
+        return App(queue=config, **self.app_options(tmp_path))
+
+    async def run_contract(
+        self,
+        tmp_path: Path,
+        body: Callable[[Any, DriverUnderTest], Awaitable[None]],
+        *,
+        needs: type | None = None,
+        lease: bool = False,
+    ) -> None:
+        """Open the app, check the driver can take the test, clear its queues, run ``body``."""
+        app = self.make_app(tmp_path, self.lease_options if lease else None)
+        async with app:
+            driver = app.driver("main")
+            if driver.inline:
+                pytest.skip(f"{driver.name}: an inline driver runs jobs inside dispatch()")
+            if needs is not None and not isinstance(driver, needs):
+                pytest.skip(f"{type(driver).__name__} does not declare {needs.__name__}")
+            d = DriverUnderTest(app, driver, self.queues[0], self.queues[1], self.patience)
+            for queue in self.queues:
+                await driver.purge(queue)
+            await body(self, d)
+
+    # ---------------------------------------------------------------- the protocol
+
+    @contract_test()
+    async def test_declares_the_driver_protocol(self, d: DriverUnderTest) -> None:
+        """The attributes every driver has, with sane values, and a failed-job store."""
+        driver = d.driver
+        assert isinstance(driver, Driver), f"{type(driver).__name__} misses Driver members"
+        assert driver.name == "main", "a driver is named after its connection"
+        assert isinstance(driver.failed, FailedJobStore)
+        assert driver.max_message_size is None or driver.max_message_size > 0
+        assert isinstance(driver.outage_errors, tuple)
+        assert all(issubclass(e, BaseException) for e in driver.outage_errors)
+        for flag in (driver.remote, driver.local_callbacks, driver.inline):
+            assert isinstance(flag, bool)
+        if isinstance(driver, Leased):
+            assert driver.heartbeat_interval > 0
+        if isinstance(driver, Concurrent):
+            assert driver.concurrency >= 1
+        if isinstance(driver, DelayStep):
+            assert driver.delay_step > 0
+        if isinstance(driver, IdlePolling):
+            assert 0 < driver.sleep <= driver.max_sleep
+
+    @contract_test()
+    async def test_declared_capabilities_are_implemented(self, d: DriverUnderTest) -> None:
+        """A capability Protocol the driver subclasses has each of its methods defined by
+        the driver: a misspelt one would fall back to the Protocol's empty stub."""
+        cls = type(d.driver)
+        own = [c for c in cls.__mro__ if c not in CAPABILITIES and c not in (Driver, object)]
+        own = [c for c in own if not _is_protocol_class(c)]
+        for capability in (c for c in CAPABILITIES if c in cls.__mro__):
+            for member, value in vars(capability).items():
+                if member.startswith("_") or not callable(value):
+                    continue
+                assert any(member in vars(c) for c in own), (
+                    f"{cls.__name__} declares {capability.__name__} but does not define {member}()"
+                )
+
+    @contract_test()
+    async def test_enqueue_reserve_ack(self, d: DriverUnderTest) -> None:
+        """A message comes back intact as attempt 1, and is gone once acked."""
+        sent = await d.put(payload={"text": "héllo ✓", "n": [1, 2.5, None, True]})
+        job = await d.take()
+        same_message(job, sent)
+        assert job.attempt == 1, f"a first claim is attempt 1, got {job.attempt}"
+        assert await d.driver.ack(job) is True, "ack of a job this consumer holds is True"
+        await d.nothing()
+        assert await d.driver.size(d.queue) == 0
+
+    @contract_test()
+    async def test_enqueue_many(self, d: DriverUnderTest) -> None:
+        """``enqueue_many`` queues every message (none on an empty list)."""
+        await d.driver.enqueue_many([])
+        sent = [d.message(payload={"n": i}) for i in range(3)]
+        await d.driver.enqueue_many([(encode(m), m, 0.0) for m in sent])
+        assert await d.driver.size(d.queue) == 3
+        got = [await d.take() for _ in sent]
+        assert {j.message.id for j in got if j.message} == {m.id for m in sent}
+        for job in got:
+            assert await d.driver.ack(job) is True
+        await d.nothing()
+
+    @contract_test()
+    async def test_first_in_first_out_within_a_queue(self, d: DriverUnderTest) -> None:
+        """Ready messages of one queue are claimed in the order they were queued."""
+        if not self.ordered:
+            pytest.skip(f"{type(self).__name__}.ordered is False: the backend keeps no order")
+        sent = [await d.put(payload={"n": i}) for i in range(5)]
+        got = []
+        for _ in sent:
+            job = await d.take()
+            got.append(job.message.id if job.message else "?")
+            await d.driver.ack(job)
+        assert got == [m.id for m in sent], "claimed out of order"
+
+    @contract_test()
+    async def test_queues_are_isolated_and_claimed_in_priority_order(
+        self, d: DriverUnderTest
+    ) -> None:
+        """A claim reads only the queues it names, the first named first."""
+        low = await d.put(d.queue)
+        await d.nothing([d.other])
+        assert await d.driver.size(d.other) == 0
+        high = await d.put(d.other)
+        first = await d.take([d.other, d.queue])
+        same_message(first, high)
+        second = await d.take([d.other, d.queue])
+        same_message(second, low)
+        for job in (first, second):
+            assert await d.driver.ack(job) is True
+
+    @contract_test()
+    async def test_delayed_message_waits_its_delay(self, d: DriverUnderTest) -> None:
+        """A delayed message counts in ``size`` at once but is claimed only once due."""
+        delay = 2.0
+        started = time.monotonic()
+        sent = await d.put(delay=delay)
+        assert await d.driver.size(d.queue) == 1, "size counts delayed messages"
+        await d.nothing(wait=0.5)
+        job = await d.take(within=delay + self.patience)
+        waited = time.monotonic() - started
+        same_message(job, sent)
+        # Only a lower bound: a slow machine makes the wait longer, never shorter.
+        assert waited >= delay - 0.25, f"claimed after {waited:.2f}s, before its {delay}s delay"
+        assert await d.driver.ack(job) is True
+
+    # ---------------------------------------------------------------- settling
+
+    @contract_test()
+    async def test_release_consuming_an_attempt(self, d: DriverUnderTest) -> None:
+        """A retry (``consume_attempt=True``) puts the same message back as the next attempt."""
+        sent = await d.put()
+        first = await d.take()
+        assert await d.driver.release(first, 0.0, consume_attempt=True) is True
+        again = await d.take()
+        same_message(again, sent)
+        assert again.attempt == 2, f"a retried job's next claim is attempt 2, got {again.attempt}"
+        assert await d.driver.ack(again) is True
+        await d.nothing()
+
+    @contract_test()
+    async def test_release_without_consuming_an_attempt(self, d: DriverUnderTest) -> None:
+        """``job.release()`` (``consume_attempt=False``) puts it back as the same attempt."""
+        sent = await d.put()
+        first = await d.take()
+        assert await d.driver.release(first, 0.0, consume_attempt=False) is True
+        again = await d.take()
+        same_message(again, sent)
+        assert again.attempt == 1, f"a release is not an attempt: expected 1, got {again.attempt}"
+        assert await d.driver.ack(again) is True
+
+    @contract_test()
+    async def test_release_with_a_delay(self, d: DriverUnderTest) -> None:
+        """A released job waits its delay before it can be claimed again."""
+        delay = 2.0
+        sent = await d.put()
+        first = await d.take()
+        started = time.monotonic()
+        assert await d.driver.release(first, delay, consume_attempt=True) is True
+        assert await d.driver.size(d.queue) == 1, "a job waiting out its backoff counts in size"
+        await d.nothing(wait=0.5)
+        again = await d.take(within=delay + self.patience)
+        waited = time.monotonic() - started
+        same_message(again, sent)
+        assert waited >= delay - 0.25, f"claimed after {waited:.2f}s, before its {delay}s delay"
+        assert await d.driver.ack(again) is True
+
+    @contract_test()
+    async def test_attempts_count_across_redeliveries(self, d: DriverUnderTest) -> None:
+        """Attempts start after the tries the message already used (``Message.attempts``)
+        and count every retry, while releases do not count."""
+        sent = await d.put(attempts=2)
+        job = await d.take()
+        assert job.attempt == 3, (
+            f"a message that used 2 tries is claimed as attempt 3, got {job.attempt}"
+        )
+        await d.driver.release(job, 0.0, consume_attempt=True)
+        job = await d.take()
+        assert job.attempt == 4, f"expected attempt 4 after a retry, got {job.attempt}"
+        await d.driver.release(job, 0.0, consume_attempt=False)
+        job = await d.take()
+        assert job.attempt == 4, f"expected attempt 4 after a release, got {job.attempt}"
+        await d.driver.release(job, 0.0, consume_attempt=True)
+        job = await d.take()
+        same_message(job, sent)
+        assert job.attempt == 5, f"expected attempt 5 after another retry, got {job.attempt}"
+        assert await d.driver.ack(job) is True
+
+    @contract_test()
+    async def test_fail_keeps_the_job_in_the_failed_store(self, d: DriverUnderTest) -> None:
+        """``fail`` removes the job from its queue and keeps it: listed, found, forgotten."""
+        sent = await d.put(payload={"invoice": 7})
+        job = await d.take()
+        assert await d.driver.fail(job, failure_of(job, d.driver)) is True
+        await d.nothing()
+        assert await d.driver.size(d.queue) == 0
+        listed = await d.driver.failed.list(d.queue)
+        assert [f.id for f in listed] == [sent.id], f"failed.list({d.queue!r}) is {listed}"
+        assert await d.driver.failed.list(d.other) == []
+        found = await d.driver.failed.find(sent.id)
+        assert found is not None, "failed.find() of a failed job's id"
+        assert (found.name, found.queue, found.payload) == (sent.job, d.queue, {"invoice": 7})
+        assert "boom" in found.exception
+        assert decode(found.body).id == sent.id, "the failed record keeps the whole envelope"
+        assert await d.driver.failed.forget(sent.id) is True
+        assert await d.driver.failed.find(sent.id) is None
+        assert await d.driver.failed.forget(sent.id) is False
+
+    @contract_test()
+    async def test_a_failed_job_can_be_retried(self, d: DriverUnderTest) -> None:
+        """What ``Queue.retry`` does: the kept envelope queues again, and runs as the same job."""
+        sent = await d.put()
+        job = await d.take()
+        await d.driver.fail(job, failure_of(job, d.driver))
+        found = await d.driver.failed.find(sent.id)
+        assert found is not None
+        message = decode(found.body)
+        await d.driver.enqueue(found.body, message, 0.0)
+        assert await d.driver.failed.forget(sent.id) is True
+        again = await d.take()
+        same_message(again, sent)
+        assert await d.driver.ack(again) is True
+        assert await d.driver.failed.list(d.queue) == []
+
+    # ---------------------------------------------------------------- sizes
+
+    @contract_test()
+    async def test_size_and_purge(self, d: DriverUnderTest) -> None:
+        """``size`` counts ready and delayed messages of one queue; ``purge`` deletes them."""
+        for _ in range(3):
+            await d.put()
+        await d.put(delay=60.0)
+        kept = await d.put(d.other)
+        assert await d.driver.size(d.queue) == 4
+        assert await d.driver.size(d.other) == 1
+        assert await d.driver.purge(d.queue) == 4
+        assert await d.driver.size(d.queue) == 0
+        await d.nothing()
+        job = await d.take([d.other])
+        same_message(job, kept)
+        await d.driver.ack(job)
+
+    @contract_test()
+    async def test_a_body_of_max_message_size_round_trips(self, d: DriverUnderTest) -> None:
+        """The driver carries a body as large as the limit it declares (1 MiB without one)."""
+        limit = d.driver.max_message_size or 1024 * 1024
+        message = d.message(payload="")
+        message.payload = "x" * (limit - len(encode(message).encode("utf-8")))
+        body = encode(message)
+        assert len(body.encode("utf-8")) == limit
+        await d.driver.enqueue(body, message, 0.0)
+        job = await d.take()
+        assert job.body == body, "the body came back changed"
+        same_message(job, message)
+        assert await d.driver.ack(job) is True
+
+    @contract_test()
+    async def test_dispatch_over_max_message_size_is_refused(self, d: DriverUnderTest) -> None:
+        """A dispatch over the declared limit raises before anything is queued."""
+        limit = d.driver.max_message_size
+        if limit is None:
+            pytest.skip(f"{type(d.driver).__name__} declares no max_message_size")
+        with pytest.raises(PayloadTooLargeError):
+            await _TOO_BIG.dispatch("x" * limit, queue=d.queue, connection="main")
+        assert await d.driver.size(d.queue) == 0
+        await d.nothing()
+
+    # ---------------------------------------------------------------- capabilities
+
+    @contract_test(needs=Leased, lease=True)
+    async def test_an_expired_lease_redelivers(self, d: DriverUnderTest) -> None:
+        """A claim nobody renews (its worker died) comes back, counted as an attempt."""
+        sent = await d.put()
+        first = await d.take()
+        assert first.attempt == 1
+        # No heartbeat and no settle: the claim must come back once the lease is over.
+        again = await d.take(within=self.patience + 5 * _lease_of(d.driver))
+        same_message(again, sent)
+        assert again.attempt == 2, f"a crashed attempt counts: expected 2, got {again.attempt}"
+        assert await d.driver.ack(again) is True
+        await d.nothing()
+
+    @contract_test(needs=Leased, lease=True)
+    async def test_a_heartbeat_keeps_the_lease(self, d: DriverUnderTest) -> None:
+        """While its consumer renews the lease, a claim is not handed to anyone else."""
+        assert isinstance(d.driver, Leased)
+        sent = await d.put()
+        job = await d.take()
+        step = min(d.driver.heartbeat_interval, _lease_of(d.driver)) / 2
+        until = time.monotonic() + 3 * _lease_of(d.driver)
+        while time.monotonic() < until:
+            await d.driver.heartbeat([job])
+            await d.nothing(wait=step)
+        await d.driver.heartbeat([job])
+        assert await d.driver.ack(job) is True, "the consumer still held its renewed claim"
+        assert job.message is not None and job.message.id == sent.id
+        await d.nothing()
+
+    @contract_test(needs=Backlog)
+    async def test_backlog_counts_and_idles(self, d: DriverUnderTest) -> None:
+        """``pending`` counts queued, delayed and running jobs; ``waiting`` the first two;
+        ``wait_idle`` returns once nothing is pending."""
+        assert isinstance(d.driver, Backlog)
+        await d.put()
+        await d.put(d.other, delay=0.2)
+        assert (d.driver.pending(), d.driver.waiting()) == (2, 2)
+        job = await d.take()
+        assert (d.driver.pending(), d.driver.waiting()) == (2, 1), "a running job is pending"
+        await d.driver.ack(job)
+        assert d.driver.pending() == 1
+        later = await d.take([d.other])
+        idle = asyncio.ensure_future(d.driver.wait_idle())
+        await asyncio.sleep(0)
+        assert not idle.done(), "wait_idle returned while a job was running"
+        await d.driver.ack(later)
+        await asyncio.wait_for(idle, self.patience)
+        assert (d.driver.pending(), d.driver.waiting()) == (0, 0)
+
+    @contract_test(needs=QueueInspector)
+    async def test_queue_inspector_counts_by_state(self, d: DriverUnderTest) -> None:
+        """``counts`` tells ready, delayed and running apart (None where it cannot tell);
+        ``running`` lists the claimed job."""
+        assert isinstance(d.driver, QueueInspector)
+        sent = await d.put()
+        await d.put()
+        await d.put(delay=60.0)
+        job = await d.take()
+        same_message(job, sent)
+        counts = await d.driver.counts(d.queue)
+        seen = {"ready": counts.ready, "delayed": counts.delayed, "running": counts.running}
+        for state, value in seen.items():
+            assert value in (None, 1), f"counts({d.queue!r}).{state} is {value}, expected 1"
+        running = await d.driver.running(d.queue)
+        if running is not None:
+            assert [(r.id, r.name, r.queue, r.attempt) for r in running] == [
+                (sent.id, sent.job, d.queue, 1)
+            ]
+        await d.driver.ack(job)
+        empty = await d.driver.counts(d.other)
+        assert empty.ready in (None, 0) and empty.running in (None, 0)
+
+    @contract_test(needs=LocalQueue)
+    async def test_local_queue_answers_at_once(self, d: DriverUnderTest) -> None:
+        """``reserve_nowait`` claims a ready message without waiting, None when none is."""
+        assert isinstance(d.driver, LocalQueue)
+        assert d.driver.reserve_nowait([d.queue]) is None
+        sent = await d.put()
+        job = d.driver.reserve_nowait([d.queue])
+        assert job is not None, "reserve_nowait missed a ready message"
+        same_message(job, sent)
+        await d.driver.ack(job)
+        d.driver.check_idle()
+
+    @contract_test(needs=BatchConsumer)
+    async def test_batch_consumer_claims_and_acks_several(self, d: DriverUnderTest) -> None:
+        """``reserve_many`` claims up to its limit; ``ack_many`` answers one bool per job."""
+        assert isinstance(d.driver, BatchConsumer)
+        sent = [await d.put(payload={"n": i}) for i in range(3)]
+        jobs = await d.driver.reserve_many([d.queue], 2, self.patience)
+        assert len(jobs) == 2, f"reserve_many(limit=2) with 3 ready claimed {len(jobs)}"
+        assert await d.driver.ack_many(jobs) == [True, True]
+        last = await d.take()
+        claimed = {j.message.id for j in [*jobs, last] if j.message}
+        assert claimed == {m.id for m in sent}
+        assert await d.driver.ack_many([last]) == [True]
+        assert await d.driver.ack_many([]) == []
+        await d.nothing()
+
+    @contract_test(needs=Interruptible)
+    async def test_interrupt_ends_a_waiting_claim(self, d: DriverUnderTest) -> None:
+        """``interrupt`` ends a claim waiting on an empty queue, long before its wait."""
+        assert isinstance(d.driver, Interruptible)
+        wait = 60.0
+        claim = asyncio.ensure_future(d.driver.reserve([d.queue], wait))
+        started = time.monotonic()
+        # Again and again: the claim may not have begun its wait at the first call.
+        while not claim.done() and time.monotonic() - started < self.patience:
+            d.driver.interrupt()
+            await asyncio.wait([claim], timeout=0.1)
+        assert claim.done(), f"interrupt() did not end a {wait:g}s claim within {self.patience:g}s"
+        got = claim.result()
+        assert got is None, f"an interrupted claim on an empty queue returned {got!r}"
+
+
+def _lease_of(driver: Driver) -> float:
+    """About the lease, in seconds: drivers renew it two or three times per lease (only
+    used to bound the waits; ``lease_options`` sets the lease itself)."""
+    assert isinstance(driver, Leased)
+    return max(1.0, driver.heartbeat_interval * 3)
