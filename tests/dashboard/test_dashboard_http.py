@@ -461,6 +461,41 @@ def test_job_lookup_by_full_and_short_id(backend: Backend) -> None:
     assert "Nothing found" in c.get("/jobs", params={"id": "zzzzzzzz"}).text
 
 
+def test_job_lookup_finds_untracked_jobs_through_the_driver(backend: Backend) -> None:
+    async def go(app: App) -> tuple[str, str, str, str]:
+        done = await dash_ok.dispatch({"i": 1})
+        await drain(app)
+        ready = await dash_ok.dispatch({"i": 2}, queue="emails")
+        later = await dash_ok.dispatch({"i": 3}, delay=3600)
+        chained = await Queue.chain([dash_ok.with_({"i": 4}), dash_boom.with_({"n": 5})]).dispatch()
+        return done, ready, later, chained.id
+
+    done_id, ready_id, later_id, chained_id = backend.run(go)
+    c = client(backend)
+
+    def state(job_id: str) -> str:
+        page = c.get("/jobs", params={"id": job_id}).text
+        m = re.search(r'id="job-queued".*?<span class="badge[^"]*">(\w+)<', page, re.S)
+        assert "<script>" not in page
+        return m.group(1) if m else page
+
+    ready_page = c.get("/jobs", params={"id": ready_id}).text
+    assert f"<code>{ready_id}</code>" in ready_page and "emails" in ready_page
+    assert state(ready_id) == "ready"
+    assert state(later_id) == "delayed"
+    # A chain's first link: its position and the links still to run.
+    chain_page = c.get("/jobs", params={"id": chained_id}).text
+    assert state(chained_id) == "ready"
+    assert "1 more link" in chain_page and "dash_boom" in chain_page
+    if backend.kind == "redis":
+        # BullMQ keeps the newest completed jobs (keep_completed).
+        assert state(done_id) == "done"
+    else:
+        # The database driver deletes a job when it ends: the page says so.
+        page = c.get("/jobs", params={"id": done_id}).text
+        assert "Nothing found" in page and "deletes a job" in page
+
+
 def test_mounted_under_a_prefix(backend: Backend) -> None:
     from starlette.applications import Starlette
     from starlette.routing import Mount

@@ -35,6 +35,8 @@ __all__ = [
     "FailedJobStore",
     "IdlePolling",
     "Interruptible",
+    "JobLookup",
+    "JobRecord",
     "Leased",
     "LocalQueue",
     "QueueCounts",
@@ -305,6 +307,39 @@ class QueueInspector(Protocol):
     async def running(self, queue: str, limit: int = 50) -> builtins.list[RunningJob] | None:
         """Up to ``limit`` claimed jobs of ``queue``, oldest claim first; None when the
         backend cannot list them."""
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """A job a driver still holds, found by its id (``JobLookup.find_job``)."""
+
+    id: str
+    name: str
+    queue: str
+    #: ``ready``, ``delayed``, ``running``, or ``done`` (a finished job the backend keeps).
+    state: str
+    #: Attempts started so far (0 before the first).
+    attempts: int
+    #: The stored envelope (``haze._kernel.message.decode`` reads it).
+    body: str
+    #: When a delayed job comes due, or when a done job finished (epoch seconds).
+    at: float | None = None
+
+
+@runtime_checkable
+class JobLookup(Protocol):
+    """A driver that can find a job it holds by the job's id, in any state it keeps
+    (the dashboard's job lookup). Drivers without it (SQS and Cloudflare Queues list no
+    message by id) are not asked; the page says so.
+
+    >>> isinstance(app.driver("redis"), JobLookup)  # doctest: +SKIP
+    True
+    """
+
+    async def find_job(self, job_id: str, queues: Sequence[str]) -> JobRecord | None:
+        """The job whose full id is ``job_id`` on one of ``queues``; None when this
+        driver holds no such job now (never run, finished and deleted, or failed: the
+        failed-job store has those)."""
 
 
 def unavailable(driver: Driver, error: BaseException) -> BackendUnavailableError | None:

@@ -24,7 +24,7 @@ from haze._kernel.ids import match_id
 from haze._kernel.message import decode
 from haze._orchestration.batches import find, recent_ids
 from haze._runners.presence import live_workers
-from haze.contracts.driver import Driver, QueueInspector
+from haze.contracts.driver import Driver, JobLookup, JobRecord, QueueInspector
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -402,6 +402,31 @@ async def recent_batches(app: App, limit: int = 50) -> builtins.list[Batch]:
 # --------------------------------------------------------------------------- lookup
 
 
+#: What a job lookup on a connection of each driver cannot see, said on the page.
+_LOOKUP_LIMITS = {
+    "database": (
+        "the database driver deletes a job when it ends: a finished job is found only "
+        "when it failed or its job is tracked"
+    ),
+    "redis": (
+        "the redis driver keeps the newest completed jobs (keep_completed, 1000 per queue "
+        "by default) and looks at up to 2000 jobs of each state"
+    ),
+}
+
+
+@dataclass
+class QueuedJob:
+    """A job a driver holds (``JobLookup``), with its place in a chain or batch."""
+
+    connection: str
+    record: JobRecord
+    chain_id: str | None = None
+    #: The job names of the chain links still to run after this one.
+    next_links: builtins.list[str] = field(default_factory=list)
+    batch_id: str | None = None
+
+
 @dataclass
 class Lookup:
     """What the dashboard found under an id."""
@@ -412,12 +437,55 @@ class Lookup:
     status: JobStatus | None = None
     #: ``(worker record, running job)`` pairs: the job is running on that worker now.
     running: builtins.list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
+    #: Jobs found through the drivers that can look one up by id.
+    queued: builtins.list[QueuedJob] = field(default_factory=list)
+    #: What the lookup could not see, per connection (the page says so).
+    limits: builtins.list[str] = field(default_factory=list)
     errors: builtins.list[str] = field(default_factory=list)
 
 
+async def _from_drivers(app: App, found: Lookup, candidates: builtins.list[str]) -> None:
+    """Ask each connection whose driver can look a job up by id (``JobLookup``)."""
+    for name, options in app.queue_config.connections.items():
+        kind = str(options.get("driver"))
+        if kind in ("sync", "failover"):
+            continue
+        try:
+            driver = app.driver(name)
+        except Exception as e:
+            found.errors.append(f"{name}: {reason(app, e)}")
+            continue
+        if not isinstance(driver, JobLookup):
+            found.limits.append(
+                f'"{name}" ({kind}): this driver cannot look up a queued or finished job by id'
+            )
+            continue
+        if kind in _LOOKUP_LIMITS:
+            found.limits.append(f'"{name}" ({kind}): {_LOOKUP_LIMITS[kind]}')
+        for job_id in candidates:
+            try:
+                record = await driver.find_job(job_id, app.known_queues(name))
+            except Exception as e:
+                found.errors.append(f"{name}: {reason(app, e)}")
+                break
+            if record is not None:
+                found.queued.append(_queued(name, record))
+                break
+
+
+def _queued(connection: str, record: JobRecord) -> QueuedJob:
+    try:
+        message = decode(record.body)
+    except Exception:
+        return QueuedJob(connection, record)
+    links = [str(link.get("job")) for link in message.chain or [] if isinstance(link, dict)]
+    return QueuedJob(connection, record, message.chain_id, links, message.batch_id)
+
+
 async def lookup(app: App, token: str) -> Lookup:
-    """Failed jobs (on every connection) and the batch that ``token`` names (full or short
-    id). Drivers keep no record of queued or finished jobs that can be listed by id."""
+    """Failed jobs (on every connection), running jobs of listed workers, jobs the drivers
+    hold (``JobLookup``, by full id), status records and the batch that ``token`` names
+    (full or short id)."""
     found = Lookup()
     token = token.strip()
     for name, options in app.queue_config.connections.items():
@@ -440,11 +508,13 @@ async def lookup(app: App, token: str) -> Lookup:
             raise  # an ambiguous short id: the page says so
         except Exception as e:
             found.errors.append(f"workers: {reason(app, e)}")
-    # Tracked jobs keep a status record under their full id: try the id as given, then
-    # the full id a short one matched above.
-    for candidate in dict.fromkeys(
-        [token, *(j.id for j in found.failed), *(j["id"] for _, j in found.running)]
-    ):
+    # Tracked jobs keep a status record under their full id, and drivers find a job by
+    # its full id: try the id as given, then the full id a short one matched above.
+    candidates = list(
+        dict.fromkeys([token, *(j.id for j in found.failed), *(j["id"] for _, j in found.running)])
+    )
+    await _from_drivers(app, found, candidates)
+    for candidate in candidates:
         try:
             found.status = await read(app.manager, candidate)
         except Exception as e:

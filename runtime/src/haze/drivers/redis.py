@@ -80,6 +80,7 @@ from haze.contracts.driver import (
     ConnectionAware,
     FailedJob,
     Interruptible,
+    JobRecord,
     Leased,
     QueueCounts,
     Reserved,
@@ -132,6 +133,10 @@ _ACTIVATE_KEYS = [
     "marker",
 ]
 _SIZED = [*_COUNTED, "active"]
+#: The lists and sets find_job looks through, in redis_find_job.lua's order, and how
+#: many jobs of each at most (the script blocks Redis while it runs).
+_FIND_KEYS = ("active", "wait", "paused", "prioritized", "delayed", "completed")
+_FIND_LIMIT = 2000
 _LOCK_ERRORS = {
     -1: "the job no longer exists",
     -2: "its lock expired",
@@ -329,6 +334,9 @@ class _Link:
         )
         self.find_failed: AsyncScript = self.client.register_script(
             (_HERE / "redis_find_failed.lua").read_text()
+        )
+        self.find_job: AsyncScript = self.client.register_script(
+            (_HERE / "redis_find_job.lua").read_text()
         )
         #: haze's copy of addStandardJob for the plain job of a single dispatch
         #: (redis_add_job.lua): half the server time per add. Only on the lean
@@ -1116,6 +1124,35 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
                 continue  # not a hash haze or BullMQ wrote
             found.append(due / 1000)
         return min(found) if found else None
+
+    async def find_job(self, job_id: str, queues: Sequence[str]) -> JobRecord | None:
+        """Look through each queue's active, waiting, prioritized, delayed and completed
+        jobs (the first ``_FIND_LIMIT`` of each, completed ones newest first) in one
+        script for the job whose envelope carries ``job_id``."""
+        link = self._link()
+        names = list(dict.fromkeys(queues))
+        keys = [link.scripts(q).keys[k] for q in names for k in _FIND_KEYS]
+        prefixes = [link.scripts(q).keys[""] for q in names]
+        hit = await link.find_job(keys=keys, args=[job_id, _FIND_LIMIT, *prefixes])
+        if not hit:
+            return None
+        queue, bull_id, state = names[int(hit[0]) - 1], str(hit[1]), str(hit[2])
+        fields = ("data", "atm", "attemptsMade", "stc", "finishedOn")
+        row = await link.client.hmget(link.scripts(queue).toKey(bull_id), *fields)
+        if row[0] is None:
+            return None  # settled and removed between the two reads
+        data = {k: str(v) for k, v in zip(fields[:4], row[:4], strict=True) if v is not None}
+        job = self._reserved(queue, data, bull_id, "")
+        # Reserved.attempt is the attempt a claim now would start: one more than started,
+        # except for the running one.
+        started = job.attempt if state == "running" else job.attempt - 1
+        at = None
+        if state == "delayed" and hit[3]:
+            at = int(float(hit[3])) // 0x1000 / 1000  # BullMQ: due ms * 0x1000 + counter
+        elif state == "done" and row[4]:
+            at = int(row[4]) / 1000
+        name = job.message.job if job.message is not None else "<undecodable>"
+        return JobRecord(job_id, name, queue, state, started, str(row[0]), at)
 
     async def running(self, queue: str, limit: int = 50) -> list[RunningJob] | None:
         """The active list's jobs (a job of a dead worker stays there until the stalled

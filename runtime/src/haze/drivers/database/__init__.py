@@ -34,6 +34,7 @@ from haze.contracts.driver import (
     Concurrent,
     FailedJob,
     IdlePolling,
+    JobRecord,
     Leased,
     QueueCounts,
     Reserved,
@@ -52,6 +53,8 @@ load_sql = queue_sql
 schema_sql = queue_schema
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+#: A message id the job lookup searches for (haze's are 32 hex characters).
+_JOB_ID = re.compile(r"^[A-Za-z0-9-]{1,128}$")
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -547,6 +550,34 @@ class DatabaseDriver(BatchConsumer, Leased, IdlePolling, Concurrent):
                 job_id, name = "?", "<undecodable>"
             jobs.append(RunningJob(job_id, name, queue, int(attempts), float(reserved_at)))
         return jobs
+
+    @_needs_tables
+    async def find_job(self, job_id: str, queues: Sequence[str]) -> JobRecord | None:
+        """The row whose envelope carries ``job_id`` (a scan: the row has no id column).
+        A job that ended is gone (acked rows are deleted, failed ones moved)."""
+        if not _JOB_ID.match(job_id):
+            return None  # not an id haze makes: no LIKE metacharacters reach the pattern
+        now = time.time()
+        rows = await self.db.fetchall(self.sql["find_job"], (f'%"id":"{job_id}"%',))
+        for queue, body, attempts, reserved_at, heartbeat_at, available_at in rows:
+            if isinstance(body, (bytes, bytearray)):
+                body = body.decode("utf-8", "replace")
+            try:
+                message = decode(body)
+            except Exception:
+                continue
+            if message.id != job_id or (queues and queue not in queues):
+                continue
+            due = float(available_at)
+            if reserved_at is not None:
+                # A claim whose lease ran out is ready again (the next claim takes it).
+                beat = float(heartbeat_at or reserved_at)
+                state = "running" if beat > now - self.retry_after else "ready"
+            else:
+                state = "delayed" if due > now else "ready"
+            at = due if state == "delayed" else None
+            return JobRecord(message.id, message.job, queue, state, int(attempts), body, at)
+        return None
 
     @_needs_tables
     async def purge(self, queue: str) -> int:

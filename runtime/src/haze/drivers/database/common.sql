@@ -41,6 +41,12 @@ SELECT payload, attempts, reserved_at FROM {jobs}
 WHERE queue = ? AND reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) > ?
 ORDER BY reserved_at LIMIT ?
 
+-- name: find_job
+-- params: a LIKE pattern for the message id in the payload. A scan of the table: the
+-- dashboard's lookup of one job, not a worker's path (the row holds no id column).
+SELECT queue, payload, attempts, reserved_at, heartbeat_at, available_at FROM {jobs}
+WHERE payload LIKE ? ORDER BY id LIMIT 20
+
 -- name: purge
 DELETE FROM {jobs} WHERE queue = ?
 
