@@ -249,18 +249,30 @@ class DriverContract:
         needs: type | None = None,
         lease: bool = False,
     ) -> None:
-        """Open the app, check the driver can take the test, clear its queues, run ``body``."""
-        app = self.make_app(tmp_path, self.lease_options if lease else None)
+        """Open the app, check the driver can take the test, clear its queues, run ``body``
+        (on an app with ``lease_options`` when ``lease``: opened once the driver is known
+        to be ``Leased``, since another driver may not take those options)."""
+        app = self.make_app(tmp_path)
         async with app:
-            driver = app.driver("main")
+            driver = await _main_driver(app)
             if driver.inline:
                 pytest.skip(f"{driver.name}: an inline driver runs jobs inside dispatch()")
             if needs is not None and not isinstance(driver, needs):
                 pytest.skip(f"{type(driver).__name__} does not declare {needs.__name__}")
-            d = DriverUnderTest(app, driver, self.queues[0], self.queues[1], self.patience)
-            for queue in self.queues:
-                await driver.purge(queue)
-            await body(self, d)
+            if not lease:
+                await self._run_body(app, driver, body)
+                return
+        app = self.make_app(tmp_path, self.lease_options)
+        async with app:
+            await self._run_body(app, await _main_driver(app), body)
+
+    async def _run_body(
+        self, app: App, driver: Driver, body: Callable[[Any, DriverUnderTest], Awaitable[None]]
+    ) -> None:
+        d = DriverUnderTest(app, driver, self.queues[0], self.queues[1], self.patience)
+        for queue in self.queues:
+            await driver.purge(queue)
+        await body(self, d)
 
     # ---------------------------------------------------------------- the protocol
 
@@ -624,6 +636,14 @@ class DriverContract:
         assert claim.done(), f"interrupt() did not end a {wait:g}s claim within {self.patience:g}s"
         got = claim.result()
         assert got is None, f"an interrupted claim on an empty queue returned {got!r}"
+
+
+async def _main_driver(app: App) -> Driver:
+    """The driver under test, with no consumer of the app's own taking its messages: the
+    contract claims them itself, and an App starts an in-process consumer for a memory
+    connection."""
+    await app.manager.stop_local_workers()
+    return app.driver("main")
 
 
 def _lease_of(driver: Driver) -> float:
