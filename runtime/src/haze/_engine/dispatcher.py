@@ -18,7 +18,7 @@ from haze._jobs.definition import DispatchResult, PendingDispatch
 from haze._kernel.crypto import encrypt_payload, seal, unseal
 from haze._kernel.durations import check_delay
 from haze._kernel.errors import PayloadTooLargeError
-from haze._kernel.message import Message, check_queue_name, encode, new_id
+from haze._kernel.message import MAX_QUEUE_NAME, Message, check_queue_name, encode, new_id
 from haze.contracts.driver import unavailable
 from haze.transactions import current_transaction
 
@@ -92,7 +92,8 @@ class Dispatcher:
         meta: dict[str, Any] | None = None,
     ) -> Message:
         job = pending.job
-        check_queue_name(queue, f'job "{job.name}": queue')
+        if queue.__class__ is not str or not 0 < len(queue) <= MAX_QUEUE_NAME:
+            check_queue_name(queue, f'job "{job.name}": queue')  # raises, saying why
         payload = job.to_wire(pending.payload)
         if pending._group is not None:
             meta = {**(meta or {}), "group": pending._group}
@@ -168,13 +169,16 @@ class Dispatcher:
             attempts=attempts,
             meta=meta,
         )
-        delay = check_delay(pending._delay or 0.0, f'job "{job.name}": delay')
+        # The option name is only formatted when there is a delay to check.
+        delay = check_delay(pending._delay, f'job "{job.name}": delay') if pending._delay else 0.0
         if defer and after_commit:
             tx = current_transaction()
             if tx is not None:
                 encode(message)  # a payload JSON cannot carry raises TypeError now, not at COMMIT
                 return self._defer(tx, message, job, delay)
-        return await self.send(message, job, delay)
+        if self.telemetry.get() is not None and self.app.recorder is None:
+            return await self.send(message, job, delay)
+        return await self._send_now(message, job, delay)  # what send() does with no span
 
     def _defer(
         self, tx: Any, message: Message, job: JobDefinition[Any], delay: float

@@ -81,6 +81,9 @@ class AfterEvent:
     def __init__(self, events: Events) -> None:
         self.events = events
 
+    def wants(self, run: Run) -> bool:
+        return run.outcome == Outcome.SUCCESS and bool(self.events.after)
+
     async def settling(self, run: Run) -> None:
         return None
 

@@ -111,23 +111,24 @@ class Execution:
 
     async def process(self, reserved: Reserved, driver: Driver) -> str:
         """Run one claimed message to its outcome; never raises for job errors."""
+        if not driver.remote:
+            return (await self._process(reserved, driver, inline=False))[0]
         started, clock = _time(), _perf()
         outcome, _ = await self._process(reserved, driver, inline=False)
-        if driver.remote:
-            # Jobs per minute for queue:stats/top, written to the store every few seconds.
-            tally = self._tally
-            if tally is None:
-                tally = self._tally = Tally(self.app, self.read_duration)
-            message = reserved.message
-            if tally.add(
-                driver.name,
-                reserved.queue,
-                outcome,
-                job=message.job if message is not None else None,
-                wait=started - message.ts if message is not None and message.ts else None,
-                runtime=_perf() - clock,
-            ):
-                await tally.flush()
+        # Jobs per minute for queue:stats/top, written to the store every few seconds.
+        tally = self._tally
+        if tally is None:
+            tally = self._tally = Tally(self.app, self.read_duration)
+        message = reserved.message
+        if tally.add(
+            driver.name,
+            reserved.queue,
+            outcome,
+            job=message.job if message is not None else None,
+            wait=started - message.ts if message is not None and message.ts else None,
+            runtime=_perf() - clock,
+        ):
+            await tally.flush()
         return outcome
 
     async def _process(self, reserved: Reserved, driver: Driver, *, inline: bool) -> Result:
@@ -190,15 +191,19 @@ class Execution:
                 "its worker stopped (crash or retry_after passed) after using the last try"
             )
             return await self._final(run, err)
-        skipped = await self._guard(run)
-        if skipped is not None:
-            return skipped
+        if self._guarded(run):
+            skipped = await self._guard(run)
+            if skipped is not None:
+                return skipped
         tracking = self.tracking
         if tracking.may_be_cancelled(run.tracked) and await tracking.cancel_seen(
             message, run.tracked, reserved.attempt
         ):
             return await self._cancelled(run, None)
         elapsed = await self._attempt(run)
+        ctx = run.ctx
+        if run.error is None and ctx._fail_error is None and ctx._release_delay is None:
+            return await self._success(run, elapsed)
         return await self._classify(run, elapsed)
 
     def _decode(self, job: JobDefinition[Any], message: Message) -> Any:
@@ -208,6 +213,11 @@ class Execution:
         if job._n_params == 0:
             return None
         return job.from_wire(message.payload)
+
+    def _guarded(self, run: Run) -> bool:
+        """Whether ``_guard`` has anything to check (a plain message: no)."""
+        message = run.message
+        return message.unique is not None or message.meta is not None or self.hooks.guarded(run)
 
     async def _guard(self, run: Run) -> Result | None:
         """Whatever stops the attempt before it runs; None: it runs."""
@@ -310,9 +320,13 @@ class Execution:
                 extra={**_extra(run, "done"), "elapsed": elapsed},
             )
         run.outcome = Outcome.SUCCESS
-        await self.hooks.settling(run)
+        # A plain job (no chain, batch, lock, record or listener) awaits no hook at all.
+        hooks = self.hooks.choose(run)
+        if hooks:
+            await self.hooks.settling(run)
         await self._ack(run.driver, run.reserved)
-        await self.hooks.settled(run)
+        if hooks:
+            await self.hooks.settled(run)
         if run.raise_after is not None:
             raise run.raise_after
         return Outcome.SUCCESS, None

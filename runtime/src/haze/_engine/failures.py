@@ -156,6 +156,9 @@ class ExceptionCount:
     def __init__(self, stores: EngineStores) -> None:
         self.stores = stores
 
+    def wants(self, run: Run) -> bool:
+        return run.job.max_exceptions is not None
+
     async def settling(self, run: Run) -> None:
         if run.outcome in (Outcome.SUCCESS, Outcome.CANCELLED):
             await self._forget(run)

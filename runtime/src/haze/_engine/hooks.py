@@ -26,15 +26,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from haze._jobs.context import JobContext
     from haze._jobs.definition import JobDefinition
     from haze._kernel.message import Message
     from haze.contracts.driver import Driver, Reserved
 
-__all__ = ["Hooks", "Outcome", "OutcomeHook", "Run", "RunGuard", "Skip", "Stage"]
+__all__ = ["Hooks", "Outcome", "OutcomeHook", "Run", "RunGuard", "Selective", "Skip", "Stage"]
 
 
 class Outcome:
@@ -82,6 +84,8 @@ class Run:
     note: str | None = None
     #: Raised to the dispatch() caller after the run settled (a sync chain's next link).
     raise_after: BaseException | None = None
+    #: The hooks its ``settling`` step chose; ``settled`` calls the same ones.
+    hooks: tuple[OutcomeHook, ...] | None = None
 
     @property
     def tracked(self) -> bool:
@@ -114,32 +118,74 @@ class RunGuard(Protocol):
         """None: run it; a ``Skip``: acknowledge it unrun."""
 
 
+@runtime_checkable
+class Selective(Protocol):
+    """A hook or guard that can tell, without awaiting, that a run is none of its
+    business: most runs are plain (no chain, batch, lock, record or listener), and
+    awaiting every hook's two steps for them was a large share of a job's cost."""
+
+    def wants(self, run: Run) -> bool:
+        """False: neither step (or ``admit``) would do anything for ``run`` as it is now."""
+
+
+#: A hook or guard with its ``wants`` (None: it always runs).
+_Entry = tuple[Any, "Callable[[Run], bool] | None"]
+
+
 class Hooks:
-    """The hooks and guards of one app's engine, in stage order."""
+    """The hooks and guards of one app's engine, in stage order.
+
+    A hook that is ``Selective`` is skipped for the runs it does not want; which
+    hooks a run's ``settled`` step calls is decided once, in its ``settling`` step,
+    from the same state (the outcome is set before either step)."""
 
     def __init__(self) -> None:
         self._hooks: list[tuple[int, int, OutcomeHook]] = []
-        self._ordered: tuple[OutcomeHook, ...] = ()
+        self._ordered: tuple[_Entry, ...] = ()
         self.guards: list[RunGuard] = []
+        self._guards: tuple[_Entry, ...] = ()
 
     def add(self, hook: OutcomeHook, stage: Stage) -> None:
         self._hooks.append((int(stage), len(self._hooks), hook))
-        self._ordered = tuple(h for _, _, h in sorted(self._hooks, key=lambda x: x[:2]))
+        ordered = [h for _, _, h in sorted(self._hooks, key=lambda x: x[:2])]
+        self._ordered = tuple(_entry(h) for h in ordered)
 
     def guard(self, guard: RunGuard) -> None:
         self.guards.append(guard)
+        self._guards = tuple(_entry(g) for g in self.guards)
+
+    def wanted(self, run: Run) -> tuple[OutcomeHook, ...]:
+        """The hooks that have something to do for ``run`` (often none)."""
+        return tuple(h for h, wants in self._ordered if wants is None or wants(run))
+
+    def choose(self, run: Run) -> tuple[OutcomeHook, ...]:
+        """Decide (once) which hooks settle ``run``: both steps call the same ones."""
+        hooks = run.hooks
+        if hooks is None:
+            run.hooks = hooks = self.wanted(run)
+        return hooks
 
     async def settling(self, run: Run) -> None:
-        for hook in self._ordered:
+        for hook in self.choose(run):
             await hook.settling(run)
 
     async def settled(self, run: Run) -> None:
-        for hook in self._ordered:
+        for hook in self.choose(run):
             await hook.settled(run)
 
+    def guarded(self, run: Run) -> bool:
+        """Whether any guard wants to look at ``run`` before it runs."""
+        return any(wants is None or wants(run) for _, wants in self._guards)
+
     async def admit(self, run: Run) -> Skip | None:
-        for guard in self.guards:
-            skip = await guard.admit(run)
+        for guard, wants in self._guards:
+            if wants is not None and not wants(run):
+                continue
+            skip: Skip | None = await guard.admit(run)
             if skip is not None:
                 return skip
         return None
+
+
+def _entry(hook: Any) -> _Entry:
+    return hook, hook.wants if isinstance(hook, Selective) else None

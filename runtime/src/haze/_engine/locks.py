@@ -131,6 +131,9 @@ class UniqueRelease:
     def __init__(self, locks: Locks) -> None:
         self.locks = locks
 
+    def wants(self, run: Run) -> bool:
+        return run.message.unique is not None
+
     async def settling(self, run: Run) -> None:
         if run.outcome in (Outcome.SUCCESS, Outcome.CANCELLED, Outcome.SKIPPED):
             await self.locks.unlock(run.message)

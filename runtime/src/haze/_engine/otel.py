@@ -457,6 +457,9 @@ class TelemetryHook:
     def __init__(self, slot: TelemetrySlot) -> None:
         self.slot = slot
 
+    def wants(self, run: Run) -> bool:
+        return run.outcome in (Outcome.RETRY, Outcome.RELEASED)
+
     async def settling(self, run: Run) -> None:
         if run.outcome not in (Outcome.RETRY, Outcome.RELEASED):
             return

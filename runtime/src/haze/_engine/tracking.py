@@ -248,6 +248,9 @@ class StatusRecord:
     def __init__(self, tracking: Tracking) -> None:
         self.tracking = tracking
 
+    def wants(self, run: Run) -> bool:
+        return run.tracked
+
     async def settling(self, run: Run) -> None:
         return None
 

@@ -165,6 +165,12 @@ class ChainNext:
     def __init__(self, manager: QueueManager) -> None:
         self.manager = manager
 
+    def wants(self, run: Run) -> bool:
+        ctx = run.ctx
+        return run.outcome == Outcome.SUCCESS and bool(
+            run.message.chain or ctx._chain_appended or ctx._chain_prepended
+        )
+
     async def settling(self, run: Run) -> None:
         message, ctx = run.message, run.ctx
         if run.outcome != Outcome.SUCCESS or not (
@@ -197,6 +203,12 @@ class ChainCatch:
 
     def __init__(self, manager: QueueManager) -> None:
         self.manager = manager
+
+    def wants(self, run: Run) -> bool:
+        message = run.message
+        return bool(message.chain_catch) or (
+            run.outcome == Outcome.FAILED and message.chain_id is not None
+        )
 
     async def settling(self, run: Run) -> None:
         message, ctx = run.message, run.ctx
