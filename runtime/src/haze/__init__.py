@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib as _importlib
 import typing as _typing
 
-# Errors are cheap and are what a failing import reports with: loaded up front.
 from haze._kernel.errors import (
     AmbiguousIdError,
     BackendUnavailableError,
@@ -40,6 +39,9 @@ from haze._kernel.errors import (
     UnknownJobError,
     UntrackedJobError,
 )
+
+# Errors are cheap and are what a failing import reports with: loaded up front.
+from haze._kernel.version import __version__
 
 if _typing.TYPE_CHECKING:
     from haze._app.app import App, run_in_app, use_app
@@ -114,8 +116,6 @@ _LAZY: dict[str, str] = {
     "use_app": "_app.app",
     "without_overlapping": "_orchestration.middleware",
 }
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AbortSignal",
