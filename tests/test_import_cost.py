@@ -35,6 +35,7 @@ def test_import_haze_loads_only_the_package_and_its_errors() -> None:
         "haze._kernel",
         "haze._kernel.errors",
         "haze._kernel.hints",
+        "haze._kernel.version",
     }
 
 
@@ -74,6 +75,7 @@ def test_import_haze_lambda_loads_no_driver_worker_or_http_code() -> None:
         "haze._kernel",
         "haze._kernel.errors",
         "haze._kernel.hints",
+        "haze._kernel.version",
         "haze_lambda",
     }, sorted(loaded)
     handlers = loaded_after("from haze_lambda import sqs_handler, http_handler, schedule_handler")
@@ -94,6 +96,7 @@ def test_import_haze_cloudflare_loads_no_driver_d1_or_httpx_code() -> None:
         "haze._kernel",
         "haze._kernel.errors",
         "haze._kernel.hints",
+        "haze._kernel.version",
         "haze_cloudflare",
     }, sorted(loaded)
     entry = loaded_after(
