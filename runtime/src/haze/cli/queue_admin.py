@@ -74,7 +74,7 @@ def parse_target(app: App, value: str, param_hint: str = "'CONNECTION:QUEUE'") -
 def _require_shared_store(app: App, command: str) -> None:
     """Signals in a process-local store vanish with this command: refuse, and say why."""
     store = app.queue_store
-    if not getattr(store, "shared", False):
+    if not store.shared:
         raise click.ClickException(
             f'{command} needs a store every process shares, but the queue store "{store.name}" '
             "lives in this process only, so no worker would see the signal. Set store= to a "
@@ -284,7 +284,7 @@ def queue_prune_batches(
     app = state.app()
     out = console()
     store = app.batch_store
-    if not getattr(store, "shared", False):
+    if not store.shared:
         out.print(
             f'The batches store "{escape(store.name)}" lives in each process only; this '
             "process holds no batches. Nothing to prune."

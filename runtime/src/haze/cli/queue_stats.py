@@ -170,7 +170,7 @@ async def _failed_per_queue(app: App, driver: Driver) -> tuple[dict[str, int] | 
 async def _paused(app: App, connection: str, queues: list[str]) -> tuple[set[str] | None, str]:
     """The paused queues, or None and why pauses (and throughput) cannot be read."""
     try:
-        if getattr(app.queue_store, "shared", False):
+        if app.queue_store.shared:
             return await paused_queues(app, connection, queues), ""
         return None, (
             f'the queue store "{app.queue_store.name}" lives in each process only; '
