@@ -324,7 +324,11 @@ class Execution:
         hooks = self.hooks.choose(run)
         if hooks:
             await self.hooks.settling(run)
-        await self._ack(run.driver, run.reserved)
+        reserved = run.reserved
+        if reserved.ack_later is None:  # what _ack does, one coroutine less
+            self.owned(await run.driver.ack(reserved), reserved, "completion")
+        else:
+            reserved.ack_later(reserved)
         if hooks:
             await self.hooks.settled(run)
         if run.raise_after is not None:

@@ -85,7 +85,7 @@ class Run:
     #: Raised to the dispatch() caller after the run settled (a sync chain's next link).
     raise_after: BaseException | None = None
     #: The hooks its ``settling`` step chose; ``settled`` calls the same ones.
-    hooks: tuple[OutcomeHook, ...] | None = None
+    hooks: list[OutcomeHook] | None = None
 
     @property
     def tracked(self) -> bool:
@@ -154,11 +154,11 @@ class Hooks:
         self.guards.append(guard)
         self._guards = tuple(_entry(g) for g in self.guards)
 
-    def wanted(self, run: Run) -> tuple[OutcomeHook, ...]:
+    def wanted(self, run: Run) -> list[OutcomeHook]:
         """The hooks that have something to do for ``run`` (often none)."""
-        return tuple(h for h, wants in self._ordered if wants is None or wants(run))
+        return [h for h, wants in self._ordered if wants is None or wants(run)]
 
-    def choose(self, run: Run) -> tuple[OutcomeHook, ...]:
+    def choose(self, run: Run) -> list[OutcomeHook]:
         """Decide (once) which hooks settle ``run``: both steps call the same ones."""
         hooks = run.hooks
         if hooks is None:

@@ -337,8 +337,9 @@ class JobDefinition(Generic[P]):
         pending._set(
             delay=delay, queue=queue, connection=connection, after_commit=after_commit, group=group
         )
-        # what pending.dispatch() does, minus one coroutine layer per dispatch
-        result: DispatchResult = await use_app().manager.dispatch(pending)
+        # what pending.dispatch() does, minus two coroutine layers per dispatch (the
+        # manager's dispatch() is a facade over its dispatcher's)
+        result: DispatchResult = await use_app().manager.dispatcher.dispatch(pending)
         return result.id
 
     dispatch_blocking = blocking_method(dispatch)
