@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from haze._app.config import (
     CacheConfig,
@@ -43,11 +43,9 @@ from haze._kernel.hints import did_you_mean
 from haze._orchestration.install import install as install_orchestration
 from haze._runners.worker import Worker
 from haze.contracts.recorder import DispatchRecorder
+from haze.database import Connector, connect, dialect_of
 from haze.drivers import Driver, create_driver
 from haze.stores import Store, create_store
-
-if TYPE_CHECKING:
-    from haze.database import Connector
 
 __all__ = ["App", "run_in_app", "use_app"]
 
@@ -362,8 +360,6 @@ class App:
 
     def database(self, name: str | None = None) -> Connector:
         """A SQL connector from ``config/database.py`` (created on first use, shared)."""
-        from haze.database import connect
-
         dc = self.database_config
         name = name or dc.default
         c = self._connectors.get(name)
@@ -421,8 +417,6 @@ class App:
 
     def _store_of_connection(self, connection: str) -> str:
         """The shared store of a queue connection's own backend (registered if needed)."""
-        from haze.database import dialect_of
-
         qc, cc, dc = self.queue_config, self.cache_config, self.database_config
         options = qc.connections[connection]
         driver = options["driver"]
