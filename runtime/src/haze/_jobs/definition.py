@@ -334,9 +334,10 @@ class JobDefinition(Generic[P]):
     ) -> str:
         """Queue the job; returns its id (for a unique job already queued: the holder's id)."""
         pending = PendingDispatch(self, payload)
-        pending._set(
-            delay=delay, queue=queue, connection=connection, after_commit=after_commit, group=group
-        )
+        if delay is not None or queue is not None or connection is not None:
+            pending._set(delay=delay, queue=queue, connection=connection)
+        if after_commit is not None or group is not None:
+            pending._set(after_commit=after_commit, group=group)
         # what pending.dispatch() does, minus two coroutine layers per dispatch (the
         # manager's dispatch() is a facade over its dispatcher's)
         result: DispatchResult = await use_app().manager.dispatcher.dispatch(pending)

@@ -493,7 +493,7 @@ class Worker:
         """Run a claimed job through the consumer core and count it."""
         self._claimed += 1
         self._busy += 1
-        started = time.perf_counter()
+        started = time.perf_counter() if self.on_job is not None else 0.0
         if self._batch is not None:
             job.ack_later = self._ack_later
         try:
