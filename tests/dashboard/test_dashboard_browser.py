@@ -30,7 +30,7 @@ from haze._runners.worker import Worker
 from haze.database.migrations import ensure_queue_tables
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "database"))
-from harness import pg_database
+from harness import mysql_database, pg_database
 
 T = TypeVar("T")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -95,12 +95,17 @@ def pg_url() -> Iterator[str]:
     yield from pg_database("dash_web")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture
+def mysql_url() -> Iterator[str]:
+    yield from mysql_database("dash_web")
+
+
+@pytest.fixture(params=["sqlite", "postgres", "mariadb"])
 def root(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     url = (
         f"sqlite:///{tmp_path / 'q.db'}"
         if request.param == "sqlite"
-        else request.getfixturevalue("pg_url")
+        else request.getfixturevalue("pg_url" if request.param == "postgres" else "mysql_url")
     )
     root = tmp_path / "app"
     (root / "config").mkdir(parents=True)

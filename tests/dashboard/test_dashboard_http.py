@@ -8,6 +8,7 @@ dashboard reads them through another, as in production.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html as html_lib
 import os
 import re
@@ -36,6 +37,9 @@ from starlette.testclient import TestClient
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "drivers"))
 from redis_spec import REDIS_URL, delete_prefix, redis_reachable, unique_prefix
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "database"))
+from harness import mysql_database
 from services import server_missing
 
 T = TypeVar("T")
@@ -58,20 +62,42 @@ async def dash_ok(payload: Any) -> None:
 class Backend:
     """Makes fresh ``App``s on one shared backend (each process has its own App)."""
 
-    def __init__(self, kind: str, tmp: Path) -> None:
+    def __init__(self, kind: str, tmp: Path, url: str = "") -> None:
         self.kind = kind
         self.tmp = tmp
         self.prefix = unique_prefix("dash") if kind == "redis" else ""
+        #: The database's URL (sqlite, mariadb).
+        self.url = url or f"sqlite:///{tmp / 'q.db'}"
+        self._opened: list[tuple[TestClient, App]] = []
+
+    def open(self, asgi: Callable[[App], Any], **options: Any) -> TestClient:
+        """A test client of the dashboard ``asgi(app)`` builds on a fresh App. It runs
+        every request on one event loop, where the App's connections are closed at the
+        end (a connection left open on a loop that closed fails the test)."""
+        app = self.app()
+        c = TestClient(asgi(app), **options)
+        c.__enter__()
+        self._opened.append((c, app))
+        return c
+
+    def close(self) -> None:
+        for c, app in reversed(self._opened):
+            try:
+                assert c.portal is not None
+                c.portal.call(app.stop)
+            finally:
+                c.__exit__(None, None, None)
+        self._opened.clear()
 
     def app(self) -> App:
-        if self.kind == "sqlite":
+        if self.kind != "redis":
             return App(
                 queue=define_queue_config(
                     default="main",
                     connections={"main": {"driver": "database", "sleep": 0.05, "queues": QUEUES}},
                 ),
                 database=define_database_config(
-                    default="db", connections={"db": {"url": f"sqlite:///{self.tmp / 'q.db'}"}}
+                    default="db", connections={"db": {"url": self.url}}
                 ),
             )
         conn = {"driver": "redis", "url": REDIS_URL, "prefix": self.prefix, "queues": QUEUES}
@@ -92,18 +118,26 @@ class Backend:
         return asyncio.run(go())
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "mariadb", "redis"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "redis" and not redis_reachable():
         server_missing("Redis", REDIS_URL)
-    b = Backend(request.param, tmp_path)
-    if b.kind == "sqlite":
-        b.run(ensure_queue_tables)
-    try:
-        yield b
-    finally:
-        if b.prefix:
-            delete_prefix(b.prefix + ":")
+    with contextlib.ExitStack() as stack:
+        url = ""
+        if request.param == "mariadb":
+            # A database of its own for each test, dropped after it.
+            databases = mysql_database("dash_http")
+            url = next(databases)
+            stack.callback(lambda: next(databases, None))
+        b = Backend(request.param, tmp_path, url)
+        if b.kind != "redis":
+            b.run(ensure_queue_tables)
+        try:
+            yield b
+        finally:
+            b.close()
+            if b.prefix:
+                delete_prefix(b.prefix + ":")
 
 
 async def drain(app: App, queues: list[str] | None = None) -> None:
@@ -121,7 +155,7 @@ def fail_jobs(backend: Backend, payloads: list[Any], queue: str = "default") -> 
 
 def client(backend: Backend, **options: Any) -> TestClient:
     options.setdefault("authorize", lambda request: True)
-    return TestClient(create_app(backend.app(), **options), follow_redirects=False)
+    return backend.open(lambda app: create_app(app, **options), follow_redirects=False)
 
 
 def csrf(page_html: str) -> str:
@@ -138,22 +172,22 @@ def test_unauthorised_requests_get_403_on_every_path(
 ) -> None:
     monkeypatch.delenv("HAZE_ENV", raising=False)
     monkeypatch.delenv("APP_ENV", raising=False)
-    denied = TestClient(create_app(backend.app()), follow_redirects=False)
+    denied = backend.open(create_app, follow_redirects=False)
     for path in ("/", "/failed", "/batches", "/jobs?id=x", "/metrics", "/static/haze.css", "/nope"):
         r = denied.get(path)
         assert r.status_code == 403, path
         assert "dash_" not in r.text and "<html" not in r.text
     assert denied.post("/failed/retry", data={"all": "1"}).status_code == 403
-    refused = TestClient(create_app(backend.app(), authorize=lambda request: False))
+    refused = backend.open(lambda app: create_app(app, authorize=lambda request: False))
     assert refused.get("/").status_code == 403
     # An authorize that returns something truthy but not True does not open it.
-    truthy = TestClient(create_app(backend.app(), authorize=lambda request: "yes"))
+    truthy = backend.open(lambda app: create_app(app, authorize=lambda request: "yes"))
     assert truthy.get("/").status_code == 403
 
     def broken(request: Any) -> bool:
         raise RuntimeError("session store down")
 
-    r = TestClient(create_app(backend.app(), authorize=broken)).get("/")
+    r = backend.open(lambda app: create_app(app, authorize=broken)).get("/")
     assert r.status_code == 403 and "session store" not in r.text
 
 
@@ -163,14 +197,12 @@ def test_async_authorize_and_local_environment(
     async def allow(request: Any) -> bool:
         return request.headers.get("x-admin") == "1"
 
-    c = TestClient(create_app(backend.app(), authorize=allow))
+    c = backend.open(lambda app: create_app(app, authorize=allow))
     assert c.get("/").status_code == 403
     assert c.get("/", headers={"x-admin": "1"}).status_code == 200
 
     monkeypatch.setenv("HAZE_ENV", "local")
-    local = TestClient(
-        create_app(backend.app()), base_url="http://127.0.0.1:8000", client=("127.0.0.1", 50000)
-    )
+    local = backend.open(create_app, base_url="http://127.0.0.1:8000", client=("127.0.0.1", 50000))
     assert local.get("/").status_code == 200
     assert local.get("/", headers={"host": "localhost:8000"}).status_code == 200
     assert local.get("/", headers={"host": "[::1]:8000"}).status_code == 200
@@ -178,7 +210,7 @@ def test_async_authorize_and_local_environment(
     # loopback port from the user's own browser, but with its own name in Host: denied.
     assert local.get("/", headers={"host": "evil.example:8000"}).status_code == 403
     # Local environment but a remote client (e.g. the port published by mistake): denied.
-    remote = TestClient(create_app(backend.app()), client=("203.0.113.9", 50000))
+    remote = backend.open(create_app, client=("203.0.113.9", 50000))
     assert remote.get("/").status_code == 403
     monkeypatch.setenv("HAZE_ENV", "production")
     monkeypatch.setenv("APP_ENV", "local")  # HAZE_ENV wins
@@ -501,10 +533,11 @@ def test_mounted_under_a_prefix(backend: Backend) -> None:
     from starlette.routing import Mount
 
     fail_jobs(backend, [{"n": 1}])
-    outer = Starlette(
-        routes=[Mount("/ops/haze", app=create_app(backend.app(), authorize=lambda r: True))]
-    )
-    c = TestClient(outer, follow_redirects=False)
+
+    def outer(app: App) -> Starlette:
+        return Starlette(routes=[Mount("/ops/haze", app=create_app(app, authorize=lambda r: True))])
+
+    c = backend.open(outer, follow_redirects=False)
     html = c.get("/ops/haze/failed").text
     assert 'href="/ops/haze/static/haze.css"' in html
     assert 'action="/ops/haze/failed/retry"' in html
@@ -519,8 +552,8 @@ def test_mounted_under_a_prefix(backend: Backend) -> None:
 
 
 def test_base_path_when_served_alone(backend: Backend) -> None:
-    c = TestClient(
-        create_app(backend.app(), authorize=lambda r: True, base_path="/haze/"),
+    c = backend.open(
+        lambda app: create_app(app, authorize=lambda r: True, base_path="/haze/"),
         follow_redirects=False,
     )
     html = c.get("/haze/").text
