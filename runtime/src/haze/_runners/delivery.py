@@ -76,8 +76,7 @@ class Delivery:
         consumer to answer its platform's way."""
         self._running[id(job)] = (leased, job)
         try:
-            # the execution's, not the manager's facade: one coroutine less per job
-            outcome = await self.manager.execution.process(job, driver)
+            outcome = await self.manager.process(job, driver)
         finally:
             del self._running[id(job)]
         self.outcomes[outcome] += 1
