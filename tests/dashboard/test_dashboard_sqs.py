@@ -115,3 +115,82 @@ def test_overview_on_cloudflare_says_it_cannot_count(tmp_path: Path) -> None:
     assert '<td class="n waiting"><span class="na"' in row
     assert "Cloudflare Queues tell their backlog only to a consumer" in html
     assert "token-never-shown" not in html
+
+
+@define_job(name="dash_sqs_slow")
+async def dash_sqs_slow(payload: Any) -> None:
+    await asyncio.sleep(payload["s"])
+
+
+def test_lambda_sqs_handler_shows_on_the_workers_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Lambda SQS handler has no process that outlives its invocations: its
+    # environment is listed while it runs jobs, with a short lease, and drops off after.
+    from haze._runners import presence
+    from haze_lambda.sqs import _handle
+
+    monkeypatch.setattr(presence, "SHORT_LEASE", 1.5)
+    monkeypatch.setattr(presence, "BEAT_EVERY", 0.2)
+    prefix = SPEC["unique_prefix"]("dashl")
+    urls = SPEC["create_queues"]([f"{prefix}-emails"])
+    url = urls[f"{prefix}-emails"] if f"{prefix}-emails" in urls else next(iter(urls.values()))
+
+    def make() -> App:
+        conn = {
+            "driver": "sqs",
+            "queue_url": f"{SPEC['endpoint']()}/{SPEC['ACCOUNT']}/{prefix}-{{queue}}",
+            "endpoint_url": SPEC["endpoint"](),
+            "region": SPEC["REGION"],
+            "credentials": dict(SPEC["CREDENTIALS"]),
+            "queues": ["emails"],
+        }
+        return App(
+            queue=define_queue_config(default="sqs", connections={"sqs": conn}, store="main"),
+            database=define_database_config(
+                default="db", connections={"db": {"url": f"sqlite:///{tmp_path}/l.db"}}
+            ),
+            cache=define_cache_config(default="main", stores={"main": {"driver": "database"}}),
+        )
+
+    def workers_page() -> str:
+        return c.get("/workers").text
+
+    c = TestClient(create_app(make(), authorize=lambda r: True))
+    try:
+
+        async def invoke() -> None:
+            async with make() as app:
+                job_id = await dash_sqs_slow.dispatch({"s": 1.5}, queue="emails")
+                got = SPEC["client"]().receive_message(
+                    QueueUrl=url, MaxNumberOfMessages=1, WaitTimeSeconds=2, AttributeNames=["All"]
+                )["Messages"]
+                event = {
+                    "Records": [
+                        {
+                            "messageId": m["MessageId"],
+                            "receiptHandle": m["ReceiptHandle"],
+                            "body": m["Body"],
+                            "attributes": {"ApproximateReceiveCount": "1"},
+                            "eventSourceARN": f"arn:aws:sqs:{SPEC['REGION']}:"
+                            f"{SPEC['ACCOUNT']}:{prefix}-emails",
+                        }
+                        for m in got
+                    ]
+                }
+                run = asyncio.ensure_future(_handle(app, event, None))
+                deadline = asyncio.get_running_loop().time() + 10
+                while "dash_sqs_slow" not in (page := await asyncio.to_thread(workers_page)):
+                    assert asyncio.get_running_loop().time() < deadline, page
+                    await asyncio.sleep(0.1)
+                assert ">lambda<" in page and job_id[:8] in page
+                assert (await run) == {"batchItemFailures": []}
+                # Done: no longer shown running, and gone once the short lease ends.
+                page = await asyncio.to_thread(workers_page)
+                assert "dash_sqs_slow" not in page and ">lambda<" in page
+                await asyncio.sleep(2.0)
+                assert "No worker is running" in await asyncio.to_thread(workers_page)
+
+        asyncio.run(invoke())
+    finally:
+        SPEC["delete_queues"](list(urls.values()))

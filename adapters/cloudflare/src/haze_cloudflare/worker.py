@@ -305,9 +305,10 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         async def one(message: Any) -> str:
             return await self.handle_message(app, message, queue_name, delivery)
 
-        self.outcomes = await delivery.run_batch(
-            messages, one, concurrency=concurrency, events=True
-        )
+        async with _listed(app, consumed, delivery, queue_name, concurrency):
+            self.outcomes = await delivery.run_batch(
+                messages, one, concurrency=concurrency, events=True
+            )
 
     async def handle_message(
         self, app: App, message: Any, queue_name: str = "", delivery: Delivery | None = None
@@ -445,6 +446,19 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
             all_headers = {"content-type": "application/json", **(headers or {})}
             return Response(body, status=status, headers=all_headers)
         return LocalResponse(body, status)
+
+
+def _listed(
+    app: App, connection: str | None, delivery: Delivery, queue: str, concurrency: int
+) -> contextlib.AbstractAsyncContextManager[None]:
+    """This isolate on the dashboard's Workers page while a batch runs (a short lease,
+    written at most every few seconds; an isolate that gets no more batches drops off)."""
+    from haze._runners.presence import invocations
+
+    if connection is None:
+        return contextlib.nullcontext()
+    listed = invocations(app, connection, "cloudflare")
+    return listed.invocation(delivery, [queue] if queue else None, concurrency)
 
 
 def _register_bindings() -> None:

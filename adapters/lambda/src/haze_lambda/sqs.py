@@ -38,9 +38,11 @@ The connection is ``HAZE_SQS_CONNECTION``, else the ``sqs`` connection of
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # loaded on the first invocation, not at import (cold start)
@@ -187,6 +189,21 @@ async def _run_record(
     return adapter.kept
 
 
+def _listed(
+    app: App, delivery: Delivery, resolved: list[tuple[SqsRecords, str]], concurrency: int
+) -> AbstractAsyncContextManager[None]:
+    """This execution environment on the dashboard's Workers page while the records run
+    (haze._runners.presence.Invocations: a short lease, written at most every few
+    seconds, never removed: an idle environment drops off by itself)."""
+    from haze._runners.presence import invocations
+
+    if not resolved:
+        return contextlib.nullcontext()
+    queues = sorted({url.rsplit("/", 1)[-1] for _, url in resolved})
+    listed = invocations(app, resolved[0][0].name, "lambda")
+    return listed.invocation(delivery, queues, concurrency)
+
+
 async def _handle(app: App, event: dict[str, Any], context: Any) -> dict[str, Any]:
     from haze._app.env import env_duration
     from haze._runners.delivery import Delivery
@@ -220,15 +237,17 @@ async def _handle(app: App, event: dict[str, Any], context: Any) -> dict[str, An
                 lambda e: log.warning("haze_lambda: heartbeat failed: %s", e),
             )
         )
+    concurrency = max((d.concurrency for d in drivers), default=1)
     try:
         # FIFO: in order, and after the first reported record the rest of the batch is
         # reported unprocessed, as AWS requires for FIFO triggers.
-        reports = await delivery.run_batch(
-            list(zip(records, resolved, strict=True)),
-            one,
-            concurrency=max((d.concurrency for d in drivers), default=1),
-            stop=(lambda report: report) if fifo else None,
-        )
+        async with _listed(app, delivery, resolved, concurrency):
+            reports = await delivery.run_batch(
+                list(zip(records, resolved, strict=True)),
+                one,
+                concurrency=concurrency,
+                stop=(lambda report: report) if fifo else None,
+            )
     finally:
         if beat is not None:
             beat.cancel()

@@ -1,5 +1,7 @@
-"""Which workers are alive: each ``haze queue:work`` process keeps a record in the queue
-store, renewed every few seconds, that the dashboard's Workers page lists.
+"""Which workers are alive: each ``haze queue:work`` process (and ``run_in_server``'s
+worker) keeps a record in the queue store, renewed every few seconds, that the
+dashboard's Workers page lists. Consumers that run in short invocations (the Lambda SQS
+handler, a Cloudflare Worker's ``queue()``) keep one too, through :class:`Invocations`.
 
 A worker holds one of ``SLOTS`` lease keys (``store.add`` with a TTL, renewed with the
 owner-checked ``store.touch``) and writes its record beside it with the same TTL. A
@@ -8,25 +10,50 @@ and it drops off the list; nothing has to clean up after it. Listing is two
 ``get_many`` calls over the fixed slot range, on any store that every process shares
 (redis or database); with a process-local store, workers are not listed.
 
+An invocation consumer is listed per execution environment (a warm Lambda container, a
+Cloudflare isolate), not per invocation: its record is written when an invocation
+starts and while it runs, at most once per ``BEAT_EVERY`` however many invocations
+come, with the short ``SHORT_LEASE``. It is not removed when an invocation ends (that
+would be a write per invocation): an environment that gets no more work drops off
+after its lease. When the last record written listed running jobs, the end of the
+invocation rewrites it without them, so a finished job is not shown running.
+
 >>> slot_key(7)
 'haze:workers:slot:7'
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import random
 import secrets
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+import weakref
+from collections.abc import AsyncIterator, Collection, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from haze._runners.delivery import Delivery
+from haze.contracts.driver import Reserved
 
 if TYPE_CHECKING:
     from haze._app.app import App
-    from haze._runners.worker import Worker
 
-__all__ = ["BEAT_EVERY", "LEASE", "SLOTS", "Presence", "live_workers", "slot_key"]
+__all__ = [
+    "BEAT_EVERY",
+    "LEASE",
+    "SHORT_LEASE",
+    "SLOTS",
+    "Consumer",
+    "Invocations",
+    "Presence",
+    "invocations",
+    "live_workers",
+    "slot_key",
+]
 
 log = logging.getLogger("haze.worker")
 
@@ -36,9 +63,19 @@ SLOTS = 256
 LEASE = 30.0
 #: Seconds between two renewals.
 BEAT_EVERY = 5.0
+#: Seconds the record of an invocation consumer (Lambda, Cloudflare) outlives its last
+#: write: it has no process that renews it between invocations.
+SHORT_LEASE = 15.0
 #: Running jobs kept in one record.
 MAX_RUNNING = 50
 _monotonic = time.monotonic
+
+
+def _hostname() -> str:
+    try:
+        return socket.gethostname()
+    except OSError:  # no name to give (a sandbox such as Pyodide's)
+        return "unknown"
 
 
 def slot_key(n: int) -> str:
@@ -49,18 +86,41 @@ def _record_key(worker_id: str) -> str:
     return f"haze:workers:record:{worker_id}"
 
 
-class Presence:
-    """One worker's record in the store. ``beat()`` and ``leave()`` never raise: the
-    worker's jobs matter more than its listing."""
+class Consumer(Protocol):
+    """What a presence record shows of the consumer it lists (a ``Worker`` is one)."""
 
-    def __init__(self, worker: Worker) -> None:
+    @property
+    def app(self) -> App: ...
+    @property
+    def connection(self) -> str: ...
+    @property
+    def queues(self) -> Sequence[str] | None: ...
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def processed(self) -> int: ...
+    @property
+    def paused(self) -> Collection[str]: ...
+    def running_jobs(self) -> list[Reserved]: ...
+
+
+class Presence:
+    """One consumer's record in the store. ``beat()`` and ``leave()`` never raise: the
+    consumer's jobs matter more than its listing. ``kind`` says what runs the jobs
+    (``worker``, ``lambda``, ``cloudflare``)."""
+
+    def __init__(self, worker: Consumer, *, kind: str = "worker", lease: float = LEASE) -> None:
         self.worker = worker
-        host = socket.gethostname()
+        self.kind = kind
+        self.lease = lease
+        host = _hostname()
         self.id = f"{host}:{os.getpid()}:{secrets.token_hex(3)}"
         self.host = host
         self.started_at = time.time()
         self.slot: int | None = None
         self._last = -BEAT_EVERY
+        #: Whether the last record written listed running jobs.
+        self.listed_running = False
 
     def record(self) -> dict[str, Any]:
         w = self.worker
@@ -77,6 +137,8 @@ class Presence:
             )
         return {
             "id": self.id,
+            "kind": self.kind,
+            "lease": self.lease,
             "host": self.host,
             "pid": os.getpid(),
             "connection": w.connection,
@@ -99,10 +161,13 @@ class Presence:
             store = self.worker.app.queue_store
             if not store.shared:
                 return
-            if self.slot is None or not await store.touch(slot_key(self.slot), self.id, LEASE):
+            lease = self.lease
+            if self.slot is None or not await store.touch(slot_key(self.slot), self.id, lease):
                 self.slot = await self._claim()
             if self.slot is not None:
-                await store.put(_record_key(self.id), self.record(), LEASE)
+                record = self.record()
+                await store.put(_record_key(self.id), record, lease)
+                self.listed_running = bool(record["running"])
         except Exception as e:
             log.debug("haze worker: could not renew the worker record: %s", e)
 
@@ -111,7 +176,7 @@ class Presence:
         start = random.randrange(SLOTS)
         for i in range(SLOTS):
             n = (start + i) % SLOTS
-            if await store.add(slot_key(n), self.id, LEASE):
+            if await store.add(slot_key(n), self.id, self.lease):
                 return n
         log.debug("haze worker: all %d worker slots are taken; this worker is not listed", SLOTS)
         return None
@@ -126,6 +191,69 @@ class Presence:
         except Exception as e:
             log.debug("haze worker: could not remove the worker record: %s", e)
         self.slot = None
+
+
+class Invocations:
+    """The presence of a consumer that runs in invocations (a Lambda execution
+    environment, a Cloudflare isolate): one record for all the invocations it serves
+    (see the module doc).
+
+    >>> # async with invocations(app, "sqs", "lambda").invocation(delivery, ["jobs"], 10):
+    >>> #     ... run the delivered batch with ``delivery`` ...
+    """
+
+    def __init__(self, app: App, connection: str, kind: str) -> None:
+        self.app = app
+        self.connection = connection
+        self.queues: list[str] | None = None
+        self.concurrency = 1
+        self.processed = 0
+        self.paused: frozenset[str] = frozenset()
+        self._deliveries: list[Delivery] = []
+        self.presence = Presence(self, kind=kind, lease=SHORT_LEASE)
+
+    def running_jobs(self) -> list[Reserved]:
+        return [job for d in self._deliveries for job in d.running()]
+
+    @contextlib.asynccontextmanager
+    async def invocation(
+        self, delivery: Delivery, queues: Sequence[str] | None, concurrency: int
+    ) -> AsyncIterator[None]:
+        """List this environment while ``delivery`` runs an invocation's jobs."""
+        self.queues = sorted({*(self.queues or []), *queues}) if queues else self.queues
+        self.concurrency = max(1, concurrency)
+        self._deliveries.append(delivery)
+        beats = asyncio.ensure_future(self._beats())
+        try:
+            yield
+        finally:
+            beats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beats
+            self._deliveries.remove(delivery)
+            self.processed += sum(delivery.outcomes.values())
+            if self.presence.listed_running:
+                await self.presence.beat(force=True)
+
+    async def _beats(self) -> None:
+        # One turn of the loop first: the invocation's first jobs are running by then.
+        await asyncio.sleep(0)
+        while True:
+            await self.presence.beat()
+            await asyncio.sleep(BEAT_EVERY)
+
+
+#: One ``Invocations`` per app and connection (an environment serves many invocations).
+_INVOCATIONS: weakref.WeakKeyDictionary[App, dict[str, Invocations]] = weakref.WeakKeyDictionary()
+
+
+def invocations(app: App, connection: str, kind: str) -> Invocations:
+    """The presence of this environment's ``kind`` consumer of ``connection``."""
+    per_app = _INVOCATIONS.setdefault(app, {})
+    found = per_app.get(connection)
+    if found is None:
+        found = per_app[connection] = Invocations(app, connection, kind)
+    return found
 
 
 async def live_workers(app: App) -> list[dict[str, Any]] | None:

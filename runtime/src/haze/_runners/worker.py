@@ -295,6 +295,8 @@ class Worker:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._final_flush()
         self._stop_heartbeat()
+        if self._presence is not None:  # a clean stop: off the Workers page now
+            await self._presence.leave()
 
     def _limit_reached(self) -> bool:
         if self.max_jobs is not None and self._claimed >= self.max_jobs:

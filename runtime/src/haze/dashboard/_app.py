@@ -34,7 +34,7 @@ from haze._kernel.durations import format_age
 from haze._kernel.errors import HazeError
 from haze._kernel.ids import short_id
 from haze._orchestration.batches import KEEP_JOB_IDS, find, jobs
-from haze._runners.presence import LEASE, live_workers
+from haze._runners.presence import LEASE, SHORT_LEASE, live_workers
 from haze.dashboard._security import CSRF_COOKIE, CSRF_FIELD, CSRF_HEADER, Authorize, Guard
 
 if TYPE_CHECKING:
@@ -346,7 +346,13 @@ class Dashboard:
         if found is not None and self.connection is not None:
             found = [w for w in found if w.get("connection") == self.connection]
         return self.render(
-            request, "workers.html", workers=found, lease=LEASE, now=time.time(), page="workers"
+            request,
+            "workers.html",
+            workers=found,
+            lease=LEASE,
+            short_lease=SHORT_LEASE,
+            now=time.time(),
+            page="workers",
         )
 
     async def jobs(self, request: Request) -> Response:
