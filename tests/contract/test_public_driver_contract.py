@@ -18,7 +18,8 @@ from typing import Any, ClassVar
 
 import pytest
 from haze._app import config as haze_config
-from haze.contracts.driver import FailedJob, Reserved
+from haze._kernel.message import Message
+from haze.contracts.driver import FailedJob, Interruptible, Reserved
 from haze.drivers import register_driver
 from haze.drivers.memory import MemoryDriver
 from haze.testing.driver_contract import DriverContract
@@ -96,6 +97,17 @@ class KeepsNoFailures(MemoryDriver):
         return await self.ack(job)
 
 
+class IgnoresDelays(MemoryDriver):
+    """Queues every message ready at once."""
+
+    async def enqueue(self, body: str, message: Message, delay: float) -> None:
+        await super().enqueue(body, message, 0.0)
+
+
+class ClaimsInterruptible(MemoryDriver, Interruptible):
+    """Declares Interruptible and never defines interrupt(): the Protocol's stub answers."""
+
+
 def _register(name: str, cls: type[MemoryDriver]) -> None:
     register_driver(name, cls)
     # The config validates options per driver name and has no row for a plugin driver
@@ -106,6 +118,8 @@ def _register(name: str, cls: type[MemoryDriver]) -> None:
 _register("contract_forgets_attempts", ForgetsAttempts)
 _register("contract_drops_releases", DropsReleases)
 _register("contract_keeps_no_failures", KeepsNoFailures)
+_register("contract_ignores_delays", IgnoresDelays)
+_register("contract_claims_interruptible", ClaimsInterruptible)
 
 
 class _Forgetful(DriverContract):
@@ -118,6 +132,14 @@ class _Dropping(DriverContract):
 
 class _NoFailures(DriverContract):
     connection: ClassVar[dict[str, Any]] = {"driver": "contract_keeps_no_failures"}
+
+
+class _Hasty(DriverContract):
+    connection: ClassVar[dict[str, Any]] = {"driver": "contract_ignores_delays"}
+
+
+class _Pretender(DriverContract):
+    connection: ClassVar[dict[str, Any]] = {"driver": "contract_claims_interruptible"}
 
 
 def _breaks(test: Callable[[Path], None], tmp_path: Path, why: str) -> None:
@@ -145,6 +167,18 @@ def test_the_contract_fails_a_driver_that_keeps_no_failures(tmp_path: Path) -> N
     suite.test_release_consuming_an_attempt(tmp_path)
     _breaks(suite.test_fail_keeps_the_job_in_the_failed_store, tmp_path, "failed.list")
     _breaks(suite.test_a_failed_job_can_be_retried, tmp_path, "")
+
+
+def test_the_contract_fails_a_driver_that_ignores_delays(tmp_path: Path) -> None:
+    _breaks(_Hasty().test_delayed_message_waits_its_delay, tmp_path, "expected nothing")
+
+
+def test_the_contract_fails_a_capability_declared_but_not_defined(tmp_path: Path) -> None:
+    _breaks(
+        _Pretender().test_declared_capabilities_are_implemented,
+        tmp_path,
+        "declares Interruptible but does not define interrupt()",
+    )
 
 
 # --------------------------------------------------------------------------- an author's suite
