@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "drivers"))
 from redis_spec import REDIS_URL, delete_prefix, redis_reachable, unique_prefix
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "database"))
-from harness import mysql_database
+from harness import mysql_database, pg_database
 from services import server_missing
 
 T = TypeVar("T")
@@ -66,7 +66,7 @@ class Backend:
         self.kind = kind
         self.tmp = tmp
         self.prefix = unique_prefix("dash") if kind == "redis" else ""
-        #: The database's URL (sqlite, mariadb).
+        #: The database's URL (sqlite, postgres, mariadb).
         self.url = url or f"sqlite:///{tmp / 'q.db'}"
         self._opened: list[tuple[TestClient, App]] = []
 
@@ -118,15 +118,16 @@ class Backend:
         return asyncio.run(go())
 
 
-@pytest.fixture(params=["sqlite", "mariadb", "redis"])
+@pytest.fixture(params=["sqlite", "postgres", "mariadb", "redis"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "redis" and not redis_reachable():
         server_missing("Redis", REDIS_URL)
     with contextlib.ExitStack() as stack:
         url = ""
-        if request.param == "mariadb":
+        if request.param in ("postgres", "mariadb"):
             # A database of its own for each test, dropped after it.
-            databases = mysql_database("dash_http")
+            make = pg_database if request.param == "postgres" else mysql_database
+            databases = make("dash_http")
             url = next(databases)
             stack.callback(lambda: next(databases, None))
         b = Backend(request.param, tmp_path, url)

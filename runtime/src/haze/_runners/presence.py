@@ -109,10 +109,13 @@ class Presence:
     consumer's jobs matter more than its listing. ``kind`` says what runs the jobs
     (``worker``, ``lambda``, ``cloudflare``)."""
 
-    def __init__(self, worker: Consumer, *, kind: str = "worker", lease: float = LEASE) -> None:
+    def __init__(
+        self, worker: Consumer, *, kind: str = "worker", lease: float | None = None
+    ) -> None:
         self.worker = worker
         self.kind = kind
-        self.lease = lease
+        #: Seconds the record outlives its last write (``LEASE`` unless given).
+        self.lease = LEASE if lease is None else lease
         host = _hostname()
         self.id = f"{host}:{os.getpid()}:{secrets.token_hex(3)}"
         self.host = host
