@@ -3,11 +3,13 @@ suite inherits (River's ``riverdrivertest``, for haze).
 
 A third-party driver proves itself by subclassing ``DriverContract`` in its tests::
 
+    from typing import Any, ClassVar
+
     from haze.testing.driver_contract import DriverContract
 
 
     class TestMyDriver(DriverContract):
-        connection = {"driver": "mine", "url": "mine://127.0.0.1"}
+        connection: ClassVar[dict[str, Any]] = {"driver": "mine", "url": "mine://127.0.0.1"}
 
 Each ``test_*`` method builds an ``App`` whose default connection ``"main"`` is that
 connection, opens it, and talks to its driver directly: ``enqueue`` → ``reserve`` →
@@ -27,9 +29,10 @@ a ready message may take to be claimed).
 Each test expects both queues and the failed-job store empty, and leaves them so when it
 passes; give each test a fresh backend (a key prefix, new tables) if one may fail.
 
-The methods can be called without pytest's runner too: ``TestMyDriver().test_release_
-without_consuming_an_attempt(tmp_path)`` raises ``AssertionError`` when the driver breaks
-the contract.
+The methods can be called without pytest's runner too: ``TestMyDriver().test_enqueue_many(
+tmp_path)`` raises ``AssertionError`` when the driver breaks the contract. A driver's own
+extra tests can use the same harness: ``@contract_test(needs=...)`` on an ``async def
+test_...(self, d: DriverUnderTest)``.
 """
 
 from __future__ import annotations
@@ -66,7 +69,14 @@ from haze.contracts.driver import (
     Reserved,
 )
 
-__all__ = ["CAPABILITIES", "DriverContract", "DriverUnderTest"]
+__all__ = [
+    "CAPABILITIES",
+    "DriverContract",
+    "DriverUnderTest",
+    "contract_test",
+    "failure_of",
+    "same_message",
+]
 
 #: The optional capability Protocols of ``haze.contracts.driver``.
 CAPABILITIES: tuple[type, ...] = (
