@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from haze._app import config as haze_config
 from haze._kernel.message import Message
 from haze.contracts.driver import FailedJob, Interruptible, Reserved
 from haze.drivers import register_driver
@@ -110,9 +109,6 @@ class ClaimsInterruptible(MemoryDriver, Interruptible):
 
 def _register(name: str, cls: type[MemoryDriver]) -> None:
     register_driver(name, cls)
-    # The config validates options per driver name and has no row for a plugin driver
-    # yet, so a test adds one (as conftest's REMOTE_SIM does).
-    haze_config.QUEUE_DRIVER_OPTIONS.setdefault(name, dict(haze_config._COMMON))
 
 
 _register("contract_forgets_attempts", ForgetsAttempts)
@@ -184,7 +180,6 @@ def test_the_contract_fails_a_capability_declared_but_not_defined(tmp_path: Path
 # --------------------------------------------------------------------------- an author's suite
 
 _AUTHOR_SUITE = """
-from haze._app import config
 from haze.drivers import register_driver
 from haze.drivers.memory import MemoryDriver
 from haze.testing.driver_contract import DriverContract
@@ -201,7 +196,6 @@ class Forgetful(MemoryDriver):
 
 for name, cls in (("honest", Honest), ("forgetful", Forgetful)):
     register_driver(name, cls)
-    config.QUEUE_DRIVER_OPTIONS.setdefault(name, dict(config._COMMON))
 
 
 class TestHonest(DriverContract):

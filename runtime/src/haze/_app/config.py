@@ -20,8 +20,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
+from haze._kernel import plugins
 from haze._kernel.durations import parse_duration
 from haze._kernel.errors import ConfigError
+from haze.contracts.driver import DeclaresOptions
 
 __all__ = [
     "CacheConfig",
@@ -405,6 +407,28 @@ CACHE_DRIVER_OPTIONS: dict[str, dict[str, str]] = {
 }
 
 
+def _plugin_schema(
+    v: _V, driver: str, built_in: dict[str, dict[str, str]], common: dict[str, str], key: str
+) -> dict[str, str]:
+    """The options ``driver`` takes: its built-in table, else those of the plugin class
+    registered under that name (entry points or ``register_driver``/``register_store``)."""
+    if driver in built_in:
+        return built_in[driver]
+    queue = built_in is QUEUE_DRIVER_OPTIONS
+    group = plugins.DRIVERS if queue else plugins.STORES
+    found = plugins.find(group, driver)
+    if found is None:
+        known = ", ".join(sorted({*built_in, *plugins.names(group)}))
+        what = "driver" if queue else "store driver"
+        raise v.fail(
+            f"{key}.driver",
+            f"unknown {what} {driver!r}; known: {known} (a package adds one through the "
+            f"{group!r} entry point group)",
+        )
+    declared = found.options if isinstance(found, DeclaresOptions) else {}
+    return {**common, **declared}
+
+
 def _check_options(v: _V, raw: dict[str, Any], schema: dict[str, str], key: str) -> dict[str, Any]:
     v.unknown(raw, set(schema), key)
     out: dict[str, Any] = {}
@@ -580,10 +604,8 @@ def _queue_connections(
         v.name(name, key)
         c = v.mapping(c, key, required=True)
         driver = v.string(c.get("driver"), f"{key}.driver", required=True)
-        if driver not in QUEUE_DRIVER_OPTIONS:
-            known = ", ".join(sorted(QUEUE_DRIVER_OPTIONS))
-            raise v.fail(f"{key}.driver", f"unknown driver {driver!r}; known drivers: {known}")
-        connections[name] = _check_options(v, c, QUEUE_DRIVER_OPTIONS[driver], key)
+        schema = _plugin_schema(v, driver or "", QUEUE_DRIVER_OPTIONS, _COMMON, key)
+        connections[name] = _check_options(v, c, schema, key)
         limits = v.queue_limits(c.get("queues"), f"{key}.queues")
         if limits:
             queue_limits[name] = limits
@@ -684,10 +706,8 @@ def _validate_named(
 def validate_cache(spec: object, source: str | None = None) -> CacheConfig:
     def check(v: _V, key: str, c: dict[str, Any]) -> dict[str, Any]:
         driver = v.string(c.get("driver"), f"{key}.driver", required=True)
-        if driver not in CACHE_DRIVER_OPTIONS:
-            known = ", ".join(sorted(CACHE_DRIVER_OPTIONS))
-            raise v.fail(f"{key}.driver", f"unknown store driver {driver!r}; known: {known}")
-        return _check_options(v, c, CACHE_DRIVER_OPTIONS[driver], key)
+        schema = _plugin_schema(v, driver or "", CACHE_DRIVER_OPTIONS, {"driver": "str"}, key)
+        return _check_options(v, c, schema, key)
 
     default, stores, src = _validate_named(
         spec, "cache", "stores", source, {"memory": {"driver": "memory"}}, check

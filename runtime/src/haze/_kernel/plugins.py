@@ -56,6 +56,12 @@ def register(group: str, name: str, target: object) -> None:
     _loaded.pop((group, name), None)
 
 
+def unregister(group: str, name: str) -> None:
+    """Forget what :func:`register` made ``name`` in ``group`` stand for (tests, reloads)."""
+    _registered.get(group, {}).pop(name, None)
+    _loaded.pop((group, name), None)
+
+
 def find(group: str, name: str) -> Any:
     """The object ``name`` stands for in ``group``, or None when nothing provides it.
 

@@ -15,9 +15,9 @@ One message's life through a driver::
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from haze._kernel.errors import BackendUnavailableError, HazeError
 from haze._kernel.message import FailedJob, Message
@@ -28,6 +28,7 @@ __all__ = [
     "BatchConsumer",
     "Concurrent",
     "ConnectionAware",
+    "DeclaresOptions",
     "DelayStep",
     "DispatchOnly",
     "Driver",
@@ -132,6 +133,25 @@ class Driver(Protocol):
 # -- optional capabilities: each is checked once (isinstance) when a worker or consumer
 # starts, never probed by name, so a misspelt method is a type error and not a silently
 # disabled feature.
+
+
+@runtime_checkable
+class DeclaresOptions(Protocol):
+    """A plugin's driver or store class that names the config options it takes.
+
+    Built-in drivers and stores have their option tables in the config module; a class
+    registered through the ``haze.drivers`` or ``haze.stores`` entry points (or
+    ``register_driver``/``register_store``) declares its own, beyond ``driver`` (and a
+    queue driver's ``max_message_size``, ``concurrency``, ``queues``). Each option maps
+    to its kind: ``"str"``, ``"int"``, ``"bool"``, ``"duration"``, ``"names"``,
+    ``"queues"``, ``"ident"`` or ``"dict"``. A plugin that declares nothing takes those
+    common options only; any other key is refused with the list of known ones.
+
+    >>> class MyDriver:
+    ...     options: ClassVar[Mapping[str, str]] = {"url": "str", "retry_after": "duration"}
+    """
+
+    options: ClassVar[Mapping[str, str]]
 
 
 @runtime_checkable
