@@ -33,6 +33,7 @@ __all__ = [
     "DispatchOnly",
     "Driver",
     "FailedJob",
+    "Message",
     "FailedJobStore",
     "IdlePolling",
     "Interruptible",
