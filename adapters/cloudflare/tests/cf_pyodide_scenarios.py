@@ -327,6 +327,28 @@ async def kv_lease():
     }
 
 
+async def kv_batch_list():
+    """KVStore.settle_batch_job lists the first ``keep`` jobs it counts (the dashboard's
+    batch page), as the atomic stores do."""
+    from haze_cloudflare import bind_env
+    from haze_cloudflare.kv import KVStore
+
+    env, _, _ = new_env()
+    bind_env(env)
+    store = KVStore("kv", {"binding": "KV"})
+    store._warned = True
+    b = "haze:batch:kvlist"
+    await store.put(f"{b}:pending", 3, 60)
+    await store.settle_batch_job(b, "j1", "done", ttl=60, keep=2)
+    await store.settle_batch_job(b, "j1", "done", ttl=60, keep=2)
+    await store.settle_batch_job(b, "j2", "failed", ttl=60, keep=2)
+    await store.settle_batch_job(b, "j3", "done", ttl=60, keep=2)
+    return {
+        "jobs": await store.get(f"{b}:jobs"),
+        "listed": await store.get_many([f"{b}:jobs:1", f"{b}:jobs:2", f"{b}:jobs:3"]),
+    }
+
+
 async def undecodable():
     env, q, _ = new_env()
     bad = q.inject("this is not JSON", "text")
@@ -533,6 +555,7 @@ for scenario in (
     unique,
     rate_limited_release,
     kv_lease,
+    kv_batch_list,
     undecodable,
     not_json_bodies,
     worker_vars,

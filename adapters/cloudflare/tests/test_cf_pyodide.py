@@ -246,6 +246,12 @@ def test_kv_lease_renewal_checks_the_owner(scenarios: dict[str, Any]) -> None:
     assert v["holder"] == "run-1"
 
 
+def test_kv_store_lists_the_first_jobs_of_a_batch(scenarios: dict[str, Any]) -> None:
+    v = outcome(scenarios, "kv_batch_list")
+    assert v["jobs"] == 3
+    assert v["listed"] == ["j1", "j2", None]
+
+
 def test_undecodable_messages_are_failed_and_acked(scenarios: dict[str, Any]) -> None:
     v = outcome(scenarios, "undecodable")
     assert v["outcomes"] == ["failed", "failed"]

@@ -8,7 +8,8 @@ owner-checked ``store.touch``) and writes its record beside it with the same TTL
 worker that dies stops renewing, so its slot and record expire after ``LEASE`` seconds
 and it drops off the list; nothing has to clean up after it. Listing is two
 ``get_many`` calls over the fixed slot range, on any store that every process shares
-(redis or database); with a process-local store, workers are not listed.
+(redis or database); with a process-local store, or one that is not atomic (Cloudflare
+KV), workers are not listed.
 
 An invocation consumer is listed per execution environment (a warm Lambda container, a
 Cloudflare isolate), not per invocation: its record is written when an invocation
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from haze._runners.delivery import Delivery
 from haze.contracts.driver import Reserved
+from haze.contracts.store import Store
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -76,6 +78,13 @@ def _hostname() -> str:
         return socket.gethostname()
     except OSError:  # no name to give (a sandbox such as Pyodide's)
         return "unknown"
+
+
+def _listable(store: Store) -> bool:
+    """Whether workers can keep records in ``store``: every process must see it, and a
+    slot is taken with an atomic add (Cloudflare KV has neither that nor TTLs under 60
+    seconds: workers are not listed there)."""
+    return store.shared and store.atomic
 
 
 def slot_key(n: int) -> str:
@@ -162,7 +171,7 @@ class Presence:
         self._last = now
         try:
             store = self.worker.app.queue_store
-            if not store.shared:
+            if not _listable(store):
                 return
             lease = self.lease
             if self.slot is None or not await store.touch(slot_key(self.slot), self.id, lease):
@@ -263,7 +272,7 @@ async def live_workers(app: App) -> list[dict[str, Any]] | None:
     """The records of the workers alive now (oldest first); None when the queue store is
     process-local, so no worker's record could be seen from here."""
     store = app.queue_store
-    if not store.shared:
+    if not _listable(store):
         return None
     ids = [v for v in await store.get_many([slot_key(n) for n in range(SLOTS)]) if v]
     if not ids:
