@@ -18,7 +18,7 @@ the manager and adds the hooks of the layers above the engine (chains, batches).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from haze._engine.admin import Admin
@@ -186,9 +186,12 @@ class QueueManager:
         """The ``sync`` driver: run now in the caller's context; raise a final failure."""
         await self.execution.run_inline(message, body, driver)
 
-    async def process(self, reserved: Reserved, driver: Driver) -> str:
-        """Run one claimed message to its outcome; never raises for job errors."""
-        return await self.execution.process(reserved, driver)
+    def process(self, reserved: Reserved, driver: Driver) -> Coroutine[Any, Any, str]:
+        """Run one claimed message to its outcome; never raises for job errors.
+
+        Hands back the execution's coroutine rather than awaiting it in one of its own:
+        every job passes here, and a facade frame per job is measurable."""
+        return self.execution.process(reserved, driver)
 
     def owned(self, owned: bool, reserved: Reserved, what: str) -> None:
         """Warn (and mark ``reserved``) when the driver said the job was no longer ours."""
