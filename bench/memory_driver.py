@@ -15,8 +15,8 @@ from typing import Any
 from harness import Measurement, entry, timer
 from haze import App, Queue, define_job, define_queue_config
 
-#: The issue's targets for the memory driver (issue: "bench/ with a harness...").
-TARGETS = {"ratio": 10.0, "us": 40.0}
+#: The targets for the memory driver: issue 16 section 3 asks for at most 5x the bare loop.
+TARGETS = {"ratio": 5.0, "us": 40.0}
 BULK_CHUNK = 1000
 
 _handled = 0

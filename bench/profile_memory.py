@@ -81,6 +81,8 @@ STEPS: dict[str, list[str]] = {
         "execution.py:_decode",
         "definition.py:from_wire",
         "hooks.py:<genexpr>",
+        "admit",
+        "execution.py:_claimed_elsewhere",
     ],
     "execute: JobContext, Run, Reserved": ["context.py:__init__", "<string>:__init__"],
     "execute: handler + pipeline": [
@@ -95,9 +97,16 @@ STEPS: dict[str, list[str]] = {
         "hooks.py:<listcomp>",
         "hooks.py:tracked",
         "wants",
+        "settling",
+        "settled",
     ],
     "execute: logging checks": ["__init__.py:isEnabledFor"],
-    "execute: ack": ["memory.py:ack", "memory.py:_settled", "memory.py:pending"],
+    "execute: ack": [
+        "execution.py:_ack",
+        "memory.py:ack",
+        "memory.py:_settled",
+        "memory.py:pending",
+    ],
     "execute: layers (worker, delivery, process)": [
         "worker.py:_slot",
         "worker.py:_run",
@@ -107,6 +116,9 @@ STEPS: dict[str, list[str]] = {
         "execution.py:_process",
         "execution.py:_run",
         "execution.py:_success",
+        "execution.py:_classify",
+        "manager.py:process",
+        "manager.py:dispatch",
     ],
 }
 
@@ -140,10 +152,14 @@ def main() -> None:
         steps[step] = steps.get(step, 0.0) + tt
         calls += nc
     total = sum(steps.values())
-    print(f"{args.n:,} jobs, {calls / args.n:.0f} Python calls per job (profiled)\n")
-    print("| step | share of profiled time |\n|---|---|")
+    per_job = total / args.n * 1e6
+    print(
+        f"{args.n:,} jobs, {calls / args.n:.0f} Python calls and {per_job:.1f} us "
+        "per job (profiled)\n"
+    )
+    print("| step | share of profiled time | profiled us/job |\n|---|---|---|")
     for step, tt in sorted(steps.items(), key=lambda kv: -kv[1]):
-        print(f"| {step} | {tt / total:.0%} |")
+        print(f"| {step} | {tt / total:.0%} | {tt / args.n * 1e6:.1f} |")
     if args.top:
         print()
         stats.sort_stats("tottime").print_stats(args.top)
