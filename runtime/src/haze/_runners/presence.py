@@ -68,6 +68,8 @@ BEAT_EVERY = 5.0
 #: Seconds the record of an invocation consumer (Lambda, Cloudflare) outlives its last
 #: write: it has no process that renews it between invocations.
 SHORT_LEASE = 15.0
+#: Seconds the end of an invocation waits for a record write in flight.
+_END_WAIT = 2.0
 #: Running jobs kept in one record.
 MAX_RUNNING = 50
 _monotonic = time.monotonic
@@ -235,24 +237,31 @@ class Invocations:
         self.queues = sorted({*(self.queues or []), *queues}) if queues else self.queues
         self.concurrency = max(1, concurrency)
         self._deliveries.append(delivery)
-        beats = asyncio.ensure_future(self._beats())
+        done = asyncio.Event()
+        beats = asyncio.ensure_future(self._beats(done))
         try:
             yield
         finally:
+            # Not cancelled at once: a write cut between the slot and the record would leave
+            # this environment unlisted. The one in flight may end (a store round trip),
+            # but a store that hangs does not hold the invocation up.
+            done.set()
+            await asyncio.wait({beats}, timeout=_END_WAIT)
             beats.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beats
             self._deliveries.remove(delivery)
             self.processed += sum(delivery.outcomes.values())
             if self.presence.listed_running:
                 await self.presence.beat(force=True)
 
-    async def _beats(self) -> None:
+    async def _beats(self, done: asyncio.Event) -> None:
         # One turn of the loop first: the invocation's first jobs are running by then.
         await asyncio.sleep(0)
         while True:
             await self.presence.beat()
-            await asyncio.sleep(BEAT_EVERY)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(done.wait(), BEAT_EVERY)
+            if done.is_set():
+                return
 
 
 #: One ``Invocations`` per app and connection (an environment serves many invocations).
