@@ -2,7 +2,8 @@
 ``run_in_server`` worker (a real Redis queue and store), and a Cloudflare Worker's
 ``queue()`` run on CPython (a SQLite store; the Cloudflare runtime's message objects
 are stood in for by a small class with its ``body``/``attempts``/``ack``/``retry``).
-The Lambda SQS handler's case is in test_dashboard_sqs.py."""
+The Lambda SQS handler's case is in test_dashboard_sqs.py. Also: job lookup on a
+memory connection, from a dashboard in the same process."""
 
 from __future__ import annotations
 
@@ -149,3 +150,27 @@ def test_cloudflare_queue_invocations_are_listed_with_a_short_lease(
         await _until(c, "No worker is running", within=5)
 
     asyncio.run(scenario())
+
+
+def test_job_lookup_on_a_memory_connection() -> None:
+    # A dashboard mounted in the app that runs a memory queue sees its jobs by id.
+    app = App(
+        queue=define_queue_config(
+            default="main", connections={"main": {"driver": "memory", "queues": ["default"]}}
+        )
+    )
+    ready = Message(id=new_id(), job="dash_p_slow", payload={"s": 0}, queue="default")
+    later = Message(id=new_id(), job="dash_p_slow", payload={"s": 0}, queue="default")
+
+    async def fill() -> None:
+        driver = app.driver("main")
+        await driver.enqueue(encode(ready), ready, 0)
+        await driver.enqueue(encode(later), later, 3600)
+
+    asyncio.run(fill())
+    c = TestClient(create_app(app, authorize=lambda r: True))
+    for message, state in ((ready, "ready"), (later, "delayed")):
+        page = c.get("/jobs", params={"id": message.id}).text
+        assert '<span class="badge' in page and f">{state}<" in page, page
+        assert f"<code>{message.id}</code>" in page
+    assert "Nothing found" in c.get("/jobs", params={"id": new_id()}).text

@@ -22,6 +22,7 @@ from haze.contracts.driver import (
     Backlog,
     Concurrent,
     FailedJob,
+    JobRecord,
     LocalQueue,
     QueueCounts,
     Reserved,
@@ -230,6 +231,26 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent):
             if job.queue == queue
         ]
         return sorted(jobs, key=lambda j: j.started_at or 0.0)[:limit]
+
+    async def find_job(self, job_id: str, queues: Sequence[str]) -> JobRecord | None:
+        """A running, ready or delayed job of this process (finished ones are not kept)."""
+        needle = f'"id":"{job_id}"'
+        now, clock = time.time(), _monotonic()
+        found: list[tuple[str, str, str, int, float | None]] = [
+            ("running", job.queue, job.body, job.attempt, None) for job in self._active.values()
+        ]
+        for queue, ready in self._ready.items():
+            found += [("ready", queue, body, used, None) for body, used, _ in ready]
+        found += [
+            ("delayed", q, body, used, now + due - clock) for due, _, q, body, used in self._delayed
+        ]
+        for state, queue, body, attempts, at in found:
+            if needle not in body or (queues and queue not in queues):
+                continue
+            message = decode(body)
+            if message.id == job_id:
+                return JobRecord(job_id, message.job, queue, state, attempts, body, at)
+        return None
 
     async def purge(self, queue: str) -> int:
         q = self._ready.pop(queue, None)
