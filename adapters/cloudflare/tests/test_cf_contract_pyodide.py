@@ -57,7 +57,14 @@ RUNNER = HERE / "cf_contract_runner.py"
 
 #: Suites parametrised by store, not by driver (their queue is always a memory driver):
 #: not run here. The D1 store runs the store suite through Miniflare instead.
-NOT_DRIVER_CONTRACT = {"test_store_contract.py", "test_batch_crash.py", "test_schedule_crash.py"}
+#: test_public_driver_contract.py runs haze.testing.driver_contract over the server-side
+#: drivers and runs an author's suite in a subprocess (Pyodide has no processes).
+NOT_DRIVER_CONTRACT = {
+    "test_store_contract.py",
+    "test_batch_crash.py",
+    "test_schedule_crash.py",
+    "test_public_driver_contract.py",
+}
 #: pytest and its plugins as pure-Python wheels, repacked from this environment (the
 #: versions uv.lock pins), so the Pyodide session needs no network.
 PYTEST_DISTS = ("pytest", "pluggy", "iniconfig", "packaging", "pygments", "pytest-asyncio")
