@@ -39,10 +39,10 @@ from haze import (
     define_queue_config,
     run_in_app,
 )
+from haze._kernel.sqlfiles import queue_schema, queue_sql
 from haze._runners.worker import Worker
 from haze.database import Connector, Session, connect
 from haze.database.postgres import DatabaseConnectionError, translate_placeholders
-from haze.drivers.database import load_sql, schema_sql
 
 CI = os.environ.get("CI", "").strip().lower() == "true"
 
@@ -315,12 +315,12 @@ async def test_concurrent_statements_share_the_pool(db: Connector, table: str) -
 
 
 async def test_queue_schema_creates_cleanly_and_twice(db: Connector, table: str) -> None:
-    statements = schema_sql(db.dialect, table, f"{table}_failed")
+    statements = queue_schema(db.dialect, table, f"{table}_failed")
     assert statements
     for _ in range(2):
         for stmt in statements:
             await db.execute(stmt)
-    sql = load_sql(db.dialect, table, f"{table}_failed")
+    sql = queue_sql(db.dialect, table, f"{table}_failed")
     now = time.time()
     await db.execute(sql["enqueue"], ("default", "{}", 0, now, now))
     assert await db.fetchone(sql["size"], ("default",)) == (1,)

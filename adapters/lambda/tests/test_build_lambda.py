@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from haze.drivers.database import schema_sql
+from haze._kernel.sqlfiles import queue_schema
 from test_lambda_runtime import (
     _SPEC,
     DATABASE_PY,
@@ -93,7 +93,7 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     (root / "app" / "job" / "bld_lam_where.py").write_text(WHERE_PY)
     db = base / "lam.db"
     with contextlib.closing(sqlite3.connect(db)) as c:
-        for stmt in schema_sql("sqlite"):
+        for stmt in queue_schema("sqlite"):
             c.execute(stmt)
         c.commit()
     endpoint = _SPEC["endpoint"]()

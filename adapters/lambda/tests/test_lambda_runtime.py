@@ -51,7 +51,7 @@ models = pytest.importorskip("aws_lambda_powertools.utilities.parser.models")
 pytest.importorskip("boto3")
 
 from haze._kernel.message import Message, encode, new_id  # noqa: E402
-from haze.drivers.database import schema_sql  # noqa: E402
+from haze._kernel.sqlfiles import queue_schema  # noqa: E402
 
 _SPEC = runpy.run_path(str(Path(__file__).resolve().parents[3] / "tests/drivers/sqs_spec.py"))
 ACCOUNT: str = _SPEC["ACCOUNT"]
@@ -263,7 +263,7 @@ def lam_app(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     (root / "app" / "job" / "lam_jobs.py").write_text(JOBS_PY)
     db = root / "lam.db"
     with contextlib.closing(sqlite3.connect(db)) as c:
-        for stmt in schema_sql("sqlite"):
+        for stmt in queue_schema("sqlite"):
             c.execute(stmt)
         c.commit()
     endpoint = _SPEC["endpoint"]()

@@ -30,7 +30,7 @@ def db_root(root: Path) -> Path:
     memory connections: no other process sees their jobs)."""
     import sqlite3
 
-    from haze.drivers.database import schema_sql
+    from haze._kernel.sqlfiles import queue_schema
 
     (root / "config").mkdir(parents=True, exist_ok=True)
     (root / "config" / "database.py").write_text(
@@ -44,7 +44,7 @@ def db_root(root: Path) -> Path:
         "{'driver': 'database', 'sleep': '50ms', 'max_sleep': '100ms'}})\n"
     )
     with sqlite3.connect(root / "q.db") as c:
-        for statement in schema_sql("sqlite"):
+        for statement in queue_schema("sqlite"):
             c.execute(statement)
     return root
 

@@ -213,7 +213,6 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         from haze.contracts.driver import Reserved  # noqa: F401
         from haze.integrations.http_dispatch import dispatch_request  # noqa: F401
 
-        _register_bindings()
         root = cls.app_root
         if root is None or cls.haze_app is not None:
             return
@@ -262,7 +261,6 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         if env is None:
             env = getattr(self, "env", None)
         if env is not None:
-            _register_bindings()
             bind_env(env)
 
     @contextlib.contextmanager
@@ -459,13 +457,6 @@ def _listed(
         return contextlib.nullcontext()
     listed = invocations(app, connection, "cloudflare")
     return listed.invocation(delivery, [queue] if queue else None, concurrency)
-
-
-def _register_bindings() -> None:
-    """Let the runtime reach the Worker's Queue and D1 bindings (importing the two modules
-    registers them), on the first invocation rather than at import."""
-    from haze_cloudflare import d1 as _d1  # noqa: F401
-    from haze_cloudflare import driver as _driver  # noqa: F401
 
 
 def _body_text(raw: Any) -> tuple[str, BaseException | None]:

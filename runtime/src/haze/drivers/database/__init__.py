@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from haze._failed import SqlFailedJobs
 from haze._kernel.errors import ConfigError, DatabaseConnectionError, QueueTablesMissingError
 from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode
-from haze._kernel.sqlfiles import queue_schema, queue_sql
+from haze._kernel.sqlfiles import queue_sql
 from haze.contracts.driver import (
     BatchConsumer,
     Concurrent,
@@ -46,11 +46,8 @@ from haze.database.migrations import MIGRATIONS_DIR
 if TYPE_CHECKING:
     from haze.database import Connector
 
-__all__ = ["DatabaseDriver", "load_sql", "schema_sql"]
+__all__ = ["DatabaseDriver"]
 
-#: The queue statements (``load_sql``) and schema (``schema_sql``) of ``dialect``.
-load_sql = queue_sql
-schema_sql = queue_schema
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 #: A message id the job lookup searches for (haze's are 32 hex characters).
@@ -168,7 +165,7 @@ class DatabaseDriver(BatchConsumer, Leased, IdlePolling, Concurrent):
     @property
     def sql(self) -> dict[str, str]:
         if self._sql is None:
-            self._sql = load_sql(self.dialect, self.table, self.failed_table)
+            self._sql = queue_sql(self.dialect, self.table, self.failed_table)
         return self._sql
 
     def _tables_missing_for(self, error: BaseException) -> QueueTablesMissingError | None:
