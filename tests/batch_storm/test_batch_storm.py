@@ -49,6 +49,8 @@ BATCHES, PER_BATCH, WORKERS, CONCURRENCY = 60, 50, 3, 16
 JOB_SLEEP = {"postgres": (0.1, 0.4), "sqlite": (0.2, 0.8), "redis": (0.2, 0.8)}
 #: Storm phase: the run stops killing after this long, and fails if not done by DEADLINE.
 STORM_SECONDS, DEADLINE = 75.0, 150.0
+#: Fewer kills than this and the run proves little.
+MIN_KILLS = 5
 
 _spec = importlib.util.spec_from_file_location(
     "bst_jobs_in_tests", APP / "app" / "job" / "bst_jobs.py"
@@ -169,7 +171,10 @@ async def test_batch_callbacks_fire_once_under_sigkills(
                 await s.wait_exit(victim)
                 kills += 1
                 live.append(s.start_worker())
-                next_kill = time.monotonic() + rng.uniform(1.0, 2.0)
+                # The first kills come faster: a backend that drains the run in ten
+                # seconds (PostgreSQL with batched acks) still takes enough of them.
+                pause = (0.5, 1.0) if kills < MIN_KILLS else (1.0, 2.0)
+                next_kill = time.monotonic() + rng.uniform(*pause)
             await asyncio.sleep(0.2)
         elapsed = time.monotonic() - started
 
@@ -225,4 +230,4 @@ async def test_batch_callbacks_fire_once_under_sigkills(
         assert fired_twice == 0 and missed == 0, f"then/finally fire once per batch: {data}"
         assert not left, f"batches left with a counter or unfinished: {left[:5]}"
         assert codes == [0] * WORKERS, "SIGTERM: clean exits"
-        assert kills >= 5, f"the storm killed too few workers to mean anything: {data}"
+        assert kills >= MIN_KILLS, f"the storm killed too few workers to mean anything: {data}"
