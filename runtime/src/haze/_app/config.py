@@ -20,10 +20,11 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
-from haze._kernel import plugins
 from haze._kernel.durations import parse_duration
 from haze._kernel.errors import ConfigError
 from haze.contracts.driver import DeclaresOptions
+from haze.drivers import driver_class
+from haze.stores import store_class
 
 __all__ = [
     "CacheConfig",
@@ -408,23 +409,19 @@ CACHE_DRIVER_OPTIONS: dict[str, dict[str, str]] = {
 
 
 def _plugin_schema(
-    v: _V, driver: str, built_in: dict[str, dict[str, str]], common: dict[str, str], key: str
+    v: _V,
+    driver: str,
+    built_in: dict[str, dict[str, str]],
+    common: dict[str, str],
+    key: str,
+    lookup: Callable[..., Any],
 ) -> dict[str, str]:
     """The options ``driver`` takes: its built-in table, else those of the plugin class
-    registered under that name (entry points or ``register_driver``/``register_store``)."""
+    ``lookup`` (``driver_class``/``store_class``) finds under that name, which also
+    refuses a name nothing provides."""
     if driver in built_in:
         return built_in[driver]
-    queue = built_in is QUEUE_DRIVER_OPTIONS
-    group = plugins.DRIVERS if queue else plugins.STORES
-    found = plugins.find(group, driver)
-    if found is None:
-        known = ", ".join(sorted({*built_in, *plugins.names(group)}))
-        what = "driver" if queue else "store driver"
-        raise v.fail(
-            f"{key}.driver",
-            f"unknown {what} {driver!r}; known: {known} (a package adds one through the "
-            f"{group!r} entry point group)",
-        )
+    found = lookup(driver, source=v.source, key=f"{key}.driver")
     declared = found.options if isinstance(found, DeclaresOptions) else {}
     return {**common, **declared}
 
@@ -604,7 +601,7 @@ def _queue_connections(
         v.name(name, key)
         c = v.mapping(c, key, required=True)
         driver = v.string(c.get("driver"), f"{key}.driver", required=True)
-        schema = _plugin_schema(v, driver or "", QUEUE_DRIVER_OPTIONS, _COMMON, key)
+        schema = _plugin_schema(v, driver or "", QUEUE_DRIVER_OPTIONS, _COMMON, key, driver_class)
         connections[name] = _check_options(v, c, schema, key)
         limits = v.queue_limits(c.get("queues"), f"{key}.queues")
         if limits:
@@ -706,7 +703,9 @@ def _validate_named(
 def validate_cache(spec: object, source: str | None = None) -> CacheConfig:
     def check(v: _V, key: str, c: dict[str, Any]) -> dict[str, Any]:
         driver = v.string(c.get("driver"), f"{key}.driver", required=True)
-        schema = _plugin_schema(v, driver or "", CACHE_DRIVER_OPTIONS, {"driver": "str"}, key)
+        schema = _plugin_schema(
+            v, driver or "", CACHE_DRIVER_OPTIONS, {"driver": "str"}, key, store_class
+        )
         return _check_options(v, c, schema, key)
 
     default, stores, src = _validate_named(
