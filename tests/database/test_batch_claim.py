@@ -188,6 +188,16 @@ async def test_a_worker_fills_its_free_slots_with_one_claim_statement(db_url: st
             return await real_ack_many(jobs)
 
         driver.ack_many = ack_many
+        real_ack_and_claim = driver.ack_and_claim
+        folded: list[int] = []
+
+        async def ack_and_claim(jobs: Any, queue: str, limit: int) -> Any:
+            if driver.dialect == "postgres":  # elsewhere it calls ack_many itself
+                flushes.append(len(jobs))
+            folded.append(len(jobs))
+            return await real_ack_and_claim(jobs, queue, limit)
+
+        driver.ack_and_claim = ack_and_claim
         worker = Worker(app, "db", ["default"], n, sleep=0.05)
         worker.start()
         try:
@@ -201,10 +211,16 @@ async def test_a_worker_fills_its_free_slots_with_one_claim_statement(db_url: st
             await worker.stop()
         assert sorted(ENDED) == list(range(2 * n))
         assert await app.database().fetchall(f"SELECT id FROM {driver.table}") == []
-        # Every ack went through ack_many; none through the one-row ack.
+        # Every ack went out in a batch (alone or inside the next claim); none through the
+        # one-row ack.
         assert sum(flushes) == 2 * n, flushes
         assert spy.matching(driver.sql["ack"]) == []
-        assert len(spy.matching(_ack_sql(driver))) == len(flushes)
+        assert folded, "the acks buffered before the second claim ride in it"
+        if driver.dialect == "postgres":  # one statement for both
+            assert len(spy.matching(driver.sql["ack_claim_many"])) == len(folded)
+            assert len(spy.matching(_ack_sql(driver))) == len(flushes) - len(folded)
+        else:
+            assert len(spy.matching(_ack_sql(driver))) == len(flushes)
         # The first wave ended in one loop turn: its acks left together, except at most
         # the one of the slot that reached its next claim first (sent before that claim).
         assert max(flushes) >= n - 1, flushes
@@ -258,6 +274,64 @@ async def test_reserve_many_shares_one_token_and_ack_many_says_which_rows_were_o
         left = await db.fetchall(f"SELECT id FROM {table} ORDER BY id")
         assert [int(r[0]) for r in left] == sorted([first[1].token[0], second[0].token[0]])
         assert await driver.ack_many([]) == []
+
+
+async def test_ack_and_claim_acks_the_owned_rows_and_claims_the_next_ones(db_url: str) -> None:
+    async with open_app(db_url, retry_after=60) as (app, table):
+        driver: Any = app.driver("db")
+        await Queue.bulk([dbx_bc_hold.with_({"k": i}) for i in range(7)])
+        first = await driver.reserve_many(["default"], 3, 0)
+        db = app.database()
+        # Another worker took row 1 over: its ack must report the loss and leave the row.
+        await db.execute(
+            f"UPDATE {table} SET reserved_at = ? WHERE id = ?",
+            (first[1].token[1] + 1000.0, first[1].token[0]),
+        )
+        owned, claimed = await driver.ack_and_claim(first, "default", 3)
+        assert owned == [True, False, True]
+        assert [j.message.payload["k"] for j in claimed] == [3, 4, 5]
+        assert len({j.token[1] for j in claimed}) == 1, "one token per claim"
+        assert claimed[0].token[1] != first[0].token[1]
+        assert all(j.attempt == 1 for j in claimed)
+        left = {int(r[0]) for r in await db.fetchall(f"SELECT id FROM {table}")}
+        assert first[0].token[0] not in left and first[2].token[0] not in left
+        assert first[1].token[0] in left
+        # Nothing to ack: a plain claim; nothing ready: acks alone.
+        owned, more = await driver.ack_and_claim([], "default", 5)
+        assert owned == [] and [j.message.payload["k"] for j in more] == [6]
+        owned, none = await driver.ack_and_claim([*claimed, *more], "default", 5)
+        assert owned == [True] * 4 and none == []
+        assert [int(r[0]) for r in await db.fetchall(f"SELECT id FROM {table}")] == [
+            first[1].token[0]
+        ]
+
+
+async def test_a_claim_never_takes_a_row_it_is_acking(db_url: str) -> None:
+    # A row whose lease ran out looks claimable; if it is also in the acks, the claim
+    # must not take it (one statement would both delete and update it on PostgreSQL).
+    async with open_app(db_url, retry_after=60) as (app, table):
+        driver: Any = app.driver("db")
+        await Queue.bulk([dbx_bc_hold.with_({"k": i}) for i in range(2)])
+        jobs = await driver.reserve_many(["default"], 2, 0)
+        db = app.database()
+        old = jobs[0].token[1] - 3600.0
+        await db.execute(
+            f"UPDATE {table} SET reserved_at = ?, heartbeat_at = ? WHERE id = ?",
+            (old, old, jobs[0].token[0]),
+        )
+        stale = type(jobs[0])(
+            jobs[0].message,
+            jobs[0].attempt,
+            jobs[0].body,
+            jobs[0].queue,
+            (jobs[0].token[0], old),
+            None,
+        )
+        owned, claimed = await driver.ack_and_claim([stale], "default", 5)
+        assert owned == [True] and claimed == []
+        assert [int(r[0]) for r in await db.fetchall(f"SELECT id FROM {table}")] == [
+            jobs[1].token[0]
+        ]
 
 
 async def test_a_batched_ack_that_finds_the_lease_lost_still_warns(

@@ -9,8 +9,9 @@ Used by the in-process ``memory`` consumers, ``haze queue:work`` and ``run_in_se
 A driver that implements ``BatchConsumer`` (the database driver) is used in batches: a
 slot that finds nothing claimed fetches for every free slot in one call (one fetch at a
 time), and finished jobs' acks are buffered and sent together every
-``ACK_FLUSH_INTERVAL``, before the next claim, and when the worker stops. A process
-killed in between loses at most those acks: the jobs run again after ``retry_after``.
+``ACK_FLUSH_INTERVAL``, before the next claim (inside it, for an ``AcksInClaim`` driver:
+one round trip and one commit for both), and when the worker stops. A process killed in
+between loses at most those acks: the jobs run again after ``retry_after``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from haze._kernel.errors import HazeError, QueueTablesMissingError
 from haze._runners.delivery import Delivery
 from haze._runners.presence import Presence
 from haze.contracts.driver import (
+    AcksInClaim,
     BatchConsumer,
     ConnectionAware,
     DispatchOnly,
@@ -153,6 +155,8 @@ class Worker:
         #: (the rows wait in ``_ready``), and acks are buffered in ``_acks`` and sent
         #: together every ACK_FLUSH_INTERVAL and before the next claim.
         self._batch = driver if isinstance(driver, BatchConsumer) else None
+        #: ... and whose claim can carry the buffered acks (one round trip for both).
+        self._acks_in_claim = driver if isinstance(driver, AcksInClaim) else None
 
     def _init_batching(self) -> None:
         self._ready: collections.deque[Reserved] = collections.deque()
@@ -314,7 +318,9 @@ class Worker:
 
         async def claim(queues: Sequence[str]) -> list[Reserved]:
             self._cut_wait = False
-            await self._flush_acks()
+            jobs = await self._flush_acks(claim=(queues[0], limit) if queues else None)
+            if jobs:
+                return jobs
             # A stop or a freed slot during the flush came before reserve_many armed its
             # wake-up, so its interrupt() was missed: do not start a wait then.
             cut = self.stopping or self._cut_wait
@@ -581,22 +587,28 @@ class Worker:
                     max(self.sleep, ACK_FLUSH_INTERVAL), self._flush_due
                 )
 
-    async def _flush_acks(self) -> None:
+    async def _flush_acks(self, claim: tuple[str, int] | None = None) -> list[Reserved]:
         """Send the buffered acks in one statement and report lost leases.
 
-        An outage keeps them buffered (raised, for the caller's outage handling); any
+        ``claim`` (queue, limit): a driver that can (``AcksInClaim``) claims in the same
+        statement; the claimed jobs are returned (else nothing is claimed here).
+        An outage keeps the acks buffered (raised, for the caller's outage handling); any
         other error falls back to one ack per job, so a bug here cannot re-run jobs.
         """
         batch, lock = self._batch, self._flush_lock
         if batch is None or lock is None or not self._acks:
-            return
+            return []
+        claimed: list[Reserved] = []
         async with lock:
             jobs, self._acks = self._acks, []
             if not jobs:
-                return
+                return []
             began = time.monotonic()
             try:
-                owned = await batch.ack_many(jobs)
+                if claim is not None and self._acks_in_claim is not None:
+                    owned, claimed = await self._acks_in_claim.ack_and_claim(jobs, *claim)
+                else:
+                    owned = await batch.ack_many(jobs)
             except BaseException as e:
                 if isinstance(e, self._outage_errors) or not isinstance(e, Exception):
                     self._acks[:0] = jobs
@@ -611,6 +623,7 @@ class Worker:
             if not ok:
                 manager.owned(False, job, "completion")
                 self.leases_lost += 1
+        return claimed
 
     async def _final_flush(self) -> None:
         """Stopping: send the buffered acks now (a lost one re-runs its job later)."""

@@ -24,6 +24,7 @@ from haze._kernel.message import FailedJob, Message
 from haze.contracts.failed import FailedJobStore
 
 __all__ = [
+    "AcksInClaim",
     "Backlog",
     "BatchConsumer",
     "Concurrent",
@@ -276,6 +277,25 @@ class BatchConsumer(Interruptible, Protocol):
 
     def interrupt(self) -> None:
         """End a ``reserve_many`` wait now (a slot is free again, or the worker stops)."""
+
+
+@runtime_checkable
+class AcksInClaim(BatchConsumer, Protocol):
+    """A ``BatchConsumer`` whose buffered acks can ride in its next claim.
+
+    A busy worker sends them with the claim that refills its slots instead of in a
+    flush of their own: one round trip and one commit for both (the database driver on
+    PostgreSQL; its other dialects run the two one after the other).
+
+    >>> isinstance(app.driver("database"), AcksInClaim)  # doctest: +SKIP
+    True
+    """
+
+    async def ack_and_claim(
+        self, jobs: Sequence[Reserved], queue: str, limit: int
+    ) -> tuple[builtins.list[bool], builtins.list[Reserved]]:
+        """``ack_many(jobs)`` (one bool per job, in order), then claim up to ``limit``
+        ready messages of ``queue`` without waiting (an empty list when none is)."""
 
 
 @dataclass(slots=True)

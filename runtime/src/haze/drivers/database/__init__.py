@@ -30,7 +30,7 @@ from haze._kernel.errors import ConfigError, DatabaseConnectionError, QueueTable
 from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode
 from haze._kernel.sqlfiles import queue_sql
 from haze.contracts.driver import (
-    BatchConsumer,
+    AcksInClaim,
     Concurrent,
     FailedJob,
     IdlePolling,
@@ -103,7 +103,7 @@ def _needs_tables(fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, Coroutine[Any
     return call
 
 
-class DatabaseDriver(BatchConsumer, Leased, IdlePolling, Concurrent):
+class DatabaseDriver(AcksInClaim, Leased, IdlePolling, Concurrent):
     """Queue connection on a SQL table; see the module docstring for the rules."""
 
     remote = True
@@ -316,6 +316,11 @@ class DatabaseDriver(BatchConsumer, Leased, IdlePolling, Concurrent):
             rows = await self.db.fetchall(
                 sql["claim_many"], (token, token, queue, now, abandoned, limit)
             )
+        return await self._claimed(rows, queue, token)
+
+    async def _claimed(
+        self, rows: builtins.list[tuple[Any, ...]], queue: str, token: float
+    ) -> builtins.list[Reserved]:
         if not rows:
             return []
         rows.sort(key=lambda r: int(r[0]))  # RETURNING's order is not the claim's
@@ -454,6 +459,35 @@ class DatabaseDriver(BatchConsumer, Leased, IdlePolling, Concurrent):
                 rows = await self.db.fetchall(stmt, [v for p in chunk for v in p])
                 owned.update(int(r[0]) for r in rows)
         return [p[0] in owned for p in pairs]
+
+    @_needs_tables
+    async def ack_and_claim(
+        self, jobs: Sequence[Reserved], queue: str, limit: int
+    ) -> tuple[builtins.list[bool], builtins.list[Reserved]]:
+        """``ack_many(jobs)``, then claim up to ``limit`` ready jobs of ``queue`` without
+        waiting. On PostgreSQL both are one statement and one commit; elsewhere they run
+        one after the other, as a flush followed by a claim did."""
+        if self.dialect != "postgres" or not jobs:
+            owned = await self.ack_many(jobs)
+            return owned, await self._claim_many(queue, limit)
+        now = time.time()
+        token = self._token()
+        ids = [int(job.token[0]) for job in jobs]
+        params = (
+            ids,
+            [job.token[1] for job in jobs],
+            queue,
+            now,
+            now - self.retry_after,
+            ids,
+            limit,
+            token,
+            token,
+        )
+        rows = await self.db.fetchall(self.sql["ack_claim_many"], params)
+        acked = {int(r[0]) for r in rows if r[1] is None}
+        claimed = [r for r in rows if r[1] is not None]
+        return [i in acked for i in ids], await self._claimed(claimed, queue, token)
 
     def interrupt(self) -> None:
         """End an idle wait now (the worker is stopping)."""

@@ -68,6 +68,37 @@ USING unnest(?::bigint[], ?::double precision[]) AS a(id, reserved_at)
 WHERE j.id = a.id AND j.reserved_at = a.reserved_at
 RETURNING j.id
 
+-- name: ack_claim_many
+-- ack_many and claim_many in one statement and one commit: a busy worker's buffered acks
+-- ride in its next claim instead of costing a round trip and a commit of their own.
+-- Result rows with a NULL payload are the acked ids (RETURNING of the DELETE: the rows
+-- this claim still owned); the others are the claimed rows. The claim skips the rows
+-- being acked: one statement must not both delete and update a row.
+-- params: ids (bigint[]), reserved_ats (double precision[]), queue, now,
+--         abandoned_before, ids again, limit, reserved_at, heartbeat_at
+WITH done AS (
+    DELETE FROM {jobs} AS j
+    USING unnest(?::bigint[], ?::double precision[]) AS a(id, reserved_at)
+    WHERE j.id = a.id AND j.reserved_at = a.reserved_at
+    RETURNING j.id
+), next AS (
+    SELECT id FROM {jobs}
+    WHERE queue = ?
+      AND ((reserved_at IS NULL AND available_at <= ?)
+           OR (reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?))
+      AND id <> ALL(?::bigint[])
+    ORDER BY id
+    LIMIT ?
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {jobs} AS j SET reserved_at = ?, heartbeat_at = ?, attempts = j.attempts + 1
+    FROM next WHERE j.id = next.id
+    RETURNING j.id, j.payload, j.attempts, j.reserved_at
+)
+SELECT id, NULL::text, NULL::integer, NULL::double precision FROM done
+UNION ALL
+SELECT id, payload, attempts, reserved_at FROM claimed
+
 -- name: enqueue_notify
 -- enqueue with the worker wake-up in the same statement: one round trip, and the
 -- NOTIFY goes out when the INSERT commits.
