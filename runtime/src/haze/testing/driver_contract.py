@@ -52,6 +52,7 @@ from haze._jobs.definition import define_job
 from haze._kernel.errors import PayloadTooLargeError
 from haze._kernel.message import Message, decode, encode, new_id
 from haze.contracts.driver import (
+    AcksInClaim,
     Backlog,
     BatchConsumer,
     Concurrent,
@@ -80,6 +81,7 @@ __all__ = [
 
 #: The optional capability Protocols of ``haze.contracts.driver``.
 CAPABILITIES: tuple[type, ...] = (
+    AcksInClaim,
     Backlog,
     BatchConsumer,
     Concurrent,
@@ -634,6 +636,21 @@ class DriverContract:
         assert claimed == {m.id for m in sent}
         assert await d.driver.ack_many([last]) == [True]
         assert await d.driver.ack_many([]) == []
+        await d.nothing()
+
+    @contract_test(needs=AcksInClaim)
+    async def test_acks_ride_in_the_next_claim(self, d: DriverUnderTest) -> None:
+        """``ack_and_claim`` acks its jobs (one bool each) and claims up to its limit."""
+        assert isinstance(d.driver, AcksInClaim)
+        sent = [await d.put(payload={"n": i}) for i in range(4)]
+        first = await d.driver.reserve_many([d.queue], 2, self.patience)
+        assert len(first) == 2, f"reserve_many(limit=2) with 4 ready claimed {len(first)}"
+        owned, rest = await d.driver.ack_and_claim(first, d.queue, 5)
+        assert owned == [True, True]
+        assert len(rest) == 2, f"ack_and_claim(limit=5) with 2 ready claimed {len(rest)}"
+        claimed = {j.message.id for j in [*first, *rest] if j.message}
+        assert claimed == {m.id for m in sent}
+        assert await d.driver.ack_and_claim(rest, d.queue, 5) == ([True, True], [])
         await d.nothing()
 
     @contract_test(needs=Interruptible)
