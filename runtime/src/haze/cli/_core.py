@@ -131,8 +131,14 @@ def console() -> Console:
     return Console(file=sys.stdout, highlight=False, soft_wrap=not tty, width=width)
 
 
-def run(state: State, fn: Callable[[App], Awaitable[T]]) -> T:
-    """Run ``fn(app)`` in a fresh event loop with the app current, then close the app."""
+def run(
+    state: State,
+    fn: Callable[[App], Awaitable[T]],
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+) -> T:
+    """Run ``fn(app)`` in a fresh event loop with the app current, then close the app.
+
+    ``loop_factory`` makes that loop (``--loop uvloop``); ``None`` is asyncio's own."""
     app = state.app()
 
     async def runner() -> T:
@@ -144,7 +150,9 @@ def run(state: State, fn: Callable[[App], Awaitable[T]]) -> T:
         finally:
             await app.stop()
 
-    return asyncio.run(runner())
+    # What asyncio.run does, with the loop chosen (its loop_factory is Python 3.12+).
+    with asyncio.Runner(loop_factory=loop_factory) as loop:
+        return loop.run(runner())
 
 
 if TYPE_CHECKING:

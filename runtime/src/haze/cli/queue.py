@@ -34,6 +34,7 @@ from haze.cli._core import (
     run,
 )
 from haze.cli._failed_filters import FailedFilter, build_filter, filter_options
+from haze.cli._loop import event_loop, loop_option
 from haze.cli._worker_output import WorkerOutput, worker_output
 from haze.cli.schedule import check_runnable, start_scheduler
 
@@ -167,6 +168,7 @@ def _stop_on_signals(
     is_flag=True,
     help="Also run a scheduler for the app's schedules (see schedule:work).",
 )
+@loop_option()
 @click.pass_obj
 def queue_work(
     state: State,
@@ -182,6 +184,7 @@ def queue_work(
     quiet: bool,
     as_json: bool,
     with_schedule: bool = False,
+    loop: str | None = None,
 ) -> None:
     """Run a worker on a connection until stopped (SIGTERM/SIGINT drain running jobs).
 
@@ -190,6 +193,7 @@ def queue_work(
     if quiet and as_json:
         raise click.UsageError("--quiet and --json exclude each other")
     queues = _queue_list(queue)
+    chosen_loop = event_loop(loop)
     app = state.app()
     name = app.connection_name(connection)
     _refuse_unworkable(app, name, with_schedule)
@@ -210,9 +214,10 @@ def queue_work(
         sleep=sleep,
         with_schedule=with_schedule,
         output=output,
+        loop=chosen_loop.name,
     )
     with worker_output(output):
-        code = run(state, lambda app: _work(app, plan))
+        code = run(state, lambda app: _work(app, plan), chosen_loop.factory)
     if code:
         click.get_current_context().exit(code)
 
@@ -240,6 +245,7 @@ class _WorkPlan:
     sleep: float | None
     with_schedule: bool
     output: WorkerOutput
+    loop: str = "asyncio"
 
 
 def _new_worker(app: App, plan: _WorkPlan) -> tuple[Worker, list[str] | None]:
@@ -286,7 +292,8 @@ async def _work(app: App, plan: _WorkPlan) -> int:
         shown = ", ".join(chosen) if chosen else "all"
         say(
             f'Working connection "{plan.name}" (queues: {shown}, concurrency '
-            f"{worker.concurrency}). Ctrl+C or SIGTERM stops after the running jobs."
+            f"{worker.concurrency}, loop {plan.loop}). Ctrl+C or SIGTERM stops after the "
+            "running jobs."
         )
         for line in unconsumed_queues(app, plan.name, chosen or []):
             say(line, level="WARNING")

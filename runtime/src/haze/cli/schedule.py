@@ -15,6 +15,7 @@ import click
 from haze._kernel.errors import ScheduleError
 from haze._orchestration.scheduling import Scheduler, registered_schedules, run_now
 from haze.cli._core import State, cli, run
+from haze.cli._loop import event_loop, loop_option
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -86,11 +87,13 @@ def _stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
 
 
 @cli.command("schedule:work", short_help="Run a scheduler until stopped.")
+@loop_option()
 @click.pass_obj
-def schedule_work(state: State) -> None:
+def schedule_work(state: State, loop: str | None = None) -> None:
     """Dispatch the app's schedules on time until SIGTERM/SIGINT.
 
     Run as many as you like: each tick's job runs once, dispatched by whichever holds the lease."""
+    chosen_loop = event_loop(loop)
 
     def say(line: str) -> None:
         click.echo(f"{_stamp()} {line}")
@@ -101,13 +104,14 @@ def schedule_work(state: State) -> None:
         with _stop_on_signals(stop):
             say(
                 f"Scheduler running {len(schedules)} schedule(s) "
-                f'(store "{scheduler.store.name}"). Ctrl+C or SIGTERM stops.'
+                f'(store "{scheduler.store.name}", loop {chosen_loop.name}). '
+                "Ctrl+C or SIGTERM stops."
             )
             await task
         say(f"Scheduler stopped after dispatching {scheduler.dispatched} tick(s).")
         return 0
 
-    run(state, work)
+    run(state, work, chosen_loop.factory)
 
 
 @cli.command("schedule:list", short_help="List schedules and their next fire times.")
