@@ -124,6 +124,7 @@ class StatementSpy:
 
     def __init__(self, db: Any) -> None:
         self.calls: list[tuple[str, int | None]] = []
+        self.transactions = 0
         for name in ("execute", "fetchall", "fetchone"):
             setattr(db, name, self._wrap(getattr(db, name)))
         real_tx = db.transaction
@@ -131,6 +132,7 @@ class StatementSpy:
 
         @contextlib.asynccontextmanager
         async def transaction(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            spy.transactions += 1
             async with real_tx(*args, **kwargs) as session:
                 yield spy._session(session)
 
@@ -192,7 +194,7 @@ async def test_a_worker_fills_its_free_slots_with_one_claim_statement(db_url: st
         folded: list[int] = []
 
         async def ack_and_claim(jobs: Any, queue: str, limit: int) -> Any:
-            if driver.dialect == "postgres":  # elsewhere it calls ack_many itself
+            if driver.dialect in ("postgres", "mysql"):  # elsewhere it calls ack_many
                 flushes.append(len(jobs))
             folded.append(len(jobs))
             return await real_ack_and_claim(jobs, queue, limit)
@@ -221,6 +223,9 @@ async def test_a_worker_fills_its_free_slots_with_one_claim_statement(db_url: st
             assert len(spy.matching(_ack_sql(driver))) == len(flushes) - len(folded)
         else:
             assert len(spy.matching(_ack_sql(driver))) == len(flushes)
+        if driver.dialect == "mysql":  # a folded ack shares its claim's transaction
+            claims = len(spy.matching(_claim_sql(driver)))
+            assert spy.transactions == claims + len(flushes) - len(folded), spy.calls
         # The first wave ended in one loop turn: its acks left together, except at most
         # the one of the slot that reached its next claim first (sent before that claim).
         assert max(flushes) >= n - 1, flushes

@@ -40,7 +40,7 @@ from haze.contracts.driver import (
     Reserved,
     RunningJob,
 )
-from haze.database import Notifying
+from haze.database import Notifying, Session
 from haze.database.migrations import MIGRATIONS_DIR
 
 if TYPE_CHECKING:
@@ -292,22 +292,9 @@ class DatabaseDriver(AcksInClaim, Leased, IdlePolling, Concurrent):
         sql = self.sql
         rows: builtins.list[tuple[Any, ...]]
         if self.dialect == "mysql":
-
-            async def claim() -> builtins.list[tuple[Any, ...]]:
-                async with self.db.transaction() as tx:
-                    found = await tx.fetchall(
-                        sql["claim_many_select"], (queue, now, abandoned, limit)
-                    )
-                    if found:
-                        ids = [r[0] for r in found]
-                        marks = ", ".join(["?"] * len(ids))
-                        await tx.execute(
-                            sql["claim_many_mark"].replace("{ids}", marks), (token, token, *ids)
-                        )
-                return found
-
-            found = await _mysql_retry(claim)
-            rows = [(r[0], r[1], int(r[2]) + 1, token) for r in found]
+            rows = await self._mysql_tx(
+                lambda tx: self._mysql_claim(tx, queue, limit, now, abandoned, token)
+            )
         elif self.dialect == "postgres":
             rows = await self.db.fetchall(
                 sql["claim_many"], (queue, now, abandoned, limit, token, token)
@@ -317,6 +304,47 @@ class DatabaseDriver(AcksInClaim, Leased, IdlePolling, Concurrent):
                 sql["claim_many"], (token, token, queue, now, abandoned, limit)
             )
         return await self._claimed(rows, queue, token)
+
+    async def _mysql_tx(self, fn: Callable[[Session], Awaitable[_R]]) -> _R:
+        """``fn`` in one transaction, run again when InnoDB picked it as a deadlock victim."""
+
+        async def once() -> _R:
+            async with self.db.transaction() as tx:
+                return await fn(tx)
+
+        return await _mysql_retry(once)
+
+    async def _mysql_claim(
+        self, tx: Session, queue: str, limit: int, now: float, abandoned: float, token: float
+    ) -> builtins.list[tuple[Any, ...]]:
+        """The claim on MySQL/MariaDB (no UPDATE … RETURNING): lock, then mark."""
+        sql = self.sql
+        found = await tx.fetchall(sql["claim_many_select"], (queue, now, abandoned, limit))
+        if found:
+            ids = [r[0] for r in found]
+            marks = ", ".join(["?"] * len(ids))
+            await tx.execute(sql["claim_many_mark"].replace("{ids}", marks), (token, token, *ids))
+        return [(r[0], r[1], int(r[2]) + 1, token) for r in found]
+
+    async def _mysql_ack(self, tx: Session, pairs: builtins.list[tuple[int, Any]]) -> set[int]:
+        """The batched ack on MySQL/MariaDB (no DELETE … RETURNING): lock the rows still
+        owned, then delete them. Grouped by token (a claim's rows share one), compared by
+        the server as the single ack does: a DOUBLE read back as text need not equal the
+        float sent."""
+        by_token: dict[Any, builtins.list[int]] = {}
+        for row_id, token in pairs:
+            by_token.setdefault(token, []).append(row_id)
+        where = " OR ".join(
+            f"(reserved_at = ? AND id IN ({', '.join(['?'] * len(ids))}))"
+            for ids in by_token.values()
+        )
+        params = [v for token, ids in by_token.items() for v in (token, *ids)]
+        select = self.sql["ack_many_select"].replace("{where}", where)
+        found = {int(r[0]) for r in await tx.fetchall(select, params)}
+        if found:
+            marks = ", ".join(["?"] * len(found))
+            await tx.execute(self.sql["ack_many_delete"].replace("{ids}", marks), list(found))
+        return found
 
     async def _claimed(
         self, rows: builtins.list[tuple[Any, ...]], queue: str, token: float
@@ -428,29 +456,7 @@ class DatabaseDriver(AcksInClaim, Leased, IdlePolling, Concurrent):
             rows = await self.db.fetchall(sql["ack_many"], (ids, [p[1] for p in pairs]))
             owned = {int(r[0]) for r in rows}
         elif self.dialect == "mysql":
-            # Grouped by token (a claim's rows share one), compared by the server as the
-            # single ack does: a DOUBLE read back as text need not equal the float sent.
-            by_token: dict[Any, builtins.list[int]] = {}
-            for row_id, token in pairs:
-                by_token.setdefault(token, []).append(row_id)
-            where = " OR ".join(
-                f"(reserved_at = ? AND id IN ({', '.join(['?'] * len(ids))}))"
-                for ids in by_token.values()
-            )
-            params = [v for token, ids in by_token.items() for v in (token, *ids)]
-
-            async def delete() -> set[int]:
-                async with self.db.transaction() as tx:
-                    select = sql["ack_many_select"].replace("{where}", where)
-                    found = {int(r[0]) for r in await tx.fetchall(select, params)}
-                    if found:
-                        marks = ", ".join(["?"] * len(found))
-                        await tx.execute(
-                            sql["ack_many_delete"].replace("{ids}", marks), list(found)
-                        )
-                return found
-
-            owned = await _mysql_retry(delete)
+            owned = await self._mysql_tx(lambda tx: self._mysql_ack(tx, pairs))
         else:
             per = 45 if self.dialect == "d1" else 400  # D1: at most 100 bound values a statement
             for i in range(0, len(pairs), per):
@@ -465,14 +471,25 @@ class DatabaseDriver(AcksInClaim, Leased, IdlePolling, Concurrent):
         self, jobs: Sequence[Reserved], queue: str, limit: int
     ) -> tuple[builtins.list[bool], builtins.list[Reserved]]:
         """``ack_many(jobs)``, then claim up to ``limit`` ready jobs of ``queue`` without
-        waiting. On PostgreSQL both are one statement and one commit; elsewhere they run
-        one after the other, as a flush followed by a claim did."""
-        if self.dialect != "postgres" or not jobs:
+        waiting. On PostgreSQL both are one statement and one commit; on MySQL/MariaDB one
+        transaction (one commit); elsewhere they run one after the other."""
+        if self.dialect not in ("postgres", "mysql") or not jobs:
             owned = await self.ack_many(jobs)
             return owned, await self._claim_many(queue, limit)
         now = time.time()
         token = self._token()
         ids = [int(job.token[0]) for job in jobs]
+        if self.dialect == "mysql":
+            pairs = [(i, job.token[1]) for i, job in zip(ids, jobs, strict=True)]
+
+            async def both(tx: Session) -> tuple[set[int], builtins.list[tuple[Any, ...]]]:
+                acked = await self._mysql_ack(tx, pairs)
+                # the acked rows are deleted in this transaction: the claim cannot see them
+                rows = await self._mysql_claim(tx, queue, limit, now, now - self.retry_after, token)
+                return acked, rows
+
+            acked, rows = await self._mysql_tx(both)
+            return [i in acked for i in ids], await self._claimed(rows, queue, token)
         params = (
             ids,
             [job.token[1] for job in jobs],
