@@ -105,7 +105,11 @@ def main() -> int:
     sides = [s for s in a.sides.split(",") if s]
     if not _has("haze", "uvloop"):
         sides = [s for s in sides if "uvloop" not in s]
-        print("uvloop not in bench/.venvs/haze: its sides are left out", file=sys.stderr)
+        print(
+            "uvloop not in bench/.venvs/haze (bench/setup_peers.sh adds haze[uvloop]): "
+            "its sides are left out",
+            file=sys.stderr,
+        )
     res: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
     for rep in range(a.reps):
         for s in sides:

@@ -17,6 +17,8 @@ Method (the one of shared/tools/peerbench), per peer:
   * latency: a running worker, warmed with 20 jobs; then per rep: 1 s idle, LAT_N jobs
     enqueued one at a time at RATE/s; latency = job start - time.time() right before the
     enqueue call (so it includes the enqueue call itself).
+The haze rows run worker and producer on asyncio's own loop (``--loop asyncio``); the
+haze-uvloop row runs both on uvloop (``queue:work --loop uvloop``, ``BENCH_LOOP=uvloop``).
 Every no-op job appends (t_enq, t_start) to a record file (peers/records.py, ~2 µs).
 Throughput runs in rounds (round r measures every peer once) so a burst of load from
 other processes hits all peers alike; each cell is the median (min-max) of the reps.
@@ -67,6 +69,7 @@ class Peer:
     n_max: int | None = None  # slow drains: fewer jobs, said in the table
     haze: bool = False
     ceiling: bool = False
+    loop: str = "asyncio"  # haze's: queue:work --loop, and the producer's (BENCH_LOOP)
 
     def python(self) -> str:
         if self.haze:
@@ -90,6 +93,8 @@ class Peer:
                 "redis",
                 "--queue",
                 "bench",
+                "--loop",
+                self.loop,
                 *(["--concurrency", *conc] if conc else []),
             ]
         head = self.worker[0]
@@ -106,6 +111,9 @@ PEERS: dict[str, Peer] = {
              "1x1 asyncio (queue:work, driver default concurrency 1)", bulk=True, haze=True),
         Peer("haze-c10", "haze", "redis_haze.py", ["haze", "10"],
              "1x10 asyncio (queue:work --concurrency 10)", variant=True, haze=True),
+        Peer("haze-uvloop", "haze", "redis_haze.py", ["haze"],
+             "1x1 uvloop (queue:work --loop uvloop, producer on uvloop)", bulk=True, haze=True,
+             loop="uvloop"),
         Peer("bullmq", "bullmq", "redis_bullmq.py", ["python", "redis_bullmq.py", "worker"],
              "1x1 asyncio (Worker default concurrency 1)", bulk=True),
         Peer("bullmq-c10", "bullmq", "redis_bullmq.py",
@@ -129,15 +137,16 @@ PEERS: dict[str, Peer] = {
              "1x10 asyncio (defaults: max_jobs 10, poll_delay 0.5 s)", n_max=2000),
     ]
 }  # fmt: skip
-DEFAULT = "raw,haze,haze-c10,bullmq,bullmq-c10,huey,dramatiq,saq,celery,rq,arq"
+DEFAULT = "raw,haze,haze-c10,haze-uvloop,bullmq,bullmq-c10,huey,dramatiq,saq,celery,rq,arq"
 
 
 def log(*a: object) -> None:
     print(time.strftime("%H:%M:%S"), *a, file=sys.stderr, flush=True)
 
 
-def _env() -> dict[str, str]:
+def _env(peer: Peer) -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=str(PEERS_DIR), PYTHONUNBUFFERED="1")
+    env["BENCH_LOOP"] = peer.loop
     env.pop("PYTEST_CURRENT_TEST", None)
     return env
 
@@ -146,7 +155,7 @@ def call(peer: Peer, *args: object, timeout: float = 600) -> dict[str, Any]:
     out = subprocess.run(
         [peer.python(), peer.script, *map(str, args)],
         cwd=PEERS_DIR,
-        env=_env(),
+        env=_env(peer),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -170,7 +179,7 @@ class Worker:
         self.proc = subprocess.Popen(
             peer.worker_argv(),
             cwd=PEERS_DIR,
-            env=_env(),
+            env=_env(peer),
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: stop() signals only ours

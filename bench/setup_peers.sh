@@ -27,9 +27,14 @@ venv() {  # venv NAME PACKAGE...
 venv procrastinate "procrastinate>=3" "psycopg[binary]"
 venv pgqueuer "pgqueuer>=0.20" asyncpg
 # Redis peers (bench/redis.py). haze itself: an editable install of this tree's runtime
-# with the redis extra plus hiredis (which the peers get too); bench/redis.py falls back
-# to the workspace venv when this one is missing.
-venv haze -e ../runtime"[redis,cli]" hiredis
+# with the redis extra plus hiredis (which the peers get too), and the uvloop extra for
+# the haze-uvloop rows; bench/redis.py falls back to the workspace venv when this one is
+# missing.
+venv haze -e ../runtime"[redis,cli,uvloop]" hiredis
+# A haze venv made before the uvloop extra: add it (the venv is otherwise left alone).
+if ! .venvs/haze/bin/python -c "import uvloop" 2>/dev/null; then
+    uv pip install -q -p .venvs/haze/bin/python -e ../runtime"[redis,cli,uvloop]"
+fi
 venv bullmq "bullmq>=3,<4" hiredis
 venv huey "huey>=2" redis hiredis
 venv dramatiq "dramatiq[redis]" hiredis

@@ -17,6 +17,8 @@ Method (the one of shared/tools/peerbench, per peer):
     (ROWS-1) / (last job start - first job start). The issue's figure is 1,000,000
     rows; the default is small enough for a smoke run.
 Each no-op job appends (t_enq, t_start) to a record file (peers/records.py).
+The ``haze-*`` rows run producer and worker on asyncio's own loop (``--loop asyncio``),
+the ``haze-uvloop-*`` rows on uvloop (``BENCH_LOOP=uvloop``, ``--loop uvloop``).
 Procrastinate and PgQueuer run from their own venvs (``bench/setup_peers.sh``).
 """
 
@@ -84,6 +86,19 @@ def peers() -> dict[str, dict[str, object]]:
             "backend": "mariadb",
             "desc": f"1x{conc} asyncio",
             "env": {"BENCH_DB_URL": MY_URL},
+        },
+        **{
+            f"haze-uvloop-{backend}": {
+                "cmd": haze,
+                "backend": backend,
+                "desc": f"1x{conc} uvloop (queue:work --loop uvloop, producer on uvloop)",
+                "env": {"BENCH_DB_URL": url, "BENCH_LOOP": "uvloop"},
+            }
+            for backend, url in (
+                ("postgres", PG_DSN),
+                ("sqlite", "sqlite:////tmp/haze-bench/q.db"),
+                ("mariadb", MY_URL),
+            )
         },
     }
 

@@ -1,17 +1,34 @@
-"""haze's database driver as a benchmark peer: enqueue | bulk | worker | latency | clean."""
+"""haze's database driver as a benchmark peer: enqueue | bulk | worker | latency | clean.
+
+``BENCH_LOOP=uvloop`` runs the producer and the worker (``queue:work --loop uvloop``) on
+uvloop; otherwise both run on asyncio's own loop (``--loop asyncio``)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from haze import App, Queue  # noqa: E402
 from haze.database.migrations import ensure_queue_tables  # noqa: E402
 from records import emit  # noqa: E402
+
+
+def run(main: Coroutine[Any, Any, None]) -> None:
+    """``asyncio.run(main)``, on uvloop when ``BENCH_LOOP=uvloop`` (the haze-uvloop rows)."""
+    if os.environ.get("BENCH_LOOP", "asyncio") == "uvloop":
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main)
+    else:
+        asyncio.run(main)
 
 
 async def _app() -> App:
@@ -33,7 +50,7 @@ def enqueue(n: str) -> None:
         await app.__aexit__(None, None, None)
         emit(n=int(n), seconds=dt, rate=int(n) / dt)
 
-    asyncio.run(go())
+    run(go())
 
 
 def bulk(n: str) -> None:
@@ -48,7 +65,7 @@ def bulk(n: str) -> None:
         await app.__aexit__(None, None, None)
         emit(n=int(n), seconds=dt, rate=int(n) / dt)
 
-    asyncio.run(go())
+    run(go())
 
 
 def latency(n: str, rate: str) -> None:
@@ -65,7 +82,7 @@ def latency(n: str, rate: str) -> None:
         await app.__aexit__(None, None, None)
         emit(ok=True)
 
-    asyncio.run(go())
+    run(go())
 
 
 def clean() -> None:
@@ -75,7 +92,7 @@ def clean() -> None:
         await app.database().execute("DELETE FROM failed_jobs")
         await app.__aexit__(None, None, None)
 
-    asyncio.run(go())
+    run(go())
 
 
 def worker_cmd() -> list[str]:
@@ -90,6 +107,8 @@ def worker_cmd() -> list[str]:
         "db",
         "--queue",
         "bench",
+        "--loop",
+        os.environ.get("BENCH_LOOP", "asyncio"),
     ]
 
 

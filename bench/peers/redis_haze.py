@@ -2,15 +2,19 @@
 
 enqueue N | bulk N | latency N RATE | clean | info. The worker is ``haze queue:work``
 (``python -m haze.cli --root redis_app queue:work``), started by bench/redis.py. Runs
-from bench/.venvs/haze (this tree's runtime, editable, with hiredis) when it exists.
+from bench/.venvs/haze (this tree's runtime, editable, with hiredis and uvloop) when it
+exists. ``BENCH_LOOP=uvloop`` runs the producer on uvloop (the haze-uvloop rows).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -19,6 +23,17 @@ from records import emit  # noqa: E402
 from redis_common import CHUNK, apaced, clean, main, timed_rate  # noqa: E402
 
 ROOT = HERE / "redis_app"
+
+
+def run(main: Coroutine[Any, Any, None]) -> None:
+    """``asyncio.run(main)``, on uvloop when ``BENCH_LOOP=uvloop`` (the haze-uvloop rows)."""
+    if os.environ.get("BENCH_LOOP", "asyncio") == "uvloop":
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main)
+    else:
+        asyncio.run(main)
 
 
 async def _app() -> App:
@@ -42,7 +57,7 @@ def enqueue(n: str) -> None:
         await app.__aexit__(None, None, None)
         emit(**timed_rate(count, dt))
 
-    asyncio.run(go())
+    run(go())
 
 
 def bulk(n: str) -> None:
@@ -58,7 +73,7 @@ def bulk(n: str) -> None:
         await app.__aexit__(None, None, None)
         emit(**timed_rate(count, dt, chunk=CHUNK))
 
-    asyncio.run(go())
+    run(go())
 
 
 def latency(n: str, rate: str) -> None:
@@ -71,7 +86,7 @@ def latency(n: str, rate: str) -> None:
         await app.__aexit__(None, None, None)
         emit(ok=True)
 
-    asyncio.run(go())
+    run(go())
 
 
 def info() -> None:
@@ -82,9 +97,12 @@ def info() -> None:
         parser = "hiredis"
     except m.PackageNotFoundError:
         parser = "no hiredis"
+    loop = os.environ.get("BENCH_LOOP", "asyncio")
+    if loop == "uvloop":
+        loop = f"uvloop {m.version('uvloop')}"
     emit(
         version=f"haze {m.version('haze')} (bullmq {m.version('bullmq')}, "
-        f"redis-py {m.version('redis')}, {parser})"
+        f"redis-py {m.version('redis')}, {parser}, {loop})"
     )
 
 
