@@ -18,8 +18,16 @@ from haze._jobs.definition import DispatchResult, PendingDispatch
 from haze._kernel.crypto import encrypt_payload, seal, unseal
 from haze._kernel.durations import check_delay
 from haze._kernel.errors import PayloadTooLargeError
-from haze._kernel.message import MAX_QUEUE_NAME, Message, check_queue_name, encode, new_id
-from haze.contracts.driver import unavailable
+from haze._kernel.message import (
+    MAX_QUEUE_NAME,
+    Message,
+    check_queue_name,
+    encode,
+    encode_payload,
+    encode_plain,
+    new_id,
+)
+from haze.contracts.driver import KeepsMessages, unavailable
 from haze.transactions import current_transaction
 
 if TYPE_CHECKING:
@@ -61,6 +69,8 @@ class Dispatcher:
         self.run_inline = run_inline
         self.ensure_local_worker = ensure_local_worker
         self.warn_implicit = warn_implicit
+        #: id(driver) -> (driver, the driver if it keeps plain messages): checked once
+        self._keepers: dict[int, tuple[Driver, KeepsMessages | None]] = {}
 
     # ------------------------------------------------------------ build and encode
 
@@ -122,10 +132,13 @@ class Dispatcher:
             # functions, the fake's assertions and inline runs.
             message = copy.copy(message)
             encrypt_payload(self.app, message)
-        body = encode(message)
+        return self._checked_size(encode(message), driver, job)
+
+    @staticmethod
+    def _checked_size(body: str, driver: Driver, job: JobDefinition[Any]) -> str:
         limit = driver.max_message_size
         if limit is not None:
-            size = len(body.encode("utf-8"))
+            size = len(body) if body.isascii() else len(body.encode("utf-8"))
             if size > limit:
                 raise PayloadTooLargeError(
                     f'job "{job.name}": the message is {size} bytes, over the {limit}-byte limit '
@@ -217,6 +230,14 @@ class Dispatcher:
         if self.app._implicit and recorder is None:
             self.warn_implicit()
         driver = self.app.driver(message.connection)
+        if recorder is None and job.debounce is None and job.unique is None:
+            keeper = self._keeper(driver)
+            if keeper is not None and not job.encrypted and _plain(message):
+                payload = encode_payload(message.payload)
+                body = self._checked_size(encode_plain(message, payload), driver, job)
+                keeper.keep_next(message, payload)
+                await self._sink(message, body, driver, delay)
+                return DispatchResult(message.id, chain_id=message.chain_id)
         body = self.encode(message, driver, job)
         if job.debounce is not None and message.batch_id is None:
             delay = await self.locks.debounce(job, message, delay)
@@ -239,6 +260,14 @@ class Dispatcher:
             return DispatchResult(message.id, chain_id=message.chain_id)
         await self._sink(message, body, driver, delay)
         return DispatchResult(message.id, chain_id=message.chain_id)
+
+    def _keeper(self, driver: Driver) -> KeepsMessages | None:
+        """``driver`` if it can keep plain messages (checked once per driver)."""
+        got = self._keepers.get(id(driver))
+        if got is None or got[0] is not driver:
+            keeps = driver if isinstance(driver, KeepsMessages) else None
+            got = self._keepers[id(driver)] = (driver, keeps)
+        return got[1]
 
     async def _sink(self, message: Message, body: str, driver: Driver, delay: float) -> None:
         """The status record, then the driver (or the inline run)."""
@@ -353,3 +382,16 @@ class Dispatcher:
             raise down from None
         if not driver.remote:
             self.ensure_local_worker(conn)
+
+
+def _plain(message: Message) -> bool:
+    """Nothing in the envelope but immutable fields and the payload (``KeepsMessages``)."""
+    return (
+        message.chain is None
+        and message.chain_catch is None
+        and message.chain_id is None
+        and message.batch_id is None
+        and message.unique is None
+        and message.meta is None
+        and message.enc is None
+    )

@@ -41,7 +41,10 @@ __all__ = [
     "check_json",
     "check_queue_name",
     "decode",
+    "decode_payload",
     "encode",
+    "encode_payload",
+    "encode_plain",
     "envelope_of",
     "new_id",
 ]
@@ -377,6 +380,67 @@ def encode(message: Message) -> str:
     except (TypeError, ValueError):
         check_json(message.payload, "payload")
         raise
+
+
+def encode_payload(payload: Any) -> str:
+    """The JSON of a payload alone, failing as ``encode`` fails on it: for a driver that
+    keeps a plain message's envelope and copies only its payload (``KeepsMessages``)."""
+    try:
+        return _dumps(payload)
+    except (TypeError, ValueError):
+        check_json(payload, "payload")
+        raise
+
+
+def decode_payload(text: str) -> Any:
+    """The payload ``encode_payload`` wrote (a fresh copy of it)."""
+    return _fast_loads(text)
+
+
+_esc = json.encoder.encode_basestring  # what the encoder writes a string with
+
+
+def _encode_plain(message: Message, payload: str) -> str:
+    """``encode(message)`` of a plain message (no chain, batch, lock, meta or
+    encryption) whose payload encodes to ``payload``: its fields written in place
+    instead of a dict built and walked (a third of the cost)."""
+    ts, attempts, conn, tenant = message.ts, message.attempts, message.connection, message.tenant
+    if ts.__class__ is not float or attempts.__class__ is not int or not math.isfinite(ts):
+        return encode(message)
+    text = (
+        f'{{"v":1,"id":{_esc(message.id)},"job":{_esc(message.job)},"payload":{payload},'
+        f'"queue":{_esc(message.queue)},"ts":{float.__repr__(ts)}'
+    )
+    if conn is not None:
+        text += f',"connection":{_esc(conn)}'
+    if attempts:
+        text += f',"attempts":{int.__repr__(attempts)}'
+    if tenant is not None:
+        text += f',"tenant":{_esc(tenant)}'
+    return text + "}"
+
+
+def _checked_encode_plain() -> Any:
+    """``_encode_plain`` if it writes what ``encode`` writes here, else None."""
+    try:
+        for tenant, attempts in ((None, 0), ('t"\\u00e9\u2028\x01', 3)):
+            m = Message(
+                "a1", 'j"\n', {"é": [1.5, None]}, "q", "c", 1764433200.125, attempts, tenant
+            )
+            if _encode_plain(m, _dumps(m.payload)) != encode(m):
+                return None
+    except Exception:
+        return None
+    return _encode_plain
+
+
+def encode_plain(message: Message, payload: str) -> str:
+    """``encode(message)`` for a plain message whose payload ``encode_payload`` wrote as
+    ``payload``: the same text."""
+    return encode(message)
+
+
+encode_plain = _checked_encode_plain() or encode_plain
 
 
 def decode(body: str | bytes) -> Message:

@@ -39,6 +39,7 @@ __all__ = [
     "Interruptible",
     "JobLookup",
     "JobRecord",
+    "KeepsMessages",
     "Leased",
     "LocalQueue",
     "Message",
@@ -202,6 +203,19 @@ class LocalQueue(Protocol):
 
     def check_idle(self) -> None:
         """A consumer stopped: wake ``idle()`` waiters if nothing is left."""
+
+
+@runtime_checkable
+class KeepsMessages(Protocol):
+    """An in-process queue (``memory``) that can keep a plain dispatched ``Message`` (no
+    chain, batch, lock, meta or encryption: immutable fields besides the payload) and
+    copy only its payload through JSON at the claim, instead of decoding and checking
+    the whole body again."""
+
+    def keep_next(self, message: Message, payload: str) -> None:
+        """The next ``enqueue`` of this very ``message`` may keep it: the dispatcher
+        checked that it is plain and wrote its payload's JSON as ``payload``. That
+        ``enqueue`` still gets the message's whole body, as on every driver."""
 
 
 @runtime_checkable

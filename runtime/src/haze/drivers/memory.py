@@ -17,12 +17,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from haze._failed import MemoryFailedJobs
-from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode
+from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode, decode_payload
 from haze.contracts.driver import (
     Backlog,
     Concurrent,
     FailedJob,
     JobRecord,
+    KeepsMessages,
     LocalQueue,
     QueueCounts,
     Reserved,
@@ -34,8 +35,32 @@ __all__ = ["MemoryDriver"]
 _monotonic = time.monotonic
 _time = time.time
 
+#: A plain message kept as dispatched: its body, then the fields of its ``Message`` in
+#: order, with its payload's JSON in place of the payload (strings and numbers only, so
+#: the garbage collector stops tracking it: a long queue costs it nothing).
+Kept = tuple[str, str, str, str, str, str | None, float, int, str | None]
+#: What a queue holds: a body, or a kept message.
+Item = str | Kept
 
-class MemoryDriver(LocalQueue, Backlog, Concurrent):
+
+class _KeptClaim(Reserved):
+    """The claim of a kept message (queued again as it is on a release)."""
+
+    __slots__ = ("kept",)
+
+    kept: Kept
+
+
+def _body(item: Item) -> str:
+    return item if isinstance(item, str) else item[0]
+
+
+def _item(job: Reserved) -> Item:
+    """What a claim was queued as (to queue it again)."""
+    return job.kept if isinstance(job, _KeptClaim) else job.body
+
+
+class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
     """In-process queues. ``queues`` (optional) sets the priority order of the consumers."""
 
     remote = False
@@ -51,10 +76,10 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent):
         self.concurrency: int = options.get("concurrency") or 1
         self.priority: list[str] = list(options.get("queues") or [])
         self.failed = MemoryFailedJobs()
-        #: queue -> (body, attempts used, when it became ready: epoch seconds)
-        self._ready: dict[str, deque[tuple[str, int, float]]] = {}
+        #: queue -> (body or kept message, attempts used, when it became ready: epoch s)
+        self._ready: dict[str, deque[tuple[Item, int, float]]] = {}
         self._ready_count = 0
-        self._delayed: list[tuple[float, int, str, str, int]] = []
+        self._delayed: list[tuple[float, int, str, Item, int]] = []
         self._seq = itertools.count()
         self._running = 0
         #: id(claim) -> claim (its token: when it was claimed): what ``running()`` lists
@@ -64,6 +89,8 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._idle_waiters: list[asyncio.Future[None]] = []
+        #: (message, its payload's JSON) that the next enqueue of that message keeps
+        self._next: tuple[Message, str] | None = None
 
     # -------------------------------------------------------------- loop binding
 
@@ -85,13 +112,25 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent):
     # -------------------------------------------------------------- producer side
 
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
+        kept = self._next
+        if kept is not None and kept[0] is message:
+            self._next = None
+            # The payload is copied back out of its JSON at every claim; its other fields
+            # are immutable, and nothing changes them after dispatch.
+            m = message
+            item = (body, m.id, m.job, kept[1], m.queue, m.connection, m.ts, m.attempts, m.tenant)
+            self._push(m.queue, item, m.attempts, delay)
+            return
         self._push(message.queue, body, message.attempts, delay)
 
     async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
         for body, message, delay in items:
             self._push(message.queue, body, message.attempts, delay)
 
-    def _push(self, queue: str, body: str, used: int, delay: float) -> None:
+    def keep_next(self, message: Message, payload: str) -> None:
+        self._next = (message, payload)
+
+    def _push(self, queue: str, body: Item, used: int, delay: float) -> None:
         wakeup = self._bind()
         if delay > 0:
             heapq.heappush(
@@ -157,6 +196,10 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent):
                 body, used, _ = q.popleft()
                 self._ready_count -= 1
                 self._running += 1
+                if body.__class__ is not str:
+                    job = self._claim_kept(body, used + 1, name)  # type: ignore[arg-type]
+                    self._active[id(job)] = job
+                    return job
                 try:
                     message: Message | None = decode(body)
                     error: BaseException | None = None
@@ -166,6 +209,24 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent):
                 self._active[id(job)] = job
                 return job
         return None
+
+    @staticmethod
+    def _claim_kept(kept: Kept, attempt: int, queue: str) -> Reserved:
+        """A fresh message for the job: the kept fields and a new copy of the payload,
+        which is what decoding its body gives (a copy that fails, fails as that does)."""
+        body, mid, job_name, payload, mq, conn, ts, attempts, tenant = kept
+        try:
+            data = decode_payload(payload)
+        except Exception:
+            try:
+                decode(body)
+            except Exception as e:
+                return Reserved(None, attempt, body, queue, _time(), e)
+            raise
+        message = Message(mid, job_name, data, mq, conn, ts, attempts, tenant)
+        job = _KeptClaim(message, attempt, body, queue, _time())
+        job.kept = kept
+        return job
 
     async def reserve(self, queues: Sequence[str] | None, wait: float) -> Reserved | None:
         got = self.reserve_nowait(queues)
@@ -196,7 +257,7 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent):
 
     async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
         used = job.attempt if consume_attempt else job.attempt - 1
-        self._push(job.queue, job.body, used, delay)
+        self._push(job.queue, _item(job), used, delay)
         self._settled(job)
         return True
 
@@ -240,9 +301,10 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent):
             ("running", job.queue, job.body, job.attempt, None) for job in self._active.values()
         ]
         for queue, ready in self._ready.items():
-            found += [("ready", queue, body, used, None) for body, used, _ in ready]
+            found += [("ready", queue, _body(item), used, None) for item, used, _ in ready]
         found += [
-            ("delayed", q, body, used, now + due - clock) for due, _, q, body, used in self._delayed
+            ("delayed", q, _body(item), used, now + due - clock)
+            for due, _, q, item, used in self._delayed
         ]
         for state, queue, body, attempts, at in found:
             if needle not in body or (queues and queue not in queues):
