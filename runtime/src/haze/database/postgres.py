@@ -4,6 +4,11 @@
   running event loop (a new loop gets a new pool). Connections are in autocommit
   mode, so a single statement is its own transaction; ``transaction()`` runs a block
   on one pooled connection inside ``BEGIN``/``COMMIT`` (``ROLLBACK`` on error).
+- A single statement (``execute``, ``fetchone``, ``fetchall``) runs on one pooled
+  connection kept checked out ("parked") while it is free, instead of a checkout and
+  return per statement; busy or not idle afterwards, statements use the pool as before.
+  A pool of one parks nothing, and the parked connection goes back to the pool every
+  ``PARK_SECONDS`` so its lifetime rules still apply.
 - SQL is written with ``?`` placeholders; they become ``%s`` (and a literal ``%``
   becomes ``%%``) once per distinct statement.
 - LISTEN/NOTIFY, so an idle worker in another process wakes as soon as a job is
@@ -52,6 +57,14 @@ CONNECT_TIMEOUT = 10
 #: SQLSTATEs that mean the server went away: class 08 (connection exception) and 57P
 #: (shutdown, crash, "the database system is starting up"); not 57014, a statement timeout
 _OUTAGE_SQLSTATE = ("08", "57P")
+
+#: seconds a connection stays parked for single statements before it goes back to the
+#: pool once (which then applies its max_lifetime and health rules to it)
+PARK_SECONDS = 60.0
+
+_ROWCOUNT, _ONE, _ALL = 0, 1, 2
+_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open, no statement running
+_running_loop = asyncio.get_running_loop
 
 
 def _is_outage(error: BaseException) -> bool:
@@ -358,6 +371,9 @@ class PostgresConnector:
         self._kwargs.update(options.get("options") or {})
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
+        #: one pooled connection kept checked out for single statements (see _one)
+        self._parked: AsyncConnection[Any] | None = None
+        self._parked_until = 0.0
         self._open_lock: asyncio.Lock | None = None
         self._listener: _Listener | None = None
         self._pending: set[tuple[str, str]] = set()
@@ -374,7 +390,7 @@ class PostgresConnector:
         if self._loop is not loop:
             self._abandon()
             self._loop = loop
-            self._pool = None
+            self._pool = self._parked = None
             self._listener = None
             self._notify_task = None
             self._open_lock = asyncio.Lock()
@@ -384,8 +400,12 @@ class PostgresConnector:
         """Let go of what was made on another event loop (this loop cannot await it).
 
         Pooled connections close their sockets when collected; the LISTEN connection
-        is closed here, synchronously.
+        and the parked one are closed here, synchronously.
         """
+        parked, self._parked = self._parked, None
+        if parked is not None:
+            with contextlib.suppress(Exception):
+                parked.pgconn.finish()
         listener = self._listener
         conn = listener._conn if listener is not None else None
         if listener is not None:
@@ -479,11 +499,8 @@ class PostgresConnector:
     # -- statements -------------------------------------------------------------------
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        pool = await self._get_pool()
-        with self._outages():
-            async with pool.connection() as conn:
-                cur = await conn.execute(*_q(sql, params))
-                return cur.rowcount
+        result: int = await self._one(sql, params, _ROWCOUNT)
+        return result
 
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         pool = await self._get_pool()
@@ -492,19 +509,67 @@ class PostgresConnector:
                 return await _PgSession(conn).executemany(sql, rows)
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        pool = await self._get_pool()
-        with self._outages():
-            async with pool.connection() as conn:
-                cur = await conn.execute(*_q(sql, params))
-                return [tuple(r) for r in await cur.fetchall()]
+        rows: list[Row] = await self._one(sql, params, _ALL)
+        return rows
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
-        pool = await self._get_pool()
-        with self._outages():
-            async with pool.connection() as conn:
+        row: Row | None = await self._one(sql, params, _ONE)
+        return row
+
+    async def _one(self, sql: str, params: Sequence[Any], want: int) -> Any:
+        """One autocommit statement, on the parked connection when it is free.
+
+        A pool checkout and return (psycopg_pool's lock, stats, logging and reset
+        checks: a dozen coroutines) cost about a third of a single dispatch's CPU."""
+        try:
+            conn, pool = self._parked, self._pool
+            if conn is not None and pool is not None and self._loop is _running_loop():
+                self._parked = None
+            else:
+                pool = await self._get_pool()
+                conn = await pool.getconn()
+            try:
                 cur = await conn.execute(*_q(sql, params))
-                row = await cur.fetchone()
-                return None if row is None else tuple(row)
+                if want == _ROWCOUNT:
+                    return cur.rowcount
+                if want == _ONE:
+                    row = await cur.fetchone()
+                    return None if row is None else tuple(row)
+                return [tuple(r) for r in await cur.fetchall()]
+            finally:
+                if not self._park(conn, pool):
+                    await pool.putconn(conn)
+        except DatabaseConnectionError:
+            raise
+        except Exception as e:
+            if not _is_outage(e):
+                raise
+            raise self._unavailable(e) from None
+
+    def _park(self, conn: AsyncConnection[Any], pool: AsyncConnectionPool[Any]) -> bool:
+        """Keep ``conn`` out of ``pool`` for the next single statement, if it may be.
+
+        Not when another statement parked one meanwhile, when the pool would have no
+        other connection left for ``transaction()``, when ``conn`` is not idle (a
+        cancelled or broken statement: the pool checks and replaces it), or once the
+        parking has lasted ``PARK_SECONDS`` (the pool's max_lifetime applies again)."""
+        loop = self._loop
+        if (
+            self._parked is not None
+            or pool is not self._pool
+            or self.pool_size < 2
+            or loop is None
+            or conn.pgconn.transaction_status != _IDLE
+        ):
+            return False
+        now = loop.time()
+        if not self._parked_until:
+            self._parked_until = now + PARK_SECONDS
+        elif now > self._parked_until:
+            self._parked_until = 0.0
+            return False
+        self._parked = conn
+        return True
 
     @asynccontextmanager
     async def transaction(self, *, immediate: bool = False) -> AsyncIterator[_PgSession]:
@@ -609,5 +674,8 @@ class PostgresConnector:
         if listener is not None:
             await listener.close()
         pool, self._pool = self._pool, None
+        parked, self._parked = self._parked, None
         if pool is not None:
+            if parked is not None:
+                await pool.putconn(parked)
             await pool.close(timeout=5)
