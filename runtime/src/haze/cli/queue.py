@@ -37,6 +37,7 @@ from haze.cli._failed_filters import FailedFilter, build_filter, filter_options
 from haze.cli._loop import event_loop, loop_option
 from haze.cli._worker_output import WorkerOutput, worker_output
 from haze.cli.schedule import check_runnable, start_scheduler
+from haze.contracts.driver import Advises
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -296,6 +297,9 @@ async def _work(app: App, plan: _WorkPlan) -> int:
             "running jobs."
         )
         for line in unconsumed_queues(app, plan.name, chosen or []):
+            say(line, level="WARNING")
+        driver = app.driver(plan.name)
+        for line in await driver.advice() if isinstance(driver, Advises) else []:
             say(line, level="WARNING")
         try:
             processed = await task

@@ -25,6 +25,7 @@ from haze.contracts.failed import FailedJobStore
 
 __all__ = [
     "AcksInClaim",
+    "Advises",
     "Backlog",
     "BatchConsumer",
     "Concurrent",
@@ -291,6 +292,22 @@ class BatchConsumer(Interruptible, Protocol):
 
     def interrupt(self) -> None:
         """End a ``reserve_many`` wait now (a slot is free again, or the worker stops)."""
+
+
+@runtime_checkable
+class Advises(Protocol):
+    """A driver that can tell a starting worker about a backend setting that will hurt.
+
+    ``haze queue:work`` prints each line as a warning under its start line (the
+    database driver: PostgreSQL with autovacuum off for the jobs table).
+
+    >>> isinstance(app.driver("database"), Advises)  # doctest: +SKIP
+    True
+    """
+
+    async def advice(self) -> builtins.list[str]:
+        """One line per problem found (none: an empty list). Never raises: a backend it
+        cannot ask is the worker's own outage to report."""
 
 
 @runtime_checkable

@@ -53,6 +53,7 @@ from haze._kernel.errors import PayloadTooLargeError
 from haze._kernel.message import Message, decode, encode, new_id
 from haze.contracts.driver import (
     AcksInClaim,
+    Advises,
     Backlog,
     BatchConsumer,
     Concurrent,
@@ -82,6 +83,7 @@ __all__ = [
 #: The optional capability Protocols of ``haze.contracts.driver``.
 CAPABILITIES: tuple[type, ...] = (
     AcksInClaim,
+    Advises,
     Backlog,
     BatchConsumer,
     Concurrent,
@@ -637,6 +639,14 @@ class DriverContract:
         assert await d.driver.ack_many([last]) == [True]
         assert await d.driver.ack_many([]) == []
         await d.nothing()
+
+    @contract_test(needs=Advises)
+    async def test_advice_is_lines_of_text(self, d: DriverUnderTest) -> None:
+        """``advice`` answers a list of one-line strings (and does not raise)."""
+        assert isinstance(d.driver, Advises)
+        lines = await d.driver.advice()
+        assert isinstance(lines, list), f"advice() returned {lines!r}"
+        assert all(isinstance(x, str) and x and "\n" not in x for x in lines), lines
 
     @contract_test(needs=AcksInClaim)
     async def test_acks_ride_in_the_next_claim(self, d: DriverUnderTest) -> None:

@@ -31,6 +31,7 @@ from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode
 from haze._kernel.sqlfiles import queue_sql
 from haze.contracts.driver import (
     AcksInClaim,
+    Advises,
     Concurrent,
     FailedJob,
     IdlePolling,
@@ -103,7 +104,7 @@ def _needs_tables(fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, Coroutine[Any
     return call
 
 
-class DatabaseDriver(AcksInClaim, Leased, IdlePolling, Concurrent):
+class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
     """Queue connection on a SQL table; see the module docstring for the rules."""
 
     remote = True
@@ -505,6 +506,23 @@ class DatabaseDriver(AcksInClaim, Leased, IdlePolling, Concurrent):
         acked = {int(r[0]) for r in rows if r[1] is None}
         claimed = [r for r in rows if r[1] is not None]
         return [i in acked for i in ids], await self._claimed(claimed, queue, token)
+
+    async def advice(self) -> builtins.list[str]:
+        """PostgreSQL with autovacuum off for the jobs table: it would grow for ever."""
+        if self.dialect != "postgres":
+            return []
+        try:
+            row = await self.db.fetchone(self.sql["autovacuum_off"], (self.table,))
+        except Exception:  # unreachable or no tables yet: the worker reports those itself
+            return []
+        if row is None:
+            return []
+        where = "on this server" if row[0] == "off" else f'for the "{self.table}" table'
+        return [
+            f"autovacuum is off {where}: every job leaves dead rows in {self.table!r} and "
+            "it grows until VACUUM runs; turn autovacuum on, or run VACUUM on the table "
+            "every few minutes"
+        ]
 
     def interrupt(self) -> None:
         """End an idle wait now (the worker is stopping)."""

@@ -10,6 +10,14 @@ CREATE TABLE IF NOT EXISTS {jobs} (
     heartbeat_at DOUBLE PRECISION,
     available_at DOUBLE PRECISION NOT NULL,
     created_at DOUBLE PRECISION NOT NULL
+) WITH (
+    -- A queue table holds few live rows and makes three dead ones per job: vacuum it
+    -- after a fixed number of them, unthrottled, or it and its indexes keep growing.
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_cost_delay = 0,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 5000
 );
 CREATE INDEX IF NOT EXISTS {jobs}_queue_idx ON {jobs} (queue, id) WHERE reserved_at IS NULL;
 CREATE INDEX IF NOT EXISTS {jobs}_reserved_idx ON {jobs} (queue, reserved_at) WHERE reserved_at IS NOT NULL;
@@ -67,6 +75,15 @@ DELETE FROM {jobs} AS j
 USING unnest(?::bigint[], ?::double precision[]) AS a(id, reserved_at)
 WHERE j.id = a.id AND j.reserved_at = a.reserved_at
 RETURNING j.id
+
+-- name: autovacuum_off
+-- One row when autovacuum will never vacuum the jobs table: off for the whole server,
+-- or turned off for the table.
+-- params: table name
+SELECT current_setting('autovacuum') FROM pg_class
+WHERE oid = to_regclass(?)
+  AND (current_setting('autovacuum') = 'off'
+       OR 'autovacuum_enabled=false' = ANY(COALESCE(reloptions, '{{}}')))
 
 -- name: ack_claim_many
 -- ack_many and claim_many in one statement and one commit: a busy worker's buffered acks
