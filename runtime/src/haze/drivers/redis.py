@@ -37,14 +37,23 @@ How haze's rules map onto BullMQ:
   ``queues`` option; ``Queue.retry()`` re-adds the envelope as a new job.
 - Speed: finishing a job (``ack``/``release``/``fail``) fetches the next job of the
   same queue in the same script call (``fetchNext``) and keeps it for the next
-  ``reserve``; an idle worker blocks on the queues' marker keys (``BZPOPMIN``);
-  ``enqueue_many`` adds a whole group in one ``MULTI`` round trip (``addBulk``). The
-  per-job script calls (add, claim, finish) go over a lean connection of their own
-  (``redis_wire``) with their arguments built from per-queue templates, checked against
-  bullmq's own builders on first use. A plain job (no delay) after a queue's first is
-  added by ``redis_add_job.lua``, haze's copy of BullMQ's ``addStandardJob`` for that
-  shape (the same writes, about half the server time), used only next to the bullmq
-  script it copies (same SHA); tests/drivers/test_redis_lite_add.py compares the two.
+  ``reserve``; when that finds the queue empty, the next ``reserve`` waits for its
+  marker without claiming first (BullMQ's ``drained``). An idle worker blocks on the
+  queues' marker keys (``BZPOPMIN``) on a connection of its own, with the claim of the
+  first queue (BullMQ's ``moveToActive``) written behind it in the same write: Redis
+  runs the claim the moment the wait returns, so a job that wakes an idle worker is
+  claimed with no round trip after its marker. That claim can run long after it was
+  written, so it is ``moveToActive`` with a first line that takes the time from the
+  server's clock (``_CLAIM_CLOCK``), used only next to the bullmq script whose
+  arguments haze builds (same SHA). A stopping worker ends such a wait with
+  ``CLIENT UNBLOCK`` and hands back what its claim took. ``enqueue_many`` adds a whole
+  group in one ``MULTI`` round trip (``addBulk``). The per-job script calls (add, claim,
+  finish) go over a lean connection of their own (``redis_wire``) with their arguments
+  built from per-queue templates, checked against bullmq's own builders on first use.
+  A plain job (no delay) after a queue's first is added by ``redis_add_job.lua``,
+  haze's copy of BullMQ's ``addStandardJob`` for that shape (the same writes, about
+  half the server time), used only next to the bullmq script it copies (same SHA);
+  tests/drivers/test_redis_lite_add.py compares the two.
 - Priority: ``reserve(["high", "default"])`` always tries ``high`` first; a job is
   only prefetched from the highest-priority queue, so a prefetch never jumps it.
   Claims are taken one at a time per process, so jobs start in queue order.
@@ -98,7 +107,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised without the extra installed
     raise MissingDependencyError("the redis driver", "redis", "bullmq") from e
 
-from haze.drivers.redis_wire import Wire, wire_for
+from haze.drivers.redis_wire import Wire, encode, wire_for
 from haze.stores.redis import new_client, redis_settings
 
 if TYPE_CHECKING:
@@ -119,6 +128,20 @@ _LITE_KEYS = ["wait", "meta", "id", "active", "events", "marker"]
 #: SHA-1 of bullmq's addStandardJob-9.lua that redis_add_job.lua copies: another bullmq
 #: release may change what a job add writes, so the copy is used only next to this one
 _ADD_STANDARD_SHA = "10f8d228e89ed4f765afc5b3bafb6defbb84e311"
+#: SHA-1 of bullmq's moveToActive-11.lua, whose arguments ``_activate`` builds; the claim
+#: sent behind a blocking wait (``_CLAIM_CLOCK`` + that script) is used only next to it
+_MOVE_TO_ACTIVE_SHA = "d96ca626f1ea141b44a856b312fc636d99aa9ea9"
+#: Put in front of moveToActive for the claim written behind a ``BZPOPMIN``: it runs
+#: when the wait returns, maybe seconds after haze wrote it, so an empty timestamp
+#: (ARGV[2]) is taken from the server's clock, in ms rounded as haze rounds its own
+#: (``_now_ms``): the job's ``processedOn`` and the promotion of due delayed jobs are
+#: as of the claim, not of the start of the wait.
+_CLAIM_CLOCK = (
+    "if ARGV[2] == '' then local t = redis.call('TIME') "
+    "ARGV[2] = string.format('%d', t[1] * 1000 + math.floor((t[2] + 500) / 1000)) end\n"
+)
+#: How long after Redis's own timeout a blocking wait gives up on an answer (seconds)
+_BLOCK_GRACE = 5.0
 _ACTIVATE_KEYS = [
     "wait",
     "active",
@@ -147,12 +170,6 @@ _LOCK_ERRORS = {
 
 def _now_ms() -> int:
     return round(time.time() * 1000)
-
-
-def _retrieved(task: asyncio.Task[Any]) -> None:
-    """Mark a background wait's error as seen (its waiters, if any, re-raise it)."""
-    if not task.cancelled():
-        task.exception()
 
 
 # ----------------------------------------------------------------------------- bullmq glue
@@ -348,6 +365,18 @@ class _Link:
         #: BullMQ's own script has added a job with the arguments of haze's template
         #: (add_args), so the lite add stands in for exactly that call
         self.lite_adds: dict[str, tuple[Wire, AsyncScript, bytes]] = {}
+        #: one lean connection per list of queues waited on, for BZPOPMIN on their
+        #: markers with the claim of the first one behind it (RedisDriver._block)
+        self.blockers: dict[tuple[str, ...], Wire | None] = {}
+        #: the claim sent behind a wait: bullmq's moveToActive on the server's clock;
+        #: None (another bullmq, no lean connection): claim after the wait returns
+        self.claim_after_wait = self._claim_script()
+        self.claim_loaded = False
+        self._claim_heads: dict[str, bytes] = {}
+        #: (queue, due) when the last claim of a job on the first queue, with the
+        #: finishing of one (fetchNext) or behind a wait, found it empty: the next
+        #: reserve waits for a marker without claiming first (BullMQ's ``drained``)
+        self.drained: tuple[str, int] | None = None
         self.prefix = driver.prefix
         self._scripts: dict[str, _Scripts] = {}
         #: jobs fetched by ack/release/fail (fetchNext), handed out by the next reserve
@@ -360,7 +389,9 @@ class _Link:
         self.stop = asyncio.Event()
         self.closing = asyncio.Event()
         self.claiming = asyncio.Lock()
-        self.waits: dict[tuple[str, ...], asyncio.Task[Any]] = {}
+        #: the blocking wait on each list of queues, done with its (woke, known) outcome
+        #: (RedisDriver._wait)
+        self.waits: dict[tuple[str, ...], asyncio.Future[tuple[bool, int | None]]] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.stalled_task: asyncio.Task[None] | None = None
 
@@ -389,6 +420,31 @@ class _Link:
         keys = s.getKeys(_LITE_KEYS)
         head = Wire.script_head(self.add_lite, keys, [s.keys[""], s._ADD_OPTS_JSON], 3)
         return self.wire, self.add_lite, head
+
+    def _claim_script(self) -> AsyncScript | None:
+        move_to_active = self.commands["moveToActive"]
+        if self.wire is None or move_to_active.sha != _MOVE_TO_ACTIVE_SHA:
+            return None
+        return self.client.register_script(_CLAIM_CLOCK + str(move_to_active.script))
+
+    def blocker(self, queues: tuple[str, ...]) -> Wire | None:
+        """The lean connection that waits on these queues' markers (None: redis-py's)."""
+        if queues not in self.blockers:
+            self.blockers[queues] = wire_for(self.client, track_id=True)
+        return self.blockers[queues]
+
+    def claim_head(self, queue: str) -> bytes:
+        """The encoded start of the claim sent behind a wait on ``queue``: its keys, the
+        key prefix and an empty timestamp (the server's clock); the options follow."""
+        head = self._claim_heads.get(queue)
+        if head is None:
+            assert self.claim_after_wait is not None
+            s = self.scripts(queue)
+            head = Wire.script_head(
+                self.claim_after_wait, s.getKeys(_ACTIVATE_KEYS), [s.keys[""], ""], 1
+            )
+            self._claim_heads[queue] = head
+        return head
 
     def take(self, queues: Sequence[str]) -> Reserved | None:
         for job in self.prefetched:
@@ -748,13 +804,18 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
             await link.client.hset(link.scripts(queue).toKey(str(job_id)), mapping=bad)
         return job
 
-    async def _activate(self, link: _Link, queue: str) -> tuple[Reserved | None, int]:
+    def _claim_opts(self) -> tuple[str, bytes]:
+        """A new lock token and moveToActive's packed options with it."""
         token = f"{self._id}:{next(self._tokens)}"
-        s = link.scripts(queue)
-        # bullmq's Scripts.moveToActive, on the lean connection
         packed = msgpack.packb(
             {"token": token, "lockDuration": self.lock_ms, "limiter": None}, use_bin_type=True
         )
+        return token, packed
+
+    async def _activate(self, link: _Link, queue: str) -> tuple[Reserved | None, int]:
+        token, packed = self._claim_opts()
+        s = link.scripts(queue)
+        # bullmq's Scripts.moveToActive, on the lean connection
         args = [s.keys[""], _now_ms(), packed]
         raw = await link.script("moveToActive", s.getKeys(_ACTIVATE_KEYS), args, fixed_keys=True)
         data, job_id, _, due = raw2NextJobData(raw)
@@ -762,18 +823,27 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
             return await self._claimed(link, queue, data, job_id, token), 0
         return None, int(due or 0)
 
-    async def _claim(self, link: _Link, order: Sequence[str]) -> tuple[Reserved | None, int]:
+    async def _claim(
+        self, link: _Link, order: Sequence[str], known: int | None = None
+    ) -> tuple[Reserved | None, int]:
         """Queues in priority order. One claim at a time per process: jobs start in the
-        order they were queued (a later claim cannot overtake an earlier one)."""
+        order they were queued (a later claim cannot overtake an earlier one).
+
+        ``known``: the first queue was just found empty by a claim (its next delayed
+        job is due then, 0: none), so it is not asked again.
+        """
         due = 0
         async with link.claiming:
             job = link.take(order) if link.prefetched else None
             if job is not None:
                 return job, 0
-            for q in order:
-                job, next_due = await self._activate(link, q)
-                if job is not None:
-                    return job, 0
+            for i, q in enumerate(order):
+                if i == 0 and known is not None:
+                    next_due = known
+                else:
+                    job, next_due = await self._activate(link, q)
+                    if job is not None:
+                        return job, 0
                 if next_due and (not due or next_due < due):
                     due = next_due
         return None, due
@@ -788,58 +858,177 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         stop = link.stop
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, wait)
+        # The queue was just found empty: wait for a marker without asking it again.
+        # Only when this call waits (the claim behind the wait asks it then), and on one
+        # queue: claiming a lower queue before that wait could jump a job that came to
+        # the first one since.
+        drained, link.drained = link.drained, None
+        one = drained is not None and order == [drained[0]] and wait > 0
+        known = drained[1] if drained is not None and one else None
+        owed = known is not None  # the first queue is not asked below: a wait must follow
         while True:
-            job, due = await self._claim(link, order)
+            job, due = await self._claim(link, order, known)
             if job is not None:
                 return job
             while True:  # wait for a marker (or a delayed job's due time), then claim again
                 remaining = deadline - loop.time()
-                if remaining <= 0 or stop.is_set():
+                if stop.is_set() or (remaining <= 0 and not owed):
+                    if known is not None and not stop.is_set():
+                        link.drained = (order[0], known)  # the last claim's news still
                     return None
+                remaining, owed = max(remaining, 0.001), False
                 due_first = False
                 if due:
                     until_due = max(0.001, due / 1000 - time.time())
                     if until_due <= remaining:
                         remaining, due_first = until_due, True
-                woke = await self._wait(link, order, remaining, stop)
+                woke, known = await self._wait(link, order, remaining, stop)
                 if stop.is_set():
                     return None
-                if woke or due_first:
+                if woke or due_first or known is not None:
                     break
 
     async def _wait(
         self, link: _Link, queues: list[str], within: float, stop: asyncio.Event
-    ) -> bool:
-        """Block on the queues' BullMQ markers, one ``BZPOPMIN`` shared by the slots.
+    ) -> tuple[bool, int | None]:
+        """Block on the queues' BullMQ markers (``_block``), one wait per list of queues.
 
-        True when a marker was popped (a job may be waiting): claim again.
+        The first slot to wait on these queues runs the wait itself, so the reply that
+        ends it resumes that slot from ``data_received`` with no event-loop pass in
+        between; the other slots wait for its outcome. It ends on a marker, on its
+        timeout (Redis's own) or when ``interrupt`` unblocks it.
+
+        ``(woke, known)``: woke when a marker was popped or a job claimed (claim again:
+        a claimed job is in ``link.prefetched``); known when the claim behind the wait
+        found the first queue empty: its next delayed job's due time (0: none).
         """
         key = tuple(queues)
-        task = link.waits.get(key)
-        if task is not None and task.done():
-            # it completed while nobody was waiting on it: its marker is news
-            del link.waits[key]
-            if not task.cancelled() and task.exception() is None and task.result():
-                return True
-            task = None
-        if task is None:
-            markers = [link.scripts(q).keys["marker"] for q in queues]
-            task = link.waits[key] = asyncio.ensure_future(
-                link.client.bzpopmin(markers, max(0.001, within))
-            )
-            task.add_done_callback(_retrieved)
+        shared = link.waits.get(key)
+        if shared is None:
+            shared = link.waits[key] = asyncio.get_running_loop().create_future()
+            result: tuple[bool, int | None] = (False, None)
+            try:
+                result = await self._block(link, key, within)
+            finally:
+                if link.waits.get(key) is shared:
+                    del link.waits[key]
+                shared.set_result(result)  # the other slots: (False, None) after an error
+            return result
         stopper = asyncio.ensure_future(stop.wait())
         try:
-            await asyncio.wait((task, stopper), timeout=within, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                (shared, stopper), timeout=within, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             stopper.cancel()
-        if not task.done():
-            return False
-        if link.waits.get(key) is task:
-            del link.waits[key]
-        if task.cancelled():
-            return False
-        return bool(task.result())  # a connection error reaches the worker, which backs off
+        return shared.result() if shared.done() else (False, None)
+
+    async def _block(
+        self, link: _Link, queues: tuple[str, ...], within: float
+    ) -> tuple[bool, int | None]:
+        """``BZPOPMIN`` on the markers, and in the same write the claim of the first
+        queue: Redis runs it as soon as the wait returns (a marker, the timeout or
+        ``CLIENT UNBLOCK``), so a job that wakes the worker is claimed with no round trip
+        after its marker, as BullMQ's worker would claim it after its own ``BZPOPMIN``.
+        See ``_wait``."""
+        timeout = max(0.001, within)
+        markers = [link.scripts(q).keys["marker"] for q in queues]
+        wire = link.blocker(queues)
+        if wire is None:
+            return await self._block_redis_py(link, markers, timeout)
+        stop = link.stop
+        script = link.claim_after_wait
+        commands = [encode("BZPOPMIN", *markers, timeout)]
+        token = ""
+        if script is not None:
+            if not link.claim_loaded:
+                script.sha = await wire.script_load(script.script)
+                link.claim_loaded = True
+                if stop.is_set():
+                    return False, None
+            token, packed = self._claim_opts()
+            commands.append(Wire.script_call(link.claim_head(queues[0]), packed))
+        # a server that stopped answering without a reset: give up a little after
+        # Redis's own timeout (the calls fail as a lost connection)
+        guard = asyncio.get_running_loop().call_later(timeout + _BLOCK_GRACE, wire.close)
+        try:
+            replies = await wire.pipeline(commands)
+        except asyncio.CancelledError:
+            wire.close()  # its claim's reply would be dropped: end it with the connection
+            raise
+        except RedisConnectionError:
+            if stop.is_set():  # cut while stopping (Redis unreachable): nothing claimed
+                return False, None
+            raise
+        finally:
+            guard.cancel()
+        for r in replies:
+            if isinstance(r, Exception) and not isinstance(r, NoScriptError):
+                raise r
+        return await self._claimed_after_wait(link, queues[0], replies, token)
+
+    @staticmethod
+    async def _block_redis_py(
+        link: _Link, markers: list[str], timeout: float
+    ) -> tuple[bool, int | None]:
+        """The wait through redis-py (TLS, a Unix socket), with no claim behind it: a
+        stop cancels it (redis-py then drops that connection), and a connection gone
+        half-open gives up a little after Redis's own timeout."""
+        call = asyncio.ensure_future(link.client.bzpopmin(markers, timeout))
+        call.add_done_callback(lambda t: t.cancelled() or t.exception())
+        stopper = asyncio.ensure_future(link.stop.wait())
+        try:
+            await asyncio.wait(
+                (call, stopper), timeout=timeout + _BLOCK_GRACE, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            stopper.cancel()
+            if not call.done():
+                call.cancel()
+        if not call.done():
+            return False, None
+        return bool(call.result()), None  # a connection error reaches the worker
+
+    async def _claimed_after_wait(
+        self, link: _Link, queue: str, replies: list[Any], token: str
+    ) -> tuple[bool, int | None]:
+        """What the claim sent behind a wait took: into ``link.prefetched`` (or back to
+        the queue when the worker stopped meanwhile). See ``_wait``."""
+        popped = bool(replies[0])
+        if len(replies) < 2:
+            return popped, None
+        if isinstance(replies[1], NoScriptError):  # a restarted Redis: claim as usual
+            link.claim_loaded = False
+            return True, None
+        data, job_id, _, due = raw2NextJobData(replies[1])
+        if not data:
+            return popped, int(due or 0)
+        link.prefetched.append(await self._claimed(link, queue, data, job_id, token))
+        if not link.fetch_next:  # the worker stopped meanwhile: hand it back
+            await self._return_prefetched(link)
+        return True, None
+
+    async def _unblock(self, link: _Link) -> int:
+        """End the blocking waits in progress with ``CLIENT UNBLOCK`` (from the lean
+        connection); how many. Each wait's claim then runs at once and what it takes is
+        handed back: cutting the connection instead could leave a job claimed by nobody
+        until its lock expires. A ``BZPOPMIN`` can reach Redis after the ``UNBLOCK``
+        sent for it (two connections): those are unblocked again, for up to a second."""
+        targets = dict(link.waits)
+        if link.wire is None:
+            return 0
+        n = 0
+        for _ in range(50):
+            live = [k for k, fut in targets.items() if link.waits.get(k) is fut]
+            if not live:
+                break
+            for key in live:
+                wire = link.blockers.get(key)
+                client_id = wire.client_id if wire is not None else None
+                if client_id is not None:
+                    n += int(await link.wire.execute("CLIENT", "UNBLOCK", client_id))
+            await asyncio.sleep(0.02)
+        return n
 
     def interrupt(self) -> None:
         """The worker is stopping: end idle waits now and hand prefetched jobs back."""
@@ -855,9 +1044,17 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
 
     def _interrupt(self, link: _Link) -> None:
         link.fetch_next = False
+        link.drained = None
         link.stop.set()
         if link.prefetched:
             link.spawn(self._return_prefetched(link))
+        if link.waits:
+            link.spawn(self._unblock_quietly(link))
+
+    async def _unblock_quietly(self, link: _Link) -> None:
+        # Redis unreachable: the waits end with close() cutting their connections
+        with contextlib.suppress(Exception):
+            await self._unblock(link)
 
     def connection_lost(self) -> None:
         """The worker saw Redis go away: forget what was fetched ahead and end the idle
@@ -866,8 +1063,9 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         A job fetched ahead keeps its lock in Redis; nobody renews it now, so once it
         expires the stalled check puts the job back (after a restart without
         persistence it is gone with the rest of the server's memory). A blocking
-        ``BZPOPMIN`` on a connection that died half-open would never return: cancelling
-        it drops that connection, and the next wait opens a new one.
+        ``BZPOPMIN`` on a connection that died half-open would never return: closing
+        that connection ends it (as a lost connection), and the next wait opens a new
+        one.
         """
         try:
             link = self._links.get(asyncio.get_running_loop())
@@ -878,10 +1076,10 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         for job in link.prefetched:
             link.open.discard(job.token)
         link.prefetched.clear()
-        waits = list(link.waits.values())
-        link.waits.clear()
-        for task in waits:
-            task.cancel()
+        link.drained = None
+        for wire in link.blockers.values():
+            if wire is not None:
+                wire.close()
 
     async def _return_prefetched(self, link: _Link) -> None:
         """Put jobs fetched ahead back at the head of their queue, unchanged."""
@@ -915,9 +1113,15 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
                     e,
                 )
 
-    async def _settled(self, link: _Link, job: Reserved, result: Any, what: str) -> bool:
+    async def _settled(
+        self, link: _Link, job: Reserved, result: Any, what: str, asked: bool = False
+    ) -> bool:
         """Check a finishing script's reply; keep the job it fetched, if any. False when
-        the job's lock was no longer this worker's (the manager warns, naming the job)."""
+        the job's lock was no longer this worker's (the manager warns, naming the job).
+
+        ``asked``: moveToFinished was asked for the next job of the first queue; an
+        answer without one is BullMQ's ``drained`` (that queue is empty), kept for the
+        next reserve when its wait claims (``_Link.drained``)."""
         if isinstance(result, int):
             if result < 0:
                 log.debug(
@@ -934,15 +1138,19 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
                     },
                 )
                 return False
+            if asked and link.fetch_next and link.claim_after_wait is not None:
+                link.drained = (job.queue, 0)
             return True
         if not result:
             return True
-        data, job_id, _, _ = raw2NextJobData(result)
+        data, job_id, _, due = raw2NextJobData(result)
         if data:
             fetched = await self._claimed(link, job.queue, data, job_id, job.token[1])
             link.prefetched.append(fetched)
             if not link.fetch_next:  # the worker stopped meanwhile
                 await self._return_prefetched(link)
+        elif asked and link.fetch_next and link.claim_after_wait is not None:
+            link.drained = (job.queue, int(due or 0))
         return True
 
     def _fetch(self, link: _Link, job: Reserved) -> bool:
@@ -958,7 +1166,7 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
             _ActiveJob(job_id, self._queue_opts), self.keep_completed, token, fetch
         )
         result = await link.script("moveToFinished", keys, args)
-        return await self._settled(link, job, result, "completing")
+        return await self._settled(link, job, result, "completing", fetch)
 
     async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
         link = self._link()
@@ -985,16 +1193,17 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         if failed.body and failed.body != job.body:
             fields["data"] = failed.body  # e.g. without the unique lock, or encrypted
         keep: int | bool = self.keep_failed if self.keep_failed is not None else False
+        fetch = self._fetch(link, job)
         keys, args = s.moveToFailedArgs(
             _ActiveJob(job_id, self._queue_opts),
             _reason(failed.exception),
             keep,
             token,
-            self._fetch(link, job),
+            fetch,
             fields,
         )
         result = await link.commands["moveToFinished"](keys=keys, args=args, client=link.fast)
-        return await self._settled(link, job, result, "failing")
+        return await self._settled(link, job, result, "failing", fetch)
 
     async def heartbeat(self, jobs: Sequence[Reserved]) -> None:
         """Renew the BullMQ locks of running jobs (one script call per queue)."""
@@ -1232,7 +1441,15 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         link.fetch_next = False
         link.stop.set()
         link.closing.set()
-        pending = [t for t in (link.stalled_task, *link.waits.values()) if t is not None]
+        waits = [f for f in link.waits.values() if not f.done()]
+        with contextlib.suppress(Exception):  # unreachable: the waits are cut below
+            unblocked = await asyncio.wait_for(self._unblock(link), 1.0) if waits else 0
+            if unblocked:
+                await asyncio.wait(waits, timeout=1.0)  # they hand back what they claimed
+        for wire in link.blockers.values():
+            if wire is not None:
+                wire.close()  # a wait still blocked ends as a lost connection
+        pending = [t for t in (link.stalled_task,) if t is not None]
         for t in pending:
             t.cancel()
         if link.tasks:
@@ -1242,6 +1459,9 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         finally:
             if pending:  # bounded: a cancellation redis-py swallowed must not hang close()
                 await asyncio.wait(pending, timeout=1.0)
+            for wire in link.blockers.values():
+                if wire is not None:
+                    wire.close()
             if link.wire is not None:
                 link.wire.close()
             await link.client.aclose()

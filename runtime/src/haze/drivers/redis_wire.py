@@ -16,6 +16,9 @@ same ``EVALSHA`` commands on one plain asyncio connection instead:
 
 It implements the two methods redis-py's ``AsyncScript`` calls on its ``client=``
 argument (``evalsha``, ``script_load``), so BullMQ's script helpers run unchanged on it.
+``pipeline`` writes commands encoded beforehand in one write: a blocking command and the
+one that should run the moment it returns (Redis runs the rest of a client's commands
+right after it unblocks), on a ``Wire`` of its own that nothing else shares.
 Only plain TCP connections use it; TLS and Unix sockets stay on redis-py. A lost
 connection fails the calls in flight with redis-py's ``ConnectionError`` (what the
 worker's outage handling expects) and the next call connects again.
@@ -27,7 +30,7 @@ import asyncio
 import contextvars
 import socket
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -43,7 +46,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 if TYPE_CHECKING:
     from redis.commands.core import AsyncScript
 
-__all__ = ["Wire", "wire_for"]
+__all__ = ["Wire", "encode", "wire_for"]
 
 _CONNECT_TIMEOUT = 10.0
 _current_task = asyncio.current_task
@@ -185,6 +188,11 @@ def _pack(args: tuple[Any, ...]) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join(map(_bulk, args))
 
 
+def encode(*args: Any) -> bytes:
+    """One command as RESP, for ``Wire.pipeline``."""
+    return _pack(args)
+
+
 class _Reply(asyncio.Future[Any]):
     """The future of one reply; ``deliver`` resumes the task awaiting it at once.
 
@@ -258,6 +266,8 @@ class _Protocol(asyncio.Protocol):
         #: commands of this loop turn, written together by ``flush``
         self.out: list[bytes] = []
         self.flush_scheduled = False
+        #: the server's id of this connection (``CLIENT ID``), when the wire asks for it
+        self.client_id: int | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but act like them
@@ -328,6 +338,7 @@ class Wire:
         password: str | None = None,
         client_name: str | None = None,
         keepalive: dict[int, int] | None = None,
+        track_id: bool = False,
     ) -> None:
         self.host = host
         self.port = port
@@ -342,6 +353,9 @@ class Wire:
             self._setup.append(("SELECT", db))
         if client_name:
             self._setup.append(("CLIENT", "SETNAME", client_name))
+        #: ask each connection's id (``client_id``): another connection can then end a
+        #: blocking command on this one with ``CLIENT UNBLOCK``
+        self._track_id = track_id
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Future[_Protocol] | None = None
         #: encoded command heads of ``run_script(fixed_keys=True)``
@@ -365,11 +379,14 @@ class Wire:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             for option, value in self._keepalive.items():
                 sock.setsockopt(socket.IPPROTO_TCP, option, value)
-        futs = [self._send(protocol, _pack(cmd)) for cmd in self._setup]
+        setup = [*self._setup, ("CLIENT", "ID")] if self._track_id else self._setup
+        futs = [self._send(protocol, _pack(cmd)) for cmd in setup]
         self._protocol = protocol
         try:
             for f in futs:
-                await f
+                reply = await f
+            if self._track_id:
+                protocol.client_id = int(reply)
         except BaseException:
             if protocol.transport is not None:
                 protocol.transport.abort()
@@ -458,6 +475,12 @@ class Wire:
             map(_bulk, ("EVALSHA", script.sha, len(keys), *keys, *fixed))
         )
 
+    @staticmethod
+    def script_call(head: bytes, *args: Any) -> bytes:
+        """A whole ``EVALSHA`` from a ``script_head`` and the remaining arguments, for
+        ``pipeline``."""
+        return head + _fresh(args)
+
     async def run_head(self, script: AsyncScript, head: bytes, args: tuple[Any, ...]) -> Any:
         """``EVALSHA`` from a ``script_head`` and the remaining arguments, loading the
         script after ``NOSCRIPT`` (its sha is its content's, so ``head`` stays valid)."""
@@ -474,6 +497,64 @@ class Wire:
         except NoScriptError:
             script.sha = await self.script_load(script.script)
             return await self._execute(packed)
+
+    @property
+    def client_id(self) -> int | None:
+        """The server's id of the current connection (``track_id=True``), else None."""
+        p = self._protocol
+        return p.client_id if p is not None else None
+
+    @staticmethod
+    def _send_all(protocol: _Protocol, packed: Sequence[bytes]) -> list[_Reply]:
+        """``_send`` of several commands that go out in the same write."""
+        loop = asyncio.get_running_loop()
+        futs = [_Reply(loop=loop) for _ in packed]
+        if protocol.lost is not None:
+            for fut in futs:
+                fut.set_exception(_NotSent(str(protocol.lost)))
+            return futs
+        idle = not protocol.waiters and not protocol.out and protocol.transport is not None
+        protocol.waiters.extend(futs)
+        if idle:
+            assert protocol.transport is not None
+            protocol.transport.write(b"".join(packed))
+            return futs
+        protocol.out.extend(packed)
+        if not protocol.flush_scheduled:
+            protocol.flush_scheduled = True
+            loop.call_soon(protocol.flush)
+        return futs
+
+    async def pipeline(self, packed: Sequence[bytes]) -> list[Any]:
+        """Commands encoded beforehand (``encode``, ``script_head``) in one write; their
+        replies in order, an error reply as its exception object.
+
+        Written together, they reach Redis together: a blocking command (``BZPOPMIN``)
+        followed by the command that should run the moment it returns has that one run
+        by the server as soon as the first unblocks, with no round trip in between.
+        """
+        protocol = self._protocol or await self._ready()
+        futs = self._send_all(protocol, packed)
+        if protocol.lost is not None:  # none of them went out: once more, on a fresh one
+            for f in futs:
+                f.exception()
+            futs = self._send_all(await self._ready(), packed)
+        out: list[Any] = []
+        try:
+            for f in futs:
+                try:
+                    out.append(await f)
+                except ResponseError as e:
+                    out.append(e)
+        except BaseException:
+            # the caller gives up on the rest: their replies are read and dropped
+            for f in futs:
+                if not f.done():
+                    f.cancel()
+                elif not f.cancelled():
+                    f.exception()
+            raise
+        return out
 
     async def execute_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Several commands in one write; their replies, an error reply as its exception
@@ -513,7 +594,7 @@ class Wire:
             p.transport.close()
 
 
-def wire_for(client: Any) -> Wire | None:
+def wire_for(client: Any, *, track_id: bool = False) -> Wire | None:
     """A ``Wire`` to the server of a redis-py asyncio client, or None when it does not
     connect over plain TCP (TLS, a Unix socket): those keep using redis-py."""
     from redis.asyncio.connection import Connection
@@ -534,4 +615,5 @@ def wire_for(client: Any) -> Wire | None:
         keepalive=dict(kw.get("socket_keepalive_options") or {})
         if kw.get("socket_keepalive")
         else None,
+        track_id=track_id,
     )
