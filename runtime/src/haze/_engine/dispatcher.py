@@ -232,11 +232,20 @@ class Dispatcher:
         driver = self.app.driver(message.connection)
         if recorder is None and job.debounce is None and job.unique is None:
             keeper = self._keeper(driver)
-            if keeper is not None and not job.encrypted and _plain(message):
+            if keeper is not None and not job.encrypted and not driver.inline and _plain(message):
+                # _sink, minus its frame: no status record or lock to write or undo
                 payload = encode_payload(message.payload)
                 body = self._checked_size(encode_plain(message, payload), driver, job)
                 keeper.keep_next(message, payload)
-                await self._sink(message, body, driver, delay)
+                try:
+                    await driver.enqueue(body, message, delay)
+                except Exception as e:
+                    down = unavailable(driver, e)
+                    if down is None:
+                        raise
+                    raise down from None
+                if not driver.remote:
+                    self.ensure_local_worker(driver.name)
                 return DispatchResult(message.id, chain_id=message.chain_id)
         body = self.encode(message, driver, job)
         if job.debounce is not None and message.batch_id is None:

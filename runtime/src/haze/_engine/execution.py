@@ -24,7 +24,7 @@ from haze._engine.hooks import Outcome, Run, Skip
 from haze._engine.pipeline import Contained, Pipeline, compose, with_timeout
 from haze._engine.throughput import ReadDuration, Tally
 from haze._jobs.context import JobContext, _tenant
-from haze._jobs.definition import get_job
+from haze._jobs.definition import find_job, get_job
 from haze._kernel.crypto import decrypt_payload
 from haze._kernel.current import app_var
 from haze._kernel.durations import MAX_DELAY, backoff_delay
@@ -112,7 +112,18 @@ class Execution:
     async def process(self, reserved: Reserved, driver: Driver) -> str:
         """Run one claimed message to its outcome; never raises for job errors."""
         if not driver.remote:
-            return (await self._process(reserved, driver, inline=False))[0]
+            message = reserved.message
+            job = find_job(message.job) if message is not None else None
+            if message is None or job is None or self.telemetry.get() is not None:
+                return (await self._process(reserved, driver, inline=False))[0]
+            # What _process does, in this frame: every in-process job passes here.
+            app_token = app_var.set(self.app)
+            tenant_token = _tenant.set(message.tenant)
+            try:
+                return (await self._run(job, message, reserved, driver, False))[0]
+            finally:
+                _tenant.reset(tenant_token)
+                app_var.reset(app_token)
         started, clock = _time(), _perf()
         outcome, _ = await self._process(reserved, driver, inline=False)
         # Jobs per minute for queue:stats/top, written to the store every few seconds.

@@ -162,7 +162,12 @@ class Hooks:
         """Decide (once) which hooks settle ``run``: both steps call the same ones."""
         hooks = run.hooks
         if hooks is None:
-            run.hooks = hooks = self.wanted(run)
+            # wanted(), without its two frames: this runs for every job
+            hooks = []
+            for hook, wants in self._ordered:
+                if wants is None or wants(run):
+                    hooks.append(hook)
+            run.hooks = hooks
         return hooks
 
     async def settling(self, run: Run) -> None:
