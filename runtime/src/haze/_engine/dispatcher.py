@@ -236,7 +236,7 @@ class Dispatcher:
                 # _sink, minus its frame: no status record or lock to write or undo
                 payload = encode_payload(message.payload)
                 body = self._checked_size(encode_plain(message, payload), driver, job)
-                keeper.keep_next(message, payload)
+                keeper.keep_next(message, body, payload)
                 try:
                     await driver.enqueue(body, message, delay)
                 except Exception as e:

@@ -213,10 +213,10 @@ class KeepsMessages(Protocol):
     copy only its payload through JSON at the claim, instead of decoding and checking
     the whole body again."""
 
-    def keep_next(self, message: Message, payload: str) -> None:
-        """The next ``enqueue`` of this very ``message`` may keep it: the dispatcher
-        checked that it is plain and wrote its payload's JSON as ``payload``. That
-        ``enqueue`` still gets the message's whole body, as on every driver."""
+    def keep_next(self, message: Message, body: str, payload: str) -> None:
+        """The next ``enqueue`` of this very ``message`` with this very ``body`` (its
+        whole body, as every driver gets it) may keep the message: the dispatcher checked
+        that it is plain and wrote its payload's JSON as ``payload``."""
 
 
 @runtime_checkable

@@ -89,8 +89,8 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._idle_waiters: list[asyncio.Future[None]] = []
-        #: (message, its payload's JSON) that the next enqueue of that message keeps
-        self._next: tuple[Message, str] | None = None
+        #: (message, body, its payload's JSON): the next enqueue of both keeps it
+        self._next: tuple[Message, str, str] | None = None
 
     # -------------------------------------------------------------- loop binding
 
@@ -113,12 +113,12 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
 
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         kept = self._next
-        if kept is not None and kept[0] is message:
+        if kept is not None and kept[0] is message and kept[1] is body:
             self._next = None
             # The payload is copied back out of its JSON at every claim; its other fields
             # are immutable, and nothing changes them after dispatch.
             m = message
-            item = (body, m.id, m.job, kept[1], m.queue, m.connection, m.ts, m.attempts, m.tenant)
+            item = (body, m.id, m.job, kept[2], m.queue, m.connection, m.ts, m.attempts, m.tenant)
             self._push(m.queue, item, m.attempts, delay)
             return
         self._push(message.queue, body, message.attempts, delay)
@@ -127,8 +127,10 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
         for body, message, delay in items:
             self._push(message.queue, body, message.attempts, delay)
 
-    def keep_next(self, message: Message, payload: str) -> None:
-        self._next = (message, payload)
+    def keep_next(self, message: Message, body: str, payload: str) -> None:
+        # Checked by identity in enqueue: a wrapper that changes the body (or sends
+        # another message first) gets it decoded, as before.
+        self._next = (message, body, payload)
 
     def _push(self, queue: str, body: Item, used: int, delay: float) -> None:
         wakeup = self._bind()
