@@ -26,6 +26,7 @@ from haze.drivers import redis as redis_driver
 from haze.drivers import redis_wire
 from haze.drivers.redis import RedisDriver, _NewJob
 from haze.drivers.redis_wire import Wire, wire_for
+from redis.exceptions import ResponseError
 from redis_spec import REDIS_URL, needs_redis
 
 pytestmark = needs_redis
@@ -323,6 +324,21 @@ async def test_interrupt_unblocks_the_wait_and_hands_back_what_its_claim_took(
     # a worker that carries on claims it
     job = await driver.reserve([Q], 1.0)
     assert job is not None and job.token[0] == job_id
+
+
+async def test_interrupt_ends_the_wait_where_client_unblock_is_refused(
+    driver: RedisDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server whose ACL refuses CLIENT UNBLOCK: the wait's connection is closed."""
+
+    async def refused(self: RedisDriver, link: Any) -> int:
+        raise ResponseError("NOPERM this user has no permissions to run 'client|unblock'")
+
+    monkeypatch.setattr(RedisDriver, "_unblock", refused)
+    reserve = asyncio.ensure_future(driver.reserve([Q], 60.0))
+    await _blocked(reserve, driver)
+    driver.interrupt()
+    assert await asyncio.wait_for(reserve, 10) is None
 
 
 async def test_close_ends_a_blocked_wait_and_strands_no_job(

@@ -1052,9 +1052,16 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
             link.spawn(self._unblock_quietly(link))
 
     async def _unblock_quietly(self, link: _Link) -> None:
-        # Redis unreachable: the waits end with close() cutting their connections
-        with contextlib.suppress(Exception):
+        try:
             await self._unblock(link)
+        except Exception:
+            # Redis unreachable, or CLIENT UNBLOCK refused (an ACL): end the waits by
+            # closing their connections (what the claim behind one took, if it ran,
+            # comes back when its lock expires)
+            for key in list(link.waits):
+                wire = link.blockers.get(key)
+                if wire is not None:
+                    wire.close()
 
     def connection_lost(self) -> None:
         """The worker saw Redis go away: forget what was fetched ahead and end the idle
