@@ -168,3 +168,27 @@ async def test_the_parked_connection_goes_back_to_the_pool_in_time(
     assert db._parked is None
     await _pid(db)
     assert db._parked is not None
+
+
+async def test_sequential_statements_skip_the_pool(
+    db: PostgresConnector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _pid(db)
+    pool = db._pool
+    assert pool is not None
+    checkouts = 0
+    getconn = pool.getconn
+
+    async def counted(timeout: float | None = None) -> Any:
+        nonlocal checkouts
+        checkouts += 1
+        return await getconn(timeout)
+
+    monkeypatch.setattr(pool, "getconn", counted)
+    for i in range(10):
+        assert await db.fetchone("SELECT ?::int", (i,)) == (i,)
+    assert await db.execute("SELECT 1") == 1
+    assert checkouts == 0
+    async with db.transaction() as tx:  # a transaction still takes a pool connection
+        await tx.execute("SELECT 1")
+    assert checkouts == 1
