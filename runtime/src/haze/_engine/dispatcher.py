@@ -110,20 +110,22 @@ class Dispatcher:
         track = self.tracking.meta_for(job)
         if track is not None:
             meta = {**(meta or {}), **track}
+        # Positional, in field order (as in Message.from_dict): keywords cost more.
         return Message(
-            id=id or new_id(),
-            job=job.name,
-            payload=payload,
-            queue=queue,
-            connection=connection,
-            ts=_time(),
-            attempts=attempts,
-            tenant=_tenant.get(),
-            chain=chain,
-            chain_id=chain_id,
-            chain_catch=chain_catch,
-            batch_id=batch_id,
-            meta=meta,
+            id or new_id(),  # id
+            job.name,  # job
+            payload,  # payload
+            queue,  # queue
+            connection,  # connection
+            _time(),  # ts
+            attempts,  # attempts
+            _tenant.get(),  # tenant
+            chain,  # chain
+            chain_id,  # chain_id
+            chain_catch,  # chain_catch
+            batch_id,  # batch_id
+            None,  # unique
+            meta,  # meta
         )
 
     def encode(self, message: Message, driver: Driver, job: JobDefinition[Any]) -> str:
