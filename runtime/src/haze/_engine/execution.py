@@ -15,6 +15,7 @@ telemetry) is an outcome hook (``haze._engine.hooks``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from haze._kernel.crypto import decrypt_payload
 from haze._kernel.current import app_var
 from haze._kernel.durations import MAX_DELAY, backoff_delay
 from haze._kernel.errors import MaxAttemptsExceededError, MessageDecodeError, UnknownJobError
+from haze._kernel.message import decode_payload, encode_payload
 from haze.contracts.driver import DelayStep, Reserved
 
 if TYPE_CHECKING:
@@ -103,8 +105,12 @@ class Execution:
     # ------------------------------------------------------------ entry points
 
     async def run_inline(self, message: Message, body: str, driver: Driver) -> None:
-        """The ``sync`` driver: run now in the caller's context; raise a final failure."""
-        reserved = Reserved(message, 1, body, message.queue)
+        """The ``sync`` driver: run now in the caller's context; raise a final failure.
+
+        The job gets a JSON copy of the payload, as from any other driver: the same
+        types (a tuple arrives as a list), and the caller's object is never the job's."""
+        copy = dataclasses.replace(message, payload=decode_payload(encode_payload(message.payload)))
+        reserved = Reserved(copy, 1, body, message.queue)
         outcome, error = await self._process(reserved, driver, inline=True)
         if outcome == Outcome.FAILED and error is not None:
             raise error

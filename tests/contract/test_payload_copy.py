@@ -1,0 +1,84 @@
+"""A job runs with the payload as it was at ``dispatch()``, on every driver: the message
+is JSON-encoded when it is dispatched, so a caller that mutates its payload afterwards
+cannot change the job (the memory driver keeps a plain message's payload as JSON and
+copies it out at the claim instead of decoding the whole body again; these pin that the
+shortcut changes nothing a job or a driver wrapper can see)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from haze import JobContext, Queue, define_job
+
+SEEN: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    SEEN.clear()
+
+
+@define_job(name="pc_record")
+async def pc_record(payload: dict[str, Any], job: JobContext) -> None:
+    SEEN.append(payload)
+    payload["touched_by_job"] = True  # the job's own copy: nothing else may see it
+
+
+async def test_a_payload_mutated_after_dispatch_does_not_reach_the_job(app, done) -> None:
+    payload: dict[str, Any] = {"n": 1, "items": [1, 2], "nested": {"k": "v"}}
+    await pc_record.dispatch(payload)
+    payload["n"] = 2
+    payload["items"].append(3)
+    payload["nested"]["k"] = "changed"
+    payload["added"] = True
+    await done()
+    assert len(SEEN) == 1
+    seen = SEEN[0]
+    assert seen is not payload
+    assert {k: v for k, v in seen.items() if k != "touched_by_job"} == {
+        "n": 1,
+        "items": [1, 2],
+        "nested": {"k": "v"},
+    }
+    assert "touched_by_job" not in payload
+
+
+async def test_two_dispatches_of_one_payload_get_copies_of_their_own(app, done) -> None:
+    payload: dict[str, Any] = {"n": 1}
+    await pc_record.dispatch(payload)
+    payload["n"] = 2
+    await pc_record.dispatch(payload)
+    await done()
+    assert sorted(p["n"] for p in SEEN) == [1, 2]
+    assert SEEN[0] is not SEEN[1]
+
+
+async def test_bulk_payloads_are_copied_at_dispatch(app, done) -> None:
+    payloads: list[dict[str, Any]] = [{"n": i} for i in range(3)]
+    await Queue.bulk([pc_record.with_(p) for p in payloads])
+    for p in payloads:
+        p["n"] = -1
+    await done()
+    assert sorted(p["n"] for p in SEEN) == [0, 1, 2]
+
+
+async def test_a_body_changed_on_its_way_to_the_driver_is_what_runs(
+    app, done, driver, monkeypatch
+) -> None:
+    # A wrapper around the driver's enqueue (instrumentation, a test double) that changes
+    # the body: the body is what runs, not a copy kept from before the wrapper.
+    if driver.inline:
+        pytest.skip("the sync driver runs the job in dispatch(), with no body to change")
+    d = app.driver("main")
+    real = d.enqueue
+
+    async def enqueue(body: str, message: Any, delay: float) -> Any:
+        return await real(
+            body.replace('"n":1', '"n":7').replace('"n": 1', '"n": 7'), message, delay
+        )
+
+    monkeypatch.setattr(d, "enqueue", enqueue)
+    await pc_record.dispatch({"n": 1})
+    await done()
+    assert [p["n"] for p in SEEN] == [7]
