@@ -17,6 +17,8 @@ traceback.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 import sys
@@ -52,7 +54,13 @@ _RESET = "\x1b[0m"
 
 
 def _stamp(at: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+    return _stamp_second(int(at))
+
+
+@functools.lru_cache(maxsize=4)
+def _stamp_second(second: int) -> str:
+    # A busy worker writes thousands of lines in the same second: format it once.
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
 
 
 def _seconds(value: float) -> str:
@@ -84,6 +92,7 @@ class WorkerOutput(logging.Handler):
         self.colour = mode == "lines" and getattr(self.out, "isatty", lambda: False)()
         #: logger -> the level its records needed to reach the app's root handlers.
         self.forward: dict[str, int] | None = None
+        self._unflushed: set[TextIO] = set()
 
     # -- what the command itself says (banner, signals, summary) ---------------------
 
@@ -200,18 +209,43 @@ class WorkerOutput(logging.Handler):
         self._write(self.out, json.dumps(data, default=str, ensure_ascii=False))
 
     def _write(self, stream: TextIO, text: str) -> None:
-        with self._lock_for_write():
-            stream.write(text + "\n")
-            stream.flush()
-
-    @contextmanager
-    def _lock_for_write(self) -> Iterator[None]:
         # Sync handlers log from worker threads: one line is never cut by another.
         self.acquire()
         try:
-            yield
+            stream.write(text + "\n")
+            if not self._flush_soon(stream):
+                stream.flush()
         finally:
             self.release()
+
+    def _flush_soon(self, stream: TextIO) -> bool:
+        """On the event loop's thread, the lines of one loop pass go out in one flush when
+        it ends (a worker writes two lines per job; a flush each was a system call each);
+        elsewhere (a sync job's thread, no loop) the caller flushes at once."""
+        if stream in self._unflushed:
+            return True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        self._unflushed.add(stream)
+        loop.call_soon(self._flush, stream)
+        return True
+
+    def _flush(self, stream: TextIO) -> None:
+        self.acquire()
+        try:
+            self._unflushed.discard(stream)
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing left to tell
+            pass
+        finally:
+            self.release()
+
+    def flush(self) -> None:
+        """Send what is still buffered now (the worker is ending)."""
+        for stream in list(self._unflushed):
+            self._flush(stream)
 
 
 @contextmanager
@@ -242,11 +276,34 @@ def worker_output(handler: WorkerOutput) -> Iterator[WorkerOutput]:
         haze_log.setLevel(min(logging.INFO, haze_log.getEffectiveLevel()))
     # --quiet prints no job lines: the DEBUG lifecycle records need not even be made.
     job_log.setLevel(logging.WARNING if handler.mode == "quiet" else logging.DEBUG)
+    lean = _lean_records() if handler.forward is None else None
     try:
         yield handler
     finally:
+        handler.flush()
+        if lean is not None:
+            _restore_records(lean)
         haze_log.removeHandler(handler)
         haze_log.setLevel(saved[0])
         job_log.setLevel(saved[1])
         haze_log.propagate = saved[2]
         handler.forward = None
+
+
+_RECORD_FIELDS = ("logThreads", "logProcesses", "logMultiprocessing", "_srcfile")
+
+
+def _lean_records() -> dict[str, Any]:
+    """Records without the caller's frame, thread and process names, which no line of
+    this handler shows: when no handler of the app sees haze's records, the worker stops
+    paying for them (the logging module's own optimisation switches, about a third of
+    the cost of a job line). Returns what to restore."""
+    saved = {name: getattr(logging, name) for name in _RECORD_FIELDS}
+    for name in _RECORD_FIELDS:
+        setattr(logging, name, None if name == "_srcfile" else False)
+    return saved
+
+
+def _restore_records(saved: dict[str, Any]) -> None:
+    for name, value in saved.items():
+        setattr(logging, name, value)
