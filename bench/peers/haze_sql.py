@@ -9,26 +9,14 @@ import asyncio
 import os
 import sys
 import time
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from haze import App, Queue  # noqa: E402
 from haze.database.migrations import ensure_queue_tables  # noqa: E402
+from haze_loop import run  # noqa: E402
 from records import emit  # noqa: E402
-
-
-def run(main: Coroutine[Any, Any, None]) -> None:
-    """``asyncio.run(main)``, on uvloop when ``BENCH_LOOP=uvloop`` (the haze-uvloop rows)."""
-    if os.environ.get("BENCH_LOOP", "asyncio") == "uvloop":
-        import uvloop
-
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(main)
-    else:
-        asyncio.run(main)
 
 
 async def _app() -> App:
