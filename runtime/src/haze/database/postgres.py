@@ -430,12 +430,18 @@ class PostgresConnector:
         """Statements inside raise ``DatabaseConnectionError`` when the server is gone."""
         try:
             yield
-        except DatabaseConnectionError:
-            raise
         except Exception as e:
-            if not _is_outage(e):
+            down = self._outage_of(e)
+            if down is None:
                 raise
-            raise self._unavailable(e) from None
+            raise down from None
+
+    def _outage_of(self, error: Exception) -> DatabaseConnectionError | None:
+        """The one-line error for ``error`` when it means the server is gone, else None
+        (re-raise it as it is; an already translated one included)."""
+        if isinstance(error, DatabaseConnectionError) or not _is_outage(error):
+            return None
+        return self._unavailable(error)
 
     def _connect_error(self, error: BaseException) -> DatabaseConnectionError:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -543,12 +549,11 @@ class PostgresConnector:
             finally:
                 if not self._park(conn, cur, pool):
                     await pool.putconn(conn)
-        except DatabaseConnectionError:
-            raise
-        except Exception as e:
-            if not _is_outage(e):
+        except Exception as e:  # _outages() inline: no generator per statement
+            down = self._outage_of(e)
+            if down is None:
                 raise
-            raise self._unavailable(e) from None
+            raise down from None
 
     def _park(
         self, conn: AsyncConnection[Any], cur: AsyncCursor[Any], pool: AsyncConnectionPool[Any]
