@@ -8,21 +8,16 @@ import: a ``uvloop`` package that raises ImportError, first on the child's PYTHO
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import textwrap
-import threading
-import time
 import uuid
 from pathlib import Path
-from typing import IO
 
 import pytest
-from haze._kernel.sqlfiles import queue_schema
+from cli_procs import Lines, db_root
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals, no uvloop")
 
@@ -51,70 +46,6 @@ async def main() -> None:
 
 asyncio.run(main())
 """
-
-
-def db_root(root: Path) -> Path:
-    """An app on a SQLite ``database`` connection with its tables."""
-    (root / "config").mkdir(parents=True, exist_ok=True)
-    (root / "config" / "database.py").write_text(
-        "from haze import define_database_config\n"
-        "config = define_database_config(default='main', connections={'main': "
-        f"{{'url': 'sqlite:///{root}/q.db'}}}})\n"
-    )
-    (root / "config" / "queue.py").write_text(
-        "from haze import define_queue_config\n"
-        "config = define_queue_config(default='db', connections={'db': "
-        "{'driver': 'database', 'sleep': '50ms', 'max_sleep': '100ms'}})\n"
-    )
-    with sqlite3.connect(root / "q.db") as c:
-        for statement in queue_schema("sqlite"):
-            c.execute(statement)
-    return root
-
-
-class Lines:
-    """Stdout lines of a child, read by a thread (select() cannot see Python's buffer)."""
-
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        self.proc = proc
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.seen: list[str] = []
-        threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True).start()
-
-    def _pump(self, stream: IO[str]) -> None:
-        for line in stream:
-            self.lines.put(line)
-        self.lines.put("")
-
-    def wait_for(self, text: str, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self.lines.get(timeout=left)
-            except queue.Empty:
-                break
-            if not line:
-                break
-            self.seen.append(line)
-            if text in line:
-                return
-        if self.proc.poll() is None:
-            self.proc.kill()
-        raise AssertionError(f"{text!r} not printed; got {self.seen!r}")
-
-    def finish(self, timeout: float = 10) -> tuple[str, str]:
-        """Wait for the exit; returns (all stdout, stderr)."""
-        assert self.proc.stderr is not None
-        try:
-            self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-        while (line := self.lines.get(timeout=5)) != "":
-            self.seen.append(line)
-        return "".join(self.seen), self.proc.stderr.read()
 
 
 def child_env(haze_loop: str | None = None, *, no_uvloop: Path | None = None) -> dict[str, str]:
@@ -206,10 +137,10 @@ def work_on_uvloop_until_sigterm(root: Path, count: int) -> None:
     """Send ``count`` jobs, run them with ``queue:work --loop uvloop``, stop it with SIGTERM."""
     send(root)
     child = spawn(root, "queue:work", "--loop", "uvloop", env=child_env())
-    child.wait_for("loop uvloop)")
+    child.wait_for("loop uvloop)", timeout=20)
     for n in range(count):
-        child.wait_for(f"probe {n} on uvloop.Loop")
-    child.wait_for("DONE")  # the last job's line follows its print
+        child.wait_for(f"probe {n} on uvloop.Loop", timeout=20)
+    child.wait_for("DONE", timeout=20)  # the last job's line follows its print
     child.proc.send_signal(signal.SIGTERM)
     out, err = child.finish()
     assert child.proc.returncode == 0, err
@@ -312,8 +243,8 @@ def test_schedule_work_runs_on_uvloop_and_stops_on_sigterm(tmp_path: Path) -> No
         "schedule(loop_probe.with_({'n': 0}), every='1s', name='probe')\n"
     )
     child = spawn(root, "schedule:work", "--loop", "uvloop", env=child_env())
-    child.wait_for("loop uvloop)")
-    child.wait_for('Schedule "probe" dispatched')
+    child.wait_for("loop uvloop)", timeout=20)
+    child.wait_for('Schedule "probe" dispatched', timeout=20)
     child.proc.send_signal(signal.SIGTERM)
     out, err = child.finish()
     assert child.proc.returncode == 0, err
