@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import importlib.util
 import itertools
 import json
@@ -324,14 +325,7 @@ async def test_a_claim_never_takes_a_row_it_is_acking(db_url: str) -> None:
             f"UPDATE {table} SET reserved_at = ?, heartbeat_at = ? WHERE id = ?",
             (old, old, jobs[0].token[0]),
         )
-        stale = type(jobs[0])(
-            jobs[0].message,
-            jobs[0].attempt,
-            jobs[0].body,
-            jobs[0].queue,
-            (jobs[0].token[0], old),
-            None,
-        )
+        stale = dataclasses.replace(jobs[0], token=(jobs[0].token[0], old))
         owned, claimed = await driver.ack_and_claim([stale], "default", 5)
         assert owned == [True] and claimed == []
         assert [int(r[0]) for r in await db.fetchall(f"SELECT id FROM {table}")] == [
