@@ -343,7 +343,14 @@ class Execution:
             await self.hooks.settling(run)
         reserved = run.reserved
         if reserved.ack_later is None:  # what _ack does, one coroutine less
-            self.owned(await run.driver.ack(reserved), reserved, "completion")
+            try:
+                owned = await run.driver.ack(reserved)
+            except Exception as e:
+                if reserved.ack_failed is None:
+                    raise
+                reserved.ack_failed(reserved, e)
+            else:
+                self.owned(owned, reserved, "completion")
         else:
             reserved.ack_later(reserved)
         if hooks:
@@ -464,7 +471,14 @@ class Execution:
             # the lease was lost. Chains, batches and unique locks were settled before.
             later(reserved)
             return
-        self.owned(await driver.ack(reserved), reserved, "completion")
+        try:
+            owned = await driver.ack(reserved)
+        except Exception as e:
+            if reserved.ack_failed is None:
+                raise  # no consumer keeps it: the lease runs out and the job runs again
+            reserved.ack_failed(reserved, e)  # the worker sends it again
+            return
+        self.owned(owned, reserved, "completion")
 
     def owned(self, owned: bool, reserved: Reserved, what: str) -> None:
         """Warn when ack/release/fail found the job no longer this worker's (and mark it,

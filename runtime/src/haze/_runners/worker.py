@@ -12,6 +12,10 @@ time), and finished jobs' acks are buffered and sent together every
 ``ACK_FLUSH_INTERVAL``, before the next claim (inside it, for an ``AcksInClaim`` driver:
 one round trip and one commit for both), and when the worker stops. A process killed in
 between loses at most those acks: the jobs run again after ``retry_after``.
+
+An ack that fails, on any driver and whatever the error, is kept in the same buffer and
+sent again after a short backoff (and by the next claim of a batching worker) until the
+driver records it or answers that the lease passed to another worker.
 """
 
 from __future__ import annotations
@@ -52,6 +56,12 @@ _T = TypeVar("_T")
 #: crash loses at most the acks of this window (those jobs run again), and it is far
 #: shorter than any lease (retry_after).
 ACK_FLUSH_INTERVAL = 0.005
+#: A failed ack is sent again after this many seconds, doubling up to ACK_RETRY_MAX
+#: while acks keep failing: far inside any lease, so the job does not run again.
+ACK_RETRY_MIN = 0.05
+ACK_RETRY_MAX = 1.0
+#: A stopping worker keeps sending the acks that still fail for this long (seconds).
+ACK_STOP_PATIENCE = 2.0
 
 
 class Worker:
@@ -163,10 +173,13 @@ class Worker:
         self._fetch_lock: asyncio.Lock | None = None
         self._fetch_idle = False  # the fetch in progress is an idle wait
         self._cut_wait = False  # a slot freed up during it: end it now
+        #: Finished jobs whose ack is still to be sent: buffered by a batching worker, or
+        #: kept after a driver's ack raised (any driver), until the ack is recorded.
         self._acks: list[Reserved] = []
+        self._ack_retry = 0.0  # the wait before the next try while acks keep failing
         self._flush_lock: asyncio.Lock | None = None
         self._flush_timer: asyncio.TimerHandle | None = None
-        self._flushes: set[asyncio.Task[None]] = set()
+        self._flushes: set[asyncio.Task[list[Reserved]]] = set()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -504,6 +517,7 @@ class Worker:
         started = time.perf_counter() if self.on_job is not None else 0.0
         if self._batch is not None:
             job.ack_later = self._ack_later
+        job.ack_failed = self._ack_failed
         try:
             outcome = await self._delivery.run(job, self.driver, leased=self._leased)
         except Exception as e:  # process() handles job errors itself: a backend error
@@ -562,87 +576,156 @@ class Worker:
     def _ack_later(self, job: Reserved) -> None:
         """The manager finished ``job``: its ack goes out with the next flush."""
         self._acks.append(job)
+        self._arm_flush(ACK_FLUSH_INTERVAL)
+
+    def _ack_failed(self, job: Reserved, error: Exception) -> None:
+        """The driver's ack of ``job`` raised: keep it, and send it again soon."""
+        self._acks.append(job)
+        self._acks_kept(1, error)
+
+    def _arm_flush(self, delay: float) -> None:
         if self._flush_timer is None and self._loop is not None:
-            self._flush_timer = self._loop.call_later(ACK_FLUSH_INTERVAL, self._flush_due)
+            self._flush_timer = self._loop.call_later(delay, self._flush_due)
+
+    def _cancel_flush_timer(self) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
 
     def _flush_due(self) -> None:
         self._flush_timer = None
         if not self._acks or self._loop is None:
             return
-        task = self._loop.create_task(self._timed_flush())
+        task = self._loop.create_task(self._flush_acks())
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)
 
-    async def _timed_flush(self) -> None:
-        try:
-            await self._flush_acks()
-        except Exception as e:
-            if isinstance(e, self._outage_errors):
-                self._enter_outage(e)
-            else:  # pragma: no cover - a bug: _flush_acks falls back to single acks
-                log.warning("haze worker: acks on %s failed: %s", self.connection, e)
-            if self._acks and self._loop is not None and self._flush_timer is None:
-                # kept for the next try; the next claim also flushes first
-                self._flush_timer = self._loop.call_later(
-                    max(self.sleep, ACK_FLUSH_INTERVAL), self._flush_due
-                )
+    def _acks_kept(self, n: int, error: Exception) -> None:
+        """``n`` acks failed with ``error`` and stay buffered: say so (an outage once),
+        and send them again after a backoff (a claim sends them sooner)."""
+        self._ack_retry = min(max(self._ack_retry * 2, ACK_RETRY_MIN), ACK_RETRY_MAX)
+        if isinstance(error, self._outage_errors):
+            self._enter_outage(error)
+        else:
+            log.warning(
+                "haze worker: ack of %d finished job(s) on %r failed (%s: %s); kept, "
+                "sending again in %.2fs",
+                n,
+                self.connection,
+                type(error).__name__,
+                error,
+                self._ack_retry,
+            )
+        self._arm_flush(self._ack_retry)
 
     async def _flush_acks(self, claim: tuple[str, int] | None = None) -> list[Reserved]:
-        """Send the buffered acks in one statement and report lost leases.
+        """Send the buffered acks (in one statement, for a batching driver) and report
+        lost leases.
 
         ``claim`` (queue, limit): a driver that can (``AcksInClaim``) claims in the same
         statement; the claimed jobs are returned (else nothing is claimed here).
-        An outage keeps the acks buffered (raised, for the caller's outage handling); any
-        other error falls back to one ack per job, so a bug here cannot re-run jobs.
+        An ack that fails, whatever the error, stays buffered and is sent again (by the
+        next claim, or after a backoff) until the driver records it or answers that the
+        lease passed to another worker: a finished job must not run again.
         """
-        batch, lock = self._batch, self._flush_lock
-        if batch is None or lock is None or not self._acks:
+        lock = self._flush_lock
+        if lock is None or not self._acks:
             return []
-        claimed: list[Reserved] = []
         async with lock:
             jobs, self._acks = self._acks, []
             if not jobs:
                 return []
             began = time.monotonic()
-            try:
-                if claim is not None and self._acks_in_claim is not None:
-                    owned, claimed = await self._acks_in_claim.ack_and_claim(jobs, *claim)
-                else:
-                    owned = await batch.ack_many(jobs)
-            except BaseException as e:
-                if isinstance(e, self._outage_errors) or not isinstance(e, Exception):
-                    self._acks[:0] = jobs
-                    raise
-                log.exception(
-                    "haze worker: batched ack on %s failed; acking one by one", self.connection
-                )
-                owned = [await self.driver.ack(job) for job in jobs]
+            settled, claimed, error = await self._send_acks(jobs, claim)
+        if error is None:
+            self._ack_retry = 0.0
             self._answered(began)
         manager = self.app.manager
-        for job, ok in zip(jobs, owned, strict=True):
+        for job, ok in settled:
             if not ok:
                 manager.owned(False, job, "completion")
                 self.leases_lost += 1
+        if error is not None:
+            self._acks_kept(len(jobs) - len(settled), error)
         return claimed
 
+    async def _send_acks(
+        self, jobs: list[Reserved], claim: tuple[str, int] | None
+    ) -> tuple[list[tuple[Reserved, bool]], list[Reserved], Exception | None]:
+        """(each acked job with whether it was still owned, the claimed jobs, the error
+        of the acks that failed: those are back in the buffer)."""
+        batch = self._batch
+        if batch is None:
+            return await self._each(jobs)
+        try:
+            if claim is not None and self._acks_in_claim is not None:
+                owned, claimed = await self._acks_in_claim.ack_and_claim(jobs, *claim)
+            else:
+                owned, claimed = await batch.ack_many(jobs), []
+        except BaseException as e:
+            if not isinstance(e, Exception):  # cancelled: the acks stay buffered
+                self._acks[:0] = jobs
+                raise
+            if isinstance(e, self._outage_errors):
+                self._acks[:0] = jobs
+                return [], [], e
+            # A bug or a refused statement: one ack per job, so it holds no other back.
+            log.warning(
+                "haze worker: batched ack on %r failed (%s: %s); acking one by one",
+                self.connection,
+                type(e).__name__,
+                e,
+            )
+            return await self._each(jobs)
+        return list(zip(jobs, owned, strict=True)), claimed, None
+
+    async def _each(
+        self, jobs: list[Reserved]
+    ) -> tuple[list[tuple[Reserved, bool]], list[Reserved], Exception | None]:
+        """``driver.ack`` per job; the ones that raise go back to the buffer."""
+        settled: list[tuple[Reserved, bool]] = []
+        error: Exception | None = None
+        rest = collections.deque(jobs)
+        try:
+            while rest:
+                job = rest[0]
+                try:
+                    settled.append((job, await self.driver.ack(job)))
+                except Exception as e:
+                    self._acks.append(job)
+                    error = error or e
+                rest.popleft()
+        finally:
+            self._acks.extend(rest)  # cancelled midway: the rest stays buffered
+        return settled, [], error
+
     async def _final_flush(self) -> None:
-        """Stopping: send the buffered acks now (a lost one re-runs its job later)."""
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-            self._flush_timer = None
+        """Stopping: send the buffered acks now, and again for a short while those that
+        fail (a lost one re-runs its job after ``retry_after``)."""
+        self._cancel_flush_timer()
         if self._flushes:
             await asyncio.gather(*self._flushes, return_exceptions=True)
-        try:
+        deadline = time.monotonic() + ACK_STOP_PATIENCE
+        while True:
             await self._flush_acks()
-        except Exception as e:
-            if isinstance(e, self._outage_errors):
-                self._enter_outage(e)
-            else:  # pragma: no cover - a bug
-                log.exception("haze worker: final acks on %s failed", self.connection)
-            self._unrecorded.extend(
-                job.message.id if job.message is not None else str(job.token) for job in self._acks
-            )
-            self._acks = []
+            self._cancel_flush_timer()  # this loop sends them again, not a timer
+            if not self._acks or time.monotonic() + self._ack_retry >= deadline:
+                break
+            await asyncio.sleep(self._ack_retry)
+        if not self._acks:
+            return
+        ids = [job.message.id if job.message is not None else str(job.token) for job in self._acks]
+        self._acks = []
+        if self._outage:
+            self._unrecorded.extend(ids)  # told on the "stopped while unavailable" line
+            return
+        log.warning(
+            "haze worker: stopped with the ack of %d finished job(s) on %r not recorded "
+            "(%s): they run again once their claim expires (retry_after)",
+            len(ids),
+            self.connection,
+            ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else ""),
+        )
 
     def _wait_for(self, idle_wait: float) -> float:
         # In-process queues wake the slot on enqueue, so a long wait costs nothing.

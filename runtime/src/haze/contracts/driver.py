@@ -73,6 +73,10 @@ class Reserved:
     #: hands the finished job to it instead of awaiting ``driver.ack``; the worker
     #: flushes it with others and reports a lost lease then.
     ack_later: Callable[[Reserved], None] | None = field(default=None, repr=False)
+    #: Set by a worker: when ``driver.ack`` raises (whatever the error), the manager
+    #: hands the job and the error to it instead of raising; the worker keeps the ack
+    #: and sends it again until it is recorded or the driver says the lease is gone.
+    ack_failed: Callable[[Reserved, Exception], None] | None = field(default=None, repr=False)
 
 
 @runtime_checkable
