@@ -4,7 +4,8 @@
 into the app, rendered for the dialect of the queue connection's database with the
 configured table names. ``haze db:migrate`` applies every ``database/migrations/*.sql``
 not yet recorded in the ``haze_migrations`` table, each in its own transaction, and
-records it; running it again changes nothing.
+records it; running it again changes nothing. Then it upgrades the queue tables an
+earlier haze created that need it (``QUEUE_UPGRADES``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from haze._kernel.errors import ConfigError
-from haze._kernel.sqlfiles import queue_schema
+from haze._kernel.sqlfiles import queue_schema, queue_sql
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -25,6 +26,17 @@ __all__ = ["MigrationResult", "make_queue_tables", "migrate", "pending_migration
 
 MIGRATIONS_DIR = Path("database") / "migrations"
 _LEDGER = "haze_migrations"
+
+#: haze's own upgrades of queue tables an earlier haze created, applied by ``haze
+#: db:migrate`` after the app's migrations to each jobs table on the database that
+#: needs one, each in its own transaction: the dialect's ``upgrade_<step>`` statements
+#: when its ``needs_<step>`` query finds a row (a dialect without them has nothing to
+#: change). Reported as applied under the name ``haze_<jobs>_<step>``.
+QUEUE_UPGRADES = (
+    # claims read rows in due order from an index that starts at the due rows
+    # (PostgreSQL; the other dialects' queue index already does)
+    "due_index",
+)
 
 
 @dataclass
@@ -128,7 +140,29 @@ async def migrate(app: App, database: str | None = None) -> MigrationResult:
                 f"INSERT INTO {_LEDGER} (name, applied_at) VALUES (?, ?)", (path.name, time.time())
             )
         result.applied.append(path.name)
+    await _upgrade_queue_tables(app, database or app.database_config.default, result)
     return result
+
+
+async def _upgrade_queue_tables(app: App, database: str, result: MigrationResult) -> None:
+    """Apply the ``QUEUE_UPGRADES`` the queue tables on ``database`` need."""
+    db = app.database(database)
+    tables = {
+        (options.get("table") or "jobs", options.get("failed_table") or "failed_jobs")
+        for options in app.queue_config.connections.values()
+        if options["driver"] == "database"
+        and (options.get("connection") or app.database_config.default) == database
+    }
+    for jobs, failed in sorted(tables):
+        sql = queue_sql(db.dialect, jobs, failed)
+        for step in QUEUE_UPGRADES:
+            needs = sql.get(f"needs_{step}")
+            if needs is None or await db.fetchone(needs) is None:
+                continue
+            async with db.transaction() as tx:
+                for stmt in _statements(sql[f"upgrade_{step}"]):
+                    await tx.execute(stmt)
+            result.applied.append(f"haze_{jobs}_{step}")
 
 
 async def ensure_queue_tables(app: App, connection: str | None = None) -> None:

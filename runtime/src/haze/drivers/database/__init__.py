@@ -1,9 +1,11 @@
 """The ``database`` driver: jobs in a SQL table (SQLite, libSQL/Turso, D1, PostgreSQL,
 MySQL 8 / MariaDB), as the seed's 数据库驱动 section describes.
 
-- Claim: PostgreSQL and MySQL ``SELECT … FOR UPDATE SKIP LOCKED`` then mark the row
+- Claim: PostgreSQL and MySQL ``SELECT … FOR UPDATE SKIP LOCKED`` then mark the rows
   (``reserved_at``, ``attempts + 1``); SQLite/libSQL/D1 one atomic
-  ``UPDATE … WHERE id = (SELECT … LIMIT 1) RETURNING``.
+  ``UPDATE … WHERE id IN (SELECT … LIMIT n) RETURNING``. Rows are taken in due order
+  (``available_at``, then ``id``): the ready rows from an index that starts at them,
+  merged with the rows whose lease ran out, so rows not due yet are never scanned.
 - Delays and retries go through ``available_at``; ``job.release()`` re-inserts the
   row without using a try.
 - A row reserved (or heartbeated) longer ago than ``retry_after`` is reclaimed; a
@@ -263,30 +265,11 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
     # -- consumer -----------------------------------------------------------------
 
     async def _claim(self, queue: str) -> Reserved | None:
-        now = time.time()
-        token = self._token()
-        abandoned = now - self.retry_after
-        sql = self.sql
-        if self.dialect == "mysql":
-            async with self.db.transaction() as tx:
-                row = await tx.fetchone(sql["claim_select"], (queue, now, abandoned))
-                if row is None:
-                    return None
-                await tx.execute(sql["claim_mark"], (token, token, row[0]))
-                row = (row[0], row[1], int(row[2]) + 1, token)
-        elif self.dialect == "postgres":
-            row = await self.db.fetchone(sql["claim"], (queue, now, abandoned, token, token))
-        else:
-            # One UPDATE … RETURNING is atomic on its own (a write statement takes the write
-            # lock before it reads): no BEGIN/COMMIT round trips (three on libSQL over HTTP).
-            row = await self.db.fetchone(sql["claim"], (token, token, queue, now, abandoned))
-        if row is None:
-            return None
-        rows = await self._fresh([row], token)
-        return self._reserved(rows[0], queue) if rows else None
+        jobs = await self._claim_many(queue, 1)
+        return jobs[0] if jobs else None
 
     async def _claim_many(self, queue: str, limit: int) -> builtins.list[Reserved]:
-        """Up to ``limit`` rows of ``queue`` in one claim statement, oldest first."""
+        """Up to ``limit`` rows of ``queue`` in one claim statement, in due order."""
         now = time.time()
         token = self._token()
         abandoned = now - self.retry_after
@@ -296,14 +279,15 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
             rows = await self._mysql_tx(
                 lambda tx: self._mysql_claim(tx, queue, limit, now, abandoned, token)
             )
-        elif self.dialect == "postgres":
-            rows = await self.db.fetchall(
-                sql["claim_many"], (queue, now, abandoned, limit, token, token)
-            )
         else:
-            rows = await self.db.fetchall(
-                sql["claim_many"], (token, token, queue, now, abandoned, limit)
+            branches = (queue, now, limit, queue, abandoned, limit, limit)
+            # PostgreSQL's statement sets the token after its branches, SQLite's before
+            params = (
+                (*branches, token, token)
+                if self.dialect == "postgres"
+                else (token, token, *branches)
             )
+            rows = await self.db.fetchall(sql["claim_many"], params)
         return await self._claimed(rows, queue, token)
 
     async def _mysql_tx(self, fn: Callable[[Session], Awaitable[_R]]) -> _R:
@@ -320,12 +304,13 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
     ) -> builtins.list[tuple[Any, ...]]:
         """The claim on MySQL/MariaDB (no UPDATE … RETURNING): lock, then mark."""
         sql = self.sql
-        found = await tx.fetchall(sql["claim_many_select"], (queue, now, abandoned, limit))
+        params = (queue, now, limit, queue, abandoned, limit, limit)
+        found = await tx.fetchall(sql["claim_many_select"], params)
         if found:
             ids = [r[0] for r in found]
             marks = ", ".join(["?"] * len(ids))
             await tx.execute(sql["claim_many_mark"].replace("{ids}", marks), (token, token, *ids))
-        return [(r[0], r[1], int(r[2]) + 1, token) for r in found]
+        return [(r[0], r[1], int(r[2]) + 1, token, r[3]) for r in found]
 
     async def _mysql_ack(self, tx: Session, pairs: builtins.list[tuple[int, Any]]) -> set[int]:
         """The batched ack on MySQL/MariaDB (no DELETE … RETURNING): lock the rows still
@@ -350,9 +335,10 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
     async def _claimed(
         self, rows: builtins.list[tuple[Any, ...]], queue: str, token: float
     ) -> builtins.list[Reserved]:
+        """``rows`` (id, payload, attempts, reserved_at, available_at) in due order."""
         if not rows:
             return []
-        rows.sort(key=lambda r: int(r[0]))  # RETURNING's order is not the claim's
+        rows.sort(key=lambda r: (float(r[4]), int(r[0])))  # RETURNING's order is not the claim's
         return [self._reserved(r, queue) for r in await self._fresh(rows, token)]
 
     async def _fresh(
@@ -373,7 +359,7 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         return kept
 
     def _reserved(self, row: Sequence[Any], queue: str) -> Reserved:
-        row_id, body, attempts, reserved_at = row
+        row_id, body, attempts, reserved_at = row[:4]
         if isinstance(body, (bytes, bytearray)):
             body = body.decode("utf-8", "replace")
         try:
@@ -496,8 +482,11 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
             [job.token[1] for job in jobs],
             queue,
             now,
+            limit,
+            queue,
             now - self.retry_after,
             ids,
+            limit,
             limit,
             token,
             token,

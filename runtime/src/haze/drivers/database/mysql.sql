@@ -24,31 +24,26 @@ CREATE TABLE IF NOT EXISTS {failed} (
     INDEX {failed}_failed_at_idx (failed_at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 
--- name: claim_select
--- MySQL has no UPDATE … RETURNING: select the row FOR UPDATE SKIP LOCKED inside a
--- transaction, then mark it with claim_mark.
--- params: queue, now, abandoned_before
-SELECT id, payload, attempts FROM {jobs}
-WHERE queue = ?
-  AND ((reserved_at IS NULL AND available_at <= ?)
-       OR (reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?))
-ORDER BY id
-LIMIT 1
-FOR UPDATE SKIP LOCKED
-
--- name: claim_mark
-UPDATE {jobs} SET reserved_at = ?, heartbeat_at = ?, attempts = attempts + 1 WHERE id = ?
-
 -- name: claim_many_select
--- claim_select for up to LIMIT rows; claim_many_mark marks them with one token.
--- params: queue, now, abandoned_before, limit
-SELECT id, payload, attempts FROM {jobs}
-WHERE queue = ?
-  AND ((reserved_at IS NULL AND available_at <= ?)
-       OR (reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?))
-ORDER BY id
+-- MySQL has no UPDATE … RETURNING: lock up to LIMIT rows FOR UPDATE SKIP LOCKED inside a
+-- transaction, then mark them with claim_many_mark (one token). Due order: the ready
+-- rows (read from the queue index at (queue, NULL) in available_at, id order, so rows
+-- not due yet are never scanned) merged with the rows whose lease ran out, by
+-- available_at then id (FIFO among equally due rows).
+-- params: queue, now, limit, queue, abandoned_before, limit, limit
+(SELECT id, payload, attempts, available_at FROM {jobs}
+ WHERE queue = ? AND reserved_at IS NULL AND available_at <= ?
+ ORDER BY available_at, id
+ LIMIT ?
+ FOR UPDATE SKIP LOCKED)
+UNION ALL
+(SELECT id, payload, attempts, available_at FROM {jobs}
+ WHERE queue = ? AND reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?
+ ORDER BY available_at, id
+ LIMIT ?
+ FOR UPDATE SKIP LOCKED)
+ORDER BY available_at, id
 LIMIT ?
-FOR UPDATE SKIP LOCKED
 
 -- name: claim_many_mark
 -- The driver fills the id list with one "?" per selected id.

@@ -19,7 +19,7 @@ CREATE TABLE IF NOT EXISTS {jobs} (
     autovacuum_analyze_scale_factor = 0,
     autovacuum_analyze_threshold = 5000
 );
-CREATE INDEX IF NOT EXISTS {jobs}_queue_idx ON {jobs} (queue, id) WHERE reserved_at IS NULL;
+CREATE INDEX IF NOT EXISTS {jobs}_due_idx ON {jobs} (queue, available_at, id) WHERE reserved_at IS NULL;
 CREATE INDEX IF NOT EXISTS {jobs}_reserved_idx ON {jobs} (queue, reserved_at) WHERE reserved_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS {failed} (
     id BIGSERIAL PRIMARY KEY,
@@ -32,40 +32,37 @@ CREATE TABLE IF NOT EXISTS {failed} (
 );
 CREATE INDEX IF NOT EXISTS {failed}_failed_at_idx ON {failed} (failed_at);
 
--- name: claim
--- SELECT … FOR UPDATE SKIP LOCKED and the marking UPDATE in one statement (one
--- transaction): concurrent workers skip the locked row instead of waiting for it.
--- params: reserved_at, heartbeat_at, queue, now, abandoned_before
-WITH next AS (
-    SELECT id FROM {jobs}
-    WHERE queue = ?
-      AND ((reserved_at IS NULL AND available_at <= ?)
-           OR (reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?))
-    ORDER BY id
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE {jobs} AS j SET reserved_at = ?, heartbeat_at = ?, attempts = j.attempts + 1
-FROM next WHERE j.id = next.id
-RETURNING j.id, j.payload, j.attempts, j.reserved_at
-
 -- name: claim_many
--- claim, for up to LIMIT rows at once: a worker with free slots fills them with one
--- statement. Every row gets the same reserved_at (one token per claim); a row is still
--- owned by (id, reserved_at).
--- params: queue, now, abandoned_before, limit, reserved_at, heartbeat_at
-WITH next AS (
-    SELECT id FROM {jobs}
-    WHERE queue = ?
-      AND ((reserved_at IS NULL AND available_at <= ?)
-           OR (reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?))
-    ORDER BY id
+-- Claim up to LIMIT rows in due order: the ready rows (the due index starts at them and
+-- is read in available_at order, so rows not due yet are never scanned), merged with
+-- the rows whose lease ran out (their worker died), by available_at then id (FIFO among
+-- equally due rows). FOR UPDATE SKIP LOCKED: concurrent workers skip a locked row
+-- instead of waiting for it. Every row gets the same reserved_at (one token per claim);
+-- a row is still owned by (id, reserved_at).
+-- params: queue, now, limit, queue, abandoned_before, limit, limit, reserved_at,
+--         heartbeat_at
+WITH due AS (
+    SELECT id, available_at FROM {jobs}
+    WHERE queue = ? AND reserved_at IS NULL AND available_at <= ?
+    ORDER BY available_at, id
     LIMIT ?
     FOR UPDATE SKIP LOCKED
+), lapsed AS (
+    SELECT id, available_at FROM {jobs}
+    WHERE queue = ? AND reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?
+    ORDER BY available_at, id
+    LIMIT ?
+    FOR UPDATE SKIP LOCKED
+), next AS (
+    SELECT id, available_at FROM due
+    UNION ALL
+    SELECT id, available_at FROM lapsed
+    ORDER BY available_at, id
+    LIMIT ?
 )
 UPDATE {jobs} AS j SET reserved_at = ?, heartbeat_at = ?, attempts = j.attempts + 1
 FROM next WHERE j.id = next.id
-RETURNING j.id, j.payload, j.attempts, j.reserved_at
+RETURNING j.id, j.payload, j.attempts, j.reserved_at, j.available_at
 
 -- name: ack_many
 -- Delete the rows still owned by these (id, reserved_at) pairs, in one statement and
@@ -90,31 +87,43 @@ WHERE oid = to_regclass(?)
 -- ride in its next claim instead of costing a round trip and a commit of their own.
 -- Result rows with a NULL payload are the acked ids (RETURNING of the DELETE: the rows
 -- this claim still owned); the others are the claimed rows. The claim skips the rows
--- being acked: one statement must not both delete and update a row.
--- params: ids (bigint[]), reserved_ats (double precision[]), queue, now,
---         abandoned_before, ids again, limit, reserved_at, heartbeat_at
+-- being acked (only a lapsed lease can make one look claimable): one statement must not
+-- both delete and update a row.
+-- params: ids (bigint[]), reserved_ats (double precision[]), queue, now, limit, queue,
+--         abandoned_before, ids again, limit, limit, reserved_at, heartbeat_at
 WITH done AS (
     DELETE FROM {jobs} AS j
     USING unnest(?::bigint[], ?::double precision[]) AS a(id, reserved_at)
     WHERE j.id = a.id AND j.reserved_at = a.reserved_at
     RETURNING j.id
-), next AS (
-    SELECT id FROM {jobs}
-    WHERE queue = ?
-      AND ((reserved_at IS NULL AND available_at <= ?)
-           OR (reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?))
-      AND id <> ALL(?::bigint[])
-    ORDER BY id
+), due AS (
+    SELECT id, available_at FROM {jobs}
+    WHERE queue = ? AND reserved_at IS NULL AND available_at <= ?
+    ORDER BY available_at, id
     LIMIT ?
     FOR UPDATE SKIP LOCKED
+), lapsed AS (
+    SELECT id, available_at FROM {jobs}
+    WHERE queue = ? AND reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?
+      AND id <> ALL(?::bigint[])
+    ORDER BY available_at, id
+    LIMIT ?
+    FOR UPDATE SKIP LOCKED
+), next AS (
+    SELECT id, available_at FROM due
+    UNION ALL
+    SELECT id, available_at FROM lapsed
+    ORDER BY available_at, id
+    LIMIT ?
 ), claimed AS (
     UPDATE {jobs} AS j SET reserved_at = ?, heartbeat_at = ?, attempts = j.attempts + 1
     FROM next WHERE j.id = next.id
-    RETURNING j.id, j.payload, j.attempts, j.reserved_at
+    RETURNING j.id, j.payload, j.attempts, j.reserved_at, j.available_at
 )
-SELECT id, NULL::text, NULL::integer, NULL::double precision FROM done
+SELECT id, NULL::text, NULL::integer, NULL::double precision, NULL::double precision
+FROM done
 UNION ALL
-SELECT id, payload, attempts, reserved_at FROM claimed
+SELECT id, payload, attempts, reserved_at, available_at FROM claimed
 
 -- name: enqueue_notify
 -- enqueue with the worker wake-up in the same statement: one round trip, and the
@@ -126,3 +135,13 @@ WITH j AS (
     RETURNING queue
 )
 SELECT pg_notify(?, j.queue) FROM j
+
+-- name: needs_due_index
+-- One row when the jobs table exists without the due index (created before claims went
+-- in due order): `haze db:migrate` then runs upgrade_due_index.
+SELECT 1 WHERE to_regclass('{jobs}') IS NOT NULL AND to_regclass('{jobs}_due_idx') IS NULL
+
+-- name: upgrade_due_index
+-- The claim reads the due index; the id-ordered index it replaces serves nothing now.
+CREATE INDEX IF NOT EXISTS {jobs}_due_idx ON {jobs} (queue, available_at, id) WHERE reserved_at IS NULL;
+DROP INDEX IF EXISTS {jobs}_queue_idx

@@ -24,32 +24,33 @@ CREATE TABLE IF NOT EXISTS {failed} (
 );
 CREATE INDEX IF NOT EXISTS {failed}_failed_at_idx ON {failed} (failed_at);
 
--- name: claim
--- One atomic statement: pick the oldest available (or abandoned) row and mark it.
--- params: reserved_at, heartbeat_at, queue, now, abandoned_before
-UPDATE {jobs} SET reserved_at = ?, heartbeat_at = ?, attempts = attempts + 1
-WHERE id = (
-    SELECT id FROM {jobs}
-    WHERE queue = ?
-      AND ((reserved_at IS NULL AND available_at <= ?)
-           OR (reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?))
-    ORDER BY id LIMIT 1
-)
-RETURNING id, payload, attempts, reserved_at
-
 -- name: claim_many
--- claim, for up to LIMIT rows in one statement; every row gets the same reserved_at
--- (one token per claim), and a row is still owned by (id, reserved_at).
--- params: reserved_at, heartbeat_at, queue, now, abandoned_before, limit
+-- One atomic statement (a write takes the write lock before it reads): claim up to LIMIT
+-- rows in due order, the ready rows (read from the queue index at (queue, NULL) in
+-- available_at order, so rows not due yet are never scanned) merged with the rows whose
+-- lease ran out, by available_at then id (FIFO among equally due rows). Every row gets
+-- the same reserved_at (one token per claim); a row is still owned by (id, reserved_at).
+-- params: reserved_at, heartbeat_at, queue, now, limit, queue, abandoned_before, limit,
+--         limit
 UPDATE {jobs} SET reserved_at = ?, heartbeat_at = ?, attempts = attempts + 1
 WHERE id IN (
-    SELECT id FROM {jobs}
-    WHERE queue = ?
-      AND ((reserved_at IS NULL AND available_at <= ?)
-           OR (reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?))
-    ORDER BY id LIMIT ?
+    SELECT id FROM (
+        SELECT id, available_at FROM (
+            SELECT id, available_at FROM {jobs}
+            WHERE queue = ? AND reserved_at IS NULL AND available_at <= ?
+            ORDER BY available_at, id LIMIT ?
+        )
+        UNION ALL
+        SELECT id, available_at FROM (
+            SELECT id, available_at FROM {jobs}
+            WHERE queue = ? AND reserved_at IS NOT NULL
+              AND COALESCE(heartbeat_at, reserved_at) <= ?
+            ORDER BY available_at, id LIMIT ?
+        )
+    )
+    ORDER BY available_at, id LIMIT ?
 )
-RETURNING id, payload, attempts, reserved_at
+RETURNING id, payload, attempts, reserved_at, available_at
 
 -- name: ack_many
 -- The driver appends one "(?, ?)" per (id, reserved_at) pair after VALUES; RETURNING

@@ -1,0 +1,200 @@
+"""The database driver claims in due order, on every SQL backend.
+
+A claim takes the row that became due first (``available_at``, then ``id`` among rows
+due at the same time), merged with rows whose lease ran out, from an index that starts
+at the due rows: a job due earlier but inserted after many rows not due yet (lower ids)
+is claimed first, and PostgreSQL's plan reads the due index. ``haze db:migrate`` gives
+tables created before this the new index. No speed is asserted here: the 100k-job
+lateness figures come from ``bench/scale.py``'s ``delayed`` scenario.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import BACKENDS, backend_url, mysql_database, pg_database
+from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
+from haze.database.migrations import ensure_queue_tables, migrate
+
+pytestmark = pytest.mark.timeout(90)
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    yield from pg_database("dbx_due")
+
+
+@pytest.fixture(scope="session")
+def mysql_url() -> Iterator[str]:
+    yield from mysql_database("dbx_due")
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return backend_url(request, request.param, tmp_path)
+
+
+@define_job(name="dbx_due_noop")
+async def dbx_due_noop(payload: dict[str, Any], job: JobContext) -> None:
+    pass
+
+
+@contextlib.asynccontextmanager
+async def open_app(db_url: str, create: bool = True) -> AsyncIterator[tuple[App, str]]:
+    n = next(_names)
+    jobs, failed = f"dbx_due_{os.getpid()}_{n}", f"dbx_duef_{os.getpid()}_{n}"
+    conn = {
+        "driver": "database",
+        "connection": "main",
+        "table": jobs,
+        "failed_table": failed,
+        "retry_after": 60,
+    }
+    app = App(
+        queue=define_queue_config(default="db", connections={"db": conn}),
+        database=define_database_config(default="main", connections={"main": {"url": db_url}}),
+    )
+    async with app:
+        if create:
+            await ensure_queue_tables(app)
+        try:
+            yield app, jobs
+        finally:
+            with contextlib.suppress(Exception):
+                await app.database().execute(f"DROP TABLE IF EXISTS {jobs}")
+                await app.database().execute(f"DROP TABLE IF EXISTS {failed}")
+
+
+async def _keys(jobs: list[Any]) -> list[str]:
+    return [str(j.message.payload["k"]) for j in jobs]
+
+
+async def test_the_row_due_first_is_claimed_first_not_the_lowest_id(db_url: str) -> None:
+    async with open_app(db_url) as (app, table):
+        driver: Any = app.driver("db")
+        db = app.database()
+        # 300 rows first (low ids), then "late" (the highest id) and "lapsed".
+        await Queue.bulk([dbx_due_noop.with_({"k": f"a{i}"}) for i in range(300)])
+        await dbx_due_noop.dispatch({"k": "late"})
+        await dbx_due_noop.dispatch({"k": "lapsed"})
+        rows = await db.fetchall(f"SELECT id FROM {table} ORDER BY id")
+        ids = [int(r[0]) for r in rows]
+        now = time.time()
+        # The low ids became due a second ago, "late" ten seconds ago (a job dispatched
+        # with a shorter delay after them) ...
+        await db.execute(f"UPDATE {table} SET available_at = ? WHERE id < ?", (now - 1, ids[-2]))
+        await db.execute(f"UPDATE {table} SET available_at = ? WHERE id = ?", (now - 10, ids[-2]))
+        # ... and "lapsed" was claimed by a worker that died: due a minute ago, its lease
+        # (retry_after 60 s) ran out since.
+        await db.execute(
+            f"UPDATE {table} SET available_at = ?, reserved_at = ?, heartbeat_at = ? WHERE id = ?",
+            (now - 70, now - 65, now - 65, ids[-1]),
+        )
+        first = await driver.reserve(["default"], 0)
+        assert await _keys([first]) == ["lapsed"]
+        batch = await driver.reserve_many(["default"], 3, 0)
+        # due order, then FIFO (id) among the rows due at the same time
+        assert await _keys(batch) == ["late", "a0", "a1"]
+        await driver.ack_many([first, *batch])
+        # the folded ack and claim (one statement on PostgreSQL) claims in due order too
+        await db.execute(f"UPDATE {table} SET available_at = ? WHERE id = ?", (now - 5, ids[250]))
+        jobs = await driver.reserve_many(["default"], 1, 0)
+        assert await _keys(jobs) == ["a250"]
+        _, claimed = await driver.ack_and_claim(jobs, "default", 2)
+        assert await _keys(claimed) == ["a2", "a3"]
+
+
+async def test_rows_not_due_yet_are_not_claimed(db_url: str) -> None:
+    async with open_app(db_url) as (app, _):
+        driver: Any = app.driver("db")
+        await Queue.bulk([dbx_due_noop.with_({"k": f"d{i}"}).delay(3600) for i in range(50)])
+        await dbx_due_noop.dispatch({"k": "now"})
+        assert await _keys(await driver.reserve_many(["default"], 5, 0)) == ["now"]
+        assert await driver.reserve_many(["default"], 5, 0) == []
+
+
+@pytest.fixture
+def pg_only(request: pytest.FixtureRequest) -> str:
+    return str(request.getfixturevalue("pg_url"))
+
+
+async def _pg_plan(app: App, sql: str, params: tuple[Any, ...]) -> str:
+    rows = await app.database().fetchall(f"EXPLAIN {sql}", params)
+    return "\n".join(str(r[0]) for r in rows)
+
+
+async def test_postgres_claims_read_the_due_index(pg_only: str) -> None:
+    async with open_app(pg_only) as (app, table):
+        driver: Any = app.driver("db")
+        db = app.database()
+        # Enough rows not due yet that a scan would cost: the planner picks the index.
+        await Queue.bulk([dbx_due_noop.with_({"k": i}).delay(3600) for i in range(3000)])
+        await db.execute(f"ANALYZE {table}")
+        now, token = time.time(), time.time()
+        claim = await _pg_plan(
+            app,
+            driver.sql["claim_many"],
+            ("default", now, 4, "default", now - 60, 4, 4, token, token),
+        )
+        assert f"Index Scan using {table}_due_idx" in claim, claim
+        folded = await _pg_plan(
+            app,
+            driver.sql["ack_claim_many"],
+            ([1], [1.0], "default", now, 4, "default", now - 60, [1], 4, 4, token, token),
+        )
+        assert f"Index Scan using {table}_due_idx" in folded, folded
+
+
+#: The PostgreSQL jobs table and index as haze created them before claims went in due
+#: order (the other dialects' queue index already starts at the due rows).
+OLD_PG_SCHEMA = [
+    """CREATE TABLE {jobs} (
+        id BIGSERIAL PRIMARY KEY, queue TEXT NOT NULL, payload TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0, reserved_at DOUBLE PRECISION,
+        heartbeat_at DOUBLE PRECISION, available_at DOUBLE PRECISION NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX {jobs}_queue_idx ON {jobs} (queue, id) WHERE reserved_at IS NULL",
+    """CREATE INDEX {jobs}_reserved_idx ON {jobs} (queue, reserved_at)
+        WHERE reserved_at IS NOT NULL""",
+]
+
+
+async def _pg_indexes(app: App, table: str) -> set[str]:
+    rows = await app.database().fetchall(
+        "SELECT indexname FROM pg_indexes WHERE tablename = ?", (table,)
+    )
+    return {str(r[0]) for r in rows}
+
+
+async def test_db_migrate_gives_old_postgres_tables_the_due_index(pg_only: str) -> None:
+    async with open_app(pg_only, create=False) as (app, table):
+        db = app.database()
+        for stmt in OLD_PG_SCHEMA:
+            await db.execute(stmt.format(jobs=table))
+        await dbx_due_noop.dispatch({"k": "kept"})
+        result = await migrate(app)
+        assert result.applied == [f"haze_{table}_due_index"]
+        assert await _pg_indexes(app, table) == {
+            f"{table}_pkey",
+            f"{table}_due_idx",
+            f"{table}_reserved_idx",
+        }
+        assert (await migrate(app)).applied == [], "done once"
+        job = await app.driver("db").reserve(["default"], 0)
+        assert job is not None and job.message.payload == {"k": "kept"}
+
+
+async def test_tables_created_now_need_no_upgrade(db_url: str) -> None:
+    async with open_app(db_url, create=False) as (app, _):
+        assert (await migrate(app)).applied == []  # no tables: nothing to upgrade
+        await ensure_queue_tables(app)
+        assert (await migrate(app)).applied == []  # the current schema has it all
