@@ -361,6 +361,97 @@ async def test_a_batched_ack_that_finds_the_lease_lost_still_warns(
         assert len(await db.fetchall(f"SELECT id FROM {table}")) == 1
 
 
+def _claims(spy: StatementSpy, driver: Any) -> int:
+    """Claim statements sent: plain claims, and acks folded into a claim."""
+    folded = driver.sql.get("ack_claim_many")
+    return len(spy.matching(_claim_sql(driver))) + (len(spy.matching(folded)) if folded else 0)
+
+
+async def test_going_idle_costs_one_claim_after_the_folded_one(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Acks leave only with claims here: the finished job's ack rides in the next claim.
+    monkeypatch.setattr(haze_worker, "ACK_FLUSH_INTERVAL", 3600.0)
+    async with open_app(db_url) as (app, table):
+        driver: Any = app.driver("db")
+        await dbx_bc_hold.dispatch({"k": "only"})
+        spy = StatementSpy(app.database())
+        worker = Worker(app, "db", ["default"], 1, sleep=5.0)  # no poll in this test
+        worker.start()
+        try:
+            await until(lambda: ENDED == ["only"])
+            await asyncio.sleep(0.3)  # the slot folded its ack into a claim, then waits
+            # the claim that found the job, then the folded one that found nothing: the
+            # slot waits now, without claiming the same queue once more
+            assert _claims(spy, driver) == 2, spy.calls
+            assert await app.database().fetchall(f"SELECT id FROM {table}") == []
+        finally:
+            await worker.stop()
+
+
+async def test_a_dispatch_during_the_folded_claim_still_ends_the_wait(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(haze_worker, "ACK_FLUSH_INTERVAL", 3600.0)
+    async with open_app(db_url) as (app, _):
+        driver: Any = app.driver("db")
+        await dbx_bc_hold.dispatch({"k": "first"})
+        real = driver.ack_and_claim
+
+        async def ack_and_claim(jobs: Any, queue: str, limit: int) -> Any:
+            result = await real(jobs, queue, limit)
+            if not STARTED[1:]:  # committed after the fold's claim looked: it must wake
+                await dbx_bc_hold.dispatch({"k": "second"})
+            return result
+
+        driver.ack_and_claim = ack_and_claim
+        worker = Worker(app, "db", ["default"], 1, sleep=5.0)
+        worker.start()
+        try:
+            await until(lambda: "first" in ENDED)
+            # well before the 5 s idle wait would end
+            await until(lambda: ENDED == ["first", "second"], within=2.0)
+        finally:
+            await worker.stop()
+
+
+async def test_a_claim_does_not_wait_for_a_timed_ack_flush_in_flight(db_url: str) -> None:
+    async with open_app(db_url) as (app, table):
+        driver: Any = app.driver("db")
+        await Queue.bulk([dbx_bc_hold.with_({"k": i}) for i in range(3)])
+        one, two = await driver.reserve_many(["default"], 2, 0)
+        held, release = asyncio.Event(), asyncio.Event()
+        real = driver.ack_many
+
+        async def ack_many(jobs: Any) -> Any:
+            if not held.is_set():  # the timed flush: its round trip takes long
+                held.set()
+                await release.wait()
+            return await real(jobs)
+
+        driver.ack_many = ack_many
+        # idle on another queue: "default"'s last job is for the claim below
+        worker = Worker(app, "db", ["other"], 1, sleep=5.0)
+        worker.start()
+        try:
+            await until(lambda: worker._fetch_idle)  # its slot is in its idle wait
+            worker._ack_later(one)
+            await until(held.is_set)  # the timed flush of the first ack is in flight
+            worker._ack_later(two)
+            # a slot's claim: it does not wait for the flush in flight (nor fold the ack
+            # finished since into it): the slot claims at once, the ack waits its turn
+            assert await asyncio.wait_for(worker._flush_acks(claim=("default", 1)), 5) is None
+            assert worker._acks == [two]
+            release.set()
+            await until(lambda: not worker._acks and not worker._flushes)
+            left = [int(r[0]) for r in await app.database().fetchall(f"SELECT id FROM {table}")]
+            assert one.token[0] not in left and two.token[0] not in left and len(left) == 1
+        finally:
+            release.set()
+            await worker.stop()
+        assert worker.leases_lost == 0
+
+
 # --------------------------------------------------------------------------- processes
 
 PROC_BACKENDS = ["sqlite", "postgres", "mariadb"]

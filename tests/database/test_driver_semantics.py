@@ -483,9 +483,9 @@ async def test_idle_polling_doubles_from_sleep_to_max_sleep(env: Env) -> None:
     waits: list[float] = []
     real = env.driver.reserve_many  # the worker claims through the batch call
 
-    async def spy(queues: Any, limit: int, wait: float) -> Any:
+    async def spy(queues: Any, limit: int, wait: float, **options: Any) -> Any:
         waits.append(wait)
-        return await real(queues, limit, wait)
+        return await real(queues, limit, wait, **options)
 
     env.driver.reserve_many = spy
     worker = Worker(env.app, "db", ["default"], 1, sleep=0.02, max_sleep=0.15)

@@ -10,8 +10,10 @@ A driver that implements ``BatchConsumer`` (the database driver) is used in batc
 slot that finds nothing claimed fetches for every free slot in one call (one fetch at a
 time), and finished jobs' acks are buffered and sent together every
 ``ACK_FLUSH_INTERVAL``, before the next claim (inside it, for an ``AcksInClaim`` driver:
-one round trip and one commit for both), and when the worker stops. A process killed in
-between loses at most those acks: the jobs run again after ``retry_after``.
+one round trip and one commit for both; a slot going idle then waits without claiming
+that queue again), and when the worker stops. A claim never waits for a flush in flight:
+the acks finished meanwhile go with the next flush. A process killed in between loses
+at most those acks: the jobs run again after ``retry_after``.
 
 An ack that fails, on any driver and whatever the error, is kept in the same buffer and
 sent again after a short backoff (and by the next claim of a batching worker) until the
@@ -177,9 +179,9 @@ class Worker:
         #: kept after a driver's ack raised (any driver), until the ack is recorded.
         self._acks: list[Reserved] = []
         self._ack_retry = 0.0  # the wait before the next try while acks keep failing
-        self._flush_lock: asyncio.Lock | None = None
+        self._flush_lock: asyncio.Lock | None = None  # one flush at a time
         self._flush_timer: asyncio.TimerHandle | None = None
-        self._flushes: set[asyncio.Task[list[Reserved]]] = set()
+        self._flushes: set[asyncio.Task[list[Reserved] | None]] = set()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -334,9 +336,15 @@ class Worker:
             jobs = await self._flush_acks(claim=(queues[0], limit) if queues else None)
             if jobs:
                 return jobs
-            # A stop or a freed slot during the flush came before reserve_many armed its
-            # wake-up, so its interrupt() was missed: do not start a wait then.
+            # A stop or a freed slot before the folded claim armed the wake-up: its
+            # interrupt() was missed, so do not start a wait then.
             cut = self.stopping or self._cut_wait
+            if jobs is not None and self._acks_in_claim is not None:
+                # The folded claim found the first queue empty: not claimed again before
+                # the wait, which a dispatch or interrupt() since the fold still ends.
+                return await self._acks_in_claim.reserve_many(
+                    queues, limit, 0.0 if cut else wait, first_claimed=True
+                )
             return await batch.reserve_many(queues, limit, 0.0 if cut else wait)
 
         return await self._guarded_claim(claim, wait) or []
@@ -618,23 +626,27 @@ class Worker:
             )
         self._arm_flush(self._ack_retry)
 
-    async def _flush_acks(self, claim: tuple[str, int] | None = None) -> list[Reserved]:
+    async def _flush_acks(self, claim: tuple[str, int] | None = None) -> list[Reserved] | None:
         """Send the buffered acks (in one statement, for a batching driver) and report
         lost leases.
 
         ``claim`` (queue, limit): a driver that can (``AcksInClaim``) claims in the same
-        statement; the claimed jobs are returned (else nothing is claimed here).
+        statement; the claimed jobs are returned (None: nothing was claimed here).
         An ack that fails, whatever the error, stays buffered and is sent again (by the
         next claim, or after a backoff) until the driver records it or answers that the
         lease passed to another worker: a finished job must not run again.
+
+        One flush at a time (two batched acks of one worker could deadlock on MySQL);
+        but a claim never waits for a flush in flight: it returns None at once, the
+        caller claims without the acks, and they go with the next flush.
         """
         lock = self._flush_lock
-        if lock is None or not self._acks:
-            return []
+        if lock is None or not self._acks or (claim is not None and lock.locked()):
+            return None
         async with lock:
             jobs, self._acks = self._acks, []
             if not jobs:
-                return []
+                return None
             began = time.monotonic()
             settled, claimed, error = await self._send_acks(jobs, claim)
         if error is None:
@@ -651,9 +663,10 @@ class Worker:
 
     async def _send_acks(
         self, jobs: list[Reserved], claim: tuple[str, int] | None
-    ) -> tuple[list[tuple[Reserved, bool]], list[Reserved], Exception | None]:
-        """(each acked job with whether it was still owned, the claimed jobs, the error
-        of the acks that failed: those are back in the buffer)."""
+    ) -> tuple[list[tuple[Reserved, bool]], list[Reserved] | None, Exception | None]:
+        """(each acked job with whether it was still owned, the claimed jobs or None when
+        no claim was made, the error of the acks that failed: those are back in the
+        buffer)."""
         batch = self._batch
         if batch is None:
             return await self._each(jobs)
@@ -661,14 +674,14 @@ class Worker:
             if claim is not None and self._acks_in_claim is not None:
                 owned, claimed = await self._acks_in_claim.ack_and_claim(jobs, *claim)
             else:
-                owned, claimed = await batch.ack_many(jobs), []
+                owned, claimed = await batch.ack_many(jobs), None
         except BaseException as e:
             if not isinstance(e, Exception):  # cancelled: the acks stay buffered
                 self._acks[:0] = jobs
                 raise
             if isinstance(e, self._outage_errors):
                 self._acks[:0] = jobs
-                return [], [], e
+                return [], None, e
             # A bug or a refused statement: one ack per job, so it holds no other back.
             log.warning(
                 "haze worker: batched ack on %r failed (%s: %s); acking one by one",
@@ -681,7 +694,7 @@ class Worker:
 
     async def _each(
         self, jobs: list[Reserved]
-    ) -> tuple[list[tuple[Reserved, bool]], list[Reserved], Exception | None]:
+    ) -> tuple[list[tuple[Reserved, bool]], None, Exception | None]:
         """``driver.ack`` per job; the ones that raise go back to the buffer."""
         settled: list[tuple[Reserved, bool]] = []
         error: Exception | None = None
@@ -697,7 +710,7 @@ class Worker:
                 rest.popleft()
         finally:
             self._acks.extend(rest)  # cancelled midway: the rest stays buffered
-        return settled, [], error
+        return settled, None, error
 
     async def _final_flush(self) -> None:
         """Stopping: send the buffered acks now, and again for a short while those that

@@ -330,7 +330,16 @@ class AcksInClaim(BatchConsumer, Protocol):
         self, jobs: Sequence[Reserved], queue: str, limit: int
     ) -> tuple[builtins.list[bool], builtins.list[Reserved]]:
         """``ack_many(jobs)`` (one bool per job, in order), then claim up to ``limit``
-        ready messages of ``queue`` without waiting (an empty list when none is)."""
+        ready messages of ``queue`` without waiting (an empty list when none is). It arms
+        the wake-up first: a dispatch or ``interrupt()`` from then on ends the wait of a
+        ``reserve_many(..., first_claimed=True)`` that follows."""
+
+    async def reserve_many(
+        self, queues: Sequence[str], limit: int, wait: float, *, first_claimed: bool = False
+    ) -> builtins.list[Reserved]:
+        """``BatchConsumer.reserve_many``; ``first_claimed``: ``ack_and_claim`` just found
+        ``queues[0]`` empty, so it is not claimed again before the wait, and the wake-up
+        that call armed is kept (not cleared)."""
 
 
 @dataclass(slots=True)

@@ -393,15 +393,16 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
 
     @_needs_tables
     async def reserve_many(
-        self, queues: Sequence[str], limit: int, wait: float
+        self, queues: Sequence[str], limit: int, wait: float, *, first_claimed: bool = False
     ) -> builtins.list[Reserved]:
         """Up to ``limit`` jobs in one claim statement: from the first queue (in priority
-        order) that has any; waits like ``reserve`` when none has."""
+        order) that has any; waits like ``reserve`` when none has. ``first_claimed``:
+        ``ack_and_claim`` just found the first queue empty, after arming the wake-up."""
         queues = queues or self.options.get("queues") or ["default"]
         event = self._wake() if wait > 0 else None
-        if event is not None:
+        if event is not None and not first_claimed:
             event.clear()  # before the claims: see reserve()
-        for q in queues:
+        for q in queues[1:] if first_claimed else queues:
             jobs = await self._claim_many(q, limit)
             if jobs:
                 return jobs
@@ -459,7 +460,12 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
     ) -> tuple[builtins.list[bool], builtins.list[Reserved]]:
         """``ack_many(jobs)``, then claim up to ``limit`` ready jobs of ``queue`` without
         waiting. On PostgreSQL both are one statement and one commit; on MySQL/MariaDB one
-        transaction (one commit); elsewhere they run one after the other."""
+        transaction (one commit); elsewhere they run one after the other.
+
+        The wake-up is armed before either: a dispatch of this process or ``interrupt()``
+        during them ends the wait of ``reserve_many(..., first_claimed=True)`` (and
+        PostgreSQL's listener keeps a NOTIFY that arrives meanwhile)."""
+        self._wake().clear()
         if self.dialect not in ("postgres", "mysql") or not jobs:
             owned = await self.ack_many(jobs)
             return owned, await self._claim_many(queue, limit)
