@@ -10,6 +10,7 @@ lateness figures come from ``bench/scale.py``'s ``delayed`` scenario.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import os
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 from harness import BACKENDS, backend_url, mysql_database, pg_database
 from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
+from haze._runners.worker import Worker
 from haze.database.migrations import ensure_queue_tables, migrate
 
 pytestmark = pytest.mark.timeout(90)
@@ -198,3 +200,29 @@ async def test_tables_created_now_need_no_upgrade(db_url: str) -> None:
         assert (await migrate(app)).applied == []  # no tables: nothing to upgrade
         await ensure_queue_tables(app)
         assert (await migrate(app)).applied == []  # the current schema has it all
+
+
+DUE: dict[str, float] = {}
+
+
+@define_job(name="dbx_due_record")
+async def dbx_due_record(payload: dict[str, Any], job: JobContext) -> None:
+    DUE[payload["k"]] = time.time() - payload["due"]
+
+
+async def test_an_idle_worker_wakes_when_a_delayed_job_comes_due(db_url: str) -> None:
+    DUE.clear()
+    async with open_app(db_url) as (app, _):
+        # polling alone would find the job up to 5 s late (sleep 5 s); the idle wait
+        # ends when the next delayed row comes due instead
+        worker = Worker(app, "db", ["default"], 1, sleep=5.0)
+        worker.start()
+        try:
+            await asyncio.sleep(0.2)  # the worker is idle, in its 5 s wait
+            await dbx_due_record.with_({"k": "a", "due": time.time() + 0.8}).delay(0.8).dispatch()
+            began = time.monotonic()
+            while "a" not in DUE:
+                assert time.monotonic() - began < 4.5, "found by polling, not at its due time"
+                await asyncio.sleep(0.02)
+        finally:
+            await worker.stop()

@@ -5,7 +5,8 @@ MySQL 8 / MariaDB), as the seed's 数据库驱动 section describes.
   (``reserved_at``, ``attempts + 1``); SQLite/libSQL/D1 one atomic
   ``UPDATE … WHERE id IN (SELECT … LIMIT n) RETURNING``. Rows are taken in due order
   (``available_at``, then ``id``): the ready rows from an index that starts at them,
-  merged with the rows whose lease ran out, so rows not due yet are never scanned.
+  merged with the rows whose lease ran out, so rows not due yet are never scanned. An
+  idle worker's wait ends when the first of them comes due.
 - Delays and retries go through ``available_at``; ``job.release()`` re-inserts the
   row without using a try.
 - A row reserved (or heartbeated) longer ago than ``retry_after`` is reclaimed; a
@@ -384,7 +385,7 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
                 return job
         if event is None:
             return None
-        await self._idle_wait(event, wait)
+        await self._idle_wait(event, await self._until_due(queues, wait))
         for q in queues:
             job = await self._claim(q)
             if job is not None:
@@ -408,12 +409,24 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
                 return jobs
         if event is None:
             return []
-        await self._idle_wait(event, wait)
+        await self._idle_wait(event, await self._until_due(queues, wait))
         for q in queues:
             jobs = await self._claim_many(q, limit)
             if jobs:
                 return jobs
         return []
+
+    async def _until_due(self, queues: Sequence[str], wait: float) -> float:
+        """``wait``, cut to when the first delayed row of ``queues`` comes due: nothing
+        wakes a worker then (a NOTIFY comes at dispatch), so it would find the job only
+        at its next poll."""
+        now = time.time()
+        for q in queues:
+            row = await self.db.fetchone(self.sql["next_due"], (q,))
+            if row is not None and row[0] is not None:
+                # not below 10 ms: a due row another claim holds is that claim's
+                wait = min(wait, max(float(row[0]) - now, 0.01))
+        return wait
 
     async def _idle_wait(self, event: asyncio.Event, wait: float) -> None:
         """Until a dispatch of this process, a NOTIFY, interrupt() or ``wait`` seconds."""

@@ -14,6 +14,11 @@ WHERE id = ? AND reserved_at = ?
 -- name: heartbeat
 UPDATE {jobs} SET heartbeat_at = ? WHERE id = ? AND reserved_at = ?
 
+-- name: next_due
+-- When the first row of the queue not due yet comes due: an idle worker's wait ends
+-- then. The first entry of the index the claim reads (due rows first). params: queue
+SELECT MIN(available_at) FROM {jobs} WHERE queue = ? AND reserved_at IS NULL
+
 -- name: size
 SELECT COUNT(*) FROM {jobs} WHERE queue = ?
 
