@@ -452,6 +452,31 @@ async def test_a_claim_does_not_wait_for_a_timed_ack_flush_in_flight(db_url: str
         assert worker.leases_lost == 0
 
 
+async def test_a_worker_that_stops_while_its_ack_keeps_failing_names_the_job(
+    db_url: str, caplog: Any
+) -> None:
+    async with open_app(db_url) as (app, table):
+        driver: Any = app.driver("db")
+
+        async def broken(*args: Any) -> Any:
+            raise RuntimeError("injected: every ack fails")
+
+        for name in ("ack", "ack_many", "ack_and_claim"):
+            setattr(driver, name, broken)
+        job_id = await dbx_bc_hold.dispatch({"k": "x"})
+        worker = Worker(app, "db", ["default"], 1, sleep=0.05)
+        worker.start()
+        await until(lambda: ENDED == ["x"])
+        with caplog.at_level(logging.WARNING):
+            await worker.stop()  # tries for a while, then says which job will run again
+        lines = [r.getMessage() for r in caplog.records if "not recorded" in r.getMessage()]
+        assert len(lines) == 1 and str(job_id) in lines[0], lines
+        assert "retry_after" in lines[0] and "\n" not in lines[0]
+        assert not any(r.exc_info for r in caplog.records)
+        # still claimed: it runs again once its claim expires
+        assert len(await app.database().fetchall(f"SELECT id FROM {table}")) == 1
+
+
 # --------------------------------------------------------------------------- processes
 
 PROC_BACKENDS = ["sqlite", "postgres", "mariadb"]
