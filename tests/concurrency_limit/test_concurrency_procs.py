@@ -197,6 +197,7 @@ async def test_never_more_than_max_run_at_once_under_sigkills(
         elapsed = time.monotonic() - started
 
         for p in live:
+            await r.wait_ready(p)  # a SIGTERM before its handlers are in would just kill it
             p.send_signal(signal.SIGTERM)
         codes = [await r.wait_exit(p) for p in live]
 
