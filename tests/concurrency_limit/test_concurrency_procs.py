@@ -33,7 +33,7 @@ import pytest
 from backend_procs import BackendProcs, backend_run
 from services import require_server, throwaway_pg_database
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.storm, pytest.mark.timeout(240)]
 
 APP = Path(__file__).parent
 PG_ADMIN_URL = os.environ.get(

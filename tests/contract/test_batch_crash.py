@@ -129,6 +129,7 @@ EXPECT = {
 }
 
 
+@pytest.mark.storm
 @pytest.mark.parametrize("scenario", ["ok", "fail"])
 async def test_a_crash_between_any_two_writes_loses_no_callback(
     store: Store,  # noqa: F811
