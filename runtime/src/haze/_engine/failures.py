@@ -13,12 +13,12 @@ import copy
 import inspect
 import logging
 import time
-import traceback
 from typing import TYPE_CHECKING, Any
 
 from haze._engine.hooks import Outcome, Run
 from haze._jobs.definition import find_job
 from haze._kernel.crypto import encrypt_payload
+from haze._kernel.describe import cap_text, error_line, format_error
 from haze._kernel.errors import JobTimeoutError, MaxExceptionsError, RetryUntilExpiredError
 from haze._kernel.message import Message, encode, new_id
 from haze.contracts.driver import FailedJob
@@ -34,11 +34,6 @@ __all__ = ["ExceptionCount", "Failures", "format_error"]
 
 log = logging.getLogger("haze")
 _time = time.time
-
-
-def format_error(error: BaseException) -> str:
-    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    return text.strip() or f"{type(error).__name__}: {error}"
 
 
 def exceptions_key(message: Message) -> str:
@@ -66,14 +61,14 @@ class Failures:
                 return MaxExceptionsError(
                     f'Job "{job.name}" raised {n} exceptions '
                     f"(max_exceptions={job.max_exceptions}); "
-                    f"last: {type(error).__name__}: {error}"
+                    f"last: {error_line(error)}"
                 )
         if job.retry_until is not None:
             first = float((message.meta or {}).get("first_ts") or message.ts)
             if _time() >= first + job.retry_until:
                 return RetryUntilExpiredError(
                     f'Job "{job.name}" passed retry_until ({job.retry_until:g}s after its first '
-                    f"dispatch); last: {type(error).__name__}: {error}"
+                    f"dispatch); last: {error_line(error)}"
                 )
             return None
         if run.reserved.attempt >= job.tries:
@@ -112,10 +107,14 @@ class Failures:
         # ``unique``, but ``message`` keeps it so that the failure can still release it.
         body_message = copy.copy(message)
         body_message.unique = None
+        meta = message.meta
+        if meta is not None and "retry" in meta:  # the claim of the retry that queued it
+            meta = {k: v for k, v in meta.items() if k != "retry"} or None
         if attempt is not None:
             # The attempt it failed on rides in the stored body's meta: every driver's
             # failed record keeps that body, so no failed-table column is needed.
-            body_message.meta = {**(message.meta or {}), "failed_attempt": attempt}
+            meta = {**(meta or {}), "failed_attempt": attempt}
+        body_message.meta = meta
         job = find_job(message.job)
         if message.enc is None and job is not None and job.encrypted:
             encrypt_payload(self.app, body_message)
@@ -131,6 +130,14 @@ class Failures:
             batch_id=message.batch_id,
             body=encode(body_message),
         )
+
+    @staticmethod
+    def also_raised(exception: str, errors: list[BaseException]) -> str:
+        """A failed record's text, with the errors its failure path raised after it."""
+        parts = [exception]
+        for e in errors:
+            parts.append(f"While this failure was recorded, haze raised:\n{format_error(e)}")
+        return cap_text("\n\n".join(parts))
 
     @staticmethod
     def undecodable(reserved: Reserved, connection: str, error: BaseException) -> FailedJob:
