@@ -120,3 +120,40 @@ def test_an_error_that_cannot_be_described_is_still_recorded(tmp_path: Path) -> 
     assert "MaxAttemptsExceededError" not in text
     assert len(text.encode()) <= 64 * 1024
     assert "unexpected error" not in run.stdout + run.stderr
+
+
+def _haze(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "haze.cli", "--root", str(root), *args],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=60,
+    )
+
+
+def test_a_deeply_nested_failed_record_breaks_no_failed_job_command(tmp_path: Path) -> None:
+    root = _app(tmp_path, FAILING_JOB)
+    db = root / "q.db"
+    deep = "[" * 100_000 + "]" * 100_000
+    with sqlite3.connect(db) as c:
+        for uuid, body in (("deep-1", deep), ("plain-1", '{"v":1,"id":"plain-1","job":"gone"}')):
+            c.execute(
+                "INSERT INTO failed_jobs (uuid, connection, queue, payload, exception, failed_at)"
+                " VALUES (?, 'db', 'default', ?, 'RecursionError: too deep', ?)",
+                (uuid, body, time.time()),
+            )
+    listed = _haze(root, "queue:failed")
+    assert listed.returncode == 0, listed.stderr
+    assert "deep-1" in listed.stdout and "plain-1" in listed.stdout
+    shown = _haze(root, "queue:failed", "deep-1")
+    assert shown.returncode == 0, shown.stderr
+    assert "RecursionError: too deep" in shown.stdout
+    retried = _haze(root, "queue:retry", "all")
+    assert "Traceback" not in retried.stderr
+    assert _rows(db, "SELECT id FROM jobs") == []  # neither is run as a job
+    forgot = _haze(root, "queue:forget", "deep-1")
+    assert forgot.returncode == 0, forgot.stderr
+    assert [r[0] for r in _rows(db, "SELECT uuid FROM failed_jobs")] == ["plain-1"]
+    for run in (listed, shown, retried, forgot):
+        assert "Traceback" not in run.stderr and "RecursionError:" not in run.stderr

@@ -17,7 +17,7 @@ class MemoryFailedJobs:
 
     def __init__(self) -> None:
         self._jobs: dict[str, FailedJob] = {}
-        #: id -> (token, when, the record claimed) of retries in progress
+        #: id -> (token, claim's end, the record claimed) of retries in progress
         self._claims: dict[str, tuple[str, float, FailedJob]] = {}
 
     async def record(self, job: FailedJob) -> None:
@@ -30,9 +30,9 @@ class MemoryFailedJobs:
             return None
         held = self._claims.get(id)
         now = time.monotonic()
-        if held is not None and held[2] is job and now - held[1] < lease:
+        if held is not None and held[2] is job and now < held[1]:
             return None
-        self._claims[id] = (token, now, job)
+        self._claims[id] = (token, now + lease, job)
         return job
 
     async def retried(self, id: str, token: str) -> bool:

@@ -131,9 +131,9 @@ class SqlFailedJobs:
             return None
         held = retry_claim_of(found.body)
         now = time.time()
-        if held is not None and now - held[1] < lease:
+        if held is not None and now < held[1]:
             return None
-        body = with_retry_claim(found.body, {"token": token, "at": now})
+        body = with_retry_claim(found.body, {"token": token, "until": now + lease})
         if body is None:
             return None  # not an envelope: never retried as a job
         name, params = self._where("failed_claim", body, id, found.body)

@@ -482,14 +482,14 @@ def envelope_of(body: Any) -> dict[str, Any] | None:
 
 
 #: The envelope ``meta`` field of a failed record that a retry has claimed (SQL stores
-#: keep the claim in the stored body): ``{"token": ..., "at": <unix time>}``.
+#: keep the claim in the stored body): ``{"token": ..., "until": <unix time>}``.
 RETRY_CLAIM = "retry_claim"
 
 
 def retry_claim_of(body: str) -> tuple[str, float] | None:
-    """The (token, time) of the retry claim a stored body carries; None when none.
+    """The (token, end) of the retry claim a stored body carries; None when none.
 
-    >>> retry_claim_of('{"id": "a", "meta": {"retry_claim": {"token": "t", "at": 5}}}')
+    >>> retry_claim_of('{"id": "a", "meta": {"retry_claim": {"token": "t", "until": 5}}}')
     ('t', 5.0)
     """
     data = envelope_of(body)
@@ -497,8 +497,8 @@ def retry_claim_of(body: str) -> tuple[str, float] | None:
     claim = meta.get(RETRY_CLAIM) if isinstance(meta, dict) else None
     if not isinstance(claim, dict) or not isinstance(claim.get("token"), str):
         return None
-    at = claim.get("at")
-    return claim["token"], float(at) if isinstance(at, (int, float)) else 0.0
+    until = claim.get("until")
+    return claim["token"], float(until) if isinstance(until, (int, float)) else 0.0
 
 
 def with_retry_claim(body: str, claim: dict[str, Any] | None) -> str | None:

@@ -39,14 +39,15 @@ class RetryClaims(Protocol):
     A retry is ``claim_retry`` → queue the job → ``retried``. The queued message carries
     the claim token, and its first run calls ``retried`` too, so a retry that died after
     queueing the job still leaves no failed record behind once the job runs. A claim
-    older than ``lease`` seconds may be taken over: its caller died before queueing.
+    holds for the ``lease`` seconds its caller asked for; after that it may be taken
+    over (its caller died, perhaps before queueing).
     Every built-in store implements it; without it, ``retry`` reads, queues and forgets
     (two concurrent retries may then both queue the job).
     """
 
     async def claim_retry(self, id: str, token: str, lease: float) -> FailedJob | None:
-        """The record ``id``, claimed with ``token``; None when there is none, or it is
-        claimed by another caller less than ``lease`` seconds ago."""
+        """The record ``id``, claimed with ``token`` for ``lease`` seconds; None when
+        there is none, or another caller's claim on it still holds."""
 
     async def retried(self, id: str, token: str) -> bool:
         """Delete the record ``id`` claimed with ``token`` (its job is queued again) and
