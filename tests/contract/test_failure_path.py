@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from haze import App, Queue, define_job
 from haze._engine.hooks import Outcome, Run, Stage
+from haze._kernel.message import decode
 
 pytestmark = pytest.mark.requires("queued", "failed_store")
 
@@ -102,3 +103,21 @@ async def test_a_retried_job_that_fails_again_keeps_its_new_record(app: App, don
     assert _runs[first.id] == 2
     with pytest.raises(LookupError):
         await app.manager.retry(["no-such-failed-job"])
+
+
+async def test_a_retry_that_died_after_queueing_leaves_no_record(app: App, done: Any) -> None:
+    """The crash window between queueing the job and deleting the record: the job's
+    first run deletes the record its retry claimed."""
+    _flaky["failing"] = True
+    await flaky.dispatch({"n": 3})
+    await done()
+    [rec] = await Queue.failed()
+    failed = app.driver().failed
+    claimed = await failed.claim_retry(rec.id, "dead-retrier", 900.0)
+    assert claimed is not None
+    _flaky["failing"] = False
+    # What Admin.retry does before it would delete the record, then the process dies.
+    await app.manager.admin._requeue(decode(claimed.body), app.driver(), "dead-retrier")
+    await done()
+    assert await Queue.failed() == []
+    assert await app.manager.retry() == []  # nothing left to queue a second time

@@ -47,7 +47,9 @@ def _app(root: Path, job: str) -> Path:
     db_root(root)
     # a short retry_after: a row left reserved is reclaimed by the second worker
     queue_config = root / "config" / "queue.py"
-    queue_config.write_text(queue_config.read_text().replace("'sleep'", "'retry_after': '3s', 'sleep'"))
+    queue_config.write_text(
+        queue_config.read_text().replace("'sleep'", "'retry_after': '3s', 'sleep'")
+    )
     module = root / "app" / "job" / "fp.py"
     module.parent.mkdir(parents=True)
     module.write_text(job)
@@ -57,8 +59,14 @@ def _app(root: Path, job: str) -> Path:
 def _dispatch_twice(db: Path, job: str, payload: object) -> None:
     """One envelope, and an operator's copy of its row (the same message id)."""
     body = json.dumps(
-        {"v": 1, "id": "fp-repeated-1", "job": job, "payload": payload, "queue": "default",
-         "ts": time.time()}
+        {
+            "v": 1,
+            "id": "fp-repeated-1",
+            "job": job,
+            "payload": payload,
+            "queue": "default",
+            "ts": time.time(),
+        }
     )
     with sqlite3.connect(db) as c:
         for _ in range(2):
@@ -157,3 +165,36 @@ def test_a_deeply_nested_failed_record_breaks_no_failed_job_command(tmp_path: Pa
     assert [r[0] for r in _rows(db, "SELECT uuid FROM failed_jobs")] == ["plain-1"]
     for run in (listed, shown, retried, forgot):
         assert "Traceback" not in run.stderr and "RecursionError:" not in run.stderr
+
+
+def test_three_concurrent_retry_all_processes_queue_each_job_once(tmp_path: Path) -> None:
+    root = _app(tmp_path, FAILING_JOB)
+    db = root / "q.db"
+    with sqlite3.connect(db) as c:
+        for n in range(300):
+            body = json.dumps(
+                {
+                    "v": 1,
+                    "id": f"fp-{n}",
+                    "job": "fp_always_fails",
+                    "payload": {"order": n},
+                    "queue": "default",
+                    "ts": time.time(),
+                }
+            )
+            c.execute(
+                "INSERT INTO failed_jobs (uuid, connection, queue, payload, exception, failed_at)"
+                " VALUES (?, 'db', 'default', ?, 'ValueError', ?)",
+                (f"fp-{n}", body, time.time()),
+            )
+    command = [sys.executable, "-m", "haze.cli", "--root", str(root), "queue:retry", "all"]
+    procs = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+        for _ in range(3)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+    queued = [json.loads(str(body))["id"] for (body,) in _rows(db, "SELECT payload FROM jobs")]
+    assert sorted(queued) == sorted(f"fp-{n}" for n in range(300))
+    assert _rows(db, "SELECT uuid FROM failed_jobs") == []
