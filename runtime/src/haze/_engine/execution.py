@@ -30,8 +30,13 @@ from haze._kernel.crypto import decrypt_payload
 from haze._kernel.current import app_var
 from haze._kernel.describe import error_text
 from haze._kernel.durations import MAX_DELAY, backoff_delay
-from haze._kernel.errors import MaxAttemptsExceededError, MessageDecodeError, UnknownJobError
-from haze._kernel.message import decode_payload, encode_payload
+from haze._kernel.errors import (
+    JobFailedError,
+    MaxAttemptsExceededError,
+    MessageDecodeError,
+    UnknownJobError,
+)
+from haze._kernel.message import UNRECORDED_FAILURE, decode_payload, encode_payload
 from haze.contracts.driver import DelayStep, Reserved, unavailable
 from haze.contracts.failed import RetryClaims
 
@@ -203,6 +208,8 @@ class Execution:
             run.payload = self._decode(job, message)
         except Exception as e:
             return await self._final(run, e)
+        if message.meta is not None and UNRECORDED_FAILURE in message.meta:
+            return await self._unrecorded(run)
         if reserved.attempt > job.tries and job.retry_until is None and not inline:
             # Reclaimed after a worker crash with no try left: fail it, do not run it again.
             err = MaxAttemptsExceededError(
@@ -444,7 +451,36 @@ class Execution:
         await self._record_failure(run, error)
         return Outcome.FAILED, error
 
-    async def _record_failure(self, run: Run, error: BaseException) -> None:
+    async def _unrecorded(self, run: Run) -> Result:
+        """A final failure that the failed-job store could not keep when it happened, sent
+        back by the driver to be recorded now: with the job's own error, without running
+        the job or its ``failed()`` again."""
+        pending = (run.message.meta or {}).get(UNRECORDED_FAILURE)
+        pending = pending if isinstance(pending, dict) else {}
+        text = pending.get("exception")
+        text = text if isinstance(text, str) else "(the error of this failure was not kept)"
+        attempt = pending.get("attempt")
+        job_log.info(
+            'Job "%s" (%s): recording the failure that the failed-job store could not keep '
+            "when it happened",
+            run.job.name,
+            run.message.id,
+        )
+        error = JobFailedError(text)
+        run.outcome, run.error = Outcome.FAILED, error
+        await self._record_failure(
+            run, error, exception=text, attempt=attempt if type(attempt) is int else None
+        )
+        return Outcome.FAILED, error
+
+    async def _record_failure(
+        self,
+        run: Run,
+        error: BaseException,
+        *,
+        exception: str | None = None,
+        attempt: int | None = None,
+    ) -> None:
         """Settle a final failure. An error of the failure path itself (a hook's bug, a
         record that cannot be built or stored) must not leave the job reserved, to be
         reclaimed and fail the same way for ever: it is added to the record, and the job
@@ -459,7 +495,9 @@ class Execution:
         except Exception as e:
             self._unless_outage(e, also)
         try:
-            record = self.failures.record(run.message, driver.name, error, reserved.attempt)
+            record = self.failures.record(
+                run.message, driver.name, error, attempt or reserved.attempt, exception=exception
+            )
         except Exception as e:  # e.g. a payload that cannot be encrypted again
             also.append(e)
             record = self.failures.undecodable(reserved, driver.name, error)

@@ -20,7 +20,7 @@ from haze._jobs.definition import find_job
 from haze._kernel.crypto import encrypt_payload
 from haze._kernel.describe import cap_text, error_line, format_error
 from haze._kernel.errors import JobTimeoutError, MaxExceptionsError, RetryUntilExpiredError
-from haze._kernel.message import Message, encode, new_id
+from haze._kernel.message import UNRECORDED_FAILURE, Message, encode, new_id
 from haze.contracts.driver import FailedJob
 
 if TYPE_CHECKING:
@@ -34,6 +34,8 @@ __all__ = ["ExceptionCount", "Failures", "format_error"]
 
 log = logging.getLogger("haze")
 _time = time.time
+#: Meta fields of a delivery, never of the stored failed record.
+_TRANSIENT = ("retry", UNRECORDED_FAILURE)
 
 
 def exceptions_key(message: Message) -> str:
@@ -101,15 +103,19 @@ class Failures:
         connection: str,
         error: BaseException,
         attempt: int | None = None,
+        *,
+        exception: str | None = None,
     ) -> FailedJob:
-        """The failed-job record of ``message``."""
+        """The failed-job record of ``message`` (``exception``: its text, when it was
+        described earlier; else ``error``'s traceback)."""
         # A retried job must not release a lock it no longer holds: the stored body drops
         # ``unique``, but ``message`` keeps it so that the failure can still release it.
         body_message = copy.copy(message)
         body_message.unique = None
         meta = message.meta
-        if meta is not None and "retry" in meta:  # the claim of the retry that queued it
-            meta = {k: v for k, v in meta.items() if k != "retry"} or None
+        if meta is not None and ("retry" in meta or UNRECORDED_FAILURE in meta):
+            # the claim of the retry that queued it; a failure sent back to be recorded
+            meta = {k: v for k, v in meta.items() if k not in _TRANSIENT} or None
         if attempt is not None:
             # The attempt it failed on rides in the stored body's meta: every driver's
             # failed record keeps that body, so no failed-table column is needed.
@@ -124,7 +130,7 @@ class Failures:
             connection=connection,
             queue=message.queue,
             payload=None if body_message.enc is not None else message.payload,
-            exception=format_error(error),
+            exception=format_error(error) if exception is None else exception,
             failed_at=_time(),
             chain_id=message.chain_id,
             batch_id=message.batch_id,

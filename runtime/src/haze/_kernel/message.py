@@ -37,6 +37,7 @@ __all__ = [
     "MAX_MESSAGE_SIZE",
     "MAX_QUEUE_NAME",
     "RETRY_CLAIM",
+    "UNRECORDED_FAILURE",
     "FailedJob",
     "Message",
     "check_json",
@@ -49,6 +50,7 @@ __all__ = [
     "envelope_of",
     "new_id",
     "retry_claim_of",
+    "with_meta",
     "with_retry_claim",
 ]
 
@@ -481,6 +483,11 @@ def envelope_of(body: Any) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+#: The envelope ``meta`` field of a message whose final failure the failed-job store
+#: could not keep when it happened: ``{"exception", "attempt", "handed_back"}``. Its next
+#: delivery records that failure, and runs neither the job nor its ``failed()``.
+UNRECORDED_FAILURE = "unrecorded_failure"
+
 #: The envelope ``meta`` field of a failed record that a retry has claimed (SQL stores
 #: keep the claim in the stored body): ``{"token": ..., "until": <unix time>}``.
 RETRY_CLAIM = "retry_claim"
@@ -504,14 +511,25 @@ def retry_claim_of(body: str) -> tuple[str, float] | None:
 def with_retry_claim(body: str, claim: dict[str, Any] | None) -> str | None:
     """``body`` with its retry claim set to ``claim`` (None: removed); None when the
     body is no envelope (an unreadable record is never retried)."""
+    return with_meta(body, RETRY_CLAIM, claim)
+
+
+def with_meta(body: str, key: str, value: Any) -> str | None:
+    """``body`` with ``meta[key]`` set to ``value`` (None: removed), every other field
+    as it was (an encrypted payload stays encrypted); None when the body is no
+    envelope.
+
+    >>> with_meta('{"id": "a", "job": "j"}', "k", 1)
+    '{"id":"a","job":"j","meta":{"k":1}}'
+    """
     data = envelope_of(body)
     if data is None:
         return None
     meta = data.get("meta")
     meta = dict(meta) if isinstance(meta, dict) else {}
-    meta.pop(RETRY_CLAIM, None)
-    if claim is not None:
-        meta[RETRY_CLAIM] = claim
+    meta.pop(key, None)
+    if value is not None:
+        meta[key] = value
     if meta:
         data["meta"] = meta
     else:
