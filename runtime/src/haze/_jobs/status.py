@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from haze._kernel.describe import error_line
 from haze._kernel.errors import JobCancelledError, JobProgressError, UntrackedJobError
 from haze.contracts.store import StatusNotifier, Store, Subscription
 
@@ -279,7 +280,7 @@ def result_for(message: Message, value: Any) -> tuple[Any, str | None]:
 
 
 def error_text(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"[:2000]
+    return error_line(error)[:2000]
 
 
 async def read(manager: StatusHost, job_id: str) -> JobStatus | None:

@@ -560,6 +560,9 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         async with self.db.transaction(immediate=True) as tx:
             if await tx.execute(self.sql["ack"], (row_id, reserved_at)) == 0:
                 return False  # another worker reclaimed the row; it owns the outcome now
+            # A repeated message id (a redelivery, a copied row, a retried job failing
+            # again) replaces its earlier record: uuid is unique.
+            await tx.execute(self.sql["failed_forget"], (failed.id,))
             await tx.execute(
                 self.sql["failed_insert"],
                 (

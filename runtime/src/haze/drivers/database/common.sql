@@ -96,3 +96,19 @@ DELETE FROM {failed} WHERE connection = ?
 
 -- name: failed_flush_older_of
 DELETE FROM {failed} WHERE connection = ? AND failed_at < ?
+
+-- Retry claims: the claim rides in the stored body (its meta.retry_claim), so a claim
+-- is a compare-and-set of the body, and the retried record is deleted only while it
+-- still holds that body (a job that failed again after the claim keeps its record).
+
+-- name: failed_claim
+UPDATE {failed} SET payload = ? WHERE uuid = ? AND payload = ?
+
+-- name: failed_claim_of
+UPDATE {failed} SET payload = ? WHERE uuid = ? AND payload = ? AND connection = ?
+
+-- name: failed_forget_body
+DELETE FROM {failed} WHERE uuid = ? AND payload = ?
+
+-- name: failed_forget_body_of
+DELETE FROM {failed} WHERE uuid = ? AND payload = ? AND connection = ?
