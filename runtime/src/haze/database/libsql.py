@@ -37,6 +37,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 from haze._kernel.durations import parse_duration
 from haze._kernel.errors import ConfigError, DatabaseConnectionError, HazeError
 from haze._kernel.http import LoopClient
+from haze._kernel.urls import redact_url
 
 if TYPE_CHECKING:
     import httpx
@@ -169,18 +170,25 @@ def _rows(result: Json) -> list[Row]:
 
 
 def _parse_url(url: str) -> tuple[str, str | None]:
-    """(HTTP base URL without query or credentials, token from ``?authToken=``)."""
+    """(HTTP base URL without query or credentials, token from ``?authToken=``).
+
+    A ``ValueError`` shows the URL without its credentials (the token may be anywhere)."""
+    shown = redact_url(url, keep_user=False)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     query = dict(parse_qsl(parts.query))
     if scheme == "libsql":
         scheme = "http" if query.get("tls") == "0" else "https"
     elif scheme not in ("http", "https"):
-        raise ValueError(f"bad libSQL URL {url!r}: use libsql://, https:// or http://")
+        raise ValueError(f"bad libSQL URL {shown!r}: use libsql://, https:// or http://")
     if not parts.hostname:
-        raise ValueError(f"bad libSQL URL {url!r}: no host")
+        raise ValueError(f"bad libSQL URL {shown!r}: no host")
+    try:
+        port = parts.port
+    except ValueError as e:
+        raise ValueError(f"bad libSQL URL {shown!r}: {e}") from None
     host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
-    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    netloc = host if port is None else f"{host}:{port}"
     base = urlunsplit((scheme, netloc, parts.path.rstrip("/"), "", ""))
     return base, query.get("authToken") or None
 
