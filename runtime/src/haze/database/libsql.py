@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     import httpx
 
 __all__ = [
+    "LibSQLAuthError",
     "LibSQLBusyError",
     "LibSQLConnector",
     "LibSQLError",
@@ -100,6 +101,11 @@ class LibSQLError(HazeError):
 class LibSQLUnavailableError(LibSQLError, DatabaseConnectionError):
     """The libSQL server could not be reached, or its gateway answered 502/503/504: an
     outage (a worker waits for it), not a refused statement."""
+
+
+class LibSQLAuthError(LibSQLError, ConfigError):
+    """The server refused the token (HTTP 401 or 403): a configuration error, not an
+    outage. Waiting does not fix a wrong or expired token, so a worker stops on it."""
 
 
 class LibSQLBusyError(LibSQLUnavailableError):
@@ -381,6 +387,8 @@ class LibSQLConnector:
             raise LibSQLUnavailableError(
                 self.name, self.url, self._http_message(response), status=response.status_code
             )
+        if response.status_code in (401, 403):
+            raise self._refused(response)
         if response.status_code != 200:
             raise self._error(self._http_message(response), status=response.status_code)
         try:
@@ -394,6 +402,18 @@ class LibSQLConnector:
         if not isinstance(results, list) or len(results) != len(requests):
             raise self._error("the server answered a different number of requests")
         return data.get("baton"), data.get("base_url"), results
+
+    def _refused(self, response: httpx.Response) -> LibSQLAuthError:
+        """401/403: one line naming the setting to fix (the token itself never shown)."""
+        what = "refused the token" if "authorization" in self._headers else "wants a token"
+        return LibSQLAuthError(
+            self.name,
+            self.url,
+            f"{self._http_message(response)}; the server {what}: set a valid "
+            f"connections.{self.name}.auth_token in config/database.py (or authToken= in "
+            "its URL)",
+            status=response.status_code,
+        )
 
     def _http_message(self, response: httpx.Response) -> str:
         try:
