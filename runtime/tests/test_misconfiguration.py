@@ -290,3 +290,30 @@ async def test_an_explicit_memory_store_beside_a_remote_connection_warns_once_fo
     assert '"memory" store' in warnings[0]
     assert 'connection "db"' in warnings[0]
     assert "then/catch/finally" in warnings[0]
+
+
+# --------------------------------------------------------------------------- D1 size
+
+
+def d1_app(**queue_options: Any) -> App:
+    return App(
+        queue=define_queue_config(
+            default="d1", connections={"d1": {"driver": "database", **queue_options}}
+        ),
+        database=define_database_config(
+            default="main", connections={"main": {"url": "d1://acct/db", "api_token": "t"}}
+        ),
+    )
+
+
+def test_a_database_queue_on_d1_caps_messages_below_d1s_row_limit() -> None:
+    from haze.drivers.database import D1_MAX_MESSAGE_SIZE, D1_ROW_LIMIT
+
+    assert D1_ROW_LIMIT == 2_000_000  # Cloudflare's documented string, BLOB and row limit
+    assert d1_app().driver("d1").max_message_size == D1_MAX_MESSAGE_SIZE < D1_ROW_LIMIT
+    assert d1_app(max_message_size=100_000).driver("d1").max_message_size == 100_000
+    with pytest.raises(ConfigError) as info:
+        d1_app(max_message_size=4 * 1024 * 1024).driver("d1")
+    message = str(info.value)
+    assert "connections.d1.max_message_size" in message
+    assert "2,000,000 bytes a row" in message and str(D1_MAX_MESSAGE_SIZE) in message

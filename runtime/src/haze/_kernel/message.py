@@ -381,20 +381,56 @@ def _check_links(d: dict[str, Any], field: str, links: Any, kinds: tuple[str, st
 def encode(message: Message) -> str:
     """The JSON body of a message. Raises ``TypeError`` naming the bad path in the payload."""
     try:
-        return _dumps(message.to_dict())
+        body: str = _dumps(message.to_dict())
     except (TypeError, ValueError):
         check_json(message.payload, "payload")
         raise
+    if not body.isascii():
+        _check_utf8(body, message.payload, message.to_dict)
+    return body
 
 
 def encode_payload(payload: Any) -> str:
     """The JSON of a payload alone, failing as ``encode`` fails on it: for a driver that
     keeps a plain message's envelope and copies only its payload (``KeepsMessages``)."""
     try:
-        return _dumps(payload)
+        text: str = _dumps(payload)
     except (TypeError, ValueError):
         check_json(payload, "payload")
         raise
+    if not text.isascii():
+        _check_utf8(text, payload, dict)
+    return text
+
+
+def _check_utf8(text: str, payload: Any, whole: Any) -> None:
+    """A lone surrogate (``"\\ud800"`` from a bad decode) is valid in a Python str and in
+    JSON text, but no backend can store it as UTF-8: refuse it here, naming where."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        _find_surrogate(payload, "payload")
+        _find_surrogate(whole(), "message")
+        raise
+
+
+def _find_surrogate(value: Any, path: str) -> None:
+    """Raise ``TypeError`` naming the first str in ``value`` with a lone surrogate."""
+    if isinstance(value, str):
+        for i, ch in enumerate(value):
+            if "\ud800" <= ch <= "\udfff":
+                raise TypeError(
+                    f"{path} holds a lone surrogate {ch!r} at index {i}, which UTF-8 cannot "
+                    "encode; decode the text with errors='replace' (or drop the character) "
+                    "before dispatch"
+                )
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _find_surrogate(v, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _find_surrogate(k, f"{path} key {k!r}")
+            _find_surrogate(v, f"{path}[{k!r}]")
 
 
 def decode_payload(text: str) -> Any:

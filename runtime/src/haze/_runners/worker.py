@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from haze._engine.control import paused_queues, restart_requested_at
-from haze._kernel.errors import HazeError, QueueTablesMissingError
+from haze._kernel.errors import ConfigError, HazeError, QueueTablesMissingError
 from haze._runners.delivery import Delivery
 from haze._runners.presence import Presence
 from haze.contracts.driver import (
@@ -348,8 +348,9 @@ class Worker:
                 task.uncancel()
                 return None
             raise
-        except QueueTablesMissingError as e:
-            # Not an outage: waiting cannot create the tables. Stop and say what to run.
+        except (QueueTablesMissingError, ConfigError) as e:
+            # Not an outage: waiting cannot create the tables or fix a refused token
+            # (libSQL's 401/403). Stop and say what to do.
             self._fatal = e
             self.request_stop()
             return None
