@@ -8,6 +8,7 @@ the queue-tables migration (database queues) and a ``.gitignore`` entry for ``st
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from haze.database.migrations import make_queue_tables
 __all__ = ["init", "scaffold"]
 
 _SQLITE_URL = "sqlite:///storage/app.db"
-_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/{name}"
 _REDIS_URL = "redis://127.0.0.1:6379/0"
 
 _QUEUE = '''\
@@ -236,7 +237,9 @@ def scaffold(directory: Path, *, redis: bool = False, postgres: bool = False) ->
             connections=_REDIS_QUEUE + "\n" + _DATABASE_QUEUE if redis else _DATABASE_QUEUE,
             store=repr(store),
         ),
-        "config/database.py": _DATABASE.format(url=_POSTGRES_URL if postgres else _SQLITE_URL),
+        "config/database.py": _DATABASE.format(
+            url=_POSTGRES_URL.format(name=database_name(directory)) if postgres else _SQLITE_URL
+        ),
         "config/cache.py": _CACHE.format(
             default=store,
             stores=_REDIS_STORE + "\n" + _DATABASE_STORE if redis else _DATABASE_STORE,
@@ -253,6 +256,15 @@ def scaffold(directory: Path, *, redis: bool = False, postgres: bool = False) ->
         written[path] = _create(path, text)
     written[directory / ".gitignore"] = _ignore_storage(directory / ".gitignore")
     return written
+
+
+def database_name(directory: Path) -> str:
+    """The app's own PostgreSQL database: its folder's name as an SQL identifier (never
+    the server's ``postgres`` maintenance database)."""
+    name = re.sub(r"[^a-z0-9_]+", "_", directory.name.lower()).strip("_")
+    if not name or name[0].isdigit() or name in ("postgres", "template0", "template1"):
+        name = f"haze_{name}".rstrip("_")
+    return name[:63]
 
 
 def _create(path: Path, text: str) -> bool:
@@ -346,6 +358,8 @@ def init(directory: Path, redis: bool, postgres: bool) -> None:
     here = Path.cwd().resolve()
     shown = os.path.relpath(directory, here)
     steps = [] if directory == here else [f"cd {directory if shown.startswith('..') else shown}"]
+    if postgres:
+        steps.append(f"createdb -h 127.0.0.1 -U postgres {database_name(directory)}")
     if migration is not None:
         steps.append("haze db:migrate")
     steps += ["python main.py", "haze queue:work --stop-when-empty"]

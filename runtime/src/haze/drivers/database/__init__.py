@@ -177,8 +177,9 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         """The error for this connection's missing tables, naming the command to run."""
         root = self.app.root
         written = root is not None and any(
-            (root / MIGRATIONS_DIR).glob(
-                f"*_create_{self.table}_and_{self.failed_table}_tables.sql"
+            path.suffix in (".sql", ".py")
+            for path in (root / MIGRATIONS_DIR).glob(
+                f"*_create_{self.table}_and_{self.failed_table}_tables.*"
             )
         )
         migrate = "haze db:migrate"
