@@ -553,11 +553,11 @@ def test_dist_cloudflare_is_a_pywrangler_project(built: Path) -> None:
     project = built / "cloudflare"
     py = tomllib.loads((project / "pyproject.toml").read_text())
     assert py["project"]["requires-python"] == ">=3.13"
-    assert py["project"]["dependencies"] == ["haze", "haze-cloudflare"]
+    assert py["project"]["dependencies"] == ["haze-jobs", "haze-cloudflare"]
     assert sorted(py["dependency-groups"]["dev"]) == ["workers-py", "workers-runtime-sdk"]
     sources = py["tool"]["uv"]["sources"]
-    assert sorted(sources) == ["haze", "haze-cloudflare"]
-    for dist, package in (("haze", "haze"), ("haze-cloudflare", "haze_cloudflare")):
+    assert sorted(sources) == ["haze-cloudflare", "haze-jobs"]
+    for dist, package in (("haze-jobs", "haze"), ("haze-cloudflare", "haze_cloudflare")):
         wheel = project / sources[dist]["path"]
         with zipfile.ZipFile(wheel) as z:
             names = z.namelist()

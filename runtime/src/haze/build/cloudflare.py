@@ -59,6 +59,7 @@ from typing import Any
 from haze._app.app import App, _load_module_file
 from haze._app.config import env_source
 from haze._kernel.errors import ConfigError
+from haze._kernel.hints import DISTRIBUTION
 from haze._orchestration.scheduling import bundle_packages, platform_triggers
 from haze.build import BuildContext, BuildResult
 from haze.build._cloudflare_config import (
@@ -580,7 +581,7 @@ def build(ctx: BuildContext) -> BuildResult:
     bundled = bundle_packages(ctx.root)
     files += ctx.vendor((*PACKAGES, *bundled), src)
     wheels: dict[str, str] = {}
-    for dist in ("haze", "haze-cloudflare"):
+    for dist in (DISTRIBUTION, "haze-cloudflare"):
         wheel = pack_wheel(dist, ctx.dest / "wheels")
         wheels[dist] = f"wheels/{wheel.name}"
         files.append(wheel)

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from haze._app.app import App, _load_module_file
+from haze._kernel.hints import install_hint
 from haze.cli._core import cli, console
 from haze.database.migrations import make_queue_tables
 
@@ -46,7 +47,7 @@ config = define_queue_config(
             # "queues": None,            # priority order of its queues (None: every queue)
             # "max_message_size": None,  # bytes; a bigger payload raises at dispatch
         }},
-        # Amazon SQS (pip install 'haze[sqs]'): uncomment and set SQS_URL.
+        # Amazon SQS (pip install 'haze-jobs[sqs]'): uncomment and set SQS_URL.
         # "sqs": {{
         #     "driver": "sqs",
         #     "queue_url": env("SQS_URL"),  # "{{queue}}" in it is replaced by the queue name
@@ -100,7 +101,7 @@ _DATABASE_QUEUE = """\
         },"""
 
 _REDIS_QUEUE = """\
-        # Jobs in Redis (BullMQ's data model; pip install 'haze[redis]').
+        # Jobs in Redis (BullMQ's data model; pip install 'haze-jobs[redis]').
         "redis": {
             "driver": "redis",
             "connection": "default",  # a connection in config/redis.py
@@ -119,8 +120,8 @@ _DATABASE = '''\
 
 URL schemes: sqlite:///relative/path.db (relative to the app root) or
 sqlite:////absolute/path.db, postgresql://user:pass@host:5432/db (pip install
-'haze[postgres]'), mysql://user:pass@host:3306/db (MariaDB/MySQL, 'haze[mysql]'),
-libsql:// or https:// (Turso/sqld, 'haze[libsql]'), d1://ACCOUNT_ID/DATABASE_ID
+'haze-jobs[postgres]'), mysql://user:pass@host:3306/db (MariaDB/MySQL,
+'haze-jobs[mysql]'), libsql:// or https:// (Turso/sqld, 'haze-jobs[libsql]'), d1://ACCOUNT_ID/DATABASE_ID
 (Cloudflare D1 over REST).
 """
 
@@ -354,7 +355,7 @@ def init(directory: Path, redis: bool, postgres: bool) -> None:
     extras = [name for name, wanted in (("postgres", postgres), ("redis", redis)) if wanted]
     if extras:
         # The clients are optional extras: say so before the first command needs them.
-        out.print(f"Needs the client: pip install 'haze[cli,{','.join(extras)}]'", markup=False)
+        out.print(f"Needs the client: {install_hint(','.join(['cli', *extras]))}", markup=False)
     here = Path.cwd().resolve()
     shown = os.path.relpath(directory, here)
     steps = [] if directory == here else [f"cd {directory if shown.startswith('..') else shown}"]
