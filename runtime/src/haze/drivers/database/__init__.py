@@ -594,13 +594,14 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         abandoned = now - self.retry_after
         row = await self.db.fetchone(
             self.sql["counts"],
-            (now, abandoned, now, abandoned, now, abandoned, float(self.retry_after), queue),
+            (now, abandoned, now, abandoned, now, abandoned, float(self.retry_after), now, queue),
         )
         if not row:
             return QueueCounts(0, 0, 0)
         ready, delayed, running = (int(v or 0) for v in row[:3])
         oldest = None if row[3] is None else float(row[3])
-        return QueueCounts(ready, delayed, running, oldest)
+        due = None if row[4] is None else float(row[4])
+        return QueueCounts(ready, delayed, running, oldest, due)
 
     @_needs_tables
     async def running(self, queue: str, limit: int = 50) -> builtins.list[RunningJob] | None:
