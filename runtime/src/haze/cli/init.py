@@ -187,9 +187,15 @@ _DATABASE_STORE = '''\
         # A table on a config/database.py connection (created on first use).
         "database": {"driver": "database", "connection": "main"},  # "table": "haze_cache"'''
 
-_REDIS_STORE = '''\
-        # Keys on a config/redis.py connection.
-        "redis": {"driver": "redis", "connection": "default"},  # "prefix": "haze:cache:"'''
+_REDIS_STORE_LINE = '"redis": {"driver": "redis", "connection": "default"},'
+_REDIS_CONNECTION_LINE = (
+    '"redis": {"driver": "redis", "connection": "default", "queues": ["default"]},'
+)
+
+_REDIS_STORE = (
+    "        # Keys on a config/redis.py connection.\n"
+    f'        {_REDIS_STORE_LINE}  # "prefix": "haze:cache:"'
+)
 
 _JOB = '''\
 """An example job: `python main.py` dispatches it, `haze queue:work` runs it."""
@@ -307,9 +313,8 @@ def _ignore_storage(path: Path) -> bool:
     return True
 
 
-def _queue_tables(directory: Path) -> Path | None:
-    """Write the queue-tables migration when the default connection is a database one
-    (an existing migration is kept). None for other drivers: they need no tables."""
+def _existing_app(directory: Path) -> App:
+    """The app the config files under ``directory`` make (config only)."""
     # Config only: importing the job modules here could clash with jobs of the same
     # name already registered in this process.
     configs: dict[str, Any] = {}
@@ -320,9 +325,34 @@ def _queue_tables(directory: Path) -> Path | None:
             configs[kind] = getattr(module, "config", None)
     app = App(**configs)
     app.root = directory
+    return app
+
+
+def _queue_tables(app: App) -> Path | None:
+    """Write the queue-tables migration when the default connection is a database one
+    (an existing migration is kept). None for other drivers: they need no tables."""
     if app.queue_config.connections[app.queue_config.default]["driver"] != "database":
         return None
     return make_queue_tables(app)
+
+
+def redis_additions(app: App) -> list[str]:
+    """What an existing app's config/queue.py and config/cache.py lack to run on Redis
+    (``haze init --redis`` kept them): the lines to add, ready to paste."""
+    qc, cc = app.queue_config, app.cache_config
+    lines: list[str] = []
+    queue: list[str] = []
+    if "redis" not in qc.connections:
+        queue.append(f"in connections={{...}}:\n        {_REDIS_CONNECTION_LINE}")
+    if qc.default != "redis":
+        queue.append('set its default:\n    default=env("QUEUE_CONNECTION", "redis"),')
+    if qc.store != "redis":
+        queue.append('its store:\n    store="redis",')
+    if queue:
+        lines.append("Add to config/queue.py, " + "\nand ".join(queue))
+    if "redis" not in cc.stores:
+        lines.append(f"Add to config/cache.py, in stores={{...}}:\n        {_REDIS_STORE_LINE}")
+    return lines
 
 
 @cli.command("init", short_help="Create a new app here or in DIRECTORY.")
@@ -349,7 +379,11 @@ def init(directory: Path, redis: bool, postgres: bool) -> None:
             out.print(f"{'Updated' if written else 'Kept'} {rel}", markup=False)
         else:
             out.print(f"Created {rel}" if written else f"Kept {rel} (it exists)", markup=False)
-    migration = _queue_tables(directory)
+    app = _existing_app(directory)
+    additions = redis_additions(app) if redis else []
+    for lines in additions:
+        out.print(lines, markup=False)
+    migration = None if redis else _queue_tables(app)
     if migration is not None:
         out.print(f"Migration {migration.relative_to(directory)}", markup=False)
     extras = [name for name, wanted in (("postgres", postgres), ("redis", redis)) if wanted]
@@ -364,4 +398,5 @@ def init(directory: Path, redis: bool, postgres: bool) -> None:
     if migration is not None:
         steps.append("haze db:migrate")
     steps += ["python main.py", "haze queue:work --stop-when-empty"]
-    out.print("Next: " + " && ".join(steps), markup=False)
+    then = "Then, with those lines in place: " if additions else "Next: "
+    out.print(then + " && ".join(steps), markup=False)
