@@ -77,6 +77,24 @@ async def test_the_implicit_default_app_warns_once_per_process(
     assert "config/queue.py" in warnings[0]
 
 
+async def test_the_implicit_app_in_an_app_folder_says_to_enter_the_app(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """config/queue.py is here but no App read it: say that, and how to enter the App,
+    not "Create config/queue.py"."""
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "queue.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(haze_app, "_warned_implicit", False)
+    caplog.set_level(logging.WARNING, logger="haze")
+    await noop.dispatch({})
+    await Queue.idle()
+    (warning,) = [r.getMessage() for r in caplog.records if "implicit" in r.getMessage()]
+    assert "Create config/queue.py" not in warning
+    assert "config/queue.py is here, but only an App reads it" in warning
+    assert "with App(root=__file__):" in warning
+
+
 async def test_a_bulk_dispatch_on_the_implicit_app_warns_too(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

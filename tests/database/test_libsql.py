@@ -321,7 +321,7 @@ def test_urls(url: str, base: str, token: str | None) -> None:
 
 def test_missing_httpx_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "httpx", None)
-    with pytest.raises(MissingDependencyError, match=r"httpx.*haze\[libsql\]"):
+    with pytest.raises(MissingDependencyError, match=r"httpx.*(haze-jobs|runtime)\[libsql\]"):
         LibSQLConnector("main", {"url": "libsql://db.turso.io"})
 
 

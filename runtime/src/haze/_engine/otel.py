@@ -1,4 +1,4 @@
-"""OpenTelemetry traces and metrics for haze jobs (extra ``haze[otel]``).
+"""OpenTelemetry traces and metrics for haze jobs (extra ``haze-jobs[otel]``).
 
 Built on ``opentelemetry-api`` only: the app picks and configures the SDK and its
 exporters, haze records through whatever providers are set. Traces follow the

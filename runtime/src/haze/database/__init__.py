@@ -8,10 +8,10 @@ lazily, so a missing client names the extra to install:
 URL                     module               client (extra)
 ======================  ===================  =====================
 ``sqlite:///path``      ``sqlite``           stdlib ``sqlite3``
-``postgresql://…``      ``postgres``         psycopg (``haze[postgres]``)
-``mysql://…``           ``mysql``            aiomysql (``haze[mysql]``)
-``libsql://``/https     ``libsql``           httpx (``haze[libsql]``)
-``d1://ACCOUNT/DB``     ``d1``               httpx (``haze[cloudflare]``)
+``postgresql://…``      ``postgres``         psycopg (``haze-jobs[postgres]``)
+``mysql://…``           ``mysql``            aiomysql (``haze-jobs[mysql]``)
+``libsql://``/https     ``libsql``           httpx (``haze-jobs[libsql]``)
+``d1://ACCOUNT/DB``     ``d1``               httpx (``haze-jobs[cloudflare]``)
 ======================  ===================  =====================
 
 SQL is written with ``?`` placeholders; connectors translate them for their driver.

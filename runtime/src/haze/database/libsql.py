@@ -335,7 +335,7 @@ class _Transaction:
 
 
 class LibSQLConnector:
-    """A libSQL / Turso database over Hrana-over-HTTP (``haze[libsql]``: httpx)."""
+    """A libSQL / Turso database over Hrana-over-HTTP (``haze-jobs[libsql]``: httpx)."""
 
     dialect = "libsql"
 

@@ -1342,7 +1342,12 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         c = [int(n) for n in await s.getCounts(_SIZED)]
         ready = c[0] + c[1] + c[3]
         oldest = await self._oldest_ready(link, s) if ready else None
-        return QueueCounts(ready, c[2], c[4], oldest)
+        due = None
+        if c[2]:
+            first = await link.client.zrange(s.keys["delayed"], 0, 0, withscores=True)
+            # BullMQ's score: due ms * 0x1000 + a counter
+            due = int(first[0][1]) // 0x1000 / 1000 if first else None
+        return QueueCounts(ready, c[2], c[4], oldest, due)
 
     async def _oldest_ready(self, link: Any, s: Any) -> float | None:
         """When the next job of the wait and paused lists (consumed from the tail: LPUSH

@@ -1,4 +1,4 @@
-"""The ``sqs`` driver (``haze[sqs]``, boto3): Amazon SQS standard and FIFO queues.
+"""The ``sqs`` driver (``haze-jobs[sqs]``, boto3): Amazon SQS standard and FIFO queues.
 
 Configuration (``config/queue.py``)::
 
@@ -246,7 +246,7 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
     max_delay: float = SQS_MAX_DELAY
 
     def __init__(self, name: str, options: dict[str, Any], app: Any = None) -> None:
-        _boto3()  # fail at first use of the connection, naming haze[sqs]
+        _boto3()  # fail at first use of the connection, naming haze-jobs[sqs]
         self.name = name
         self.app = app
         self.options = options

@@ -196,8 +196,9 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         """The error for this connection's missing tables, naming the command to run."""
         root = self.app.root
         written = root is not None and any(
-            (root / MIGRATIONS_DIR).glob(
-                f"*_create_{self.table}_and_{self.failed_table}_tables.sql"
+            path.suffix in (".sql", ".py")
+            for path in (root / MIGRATIONS_DIR).glob(
+                f"*_create_{self.table}_and_{self.failed_table}_tables.*"
             )
         )
         migrate = "haze db:migrate"
@@ -615,13 +616,14 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         abandoned = now - self.retry_after
         row = await self.db.fetchone(
             self.sql["counts"],
-            (now, abandoned, now, abandoned, now, abandoned, float(self.retry_after), queue),
+            (now, abandoned, now, abandoned, now, abandoned, float(self.retry_after), now, queue),
         )
         if not row:
             return QueueCounts(0, 0, 0)
         ready, delayed, running = (int(v or 0) for v in row[:3])
         oldest = None if row[3] is None else float(row[3])
-        return QueueCounts(ready, delayed, running, oldest)
+        due = None if row[4] is None else float(row[4])
+        return QueueCounts(ready, delayed, running, oldest, due)
 
     @_needs_tables
     async def running(self, queue: str, limit: int = 50) -> builtins.list[RunningJob] | None:
