@@ -19,6 +19,8 @@ __all__ = ["Admin"]
 
 log = logging.getLogger("haze")
 _time = time.time
+#: What a failed record adds to the stored message's meta, dropped when it is retried.
+_FAILURE_META = frozenset(("failed_attempt", "failed_exception"))
 
 
 class Admin:
@@ -82,9 +84,9 @@ class Admin:
             return False
         message.attempts = 0
         message.ts = _time()
-        if message.meta is not None and "failed_attempt" in message.meta:
-            # A fresh run: its next failure records its own attempt.
-            message.meta = {k: v for k, v in message.meta.items() if k != "failed_attempt"}
+        if message.meta is not None and not _FAILURE_META.isdisjoint(message.meta):
+            # A fresh run: its next failure records its own attempt and exception.
+            message.meta = {k: v for k, v in message.meta.items() if k not in _FAILURE_META}
             message.meta = message.meta or None
         body = encode(message)
         target = (

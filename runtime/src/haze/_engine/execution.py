@@ -26,7 +26,7 @@ from haze._engine.pipeline import Contained, Pipeline, compose, with_timeout
 from haze._engine.throughput import ReadDuration, Tally
 from haze._jobs.context import JobContext, _tenant
 from haze._jobs.definition import find_job, get_job
-from haze._kernel.crypto import decrypt_payload
+from haze._kernel.crypto import decrypt_payload, sealed_error
 from haze._kernel.current import app_var
 from haze._kernel.durations import MAX_DELAY, backoff_delay
 from haze._kernel.errors import MaxAttemptsExceededError, MessageDecodeError, UnknownJobError
@@ -391,14 +391,13 @@ class Execution:
         step = driver.delay_step if isinstance(driver, DelayStep) else None
         waits = -(-delay // step) * step if step and delay > 0 else delay
         job_log.warning(
-            'Job "%s" failed (attempt %d/%s), retrying in %ss: %s: %s',
+            'Job "%s" failed (attempt %d/%s), retrying in %ss: %s',
             job.name,
             attempt,
             "∞" if job.retry_until else job.tries,
             f"{waits:g}",
-            type(error).__name__,
-            error,
-            extra={**_extra(run, "retry"), "retry_in": waits, "error": error},
+            _shown(run, error),
+            extra={**_extra(run, "retry"), "retry_in": waits, **_error_fields(run, error)},
         )
         run.outcome, run.error, run.delay, run.shown_delay = Outcome.RETRY, error, delay, waits
         await self.hooks.settling(run)
@@ -410,13 +409,12 @@ class Execution:
     async def _final(self, run: Run, error: BaseException) -> Result:
         job, message, ctx, reserved = run.job, run.message, run.ctx, run.reserved
         job_log.error(
-            'Job "%s" failed after %d attempt(s): %s: %s',
+            'Job "%s" failed after %d attempt(s): %s',
             job.name,
             reserved.attempt,
-            type(error).__name__,
-            error,
-            exc_info=error if not run.inline else None,
-            extra={**_extra(run, "failed"), "error": error},
+            _shown(run, error),
+            exc_info=error if not run.inline and not _sealed(run) else None,
+            extra={**_extra(run, "failed"), **_error_fields(run, error)},
         )
         if self.events.failing:
             await self.events.emit("failing", ctx, error)
@@ -496,3 +494,20 @@ def _extra(run: Run, state: str) -> dict[str, Any]:
         "attempt": run.reserved.attempt,
         "state": state,
     }
+
+
+def _sealed(run: Run) -> bool:
+    """Whether the run's error stays encrypted: an encrypted job's text (often made of its
+    payload: "card 4242 declined") is kept in its encrypted failed record only. A payload
+    that could not be decrypted (``enc`` still set) was never read: its error is plain."""
+    return run.job.encrypted and run.message.enc is None
+
+
+def _shown(run: Run, error: BaseException) -> str:
+    """The error as a log line shows it."""
+    return sealed_error(error) if _sealed(run) else f"{type(error).__name__}: {error}"
+
+
+def _error_fields(run: Run, error: BaseException) -> dict[str, Any]:
+    """The log record's error: the exception itself, or only what ``_shown`` shows."""
+    return {"error_text": sealed_error(error)} if _sealed(run) else {"error": error}
