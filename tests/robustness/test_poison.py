@@ -111,7 +111,8 @@ async def test_future_versions_and_nan_tokens_fail_naming_the_field_and_never_ru
         '"payload[0]"': envelope(payload=[float("inf")]),
         '"payload.k"': envelope(payload={"k": float("-inf")}),
     }
-    assert all(t in b for t, b in zip(("NaN", "Infinity", "-Infinity"), list(bodies.values())[1:]))
+    tokens = ("NaN", "Infinity", "-Infinity")
+    assert all(t in b for t, b in zip(tokens, list(bodies.values())[1:], strict=True))
     async with rig(kind, tmp_path, db_url) as r:
         for body in bodies.values():
             await r.insert_raw(body)
