@@ -31,7 +31,7 @@ from haze._kernel.current import app_var
 from haze._kernel.durations import MAX_DELAY, backoff_delay
 from haze._kernel.errors import MaxAttemptsExceededError, MessageDecodeError, UnknownJobError
 from haze._kernel.message import decode_payload, encode_payload
-from haze.contracts.driver import DelayStep, Reserved
+from haze.contracts.driver import CappedDelay, DelayStep, Reserved
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -284,6 +284,7 @@ class Execution:
                 extra=_extra(run, "running"),
             )
         started = _perf()
+        run.started = True
         self.tracking.started(ctx, run.inline)
         try:
             if job.timeout is None:
@@ -363,6 +364,8 @@ class Execution:
             )
             await self.locks.unlock(message)
             return Outcome.RELEASED, None
+        if isinstance(run.driver, CappedDelay):
+            delay = run.driver.cap_delay(delay)
         if job_log.isEnabledFor(_DEBUG):
             job_log.debug(
                 'Job "%s" released, back in %gs',
@@ -388,6 +391,8 @@ class Execution:
             else backoff_delay(job.backoff, attempt)
         )
         delay = min(delay, MAX_DELAY)  # "exponential" doubles up to 2**40 s
+        if isinstance(driver, CappedDelay):
+            delay = driver.cap_delay(delay)  # its warning first, then the line below
         step = driver.delay_step if isinstance(driver, DelayStep) else None
         waits = -(-delay // step) * step if step and delay > 0 else delay
         job_log.warning(
@@ -487,13 +492,13 @@ class Execution:
 
 
 def _extra(run: Run, state: str) -> dict[str, Any]:
-    """The fields of a lifecycle log record (``state`` marks the job lines)."""
-    return {
-        "job": run.job.name,
-        "job_id": run.message.id,
-        "attempt": run.reserved.attempt,
-        "state": state,
-    }
+    """The fields of a lifecycle log record (``state`` marks the job lines). A job
+    cancelled before its handler started shows the attempts that ran (0 for a first
+    delivery), not the one it was delivered for."""
+    attempt = run.reserved.attempt
+    if state == "cancelled" and not run.started:
+        attempt = max(0, attempt - 1)
+    return {"job": run.job.name, "job_id": run.message.id, "attempt": attempt, "state": state}
 
 
 def _sealed(run: Run) -> bool:

@@ -130,8 +130,10 @@ class Tracking:
         result: Any = None,
         error: str | None = None,
         wait: float = 0.0,
+        attempt: int | None = None,
     ) -> None:
-        """Write a tracked job's record after its pending progress writes."""
+        """Write a tracked job's record after its pending progress writes (``attempt``:
+        other than the context's, for a job that never started)."""
         tasks = ctx._progress_tasks
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -139,7 +141,7 @@ class Tracking:
             self,
             message,
             state,
-            attempt=ctx.attempt,
+            attempt=ctx.attempt if attempt is None else attempt,
             progress=ctx._progress,
             result=result,
             error=error,
@@ -293,7 +295,9 @@ class StatusRecord:
             await record(message, ctx, "failed", error=status.error_text(run.error))
         elif outcome in (Outcome.CANCELLED, Outcome.SKIPPED):
             if run.note is not None:
-                await record(message, ctx, "cancelled", error=run.note)
+                # never started: the attempts that ran, not the one it was delivered for
+                ran = ctx.attempt if run.started else max(0, ctx.attempt - 1)
+                await record(message, ctx, "cancelled", error=run.note, attempt=ran)
         elif outcome == Outcome.RETRY:
             assert run.error is not None
             state = "delayed" if run.delay > 0 else "queued"

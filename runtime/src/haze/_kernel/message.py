@@ -347,29 +347,32 @@ def _check_fields(d: dict[str, Any]) -> None:
             raise _field_error(d, "unique.until", "a string")
     meta = get("meta")
     if meta is not None:
-        if meta.__class__ is not dict:
-            raise _field_error(d, "meta", "an object")
-        for key in ("first_ts", "due"):
-            value = meta.get(key)
-            if value is not None and not _is_number(value):
-                raise _field_error(d, f"meta.{key}", "a finite number (epoch seconds)")
-        for key in ("track", "keep"):  # status record TTLs (haze.status)
-            value = meta.get(key)
-            if value is not None and (not _is_number(value) or value <= 0):
-                raise _field_error(d, f"meta.{key}", "a positive number of seconds")
-        for key in ("debounce", "group"):
-            value = meta.get(key)
-            if value is not None and value.__class__ is not str:
-                raise _field_error(d, f"meta.{key}", "a string")
-        failed_attempt = meta.get("failed_attempt")  # a failed record's last attempt
-        if failed_attempt is not None and (
-            failed_attempt.__class__ is not int or failed_attempt < 1
-        ):
-            raise _field_error(d, "meta.failed_attempt", "an integer >= 1")
-        for key in ("traceparent", "tracestate"):  # W3C trace context (haze.otel)
-            value = meta.get(key)
-            if value is not None and (value.__class__ is not str or len(value) > 512):
-                raise _field_error(d, f"meta.{key}", "a W3C trace-context string")
+        _check_meta(d, meta)
+
+
+def _check_meta(d: dict[str, Any], meta: Any) -> None:
+    """The envelope's ``meta`` object and the fields haze reads from it."""
+    if meta.__class__ is not dict:
+        raise _field_error(d, "meta", "an object")
+    for key in ("first_ts", "due"):
+        value = meta.get(key)
+        if value is not None and not _is_number(value):
+            raise _field_error(d, f"meta.{key}", "a finite number (epoch seconds)")
+    for key in ("track", "keep"):  # status record TTLs (haze.status)
+        value = meta.get(key)
+        if value is not None and (not _is_number(value) or value <= 0):
+            raise _field_error(d, f"meta.{key}", "a positive number of seconds")
+    for key in ("debounce", "group"):
+        value = meta.get(key)
+        if value is not None and value.__class__ is not str:
+            raise _field_error(d, f"meta.{key}", "a string")
+    failed_attempt = meta.get("failed_attempt")  # a failed record's last attempt
+    if failed_attempt is not None and (failed_attempt.__class__ is not int or failed_attempt < 1):
+        raise _field_error(d, "meta.failed_attempt", "an integer >= 1")
+    for key in ("traceparent", "tracestate"):  # W3C trace context (haze.otel)
+        value = meta.get(key)
+        if value is not None and (value.__class__ is not str or len(value) > 512):
+            raise _field_error(d, f"meta.{key}", "a W3C trace-context string")
 
 
 def _check_links(d: dict[str, Any], field: str, links: Any, kinds: tuple[str, str]) -> None:
