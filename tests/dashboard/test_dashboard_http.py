@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import pytest
 from haze import (
     App,
+    JobContext,
     Queue,
     define_cache_config,
     define_database_config,
@@ -649,6 +650,49 @@ def test_encrypted_payload_hidden_unless_decrypted_with_the_app_key(
     keyless = client(backend).get(f"/failed/main/{job.id}", params={"decrypt": 1}).text
     assert "4242-SECRET" not in keyless
     assert "no app key" in keyless
+
+
+@define_job(name="dash_secret_text", tries=1, encrypted=True, track=True)
+async def dash_secret_text(payload: Any) -> None:
+    raise ValueError(f"card {payload['card']} declined")
+
+
+@define_job(name="dash_secret_result", encrypted=True, keep_result="1h")
+async def dash_secret_result(payload: Any, job: JobContext) -> Any:
+    job.progress({"at": payload["card"]})
+    return {"echo": payload["card"]}
+
+
+def test_encrypted_exception_result_and_progress_hidden_unless_decrypted(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from haze._kernel.crypto import generate_key
+
+    monkeypatch.setenv("APP_KEY", generate_key())
+
+    async def go(app: App) -> tuple[str, str]:
+        failing = await dash_secret_text.dispatch({"card": "4242-FAIL"})
+        kept = await dash_secret_result.dispatch({"card": "4242-KEPT"})
+        await drain(app)
+        return failing, kept
+
+    failing, kept = backend.run(go)
+    c = client(backend)
+    assert "4242-FAIL" not in c.get("/failed").text
+    html = c.get(f"/failed/main/{failing}").text
+    assert "4242-FAIL" not in html and "ValueError (encrypted)" in html
+    shown = c.get(f"/failed/main/{failing}", params={"decrypt": 1}).text
+    assert "card 4242-FAIL declined" in shown and "Traceback" in shown
+    for job_id, secret in ((failing, "4242-FAIL"), (kept, "4242-KEPT")):
+        html = c.get("/jobs", params={"id": job_id}).text
+        assert secret not in html and "encrypted with the app key and hidden" in html
+        assert secret in c.get("/jobs", params={"id": job_id, "decrypt": 1}).text
+    monkeypatch.delenv("APP_KEY")
+    keyless = client(backend)
+    html = keyless.get("/jobs", params={"id": kept, "decrypt": 1}).text
+    assert "4242-KEPT" not in html and "no app key" in html
+    html = keyless.get(f"/failed/main/{failing}", params={"decrypt": 1}).text
+    assert "4242-FAIL" not in html and "no app key" in html
 
 
 def test_pages_forbid_framing_and_foreign_scripts(backend: Backend) -> None:

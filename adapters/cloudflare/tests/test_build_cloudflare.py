@@ -300,6 +300,22 @@ def test_an_app_without_a_cloudflare_connection_is_told_what_to_add(tmp_path: Pa
     assert "no connection uses the cloudflare driver" in result.output
 
 
+def test_the_notes_name_the_apps_requirements_txt_only_when_it_has_one(tmp_path: Path) -> None:
+    root = write_app(tmp_path / "app")
+    (root / "app" / "job" / "bld_cf_cron.py").write_text(
+        "from haze import define_job, schedule\n"
+        "@define_job(name='bld_cf_cron')\n"
+        "async def bld_cf_cron() -> None: ...\n"
+        "schedule(bld_cf_cron, cron='* * * * *')\n"
+    )  # a schedule vendors cronsim beside haze: pinned in pyproject.toml, not the app's
+    without = build_in_subprocess(root, tmp_path / "dist1")
+    assert "cronsim==" in (tmp_path / "dist1" / "cloudflare" / "pyproject.toml").read_text()
+    assert "requirements.txt" not in without, without
+    (root / "requirements.txt").write_text("humanize>=4\n")
+    with_one = build_in_subprocess(root, tmp_path / "dist2")
+    assert "the app's requirements.txt (humanize>=4) is in" in " ".join(with_one.split())
+
+
 # --------------------------------------------------------------------------- Pyodide
 
 

@@ -37,6 +37,7 @@ from haze._failed import failed_target
 from haze._jobs.definition import registered_jobs
 from haze._kernel import current
 from haze._kernel.blocking import run_blocking
+from haze._kernel.crypto import check_keys
 from haze._kernel.current import run_in_app
 from haze._kernel.errors import ConfigError, HazeError
 from haze._kernel.hints import did_you_mean
@@ -199,6 +200,7 @@ class App:
         if self.root is not None:
             self.discover()
             self._load_schedules()
+        self.check_keys()
 
     # -- config ------------------------------------------------------------------
 
@@ -227,6 +229,13 @@ class App:
         """The app key for ``encrypted`` jobs: ``App(key=...)`` or the ``APP_KEY`` env var."""
         # read_env: inside a Cloudflare Worker, its secret of this invocation
         return self._key if self._key is not None else read_env("APP_KEY")
+
+    def check_keys(self) -> None:
+        """When a registered job is ``encrypted``: ``ConfigError`` naming the variable if
+        the app key or one of ``APP_PREVIOUS_KEYS`` cannot be a key (an unusable key is
+        found when the app starts, not job by job)."""
+        if any(job.encrypted for job in registered_jobs().values()):
+            check_keys(self.key, "APP_KEY" if self._key is None else "App(key=...)")
 
     # -- discovery ---------------------------------------------------------------
 
@@ -552,6 +561,7 @@ class App:
     async def start(self) -> None:
         """Start in-process consumers for the ``memory`` connections."""
         self._lock_store_name()  # no usable lock/batch store is a start-up error
+        self.check_keys()  # jobs imported since App() was built
         for name, options in self.queue_config.connections.items():
             if options["driver"] == "memory":
                 self.manager.ensure_local_worker(name)

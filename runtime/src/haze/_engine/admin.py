@@ -27,7 +27,9 @@ RETRY_LEASE = 15 * 60.0
 #: The meta field of a retried message: the claim token, and the connection whose
 #: failed store keeps the record its first run deletes.
 RETRY = "retry"
-_NOT_RETRIED = ("failed_attempt", RETRY_CLAIM, RETRY)
+#: What a failed record adds to the stored message's meta (the attempt it failed on, an
+#: encrypted job's sealed error) and a retry's own claim: dropped when it is queued again.
+_NOT_RETRIED = ("failed_attempt", "failed_exception", RETRY_CLAIM, RETRY)
 
 
 class Admin:

@@ -26,9 +26,9 @@ from haze._engine.pipeline import Contained, Pipeline, compose, with_timeout
 from haze._engine.throughput import ReadDuration, Tally
 from haze._jobs.context import JobContext, _tenant
 from haze._jobs.definition import find_job, get_job
-from haze._kernel.crypto import decrypt_payload
+from haze._kernel.crypto import decrypt_payload, sealed_error
 from haze._kernel.current import app_var
-from haze._kernel.describe import error_text
+from haze._kernel.describe import error_line
 from haze._kernel.durations import MAX_DELAY, backoff_delay
 from haze._kernel.errors import (
     JobFailedError,
@@ -37,7 +37,7 @@ from haze._kernel.errors import (
     UnknownJobError,
 )
 from haze._kernel.message import UNRECORDED_FAILURE, decode_payload, encode_payload
-from haze.contracts.driver import DelayStep, Reserved, unavailable
+from haze.contracts.driver import CappedDelay, DelayStep, Reserved, unavailable
 from haze.contracts.failed import RetryClaims
 
 if TYPE_CHECKING:
@@ -308,6 +308,7 @@ class Execution:
                 extra=_extra(run, "running"),
             )
         started = _perf()
+        run.started = True
         self.tracking.started(ctx, run.inline)
         try:
             if job.timeout is None:
@@ -387,6 +388,8 @@ class Execution:
             )
             await self.locks.unlock(message)
             return Outcome.RELEASED, None
+        if isinstance(run.driver, CappedDelay):
+            delay = run.driver.cap_delay(delay)
         if job_log.isEnabledFor(_DEBUG):
             job_log.debug(
                 'Job "%s" released, back in %gs',
@@ -412,17 +415,18 @@ class Execution:
             else backoff_delay(job.backoff, attempt)
         )
         delay = min(delay, MAX_DELAY)  # "exponential" doubles up to 2**40 s
+        if isinstance(driver, CappedDelay):
+            delay = driver.cap_delay(delay)  # its warning first, then the line below
         step = driver.delay_step if isinstance(driver, DelayStep) else None
         waits = -(-delay // step) * step if step and delay > 0 else delay
         job_log.warning(
-            'Job "%s" failed (attempt %d/%s), retrying in %ss: %s: %s',
+            'Job "%s" failed (attempt %d/%s), retrying in %ss: %s',
             job.name,
             attempt,
             "∞" if job.retry_until else job.tries,
             f"{waits:g}",
-            type(error).__name__,
-            error_text(error),
-            extra={**_extra(run, "retry"), "retry_in": waits, "error": error},
+            _shown(run, error),
+            extra={**_extra(run, "retry"), "retry_in": waits, **_error_fields(run, error)},
         )
         run.outcome, run.error, run.delay, run.shown_delay = Outcome.RETRY, error, delay, waits
         await self.hooks.settling(run)
@@ -434,13 +438,12 @@ class Execution:
     async def _final(self, run: Run, error: BaseException) -> Result:
         job, message, ctx, reserved = run.job, run.message, run.ctx, run.reserved
         job_log.error(
-            'Job "%s" failed after %d attempt(s): %s: %s',
+            'Job "%s" failed after %d attempt(s): %s',
             job.name,
             reserved.attempt,
-            type(error).__name__,
-            error_text(error),
-            exc_info=error if not run.inline else None,
-            extra={**_extra(run, "failed"), "error": error},
+            _shown(run, error),
+            exc_info=error if not run.inline and not _sealed(run) else None,
+            extra={**_extra(run, "failed"), **_error_fields(run, error)},
         )
         if self.events.failing:
             await self.events.emit("failing", ctx, error)
@@ -589,10 +592,27 @@ class Execution:
 
 
 def _extra(run: Run, state: str) -> dict[str, Any]:
-    """The fields of a lifecycle log record (``state`` marks the job lines)."""
-    return {
-        "job": run.job.name,
-        "job_id": run.message.id,
-        "attempt": run.reserved.attempt,
-        "state": state,
-    }
+    """The fields of a lifecycle log record (``state`` marks the job lines). A job
+    cancelled before its handler started shows the attempts that ran (0 for a first
+    delivery), not the one it was delivered for."""
+    attempt = run.reserved.attempt
+    if state == "cancelled" and not run.started:
+        attempt = max(0, attempt - 1)
+    return {"job": run.job.name, "job_id": run.message.id, "attempt": attempt, "state": state}
+
+
+def _sealed(run: Run) -> bool:
+    """Whether the run's error stays encrypted: an encrypted job's text (often made of its
+    payload: "card 4242 declined") is kept in its encrypted failed record only. A payload
+    that could not be decrypted (``enc`` still set) was never read: its error is plain."""
+    return run.job.encrypted and run.message.enc is None
+
+
+def _shown(run: Run, error: BaseException) -> str:
+    """The error as a log line shows it."""
+    return sealed_error(error) if _sealed(run) else error_line(error)
+
+
+def _error_fields(run: Run, error: BaseException) -> dict[str, Any]:
+    """The log record's error: the exception itself, or only what ``_shown`` shows."""
+    return {"error_text": sealed_error(error)} if _sealed(run) else {"error": error}

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from haze._engine.hooks import Outcome, Run
 from haze._jobs.definition import find_job
-from haze._kernel.crypto import encrypt_payload
+from haze._kernel.crypto import encrypt_payload, seal_failure, sealed_error
 from haze._kernel.describe import cap_text, error_line, format_error
 from haze._kernel.errors import JobTimeoutError, MaxExceptionsError, RetryUntilExpiredError
 from haze._kernel.message import UNRECORDED_FAILURE, Message, encode, new_id
@@ -122,15 +122,24 @@ class Failures:
             meta = {**(meta or {}), "failed_attempt": attempt}
         body_message.meta = meta
         job = find_job(message.job)
+        if exception is None:
+            exception = format_error(error)
         if message.enc is None and job is not None and job.encrypted:
             encrypt_payload(self.app, body_message)
+            # The job saw its plaintext, and its error text is often made of it ("card
+            # 4242 declined"): kept encrypted in the body, the record's own column names
+            # the type only. (A payload that could not be decrypted keeps its plain
+            # error: no plaintext was read, and the operator must see why.)
+            sealed = seal_failure(self.app, message.id, exception)
+            body_message.meta = {**(body_message.meta or {}), "failed_exception": sealed}
+            exception = sealed_error(error)
         return FailedJob(
             id=message.id,
             name=message.job,
             connection=connection,
             queue=message.queue,
             payload=None if body_message.enc is not None else message.payload,
-            exception=format_error(error) if exception is None else exception,
+            exception=exception,
             failed_at=_time(),
             chain_id=message.chain_id,
             batch_id=message.batch_id,

@@ -586,7 +586,8 @@ def build(ctx: BuildContext) -> BuildResult:
         wheels[dist] = f"wheels/{wheel.name}"
         files.append(wheel)
     # what is vendored beside haze (cronsim, tzdata for schedules) pinned as installed here
-    requirements = [*_pins(bundled), *app_requirements(ctx.root)]
+    own = app_requirements(ctx.root)
+    requirements = [*_pins(bundled), *own]
     files.append(
         ctx.write("pyproject.toml", pyproject_source(config["name"], wheels, requirements))
     )
@@ -607,10 +608,11 @@ def build(ctx: BuildContext) -> BuildResult:
     files.append(ctx.write("wrangler.jsonc", json.dumps(project, indent=2) + "\n"))
     wrangler = ctx.write("wrangler.json", json.dumps(config, indent=2) + "\n", base=ctx.out)
     files.append(wrangler)
-    if requirements:
+    if own:  # the pins of what is vendored beside haze need no pywrangler: src/ has it
         notes.append(
-            "the app's requirements.txt is in dist/cloudflare/pyproject.toml: deploy with "
-            "pywrangler (it vendors them into python_modules/), not with plain wrangler"
+            f"the app's requirements.txt ({', '.join(own)}) is in "
+            "dist/cloudflare/pyproject.toml: deploy with pywrangler (it vendors them into "
+            "python_modules/), not with plain wrangler"
         )
     notes.append(f"deploy: npx wrangler deploy -c {wrangler}")
     notes.append(

@@ -150,6 +150,8 @@ class WorkerOutput(logging.Handler):
         error = getattr(record, "error", None)
         if isinstance(error, BaseException):
             detail += f"  {one_line(error)}"
+        elif hasattr(record, "error_text"):  # an encrypted job's: the type only
+            detail += f"  {record.__dict__['error_text']}"
         self._write(self.out, f"{self._prefix(record)} {label}{detail}")
         if state == "failed" and self.verbose and record.exc_info and record.exc_info[1]:
             self._write(self.out, format_error(record.exc_info[1]))
@@ -201,6 +203,8 @@ class WorkerOutput(logging.Handler):
             error = record.exc_info[1]
         if isinstance(error, BaseException):
             data["exception"] = one_line(error)
+        elif hasattr(record, "error_text"):
+            data["exception"] = record.__dict__["error_text"]
         if record.exc_info and record.exc_info[1] is not None:
             data["traceback"] = format_error(record.exc_info[1])
         return data

@@ -28,6 +28,7 @@ __all__ = [
     "Advises",
     "Backlog",
     "BatchConsumer",
+    "CappedDelay",
     "Concurrent",
     "ConnectionAware",
     "DeclaresOptions",
@@ -258,6 +259,16 @@ class Backlog(Protocol):
 
     async def wait_idle(self) -> None:
         """Return once ``pending()`` is 0."""
+
+
+@runtime_checkable
+class CappedDelay(Protocol):
+    """A backend that holds a retry or release for a bounded time (Cloudflare Queues: 12
+    hours): a longer backoff is capped, with a warning, before the retry line names the
+    wait, so the line says what the backend will do."""
+
+    def cap_delay(self, delay: float) -> float:
+        """``delay``, or the longest the backend holds (warning that it was capped)."""
 
 
 @runtime_checkable

@@ -272,11 +272,12 @@ class Dashboard:
             return self.render(request, "error.html", 404, message=message, page="failed")
         encrypted = _data.is_encrypted(job)
         payload: Any = job.payload
+        exception = job.exception
         decrypted = False
         decrypt_error = ""
         if encrypted and request.query_params.get("decrypt"):
             try:
-                _, payload = _data.decrypted_payload(self.app, job)
+                payload, exception = _data.decrypted(self.app, job)
                 decrypted = True
             except HazeError as e:
                 decrypt_error = str(e)
@@ -291,6 +292,7 @@ class Dashboard:
             decrypt_error=decrypt_error,
             can_decrypt=bool(self.app.key),
             payload=payload,
+            exception=exception,
             page="failed",
         )
 
@@ -373,14 +375,24 @@ class Dashboard:
 
     async def jobs(self, request: Request) -> Response:
         token = request.query_params.get("id", "").strip()
+        decrypt = bool(request.query_params.get("decrypt"))
         found = None
         error = ""
         if token:
             try:
-                found = await self.call(lambda app: _data.lookup(app, token))
+                found = await self.call(lambda app: _data.lookup(app, token, decrypt=decrypt))
             except HazeError as e:  # an ambiguous short id
                 error = str(e)
-        return self.render(request, "jobs.html", token=token, found=found, error=error, page="jobs")
+        return self.render(
+            request,
+            "jobs.html",
+            token=token,
+            found=found,
+            error=error,
+            decrypt=decrypt,
+            can_decrypt=bool(self.app.key),
+            page="jobs",
+        )
 
     async def queue_action(self, request: Request) -> Response:
         action = request.path_params["action"]

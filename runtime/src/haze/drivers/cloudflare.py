@@ -53,6 +53,7 @@ from haze._kernel.errors import ConfigError, DelayTooLongError, HazeError
 from haze._kernel.http import LoopClient
 from haze._kernel.message import Message, decode
 from haze.contracts.driver import (
+    CappedDelay,
     Concurrent,
     DelayStep,
     FailedJob,
@@ -320,8 +321,13 @@ class _Lease:
 # --------------------------------------------------------------------------- the driver
 
 
-class CloudflareDriver(Interruptible, DelayStep, Concurrent):
+class CloudflareDriver(Interruptible, DelayStep, CappedDelay, Concurrent):
     """Cloudflare Queues; see the module docstring."""
+
+    def cap_delay(self, delay: float) -> float:
+        if delay <= MAX_DELAY_SECONDS:
+            return delay
+        return float(delay_seconds(delay, self.name, cap=True))
 
     remote = True
     #: delays are whole seconds (a retry backoff is rounded up): what logs report
