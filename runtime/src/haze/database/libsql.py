@@ -378,7 +378,12 @@ class LibSQLConnector:
         ).encode()
         endpoint = (base_url or self.url).rstrip("/") + PIPELINE_PATH
         try:
-            response = await self._http.get().post(endpoint, content=body)
+            # httpx's timeout bounds each read, not the whole answer: a server that
+            # trickles bytes would hold the request (and a stopping worker) for ever
+            async with asyncio.timeout(self.timeout):
+                response = await self._http.get().post(endpoint, content=body)
+        except (TimeoutError, self._http.httpx.TimeoutException) as e:
+            raise self._timed_out(requests, e) from None
         except self._http.httpx.HTTPError as e:
             raise LibSQLUnavailableError(
                 self.name, self.url, f"cannot reach the server ({type(e).__name__}: {e})"
@@ -402,6 +407,22 @@ class LibSQLConnector:
         if not isinstance(results, list) or len(results) != len(requests):
             raise self._error("the server answered a different number of requests")
         return data.get("baton"), data.get("base_url"), results
+
+    def _timed_out(self, requests: list[Json], e: BaseException) -> LibSQLUnavailableError:
+        """No answer within ``timeout``: logged every time (a stuck server accepts
+        connections and answers nothing, so each try is news), then an outage error
+        the caller handles as any other (a worker tries again with backoff)."""
+        stmts = [r["stmt"]["sql"] for r in requests if r.get("type") == "execute"]
+        steps = [r["batch"]["steps"][-1]["stmt"]["sql"] for r in requests if r.get("batch")]
+        what = " ".join(((stmts or steps or ["a request"])[0]).split())[:60]
+        message = f"no answer within {self.timeout:g}s ({type(e).__name__}) to {what!r}"
+        log.warning(
+            "libSQL connection %r (%s): %s; the request failed and is tried again by its caller",
+            self.name,
+            self.url,
+            message,
+        )
+        return LibSQLUnavailableError(self.name, self.url, message)
 
     def _refused(self, response: httpx.Response) -> LibSQLAuthError:
         """401/403: one line naming the setting to fix (the token itself never shown)."""
