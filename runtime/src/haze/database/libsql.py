@@ -273,7 +273,7 @@ class _Transaction:
 
     async def _begin_with(self, begin: str, stmts: list[Json]) -> list[Json]:
         """The first request: ``BEGIN`` and the first statements. A ``BEGIN`` that found
-        the database locked opened nothing, so it is sent again (``retry_busy``)."""
+        the database locked opened nothing, so it is sent again (``_retry_busy``)."""
         steps = [{"sql": begin, "want_rows": False}, *stmts]
 
         async def send() -> Json:
@@ -283,7 +283,7 @@ class _Transaction:
         def read(result: Json) -> list[Json]:
             return self._c._batch_results(result, len(steps))[1:]
 
-        return await self._c.retry_busy(
+        return await self._c._retry_busy(
             send, read, begin, retryable=lambda e: e.step == 0 and not self._finished
         )
 
@@ -482,11 +482,11 @@ class LibSQLConnector:
     async def _statement(self, stmt: Json) -> Json:
         """One statement on its own stream, tried again while the database is locked."""
         request = {"type": "execute", "stmt": stmt}
-        return await self.retry_busy(
+        return await self._retry_busy(
             lambda: self._single(request), self._execute_result, stmt["sql"]
         )
 
-    async def retry_busy(
+    async def _retry_busy(
         self,
         send: Callable[[], Awaitable[Json]],
         read: Callable[[Json], _T],
@@ -547,7 +547,7 @@ class LibSQLConnector:
 
         if not left:
             return 0
-        return await self.retry_busy(lambda: self._single(_chain(left)), read, sql)
+        return await self._retry_busy(lambda: self._single(_chain(left)), read, sql)
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         return _rows(await self._statement(_stmt(sql, params, want_rows=True)))
