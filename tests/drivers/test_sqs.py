@@ -236,6 +236,28 @@ async def test_queues_map_to_sqs_queues(make_app: Callable[..., App]) -> None:
     assert d.queue_url_for("emails") == "https://sqs.eu-west-1.amazonaws.com/1/emails"
 
 
+def test_a_standard_template_never_takes_a_fifo_queue() -> None:
+    base = f"https://sqs.eu-west-1.amazonaws.com/{ACCOUNT}"
+    app = App(
+        queue=define_queue_config(
+            default="std",
+            connections={
+                "std": {"driver": "sqs", "queue_url": f"{base}/myapp-{{queue}}"},
+                "fifo": {"driver": "sqs", "queue_url": f"{base}/myapp-{{queue}}.fifo"},
+            },
+        )
+    )
+    std: Any = app.driver("std")
+    fifo: Any = app.driver("fifo")
+    assert (std.queue_for_name("myapp-orders"), fifo.queue_for_name("myapp-orders")) == (
+        "orders",
+        None,
+    )
+    assert std.queue_for_name("myapp-orders.fifo") is None
+    assert fifo.queue_for_name("myapp-orders.fifo") == "orders"
+    assert std.url_for_arn(f"arn:aws:sqs:eu-west-1:{ACCOUNT}:myapp-orders.fifo") is None
+
+
 async def test_a_missing_queue_is_a_clear_error(app: App) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         await sqs_ok.with_({}).on_queue("nowhere").dispatch()

@@ -169,11 +169,14 @@ class Tracking:
         if self.running.get(ctx.id) is ctx:
             del self.running[ctx.id]
 
-    def stop_watching(self, loop: asyncio.AbstractEventLoop | None) -> None:
+    async def stop_watching(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """End this loop's cancel watch, and wait for it to end (a Lambda invocation
+        leaves no task behind)."""
         watcher = self._watcher
         if watcher is not None and watcher.get_loop() is loop:
             self._watcher = None
             watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
 
     async def _watch(self) -> None:
         told = False

@@ -181,6 +181,9 @@ class SqsReceipt:
     sent_at: float
     first_received_at: float
     group: str | None = None
+    #: Receives of this message that ran nothing (a FIFO trigger's records reported
+    #: unprocessed): not attempts. Kept by the Lambda handler in the app's store.
+    unused: int = 0
 
 
 def _rewrite(
@@ -302,7 +305,10 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
             head, _, tail = template.partition("{queue}")
             fits = len(sqs_name) > len(head) + len(tail)
             if fits and sqs_name.startswith(head) and sqs_name.endswith(tail):
-                return sqs_name[len(head) : len(sqs_name) - len(tail)]
+                queue = sqs_name[len(head) : len(sqs_name) - len(tail)]
+                # "myapp-{queue}" must not take "myapp-orders.fifo" (a FIFO queue served
+                # as a standard one loses its order)
+                return queue if self.fifo == sqs_name.endswith(".fifo") else None
             return None
         if sqs_name == self._default_name():
             return "default"
@@ -667,7 +673,7 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
             and receipt.first_received_at < due - _DUE_TOLERANCE
         ):
             holds = 1  # the first receive only held it until due
-        attempt = max(1, attempts + receipt.receive_count - holds)
+        attempt = max(1, attempts + receipt.receive_count - holds - receipt.unused)
         return Reserved(message, attempt, body, queue, receipt, error), False
 
     async def _not_due(
@@ -704,6 +710,32 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
             ReceiptHandle=receipt.handle,
             VisibilityTimeout=max(0, int(seconds)),
         )
+
+    async def hand_back(self, receipts: Sequence[SqsReceipt]) -> None:
+        """Make received messages visible again now (records a FIFO trigger reports
+        unprocessed: their group resumes when its head's own delay ends, not after the
+        queue's visibility timeout)."""
+        by_url: dict[str, list[SqsReceipt]] = {}
+        for r in receipts:
+            by_url.setdefault(r.url, []).append(r)
+        for url, same in by_url.items():
+            for i in range(0, len(same), _BATCH):
+                chunk = same[i : i + _BATCH]
+                entries = [
+                    {"Id": str(n), "ReceiptHandle": r.handle, "VisibilityTimeout": 0}
+                    for n, r in enumerate(chunk)
+                ]
+                response = await self._call(
+                    "change_message_visibility_batch", QueueUrl=url, Entries=entries
+                )
+                for f in response.get("Failed") or []:
+                    # it comes back after its visibility timeout instead: later, not lost
+                    log.warning(
+                        "haze sqs: could not hand back message %s at once (%s: %s)",
+                        chunk[int(f["Id"])].message_id,
+                        f.get("Code"),
+                        f.get("Message"),
+                    )
 
     async def _delete(self, receipt: SqsReceipt) -> bool:
         """Delete a received message; False when its receipt had expired (the message was
