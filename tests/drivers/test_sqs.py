@@ -15,6 +15,7 @@ exactly-once delivery (runs are counted as "at least", or with one consumer only
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import runpy
@@ -621,6 +622,36 @@ async def test_messages_over_the_limit_are_rejected_at_dispatch(
     async with small:
         with pytest.raises(PayloadTooLargeError, match="1000-byte limit"):
             await sqs_ok.dispatch({"blob": "x" * 1000})
+
+
+async def test_every_message_dispatch_accepts_can_be_released_or_delayed(app: App) -> None:
+    """A release or a delay over 15 minutes adds "attempts" and "meta.due" to the body:
+    dispatch keeps room for them, so neither pushes an accepted message past SQS's
+    limit, and a message too big for them is a PayloadTooLargeError, never SQS's error."""
+    driver: Any = app.driver("sqs")
+    spy = SpyCalls(driver)
+    await sqs_ok.dispatch({"blob": ""})
+    overhead = len(spy.of("send_message")[0]["MessageBody"])
+    first = await driver.reserve(["default"], 0)
+    await driver.ack(first)
+    accepted = []
+    for room in (300, 40, 12, 1):
+        payload = {"blob": "x" * (1024 * 1024 - overhead - room)}
+        # with meta.due added: accepted, or refused by haze (not SQS's ClientError)
+        with contextlib.suppress(PayloadTooLargeError):
+            await sqs_ok.dispatch(payload, delay="20m")
+        try:
+            await sqs_ok.dispatch(payload)
+        except PayloadTooLargeError:
+            continue
+        accepted.append(room)
+        job = await driver.reserve(["default"], 0)
+        assert job is not None and len(job.body) > 1024 * 1024 - 400
+        # past the 12 h visibility limit: re-sent with "attempts" and "meta.due"
+        await driver.release(job, 13 * 3600, consume_attempt=True)
+        resent = json.loads(spy.of("send_message")[-1]["MessageBody"])
+        assert (resent["attempts"], "due" in resent["meta"]) == (1, True)
+    assert 300 in accepted
 
 
 async def test_size_counts_waiting_delayed_and_in_flight_and_purge(app: App) -> None:

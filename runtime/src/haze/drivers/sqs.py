@@ -102,7 +102,12 @@ from urllib.parse import urlsplit
 
 from haze._failed import failed_store
 from haze._kernel.deps import require
-from haze._kernel.errors import BackendUnavailableError, ConfigError, HazeError
+from haze._kernel.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    HazeError,
+    PayloadTooLargeError,
+)
 from haze._kernel.message import Message, decode, new_id
 from haze.contracts.driver import (
     Concurrent,
@@ -138,6 +143,10 @@ SQS_MAX_WAIT = 20
 _BATCH = 10
 #: Seconds kept back from the 12-hour visibility limit (clock skew, call latency).
 _VISIBILITY_MARGIN = 60
+#: Bytes of the size limit kept free at dispatch for what the driver may add to a body
+#: later: ``,"attempts":NNNNN`` and ``,"meta":{"due":NNNNNNNNNN.NNN}`` (a release, a
+#: retry re-sent past 12 h, a delay over 15 minutes).
+_HEADROOM = 48
 #: A message this close to its ``due`` time counts as due (SQS delays are whole seconds).
 _DUE_TOLERANCE = 1.0
 _SYSTEM_ATTRIBUTES = [
@@ -449,8 +458,11 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
                 seconds = math.ceil(self.max_delay)
             else:
                 seconds = math.ceil(delay)
+        if not resend:
+            self._check_size(body, message, _HEADROOM)
         if resend or due is not None:
             body = _rewrite(body, attempts=attempts, due=due)
+            self._check_size(body, message, 0)
         entry: dict[str, Any] = {"MessageBody": body}
         if seconds:
             entry["DelaySeconds"] = min(seconds, SQS_MAX_DELAY)
@@ -461,6 +473,22 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
             else:
                 entry["MessageDeduplicationId"] = f"{message.id}-{int(message.ts * 1000)}"
         return entry
+
+    def _check_size(self, body: str, message: Message, room: int) -> None:
+        limit = self.max_message_size or SQS_MAX_MESSAGE_SIZE
+        size = len(body) if body.isascii() else len(body.encode("utf-8"))
+        if size + room <= limit:
+            return
+        kept = (
+            f"; {room} bytes of it are kept for the fields a release or a delay adds"
+            if room
+            else ""
+        )
+        raise PayloadTooLargeError(
+            f'job "{message.job}": the message is {size} bytes, too big for the {limit}-byte '
+            f'limit of connection "{self.name}"{kept}; pass ids instead of data (nothing was '
+            "enqueued)"
+        )
 
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         entry = self._entry(body, message, delay, resend=False)
