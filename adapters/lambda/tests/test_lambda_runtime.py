@@ -854,6 +854,31 @@ def test_http_handler_dispatches_and_rejects(lam_app: dict[str, Any]) -> None:
     assert json.loads(second["Body"])["payload"] == {"via": "hmac"}
 
 
+def test_http_handler_answers_odd_requests_with_a_clear_4xx(lam_app: dict[str, Any]) -> None:
+    """A direct invoke with a dict body, a queue that does not exist, a base64 body that
+    is not UTF-8: each a 4xx whose error names the problem and no queue URL or account."""
+    _SPEC["create_queues"](["lam-default"])
+    bearer = {"authorization": f"Bearer {SECRET}"}
+    with runtime(lam_app, "haze_lambda.http_handler") as api:
+
+        def call(event: dict[str, Any]) -> tuple[int, str]:
+            kind, response = api.invoke(event)
+            assert kind == "response", response
+            return response["statusCode"], json.loads(response["body"])["error"]
+
+        direct = http_event("{}", bearer)
+        direct["body"] = {"job": "lam_ok", "payload": {"via": "direct"}}
+        status, error = call(direct)
+        assert (status, "body" in error) == (400, True), error
+        status, error = call(http_event('{"job": "lam_ok", "queue": "nowhere"}', bearer))
+        assert status == 404, error
+        assert "nowhere" in error
+        assert ACCOUNT not in error and "http" not in error, error
+        status, error = call(http_event(b"\xff\xfe{\x00}\x00", bearer, base64_body=True))
+        assert status == 400, error
+        assert "UTF-8" in error and "utf-16" not in error, error
+
+
 def test_a_bad_size_or_duration_setting_fails_the_boot_with_one_line(
     lam_app: dict[str, Any],
 ) -> None:

@@ -4,6 +4,7 @@ The tree::
 
     HazeError
     ├── ConfigError                 bad value in config/*.py or App(...) (names file and key)
+    │   └── UnknownQueueError       a dispatch names a queue its connection does not have
     ├── DuplicateJobError           two different jobs share a name (names both places)
     ├── UnknownJobError             a message or a call names a job nobody registered
     ├── MissingDependencyError      an optional extra is not installed (names haze[extra])
@@ -54,6 +55,7 @@ __all__ = [
     "RetryUntilExpiredError",
     "ScheduleError",
     "UnknownJobError",
+    "UnknownQueueError",
 ]
 
 
@@ -78,6 +80,16 @@ class ConfigError(HazeError, ValueError):
         elif key:
             where = f"{key}: "
         super().__init__(f"{where}{message}")
+
+
+class UnknownQueueError(ConfigError):
+    """A queue that does not exist on its connection (an SQS queue haze would not
+    create). ``queue`` and ``connection`` name it without the backend's address."""
+
+    def __init__(self, message: str, *, queue: str, connection: str, key: str | None = None):
+        self.queue = queue
+        self.connection = connection
+        super().__init__(message, key=key)
 
 
 class DuplicateJobError(HazeError):

@@ -107,6 +107,7 @@ from haze._kernel.errors import (
     ConfigError,
     HazeError,
     PayloadTooLargeError,
+    UnknownQueueError,
 )
 from haze._kernel.message import Message, decode, new_id
 from haze.contracts.driver import (
@@ -422,9 +423,11 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
             ) from None
         if _error_code(error) in _NO_QUEUE:
             url = params.get("QueueUrl", "?")
-            raise ConfigError(
+            raise UnknownQueueError(
                 f"the SQS queue {url} does not exist; haze does not create queues (create "
                 "it, or check queue_url and the queue name)",
+                queue=self._queue_of_url(url),
+                connection=self.name,
                 key=f"connections.{self.name}.queue_url",
             ) from error
 

@@ -69,6 +69,7 @@ from haze._kernel.errors import (
     DelayTooLongError,
     PayloadTooLargeError,
     UnknownJobError,
+    UnknownQueueError,
 )
 from haze.api.health import queue_check
 
@@ -286,6 +287,11 @@ async def dispatch_request(
         result = await app.manager.dispatch(pending)
     except PayloadTooLargeError as e:
         return _error(413, str(e))
+    except UnknownQueueError as e:
+        # the caller's mistake: named without the backend's address (an SQS URL holds
+        # the account id)
+        log.warning("%s: cannot dispatch %s: %s", where, name, e)
+        return _error(404, f'there is no queue "{e.queue}" on connection "{e.connection}"')
     except ConfigError as e:
         log.error("%s: cannot dispatch %s: %s", where, name, e)
         return _error(500, f"the queue connection is misconfigured: {e}")
@@ -305,7 +311,10 @@ def _body(raw: bytes) -> dict[str, Any] | DispatchResponse:
     if _too_deep(raw):
         return _error(400, _TOO_DEEP)
     try:
-        data = json.loads(raw)
+        # decoded first: json.loads(bytes) would guess UTF-16 or UTF-32 from the bytes
+        data = json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError as e:
+        return _error(400, f"the body is not UTF-8 text (byte {e.start} is not valid UTF-8)")
     except ValueError as e:
         return _error(400, f"the body is not valid JSON: {e}")
     except RecursionError:
