@@ -705,6 +705,25 @@ def test_sqs_handler_reports_an_unsettled_record_past_the_deadline(
     )
 
 
+def test_sqs_handler_warns_when_the_visibility_is_shorter_than_the_heartbeat(
+    lam_app: dict[str, Any],
+) -> None:
+    """Lambda receives with the queue's VisibilityTimeout: under the heartbeat's interval
+    (retry_after 30 s / 3) a long record would be delivered again before its first beat."""
+    client = _SPEC["client"]()
+    name = "lam-t8"
+    url = _SPEC["create_queues"]([name], attributes={"VisibilityTimeout": "5"})[name]
+    _, body = body_of("lam_ok", {"n": "t8"}, "t8")
+    client.send_message(QueueUrl=url, MessageBody=body)
+    messages = receive_all(client, url, 1)
+    with runtime(lam_app, "haze_lambda.sqs_handler") as api:
+        kind, response = api.invoke(sqs_event(messages, name))
+        assert (kind, response) == ("response", {"batchItemFailures": []})
+    log = (lam_app["root"] / "haze_lambda_sqs_handler.log").read_text(errors="replace")
+    [line] = [x for x in log.splitlines() if "VisibilityTimeout" in x]
+    assert "lam-t8" in line and "5s" in line and "10s" in line, line
+
+
 def test_sqs_handler_refuses_a_timeout_at_or_below_the_margin(lam_app: dict[str, Any]) -> None:
     """Under HAZE_SQS_MARGIN every record would be handed back for ever: one line."""
     q = queued_batch("lam-t7", ("lam_ok",), "t7")

@@ -78,6 +78,7 @@ if TYPE_CHECKING:  # loaded on the first invocation, not at import (cold start)
             self, job: Reserved, delay: float, *, consume_attempt: bool
         ) -> bool: ...
         async def hand_back(self, receipts: Sequence[SqsReceipt]) -> None: ...
+        async def visibility_timeout(self, url: str) -> int: ...
 
 
 from haze_lambda._boot import run
@@ -264,6 +265,38 @@ async def _hand_back(app: App, unrun: list[tuple[dict[str, Any], SqsRecords, str
             log.warning("haze_lambda: could not hand back the unprocessed records: %s", e)
 
 
+#: The queues whose VisibilityTimeout this process has checked against the heartbeat.
+_checked: set[str] = set()
+
+
+async def _check_visibility(resolved: list[tuple[SqsRecords, str]]) -> None:
+    """Warn once per queue when Lambda's receive (with the queue's VisibilityTimeout)
+    hides a record for less than the heartbeat's interval: a record running longer is
+    delivered again before its first heartbeat."""
+    for driver, url in {url: (d, url) for d, url in resolved}.values():
+        if url in _checked:
+            continue
+        _checked.add(url)
+        try:
+            visibility = await driver.visibility_timeout(url)
+        except Exception as e:  # a check, not the invocation's work
+            log.debug("haze_lambda: could not read the VisibilityTimeout of %s: %s", url, e)
+            continue
+        if visibility < driver.heartbeat_interval:
+            log.warning(
+                "haze_lambda: the SQS queue %s has a VisibilityTimeout of %ds, shorter than "
+                'the heartbeat of connection "%s" (every %gs, retry_after / 3): a record '
+                "running longer than %ds is delivered again while it runs; raise the "
+                "queue's VisibilityTimeout, or lower retry_after to at most 3 x %ds",
+                url.rsplit("/", 1)[-1],
+                visibility,
+                driver.name,
+                driver.heartbeat_interval,
+                visibility,
+                visibility,
+            )
+
+
 def _listed(
     app: App, delivery: Delivery, resolved: list[tuple[SqsRecords, str]], concurrency: int
 ) -> AbstractAsyncContextManager[None]:
@@ -356,6 +389,7 @@ async def _handle(
     deadline = _deadline(remaining, read_at)
     records: list[dict[str, Any]] = list(event.get("Records") or [])
     resolved = [_connection_for(app, r.get("eventSourceARN", "")) for r in records]
+    await _check_visibility(resolved)
     delivery = Delivery(app.manager)
     kinds = await _run_records(app, delivery, records, resolved, deadline)
     await _hand_back(

@@ -742,6 +742,13 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
             VisibilityTimeout=max(0, int(seconds)),
         )
 
+    async def visibility_timeout(self, url: str) -> int:
+        """The queue's own ``VisibilityTimeout`` (what Lambda's trigger receives with)."""
+        response = await self._call(
+            "get_queue_attributes", QueueUrl=url, AttributeNames=["VisibilityTimeout"]
+        )
+        return int((response.get("Attributes") or {}).get("VisibilityTimeout") or 30)
+
     async def hand_back(self, receipts: Sequence[SqsReceipt]) -> None:
         """Make received messages visible again now (records a FIFO trigger reports
         unprocessed: their group resumes when its head's own delay ends, not after the
