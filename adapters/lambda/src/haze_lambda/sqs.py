@@ -24,12 +24,21 @@ deletes the others. Successes and final failures are deleted by haze too, so a
 later timeout of the same invocation cannot run them again.
 
 The attempt number is the envelope's ``attempts`` plus the record's
-``ApproximateReceiveCount``, exactly as on a worker. Records of a standard queue run
-concurrently (up to the connection's ``concurrency``); records of a FIFO queue run in
-order, and after the first reported record the rest of the batch is reported
-unprocessed, as AWS requires for FIFO triggers. Records not started before the
-function's deadline (less ``HAZE_SQS_MARGIN``, default 5 s) are handed back without
-using a try. Running jobs get the worker's visibility heartbeat.
+``ApproximateReceiveCount``, as on a worker, less the receives that ran nothing.
+Records of a standard queue run concurrently (up to the connection's
+``concurrency``); records of a FIFO queue run in order, and after the first reported
+record the rest of the batch is reported unprocessed, as AWS requires for FIFO
+triggers. Those were not run: each one's unused receive is counted in the app's state
+store (``haze:sqs:unused:<messageId>``, kept 14 days) before it is made visible again
+at once (its group then resumes when the reported record's own delay ends).
+
+Records not started before the function's deadline (less ``HAZE_SQS_MARGIN``, default
+5 s) are handed back without using a try: on a FIFO queue by reporting them (a re-sent
+message would go behind later ones), on a standard queue by re-sending them; an
+undecodable record is reported (Lambda would delete it unreported). A function whose
+timeout is at or below the margin is refused with a ``ConfigError``. Running jobs get
+the worker's visibility heartbeat; a queue whose ``VisibilityTimeout`` is shorter than
+its interval gets a warning.
 
 The connection is ``HAZE_SQS_CONNECTION``, else the ``sqs`` connection of
 ``config/queue.py`` whose queues include the record's ``eventSourceARN``.

@@ -26,6 +26,9 @@ must not use a try, so it sends a NEW message whose envelope carries
 at zero). A retry whose backoff does not fit in SQS's 12-hour visibility limit is
 re-sent the same way with ``attempts = attempt``. A crashed worker's message comes back
 after ``retry_after`` with a higher receive count, which counts as the lost attempt.
+A receive that ran nothing (a record a FIFO Lambda trigger reported unprocessed) is
+not an attempt: the Lambda handler counts those in the app's store and sets
+``SqsReceipt.unused``, which ``admit`` subtracts.
 
 **Delays.** SQS holds a message for at most 15 minutes (``DelaySeconds`` 0-900, whole
 seconds, rounded up). A longer delay is sent with ``DelaySeconds=900`` and
@@ -71,7 +74,9 @@ fail; redrive them back with ``StartMessageMoveTask`` once fixed (their envelope
 intact, and the receive count starts again).
 
 **Sizes.** A body over ``max_message_size`` (default 1 MiB, SQS's limit since 2025) is
-rejected at dispatch. ``size(queue)`` is ``ApproximateNumberOfMessages +
+rejected at dispatch, and so is one within 48 bytes of it: that room is kept for the
+``attempts`` and ``meta.due`` a release, a long retry or a long delay adds.
+``size(queue)`` is ``ApproximateNumberOfMessages +
 ApproximateNumberOfMessagesDelayed + ApproximateNumberOfMessagesNotVisible``: waiting,
 delayed, and in flight (running, or waiting out a retry backoff: SQS cannot tell these
 apart). SQS's figures are approximate and lag.
