@@ -7,6 +7,11 @@ keeps the limits these tests exercise (DelaySeconds <= 900, no per-message delay
 and its ``ReceiveMessage`` is not safe under concurrency: no test relies on
 exactly-once delivery (runs are counted as "at least", or with one consumer only).
 
+``RejectEntries`` is a stand-in for SQS refusing some entries of a ``SendMessageBatch``
+(a partial failure): moto only ever fails an entry whose ``DelaySeconds`` is over 900,
+which the driver never sends, so the wrapper keeps the chosen entries from moto and
+lists them under ``Failed`` as SQS does.
+
 ``SpyCalls`` wraps the driver's thread-pool submit to record the SQS calls it makes
 (the calls still go to moto), so the tests can check parameters such as
 ``DelaySeconds``, ``VisibilityTimeout``, ``MessageGroupId`` and the batch sizes.
@@ -34,7 +39,12 @@ from haze import (
     define_job,
     define_queue_config,
 )
-from haze._kernel.errors import ConfigError, MissingDependencyError, PayloadTooLargeError
+from haze._kernel.errors import (
+    ConfigError,
+    DispatchIncompleteError,
+    MissingDependencyError,
+    PayloadTooLargeError,
+)
 from haze._kernel.message import Message, encode, new_id
 from haze._runners.worker import Worker
 
@@ -113,6 +123,42 @@ class SpyCalls:
 
     def of(self, op: str) -> list[dict[str, Any]]:
         return [p for o, p in self.calls if o == op]
+
+
+class RejectEntries:
+    """SQS failing the ``SendMessageBatch`` entries whose payload's "i" is in ``reject``
+    (see the module docstring); the other entries go to moto."""
+
+    def __init__(self, driver: Any, reject: set[int]) -> None:
+        original = driver._submit
+
+        def submit(op: str, **params: Any) -> Any:
+            if op != "send_message_batch":
+                return original(op, **params)
+            entries = params["Entries"]
+            refused = [e for e in entries if _payload_i(e) in reject]
+            kept = [e for e in entries if e not in refused]
+
+            async def answer() -> dict[str, Any]:
+                r = await original(op, **{**params, "Entries": kept}) if kept else {}
+                failed = [
+                    {
+                        "Id": e["Id"],
+                        "SenderFault": True,
+                        "Code": "InvalidMessageContents",
+                        "Message": "refused by the test",
+                    }
+                    for e in refused
+                ]
+                return {**r, "Failed": [*(r.get("Failed") or []), *failed]}
+
+            return asyncio.ensure_future(answer())
+
+        driver._submit = submit
+
+
+def _payload_i(entry: dict[str, Any]) -> Any:
+    return json.loads(entry["MessageBody"])["payload"].get("i")
 
 
 def _queues(prefix: str, names: list[str], fifo: bool = False) -> dict[str, str]:
@@ -604,6 +650,35 @@ async def test_bulk_uses_send_message_batch_in_chunks_of_10(app: App) -> None:
         app, lambda: len({r["id"] for r in RUNS.get("sqs_ok", [])}) >= 25, concurrency=4
     )
     assert {r["id"] for r in RUNS["sqs_ok"]} == set(ids)  # every job ran (at least once)
+
+
+async def test_bulk_reports_every_entry_sqs_refused(app: App) -> None:
+    driver: Any = app.driver("sqs")
+    RejectEntries(driver, {2, 14, 23})  # one in each SendMessageBatch of 10
+    spy = SpyCalls(driver)  # sees every entry sent, the refused ones too
+    with pytest.raises(DispatchIncompleteError) as e:
+        await Queue.bulk([sqs_ok.with_({"i": i}) for i in range(25)])
+    sent = [m for p in spy.of("send_message_batch") for m in p["Entries"]]
+    refused = {json.loads(m["MessageBody"])["id"] for m in sent if _payload_i(m) in {2, 14, 23}}
+    assert set(e.value.failed) == refused and len(refused) == 3
+    assert "3 of 25" in str(e.value)
+    assert all(job_id in str(e.value) for job_id in refused)
+    assert "InvalidMessageContents" in str(e.value)
+    assert await driver.size("default") == 22  # the others were sent
+
+
+async def test_a_batch_whose_members_partly_failed_to_send_still_finishes(app: App) -> None:
+    RejectEntries(app.driver("sqs"), {1})
+    pending = (
+        Queue.batch([sqs_ok.with_({"i": i}) for i in range(3)])
+        .allow_failures()
+        .finally_(sqs_ok.with_({"finally": True}))
+    )
+    with pytest.raises(DispatchIncompleteError):
+        await pending.dispatch()
+    # the two members sent run; the one SQS refused counts as failed, so the batch ends
+    await run_until(app, lambda: any(r["payload"].get("finally") for r in RUNS.get("sqs_ok", [])))
+    assert sorted(r["payload"].get("i", -1) for r in RUNS["sqs_ok"]) == [-1, 0, 2]
 
 
 async def test_messages_over_the_limit_are_rejected_at_dispatch(

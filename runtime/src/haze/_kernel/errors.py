@@ -9,6 +9,7 @@ The tree::
     ├── UnknownJobError             a message or a call names a job nobody registered
     ├── MissingDependencyError      an optional extra is not installed (names haze[extra])
     ├── PayloadTooLargeError        the JSON payload exceeds the connection's message limit
+    ├── DispatchIncompleteError     a bulk send queued some messages and not others
     ├── DelayTooLongError           a delay over 365 days (or the driver's lower cap: cloudflare)
     ├── BatchFinishedError          Batch.add() after the batch finished
     ├── JobTimeoutError             an attempt ran past its ``timeout``
@@ -41,6 +42,7 @@ __all__ = [
     "ConfigError",
     "DatabaseConnectionError",
     "DelayTooLongError",
+    "DispatchIncompleteError",
     "DuplicateJobError",
     "HazeError",
     "JobDefinitionError",
@@ -124,6 +126,18 @@ class MissingDependencyError(HazeError, ImportError):
 
 class PayloadTooLargeError(HazeError, ValueError):
     """A message is larger than the connection accepts; nothing was enqueued."""
+
+
+class DispatchIncompleteError(HazeError):
+    """A bulk send (``Queue.bulk``, a batch's jobs) queued some messages and not others.
+
+    ``failed`` maps the id of every message that was not queued to the reason; the
+    others were queued. A batch counts the ones not queued as failed jobs.
+    """
+
+    def __init__(self, message: str, *, failed: dict[str, str]):
+        self.failed = failed
+        super().__init__(message)
 
 
 class DelayTooLongError(HazeError, ValueError):

@@ -110,6 +110,7 @@ from haze._kernel.deps import require
 from haze._kernel.errors import (
     BackendUnavailableError,
     ConfigError,
+    DispatchIncompleteError,
     HazeError,
     PayloadTooLargeError,
     UnknownQueueError,
@@ -503,49 +504,68 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
         await self._call("send_message", QueueUrl=self.queue_url_for(message.queue), **entry)
 
     async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
-        """``SendMessageBatch`` per SQS queue: 10 entries and at most 1 MiB per call."""
-        by_url: dict[str, list[dict[str, Any]]] = {}
+        """``SendMessageBatch`` per SQS queue: 10 entries and at most 1 MiB per call.
+
+        Entries SQS refuses are raised together, each with its message id
+        (``DispatchIncompleteError``); on FIFO the batches after a refused one are not
+        sent (they would go ahead of it) and are listed too."""
+        by_url: dict[str, list[tuple[dict[str, Any], Message]]] = {}
         for body, message, delay in items:
             by_url.setdefault(self.queue_url_for(message.queue), []).append(
-                self._entry(body, message, delay, resend=False)
+                (self._entry(body, message, delay, resend=False), message)
             )
-        calls = []
+        chunks: list[tuple[str, list[tuple[dict[str, Any], Message]]]] = []
         for url, entries in by_url.items():
-            chunk: list[dict[str, Any]] = []
+            chunk: list[tuple[dict[str, Any], Message]] = []
             size = 0
-            for entry in entries:
+            for entry, message in entries:
                 n = len(entry["MessageBody"].encode("utf-8"))
                 if chunk and (len(chunk) == _BATCH or size + n > SQS_MAX_MESSAGE_SIZE):
-                    calls.append(self._send_batch(url, chunk))
+                    chunks.append((url, chunk))
                     chunk, size = [], 0
-                chunk.append(entry)
+                chunk.append((entry, message))
                 size += n
             if chunk:
-                calls.append(self._send_batch(url, chunk))
+                chunks.append((url, chunk))
+        failed: dict[str, str] = {}
         if self.fifo:  # one batch after the other: the order within a group is the order sent
-            for call in calls:
-                await call
-            return
-        for result in await asyncio.gather(*calls, return_exceptions=True):
-            if isinstance(result, BaseException):
-                raise result
+            for i, (url, chunk) in enumerate(chunks):
+                failed.update(await self._send_batch(url, chunk))
+                if failed:
+                    for _, rest in chunks[i + 1 :]:
+                        failed.update(
+                            (m.id, "not sent: it would go ahead of one refused") for _, m in rest
+                        )
+                    break
+        else:
+            results = await asyncio.gather(
+                *(self._send_batch(url, chunk) for url, chunk in chunks), return_exceptions=True
+            )
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+                failed.update(result)
+        if failed:
+            listed = ", ".join(f"{job_id} ({why})" for job_id, why in failed.items())
+            raise DispatchIncompleteError(
+                f"SQS refused {len(failed)} of {len(items)} messages sent by connection "
+                f'"{self.name}"; the others were queued. Not queued: {listed}',
+                failed=failed,
+            )
 
-    async def _send_batch(self, url: str, entries: list[dict[str, Any]]) -> None:
-        numbered = [{"Id": str(i), **e} for i, e in enumerate(entries)]
+    async def _send_batch(
+        self, url: str, chunk: list[tuple[dict[str, Any], Message]]
+    ) -> dict[str, str]:
+        """Send one ``SendMessageBatch``; the ids of the messages SQS refused, with why."""
+        numbered = [{"Id": str(i), **e} for i, (e, _) in enumerate(chunk)]
         response = await self._call("send_message_batch", QueueUrl=url, Entries=numbered)
         failed = response.get("Failed") or []
-        if failed:
-            # Retry the entries SQS marks as its own fault once; report the rest.
-            retry = [numbered[int(f["Id"])] for f in failed if not f.get("SenderFault")]
-            if retry and len(retry) == len(failed):
-                response = await self._call("send_message_batch", QueueUrl=url, Entries=retry)
-                failed = response.get("Failed") or []
-            if failed:
-                first = failed[0]
-                raise SqsError(
-                    f"SQS rejected {len(failed)} of {len(entries)} messages of a batch to {url} "
-                    f"({first.get('Code')}: {first.get('Message')}); the others were sent"
-                )
+        if failed and not any(f.get("SenderFault") for f in failed):
+            # SQS's own fault on every entry refused: retry those once
+            retry = [numbered[int(f["Id"])] for f in failed]
+            again = await self._call("send_message_batch", QueueUrl=url, Entries=retry)
+            failed = [{**f, "Id": retry[int(f["Id"])]["Id"]} for f in again.get("Failed") or []]
+        return {chunk[int(f["Id"])][1].id: f"{f.get('Code')}: {f.get('Message')}" for f in failed}
 
     # -- consumer -----------------------------------------------------------------
 

@@ -283,6 +283,13 @@ async def dispatch_request(
     pending = _pending(name, data)
     if isinstance(pending, DispatchResponse):
         return pending
+    return await _dispatched(app, name, pending, where)
+
+
+async def _dispatched(
+    app: App, name: str, pending: PendingDispatch[Any], where: str
+) -> DispatchResponse:
+    """The 202 of a dispatch, or the status its error means."""
     try:
         result = await app.manager.dispatch(pending)
     except PayloadTooLargeError as e:
