@@ -685,8 +685,9 @@ async def test_messages_over_the_limit_are_rejected_at_dispatch(
     app: App, make_app: Callable[..., App]
 ) -> None:
     driver: Any = app.driver("sqs")
-    assert driver.max_message_size == 1024 * 1024
-    with pytest.raises(PayloadTooLargeError, match="1048576-byte limit"):
+    # SQS's 1 MiB less the 48 bytes a release or a long delay may add to the body
+    assert driver.max_message_size == 1024 * 1024 - 48
+    with pytest.raises(PayloadTooLargeError, match="1048528-byte limit"):
         await sqs_ok.dispatch({"blob": "x" * (1024 * 1024)})
     with pytest.raises(PayloadTooLargeError):
         await Queue.bulk([sqs_ok.with_({"blob": "y" * (1024 * 1024)})])

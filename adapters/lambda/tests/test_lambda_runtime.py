@@ -657,6 +657,40 @@ def test_sqs_handler_fifo_unprocessed_records_keep_their_tries(lam_app: dict[str
     assert "cancelled" not in log, log[-3000:]
 
 
+def test_sqs_handler_fifo_records_behind_a_held_one_keep_their_tries(
+    lam_app: dict[str, Any],
+) -> None:
+    """[H due in 6 s, B tries=1]: H is held until due (reported), B is reported unprocessed;
+    when H is due both run, as attempt 1."""
+    name = "lam-t9.fifo"
+    jobs = [("lam_ok", {"n": "H"}), ("lam_ok", {"n": "B"})]
+    client = _SPEC["client"]()
+    url = _SPEC["create_queues"]([name], fifo=True)[name]
+    ids = []
+    for (job, payload), due in zip(jobs, (time.time() + 6, None), strict=True):
+        meta = {"due": due} if due else None
+        haze_id, body = body_of(job, payload, "t9", connection="fifo", meta=meta)
+        client.send_message(
+            QueueUrl=url, MessageBody=body, MessageGroupId="g1", MessageDeduplicationId=haze_id
+        )
+        ids.append(haze_id)
+    with runtime(lam_app, "haze_lambda.sqs_handler") as api:
+        warm_up(api)
+        messages = receive_all(client, url, 2)
+        kind, response = api.invoke(sqs_event(messages, name))
+        assert kind == "response", response
+        assert response == {
+            "batchItemFailures": [{"itemIdentifier": m["MessageId"]} for m in messages]
+        }
+        assert (runs_of(lam_app, ids[0]), runs_of(lam_app, ids[1])) == ([], [])
+        again = receive_all(client, url, 2, within=15)
+        assert [m["MessageId"] for m in again] == [m["MessageId"] for m in messages]
+        kind, response = api.invoke(sqs_event(again, name))
+        assert (kind, response) == ("response", {"batchItemFailures": []})
+    assert (runs_of(lam_app, ids[0]), runs_of(lam_app, ids[1])) == ([1], [1])
+    assert not [r for r in failed_rows(lam_app) if r[0] in ids]
+
+
 def test_sqs_handler_fifo_deadline_hands_back_by_reporting(lam_app: dict[str, Any]) -> None:
     """Records of a FIFO batch not started before the deadline are reported (the same
     messages come back, in order), never re-sent behind later ones."""
@@ -861,7 +895,7 @@ def test_http_handler_dispatches_and_rejects(lam_app: dict[str, Any]) -> None:
         big = json.dumps({"job": "lam_ok", "payload": {"blob": "x" * (1024 * 1024 + 10)}})
         status, data = call(big, bearer)
         assert status == 413
-        assert "1048576-byte limit" in data["error"]
+        assert "1048528-byte limit" in data["error"]  # SQS's 1 MiB less 48 bytes of room
         status, data = call(ok, bearer, method="GET")
         assert status == 405
         deep = '{"job": "lam_ok", "payload": ' + "[" * 200_000 + "]" * 200_000 + "}"

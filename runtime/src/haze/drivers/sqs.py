@@ -9,7 +9,7 @@ Configuration (``config/queue.py``)::
             "fifo": None,                  # default: the URL ends in ".fifo"
             "failed_store": "main",        # a database connection or a cache store
             "credentials": {"access_key_id": ..., "secret_access_key": ...},
-            "max_message_size": 1048576, "concurrency": 4, "queues": ["high", "default"]}
+            "max_message_size": 1048528, "concurrency": 4, "queues": ["high", "default"]}
 
 **Queues.** ``queue_url`` is the SQS queue of the haze queue ``"default"``; another haze
 queue ``q`` is the sibling queue ``q`` in the same account (``q.fifo`` on FIFO). A
@@ -73,9 +73,10 @@ whose consumer died every time (a crash or a Lambda timeout), which haze never s
 fail; redrive them back with ``StartMessageMoveTask`` once fixed (their envelope is
 intact, and the receive count starts again).
 
-**Sizes.** A body over ``max_message_size`` (default 1 MiB, SQS's limit since 2025) is
-rejected at dispatch, and so is one within 48 bytes of it: that room is kept for the
-``attempts`` and ``meta.due`` a release, a long retry or a long delay adds.
+**Sizes.** A body over ``max_message_size`` is rejected at dispatch. The default is SQS's
+limit (1 MiB since 2025) less 48 bytes, kept for the ``attempts`` and ``meta.due`` that a
+release, a retry re-sent past 12 h or a delay over 15 minutes adds to a body; a body
+that still would not fit is a ``PayloadTooLargeError``, not SQS's error.
 ``size(queue)`` is ``ApproximateNumberOfMessages +
 ApproximateNumberOfMessagesDelayed + ApproximateNumberOfMessagesNotVisible``: waiting,
 delayed, and in flight (running, or waiting out a retry backoff: SQS cannot tell these
@@ -265,7 +266,10 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
         if not queue_url:
             raise ConfigError("is required for the sqs driver", key=f"connections.{name}.queue_url")
         self.queue_url: str = queue_url
-        self.max_message_size: int | None = options.get("max_message_size") or SQS_MAX_MESSAGE_SIZE
+        self.max_message_size: int = min(
+            options.get("max_message_size") or SQS_MAX_MESSAGE_SIZE,
+            SQS_MAX_MESSAGE_SIZE - _HEADROOM,
+        )
         self.concurrency: int = options.get("concurrency") or 1
         self.retry_after: float = float(options.get("retry_after") or 90.0)
         if not 0 < self.retry_after <= SQS_MAX_VISIBILITY:
@@ -467,11 +471,9 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
                 seconds = math.ceil(self.max_delay)
             else:
                 seconds = math.ceil(delay)
-        if not resend:
-            self._check_size(body, message, _HEADROOM)
         if resend or due is not None:
             body = _rewrite(body, attempts=attempts, due=due)
-            self._check_size(body, message, 0)
+            self._check_size(body, message)
         entry: dict[str, Any] = {"MessageBody": body}
         if seconds:
             entry["DelaySeconds"] = min(seconds, SQS_MAX_DELAY)
@@ -483,21 +485,17 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
                 entry["MessageDeduplicationId"] = f"{message.id}-{int(message.ts * 1000)}"
         return entry
 
-    def _check_size(self, body: str, message: Message, room: int) -> None:
-        limit = self.max_message_size or SQS_MAX_MESSAGE_SIZE
+    def _check_size(self, body: str, message: Message) -> None:
+        """A body the driver added fields to still fits: dispatch keeps ``_HEADROOM``
+        bytes free for them, so only a body sent before that rule can fail this."""
+        limit = self.max_message_size + _HEADROOM
         size = len(body) if body.isascii() else len(body.encode("utf-8"))
-        if size + room <= limit:
-            return
-        kept = (
-            f"; {room} bytes of it are kept for the fields a release or a delay adds"
-            if room
-            else ""
-        )
-        raise PayloadTooLargeError(
-            f'job "{message.job}": the message is {size} bytes, too big for the {limit}-byte '
-            f'limit of connection "{self.name}"{kept}; pass ids instead of data (nothing was '
-            "enqueued)"
-        )
+        if size > limit:
+            raise PayloadTooLargeError(
+                f'job "{message.job}": the message is {size} bytes with the fields the sqs '
+                f'driver adds, over the {limit}-byte limit of connection "{self.name}"; pass '
+                "ids instead of data (nothing was enqueued)"
+            )
 
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         entry = self._entry(body, message, delay, resend=False)
