@@ -365,11 +365,13 @@ async def _run_records(
             return _KEPT
 
     beat = None
+    beating = [True]  # ends the heartbeat even if a client swallows its cancellation
     if drivers:
         beat = asyncio.ensure_future(
             delivery.keep_leases(
                 min(d.heartbeat_interval for d in drivers),
                 lambda e: log.warning("haze_lambda: heartbeat failed: %s", e),
+                alive=lambda: beating[0],
             )
         )
     concurrency = max((d.concurrency for d in drivers), default=1)
@@ -384,6 +386,7 @@ async def _run_records(
                 stop=(lambda kind: kind != _SETTLED) if fifo else None,
             )
     finally:
+        beating[0] = False
         if beat is not None:
             beat.cancel()
             await asyncio.gather(beat, return_exceptions=True)

@@ -184,7 +184,9 @@ class Tracking:
             while True:
                 await asyncio.sleep(status.CANCEL_POLL)
                 ids = list(self.running)
-                if not ids:
+                # stop_watching awaits this task: it must end even if a store client
+                # swallowed the cancellation
+                if not ids or self._watcher is not asyncio.current_task():
                     return  # the next attempt to start begins a new watch
                 try:
                     keys = [status.HINT_KEY, *(status.cancel_key(i) for i in ids)]
