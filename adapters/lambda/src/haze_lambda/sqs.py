@@ -253,7 +253,9 @@ async def _hand_back(app: App, unrun: list[tuple[dict[str, Any], SqsRecords, str
         return
     store = app.manager.state_store()
     notes = [
-        store.increment(_unused_key(str(r.get("messageId"))), 1, _UNUSED_TTL) for r, _, _ in unrun
+        store.increment(_unused_key(str(r.get("messageId"))), 1, _UNUSED_TTL)
+        for r, d, _ in unrun
+        if d.fifo  # a standard queue's unrun record is an undecodable one: no tries to keep
     ]
     for result in await asyncio.gather(*notes, return_exceptions=True):
         if isinstance(result, BaseException):

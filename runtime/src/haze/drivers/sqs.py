@@ -112,7 +112,6 @@ from haze._kernel.errors import (
     BackendUnavailableError,
     ConfigError,
     DispatchIncompleteError,
-    HazeError,
     PayloadTooLargeError,
     UnknownQueueError,
 )
@@ -134,7 +133,6 @@ __all__ = [
     "SQS_MAX_MESSAGE_SIZE",
     "SQS_MAX_VISIBILITY",
     "SqsDriver",
-    "SqsError",
     "SqsReceipt",
 ]
 
@@ -170,10 +168,6 @@ _BAD_RECEIPT = {
     "MessageNotInflight",
     "AWS.SimpleQueueService.MessageNotInflight",
 }
-
-
-class SqsError(HazeError):
-    """SQS refused a request in a way haze cannot recover from (e.g. a partial batch)."""
 
 
 def _boto3() -> Any:
