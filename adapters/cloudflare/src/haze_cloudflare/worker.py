@@ -463,8 +463,9 @@ def _body_text(raw: Any) -> tuple[str, BaseException | None]:
     """A message body as JSON text, or (what it shows, why it cannot be a haze message).
 
     A producer that sent with Cloudflare's default content type (``v8``) can put any
-    structured-cloneable value in a body: a ``Date``, a class instance, a ``RegExp`` has
-    no JSON form and reaches Python as a JS object.
+    structured-cloneable value in a body. workerd turns a ``Date`` into its ISO string
+    before Python sees it (so it arrives as text, indistinguishable from a string); a
+    value with no JSON form that stays a JS object (a ``RegExp``) fails here.
     """
     from haze._kernel.errors import MessageDecodeError
 
