@@ -518,8 +518,9 @@ async def fetch_dispatch():
         )
 
     ok = await worker.fetch(request(), env)
-    wrong = await worker.fetch(request(token="nope"), env)
-    missing = await worker.fetch(request(token=None), env)
+    wrong_request, missing_request = request(token="nope"), request(token=None)
+    wrong = await worker.fetch(wrong_request, env)
+    missing = await worker.fetch(missing_request, env)
     get = await worker.fetch(request(method="GET"), env)
     unknown = await worker.fetch(
         request(data=json.dumps({"job": "cf_pyo_nope", "payload": {}})), env
@@ -540,6 +541,7 @@ async def fetch_dispatch():
         "ok": [ok.status, ok.json()],
         "wrong": wrong.status,
         "missing": missing.status,
+        "unread": [bool(wrong_request.bodyUsed), bool(missing_request.bodyUsed)],
         "get": get.status,
         "signed": [signed_ok.status, signed_stale.status, signed_stale.json()["error"]],
         "signed_untimed": [signed_untimed.status, signed_untimed.json()["error"]],

@@ -315,6 +315,9 @@ def test_fetch_dispatch_endpoint(scenarios: dict[str, Any]) -> None:
     # signed: X-Haze-Timestamp within 5 minutes, HMAC over "{timestamp}.{body}"
     assert v["signed"][:2] == [202, 401]
     assert "X-Haze-Timestamp" in v["signed"][2]
+    # refused from the headers: the request's body was never read
+    assert [v["wrong"], v["missing"]] == [403, 401]
+    assert v["unread"] == [False, False]
     assert v["signed_untimed"][0] == 401
     assert "X-Haze-Timestamp" in v["signed_untimed"][1]
     assert v["too_deep"][0] == 400

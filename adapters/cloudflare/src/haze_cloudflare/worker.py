@@ -378,7 +378,11 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         """``POST {"job", "payload", "delay"?, "queue"?, "group"?}``, authenticated like
         every haze HTTP entrypoint (``haze.integrations.http_dispatch``)."""
         from haze._app.app import run_in_app
-        from haze.integrations.http_dispatch import DispatchResponse, dispatch_request
+        from haze.integrations.http_dispatch import (
+            DispatchResponse,
+            check_head,
+            dispatch_request,
+        )
 
         self._bind(env)
         method = str(getattr(request, "method", "GET"))
@@ -390,12 +394,15 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         )
         headers = {
             name: value
-            for name in ("authorization", "x-haze-signature", "x-haze-timestamp")
+            for name in ("authorization", "x-haze-signature", "x-haze-timestamp", "content-length")
             if (value := _header(request, name)) is not None
         }
-        raw = b""
-        if method.upper() == "POST":
-            raw = str(await _settle(request.text())).encode()
+        # The headers decide first (credentials, a declared size over the limit): a
+        # refused request's body is never read.
+        refused = check_head(method, headers, where="cloudflare fetch", secret=secret)
+        if refused is not None:
+            return self._response(refused.body, refused.status, refused.headers)
+        raw = str(await _settle(request.text())).encode()
         app = await self.get_app()
 
         async def answer() -> DispatchResponse:
