@@ -801,3 +801,43 @@ def test_job_lookup_shows_a_tracked_jobs_status_and_result(backend: Backend) -> 
     assert "&#34;rows&#34;: 1200" in page or "&quot;rows&quot;: 1200" in page
     assert "<script>alert" not in page
     assert ">queued<" in c.get("/jobs", params={"id": waiting_id}).text
+
+
+def test_a_deeply_nested_failed_record_breaks_no_failed_page(backend: Backend) -> None:
+    """A record whose body is nested too deeply to parse: listed, shown, never retried
+    as a job, and forgettable by id; the other failed jobs stay workable."""
+    from haze._kernel.message import FailedJob
+
+    fail_jobs(backend, [{"n": 1}])
+    deep = "[" * 100_000 + "]" * 100_000
+
+    async def plant(app: App) -> None:
+        record = FailedJob.from_body(
+            deep,
+            id="deep-1",
+            connection="main",
+            queue="default",
+            exception="RecursionError: too deep",
+            failed_at=time.time(),
+        )
+        await app.driver().failed.record(record)
+
+    backend.run(plant)
+    # redis names a record whose body holds no haze id by its BullMQ id
+    [deep_id] = [j.id for j in backend.run(lambda app: Queue.failed()) if j.name[0] == "<"]
+    c = client(backend)
+    listing = c.get("/failed")
+    assert listing.status_code == 200
+    assert "deep-1" in listing.text
+    assert c.get("/failed", params={"job": "dash"}).status_code == 200
+    assert c.get("/failed", params={"exception": "too deep"}).status_code == 200
+    detail = c.get(f"/failed/main/{deep_id}")
+    assert detail.status_code == 200 and "too deep" in detail.text
+    token = csrf(listing.text)
+    retried = c.post("/failed/retry", data={"all": "1", "_csrf": token})
+    assert retried.status_code == 303
+    left = backend.run(lambda app: Queue.failed())
+    assert [j.id for j in left] == [deep_id]  # the plain one was retried, the deep one kept
+    forgot = c.post("/failed/forget", data={"id": deep_id, "_csrf": token})
+    assert forgot.status_code == 303
+    assert backend.run(lambda app: Queue.failed()) == []

@@ -84,10 +84,20 @@ def warn_implicit_dispatch() -> None:
     if _warned_implicit:
         return
     _warned_implicit = True
-    log.warning(
+    lost = (
         "haze: no App was created, so this job went to the implicit in-memory app: its jobs "
-        "are lost when this process exits. Create config/queue.py naming a database or redis "
-        "connection and load it with App(root=__file__) (or pass App(queue=...))."
+        "are lost when this process exits. "
+    )
+    if (Path.cwd() / "config" / "queue.py").is_file():
+        log.warning(
+            lost + "config/queue.py is here, but only an App reads it: dispatch inside "
+            "`with App(root=__file__):` (`async with` in async code), or enter the App once "
+            "where your web framework starts."
+        )
+        return
+    log.warning(
+        lost + "Create config/queue.py naming a database or redis connection and load it "
+        "with App(root=__file__) (or pass App(queue=...))."
     )
 
 

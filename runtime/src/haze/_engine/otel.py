@@ -1,4 +1,4 @@
-"""OpenTelemetry traces and metrics for haze jobs (extra ``haze[otel]``).
+"""OpenTelemetry traces and metrics for haze jobs (extra ``haze-jobs[otel]``).
 
 Built on ``opentelemetry-api`` only: the app picks and configures the SDK and its
 exporters, haze records through whatever providers are set. Traces follow the
@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from haze._engine.hooks import Outcome, Run
 from haze._kernel.deps import require
+from haze._kernel.describe import error_line, error_text
 from haze._kernel.version import __version__
 
 if TYPE_CHECKING:
@@ -308,7 +309,7 @@ class Telemetry:
         in its encrypted failed record: the span gets the type only, and no traceback."""
         span.set_attribute("haze.job.outcome", outcome)
         if outcome == "failed" and error is not None:
-            text = _SEALED if sealed else str(error)
+            text = _SEALED if sealed else error_text(error)
             span.add_event(
                 "haze.job.failure",
                 {"exception.type": type(error).__name__, "exception.message": text},
@@ -316,7 +317,8 @@ class Telemetry:
             if not sealed:
                 span.record_exception(error)
             span.set_attribute("error.type", type(error).__qualname__)
-            span.set_status(self._trace.StatusCode.ERROR, f"{type(error).__name__}: {text}")
+            line = f"{type(error).__name__}: {_SEALED}" if sealed else error_line(error)
+            span.set_status(self._trace.StatusCode.ERROR, line)
 
     def retrying(self, delay: float, error: BaseException, sealed: bool = False) -> None:
         """The running job failed and goes back for another try in ``delay`` seconds."""
@@ -325,7 +327,7 @@ class Telemetry:
             {
                 "haze.job.retry_in": delay,
                 "exception.type": type(error).__name__,
-                "exception.message": _SEALED if sealed else str(error),
+                "exception.message": _SEALED if sealed else error_text(error),
             },
         )
 

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from haze._kernel.describe import error_line
 from haze._kernel.errors import JobCancelledError, JobProgressError, UntrackedJobError
 from haze.contracts.store import StatusNotifier, Store, Subscription
 
@@ -307,7 +308,7 @@ def result_for(message: Message, value: Any) -> tuple[Any, str | None]:
 
 
 def error_text(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"[:2000]
+    return error_line(error)[:2000]
 
 
 async def read(manager: StatusHost, job_id: str, *, decrypt: bool = True) -> JobStatus | None:

@@ -36,6 +36,8 @@ __all__ = [
     "MAX_DELAY",
     "MAX_MESSAGE_SIZE",
     "MAX_QUEUE_NAME",
+    "RETRY_CLAIM",
+    "UNRECORDED_FAILURE",
     "FailedJob",
     "Message",
     "check_json",
@@ -47,6 +49,9 @@ __all__ = [
     "encode_plain",
     "envelope_of",
     "new_id",
+    "retry_claim_of",
+    "with_meta",
+    "with_retry_claim",
 ]
 
 _encoder = json.JSONEncoder(
@@ -404,20 +409,56 @@ def _check_links(d: dict[str, Any], field: str, links: Any, kinds: tuple[str, st
 def encode(message: Message) -> str:
     """The JSON body of a message. Raises ``TypeError`` naming the bad path in the payload."""
     try:
-        return _dumps(message.to_dict())
+        body: str = _dumps(message.to_dict())
     except (TypeError, ValueError):
         check_json(message.payload, "payload")
         raise
+    if not body.isascii():
+        _check_utf8(body, message.payload, message.to_dict)
+    return body
 
 
 def encode_payload(payload: Any) -> str:
     """The JSON of a payload alone, failing as ``encode`` fails on it: for a driver that
     keeps a plain message's envelope and copies only its payload (``KeepsMessages``)."""
     try:
-        return _dumps(payload)
+        text: str = _dumps(payload)
     except (TypeError, ValueError):
         check_json(payload, "payload")
         raise
+    if not text.isascii():
+        _check_utf8(text, payload, dict)
+    return text
+
+
+def _check_utf8(text: str, payload: Any, whole: Any) -> None:
+    """A lone surrogate (``"\\ud800"`` from a bad decode) is valid in a Python str and in
+    JSON text, but no backend can store it as UTF-8: refuse it here, naming where."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        _find_surrogate(payload, "payload")
+        _find_surrogate(whole(), "message")
+        raise
+
+
+def _find_surrogate(value: Any, path: str) -> None:
+    """Raise ``TypeError`` naming the first str in ``value`` with a lone surrogate."""
+    if isinstance(value, str):
+        for i, ch in enumerate(value):
+            if "\ud800" <= ch <= "\udfff":
+                raise TypeError(
+                    f"{path} holds a lone surrogate {ch!r} at index {i}, which UTF-8 cannot "
+                    "encode; decode the text with errors='replace' (or drop the character) "
+                    "before dispatch"
+                )
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _find_surrogate(v, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _find_surrogate(k, f"{path} key {k!r}")
+            _find_surrogate(v, f"{path}[{k!r}]")
 
 
 def decode_payload(text: str) -> Any:
@@ -475,6 +516,8 @@ def decode(body: str | bytes) -> Message:
     """Parse a JSON body into a Message, or raise MessageDecodeError saying what is wrong."""
     try:
         data = _fast_loads(body)
+    except RecursionError:
+        raise MessageDecodeError("message body is nested too deeply to be read as JSON") from None
     except _NotJsonConstant as e:
         raise _constant_error(body, str(e)) from None
     except (ValueError, TypeError) as e:
@@ -528,7 +571,7 @@ _NOT_JSON = object()
 def _loads_or_not_json(body: Any) -> Any:
     try:
         return _loads(body)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # too deep to read: unreadable too
         return _NOT_JSON
 
 
@@ -543,6 +586,63 @@ def envelope_of(body: Any) -> dict[str, Any] | None:
     """
     data = _loads_or_not_json(body)
     return data if isinstance(data, dict) else None
+
+
+#: The envelope ``meta`` field of a message whose final failure the failed-job store
+#: could not keep when it happened: ``{"exception", "attempt", "handed_back"}``. Its next
+#: delivery records that failure, and runs neither the job nor its ``failed()``.
+UNRECORDED_FAILURE = "unrecorded_failure"
+
+#: The envelope ``meta`` field of a failed record that a retry has claimed (SQL stores
+#: keep the claim in the stored body): ``{"token": ..., "until": <unix time>}``.
+RETRY_CLAIM = "retry_claim"
+
+
+def retry_claim_of(body: str) -> tuple[str, float] | None:
+    """The (token, end) of the retry claim a stored body carries; None when none.
+
+    >>> retry_claim_of('{"id": "a", "meta": {"retry_claim": {"token": "t", "until": 5}}}')
+    ('t', 5.0)
+    """
+    data = envelope_of(body)
+    meta = data.get("meta") if data is not None else None
+    claim = meta.get(RETRY_CLAIM) if isinstance(meta, dict) else None
+    if not isinstance(claim, dict) or not isinstance(claim.get("token"), str):
+        return None
+    until = claim.get("until")
+    return claim["token"], float(until) if isinstance(until, (int, float)) else 0.0
+
+
+def with_retry_claim(body: str, claim: dict[str, Any] | None) -> str | None:
+    """``body`` with its retry claim set to ``claim`` (None: removed); None when the
+    body is no envelope (an unreadable record is never retried)."""
+    return with_meta(body, RETRY_CLAIM, claim)
+
+
+def with_meta(body: str, key: str, value: Any) -> str | None:
+    """``body`` with ``meta[key]`` set to ``value`` (None: removed), every other field
+    as it was (an encrypted payload stays encrypted); None when the body is no
+    envelope.
+
+    >>> with_meta('{"id": "a", "job": "j"}', "k", 1)
+    '{"id":"a","job":"j","meta":{"k":1}}'
+    """
+    data = envelope_of(body)
+    if data is None:
+        return None
+    meta = data.get("meta")
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    meta.pop(key, None)
+    if value is not None:
+        meta[key] = value
+    if meta:
+        data["meta"] = meta
+    else:
+        data.pop("meta", None)
+    try:
+        return str(_dumps(data))
+    except ValueError:  # NaN in a body written by another producer: not re-encodable
+        return None
 
 
 @dataclass

@@ -39,7 +39,7 @@ from haze.cli._failed_filters import FailedFilter, build_filter, filter_options
 from haze.cli._loop import event_loop, loop_option
 from haze.cli._worker_output import WorkerOutput, worker_output
 from haze.cli.schedule import check_runnable, start_scheduler
-from haze.contracts.driver import Advises
+from haze.contracts.driver import Advises, QueueInspector
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -316,8 +316,36 @@ async def _work(app: App, plan: _WorkPlan) -> int:
             if scheduling is not None:
                 scheduling[2].set()
                 await scheduling[1]
+    if plan.stop_when_empty or plan.once:
+        await _stopped_when_empty(app, worker, chosen or [], say)
     say(f"Worker stopped after {processed} job(s).")
     return 0
+
+
+async def _stopped_when_empty(
+    app: App, worker: Worker, queues: Sequence[str], say: Callable[..., None]
+) -> None:
+    """A worker that stopped on an empty queue: refuse one that never read its queues
+    (a failed claim looks empty), and name the retries and delays still waiting."""
+    if not worker.reached:
+        e = worker.outage_error  # its message is on the warning line above
+        cause = f" ({type(e).__name__})" if e is not None else ""
+        raise click.ClickException(
+            f'connection "{worker.connection}" was never reachable, so no queue was read'
+            f"{cause}; start the server or fix its URL"
+        )
+    driver = app.driver(worker.connection)
+    if not isinstance(driver, QueueInspector) or worker.once:
+        return
+    try:
+        counts = [await driver.counts(q) for q in queues]
+    except Exception:  # an outage after the last claim: the stop line says enough
+        return
+    delayed = sum(c.delayed or 0 for c in counts)
+    due = [c.next_delayed_at for c in counts if c.next_delayed_at is not None]
+    if delayed:
+        when = f"; the next is due in {max(0.0, min(due) - time.time()):.0f}s" if due else ""
+        say(f"{delayed} job(s) wait for a retry or a delay{when}.")
 
 
 def unconsumed_queues(app: App, connection: str, consumed: Sequence[str]) -> list[str]:

@@ -351,6 +351,9 @@ class QueueCounts:
     #: delay or backoff, or its dead worker's lease ran out. None: nothing is ready, or
     #: the backend cannot tell (SQS keeps that age only as a CloudWatch metric).
     oldest_ready_at: float | None = None
+    #: When the next delayed job comes due (epoch seconds). None: nothing is delayed, or
+    #: the backend cannot tell.
+    next_delayed_at: float | None = None
 
     def oldest_ready_age(self, now: float) -> float | None:
         """Seconds the oldest ready job has waited at ``now`` (None: see ``oldest_ready_at``).

@@ -31,7 +31,7 @@ from haze._engine.control import pause, resume
 from haze._engine.otel import prometheus_text
 from haze._kernel.crypto import keyed_digest
 from haze._kernel.durations import format_age
-from haze._kernel.errors import HazeError
+from haze._kernel.errors import BackendUnavailableError, HazeError
 from haze._kernel.ids import short_id
 from haze._orchestration.batches import KEEP_JOB_IDS, find, jobs
 from haze._runners.presence import LEASE, SHORT_LEASE, live_workers
@@ -193,6 +193,22 @@ class Dashboard:
                 path=root or "/",
             )
         return response
+
+    async def unreadable(self, request: Request, error: Exception) -> Response:
+        """A page whose data the backend did not give (a refused token, an outage,
+        missing tables): one line saying why and what to fix, not a bare 500."""
+        message = _data.reason(self.app, error)
+        log.warning("haze dashboard: %s cannot be shown: %s", request.url.path, message)
+        status = 503 if isinstance(error, BackendUnavailableError) else 500
+        section = request.url.path[len(request.scope.get("root_path", "")) :].strip("/")
+        return self.render(
+            request,
+            "error.html",
+            status,
+            title="Cannot read the queues",
+            message=message,
+            page=section.split("/", 1)[0] or "overview",
+        )
 
     # -- pages -------------------------------------------------------------------
 
@@ -563,5 +579,7 @@ def build(
     ]
     lifespan = _closing(d) if close_app else None
     mounted = [Mount(base_path, routes=routes)] if base_path else routes
-    starlette = Starlette(routes=mounted, lifespan=lifespan)
+    starlette = Starlette(
+        routes=mounted, lifespan=lifespan, exception_handlers={HazeError: d.unreadable}
+    )
     return _Gate(starlette, d)

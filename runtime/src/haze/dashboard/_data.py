@@ -7,7 +7,6 @@ so every page, the JSON endpoints and ``/metrics`` agree on the numbers.
 from __future__ import annotations
 
 import builtins
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from haze._kernel.crypto import failed_is_encrypted, open_failed
 from haze._kernel.durations import parse_duration
 from haze._kernel.errors import HazeError
 from haze._kernel.ids import match_id
-from haze._kernel.message import decode
+from haze._kernel.message import decode, envelope_of
 from haze._orchestration.batches import find, recent_ids
 from haze._runners.presence import live_workers
 from haze.contracts.driver import Driver, JobLookup, JobRecord, QueueInspector
@@ -362,10 +361,9 @@ def attempts(job: FailedJob) -> int | None:
 
 def chain_links(job: FailedJob) -> builtins.list[str]:
     """The job names of the chain links that were still to run after this job."""
-    try:
-        links = json.loads(job.body).get("chain") if job.body else None
-    except ValueError:
-        return []
+    # envelope_of, the one reader of a stored body: a body too deep to parse has none
+    data = envelope_of(job.body) if job.body else None
+    links = data.get("chain") if data is not None else None
     if not isinstance(links, list):
         return []
     return [str(link.get("job")) for link in links if isinstance(link, dict)]

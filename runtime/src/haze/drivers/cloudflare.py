@@ -7,7 +7,7 @@ Producers
     Inside a Python Worker (``haze_cloudflare`` installed and the Worker's ``env`` bound
     with ``haze_cloudflare.bind_env`` — ``QueueWorker`` does it), messages go through the
     Queue binding: ``env[binding].send(body, {delaySeconds, contentType: "json"})`` and
-    ``sendBatch`` for ``Queue.bulk``. Anywhere else (``haze[cloudflare]``: httpx) they go
+    ``sendBatch`` for ``Queue.bulk``. Anywhere else (``haze-jobs[cloudflare]``: httpx) they go
     through the REST API with ``account_id``, ``queue_id`` and ``api_token``:
     ``POST …/queues/{id}/messages`` and ``…/messages/batch``.
 Limits
