@@ -68,6 +68,7 @@ from haze._kernel.errors import (
     ConfigError,
     DelayTooLongError,
     PayloadTooLargeError,
+    QueueTablesMissingError,
     UnknownJobError,
 )
 from haze.api.health import queue_check
@@ -286,6 +287,9 @@ async def dispatch_request(
         result = await app.manager.dispatch(pending)
     except PayloadTooLargeError as e:
         return _error(413, str(e))
+    except QueueTablesMissingError as e:  # what /health says too: not a bug, a step to run
+        log.error("%s: cannot dispatch %s: %s", where, name, e)
+        return _error(503, str(e))
     except ConfigError as e:
         log.error("%s: cannot dispatch %s: %s", where, name, e)
         return _error(500, f"the queue connection is misconfigured: {e}")
