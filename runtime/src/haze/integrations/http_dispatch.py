@@ -74,6 +74,7 @@ from haze._kernel.errors import (
     ConfigError,
     DelayTooLongError,
     PayloadTooLargeError,
+    QueueTablesMissingError,
     UnknownJobError,
     UnknownQueueError,
 )
@@ -351,6 +352,9 @@ async def _dispatched(
         # the account id)
         log.warning("%s: cannot dispatch %s: %s", where, name, e)
         return _error(404, f'there is no queue "{e.queue}" on connection "{e.connection}"')
+    except QueueTablesMissingError as e:  # what /health says too: not a bug, a step to run
+        log.error("%s: cannot dispatch %s: %s", where, name, e)
+        return _error(503, str(e))
     except ConfigError as e:
         log.error("%s: cannot dispatch %s: %s", where, name, e)
         return _error(500, f"the queue connection is misconfigured: {e}")
