@@ -204,7 +204,7 @@ class Message:
         if mid is None and job is None:  # another producer's JSON, not a broken envelope
             raise MessageDecodeError(
                 "not a haze message: a JSON object without 'id' and 'job' "
-                f"(keys: {', '.join(sorted(map(str, d))[:5]) or 'none'})"
+                f"(keys: {', '.join(sorted(map(repr, d))[:5]) or 'none'})"
             )
         if mid.__class__ is not str or not mid:
             raise _field_error(d, "id", "a non-empty string")
@@ -283,7 +283,13 @@ def _field_error(d: dict[str, Any], field: str, expected: str) -> MessageDecodeE
 
 
 def _is_number(value: Any) -> bool:
-    return value.__class__ in _NUMBER and math.isfinite(value)
+    if value.__class__ is int:
+        return -_FLOAT_MAX < value < _FLOAT_MAX  # a JSON integer of 400 digits is no time
+    return value.__class__ is float and math.isfinite(value)
+
+
+#: Integers at least this large have no float (``float()`` raises OverflowError).
+_FLOAT_MAX = 2**1024
 
 
 def _check_fields(d: dict[str, Any]) -> None:
@@ -448,9 +454,18 @@ def decode(body: str | bytes) -> Message:
     try:
         data = _fast_loads(body)
     except (ValueError, TypeError) as e:
-        preview = body[:80] if isinstance(body, str) else body[:80].decode("utf-8", "replace")
-        raise MessageDecodeError(f"message body is not valid JSON ({e}): {preview!r}") from None
+        raise MessageDecodeError(
+            f"message body is not valid JSON ({e}): {_preview(body)!r}"
+        ) from None
+    except RecursionError:  # the stdlib parser recurses once per level of nesting
+        raise MessageDecodeError(
+            f"message body is JSON nested too deeply to read: {_preview(body)!r}"
+        ) from None
     return Message.from_dict(data)
+
+
+def _preview(body: str | bytes) -> str:
+    return body[:80] if isinstance(body, str) else body[:80].decode("utf-8", "replace")
 
 
 _NOT_JSON = object()
@@ -459,7 +474,7 @@ _NOT_JSON = object()
 def _loads_or_not_json(body: Any) -> Any:
     try:
         return _loads(body)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         return _NOT_JSON
 
 

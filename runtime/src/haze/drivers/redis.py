@@ -534,7 +534,7 @@ class RedisFailedJobs:
                 frames = json.loads(stack)
                 if isinstance(frames, list) and frames:
                     exception = str(frames[-1])
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass
         job = FailedJob.from_body(
             data or "",
@@ -542,7 +542,7 @@ class RedisFailedJobs:
             connection=self._d.name,
             queue=queue,
             exception=exception,
-            failed_at=int(finished_on or 0) / 1000,
+            failed_at=_epoch_ms(finished_on) or 0.0,
             name=name or "<undecodable>",
         )
         if not job.id:  # not a haze envelope: BullMQ's own id
@@ -611,6 +611,16 @@ _FAILED_FIELDS = ("name", "data", "failedReason", "stacktrace", "finishedOn")
 def _envelope_id(data: str | None) -> str | None:
     d = envelope_of(data or "")
     return str(d["id"]) if d is not None and "id" in d else None
+
+
+def _epoch_ms(raw: str | bytes | None) -> float | None:
+    """Seconds from a hash's BullMQ timestamp (``finishedOn``, epoch milliseconds); None
+    when it holds no count of milliseconds (absent, or edited by hand)."""
+    if isinstance(raw, bytes):
+        raw = raw.decode("latin-1")
+    if raw and len(raw) <= 15 and raw.isascii() and raw.isdigit():  # up to year 33658
+        return int(raw) / 1000
+    return None
 
 
 def _reason(exception: str) -> str:
@@ -1365,8 +1375,8 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         at = None
         if state == "delayed" and hit[3]:
             at = int(float(hit[3])) // 0x1000 / 1000  # BullMQ: due ms * 0x1000 + counter
-        elif state == "done" and row[4]:
-            at = int(row[4]) / 1000
+        elif state == "done":
+            at = _epoch_ms(row[4])
         name = job.message.job if job.message is not None else "<undecodable>"
         return JobRecord(job_id, name, queue, state, started, str(row[0]), at)
 
