@@ -606,6 +606,9 @@ class RedisFailedJobs:
 
 
 _FAILED_FIELDS = ("name", "data", "failedReason", "stacktrace", "finishedOn")
+#: How long a job that finished while Redis was unreachable stays marked done: its claim
+#: comes back through the stalled check after retry_after, and waits in the queue.
+_DONE_KEEP = 86400
 
 
 def _envelope_id(data: str | None) -> str | None:
@@ -672,6 +675,9 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         )
         self._last: tuple[asyncio.AbstractEventLoop, _Link] | None = None
         self.failed = RedisFailedJobs(self)
+        #: Jobs that finished while Redis was unreachable (their ack failed), by token:
+        #: recorded as done when it answers again (``_record_lost``).
+        self._lost: dict[tuple[str, str], Reserved] = {}
 
     def _link(self) -> _Link:
         loop = asyncio.get_running_loop()
@@ -799,10 +805,14 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
 
     async def _claimed(
         self, link: _Link, queue: str, data: dict[str, str], job_id: str, token: str
-    ) -> Reserved:
+    ) -> Reserved | None:
         """A job this worker now holds the lock of; counters that are not integers are
         reset first, since BullMQ's scripts ``HINCRBY`` them (failing the job, the stalled
-        check) and a script that errors halfway leaves the job in no set at all."""
+        check) and a script that errors halfway leaves the job in no set at all.
+
+        None: the job had already finished, during an outage that lost its ack (a
+        ``_record_lost`` marker names it), and is now completed without running again.
+        Only a job on a later attempt can be one: the others cost no extra call."""
         job = self._reserved(queue, data, job_id, token)
         link.open.add(job.token)
         bad: dict[Any, Any] = {
@@ -812,7 +822,30 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         }
         if bad:
             await link.client.hset(link.scripts(queue).toKey(str(job_id)), mapping=bad)
+        if job.attempt > 1 and await self._finished_before(link, job):
+            return None
         return job
+
+    async def _finished_before(self, link: _Link, job: Reserved) -> bool:
+        """True when ``job`` (just claimed) already finished once while Redis was
+        unreachable: it is completed now, unrun."""
+        if job.message is None:
+            return False
+        if not await link.client.exists(self._done_key(link, job.queue, job.message.id)):
+            return False
+        link.open.discard(job.token)
+        keys, args = link.scripts(job.queue).complete_args(
+            _ActiveJob(job.token[0], self._queue_opts), self.keep_completed, job.token[1], False
+        )
+        await link.script("moveToFinished", keys, args)
+        log.info(
+            "haze redis: job %s on %s/%s already finished while Redis was unreachable: "
+            "completed without running it again",
+            job.message.id,
+            self.name,
+            job.queue,
+        )
+        return True
 
     def _claim_opts(self) -> tuple[str, bytes]:
         """A new lock token and moveToActive's packed options with it."""
@@ -823,15 +856,19 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         return token, packed
 
     async def _activate(self, link: _Link, queue: str) -> tuple[Reserved | None, int]:
-        token, packed = self._claim_opts()
         s = link.scripts(queue)
-        # bullmq's Scripts.moveToActive, on the lean connection
-        args = [s.keys[""], _now_ms(), packed]
-        raw = await link.script("moveToActive", s.getKeys(_ACTIVATE_KEYS), args, fixed_keys=True)
-        data, job_id, _, due = raw2NextJobData(raw)
-        if data:
-            return await self._claimed(link, queue, data, job_id, token), 0
-        return None, int(due or 0)
+        while True:  # again after a job that had already finished (``_claimed``)
+            token, packed = self._claim_opts()
+            # bullmq's Scripts.moveToActive, on the lean connection
+            args = [s.keys[""], _now_ms(), packed]
+            keys = s.getKeys(_ACTIVATE_KEYS)
+            raw = await link.script("moveToActive", keys, args, fixed_keys=True)
+            data, job_id, _, due = raw2NextJobData(raw)
+            if not data:
+                return None, int(due or 0)
+            job = await self._claimed(link, queue, data, job_id, token)
+            if job is not None:
+                return job, 0
 
     async def _claim(
         self, link: _Link, order: Sequence[str], known: int | None = None
@@ -860,6 +897,8 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
 
     async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
         link = self._link()
+        if self._lost:
+            await self._record_lost(link)
         order = list(queues) if queues else self.queues
         self._consume(link, order)
         job = link.take(order) if link.prefetched else None
@@ -1013,7 +1052,9 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         data, job_id, _, due = raw2NextJobData(replies[1])
         if not data:
             return popped, int(due or 0)
-        link.prefetched.append(await self._claimed(link, queue, data, job_id, token))
+        job = await self._claimed(link, queue, data, job_id, token)
+        if job is not None:
+            link.prefetched.append(job)
         if not link.fetch_next:  # the worker stopped meanwhile: hand it back
             await self._return_prefetched(link)
         return True, None
@@ -1163,7 +1204,8 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         data, job_id, _, due = raw2NextJobData(result)
         if data:
             fetched = await self._claimed(link, job.queue, data, job_id, job.token[1])
-            link.prefetched.append(fetched)
+            if fetched is not None:
+                link.prefetched.append(fetched)
             if not link.fetch_next:  # the worker stopped meanwhile
                 await self._return_prefetched(link)
         elif asked and link.fetch_next and link.claim_after_wait is not None:
@@ -1182,8 +1224,30 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         keys, args = s.complete_args(
             _ActiveJob(job_id, self._queue_opts), self.keep_completed, token, fetch
         )
-        result = await link.script("moveToFinished", keys, args)
+        try:
+            result = await link.script("moveToFinished", keys, args)
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            if job.message is not None:
+                self._lost[job.token] = job
+            raise
         return await self._settled(link, job, result, "completing", fetch)
+
+    def _done_key(self, link: _Link, queue: str, message_id: str) -> str:
+        return f"{link.scripts(queue).keys['']}haze-done:{message_id}"
+
+    async def _record_lost(self, link: _Link) -> None:
+        """Record the jobs whose ack was lost to an outage, now that Redis answers: a
+        marker per job (its haze id, kept :data:`_DONE_KEEP`) that a later claim of it
+        honours (``_claimed``), then the ack again, which completes it where Redis still
+        holds it under this worker's lock. Stops at the first error (still out)."""
+        for token, job in list(self._lost.items()):
+            assert job.message is not None
+            await link.client.set(self._done_key(link, job.queue, job.message.id), 1, ex=_DONE_KEEP)
+            keys, args = link.scripts(job.queue).complete_args(
+                _ActiveJob(token[0], self._queue_opts), self.keep_completed, token[1], False
+            )
+            await link.script("moveToFinished", keys, args)  # < 0: the lock is gone
+            del self._lost[token]
 
     async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
         link = self._link()
