@@ -1239,14 +1239,30 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         """Record the jobs whose ack was lost to an outage, now that Redis answers: a
         marker per job (its haze id, kept :data:`_DONE_KEEP`) that a later claim of it
         honours (``_claimed``), then the ack again, which completes it where Redis still
-        holds it under this worker's lock. Stops at the first error (still out)."""
+        holds it under this worker's lock. Stops at the first outage error (still out);
+        a job that fails otherwise is left to run again, as it did without the marker."""
         for token, job in list(self._lost.items()):
             assert job.message is not None
-            await link.client.set(self._done_key(link, job.queue, job.message.id), 1, ex=_DONE_KEEP)
-            keys, args = link.scripts(job.queue).complete_args(
-                _ActiveJob(token[0], self._queue_opts), self.keep_completed, token[1], False
-            )
-            await link.script("moveToFinished", keys, args)  # < 0: the lock is gone
+            try:
+                await link.client.set(
+                    self._done_key(link, job.queue, job.message.id), 1, ex=_DONE_KEEP
+                )
+                keys, args = link.scripts(job.queue).complete_args(
+                    _ActiveJob(token[0], self._queue_opts), self.keep_completed, token[1], False
+                )
+                await link.script("moveToFinished", keys, args)  # < 0: the lock is gone
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                raise
+            except Exception as e:  # never a reason to stop claiming
+                log.warning(
+                    "haze redis: could not record job %s on %s/%s as done (%s: %s); it runs "
+                    "again once its lock expires",
+                    job.message.id,
+                    self.name,
+                    job.queue,
+                    type(e).__name__,
+                    e,
+                )
             del self._lost[token]
 
     async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
