@@ -235,6 +235,9 @@ class QueueManager:
     def abort_running(self, job_id: str) -> None:
         self.tracking.abort_running(job_id)
 
+    def open_sealed(self, job_id: str, blob: object) -> dict[str, Any] | None:
+        return self.tracking.open_sealed(job_id, blob)
+
     # ------------------------------------------------------------ admin
 
     def unavailable(self, error: BaseException) -> Any:

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces and metrics for haze jobs (extra ``haze[otel]``).
+"""OpenTelemetry traces and metrics for haze jobs (extra ``haze-jobs[otel]``).
 
 Built on ``opentelemetry-api`` only: the app picks and configures the SDK and its
 exporters, haze records through whatever providers are set. Traces follow the
@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from haze._engine.hooks import Outcome, Run
 from haze._kernel.deps import require
+from haze._kernel.describe import error_line, error_text
 from haze._kernel.version import __version__
 
 if TYPE_CHECKING:
@@ -308,12 +309,12 @@ class Telemetry:
                 "haze.job.failure",
                 {
                     "exception.type": type(error).__name__,
-                    "exception.message": str(error),
+                    "exception.message": error_text(error),
                 },
             )
             span.record_exception(error)
             span.set_attribute("error.type", type(error).__qualname__)
-            span.set_status(self._trace.StatusCode.ERROR, f"{type(error).__name__}: {error}")
+            span.set_status(self._trace.StatusCode.ERROR, error_line(error))
 
     def retrying(self, delay: float, error: BaseException) -> None:
         """The running job failed and goes back for another try in ``delay`` seconds."""
@@ -322,7 +323,7 @@ class Telemetry:
             {
                 "haze.job.retry_in": delay,
                 "exception.type": type(error).__name__,
-                "exception.message": str(error),
+                "exception.message": error_text(error),
             },
         )
 

@@ -6,7 +6,7 @@ The tree::
     ├── ConfigError                 bad value in config/*.py or App(...) (names file and key)
     ├── DuplicateJobError           two different jobs share a name (names both places)
     ├── UnknownJobError             a message or a call names a job nobody registered
-    ├── MissingDependencyError      an optional extra is not installed (names haze[extra])
+    ├── MissingDependencyError      an optional extra is not installed (names haze-jobs[extra])
     ├── PayloadTooLargeError        the JSON payload exceeds the connection's message limit
     ├── DelayTooLongError           a delay over 365 days (or the driver's lower cap: cloudflare)
     ├── BatchFinishedError          Batch.add() after the batch finished
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from haze._kernel.hints import did_you_mean
+from haze._kernel.hints import did_you_mean, install_hint
 
 __all__ = [
     "AmbiguousIdError",
@@ -108,7 +108,7 @@ class MissingDependencyError(HazeError, ImportError):
         self.extra = extra
         super().__init__(
             f"{what} needs the '{module}' package, which is not installed. "
-            f"Install it with: pip install 'haze[{extra}]'"
+            f"Install it with: {install_hint(extra)}"
         )
 
 

@@ -491,8 +491,11 @@ async def settle(
             await _dispatch_once(manager, record, kind, callbacks["failure"], error)
         if callbacks.get("catch"):
             await _dispatch_once(manager, record, "catch", callbacks["catch"], error)
-    if settled.counted and outcome == "done" and callbacks.get("progress"):
-        await _run(manager, record, callbacks["progress"], None)
+    if outcome == "done" and settled.outcome == "done" and callbacks.get("progress"):
+        # Also when a redelivery finds the job counted (the crash came after the count),
+        # and once: a claim key and a mark per job, as for then/catch/finally.
+        kind = f"progress:{message.id}"
+        await _dispatch_once(manager, record, kind, callbacks["progress"], None)
     if settled.pending <= 0:
         await _finish(manager, batch_id, store, record)
 
@@ -631,20 +634,6 @@ async def claim_once(manager: QueueManager, key: str, owner: str) -> bool:
     owns it (it may have died mid-run), any other message is a duplicate dispatch.
     """
     return await manager.callbacks.claim_once(key, owner)
-
-
-async def _run(
-    manager: QueueManager,
-    record: dict[str, Any],
-    refs: list[dict[str, Any]],
-    error: BaseException | None,
-    batch: Batch | None = None,
-) -> None:
-    if batch is None:
-        batch = await find(manager, record["id"])
-    args: tuple[Any, ...] = (batch,) if error is None else (batch, error)
-    for ref in refs:
-        await manager.run_callback(ref, args, connection=record["options"]["connection"])
 
 
 _PRUNE_CHUNK = 200

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import signal
 import time
@@ -20,7 +21,8 @@ from rich.table import Table
 from haze._app.env import env_duration
 from haze._engine.throughput import retention
 from haze._jobs.definition import registered_jobs
-from haze._kernel.errors import UnknownJobError
+from haze._kernel.crypto import failed_is_encrypted, open_failed
+from haze._kernel.errors import HazeError, UnknownJobError
 from haze._kernel.ids import match_id, short_id
 from haze._runners.worker import Worker
 from haze.cli._core import (
@@ -37,7 +39,7 @@ from haze.cli._failed_filters import FailedFilter, build_filter, filter_options
 from haze.cli._loop import event_loop, loop_option
 from haze.cli._worker_output import WorkerOutput, worker_output
 from haze.cli.schedule import check_runnable, start_scheduler
-from haze.contracts.driver import Advises
+from haze.contracts.driver import Advises, QueueInspector
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -314,8 +316,36 @@ async def _work(app: App, plan: _WorkPlan) -> int:
             if scheduling is not None:
                 scheduling[2].set()
                 await scheduling[1]
+    if plan.stop_when_empty or plan.once:
+        await _stopped_when_empty(app, worker, chosen or [], say)
     say(f"Worker stopped after {processed} job(s).")
     return 0
+
+
+async def _stopped_when_empty(
+    app: App, worker: Worker, queues: Sequence[str], say: Callable[..., None]
+) -> None:
+    """A worker that stopped on an empty queue: refuse one that never read its queues
+    (a failed claim looks empty), and name the retries and delays still waiting."""
+    if not worker.reached:
+        e = worker.outage_error  # its message is on the warning line above
+        cause = f" ({type(e).__name__})" if e is not None else ""
+        raise click.ClickException(
+            f'connection "{worker.connection}" was never reachable, so no queue was read'
+            f"{cause}; start the server or fix its URL"
+        )
+    driver = app.driver(worker.connection)
+    if not isinstance(driver, QueueInspector) or worker.once:
+        return
+    try:
+        counts = [await driver.counts(q) for q in queues]
+    except Exception:  # an outage after the last claim: the stop line says enough
+        return
+    delayed = sum(c.delayed or 0 for c in counts)
+    due = [c.next_delayed_at for c in counts if c.next_delayed_at is not None]
+    if delayed:
+        when = f"; the next is due in {max(0.0, min(due) - time.time()):.0f}s" if due else ""
+        say(f"{delayed} job(s) wait for a retry or a delay{when}.")
 
 
 def unconsumed_queues(app: App, connection: str, consumed: Sequence[str]) -> list[str]:
@@ -409,12 +439,30 @@ def _attempts(job: FailedJob) -> str:
     return f"failed on attempt {attempt}"
 
 
-def _failed_job(job: FailedJob) -> Table:
-    """One failed job in full: every field, the payload and the whole exception."""
+def _readable(app: App, job: FailedJob) -> tuple[FailedJob, str | None]:
+    """An encrypted job's record with its payload and exception decrypted with the app
+    key; without a key that opens them, the record as stored and why it is hidden."""
+    if not failed_is_encrypted(job):
+        return job, None
+    if not app.key:
+        return job, "encrypted with the app key; set APP_KEY to show it"
+    try:
+        payload, exception = open_failed(app, job)
+    except HazeError as e:
+        return job, f"encrypted: {e}"
+    return dataclasses.replace(job, payload=payload, exception=exception), None
+
+
+def _failed_job(job: FailedJob, hidden: str | None = None) -> Table:
+    """One failed job in full: every field, the payload and the whole exception
+    (``hidden``: why an encrypted job's payload and exception cannot be shown)."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     payload = json.dumps(job.payload, indent=2, ensure_ascii=False, default=str)
+    exception = job.exception.rstrip()
+    if hidden is not None:
+        payload, exception = f"({hidden})", f"{exception} ({hidden})"
     rows = [
         ("ID", job.id),
         ("Job", job.name),
@@ -425,7 +473,7 @@ def _failed_job(job: FailedJob) -> Table:
         ("Chain", job.chain_id),
         ("Batch", job.batch_id),
         ("Payload", payload),
-        ("Exception", job.exception.rstrip()),
+        ("Exception", exception),
     ]
     for label, value in rows:
         if value is not None:
@@ -473,16 +521,18 @@ def queue_failed(
     if id is not None and selection.active:
         raise click.UsageError("give an ID or filters, not both")
 
-    async def failed(app: App) -> tuple[str, list[tuple[int, FailedJob]]]:
+    async def failed(app: App) -> tuple[str, list[tuple[int, FailedJob]], str | None]:
         name = app.connection_name(connection)
         if id is not None:
-            return name, [(1, await _find_failed(app, name, id))]
-        return name, selection.numbered(await app.manager.failed(name, queue))
+            job, hidden = _readable(app, await _find_failed(app, name, id))
+            return name, [(1, job)], hidden
+        found = selection.numbered(await app.manager.failed(name, queue))
+        return name, [(n, _readable(app, job)[0]) for n, job in found], None
 
-    name, numbered = run(state, failed)
+    name, numbered, hidden = run(state, failed)
     out = console()
     if id is not None:
-        out.print(_failed_job(numbered[0][1]))
+        out.print(_failed_job(numbered[0][1], hidden))
         return
     if not numbered:
         matching = f" matching {escape(selection.describe())}" if selection.active else ""

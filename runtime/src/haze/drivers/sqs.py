@@ -1,4 +1,4 @@
-"""The ``sqs`` driver (``haze[sqs]``, boto3): Amazon SQS standard and FIFO queues.
+"""The ``sqs`` driver (``haze-jobs[sqs]``, boto3): Amazon SQS standard and FIFO queues.
 
 Configuration (``config/queue.py``)::
 
@@ -102,8 +102,9 @@ from urllib.parse import urlsplit
 
 from haze._failed import failed_store
 from haze._kernel.deps import require
+from haze._kernel.describe import cap_text, error_line
 from haze._kernel.errors import BackendUnavailableError, ConfigError, HazeError
-from haze._kernel.message import Message, decode, new_id
+from haze._kernel.message import UNRECORDED_FAILURE, Message, decode, new_id, with_meta
 from haze.contracts.driver import (
     Concurrent,
     DelayStep,
@@ -136,6 +137,13 @@ SQS_MAX_VISIBILITY = 43_200
 #: The longest ``WaitTimeSeconds`` of one long poll.
 SQS_MAX_WAIT = 20
 _BATCH = 10
+#: A failure the failed store could not keep is sent back after 10 s, then 20 s, 40 s,
+#: ... (up to SQS's 15 minutes), 8 times at most; then the record is reported, and
+#: the queue's redrive policy takes over.
+_HAND_BACK_DELAY = 10
+_MAX_HANDED_BACK = 8
+#: The most of the error text a sent-back message carries (it counts toward its size).
+_UNRECORDED_TEXT = 8 * 1024
 #: Seconds kept back from the 12-hour visibility limit (clock skew, call latency).
 _VISIBILITY_MARGIN = 60
 #: A message this close to its ``due`` time counts as due (SQS delays are whole seconds).
@@ -238,7 +246,7 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
     max_delay: float = SQS_MAX_DELAY
 
     def __init__(self, name: str, options: dict[str, Any], app: Any = None) -> None:
-        _boto3()  # fail at first use of the connection, naming haze[sqs]
+        _boto3()  # fail at first use of the connection, naming haze-jobs[sqs]
         self.name = name
         self.app = app
         self.options = options
@@ -749,8 +757,45 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
         return False
 
     async def fail(self, job: Reserved, failed: FailedJob) -> bool:
-        await self.failed.record(failed)
+        try:
+            await self.failed.record(failed)
+        except Exception as e:
+            if not await self._hand_back_failure(job, failed, e):
+                raise
         return await self._delete(job.token)
+
+    async def _hand_back_failure(self, job: Reserved, failed: FailedJob, error: Exception) -> bool:
+        """The failed store could not keep ``failed`` (it is down, most often): send the
+        message back carrying the failure, for a later delivery to record it with the
+        job's own error, without running the job or its ``failed()`` again (reporting
+        the record instead would run both again, as a job with no try left). False when
+        it cannot: an undecodable body, or one sent back too often already."""
+        if job.message is None:
+            return False
+        earlier = (job.message.meta or {}).get(UNRECORDED_FAILURE)
+        n = 1 + (earlier.get("handed_back", 0) if isinstance(earlier, dict) else 0)
+        pending = {
+            "exception": cap_text(failed.exception, _UNRECORDED_TEXT),
+            "attempt": failed.attempt or job.attempt,
+            "handed_back": n,
+        }
+        body = with_meta(job.body, UNRECORDED_FAILURE, pending)
+        if body is None or n > _MAX_HANDED_BACK:
+            return False
+        delay = min(_HAND_BACK_DELAY * 2 ** (n - 1), SQS_MAX_DELAY)
+        log.warning(
+            "haze sqs: the failed-job store could not record the failure of job %s (%s); "
+            "its message is sent back to record it in %ds",
+            failed.id,
+            error_line(error),
+            delay,
+        )
+        receipt: SqsReceipt = job.token
+        entry = self._entry(
+            body, job.message, delay, resend=True, attempts=job.attempt, group=receipt.group
+        )
+        await self._call("send_message", QueueUrl=receipt.url, **entry)
+        return True
 
     async def heartbeat(self, jobs: Sequence[Reserved]) -> None:
         """Extend the visibility of running jobs to ``retry_after`` again."""

@@ -41,16 +41,21 @@ from haze.contracts.driver import (
     Reserved,
     RunningJob,
 )
-from haze.database import Notifying, Session
+from haze.database import Notifying, Session, dialect_of
 from haze.database.migrations import MIGRATIONS_DIR
 
 if TYPE_CHECKING:
     from haze.database import Connector
 
-__all__ = ["DatabaseDriver"]
+__all__ = ["D1_MAX_MESSAGE_SIZE", "D1_ROW_LIMIT", "DatabaseDriver"]
 
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+#: D1's largest string, BLOB or table row, in bytes (SQLITE_TOOBIG past it)
+D1_ROW_LIMIT = 2_000_000
+#: The default max_message_size on D1: its row limit less room for the row's other
+#: columns, and for the exception text beside the body when the job fails
+D1_MAX_MESSAGE_SIZE = D1_ROW_LIMIT - 64 * 1024
 #: A message id the job lookup searches for (haze's are 32 hex characters).
 _JOB_ID = re.compile(r"^[A-Za-z0-9-]{1,128}$")
 _P = ParamSpec("_P")
@@ -118,7 +123,6 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         self.name = name
         self.app = app
         self.options = options
-        self.max_message_size: int | None = options.get("max_message_size") or MAX_MESSAGE_SIZE
         self.concurrency: int = options.get("concurrency") or 1
         self.retry_after: float = options.get("retry_after") or 90.0
         self.sleep: float = options.get("sleep") or 1.0
@@ -132,6 +136,7 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
                     f"{value!r} is not a valid SQL identifier", key=f"connections.{name}.{key}"
                 )
         self._db_name: str = options.get("connection") or app.database_config.default
+        self.max_message_size: int | None = self._size_limit(options.get("max_message_size"))
         self._db: Connector | None = None
         self._wakes: tuple[Notifying, ...] | None = None
         self._sql: dict[str, str] | None = None
@@ -141,6 +146,20 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         self._wakeup: asyncio.Event | None = None
         self._wake_loop: asyncio.AbstractEventLoop | None = None
         self._last_ts = 0.0
+
+    def _size_limit(self, configured: int | None) -> int:
+        """``max_message_size``: as configured, else 4 MiB; on D1 at most what its row
+        limit leaves for the body (a larger one fails there with SQLITE_TOOBIG)."""
+        connection = self.app.database_config.connections.get(self._db_name) or {}
+        if dialect_of(str(connection.get("url") or "")) != "d1":
+            return configured or MAX_MESSAGE_SIZE
+        if configured is not None and configured > D1_MAX_MESSAGE_SIZE:
+            raise ConfigError(
+                f"{configured} bytes is more than a D1 row can hold with the job's other "
+                f"columns ({D1_ROW_LIMIT:,} bytes a row); use at most {D1_MAX_MESSAGE_SIZE}",
+                key=f"connections.{self.name}.max_message_size",
+            )
+        return configured or D1_MAX_MESSAGE_SIZE
 
     # -- connection ---------------------------------------------------------------
 
@@ -177,8 +196,9 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         """The error for this connection's missing tables, naming the command to run."""
         root = self.app.root
         written = root is not None and any(
-            (root / MIGRATIONS_DIR).glob(
-                f"*_create_{self.table}_and_{self.failed_table}_tables.sql"
+            path.suffix in (".sql", ".py")
+            for path in (root / MIGRATIONS_DIR).glob(
+                f"*_create_{self.table}_and_{self.failed_table}_tables.*"
             )
         )
         migrate = "haze db:migrate"
@@ -560,6 +580,9 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         async with self.db.transaction(immediate=True) as tx:
             if await tx.execute(self.sql["ack"], (row_id, reserved_at)) == 0:
                 return False  # another worker reclaimed the row; it owns the outcome now
+            # A repeated message id (a redelivery, a copied row, a retried job failing
+            # again) replaces its earlier record: uuid is unique.
+            await tx.execute(self.sql["failed_forget"], (failed.id,))
             await tx.execute(
                 self.sql["failed_insert"],
                 (
@@ -593,13 +616,14 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         abandoned = now - self.retry_after
         row = await self.db.fetchone(
             self.sql["counts"],
-            (now, abandoned, now, abandoned, now, abandoned, float(self.retry_after), queue),
+            (now, abandoned, now, abandoned, now, abandoned, float(self.retry_after), now, queue),
         )
         if not row:
             return QueueCounts(0, 0, 0)
         ready, delayed, running = (int(v or 0) for v in row[:3])
         oldest = None if row[3] is None else float(row[3])
-        return QueueCounts(ready, delayed, running, oldest)
+        due = None if row[4] is None else float(row[4])
+        return QueueCounts(ready, delayed, running, oldest, due)
 
     @_needs_tables
     async def running(self, queue: str, limit: int = 50) -> builtins.list[RunningJob] | None:
