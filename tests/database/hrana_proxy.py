@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -74,6 +75,7 @@ class HranaProxy:
         self.rule = rule  # called with the request body (a dict)
         self.released = threading.Event()
         self.seen: list[tuple[list[str], str]] = []  # (statements, what was done)
+        self.log: list[tuple[float, list[str], str]] = []
         self._server: ThreadingHTTPServer | None = None
 
     @property
@@ -124,6 +126,7 @@ class HranaProxy:
                 body = json.loads(raw or b"{}")
                 action = proxy.rule(body) if not proxy.released.is_set() else "forward"
                 proxy.seen.append((statements_of(body), str(action)[:20]))
+                proxy.log.append((time.monotonic(), statements_of(body)[:3], str(action)[:8]))
                 if action == "stall":
                     proxy.released.wait(600)
                     self.close_connection = True

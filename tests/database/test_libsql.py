@@ -8,6 +8,7 @@ one with JWT authentication checks that the token is sent. Tables are prefixed
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -549,3 +550,51 @@ async def test_a_database_locked_past_busy_timeout_is_an_outage(sqld_url: str) -
     assert "busy_timeout" in message
     tries = sum(1 for statements, _ in proxy.seen if is_write(statements))
     assert 3 <= tries <= 40  # tried again with growing pauses, then gave up
+
+
+# --------------------------------------------------------------------------- acks
+
+
+async def test_acks_sent_again_after_a_failed_claim_warn_of_no_lost_lease(
+    sqld_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker's batched ack rides with its next claim; when the claim half fails
+    (here: an HTTP 500 from the proxy to the claim right after the acks' DELETE went
+    through), the worker sends those acks again one by one. Their rows are gone by
+    then: that is no lost lease, and no job is reported as "may run again"."""
+    seen.clear()
+    acked, failed_claims = False, 0
+
+    def rule(body: dict[str, Any]) -> Any:
+        nonlocal acked, failed_claims
+        statements = statements_of(body)
+        if any(s.startswith("DELETE FROM lsq_acks ") for s in statements):
+            acked = True
+        elif (
+            acked
+            and failed_claims < 3
+            and any(s.startswith("UPDATE lsq_acks ") for s in statements)
+        ):
+            acked, failed_claims = False, failed_claims + 1
+            return "answer", 500, {"error": "injected: the claim failed"}
+        return "forward"
+
+    with HranaProxy(sqld_url, rule) as proxy:
+        app = busy_app(proxy.url, "lsq_acks")
+        async with app:
+            db = app.database("main")
+            for table in ("lsq_acks", "lsq_acks_failed"):
+                await db.execute(f"DROP TABLE IF EXISTS {table}")
+            await haze.database.migrations.ensure_queue_tables(app)
+            await Queue.bulk([lsq_ok.with_({"i": i, "text": "a"}) for i in range(40)])
+            worker = haze._runners.worker.Worker(
+                app, "db", ["default"], concurrency=4, stop_when_empty=True, sleep=0.05
+            )
+            with caplog.at_level(logging.WARNING):
+                await worker.run()
+            left = await db.fetchone("SELECT COUNT(*) FROM lsq_acks")
+    assert failed_claims == 3
+    assert sorted(s[1] for s in seen if s[0] == "ok") == list(range(40))  # each once
+    assert left == (0,)
+    assert worker.leases_lost == 0
+    assert not [r for r in caplog.records if "no longer owned" in r.getMessage()]

@@ -1,4 +1,4 @@
-"""A URL an error shows never carries its credentials: a token in the query
+"""A URL an error, a log line or a dashboard page shows never carries its credentials: a token in the query
 (``?authToken=``), in the userinfo (``user:pass@``, ``:pass@``, ``TOKEN@``) or in another
 query option (``?password=``), for every URL kind whose errors name the URL.
 
@@ -10,8 +10,12 @@ token) are checked in tests/database (test_libsql.py, test_connectors.py).
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import socket
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -113,3 +117,56 @@ def test_redact_url_can_mask_the_whole_userinfo() -> None:
     assert redact_url(f"http://{SECRET}@h:8080", keep_user=False) == "http://***@h:8080"
     assert redact_url(f"http://{SECRET}@h:8080") == f"http://{SECRET}@h:8080"
     assert redact_url("http://[::1") == "<unparseable URL>"
+
+
+# ------------------------------------------------------------------ log lines and pages
+
+
+def unreachable_pg_app() -> tuple[Any, str]:
+    from haze import App, define_database_config, define_queue_config
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql://app:{SECRET}@127.0.0.1:{port}/db?sslpassword={SECRET}"
+    app = App(
+        queue=define_queue_config(default="db", connections={"db": {"driver": "database"}}),
+        database=define_database_config(default="main", connections={"main": {"url": url}}),
+    )
+    return app, url
+
+
+async def test_the_worker_logs_an_unreachable_database_without_its_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pytest.importorskip("psycopg")
+    from haze._runners.worker import Worker
+
+    app, _ = unreachable_pg_app()
+    async with app:
+        worker = Worker(app, "db", ["default"], 1, sleep=0.05)
+        with caplog.at_level(logging.WARNING):
+            worker.start()
+            for _ in range(200):
+                if any("unavailable" in r.getMessage() for r in caplog.records):
+                    break
+                await asyncio.sleep(0.05)
+            await worker.stop()
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("unavailable" in line and "app:***@127.0.0.1" in line for line in lines), lines
+    assert not [line for line in lines if SECRET in line]
+
+
+def test_the_dashboard_shows_an_unreachable_database_without_its_password() -> None:
+    pytest.importorskip("psycopg")
+    from haze.dashboard import create_app
+    from starlette.testclient import TestClient
+
+    app, _ = unreachable_pg_app()
+    with TestClient(create_app(app, authorize=lambda request: True)) as client:
+        for path in ("/", "/failed", "/batches"):
+            response = client.get(path)
+            assert response.status_code == 503, (path, response.text[:300])
+            assert "app:***@127.0.0.1" in response.text
+            assert SECRET not in response.text
+            assert "Traceback" not in response.text

@@ -167,7 +167,7 @@ class QueueManager:
         except RuntimeError:  # pragma: no cover
             loop = None
         await self.local.stop(loop)
-        self.tracking.stop_watching(loop)
+        await self.tracking.stop_watching(loop)
 
     async def shutdown(self) -> None:
         """Stop local consumers after their running jobs; warn about what is lost."""

@@ -194,11 +194,14 @@ class Tracking:
         if self.running.get(ctx.id) is ctx:
             del self.running[ctx.id]
 
-    def stop_watching(self, loop: asyncio.AbstractEventLoop | None) -> None:
+    async def stop_watching(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """End this loop's cancel watch, and wait for it to end (a Lambda invocation
+        leaves no task behind)."""
         watcher = self._watcher
         if watcher is not None and watcher.get_loop() is loop:
             self._watcher = None
             watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
 
     async def _watch(self) -> None:
         told = False
@@ -206,7 +209,9 @@ class Tracking:
             while True:
                 await asyncio.sleep(status.CANCEL_POLL)
                 ids = list(self.running)
-                if not ids:
+                # stop_watching awaits this task: it must end even if a store client
+                # swallowed the cancellation
+                if not ids or self._watcher is not asyncio.current_task():
                     return  # the next attempt to start begins a new watch
                 try:
                     keys = [status.HINT_KEY, *(status.cancel_key(i) for i in ids)]

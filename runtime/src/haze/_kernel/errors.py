@@ -4,10 +4,12 @@ The tree::
 
     HazeError
     ├── ConfigError                 bad value in config/*.py or App(...) (names file and key)
+    │   └── UnknownQueueError       a dispatch names a queue its connection does not have
     ├── DuplicateJobError           two different jobs share a name (names both places)
     ├── UnknownJobError             a message or a call names a job nobody registered
     ├── MissingDependencyError      an optional extra is not installed (names haze-jobs[extra])
     ├── PayloadTooLargeError        the JSON payload exceeds the connection's message limit
+    ├── DispatchIncompleteError     a bulk send queued some messages and not others
     ├── DelayTooLongError           a delay over 365 days (or the driver's lower cap: cloudflare)
     ├── BatchFinishedError          Batch.add() after the batch finished
     ├── JobTimeoutError             an attempt ran past its ``timeout``
@@ -40,6 +42,7 @@ __all__ = [
     "ConfigError",
     "DatabaseConnectionError",
     "DelayTooLongError",
+    "DispatchIncompleteError",
     "DuplicateJobError",
     "HazeError",
     "JobDefinitionError",
@@ -54,6 +57,7 @@ __all__ = [
     "RetryUntilExpiredError",
     "ScheduleError",
     "UnknownJobError",
+    "UnknownQueueError",
 ]
 
 
@@ -80,6 +84,16 @@ class ConfigError(HazeError, ValueError):
         elif key:
             where = f"{key}: "
         super().__init__(f"{where}{message}")
+
+
+class UnknownQueueError(ConfigError):
+    """A queue that does not exist on its connection (an SQS queue haze would not
+    create). ``queue`` and ``connection`` name it without the backend's address."""
+
+    def __init__(self, message: str, *, queue: str, connection: str, key: str | None = None):
+        self.queue = queue
+        self.connection = connection
+        super().__init__(message, key=key)
 
 
 class DuplicateJobError(HazeError):
@@ -114,6 +128,18 @@ class MissingDependencyError(HazeError, ImportError):
 
 class PayloadTooLargeError(HazeError, ValueError):
     """A message is larger than the connection accepts; nothing was enqueued."""
+
+
+class DispatchIncompleteError(HazeError):
+    """A bulk send (``Queue.bulk``, a batch's jobs) queued some messages and not others.
+
+    ``failed`` maps the id of every message that was not queued to the reason; the
+    others were queued. A batch counts the ones not queued as failed jobs.
+    """
+
+    def __init__(self, message: str, *, failed: dict[str, str]):
+        self.failed = failed
+        super().__init__(message)
 
 
 class DelayTooLongError(HazeError, ValueError):

@@ -28,7 +28,7 @@ from haze._engine.manager import QueueManager
 from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch, link_to_pending
 from haze._kernel.blocking import blocking_method
 from haze._kernel.current import use_app
-from haze._kernel.errors import BatchFinishedError, HazeError
+from haze._kernel.errors import BatchFinishedError, DispatchIncompleteError, HazeError
 from haze._kernel.message import Message, new_id
 from haze.contracts.store import Store
 
@@ -308,7 +308,11 @@ async def dispatch_spec(
     # otherwise move it on. Inline (sync) runs and empty batches are read afterwards.
     queued = total > 0 and not manager.app.driver(spec["connection"]).inline
     b = await find(manager, batch_id) if queued else None
-    await _dispatch_items(manager, batch_id, items, options)
+    try:
+        await _dispatch_items(manager, batch_id, items, options)
+    except DispatchIncompleteError:
+        await _index(store, batch_id, ttl)  # listed: it runs what was queued, and ends
+        raise
     if total == 0:
         await _finish(manager, batch_id, store)
     if b is None:
@@ -332,8 +336,17 @@ async def _dispatch_items(
     run: list[PendingDispatch[Any]] = []
 
     async def flush() -> None:
-        if run:
+        nonlocal first_error
+        if not run:
+            return
+        try:
             await manager.dispatcher.bulk(run, queue=queue, connection=conn, batch_id=batch_id)
+        except DispatchIncompleteError as e:
+            # The jobs not queued never run: counted as failed now, so the batch still
+            # ends (and its catch/finally run) when the queued ones do.
+            await _count_unsent(manager, batch_id, e)
+            first_error = first_error or e
+        finally:
             run.clear()
 
     for item in items:
@@ -369,6 +382,14 @@ async def _dispatch_items(
     await flush()
     if first_error is not None:
         raise first_error
+
+
+async def _count_unsent(
+    manager: QueueManager, batch_id: str, error: DispatchIncompleteError
+) -> None:
+    for job_id in error.failed:
+        unsent = Message(id=job_id, job="", payload=None, batch_id=batch_id)
+        await settle(manager, unsent, "failed", error)
 
 
 async def find(manager: QueueManager, batch_id: str) -> Batch | None:

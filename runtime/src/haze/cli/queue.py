@@ -9,7 +9,7 @@ import json
 import signal
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -85,17 +85,45 @@ def _stamp(at: float | None = None) -> str:
 # ====================================================================== queue:work
 
 
+#: After a stop signal, once the running jobs have ended: how long the worker's own
+#: last writes (buffered acks, leaving the Workers page, throughput counters) and closing
+#: its connections may take. A stuck backend answers none of them; past this the worker
+#: exits without them (an unsent ack runs its job again after retry_after).
+STOP_GRACE = 5.0
+
+
+async def _exit_after_grace(
+    worker: Worker, task: asyncio.Task[int], say: Callable[..., None], deadline: list[float]
+) -> None:
+    """Once no job runs, give the worker ``STOP_GRACE`` seconds to finish, then end it."""
+    while worker.running:
+        await asyncio.sleep(0.05)
+    deadline.append(time.monotonic() + STOP_GRACE)
+    done, _ = await asyncio.wait({task}, timeout=STOP_GRACE)
+    if not done:
+        say(
+            f"the running jobs have ended, but the backend has not answered the worker's "
+            f"last writes within {STOP_GRACE:g}s: exiting without them (a job whose ack "
+            "was not sent runs again after retry_after)",
+            level="WARNING",
+        )
+        task.cancel()
+
+
 @contextlib.contextmanager
 def _stop_on_signals(
-    worker: Worker, say: Callable[[str], None], task: asyncio.Task[int]
+    worker: Worker, say: Callable[..., None], task: asyncio.Task[int], deadline: list[float]
 ) -> Iterator[list[int]]:
-    """First SIGTERM/SIGINT: stop claiming and let running jobs finish. Second: abandon them.
+    """First SIGTERM/SIGINT: stop claiming and let running jobs finish, then allow
+    ``STOP_GRACE`` seconds for the rest (``deadline`` receives when it ends). Second:
+    abandon the running jobs.
 
     Yields a list that receives the number of the signal that forced the exit, if any.
     """
     loop = asyncio.get_running_loop()
     forced: list[int] = []
     received: list[int] = []
+    grace: list[asyncio.Task[None]] = []
 
     def handle(signum: int) -> None:
         received.append(signum)
@@ -109,6 +137,7 @@ def _stop_on_signals(
             else:
                 say(f"{name}: stopping.")
             worker.request_stop()
+            grace.append(loop.create_task(_exit_after_grace(worker, task, say, deadline)))
         elif not forced:
             forced.append(signum)
             task.cancel()
@@ -128,6 +157,8 @@ def _stop_on_signals(
     try:
         yield forced
     finally:
+        for t in grace:
+            t.cancel()
         for sig in installed:
             loop.remove_signal_handler(sig)
         for sig, handler in previous.items():
@@ -220,7 +251,9 @@ def queue_work(
         loop=chosen_loop.name,
     )
     with worker_output(output):
-        code = run(state, lambda app: _work(app, plan), chosen_loop.factory)
+        code = run(
+            state, lambda app: _work(app, plan), chosen_loop.factory, closing=plan.closing_time
+        )
     if code:
         click.get_current_context().exit(code)
 
@@ -249,6 +282,15 @@ class _WorkPlan:
     with_schedule: bool
     output: WorkerOutput
     loop: str = "asyncio"
+    #: when the time a stop signal leaves for the last writes and closing ends
+    stop_deadline: list[float] = field(default_factory=list)
+
+    def closing_time(self) -> float | None:
+        """Seconds closing the app may take: the rest of ``STOP_GRACE`` after a stop
+        signal (at least a moment), else as long as it takes."""
+        if not self.stop_deadline:
+            return None
+        return max(0.5, self.stop_deadline[0] - time.monotonic())
 
 
 def _new_worker(app: App, plan: _WorkPlan) -> tuple[Worker, list[str] | None]:
@@ -290,7 +332,7 @@ async def _work(app: App, plan: _WorkPlan) -> int:
     # An idle in-process slot sleeps until woken, so it would not see --max-time itself.
     max_time = plan.max_time
     timer = loop.call_later(max_time, worker.request_stop) if max_time is not None else None
-    with _stop_on_signals(worker, say, task) as forced:
+    with _stop_on_signals(worker, say, task, plan.stop_deadline) as forced:
         # Announced only now, so whoever waits for this line can signal us safely.
         shown = ", ".join(chosen) if chosen else "all"
         say(
@@ -306,10 +348,12 @@ async def _work(app: App, plan: _WorkPlan) -> int:
         try:
             processed = await task
         except asyncio.CancelledError:
-            if not forced:
+            if forced:
+                say("Stopped without waiting for the running jobs.")
+                return 128 + forced[0]
+            if not plan.stop_deadline:
                 raise
-            say("Stopped without waiting for the running jobs.")
-            return 128 + forced[0]
+            processed = worker.processed  # the grace ran out after the last job
         finally:
             if timer is not None:
                 timer.cancel()

@@ -273,7 +273,7 @@ class _Transaction:
 
     async def _begin_with(self, begin: str, stmts: list[Json]) -> list[Json]:
         """The first request: ``BEGIN`` and the first statements. A ``BEGIN`` that found
-        the database locked opened nothing, so it is sent again (``retry_busy``)."""
+        the database locked opened nothing, so it is sent again (``_retry_busy``)."""
         steps = [{"sql": begin, "want_rows": False}, *stmts]
 
         async def send() -> Json:
@@ -283,7 +283,7 @@ class _Transaction:
         def read(result: Json) -> list[Json]:
             return self._c._batch_results(result, len(steps))[1:]
 
-        return await self._c.retry_busy(
+        return await self._c._retry_busy(
             send, read, begin, retryable=lambda e: e.step == 0 and not self._finished
         )
 
@@ -378,7 +378,12 @@ class LibSQLConnector:
         ).encode()
         endpoint = (base_url or self.url).rstrip("/") + PIPELINE_PATH
         try:
-            response = await self._http.get().post(endpoint, content=body)
+            # httpx's timeout bounds each read, not the whole answer: a server that
+            # trickles bytes would hold the request (and a stopping worker) for ever
+            async with asyncio.timeout(self.timeout):
+                response = await self._http.get().post(endpoint, content=body)
+        except (TimeoutError, self._http.httpx.TimeoutException) as e:
+            raise self._timed_out(requests, e) from None
         except self._http.httpx.HTTPError as e:
             raise LibSQLUnavailableError(
                 self.name, self.url, f"cannot reach the server ({type(e).__name__}: {e})"
@@ -402,6 +407,22 @@ class LibSQLConnector:
         if not isinstance(results, list) or len(results) != len(requests):
             raise self._error("the server answered a different number of requests")
         return data.get("baton"), data.get("base_url"), results
+
+    def _timed_out(self, requests: list[Json], e: BaseException) -> LibSQLUnavailableError:
+        """No answer within ``timeout``: logged every time (a stuck server accepts
+        connections and answers nothing, so each try is news), then an outage error
+        the caller handles as any other (a worker tries again with backoff)."""
+        stmts = [r["stmt"]["sql"] for r in requests if r.get("type") == "execute"]
+        steps = [r["batch"]["steps"][-1]["stmt"]["sql"] for r in requests if r.get("batch")]
+        what = " ".join(((stmts or steps or ["a request"])[0]).split())[:60]
+        message = f"no answer within {self.timeout:g}s ({type(e).__name__}) to {what!r}"
+        log.warning(
+            "libSQL connection %r (%s): %s; the request failed and is tried again by its caller",
+            self.name,
+            self.url,
+            message,
+        )
+        return LibSQLUnavailableError(self.name, self.url, message)
 
     def _refused(self, response: httpx.Response) -> LibSQLAuthError:
         """401/403: one line naming the setting to fix (the token itself never shown)."""
@@ -461,11 +482,11 @@ class LibSQLConnector:
     async def _statement(self, stmt: Json) -> Json:
         """One statement on its own stream, tried again while the database is locked."""
         request = {"type": "execute", "stmt": stmt}
-        return await self.retry_busy(
+        return await self._retry_busy(
             lambda: self._single(request), self._execute_result, stmt["sql"]
         )
 
-    async def retry_busy(
+    async def _retry_busy(
         self,
         send: Callable[[], Awaitable[Json]],
         read: Callable[[Json], _T],
@@ -526,7 +547,7 @@ class LibSQLConnector:
 
         if not left:
             return 0
-        return await self.retry_busy(lambda: self._single(_chain(left)), read, sql)
+        return await self._retry_busy(lambda: self._single(_chain(left)), read, sql)
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         return _rows(await self._statement(_stmt(sql, params, want_rows=True)))

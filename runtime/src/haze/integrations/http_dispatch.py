@@ -75,6 +75,7 @@ from haze._kernel.errors import (
     DelayTooLongError,
     PayloadTooLargeError,
     UnknownJobError,
+    UnknownQueueError,
 )
 from haze.api.health import queue_check
 
@@ -334,10 +335,22 @@ async def dispatch_request(
     pending = _pending(name, data)
     if isinstance(pending, DispatchResponse):
         return pending
+    return await _dispatched(app, name, pending, where)
+
+
+async def _dispatched(
+    app: App, name: str, pending: PendingDispatch[Any], where: str
+) -> DispatchResponse:
+    """The 202 of a dispatch, or the status its error means."""
     try:
         result = await app.manager.dispatch(pending)
     except PayloadTooLargeError as e:
         return _error(413, str(e))
+    except UnknownQueueError as e:
+        # the caller's mistake: named without the backend's address (an SQS URL holds
+        # the account id)
+        log.warning("%s: cannot dispatch %s: %s", where, name, e)
+        return _error(404, f'there is no queue "{e.queue}" on connection "{e.connection}"')
     except ConfigError as e:
         log.error("%s: cannot dispatch %s: %s", where, name, e)
         return _error(500, f"the queue connection is misconfigured: {e}")
@@ -357,7 +370,10 @@ def _body(raw: bytes) -> dict[str, Any] | DispatchResponse:
     if _too_deep(raw):
         return _error(400, _TOO_DEEP)
     try:
-        data = json.loads(raw)
+        # decoded first: json.loads(bytes) would guess UTF-16 or UTF-32 from the bytes
+        data = json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError as e:
+        return _error(400, f"the body is not UTF-8 text (byte {e.start} is not valid UTF-8)")
     except ValueError as e:
         return _error(400, f"the body is not valid JSON: {e}")
     except RecursionError:

@@ -466,7 +466,8 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         """Delete the rows of several finished jobs in one statement and one commit.
 
         One bool per job, as ``ack`` returns: False where another worker had taken the
-        row over (its reserved_at is no longer this claim's), and nothing was deleted."""
+        row over (the row is there with a reserved_at that is no longer this claim's),
+        and nothing was deleted."""
         if not jobs:
             return []
         pairs = [(int(job.token[0]), job.token[1]) for job in jobs]
@@ -485,7 +486,19 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
                 stmt = sql["ack_many"].replace("{pairs}", ", ".join(["(?, ?)"] * len(chunk)))
                 rows = await self.db.fetchall(stmt, [v for p in chunk for v in p])
                 owned.update(int(r[0]) for r in rows)
-        return [p[0] in owned for p in pairs]
+        return await self._acked([p[0] for p in pairs], owned)
+
+    async def _acked(self, ids: builtins.list[int], deleted: set[int]) -> builtins.list[bool]:
+        """One bool per id, as ``ack`` returns: deleted now, or already gone. Only a row
+        still in the table (another worker's claim now) is a lost lease."""
+        missed = [i for i in ids if i not in deleted]
+        there: set[int] = set()
+        per = 90 if self.dialect == "d1" else 500  # D1: at most 100 bound values a statement
+        for n in range(0, len(missed), per):
+            chunk = missed[n : n + per]
+            stmt = self.sql["still_there"].replace("{ids}", ", ".join(["?"] * len(chunk)))
+            there.update(int(r[0]) for r in await self.db.fetchall(stmt, chunk))
+        return [i not in there for i in ids]
 
     @_needs_tables
     async def ack_and_claim(
@@ -510,7 +523,7 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
                 return acked, rows
 
             acked, rows = await self._mysql_tx(both)
-            return [i in acked for i in ids], await self._claimed(rows, queue, token)
+            return await self._acked(ids, acked), await self._claimed(rows, queue, token)
         params = (
             ids,
             [job.token[1] for job in jobs],
@@ -525,7 +538,7 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         rows = await self.db.fetchall(self.sql["ack_claim_many"], params)
         acked = {int(r[0]) for r in rows if r[1] is None}
         claimed = [r for r in rows if r[1] is not None]
-        return [i in acked for i in ids], await self._claimed(claimed, queue, token)
+        return await self._acked(ids, acked), await self._claimed(claimed, queue, token)
 
     async def advice(self) -> builtins.list[str]:
         """PostgreSQL with autovacuum off for the jobs table: it would grow for ever."""
@@ -552,9 +565,13 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
     @_needs_tables
     async def ack(self, job: Reserved) -> bool:
         # ack, release and fail match the row by its id and this claim's reserved_at: 0
-        # rows means another worker reclaimed it after retry_after (False, nothing changed)
+        # rows means another worker reclaimed it after retry_after (False, nothing
+        # changed), unless the row is gone: an earlier try deleted it (True)
         row_id, reserved_at = job.token
-        return await self.db.execute(self.sql["ack"], (row_id, reserved_at)) > 0
+        if await self.db.execute(self.sql["ack"], (row_id, reserved_at)) > 0:
+            return True
+        [acked] = await self._acked([int(row_id)], set())
+        return acked
 
     @_needs_tables
     async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:

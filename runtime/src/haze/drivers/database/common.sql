@@ -7,6 +7,12 @@ INSERT INTO {jobs} (queue, payload, attempts, available_at, created_at) VALUES (
 -- Only the worker whose claim is still current (its reserved_at) may delete the row.
 DELETE FROM {jobs} WHERE id = ? AND reserved_at = ?
 
+-- name: still_there
+-- Of the rows an ack did not delete, those still in the table: taken over by another
+-- worker. A row that is gone was deleted by an earlier try of this ack (its answer lost)
+-- or finished by the worker that took it over: nothing runs it again.
+SELECT id FROM {jobs} WHERE id IN ({{ids}})
+
 -- name: retry
 UPDATE {jobs} SET reserved_at = NULL, heartbeat_at = NULL, available_at = ?
 WHERE id = ? AND reserved_at = ?
