@@ -236,8 +236,8 @@ def authorize_headers(headers: Mapping[str, str], secret: str) -> DispatchRespon
                 "a signed request needs X-Haze-Timestamp: <unix seconds>, and the signature "
                 'covers "{timestamp}.{body}"',
             )
-        if not stamp.isdigit():
-            return _error(401, f"X-Haze-Timestamp must be whole Unix seconds, got {stamp!r}")
+        if not (stamp.isascii() and stamp.isdigit() and len(stamp) <= 12):
+            return _error(401, f"X-Haze-Timestamp must be whole Unix seconds, got {stamp[:40]!r}")
         skew = int(stamp) - time.time()
         if abs(skew) > MAX_SKEW:
             return _error(
