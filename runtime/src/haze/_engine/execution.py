@@ -36,7 +36,7 @@ from haze._kernel.errors import (
     MessageDecodeError,
     UnknownJobError,
 )
-from haze._kernel.message import UNRECORDED_FAILURE, decode_payload, encode_payload
+from haze._kernel.message import RETRIED, UNRECORDED_FAILURE, decode_payload, encode_payload
 from haze.contracts.driver import DelayStep, Reserved, unavailable
 from haze.contracts.failed import RetryClaims
 
@@ -251,7 +251,7 @@ class Execution:
         if message.unique is not None and message.unique.get("until") == "processing":
             await self.locks.unlock(message)
             message.unique = None
-        if message.meta is not None and "retry" in message.meta:
+        if message.meta is not None and RETRIED in message.meta:
             await self._retried(message)
         debounced = message.meta is not None and "debounce" in message.meta
         if debounced and await self.locks.superseded(run.job, message):
@@ -272,7 +272,7 @@ class Execution:
     async def _retried(self, message: Message) -> None:
         """A job retried from failed jobs: delete the record its retry claimed, in case
         the retrying process died after queueing it (``Admin`` deletes it otherwise)."""
-        claim = (message.meta or {}).get("retry")
+        claim = (message.meta or {}).get(RETRIED)
         if not isinstance(claim, dict):
             return
         token, connection = claim.get("token"), claim.get("connection")
