@@ -12,7 +12,8 @@ Keys, under ``haze:failed:<connection>:``:
 Every write is one store call and the index is appended through the store's atomic
 ``increment``, so several processes can record at once on an atomic store (redis,
 database). On KV (``atomic = False``) two failures recorded at the same instant may
-take one slot: the one left out of the listing is still found by id. ``forget`` deletes
+take one slot: the one left out of the listing is still found by id, and two retries
+of one record at the same instant may both win its claim. ``forget`` deletes
 the record and leaves its slot (skipped when listing); a full ``flush`` deletes the
 slots too. Listing reads every slot since the last full flush: for a long failed
 history, prefer a database connection.
