@@ -67,7 +67,13 @@ class StoreFailedJobs:
         # The claim names the record it took (its failed_at): a record written after
         # it (the job failed again) is not the one ``retried`` deletes.
         claim = {"token": token, "failed_at": job.failed_at}
-        if not await self.store.add(self._k(f"claim:{id}"), claim, ttl=lease):
+        key = self._k(f"claim:{id}")
+        if not await self.store.add(key, claim, ttl=lease):
+            return None
+        # Another caller may have retried it (and ended its claim) since we read it.
+        again = await self.find(id)
+        if again is None or again.failed_at != job.failed_at:
+            await self.store.delete(key, owner=claim)
             return None
         return job
 
