@@ -168,3 +168,40 @@ async def test_an_unreadable_record_is_listed_forgettable_and_never_claimed(fail
         assert await failed.claim_retry("e1", "t", 60.0) is None  # no envelope to claim in
     assert await failed.forget("e1")
     assert [j.id for j in await failed.list()] == ["e2"]
+
+
+class _Interleaved:
+    """The layout's own store, with another caller's whole retry run just before this
+    caller's claim is written: the window between reading a record and claiming it."""
+
+    def __init__(self, inner: Any, other: Callable[[], Awaitable[None]]) -> None:
+        self._inner = inner
+        self._other: Callable[[], Awaitable[None]] | None = other
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
+        other, self._other = self._other, None
+        if other is not None and ":claim:" in key:
+            await other()
+        return bool(await self._inner.add(key, value, ttl))
+
+
+async def test_a_record_retried_while_being_claimed_is_not_won_again(failed: Any) -> None:
+    if not isinstance(failed, StoreFailedJobs):
+        pytest.skip("the window between reading and claiming is the cache-store layout's")
+    await failed.record(_job("f1"))
+    real = failed.store
+    other = StoreFailedJobs(real, "c")
+
+    async def retry_by_another() -> None:
+        assert await other.claim_retry("f1", "first", 60.0) is not None
+        assert await other.retried("f1", "first")
+
+    failed.store = _Interleaved(real, retry_by_another)
+    try:
+        assert await failed.claim_retry("f1", "second", 60.0) is None
+    finally:
+        failed.store = real
+    assert await failed.find("f1") is None

@@ -198,3 +198,25 @@ def test_three_concurrent_retry_all_processes_queue_each_job_once(tmp_path: Path
     queued = [json.loads(str(body))["id"] for (body,) in _rows(db, "SELECT payload FROM jobs")]
     assert sorted(queued) == sorted(f"fp-{n}" for n in range(300))
     assert _rows(db, "SELECT uuid FROM failed_jobs") == []
+
+
+def test_a_failed_store_that_refuses_every_record_still_settles_the_job(tmp_path: Path) -> None:
+    """A failed_jobs table that refuses every insert (a trigger, as a constraint or a
+    full disk would): the failure goes to the log, whole, and the row leaves the queue
+    instead of failing the same way after every retry_after."""
+    root = _app(tmp_path, FAILING_JOB)
+    db = root / "q.db"
+    with sqlite3.connect(db) as c:
+        c.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON failed_jobs "
+            "BEGIN SELECT RAISE(ABORT, 'failed_jobs is read-only here'); END"
+        )
+    _dispatch_twice(db, "fp_always_fails", {"order": 9})
+    run = _work(root)
+    assert run.returncode == 0, run.stderr
+    assert _rows(db, "SELECT id FROM jobs") == []
+    out = run.stdout + run.stderr
+    assert "could not be recorded" in out
+    assert "failed_jobs is read-only here" in out
+    assert "ValueError: order 9 declined" in out
+    assert "unexpected error" not in out

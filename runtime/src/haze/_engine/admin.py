@@ -9,14 +9,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from haze._kernel.errors import BackendUnavailableError, MessageDecodeError
-from haze._kernel.message import RETRY_CLAIM, Message, decode, encode, new_id
+from haze._kernel.message import RETRIED, RETRY_CLAIM, Message, decode, encode, new_id
 from haze.contracts.driver import Driver, FailedJob, unavailable
 from haze.contracts.failed import RetryClaims
 
 if TYPE_CHECKING:
     from haze._app.app import App
 
-__all__ = ["RETRY", "RETRY_LEASE", "Admin"]
+__all__ = ["RETRY_LEASE", "Admin"]
 
 log = logging.getLogger("haze")
 _time = time.time
@@ -24,12 +24,9 @@ _time = time.time
 #: Seconds a retry's claim on a failed record holds: a retry that died before it
 #: queued the job leaves the record retryable again after this.
 RETRY_LEASE = 15 * 60.0
-#: The meta field of a retried message: the claim token, and the connection whose
-#: failed store keeps the record its first run deletes.
-RETRY = "retry"
 #: What a failed record adds to the stored message's meta (the attempt it failed on, an
 #: encrypted job's sealed error) and a retry's own claim: dropped when it is queued again.
-_NOT_RETRIED = ("failed_attempt", "failed_exception", RETRY_CLAIM, RETRY)
+_NOT_RETRIED = ("failed_attempt", "failed_exception", RETRY_CLAIM, RETRIED)
 
 
 class Admin:
@@ -122,7 +119,7 @@ class Admin:
             k: v for k, v in (message.meta or {}).items() if k not in _NOT_RETRIED
         }  # a fresh run: its next failure records its own attempt
         if token is not None:
-            meta[RETRY] = {"token": token, "connection": driver.name}
+            meta[RETRIED] = {"token": token, "connection": driver.name}
         message.meta = meta or None
         body = encode(message)
         target = (

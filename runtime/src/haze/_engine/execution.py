@@ -28,7 +28,7 @@ from haze._jobs.context import JobContext, _tenant
 from haze._jobs.definition import find_job, get_job
 from haze._kernel.crypto import decrypt_payload, sealed_error
 from haze._kernel.current import app_var
-from haze._kernel.describe import error_line
+from haze._kernel.describe import cap_text, error_line
 from haze._kernel.durations import MAX_DELAY, backoff_delay
 from haze._kernel.errors import (
     JobFailedError,
@@ -36,7 +36,7 @@ from haze._kernel.errors import (
     MessageDecodeError,
     UnknownJobError,
 )
-from haze._kernel.message import UNRECORDED_FAILURE, decode_payload, encode_payload
+from haze._kernel.message import RETRIED, UNRECORDED_FAILURE, decode_payload, encode_payload
 from haze.contracts.driver import CappedDelay, DelayStep, Reserved, unavailable
 from haze.contracts.failed import RetryClaims
 
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from haze._engine.tracking import Tracking
     from haze._jobs.definition import JobDefinition
     from haze._kernel.message import Message
-    from haze.contracts.driver import Driver
+    from haze.contracts.driver import Driver, FailedJob
 
 __all__ = ["Execution"]
 
@@ -251,7 +251,7 @@ class Execution:
         if message.unique is not None and message.unique.get("until") == "processing":
             await self.locks.unlock(message)
             message.unique = None
-        if message.meta is not None and "retry" in message.meta:
+        if message.meta is not None and RETRIED in message.meta:
             await self._retried(message)
         debounced = message.meta is not None and "debounce" in message.meta
         if debounced and await self.locks.superseded(run.job, message):
@@ -272,7 +272,7 @@ class Execution:
     async def _retried(self, message: Message) -> None:
         """A job retried from failed jobs: delete the record its retry claimed, in case
         the retrying process died after queueing it (``Admin`` deletes it otherwise)."""
-        claim = (message.meta or {}).get("retry")
+        claim = (message.meta or {}).get(RETRIED)
         if not isinstance(claim, dict):
             return
         token, connection = claim.get("token"), claim.get("connection")
@@ -508,21 +508,41 @@ class Execution:
                 record.payload = None  # decrypted for the run: never kept in plaintext
         if also:
             record.exception = self.failures.also_raised(record.exception, also)
-        try:
-            owned = await driver.fail(reserved, record)
-        except Exception as e:
-            if self._outage(e):
-                raise
-            # Once more with the store's error in the record: if the record's text was
-            # the trouble, it is now bounded and plain.
-            record.exception = self.failures.also_raised(record.exception, [e])
-            owned = await driver.fail(reserved, record)
-        self.owned(owned, reserved, "failure")
+        self.owned(await self._store_failure(driver, reserved, record), reserved, "failure")
         try:
             await self.hooks.settled(run)
         except Exception as e:
             self._unless_outage(e, [])
             log.exception('haze: after job "%s" failed, an outcome hook raised', run.job.name)
+
+    async def _store_failure(self, driver: Driver, reserved: Reserved, record: FailedJob) -> bool:
+        """``driver.fail``; when it raises other than for an outage, once more with its
+        error in the record, and then, as a last resort, the record goes to the log
+        and the message is acknowledged: never left to fail the same way for ever."""
+        try:
+            return await driver.fail(reserved, record)
+        except Exception as e:
+            if self._outage(e):
+                raise
+            # if the record's text was the trouble, it is now bounded and plain
+            record.exception = self.failures.also_raised(record.exception, [e])
+        try:
+            return await driver.fail(reserved, record)
+        except Exception as e:
+            if self._outage(e):
+                raise
+            log.error(
+                'haze: the failure of job "%s" (%s) on %s/%s could not be recorded (%s); the '
+                "message is removed from its queue and this line is its only record: %s\n%s",
+                record.name,
+                record.id,
+                driver.name,
+                record.queue,
+                error_line(e),
+                record.exception,
+                cap_text(record.body, 4096),
+            )
+        return await driver.ack(reserved)
 
     def _outage(self, error: BaseException) -> bool:
         """Whether ``error`` says a backend cannot be reached (of any connection in use)."""
@@ -558,7 +578,7 @@ class Execution:
     ) -> None:
         log.error("haze: cannot run a message on %s/%s: %s", driver.name, reserved.queue, error)
         record = self.failures.undecodable(reserved, driver.name, error)
-        self.owned(await driver.fail(reserved, record), reserved, "failure")
+        self.owned(await self._store_failure(driver, reserved, record), reserved, "failure")
 
     async def _ack(self, driver: Driver, reserved: Reserved) -> None:
         later = reserved.ack_later

@@ -20,7 +20,7 @@ from haze._jobs.definition import find_job
 from haze._kernel.crypto import encrypt_payload, seal_failure, sealed_error
 from haze._kernel.describe import cap_text, error_line, format_error
 from haze._kernel.errors import JobTimeoutError, MaxExceptionsError, RetryUntilExpiredError
-from haze._kernel.message import UNRECORDED_FAILURE, Message, encode, new_id
+from haze._kernel.message import RETRIED, UNRECORDED_FAILURE, Message, encode, new_id
 from haze.contracts.driver import FailedJob
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ __all__ = ["ExceptionCount", "Failures", "format_error"]
 log = logging.getLogger("haze")
 _time = time.time
 #: Meta fields of a delivery, never of the stored failed record.
-_TRANSIENT = ("retry", UNRECORDED_FAILURE)
+_TRANSIENT = (RETRIED, UNRECORDED_FAILURE)
 
 
 def exceptions_key(message: Message) -> str:
@@ -113,7 +113,7 @@ class Failures:
         body_message = copy.copy(message)
         body_message.unique = None
         meta = message.meta
-        if meta is not None and ("retry" in meta or UNRECORDED_FAILURE in meta):
+        if meta is not None and (RETRIED in meta or UNRECORDED_FAILURE in meta):
             # the claim of the retry that queued it; a failure sent back to be recorded
             meta = {k: v for k, v in meta.items() if k not in _TRANSIENT} or None
         if attempt is not None:

@@ -12,7 +12,8 @@ Keys, under ``haze:failed:<connection>:``:
 Every write is one store call and the index is appended through the store's atomic
 ``increment``, so several processes can record at once on an atomic store (redis,
 database). On KV (``atomic = False``) two failures recorded at the same instant may
-take one slot: the one left out of the listing is still found by id. ``forget`` deletes
+take one slot: the one left out of the listing is still found by id, and two retries
+of one record at the same instant may both win its claim. ``forget`` deletes
 the record and leaves its slot (skipped when listing); a full ``flush`` deletes the
 slots too. Listing reads every slot since the last full flush: for a long failed
 history, prefer a database connection.
@@ -66,7 +67,13 @@ class StoreFailedJobs:
         # The claim names the record it took (its failed_at): a record written after
         # it (the job failed again) is not the one ``retried`` deletes.
         claim = {"token": token, "failed_at": job.failed_at}
-        if not await self.store.add(self._k(f"claim:{id}"), claim, ttl=lease):
+        key = self._k(f"claim:{id}")
+        if not await self.store.add(key, claim, ttl=lease):
+            return None
+        # Another caller may have retried it (and ended its claim) since we read it.
+        again = await self.find(id)
+        if again is None or again.failed_at != job.failed_at:
+            await self.store.delete(key, owner=claim)
             return None
         return job
 

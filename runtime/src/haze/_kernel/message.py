@@ -36,6 +36,7 @@ __all__ = [
     "MAX_DELAY",
     "MAX_MESSAGE_SIZE",
     "MAX_QUEUE_NAME",
+    "RETRIED",
     "RETRY_CLAIM",
     "UNRECORDED_FAILURE",
     "FailedJob",
@@ -597,6 +598,11 @@ def envelope_of(body: Any) -> dict[str, Any] | None:
 #: could not keep when it happened: ``{"exception", "attempt", "handed_back"}``. Its next
 #: delivery records that failure, and runs neither the job nor its ``failed()``.
 UNRECORDED_FAILURE = "unrecorded_failure"
+
+#: The envelope ``meta`` field of a message queued again by a retry from failed jobs:
+#: ``{"token", "connection"}``, the claim on the failed record (of that connection's
+#: store) that its first run deletes, in case the retry died before it did.
+RETRIED = "retry"
 
 #: The envelope ``meta`` field of a failed record that a retry has claimed (SQL stores
 #: keep the claim in the stored body): ``{"token": ..., "until": <unix time>}``.

@@ -606,8 +606,9 @@ class RedisFailedJobs:
             n += 1
         return n
 
-    def _claim_key(self, queue: str, id: str) -> str:
-        return f"{self._d._link().scripts(queue).keys['']}haze-retry-claim:{id}"
+    def _claim_key(self, id: str) -> str:
+        # beside BullMQ's queues, under the connection's prefix: a name no queue takes
+        return f"{self._d.prefix}:haze-retry-claim:{id}"
 
     async def claim_retry(self, id: str, token: str, lease: float) -> FailedJob | None:
         found = await self._locate(id)
@@ -615,17 +616,21 @@ class RedisFailedJobs:
             return None
         job = self._record(*found)
         claim = json.dumps({"token": token, "failed_at": job.failed_at})
-        key = self._claim_key(found[0], id)
-        client = self._d._link().client
-        won = await client.set(key, claim, nx=True, px=max(1, round(lease * 1000)))
-        return job if won else None
+        link = self._d._link()
+        key = self._claim_key(id)
+        if not await link.client.set(key, claim, nx=True, px=max(1, round(lease * 1000))):
+            return None
+        # Another caller may have retried it (and ended its claim) since we found it.
+        if await self._failed_row(link, found[0], found[1]) is None:
+            await link.client.delete(key)
+            return None
+        return job
 
     async def retried(self, id: str, token: str) -> bool:
-        found = await self._locate(id)
-        if found is None:
-            return False
+        # The claim first: every run of a retried job asks, and locating a record that
+        # is gone scans the failed sets.
         client = self._d._link().client
-        key = self._claim_key(found[0], id)
+        key = self._claim_key(id)
         raw = await client.get(key)
         claim = json.loads(raw) if raw else None
         if not isinstance(claim, dict) or claim.get("token") != token:
