@@ -21,6 +21,7 @@ from haze._kernel.errors import (
     ConfigError,
     DatabaseConnectionError,
     DelayTooLongError,
+    DispatchIncompleteError,
     DuplicateJobError,
     HazeError,
     JobCancelledError,
@@ -37,6 +38,7 @@ from haze._kernel.errors import (
     RetryUntilExpiredError,
     ScheduleError,
     UnknownJobError,
+    UnknownQueueError,
     UntrackedJobError,
 )
 
@@ -130,6 +132,7 @@ __all__ = [
     "DatabaseConnectionError",
     "Db",
     "DelayTooLongError",
+    "DispatchIncompleteError",
     "DispatchResult",
     "DuplicateJobError",
     "FailedJob",
@@ -157,6 +160,7 @@ __all__ = [
     "RetryUntilExpiredError",
     "ScheduleError",
     "UnknownJobError",
+    "UnknownQueueError",
     "UntrackedJobError",
     "__version__",
     "after_commit",
