@@ -211,6 +211,8 @@ def define_haze_config(*, cloudflare: Mapping[str, Any] | None = None, **extra: 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,200}$")
 _QUEUE = re.compile(r"^[A-Za-z0-9_.:\-]{1,255}$")
+#: The longest queue connection name (failed jobs keep it in every store).
+MAX_CONNECTION_NAME = 64
 
 
 class _V:
@@ -599,6 +601,13 @@ def _queue_connections(
     for name, c in conns_raw.items():
         key = f"connections.{name}"
         v.name(name, key)
+        if len(name) > MAX_CONNECTION_NAME:
+            # Failed jobs record it (a VARCHAR(191) column on MySQL): never let a store cut it.
+            raise v.fail(
+                key,
+                f"a queue connection name has 1 to {MAX_CONNECTION_NAME} characters, "
+                f"got {len(name)}; choose a shorter name",
+            )
         c = v.mapping(c, key, required=True)
         driver = v.string(c.get("driver"), f"{key}.driver", required=True)
         schema = _plugin_schema(v, driver or "", QUEUE_DRIVER_OPTIONS, _COMMON, key, driver_class)

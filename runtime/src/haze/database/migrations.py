@@ -4,18 +4,21 @@
 into the app, rendered for the dialect of the queue connection's database with the
 configured table names. ``haze db:migrate`` applies every ``database/migrations/*.sql``
 not yet recorded in the ``haze_migrations`` table, each in its own transaction, and
-records it; running it again changes nothing.
+records it; running it again changes nothing. Then it upgrades the tables haze
+created in earlier versions where their definition changed (``upgrades.py``: on
+MySQL/MariaDB, a binary collation and 255-character queue columns).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from haze._kernel.errors import ConfigError
 from haze._kernel.sqlfiles import queue_schema
+from haze.database.upgrades import upgrade_tables
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -31,6 +34,8 @@ _LEDGER = "haze_migrations"
 class MigrationResult:
     applied: list[str]
     skipped: list[str]
+    #: haze's own tables upgraded from an earlier version's definition
+    upgraded: list[str] = field(default_factory=list)
 
 
 def _queue_db_connection(app: App, connection: str | None) -> tuple[str, str, str, str]:
@@ -128,6 +133,7 @@ async def migrate(app: App, database: str | None = None) -> MigrationResult:
                 f"INSERT INTO {_LEDGER} (name, applied_at) VALUES (?, ?)", (path.name, time.time())
             )
         result.applied.append(path.name)
+    result.upgraded = await upgrade_tables(db)
     return result
 
 
