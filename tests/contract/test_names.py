@@ -43,3 +43,23 @@ async def test_queue_names_differing_in_case_accent_or_space_are_distinct(
     assert reserved.message.payload == {"queue": "tenant"}
     for name in LOOKALIKES:
         await Queue.clear(name)
+
+
+async def test_a_comma_in_a_queue_name_is_refused_wherever_a_queue_is_named(
+    app: Any, driver: Any, done: Any
+) -> None:
+    # `queue:work --queue a,b` reads two queues: jobs on "a,b" would wait for ever.
+    bad = "emails,high"
+    with pytest.raises(ValueError, match="cannot contain a comma") as info:
+        await nm_record.dispatch({"queue": bad}, queue=bad)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="cannot contain a comma"):
+        await nm_record.with_({"queue": bad}).on_queue(bad).dispatch()
+    with pytest.raises(ValueError, match="cannot contain a comma"):
+        Queue.chain([nm_record.with_({"queue": bad})]).on_queue(bad)
+    with pytest.raises(ValueError, match="cannot contain a comma"):
+        Queue.batch([nm_record.with_({"queue": bad})]).on_queue(bad)
+    with pytest.raises(ValueError, match="cannot contain a comma"):
+        define_job(name="nm_comma", queue=bad)(nm_record.handler)
+    await done()
+    assert LOG == []

@@ -22,6 +22,7 @@ from typing import Any, TypeVar, overload
 
 from haze._kernel.durations import parse_duration
 from haze._kernel.errors import ConfigError
+from haze._kernel.message import redis_key_part_error
 from haze.contracts.driver import DeclaresOptions
 from haze.drivers import driver_class
 from haze.stores import store_class
@@ -635,6 +636,12 @@ def _check_connection_links(v: _V, connections: dict[str, dict[str, Any]]) -> No
                     )
         if c["driver"] == "sqs" and not c.get("queue_url"):
             raise v.fail(f"connections.{name}.queue_url", "is required for the sqs driver")
+        if c["driver"] == "redis":
+            named = [("prefix", "a key prefix", c.get("prefix") or "")]
+            named += [("queues", "a queue name", q) for q in c.get("queues") or ()]
+            for key, what, value in named:
+                if ":" in value:
+                    raise v.fail(f"connections.{name}.{key}", redis_key_part_error(what, value))
 
 
 def _queue_default(v: _V, raw: Mapping[str, Any], connections: dict[str, dict[str, Any]]) -> str:

@@ -29,7 +29,7 @@ from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch
 from haze._kernel.blocking import blocking_method
 from haze._kernel.current import use_app
 from haze._kernel.errors import BatchFinishedError, HazeError
-from haze._kernel.message import Message, new_id
+from haze._kernel.message import Message, check_queue_name, new_id
 from haze.contracts.store import Store
 
 __all__ = ["Batch", "BatchCount", "BatchGuard", "BatchJob", "PendingBatch"]
@@ -226,7 +226,7 @@ class PendingBatch:
         return self
 
     def on_queue(self, queue: str) -> PendingBatch:
-        self._queue = queue
+        self._queue = check_queue_name(queue, "batch on_queue")
         return self
 
     def to_spec(self, manager: QueueManager, connection: str | None = None) -> dict[str, Any]:

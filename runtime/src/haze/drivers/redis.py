@@ -83,7 +83,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from haze._kernel.errors import MessageDecodeError, MissingDependencyError
-from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode, envelope_of
+from haze._kernel.message import (
+    MAX_MESSAGE_SIZE,
+    Message,
+    decode,
+    envelope_of,
+    redis_key_part_error,
+)
 from haze.contracts.driver import (
     Concurrent,
     ConnectionAware,
@@ -166,6 +172,11 @@ _LOCK_ERRORS = {
     -3: "it is no longer active",
     -6: "another worker owns its lock",
 }
+
+
+def check_queue(queue: str) -> None:
+    if ":" in queue:
+        raise ValueError(redis_key_part_error("a queue name", queue))
 
 
 def _now_ms() -> int:
@@ -398,6 +409,7 @@ class _Link:
     def scripts(self, queue: str) -> _Scripts:
         s = self._scripts.get(queue)
         if s is None:
+            check_queue(queue)
             s = self._scripts[queue] = _Scripts(self.prefix, queue, self.connection)
         return s
 
@@ -1290,6 +1302,10 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
                 await asyncio.wait_for(link.closing.wait(), self.stalled_interval)
 
     # -- inspection ---------------------------------------------------------------
+
+    def check_queue(self, queue: str) -> None:
+        """A ``:`` is refused (``QueueNameRules``): it separates the parts of the keys."""
+        check_queue(queue)
 
     async def size(self, queue: str) -> int:
         """Jobs waiting, delayed or claimed (active), like Laravel's Redis queue size."""
