@@ -70,10 +70,12 @@ How haze's rules map onto BullMQ:
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import itertools
 import json
 import logging
+import math
 import time
 import uuid
 import weakref
@@ -606,6 +608,72 @@ class RedisFailedJobs:
         self._where.pop(id, None)
         removed = await self._d._link().scripts(q).remove(job_id, False)
         return bool(removed)
+
+    # -- pages (FailedPages): counted with ZCOUNT, read one page of hashes at a time ----
+
+    @staticmethod
+    def _scores(since: float | None, until: float | None) -> tuple[str, str]:
+        """The failed sets' score range (finishedOn, in ms) for ``since``/``until``."""
+        low = "-inf" if since is None else str(math.ceil(since * 1000))
+        high = "+inf" if until is None else str(math.floor(until * 1000))
+        return low, high
+
+    async def count(
+        self, queue: str | None = None, since: float | None = None, until: float | None = None
+    ) -> int:
+        link = self._d._link()
+        low, high = self._scores(since, until)
+        async with link.client.pipeline(transaction=False) as pipe:
+            for q in self._queues(queue):
+                pipe.zcount(link.scripts(q).keys["failed"], low, high)
+            return sum(int(n) for n in await pipe.execute())
+
+    async def counts(self) -> dict[str, int]:
+        link = self._d._link()
+        queues = self._queues(None)
+        async with link.client.pipeline(transaction=False) as pipe:
+            for q in queues:
+                pipe.zcard(link.scripts(q).keys["failed"])
+            sizes = await pipe.execute()
+        return {q: int(n) for q, n in zip(queues, sizes, strict=True) if int(n)}
+
+    async def page(
+        self,
+        queue: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        *,
+        offset: int = 0,
+        limit: int = 50,
+        text: int | None = None,
+    ) -> builtins.list[FailedJob]:
+        link = self._d._link()
+        low, high = self._scores(since, until)
+        queues = self._queues(queue)
+        want = max(0, offset) + max(0, limit)
+        # The newest `want` ids of each queue's set (ids and scores only), merged.
+        async with link.client.pipeline(transaction=False) as pipe:
+            for q in queues:
+                key = link.scripts(q).keys["failed"]
+                pipe.zrevrangebyscore(key, high, low, start=0, num=want, withscores=True)
+            ranked = await pipe.execute()
+        merged = [
+            (score, q, str(i)) for q, rows in zip(queues, ranked, strict=True) for i, score in rows
+        ]
+        merged.sort(reverse=True)
+        chosen = merged[max(0, offset) : want]
+        async with link.client.pipeline(transaction=False) as pipe:
+            for _, q, job_id in chosen:
+                pipe.hmget(link.scripts(q).toKey(job_id), *_FAILED_FIELDS)
+            rows = await pipe.execute()
+        out: builtins.list[FailedJob] = []
+        for (_, q, job_id), row in zip(chosen, rows, strict=True):
+            if row[1] is not None:
+                job = self._record(q, job_id, row)
+                if text is not None and len(job.exception) > text:
+                    job.exception = job.exception[:text]
+                out.append(job)
+        return out
 
     async def flush(self, older_than: float | None = None) -> int:
         link = self._d._link()
