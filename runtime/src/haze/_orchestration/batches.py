@@ -35,6 +35,9 @@ from haze.contracts.store import Store
 __all__ = ["Batch", "BatchCount", "BatchGuard", "BatchJob", "PendingBatch"]
 
 _CALLBACKS = ("then", "catch", "finally", "progress", "failure")
+#: Jobs of a batch encoded and queued at a time: a batch of a million jobs holds this
+#: many messages in the dispatching process, not a million.
+DISPATCH_CHUNK = 1000
 #: Jobs of one batch whose ids are kept, in the order they ended (``jobs``): the first
 #: ones only, so a batch of a million jobs costs no more than one of a thousand.
 KEEP_JOB_IDS = 1000
@@ -341,6 +344,8 @@ async def _dispatch_items(
         target = manager.dispatcher.resolve(head, queue=queue, connection=conn)[0]
         if not isinstance(item, list) and not manager.app.driver(target).inline:
             run.append(item)
+            if len(run) >= DISPATCH_CHUNK:
+                await flush()
             continue
         await flush()
         try:
