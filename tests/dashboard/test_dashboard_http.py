@@ -221,6 +221,31 @@ def test_async_authorize_and_local_environment(
     assert local.get("/").status_code == 403
 
 
+def test_failed_sign_ins_are_limited_per_client(backend: Backend) -> None:
+    from haze.dashboard._security import FREE_ATTEMPTS, MAX_ATTEMPTS, basic_auth
+
+    if backend.kind != "sqlite":
+        pytest.skip("the limit is the dashboard's own, the same on every backend")
+
+    def with_client(host: str) -> TestClient:
+        return backend.open(
+            lambda app: create_app(app, authorize=basic_auth("ops", "right")),
+            client=(host, 50000),
+        )
+
+    guesser, other = with_client("203.0.113.7"), with_client("203.0.113.8")
+    statuses = [
+        guesser.get("/", auth=("ops", f"guess{i}")).status_code for i in range(MAX_ATTEMPTS + 3)
+    ]
+    assert statuses == [403] * MAX_ATTEMPTS + [429] * 3
+    refused = guesser.get("/", auth=("ops", "right"))  # even the right password now
+    assert refused.status_code == 429
+    assert "Too many failed sign-ins" in refused.text
+    assert int(refused.headers["retry-after"]) > 0
+    assert other.get("/", auth=("ops", "right")).status_code == 200  # per client
+    assert FREE_ATTEMPTS < MAX_ATTEMPTS
+
+
 def test_post_without_valid_csrf_token_is_403_whatever_the_path(backend: Backend) -> None:
     fail_jobs(backend, [{"n": 1}])
     c = client(backend)

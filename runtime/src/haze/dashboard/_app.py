@@ -7,10 +7,12 @@ parsed form the gate left in ``request.state.form``.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -473,8 +475,20 @@ class _Gate:
             await self.inner(scope, receive, send)
             return
         request = Request(scope)
-        if not await self.dashboard.guard.allowed(request):
-            challenge = self.dashboard.guard.challenge
+        guard = self.dashboard.guard
+        client = request.client.host if request.client else ""
+        wait = guard.sign_ins.locked(client)
+        if wait:
+            await PlainTextResponse(
+                "Too many failed sign-ins from this address: try again in a minute.",
+                status_code=429,
+                headers={**_NO_STORE, "Retry-After": str(math.ceil(wait))},
+            )(scope, receive, send)
+            return
+        if not await guard.allowed(request):
+            if "authorization" in request.headers:
+                await asyncio.sleep(guard.sign_ins.failed(client))
+            challenge = guard.challenge
             if challenge is not None:
                 # Lets a browser ask for the password of `haze dashboard`'s basic auth.
                 await PlainTextResponse(
@@ -487,6 +501,8 @@ class _Gate:
                 scope, receive, send
             )
             return
+        if "authorization" in request.headers:
+            guard.sign_ins.succeeded(client)
         if scope["method"] != "POST":
             await self.inner(scope, receive, send)
             return
