@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import pytest
 from haze import (
     App,
+    JobContext,
     Queue,
     define_cache_config,
     define_database_config,
@@ -733,6 +734,49 @@ def test_encrypted_payload_hidden_unless_decrypted_with_the_app_key(
     assert "no app key" in keyless
 
 
+@define_job(name="dash_secret_text", tries=1, encrypted=True, track=True)
+async def dash_secret_text(payload: Any) -> None:
+    raise ValueError(f"card {payload['card']} declined")
+
+
+@define_job(name="dash_secret_result", encrypted=True, keep_result="1h")
+async def dash_secret_result(payload: Any, job: JobContext) -> Any:
+    job.progress({"at": payload["card"]})
+    return {"echo": payload["card"]}
+
+
+def test_encrypted_exception_result_and_progress_hidden_unless_decrypted(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from haze._kernel.crypto import generate_key
+
+    monkeypatch.setenv("APP_KEY", generate_key())
+
+    async def go(app: App) -> tuple[str, str]:
+        failing = await dash_secret_text.dispatch({"card": "4242-FAIL"})
+        kept = await dash_secret_result.dispatch({"card": "4242-KEPT"})
+        await drain(app)
+        return failing, kept
+
+    failing, kept = backend.run(go)
+    c = client(backend)
+    assert "4242-FAIL" not in c.get("/failed").text
+    html = c.get(f"/failed/main/{failing}").text
+    assert "4242-FAIL" not in html and "ValueError (encrypted)" in html
+    shown = c.get(f"/failed/main/{failing}", params={"decrypt": 1}).text
+    assert "card 4242-FAIL declined" in shown and "Traceback" in shown
+    for job_id, secret in ((failing, "4242-FAIL"), (kept, "4242-KEPT")):
+        html = c.get("/jobs", params={"id": job_id}).text
+        assert secret not in html and "encrypted with the app key and hidden" in html
+        assert secret in c.get("/jobs", params={"id": job_id, "decrypt": 1}).text
+    monkeypatch.delenv("APP_KEY")
+    keyless = client(backend)
+    html = keyless.get("/jobs", params={"id": kept, "decrypt": 1}).text
+    assert "4242-KEPT" not in html and "no app key" in html
+    html = keyless.get(f"/failed/main/{failing}", params={"decrypt": 1}).text
+    assert "4242-FAIL" not in html and "no app key" in html
+
+
 def test_pages_forbid_framing_and_foreign_scripts(backend: Backend) -> None:
     r = client(backend).get("/")
     policy = r.headers["content-security-policy"]
@@ -839,3 +883,43 @@ def test_job_lookup_shows_a_tracked_jobs_status_and_result(backend: Backend) -> 
     assert "&#34;rows&#34;: 1200" in page or "&quot;rows&quot;: 1200" in page
     assert "<script>alert" not in page
     assert ">queued<" in c.get("/jobs", params={"id": waiting_id}).text
+
+
+def test_a_deeply_nested_failed_record_breaks_no_failed_page(backend: Backend) -> None:
+    """A record whose body is nested too deeply to parse: listed, shown, never retried
+    as a job, and forgettable by id; the other failed jobs stay workable."""
+    from haze._kernel.message import FailedJob
+
+    fail_jobs(backend, [{"n": 1}])
+    deep = "[" * 100_000 + "]" * 100_000
+
+    async def plant(app: App) -> None:
+        record = FailedJob.from_body(
+            deep,
+            id="deep-1",
+            connection="main",
+            queue="default",
+            exception="RecursionError: too deep",
+            failed_at=time.time(),
+        )
+        await app.driver().failed.record(record)
+
+    backend.run(plant)
+    # redis names a record whose body holds no haze id by its BullMQ id
+    [deep_id] = [j.id for j in backend.run(lambda app: Queue.failed()) if j.name[0] == "<"]
+    c = client(backend)
+    listing = c.get("/failed")
+    assert listing.status_code == 200
+    assert "deep-1" in listing.text
+    assert c.get("/failed", params={"job": "dash"}).status_code == 200
+    assert c.get("/failed", params={"exception": "too deep"}).status_code == 200
+    detail = c.get(f"/failed/main/{deep_id}")
+    assert detail.status_code == 200 and "too deep" in detail.text
+    token = csrf(listing.text)
+    retried = c.post("/failed/retry", data={"all": "1", "_csrf": token})
+    assert retried.status_code == 303
+    left = backend.run(lambda app: Queue.failed())
+    assert [j.id for j in left] == [deep_id]  # the plain one was retried, the deep one kept
+    forgot = c.post("/failed/forget", data={"id": deep_id, "_csrf": token})
+    assert forgot.status_code == 303
+    assert backend.run(lambda app: Queue.failed()) == []

@@ -525,7 +525,7 @@ def test_missing_bullmq_names_the_extra(monkeypatch):
 
     monkeypatch.delitem(sys.modules, "haze.drivers.redis")
     monkeypatch.setattr(builtins, "__import__", fake_import)
-    with pytest.raises(MissingDependencyError, match=r"haze\[redis\]") as info:
+    with pytest.raises(MissingDependencyError, match=r"(haze-jobs|runtime)\[redis\]") as info:
         importlib.import_module("haze.drivers.redis")
     assert "the redis driver" in str(info.value)
     assert "bullmq" in str(info.value)

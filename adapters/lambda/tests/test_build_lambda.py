@@ -183,7 +183,7 @@ def test_the_zip_is_deterministic(bundle: dict[str, Any], tmp_path: Path) -> Non
 
 
 def test_bundled_sqs_handler_reports_batch_item_failures(bundle: dict[str, Any]) -> None:
-    name = "lamq-bld"
+    name = "lam-bld"
     q = queued_batch(name, ("lam_ok", "lam_flaky", "lam_fail", "bld_lam_where"), "bld")
     ids, messages, by_job = q["ids"], q["messages"], q["by_job"]
     with runtime(bundle, "handler.sqs") as api:
@@ -208,7 +208,7 @@ def test_bundled_sqs_handler_reports_batch_item_failures(bundle: dict[str, Any])
 
 def test_bundled_http_handler_dispatches(bundle: dict[str, Any]) -> None:
     client = _SPEC["client"]()
-    url = _SPEC["create_queues"](["lamq-bldh"])["lamq-bldh"]
+    url = _SPEC["create_queues"](["lam-bldh"])["lam-bldh"]
     body = json.dumps({"job": "lam_ok", "payload": {"via": "bundle"}, "queue": "bldh"})
     with runtime(bundle, "handler.http") as api:
         kind, response = api.invoke(http_event(body, {"authorization": f"Bearer {SECRET}"}))

@@ -22,6 +22,7 @@ from typing import Any, TypeVar, overload
 
 from haze._kernel.durations import parse_duration
 from haze._kernel.errors import ConfigError
+from haze._kernel.hints import did_you_mean
 from haze._kernel.message import redis_key_part_error
 from haze.contracts.driver import DeclaresOptions
 from haze.drivers import driver_class
@@ -120,7 +121,26 @@ def env(name: str, default: object = None) -> object:
             return float(raw)
         except ValueError:
             raise ConfigError(f"expected a number, got {raw!r}", key=f"env {name}") from None
-    return raw
+    return EnvValue(raw, name)
+
+
+class EnvValue(str):
+    """A string read by :func:`env`: it remembers its variable, so a bad value is
+    reported against the variable it came from, not only the config key."""
+
+    variable: str
+
+    def __new__(cls, value: str, variable: str) -> EnvValue:
+        self = super().__new__(cls, value)
+        self.variable = variable
+        return self
+
+
+def _origin(value: object) -> str:
+    """`` (from the environment variable X)`` for a value :func:`env` read, else ``""``."""
+    return (
+        f" (from the environment variable {value.variable})" if isinstance(value, EnvValue) else ""
+    )
 
 
 @dataclass
@@ -651,9 +671,11 @@ def _queue_default(v: _V, raw: Mapping[str, Any], connections: dict[str, dict[st
     default = v.string(default, "default", required=True)
     if default not in connections:
         raise v.fail(
-            "default", f"{default!r} is not one of the connections: {', '.join(connections)}"
+            "default",
+            f"{str(default)!r}{_origin(default)} is not one of the connections: "
+            f"{', '.join(connections)}{did_you_mean(str(default), connections)}",
         )
-    return default
+    return str(default)
 
 
 def _queue_middleware(v: _V, raw: Mapping[str, Any]) -> list[Any]:
@@ -712,7 +734,11 @@ def _validate_named(
     default = s.raw.get("default") or next(iter(items))
     default = v.string(default, "default", required=True)
     if default not in items:
-        raise v.fail("default", f"{default!r} is not one of the {section}: {', '.join(items)}")
+        raise v.fail(
+            "default",
+            f"{str(default)!r}{_origin(default)} is not one of the {section}: "
+            f"{', '.join(items)}{did_you_mean(str(default), items)}",
+        )
     return default, items, src
 
 

@@ -5,7 +5,9 @@ Keys, under ``haze:failed:<connection>:``:
 - ``rec:<id>`` the record (``FailedJob.to_dict()`` and the envelope ``body``), no expiry;
 - ``seq`` a counter and ``slot:<n>`` the id recorded n-th: the index ``list()`` reads
   (an id recorded twice is listed once);
-- ``floor`` slots at or below it were flushed.
+- ``floor`` slots at or below it were flushed;
+- ``claim:<id>`` a retry in progress (``{"token", "failed_at"}``), expiring after the
+  retry's lease.
 
 Every write is one store call and the index is appended through the store's atomic
 ``increment``, so several processes can record at once on an atomic store (redis,
@@ -56,6 +58,32 @@ class StoreFailedJobs:
         await self.store.put(self._k(f"rec:{job.id}"), data)
         n = await self.store.increment(self._k("seq"), 1)
         await self.store.put(self._k(f"slot:{n}"), job.id)
+
+    async def claim_retry(self, id: str, token: str, lease: float) -> FailedJob | None:
+        job = await self.find(id)  # the earlier layout's records too
+        if job is None:
+            return None
+        # The claim names the record it took (its failed_at): a record written after
+        # it (the job failed again) is not the one ``retried`` deletes.
+        claim = {"token": token, "failed_at": job.failed_at}
+        if not await self.store.add(self._k(f"claim:{id}"), claim, ttl=lease):
+            return None
+        return job
+
+    async def retried(self, id: str, token: str) -> bool:
+        claim_key = self._k(f"claim:{id}")
+        claim = await self.store.get(claim_key)
+        if not isinstance(claim, dict) or claim.get("token") != token:
+            return False
+        rec_key = self._k(f"rec:{id}")
+        data = await self.store.get(rec_key)
+        gone = False
+        if isinstance(data, dict) and data.get("failed_at") == claim.get("failed_at"):
+            gone = await self.store.delete(rec_key, owner=data)  # unless replaced meanwhile
+        elif data is None and (await self._legacy_ids()) and self._is_legacy(id):
+            gone = await self.forget(id)
+        await self.store.delete(claim_key, owner=claim)
+        return gone
 
     @staticmethod
     def _job(data: Any) -> FailedJob | None:

@@ -150,6 +150,11 @@ class Worker:
         self._outage = False
         self._outage_backoff = 0.0
         self._outage_since = 0.0
+        #: Whether a claim was ever answered: a worker that stops without one never read
+        #: its queues (``queue:work --stop-when-empty``/``--once`` then exit non-zero).
+        self.reached = False
+        #: What the current outage failed with (None outside one).
+        self.outage_error: BaseException | None = None
         #: Jobs that ran while the backend was out, so their outcome was not recorded:
         #: told once, on the "reachable again" line, not one warning per job.
         self._unrecorded: list[str] = []
@@ -359,13 +364,15 @@ class Worker:
                     await asyncio.sleep(min(wait, 1.0) if wait > 0 else 0.05)
                     return None
             job = await call(queues)
+            self.reached = True
         except asyncio.CancelledError:
             if self.stopping:
                 task.uncancel()
                 return None
             raise
-        except QueueTablesMissingError as e:
-            # Not an outage: waiting cannot create the tables. Stop and say what to run.
+        except (QueueTablesMissingError, ConfigError) as e:
+            # Not an outage: waiting cannot create the tables or fix a refused token
+            # (libSQL's 401/403). Stop and say what to do.
             self._fatal = e
             self.request_stop()
             return None
@@ -387,6 +394,7 @@ class Worker:
         connection broke, which proves nothing)."""
         if self._outage and began >= self._outage_since:
             self._outage = False
+            self.outage_error = None
             self._outage_backoff = 0.0
             log.warning(
                 "haze worker: connection %r is reachable again%s",
@@ -411,6 +419,7 @@ class Worker:
         if self._outage:
             return
         self._outage = True
+        self.outage_error = e
         self._outage_since = time.monotonic()
         log.warning(
             "haze worker: connection %r is unavailable (%s: %s); retrying every %.1fs "

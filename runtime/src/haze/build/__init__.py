@@ -29,6 +29,7 @@ from pathlib import Path
 
 from haze._app.app import App
 from haze._kernel.errors import ConfigError
+from haze._kernel.hints import install_hint
 
 __all__ = ["PRESETS", "BuildContext", "BuildResult", "build", "deterministic_zip", "install_hint"]
 
@@ -114,7 +115,7 @@ class BuildContext:
                     raise
                 raise ConfigError(
                     f"the {self.preset} preset bundles {name!r}, which is not installed here; "
-                    f"{install_hint(name)} (in the environment that runs `haze build`)",
+                    f"{install_hint(package=name)} (in the environment that runs `haze build`)",
                     key="--preset",
                 ) from None
             if module.__file__ is None:
@@ -123,44 +124,6 @@ class BuildContext:
             shutil.copytree(src, dest / name, ignore=ignore, dirs_exist_ok=True)
             written.extend(p for p in (dest / name).rglob("*") if p.is_file())
         return written
-
-
-#: Import package -> its project directory in a haze checkout (the uv workspace members).
-_WORKSPACE_MEMBERS = {
-    "haze": "runtime",
-    "haze_cloudflare": "adapters/cloudflare",
-    "haze_lambda": "adapters/lambda",
-    "haze_infra": "infra",
-}
-
-
-def install_hint(package: str) -> str:
-    """How to install ``package`` (``haze_cloudflare``…) where this haze runs.
-
-    haze and its adapters are not on PyPI: from a haze checkout (this haze is the
-    workspace's ``runtime/``) the hint names the member's directory and ``uv sync``;
-    elsewhere it names the checkout path to install from, or a wheel of it.
-
-    Example::
-
-        install_hint("haze_cloudflare")
-        # 'pip install /src/haze/adapters/cloudflare (or `uv sync` in /src/haze)'
-    """
-    member = _WORKSPACE_MEMBERS.get(package)
-    dist = package.replace("_", "-")
-    if member is None:
-        return f"pip install {dist}"
-    # runtime/src/haze/build/__init__.py -> the checkout holding runtime/ and adapters/
-    checkout = Path(__file__).resolve().parents[4]
-    project = checkout / member
-    if (project / "pyproject.toml").is_file() and (
-        checkout / "runtime" / "pyproject.toml"
-    ).is_file():
-        return f"pip install {project} (or `uv sync` in {checkout})"
-    return (
-        f"pip install ./{member} from a haze checkout, or pip install a wheel of {dist} "
-        f"(`uv build --wheel {member}` in the checkout)"
-    )
 
 
 def build(root: str | Path, preset: str, out: str | Path | None = None) -> BuildResult:

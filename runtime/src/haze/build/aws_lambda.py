@@ -69,7 +69,7 @@ def third_party_packages(ctx: BuildContext) -> dict[str, list[str]]:
         if driver == "sqs":
             add("boto3", f"queue connection {name!r}")
         elif driver == "redis":
-            add("haze[redis] (bullmq, redis)", f"queue connection {name!r}")
+            add("haze-jobs[redis] (bullmq, redis)", f"queue connection {name!r}")
         elif driver == "cloudflare":
             add("httpx", f"queue connection {name!r}")
     for name, store in app.cache_config.stores.items():

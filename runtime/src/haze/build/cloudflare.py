@@ -54,11 +54,13 @@ import re
 import shlex
 from collections.abc import Iterable, Mapping
 from datetime import date
+from pathlib import Path
 from typing import Any
 
 from haze._app.app import App, _load_module_file
 from haze._app.config import env_source
 from haze._kernel.errors import ConfigError
+from haze._kernel.hints import DISTRIBUTION
 from haze._orchestration.scheduling import bundle_packages, platform_triggers
 from haze.build import BuildContext, BuildResult
 from haze.build._cloudflare_config import (
@@ -71,6 +73,7 @@ from haze.build._cloudflare_config import (
 )
 from haze.build._python import app_requirements, pack_wheel
 from haze.database import dialect_of
+from haze.database.migrations import migration_files, migration_statements
 
 __all__ = [
     "COMPATIBILITY_DATE",
@@ -564,6 +567,19 @@ def _with_migrations(config: dict[str, Any], migrations: str) -> dict[str, Any]:
     return out
 
 
+def _d1_migrations(ctx: BuildContext, dest: Path) -> list[Path]:
+    """Each ``.py`` migration of the app rendered as the ``.sql`` that ``wrangler d1
+    migrations apply`` reads (it runs SQL files only), in D1's dialect."""
+    written: list[Path] = []
+    for path in migration_files(ctx.root):
+        if path.suffix == ".py":
+            sql = ";\n\n".join(migration_statements(path, "d1")) + ";\n"
+            target = dest / f"{path.stem}.sql"
+            target.write_text(f"-- {path.name} rendered for D1 by `haze build`.\n{sql}")
+            written.append(target)
+    return written
+
+
 def _number(value: float) -> int | float:
     return int(value) if float(value).is_integer() else value
 
@@ -578,17 +594,19 @@ def build(ctx: BuildContext) -> BuildResult:
     bundled = bundle_packages(ctx.root)
     files += ctx.vendor((*PACKAGES, *bundled), src)
     wheels: dict[str, str] = {}
-    for dist in ("haze", "haze-cloudflare"):
+    for dist in (DISTRIBUTION, "haze-cloudflare"):
         wheel = pack_wheel(dist, ctx.dest / "wheels")
         wheels[dist] = f"wheels/{wheel.name}"
         files.append(wheel)
     # what is vendored beside haze (cronsim, tzdata for schedules) pinned as installed here
-    requirements = [*_pins(bundled), *app_requirements(ctx.root)]
+    own = app_requirements(ctx.root)
+    requirements = [*_pins(bundled), *own]
     files.append(
         ctx.write("pyproject.toml", pyproject_source(config["name"], wheels, requirements))
     )
     project = {**config, "main": PROJECT_ENTRY}
     if (ctx.root / "database" / "migrations").is_dir() and config.get("d1_databases"):
+        files += _d1_migrations(ctx, src / "database" / "migrations")
         config = _with_migrations(config, "cloudflare/src/database/migrations")
         project = _with_migrations(project, "src/database/migrations")
         names = [
@@ -605,10 +623,11 @@ def build(ctx: BuildContext) -> BuildResult:
     files.append(ctx.write("wrangler.jsonc", json.dumps(project, indent=2) + "\n"))
     wrangler = ctx.write("wrangler.json", json.dumps(config, indent=2) + "\n", base=ctx.out)
     files.append(wrangler)
-    if requirements:
+    if own:  # the pins of what is vendored beside haze need no pywrangler: src/ has it
         notes.append(
-            "the app's requirements.txt is in dist/cloudflare/pyproject.toml: deploy with "
-            "pywrangler (it vendors them into python_modules/), not with plain wrangler"
+            f"the app's requirements.txt ({', '.join(own)}) is in "
+            "dist/cloudflare/pyproject.toml: deploy with pywrangler (it vendors them into "
+            "python_modules/), not with plain wrangler"
         )
     notes.append(f"deploy: npx wrangler deploy -c {shlex.quote(str(wrangler))}")
     notes.append(

@@ -6,7 +6,7 @@ with a consumer running somewhere else; Vercel has no queue trigger).
 
     api/dispatch.py      the function, served at /api/dispatch: an ASGI ``app``
     vercel.json          the function's maxDuration and the files it must include
-    requirements.txt     the third-party packages of haze[<extras of the config>]
+    requirements.txt     the third-party packages of haze-jobs[<extras of the config>]
     haze/                haze itself, vendored (it is not on PyPI yet)
     config/ app/ database/ haze.config.py    the app
 
@@ -91,7 +91,7 @@ def build(ctx: BuildContext) -> BuildResult:
     files.extend(ctx.vendor(["haze"], dest))
     extras = extras_for(app)
     requirements = [
-        "# Made by `haze build --preset vercel`: the dependencies of haze["
+        "# Made by `haze build --preset vercel`: the dependencies of haze-jobs["
         + ",".join(extras)
         + "] (haze itself is vendored in haze/).",
         *extra_requirements(extras),

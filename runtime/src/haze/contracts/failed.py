@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 from haze._kernel.message import FailedJob
 
-__all__ = ["FailedJob", "FailedJobStore", "FailedPages"]
+__all__ = ["FailedJob", "FailedJobStore", "FailedPages", "RetryClaims"]
 
 
 @runtime_checkable
@@ -30,6 +30,30 @@ class FailedJobStore(Protocol):
     async def forget(self, id: str) -> bool: ...
     async def flush(self, older_than: float | None = None) -> int:
         """Delete failed jobs (only those older than ``older_than`` seconds when given)."""
+
+
+@runtime_checkable
+class RetryClaims(Protocol):
+    """A failed store whose records a retry claims before it queues the job again: of
+    several callers retrying one record at once, exactly one wins it.
+
+    A retry is ``claim_retry`` → queue the job → ``retried``. The queued message carries
+    the claim token, and its first run calls ``retried`` too, so a retry that died after
+    queueing the job still leaves no failed record behind once the job runs. A claim
+    holds for the ``lease`` seconds its caller asked for; after that it may be taken
+    over (its caller died, perhaps before queueing).
+    Every built-in store implements it; without it, ``retry`` reads, queues and forgets
+    (two concurrent retries may then both queue the job).
+    """
+
+    async def claim_retry(self, id: str, token: str, lease: float) -> FailedJob | None:
+        """The record ``id``, claimed with ``token`` for ``lease`` seconds; None when
+        there is none, or another caller's claim on it still holds."""
+
+    async def retried(self, id: str, token: str) -> bool:
+        """Delete the record ``id`` claimed with ``token`` (its job is queued again) and
+        end the claim. A record written after the claim (the job failed again) stays.
+        True when a record was deleted."""
 
 
 @runtime_checkable

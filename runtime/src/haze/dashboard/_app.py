@@ -33,7 +33,7 @@ from haze._engine.control import pause, resume
 from haze._engine.otel import prometheus_text
 from haze._kernel.crypto import keyed_digest
 from haze._kernel.durations import format_age
-from haze._kernel.errors import HazeError
+from haze._kernel.errors import BackendUnavailableError, HazeError
 from haze._kernel.ids import short_id
 from haze._orchestration.batches import KEEP_JOB_IDS, find, jobs
 from haze._runners.presence import LEASE, SHORT_LEASE, live_workers
@@ -201,6 +201,22 @@ class Dashboard:
             )
         return response
 
+    async def unreadable(self, request: Request, error: Exception) -> Response:
+        """A page whose data the backend did not give (a refused token, an outage,
+        missing tables): one line saying why and what to fix, not a bare 500."""
+        message = _data.reason(self.app, error)
+        log.warning("haze dashboard: %s cannot be shown: %s", request.url.path, message)
+        status = 503 if isinstance(error, BackendUnavailableError) else 500
+        section = request.url.path[len(request.scope.get("root_path", "")) :].strip("/")
+        return self.render(
+            request,
+            "error.html",
+            status,
+            title="Cannot read the queues",
+            message=message,
+            page=section.split("/", 1)[0] or "overview",
+        )
+
     # -- pages -------------------------------------------------------------------
 
     async def overview(self, request: Request) -> Response:
@@ -266,11 +282,12 @@ class Dashboard:
             return self.render(request, "error.html", 404, message=message, page="failed")
         encrypted = _data.is_encrypted(job)
         payload: Any = job.payload
+        exception = job.exception
         decrypted = False
         decrypt_error = ""
         if encrypted and request.query_params.get("decrypt"):
             try:
-                _, payload = _data.decrypted_payload(self.app, job)
+                payload, exception = _data.decrypted(self.app, job)
                 decrypted = True
             except HazeError as e:
                 decrypt_error = str(e)
@@ -285,6 +302,7 @@ class Dashboard:
             decrypt_error=decrypt_error,
             can_decrypt=bool(self.app.key),
             payload=payload,
+            exception=exception,
             page="failed",
         )
 
@@ -367,14 +385,24 @@ class Dashboard:
 
     async def jobs(self, request: Request) -> Response:
         token = request.query_params.get("id", "").strip()
+        decrypt = bool(request.query_params.get("decrypt"))
         found = None
         error = ""
         if token:
             try:
-                found = await self.call(lambda app: _data.lookup(app, token))
+                found = await self.call(lambda app: _data.lookup(app, token, decrypt=decrypt))
             except HazeError as e:  # an ambiguous short id
                 error = str(e)
-        return self.render(request, "jobs.html", token=token, found=found, error=error, page="jobs")
+        return self.render(
+            request,
+            "jobs.html",
+            token=token,
+            found=found,
+            error=error,
+            decrypt=decrypt,
+            can_decrypt=bool(self.app.key),
+            page="jobs",
+        )
 
     async def queue_action(self, request: Request) -> Response:
         action = request.path_params["action"]
@@ -575,5 +603,7 @@ def build(
     ]
     lifespan = _closing(d) if close_app else None
     mounted = [Mount(base_path, routes=routes)] if base_path else routes
-    starlette = Starlette(routes=mounted, lifespan=lifespan)
+    starlette = Starlette(
+        routes=mounted, lifespan=lifespan, exception_handlers={HazeError: d.unreadable}
+    )
     return _Gate(starlette, d)

@@ -538,7 +538,10 @@ class RedisFailedJobs:
                     if row[1] is not None:
                         out.append(self._record(q, job_id, row))
         out.sort(key=lambda j: j.failed_at)
-        return out
+        # A message id that failed twice (a redelivery, a retried job failing again) has
+        # two BullMQ jobs in the failed sets: it is one failed job, its newest record.
+        newest = {j.id: j for j in out}
+        return [j for j in out if newest[j.id] is j]
 
     def _record(self, queue: str, job_id: str, row: Sequence[str | None]) -> FailedJob:
         name, data, reason, stack, finished_on = row
@@ -601,13 +604,49 @@ class RedisFailedJobs:
         return None if found is None else self._record(*found)
 
     async def forget(self, id: str) -> bool:
+        return await self._remove(id, None) > 0
+
+    async def _remove(self, id: str, up_to: float | None) -> int:
+        """Remove every failed BullMQ job of message ``id`` (only those that failed at or
+        before ``up_to`` when given, newest first); how many."""
+        n = 0
+        while (found := await self._locate(id)) is not None:
+            q, job_id, row = found
+            if up_to is not None and int(row[4] or 0) / 1000 > up_to:
+                break  # failed again after the claim: that record stays
+            self._where.pop(id, None)
+            if not await self._d._link().scripts(q).remove(job_id, False):
+                break  # locked (not failed any more): leave it to its worker
+            n += 1
+        return n
+
+    def _claim_key(self, queue: str, id: str) -> str:
+        return f"{self._d._link().scripts(queue).keys['']}haze-retry-claim:{id}"
+
+    async def claim_retry(self, id: str, token: str, lease: float) -> FailedJob | None:
+        found = await self._locate(id)
+        if found is None:
+            return None
+        job = self._record(*found)
+        claim = json.dumps({"token": token, "failed_at": job.failed_at})
+        key = self._claim_key(found[0], id)
+        client = self._d._link().client
+        won = await client.set(key, claim, nx=True, px=max(1, round(lease * 1000)))
+        return job if won else None
+
+    async def retried(self, id: str, token: str) -> bool:
         found = await self._locate(id)
         if found is None:
             return False
-        q, job_id, _ = found
-        self._where.pop(id, None)
-        removed = await self._d._link().scripts(q).remove(job_id, False)
-        return bool(removed)
+        client = self._d._link().client
+        key = self._claim_key(found[0], id)
+        raw = await client.get(key)
+        claim = json.loads(raw) if raw else None
+        if not isinstance(claim, dict) or claim.get("token") != token:
+            return False
+        gone = await self._remove(id, float(claim.get("failed_at") or 0.0)) > 0
+        await client.delete(key)
+        return gone
 
     # -- pages (FailedPages): counted with ZCOUNT, read one page of hashes at a time ----
 
@@ -1387,7 +1426,12 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         c = [int(n) for n in await s.getCounts(_SIZED)]
         ready = c[0] + c[1] + c[3]
         oldest = await self._oldest_ready(link, s) if ready else None
-        return QueueCounts(ready, c[2], c[4], oldest)
+        due = None
+        if c[2]:
+            first = await link.client.zrange(s.keys["delayed"], 0, 0, withscores=True)
+            # BullMQ's score: due ms * 0x1000 + a counter
+            due = int(first[0][1]) // 0x1000 / 1000 if first else None
+        return QueueCounts(ready, c[2], c[4], oldest, due)
 
     async def _oldest_ready(self, link: Any, s: Any) -> float | None:
         """When the next job of the wait and paused lists (consumed from the tail: LPUSH
