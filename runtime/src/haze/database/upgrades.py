@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from haze._kernel.errors import ConfigError
+
 if TYPE_CHECKING:
     from haze.database import Connector
 
@@ -45,7 +47,13 @@ async def _target_collation(db: Connector) -> str:
         _COLLATIONS,
     )
     found = {str(r[0]) for r in rows}
-    return next(c for c in _COLLATIONS if c in found)
+    target = next((c for c in _COLLATIONS if c in found), None)
+    if target is None:
+        raise ConfigError(
+            "this MySQL server has no binary NO PAD collation (utf8mb4_nopad_bin on MariaDB "
+            "10.2+, utf8mb4_0900_bin on MySQL 8): haze needs MariaDB 10.6+ or MySQL 8"
+        )
+    return target
 
 
 def _alter(table: str, columns: dict[str, tuple[str | None, int | None]], target: str) -> str:
