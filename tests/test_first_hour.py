@@ -278,3 +278,21 @@ def test_an_old_sqlite_migration_says_how_to_convert_it(tmp_path: Path, pg_url: 
     assert sorted(p.name for p in old.parent.iterdir()) == [f"{old.stem}.py"]
     assert "Nothing to migrate" in run(app, "haze", "db:migrate")
     run_one_job(app, DATABASE_URL=pg_url)
+
+
+def test_a_made_job_says_something_the_worker_shows(tmp_path: Path) -> None:
+    """`haze make:job` writes a job whose log line the worker prints without -v."""
+    run(tmp_path, "haze", "init", "app1")
+    app = tmp_path / "app1"
+    run(app, "haze", "make:job", "SendInvoice")
+    run(app, "haze", "db:migrate")
+    (app / "send.py").write_text(
+        "from pathlib import Path\n"
+        "from haze import App\n"
+        "from app.job.send_invoice import send_invoice\n"
+        "with App(root=Path(__file__).parent):\n"
+        "    send_invoice.dispatch_blocking({})\n"
+    )
+    run(app, "python", "send.py")
+    worked = run(app, "haze", "queue:work", "--stop-when-empty")
+    assert re.search(r"send_invoice \.+ \w+ \w+ send_invoice running \(attempt 1\)", worked), worked

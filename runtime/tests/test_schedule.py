@@ -729,3 +729,114 @@ def test_a_schedule_file_imports_its_own_jobs_when_another_app_owns_the_app_pack
     App(root=root)
     assert list(registered_schedules()) == ["daily", "sched_cli_ping"]
     assert __import__("sys").modules["app"] is owner, "the other app keeps its package"
+
+
+# A real process stands for the Cloudflare invocation: it claims the tick in the app's
+# SQLite store, then dies (os._exit, no cleanup) where it would dispatch.
+DIES_AFTER_THE_CLAIM = """
+import asyncio, os, sys
+from datetime import UTC, datetime
+from haze import App
+from haze._orchestration import scheduling
+
+scheduling.LEASE = 0.5  # its claim on the tick expires soon (10 s by default)
+
+
+async def main() -> None:
+    async with App(root=sys.argv[1]) as app:
+        async def killed(*args: object, **kwargs: object) -> None:
+            os._exit(137)
+
+        app.manager.dispatch = killed  # type: ignore[method-assign]
+        at = datetime(2026, 1, 1, 10, 55, tzinfo=UTC)
+        await scheduling.dispatch_trigger(app, "cloudflare", "*/5 * * * *", at)
+
+
+asyncio.run(main())
+"""
+
+
+def _run(args: list[str], cwd: Path) -> Any:
+    import subprocess
+
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.usefixtures("isolated_imports")
+async def test_a_tick_claimed_by_an_invocation_that_died_is_sent_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A platform trigger's invocation (Cloudflare ``scheduled()``) claims its tick and
+    is killed before dispatching it. The next invocation, of any trigger, finds the
+    claim unsent with its lease expired and sends the tick; one after that does not."""
+    import sys
+
+    root = write_app(
+        tmp_path,
+        "from haze import schedule\nfrom app.job.sched_cli_jobs import ping\n"
+        "schedule(ping, cron='*/5 * * * *', name='five')\n"
+        "schedule(ping.with_({'kind': 'hourly'}), cron='0 * * * *', name='hourly')\n",
+        default="sqlite",
+    )
+    for setup in ("make:queue-tables", "db:migrate"):
+        done = _run([sys.executable, "-m", "haze.cli", "--root", str(root), setup], root)
+        assert done.returncode == 0, done.stdout + done.stderr
+    child = _run([sys.executable, "-c", DIES_AFTER_THE_CLAIM, str(root)], root)
+    assert child.returncode == 137, child.stderr
+    monkeypatch.chdir(root)
+    await asyncio.sleep(0.6)  # the dead invocation's claim lease runs out
+    async with App(root=root) as app:
+        # The hourly trigger's invocation is the next one: it sends 10:55 of "five" too.
+        assert await scheduling.dispatch_trigger(
+            app, "cloudflare", "0 * * * *", utc(2026, 1, 1, 11)
+        ) == ["hourly"]
+        assert 'schedule "five" sends its tick of 2026-01-01T10:55:00+00:00' in caplog.text
+        for minute in (5, 10):
+            await scheduling.dispatch_trigger(
+                app, "cloudflare", "*/5 * * * *", utc(2026, 1, 1, 11, minute)
+            )
+        driver = app.driver("sqlite")
+        sent = []
+        while (got := await driver.reserve(["default"], 0)) is not None:
+            assert got.message is not None
+            sent.append(
+                ((got.message.meta or {}).get("schedule"), (got.message.meta or {})["fire_at"])
+            )
+            await driver.ack(got)
+    assert sorted(sent) == [
+        ("five", "2026-01-01T10:55:00+00:00"),
+        ("five", "2026-01-01T11:05:00+00:00"),
+        ("five", "2026-01-01T11:10:00+00:00"),
+        ("hourly", "2026-01-01T11:00:00+00:00"),
+    ]
+
+
+async def test_an_invocation_leaves_a_claimed_tick_alone_while_its_lease_holds() -> None:
+    """A claim still within its lease (a slow invocation) is not sent by the next one;
+    a re-sender killed too holds only its own short lease, and the record waits for the
+    invocation after it."""
+    from haze import Queue
+
+    sched = schedule(report, cron="*/5 * * * *", name="five")
+    async with memory_app() as app:
+        store = app.store()
+        tick = utc(2026, 1, 1, 10, 55)
+        key = sched.tick_key(tick)
+        assert isinstance(await scheduling._claim(store, key, "slow", 30), tuple)
+        trigger = "*/5 * * * *"
+        assert await scheduling.dispatch_trigger(
+            app, "cloudflare", trigger, utc(2026, 1, 1, 11)
+        ) == ["five"]
+        await store.put(key, "unsent:1000:dead", 60)  # its lease ended long ago
+        assert await store.add(f"{key}:resend", "lease:killed-resender", 0.3)
+        await scheduling.dispatch_trigger(app, "cloudflare", trigger, utc(2026, 1, 1, 11, 5))
+        await asyncio.sleep(0.35)
+        await scheduling.dispatch_trigger(app, "cloudflare", trigger, utc(2026, 1, 1, 11, 10))
+        assert await store.get(key) == "done"
+        await scheduling.dispatch_trigger(app, "cloudflare", trigger, utc(2026, 1, 1, 11, 15))
+        await Queue.idle()
+    # 10:55 goes out first in the 11:10 invocation, before that invocation's own tick.
+    at = [utc(2026, 1, 1, 11, 0), utc(2026, 1, 1, 11, 5), tick] + [
+        utc(2026, 1, 1, 11, minute) for minute in (10, 15)
+    ]
+    assert [fired for _, fired in ran] == [t.isoformat() for t in at]

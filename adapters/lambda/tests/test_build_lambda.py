@@ -173,6 +173,10 @@ def test_zip_holds_the_handler_the_app_and_the_vendored_packages(bundle: dict[st
     # the notes: boto3 from the runtime
     assert "boto3" in bundle["build_output"]
     assert "comes with the Lambda Python runtime" in bundle["build_output"]
+    # and the SQLite file this test's queue uses, which Lambda instances would not share
+    output = " ".join(bundle["build_output"].split())  # the CLI wraps long notes
+    assert "warning: database 'main' is a SQLite file as read now" in output, output
+    assert "not shared between instances" in output
 
 
 def test_the_zip_is_deterministic(bundle: dict[str, Any], tmp_path: Path) -> None:

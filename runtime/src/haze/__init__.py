@@ -56,6 +56,7 @@ if _typing.TYPE_CHECKING:
     from haze._jobs.context import AbortSignal, JobContext, current_tenant, tenant
     from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch, define_job
     from haze._jobs.status import JobStatus
+    from haze._kernel.ids import short_id
     from haze._orchestration.batches import Batch, PendingBatch
     from haze._orchestration.chains import PendingChain
     from haze._orchestration.middleware import (
@@ -109,6 +110,7 @@ _LAZY: dict[str, str] = {
     "rate_limited": "_orchestration.middleware",
     "run_in_app": "_app.app",
     "schedule": "_orchestration.scheduling",
+    "short_id": "_kernel.ids",
     "skip_if": "_orchestration.middleware",
     "skip_if_batch_cancelled": "_orchestration.middleware",
     "tenant": "_jobs.context",
@@ -172,6 +174,7 @@ __all__ = [
     "rate_limited",
     "run_in_app",
     "schedule",
+    "short_id",
     "skip_if",
     "skip_if_batch_cancelled",
     "tenant",

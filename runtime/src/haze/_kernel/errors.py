@@ -74,6 +74,8 @@ class ConfigError(HazeError, ValueError):
     def __init__(self, message: str, *, source: str | None = None, key: str | None = None):
         self.source = source
         self.key = key
+        if key is not None and not key.isprintable():
+            key = repr(key)  # a name with a line break in it: the error stays one line
         where = ""
         if source and key:
             where = f"{source}: {key}: "

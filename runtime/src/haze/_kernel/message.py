@@ -223,7 +223,7 @@ class Message:
         if mid is None and job is None:  # another producer's JSON, not a broken envelope
             raise MessageDecodeError(
                 "not a haze message: a JSON object without 'id' and 'job' "
-                f"(keys: {', '.join(sorted(map(str, d))[:5]) or 'none'})"
+                f"(keys: {', '.join(sorted(map(repr, d))[:5]) or 'none'})"
             )
         if mid.__class__ is not str or not mid:
             raise _field_error(d, "id", "a non-empty string")
@@ -269,7 +269,6 @@ MAX_QUEUE_NAME = 255
 #: bytes of JSON: 4 MiB. A queue carries ids, not files; SQS (1 MiB) and Cloudflare
 #: (128 KB) keep their own lower limits.
 MAX_MESSAGE_SIZE = 4 * 1024 * 1024
-_NUMBER = (int, float)
 _STRINGS = ("connection", "tenant", "chain_id", "batch_id", "enc")
 #: The keys of a plain job's envelope (no chain, batch, lock, tenant or meta).
 _PLAIN = frozenset(("v", "id", "job", "payload", "queue", "ts", "connection"))
@@ -321,7 +320,13 @@ def _field_error(d: dict[str, Any], field: str, expected: str) -> MessageDecodeE
 
 
 def _is_number(value: Any) -> bool:
-    return value.__class__ in _NUMBER and math.isfinite(value)
+    if value.__class__ is int:
+        return -_FLOAT_MAX < value < _FLOAT_MAX  # a JSON integer of 400 digits is no time
+    return value.__class__ is float and math.isfinite(value)
+
+
+#: Integers at least this large have no float (``float()`` raises OverflowError).
+_FLOAT_MAX = 2**1024
 
 
 def _check_fields(d: dict[str, Any]) -> None:

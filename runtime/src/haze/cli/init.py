@@ -220,8 +220,7 @@ _MAIN = '''\
 import sys
 from pathlib import Path
 
-from haze import App
-from haze._kernel.ids import short_id
+from haze import App, short_id
 
 from app.job.example import example
 

@@ -307,8 +307,10 @@ class Dashboard:
         )
 
     async def failed_action(self, request: Request) -> Response:
-        self.failed_counts.clear()
         action = request.path_params["action"]
+        if action not in ("retry", "forget"):
+            return _no_action(action)
+        self.failed_counts.clear()
         connection = _form(request, "connection") or self.app.queue_config.default
         try:
             self.app.connection_name(connection)
@@ -354,9 +356,11 @@ class Dashboard:
         )
 
     async def batch_action(self, request: Request) -> Response:
-        self.failed_counts.clear()
         batch_id = request.path_params["batch_id"]
         action = request.path_params["action"]
+        if action not in ("cancel", "retry"):
+            return _no_action(action)
+        self.failed_counts.clear()
         batch = await self.call(lambda app: find(app.manager, batch_id))
         if batch is None:
             return self.back(request, "/batches", error=f'no batch "{batch_id}"')
@@ -406,6 +410,8 @@ class Dashboard:
 
     async def queue_action(self, request: Request) -> Response:
         action = request.path_params["action"]
+        if action not in ("pause", "continue"):
+            return _no_action(action)
         connection, queue = _form(request, "connection"), _form(request, "queue")
         try:
             self.app.connection_name(connection)
@@ -555,6 +561,11 @@ class _Gate:
             return
         scope["haze.form"] = form
         await self.inner(scope, receive, send)
+
+
+def _no_action(action: str) -> Response:
+    # Each handler's last branch is one of its actions: any other name must not reach it.
+    return _plain(404, f"Not found: the dashboard has no action {action[:40]!r} here.")
 
 
 def _plain(status: int, text: str) -> Response:

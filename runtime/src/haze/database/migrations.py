@@ -162,7 +162,10 @@ def make_queue_tables(app: App, connection: str | None = None, *, force: bool = 
         if existing
         else directory / f"{time.strftime('%Y%m%d%H%M%S')}_{stem}.py"
     )
-    path.write_text(_PY_MIGRATION.format(conn=conn, jobs=jobs, failed=failed))
+    # whole or not at all: a half-written migration would be kept as "exists"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(_PY_MIGRATION.format(conn=conn, jobs=jobs, failed=failed))
+    tmp.replace(path)
     for old in existing:
         if old != path:
             old.unlink()

@@ -551,7 +551,7 @@ class RedisFailedJobs:
                 frames = json.loads(stack)
                 if isinstance(frames, list) and frames:
                     exception = str(frames[-1])
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass
         job = FailedJob.from_body(
             data or "",
@@ -559,7 +559,7 @@ class RedisFailedJobs:
             connection=self._d.name,
             queue=queue,
             exception=exception,
-            failed_at=int(finished_on or 0) / 1000,
+            failed_at=_epoch_ms(finished_on) or 0.0,
             name=name or "<undecodable>",
         )
         if not job.id:  # not a haze envelope: BullMQ's own id
@@ -725,11 +725,24 @@ class RedisFailedJobs:
 
 
 _FAILED_FIELDS = ("name", "data", "failedReason", "stacktrace", "finishedOn")
+#: How long a job that finished while Redis was unreachable stays marked done: its claim
+#: comes back through the stalled check after retry_after, and waits in the queue.
+_DONE_KEEP = 86400
 
 
 def _envelope_id(data: str | None) -> str | None:
     d = envelope_of(data or "")
     return str(d["id"]) if d is not None and "id" in d else None
+
+
+def _epoch_ms(raw: str | bytes | None) -> float | None:
+    """Seconds from a hash's BullMQ timestamp (``finishedOn``, epoch milliseconds); None
+    when it holds no count of milliseconds (absent, or edited by hand)."""
+    if isinstance(raw, bytes):
+        raw = raw.decode("latin-1")
+    if raw and len(raw) <= 15 and raw.isascii() and raw.isdigit():  # up to year 33658
+        return int(raw) / 1000
+    return None
 
 
 def _reason(exception: str) -> str:
@@ -781,6 +794,9 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         )
         self._last: tuple[asyncio.AbstractEventLoop, _Link] | None = None
         self.failed = RedisFailedJobs(self)
+        #: Jobs that finished while Redis was unreachable (their ack failed), by token:
+        #: recorded as done when it answers again (``_record_lost``).
+        self._lost: dict[tuple[str, str], Reserved] = {}
 
     def _link(self) -> _Link:
         loop = asyncio.get_running_loop()
@@ -908,10 +924,14 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
 
     async def _claimed(
         self, link: _Link, queue: str, data: dict[str, str], job_id: str, token: str
-    ) -> Reserved:
+    ) -> Reserved | None:
         """A job this worker now holds the lock of; counters that are not integers are
         reset first, since BullMQ's scripts ``HINCRBY`` them (failing the job, the stalled
-        check) and a script that errors halfway leaves the job in no set at all."""
+        check) and a script that errors halfway leaves the job in no set at all.
+
+        None: the job had already finished, during an outage that lost its ack (a
+        ``_record_lost`` marker names it), and is now completed without running again.
+        Only a job on a later attempt can be one: the others cost no extra call."""
         job = self._reserved(queue, data, job_id, token)
         link.open.add(job.token)
         bad: dict[Any, Any] = {
@@ -921,7 +941,30 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         }
         if bad:
             await link.client.hset(link.scripts(queue).toKey(str(job_id)), mapping=bad)
+        if job.attempt > 1 and await self._finished_before(link, job):
+            return None
         return job
+
+    async def _finished_before(self, link: _Link, job: Reserved) -> bool:
+        """True when ``job`` (just claimed) already finished once while Redis was
+        unreachable: it is completed now, unrun."""
+        if job.message is None:
+            return False
+        if not await link.client.exists(self._done_key(link, job.queue, job.message.id)):
+            return False
+        link.open.discard(job.token)
+        keys, args = link.scripts(job.queue).complete_args(
+            _ActiveJob(job.token[0], self._queue_opts), self.keep_completed, job.token[1], False
+        )
+        await link.script("moveToFinished", keys, args)
+        log.info(
+            "haze redis: job %s on %s/%s already finished while Redis was unreachable: "
+            "completed without running it again",
+            job.message.id,
+            self.name,
+            job.queue,
+        )
+        return True
 
     def _claim_opts(self) -> tuple[str, bytes]:
         """A new lock token and moveToActive's packed options with it."""
@@ -932,15 +975,19 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         return token, packed
 
     async def _activate(self, link: _Link, queue: str) -> tuple[Reserved | None, int]:
-        token, packed = self._claim_opts()
         s = link.scripts(queue)
-        # bullmq's Scripts.moveToActive, on the lean connection
-        args = [s.keys[""], _now_ms(), packed]
-        raw = await link.script("moveToActive", s.getKeys(_ACTIVATE_KEYS), args, fixed_keys=True)
-        data, job_id, _, due = raw2NextJobData(raw)
-        if data:
-            return await self._claimed(link, queue, data, job_id, token), 0
-        return None, int(due or 0)
+        while True:  # again after a job that had already finished (``_claimed``)
+            token, packed = self._claim_opts()
+            # bullmq's Scripts.moveToActive, on the lean connection
+            args = [s.keys[""], _now_ms(), packed]
+            keys = s.getKeys(_ACTIVATE_KEYS)
+            raw = await link.script("moveToActive", keys, args, fixed_keys=True)
+            data, job_id, _, due = raw2NextJobData(raw)
+            if not data:
+                return None, int(due or 0)
+            job = await self._claimed(link, queue, data, job_id, token)
+            if job is not None:
+                return job, 0
 
     async def _claim(
         self, link: _Link, order: Sequence[str], known: int | None = None
@@ -969,6 +1016,8 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
 
     async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
         link = self._link()
+        if self._lost:
+            await self._record_lost(link)
         order = list(queues) if queues else self.queues
         self._consume(link, order)
         job = link.take(order) if link.prefetched else None
@@ -1122,7 +1171,9 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         data, job_id, _, due = raw2NextJobData(replies[1])
         if not data:
             return popped, int(due or 0)
-        link.prefetched.append(await self._claimed(link, queue, data, job_id, token))
+        job = await self._claimed(link, queue, data, job_id, token)
+        if job is not None:
+            link.prefetched.append(job)
         if not link.fetch_next:  # the worker stopped meanwhile: hand it back
             await self._return_prefetched(link)
         return True, None
@@ -1272,7 +1323,8 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         data, job_id, _, due = raw2NextJobData(result)
         if data:
             fetched = await self._claimed(link, job.queue, data, job_id, job.token[1])
-            link.prefetched.append(fetched)
+            if fetched is not None:
+                link.prefetched.append(fetched)
             if not link.fetch_next:  # the worker stopped meanwhile
                 await self._return_prefetched(link)
         elif asked and link.fetch_next and link.claim_after_wait is not None:
@@ -1291,8 +1343,46 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         keys, args = s.complete_args(
             _ActiveJob(job_id, self._queue_opts), self.keep_completed, token, fetch
         )
-        result = await link.script("moveToFinished", keys, args)
+        try:
+            result = await link.script("moveToFinished", keys, args)
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            if job.message is not None:
+                self._lost[job.token] = job
+            raise
         return await self._settled(link, job, result, "completing", fetch)
+
+    def _done_key(self, link: _Link, queue: str, message_id: str) -> str:
+        return f"{link.scripts(queue).keys['']}haze-done:{message_id}"
+
+    async def _record_lost(self, link: _Link) -> None:
+        """Record the jobs whose ack was lost to an outage, now that Redis answers: a
+        marker per job (its haze id, kept :data:`_DONE_KEEP`) that a later claim of it
+        honours (``_claimed``), then the ack again, which completes it where Redis still
+        holds it under this worker's lock. Stops at the first outage error (still out);
+        a job that fails otherwise is left to run again, as it did without the marker."""
+        for token, job in list(self._lost.items()):
+            assert job.message is not None
+            try:
+                await link.client.set(
+                    self._done_key(link, job.queue, job.message.id), 1, ex=_DONE_KEEP
+                )
+                keys, args = link.scripts(job.queue).complete_args(
+                    _ActiveJob(token[0], self._queue_opts), self.keep_completed, token[1], False
+                )
+                await link.script("moveToFinished", keys, args)  # < 0: the lock is gone
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                raise
+            except Exception as e:  # never a reason to stop claiming
+                log.warning(
+                    "haze redis: could not record job %s on %s/%s as done (%s: %s); it runs "
+                    "again once its lock expires",
+                    job.message.id,
+                    self.name,
+                    job.queue,
+                    type(e).__name__,
+                    e,
+                )
+            del self._lost[token]
 
     async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
         link = self._link()
@@ -1493,8 +1583,8 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         at = None
         if state == "delayed" and hit[3]:
             at = int(float(hit[3])) // 0x1000 / 1000  # BullMQ: due ms * 0x1000 + counter
-        elif state == "done" and row[4]:
-            at = int(row[4]) / 1000
+        elif state == "done":
+            at = _epoch_ms(row[4])
         name = job.message.job if job.message is not None else "<undecodable>"
         return JobRecord(job_id, name, queue, state, started, str(row[0]), at)
 

@@ -74,6 +74,7 @@ from haze._kernel.errors import (
     ConfigError,
     DelayTooLongError,
     PayloadTooLargeError,
+    QueueTablesMissingError,
     UnknownJobError,
     UnknownQueueError,
 )
@@ -235,8 +236,8 @@ def authorize_headers(headers: Mapping[str, str], secret: str) -> DispatchRespon
                 "a signed request needs X-Haze-Timestamp: <unix seconds>, and the signature "
                 'covers "{timestamp}.{body}"',
             )
-        if not stamp.isdigit():
-            return _error(401, f"X-Haze-Timestamp must be whole Unix seconds, got {stamp!r}")
+        if not (stamp.isascii() and stamp.isdigit() and len(stamp) <= 12):
+            return _error(401, f"X-Haze-Timestamp must be whole Unix seconds, got {stamp[:40]!r}")
         skew = int(stamp) - time.time()
         if abs(skew) > MAX_SKEW:
             return _error(
@@ -351,6 +352,9 @@ async def _dispatched(
         # the account id)
         log.warning("%s: cannot dispatch %s: %s", where, name, e)
         return _error(404, f'there is no queue "{e.queue}" on connection "{e.connection}"')
+    except QueueTablesMissingError as e:  # what /health says too: not a bug, a step to run
+        log.error("%s: cannot dispatch %s: %s", where, name, e)
+        return _error(503, str(e))
     except ConfigError as e:
         log.error("%s: cannot dispatch %s: %s", where, name, e)
         return _error(500, f"the queue connection is misconfigured: {e}")
