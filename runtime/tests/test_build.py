@@ -263,3 +263,65 @@ def test_a_killed_builds_leftovers_are_cleared_by_the_next(tmp_path: Path) -> No
     (out / ".haze-build-abc123-old-cloudflare").mkdir()
     build(root, "cloudflare", out)
     assert sorted(p.name for p in out.iterdir()) == ["cloudflare", "wrangler.json"]
+
+
+# --------------------------------------------------------------------------- checked output
+
+
+def test_a_worker_name_cloudflare_cannot_take_fails_the_build(tmp_path: Path) -> None:
+    root = _cloudflare_app(tmp_path / "app")
+    (root / "haze.config.py").write_text(
+        "from haze import define_haze_config\n"
+        "config = define_haze_config(cloudflare={'wrangler': {'name': 'jobs-\\U0001f680'}})\n"
+    )
+    out = tmp_path / "dist"
+    with pytest.raises(ConfigError, match="worker name") as info:
+        build(root, "cloudflare", out)
+    assert "\n" not in str(info.value)
+    assert not out.exists()
+
+
+def test_every_generated_file_is_checked_before_the_build_succeeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from haze.build import cloudflare
+
+    root = _cloudflare_app(tmp_path / "app")
+    # A generator that writes a file its tools cannot read (as a surrogate escape in a
+    # TOML string did): the build fails naming it, and writes nothing.
+    monkeypatch.setattr(cloudflare, "pyproject_source", lambda *a: 'name = "\\ud83d"\n')
+    out = tmp_path / "dist"
+    with pytest.raises(ConfigError, match=r"pyproject\.toml") as info:
+        build(root, "cloudflare", out)
+    assert "\n" not in str(info.value)
+    assert not out.exists()
+
+
+def test_next_step_commands_are_shell_quoted(tmp_path: Path) -> None:
+    import shlex
+
+    root = _cloudflare_app(tmp_path / "app")
+    out = tmp_path / "my dist; echo oops"
+    result = build(root, "cloudflare", out)
+    deploy = next(n for n in result.notes if n.startswith("deploy: "))
+    assert shlex.split(deploy.removeprefix("deploy: ")) == [
+        "npx",
+        "wrangler",
+        "deploy",
+        "-c",
+        str(out / "wrangler.json"),
+    ]
+    pywrangler = next(n for n in result.notes if n.startswith("or with pywrangler: "))
+    assert shlex.split(pywrangler)[4] == str(out / "cloudflare")
+
+
+@pytest.mark.parametrize("inside", ["app/out", "config/dist", "database/x", "."])
+def test_an_output_folder_inside_the_app_sources_is_refused(tmp_path: Path, inside: str) -> None:
+    root = _cloudflare_app(tmp_path / "app")
+    (root / "app").mkdir(exist_ok=True)
+    (root / "database").mkdir(exist_ok=True)
+    before = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+    with pytest.raises(ConfigError, match="inside the app's sources") as info:
+        build(root, "cloudflare", root / inside)
+    assert "\n" not in str(info.value)
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == before

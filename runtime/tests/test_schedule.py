@@ -219,6 +219,53 @@ async def test_two_leaders_at_once_still_dispatch_each_tick_once() -> None:
     assert a.dispatched + b.dispatched == 5
 
 
+GATE: dict[str, asyncio.Event] = {}
+
+
+@define_job(name="sched_test_slow")
+async def slow(payload: Any, job: JobContext) -> None:
+    GATE["started"].set()
+    await GATE["go"].wait()
+
+
+async def test_a_tick_whose_job_is_still_queued_or_running_at_the_next_warns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    s = schedule(slow, every="1s", name="busy")
+    GATE.update(started=asyncio.Event(), go=asyncio.Event())
+    async with memory_app() as app:  # one job at a time: tick 2 waits behind tick 1
+        from haze import Queue
+
+        sched = Scheduler(app)
+        t0 = utc(2026, 1, 1, 12)
+        try:
+            await sched.step(t0)
+            await sched.step(t0 + timedelta(seconds=1))  # tick 1 sent
+            await asyncio.wait_for(GATE["started"].wait(), 5)  # and running
+            with caplog.at_level("WARNING", logger="haze"):
+                await sched.step(t0 + timedelta(seconds=2))
+            assert 'schedule "busy": the job of its tick of' in caplog.text
+            assert "is still running at the next tick" in caplog.text
+            sched._warned.clear()  # it warns once a minute: look again now
+            caplog.clear()
+            with caplog.at_level("WARNING", logger="haze"):
+                await sched.step(t0 + timedelta(seconds=3))  # tick 2 waits behind 1
+            assert "is still queued at the next tick" in caplog.text
+        finally:
+            GATE["go"].set()
+        await Queue.idle()
+        sched._warned.clear()
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="haze"):
+            await sched.step(t0 + timedelta(seconds=4))
+        assert "still" not in caplog.text
+        # A tick's once key lives as long as its own window, not as long as batches.
+        once = scheduling.tick_once_key(s, t0 + timedelta(seconds=1))
+        ttl = await app.manager.stores.batches().ttl(once)
+        assert ttl is not None
+        assert ttl <= 1 + 2 * scheduling.MISFIRE_GRACE + scheduling.LEASE
+
+
 async def test_missed_ticks_are_skipped_without_catch_up() -> None:
     schedule(report, cron="0 9 * * *", name="daily")
     async with memory_app() as app:

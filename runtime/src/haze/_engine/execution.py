@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -286,7 +287,9 @@ class Execution:
         """A callback dispatched with a claim key that another message owns."""
         meta = run.message.meta
         once = meta.get("once") if meta is not None else None
-        if isinstance(once, str) and not await self.callbacks.claim_once(once, run.message.id):
+        if isinstance(once, str) and not await self.callbacks.claim_once(
+            once, run.message.id, _once_ttl(meta)
+        ):
             log.info(
                 'Job "%s" (%s) skipped: its callback already ran', run.job.name, run.message.id
             )
@@ -609,6 +612,15 @@ class Execution:
             what,
             extra={"job": name, "job_id": job_id, "attempt": reserved.attempt},
         )
+
+
+def _once_ttl(meta: dict[str, Any] | None) -> float | None:
+    """How long the message asks its once key to be kept (a schedule's tick: its own
+    window); None, or a value that is not a positive number, keeps the default."""
+    ttl = None if meta is None else meta.get("once_ttl")
+    if ttl.__class__ in (int, float) and 0 < ttl < math.inf:
+        return float(ttl)
+    return None
 
 
 def _extra(run: Run, state: str) -> dict[str, Any]:

@@ -195,3 +195,66 @@ class SqlFailedJobs:
             return int(await db.execute(sql[name], params))
 
         return await self._call(run)
+
+    # -- pages (FailedPages): the dashboard's reads, counted and cut at the database ----
+
+    def _filter(
+        self, queue: str | None, since: float | None, until: float | None
+    ) -> tuple[str, tuple[Any, ...]]:
+        conditions: builtins.list[str] = []
+        params: builtins.list[Any] = []
+        for condition, value in (
+            ("connection = ?", self.connection),
+            ("queue = ?", queue),
+            ("failed_at >= ?", since),
+            ("failed_at <= ?", until),
+        ):
+            if value is not None:
+                conditions.append(condition)
+                params.append(value)
+        return (" WHERE " + " AND ".join(conditions)) if conditions else "", tuple(params)
+
+    async def count(
+        self, queue: str | None = None, since: float | None = None, until: float | None = None
+    ) -> int:
+        where, params = self._filter(queue, since, until)
+
+        async def run(db: Connector, sql: dict[str, str]) -> int:
+            row = await db.fetchone(f"SELECT COUNT(*) FROM {self.table}{where}", params)
+            return 0 if row is None else int(row[0])
+
+        return await self._call(run)
+
+    async def counts(self) -> dict[str, int]:
+        where, params = self._filter(None, None, None)
+        stmt = f"SELECT queue, COUNT(*) FROM {self.table}{where} GROUP BY queue"
+
+        async def run(db: Connector, sql: dict[str, str]) -> dict[str, int]:
+            return {str(q): int(n) for q, n in await db.fetchall(stmt, params)}
+
+        return await self._call(run)
+
+    async def page(
+        self,
+        queue: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        *,
+        offset: int = 0,
+        limit: int = 50,
+        text: int | None = None,
+    ) -> builtins.list[FailedJob]:
+        where, params = self._filter(queue, since, until)
+        # The numbers are ints of ours, written into the SQL: every dialect takes them
+        # there, where a bound parameter's type would differ (LIMIT, SUBSTR on PostgreSQL).
+        exception = "exception" if text is None else f"SUBSTR(exception, 1, {int(text)})"
+        stmt = (
+            f"SELECT uuid, connection, queue, payload, {exception}, failed_at FROM "
+            f"{self.table}{where} ORDER BY failed_at DESC, id DESC "
+            f"LIMIT {max(0, int(limit))} OFFSET {max(0, int(offset))}"
+        )
+
+        async def run(db: Connector, sql: dict[str, str]) -> builtins.list[FailedJob]:
+            return [failed_row(r) for r in await db.fetchall(stmt, params)]
+
+        return await self._call(run)

@@ -50,6 +50,7 @@ __all__ = [
     "encode_plain",
     "envelope_of",
     "new_id",
+    "redis_key_part_error",
     "retry_claim_of",
     "with_meta",
     "with_retry_claim",
@@ -277,13 +278,29 @@ VERSION = 1
 
 
 def check_queue_name(queue: object, where: str) -> str:
-    """Return ``queue`` if it is a queue name (a string of 1 to 255 characters), else raise
-    ``ValueError`` saying so, prefixed with ``where``."""
+    """Return ``queue`` if it is a queue name (a string of 1 to 255 characters without a
+    comma), else raise ``ValueError`` saying so, prefixed with ``where``."""
     if isinstance(queue, str) and 0 < len(queue) <= MAX_QUEUE_NAME:
+        if "," in queue:
+            # `queue:work --queue a,b` lists two queues: no worker could name this one.
+            raise ValueError(
+                f"{where}: a queue name cannot contain a comma (a worker's --queue a,b "
+                f"lists queues), got {queue[:60]!r}"
+            )
         return queue
     shown = f"a name of {len(queue)} characters" if isinstance(queue, str) else repr(queue)
     raise ValueError(
         f"{where}: a queue name must be a string of 1 to {MAX_QUEUE_NAME} characters, got {shown}"
+    )
+
+
+def redis_key_part_error(what: str, value: str) -> str:
+    """The one-line refusal of a ``:`` in a redis connection's prefix or queue name."""
+    # Keys are <prefix>:<queue>:<suffix>: a ":" in either would let the prefix "p" with
+    # the queue "a:b" share its keys with the prefix "p:a" and the queue "b".
+    return (
+        f"{what} on a redis connection cannot contain ':' (it separates the parts of "
+        f"BullMQ's keys), got {value[:60]!r}; use '-', '_' or '.' instead"
     )
 
 

@@ -29,12 +29,15 @@ from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch
 from haze._kernel.blocking import blocking_method
 from haze._kernel.current import use_app
 from haze._kernel.errors import BatchFinishedError, DispatchIncompleteError, HazeError
-from haze._kernel.message import Message, new_id
+from haze._kernel.message import Message, check_queue_name, new_id
 from haze.contracts.store import Store
 
 __all__ = ["Batch", "BatchCount", "BatchGuard", "BatchJob", "PendingBatch"]
 
 _CALLBACKS = ("then", "catch", "finally", "progress", "failure")
+#: Jobs of a batch encoded and queued at a time: a batch of a million jobs holds this
+#: many messages in the dispatching process, not a million.
+DISPATCH_CHUNK = 1000
 #: Jobs of one batch whose ids are kept, in the order they ended (``jobs``): the first
 #: ones only, so a batch of a million jobs costs no more than one of a thousand.
 KEEP_JOB_IDS = 1000
@@ -226,7 +229,7 @@ class PendingBatch:
         return self
 
     def on_queue(self, queue: str) -> PendingBatch:
-        self._queue = queue
+        self._queue = check_queue_name(queue, "batch on_queue")
         return self
 
     def to_spec(self, manager: QueueManager, connection: str | None = None) -> dict[str, Any]:
@@ -354,18 +357,13 @@ async def _dispatch_items(
         target = manager.dispatcher.resolve(head, queue=queue, connection=conn)[0]
         if not isinstance(item, list) and not manager.app.driver(target).inline:
             run.append(item)
+            if len(run) >= DISPATCH_CHUNK:
+                await flush()
             continue
         await flush()
         try:
             if isinstance(item, list):
-                links = []
-                for p in item:
-                    link = p.to_link(manager.app)
-                    if queue and "queue" not in link:
-                        link["queue"] = queue
-                    if conn and "connection" not in link:
-                        link["connection"] = conn
-                    links.append(link)
+                links = _chain_links(manager, item, queue, conn)
                 await start_links(manager, links, new_id(), None, batch_id=batch_id)
             else:
                 await manager.dispatcher.dispatch(
@@ -382,6 +380,22 @@ async def _dispatch_items(
     await flush()
     if first_error is not None:
         raise first_error
+
+
+def _chain_links(
+    manager: QueueManager, item: list[PendingDispatch[Any]], queue: Any, conn: Any
+) -> list[dict[str, Any]]:
+    """A chain inside a batch as links, on the batch's queue and connection unless a
+    link names its own."""
+    links = []
+    for p in item:
+        link = p.to_link(manager.app)
+        if queue and "queue" not in link:
+            link["queue"] = queue
+        if conn and "connection" not in link:
+            link["connection"] = conn
+        links.append(link)
+    return links
 
 
 async def _count_unsent(

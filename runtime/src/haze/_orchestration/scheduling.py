@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from haze._engine.hooks import Outcome, Run
 from haze._jobs.definition import JobDefinition, PendingDispatch
 from haze._kernel.durations import Duration, parse_duration
 from haze._kernel.errors import ConfigError, MissingDependencyError, ScheduleError
@@ -38,6 +39,7 @@ from haze._kernel.hints import did_you_mean
 
 if TYPE_CHECKING:
     from haze._app.app import App
+    from haze._engine.manager import QueueManager
     from haze.stores import Store
 
 __all__ = ["Schedule", "Scheduler", "registered_schedules", "schedule"]
@@ -328,7 +330,10 @@ async def fire(app: App, sched: Schedule, at: datetime, *, store: Store | None =
     """Dispatch ``sched``'s tick at ``at`` unless another scheduler did or is doing it:
     True when this call dispatched it. See :func:`_fire` for the crash rules.
     """
-    return await _fire(app, sched, at, store, owner=f"trigger-{uuid.uuid4().hex[:12]}") == "sent"
+    # A later trigger invocation may send it again up to UNSENT_KEEP on: its once key
+    # must outlive that.
+    owner = f"trigger-{uuid.uuid4().hex[:12]}"
+    return await _fire(app, sched, at, store, owner=owner, resend=UNSENT_KEEP) == "sent"
 
 
 async def _fire(
@@ -340,6 +345,7 @@ async def _fire(
     owner: str,
     lease: float | None = None,
     grace: float = MISFIRE_GRACE,
+    resend: float = 0.0,
 ) -> str:
     """``"sent"`` (this call dispatched the tick), ``"done"`` (someone did) or ``"busy"``
     (another scheduler holds the tick's lease: ask again after it).
@@ -363,6 +369,7 @@ async def _fire(
             return claim
         held = claim
         meta["once"] = tick_once_key(sched, at)
+        meta["once_ttl"] = tick_window(sched, at, grace, lease) + resend
         if held[0] != key:
             log.warning(
                 'haze: schedule "%s" sends its tick of %s, which a scheduler claimed and '
@@ -388,6 +395,52 @@ async def _fire(
             # again: sent again, the once key keeps it to one run.
             log.debug("haze: could not record the tick of %s", sched.name, exc_info=True)
     return "sent"
+
+
+def tick_window(
+    sched: Schedule, at: datetime, grace: float = MISFIRE_GRACE, lease: float = LEASE
+) -> float:
+    """Seconds a tick's once key (and its end marker) is kept: until the next tick, plus
+    the grace in which a scheduler may still send this one and a claim's lease (a
+    platform trigger's tick adds ``UNSENT_KEEP``, while a later invocation may re-send
+    it). A per-second schedule keeps about two minutes of ticks, not a week of them."""
+    return (sched.next_after(at) - at).total_seconds() + 2 * grace + lease
+
+
+def tick_ended_key(sched_once_key: str) -> str:
+    """Set when a tick's job has ended (done, failed or cancelled): see ``TickEnd``."""
+    return sched_once_key + ":end"
+
+
+class TickEnd:
+    """Outcome hook: marks a tick's job as ended, so that the scheduler can tell at the
+    next tick whether it is still queued (no once key yet) or still running (no end
+    marker) and warn that the schedule outruns its job."""
+
+    def __init__(self, manager: QueueManager) -> None:
+        self.manager = manager
+
+    def wants(self, run: Run) -> bool:
+        meta = run.message.meta
+        return (
+            meta is not None
+            and "schedule" in meta
+            and isinstance(meta.get("once"), str)
+            and run.outcome in (Outcome.SUCCESS, Outcome.FAILED, Outcome.CANCELLED)
+        )
+
+    async def settling(self, run: Run) -> None:
+        return None
+
+    async def settled(self, run: Run) -> None:
+        meta = run.message.meta
+        assert meta is not None
+        ttl = meta.get("once_ttl")
+        ttl = float(ttl) if ttl.__class__ in (int, float) and ttl > 0 else None
+        try:
+            await self.manager.stores.batches().put(tick_ended_key(meta["once"]), 1, ttl)
+        except Exception:  # only a warning's input: the job itself has settled
+            log.debug("haze: could not mark the end of %s", meta["once"], exc_info=True)
 
 
 async def _claim(store: Store, key: str, owner: str, lease: float) -> tuple[str, str] | str:
@@ -494,6 +547,10 @@ class Scheduler:
         self.leader = False
         self.dispatched = 0
         self._cursors: dict[str, datetime] = {}
+        #: the last tick of each schedule this scheduler sent, and when it last warned
+        #: that a tick's job was still queued or running at the next one
+        self._sent: dict[str, datetime] = {}
+        self._warned: dict[str, float] = {}
         self._renewed = 0.0
         self._store: Store | None = None
 
@@ -574,6 +631,35 @@ class Scheduler:
                 self._cursors[sched.name] = now
                 await store.add(f"haze:schedule:{sched.name}:last", now.timestamp())
 
+    async def _warn_if_behind(self, sched: Schedule, at: datetime) -> None:
+        """Warn (at most once a minute per schedule) when the job of the tick sent before
+        ``at`` has not ended: the schedule fires faster than its job runs, and the
+        backlog grows."""
+        previous = self._sent.get(sched.name)
+        mono = time.monotonic()
+        if previous is None or mono - self._warned.get(sched.name, -math.inf) < 60:
+            return
+        once = tick_once_key(sched, previous)
+        try:
+            started, ended = await self.app.manager.stores.batches().get_many(
+                [once, tick_ended_key(once)]
+            )
+        except Exception:  # a warning's input only
+            log.debug("haze: could not read the state of %s", once, exc_info=True)
+            return
+        if ended is not None:
+            return
+        self._warned[sched.name] = mono
+        log.warning(
+            'haze: schedule "%s": the job of its tick of %s is still %s at the next tick '
+            "(%s); the schedule fires faster than its job runs, so the queue keeps growing. "
+            "Fire it less often, or make the job faster",
+            sched.name,
+            previous.isoformat(),
+            "queued" if started is None else "running",
+            at.isoformat(),
+        )
+
     async def _run_schedule(self, sched: Schedule, now: datetime) -> None:
         cursor = self._cursors.get(sched.name, now)
         edge = now - timedelta(seconds=self.grace)
@@ -586,6 +672,7 @@ class Scheduler:
                     'haze: schedule "%s" catches up its tick of %s', sched.name, missed.isoformat()
                 )
         for at in due:
+            await self._warn_if_behind(sched, at)
             try:
                 outcome = await _fire(
                     self.app,
@@ -603,6 +690,7 @@ class Scheduler:
                     return
                 if outcome == "sent":
                     self.dispatched += 1
+                    self._sent[sched.name] = at
                     if self.on_fire is not None:
                         self.on_fire(sched, at)
             except Exception as e:

@@ -36,6 +36,7 @@ from haze.contracts.driver import (
     Interruptible,
     Leased,
     LocalQueue,
+    QueueNameRules,
     Reserved,
 )
 
@@ -52,6 +53,21 @@ _T = TypeVar("_T")
 #: crash loses at most the acks of this window (those jobs run again), and it is far
 #: shorter than any lease (retry_after).
 ACK_FLUSH_INTERVAL = 0.005
+
+
+def _checked_queues(
+    driver: Driver, connection: str, queues: Sequence[str] | None
+) -> list[str] | None:
+    """``queues`` as a list, each one a name the driver can claim from (else one line)."""
+    if not queues:
+        return None
+    if isinstance(driver, QueueNameRules):
+        for queue in queues:
+            try:
+                driver.check_queue(queue)
+            except ValueError as e:
+                raise ConfigError(f"connection {connection!r}: {e}") from None
+    return list(queues)
 
 
 class Worker:
@@ -84,7 +100,7 @@ class Worker:
         if isinstance(self.driver, DispatchOnly):
             raise self.driver.no_consumer()  # it only dispatches: nothing to claim
         self._init_capabilities(self.driver)
-        self.queues = list(queues) if queues else None
+        self.queues = _checked_queues(self.driver, connection, queues)
         self.concurrency = max(1, concurrency)
         self.once = once
         self.max_jobs = 1 if once else max_jobs

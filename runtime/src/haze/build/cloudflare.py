@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 from datetime import date
 from pathlib import Path
@@ -146,6 +147,10 @@ Default.preload()
 def entry_source() -> str:
     """The source of ``cloudflare/src/entry.py``."""
     return ENTRY_SOURCE
+
+
+#: What Cloudflare accepts as a Worker's name (a DNS label).
+_WORKER_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 
 
 def _slug(text: str) -> str:
@@ -353,6 +358,13 @@ def wrangler_config(ctx: BuildContext, notes: list[str]) -> dict[str, Any]:
     variables = section.get("vars") or {}
     app = worker_app(ctx, variables if isinstance(variables, Mapping) else {})
     name = str(section.get("name") or _slug(ctx.root.name))
+    if not _WORKER_NAME.match(name):
+        raise ConfigError(
+            f"{name!r} is not a Cloudflare worker name: 1 to 63 lowercase letters, digits "
+            "and dashes, not starting or ending with a dash",
+            source=str(ctx.root / "haze.config.py"),
+            key="cloudflare.wrangler.name",
+        )
     warnings: list[str] = []
     producers, consumers = _queue_bindings(ctx, app, name, notes, warnings)
     warnings += worker_warnings(app)
@@ -377,7 +389,7 @@ def wrangler_config(ctx: BuildContext, notes: list[str]) -> dict[str, Any]:
             queues += [str(q) for q in (c["queue"], c.get("dead_letter_queue")) if q]
     notes.append(
         "create the queues once before the first deploy: "
-        + "; ".join(f"npx wrangler queues create {q}" for q in queues)
+        + "; ".join(f"npx wrangler queues create {shlex.quote(q)}" for q in queues)
     )
     return merged
 
@@ -519,7 +531,8 @@ def pyproject_source(name: str, wheels: Mapping[str, str], requirements: list[st
     wheel's path relative to the project."""
     deps = [*wheels, *(r for r in requirements if r not in wheels)]
     return PYPROJECT.format(
-        name=json.dumps(name),
+        # TOML strings take characters as they are, never JSON's surrogate-pair escapes
+        name=json.dumps(name, ensure_ascii=False),
         dependencies="".join(f"    {json.dumps(d)},\n" for d in deps),
         sources="".join(f"{d} = {{ path = {json.dumps(p)} }}\n" for d, p in wheels.items()),
     )
@@ -603,7 +616,9 @@ def build(ctx: BuildContext) -> BuildResult:
         ]
         notes.append(
             "create the D1 tables (the app's database/migrations) once: "
-            + "; ".join(f"npx wrangler d1 migrations apply {n} --remote" for n in names)
+            + "; ".join(
+                f"npx wrangler d1 migrations apply {shlex.quote(n)} --remote" for n in names
+            )
         )
     files.append(ctx.write("wrangler.jsonc", json.dumps(project, indent=2) + "\n"))
     wrangler = ctx.write("wrangler.json", json.dumps(config, indent=2) + "\n", base=ctx.out)
@@ -614,8 +629,9 @@ def build(ctx: BuildContext) -> BuildResult:
             "dist/cloudflare/pyproject.toml: deploy with pywrangler (it vendors them into "
             "python_modules/), not with plain wrangler"
         )
-    notes.append(f"deploy: npx wrangler deploy -c {wrangler}")
+    notes.append(f"deploy: npx wrangler deploy -c {shlex.quote(str(wrangler))}")
     notes.append(
-        f"or with pywrangler: cd {ctx.dest} && uv run pywrangler sync && uv run pywrangler deploy"
+        f"or with pywrangler: cd {shlex.quote(str(ctx.dest))} && uv run pywrangler sync && "
+        "uv run pywrangler deploy"
     )
     return BuildResult(preset=ctx.preset, path=ctx.dest, files=files, notes=notes)

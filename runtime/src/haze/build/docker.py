@@ -25,6 +25,7 @@ to ``haze queue:work``. The script ``exec``s, so the worker is PID 1 and gets th
 from __future__ import annotations
 
 import json
+import shlex
 
 from haze._kernel.errors import ConfigError
 from haze._kernel.hints import DISTRIBUTION
@@ -200,7 +201,7 @@ def build(ctx: BuildContext) -> BuildResult:
         )
     )
     notes = [
-        f"the worker runs `haze queue:work {' '.join(cmd)}` (override with arguments to "
+        f"the worker runs `haze queue:work {shlex.join(cmd)}` (override with arguments to "
         "`docker run IMAGE ...`)",
         f"requirements: {DISTRIBUTION}[{','.join(extras)}] from the config as read now; set "
         "HAZE_BUILD_EXTRAS=postgres,... if production's environment picks other backends",

@@ -66,7 +66,7 @@ def make_queue_tables(state: State, connection: str | None, force: bool) -> None
 @click.pass_obj
 def db_migrate(state: State, database: str | None) -> None:
     """Apply database/migrations/*.sql and *.py not applied yet (recorded in
-    haze_migrations)."""
+    haze_migrations), then upgrade the tables an earlier haze version created."""
 
     async def apply(app: App) -> tuple[str, bool, MigrationResult]:
         name = database or app.database_config.default
@@ -84,6 +84,8 @@ def db_migrate(state: State, database: str | None) -> None:
             "applied)"
         ) from None
     out = console()
+    for table in result.upgraded:
+        out.print(f"[green]Upgraded[/] table {escape(table)} to this version's definition")
     if not has_files:
         out.print(
             f"No migrations in {MIGRATIONS_DIR}/; write one with: haze make:queue-tables",

@@ -47,6 +47,7 @@ __all__ = [
     "Message",
     "QueueCounts",
     "QueueInspector",
+    "QueueNameRules",
     "Reserved",
     "RunningJob",
     "unavailable",
@@ -319,6 +320,20 @@ class Advises(Protocol):
     async def advice(self) -> builtins.list[str]:
         """One line per problem found (none: an empty list). Never raises: a backend it
         cannot ask is the worker's own outage to report."""
+
+
+@runtime_checkable
+class QueueNameRules(Protocol):
+    """A driver with a rule of its own for queue names, beyond 1 to 255 characters
+    without a comma (redis: no ``:``, which separates the parts of its keys).
+
+    A worker asks it about its queues before it starts, so a name the driver would
+    refuse at every claim is one clear error instead of a worker that looks stuck.
+    """
+
+    def check_queue(self, queue: str) -> None:
+        """Raise ``ValueError`` (one line, naming the rule) when ``queue`` cannot be a
+        queue of this driver."""
 
 
 @runtime_checkable

@@ -7,10 +7,12 @@ parsed form the gate left in ``request.state.form``.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -53,8 +55,6 @@ _STATIC = {
 _MAX_FORM = 256 * 1024
 _NO_STORE = {"Cache-Control": "no-store"}
 _FLASH_COOKIE = "haze_flash"
-#: Failed jobs listed on one page (the newest); "all matching" actions act on every one.
-_LIST_LIMIT = 500
 #: Pages load only the dashboard's own files, and no other site may frame them.
 _PAGE_HEADERS = {
     **_NO_STORE,
@@ -76,6 +76,13 @@ def _fmt_time(ts: float | None) -> str:
 def _first_line(text: str) -> str:
     lines = [x for x in text.strip().splitlines() if x.strip()]
     return lines[-1] if lines else ""
+
+
+def _page_number(value: str) -> int:
+    """``?page=`` of a list: a whole number from 1 (else one line saying so)."""
+    if not value.isdigit() or int(value) < 1 or len(value) > 9:
+        raise ValueError(f"page: expected a page number from 1, got {value[:20]!r}")
+    return int(value)
 
 
 class Dashboard:
@@ -245,14 +252,17 @@ class Dashboard:
                 since=q.get("since", ""),
                 until=q.get("until", ""),
             )
+            number = _page_number(q.get("page", "1"))
         except (ValueError, HazeError) as e:
             return self.render(request, "error.html", 400, message=str(e), page="failed")
-        jobs = await self.call(lambda app: _data.failed_jobs(app, flt))
+        jobs, total = await self.call(lambda app: _data.failed_page(app, flt, number))
         return self.render(
             request,
             "failed.html",
-            jobs=jobs[:_LIST_LIMIT],
-            total=len(jobs),
+            jobs=jobs,
+            total=total,
+            number=number,
+            pages=max(1, -(-total // _data.PAGE_SIZE)),
             flt=flt,
             page="failed",
         )
@@ -499,8 +509,20 @@ class _Gate:
             await self.inner(scope, receive, send)
             return
         request = Request(scope)
-        if not await self.dashboard.guard.allowed(request):
-            challenge = self.dashboard.guard.challenge
+        guard = self.dashboard.guard
+        client = request.client.host if request.client else ""
+        wait = guard.sign_ins.locked(client)
+        if wait:
+            await PlainTextResponse(
+                "Too many failed sign-ins from this address: try again in a minute.",
+                status_code=429,
+                headers={**_NO_STORE, "Retry-After": str(math.ceil(wait))},
+            )(scope, receive, send)
+            return
+        if not await guard.allowed(request):
+            if "authorization" in request.headers:
+                await asyncio.sleep(guard.sign_ins.failed(client))
+            challenge = guard.challenge
             if challenge is not None:
                 # Lets a browser ask for the password of `haze dashboard`'s basic auth.
                 await PlainTextResponse(
@@ -513,6 +535,8 @@ class _Gate:
                 scope, receive, send
             )
             return
+        if "authorization" in request.headers:
+            guard.sign_ins.succeeded(client)
         if scope["method"] != "POST":
             await self.inner(scope, receive, send)
             return

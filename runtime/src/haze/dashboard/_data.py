@@ -9,7 +9,7 @@ from __future__ import annotations
 import builtins
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ from haze._kernel.message import decode, envelope_of
 from haze._orchestration.batches import find, recent_ids
 from haze._runners.presence import live_workers
 from haze.contracts.driver import Driver, JobLookup, JobRecord, QueueInspector
+from haze.contracts.failed import FailedPages
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -100,8 +101,8 @@ class QueueRow:
     error: str = ""
 
 
-#: Seconds the failed-job counts of a connection are reused: counting means listing the
-#: failed jobs (the failed-job store has no count), too much for every 5-second refresh.
+#: Seconds the failed-job counts of a connection are reused: a store without
+#: ``FailedPages`` counts by listing its failed jobs, too much for every 5-second refresh.
 FAILED_COUNTS_TTL = 15.0
 
 
@@ -117,9 +118,13 @@ class FailedCounts:
         hit = self._seen.get(connection)
         if hit is not None and now - hit[0] < FAILED_COUNTS_TTL:
             return hit[1]
+        store = app.driver(connection).failed
         counts: dict[str, int] = {}
-        for job in await app.driver(connection).failed.list(None):
-            counts[job.queue] = counts.get(job.queue, 0) + 1
+        if isinstance(store, FailedPages):
+            counts = await store.counts()
+        else:
+            for job in await store.list(None):
+                counts[job.queue] = counts.get(job.queue, 0) + 1
         self._seen[connection] = (now, counts)
         return counts
 
@@ -304,8 +309,8 @@ class FailedFilter:
             return False
         return self.until_ts is None or job.failed_at <= self.until_ts
 
-    def params(self) -> dict[str, str]:
-        """The filter as query parameters (empty fields left out)."""
+    def params(self, page: int | None = None) -> dict[str, str]:
+        """The filter as query parameters (empty fields left out), and ``page`` if given."""
         d = {
             "connection": self.connection,
             "queue": self.queue,
@@ -313,6 +318,7 @@ class FailedFilter:
             "exception": self.exception,
             "since": self.since,
             "until": self.until,
+            "page": "" if page is None else str(page),
         }
         return {k: v for k, v in d.items() if v}
 
@@ -342,6 +348,53 @@ async def failed_jobs(app: App, flt: FailedFilter) -> builtins.list[FailedJob]:
     found = [j for j in jobs if flt.matches(j)]
     found.sort(key=lambda j: j.failed_at, reverse=True)
     return found
+
+
+#: Failed jobs on one page of the list, and the characters of each exception it shows
+#: (the first line is displayed; the job's own page shows the whole text).
+PAGE_SIZE = 50
+LIST_TEXT = 2000
+#: Rows read at a time when a search by job name or exception text scans the store.
+_SCAN = 100
+
+
+def _trimmed(job: FailedJob) -> FailedJob:
+    if len(job.exception) <= LIST_TEXT:
+        return job
+    return replace(job, exception=job.exception[:LIST_TEXT], body="", payload=None)
+
+
+async def failed_page(
+    app: App, flt: FailedFilter, page: int
+) -> tuple[builtins.list[FailedJob], int]:
+    """Page ``page`` (from 1) of the failed jobs matching ``flt``, newest first, with
+    their exceptions trimmed, and how many match in all.
+
+    A store with ``FailedPages`` counts and pages at the backend; a search by job name
+    or exception text reads it ``_SCAN`` rows at a time, so memory stays flat (time
+    grows with the failed jobs). Other stores are listed whole and cut here.
+    """
+    store = app.driver(flt.connection).failed
+    start = (page - 1) * PAGE_SIZE
+    if not isinstance(store, FailedPages):
+        every = await failed_jobs(app, flt)
+        return [_trimmed(j) for j in every[start : start + PAGE_SIZE]], len(every)
+    bounds = (flt.queue or None, flt.since_ts, flt.until_ts)
+    if not (flt.job or flt.exception):
+        jobs = await store.page(*bounds, offset=start, limit=PAGE_SIZE, text=LIST_TEXT)
+        return jobs, await store.count(*bounds)
+    found: builtins.list[FailedJob] = []
+    total = offset = 0
+    while True:
+        chunk = await store.page(*bounds, offset=offset, limit=_SCAN)
+        for job in chunk:
+            if flt.matches(job):
+                if start <= total < start + PAGE_SIZE:
+                    found.append(_trimmed(job))
+                total += 1
+        if len(chunk) < _SCAN:
+            return found, total
+        offset += _SCAN
 
 
 async def find_failed(app: App, connection: str, job_id: str) -> FailedJob | None:

@@ -10,6 +10,9 @@ recorded in the ``haze_migrations`` table, in name order, each in its own transa
 and records it; running it again changes nothing. A ``.py`` migration defines
 ``up(dialect) -> list of statements``. A migration is recorded by its name without the
 suffix, so a ``.sql`` file replaced by a ``.py`` of the same stem stays applied.
+Then it upgrades the tables haze created in earlier versions where their definition
+changed (``upgrades.py``: on MySQL/MariaDB, a binary collation and 255-character
+queue columns).
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ import importlib.util
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from haze._kernel.errors import ConfigError
 from haze._kernel.sqlfiles import queue_dialect, queue_schema
+from haze.database.upgrades import upgrade_tables
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -47,6 +51,8 @@ _LEDGER = "haze_migrations"
 class MigrationResult:
     applied: list[str]
     skipped: list[str]
+    #: haze's own tables upgraded from an earlier version's definition
+    upgraded: list[str] = field(default_factory=list)
 
 
 def _queue_db_connection(app: App, connection: str | None) -> tuple[str, str, str, str]:
@@ -253,6 +259,7 @@ async def migrate(app: App, database: str | None = None) -> MigrationResult:
             )
         done.add(path.stem)
         result.applied.append(path.name)
+    result.upgraded = await upgrade_tables(db)
     return result
 
 

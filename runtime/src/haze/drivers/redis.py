@@ -70,10 +70,12 @@ How haze's rules map onto BullMQ:
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import itertools
 import json
 import logging
+import math
 import time
 import uuid
 import weakref
@@ -83,7 +85,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from haze._kernel.errors import MessageDecodeError, MissingDependencyError
-from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode, envelope_of
+from haze._kernel.message import (
+    MAX_MESSAGE_SIZE,
+    Message,
+    decode,
+    envelope_of,
+    redis_key_part_error,
+)
 from haze.contracts.driver import (
     Concurrent,
     ConnectionAware,
@@ -166,6 +174,11 @@ _LOCK_ERRORS = {
     -3: "it is no longer active",
     -6: "another worker owns its lock",
 }
+
+
+def check_queue(queue: str) -> None:
+    if ":" in queue:
+        raise ValueError(redis_key_part_error("a queue name", queue))
 
 
 def _now_ms() -> int:
@@ -398,6 +411,7 @@ class _Link:
     def scripts(self, queue: str) -> _Scripts:
         s = self._scripts.get(queue)
         if s is None:
+            check_queue(queue)
             s = self._scripts[queue] = _Scripts(self.prefix, queue, self.connection)
         return s
 
@@ -638,6 +652,72 @@ class RedisFailedJobs:
         gone = await self._remove(id, float(claim.get("failed_at") or 0.0)) > 0
         await client.delete(key)
         return gone
+
+    # -- pages (FailedPages): counted with ZCOUNT, read one page of hashes at a time ----
+
+    @staticmethod
+    def _scores(since: float | None, until: float | None) -> tuple[str, str]:
+        """The failed sets' score range (finishedOn, in ms) for ``since``/``until``."""
+        low = "-inf" if since is None else str(math.ceil(since * 1000))
+        high = "+inf" if until is None else str(math.floor(until * 1000))
+        return low, high
+
+    async def count(
+        self, queue: str | None = None, since: float | None = None, until: float | None = None
+    ) -> int:
+        link = self._d._link()
+        low, high = self._scores(since, until)
+        async with link.client.pipeline(transaction=False) as pipe:
+            for q in self._queues(queue):
+                pipe.zcount(link.scripts(q).keys["failed"], low, high)
+            return sum(int(n) for n in await pipe.execute())
+
+    async def counts(self) -> dict[str, int]:
+        link = self._d._link()
+        queues = self._queues(None)
+        async with link.client.pipeline(transaction=False) as pipe:
+            for q in queues:
+                pipe.zcard(link.scripts(q).keys["failed"])
+            sizes = await pipe.execute()
+        return {q: int(n) for q, n in zip(queues, sizes, strict=True) if int(n)}
+
+    async def page(
+        self,
+        queue: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        *,
+        offset: int = 0,
+        limit: int = 50,
+        text: int | None = None,
+    ) -> builtins.list[FailedJob]:
+        link = self._d._link()
+        low, high = self._scores(since, until)
+        queues = self._queues(queue)
+        want = max(0, offset) + max(0, limit)
+        # The newest `want` ids of each queue's set (ids and scores only), merged.
+        async with link.client.pipeline(transaction=False) as pipe:
+            for q in queues:
+                key = link.scripts(q).keys["failed"]
+                pipe.zrevrangebyscore(key, high, low, start=0, num=want, withscores=True)
+            ranked = await pipe.execute()
+        merged = [
+            (score, q, str(i)) for q, rows in zip(queues, ranked, strict=True) for i, score in rows
+        ]
+        merged.sort(reverse=True)
+        chosen = merged[max(0, offset) : want]
+        async with link.client.pipeline(transaction=False) as pipe:
+            for _, q, job_id in chosen:
+                pipe.hmget(link.scripts(q).toKey(job_id), *_FAILED_FIELDS)
+            rows = await pipe.execute()
+        out: builtins.list[FailedJob] = []
+        for (_, q, job_id), row in zip(chosen, rows, strict=True):
+            if row[1] is not None:
+                job = self._record(q, job_id, row)
+                if text is not None and len(job.exception) > text:
+                    job.exception = job.exception[:text]
+                out.append(job)
+        return out
 
     async def flush(self, older_than: float | None = None) -> int:
         link = self._d._link()
@@ -1424,6 +1504,10 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
                 await asyncio.wait_for(link.closing.wait(), self.stalled_interval)
 
     # -- inspection ---------------------------------------------------------------
+
+    def check_queue(self, queue: str) -> None:
+        """A ``:`` is refused (``QueueNameRules``): it separates the parts of the keys."""
+        check_queue(queue)
 
     async def size(self, queue: str) -> int:
         """Jobs waiting, delayed or claimed (active), like Laravel's Redis queue size."""
