@@ -18,8 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from haze import App, Db, Queue
-from haze._kernel.ids import short_id
+from haze import App, Db, Queue, short_id
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table

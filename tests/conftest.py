@@ -17,3 +17,27 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     check_marked_servers(item)
+
+
+def _weight(item: pytest.Item) -> int:
+    if item.get_closest_marker("slow") is not None:
+        return 2
+    return 1 if item.get_closest_marker("pyodide") is not None else 0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Fast tests first, then the Pyodide ones, then the slow (fault, storm, soak) ones,
+    so ``scripts/test -x`` meets a simple failure early. A module moves as a whole (its
+    heaviest test decides), so its module-scoped fixtures are set up once; the order
+    inside each group is pytest's."""
+    heaviest: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        heaviest[module] = max(heaviest.get(module, 0), _weight(item))
+    items.sort(key=lambda item: heaviest[item.nodeid.split("::")[0]])
+    # CI reruns a failed test (a shared 2-core box makes some timing tests flaky); a
+    # storm or exactly-once test never gets a rerun: a pass on the second try would hide
+    # the race it hunts.
+    for item in items:
+        if item.get_closest_marker("storm"):
+            item.add_marker(pytest.mark.flaky(reruns=0))

@@ -110,3 +110,142 @@ def test_getting_started_shows_the_files_haze_init_writes() -> None:
     code = {b.code for b in blocks((REPO / "docs" / "getting-started.md").read_text())}
     assert "# app/job/example.py\n" + _JOB in code
     assert "# main.py\n" + _MAIN in code
+
+
+# --------------------------------------------------------------------------- switch backends
+
+
+def _section(title: str, following: str) -> str:
+    text = (REPO / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    return text[text.index(title) : text.index(following)]
+
+
+def _fenced(text: str, lang: str) -> list[str]:
+    """The bodies of the ``lang`` fenced blocks of ``text``, in order."""
+    parts = text.split(f"```{lang}\n")[1:]
+    return [p.split("```", 1)[0] for p in parts]
+
+
+def _shell(app: Path, block: str, env: dict[str, str], extra: str) -> str:
+    """Each line of a ``bash`` block as a reader types it, in ``app``: ``export`` sets
+    the environment of the next lines; ``pip install`` names the extra the workspace
+    has installed already; the rest runs and must succeed."""
+    out = ""
+    for line in (ln.split("  #")[0].strip() for ln in block.splitlines()):
+        if not line:
+            continue
+        if line.startswith("export "):
+            name, _, value = line.removeprefix("export ").partition("=")
+            env[name] = value
+            continue
+        if line.startswith("pip install "):
+            assert line == f"pip install './runtime[cli,{extra}]'", line
+            continue
+        proc = subprocess.run(
+            ["bash", "-c", line], cwd=app, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, f"{line}\n{proc.stdout}\n{proc.stderr}"
+        assert "Traceback" not in proc.stderr, proc.stderr
+        out += proc.stdout
+    return out
+
+
+def _reader_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HAZE_", "QUEUE_"))}
+    env.pop("DATABASE_URL", None)
+    env.pop("REDIS_URL", None)
+    # `haze` and `python` are the workspace's, as in an activated virtualenv
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
+
+
+def _new_app(tmp_path: Path, env: dict[str, str]) -> Path:
+    subprocess.run(
+        ["haze", "init", "myapp"], cwd=tmp_path, env=env, check=True, capture_output=True
+    )
+    return tmp_path / "myapp"
+
+
+def _apply(app: Path, printed: str) -> None:
+    """Make the edits ``haze init --redis`` printed, as a reader pastes them."""
+    anchors = {
+        "in connections={...}:": ("connections={", None),
+        "in stores={...}:": ("stores={", None),
+        "set its default:": (None, "default="),
+        "its store:": (None, "store="),
+    }
+    file = ""
+    lines = printed.splitlines()
+    for i, line in enumerate(lines):
+        if not line.endswith(":") or line.startswith(" "):
+            continue
+        if line.startswith("Add to "):
+            file = line.removeprefix("Add to ").split(",")[0]
+        after, replace = next(v for k, v in anchors.items() if line.endswith(k))
+        path = app / file
+        text = path.read_text().splitlines()
+        if after is not None:
+            at = next(n for n, t in enumerate(text) if t.rstrip().endswith(after))
+            text.insert(at + 1, lines[i + 1])
+        else:
+            at = next(n for n, t in enumerate(text) if t.strip().startswith(replace))
+            text[at] = lines[i + 1]
+        path.write_text("\n".join(text) + "\n")
+
+
+def test_switching_to_postgres_as_the_docs_say(tmp_path: Path) -> None:
+    """getting-started's PostgreSQL steps, typed as written, on the real server."""
+    psycopg = pytest.importorskip("psycopg")
+    admin = "postgresql://postgres@127.0.0.1:5432/postgres"
+    try:
+        psycopg.connect(admin, autocommit=True).close()
+    except psycopg.OperationalError as e:
+        from services import server_missing
+
+        server_missing("PostgreSQL", admin, str(e))
+    section = _section("**PostgreSQL.**", "**Redis.**")
+    (block,) = _fenced(section, "bash")
+
+    def drop() -> None:
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute("DROP DATABASE IF EXISTS myapp WITH (FORCE)")
+
+    drop()
+    try:
+        env = _reader_env()
+        out = _shell(_new_app(tmp_path, env), block, env, "postgres")
+        assert " DONE " in out and "Worker stopped after 1 job(s)." in out, out
+    finally:
+        drop()
+
+
+def test_switching_to_redis_as_the_docs_say(tmp_path: Path) -> None:
+    """getting-started's Redis steps: `haze init --redis` prints the lines the docs show,
+    pasted in they make a Redis app, and the job runs on the real server."""
+    redis = pytest.importorskip("redis")
+    url = "redis://127.0.0.1:6379/12"  # a db no other test uses, instead of the default 0
+    client = redis.Redis.from_url(url)
+    try:
+        client.ping()
+    except redis.ConnectionError as e:
+        from services import server_missing
+
+        server_missing("Redis", url, str(e))
+    section = _section("**Redis.**", "## 8. The first deploy")
+    init_block, run_block = _fenced(section, "bash")
+    (printed,) = _fenced(section, "text")
+    client.flushdb()
+    try:
+        env = _reader_env()
+        app = _new_app(tmp_path, env)
+        env["REDIS_URL"] = url
+        out = _shell(app, init_block, env, "redis")
+        assert printed in out, out
+        _apply(app, printed)
+        out = _shell(app, run_block, env, "redis")
+        assert " DONE " in out and "Worker stopped after 1 job(s)." in out, out
+        assert 'Working connection "redis"' in out
+        assert client.keys("haze:default:*"), "the job went through Redis"
+    finally:
+        client.flushdb()
+        client.close()

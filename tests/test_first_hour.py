@@ -1,20 +1,25 @@
 """A new user's first hour, as real processes: ``haze init``, then
 ``haze db:migrate && python main.py && haze queue:work --stop-when-empty`` in the new
 folder, on SQLite, on the real PostgreSQL (a fresh database) and on the real Redis (a
-db number no other test uses, its haze keys deleted before and after).
+db number no other test uses, its haze keys deleted before and after); and one app
+migrated on SQLite, PostgreSQL, MariaDB and libSQL (a real sqld) in turn.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
-from services import server_missing, throwaway_pg_database
+from haze._kernel.sqlfiles import queue_schema
+from services import server_missing, throwaway_pg_database, tool_missing
 
 PG_ADMIN = os.environ.get("HAZE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = "redis://127.0.0.1:6379/11"
@@ -106,7 +111,12 @@ def pg_url() -> Iterator[str]:
 
 def test_init_postgres_runs_against_the_real_server(tmp_path: Path, pg_url: str) -> None:
     app = first_hour(tmp_path, "--postgres", DATABASE_URL=pg_url)
-    assert "postgresql://" in (app / "config" / "database.py").read_text()
+    # a database of the app's own, never the server's `postgres` maintenance database
+    config = (app / "config" / "database.py").read_text()
+    assert '"postgresql://postgres@127.0.0.1:5432/app1"' in config
+    assert '/postgres"' not in config
+    out = run(tmp_path, "haze", "init", "app1", "--postgres")
+    assert "createdb -h 127.0.0.1 -U postgres app1" in out
     assert not (app / "storage").exists(), "nothing went to SQLite"
     psycopg = pytest.importorskip("psycopg")
     with psycopg.connect(pg_url) as c:
@@ -165,3 +175,124 @@ def test_init_never_overwrites_a_file(tmp_path: Path) -> None:
     assert "Created" not in out
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
     assert (tmp_path / ".gitignore").read_text().count("storage/") == 1
+
+
+MYSQL_ADMIN = os.environ.get("HAZE_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/")
+
+
+@pytest.fixture
+def mariadb_url() -> Iterator[str]:
+    """A fresh database on the real MariaDB, dropped afterwards."""
+    pymysql = pytest.importorskip("pymysql")
+    parts = urlsplit(MYSQL_ADMIN)
+    admin = {
+        "host": parts.hostname,
+        "port": parts.port or 3306,
+        "user": parts.username or "root",
+        "password": parts.password or "",
+    }
+    name = f"haze_first_hour_{os.getpid()}"
+    try:
+        conn = pymysql.connect(**admin, autocommit=True)
+    except pymysql.err.OperationalError as e:
+        server_missing("MySQL/MariaDB", MYSQL_ADMIN, str(e))
+    with contextlib.closing(conn), conn.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {name}")
+        cur.execute(f"CREATE DATABASE {name}")
+    yield MYSQL_ADMIN.rstrip("/") + f"/{name}"
+    with contextlib.closing(pymysql.connect(**admin, autocommit=True)) as c, c.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS {name}")
+
+
+@pytest.fixture
+def sqld_url(tmp_path: Path) -> Iterator[str]:
+    """A real sqld (libSQL server) of its own (tests/database/sqld.py)."""
+    spec = importlib.util.spec_from_file_location(
+        "haze_first_hour_sqld", Path(__file__).parent / "database" / "sqld.py"
+    )
+    assert spec is not None and spec.loader is not None
+    sqld = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sqld)
+    reason = sqld.sqld_available()
+    if reason:
+        tool_missing(reason)
+    with sqld.SqldServer(tmp_path / "sqld") as server:
+        yield server.url
+
+
+def run_one_job(app: Path, **extra: str) -> None:
+    """``haze db:migrate && python main.py && haze queue:work --stop-when-empty``, the job done."""
+    run(app, "haze", "db:migrate", **extra)
+    short = re.fullmatch(r"Dispatched example (\w+)\n", run(app, "python", "main.py", **extra))
+    assert short
+    worked = run(app, "haze", "queue:work", "--stop-when-empty", **extra)
+    assert re.search(rf"example \.+ {short[1]} DONE \d+ms", worked), worked
+
+
+def test_one_app_migrates_on_every_database(
+    tmp_path: Path, pg_url: str, mariadb_url: str, sqld_url: str
+) -> None:
+    """The migration `haze init` writes is applied on SQLite, PostgreSQL, MariaDB and
+    libSQL in turn (the DDL chosen when applied), and a job runs on each."""
+    run(tmp_path, "haze", "init", "app1")
+    app = tmp_path / "app1"
+    (migration,) = (app / "database" / "migrations").iterdir()
+    before = migration.read_bytes()
+    for url in ("", pg_url, mariadb_url, sqld_url):
+        run_one_job(app, **({"DATABASE_URL": url} if url else {}))
+        assert migration.read_bytes() == before, "applying it never rewrites it"
+    # make:queue-tables agrees that the tables are written for every database: no loop
+    out = run(app, "haze", "make:queue-tables", DATABASE_URL=pg_url)
+    assert "already exists" in out
+
+
+def test_an_old_sqlite_migration_says_how_to_convert_it(tmp_path: Path, pg_url: str) -> None:
+    """An app whose queue-tables migration is an older haze's SQLite-only .sql: one line
+    says how to convert it; converted, it stays applied on SQLite and applies on PostgreSQL."""
+    run(tmp_path, "haze", "init", "app1")
+    app = tmp_path / "app1"
+    (migration,) = (app / "database" / "migrations").iterdir()
+    old = migration.with_suffix(".sql")
+    migration.unlink()
+    old.write_text(
+        "-- haze queue tables for connection 'database' (sqlite, database 'main').\n"
+        "-- Written by `haze make:queue-tables`; applied by `haze db:migrate`.\n"
+        + ";\n".join(queue_schema("sqlite"))
+        + ";\n"
+    )
+    run_one_job(app)
+    refused = subprocess.run(
+        [sys.executable, "-m", "haze.cli", "db:migrate"],
+        cwd=app,
+        env=env(DATABASE_URL=pg_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1
+    (line,) = [ln for ln in refused.stderr.splitlines() if ln.strip()]
+    assert f"{old.name} holds sqlite SQL only; run `haze make:queue-tables --force`" in line
+    hint = run(app, "haze", "make:queue-tables")
+    assert "haze make:queue-tables --force" in hint
+    run(app, "haze", "make:queue-tables", "--force")
+    assert sorted(p.name for p in old.parent.iterdir()) == [f"{old.stem}.py"]
+    assert "Nothing to migrate" in run(app, "haze", "db:migrate")
+    run_one_job(app, DATABASE_URL=pg_url)
+
+
+def test_a_made_job_says_something_the_worker_shows(tmp_path: Path) -> None:
+    """`haze make:job` writes a job whose log line the worker prints without -v."""
+    run(tmp_path, "haze", "init", "app1")
+    app = tmp_path / "app1"
+    run(app, "haze", "make:job", "SendInvoice")
+    run(app, "haze", "db:migrate")
+    (app / "send.py").write_text(
+        "from pathlib import Path\n"
+        "from haze import App\n"
+        "from app.job.send_invoice import send_invoice\n"
+        "with App(root=Path(__file__).parent):\n"
+        "    send_invoice.dispatch_blocking({})\n"
+    )
+    run(app, "python", "send.py")
+    worked = run(app, "haze", "queue:work", "--stop-when-empty")
+    assert re.search(r"send_invoice \.+ \w+ \w+ send_invoice running \(attempt 1\)", worked), worked

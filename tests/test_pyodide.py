@@ -93,7 +93,7 @@ def haze_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cmd = [sys.executable, "-m", "build", "--wheel", "runtime", "-o", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180, check=False)
     assert proc.returncode == 0, f"building the haze wheel failed:\n{proc.stdout}\n{proc.stderr}"
-    (wheel,) = out.glob("haze-*.whl")
+    (wheel,) = out.glob("haze_jobs-*.whl")
     return wheel
 
 

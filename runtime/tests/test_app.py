@@ -244,3 +244,39 @@ async def test_the_app_fixture_runs_jobs(app: App) -> None:
     await app_ctx_child.dispatch({})
     await Queue.idle()
     assert seen == [("child", app)]
+
+
+@define_job(name="app_test_encrypted", encrypted=True)
+async def app_test_encrypted(payload: Any) -> None:
+    pass
+
+
+def test_app_refuses_an_unusable_key_when_an_encrypted_job_is_registered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from haze.crypto import generate_key
+    from haze.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^App\(key=\.\.\.\): a base64 key must decode to 32"):
+        App(key="base64:c2hvcnQ=")
+    monkeypatch.setenv("APP_KEY", "base64:short")
+    with pytest.raises(ConfigError, match=r"^APP_KEY: the text after 'base64:' is not valid"):
+        App()
+    monkeypatch.setenv("APP_KEY", generate_key())
+    monkeypatch.setenv("APP_PREVIOUS_KEYS", f"{generate_key()}, base64:AAAA")
+    with pytest.raises(ConfigError, match=r"^APP_PREVIOUS_KEYS: a base64 key must decode"):
+        App()
+
+
+async def test_dispatch_with_a_key_broken_after_start_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from haze.crypto import generate_key
+    from haze.errors import ConfigError
+
+    monkeypatch.delenv("APP_PREVIOUS_KEYS", raising=False)
+    monkeypatch.setenv("APP_KEY", generate_key())
+    async with App():
+        monkeypatch.setenv("APP_KEY", "base64:short")  # never a raw binascii.Error
+        with pytest.raises(ConfigError, match="APP_KEY: the text after 'base64:'"):
+            await app_test_encrypted.dispatch({"n": 1})

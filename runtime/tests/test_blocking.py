@@ -156,7 +156,11 @@ def test_blocking_wraps_any_coroutine_function() -> None:
     ],
 )
 def test_every_public_awaitable_has_a_blocking_twin(owner: type, name: str) -> None:
-    assert inspect.iscoroutinefunction(getattr(owner, name))
+    method = getattr(owner, name)
+    # a job's dispatch returns its coroutine from a plain method (it warns, naming the
+    # job, when it is never awaited): declared so, since Python 3.11 cannot mark it
+    returns = str(inspect.signature(method).return_annotation)
+    assert inspect.iscoroutinefunction(method) or returns.startswith("Coroutine[Any, Any, ")
     twin = getattr(owner, f"{name}_blocking")
     assert callable(twin)
     assert not inspect.iscoroutinefunction(twin)

@@ -231,6 +231,7 @@ def test_a_missing_adapter_names_an_install_that_works_here(
 
     root = _cloudflare_app(tmp_path / "app")
     monkeypatch.setitem(sys.modules, "haze_cloudflare", None)
+    monkeypatch.chdir(tmp_path)  # outside the checkout: its absolute path
     with pytest.raises(ConfigError) as e:
         build(root, "cloudflare", tmp_path / "dist")
     message = str(e.value)
@@ -241,19 +242,17 @@ def test_a_missing_adapter_names_an_install_that_works_here(
     assert "pip install haze-cloudflare\n" not in message + "\n"
 
 
-def test_outside_a_checkout_the_hint_names_the_checkout_path_or_a_wheel(
+def test_outside_a_checkout_the_hint_names_the_distribution(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import haze.build
+    import haze._kernel.hints
     from haze.build import install_hint
 
     # haze installed from a wheel: its package is in site-packages, no checkout around it
-    fake = tmp_path / "lib" / "site-packages" / "haze" / "build" / "__init__.py"
-    monkeypatch.setattr(haze.build, "__file__", str(fake))
-    hint = install_hint("haze_cloudflare")
-    assert "pip install ./adapters/cloudflare from a haze checkout" in hint
-    assert "uv build --wheel adapters/cloudflare" in hint
-    assert install_hint("haze_lambda").startswith("pip install ./adapters/lambda")
+    fake = tmp_path / "lib" / "site-packages" / "haze" / "_kernel" / "hints.py"
+    monkeypatch.setattr(haze._kernel.hints, "__file__", str(fake))
+    assert install_hint(package="haze_cloudflare") == "pip install haze-cloudflare"
+    assert install_hint(package="haze_lambda") == "pip install haze-lambda"
 
 
 def test_a_killed_builds_leftovers_are_cleared_by_the_next(tmp_path: Path) -> None:
@@ -264,3 +263,65 @@ def test_a_killed_builds_leftovers_are_cleared_by_the_next(tmp_path: Path) -> No
     (out / ".haze-build-abc123-old-cloudflare").mkdir()
     build(root, "cloudflare", out)
     assert sorted(p.name for p in out.iterdir()) == ["cloudflare", "wrangler.json"]
+
+
+# --------------------------------------------------------------------------- checked output
+
+
+def test_a_worker_name_cloudflare_cannot_take_fails_the_build(tmp_path: Path) -> None:
+    root = _cloudflare_app(tmp_path / "app")
+    (root / "haze.config.py").write_text(
+        "from haze import define_haze_config\n"
+        "config = define_haze_config(cloudflare={'wrangler': {'name': 'jobs-\\U0001f680'}})\n"
+    )
+    out = tmp_path / "dist"
+    with pytest.raises(ConfigError, match="worker name") as info:
+        build(root, "cloudflare", out)
+    assert "\n" not in str(info.value)
+    assert not out.exists()
+
+
+def test_every_generated_file_is_checked_before_the_build_succeeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from haze.build import cloudflare
+
+    root = _cloudflare_app(tmp_path / "app")
+    # A generator that writes a file its tools cannot read (as a surrogate escape in a
+    # TOML string did): the build fails naming it, and writes nothing.
+    monkeypatch.setattr(cloudflare, "pyproject_source", lambda *a: 'name = "\\ud83d"\n')
+    out = tmp_path / "dist"
+    with pytest.raises(ConfigError, match=r"pyproject\.toml") as info:
+        build(root, "cloudflare", out)
+    assert "\n" not in str(info.value)
+    assert not out.exists()
+
+
+def test_next_step_commands_are_shell_quoted(tmp_path: Path) -> None:
+    import shlex
+
+    root = _cloudflare_app(tmp_path / "app")
+    out = tmp_path / "my dist; echo oops"
+    result = build(root, "cloudflare", out)
+    deploy = next(n for n in result.notes if n.startswith("deploy: "))
+    assert shlex.split(deploy.removeprefix("deploy: ")) == [
+        "npx",
+        "wrangler",
+        "deploy",
+        "-c",
+        str(out / "wrangler.json"),
+    ]
+    pywrangler = next(n for n in result.notes if n.startswith("or with pywrangler: "))
+    assert shlex.split(pywrangler)[4] == str(out / "cloudflare")
+
+
+@pytest.mark.parametrize("inside", ["app/out", "config/dist", "database/x", "."])
+def test_an_output_folder_inside_the_app_sources_is_refused(tmp_path: Path, inside: str) -> None:
+    root = _cloudflare_app(tmp_path / "app")
+    (root / "app").mkdir(exist_ok=True)
+    (root / "database").mkdir(exist_ok=True)
+    before = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+    with pytest.raises(ConfigError, match="inside the app's sources") as info:
+        build(root, "cloudflare", root / inside)
+    assert "\n" not in str(info.value)
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == before

@@ -235,6 +235,16 @@ def test_inline_config_error_names_where_it_was_defined() -> None:
         App(queue=spec)
 
 
+def test_a_queue_connection_name_has_at_most_64_characters() -> None:
+    # Failed jobs record the connection's name; no store may have to cut it.
+    App(queue=define_queue_config(default="c" * 64, connections={"c" * 64: {"driver": "memory"}}))
+    name = "c" * 200
+    spec = define_queue_config(default=name, connections={name: {"driver": "memory"}})
+    with pytest.raises(ConfigError, match="1 to 64 characters, got 200") as info:
+        App(queue=spec)
+    assert "\n" not in str(info.value)
+
+
 def test_root_must_be_a_directory(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         App(root=tmp_path / "missing")

@@ -78,3 +78,34 @@ def test_every_field_haze_writes_decodes_back() -> None:
     )
     assert decode(encode(m)) == m
     assert Message.from_dict(_body(queue=None, ts=None)).queue == "default"
+
+
+@pytest.mark.parametrize("version", [2, 0, 99, True])
+def test_an_envelope_version_this_haze_cannot_read_is_refused_naming_it(version: Any) -> None:
+    with pytest.raises(MessageDecodeError) as e:
+        Message.from_dict(_body(v=version))
+    assert 'field "v"' in str(e.value) and repr(version) in str(e.value)
+    assert "upgrade" in str(e.value) or "an integer" in str(e.value)
+    # the fast path of a plain envelope refuses it too
+    import json
+
+    with pytest.raises(MessageDecodeError, match='field "v"'):
+        decode(json.dumps({"v": version, "id": "m1", "job": "ping", "payload": 1}))
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('{"v":1,"id":"m1","job":"ping","payload":{"amount":NaN}}', "payload.amount"),
+        ('{"v":1,"id":"m1","job":"ping","payload":[1,Infinity]}', "payload[1]"),
+        ('{"v":1,"id":"m1","job":"ping","payload":-Infinity}', "payload"),
+        ('{"v":1,"id":"m1","job":"ping","payload":1,"ts":NaN}', "ts"),
+    ],
+)
+def test_nan_and_infinity_tokens_are_refused_naming_the_field(text: str, named: str) -> None:
+    with pytest.raises(MessageDecodeError) as e:
+        decode(text)
+    assert f'field "{named}"' in str(e.value) and "not JSON" in str(e.value)
+    with pytest.raises(MessageDecodeError) as from_bytes:
+        decode(text.encode())
+    assert str(from_bytes.value) == str(e.value)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 from haze import (
     App,
     ConfigError,
+    JobContext,
     JobDefinitionError,
     Queue,
     UnknownJobError,
@@ -49,6 +51,72 @@ def test_a_handler_that_cannot_be_called_with_payload_and_job_is_refused(
     message = str(info.value)
     assert "must be callable as (payload) or (payload, job)" in message
     assert f"also requires {extra}" in message
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "async def handler(job: JobContext, payload): ...",
+        "async def handler(job: 'JobContext', payload: dict): ...",
+        "def handler(ctx, payload): ...",
+        "async def handler(job: JobContext): ...",
+    ],
+)
+def test_a_handler_with_the_job_first_is_refused_when_defined(source: str) -> None:
+    namespace: dict[str, Any] = {"JobContext": JobContext}
+    exec(source, namespace)
+    name = f"msg_swapped_{abs(hash(source))}"
+    with pytest.raises(JobDefinitionError) as info:
+        define_job(name=name)(namespace["handler"])
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f'job "{name}" (')
+    assert "the handler's first parameter receives the payload" in message
+
+
+def test_a_dispatch_never_awaited_warns_with_the_jobs_name() -> None:
+    # dropped at once (CPython frees it when the statement ends): the warning is now
+    with pytest.warns(RuntimeWarning) as caught:
+        msg_send_invoice.dispatch({"id": 1})  # type: ignore[unused-coroutine]
+    messages = [str(w.message) for w in caught]
+    ours = [m for m in messages if "msg_send_invoice" in m]
+    assert len(ours) == 1, messages
+    assert "did you forget `await`?" in ours[0]
+    assert "nothing was queued" in ours[0]
+    assert not [m for m in messages if "was never awaited" in m and m not in ours], messages
+    assert caught[0].filename == __file__, "the warning points at the line that dispatched"
+
+
+async def test_an_awaited_dispatch_does_not_warn(app: App) -> None:
+    import gc
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        await msg_send_invoice.dispatch({"id": 1})
+        task = asyncio.ensure_future(msg_send_invoice.dispatch({"id": 2}))
+        await task
+        await msg_send_invoice.with_({"id": 3}).dispatch()
+        gc.collect()
+    await Queue.idle()
+
+
+def test_a_mistyped_connection_from_the_environment_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from haze import env
+
+    monkeypatch.setenv("QUEUE_CONNECTION", "reddis")
+    with pytest.raises(ConfigError) as info:
+        App(
+            queue=define_queue_config(
+                default=env("QUEUE_CONNECTION", "memory"),
+                connections={"memory": {"driver": "memory"}, "redis": {"driver": "redis"}},
+            )
+        )
+    message = str(info.value)
+    assert "'reddis' (from the environment variable QUEUE_CONNECTION)" in message
+    assert "did you mean 'redis'?" in message
 
 
 @pytest.mark.parametrize(

@@ -77,6 +77,24 @@ async def test_the_implicit_default_app_warns_once_per_process(
     assert "config/queue.py" in warnings[0]
 
 
+async def test_the_implicit_app_in_an_app_folder_says_to_enter_the_app(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """config/queue.py is here but no App read it: say that, and how to enter the App,
+    not "Create config/queue.py"."""
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "queue.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(haze_app, "_warned_implicit", False)
+    caplog.set_level(logging.WARNING, logger="haze")
+    await noop.dispatch({})
+    await Queue.idle()
+    (warning,) = [r.getMessage() for r in caplog.records if "implicit" in r.getMessage()]
+    assert "Create config/queue.py" not in warning
+    assert "config/queue.py is here, but only an App reads it" in warning
+    assert "with App(root=__file__):" in warning
+
+
 async def test_a_bulk_dispatch_on_the_implicit_app_warns_too(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -290,3 +308,30 @@ async def test_an_explicit_memory_store_beside_a_remote_connection_warns_once_fo
     assert '"memory" store' in warnings[0]
     assert 'connection "db"' in warnings[0]
     assert "then/catch/finally" in warnings[0]
+
+
+# --------------------------------------------------------------------------- D1 size
+
+
+def d1_app(**queue_options: Any) -> App:
+    return App(
+        queue=define_queue_config(
+            default="d1", connections={"d1": {"driver": "database", **queue_options}}
+        ),
+        database=define_database_config(
+            default="main", connections={"main": {"url": "d1://acct/db", "api_token": "t"}}
+        ),
+    )
+
+
+def test_a_database_queue_on_d1_caps_messages_below_d1s_row_limit() -> None:
+    from haze.drivers.database import D1_MAX_MESSAGE_SIZE, D1_ROW_LIMIT
+
+    assert D1_ROW_LIMIT == 2_000_000  # Cloudflare's documented string, BLOB and row limit
+    assert d1_app().driver("d1").max_message_size == D1_MAX_MESSAGE_SIZE < D1_ROW_LIMIT
+    assert d1_app(max_message_size=100_000).driver("d1").max_message_size == 100_000
+    with pytest.raises(ConfigError) as info:
+        d1_app(max_message_size=4 * 1024 * 1024).driver("d1")
+    message = str(info.value)
+    assert "connections.d1.max_message_size" in message
+    assert "2,000,000 bytes a row" in message and str(D1_MAX_MESSAGE_SIZE) in message

@@ -128,6 +128,31 @@ async def test_retry_and_failure_are_span_events_and_counted(traced: Any) -> Non
     }
 
 
+@define_job(name="otel_secret", tries=2, backoff=0, encrypted=True)
+async def otel_secret(payload: dict[str, Any]) -> None:
+    raise ValueError(f"card {payload['card']} declined")
+
+
+async def test_an_encrypted_jobs_error_text_stays_out_of_its_spans(
+    traced: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from haze.crypto import generate_key
+
+    monkeypatch.setenv("APP_KEY", generate_key())
+    _app, rec = traced
+    await otel_secret.dispatch({"card": "4242-OTEL"})
+    await Queue.idle()
+    processes = [s for s in rec.spans.get_finished_spans() if s.name == "process default"]
+    assert len(processes) == 2
+    seen = repr([(s.attributes, [(e.name, e.attributes) for e in s.events]) for s in processes])
+    seen += repr([s.status.description for s in processes])
+    assert "4242-OTEL" not in seen
+    first, last = processes
+    assert first.events[0].attributes["exception.message"] == "(encrypted)"
+    assert last.status.status_code == StatusCode.ERROR
+    assert last.attributes["error.type"] == "ValueError"
+
+
 async def test_release_is_an_event_and_the_metrics_count_each_outcome(traced: Any) -> None:
     _app, rec = traced
     await otel_release.dispatch({})

@@ -127,3 +127,20 @@ def test_import_haze_loads_no_heavy_dependency() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_files_haze_init_writes_import_only_public_names() -> None:
+    """A new app's code is what users copy: it must not reach into haze's private
+    modules (``haze._kernel``...), which may change under it."""
+    import ast
+
+    from haze.cli.init import _JOB, _MAIN
+    from haze.cli.make import JOB_TEMPLATE
+
+    for source in (_MAIN, _JOB, JOB_TEMPLATE.format(function="f")):
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("haze"):
+                assert not any(part.startswith("_") for part in node.module.split(".")), source
+                if node.module == "haze":
+                    assert {a.name for a in node.names} <= set(haze.__all__), source
+    assert haze.short_id.__doc__, "a public name says what it is"

@@ -219,6 +219,53 @@ async def test_two_leaders_at_once_still_dispatch_each_tick_once() -> None:
     assert a.dispatched + b.dispatched == 5
 
 
+GATE: dict[str, asyncio.Event] = {}
+
+
+@define_job(name="sched_test_slow")
+async def slow(payload: Any, job: JobContext) -> None:
+    GATE["started"].set()
+    await GATE["go"].wait()
+
+
+async def test_a_tick_whose_job_is_still_queued_or_running_at_the_next_warns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    s = schedule(slow, every="1s", name="busy")
+    GATE.update(started=asyncio.Event(), go=asyncio.Event())
+    async with memory_app() as app:  # one job at a time: tick 2 waits behind tick 1
+        from haze import Queue
+
+        sched = Scheduler(app)
+        t0 = utc(2026, 1, 1, 12)
+        try:
+            await sched.step(t0)
+            await sched.step(t0 + timedelta(seconds=1))  # tick 1 sent
+            await asyncio.wait_for(GATE["started"].wait(), 5)  # and running
+            with caplog.at_level("WARNING", logger="haze"):
+                await sched.step(t0 + timedelta(seconds=2))
+            assert 'schedule "busy": the job of its tick of' in caplog.text
+            assert "is still running at the next tick" in caplog.text
+            sched._warned.clear()  # it warns once a minute: look again now
+            caplog.clear()
+            with caplog.at_level("WARNING", logger="haze"):
+                await sched.step(t0 + timedelta(seconds=3))  # tick 2 waits behind 1
+            assert "is still queued at the next tick" in caplog.text
+        finally:
+            GATE["go"].set()
+        await Queue.idle()
+        sched._warned.clear()
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="haze"):
+            await sched.step(t0 + timedelta(seconds=4))
+        assert "still" not in caplog.text
+        # A tick's once key lives as long as its own window, not as long as batches.
+        once = scheduling.tick_once_key(s, t0 + timedelta(seconds=1))
+        ttl = await app.manager.stores.batches().ttl(once)
+        assert ttl is not None
+        assert ttl <= 1 + 2 * scheduling.MISFIRE_GRACE + scheduling.LEASE
+
+
 async def test_missed_ticks_are_skipped_without_catch_up() -> None:
     schedule(report, cron="0 9 * * *", name="daily")
     async with memory_app() as app:
@@ -682,3 +729,114 @@ def test_a_schedule_file_imports_its_own_jobs_when_another_app_owns_the_app_pack
     App(root=root)
     assert list(registered_schedules()) == ["daily", "sched_cli_ping"]
     assert __import__("sys").modules["app"] is owner, "the other app keeps its package"
+
+
+# A real process stands for the Cloudflare invocation: it claims the tick in the app's
+# SQLite store, then dies (os._exit, no cleanup) where it would dispatch.
+DIES_AFTER_THE_CLAIM = """
+import asyncio, os, sys
+from datetime import UTC, datetime
+from haze import App
+from haze._orchestration import scheduling
+
+scheduling.LEASE = 0.5  # its claim on the tick expires soon (10 s by default)
+
+
+async def main() -> None:
+    async with App(root=sys.argv[1]) as app:
+        async def killed(*args: object, **kwargs: object) -> None:
+            os._exit(137)
+
+        app.manager.dispatch = killed  # type: ignore[method-assign]
+        at = datetime(2026, 1, 1, 10, 55, tzinfo=UTC)
+        await scheduling.dispatch_trigger(app, "cloudflare", "*/5 * * * *", at)
+
+
+asyncio.run(main())
+"""
+
+
+def _run(args: list[str], cwd: Path) -> Any:
+    import subprocess
+
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.usefixtures("isolated_imports")
+async def test_a_tick_claimed_by_an_invocation_that_died_is_sent_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A platform trigger's invocation (Cloudflare ``scheduled()``) claims its tick and
+    is killed before dispatching it. The next invocation, of any trigger, finds the
+    claim unsent with its lease expired and sends the tick; one after that does not."""
+    import sys
+
+    root = write_app(
+        tmp_path,
+        "from haze import schedule\nfrom app.job.sched_cli_jobs import ping\n"
+        "schedule(ping, cron='*/5 * * * *', name='five')\n"
+        "schedule(ping.with_({'kind': 'hourly'}), cron='0 * * * *', name='hourly')\n",
+        default="sqlite",
+    )
+    for setup in ("make:queue-tables", "db:migrate"):
+        done = _run([sys.executable, "-m", "haze.cli", "--root", str(root), setup], root)
+        assert done.returncode == 0, done.stdout + done.stderr
+    child = _run([sys.executable, "-c", DIES_AFTER_THE_CLAIM, str(root)], root)
+    assert child.returncode == 137, child.stderr
+    monkeypatch.chdir(root)
+    await asyncio.sleep(0.6)  # the dead invocation's claim lease runs out
+    async with App(root=root) as app:
+        # The hourly trigger's invocation is the next one: it sends 10:55 of "five" too.
+        assert await scheduling.dispatch_trigger(
+            app, "cloudflare", "0 * * * *", utc(2026, 1, 1, 11)
+        ) == ["hourly"]
+        assert 'schedule "five" sends its tick of 2026-01-01T10:55:00+00:00' in caplog.text
+        for minute in (5, 10):
+            await scheduling.dispatch_trigger(
+                app, "cloudflare", "*/5 * * * *", utc(2026, 1, 1, 11, minute)
+            )
+        driver = app.driver("sqlite")
+        sent = []
+        while (got := await driver.reserve(["default"], 0)) is not None:
+            assert got.message is not None
+            sent.append(
+                ((got.message.meta or {}).get("schedule"), (got.message.meta or {})["fire_at"])
+            )
+            await driver.ack(got)
+    assert sorted(sent) == [
+        ("five", "2026-01-01T10:55:00+00:00"),
+        ("five", "2026-01-01T11:05:00+00:00"),
+        ("five", "2026-01-01T11:10:00+00:00"),
+        ("hourly", "2026-01-01T11:00:00+00:00"),
+    ]
+
+
+async def test_an_invocation_leaves_a_claimed_tick_alone_while_its_lease_holds() -> None:
+    """A claim still within its lease (a slow invocation) is not sent by the next one;
+    a re-sender killed too holds only its own short lease, and the record waits for the
+    invocation after it."""
+    from haze import Queue
+
+    sched = schedule(report, cron="*/5 * * * *", name="five")
+    async with memory_app() as app:
+        store = app.store()
+        tick = utc(2026, 1, 1, 10, 55)
+        key = sched.tick_key(tick)
+        assert isinstance(await scheduling._claim(store, key, "slow", 30), tuple)
+        trigger = "*/5 * * * *"
+        assert await scheduling.dispatch_trigger(
+            app, "cloudflare", trigger, utc(2026, 1, 1, 11)
+        ) == ["five"]
+        await store.put(key, "unsent:1000:dead", 60)  # its lease ended long ago
+        assert await store.add(f"{key}:resend", "lease:killed-resender", 0.3)
+        await scheduling.dispatch_trigger(app, "cloudflare", trigger, utc(2026, 1, 1, 11, 5))
+        await asyncio.sleep(0.35)
+        await scheduling.dispatch_trigger(app, "cloudflare", trigger, utc(2026, 1, 1, 11, 10))
+        assert await store.get(key) == "done"
+        await scheduling.dispatch_trigger(app, "cloudflare", trigger, utc(2026, 1, 1, 11, 15))
+        await Queue.idle()
+    # 10:55 goes out first in the 11:10 invocation, before that invocation's own tick.
+    at = [utc(2026, 1, 1, 11, 0), utc(2026, 1, 1, 11, 5), tick] + [
+        utc(2026, 1, 1, 11, minute) for minute in (10, 15)
+    ]
+    assert [fired for _, fired in ran] == [t.isoformat() for t in at]

@@ -34,7 +34,7 @@ from haze import (
 )
 from services import require_server, throwaway_pg_database
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.storm, pytest.mark.timeout(300)]
 
 APP = Path(__file__).parent
 PG_ADMIN_URL = os.environ.get(

@@ -234,8 +234,8 @@ def test_the_dockerfile_runs_the_worker_and_states_its_stop_timeout(
     assert isinstance(ctx, Path)
     assert (ctx / "app" / "job" / "docker_write.py").is_file()
     assert (ctx / ".dockerignore").is_file()
-    [wheel] = (ctx / "wheels").glob("haze-*.whl")
-    assert "haze[cli]" in (ctx / "requirements.txt").read_text()
+    [wheel] = (ctx / "wheels").glob("haze_jobs-*.whl")
+    assert "haze-jobs[cli]" in (ctx / "requirements.txt").read_text()
     assert wheel.name.endswith("-py3-none-any.whl")
 
 

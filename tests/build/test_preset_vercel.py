@@ -174,3 +174,45 @@ def test_a_function_must_dispatch_to_a_queue_a_worker_can_read(
         with pytest.raises(ConfigError, match=words) as caught:
             build(root, "vercel", tmp_path / "dist")
         assert "redis or database" in str(caught.value)
+
+
+DB_CONFIG = {
+    "config/database.py": """\
+        from haze import define_database_config, env
+        config = define_database_config(
+            default="main",
+            connections={"main": {"url": env("DATABASE_URL", "sqlite:///storage/app.db")}},
+        )
+        """,
+    "config/queue.py": """\
+        from haze import define_queue_config
+        config = define_queue_config(
+            default="database", connections={"database": {"driver": "database"}}
+        )
+        """,
+}
+
+
+def test_requirements_carry_the_driver_of_the_apps_database_and_name_the_override(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = write_app(tmp_path / "site", DB_CONFIG, name="vercel_db_write")
+    monkeypatch.delenv("HAZE_BUILD_EXTRAS", raising=False)
+    # the URL production uses, visible to the build: its driver is in requirements.txt
+    monkeypatch.setenv("DATABASE_URL", "postgresql://app@db.example.com:5432/app")
+    result = build(root, "vercel", tmp_path / "pg")
+    assert "psycopg[binary,pool]" in (result.path / "requirements.txt").read_text()
+    (note,) = [n for n in result.notes if n.startswith("requirements.txt:")]
+    assert "haze-jobs[postgres]" in note and "HAZE_BUILD_EXTRAS" in note, note
+    # SQLite as read now: the note says the function needs a server database, and how
+    # to get its driver into requirements.txt
+    monkeypatch.delenv("DATABASE_URL")
+    result = build(root, "vercel", tmp_path / "lite")
+    assert "psycopg" not in (result.path / "requirements.txt").read_text()
+    (sqlite,) = [n for n in result.notes if "is SQLite as read now" in n]
+    assert "HAZE_BUILD_EXTRAS=postgres" in sqlite, sqlite
+    # the override adds what the environment at build time does not show
+    monkeypatch.setenv("HAZE_BUILD_EXTRAS", "postgres")
+    result = build(root, "vercel", tmp_path / "extras")
+    assert "psycopg[binary,pool]" in (result.path / "requirements.txt").read_text()
+    assert any("HAZE_BUILD_EXTRAS=postgres" in n for n in result.notes), result.notes

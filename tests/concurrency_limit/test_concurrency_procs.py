@@ -33,7 +33,7 @@ import pytest
 from backend_procs import BackendProcs, backend_run
 from services import require_server, throwaway_pg_database
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.storm, pytest.mark.timeout(240)]
 
 APP = Path(__file__).parent
 PG_ADMIN_URL = os.environ.get(
@@ -197,6 +197,7 @@ async def test_never_more_than_max_run_at_once_under_sigkills(
         elapsed = time.monotonic() - started
 
         for p in live:
+            await r.wait_ready(p)  # a SIGTERM before its handlers are in would just kill it
             p.send_signal(signal.SIGTERM)
         codes = [await r.wait_exit(p) for p in live]
 

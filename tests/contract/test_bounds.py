@@ -135,3 +135,29 @@ async def test_max_message_size_is_set_per_connection(
         await bd_record.dispatch({"n": 3, "blob": "x" * 100})
         await done()
         assert LOG == [3]
+
+
+# ============================================================================ text
+
+
+@pytest.mark.parametrize(
+    ("payload", "path"),
+    [
+        ({"n": 1, "name": "caf\udce9"}, r"payload\['name'\]"),  # surrogateescape'd bytes
+        ({"n": 2, "rows": [["ok", "\ud83d"]]}, r"payload\['rows'\]\[0\]\[1\]"),  # half emoji
+        ({"n": 3, "\udfff": 1}, r"payload key '\\udfff'"),
+    ],
+)
+async def test_a_lone_surrogate_is_refused_at_dispatch_naming_its_path(
+    app: Any, driver: Any, done: Any, payload: dict[str, Any], path: str
+) -> None:
+    with pytest.raises(TypeError, match=rf"{path} holds a lone surrogate"):
+        await bd_record.dispatch(payload)
+    with pytest.raises(TypeError, match=rf"{path} holds a lone surrogate"):
+        await Queue.bulk([bd_record.with_(payload)])
+    with pytest.raises(TypeError, match=r"lone surrogate"):
+        await Queue.chain([bd_record.with_({"n": 4}), bd_record.with_(payload)]).dispatch()
+    await _nothing_queued(driver, done)
+    await bd_record.dispatch({"n": 5, "text": "emoji 🚀 and U+2028 \u2028 survive"})
+    await done()
+    assert LOG == [5]

@@ -57,6 +57,7 @@ async def test_counts_ready_delayed_and_running_and_lists_the_running_job(
     blocked = await insp_block.dispatch({})
     await asyncio.wait_for(GATE["started"].wait(), 30)
     try:
+        delayed_at = time.time()
         await insp_other.dispatch({}, delay=300)
         # concurrency 1: this one waits behind the blocked job
         before = time.time()
@@ -81,6 +82,12 @@ async def test_counts_ready_delayed_and_running_and_lists_the_running_job(
                 after,
             )
             assert counts.oldest_ready_age(oldest + 12) == 12
+        if driver.id == "sqs":
+            assert counts.next_delayed_at is None  # SQS does not say when a delay ends
+        else:
+            # when the delayed job comes due (`queue:work --stop-when-empty` says so)
+            due = counts.next_delayed_at
+            assert due is not None and delayed_at + 299 <= due <= time.time() + 301, due
         assert await d.counts("q1") == QueueCounts(0, 0, 0, None)
         running = await d.running("default")
         if driver.id == "sqs":

@@ -203,7 +203,9 @@ async def test_delayed_then_cancelled_never_runs(app: Any, done: Any) -> None:
     await asyncio.sleep(1.5)  # past its due time: delivered, seen cancelled, acked
     await done()
     assert _ran("status_sum") == []
-    assert (await Queue.status(job_id)).state == "cancelled"  # type: ignore[union-attr]
+    st = await Queue.status(job_id)
+    assert st is not None and st.state == "cancelled"
+    assert st.attempt == 0, "it never ran: no attempt"
     assert await Queue.cancel(job_id) is False  # already over
 
 
@@ -231,6 +233,8 @@ async def test_queued_behind_a_busy_worker_is_cancelled(make_app: Any, done: Any
         assert (await Queue.wait(tracked, timeout=10)).state == "cancelled"
         await done()
         assert _ran("status_sum") == [] and _ran("status_plain") == []
+        st = await Queue.status(tracked)
+        assert st is not None and st.attempt == 0, "it never ran: no attempt"
 
 
 @pytest.mark.requires("queued")

@@ -123,6 +123,7 @@ async def _run(real: Store, crash_at: int | None) -> Run:
     return Run(injector.writes, injector.crashed, RAN[tag], messages)
 
 
+@pytest.mark.storm
 async def test_a_scheduler_dying_between_any_two_writes_runs_each_tick_once(
     store: Store,  # noqa: F811
 ) -> None:

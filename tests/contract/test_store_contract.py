@@ -230,6 +230,39 @@ async def test_keys_are_independent(store):
     assert await store.get_many(["k:a", "k:b", "k:c"]) == [1, 2, 1]
 
 
+async def test_keys_differing_in_case_accent_or_space_are_distinct(store):
+    # Unique keys are often user input: Alice and alice are two users.
+    keys = ["k:Alice", "k:alice", "k:jose", "k:josé", "k:tenant", "k:tenant "]
+    for i, key in enumerate(keys):
+        assert await store.add(key, i, 60) is True, key
+    assert await store.get_many(keys) == list(range(len(keys)))
+    assert await store.increment("k:Count") == 1
+    assert await store.increment("k:count") == 1
+
+
+LONG = "k:" + "x" * 300
+
+
+async def test_long_keys_are_kept_whole(store):
+    # Keys longer than any column width: never cut, so two that share a long prefix stay
+    # two keys, and what add() took, delete() releases.
+    a, b = LONG + ":a", LONG + ":b"
+    assert await store.add(a, "owner-a", 60) is True
+    assert await store.add(b, "owner-b", 60) is True
+    assert await store.get_many([a, b, LONG]) == ["owner-a", "owner-b", None]
+    assert await store.touch(a, "owner-a", 30) is True
+    ttl = await store.ttl(a)
+    assert ttl is not None and ttl <= 30
+    assert await store.delete(a, "owner-a") is True
+    assert await store.get(a) is None
+    assert await store.add(a, "again", 60) is True
+    assert await store.increment(LONG + ":n", 2) == 2
+    assert await store.increment(LONG + ":n", 3) == 5
+    await store.put(LONG, [1])
+    assert await store.get(LONG) == [1]
+    assert await store.delete(LONG) is True
+
+
 # --------------------------------------------------------------------------- settle_batch_job
 # One job of a batch counted in one atomic step (haze.batches): the per-job marker, the
 # processed/failed counters and the pending decrement never exist one without the other.

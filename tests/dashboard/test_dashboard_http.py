@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html as html_lib
+import json
 import os
 import re
 import socket
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 import pytest
 from haze import (
     App,
+    JobContext,
     Queue,
     define_cache_config,
     define_database_config,
@@ -30,7 +32,9 @@ from haze import (
     define_redis_config,
 )
 from haze._engine.control import paused_queues
+from haze._kernel.message import FailedJob
 from haze._runners.worker import Worker
+from haze.contracts.failed import FailedPages
 from haze.dashboard import create_app
 from haze.database.migrations import ensure_queue_tables
 from starlette.testclient import TestClient
@@ -218,6 +222,31 @@ def test_async_authorize_and_local_environment(
     assert local.get("/").status_code == 403
 
 
+def test_failed_sign_ins_are_limited_per_client(backend: Backend) -> None:
+    from haze.dashboard._security import FREE_ATTEMPTS, MAX_ATTEMPTS, basic_auth
+
+    if backend.kind != "sqlite":
+        pytest.skip("the limit is the dashboard's own, the same on every backend")
+
+    def with_client(host: str) -> TestClient:
+        return backend.open(
+            lambda app: create_app(app, authorize=basic_auth("ops", "right")),
+            client=(host, 50000),
+        )
+
+    guesser, other = with_client("203.0.113.7"), with_client("203.0.113.8")
+    statuses = [
+        guesser.get("/", auth=("ops", f"guess{i}")).status_code for i in range(MAX_ATTEMPTS + 3)
+    ]
+    assert statuses == [403] * MAX_ATTEMPTS + [429] * 3
+    refused = guesser.get("/", auth=("ops", "right"))  # even the right password now
+    assert refused.status_code == 429
+    assert "Too many failed sign-ins" in refused.text
+    assert int(refused.headers["retry-after"]) > 0
+    assert other.get("/", auth=("ops", "right")).status_code == 200  # per client
+    assert FREE_ATTEMPTS < MAX_ATTEMPTS
+
+
 def test_post_without_valid_csrf_token_is_403_whatever_the_path(backend: Backend) -> None:
     fail_jobs(backend, [{"n": 1}])
     c = client(backend)
@@ -395,6 +424,60 @@ def test_search_then_retry_one_and_all_matching(backend: Backend) -> None:
     bad = c.get("/failed", params={"since": "yesterday-ish"})
     assert bad.status_code == 400
     assert "since: expected a duration ago" in bad.text
+
+
+def _plant_failed(backend: Backend, n: int, exception_size: int) -> None:
+    """``n`` failed jobs recorded straight into the connection's failed-job store, one
+    second apart (job ``dash_boom``, payload ``{"n": i}``), each with a long exception."""
+
+    async def go(app: App) -> None:
+        failed = app.driver("main").failed
+        assert isinstance(failed, FailedPages)  # counted and paged by the backend
+        for i in range(n):
+            body = json.dumps(
+                {"v": 1, "id": f"planted{i:04d}", "job": "dash_boom", "payload": {"n": i}}
+            )
+            text = f"ValueError: planted {i}\n" + "x" * exception_size
+            job = FailedJob.from_body(
+                body,
+                id=f"planted{i:04d}",
+                connection="main",
+                queue="default",
+                exception=text,
+                failed_at=1_700_000_000.0 + i,
+            )
+            await failed.record(job)
+
+    backend.run(go)
+
+
+def test_failed_jobs_are_paged_and_their_exceptions_trimmed(backend: Backend) -> None:
+    # 120 failures of 20 KB each: a page lists 50, newest first, and its size does not
+    # carry every exception in full.
+    _plant_failed(backend, 120, 20_000)
+    c = client(backend)
+    ids = lambda text: re.findall(r'data-id="(planted\d+)"', text)  # noqa: E731
+    first = c.get("/failed")
+    assert first.status_code == 200
+    assert "120 failed job(s) match." in first.text
+    assert ids(first.text) == [f"planted{i:04d}" for i in range(119, 69, -1)]
+    assert len(first.text) < 200_000
+    second = c.get("/failed", params={"page": "2"})
+    assert ids(second.text) == [f"planted{i:04d}" for i in range(69, 19, -1)]
+    third = c.get("/failed", params={"page": "3"})
+    assert ids(third.text) == [f"planted{i:04d}" for i in range(19, -1, -1)]
+    assert 'href="/failed?connection=main&amp;page=2"' in third.text  # back a page
+    # Filters page too: a time range and a text search.
+    since = c.get("/failed", params={"since": "2023-11-14T22:13:40+00:00"})
+    assert "100 failed job(s) match." in since.text
+    text = c.get("/failed", params={"exception": "planted 11"})
+    assert "11 failed job(s) match." in text.text  # 11 and 110 to 119
+    assert ids(text.text) == [*(f"planted{i:04d}" for i in range(119, 109, -1)), "planted0011"]
+    bad = c.get("/failed", params={"page": "0"})
+    assert bad.status_code == 400
+    assert "page" in bad.text
+    # The overview counts them without listing them.
+    assert c.get("/").status_code == 200
 
 
 def test_failed_detail_shows_payload_traceback_and_ids(backend: Backend) -> None:
@@ -651,6 +734,49 @@ def test_encrypted_payload_hidden_unless_decrypted_with_the_app_key(
     assert "no app key" in keyless
 
 
+@define_job(name="dash_secret_text", tries=1, encrypted=True, track=True)
+async def dash_secret_text(payload: Any) -> None:
+    raise ValueError(f"card {payload['card']} declined")
+
+
+@define_job(name="dash_secret_result", encrypted=True, keep_result="1h")
+async def dash_secret_result(payload: Any, job: JobContext) -> Any:
+    job.progress({"at": payload["card"]})
+    return {"echo": payload["card"]}
+
+
+def test_encrypted_exception_result_and_progress_hidden_unless_decrypted(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from haze._kernel.crypto import generate_key
+
+    monkeypatch.setenv("APP_KEY", generate_key())
+
+    async def go(app: App) -> tuple[str, str]:
+        failing = await dash_secret_text.dispatch({"card": "4242-FAIL"})
+        kept = await dash_secret_result.dispatch({"card": "4242-KEPT"})
+        await drain(app)
+        return failing, kept
+
+    failing, kept = backend.run(go)
+    c = client(backend)
+    assert "4242-FAIL" not in c.get("/failed").text
+    html = c.get(f"/failed/main/{failing}").text
+    assert "4242-FAIL" not in html and "ValueError (encrypted)" in html
+    shown = c.get(f"/failed/main/{failing}", params={"decrypt": 1}).text
+    assert "card 4242-FAIL declined" in shown and "Traceback" in shown
+    for job_id, secret in ((failing, "4242-FAIL"), (kept, "4242-KEPT")):
+        html = c.get("/jobs", params={"id": job_id}).text
+        assert secret not in html and "encrypted with the app key and hidden" in html
+        assert secret in c.get("/jobs", params={"id": job_id, "decrypt": 1}).text
+    monkeypatch.delenv("APP_KEY")
+    keyless = client(backend)
+    html = keyless.get("/jobs", params={"id": kept, "decrypt": 1}).text
+    assert "4242-KEPT" not in html and "no app key" in html
+    html = keyless.get(f"/failed/main/{failing}", params={"decrypt": 1}).text
+    assert "4242-FAIL" not in html and "no app key" in html
+
+
 def test_pages_forbid_framing_and_foreign_scripts(backend: Backend) -> None:
     r = client(backend).get("/")
     policy = r.headers["content-security-policy"]
@@ -726,13 +852,13 @@ def test_failed_chain_member_shows_the_links_not_run(backend: Backend) -> None:
 def test_failed_list_shows_the_newest_and_actions_cover_every_match(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from haze.dashboard import _app
+    from haze.dashboard import _data
 
-    monkeypatch.setattr(_app, "_LIST_LIMIT", 2)
+    monkeypatch.setattr(_data, "PAGE_SIZE", 2)
     fail_jobs(backend, [{"n": 1}, {"n": 2}, {"n": 3}])
     c = client(backend)
     page = c.get("/failed").text
-    assert "3 failed job(s) match. The newest 2 are listed" in page
+    assert "3 failed job(s) match. Page 1 of 2, newest first." in page
     assert page.count('<tr data-id="') == 2
     c.post("/failed/forget", data={"_csrf": csrf(page), "all": "1", "connection": "main"})
     assert backend.run(lambda app: Queue.failed()) == []
@@ -757,3 +883,43 @@ def test_job_lookup_shows_a_tracked_jobs_status_and_result(backend: Backend) -> 
     assert "&#34;rows&#34;: 1200" in page or "&quot;rows&quot;: 1200" in page
     assert "<script>alert" not in page
     assert ">queued<" in c.get("/jobs", params={"id": waiting_id}).text
+
+
+def test_a_deeply_nested_failed_record_breaks_no_failed_page(backend: Backend) -> None:
+    """A record whose body is nested too deeply to parse: listed, shown, never retried
+    as a job, and forgettable by id; the other failed jobs stay workable."""
+    from haze._kernel.message import FailedJob
+
+    fail_jobs(backend, [{"n": 1}])
+    deep = "[" * 100_000 + "]" * 100_000
+
+    async def plant(app: App) -> None:
+        record = FailedJob.from_body(
+            deep,
+            id="deep-1",
+            connection="main",
+            queue="default",
+            exception="RecursionError: too deep",
+            failed_at=time.time(),
+        )
+        await app.driver().failed.record(record)
+
+    backend.run(plant)
+    # redis names a record whose body holds no haze id by its BullMQ id
+    [deep_id] = [j.id for j in backend.run(lambda app: Queue.failed()) if j.name[0] == "<"]
+    c = client(backend)
+    listing = c.get("/failed")
+    assert listing.status_code == 200
+    assert "deep-1" in listing.text
+    assert c.get("/failed", params={"job": "dash"}).status_code == 200
+    assert c.get("/failed", params={"exception": "too deep"}).status_code == 200
+    detail = c.get(f"/failed/main/{deep_id}")
+    assert detail.status_code == 200 and "too deep" in detail.text
+    token = csrf(listing.text)
+    retried = c.post("/failed/retry", data={"all": "1", "_csrf": token})
+    assert retried.status_code == 303
+    left = backend.run(lambda app: Queue.failed())
+    assert [j.id for j in left] == [deep_id]  # the plain one was retried, the deep one kept
+    forgot = c.post("/failed/forget", data={"id": deep_id, "_csrf": token})
+    assert forgot.status_code == 303
+    assert backend.run(lambda app: Queue.failed()) == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 import runpy
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -178,7 +179,7 @@ def test_lambda_sqs_handler_shows_on_the_workers_page(
                         for m in got
                     ]
                 }
-                run = asyncio.ensure_future(_handle(app, event, None))
+                run = asyncio.ensure_future(_handle(app, event, None, time.monotonic()))
                 deadline = asyncio.get_running_loop().time() + 10
                 while "dash_sqs_slow" not in (page := await asyncio.to_thread(workers_page)):
                     assert asyncio.get_running_loop().time() < deadline, page

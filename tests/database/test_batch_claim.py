@@ -333,6 +333,31 @@ async def test_a_claim_never_takes_a_row_it_is_acking(db_url: str) -> None:
         ]
 
 
+async def test_an_ack_whose_row_is_already_gone_is_not_a_lost_lease(db_url: str) -> None:
+    # An ack sent again (its first answer lost, or the worker's fallback after a failed
+    # ack_and_claim whose ack had committed) finds its rows deleted: done, not a lost
+    # lease. Only a row still there under another worker's claim is one.
+    async with open_app(db_url, retry_after=60) as (app, table):
+        driver: Any = app.driver("db")
+        db = app.database()
+        await Queue.bulk([dbx_bc_hold.with_({"k": i}) for i in range(3)])
+        jobs = await driver.reserve_many(["default"], 3, 0)
+        assert await driver.ack_many(jobs[:2]) == [True, True]
+        assert await driver.ack_many(jobs[:2]) == [True, True]
+        assert await driver.ack(jobs[0]) is True
+        owned, claimed = await driver.ack_and_claim(jobs[:2], "default", 5)
+        assert owned == [True, True] and claimed == []
+        taken = jobs[2].token[0]
+        await db.execute(
+            f"UPDATE {table} SET reserved_at = reserved_at + 1000 WHERE id = ?", (taken,)
+        )
+        assert await driver.ack(jobs[2]) is False
+        assert await driver.ack_many([jobs[0], jobs[2]]) == [True, False]
+        owned, claimed = await driver.ack_and_claim([jobs[1], jobs[2]], "default", 5)
+        assert owned == [True, False] and claimed == []
+        assert [int(r[0]) for r in await db.fetchall(f"SELECT id FROM {table}")] == [taken]
+
+
 async def test_a_batched_ack_that_finds_the_lease_lost_still_warns(
     db_url: str, caplog: Any
 ) -> None:

@@ -185,7 +185,7 @@ def test_missing_client_names_the_extra(
         getattr(mod, cls)("main", {"url": url})
     assert info.value.extra == extra
     assert f"'{package}'" in str(info.value)
-    assert f"haze[{extra}]" in str(info.value)
+    assert f"haze-jobs[{extra}]" in str(info.value) or f"runtime[{extra}]" in str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ one with JWT authentication checks that the token is sent. Tables are prefixed
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -18,9 +19,16 @@ import haze._runners.worker
 import haze.database.migrations
 import pytest
 from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
-from haze._kernel.errors import MissingDependencyError
+from haze._kernel.errors import DatabaseConnectionError, MissingDependencyError
 from haze.database import Connector, connect
-from haze.database.libsql import LibSQLConnector, LibSQLError, decode_value, encode_value
+from haze.database.libsql import (
+    LibSQLBusyError,
+    LibSQLConnector,
+    LibSQLError,
+    decode_value,
+    encode_value,
+)
+from hrana_proxy import HranaProxy, busy_answer, is_write, statements_of
 from sqld import SqldServer, jwt_keypair
 
 pytestmark = pytest.mark.timeout(60)
@@ -314,7 +322,7 @@ def test_urls(url: str, base: str, token: str | None) -> None:
 
 def test_missing_httpx_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "httpx", None)
-    with pytest.raises(MissingDependencyError, match=r"httpx.*haze\[libsql\]"):
+    with pytest.raises(MissingDependencyError, match=r"httpx.*(haze-jobs|runtime)\[libsql\]"):
         LibSQLConnector("main", {"url": "libsql://db.turso.io"})
 
 
@@ -458,3 +466,135 @@ async def test_the_database_queue_driver_end_to_end(sqld_url: str) -> None:
         assert "lsq_fail broke on attempt 2" in failed[0].exception
         assert await db.fetchone("SELECT COUNT(*) FROM lsq_jobs") == (0,)
         assert await app.driver("db").size("default") == 0
+
+
+# --------------------------------------------------------------------------- a locked database
+
+
+async def test_read_then_write_transactions_wait_for_the_lock_instead_of_failing(
+    db: LibSQLConnector,
+) -> None:
+    """A deferred transaction that reads, then writes after another stream committed,
+    gets SQLITE_BUSY from sqld midway; libSQL transactions take the lock at BEGIN."""
+    await fresh(db, "lsq_busy", "k INTEGER PRIMARY KEY, n INTEGER NOT NULL")
+    await db.execute("INSERT INTO lsq_busy (k, n) VALUES (1, 0)")
+
+    async def bump() -> None:
+        async with db.transaction() as tx:
+            row = await tx.fetchone("SELECT n FROM lsq_busy WHERE k = 1")
+            assert row is not None
+            await asyncio.sleep(0.01)  # others commit meanwhile
+            await tx.execute("UPDATE lsq_busy SET n = ? WHERE k = 1", (row[0] + 1,))
+
+    results = await asyncio.gather(*(bump() for _ in range(12)), return_exceptions=True)
+    assert [r for r in results if r is not None] == []
+    assert await db.fetchone("SELECT n FROM lsq_busy WHERE k = 1") == (12,)  # none lost
+
+
+def busy_app(url: str, table: str, busy_timeout: int | None = None) -> App:
+    main: dict[str, Any] = {"url": url}
+    if busy_timeout is not None:
+        main["busy_timeout"] = busy_timeout
+    return App(
+        queue=define_queue_config(
+            default="db",
+            connections={
+                "db": {"driver": "database", "table": table, "failed_table": f"{table}_failed"}
+            },
+        ),
+        database=define_database_config(default="main", connections={"main": main}),
+    )
+
+
+async def test_dispatches_ride_out_a_locked_database(sqld_url: str) -> None:
+    """sqld answers SQLITE_BUSY to every other write for a while (through the proxy,
+    which hands back sqld's own answer for a locked database): no dispatch fails."""
+    injected, active = 0, False
+
+    def rule(body: dict[str, Any]) -> Any:
+        nonlocal injected
+        if active and is_write(statements_of(body)) and injected < 40 and len(proxy.seen) % 2:
+            injected += 1
+            return busy_answer(body)
+        return "forward"
+
+    with HranaProxy(sqld_url, rule) as proxy:
+        app = busy_app(proxy.url, "lsq_busy_jobs")
+        async with app:
+            db = app.database("main")
+            for table in ("lsq_busy_jobs", "lsq_busy_jobs_failed"):
+                await db.execute(f"DROP TABLE IF EXISTS {table}")
+            await haze.database.migrations.ensure_queue_tables(app)
+            active = True
+            await asyncio.gather(*(lsq_ok.dispatch({"i": i, "text": "x"}) for i in range(30)))
+            assert await db.fetchone("SELECT COUNT(*) FROM lsq_busy_jobs") == (30,)
+    assert injected >= 10
+
+
+async def test_a_database_locked_past_busy_timeout_is_an_outage(sqld_url: str) -> None:
+    def rule(body: dict[str, Any]) -> Any:
+        return busy_answer(body) if is_write(statements_of(body)) else "forward"
+
+    with HranaProxy(sqld_url, rule) as proxy:
+        c = LibSQLConnector("lsq_locked", {"url": proxy.url, "busy_timeout": 300})
+        try:
+            with pytest.raises(DatabaseConnectionError) as info:
+                await c.execute("INSERT INTO lsq_nowhere (v) VALUES (1)")
+            assert await c.fetchone("SELECT 1") == (1,)  # reads still answer
+        finally:
+            await c.close()
+    assert isinstance(info.value, LibSQLBusyError)
+    assert info.value.code == "SQLITE_BUSY"
+    message = str(info.value)
+    assert "'lsq_locked'" in message and "database is locked" in message
+    assert "busy_timeout" in message
+    tries = sum(1 for statements, _ in proxy.seen if is_write(statements))
+    assert 3 <= tries <= 40  # tried again with growing pauses, then gave up
+
+
+# --------------------------------------------------------------------------- acks
+
+
+async def test_acks_sent_again_after_a_failed_claim_warn_of_no_lost_lease(
+    sqld_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker's batched ack rides with its next claim; when the claim half fails
+    (here: an HTTP 500 from the proxy to the claim right after the acks' DELETE went
+    through), the worker sends those acks again one by one. Their rows are gone by
+    then: that is no lost lease, and no job is reported as "may run again"."""
+    seen.clear()
+    acked, failed_claims = False, 0
+
+    def rule(body: dict[str, Any]) -> Any:
+        nonlocal acked, failed_claims
+        statements = statements_of(body)
+        if any(s.startswith("DELETE FROM lsq_acks ") for s in statements):
+            acked = True
+        elif (
+            acked
+            and failed_claims < 3
+            and any(s.startswith("UPDATE lsq_acks ") for s in statements)
+        ):
+            acked, failed_claims = False, failed_claims + 1
+            return "answer", 500, {"error": "injected: the claim failed"}
+        return "forward"
+
+    with HranaProxy(sqld_url, rule) as proxy:
+        app = busy_app(proxy.url, "lsq_acks")
+        async with app:
+            db = app.database("main")
+            for table in ("lsq_acks", "lsq_acks_failed"):
+                await db.execute(f"DROP TABLE IF EXISTS {table}")
+            await haze.database.migrations.ensure_queue_tables(app)
+            await Queue.bulk([lsq_ok.with_({"i": i, "text": "a"}) for i in range(40)])
+            worker = haze._runners.worker.Worker(
+                app, "db", ["default"], concurrency=4, stop_when_empty=True, sleep=0.05
+            )
+            with caplog.at_level(logging.WARNING):
+                await worker.run()
+            left = await db.fetchone("SELECT COUNT(*) FROM lsq_acks")
+    assert failed_claims == 3
+    assert sorted(s[1] for s in seen if s[0] == "ok") == list(range(40))  # each once
+    assert left == (0,)
+    assert worker.leases_lost == 0
+    assert not [r for r in caplog.records if "no longer owned" in r.getMessage()]

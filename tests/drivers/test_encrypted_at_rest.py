@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,12 @@ from haze import (
     define_job,
     define_queue_config,
     define_redis_config,
+    limit_concurrency,
+    rate_limited,
+    throttles_exceptions,
+    without_overlapping,
 )
-from haze._kernel.crypto import generate_key
+from haze._kernel.crypto import generate_key, open_failed
 from haze._runners.worker import Worker
 from haze.database.migrations import ensure_queue_tables
 from haze.transactions import register_provider, unregister_provider
@@ -381,3 +386,121 @@ async def test_the_fake_compares_the_plain_payloads_of_encrypted_links() -> None
                 )
         finally:
             Queue.restore()
+
+
+# --------------------------------------------------------------------------- failures, results
+
+
+@define_job(
+    name="sec_rest_raises",
+    encrypted=True,
+    tries=1,
+    track=True,
+    middleware=[
+        rate_limited("sec-rest", max=100, per="1h", key=lambda p: p["card"]),
+        without_overlapping(key=lambda p: p["card"]),
+        throttles_exceptions(max=5, per="1h", key=lambda p: p["card"]),
+        limit_concurrency(2, key=lambda p: p["card"]),
+    ],
+)
+async def sec_rest_raises(payload: dict[str, Any], job: JobContext) -> None:
+    job.progress({"at": payload["card"]})
+    ran.append(("raises", payload))
+    raise ValueError(f"card {payload['card']} declined")  # the README's own example
+
+
+@define_job(name="sec_rest_result", encrypted=True, keep_result="1h")
+async def sec_rest_result(payload: dict[str, Any], job: JobContext) -> dict[str, Any]:
+    job.progress({"at": payload["card"]})
+    ran.append(("result", payload))
+    return {"echo": payload["card"]}
+
+
+async def fail_and_keep(caplog: pytest.LogCaptureFixture, app: App, connection: str) -> str:
+    """Dispatch a failing and a result-keeping encrypted job, work them, and check what
+    the app itself shows of them (decrypted, with its key). Returns the result job's id."""
+    failing = await sec_rest_raises.dispatch(secret("fails"))
+    kept = await sec_rest_result.dispatch(secret("kept"))
+    with caplog.at_level(logging.DEBUG, logger="haze"):
+        for _ in range(40):
+            await Worker(app, connection, ["default"], 2, sleep=0.02, stop_when_empty=True).run()
+            if len(ran) >= 2:
+                break
+    assert {kind for kind, _ in ran} == {"raises", "result"}
+    logged = "\n".join(r.getMessage() + str(r.exc_info) for r in caplog.records)
+    assert MARKER not in logged, "a log line carries the exception text"
+    assert "ValueError (encrypted)" in logged
+    [failed] = await Queue.failed()
+    assert failed.exception == "ValueError (encrypted)" and MARKER not in failed.body
+    payload, exception = open_failed(app, failed)
+    assert payload == secret("fails") and f"card {MARKER}:fails declined" in exception
+    status = await Queue.status(kept)
+    assert status is not None and status.state == "done" and status.encrypted
+    assert status.result == {"echo": f"{MARKER}:kept"}
+    assert status.progress == {"at": f"{MARKER}:kept"}
+    failing_status = await Queue.status(failing)
+    assert failing_status is not None and failing_status.state == "failed"
+    assert failing_status.error is not None and MARKER in failing_status.error
+    return kept
+
+
+def sqlite_app(db: Path, key: str | None) -> App:
+    return App(
+        queue=define_queue_config(
+            default="db",
+            connections={"db": {"driver": "database", "connection": "main", "retry_after": 30}},
+            store="database",
+        ),
+        cache=define_cache_config(
+            stores={"database": {"driver": "database", "connection": "main"}}
+        ),
+        database=define_database_config(
+            default="main", connections={"main": {"url": f"sqlite:///{db}"}}
+        ),
+        key=key,
+    )
+
+
+async def test_sqlite_failures_results_and_middleware_keys_hold_no_plaintext(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "queue.db"
+    app = sqlite_app(db, generate_key())
+    async with app:
+        await ensure_queue_tables(app)
+        kept = await fail_and_keep(caplog, app, "db")
+        assert_no_marker(sqlite_bytes(db))
+    # Without the key, the record says it is encrypted and shows nothing.
+    monkeypatch.delenv("APP_KEY", raising=False)
+    async with sqlite_app(db, None):
+        status = await Queue.status(kept)
+        assert status is not None and status.encrypted and status.result is None
+        assert status.progress is None and status.state == "done"
+
+
+@needs_redis
+async def test_redis_failures_results_and_middleware_keys_hold_no_plaintext(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    token = unique_prefix("encf")
+    app = App(
+        queue=define_queue_config(
+            default="r",
+            connections={"r": {"driver": "redis", "url": REDIS_URL, "prefix": f"{token}q"}},
+            store="redis",
+        ),
+        redis=define_redis_config(
+            default="default",
+            connections={"default": {"url": REDIS_URL, "key_prefix": f"{token}s:"}},
+        ),
+        cache=define_cache_config(stores={"redis": {"driver": "redis", "connection": "default"}}),
+        key=generate_key(),
+    )
+    try:
+        async with app:
+            await fail_and_keep(caplog, app, "r")
+            stored = redis_values(token)
+            assert any(":mw:" in k for k in stored), sorted(stored)  # the middleware keys
+            assert_no_marker(stored)
+    finally:
+        delete_prefix(token)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from haze import App, JobContext, Queue, define_job, define_queue_config, define_redis_config
-from haze._kernel.errors import MissingDependencyError
+from haze._kernel.errors import ConfigError, MissingDependencyError
 from haze._runners.worker import Worker
 from haze.drivers.redis import RedisDriver, _NewJob
 from redis_spec import REDIS_URL, needs_redis
@@ -108,6 +108,33 @@ async def _work(
 
 def _client() -> aioredis.Redis:
     return aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+
+
+# ----------------------------------------------------------------------------- key layout
+
+
+async def test_a_colon_in_a_queue_name_or_prefix_is_refused(redis_app, redis_prefix):
+    """Keys are ``<prefix>:<queue>:<suffix>``: with a ``:`` allowed in both, the prefix
+    ``p`` and the queue ``a:b`` would share their keys with the prefix ``p:a`` and the
+    queue ``b``."""
+    async with redis_app() as app:
+        with pytest.raises(ValueError, match="cannot contain ':'") as info:
+            await rd_plain.dispatch({"n": 1}, queue="a:b")
+        assert "\n" not in str(info.value)
+        with pytest.raises(ValueError, match="cannot contain ':'"):
+            await Queue.size("a:b")
+        with pytest.raises(ConfigError, match="cannot contain ':'"):
+            Worker(app, "r", ["default", "a:b"])
+    for options in ({"prefix": f"{redis_prefix}:a"}, {"queues": ["default", "a:b"]}):
+        with pytest.raises(ConfigError, match="cannot contain ':'") as config_error:
+            async with redis_app(**options):
+                pass
+        assert "\n" not in str(config_error.value)
+    r = _client()
+    try:
+        assert await r.keys(f"{redis_prefix}*") == []
+    finally:
+        await r.aclose()
 
 
 # ----------------------------------------------------------------------------- data model
@@ -498,7 +525,7 @@ def test_missing_bullmq_names_the_extra(monkeypatch):
 
     monkeypatch.delitem(sys.modules, "haze.drivers.redis")
     monkeypatch.setattr(builtins, "__import__", fake_import)
-    with pytest.raises(MissingDependencyError, match=r"haze\[redis\]") as info:
+    with pytest.raises(MissingDependencyError, match=r"(haze-jobs|runtime)\[redis\]") as info:
         importlib.import_module("haze.drivers.redis")
     assert "the redis driver" in str(info.value)
     assert "bullmq" in str(info.value)

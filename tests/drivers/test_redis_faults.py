@@ -15,6 +15,8 @@ test counts the runs of every job across processes, kills and restarts.
   blocking connection recreated) and runs the jobs dispatched after the restart. Without
   persistence the queued jobs are gone with the server's memory; with ``appendonly yes``
   and ``appendfsync always`` (docs/redis.md) every job queued before the restart runs;
+- Redis restarted from a snapshot while jobs ran: those that ended during the outage
+  (their acks lost) are recorded when it is back and do not complete a second time;
 - SIGTERM drains: running jobs finish, exit code 0, nothing left active;
 - a message with bad JSON, with a data that is not a haze envelope, or naming an unknown
   job fails with a clear reason and is kept in the failed set (``haze queue:failed``).
@@ -236,6 +238,49 @@ async def test_redis_restart_mid_run_worker_reconnects_and_carries_on(
         _report(tmp_path, record_property, capsys, data)
         if aof:
             assert lost == [], "appendfsync always: nothing queued before the restart is lost"
+
+
+async def test_jobs_finished_while_redis_restarts_from_a_snapshot_do_not_complete_twice(
+    tmp_path: Path, record_property: Any, capsys: Any
+) -> None:
+    """Redis without AOF, restarted from its last RDB snapshot (taken while four jobs
+    ran, none ended): the four end while Redis is down, so their acks fail. The
+    restored Redis still has them running under locks that expire, and its stalled
+    check would put them back to run a second time. The worker records them as done
+    when Redis is back (a retried ack, and a marker per job that a later claim honours):
+    each runs to its end once. (Acks that reached Redis after the snapshot are another
+    matter: that Redis cannot tell, see docs/redis.md.)"""
+    async with harness(tmp_path, retry_after="2s") as h:
+        keys = [f"s{i}" for i in range(8)]
+        await Queue.bulk([rfx_record.with_({"k": k, "sleep": 1.5}) for k in keys])
+        worker = h.start_worker("--concurrency", "4")
+        await h.wait_ready(worker)
+        await until("four jobs running", lambda: len(h.counts("start")) == 4, 30, poll=0.02)
+        client = aioredis.Redis.from_url(h.server.url, decode_responses=True)
+        try:
+            await client.save()  # what the snapshot knows: 4 active, 4 waiting
+        finally:
+            await client.aclose()
+        h.server.kill()
+        assert not h.counts("end"), "a job ended before the snapshot: its ack is not lost"
+        running = set(h.counts("start"))
+        await until("the four ended during the outage", lambda: len(h.counts("end")) == 4, 30)
+        await asyncio.sleep(1.0)
+        h.server.start()  # from dump.rdb: the snapshot
+        await h.wait_ended(set(keys), within=90, procs=[worker])
+        await until("the queue is drained", _drained(h), 60)
+        await asyncio.sleep(4.0)  # past retry_after and a stalled check: no late rerun
+        worker.send_signal(signal.SIGTERM)
+        assert await h.wait_exit(worker) == 0, h.log(worker)
+        twice = sorted(k for k, n in h.counts("end").items() if n > 1)
+        _report(
+            tmp_path,
+            record_property,
+            capsys,
+            {"running_at_restart": len(running), "completed_twice": len(twice)},
+        )
+        assert twice == [], f"completed twice: {twice}\n{h.log(worker)}"
+        assert set(h.counts("end")) == set(keys)
 
 
 async def _try_bulk(pending: list[Any]) -> bool:

@@ -7,6 +7,11 @@ keeps the limits these tests exercise (DelaySeconds <= 900, no per-message delay
 and its ``ReceiveMessage`` is not safe under concurrency: no test relies on
 exactly-once delivery (runs are counted as "at least", or with one consumer only).
 
+``RejectEntries`` is a stand-in for SQS refusing some entries of a ``SendMessageBatch``
+(a partial failure): moto only ever fails an entry whose ``DelaySeconds`` is over 900,
+which the driver never sends, so the wrapper keeps the chosen entries from moto and
+lists them under ``Failed`` as SQS does.
+
 ``SpyCalls`` wraps the driver's thread-pool submit to record the SQS calls it makes
 (the calls still go to moto), so the tests can check parameters such as
 ``DelaySeconds``, ``VisibilityTimeout``, ``MessageGroupId`` and the batch sizes.
@@ -15,6 +20,7 @@ exactly-once delivery (runs are counted as "at least", or with one consumer only
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import runpy
@@ -33,7 +39,12 @@ from haze import (
     define_job,
     define_queue_config,
 )
-from haze._kernel.errors import ConfigError, MissingDependencyError, PayloadTooLargeError
+from haze._kernel.errors import (
+    ConfigError,
+    DispatchIncompleteError,
+    MissingDependencyError,
+    PayloadTooLargeError,
+)
 from haze._kernel.message import Message, encode, new_id
 from haze._runners.worker import Worker
 
@@ -112,6 +123,42 @@ class SpyCalls:
 
     def of(self, op: str) -> list[dict[str, Any]]:
         return [p for o, p in self.calls if o == op]
+
+
+class RejectEntries:
+    """SQS failing the ``SendMessageBatch`` entries whose payload's "i" is in ``reject``
+    (see the module docstring); the other entries go to moto."""
+
+    def __init__(self, driver: Any, reject: set[int]) -> None:
+        original = driver._submit
+
+        def submit(op: str, **params: Any) -> Any:
+            if op != "send_message_batch":
+                return original(op, **params)
+            entries = params["Entries"]
+            refused = [e for e in entries if _payload_i(e) in reject]
+            kept = [e for e in entries if e not in refused]
+
+            async def answer() -> dict[str, Any]:
+                r = await original(op, **{**params, "Entries": kept}) if kept else {}
+                failed = [
+                    {
+                        "Id": e["Id"],
+                        "SenderFault": True,
+                        "Code": "InvalidMessageContents",
+                        "Message": "refused by the test",
+                    }
+                    for e in refused
+                ]
+                return {**r, "Failed": [*(r.get("Failed") or []), *failed]}
+
+            return asyncio.ensure_future(answer())
+
+        driver._submit = submit
+
+
+def _payload_i(entry: dict[str, Any]) -> Any:
+    return json.loads(entry["MessageBody"])["payload"].get("i")
 
 
 def _queues(prefix: str, names: list[str], fifo: bool = False) -> dict[str, str]:
@@ -236,6 +283,28 @@ async def test_queues_map_to_sqs_queues(make_app: Callable[..., App]) -> None:
     assert d.queue_url_for("emails") == "https://sqs.eu-west-1.amazonaws.com/1/emails"
 
 
+def test_a_standard_template_never_takes_a_fifo_queue() -> None:
+    base = f"https://sqs.eu-west-1.amazonaws.com/{ACCOUNT}"
+    app = App(
+        queue=define_queue_config(
+            default="std",
+            connections={
+                "std": {"driver": "sqs", "queue_url": f"{base}/myapp-{{queue}}"},
+                "fifo": {"driver": "sqs", "queue_url": f"{base}/myapp-{{queue}}.fifo"},
+            },
+        )
+    )
+    std: Any = app.driver("std")
+    fifo: Any = app.driver("fifo")
+    assert (std.queue_for_name("myapp-orders"), fifo.queue_for_name("myapp-orders")) == (
+        "orders",
+        None,
+    )
+    assert std.queue_for_name("myapp-orders.fifo") is None
+    assert fifo.queue_for_name("myapp-orders.fifo") == "orders"
+    assert std.url_for_arn(f"arn:aws:sqs:eu-west-1:{ACCOUNT}:myapp-orders.fifo") is None
+
+
 async def test_a_missing_queue_is_a_clear_error(app: App) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         await sqs_ok.with_({}).on_queue("nowhere").dispatch()
@@ -248,7 +317,7 @@ def test_missing_boto3_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
             default="s", connections={"s": {"driver": "sqs", "queue_url": "https://x/1/q"}}
         )
     )
-    with pytest.raises(MissingDependencyError, match=r"haze\[sqs\]"):
+    with pytest.raises(MissingDependencyError, match=r"(haze-jobs|runtime)\[sqs\]"):
         app.driver("s")
 
 
@@ -583,12 +652,42 @@ async def test_bulk_uses_send_message_batch_in_chunks_of_10(app: App) -> None:
     assert {r["id"] for r in RUNS["sqs_ok"]} == set(ids)  # every job ran (at least once)
 
 
+async def test_bulk_reports_every_entry_sqs_refused(app: App) -> None:
+    driver: Any = app.driver("sqs")
+    RejectEntries(driver, {2, 14, 23})  # one in each SendMessageBatch of 10
+    spy = SpyCalls(driver)  # sees every entry sent, the refused ones too
+    with pytest.raises(DispatchIncompleteError) as e:
+        await Queue.bulk([sqs_ok.with_({"i": i}) for i in range(25)])
+    sent = [m for p in spy.of("send_message_batch") for m in p["Entries"]]
+    refused = {json.loads(m["MessageBody"])["id"] for m in sent if _payload_i(m) in {2, 14, 23}}
+    assert set(e.value.failed) == refused and len(refused) == 3
+    assert "3 of 25" in str(e.value)
+    assert all(job_id in str(e.value) for job_id in refused)
+    assert "InvalidMessageContents" in str(e.value)
+    assert await driver.size("default") == 22  # the others were sent
+
+
+async def test_a_batch_whose_members_partly_failed_to_send_still_finishes(app: App) -> None:
+    RejectEntries(app.driver("sqs"), {1})
+    pending = (
+        Queue.batch([sqs_ok.with_({"i": i}) for i in range(3)])
+        .allow_failures()
+        .finally_(sqs_ok.with_({"finally": True}))
+    )
+    with pytest.raises(DispatchIncompleteError):
+        await pending.dispatch()
+    # the two members sent run; the one SQS refused counts as failed, so the batch ends
+    await run_until(app, lambda: any(r["payload"].get("finally") for r in RUNS.get("sqs_ok", [])))
+    assert sorted(r["payload"].get("i", -1) for r in RUNS["sqs_ok"]) == [-1, 0, 2]
+
+
 async def test_messages_over_the_limit_are_rejected_at_dispatch(
     app: App, make_app: Callable[..., App]
 ) -> None:
     driver: Any = app.driver("sqs")
-    assert driver.max_message_size == 1024 * 1024
-    with pytest.raises(PayloadTooLargeError, match="1048576-byte limit"):
+    # SQS's 1 MiB less the 48 bytes a release or a long delay may add to the body
+    assert driver.max_message_size == 1024 * 1024 - 48
+    with pytest.raises(PayloadTooLargeError, match="1048528-byte limit"):
         await sqs_ok.dispatch({"blob": "x" * (1024 * 1024)})
     with pytest.raises(PayloadTooLargeError):
         await Queue.bulk([sqs_ok.with_({"blob": "y" * (1024 * 1024)})])
@@ -599,6 +698,36 @@ async def test_messages_over_the_limit_are_rejected_at_dispatch(
     async with small:
         with pytest.raises(PayloadTooLargeError, match="1000-byte limit"):
             await sqs_ok.dispatch({"blob": "x" * 1000})
+
+
+async def test_every_message_dispatch_accepts_can_be_released_or_delayed(app: App) -> None:
+    """A release or a delay over 15 minutes adds "attempts" and "meta.due" to the body:
+    dispatch keeps room for them, so neither pushes an accepted message past SQS's
+    limit, and a message too big for them is a PayloadTooLargeError, never SQS's error."""
+    driver: Any = app.driver("sqs")
+    spy = SpyCalls(driver)
+    await sqs_ok.dispatch({"blob": ""})
+    overhead = len(spy.of("send_message")[0]["MessageBody"])
+    first = await driver.reserve(["default"], 0)
+    await driver.ack(first)
+    accepted = []
+    for room in (300, 40, 12, 1):
+        payload = {"blob": "x" * (1024 * 1024 - overhead - room)}
+        # with meta.due added: accepted, or refused by haze (not SQS's ClientError)
+        with contextlib.suppress(PayloadTooLargeError):
+            await sqs_ok.dispatch(payload, delay="20m")
+        try:
+            await sqs_ok.dispatch(payload)
+        except PayloadTooLargeError:
+            continue
+        accepted.append(room)
+        job = await driver.reserve(["default"], 0)
+        assert job is not None and len(job.body) > 1024 * 1024 - 400
+        # past the 12 h visibility limit: re-sent with "attempts" and "meta.due"
+        await driver.release(job, 13 * 3600, consume_attempt=True)
+        resent = json.loads(spy.of("send_message")[-1]["MessageBody"])
+        assert (resent["attempts"], "due" in resent["meta"]) == (1, True)
+    assert 300 in accepted
 
 
 async def test_size_counts_waiting_delayed_and_in_flight_and_purge(app: App) -> None:

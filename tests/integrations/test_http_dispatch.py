@@ -264,3 +264,34 @@ def test_env_durations_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> Non
         env_duration("HAZE_TEST_WAIT", 5.0)
     monkeypatch.setenv("HAZE_TEST_SIZE", "3KB")
     assert env_size("HAZE_TEST_SIZE", 1) == 3000
+
+
+# --------------------------------------------------------------------------- missing tables
+
+
+async def test_a_dispatch_before_the_migration_is_a_json_503_naming_the_tables(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Like /health: the database queue's tables are missing (a fresh SQLite file), so
+    the answer says what to run, with no traceback in the log."""
+    from haze import define_database_config
+
+    a = App(
+        queue=define_queue_config(
+            default="database", connections={"database": {"driver": "database"}}
+        ),
+        database=define_database_config(
+            default="main", connections={"main": {"url": f"sqlite:///{tmp_path}/fresh.db"}}
+        ),
+    )
+    async with a, client(a) as c:
+        health = await c.get("/health")
+        r = await c.post("/dispatch", content=BODY, headers={"authorization": f"Bearer {SECRET}"})
+    assert health.status_code == 503
+    assert r.status_code == 503, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.json() == {
+        "error": 'the queue tables are missing on database "main": run haze '
+        "make:queue-tables, then haze db:migrate"
+    }
+    assert not [rec for rec in caplog.records if rec.exc_info], "no traceback in the log"

@@ -25,6 +25,7 @@ from typing import Any
 import haze
 import pytest
 from haze import App, DispatchResult, Queue, define_job, define_queue_config
+from haze._kernel.hints import install_hint
 from haze.integrations.sqlalchemy import TransactionScope, transaction_scope
 from haze.transactions import current_transaction
 from services import server_missing
@@ -748,7 +749,7 @@ def test_missing_sqlalchemy_raises_missing_dependency_error() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("ok sqlalchemy "), out.stdout + out.stderr
-    assert "pip install 'haze[sqlalchemy]'" in out.stdout
+    assert install_hint("sqlalchemy") in out.stdout
 
 
 def test_scope_left_in_another_context() -> None:

@@ -98,3 +98,32 @@ async def test_corrupt_bullmq_counters_go_to_failed_and_spare_other_jobs(
         # a stalled check over the queue still works (it counts restarts with HINCRBY)
         driver = r.app.driver("r")
         await driver.check_stalled(["default"])  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_future_versions_and_nan_tokens_fail_naming_the_field_and_never_run(
+    request: pytest.FixtureRequest, kind: str, tmp_path: Path
+) -> None:
+    db_url = request.getfixturevalue("pg_url") if kind == "postgres" else None
+    bodies = {
+        '"v"': envelope(v=2),
+        '"payload.amount"': envelope(payload={"k": "nan", "amount": float("nan")}),
+        '"payload[0]"': envelope(payload=[float("inf")]),
+        '"payload.k"': envelope(payload={"k": float("-inf")}),
+    }
+    tokens = ("NaN", "Infinity", "-Infinity")
+    assert all(t in b for t, b in zip(tokens, list(bodies.values())[1:], strict=True))
+    async with rig(kind, tmp_path, db_url) as r:
+        for body in bodies.values():
+            await r.insert_raw(body)
+        await jobs.rb_record.dispatch({"k": "after"}, connection=r.connection)
+        code, log = await r.run_until_empty()
+        assert code == 0, log
+        assert await r.leftover() == [], log
+        assert r.counts("end") == {"after": 1}, log  # none of them ran
+        failed = await r.failed()
+        assert len(failed) == len(bodies), [f.exception for f in failed]
+        for field in bodies:
+            hits = [f for f in failed if f"field {field}" in f.exception]
+            assert len(hits) == 1, (field, [f.exception.splitlines()[-1] for f in failed])
+            assert "MessageDecodeError" in hits[0].exception

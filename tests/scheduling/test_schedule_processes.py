@@ -34,7 +34,11 @@ APP = Path(__file__).parent / "sched_app"
 RUN_FOR = 35.0
 KILL_AT = 12.0
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform == "win32", reason="signals")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.storm,
+    pytest.mark.skipif(sys.platform == "win32", reason="signals"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -65,13 +65,13 @@ def haze_wheels(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """The haze and haze_cloudflare wheels, built once per session."""
     out = tmp_path_factory.getbasetemp() / "cf-shared-wheels"
     if out.is_dir():
-        found = [*out.glob("haze-*.whl"), *out.glob("haze_cloudflare-*.whl")]
+        found = [*out.glob("haze_jobs-*.whl"), *out.glob("haze_cloudflare-*.whl")]
         if len(found) == 2:
             return found
         shutil.rmtree(out)
     out.mkdir()
     return [
-        build_wheel("runtime", out, "haze-*.whl"),
+        build_wheel("runtime", out, "haze_jobs-*.whl"),
         build_wheel("adapters/cloudflare", out, "haze_cloudflare-*.whl"),
     ]
 

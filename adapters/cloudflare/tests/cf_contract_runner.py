@@ -142,6 +142,7 @@ try:
                     "test_batch_crash.py",
                     "test_schedule_crash.py",
                     "test_public_driver_contract.py",
+                    "test_failed_store_contract.py",
                 )
             ),
             *(SELECT or ["tests/contract"]),

@@ -370,11 +370,19 @@ async def undecodable():
 
 
 async def not_json_bodies():
-    """Bodies another producer sent with the default v8 content type: a Date, and an
-    object holding one, arrive as JS objects that have no JSON form."""
+    """Bodies another producer sent with the default v8 content type: a Date reaches
+    Python as its ISO string (as workerd delivers it), so a lone Date is not JSON text
+    and a Date inside a payload runs as a string; a RegExp stays a JS object that has
+    no JSON form."""
     env, q, _ = new_env()
     date = q.inject(run_js("new Date(0)"), "v8")
-    nested = q.inject(run_js("({v: 1, id: 'x', job: 'cf_pyo_ok', when: new Date(0)})"), "v8")
+    nested = q.inject(
+        run_js("({v: 1, id: 'x', job: 'cf_pyo_ok', payload: {key: 're', re: /a+/}})"), "v8"
+    )
+    dated = q.inject(
+        run_js("({v: 1, id: 'd1', job: 'cf_pyo_ok', payload: {key: 'dated', when: new Date(0)}})"),
+        "v8",
+    )
     before = {f.id for f in await Queue.failed()}
     await pump(env, q)
     failed = [
@@ -385,6 +393,8 @@ async def not_json_bodies():
     return {
         "date": date,
         "nested": nested,
+        "dated": dated,
+        "dated_runs": [r[3] for r in runs("ok") if r[1] == "dated"],
         "calls": jsonable(q.calls),
         "failed": failed,
         "outcomes": list(worker.outcomes),
@@ -508,8 +518,9 @@ async def fetch_dispatch():
         )
 
     ok = await worker.fetch(request(), env)
-    wrong = await worker.fetch(request(token="nope"), env)
-    missing = await worker.fetch(request(token=None), env)
+    wrong_request, missing_request = request(token="nope"), request(token=None)
+    wrong = await worker.fetch(wrong_request, env)
+    missing = await worker.fetch(missing_request, env)
     get = await worker.fetch(request(method="GET"), env)
     unknown = await worker.fetch(
         request(data=json.dumps({"job": "cf_pyo_nope", "payload": {}})), env
@@ -530,6 +541,7 @@ async def fetch_dispatch():
         "ok": [ok.status, ok.json()],
         "wrong": wrong.status,
         "missing": missing.status,
+        "unread": [bool(wrong_request.bodyUsed), bool(missing_request.bodyUsed)],
         "get": get.status,
         "signed": [signed_ok.status, signed_stale.status, signed_stale.json()["error"]],
         "signed_untimed": [signed_untimed.status, signed_untimed.json()["error"]],

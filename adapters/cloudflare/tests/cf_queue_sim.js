@@ -13,12 +13,23 @@
 //                   dead-letter queue (when one is configured) or is dropped.
 //   KV binding      get(key), put(key, value, {expirationTtl >= 60}), delete(key)
 // Bodies are copied as Cloudflare serialises them: "json" through JSON, "text" as a
-// string, anything else (v8) with structuredClone. One simulated second is SCALE_MS ms
+// string, anything else (v8) with structuredClone. A v8 body reaches the Python
+// handler as real workerd hands it over: each JS Date in it already turned into its
+// ISO 8601 string (seen in workerd with Pyodide 0.28); other values stay JS objects. One simulated second is SCALE_MS ms
 // (a queue's scaleMs option overrides it: 1000 runs on the real clock).
 (() => {
   const SCALE_MS = 10;
   let seq = 0;
   const now = () => performance.now();
+
+  function asWorkerdDelivers(value) {
+    if (value instanceof Date) return value.toISOString();
+    if (Array.isArray(value)) return value.map(asWorkerdDelivers);
+    if (value !== null && typeof value === "object" && Object.getPrototypeOf(value) === Object.prototype) {
+      return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, asWorkerdDelivers(v)]));
+    }
+    return value;
+  }
 
   function copyBody(body, contentType) {
     if (contentType === "json") return JSON.parse(JSON.stringify(body));
@@ -106,7 +117,7 @@
         return {
           id: m.id,
           timestamp: m.timestamp,
-          body: m.body,
+          body: m.contentType === "v8" ? asWorkerdDelivers(m.body) : m.body,
           attempts: m.attempts,
           ack() {
             queue.calls.push([m.id, "ack"]);

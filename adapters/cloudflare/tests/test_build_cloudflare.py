@@ -300,6 +300,22 @@ def test_an_app_without_a_cloudflare_connection_is_told_what_to_add(tmp_path: Pa
     assert "no connection uses the cloudflare driver" in result.output
 
 
+def test_the_notes_name_the_apps_requirements_txt_only_when_it_has_one(tmp_path: Path) -> None:
+    root = write_app(tmp_path / "app")
+    (root / "app" / "job" / "bld_cf_cron.py").write_text(
+        "from haze import define_job, schedule\n"
+        "@define_job(name='bld_cf_cron')\n"
+        "async def bld_cf_cron() -> None: ...\n"
+        "schedule(bld_cf_cron, cron='* * * * *')\n"
+    )  # a schedule vendors cronsim beside haze: pinned in pyproject.toml, not the app's
+    without = build_in_subprocess(root, tmp_path / "dist1")
+    assert "cronsim==" in (tmp_path / "dist1" / "cloudflare" / "pyproject.toml").read_text()
+    assert "requirements.txt" not in without, without
+    (root / "requirements.txt").write_text("humanize>=4\n")
+    with_one = build_in_subprocess(root, tmp_path / "dist2")
+    assert "the app's requirements.txt (humanize>=4) is in" in " ".join(with_one.split())
+
+
 # --------------------------------------------------------------------------- Pyodide
 
 
@@ -502,6 +518,23 @@ def test_the_build_reads_the_config_with_the_workers_vars(tmp_path: Path) -> Non
     assert 'QUEUE_CONNECTION = "cloudflare"' in out
 
 
+def test_a_python_migration_is_rendered_as_d1_sql(tmp_path: Path) -> None:
+    # `haze make:queue-tables` writes a .py migration (its SQL chosen when applied);
+    # `wrangler d1 migrations apply` reads .sql files only, so the build renders it for D1
+    example = _example_copy(tmp_path / "example")
+    migrations = example / "database" / "migrations"
+    (old,) = migrations.glob("*_create_jobs_and_failed_jobs_tables.sql")
+    old.unlink()
+    old.with_suffix(".py").write_text(
+        "from haze.database.migrations import queue_tables\n\nup = queue_tables()\n"
+    )
+    build_in_subprocess(example, tmp_path / "dist")
+    (d1,) = json.loads((tmp_path / "dist" / "wrangler.json").read_text())["d1_databases"]
+    rendered = (tmp_path / "dist" / d1["migrations_dir"] / f"{old.stem}.sql").read_text()
+    assert "id INTEGER PRIMARY KEY AUTOINCREMENT" in rendered
+    assert "CREATE INDEX IF NOT EXISTS failed_jobs_failed_at_idx" in rendered
+
+
 def test_the_compatibility_date_runs_a_pyodide_the_tests_cover(built: Path, tmp_path: Path) -> None:
     from haze.build.cloudflare import TESTED_PYODIDE, pyodide_of
 
@@ -536,11 +569,11 @@ def test_dist_cloudflare_is_a_pywrangler_project(built: Path) -> None:
     project = built / "cloudflare"
     py = tomllib.loads((project / "pyproject.toml").read_text())
     assert py["project"]["requires-python"] == ">=3.13"
-    assert py["project"]["dependencies"] == ["haze", "haze-cloudflare"]
+    assert py["project"]["dependencies"] == ["haze-jobs", "haze-cloudflare"]
     assert sorted(py["dependency-groups"]["dev"]) == ["workers-py", "workers-runtime-sdk"]
     sources = py["tool"]["uv"]["sources"]
-    assert sorted(sources) == ["haze", "haze-cloudflare"]
-    for dist, package in (("haze", "haze"), ("haze-cloudflare", "haze_cloudflare")):
+    assert sorted(sources) == ["haze-cloudflare", "haze-jobs"]
+    for dist, package in (("haze-jobs", "haze"), ("haze-cloudflare", "haze_cloudflare")):
         wheel = project / sources[dist]["path"]
         with zipfile.ZipFile(wheel) as z:
             names = z.namelist()

@@ -364,3 +364,33 @@ def test_queue_work_cli_pull_consumer(standin: StandIn, tmp_path: Path) -> None:
     assert sorted(out.read_text().split()) == ["1", "2", "3"]
     assert standin.queue.messages == []
     assert sorted(standin.queue.acked) == ["m0001", "m0002", "m0003"]
+
+
+@define_job(tries=2, backoff="13h")
+async def cf_rest_long_backoff(payload: dict[str, Any], job: JobContext) -> None:
+    _note("long", job)
+    raise RuntimeError("fails, to wait 13 hours")
+
+
+async def test_a_backoff_over_12_hours_is_capped_before_the_retry_line_names_it(
+    standin: StandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    async with make_app(standin) as app:
+        await cf_rest_long_backoff.dispatch({"n": 1})
+        worker = Worker(app, "cloudflare", None, 1, sleep=0.05, max_sleep=0.2)
+        with caplog.at_level(logging.INFO, logger="haze"):
+            worker.start()
+            try:
+                await wait_for(lambda: bool(standin.queue.retried))
+            finally:
+                await worker.stop()
+    assert [d for _, d in standin.queue.retried] == [43200]
+    lines = [r.getMessage() for r in caplog.records]
+    retry = [i for i, ln in enumerate(lines) if "retrying in" in ln]
+    cap = [i for i, ln in enumerate(lines) if "12-hour limit" in ln]
+    assert len(retry) == 1 and len(cap) == 1, lines
+    assert cap[0] < retry[0], lines  # the warning first, then the line with the wait
+    assert "retrying in 43200s" in lines[retry[0]], lines
+    assert "46800" in lines[cap[0]] and "46800" not in lines[retry[0]]

@@ -173,6 +173,10 @@ def test_zip_holds_the_handler_the_app_and_the_vendored_packages(bundle: dict[st
     # the notes: boto3 from the runtime
     assert "boto3" in bundle["build_output"]
     assert "comes with the Lambda Python runtime" in bundle["build_output"]
+    # and the SQLite file this test's queue uses, which Lambda instances would not share
+    output = " ".join(bundle["build_output"].split())  # the CLI wraps long notes
+    assert "warning: database 'main' is a SQLite file as read now" in output, output
+    assert "not shared between instances" in output
 
 
 def test_the_zip_is_deterministic(bundle: dict[str, Any], tmp_path: Path) -> None:
@@ -183,7 +187,7 @@ def test_the_zip_is_deterministic(bundle: dict[str, Any], tmp_path: Path) -> Non
 
 
 def test_bundled_sqs_handler_reports_batch_item_failures(bundle: dict[str, Any]) -> None:
-    name = "lamq-bld"
+    name = "lam-bld"
     q = queued_batch(name, ("lam_ok", "lam_flaky", "lam_fail", "bld_lam_where"), "bld")
     ids, messages, by_job = q["ids"], q["messages"], q["by_job"]
     with runtime(bundle, "handler.sqs") as api:
@@ -208,7 +212,7 @@ def test_bundled_sqs_handler_reports_batch_item_failures(bundle: dict[str, Any])
 
 def test_bundled_http_handler_dispatches(bundle: dict[str, Any]) -> None:
     client = _SPEC["client"]()
-    url = _SPEC["create_queues"](["lamq-bldh"])["lamq-bldh"]
+    url = _SPEC["create_queues"](["lam-bldh"])["lam-bldh"]
     body = json.dumps({"job": "lam_ok", "payload": {"via": "bundle"}, "queue": "bldh"})
     with runtime(bundle, "handler.http") as api:
         kind, response = api.invoke(http_event(body, {"authorization": f"Bearer {SECRET}"}))

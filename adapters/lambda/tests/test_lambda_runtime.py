@@ -187,12 +187,14 @@ QUEUE_PY = """
 from haze import define_queue_config, env
 
 creds = {"access_key_id": "testing", "secret_access_key": "testing"}
+# The documented naming: a standard and a FIFO connection share one scheme, so a record
+# of "lam-x.fifo" fits the standard template too and must go to the FIFO connection.
 config = define_queue_config(default="sqs", connections={
-    "sqs": {"driver": "sqs", "queue_url": env("LAM_SQS_BASE") + "/lamq-{queue}",
+    "sqs": {"driver": "sqs", "queue_url": env("LAM_SQS_BASE") + "/lam-{queue}",
             "endpoint_url": env("LAM_SQS_ENDPOINT"), "region": "us-east-1",
             "credentials": creds, "failed_store": "main", "retry_after": "30s",
             "concurrency": 4},
-    "fifo": {"driver": "sqs", "queue_url": env("LAM_SQS_BASE") + "/lamf-{queue}.fifo",
+    "fifo": {"driver": "sqs", "queue_url": env("LAM_SQS_BASE") + "/lam-{queue}.fifo",
              "endpoint_url": env("LAM_SQS_ENDPOINT"), "region": "us-east-1",
              "credentials": creds, "failed_store": "main"},
     "database": {"driver": "database", "connection": "main", "retry_after": "30s"},
@@ -232,6 +234,13 @@ async def lam_flaky(payload: dict, job: JobContext) -> None:
     note("lam_flaky", payload, job)
     if job.attempt < 2:
         raise RuntimeError("lam_flaky: the first attempt fails")
+
+
+@define_job(tries=3, backoff=2)
+async def lam_flaky_fast(payload: dict, job: JobContext) -> None:
+    note("lam_flaky_fast", payload, job)
+    if job.attempt < 2:
+        raise RuntimeError("lam_flaky_fast: the first attempt fails")
 
 
 @define_job(tries=1)
@@ -507,7 +516,7 @@ def queued_batch(name: str, jobs: Sequence[str], tag: str) -> dict[str, Any]:
 
 
 def test_sqs_handler_partial_batch_response(lam_app: dict[str, Any]) -> None:
-    name = "lamq-t1"
+    name = "lam-t1"
     q = queued_batch(name, ("lam_ok", "lam_flaky", "lam_fail", "lam_release"), "t1")
     client, url, ids, messages, by_job = (
         q["client"],
@@ -556,7 +565,7 @@ def test_sqs_handler_partial_batch_response(lam_app: dict[str, Any]) -> None:
 
 def test_sqs_handler_forwards_a_message_that_is_not_due(lam_app: dict[str, Any]) -> None:
     client = _SPEC["client"]()
-    name = "lamq-t2"
+    name = "lam-t2"
     url = _SPEC["create_queues"]([name])[name]
     haze_id, body = body_of("lam_ok", {"n": "later"}, "t2", meta={"due": time.time() + 120})
     client.send_message(QueueUrl=url, MessageBody=body)
@@ -571,7 +580,7 @@ def test_sqs_handler_forwards_a_message_that_is_not_due(lam_app: dict[str, Any])
 
 def test_sqs_handler_fifo_stops_at_the_first_retry(lam_app: dict[str, Any]) -> None:
     client = _SPEC["client"]()
-    name = "lamf-t3.fifo"
+    name = "lam-t3.fifo"
     url = _SPEC["create_queues"]([name], fifo=True)[name]
     sent = []
     for job in ("lam_flaky", "lam_ok"):
@@ -588,6 +597,178 @@ def test_sqs_handler_fifo_stops_at_the_first_retry(lam_app: dict[str, Any]) -> N
     # AWS's rule for FIFO triggers: after the first failure, report the rest unprocessed
     assert response == {"batchItemFailures": [{"itemIdentifier": m["MessageId"]} for m in messages]}
     assert not [o for o in outputs(lam_app) if o["id"] == sent[1]]
+
+
+def fifo_batch(name: str, jobs: Sequence[tuple[str, Any]], tag: str) -> dict[str, Any]:
+    """One message per (job, payload) in group "g1" of a new FIFO queue ``name``,
+    received back in order: ``client``, ``url``, ``ids`` (haze ids), ``messages``."""
+    client = _SPEC["client"]()
+    url = _SPEC["create_queues"]([name], fifo=True)[name]
+    ids = []
+    for job, payload in jobs:
+        haze_id, body = body_of(job, payload, tag, connection="fifo")
+        client.send_message(
+            QueueUrl=url, MessageBody=body, MessageGroupId="g1", MessageDeduplicationId=haze_id
+        )
+        ids.append(haze_id)
+    messages = receive_all(client, url, len(jobs))
+    assert [json.loads(m["Body"])["id"] for m in messages] == ids
+    return {"client": client, "url": url, "ids": ids, "messages": messages}
+
+
+def warm_up(api: RuntimeAPI) -> None:
+    """An empty invocation: the app boots outside the timed one that follows."""
+    assert api.invoke({"Records": []}) == ("response", {"batchItemFailures": []})
+
+
+def runs_of(lam_app: dict[str, Any], haze_id: str) -> list[int]:
+    return [o["attempt"] for o in outputs(lam_app) if o["id"] == haze_id]
+
+
+def test_sqs_handler_fifo_unprocessed_records_keep_their_tries(lam_app: dict[str, Any]) -> None:
+    """[A fails once, B, C] on a FIFO queue beside a standard connection of the same
+    naming scheme: B and C are reported unprocessed without using a try (tries=1 jobs
+    still run), and their visibility is handed back at once, so the group resumes when
+    A's own backoff (2 s) ends, not after the queue's 30 s visibility."""
+    name = "lam-t4.fifo"
+    q = fifo_batch(
+        name, [("lam_flaky_fast", {}), ("lam_ok", {"n": "B"}), ("lam_ok", {"n": "C"})], "t4"
+    )
+    client, url, (a, b, c), messages = q["client"], q["url"], q["ids"], q["messages"]
+    with runtime(lam_app, "haze_lambda.sqs_handler") as api:
+        kind, response = api.invoke(sqs_event(messages, name))
+        assert kind == "response", response
+        assert response == {
+            "batchItemFailures": [{"itemIdentifier": m["MessageId"]} for m in messages]
+        }
+        assert (runs_of(lam_app, a), runs_of(lam_app, b), runs_of(lam_app, c)) == ([1], [], [])
+        started = time.monotonic()
+        again = receive_all(client, url, 3, within=12)
+        assert time.monotonic() - started < 12
+        assert [m["MessageId"] for m in again] == [m["MessageId"] for m in messages]
+        assert [m["Attributes"]["ApproximateReceiveCount"] for m in again] == ["2", "2", "2"]
+        kind, response = api.invoke(sqs_event(again, name))
+        assert (kind, response) == ("response", {"batchItemFailures": []})
+    assert (runs_of(lam_app, a), runs_of(lam_app, b), runs_of(lam_app, c)) == ([1, 2], [1], [1])
+    assert not [r for r in failed_rows(lam_app) if r[0] in (a, b, c)]
+    assert queue_counts(client, url) == (0, 0, 0)
+    log = (lam_app["root"] / "haze_lambda_sqs_handler.log").read_text(errors="replace")
+    # haze's own tasks (the heartbeat, the cancel watch) end with the invocation
+    assert "cancelled" not in log, log[-3000:]
+
+
+def test_sqs_handler_fifo_records_behind_a_held_one_keep_their_tries(
+    lam_app: dict[str, Any],
+) -> None:
+    """[H due in 6 s, B tries=1]: H is held until due (reported), B is reported unprocessed;
+    when H is due both run, as attempt 1."""
+    name = "lam-t9.fifo"
+    jobs = [("lam_ok", {"n": "H"}), ("lam_ok", {"n": "B"})]
+    client = _SPEC["client"]()
+    url = _SPEC["create_queues"]([name], fifo=True)[name]
+    ids = []
+    for (job, payload), due in zip(jobs, (time.time() + 6, None), strict=True):
+        meta = {"due": due} if due else None
+        haze_id, body = body_of(job, payload, "t9", connection="fifo", meta=meta)
+        client.send_message(
+            QueueUrl=url, MessageBody=body, MessageGroupId="g1", MessageDeduplicationId=haze_id
+        )
+        ids.append(haze_id)
+    with runtime(lam_app, "haze_lambda.sqs_handler") as api:
+        warm_up(api)
+        messages = receive_all(client, url, 2)
+        kind, response = api.invoke(sqs_event(messages, name))
+        assert kind == "response", response
+        assert response == {
+            "batchItemFailures": [{"itemIdentifier": m["MessageId"]} for m in messages]
+        }
+        assert (runs_of(lam_app, ids[0]), runs_of(lam_app, ids[1])) == ([], [])
+        again = receive_all(client, url, 2, within=15)
+        assert [m["MessageId"] for m in again] == [m["MessageId"] for m in messages]
+        kind, response = api.invoke(sqs_event(again, name))
+        assert (kind, response) == ("response", {"batchItemFailures": []})
+    assert (runs_of(lam_app, ids[0]), runs_of(lam_app, ids[1])) == ([1], [1])
+    assert not [r for r in failed_rows(lam_app) if r[0] in ids]
+
+
+def test_sqs_handler_fifo_deadline_hands_back_by_reporting(lam_app: dict[str, Any]) -> None:
+    """Records of a FIFO batch not started before the deadline are reported (the same
+    messages come back, in order), never re-sent behind later ones."""
+    name = "lam-t5.fifo"
+    jobs = [("lam_slow", {"seconds": 2.0}), ("lam_ok", {"n": 2}), ("lam_ok", {"n": 3})]
+    q = fifo_batch(name, jobs, "t5")
+    client, url, (m1, m2, m3), messages = q["client"], q["url"], q["ids"], q["messages"]
+    with runtime(lam_app, "haze_lambda.sqs_handler") as api:
+        warm_up(api)
+        # 3 s to the deadline, 1 s margin: M1 starts, M2 and M3 are past it when it ends
+        kind, response = api.invoke(sqs_event(messages, name), timeout_ms=3000)
+        assert kind == "response", response
+        assert response == {
+            "batchItemFailures": [{"itemIdentifier": m["MessageId"]} for m in messages[1:]]
+        }
+        assert (runs_of(lam_app, m1), runs_of(lam_app, m2), runs_of(lam_app, m3)) == ([1], [], [])
+        again = receive_all(client, url, 2, within=8)
+        # the same two messages, in their order: nothing was re-sent
+        assert [m["MessageId"] for m in again] == [m["MessageId"] for m in messages[1:]]
+        kind, response = api.invoke(sqs_event(again, name))
+        assert (kind, response) == ("response", {"batchItemFailures": []})
+    assert (runs_of(lam_app, m2), runs_of(lam_app, m3)) == ([1], [1])
+    assert queue_counts(client, url) == (0, 0, 0)
+
+
+def test_sqs_handler_reports_an_unsettled_record_past_the_deadline(
+    lam_app: dict[str, Any],
+) -> None:
+    """A non-JSON record reached after the deadline is reported (Lambda would delete an
+    unreported one): it stays in the queue to be recorded as failed by a later run."""
+    client = _SPEC["client"]()
+    name = "lam-t6"
+    url = _SPEC["create_queues"]([name])[name]
+    for i in range(4):  # concurrency 4: the fifth record waits for a slot past the deadline
+        _, body = body_of("lam_slow", {"seconds": 2.0, "i": i}, "t6")
+        client.send_message(QueueUrl=url, MessageBody=body)
+    messages = receive_all(client, url, 4)
+    client.send_message(QueueUrl=url, MessageBody="not json at all")
+    [bad] = receive_all(client, url, 1)
+    with runtime(lam_app, "haze_lambda.sqs_handler") as api:
+        warm_up(api)
+        kind, response = api.invoke(sqs_event([*messages, bad], name), timeout_ms=3000)
+    assert (kind, response) == (
+        "response",
+        {"batchItemFailures": [{"itemIdentifier": bad["MessageId"]}]},
+    )
+
+
+def test_sqs_handler_warns_when_the_visibility_is_shorter_than_the_heartbeat(
+    lam_app: dict[str, Any],
+) -> None:
+    """Lambda receives with the queue's VisibilityTimeout: under the heartbeat's interval
+    (retry_after 30 s / 3) a long record would be delivered again before its first beat."""
+    client = _SPEC["client"]()
+    name = "lam-t8"
+    url = _SPEC["create_queues"]([name], attributes={"VisibilityTimeout": "5"})[name]
+    _, body = body_of("lam_ok", {"n": "t8"}, "t8")
+    client.send_message(QueueUrl=url, MessageBody=body)
+    messages = receive_all(client, url, 1)
+    with runtime(lam_app, "haze_lambda.sqs_handler") as api:
+        kind, response = api.invoke(sqs_event(messages, name))
+        assert (kind, response) == ("response", {"batchItemFailures": []})
+    log = (lam_app["root"] / "haze_lambda_sqs_handler.log").read_text(errors="replace")
+    [line] = [x for x in log.splitlines() if "VisibilityTimeout" in x]
+    assert "lam-t8" in line and "5s" in line and "10s" in line, line
+
+
+def test_sqs_handler_refuses_a_timeout_at_or_below_the_margin(lam_app: dict[str, Any]) -> None:
+    """Under HAZE_SQS_MARGIN every record would be handed back for ever: one line."""
+    q = queued_batch("lam-t7", ("lam_ok",), "t7")
+    with runtime(lam_app, "haze_lambda.sqs_handler", {"HAZE_SQS_MARGIN": "5s"}) as api:
+        kind, error = api.invoke(sqs_event(q["messages"], "lam-t7"), timeout_ms=3000)
+    assert kind == "error", error
+    assert error["errorType"] == "ConfigError"
+    assert "HAZE_SQS_MARGIN" in error["errorMessage"]
+    assert "5s" in error["errorMessage"] and "timeout" in error["errorMessage"]
+    assert "\n" not in error["errorMessage"]
+    assert not runs_of(lam_app, q["ids"]["lam_ok"])
 
 
 # --------------------------------------------------------------------------- schedule_handler
@@ -652,7 +833,7 @@ def _sign(raw: bytes, timestamp: int | None = None) -> dict[str, str]:
 
 def test_http_handler_dispatches_and_rejects(lam_app: dict[str, Any]) -> None:
     client = _SPEC["client"]()
-    url = _SPEC["create_queues"](["lamq-default"])["lamq-default"]
+    url = _SPEC["create_queues"](["lam-default"])["lam-default"]
     bearer = {"authorization": f"Bearer {SECRET}"}
     ok = json.dumps({"job": "lam_ok", "payload": {"via": "bearer"}})
     with runtime(lam_app, "haze_lambda.http_handler") as api:
@@ -714,7 +895,7 @@ def test_http_handler_dispatches_and_rejects(lam_app: dict[str, Any]) -> None:
         big = json.dumps({"job": "lam_ok", "payload": {"blob": "x" * (1024 * 1024 + 10)}})
         status, data = call(big, bearer)
         assert status == 413
-        assert "1048576-byte limit" in data["error"]
+        assert "1048528-byte limit" in data["error"]  # SQS's 1 MiB less 48 bytes of room
         status, data = call(ok, bearer, method="GET")
         assert status == 405
         deep = '{"job": "lam_ok", "payload": ' + "[" * 200_000 + "]" * 200_000 + "}"
@@ -724,6 +905,31 @@ def test_http_handler_dispatches_and_rejects(lam_app: dict[str, Any]) -> None:
     # only the two accepted dispatches reached the queue
     [second] = receive_all(client, url, 5, within=4)  # the first is still invisible (30 s)
     assert json.loads(second["Body"])["payload"] == {"via": "hmac"}
+
+
+def test_http_handler_answers_odd_requests_with_a_clear_4xx(lam_app: dict[str, Any]) -> None:
+    """A direct invoke with a dict body, a queue that does not exist, a base64 body that
+    is not UTF-8: each a 4xx whose error names the problem and no queue URL or account."""
+    _SPEC["create_queues"](["lam-default"])
+    bearer = {"authorization": f"Bearer {SECRET}"}
+    with runtime(lam_app, "haze_lambda.http_handler") as api:
+
+        def call(event: dict[str, Any]) -> tuple[int, str]:
+            kind, response = api.invoke(event)
+            assert kind == "response", response
+            return response["statusCode"], json.loads(response["body"])["error"]
+
+        direct = http_event("{}", bearer)
+        direct["body"] = {"job": "lam_ok", "payload": {"via": "direct"}}
+        status, error = call(direct)
+        assert (status, "body" in error) == (400, True), error
+        status, error = call(http_event('{"job": "lam_ok", "queue": "nowhere"}', bearer))
+        assert status == 404, error
+        assert "nowhere" in error
+        assert ACCOUNT not in error and "http" not in error, error
+        status, error = call(http_event(b"\xff\xfe{\x00}\x00", bearer, base64_body=True))
+        assert status == 400, error
+        assert "UTF-8" in error and "utf-16" not in error, error
 
 
 def test_a_bad_size_or_duration_setting_fails_the_boot_with_one_line(
@@ -764,7 +970,7 @@ def test_handlers_called_locally_leave_no_task_or_loop_behind(lam_app: dict[str,
     """A script that calls the handlers and exits, as a local run or a test does: after
     each invocation no task is pending on the process's loop, and the exit prints
     neither "Task was destroyed but it is pending!" nor "Event loop is closed"."""
-    _SPEC["create_queues"](["lamq-default"])
+    _SPEC["create_queues"](["lam-default"])
     bearer = {"authorization": f"Bearer {SECRET}"}
     ok = json.dumps({"job": "lam_ok", "payload": {"via": "local"}})
     slow = json.dumps({"job": "lam_slow", "payload": {"seconds": 0.01}})

@@ -21,6 +21,7 @@ from haze._kernel.errors import (
     ConfigError,
     DatabaseConnectionError,
     DelayTooLongError,
+    DispatchIncompleteError,
     DuplicateJobError,
     HazeError,
     JobCancelledError,
@@ -37,6 +38,7 @@ from haze._kernel.errors import (
     RetryUntilExpiredError,
     ScheduleError,
     UnknownJobError,
+    UnknownQueueError,
     UntrackedJobError,
 )
 
@@ -56,6 +58,7 @@ if _typing.TYPE_CHECKING:
     from haze._jobs.context import AbortSignal, JobContext, current_tenant, tenant
     from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch, define_job
     from haze._jobs.status import JobStatus
+    from haze._kernel.ids import short_id
     from haze._orchestration.batches import Batch, PendingBatch
     from haze._orchestration.chains import PendingChain
     from haze._orchestration.middleware import (
@@ -109,6 +112,7 @@ _LAZY: dict[str, str] = {
     "rate_limited": "_orchestration.middleware",
     "run_in_app": "_app.app",
     "schedule": "_orchestration.scheduling",
+    "short_id": "_kernel.ids",
     "skip_if": "_orchestration.middleware",
     "skip_if_batch_cancelled": "_orchestration.middleware",
     "tenant": "_jobs.context",
@@ -128,6 +132,7 @@ __all__ = [
     "DatabaseConnectionError",
     "Db",
     "DelayTooLongError",
+    "DispatchIncompleteError",
     "DispatchResult",
     "DuplicateJobError",
     "FailedJob",
@@ -155,6 +160,7 @@ __all__ = [
     "RetryUntilExpiredError",
     "ScheduleError",
     "UnknownJobError",
+    "UnknownQueueError",
     "UntrackedJobError",
     "__version__",
     "after_commit",
@@ -172,6 +178,7 @@ __all__ = [
     "rate_limited",
     "run_in_app",
     "schedule",
+    "short_id",
     "skip_if",
     "skip_if_batch_cancelled",
     "tenant",

@@ -342,3 +342,41 @@ def test_failed_and_retry_see_the_failed_sets_of_queues_only_jobs_name_on_redis(
         keys = list(client.scan_iter(f"{prefix}:*"))
         if keys:
             client.delete(*keys)
+
+
+# --------------------------------------------------------------------------- app keys
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("APP_KEY", "base64:short"),  # not base64 (bad padding)
+        ("APP_KEY", "base64:c2hvcnQ="),  # base64 of 5 bytes, not 32
+        ("APP_KEY", "abc"),  # a passphrase too short to be a key
+        ("APP_PREVIOUS_KEYS", "base64:AAAA"),
+    ],
+)
+def test_an_unusable_app_key_is_one_config_line_naming_the_variable(
+    tmp_path: Path, uid: str, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    from haze.crypto import generate_key
+
+    sqlite_app(tmp_path, uid)
+    write(
+        tmp_path,
+        f"app/job/secret_{uid}.py",
+        f"""\
+        from haze import define_job
+        @define_job(name="secret_{uid}", encrypted=True)
+        async def secret_{uid}(payload: dict) -> None:
+            pass
+        """,
+    )
+    monkeypatch.setenv("APP_KEY", generate_key())
+    monkeypatch.setenv(variable, value)
+    result = haze("queue:failed", root=tmp_path)
+    assert result.exit_code == 1, result.output  # as every other config error
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.output
+    assert variable in lines[0] and "Traceback" not in result.output
+    assert value not in lines[0]  # a key is a secret: never shown

@@ -223,6 +223,39 @@ def test_failed_lists_failed_jobs(app: App, tmp_path: Path) -> None:
     assert "second line" not in result.output
 
 
+@define_job(name="cli_test_secret", encrypted=True, tries=1)
+async def cli_secret(payload: dict[str, Any]) -> None:
+    raise ValueError(f"card {payload['card']} declined\nsecond line")
+
+
+def test_failed_decrypts_an_encrypted_job_with_the_key_and_says_encrypted_without(
+    app: App, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from haze._kernel.crypto import generate_key
+
+    monkeypatch.setenv("APP_KEY", generate_key())
+
+    async def go() -> str:
+        async with app:
+            job_id = await cli_secret.dispatch({"card": "4242-SECRET"})
+            await Queue.idle()
+        return job_id
+
+    job_id = asyncio.run(go())
+    listed = haze(tmp_path, "queue:failed")
+    assert listed.exit_code == 0, listed.output
+    assert "ValueError: card 4242-SECRET declined" in listed.output
+    shown = haze(tmp_path, "queue:failed", job_id).output
+    assert '"card": "4242-SECRET"' in shown and "Payload null" not in " ".join(shown.split())
+    assert "card 4242-SECRET declined" in shown and "Traceback" in shown
+    monkeypatch.delenv("APP_KEY")
+    listed = haze(tmp_path, "queue:failed")
+    assert "4242-SECRET" not in listed.output and "ValueError (encrypted)" in listed.output
+    shown = haze(tmp_path, "queue:failed", job_id).output
+    assert "4242-SECRET" not in shown and "null" not in shown
+    assert "set APP_KEY to show it" in " ".join(shown.split())
+
+
 def test_failed_when_there_are_none(app: App, tmp_path: Path) -> None:
     result = haze(tmp_path, "queue:failed", "--connection", "sync")
     assert result.exit_code == 0, result.output

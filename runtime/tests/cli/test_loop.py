@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from cli_procs import Lines, db_root
+from haze._kernel.hints import install_hint
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals, no uvloop")
 
@@ -201,18 +202,19 @@ def test_uvloop_asked_for_but_not_installed_is_one_line_and_exit_2(
 ) -> None:
     root = db_root(tmp_path)
     blocked = without_uvloop(tmp_path)
+    hint = install_hint("uvloop")  # the child runs in this folder too
     result = haze(root, command, "--loop", "uvloop", env=child_env(no_uvloop=blocked))
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
         "Error: --loop uvloop needs the 'uvloop' package, which is not installed. "
-        "Install it with: pip install 'haze[uvloop]'"
+        f"Install it with: {hint}"
     ]
     result = haze(root, command, env=child_env("uvloop", no_uvloop=blocked))
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [
         "Error: HAZE_LOOP=uvloop needs the 'uvloop' package, which is not installed. "
-        "Install it with: pip install 'haze[uvloop]'"
+        f"Install it with: {hint}"
     ]
 
 

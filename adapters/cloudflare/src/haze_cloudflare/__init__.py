@@ -3,7 +3,7 @@ haze jobs), producers through the Queue binding, D1 through its binding and a KV
 
 Pure Python, no threads: it loads under Pyodide (Cloudflare Python Workers). Outside a
 Worker the ``cloudflare`` driver of the runtime talks to the REST API instead
-(``haze[cloudflare]``).
+(``haze-jobs[cloudflare]``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The ``cloudflare`` queue driver, with producers through the Worker's Queue binding.
 
 The driver itself (REST producer, HTTP pull consumer, settling deliveries, the failed
-store) lives in the runtime, ``haze.drivers.cloudflare``, so ``haze[cloudflare]`` alone
+store) lives in the runtime, ``haze.drivers.cloudflare``, so ``haze-jobs[cloudflare]`` alone
 runs ``haze queue:work --connection cloudflare`` in a container. This module adds what
 only exists inside a Worker: ``env[binding].send(body, {delaySeconds, contentType})`` and
 ``sendBatch([...])``. ``binding_producer`` is the ``haze.bindings`` plugin ``cloudflare``

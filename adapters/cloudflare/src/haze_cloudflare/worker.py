@@ -378,7 +378,11 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         """``POST {"job", "payload", "delay"?, "queue"?, "group"?}``, authenticated like
         every haze HTTP entrypoint (``haze.integrations.http_dispatch``)."""
         from haze._app.app import run_in_app
-        from haze.integrations.http_dispatch import DispatchResponse, dispatch_request
+        from haze.integrations.http_dispatch import (
+            DispatchResponse,
+            check_head,
+            dispatch_request,
+        )
 
         self._bind(env)
         method = str(getattr(request, "method", "GET"))
@@ -390,12 +394,15 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         )
         headers = {
             name: value
-            for name in ("authorization", "x-haze-signature", "x-haze-timestamp")
+            for name in ("authorization", "x-haze-signature", "x-haze-timestamp", "content-length")
             if (value := _header(request, name)) is not None
         }
-        raw = b""
-        if method.upper() == "POST":
-            raw = str(await _settle(request.text())).encode()
+        # The headers decide first (credentials, a declared size over the limit): a
+        # refused request's body is never read.
+        refused = check_head(method, headers, where="cloudflare fetch", secret=secret)
+        if refused is not None:
+            return self._response(refused.body, refused.status, refused.headers)
+        raw = str(await _settle(request.text())).encode()
         app = await self.get_app()
 
         async def answer() -> DispatchResponse:
@@ -463,8 +470,9 @@ def _body_text(raw: Any) -> tuple[str, BaseException | None]:
     """A message body as JSON text, or (what it shows, why it cannot be a haze message).
 
     A producer that sent with Cloudflare's default content type (``v8``) can put any
-    structured-cloneable value in a body: a ``Date``, a class instance, a ``RegExp`` has
-    no JSON form and reaches Python as a JS object.
+    structured-cloneable value in a body. workerd turns a ``Date`` into its ISO string
+    before Python sees it (so it arrives as text, indistinguishable from a string); a
+    value with no JSON form that stays a JS object (a ``RegExp``) fails here.
     """
     from haze._kernel.errors import MessageDecodeError
 

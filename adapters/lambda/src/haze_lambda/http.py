@@ -52,6 +52,18 @@ async def _handle(app: App, event: dict[str, Any]) -> dict[str, Any]:
         return _response(refused)
     headers = {str(k).lower(): str(v) for k, v in (event.get("headers") or {}).items()}
     body = event.get("body") or ""
+    if not isinstance(body, str):
+        # a direct invoke (aws lambda invoke, the SDK) may pass the body as an object
+        return _response(
+            DispatchResponse(
+                400,
+                {
+                    "error": f'the event\'s "body" must be a string (the JSON text of the '
+                    f"request, as API Gateway and function URLs send it), got "
+                    f"{type(body).__name__}"
+                },
+            )
+        )
     try:
         raw = (
             base64.b64decode(body, validate=True)

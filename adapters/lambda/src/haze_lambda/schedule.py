@@ -33,6 +33,7 @@ The response counts what ran: ``{"connection", "queues", "processed", "outcomes"
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,8 @@ if TYPE_CHECKING:  # loaded on the first invocation, not at import (cold start)
 from haze_lambda._boot import run
 
 __all__ = ["schedule_handler"]
+
+log = logging.getLogger("haze.lambda")
 
 _DRAINABLE = ("database", "redis")
 
@@ -144,7 +147,7 @@ async def _dispatch_schedules(app: App, trigger: str, when: Any) -> dict[str, An
     from datetime import UTC, datetime
 
     from haze._kernel.errors import ScheduleError
-    from haze._orchestration.scheduling import dispatch_trigger
+    from haze._orchestration.scheduling import MISFIRE_GRACE, dispatch_trigger
 
     if when is None:
         at = datetime.now(UTC)
@@ -158,8 +161,26 @@ async def _dispatch_schedules(app: App, trigger: str, when: Any) -> dict[str, An
             ) from None
         if at.tzinfo is None:
             at = at.replace(tzinfo=UTC)
+    answer: dict[str, Any] = {"schedule": str(trigger), "time": at.isoformat()}
+    # The scheduler's misfire grace: a tick older than it was missed (and its claim in
+    # the store may be gone, so a late copy could run it twice); one ahead of the clock
+    # is not due yet.
+    off = datetime.now(UTC).timestamp() - at.timestamp()
+    if abs(off) > MISFIRE_GRACE:
+        word = "late" if off > 0 else "early"
+        log.warning(
+            "haze_lambda.schedule_handler: skipped the tick of %s at %s: it arrived %.0fs "
+            "%s, outside the %gs grace window (an event held in Lambda's retry queue, or "
+            "a clock that is off)",
+            trigger,
+            at.isoformat(),
+            abs(off),
+            word,
+            MISFIRE_GRACE,
+        )
+        return {**answer, "dispatched": [], "skipped": word}
     fired = await dispatch_trigger(app, "eventbridge", str(trigger), at)
-    return {"schedule": str(trigger), "time": at.isoformat(), "dispatched": fired}
+    return {**answer, "dispatched": fired}
 
 
 def schedule_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
@@ -168,7 +189,9 @@ def schedule_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     An event carrying ``haze_schedule`` (the rules ``haze_infra`` creates for
     ``config/schedule.py``: ``{"haze_schedule": "cron(0 9 * * ? *)", "time": <time>}``)
     dispatches the app's schedules of that rule that are due at ``time``; the answer is
-    ``{"schedule", "time", "dispatched": [names]}``. Any other event drains a
+    ``{"schedule", "time", "dispatched": [names]}``; a ``time`` more than the
+    scheduler's grace window (60 s) from now is skipped with a warning
+    (``"skipped": "late"`` or ``"early"``). Any other event drains a
     database/redis connection (see the module docstring).
     """
     event = event or {}

@@ -24,12 +24,21 @@ deletes the others. Successes and final failures are deleted by haze too, so a
 later timeout of the same invocation cannot run them again.
 
 The attempt number is the envelope's ``attempts`` plus the record's
-``ApproximateReceiveCount``, exactly as on a worker. Records of a standard queue run
-concurrently (up to the connection's ``concurrency``); records of a FIFO queue run in
-order, and after the first reported record the rest of the batch is reported
-unprocessed, as AWS requires for FIFO triggers. Records not started before the
-function's deadline (less ``HAZE_SQS_MARGIN``, default 5 s) are handed back without
-using a try. Running jobs get the worker's visibility heartbeat.
+``ApproximateReceiveCount``, as on a worker, less the receives that ran nothing.
+Records of a standard queue run concurrently (up to the connection's
+``concurrency``); records of a FIFO queue run in order, and after the first reported
+record the rest of the batch is reported unprocessed, as AWS requires for FIFO
+triggers. Those were not run: each one's unused receive is counted in the app's state
+store (``haze:sqs:unused:<messageId>``, kept 14 days) before it is made visible again
+at once (its group then resumes when the reported record's own delay ends).
+
+Records not started before the function's deadline (less ``HAZE_SQS_MARGIN``, default
+5 s) are handed back without using a try: on a FIFO queue by reporting them (a re-sent
+message would go behind later ones), on a standard queue by re-sending them; an
+undecodable record is reported (Lambda would delete it unreported). A function whose
+timeout is at or below the margin is refused with a ``ConfigError``. Running jobs get
+the worker's visibility heartbeat; a queue whose ``VisibilityTimeout`` is shorter than
+its interval gets a warning.
 
 The connection is ``HAZE_SQS_CONNECTION``, else the ``sqs`` connection of
 ``config/queue.py`` whose queues include the record's ``eventSourceARN``.
@@ -41,6 +50,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol
@@ -76,6 +86,8 @@ if TYPE_CHECKING:  # loaded on the first invocation, not at import (cold start)
         async def settle_release(
             self, job: Reserved, delay: float, *, consume_attempt: bool
         ) -> bool: ...
+        async def hand_back(self, receipts: Sequence[SqsReceipt]) -> None: ...
+        async def visibility_timeout(self, url: str) -> int: ...
 
 
 from haze_lambda._boot import run
@@ -135,21 +147,32 @@ class _RecordDriver:
 
 
 def _connection_for(app: App, arn: str) -> tuple[SqsRecords, str]:
+    from haze._kernel.errors import ConfigError
+    from haze.drivers.sqs import SqsDriver
+
     named = os.environ.get("HAZE_SQS_CONNECTION")
     candidates = (
         [named]
         if named
         else [n for n, c in app.queue_config.connections.items() if c.get("driver") == "sqs"]
     )
-    from haze.drivers.sqs import SqsDriver
-
+    found: list[tuple[str, SqsRecords, str]] = []
     for name in candidates:
         driver = app.driver(name)
         if not isinstance(driver, SqsDriver):
             raise RuntimeError(f'haze_lambda: connection "{name}" does not use the sqs driver')
         url = driver.url_for_arn(arn)
         if url is not None:
-            return driver, url
+            found.append((name, driver, url))
+    if len(found) > 1:
+        names = ", ".join(f'"{n}"' for n, _, _ in found)
+        raise ConfigError(
+            f"haze_lambda: the queue {arn} fits the queue_url of connections {names}; give "
+            "them queue_url templates that cannot both fit one queue, or set "
+            "HAZE_SQS_CONNECTION"
+        )
+    if found:
+        return found[0][1], found[0][2]
     where = f'connection "{named}"' if named else "no sqs connection of config/queue.py"
     raise RuntimeError(
         f"haze_lambda: {where} serves the queue {arn}; check queue_url (a queue of that "
@@ -167,26 +190,122 @@ def _remaining(context: Any) -> float | None:
         return None
 
 
+#: What became of a record: settled (deleted or replaced: not reported), kept (in its
+#: queue with the visibility haze set: a retry, a FIFO hold; reported), or unrun (not
+#: run: reported, handed back at once, and its receive not counted as an attempt).
+_SETTLED, _KEPT, _UNRUN = "settled", "kept", "unrun"
+#: How long a message's count of unused receives is kept: SQS's longest retention.
+_UNUSED_TTL = 14 * 86400.0
+
+
+def _unused_key(message_id: str) -> str:
+    return f"haze:sqs:unused:{message_id}"
+
+
 async def _run_record(
     delivery: Delivery,
     record: dict[str, Any],
     driver: SqsRecords,
     url: str,
     deadline: float | None,
-) -> bool:
-    """Run one record; True when it must be reported as a batch item failure."""
+    unused: int,
+) -> str:
+    """Run one record; returns what became of it (``_SETTLED``, ``_KEPT``, ``_UNRUN``)."""
+    past = deadline is not None and asyncio.get_running_loop().time() >= deadline
+    if past and driver.fifo:
+        # handed back by reporting it: a re-sent message would go behind later ones
+        delivery.outcomes["handed_back"] += 1
+        return _UNRUN
     receipt = driver.receipt_from_record(url, record)
+    receipt.unused = unused
     job, kept = await driver.admit(url, receipt, record.get("body") or "")
     if job is None:
         delivery.outcomes["forwarded"] += 1
-        return kept
-    if deadline is not None and asyncio.get_running_loop().time() >= deadline:
-        await driver.settle_release(job, 0.0, consume_attempt=False)
+        return _KEPT if kept else _SETTLED
+    if past:
         delivery.outcomes["handed_back"] += 1
-        return False
+        if job.message is None:  # not recorded as failed yet: Lambda must not delete it
+            return _UNRUN
+        await driver.settle_release(job, 0.0, consume_attempt=False)
+        return _SETTLED
     adapter = _RecordDriver(driver)
     await delivery.run(job, adapter, leased=driver)
-    return adapter.kept
+    return _KEPT if adapter.kept else _SETTLED
+
+
+async def _unused_counts(app: App, records: list[dict[str, Any]]) -> list[int]:
+    """Each record's receives that ran nothing (FIFO records reported unprocessed)."""
+    if not records:
+        return []
+    keys = [_unused_key(str(r.get("messageId"))) for r in records]
+    try:
+        values = await app.manager.state_store().get_many(keys)
+    except Exception as e:
+        log.warning("haze_lambda: could not read the unused receives of the records: %s", e)
+        return [0] * len(records)
+    return [int(v or 0) for v in values]
+
+
+async def _hand_back(app: App, unrun: list[tuple[dict[str, Any], SqsRecords, str]]) -> None:
+    """Records reported without running: their receive is noted as unused (so it is not
+    counted as an attempt), then they are made visible again."""
+    if not unrun:
+        return
+    store = app.manager.state_store()
+    notes = [
+        store.increment(_unused_key(str(r.get("messageId"))), 1, _UNUSED_TTL)
+        for r, d, _ in unrun
+        if d.fifo  # a standard queue's unrun record is an undecodable one: no tries to keep
+    ]
+    for result in await asyncio.gather(*notes, return_exceptions=True):
+        if isinstance(result, BaseException):
+            log.warning(
+                "haze_lambda: could not note a record reported unprocessed (its next run "
+                "counts one more attempt): %s",
+                result,
+            )
+            break
+    by_driver: dict[int, tuple[SqsRecords, list[SqsReceipt]]] = {}
+    for record, driver, url in unrun:
+        receipts = by_driver.setdefault(id(driver), (driver, []))[1]
+        receipts.append(driver.receipt_from_record(url, record))
+    for driver, receipts in by_driver.values():
+        try:
+            await driver.hand_back(receipts)
+        except Exception as e:  # they come back after their visibility timeout instead
+            log.warning("haze_lambda: could not hand back the unprocessed records: %s", e)
+
+
+#: The queues whose VisibilityTimeout this process has checked against the heartbeat.
+_checked: set[str] = set()
+
+
+async def _check_visibility(resolved: list[tuple[SqsRecords, str]]) -> None:
+    """Warn once per queue when Lambda's receive (with the queue's VisibilityTimeout)
+    hides a record for less than the heartbeat's interval: a record running longer is
+    delivered again before its first heartbeat."""
+    for driver, url in {url: (d, url) for d, url in resolved}.values():
+        if url in _checked:
+            continue
+        _checked.add(url)
+        try:
+            visibility = await driver.visibility_timeout(url)
+        except Exception as e:  # a check, not the invocation's work
+            log.debug("haze_lambda: could not read the VisibilityTimeout of %s: %s", url, e)
+            continue
+        if visibility < driver.heartbeat_interval:
+            log.warning(
+                "haze_lambda: the SQS queue %s has a VisibilityTimeout of %ds, shorter than "
+                'the heartbeat of connection "%s" (every %gs, retry_after / 3): a record '
+                "running longer than %ds is delivered again while it runs; raise the "
+                "queue's VisibilityTimeout, or lower retry_after to at most 3 x %ds",
+                url.rsplit("/", 1)[-1],
+                visibility,
+                driver.name,
+                driver.heartbeat_interval,
+                visibility,
+                visibility,
+            )
 
 
 def _listed(
@@ -204,37 +323,57 @@ def _listed(
     return listed.invocation(delivery, queues, concurrency)
 
 
-async def _handle(app: App, event: dict[str, Any], context: Any) -> dict[str, Any]:
+def _deadline(remaining: float | None, read_at: float) -> float | None:
+    """The loop time after which no record starts (None: no deadline); refuses a
+    function whose whole timeout is within ``HAZE_SQS_MARGIN``."""
     from haze._app.env import env_duration
-    from haze._runners.delivery import Delivery
+    from haze._kernel.errors import ConfigError
 
-    records: list[dict[str, Any]] = list(event.get("Records") or [])
     margin = env_duration("HAZE_SQS_MARGIN", 5.0)
-    remaining = _remaining(context)
-    deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining - margin
-    resolved = [_connection_for(app, r.get("eventSourceARN", "")) for r in records]
+    if remaining is None:
+        return None
+    if remaining <= margin:
+        raise ConfigError(
+            f"haze_lambda.sqs_handler: the function's timeout ({remaining:.1f}s left at the "
+            f"start of the invocation) is at or below HAZE_SQS_MARGIN ({margin:g}s), so every "
+            "record would be handed back for ever; raise the function's timeout above the "
+            "margin, or lower HAZE_SQS_MARGIN"
+        )
+    return read_at + remaining - margin
+
+
+async def _run_records(
+    app: App,
+    delivery: Delivery,
+    records: list[dict[str, Any]],
+    resolved: list[tuple[SqsRecords, str]],
+    deadline: float | None,
+) -> list[str]:
+    """What became of each record (``_SETTLED``, ``_KEPT``, ``_UNRUN``), in order."""
     drivers = list({id(d): d for d, _ in resolved}.values())
     fifo = any(d.fifo for d in drivers)
-    delivery = Delivery(app.manager)
+    unused = await _unused_counts(app, records) if fifo else [0] * len(records)
 
-    async def one(item: tuple[dict[str, Any], tuple[SqsRecords, str]]) -> bool:
-        record, (driver, url) = item
+    async def one(item: tuple[dict[str, Any], tuple[SqsRecords, str], int]) -> str:
+        record, (driver, url), n = item
         try:
-            return await _run_record(delivery, record, driver, url, deadline)
+            return await _run_record(delivery, record, driver, url, deadline, n)
         except Exception:
             log.exception(
                 "haze_lambda: record %s could not be settled; %s",
                 record.get("messageId"),
                 "reporting it and the rest of the batch" if fifo else "reporting it as failed",
             )
-            return True
+            return _KEPT
 
     beat = None
+    beating = [True]  # ends the heartbeat even if a client swallows its cancellation
     if drivers:
         beat = asyncio.ensure_future(
             delivery.keep_leases(
                 min(d.heartbeat_interval for d in drivers),
                 lambda e: log.warning("haze_lambda: heartbeat failed: %s", e),
+                alive=lambda: beating[0],
             )
         )
     concurrency = max((d.concurrency for d in drivers), default=1)
@@ -242,24 +381,46 @@ async def _handle(app: App, event: dict[str, Any], context: Any) -> dict[str, An
         # FIFO: in order, and after the first reported record the rest of the batch is
         # reported unprocessed, as AWS requires for FIFO triggers.
         async with _listed(app, delivery, resolved, concurrency):
-            reports = await delivery.run_batch(
-                list(zip(records, resolved, strict=True)),
+            kinds = await delivery.run_batch(
+                list(zip(records, resolved, unused, strict=True)),
                 one,
                 concurrency=concurrency,
-                stop=(lambda report: report) if fifo else None,
+                stop=(lambda kind: kind != _SETTLED) if fifo else None,
             )
     finally:
+        beating[0] = False
         if beat is not None:
             beat.cancel()
-    if fifo:
-        first = len(reports) - 1 if reports and reports[-1] else len(records)
-        reported = [r["messageId"] for r in records[first:]]
-    else:
-        reported = [r["messageId"] for r, report in zip(records, reports, strict=True) if report]
+            await asyncio.gather(beat, return_exceptions=True)
+    return kinds + [_UNRUN] * (len(records) - len(kinds))
+
+
+async def _handle(
+    app: App, event: dict[str, Any], remaining: float | None, read_at: float
+) -> dict[str, Any]:
+    from haze._runners.delivery import Delivery
+
+    deadline = _deadline(remaining, read_at)
+    records: list[dict[str, Any]] = list(event.get("Records") or [])
+    resolved = [_connection_for(app, r.get("eventSourceARN", "")) for r in records]
+    await _check_visibility(resolved)
+    delivery = Delivery(app.manager)
+    kinds = await _run_records(app, delivery, records, resolved, deadline)
+    await _hand_back(
+        app,
+        [
+            (r, d, url)
+            for r, (d, url), kind in zip(records, resolved, kinds, strict=True)
+            if kind == _UNRUN
+        ],
+    )
+    reported = [r["messageId"] for r, kind in zip(records, kinds, strict=True) if kind != _SETTLED]
     log.info("haze_lambda: %d record(s): %s", len(records), dict(delivery.outcomes))
     return {"batchItemFailures": [{"itemIdentifier": m} for m in reported]}
 
 
 def sqs_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Lambda handler for an SQS trigger; returns the partial batch response."""
-    return run(lambda app: _handle(app, event, context))
+    # read before the app boots: a cold start's boot is part of the invocation's time
+    remaining, read_at = _remaining(context), time.monotonic()
+    return run(lambda app: _handle(app, event, remaining, read_at))

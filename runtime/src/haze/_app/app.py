@@ -37,6 +37,7 @@ from haze._failed import failed_target
 from haze._jobs.definition import registered_jobs
 from haze._kernel import current
 from haze._kernel.blocking import run_blocking
+from haze._kernel.crypto import check_keys
 from haze._kernel.current import run_in_app
 from haze._kernel.errors import ConfigError, HazeError
 from haze._kernel.hints import did_you_mean
@@ -83,10 +84,20 @@ def warn_implicit_dispatch() -> None:
     if _warned_implicit:
         return
     _warned_implicit = True
-    log.warning(
+    lost = (
         "haze: no App was created, so this job went to the implicit in-memory app: its jobs "
-        "are lost when this process exits. Create config/queue.py naming a database or redis "
-        "connection and load it with App(root=__file__) (or pass App(queue=...))."
+        "are lost when this process exits. "
+    )
+    if (Path.cwd() / "config" / "queue.py").is_file():
+        log.warning(
+            lost + "config/queue.py is here, but only an App reads it: dispatch inside "
+            "`with App(root=__file__):` (`async with` in async code), or enter the App once "
+            "where your web framework starts."
+        )
+        return
+    log.warning(
+        lost + "Create config/queue.py naming a database or redis connection and load it "
+        "with App(root=__file__) (or pass App(queue=...))."
     )
 
 
@@ -189,6 +200,7 @@ class App:
         if self.root is not None:
             self.discover()
             self._load_schedules()
+        self.check_keys()
 
     # -- config ------------------------------------------------------------------
 
@@ -217,6 +229,13 @@ class App:
         """The app key for ``encrypted`` jobs: ``App(key=...)`` or the ``APP_KEY`` env var."""
         # read_env: inside a Cloudflare Worker, its secret of this invocation
         return self._key if self._key is not None else read_env("APP_KEY")
+
+    def check_keys(self) -> None:
+        """When a registered job is ``encrypted``: ``ConfigError`` naming the variable if
+        the app key or one of ``APP_PREVIOUS_KEYS`` cannot be a key (an unusable key is
+        found when the app starts, not job by job)."""
+        if any(job.encrypted for job in registered_jobs().values()):
+            check_keys(self.key, "APP_KEY" if self._key is None else "App(key=...)")
 
     # -- discovery ---------------------------------------------------------------
 
@@ -542,6 +561,7 @@ class App:
     async def start(self) -> None:
         """Start in-process consumers for the ``memory`` connections."""
         self._lock_store_name()  # no usable lock/batch store is a start-up error
+        self.check_keys()  # jobs imported since App() was built
         for name, options in self.queue_config.connections.items():
             if options["driver"] == "memory":
                 self.manager.ensure_local_worker(name)

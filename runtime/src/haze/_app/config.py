@@ -22,6 +22,8 @@ from typing import Any, TypeVar, overload
 
 from haze._kernel.durations import parse_duration
 from haze._kernel.errors import ConfigError
+from haze._kernel.hints import did_you_mean
+from haze._kernel.message import redis_key_part_error
 from haze.contracts.driver import DeclaresOptions
 from haze.drivers import driver_class
 from haze.stores import store_class
@@ -119,7 +121,26 @@ def env(name: str, default: object = None) -> object:
             return float(raw)
         except ValueError:
             raise ConfigError(f"expected a number, got {raw!r}", key=f"env {name}") from None
-    return raw
+    return EnvValue(raw, name)
+
+
+class EnvValue(str):
+    """A string read by :func:`env`: it remembers its variable, so a bad value is
+    reported against the variable it came from, not only the config key."""
+
+    variable: str
+
+    def __new__(cls, value: str, variable: str) -> EnvValue:
+        self = super().__new__(cls, value)
+        self.variable = variable
+        return self
+
+
+def _origin(value: object) -> str:
+    """`` (from the environment variable X)`` for a value :func:`env` read, else ``""``."""
+    return (
+        f" (from the environment variable {value.variable})" if isinstance(value, EnvValue) else ""
+    )
 
 
 @dataclass
@@ -211,6 +232,8 @@ def define_haze_config(*, cloudflare: Mapping[str, Any] | None = None, **extra: 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,200}$")
 _QUEUE = re.compile(r"^[A-Za-z0-9_.:\-]{1,255}$")
+#: The longest queue connection name (failed jobs keep it in every store).
+MAX_CONNECTION_NAME = 64
 
 
 class _V:
@@ -599,6 +622,13 @@ def _queue_connections(
     for name, c in conns_raw.items():
         key = f"connections.{name}"
         v.name(name, key)
+        if len(name) > MAX_CONNECTION_NAME:
+            # Failed jobs record it (a VARCHAR(191) column on MySQL): never let a store cut it.
+            raise v.fail(
+                key,
+                f"a queue connection name has 1 to {MAX_CONNECTION_NAME} characters, "
+                f"got {len(name)}; choose a shorter name",
+            )
         c = v.mapping(c, key, required=True)
         driver = v.string(c.get("driver"), f"{key}.driver", required=True)
         schema = _plugin_schema(v, driver or "", QUEUE_DRIVER_OPTIONS, _COMMON, key, driver_class)
@@ -626,6 +656,12 @@ def _check_connection_links(v: _V, connections: dict[str, dict[str, Any]]) -> No
                     )
         if c["driver"] == "sqs" and not c.get("queue_url"):
             raise v.fail(f"connections.{name}.queue_url", "is required for the sqs driver")
+        if c["driver"] == "redis":
+            named = [("prefix", "a key prefix", c.get("prefix") or "")]
+            named += [("queues", "a queue name", q) for q in c.get("queues") or ()]
+            for key, what, value in named:
+                if ":" in value:
+                    raise v.fail(f"connections.{name}.{key}", redis_key_part_error(what, value))
 
 
 def _queue_default(v: _V, raw: Mapping[str, Any], connections: dict[str, dict[str, Any]]) -> str:
@@ -635,9 +671,11 @@ def _queue_default(v: _V, raw: Mapping[str, Any], connections: dict[str, dict[st
     default = v.string(default, "default", required=True)
     if default not in connections:
         raise v.fail(
-            "default", f"{default!r} is not one of the connections: {', '.join(connections)}"
+            "default",
+            f"{str(default)!r}{_origin(default)} is not one of the connections: "
+            f"{', '.join(connections)}{did_you_mean(str(default), connections)}",
         )
-    return default
+    return str(default)
 
 
 def _queue_middleware(v: _V, raw: Mapping[str, Any]) -> list[Any]:
@@ -696,7 +734,11 @@ def _validate_named(
     default = s.raw.get("default") or next(iter(items))
     default = v.string(default, "default", required=True)
     if default not in items:
-        raise v.fail("default", f"{default!r} is not one of the {section}: {', '.join(items)}")
+        raise v.fail(
+            "default",
+            f"{str(default)!r}{_origin(default)} is not one of the {section}: "
+            f"{', '.join(items)}{did_you_mean(str(default), items)}",
+        )
     return default, items, src
 
 

@@ -9,16 +9,24 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from haze._kernel.errors import BackendUnavailableError, MessageDecodeError
-from haze._kernel.message import Message, decode, encode
+from haze._kernel.message import RETRIED, RETRY_CLAIM, Message, decode, encode, new_id
 from haze.contracts.driver import Driver, FailedJob, unavailable
+from haze.contracts.failed import RetryClaims
 
 if TYPE_CHECKING:
     from haze._app.app import App
 
-__all__ = ["Admin"]
+__all__ = ["RETRY_LEASE", "Admin"]
 
 log = logging.getLogger("haze")
 _time = time.time
+
+#: Seconds a retry's claim on a failed record holds: a retry that died before it
+#: queued the job leaves the record retryable again after this.
+RETRY_LEASE = 15 * 60.0
+#: What a failed record adds to the stored message's meta (the attempt it failed on, an
+#: encrypted job's sealed error) and a retry's own claim: dropped when it is queued again.
+_NOT_RETRIED = ("failed_attempt", "failed_exception", RETRY_CLAIM, RETRIED)
 
 
 class Admin:
@@ -69,23 +77,50 @@ class Admin:
                 records.append(rec)
         done: list[str] = []
         for rec in records:
-            if await self._requeue(rec, driver):
-                await driver.failed.forget(rec.id)
+            if await self._retry_one(rec, driver, single=ids is not None and ids != "all"):
                 done.append(rec.id)
         return done
 
-    async def _requeue(self, rec: FailedJob, driver: Driver) -> bool:
+    async def _retry_one(self, rec: FailedJob, driver: Driver, *, single: bool) -> bool:
+        """Claim the record, queue its job, then delete the record (see ``RetryClaims``).
+
+        If the process dies after the claim and before the job is queued, the record
+        stays, and is retryable again when the claim's lease has passed. If it dies after
+        the job is queued and before the record is deleted, the job's first run deletes
+        it (the message carries the claim token).
+        """
         try:
             message = decode(rec.body)
         except MessageDecodeError as e:
             log.error("failed job %s cannot be retried: %s", rec.id, e)
             return False
+        failed = driver.failed
+        if not isinstance(failed, RetryClaims):  # a third-party store: unclaimed
+            await self._requeue(message, driver, None)
+            await failed.forget(rec.id)
+            return True
+        token = new_id()
+        claimed = await failed.claim_retry(rec.id, token, RETRY_LEASE)
+        if claimed is None:
+            if single:
+                raise LookupError(
+                    f'failed job "{rec.id}" on connection "{driver.name}" is being retried '
+                    "by another caller, or is gone"
+                )
+            return False
+        await self._requeue(decode(claimed.body), driver, token)
+        await failed.retried(rec.id, token)
+        return True
+
+    async def _requeue(self, message: Message, driver: Driver, token: str | None) -> None:
         message.attempts = 0
         message.ts = _time()
-        if message.meta is not None and "failed_attempt" in message.meta:
-            # A fresh run: its next failure records its own attempt.
-            message.meta = {k: v for k, v in message.meta.items() if k != "failed_attempt"}
-            message.meta = message.meta or None
+        meta = {
+            k: v for k, v in (message.meta or {}).items() if k not in _NOT_RETRIED
+        }  # a fresh run: its next failure records its own attempt
+        if token is not None:
+            meta[RETRIED] = {"token": token, "connection": driver.name}
+        message.meta = meta or None
         body = encode(message)
         target = (
             self.app.driver(message.connection or driver.name)
@@ -98,7 +133,6 @@ class Admin:
             await target.enqueue(body, message, 0.0)
             if not target.remote:
                 self.ensure_local_worker(target.name)
-        return True
 
     async def forget(self, id: str, connection: str | None = None) -> bool:
         return await self.app.driver(connection).failed.forget(id)

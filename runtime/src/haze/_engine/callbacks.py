@@ -62,10 +62,11 @@ class Callbacks:
             if isinstance(ref, dict) and "fn" in ref:
                 self._local.pop(ref["fn"], None)
 
-    async def claim_once(self, key: str, owner: str) -> bool:
-        """True when ``owner`` (a message id) may run the callback claimed by ``key``."""
+    async def claim_once(self, key: str, owner: str, ttl: float | None = None) -> bool:
+        """True when ``owner`` (a message id) may run the callback claimed by ``key``,
+        kept ``ttl`` seconds (None: as long as batches are kept)."""
         store = self.stores.batches()
-        ttl = self.app.queue_config.batches_ttl
+        ttl = self.app.queue_config.batches_ttl if ttl is None else ttl
         if await store.add(key, owner, ttl):
             return True
         return bool(await store.get(key) == owner)

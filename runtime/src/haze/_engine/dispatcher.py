@@ -102,7 +102,7 @@ class Dispatcher:
         meta: dict[str, Any] | None = None,
     ) -> Message:
         job = pending.job
-        if queue.__class__ is not str or not 0 < len(queue) <= MAX_QUEUE_NAME:
+        if queue.__class__ is not str or not 0 < len(queue) <= MAX_QUEUE_NAME or "," in queue:
             check_queue_name(queue, f'job "{job.name}": queue')  # raises, saying why
         payload = job.to_wire(pending.payload)
         if pending._group is not None:

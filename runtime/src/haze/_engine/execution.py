@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -26,12 +27,19 @@ from haze._engine.pipeline import Contained, Pipeline, compose, with_timeout
 from haze._engine.throughput import ReadDuration, Tally
 from haze._jobs.context import JobContext, _tenant
 from haze._jobs.definition import find_job, get_job
-from haze._kernel.crypto import decrypt_payload
+from haze._kernel.crypto import decrypt_payload, sealed_error
 from haze._kernel.current import app_var
+from haze._kernel.describe import cap_text, error_line
 from haze._kernel.durations import MAX_DELAY, backoff_delay
-from haze._kernel.errors import MaxAttemptsExceededError, MessageDecodeError, UnknownJobError
-from haze._kernel.message import decode_payload, encode_payload
-from haze.contracts.driver import DelayStep, Reserved
+from haze._kernel.errors import (
+    JobFailedError,
+    MaxAttemptsExceededError,
+    MessageDecodeError,
+    UnknownJobError,
+)
+from haze._kernel.message import RETRIED, UNRECORDED_FAILURE, decode_payload, encode_payload
+from haze.contracts.driver import CappedDelay, DelayStep, Reserved, unavailable
+from haze.contracts.failed import RetryClaims
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -44,7 +52,7 @@ if TYPE_CHECKING:
     from haze._engine.tracking import Tracking
     from haze._jobs.definition import JobDefinition
     from haze._kernel.message import Message
-    from haze.contracts.driver import Driver
+    from haze.contracts.driver import Driver, FailedJob
 
 __all__ = ["Execution"]
 
@@ -201,6 +209,8 @@ class Execution:
             run.payload = self._decode(job, message)
         except Exception as e:
             return await self._final(run, e)
+        if message.meta is not None and UNRECORDED_FAILURE in message.meta:
+            return await self._unrecorded(run)
         if reserved.attempt > job.tries and job.retry_until is None and not inline:
             # Reclaimed after a worker crash with no try left: fail it, do not run it again.
             err = MaxAttemptsExceededError(
@@ -242,6 +252,8 @@ class Execution:
         if message.unique is not None and message.unique.get("until") == "processing":
             await self.locks.unlock(message)
             message.unique = None
+        if message.meta is not None and RETRIED in message.meta:
+            await self._retried(message)
         debounced = message.meta is not None and "debounce" in message.meta
         if debounced and await self.locks.superseded(run.job, message):
             await self._ack(run.driver, run.reserved)
@@ -258,11 +270,26 @@ class Execution:
         await self.hooks.settled(run)
         return Outcome.SKIPPED, None
 
+    async def _retried(self, message: Message) -> None:
+        """A job retried from failed jobs: delete the record its retry claimed, in case
+        the retrying process died after queueing it (``Admin`` deletes it otherwise)."""
+        claim = (message.meta or {}).get(RETRIED)
+        if not isinstance(claim, dict):
+            return
+        token, connection = claim.get("token"), claim.get("connection")
+        if not isinstance(token, str) or connection not in self.app.queue_config.connections:
+            return
+        failed = self.app.driver(connection).failed
+        if isinstance(failed, RetryClaims):
+            await failed.retried(message.id, token)
+
     async def _claimed_elsewhere(self, run: Run) -> Skip | None:
         """A callback dispatched with a claim key that another message owns."""
         meta = run.message.meta
         once = meta.get("once") if meta is not None else None
-        if isinstance(once, str) and not await self.callbacks.claim_once(once, run.message.id):
+        if isinstance(once, str) and not await self.callbacks.claim_once(
+            once, run.message.id, _once_ttl(meta)
+        ):
             log.info(
                 'Job "%s" (%s) skipped: its callback already ran', run.job.name, run.message.id
             )
@@ -284,6 +311,7 @@ class Execution:
                 extra=_extra(run, "running"),
             )
         started = _perf()
+        run.started = True
         self.tracking.started(ctx, run.inline)
         try:
             if job.timeout is None:
@@ -370,6 +398,8 @@ class Execution:
             )
             await self.locks.unlock(message)
             return Outcome.RELEASED, None
+        if isinstance(run.driver, CappedDelay):
+            delay = run.driver.cap_delay(delay)
         if job_log.isEnabledFor(_DEBUG):
             job_log.debug(
                 'Job "%s" released, back in %gs',
@@ -395,17 +425,18 @@ class Execution:
             else backoff_delay(job.backoff, attempt)
         )
         delay = min(delay, MAX_DELAY)  # "exponential" doubles up to 2**40 s
+        if isinstance(driver, CappedDelay):
+            delay = driver.cap_delay(delay)  # its warning first, then the line below
         step = driver.delay_step if isinstance(driver, DelayStep) else None
         waits = -(-delay // step) * step if step and delay > 0 else delay
         job_log.warning(
-            'Job "%s" failed (attempt %d/%s), retrying in %ss: %s: %s',
+            'Job "%s" failed (attempt %d/%s), retrying in %ss: %s',
             job.name,
             attempt,
             "∞" if job.retry_until else job.tries,
             f"{waits:g}",
-            type(error).__name__,
-            error,
-            extra={**_extra(run, "retry"), "retry_in": waits, "error": error},
+            _shown(run, error),
+            extra={**_extra(run, "retry"), "retry_in": waits, **_error_fields(run, error)},
         )
         run.outcome, run.error, run.delay, run.shown_delay = Outcome.RETRY, error, delay, waits
         await self.hooks.settling(run)
@@ -417,13 +448,12 @@ class Execution:
     async def _final(self, run: Run, error: BaseException) -> Result:
         job, message, ctx, reserved = run.job, run.message, run.ctx, run.reserved
         job_log.error(
-            'Job "%s" failed after %d attempt(s): %s: %s',
+            'Job "%s" failed after %d attempt(s): %s',
             job.name,
             reserved.attempt,
-            type(error).__name__,
-            error,
-            exc_info=error if not run.inline else None,
-            extra={**_extra(run, "failed"), "error": error},
+            _shown(run, error),
+            exc_info=error if not run.inline and not _sealed(run) else None,
+            extra={**_extra(run, "failed"), **_error_fields(run, error)},
         )
         if self.events.failing:
             await self.events.emit("failing", ctx, error)
@@ -431,13 +461,109 @@ class Execution:
             payload = run.payload if run.payload is not None else message.payload
             await self.failures.call_failed(job, payload, error, ctx)
         run.outcome, run.error = Outcome.FAILED, error
+        await self._record_failure(run, error)
+        return Outcome.FAILED, error
+
+    async def _unrecorded(self, run: Run) -> Result:
+        """A final failure that the failed-job store could not keep when it happened, sent
+        back by the driver to be recorded now: with the job's own error, without running
+        the job or its ``failed()`` again."""
+        pending = (run.message.meta or {}).get(UNRECORDED_FAILURE)
+        pending = pending if isinstance(pending, dict) else {}
+        text = pending.get("exception")
+        text = text if isinstance(text, str) else "(the error of this failure was not kept)"
+        attempt = pending.get("attempt")
+        job_log.info(
+            'Job "%s" (%s): recording the failure that the failed-job store could not keep '
+            "when it happened",
+            run.job.name,
+            run.message.id,
+        )
+        error = JobFailedError(text)
+        run.outcome, run.error = Outcome.FAILED, error
+        await self._record_failure(
+            run, error, exception=text, attempt=attempt if type(attempt) is int else None
+        )
+        return Outcome.FAILED, error
+
+    async def _record_failure(
+        self,
+        run: Run,
+        error: BaseException,
+        *,
+        exception: str | None = None,
+        attempt: int | None = None,
+    ) -> None:
+        """Settle a final failure. An error of the failure path itself (a hook's bug, a
+        record that cannot be built or stored) must not leave the job reserved, to be
+        reclaimed and fail the same way for ever: it is added to the record, and the job
+        is settled. Only an outage raises (the job waits for the backend, as a worker
+        does for any outage)."""
+        reserved, driver = run.reserved, run.driver
+        also: list[BaseException] = []
         # Batch counts settle before fail(): once the job has left the queue, a crash
         # would leave the batch waiting for it forever (counted twice, it counts once).
-        await self.hooks.settling(run)
-        record = self.failures.record(message, run.driver.name, error, reserved.attempt)
-        self.owned(await run.driver.fail(reserved, record), reserved, "failure")
-        await self.hooks.settled(run)
-        return Outcome.FAILED, error
+        try:
+            await self.hooks.settling(run)
+        except Exception as e:
+            self._unless_outage(e, also)
+        try:
+            record = self.failures.record(
+                run.message, driver.name, error, attempt or reserved.attempt, exception=exception
+            )
+        except Exception as e:  # e.g. a payload that cannot be encrypted again
+            also.append(e)
+            record = self.failures.undecodable(reserved, driver.name, error)
+            if run.job.encrypted:
+                record.payload = None  # decrypted for the run: never kept in plaintext
+        if also:
+            record.exception = self.failures.also_raised(record.exception, also)
+        self.owned(await self._store_failure(driver, reserved, record), reserved, "failure")
+        try:
+            await self.hooks.settled(run)
+        except Exception as e:
+            self._unless_outage(e, [])
+            log.exception('haze: after job "%s" failed, an outcome hook raised', run.job.name)
+
+    async def _store_failure(self, driver: Driver, reserved: Reserved, record: FailedJob) -> bool:
+        """``driver.fail``; when it raises other than for an outage, once more with its
+        error in the record, and then, as a last resort, the record goes to the log
+        and the message is acknowledged: never left to fail the same way for ever."""
+        try:
+            return await driver.fail(reserved, record)
+        except Exception as e:
+            if self._outage(e):
+                raise
+            # if the record's text was the trouble, it is now bounded and plain
+            record.exception = self.failures.also_raised(record.exception, [e])
+        try:
+            return await driver.fail(reserved, record)
+        except Exception as e:
+            if self._outage(e):
+                raise
+            log.error(
+                'haze: the failure of job "%s" (%s) on %s/%s could not be recorded (%s); the '
+                "message is removed from its queue and this line is its only record: %s\n%s",
+                record.name,
+                record.id,
+                driver.name,
+                record.queue,
+                error_line(e),
+                record.exception,
+                cap_text(record.body, 4096),
+            )
+        return await driver.ack(reserved)
+
+    def _outage(self, error: BaseException) -> bool:
+        """Whether ``error`` says a backend cannot be reached (of any connection in use)."""
+        if isinstance(error, OSError):  # BackendUnavailableError and database outages too
+            return True
+        return any(unavailable(d, error) is not None for d in list(self.app._drivers.values()))
+
+    def _unless_outage(self, error: Exception, also: list[BaseException]) -> None:
+        if self._outage(error):
+            raise error
+        also.append(error)
 
     async def _cancelled(self, run: Run, error: BaseException | None) -> Result:
         """End a cancelled job: acked, no retry, no ``failed()``; a batch counts it like
@@ -462,7 +588,7 @@ class Execution:
     ) -> None:
         log.error("haze: cannot run a message on %s/%s: %s", driver.name, reserved.queue, error)
         record = self.failures.undecodable(reserved, driver.name, error)
-        self.owned(await driver.fail(reserved, record), reserved, "failure")
+        self.owned(await self._store_failure(driver, reserved, record), reserved, "failure")
 
     async def _ack(self, driver: Driver, reserved: Reserved) -> None:
         later = reserved.ack_later
@@ -502,11 +628,37 @@ class Execution:
         )
 
 
+def _once_ttl(meta: dict[str, Any] | None) -> float | None:
+    """How long the message asks its once key to be kept (a schedule's tick: its own
+    window); None, or a value that is not a positive number, keeps the default."""
+    ttl = None if meta is None else meta.get("once_ttl")
+    if ttl.__class__ in (int, float) and 0 < ttl < math.inf:
+        return float(ttl)
+    return None
+
+
 def _extra(run: Run, state: str) -> dict[str, Any]:
-    """The fields of a lifecycle log record (``state`` marks the job lines)."""
-    return {
-        "job": run.job.name,
-        "job_id": run.message.id,
-        "attempt": run.reserved.attempt,
-        "state": state,
-    }
+    """The fields of a lifecycle log record (``state`` marks the job lines). A job
+    cancelled before its handler started shows the attempts that ran (0 for a first
+    delivery), not the one it was delivered for."""
+    attempt = run.reserved.attempt
+    if state == "cancelled" and not run.started:
+        attempt = max(0, attempt - 1)
+    return {"job": run.job.name, "job_id": run.message.id, "attempt": attempt, "state": state}
+
+
+def _sealed(run: Run) -> bool:
+    """Whether the run's error stays encrypted: an encrypted job's text (often made of its
+    payload: "card 4242 declined") is kept in its encrypted failed record only. A payload
+    that could not be decrypted (``enc`` still set) was never read: its error is plain."""
+    return run.job.encrypted and run.message.enc is None
+
+
+def _shown(run: Run, error: BaseException) -> str:
+    """The error as a log line shows it."""
+    return sealed_error(error) if _sealed(run) else error_line(error)
+
+
+def _error_fields(run: Run, error: BaseException) -> dict[str, Any]:
+    """The log record's error: the exception itself, or only what ``_shown`` shows."""
+    return {"error_text": sealed_error(error)} if _sealed(run) else {"error": error}

@@ -13,14 +13,14 @@ import copy
 import inspect
 import logging
 import time
-import traceback
 from typing import TYPE_CHECKING, Any
 
 from haze._engine.hooks import Outcome, Run
 from haze._jobs.definition import find_job
-from haze._kernel.crypto import encrypt_payload
+from haze._kernel.crypto import encrypt_payload, seal_failure, sealed_error
+from haze._kernel.describe import cap_text, error_line, format_error
 from haze._kernel.errors import JobTimeoutError, MaxExceptionsError, RetryUntilExpiredError
-from haze._kernel.message import Message, encode, new_id
+from haze._kernel.message import RETRIED, UNRECORDED_FAILURE, Message, encode, new_id
 from haze.contracts.driver import FailedJob
 
 if TYPE_CHECKING:
@@ -34,11 +34,8 @@ __all__ = ["ExceptionCount", "Failures", "format_error"]
 
 log = logging.getLogger("haze")
 _time = time.time
-
-
-def format_error(error: BaseException) -> str:
-    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    return text.strip() or f"{type(error).__name__}: {error}"
+#: Meta fields of a delivery, never of the stored failed record.
+_TRANSIENT = (RETRIED, UNRECORDED_FAILURE)
 
 
 def exceptions_key(message: Message) -> str:
@@ -66,14 +63,14 @@ class Failures:
                 return MaxExceptionsError(
                     f'Job "{job.name}" raised {n} exceptions '
                     f"(max_exceptions={job.max_exceptions}); "
-                    f"last: {type(error).__name__}: {error}"
+                    f"last: {error_line(error)}"
                 )
         if job.retry_until is not None:
             first = float((message.meta or {}).get("first_ts") or message.ts)
             if _time() >= first + job.retry_until:
                 return RetryUntilExpiredError(
                     f'Job "{job.name}" passed retry_until ({job.retry_until:g}s after its first '
-                    f"dispatch); last: {type(error).__name__}: {error}"
+                    f"dispatch); last: {error_line(error)}"
                 )
             return None
         if run.reserved.attempt >= job.tries:
@@ -106,31 +103,56 @@ class Failures:
         connection: str,
         error: BaseException,
         attempt: int | None = None,
+        *,
+        exception: str | None = None,
     ) -> FailedJob:
-        """The failed-job record of ``message``."""
+        """The failed-job record of ``message`` (``exception``: its text, when it was
+        described earlier; else ``error``'s traceback)."""
         # A retried job must not release a lock it no longer holds: the stored body drops
         # ``unique``, but ``message`` keeps it so that the failure can still release it.
         body_message = copy.copy(message)
         body_message.unique = None
+        meta = message.meta
+        if meta is not None and (RETRIED in meta or UNRECORDED_FAILURE in meta):
+            # the claim of the retry that queued it; a failure sent back to be recorded
+            meta = {k: v for k, v in meta.items() if k not in _TRANSIENT} or None
         if attempt is not None:
             # The attempt it failed on rides in the stored body's meta: every driver's
             # failed record keeps that body, so no failed-table column is needed.
-            body_message.meta = {**(message.meta or {}), "failed_attempt": attempt}
+            meta = {**(meta or {}), "failed_attempt": attempt}
+        body_message.meta = meta
         job = find_job(message.job)
+        if exception is None:
+            exception = format_error(error)
         if message.enc is None and job is not None and job.encrypted:
             encrypt_payload(self.app, body_message)
+            # The job saw its plaintext, and its error text is often made of it ("card
+            # 4242 declined"): kept encrypted in the body, the record's own column names
+            # the type only. (A payload that could not be decrypted keeps its plain
+            # error: no plaintext was read, and the operator must see why.)
+            sealed = seal_failure(self.app, message.id, exception)
+            body_message.meta = {**(body_message.meta or {}), "failed_exception": sealed}
+            exception = sealed_error(error)
         return FailedJob(
             id=message.id,
             name=message.job,
             connection=connection,
             queue=message.queue,
             payload=None if body_message.enc is not None else message.payload,
-            exception=format_error(error),
+            exception=exception,
             failed_at=_time(),
             chain_id=message.chain_id,
             batch_id=message.batch_id,
             body=encode(body_message),
         )
+
+    @staticmethod
+    def also_raised(exception: str, errors: list[BaseException]) -> str:
+        """A failed record's text, with the errors its failure path raised after it."""
+        parts = [exception]
+        for e in errors:
+            parts.append(f"While this failure was recorded, haze raised:\n{format_error(e)}")
+        return cap_text("\n\n".join(parts))
 
     @staticmethod
     def undecodable(reserved: Reserved, connection: str, error: BaseException) -> FailedJob:

@@ -86,6 +86,8 @@ class Run:
     raise_after: BaseException | None = None
     #: The hooks its ``settling`` step chose; ``settled`` calls the same ones.
     hooks: list[OutcomeHook] | None = None
+    #: Whether the handler was started (False: skipped or cancelled before it ran).
+    started: bool = False
 
     @property
     def tracked(self) -> bool:

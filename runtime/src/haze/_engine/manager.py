@@ -167,7 +167,7 @@ class QueueManager:
         except RuntimeError:  # pragma: no cover
             loop = None
         await self.local.stop(loop)
-        self.tracking.stop_watching(loop)
+        await self.tracking.stop_watching(loop)
 
     async def shutdown(self) -> None:
         """Stop local consumers after their running jobs; warn about what is lost."""
@@ -234,6 +234,9 @@ class QueueManager:
 
     def abort_running(self, job_id: str) -> None:
         self.tracking.abort_running(job_id)
+
+    def open_sealed(self, job_id: str, blob: object) -> dict[str, Any] | None:
+        return self.tracking.open_sealed(job_id, blob)
 
     # ------------------------------------------------------------ admin
 

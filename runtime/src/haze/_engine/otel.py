@@ -1,4 +1,4 @@
-"""OpenTelemetry traces and metrics for haze jobs (extra ``haze[otel]``).
+"""OpenTelemetry traces and metrics for haze jobs (extra ``haze-jobs[otel]``).
 
 Built on ``opentelemetry-api`` only: the app picks and configures the SDK and its
 exporters, haze records through whatever providers are set. Traces follow the
@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from haze._engine.hooks import Outcome, Run
 from haze._kernel.deps import require
+from haze._kernel.describe import error_line, error_text
 from haze._kernel.version import __version__
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ __all__ = ["Telemetry", "TelemetryHook", "TelemetrySlot", "prometheus_text", "te
 
 _time = time.time
 _perf = time.perf_counter
+#: What a span says of an encrypted job's error text.
+_SEALED = "(encrypted)"
 
 #: ``messaging.system``: haze is the messaging layer, whatever backend carries it.
 SYSTEM = "haze"
@@ -268,7 +271,7 @@ class Telemetry:
                 raise
             finally:
                 self._ended(job.name, queue, metric_attrs, outcome, _perf() - started)
-                self._outcome(span, outcome, error)
+                self._outcome(span, outcome, error, job.encrypted)
 
     def _parent(self, message: Message) -> tuple[Any, Any]:
         """The producer's context carried by ``message``, and a link to its span."""
@@ -301,28 +304,30 @@ class Telemetry:
         if counter is not None:
             self._count(counter, job, queue, metric_attrs)
 
-    def _outcome(self, span: Any, outcome: str, error: BaseException | None) -> None:
+    def _outcome(self, span: Any, outcome: str, error: BaseException | None, sealed: bool) -> None:
+        """``sealed``: an encrypted job, whose error text (often made of its payload) stays
+        in its encrypted failed record: the span gets the type only, and no traceback."""
         span.set_attribute("haze.job.outcome", outcome)
         if outcome == "failed" and error is not None:
+            text = _SEALED if sealed else error_text(error)
             span.add_event(
                 "haze.job.failure",
-                {
-                    "exception.type": type(error).__name__,
-                    "exception.message": str(error),
-                },
+                {"exception.type": type(error).__name__, "exception.message": text},
             )
-            span.record_exception(error)
+            if not sealed:
+                span.record_exception(error)
             span.set_attribute("error.type", type(error).__qualname__)
-            span.set_status(self._trace.StatusCode.ERROR, f"{type(error).__name__}: {error}")
+            line = f"{type(error).__name__}: {_SEALED}" if sealed else error_line(error)
+            span.set_status(self._trace.StatusCode.ERROR, line)
 
-    def retrying(self, delay: float, error: BaseException) -> None:
+    def retrying(self, delay: float, error: BaseException, sealed: bool = False) -> None:
         """The running job failed and goes back for another try in ``delay`` seconds."""
         self._trace.get_current_span().add_event(
             "haze.job.retry",
             {
                 "haze.job.retry_in": delay,
                 "exception.type": type(error).__name__,
-                "exception.message": str(error),
+                "exception.message": _SEALED if sealed else error_text(error),
             },
         )
 
@@ -468,7 +473,7 @@ class TelemetryHook:
             return
         if run.outcome == Outcome.RETRY:
             assert run.error is not None
-            otel.retrying(run.shown_delay, run.error)
+            otel.retrying(run.shown_delay, run.error, run.job.encrypted)
         else:
             otel.releasing(run.delay)
 

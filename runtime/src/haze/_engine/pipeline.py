@@ -14,6 +14,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from haze._kernel.describe import error_line
 from haze._kernel.errors import JobTimeoutError
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ class Contained(Exception):
     stop the event loop, and so the worker and every other running job."""
 
     def __init__(self, error: BaseException) -> None:
-        super().__init__(f"{type(error).__name__}: {error}")
+        super().__init__(error_line(error))
         self.error = error
 
 

@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from haze._engine.hooks import Outcome, Run
 from haze._jobs import status
-from haze._kernel.errors import BackendUnavailableError, JobCancelledError
+from haze._jobs.definition import find_job
+from haze._kernel.crypto import seal, unseal
+from haze._kernel.errors import BackendUnavailableError, JobCancelledError, MessageDecodeError
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -85,6 +87,25 @@ class Tracking:
         if ctx is not None and not ctx.signal.aborted:
             ctx.signal.abort(JobCancelledError(f'Job "{ctx.name}" ({job_id}) was cancelled'))
 
+    def open_sealed(self, job_id: str, blob: object) -> dict[str, Any] | None:
+        if not self.app.key:
+            return None
+        what = f"the status record of job {job_id}"
+        try:
+            opened = unseal(self.app, blob, status.sealed_context(job_id), what)
+        except MessageDecodeError as e:
+            log.warning("%s", e)
+            return None
+        return opened if isinstance(opened, dict) else None
+
+    def sealer(self, message: Message) -> status.Sealer | None:
+        """How an encrypted job's record fields are encrypted (None: a plain job)."""
+        job = find_job(message.job)
+        if job is None or not job.encrypted:
+            return None
+        app, context = self.app, status.sealed_context(message.id)
+        return lambda fields: seal(app, fields, context)
+
     # ------------------------------------------------------------ records
 
     def meta_for(self, job: JobDefinition[Any]) -> dict[str, float] | None:
@@ -97,7 +118,8 @@ class Tracking:
     async def queued(self, message: Message, delay: float) -> None:
         """A tracked message is about to be queued (before the enqueue: a worker's
         ``running`` must come after it)."""
-        await status.write(self, message, "delayed" if delay > 0 else "queued", wait=delay)
+        state = "delayed" if delay > 0 else "queued"
+        await status.write(self, message, state, wait=delay, seal=self.sealer(message))
 
     async def record(
         self,
@@ -108,8 +130,10 @@ class Tracking:
         result: Any = None,
         error: str | None = None,
         wait: float = 0.0,
+        attempt: int | None = None,
     ) -> None:
-        """Write a tracked job's record after its pending progress writes."""
+        """Write a tracked job's record after its pending progress writes (``attempt``:
+        other than the context's, for a job that never started)."""
         tasks = ctx._progress_tasks
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -117,11 +141,12 @@ class Tracking:
             self,
             message,
             state,
-            attempt=ctx.attempt,
+            attempt=ctx.attempt if attempt is None else attempt,
             progress=ctx._progress,
             result=result,
             error=error,
             wait=wait,
+            seal=self.sealer(message),
         )
 
     # ------------------------------------------------------------ cancellation
@@ -139,7 +164,7 @@ class Tracking:
         most once per ``CANCEL_POLL``.
         """
         if tracked:
-            await status.write(self, message, "running", attempt=attempt)
+            await status.write(self, message, "running", attempt=attempt, seal=self.sealer(message))
         store = self.stores.state()
         try:
             if _time() - self._hint_at > status.CANCEL_POLL:
@@ -169,11 +194,14 @@ class Tracking:
         if self.running.get(ctx.id) is ctx:
             del self.running[ctx.id]
 
-    def stop_watching(self, loop: asyncio.AbstractEventLoop | None) -> None:
+    async def stop_watching(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """End this loop's cancel watch, and wait for it to end (a Lambda invocation
+        leaves no task behind)."""
         watcher = self._watcher
         if watcher is not None and watcher.get_loop() is loop:
             self._watcher = None
             watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
 
     async def _watch(self) -> None:
         told = False
@@ -181,7 +209,9 @@ class Tracking:
             while True:
                 await asyncio.sleep(status.CANCEL_POLL)
                 ids = list(self.running)
-                if not ids:
+                # stop_watching awaits this task: it must end even if a store client
+                # swallowed the cancellation
+                if not ids or self._watcher is not asyncio.current_task():
                     return  # the next attempt to start begins a new watch
                 try:
                     keys = [status.HINT_KEY, *(status.cancel_key(i) for i in ids)]
@@ -239,7 +269,10 @@ class Tracking:
             await self.events.emit("progress", ctx, value)
         m = ctx.message
         if tracked and m is not None and ctx._progress is value:  # a newer value is due
-            await status.write(self, m, "running", attempt=ctx.attempt, progress=value)
+            seal_fields = self.sealer(m)
+            await status.write(
+                self, m, "running", attempt=ctx.attempt, progress=value, seal=seal_fields
+            )
 
 
 class StatusRecord:
@@ -267,7 +300,9 @@ class StatusRecord:
             await record(message, ctx, "failed", error=status.error_text(run.error))
         elif outcome in (Outcome.CANCELLED, Outcome.SKIPPED):
             if run.note is not None:
-                await record(message, ctx, "cancelled", error=run.note)
+                # never started: the attempts that ran, not the one it was delivered for
+                ran = ctx.attempt if run.started else max(0, ctx.attempt - 1)
+                await record(message, ctx, "cancelled", error=run.note, attempt=ran)
         elif outcome == Outcome.RETRY:
             assert run.error is not None
             state = "delayed" if run.delay > 0 else "queued"

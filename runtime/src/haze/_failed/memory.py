@@ -17,10 +17,33 @@ class MemoryFailedJobs:
 
     def __init__(self) -> None:
         self._jobs: dict[str, FailedJob] = {}
+        #: id -> (token, claim's end, the record claimed) of retries in progress
+        self._claims: dict[str, tuple[str, float, FailedJob]] = {}
 
     async def record(self, job: FailedJob) -> None:
         self._jobs.pop(job.id, None)
         self._jobs[job.id] = job
+
+    async def claim_retry(self, id: str, token: str, lease: float) -> FailedJob | None:
+        job = self._jobs.get(id)
+        if job is None:
+            return None
+        held = self._claims.get(id)
+        now = time.monotonic()
+        if held is not None and held[2] is job and now < held[1]:
+            return None
+        self._claims[id] = (token, now + lease, job)
+        return job
+
+    async def retried(self, id: str, token: str) -> bool:
+        held = self._claims.get(id)
+        if held is None or held[0] != token:
+            return False
+        del self._claims[id]
+        if self._jobs.get(id) is not held[2]:
+            return False  # recorded again after the claim: the job failed again
+        del self._jobs[id]
+        return True
 
     async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
         return [j for j in self._jobs.values() if queue is None or j.queue == queue]
@@ -81,6 +104,12 @@ class NoFailedJobs:
         return None
 
     async def forget(self, id: str) -> bool:
+        return False
+
+    async def claim_retry(self, id: str, token: str, lease: float) -> FailedJob | None:
+        return None
+
+    async def retried(self, id: str, token: str) -> bool:
         return False
 
     async def flush(self, older_than: float | None = None) -> int:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from haze._kernel.message import FailedJob
+from haze._kernel.message import FailedJob, retry_claim_of, with_retry_claim
 from haze._kernel.sqlfiles import queue_schema, queue_sql
 
 if TYPE_CHECKING:
@@ -35,6 +35,8 @@ _NO_JOBS = "haze_no_jobs_table"
 def failed_row(row: Sequence[Any]) -> FailedJob:
     """A ``failed_jobs`` row (uuid, connection, queue, payload, exception, failed_at)."""
     uuid, connection, queue, body, exception, failed_at = row
+    if isinstance(body, (bytes, bytearray)):
+        body = bytes(body).decode("utf-8", "replace")
     return FailedJob.from_body(
         body,
         id=str(uuid),
@@ -117,6 +119,45 @@ class SqlFailedJobs:
 
         await self._call(run)
 
+    def _where(self, name: str, *params: Any) -> tuple[str, tuple[Any, ...]]:
+        """Statement ``name`` whose connection condition comes last (``_of`` puts it first)."""
+        if self.connection is None:
+            return name, params
+        return f"{name}_of", (*params, self.connection)
+
+    async def claim_retry(self, id: str, token: str, lease: float) -> FailedJob | None:
+        found = await self.find(id)
+        if found is None:
+            return None
+        held = retry_claim_of(found.body)
+        now = time.time()
+        if held is not None and now < held[1]:
+            return None
+        body = with_retry_claim(found.body, {"token": token, "until": now + lease})
+        if body is None:
+            return None  # not an envelope: never retried as a job
+        name, params = self._where("failed_claim", body, id, found.body)
+
+        async def run(db: Connector, sql: dict[str, str]) -> int:
+            return int(await db.execute(sql[name], params))
+
+        if await self._call(run) == 0:
+            return None  # another caller's claim (or a new record) came first
+        found.body = body
+        return found
+
+    async def retried(self, id: str, token: str) -> bool:
+        found = await self.find(id)
+        held = retry_claim_of(found.body) if found is not None else None
+        if found is None or held is None or held[0] != token:
+            return False
+        name, params = self._where("failed_forget_body", id, found.body)
+
+        async def run(db: Connector, sql: dict[str, str]) -> int:
+            return int(await db.execute(sql[name], params))
+
+        return await self._call(run) > 0
+
     async def list(self, queue: str | None = None) -> builtins.list[FailedJob]:
         name, params = (
             self._of("failed_list") if queue is None else self._of("failed_list_queue", queue)
@@ -152,5 +193,68 @@ class SqlFailedJobs:
 
         async def run(db: Connector, sql: dict[str, str]) -> int:
             return int(await db.execute(sql[name], params))
+
+        return await self._call(run)
+
+    # -- pages (FailedPages): the dashboard's reads, counted and cut at the database ----
+
+    def _filter(
+        self, queue: str | None, since: float | None, until: float | None
+    ) -> tuple[str, tuple[Any, ...]]:
+        conditions: builtins.list[str] = []
+        params: builtins.list[Any] = []
+        for condition, value in (
+            ("connection = ?", self.connection),
+            ("queue = ?", queue),
+            ("failed_at >= ?", since),
+            ("failed_at <= ?", until),
+        ):
+            if value is not None:
+                conditions.append(condition)
+                params.append(value)
+        return (" WHERE " + " AND ".join(conditions)) if conditions else "", tuple(params)
+
+    async def count(
+        self, queue: str | None = None, since: float | None = None, until: float | None = None
+    ) -> int:
+        where, params = self._filter(queue, since, until)
+
+        async def run(db: Connector, sql: dict[str, str]) -> int:
+            row = await db.fetchone(f"SELECT COUNT(*) FROM {self.table}{where}", params)
+            return 0 if row is None else int(row[0])
+
+        return await self._call(run)
+
+    async def counts(self) -> dict[str, int]:
+        where, params = self._filter(None, None, None)
+        stmt = f"SELECT queue, COUNT(*) FROM {self.table}{where} GROUP BY queue"
+
+        async def run(db: Connector, sql: dict[str, str]) -> dict[str, int]:
+            return {str(q): int(n) for q, n in await db.fetchall(stmt, params)}
+
+        return await self._call(run)
+
+    async def page(
+        self,
+        queue: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        *,
+        offset: int = 0,
+        limit: int = 50,
+        text: int | None = None,
+    ) -> builtins.list[FailedJob]:
+        where, params = self._filter(queue, since, until)
+        # The numbers are ints of ours, written into the SQL: every dialect takes them
+        # there, where a bound parameter's type would differ (LIMIT, SUBSTR on PostgreSQL).
+        exception = "exception" if text is None else f"SUBSTR(exception, 1, {int(text)})"
+        stmt = (
+            f"SELECT uuid, connection, queue, payload, {exception}, failed_at FROM "
+            f"{self.table}{where} ORDER BY failed_at DESC, id DESC "
+            f"LIMIT {max(0, int(limit))} OFFSET {max(0, int(offset))}"
+        )
+
+        async def run(db: Connector, sql: dict[str, str]) -> builtins.list[FailedJob]:
+            return [failed_row(r) for r in await db.fetchall(stmt, params)]
 
         return await self._call(run)

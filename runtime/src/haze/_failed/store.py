@@ -5,12 +5,15 @@ Keys, under ``haze:failed:<connection>:``:
 - ``rec:<id>`` the record (``FailedJob.to_dict()`` and the envelope ``body``), no expiry;
 - ``seq`` a counter and ``slot:<n>`` the id recorded n-th: the index ``list()`` reads
   (an id recorded twice is listed once);
-- ``floor`` slots at or below it were flushed.
+- ``floor`` slots at or below it were flushed;
+- ``claim:<id>`` a retry in progress (``{"token", "failed_at"}``), expiring after the
+  retry's lease.
 
 Every write is one store call and the index is appended through the store's atomic
 ``increment``, so several processes can record at once on an atomic store (redis,
 database). On KV (``atomic = False``) two failures recorded at the same instant may
-take one slot: the one left out of the listing is still found by id. ``forget`` deletes
+take one slot: the one left out of the listing is still found by id, and two retries
+of one record at the same instant may both win its claim. ``forget`` deletes
 the record and leaves its slot (skipped when listing); a full ``flush`` deletes the
 slots too. Listing reads every slot since the last full flush: for a long failed
 history, prefer a database connection.
@@ -56,6 +59,38 @@ class StoreFailedJobs:
         await self.store.put(self._k(f"rec:{job.id}"), data)
         n = await self.store.increment(self._k("seq"), 1)
         await self.store.put(self._k(f"slot:{n}"), job.id)
+
+    async def claim_retry(self, id: str, token: str, lease: float) -> FailedJob | None:
+        job = await self.find(id)  # the earlier layout's records too
+        if job is None:
+            return None
+        # The claim names the record it took (its failed_at): a record written after
+        # it (the job failed again) is not the one ``retried`` deletes.
+        claim = {"token": token, "failed_at": job.failed_at}
+        key = self._k(f"claim:{id}")
+        if not await self.store.add(key, claim, ttl=lease):
+            return None
+        # Another caller may have retried it (and ended its claim) since we read it.
+        again = await self.find(id)
+        if again is None or again.failed_at != job.failed_at:
+            await self.store.delete(key, owner=claim)
+            return None
+        return job
+
+    async def retried(self, id: str, token: str) -> bool:
+        claim_key = self._k(f"claim:{id}")
+        claim = await self.store.get(claim_key)
+        if not isinstance(claim, dict) or claim.get("token") != token:
+            return False
+        rec_key = self._k(f"rec:{id}")
+        data = await self.store.get(rec_key)
+        gone = False
+        if isinstance(data, dict) and data.get("failed_at") == claim.get("failed_at"):
+            gone = await self.store.delete(rec_key, owner=data)  # unless replaced meanwhile
+        elif data is None and (await self._legacy_ids()) and self._is_legacy(id):
+            gone = await self.forget(id)
+        await self.store.delete(claim_key, owner=claim)
+        return gone
 
     @staticmethod
     def _job(data: Any) -> FailedJob | None:

@@ -6,7 +6,7 @@ import builtins
 from collections.abc import Callable, Sequence
 
 from haze._kernel.message import FailedJob
-from haze.contracts.failed import FailedJobStore
+from haze.contracts.failed import FailedJobStore, RetryClaims
 
 __all__ = ["FailedJobsUnion"]
 
@@ -35,6 +35,25 @@ class FailedJobsUnion:
             if found is not None:
                 return found
         return None
+
+    async def claim_retry(self, id: str, token: str, lease: float) -> FailedJob | None:
+        # The first store that keeps the record is the one whose claim counts.
+        for store in self._stores():
+            found = await store.find(id)
+            if found is not None:
+                if not isinstance(store, RetryClaims):
+                    return found  # a store without claims: retried as before, unclaimed
+                return await store.claim_retry(id, token, lease)
+        return None
+
+    async def retried(self, id: str, token: str) -> bool:
+        done = False
+        for store in self._stores():
+            if isinstance(store, RetryClaims):
+                done = await store.retried(id, token) or done
+            else:
+                done = await store.forget(id) or done
+        return done
 
     async def forget(self, id: str) -> bool:
         forgot = False

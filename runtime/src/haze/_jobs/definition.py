@@ -12,8 +12,10 @@ import dataclasses
 import inspect
 import sys
 import typing
-from collections.abc import Awaitable, Callable, Sequence
+import warnings
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
 from haze._jobs import status
@@ -41,6 +43,7 @@ __all__ = [
 
 P = TypeVar("P")
 P_co = TypeVar("P_co", covariant=True)
+_R = TypeVar("_R")
 
 _UNSET: Any = object()
 
@@ -322,7 +325,7 @@ class JobDefinition(Generic[P]):
         """A pending dispatch for chains, batches and per-dispatch options."""
         return PendingDispatch(self, payload)
 
-    async def dispatch(
+    def dispatch(
         self,
         payload: P | None = None,
         *,
@@ -331,8 +334,23 @@ class JobDefinition(Generic[P]):
         connection: str | None = None,
         after_commit: bool | None = None,
         group: str | None = None,
+    ) -> Coroutine[Any, Any, str]:
+        """Queue the job; returns its id (for a unique job already queued: the holder's id).
+
+        Nothing is queued until it is awaited; one never awaited warns, naming the job.
+        """
+        coro = self._dispatch(payload, delay, queue, connection, after_commit, group)
+        return _Dispatching(coro, self.name, sys._getframe(1))
+
+    async def _dispatch(
+        self,
+        payload: P | None,
+        delay: Duration | None,
+        queue: str | None,
+        connection: str | None,
+        after_commit: bool | None,
+        group: str | None,
     ) -> str:
-        """Queue the job; returns its id (for a unique job already queued: the holder's id)."""
         pending = PendingDispatch(self, payload)
         if delay is not None or queue is not None or connection is not None:
             pending._set(delay=delay, queue=queue, connection=connection)
@@ -347,6 +365,46 @@ class JobDefinition(Generic[P]):
 
     def __repr__(self) -> str:
         return f"<JobDefinition {self.name!r} from {self.origin}>"
+
+
+class _Dispatching(Coroutine[Any, Any, _R]):
+    """A dispatch's coroutine that, dropped without being awaited, warns naming the job
+    and the line that dispatched (Python's own warning names only ``dispatch``)."""
+
+    __slots__ = ("_coro", "_job", "_line", "_used")
+
+    def __init__(self, coro: Coroutine[Any, Any, _R], job: str, caller: FrameType) -> None:
+        self._coro = coro
+        self._job = job
+        self._line = (caller.f_code.co_filename, caller.f_lineno)
+        self._used = False
+
+    def __await__(self) -> Generator[Any, None, _R]:
+        self._used = True
+        return self._coro.__await__()
+
+    def send(self, value: Any) -> Any:
+        self._used = True
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        self._used = True
+        return self._coro.throw(typ, val, tb)
+
+    def close(self) -> None:
+        self._used = True
+        self._coro.close()
+
+    def __del__(self) -> None:
+        if self._used:
+            return
+        self._coro.close()  # not started: closing it silences Python's own warning
+        warnings.warn_explicit(
+            f"job {self._job!r}: dispatch() was never awaited, so nothing was queued; "
+            "did you forget `await`?",
+            RuntimeWarning,
+            *self._line,
+        )
 
 
 def _positive_duration(value: Duration | None, what: str) -> float | None:
@@ -426,9 +484,31 @@ def _arity(handler: Callable[..., Any], where: str) -> int:
             f"{'it' if len(extra) == 1 else 'them'} a default or remove "
             f"{'it' if len(extra) == 1 else 'them'}"
         )
+    if positional and _is_job_context(positional[0], positional[1:2]):
+        first = positional[0].name
+        raise JobDefinitionError(
+            f"{where}: the handler's first parameter receives the payload and the second "
+            f"the JobContext, but {first!r} comes first and is the job; write the handler "
+            f"as (payload, {first}: JobContext)"
+        )
     if any(p.kind is p.VAR_POSITIONAL for p in params):
         return 2
     return min(len(positional), 2)
+
+
+#: Names a handler gives its JobContext parameter.
+_JOB_NAMES = frozenset({"job", "ctx", "context", "job_context"})
+
+
+def _is_job_context(first: inspect.Parameter, rest: list[inspect.Parameter]) -> bool:
+    """Whether ``first`` (the parameter haze passes the payload to) is meant for the
+    JobContext: annotated so, or named like it with ``payload`` after it."""
+    annotation = first.annotation
+    # by name: a string under `from __future__ import annotations`, the class otherwise
+    named = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    if named.rsplit(".", 1)[-1] == "JobContext":
+        return True
+    return first.name in _JOB_NAMES and bool(rest) and rest[0].name == "payload"
 
 
 def _origin_of(fn: Callable[..., Any]) -> str:
@@ -523,7 +603,11 @@ class PendingDispatch(Generic[P]):
             link = seal_link(app if app is not None else use_app(), link)
         return link
 
-    async def dispatch(self) -> DispatchResult:
+    def dispatch(self) -> Coroutine[Any, Any, DispatchResult]:
+        """Queue it. Nothing is queued until it is awaited; one never awaited warns."""
+        return _Dispatching(self._dispatch(), self.job.name, sys._getframe(1))
+
+    async def _dispatch(self) -> DispatchResult:
         result: DispatchResult = await use_app().manager.dispatch(self)
         return result
 

@@ -26,9 +26,11 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from haze._kernel.describe import error_line
 from haze._kernel.errors import JobCancelledError, JobProgressError, UntrackedJobError
 from haze.contracts.store import StatusNotifier, Store, Subscription
 
@@ -92,6 +94,14 @@ class StatusHost(Protocol):
     def abort_running(self, job_id: str) -> None:
         """Abort the signal of ``job_id`` when it runs in this process."""
 
+    def open_sealed(self, job_id: str, blob: object) -> dict[str, Any] | None:
+        """The ``sealed`` fields of an encrypted job's record, decrypted with the app key;
+        None when this process has no key that opens them."""
+
+
+#: A function that encrypts an encrypted job's record fields (None: a plain job).
+Sealer = Callable[[dict[str, Any]], str]
+
 
 def status_key(job_id: str) -> str:
     return f"haze:status:{job_id}"
@@ -99,6 +109,11 @@ def status_key(job_id: str) -> str:
 
 def cancel_key(job_id: str) -> str:
     return f"haze:cancel:{job_id}"
+
+
+def sealed_context(job_id: str) -> str:
+    """What an encrypted job's record fields are authenticated with (one job's record)."""
+    return f"haze:status:{job_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +125,8 @@ class JobStatus:
     ``progress`` is the last ``job.progress(value)``; ``result`` what ``handle()``
     returned (with ``keep_result``); ``error`` the failure (``Type: message``), why a job
     was cancelled, or why its result was not kept; ``updated_at`` epoch seconds.
+    ``encrypted``: the job is ``encrypted``, so its progress, result and error are stored
+    encrypted; they are None here when this process has no key to read them.
 
     >>> # st = await Queue.status(job_id)
     >>> # if st is not None and st.final: print(st.state, st.result)
@@ -123,6 +140,7 @@ class JobStatus:
     result: Any
     error: str | None
     updated_at: float
+    encrypted: bool = False
 
     @property
     def final(self) -> bool:
@@ -140,21 +158,26 @@ class JobStatus:
             "result": self.result,
             "error": self.error,
             "updated_at": self.updated_at,
+            "encrypted": self.encrypted,
         }
 
     @classmethod
-    def from_record(cls, record: Any) -> JobStatus | None:
+    def from_record(cls, record: Any, opened: dict[str, Any] | None = None) -> JobStatus | None:
+        """The status in a stored record; ``opened``: its ``sealed`` fields decrypted."""
         if not isinstance(record, dict) or record.get("state") not in STATES:
             return None
+        fields = record if opened is None else {**record, **opened}
         return cls(
             id=str(record.get("id", "")),
             name=str(record.get("name", "")),
             state=record["state"],
             attempt=int(record.get("attempt") or 0),
-            progress=record.get("progress"),
-            result=record.get("result"),
-            error=record.get("error"),
+            progress=fields.get("progress"),
+            result=fields.get("result"),
+            # a cancel rewrites the record's plain error, which no secret is made of
+            error=fields.get("error") or record.get("error"),
             updated_at=float(record.get("updated_at") or 0.0),
+            encrypted="sealed" in record,
         )
 
 
@@ -223,14 +246,20 @@ async def write(
     result: Any = None,
     error: str | None = None,
     wait: float = 0.0,
+    seal: Sealer | None = None,
 ) -> None:
     """Write a tracked message's record; a store error is logged, never raised (the job's
-    outcome does not depend on its record)."""
+    outcome does not depend on its record). ``seal`` (an encrypted job): its progress,
+    result and error are stored encrypted, in ``sealed``."""
     meta = message.meta or {}
     ttl = float(meta.get("track") or TRACK_TTL)
     if state not in FINAL_STATES:
         ttl = max(ttl, TRACK_TTL) + wait  # outlive the wait, however short keep_result is
-    record = _record(message, state, attempt, progress, result, error)
+    if seal is None:
+        record = _record(message, state, attempt, progress, result, error)
+    else:
+        record = _record(message, state, attempt, None, None, None)
+        record["sealed"] = seal({"progress": progress, "result": result, "error": error})
     try:
         await manager.state_store().put(status_key(message.id), record, ttl)
     except Exception as e:
@@ -279,13 +308,19 @@ def result_for(message: Message, value: Any) -> tuple[Any, str | None]:
 
 
 def error_text(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"[:2000]
+    return error_line(error)[:2000]
 
 
-async def read(manager: StatusHost, job_id: str) -> JobStatus | None:
+async def read(manager: StatusHost, job_id: str, *, decrypt: bool = True) -> JobStatus | None:
+    """The record of ``job_id``; an encrypted job's fields are decrypted unless
+    ``decrypt`` is False (the dashboard shows them only on request)."""
     if not isinstance(job_id, str) or not job_id:
         raise ValueError(f"Queue.status: expected a job id, got {job_id!r}")
-    return JobStatus.from_record(await manager.state_store().get(status_key(job_id)))
+    record = await manager.state_store().get(status_key(job_id))
+    opened = None
+    if decrypt and isinstance(record, dict) and "sealed" in record:
+        opened = manager.open_sealed(job_id, record["sealed"])
+    return JobStatus.from_record(record, opened)
 
 
 async def wait_final(

@@ -8,7 +8,11 @@ Every copy of such a payload that haze writes is encrypted: the message itself
 (``enc``), a chain link or callback carrying the job (``{"job", "enc"}`` in place of
 ``payload``: the rest of a chain, a chain's ``catch``, a batch's callbacks in its store
 record, a batch inside a chain), the failed-job record, and the after-commit buffer.
-Its unique and debounce lock keys hold a keyed hash of the key function's value.
+So is what the job's run reveals of it: the failed record's exception text and
+traceback (``meta.failed_exception`` of the stored body; the record's ``exception``
+says only ``<Type> (encrypted)``), and the status record's progress, result and error
+(``sealed``). Its unique, debounce and middleware keys hold a keyed hash of the key
+function's value.
 """
 
 from __future__ import annotations
@@ -22,18 +26,23 @@ from typing import TYPE_CHECKING, Any
 
 from haze._kernel.deps import require
 from haze._kernel.errors import ConfigError, MessageDecodeError
+from haze._kernel.message import envelope_of
 
 if TYPE_CHECKING:
     from haze._app.app import App
-    from haze._kernel.message import Message
+    from haze._kernel.message import FailedJob, Message
 
 __all__ = [
+    "check_keys",
     "decrypt_payload",
     "encrypt_payload",
+    "failed_is_encrypted",
     "generate_key",
     "keyed_digest",
+    "open_failed",
     "seal",
     "seal_link",
+    "sealed_error",
     "unseal",
     "unseal_link",
 ]
@@ -44,13 +53,48 @@ def generate_key() -> str:
     return "base64:" + base64.b64encode(os.urandom(32)).decode()
 
 
-def _material(key: str) -> bytes:
+#: The shortest passphrase taken as a key (a ``base64:`` key is 32 random bytes).
+MIN_PASSPHRASE = 16
+
+
+def _material(key: str, variable: str = "APP_KEY") -> bytes:
+    """The 32 bytes of ``key``; ``ConfigError`` naming ``variable`` (never the key: it is
+    a secret) when it is not a usable key."""
+    fix = "haze.crypto.generate_key() makes one"
     if key.startswith("base64:"):
-        raw = base64.b64decode(key[7:])
+        try:
+            raw = base64.b64decode(key[7:], validate=True)
+        except ValueError:
+            raise ConfigError(
+                f"the text after 'base64:' is not valid base64 ({fix})", key=variable
+            ) from None
         if len(raw) != 32:
-            raise ConfigError(f"APP_KEY: a base64 key must decode to 32 bytes, got {len(raw)}")
+            raise ConfigError(
+                f"a base64 key must decode to 32 bytes, got {len(raw)} ({fix})",
+                key=variable,
+            )
         return raw
+    if len(key) < MIN_PASSPHRASE:
+        raise ConfigError(
+            f"a passphrase key needs at least {MIN_PASSPHRASE} characters, got "
+            f"{len(key)} (or use a 'base64:' key: {fix})",
+            key=variable,
+        )
     return hashlib.sha256(key.encode()).digest()
+
+
+def _previous() -> list[str]:
+    return [k.strip() for k in os.environ.get("APP_PREVIOUS_KEYS", "").split(",") if k.strip()]
+
+
+def check_keys(key: str | None, variable: str = "APP_KEY") -> None:
+    """Raise ``ConfigError`` naming the variable when the app key (``variable`` says where
+    it came from) or one of ``APP_PREVIOUS_KEYS`` is not a usable key: checked when an
+    app with encrypted jobs starts, instead of at each job."""
+    if key:
+        _material(key, variable)
+    for old in _previous():
+        _material(old, "APP_PREVIOUS_KEYS")
 
 
 def _aesgcm() -> Any:
@@ -68,8 +112,7 @@ def _keys(app: App) -> list[bytes]:
             "or pass App(key=...)",
             key="APP_KEY",
         )
-    previous = [k.strip() for k in os.environ.get("APP_PREVIOUS_KEYS", "").split(",") if k.strip()]
-    return [_material(k) for k in [key, *previous]]
+    return [_material(key), *(_material(k, "APP_PREVIOUS_KEYS") for k in _previous())]
 
 
 def seal(app: App, value: Any, context: str) -> str:
@@ -145,3 +188,45 @@ def keyed_digest(app: App, text: str) -> str:
     back. Used for the lock keys of encrypted jobs."""
     mac = hmac.new(_keys(app)[0], b"haze:key:" + text.encode(), hashlib.sha256)
     return mac.hexdigest()[:32]
+
+
+def _failure_context(job_id: str) -> str:
+    return f"haze:failed:{job_id}"
+
+
+def sealed_error(error: BaseException) -> str:
+    """What an encrypted job's failure shows where it is not encrypted (the failed
+    record's ``exception``, the worker's log line): the exception type only."""
+    return f"{type(error).__name__} (encrypted)"
+
+
+def seal_failure(app: App, job_id: str, text: str) -> str:
+    """An encrypted job's exception text and traceback, for its failed record."""
+    return seal(app, text, _failure_context(job_id))
+
+
+def failed_is_encrypted(job: FailedJob) -> bool:
+    """Whether a failed record holds an encrypted payload or exception."""
+    data = envelope_of(job.body) if job.body else None
+    if data is None:
+        return False
+    meta = data.get("meta")
+    return data.get("enc") is not None or (isinstance(meta, dict) and "failed_exception" in meta)
+
+
+def open_failed(app: App, job: FailedJob) -> tuple[Any, str]:
+    """``(payload, exception)`` of a failed record, decrypted with the app key when the
+    job was encrypted (raises ``MessageDecodeError`` when no key opens them)."""
+    data = envelope_of(job.body) if job.body else None
+    if data is None:
+        return job.payload, job.exception
+    payload = job.payload
+    if data.get("enc") is not None:
+        what = f'job "{job.name}" ({job.id})'
+        payload = unseal(app, data["enc"], str(data.get("id")), what)
+    meta = data.get("meta")
+    sealed = meta.get("failed_exception") if isinstance(meta, dict) else None
+    if sealed is None:
+        return payload, job.exception
+    text = unseal(app, sealed, _failure_context(job.id), f'the exception of job "{job.name}"')
+    return payload, str(text)

@@ -1,4 +1,4 @@
-"""Optional dependencies: import one, or say which ``haze[extra]`` installs it."""
+"""Optional dependencies: import one, or say which ``haze-jobs[extra]`` installs it."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from types import ModuleType
 from typing import Any
 
 from haze._kernel.errors import ConfigError, MissingDependencyError
+from haze._kernel.hints import install_hint
 
 __all__ = ["import_if_present", "load_by_name", "require"]
 
@@ -42,7 +43,7 @@ def load_by_name(module: str, attr: str, *, what: str, source: str, key: str) ->
 
 
 def require(module: str, *, what: str, extra: str, package: str | None = None) -> ModuleType:
-    """``module`` imported, or ``MissingDependencyError`` naming ``haze[extra]``.
+    """``module`` imported, or ``MissingDependencyError`` naming ``haze-jobs[extra]``.
 
     ``what`` names the feature that needs it ("the sqs driver"), ``package`` the
     distribution to name in the message (default: ``module``'s top-level package).
@@ -57,5 +58,5 @@ def require(module: str, *, what: str, extra: str, package: str | None = None) -
         name = package or module.partition(".")[0]
         if _absent(e, module):
             raise MissingDependencyError(what, extra, name) from None
-        e.add_note(f"{what} needs '{name}': pip install 'haze[{extra}]'")
+        e.add_note(f"{what} needs '{name}': {install_hint(extra)}")
         raise

@@ -44,7 +44,10 @@ def parse_duration(value: object, option: str, *, allow_zero: bool = True) -> fl
     if isinstance(value, bool):
         raise ValueError(f"{option}: expected seconds or a duration like '30s', got {value!r}")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int past a float's range: no duration either
+            seconds = math.inf
     elif isinstance(value, str):
         m = _PATTERN.match(value)
         if m is None:

@@ -4,10 +4,12 @@ The tree::
 
     HazeError
     ├── ConfigError                 bad value in config/*.py or App(...) (names file and key)
+    │   └── UnknownQueueError       a dispatch names a queue its connection does not have
     ├── DuplicateJobError           two different jobs share a name (names both places)
     ├── UnknownJobError             a message or a call names a job nobody registered
-    ├── MissingDependencyError      an optional extra is not installed (names haze[extra])
+    ├── MissingDependencyError      an optional extra is not installed (names haze-jobs[extra])
     ├── PayloadTooLargeError        the JSON payload exceeds the connection's message limit
+    ├── DispatchIncompleteError     a bulk send queued some messages and not others
     ├── DelayTooLongError           a delay over 365 days (or the driver's lower cap: cloudflare)
     ├── BatchFinishedError          Batch.add() after the batch finished
     ├── JobTimeoutError             an attempt ran past its ``timeout``
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from haze._kernel.hints import did_you_mean
+from haze._kernel.hints import did_you_mean, install_hint
 
 __all__ = [
     "AmbiguousIdError",
@@ -40,6 +42,7 @@ __all__ = [
     "ConfigError",
     "DatabaseConnectionError",
     "DelayTooLongError",
+    "DispatchIncompleteError",
     "DuplicateJobError",
     "HazeError",
     "JobDefinitionError",
@@ -54,6 +57,7 @@ __all__ = [
     "RetryUntilExpiredError",
     "ScheduleError",
     "UnknownJobError",
+    "UnknownQueueError",
 ]
 
 
@@ -70,6 +74,8 @@ class ConfigError(HazeError, ValueError):
     def __init__(self, message: str, *, source: str | None = None, key: str | None = None):
         self.source = source
         self.key = key
+        if key is not None and not key.isprintable():
+            key = repr(key)  # a name with a line break in it: the error stays one line
         where = ""
         if source and key:
             where = f"{source}: {key}: "
@@ -78,6 +84,16 @@ class ConfigError(HazeError, ValueError):
         elif key:
             where = f"{key}: "
         super().__init__(f"{where}{message}")
+
+
+class UnknownQueueError(ConfigError):
+    """A queue that does not exist on its connection (an SQS queue haze would not
+    create). ``queue`` and ``connection`` name it without the backend's address."""
+
+    def __init__(self, message: str, *, queue: str, connection: str, key: str | None = None):
+        self.queue = queue
+        self.connection = connection
+        super().__init__(message, key=key)
 
 
 class DuplicateJobError(HazeError):
@@ -106,12 +122,24 @@ class MissingDependencyError(HazeError, ImportError):
         self.extra = extra
         super().__init__(
             f"{what} needs the '{module}' package, which is not installed. "
-            f"Install it with: pip install 'haze[{extra}]'"
+            f"Install it with: {install_hint(extra)}"
         )
 
 
 class PayloadTooLargeError(HazeError, ValueError):
     """A message is larger than the connection accepts; nothing was enqueued."""
+
+
+class DispatchIncompleteError(HazeError):
+    """A bulk send (``Queue.bulk``, a batch's jobs) queued some messages and not others.
+
+    ``failed`` maps the id of every message that was not queued to the reason; the
+    others were queued. A batch counts the ones not queued as failed jobs.
+    """
+
+    def __init__(self, message: str, *, failed: dict[str, str]):
+        self.failed = failed
+        super().__init__(message)
 
 
 class DelayTooLongError(HazeError, ValueError):

@@ -24,7 +24,7 @@ class LoopClient:
     """One ``httpx.AsyncClient`` at a time, for the loop it was made on.
 
     Importing httpx happens here, so a missing one raises ``MissingDependencyError``
-    naming ``haze[extra]`` when the caller is built; ``httpx`` is the module (for its
+    naming ``haze-jobs[extra]`` when the caller is built; ``httpx`` is the module (for its
     exception classes).
     """
 

@@ -33,7 +33,11 @@ _SHORT_MAX = 16
 
 
 def short_id(job_id: str) -> str:
-    """The short form of an id, as haze shows it to people."""
+    """The short form of a job id, as the worker, ``queue:failed`` and the dashboard
+    show it; every command that takes an id takes it too.
+
+    >>> # short_id(await send_invoice.dispatch({...}))  ->  "3f2a0000"
+    """
     if _HAZE_ID.match(job_id):
         return job_id[:4] + job_id[-4:]
     if len(job_id) <= _SHORT_MAX:

@@ -36,6 +36,9 @@ __all__ = [
     "MAX_DELAY",
     "MAX_MESSAGE_SIZE",
     "MAX_QUEUE_NAME",
+    "RETRIED",
+    "RETRY_CLAIM",
+    "UNRECORDED_FAILURE",
     "FailedJob",
     "Message",
     "check_json",
@@ -47,6 +50,10 @@ __all__ = [
     "encode_plain",
     "envelope_of",
     "new_id",
+    "redis_key_part_error",
+    "retry_claim_of",
+    "with_meta",
+    "with_retry_claim",
 ]
 
 _encoder = json.JSONEncoder(
@@ -88,8 +95,21 @@ def _c_dumps() -> Any:
     return None
 
 
+class _NotJsonConstant(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity`` in a body: Python's json reads them, JSON
+    has no such tokens, and haze never writes them (a producer's bug or a forged row)."""
+
+
+def _refuse_constant(token: str) -> Any:
+    raise _NotJsonConstant(token)
+
+
 _dumps = _c_dumps() or _dumps
-_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_scan = json.JSONDecoder(parse_constant=_refuse_constant).scan_once  # type: ignore[attr-defined]
+
+
+def _strict_loads(body: Any) -> Any:
+    return json.loads(body, parse_constant=_refuse_constant)
 
 
 def _fast_loads(body: Any) -> Any:
@@ -104,7 +124,7 @@ def _fast_loads(body: Any) -> Any:
         else:
             if end == len(body):
                 return data
-    return _loads(body)
+    return _strict_loads(body)
 
 
 _prefix = ""
@@ -204,7 +224,7 @@ class Message:
         if mid is None and job is None:  # another producer's JSON, not a broken envelope
             raise MessageDecodeError(
                 "not a haze message: a JSON object without 'id' and 'job' "
-                f"(keys: {', '.join(sorted(map(str, d))[:5]) or 'none'})"
+                f"(keys: {', '.join(sorted(map(repr, d))[:5]) or 'none'})"
             )
         if mid.__class__ is not str or not mid:
             raise _field_error(d, "id", "a non-empty string")
@@ -215,12 +235,13 @@ class Message:
         if len(d) > 7 or not _PLAIN.issuperset(d):
             _check_fields(d)
         else:  # a plain job's envelope: only these can be wrong
-            queue, ts, conn = get("queue"), get("ts"), get("connection")
+            queue, ts, conn, v = get("queue"), get("ts"), get("connection"), get("v", 1)
             if (
                 (queue is not None and (queue.__class__ is not str or not 0 < len(queue) <= 255))
                 or (ts is not None and not _is_number(ts))
                 or (conn is not None and conn.__class__ is not str)
-                or get("v", 1).__class__ is not int
+                or v.__class__ is not int
+                or v != VERSION
             ):
                 _check_fields(d)
         # Positional, in field order: half the cost of 15 keywords on every reserve.
@@ -249,20 +270,37 @@ MAX_QUEUE_NAME = 255
 #: bytes of JSON: 4 MiB. A queue carries ids, not files; SQS (1 MiB) and Cloudflare
 #: (128 KB) keep their own lower limits.
 MAX_MESSAGE_SIZE = 4 * 1024 * 1024
-_NUMBER = (int, float)
 _STRINGS = ("connection", "tenant", "chain_id", "batch_id", "enc")
 #: The keys of a plain job's envelope (no chain, batch, lock, tenant or meta).
 _PLAIN = frozenset(("v", "id", "job", "payload", "queue", "ts", "connection"))
+#: The envelope version this haze writes and reads; any other fails as a decode error.
+VERSION = 1
 
 
 def check_queue_name(queue: object, where: str) -> str:
-    """Return ``queue`` if it is a queue name (a string of 1 to 255 characters), else raise
-    ``ValueError`` saying so, prefixed with ``where``."""
+    """Return ``queue`` if it is a queue name (a string of 1 to 255 characters without a
+    comma), else raise ``ValueError`` saying so, prefixed with ``where``."""
     if isinstance(queue, str) and 0 < len(queue) <= MAX_QUEUE_NAME:
+        if "," in queue:
+            # `queue:work --queue a,b` lists two queues: no worker could name this one.
+            raise ValueError(
+                f"{where}: a queue name cannot contain a comma (a worker's --queue a,b "
+                f"lists queues), got {queue[:60]!r}"
+            )
         return queue
     shown = f"a name of {len(queue)} characters" if isinstance(queue, str) else repr(queue)
     raise ValueError(
         f"{where}: a queue name must be a string of 1 to {MAX_QUEUE_NAME} characters, got {shown}"
+    )
+
+
+def redis_key_part_error(what: str, value: str) -> str:
+    """The one-line refusal of a ``:`` in a redis connection's prefix or queue name."""
+    # Keys are <prefix>:<queue>:<suffix>: a ":" in either would let the prefix "p" with
+    # the queue "a:b" share its keys with the prefix "p:a" and the queue "b".
+    return (
+        f"{what} on a redis connection cannot contain ':' (it separates the parts of "
+        f"BullMQ's keys), got {value[:60]!r}; use '-', '_' or '.' instead"
     )
 
 
@@ -283,7 +321,13 @@ def _field_error(d: dict[str, Any], field: str, expected: str) -> MessageDecodeE
 
 
 def _is_number(value: Any) -> bool:
-    return value.__class__ in _NUMBER and math.isfinite(value)
+    if value.__class__ is int:
+        return -_FLOAT_MAX < value < _FLOAT_MAX  # a JSON integer of 400 digits is no time
+    return value.__class__ is float and math.isfinite(value)
+
+
+#: Integers at least this large have no float (``float()`` raises OverflowError).
+_FLOAT_MAX = 2**1024
 
 
 def _check_fields(d: dict[str, Any]) -> None:
@@ -292,6 +336,15 @@ def _check_fields(d: dict[str, Any]) -> None:
     v = get("v")
     if v is not None and v.__class__ is not int:
         raise _field_error(d, "v", "an integer (the envelope version, 1)")
+    if v is not None and v != VERSION:
+        # A newer haze wrote it (or a producer's bug): running it as version 1 could
+        # misread fields whose meaning changed.
+        raise _field_error(
+            d,
+            "v",
+            f"{VERSION}, the envelope version this haze reads (a newer haze wrote it: "
+            "upgrade haze on this worker, then retry it from failed jobs)",
+        )
     queue = get("queue")
     if queue is not None and (queue.__class__ is not str or not 0 < len(queue) <= MAX_QUEUE_NAME):
         raise _field_error(d, "queue", f"a queue name of 1 to {MAX_QUEUE_NAME} characters")
@@ -322,29 +375,32 @@ def _check_fields(d: dict[str, Any]) -> None:
             raise _field_error(d, "unique.until", "a string")
     meta = get("meta")
     if meta is not None:
-        if meta.__class__ is not dict:
-            raise _field_error(d, "meta", "an object")
-        for key in ("first_ts", "due"):
-            value = meta.get(key)
-            if value is not None and not _is_number(value):
-                raise _field_error(d, f"meta.{key}", "a finite number (epoch seconds)")
-        for key in ("track", "keep"):  # status record TTLs (haze.status)
-            value = meta.get(key)
-            if value is not None and (not _is_number(value) or value <= 0):
-                raise _field_error(d, f"meta.{key}", "a positive number of seconds")
-        for key in ("debounce", "group"):
-            value = meta.get(key)
-            if value is not None and value.__class__ is not str:
-                raise _field_error(d, f"meta.{key}", "a string")
-        failed_attempt = meta.get("failed_attempt")  # a failed record's last attempt
-        if failed_attempt is not None and (
-            failed_attempt.__class__ is not int or failed_attempt < 1
-        ):
-            raise _field_error(d, "meta.failed_attempt", "an integer >= 1")
-        for key in ("traceparent", "tracestate"):  # W3C trace context (haze.otel)
-            value = meta.get(key)
-            if value is not None and (value.__class__ is not str or len(value) > 512):
-                raise _field_error(d, f"meta.{key}", "a W3C trace-context string")
+        _check_meta(d, meta)
+
+
+def _check_meta(d: dict[str, Any], meta: Any) -> None:
+    """The envelope's ``meta`` object and the fields haze reads from it."""
+    if meta.__class__ is not dict:
+        raise _field_error(d, "meta", "an object")
+    for key in ("first_ts", "due"):
+        value = meta.get(key)
+        if value is not None and not _is_number(value):
+            raise _field_error(d, f"meta.{key}", "a finite number (epoch seconds)")
+    for key in ("track", "keep"):  # status record TTLs (haze.status)
+        value = meta.get(key)
+        if value is not None and (not _is_number(value) or value <= 0):
+            raise _field_error(d, f"meta.{key}", "a positive number of seconds")
+    for key in ("debounce", "group"):
+        value = meta.get(key)
+        if value is not None and value.__class__ is not str:
+            raise _field_error(d, f"meta.{key}", "a string")
+    failed_attempt = meta.get("failed_attempt")  # a failed record's last attempt
+    if failed_attempt is not None and (failed_attempt.__class__ is not int or failed_attempt < 1):
+        raise _field_error(d, "meta.failed_attempt", "an integer >= 1")
+    for key in ("traceparent", "tracestate"):  # W3C trace context (haze.otel)
+        value = meta.get(key)
+        if value is not None and (value.__class__ is not str or len(value) > 512):
+            raise _field_error(d, f"meta.{key}", "a W3C trace-context string")
 
 
 def _check_links(d: dict[str, Any], field: str, links: Any, kinds: tuple[str, str]) -> None:
@@ -376,20 +432,56 @@ def _check_links(d: dict[str, Any], field: str, links: Any, kinds: tuple[str, st
 def encode(message: Message) -> str:
     """The JSON body of a message. Raises ``TypeError`` naming the bad path in the payload."""
     try:
-        return _dumps(message.to_dict())
+        body: str = _dumps(message.to_dict())
     except (TypeError, ValueError):
         check_json(message.payload, "payload")
         raise
+    if not body.isascii():
+        _check_utf8(body, message.payload, message.to_dict)
+    return body
 
 
 def encode_payload(payload: Any) -> str:
     """The JSON of a payload alone, failing as ``encode`` fails on it: for a driver that
     keeps a plain message's envelope and copies only its payload (``KeepsMessages``)."""
     try:
-        return _dumps(payload)
+        text: str = _dumps(payload)
     except (TypeError, ValueError):
         check_json(payload, "payload")
         raise
+    if not text.isascii():
+        _check_utf8(text, payload, dict)
+    return text
+
+
+def _check_utf8(text: str, payload: Any, whole: Any) -> None:
+    """A lone surrogate (``"\\ud800"`` from a bad decode) is valid in a Python str and in
+    JSON text, but no backend can store it as UTF-8: refuse it here, naming where."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        _find_surrogate(payload, "payload")
+        _find_surrogate(whole(), "message")
+        raise
+
+
+def _find_surrogate(value: Any, path: str) -> None:
+    """Raise ``TypeError`` naming the first str in ``value`` with a lone surrogate."""
+    if isinstance(value, str):
+        for i, ch in enumerate(value):
+            if "\ud800" <= ch <= "\udfff":
+                raise TypeError(
+                    f"{path} holds a lone surrogate {ch!r} at index {i}, which UTF-8 cannot "
+                    "encode; decode the text with errors='replace' (or drop the character) "
+                    "before dispatch"
+                )
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _find_surrogate(v, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _find_surrogate(k, f"{path} key {k!r}")
+            _find_surrogate(v, f"{path}[{k!r}]")
 
 
 def decode_payload(text: str) -> Any:
@@ -447,10 +539,53 @@ def decode(body: str | bytes) -> Message:
     """Parse a JSON body into a Message, or raise MessageDecodeError saying what is wrong."""
     try:
         data = _fast_loads(body)
+    except RecursionError:
+        raise MessageDecodeError("message body is nested too deeply to be read as JSON") from None
+    except _NotJsonConstant as e:
+        raise _constant_error(body, str(e)) from None
     except (ValueError, TypeError) as e:
         preview = body[:80] if isinstance(body, str) else body[:80].decode("utf-8", "replace")
         raise MessageDecodeError(f"message body is not valid JSON ({e}): {preview!r}") from None
     return Message.from_dict(data)
+
+
+def _constant_error(body: str | bytes, token: str) -> MessageDecodeError:
+    """The error of a body holding ``token`` (NaN, Infinity), naming the first field
+    that holds one (read again, leniently, only on this error path)."""
+    try:
+        data = _loads(body)
+    except (ValueError, TypeError, RecursionError):
+        data = None
+    path = _non_finite_path(data, "", 0) if isinstance(data, dict) else None
+    who = "a haze message"
+    if isinstance(data, dict):
+        mid, job = data.get("id"), data.get("job")
+        who = f"haze message {mid!r}" if isinstance(mid, str) else who
+        who += f' (job "{job}")' if isinstance(job, str) else ""
+    where = f'field "{path}"' if path else "the body"
+    return MessageDecodeError(
+        f"{who}: {where} holds {token}, which is not JSON (haze messages are strict JSON; "
+        "send null or a string instead)"
+    )
+
+
+def _non_finite_path(value: Any, path: str, depth: int) -> str | None:
+    """The path of the first NaN or infinity in ``value`` (None: none found)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path
+    if depth > 200:
+        return None
+    if isinstance(value, dict):
+        subs = [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
+    elif isinstance(value, list):
+        subs = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+    else:
+        return None
+    for sub, v in subs:
+        found = _non_finite_path(v, sub, depth + 1)
+        if found is not None:
+            return found
+    return None
 
 
 _NOT_JSON = object()
@@ -459,7 +594,7 @@ _NOT_JSON = object()
 def _loads_or_not_json(body: Any) -> Any:
     try:
         return _loads(body)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # too deep to read: unreadable too
         return _NOT_JSON
 
 
@@ -474,6 +609,68 @@ def envelope_of(body: Any) -> dict[str, Any] | None:
     """
     data = _loads_or_not_json(body)
     return data if isinstance(data, dict) else None
+
+
+#: The envelope ``meta`` field of a message whose final failure the failed-job store
+#: could not keep when it happened: ``{"exception", "attempt", "handed_back"}``. Its next
+#: delivery records that failure, and runs neither the job nor its ``failed()``.
+UNRECORDED_FAILURE = "unrecorded_failure"
+
+#: The envelope ``meta`` field of a message queued again by a retry from failed jobs:
+#: ``{"token", "connection"}``, the claim on the failed record (of that connection's
+#: store) that its first run deletes, in case the retry died before it did.
+RETRIED = "retry"
+
+#: The envelope ``meta`` field of a failed record that a retry has claimed (SQL stores
+#: keep the claim in the stored body): ``{"token": ..., "until": <unix time>}``.
+RETRY_CLAIM = "retry_claim"
+
+
+def retry_claim_of(body: str) -> tuple[str, float] | None:
+    """The (token, end) of the retry claim a stored body carries; None when none.
+
+    >>> retry_claim_of('{"id": "a", "meta": {"retry_claim": {"token": "t", "until": 5}}}')
+    ('t', 5.0)
+    """
+    data = envelope_of(body)
+    meta = data.get("meta") if data is not None else None
+    claim = meta.get(RETRY_CLAIM) if isinstance(meta, dict) else None
+    if not isinstance(claim, dict) or not isinstance(claim.get("token"), str):
+        return None
+    until = claim.get("until")
+    return claim["token"], float(until) if isinstance(until, (int, float)) else 0.0
+
+
+def with_retry_claim(body: str, claim: dict[str, Any] | None) -> str | None:
+    """``body`` with its retry claim set to ``claim`` (None: removed); None when the
+    body is no envelope (an unreadable record is never retried)."""
+    return with_meta(body, RETRY_CLAIM, claim)
+
+
+def with_meta(body: str, key: str, value: Any) -> str | None:
+    """``body`` with ``meta[key]`` set to ``value`` (None: removed), every other field
+    as it was (an encrypted payload stays encrypted); None when the body is no
+    envelope.
+
+    >>> with_meta('{"id": "a", "job": "j"}', "k", 1)
+    '{"id":"a","job":"j","meta":{"k":1}}'
+    """
+    data = envelope_of(body)
+    if data is None:
+        return None
+    meta = data.get("meta")
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    meta.pop(key, None)
+    if value is not None:
+        meta[key] = value
+    if meta:
+        data["meta"] = meta
+    else:
+        data.pop("meta", None)
+    try:
+        return str(_dumps(data))
+    except ValueError:  # NaN in a body written by another producer: not re-encodable
+        return None
 
 
 @dataclass

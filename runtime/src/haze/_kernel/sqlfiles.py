@@ -15,7 +15,7 @@ import re
 from functools import cache
 from pathlib import Path
 
-__all__ = ["queue_schema", "queue_sql", "sql_blocks"]
+__all__ = ["queue_dialect", "queue_schema", "queue_sql", "sql_blocks"]
 
 _BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.M)
 
@@ -28,6 +28,11 @@ _DIALECT_FILE = {
     "postgres": "postgres",
     "mysql": "mysql",
 }
+
+
+def queue_dialect(dialect: str) -> str:
+    """The SQL the queue tables use on ``dialect`` (libSQL and D1 speak SQLite's)."""
+    return _DIALECT_FILE.get(dialect, dialect)
 
 
 @cache

@@ -28,13 +28,16 @@ from haze._engine.manager import QueueManager
 from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch, link_to_pending
 from haze._kernel.blocking import blocking_method
 from haze._kernel.current import use_app
-from haze._kernel.errors import BatchFinishedError, HazeError
-from haze._kernel.message import Message, new_id
+from haze._kernel.errors import BatchFinishedError, DispatchIncompleteError, HazeError
+from haze._kernel.message import Message, check_queue_name, new_id
 from haze.contracts.store import Store
 
 __all__ = ["Batch", "BatchCount", "BatchGuard", "BatchJob", "PendingBatch"]
 
 _CALLBACKS = ("then", "catch", "finally", "progress", "failure")
+#: Jobs of a batch encoded and queued at a time: a batch of a million jobs holds this
+#: many messages in the dispatching process, not a million.
+DISPATCH_CHUNK = 1000
 #: Jobs of one batch whose ids are kept, in the order they ended (``jobs``): the first
 #: ones only, so a batch of a million jobs costs no more than one of a thousand.
 KEEP_JOB_IDS = 1000
@@ -226,7 +229,7 @@ class PendingBatch:
         return self
 
     def on_queue(self, queue: str) -> PendingBatch:
-        self._queue = queue
+        self._queue = check_queue_name(queue, "batch on_queue")
         return self
 
     def to_spec(self, manager: QueueManager, connection: str | None = None) -> dict[str, Any]:
@@ -308,7 +311,11 @@ async def dispatch_spec(
     # otherwise move it on. Inline (sync) runs and empty batches are read afterwards.
     queued = total > 0 and not manager.app.driver(spec["connection"]).inline
     b = await find(manager, batch_id) if queued else None
-    await _dispatch_items(manager, batch_id, items, options)
+    try:
+        await _dispatch_items(manager, batch_id, items, options)
+    except DispatchIncompleteError:
+        await _index(store, batch_id, ttl)  # listed: it runs what was queued, and ends
+        raise
     if total == 0:
         await _finish(manager, batch_id, store)
     if b is None:
@@ -332,8 +339,17 @@ async def _dispatch_items(
     run: list[PendingDispatch[Any]] = []
 
     async def flush() -> None:
-        if run:
+        nonlocal first_error
+        if not run:
+            return
+        try:
             await manager.dispatcher.bulk(run, queue=queue, connection=conn, batch_id=batch_id)
+        except DispatchIncompleteError as e:
+            # The jobs not queued never run: counted as failed now, so the batch still
+            # ends (and its catch/finally run) when the queued ones do.
+            await _count_unsent(manager, batch_id, e)
+            first_error = first_error or e
+        finally:
             run.clear()
 
     for item in items:
@@ -341,18 +357,13 @@ async def _dispatch_items(
         target = manager.dispatcher.resolve(head, queue=queue, connection=conn)[0]
         if not isinstance(item, list) and not manager.app.driver(target).inline:
             run.append(item)
+            if len(run) >= DISPATCH_CHUNK:
+                await flush()
             continue
         await flush()
         try:
             if isinstance(item, list):
-                links = []
-                for p in item:
-                    link = p.to_link(manager.app)
-                    if queue and "queue" not in link:
-                        link["queue"] = queue
-                    if conn and "connection" not in link:
-                        link["connection"] = conn
-                    links.append(link)
+                links = _chain_links(manager, item, queue, conn)
                 await start_links(manager, links, new_id(), None, batch_id=batch_id)
             else:
                 await manager.dispatcher.dispatch(
@@ -369,6 +380,30 @@ async def _dispatch_items(
     await flush()
     if first_error is not None:
         raise first_error
+
+
+def _chain_links(
+    manager: QueueManager, item: list[PendingDispatch[Any]], queue: Any, conn: Any
+) -> list[dict[str, Any]]:
+    """A chain inside a batch as links, on the batch's queue and connection unless a
+    link names its own."""
+    links = []
+    for p in item:
+        link = p.to_link(manager.app)
+        if queue and "queue" not in link:
+            link["queue"] = queue
+        if conn and "connection" not in link:
+            link["connection"] = conn
+        links.append(link)
+    return links
+
+
+async def _count_unsent(
+    manager: QueueManager, batch_id: str, error: DispatchIncompleteError
+) -> None:
+    for job_id in error.failed:
+        unsent = Message(id=job_id, job="", payload=None, batch_id=batch_id)
+        await settle(manager, unsent, "failed", error)
 
 
 async def find(manager: QueueManager, batch_id: str) -> Batch | None:
@@ -491,8 +526,11 @@ async def settle(
             await _dispatch_once(manager, record, kind, callbacks["failure"], error)
         if callbacks.get("catch"):
             await _dispatch_once(manager, record, "catch", callbacks["catch"], error)
-    if settled.counted and outcome == "done" and callbacks.get("progress"):
-        await _run(manager, record, callbacks["progress"], None)
+    if outcome == "done" and settled.outcome == "done" and callbacks.get("progress"):
+        # Also when a redelivery finds the job counted (the crash came after the count),
+        # and once: a claim key and a mark per job, as for then/catch/finally.
+        kind = f"progress:{message.id}"
+        await _dispatch_once(manager, record, kind, callbacks["progress"], None)
     if settled.pending <= 0:
         await _finish(manager, batch_id, store, record)
 
@@ -631,20 +669,6 @@ async def claim_once(manager: QueueManager, key: str, owner: str) -> bool:
     owns it (it may have died mid-run), any other message is a duplicate dispatch.
     """
     return await manager.callbacks.claim_once(key, owner)
-
-
-async def _run(
-    manager: QueueManager,
-    record: dict[str, Any],
-    refs: list[dict[str, Any]],
-    error: BaseException | None,
-    batch: Batch | None = None,
-) -> None:
-    if batch is None:
-        batch = await find(manager, record["id"])
-    args: tuple[Any, ...] = (batch,) if error is None else (batch, error)
-    for ref in refs:
-        await manager.run_callback(ref, args, connection=record["options"]["connection"])
 
 
 _PRUNE_CHUNK = 200

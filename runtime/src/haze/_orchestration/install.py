@@ -11,6 +11,7 @@ from haze._engine.manager import QueueManager
 from haze._orchestration.batches import BatchCount, BatchGuard
 from haze._orchestration.chains import ChainCatch, ChainNext
 from haze._orchestration.middleware import queue_limits
+from haze._orchestration.scheduling import TickEnd
 
 __all__ = ["install"]
 
@@ -23,6 +24,7 @@ def install(manager: QueueManager) -> None:
     hooks.add(ChainNext(manager), Stage.CONTINUE)
     hooks.add(BatchCount(manager), Stage.COUNT)
     hooks.add(ChainCatch(manager), Stage.CALLBACK)
+    hooks.add(TickEnd(manager), Stage.NOTIFY)
     hooks.guard(BatchGuard(manager))
     # Per-queue limits run before every other middleware (read when a job's pipeline is
     # first composed, so a config changed before then counts).

@@ -23,6 +23,8 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from haze._jobs.definition import find_job
+from haze._kernel.crypto import keyed_digest
 from haze._kernel.durations import Duration, parse_duration
 from haze.contracts.store import Store
 
@@ -60,6 +62,16 @@ def _scoped(job: JobContext, *parts: object) -> str:
     return job.app.manager.scoped_key("mw", *parts)
 
 
+async def _key_value(job: JobContext, key_fn: Callable[[Any], Any], payload: Any) -> str:
+    """``key_fn(payload)`` as a key part: an encrypted job's value is often a field of
+    its secret payload, so its keys hold a keyed hash of it (as its unique keys do)."""
+    value = str(await _maybe(key_fn(payload)))
+    definition = find_job(job.name)
+    if definition is not None and definition.encrypted:
+        return keyed_digest(job.app, value)
+    return value
+
+
 def _positive_int(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{where}: expected an integer >= 1, got {value!r}")
@@ -88,7 +100,7 @@ def rate_limited(
     async def rate_limit(payload: Any, job: JobContext, call_next: CallNext) -> Any:
         now = time.time()
         slot = math.floor(now / window)
-        sub = "" if key_fn is None else str(await _maybe(key_fn(payload)))
+        sub = "" if key_fn is None else await _key_value(job, key_fn, payload)
         k = _scoped(job, "rate", name, sub, slot)
         n = await _store(job).increment(k, 1, window * 2)
         if n > limit:
@@ -235,7 +247,7 @@ def limit_concurrency(
         elif isinstance(key, str):
             base = _scoped(job, "conc", "name", key)
         else:
-            base = _scoped(job, "conc", "job", job.name, str(await _maybe(key(payload))))
+            base = _scoped(job, "conc", "job", job.name, await _key_value(job, key, payload))
         keys = [f"{base}:slot:{i}" for i in range(limit)]
         return await _hold_slot(job, keys, lease, retry, call_next)
 
@@ -287,7 +299,7 @@ def without_overlapping(
         elif isinstance(key, str):
             sub = key
         else:
-            sub = str(await _maybe(key(payload)))
+            sub = await _key_value(job, key, payload)
         k = _scoped(job, "overlap", sub) if shared else _scoped(job, "overlap", job.name, sub)
         return await _hold_slot(job, [k], expire, retry, call_next)
 
@@ -324,7 +336,7 @@ def throttles_exceptions(
         elif isinstance(key, str):
             sub = key
         else:
-            sub = str(await _maybe(key(payload)))
+            sub = await _key_value(job, key, payload)
         base = _scoped(job, "throttle", sub)
         store = _store(job)
         until = await store.get(base + ":until")

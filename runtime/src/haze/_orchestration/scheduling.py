@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from haze._engine.hooks import Outcome, Run
 from haze._jobs.definition import JobDefinition, PendingDispatch
 from haze._kernel.durations import Duration, parse_duration
 from haze._kernel.errors import ConfigError, MissingDependencyError, ScheduleError
@@ -38,6 +39,7 @@ from haze._kernel.hints import did_you_mean
 
 if TYPE_CHECKING:
     from haze._app.app import App
+    from haze._engine.manager import QueueManager
     from haze.stores import Store
 
 __all__ = ["Schedule", "Scheduler", "registered_schedules", "schedule"]
@@ -313,13 +315,25 @@ def _tick_store(app: App) -> Store | None:
 _DONE = "done"
 #: What the first version of the scheduler stored: a tick it claimed and dispatched.
 _LEGACY_DONE = "claimed"
+#: The first word of a claimed tick's record until it is done: "unsent:<lease end>:<owner>".
+_CLAIMED = "unsent"
+#: How long a claimed tick's record outlives its claimer: a trigger invocation killed
+#: before it sent the tick leaves it to the next invocation, which on a platform whose
+#: only trigger is daily comes a day later.
+UNSENT_KEEP = 2 * 86400.0
+#: How many of a schedule's past ticks each trigger invocation looks at for one that
+#: was claimed and not sent (one store read for all of them).
+UNSENT_SCAN = 8
 
 
 async def fire(app: App, sched: Schedule, at: datetime, *, store: Store | None = None) -> bool:
     """Dispatch ``sched``'s tick at ``at`` unless another scheduler did or is doing it:
     True when this call dispatched it. See :func:`_fire` for the crash rules.
     """
-    return await _fire(app, sched, at, store, owner=f"trigger-{uuid.uuid4().hex[:12]}") == "sent"
+    # A later trigger invocation may send it again up to UNSENT_KEEP on: its once key
+    # must outlive that.
+    owner = f"trigger-{uuid.uuid4().hex[:12]}"
+    return await _fire(app, sched, at, store, owner=owner, resend=UNSENT_KEEP) == "sent"
 
 
 async def _fire(
@@ -329,40 +343,46 @@ async def _fire(
     store: Store | None,
     *,
     owner: str,
-    lease: float = LEASE,
+    lease: float | None = None,
     grace: float = MISFIRE_GRACE,
+    resend: float = 0.0,
 ) -> str:
     """``"sent"`` (this call dispatched the tick), ``"done"`` (someone did) or ``"busy"``
     (another scheduler holds the tick's lease: ask again after it).
 
-    Three writes: a lease on the tick key (``store.add``, ``lease`` seconds, value the
-    scheduler's id), the dispatch, then the tick key set to done for the rest of the
-    grace window. The message carries a once key (:func:`tick_once_key`): however many
-    messages a tick gets, the first to run claims it and the others are acked unrun. A
-    scheduler that dies holding the lease leaves the tick to whichever scheduler asks
-    after the lease expired (the new leader does while the tick is in grace): sent again
-    if the first one never was, run once either way.
+    Three writes: the claim (:func:`_claim`: a record of the tick, "claimed, not sent",
+    with the claimer's lease), the dispatch, then the tick key set to done for the rest
+    of the grace window. The message carries a once key (:func:`tick_once_key`): however
+    many messages a tick gets, the first to run claims it and the others are acked
+    unrun. A scheduler or trigger invocation that dies holding the claim leaves the
+    record: whichever asks after its lease ended (the new leader while the tick is in
+    grace, a later trigger invocation within :data:`UNSENT_KEEP`) sends the tick again,
+    and it runs once either way.
     """
+    lease = LEASE if lease is None else lease
     key = sched.tick_key(at)
     meta: dict[str, Any] = {"schedule": sched.name, "fire_at": at.isoformat()}
-    held = f"lease:{owner}"
+    held: tuple[str, str] | None = None
     if store is not None:
-        for _ in range(2):
-            if await store.add(key, held, lease):
-                break
-            value = await store.get(key)
-            if value is not None:
-                return "done" if value in (_DONE, _LEGACY_DONE) else "busy"
-            # the holder's lease ran out between the two calls: try the claim again
-        else:
-            return "busy"
+        claim = await _claim(store, key, owner, lease)
+        if isinstance(claim, str):
+            return claim
+        held = claim
         meta["once"] = tick_once_key(sched, at)
+        meta["once_ttl"] = tick_window(sched, at, grace, lease) + resend
+        if held[0] != key:
+            log.warning(
+                'haze: schedule "%s" sends its tick of %s, which a scheduler claimed and '
+                "stopped before sending",
+                sched.name,
+                at.isoformat(),
+            )
     try:
         await app.manager.dispatch(sched.pending, meta=meta)
     except BaseException:
-        if store is not None:
+        if store is not None and held is not None:
             try:
-                await store.delete(key, owner=held)
+                await store.delete(held[0], owner=held[1])
             except Exception:  # the lease expires by itself; the dispatch error matters
                 log.debug("haze: could not drop the claim on %s", key, exc_info=True)
         raise
@@ -375,6 +395,89 @@ async def _fire(
             # again: sent again, the once key keeps it to one run.
             log.debug("haze: could not record the tick of %s", sched.name, exc_info=True)
     return "sent"
+
+
+def tick_window(
+    sched: Schedule, at: datetime, grace: float = MISFIRE_GRACE, lease: float = LEASE
+) -> float:
+    """Seconds a tick's once key (and its end marker) is kept: until the next tick, plus
+    the grace in which a scheduler may still send this one and a claim's lease (a
+    platform trigger's tick adds ``UNSENT_KEEP``, while a later invocation may re-send
+    it). A per-second schedule keeps about two minutes of ticks, not a week of them."""
+    return (sched.next_after(at) - at).total_seconds() + 2 * grace + lease
+
+
+def tick_ended_key(sched_once_key: str) -> str:
+    """Set when a tick's job has ended (done, failed or cancelled): see ``TickEnd``."""
+    return sched_once_key + ":end"
+
+
+class TickEnd:
+    """Outcome hook: marks a tick's job as ended, so that the scheduler can tell at the
+    next tick whether it is still queued (no once key yet) or still running (no end
+    marker) and warn that the schedule outruns its job."""
+
+    def __init__(self, manager: QueueManager) -> None:
+        self.manager = manager
+
+    def wants(self, run: Run) -> bool:
+        meta = run.message.meta
+        return (
+            meta is not None
+            and "schedule" in meta
+            and isinstance(meta.get("once"), str)
+            and run.outcome in (Outcome.SUCCESS, Outcome.FAILED, Outcome.CANCELLED)
+        )
+
+    async def settling(self, run: Run) -> None:
+        return None
+
+    async def settled(self, run: Run) -> None:
+        meta = run.message.meta
+        assert meta is not None
+        ttl = meta.get("once_ttl")
+        ttl = float(ttl) if ttl.__class__ in (int, float) and ttl > 0 else None
+        try:
+            await self.manager.stores.batches().put(tick_ended_key(meta["once"]), 1, ttl)
+        except Exception:  # only a warning's input: the job itself has settled
+            log.debug("haze: could not mark the end of %s", meta["once"], exc_info=True)
+
+
+async def _claim(store: Store, key: str, owner: str, lease: float) -> tuple[str, str] | str:
+    """Take the tick ``key``: ``(key, value)`` of what this call now holds, else
+    ``"done"`` or ``"busy"``.
+
+    A first claim is the tick's record, ``unsent:<lease end, ms>:<owner>``, kept for
+    :data:`UNSENT_KEEP` whether or not its claimer lives. Once its lease ended, the
+    right to send it again is a second key, ``<key>:resend``, under its own lease: the
+    record stays in place, so a re-sender that dies as well leaves it to the next one.
+    """
+    for _ in range(2):
+        record = f"{_CLAIMED}:{round((time.time() + lease) * 1000)}:{owner}"
+        if await store.add(key, record, UNSENT_KEEP):
+            return key, record
+        value = await store.get(key)
+        if value is None:
+            continue  # the record expired between the two calls: claim it again
+        if value in (_DONE, _LEGACY_DONE):
+            return "done"
+        if not _unsent_and_free(value):
+            return "busy"
+        held = f"lease:{owner}"
+        if await store.add(f"{key}:resend", held, lease):
+            return f"{key}:resend", held
+        return "busy"
+    return "busy"
+
+
+def _unsent_and_free(value: object) -> bool:
+    """True for a tick record that says "claimed, not sent" whose claimer's lease ended.
+    (The first scheduler's ``lease:<owner>`` claims expire by themselves: busy till then.)
+    """
+    if not isinstance(value, str) or not value.startswith(f"{_CLAIMED}:"):
+        return False
+    until = value.split(":", 2)[1]
+    return until.isdigit() and int(until) <= time.time() * 1000
 
 
 def tick_once_key(sched: Schedule, at: datetime) -> str:
@@ -444,6 +547,10 @@ class Scheduler:
         self.leader = False
         self.dispatched = 0
         self._cursors: dict[str, datetime] = {}
+        #: the last tick of each schedule this scheduler sent, and when it last warned
+        #: that a tick's job was still queued or running at the next one
+        self._sent: dict[str, datetime] = {}
+        self._warned: dict[str, float] = {}
         self._renewed = 0.0
         self._store: Store | None = None
 
@@ -524,6 +631,35 @@ class Scheduler:
                 self._cursors[sched.name] = now
                 await store.add(f"haze:schedule:{sched.name}:last", now.timestamp())
 
+    async def _warn_if_behind(self, sched: Schedule, at: datetime) -> None:
+        """Warn (at most once a minute per schedule) when the job of the tick sent before
+        ``at`` has not ended: the schedule fires faster than its job runs, and the
+        backlog grows."""
+        previous = self._sent.get(sched.name)
+        mono = time.monotonic()
+        if previous is None or mono - self._warned.get(sched.name, -math.inf) < 60:
+            return
+        once = tick_once_key(sched, previous)
+        try:
+            started, ended = await self.app.manager.stores.batches().get_many(
+                [once, tick_ended_key(once)]
+            )
+        except Exception:  # a warning's input only
+            log.debug("haze: could not read the state of %s", once, exc_info=True)
+            return
+        if ended is not None:
+            return
+        self._warned[sched.name] = mono
+        log.warning(
+            'haze: schedule "%s": the job of its tick of %s is still %s at the next tick '
+            "(%s); the schedule fires faster than its job runs, so the queue keeps growing. "
+            "Fire it less often, or make the job faster",
+            sched.name,
+            previous.isoformat(),
+            "queued" if started is None else "running",
+            at.isoformat(),
+        )
+
     async def _run_schedule(self, sched: Schedule, now: datetime) -> None:
         cursor = self._cursors.get(sched.name, now)
         edge = now - timedelta(seconds=self.grace)
@@ -536,6 +672,7 @@ class Scheduler:
                     'haze: schedule "%s" catches up its tick of %s', sched.name, missed.isoformat()
                 )
         for at in due:
+            await self._warn_if_behind(sched, at)
             try:
                 outcome = await _fire(
                     self.app,
@@ -553,6 +690,7 @@ class Scheduler:
                     return
                 if outcome == "sent":
                     self.dispatched += 1
+                    self._sent[sched.name] = at
                     if self.on_fire is not None:
                         self.on_fire(sched, at)
             except Exception as e:
@@ -704,13 +842,17 @@ def eventbridge_cron(sched: Schedule) -> str:
 def trigger_schedules(platform: str, trigger: str) -> list[Schedule]:
     """The schedules whose ``platform`` trigger (``"cloudflare"``: :func:`utc_cron`,
     ``"eventbridge"``: :func:`eventbridge_cron`) is ``trigger``."""
-    convert = utc_cron if platform == "cloudflare" else eventbridge_cron
     wanted = " ".join(trigger.split())
+    return [sched for sched, each in _triggered(platform) if each == wanted]
+
+
+def _triggered(platform: str) -> list[tuple[Schedule, str]]:
+    """Each schedule that has a ``platform`` trigger, with it."""
+    convert = utc_cron if platform == "cloudflare" else eventbridge_cron
     found = []
     for sched in registered_schedules().values():
         try:
-            if convert(sched) == wanted:
-                found.append(sched)
+            found.append((sched, convert(sched)))
         except ScheduleError:
             continue  # the build reported it
     return found
@@ -761,7 +903,12 @@ def platform_triggers(
 
 async def dispatch_trigger(app: App, platform: str, trigger: str, at: datetime) -> list[str]:
     """What a platform's cron handler does: the schedules of ``trigger`` due at ``at``
-    (to the minute), dispatched once each. Returns their names."""
+    (to the minute), dispatched once each. Returns their names.
+
+    First it sends the ticks of every triggered schedule that an earlier invocation
+    claimed and was killed before sending (:func:`send_unsent`)."""
+    minute = at.astimezone(UTC).replace(second=0, microsecond=0)
+    await send_unsent(app, minute, [sched for sched, _ in _triggered(platform)])
     schedules = trigger_schedules(platform, trigger)
     if not schedules:
         log.warning(
@@ -771,5 +918,53 @@ async def dispatch_trigger(app: App, platform: str, trigger: str, at: datetime) 
             trigger,
         )
         return []
-    minute = at.astimezone(UTC).replace(second=0, microsecond=0)
     return await dispatch_due(app, minute, schedules)
+
+
+async def send_unsent(app: App, at: datetime, schedules: Sequence[Schedule]) -> None:
+    """Send the ticks of ``schedules`` before ``at`` (the last :data:`UNSENT_SCAN` of
+    each, within :data:`UNSENT_KEEP`) whose record still says claimed and not sent after
+    its claimer's lease ended: a trigger invocation was killed between the claim and the
+    dispatch. Each is claimed again first (:func:`_claim`), and runs once however many
+    invocations send it (its once key). Errors are logged: the record stays for the next.
+    """
+    store = _tick_store(app)
+    ticks = [(sched, t) for sched in schedules for t in _recent_ticks(sched, at)]
+    if store is None or not ticks:
+        return
+    try:
+        values = await store.get_many([sched.tick_key(t) for sched, t in ticks])
+    except Exception as e:
+        log.warning(
+            "haze: could not look for claimed ticks that were not sent: %s: %s",
+            type(e).__name__,
+            e,
+        )
+        return
+    for (sched, t), value in zip(ticks, values, strict=True):
+        if not _unsent_and_free(value):
+            continue
+        try:
+            await fire(app, sched, t, store=store)
+        except Exception as e:
+            log.warning(
+                'haze: schedule "%s" could not dispatch its tick of %s: %s: %s',
+                sched.name,
+                t.isoformat(),
+                type(e).__name__,
+                e,
+            )
+
+
+def _recent_ticks(sched: Schedule, at: datetime) -> list[datetime]:
+    """Up to :data:`UNSENT_SCAN` fire times of ``sched`` before ``at``, newest first,
+    none older than :data:`UNSENT_KEEP` (no record lives longer)."""
+    oldest = at - timedelta(seconds=UNSENT_KEEP)
+    ticks: list[datetime] = []
+    t: datetime | None = at
+    while t is not None and len(ticks) < UNSENT_SCAN:
+        t = sched.latest_at_or_before(t - timedelta(seconds=1))
+        if t is None or t <= oldest:
+            break
+        ticks.append(t)
+    return ticks

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from haze._engine.control import paused_queues, restart_requested_at
-from haze._kernel.errors import HazeError, QueueTablesMissingError
+from haze._kernel.errors import ConfigError, HazeError, QueueTablesMissingError
 from haze._runners.delivery import Delivery
 from haze._runners.presence import Presence
 from haze.contracts.driver import (
@@ -42,6 +42,7 @@ from haze.contracts.driver import (
     Interruptible,
     Leased,
     LocalQueue,
+    QueueNameRules,
     Reserved,
 )
 
@@ -64,6 +65,21 @@ ACK_RETRY_MIN = 0.05
 ACK_RETRY_MAX = 1.0
 #: A stopping worker keeps sending the acks that still fail for this long (seconds).
 ACK_STOP_PATIENCE = 2.0
+
+
+def _checked_queues(
+    driver: Driver, connection: str, queues: Sequence[str] | None
+) -> list[str] | None:
+    """``queues`` as a list, each one a name the driver can claim from (else one line)."""
+    if not queues:
+        return None
+    if isinstance(driver, QueueNameRules):
+        for queue in queues:
+            try:
+                driver.check_queue(queue)
+            except ValueError as e:
+                raise ConfigError(f"connection {connection!r}: {e}") from None
+    return list(queues)
 
 
 class Worker:
@@ -96,7 +112,7 @@ class Worker:
         if isinstance(self.driver, DispatchOnly):
             raise self.driver.no_consumer()  # it only dispatches: nothing to claim
         self._init_capabilities(self.driver)
-        self.queues = list(queues) if queues else None
+        self.queues = _checked_queues(self.driver, connection, queues)
         self.concurrency = max(1, concurrency)
         self.once = once
         self.max_jobs = 1 if once else max_jobs
@@ -146,6 +162,11 @@ class Worker:
         self._outage = False
         self._outage_backoff = 0.0
         self._outage_since = 0.0
+        #: Whether a claim was ever answered: a worker that stops without one never read
+        #: its queues (``queue:work --stop-when-empty``/``--once`` then exit non-zero).
+        self.reached = False
+        #: What the current outage failed with (None outside one).
+        self.outage_error: BaseException | None = None
         #: Jobs that ran while the backend was out, so their outcome was not recorded:
         #: told once, on the "reachable again" line, not one warning per job.
         self._unrecorded: list[str] = []
@@ -364,13 +385,15 @@ class Worker:
                     await asyncio.sleep(min(wait, 1.0) if wait > 0 else 0.05)
                     return None
             job = await call(queues)
+            self.reached = True
         except asyncio.CancelledError:
             if self.stopping:
                 task.uncancel()
                 return None
             raise
-        except QueueTablesMissingError as e:
-            # Not an outage: waiting cannot create the tables. Stop and say what to run.
+        except (QueueTablesMissingError, ConfigError) as e:
+            # Not an outage: waiting cannot create the tables or fix a refused token
+            # (libSQL's 401/403). Stop and say what to do.
             self._fatal = e
             self.request_stop()
             return None
@@ -392,6 +415,7 @@ class Worker:
         connection broke, which proves nothing)."""
         if self._outage and began >= self._outage_since:
             self._outage = False
+            self.outage_error = None
             self._outage_backoff = 0.0
             log.warning(
                 "haze worker: connection %r is reachable again%s",
@@ -416,6 +440,7 @@ class Worker:
         if self._outage:
             return
         self._outage = True
+        self.outage_error = e
         self._outage_since = time.monotonic()
         log.warning(
             "haze worker: connection %r is unavailable (%s: %s); retrying every %.1fs "

@@ -9,12 +9,17 @@ The app is loaded (config validated, jobs discovered) before any file is written
 broken app fails the build instead of the deploy. A preset writes into a staging
 directory inside the output directory; only a build that finishes is moved into place
 (``dist/<preset>/`` swapped whole, files beside it replaced), so a build that fails
-leaves the previous output as it was and writes nothing.
+leaves the previous output as it was and writes nothing. Before that, every file the
+preset generated is read back the way its tools will read it (TOML, JSON, Python): a
+build that wrote one they would reject fails, naming it. The output directory may not
+be the app's root or lie inside its sources (``config/``, ``app/``, ``database/``),
+which the presets copy into the output.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import shutil
 import tempfile
@@ -24,6 +29,7 @@ from pathlib import Path
 
 from haze._app.app import App
 from haze._kernel.errors import ConfigError
+from haze._kernel.hints import install_hint
 
 __all__ = ["PRESETS", "BuildContext", "BuildResult", "build", "deterministic_zip", "install_hint"]
 
@@ -58,6 +64,8 @@ class BuildContext:
     root: Path
     out: Path
     preset: str
+    #: every file ``write`` made: checked before the build is published
+    generated: list[Path] = field(default_factory=list)
 
     @property
     def dest(self) -> Path:
@@ -69,6 +77,7 @@ class BuildContext:
         path = (base or self.dest) / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
+        self.generated.append(path)
         return path
 
     def copy_app(self, dest: Path) -> list[Path]:
@@ -106,7 +115,7 @@ class BuildContext:
                     raise
                 raise ConfigError(
                     f"the {self.preset} preset bundles {name!r}, which is not installed here; "
-                    f"{install_hint(name)} (in the environment that runs `haze build`)",
+                    f"{install_hint(package=name)} (in the environment that runs `haze build`)",
                     key="--preset",
                 ) from None
             if module.__file__ is None:
@@ -115,44 +124,6 @@ class BuildContext:
             shutil.copytree(src, dest / name, ignore=ignore, dirs_exist_ok=True)
             written.extend(p for p in (dest / name).rglob("*") if p.is_file())
         return written
-
-
-#: Import package -> its project directory in a haze checkout (the uv workspace members).
-_WORKSPACE_MEMBERS = {
-    "haze": "runtime",
-    "haze_cloudflare": "adapters/cloudflare",
-    "haze_lambda": "adapters/lambda",
-    "haze_infra": "infra",
-}
-
-
-def install_hint(package: str) -> str:
-    """How to install ``package`` (``haze_cloudflare``…) where this haze runs.
-
-    haze and its adapters are not on PyPI: from a haze checkout (this haze is the
-    workspace's ``runtime/``) the hint names the member's directory and ``uv sync``;
-    elsewhere it names the checkout path to install from, or a wheel of it.
-
-    Example::
-
-        install_hint("haze_cloudflare")
-        # 'pip install /src/haze/adapters/cloudflare (or `uv sync` in /src/haze)'
-    """
-    member = _WORKSPACE_MEMBERS.get(package)
-    dist = package.replace("_", "-")
-    if member is None:
-        return f"pip install {dist}"
-    # runtime/src/haze/build/__init__.py -> the checkout holding runtime/ and adapters/
-    checkout = Path(__file__).resolve().parents[4]
-    project = checkout / member
-    if (project / "pyproject.toml").is_file() and (
-        checkout / "runtime" / "pyproject.toml"
-    ).is_file():
-        return f"pip install {project} (or `uv sync` in {checkout})"
-    return (
-        f"pip install ./{member} from a haze checkout, or pip install a wheel of {dist} "
-        f"(`uv build --wheel {member}` in the checkout)"
-    )
 
 
 def build(root: str | Path, preset: str, out: str | Path | None = None) -> BuildResult:
@@ -171,6 +142,7 @@ def build(root: str | Path, preset: str, out: str | Path | None = None) -> Build
     root = Path(root).resolve()
     app = App(root=root)
     target = Path(out).resolve() if out is not None else root / "dist"
+    _check_target(root, target)
     name = f"{__name__}.{PRESETS[preset]}"
     try:
         module = importlib.import_module(name)
@@ -192,6 +164,7 @@ def build(root: str | Path, preset: str, out: str | Path | None = None) -> Build
         ctx = BuildContext(app=app, root=root, out=staging, preset=preset)
         ctx.dest.mkdir(parents=True)
         result: BuildResult = module.build(ctx)
+        _check_generated(ctx.generated, staging)
         _publish(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -211,6 +184,46 @@ def build(root: str | Path, preset: str, out: str | Path | None = None) -> Build
         files=[moved(f) for f in result.files],
         notes=[n.replace(str(staging), str(target)) for n in result.notes],
     )
+
+
+#: The folders of an app that presets copy into their output.
+_SOURCES = ("config", "app", "database")
+
+
+def _check_target(root: Path, target: Path) -> None:
+    """Refuse an output directory that is the app's root or inside what is copied from
+    it: the copy would copy its own output, deeper each time, until paths are too long."""
+    inside = next((s for s in _SOURCES if target.is_relative_to(root / s)), None)
+    if target == root or inside is not None:
+        where = "the app's root" if inside is None else f"{inside}/"
+        raise ConfigError(
+            f"--out {target} is inside the app's sources ({where}), which the build copies "
+            "into its output; choose a folder outside them, e.g. the default dist/",
+            key="--out",
+        )
+
+
+def _check_generated(files: Iterable[Path], staging: Path) -> None:
+    """Read each generated file as its tools will; a ``ConfigError`` names the first
+    that they would reject (nothing has been published yet)."""
+    import tomllib
+
+    readers = {".toml": tomllib.loads, ".json": json.loads, ".jsonc": json.loads}
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        try:
+            if path.suffix == ".py":
+                compile(text, str(path), "exec")
+            elif path.suffix in readers:
+                readers[path.suffix](text)
+        except (ValueError, SyntaxError) as e:
+            shown = path.relative_to(staging).as_posix() if path.is_relative_to(staging) else path
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ConfigError(
+                f"the build wrote {shown}, which its tools would reject ({reason}); nothing "
+                "was written. Check the values haze.config.py and config/ put in it",
+                key="--preset",
+            ) from None
 
 
 def _publish(staging: Path, target: Path) -> None:

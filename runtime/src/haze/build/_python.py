@@ -1,4 +1,4 @@
-"""What the Python presets (``docker``, ``server``, ``vercel``) share: which ``haze[extras]``
+"""What the Python presets (``docker``, ``server``, ``vercel``) share: which ``haze-jobs[extras]``
 an app needs, the requirements derived from them, a wheel of the installed haze, and the
 app's jobs, queues and longest timeout.
 
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from haze._kernel.errors import ConfigError
+from haze._kernel.hints import DISTRIBUTION, DISTRIBUTIONS
 from haze._orchestration.scheduling import app_schedules
 from haze.build._cloudflare_config import app_jobs as jobs_under_root
 from haze.database import dialect_of
@@ -121,7 +122,7 @@ def _database_extra(app: App, name: str | None) -> str | None:
 
 
 def extras_for(app: App) -> list[str]:
-    """The ``haze[...]`` extras the app's config needs, as read at build time.
+    """The ``haze-jobs[...]`` extras the app's config needs, as read at build time.
 
     Every queue connection, store and database connection counts (a job may dispatch
     anywhere), plus ``encryption`` for encrypted jobs, ``pydantic`` when a payload is a
@@ -159,7 +160,7 @@ def extras_for(app: App) -> list[str]:
     for extra in os.environ.get("HAZE_BUILD_EXTRAS", "").split(","):
         extras.add(extra.strip())
     extras.discard("")
-    known = set(metadata.metadata("haze").get_all("Provides-Extra") or [])
+    known = set(metadata.metadata(DISTRIBUTION).get_all("Provides-Extra") or [])
     unknown = sorted(extras - known)
     if unknown:
         raise ConfigError(
@@ -174,10 +175,10 @@ _EXTRA_MARKER = re.compile(r"""^\s*extra\s*==\s*["']([^"']+)["']\s*$""")
 
 
 def extra_requirements(extras: Iterable[str]) -> list[str]:
-    """The third-party requirements of ``haze[extras]`` (for a bundle that vendors haze)."""
+    """The third-party requirements of ``haze-jobs[extras]`` (for a bundle that vendors haze)."""
     wanted = set(extras)
     lines: list[str] = []
-    for req in metadata.requires("haze") or []:
+    for req in metadata.requires(DISTRIBUTION) or []:
         spec, _, marker = req.partition(";")
         match = _EXTRA_MARKER.match(marker)
         if match is None:
@@ -218,9 +219,11 @@ def _editable_packages(dist: metadata.Distribution) -> list[Path]:
         if any(_normalize(d) == name for d in dists)
     ]
     # An editable install's RECORD names only its .pth file, so nothing maps to it: the
-    # import name is then the distribution's (haze, haze_cloudflare).
+    # import name is then the one haze's distributions use (haze-jobs: haze), or the
+    # distribution's own (haze_cloudflare).
+    imported = {_normalize(d): package for package, (d, _) in DISTRIBUTIONS.items()}
     dirs: list[Path] = []
-    for top in sorted(set(tops) - {"_editable_impl_" + name}) or [name]:
+    for top in sorted(set(tops) - {"_editable_impl_" + name}) or [imported.get(name, name)]:
         module = importlib.import_module(top)
         if module.__file__ is None:
             continue

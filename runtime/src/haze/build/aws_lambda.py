@@ -21,10 +21,15 @@ packages the app's connections need that the runtime does not provide.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from haze._orchestration.scheduling import bundle_packages, platform_triggers
 from haze.build import BuildContext, BuildResult, deterministic_zip
+from haze.database import dialect_of
+
+if TYPE_CHECKING:
+    from haze._app.app import App
 
 __all__ = ["HANDLER_SOURCE", "PACKAGES", "build", "third_party_packages"]
 
@@ -69,7 +74,7 @@ def third_party_packages(ctx: BuildContext) -> dict[str, list[str]]:
         if driver == "sqs":
             add("boto3", f"queue connection {name!r}")
         elif driver == "redis":
-            add("haze[redis] (bullmq, redis)", f"queue connection {name!r}")
+            add("haze-jobs[redis] (bullmq, redis)", f"queue connection {name!r}")
         elif driver == "cloudflare":
             add("httpx", f"queue connection {name!r}")
     for name, store in app.cache_config.stores.items():
@@ -89,6 +94,20 @@ def third_party_packages(ctx: BuildContext) -> dict[str, list[str]]:
         if requirement is not None:
             add(requirement, f"database {name!r}")
     return need
+
+
+def sqlite_warnings(app: App) -> list[str]:
+    """One warning per database connection that is a SQLite file as the build reads it:
+    every Lambda instance has its own copy of the code and /tmp, so a queue, store or
+    failed-jobs table there is seen by one instance only."""
+    return [
+        f"warning: database {name!r} is a SQLite file as read now; on Lambda it is not "
+        "shared between instances (each has its own disk, and the code folder is "
+        "read-only), so what one dispatches no other sees: set its URL to PostgreSQL, "
+        "MySQL or Turso in the function's environment"
+        for name, options in app.database_config.connections.items()
+        if dialect_of(str(options.get("url") or "")) == "sqlite"
+    ]
 
 
 def build(ctx: BuildContext) -> BuildResult:
@@ -111,6 +130,7 @@ def build(ctx: BuildContext) -> BuildResult:
             'with the input {"haze_schedule": "<rule>", "time": <time>} (haze_infra creates '
             "them): " + "; ".join(f"{rule} -> {', '.join(names)}" for rule, names in rules.items())
         )
+    notes.extend(sqlite_warnings(ctx.app))
     for requirement, users in sorted(third_party_packages(ctx).items()):
         if requirement in _IN_RUNTIME:
             notes.append(f"{requirement} ({', '.join(users)}) comes with the Lambda Python runtime")

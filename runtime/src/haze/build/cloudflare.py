@@ -51,13 +51,16 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 from datetime import date
+from pathlib import Path
 from typing import Any
 
 from haze._app.app import App, _load_module_file
 from haze._app.config import env_source
 from haze._kernel.errors import ConfigError
+from haze._kernel.hints import DISTRIBUTION
 from haze._orchestration.scheduling import bundle_packages, platform_triggers
 from haze.build import BuildContext, BuildResult
 from haze.build._cloudflare_config import (
@@ -70,6 +73,7 @@ from haze.build._cloudflare_config import (
 )
 from haze.build._python import app_requirements, pack_wheel
 from haze.database import dialect_of
+from haze.database.migrations import migration_files, migration_statements
 
 __all__ = [
     "COMPATIBILITY_DATE",
@@ -143,6 +147,10 @@ Default.preload()
 def entry_source() -> str:
     """The source of ``cloudflare/src/entry.py``."""
     return ENTRY_SOURCE
+
+
+#: What Cloudflare accepts as a Worker's name (a DNS label).
+_WORKER_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 
 
 def _slug(text: str) -> str:
@@ -350,6 +358,13 @@ def wrangler_config(ctx: BuildContext, notes: list[str]) -> dict[str, Any]:
     variables = section.get("vars") or {}
     app = worker_app(ctx, variables if isinstance(variables, Mapping) else {})
     name = str(section.get("name") or _slug(ctx.root.name))
+    if not _WORKER_NAME.match(name):
+        raise ConfigError(
+            f"{name!r} is not a Cloudflare worker name: 1 to 63 lowercase letters, digits "
+            "and dashes, not starting or ending with a dash",
+            source=str(ctx.root / "haze.config.py"),
+            key="cloudflare.wrangler.name",
+        )
     warnings: list[str] = []
     producers, consumers = _queue_bindings(ctx, app, name, notes, warnings)
     warnings += worker_warnings(app)
@@ -374,7 +389,7 @@ def wrangler_config(ctx: BuildContext, notes: list[str]) -> dict[str, Any]:
             queues += [str(q) for q in (c["queue"], c.get("dead_letter_queue")) if q]
     notes.append(
         "create the queues once before the first deploy: "
-        + "; ".join(f"npx wrangler queues create {q}" for q in queues)
+        + "; ".join(f"npx wrangler queues create {shlex.quote(q)}" for q in queues)
     )
     return merged
 
@@ -516,7 +531,8 @@ def pyproject_source(name: str, wheels: Mapping[str, str], requirements: list[st
     wheel's path relative to the project."""
     deps = [*wheels, *(r for r in requirements if r not in wheels)]
     return PYPROJECT.format(
-        name=json.dumps(name),
+        # TOML strings take characters as they are, never JSON's surrogate-pair escapes
+        name=json.dumps(name, ensure_ascii=False),
         dependencies="".join(f"    {json.dumps(d)},\n" for d in deps),
         sources="".join(f"{d} = {{ path = {json.dumps(p)} }}\n" for d, p in wheels.items()),
     )
@@ -551,6 +567,19 @@ def _with_migrations(config: dict[str, Any], migrations: str) -> dict[str, Any]:
     return out
 
 
+def _d1_migrations(ctx: BuildContext, dest: Path) -> list[Path]:
+    """Each ``.py`` migration of the app rendered as the ``.sql`` that ``wrangler d1
+    migrations apply`` reads (it runs SQL files only), in D1's dialect."""
+    written: list[Path] = []
+    for path in migration_files(ctx.root):
+        if path.suffix == ".py":
+            sql = ";\n\n".join(migration_statements(path, "d1")) + ";\n"
+            target = dest / f"{path.stem}.sql"
+            target.write_text(f"-- {path.name} rendered for D1 by `haze build`.\n{sql}")
+            written.append(target)
+    return written
+
+
 def _number(value: float) -> int | float:
     return int(value) if float(value).is_integer() else value
 
@@ -565,17 +594,19 @@ def build(ctx: BuildContext) -> BuildResult:
     bundled = bundle_packages(ctx.root)
     files += ctx.vendor((*PACKAGES, *bundled), src)
     wheels: dict[str, str] = {}
-    for dist in ("haze", "haze-cloudflare"):
+    for dist in (DISTRIBUTION, "haze-cloudflare"):
         wheel = pack_wheel(dist, ctx.dest / "wheels")
         wheels[dist] = f"wheels/{wheel.name}"
         files.append(wheel)
     # what is vendored beside haze (cronsim, tzdata for schedules) pinned as installed here
-    requirements = [*_pins(bundled), *app_requirements(ctx.root)]
+    own = app_requirements(ctx.root)
+    requirements = [*_pins(bundled), *own]
     files.append(
         ctx.write("pyproject.toml", pyproject_source(config["name"], wheels, requirements))
     )
     project = {**config, "main": PROJECT_ENTRY}
     if (ctx.root / "database" / "migrations").is_dir() and config.get("d1_databases"):
+        files += _d1_migrations(ctx, src / "database" / "migrations")
         config = _with_migrations(config, "cloudflare/src/database/migrations")
         project = _with_migrations(project, "src/database/migrations")
         names = [
@@ -585,18 +616,22 @@ def build(ctx: BuildContext) -> BuildResult:
         ]
         notes.append(
             "create the D1 tables (the app's database/migrations) once: "
-            + "; ".join(f"npx wrangler d1 migrations apply {n} --remote" for n in names)
+            + "; ".join(
+                f"npx wrangler d1 migrations apply {shlex.quote(n)} --remote" for n in names
+            )
         )
     files.append(ctx.write("wrangler.jsonc", json.dumps(project, indent=2) + "\n"))
     wrangler = ctx.write("wrangler.json", json.dumps(config, indent=2) + "\n", base=ctx.out)
     files.append(wrangler)
-    if requirements:
+    if own:  # the pins of what is vendored beside haze need no pywrangler: src/ has it
         notes.append(
-            "the app's requirements.txt is in dist/cloudflare/pyproject.toml: deploy with "
-            "pywrangler (it vendors them into python_modules/), not with plain wrangler"
+            f"the app's requirements.txt ({', '.join(own)}) is in "
+            "dist/cloudflare/pyproject.toml: deploy with pywrangler (it vendors them into "
+            "python_modules/), not with plain wrangler"
         )
-    notes.append(f"deploy: npx wrangler deploy -c {wrangler}")
+    notes.append(f"deploy: npx wrangler deploy -c {shlex.quote(str(wrangler))}")
     notes.append(
-        f"or with pywrangler: cd {ctx.dest} && uv run pywrangler sync && uv run pywrangler deploy"
+        f"or with pywrangler: cd {shlex.quote(str(ctx.dest))} && uv run pywrangler sync && "
+        "uv run pywrangler deploy"
     )
     return BuildResult(preset=ctx.preset, path=ctx.dest, files=files, notes=notes)

@@ -4,7 +4,7 @@
 
     Dockerfile            python:3.11-slim; installs requirements.txt; runs the worker
     .dockerignore
-    requirements.txt      haze[cli,<extras of the config>] (+ the app's requirements.txt)
+    requirements.txt      haze-jobs[cli,<extras of the config>] (+ the app's requirements.txt)
     wheels/haze-*.whl     the haze that ran the build (haze is not on PyPI yet)
     docker-entrypoint.sh  `haze queue:work "$@"`, or the command given (`haze db:migrate`)
     healthcheck.py        the HEALTHCHECK: haze.queue_check() on the worker's connection
@@ -25,8 +25,10 @@ to ``haze queue:work``. The script ``exec``s, so the worker is PID 1 and gets th
 from __future__ import annotations
 
 import json
+import shlex
 
 from haze._kernel.errors import ConfigError
+from haze._kernel.hints import DISTRIBUTION
 from haze.build import BuildContext, BuildResult
 from haze.build._python import (
     app_jobs,
@@ -135,7 +137,7 @@ ENV PYTHONUNBUFFERED=1 \\
 
 WORKDIR /app
 
-# haze[{",".join(extras)}] comes from wheels/ (haze is not on PyPI yet); its
+# {DISTRIBUTION}[{",".join(extras)}] comes from wheels/ (haze is not on PyPI yet); its
 # dependencies come from the package index at `docker build` time.
 COPY requirements.txt ./
 COPY wheels/ ./wheels/
@@ -176,12 +178,12 @@ def build(ctx: BuildContext) -> BuildResult:
 
     dest = ctx.dest
     files = ctx.copy_app(dest)
-    wheel = pack_wheel("haze", dest / "wheels")
+    wheel = pack_wheel(DISTRIBUTION, dest / "wheels")
     files.append(wheel)
     requirements = [
         "# Made by `haze build --preset docker`.",
         "--find-links ./wheels",
-        f"haze[{','.join(extras)}]=={_haze_version()}",
+        f"{DISTRIBUTION}[{','.join(extras)}]=={_haze_version()}",
         *app_requirements(ctx.root),
     ]
     files.append(ctx.write("requirements.txt", "\n".join(requirements) + "\n"))
@@ -199,9 +201,9 @@ def build(ctx: BuildContext) -> BuildResult:
         )
     )
     notes = [
-        f"the worker runs `haze queue:work {' '.join(cmd)}` (override with arguments to "
+        f"the worker runs `haze queue:work {shlex.join(cmd)}` (override with arguments to "
         "`docker run IMAGE ...`)",
-        f"requirements: haze[{','.join(extras)}] from the config as read now; set "
+        f"requirements: {DISTRIBUTION}[{','.join(extras)}] from the config as read now; set "
         "HAZE_BUILD_EXTRAS=postgres,... if production's environment picks other backends",
         _stop_note(stop, longest if stop_known else None),
     ]
@@ -252,4 +254,4 @@ def _stop_note(stop: int, longest: float | None) -> str:
 def _haze_version() -> str:
     from importlib.metadata import version
 
-    return version("haze")
+    return version(DISTRIBUTION)

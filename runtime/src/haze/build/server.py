@@ -5,7 +5,7 @@
 
     app.py               ASGI ``app``: POST /dispatch, GET /health; the worker follows
                          the server's lifespan (haze.integrations.asgi.run_in_server)
-    requirements.txt     haze[<extras of the config>] from wheels/, and uvicorn
+    requirements.txt     haze-jobs[<extras of the config>] from wheels/, and uvicorn
     wheels/haze-*.whl    the haze that ran the build (haze is not on PyPI yet)
     haze_app/            the app: config/, app/, database/, haze.config.py
 
@@ -22,6 +22,7 @@ connection does not answer.
 from __future__ import annotations
 
 from haze._kernel.errors import ConfigError
+from haze._kernel.hints import DISTRIBUTION
 from haze.build import BuildContext, BuildResult
 from haze.build._python import (
     app_jobs,
@@ -79,15 +80,15 @@ def build(ctx: BuildContext) -> BuildResult:
         )
     dest = ctx.dest
     files = ctx.copy_app(dest / APP_DIR)
-    files.append(pack_wheel("haze", dest / "wheels"))
+    files.append(pack_wheel(DISTRIBUTION, dest / "wheels"))
     extras = extras_for(app)
-    spec = f"haze[{','.join(extras)}]" if extras else "haze"
+    spec = f"{DISTRIBUTION}[{','.join(extras)}]" if extras else DISTRIBUTION
     from importlib.metadata import version
 
     requirements = [
         "# Made by `haze build --preset server`.",
         "--find-links ./wheels",
-        f"{spec}=={version('haze')}",
+        f"{spec}=={version(DISTRIBUTION)}",
         UVICORN,
         *app_requirements(ctx.root),
     ]

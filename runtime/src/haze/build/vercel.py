@@ -6,7 +6,7 @@ with a consumer running somewhere else; Vercel has no queue trigger).
 
     api/dispatch.py      the function, served at /api/dispatch: an ASGI ``app``
     vercel.json          the function's maxDuration and the files it must include
-    requirements.txt     the third-party packages of haze[<extras of the config>]
+    requirements.txt     the third-party packages of haze-jobs[<extras of the config>]
     haze/                haze itself, vendored (it is not on PyPI yet)
     config/ app/ database/ haze.config.py    the app
 
@@ -24,6 +24,7 @@ one would be lost with the function instance, so the build refuses them.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,7 @@ def build(ctx: BuildContext) -> BuildResult:
     files.extend(ctx.vendor(["haze"], dest))
     extras = extras_for(app)
     requirements = [
-        "# Made by `haze build --preset vercel`: the dependencies of haze["
+        "# Made by `haze build --preset vercel`: the dependencies of haze-jobs["
         + ",".join(extras)
         + "] (haze itself is vendored in haze/).",
         *extra_requirements(extras),
@@ -107,13 +108,28 @@ def build(ctx: BuildContext) -> BuildResult:
         "Vercel runs no worker: run `haze queue:work` on a server or the docker preset's "
         "image, against the same backend",
     ]
+    notes.append(requirements_note(extras))
     if driver == "database" and is_sqlite(app, connection):
         notes.append(
             f'connection "{connection}" is SQLite as read now: a function\'s filesystem is '
-            "not your worker's; set DATABASE_URL to PostgreSQL, MySQL or Turso on Vercel"
+            "not your worker's; set DATABASE_URL to PostgreSQL, MySQL or Turso on Vercel, "
+            "and build with that DATABASE_URL set (or HAZE_BUILD_EXTRAS=postgres, mysql or "
+            "libsql) so requirements.txt carries its driver"
         )
     notes.extend(_pinned_note(app))
     return BuildResult(preset=ctx.preset, path=dest, files=files, notes=notes)
+
+
+def requirements_note(extras: list[str]) -> str:
+    """What requirements.txt was derived from, and the variable that adds to it."""
+    chosen = os.environ.get("HAZE_BUILD_EXTRAS", "").strip()
+    given = f" and HAZE_BUILD_EXTRAS={chosen}" if chosen else ""
+    return (
+        f"requirements.txt: the dependencies of haze-jobs[{','.join(extras)}], from the "
+        f"app's connections as read now{given}; set HAZE_BUILD_EXTRAS=postgres,... (or "
+        "the production URLs) when `haze build` runs, if production's environment picks "
+        "other backends"
+    )
 
 
 def _vercel_json(dest: Path) -> dict[str, Any]:

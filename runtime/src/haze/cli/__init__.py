@@ -4,7 +4,7 @@ Each command group lives in its own module and registers its commands on the roo
 group from :mod:`haze.cli._core` with ``@cli.command("group:name")``. A new group is a
 new module plus one entry in :data:`COMMAND_MODULES`; nothing else changes.
 
-click and rich come with the ``haze[cli]`` extra; the runtime itself stays
+click and rich come with the ``haze-jobs[cli]`` extra; the runtime itself stays
 dependency-free. Without them this package still imports, so :func:`main` can say what
 to install.
 """
@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from haze._kernel.hints import install_hint
 from haze.cli._logging import configure_logging
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "haze.cli.dashboard",
 )
 
-MISSING_DEPENDENCIES = "The haze CLI needs click and rich: pip install 'haze[cli]'"
+MISSING_DEPENDENCIES = f"The haze CLI needs click and rich: {install_hint('cli')}"
 
 
 def get_cli() -> click.Group:

@@ -135,10 +135,14 @@ def run(
     state: State,
     fn: Callable[[App], Awaitable[T]],
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+    *,
+    closing: Callable[[], float | None] | None = None,
 ) -> T:
     """Run ``fn(app)`` in a fresh event loop with the app current, then close the app.
 
-    ``loop_factory`` makes that loop (``--loop uvloop``); ``None`` is asyncio's own."""
+    ``loop_factory`` makes that loop (``--loop uvloop``); ``None`` is asyncio's own.
+    ``closing`` says, when ``fn`` has returned, how many seconds closing the app may
+    take (None: as long as it takes); past them the command exits without it."""
     app = state.app()
 
     async def runner() -> T:
@@ -148,11 +152,25 @@ def run(
         try:
             return await run_in_app(app, call)
         finally:
-            await app.stop()
+            await _close(app, closing() if closing is not None else None)
 
     # What asyncio.run does, with the loop chosen (its loop_factory is Python 3.12+).
     with asyncio.Runner(loop_factory=loop_factory) as loop:
         return loop.run(runner())
+
+
+async def _close(app: App, within: float | None) -> None:
+    if within is None:
+        await app.stop()
+        return
+    try:
+        await asyncio.wait_for(app.stop(), within)
+    except TimeoutError:
+        click.echo(
+            f"closing the app took longer than {within:.1f}s (its backend does not "
+            "answer): exiting without it",
+            err=True,
+        )
 
 
 if TYPE_CHECKING:

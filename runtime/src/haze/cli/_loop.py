@@ -1,7 +1,7 @@
 """Which event loop a long-running command (``queue:work``, ``schedule:work``) runs on.
 
 ``--loop auto|asyncio|uvloop``, else ``HAZE_LOOP``, else ``auto``: uvloop when it is
-installed (``pip install 'haze[uvloop]'``), else asyncio's own loop, as uvicorn chooses.
+installed (``pip install 'haze-jobs[uvloop]'``), else asyncio's own loop, as uvicorn chooses.
 A worker spends much of its CPU in the loop's socket round trips to its backend, where
 uvloop costs about a quarter of asyncio's (bench/README.md). uvloop is imported only when
 chosen, so the runtime still loads where it cannot exist (Pyodide, Windows).
@@ -18,6 +18,7 @@ import click
 
 from haze._app.config import read_env
 from haze._kernel.errors import ConfigError, MissingDependencyError
+from haze._kernel.hints import install_hint
 
 __all__ = ["LOOPS", "LOOP_ENV", "EventLoop", "event_loop", "loop_option"]
 
@@ -50,7 +51,7 @@ def loop_option() -> Callable[[FC], FC]:
         "loop",
         type=click.Choice(LOOPS),
         default=None,
-        help="The event loop: uvloop (pip install 'haze[uvloop]') costs less CPU per "
+        help=f"The event loop: uvloop ({install_hint('uvloop')}) costs less CPU per "
         "backend round trip; auto takes it when installed (default: $HAZE_LOOP, else auto).",
     )
 

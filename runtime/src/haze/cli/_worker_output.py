@@ -23,11 +23,11 @@ import json
 import logging
 import sys
 import time
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+from haze._kernel.describe import error_text, format_error
 from haze._kernel.ids import short_id
 from haze.cli._logging import DEFAULT_HANDLER_FLAG
 
@@ -69,7 +69,7 @@ def _seconds(value: float) -> str:
 
 def one_line(error: BaseException) -> str:
     """``ValueError: boom`` on one line, whatever newlines the message holds."""
-    text = " ".join(str(error).split())
+    text = " ".join(error_text(error).split())
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
@@ -150,15 +150,17 @@ class WorkerOutput(logging.Handler):
         error = getattr(record, "error", None)
         if isinstance(error, BaseException):
             detail += f"  {one_line(error)}"
+        elif hasattr(record, "error_text"):  # an encrypted job's: the type only
+            detail += f"  {record.__dict__['error_text']}"
         self._write(self.out, f"{self._prefix(record)} {label}{detail}")
         if state == "failed" and self.verbose and record.exc_info and record.exc_info[1]:
-            self._write(self.out, "".join(traceback.format_exception(*record.exc_info)).rstrip())
+            self._write(self.out, format_error(record.exc_info[1]))
 
     def _log_line(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
             if self.verbose:
-                message += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+                message += "\n" + format_error(record.exc_info[1])
             else:
                 message += f"  {one_line(record.exc_info[1])}"
         if getattr(record, "job", None) is not None:
@@ -201,8 +203,10 @@ class WorkerOutput(logging.Handler):
             error = record.exc_info[1]
         if isinstance(error, BaseException):
             data["exception"] = one_line(error)
+        elif hasattr(record, "error_text"):
+            data["exception"] = record.__dict__["error_text"]
         if record.exc_info and record.exc_info[1] is not None:
-            data["traceback"] = "".join(traceback.format_exception(*record.exc_info))
+            data["traceback"] = format_error(record.exc_info[1])
         return data
 
     def _write_json(self, data: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ from haze.cli._core import State, cli, connection_option, console
 
 try:
     from haze.dashboard._app import build
-except ModuleNotFoundError as error:  # no haze[dashboard]: the command says what to install
+except ModuleNotFoundError as error:  # no haze-jobs[dashboard]: the command says what to install
     if (error.name or "").split(".")[0] not in ("starlette", "jinja2"):
         raise
 from haze.dashboard._security import basic_auth, is_local_environment

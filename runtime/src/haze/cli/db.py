@@ -10,7 +10,13 @@ from rich.markup import escape
 
 from haze._kernel.errors import HazeError
 from haze.cli._core import State, cli, connection_option, console, run
-from haze.database.migrations import MIGRATIONS_DIR, migrate, pending_migrations
+from haze.database.migrations import (
+    MIGRATIONS_DIR,
+    convert_hint,
+    dialect_specific,
+    migrate,
+    pending_migrations,
+)
 from haze.database.migrations import make_queue_tables as write
 
 if TYPE_CHECKING:
@@ -28,7 +34,8 @@ __all__ = ["db_migrate", "make_queue_tables"]
 @click.option("--force", is_flag=True, help="Rewrite the migration if it exists.")
 @click.pass_obj
 def make_queue_tables(state: State, connection: str | None, force: bool) -> None:
-    """Write database/migrations/<stamp>_create_<jobs>_and_<failed>_tables.sql."""
+    """Write database/migrations/<stamp>_create_<jobs>_and_<failed>_tables.py, which
+    creates the tables on whichever database `haze db:migrate` applies it to."""
 
     async def make(app: App) -> tuple[Path, bool]:
         before = set(pending_migrations(app))
@@ -37,6 +44,9 @@ def make_queue_tables(state: State, connection: str | None, force: bool) -> None
 
     path, existed = run(state, make)
     out = console()
+    if existed and not force and dialect_specific(path):
+        out.print(f"Migration {path}: {convert_hint(path)}", markup=False)
+        return
     if existed and not force:
         out.print(f"Migration already exists: {path} (pass --force to rewrite it)", markup=False)
     elif existed:
@@ -55,7 +65,8 @@ def make_queue_tables(state: State, connection: str | None, force: bool) -> None
 )
 @click.pass_obj
 def db_migrate(state: State, database: str | None) -> None:
-    """Apply database/migrations/*.sql not applied yet (recorded in haze_migrations)."""
+    """Apply database/migrations/*.sql and *.py not applied yet (recorded in
+    haze_migrations), then upgrade the tables an earlier haze version created."""
 
     async def apply(app: App) -> tuple[str, bool, MigrationResult]:
         name = database or app.database_config.default
@@ -73,6 +84,8 @@ def db_migrate(state: State, database: str | None) -> None:
             "applied)"
         ) from None
     out = console()
+    for table in result.upgraded:
+        out.print(f"[green]Upgraded[/] table {escape(table)} to this version's definition")
     if not has_files:
         out.print(
             f"No migrations in {MIGRATIONS_DIR}/; write one with: haze make:queue-tables",

@@ -24,7 +24,7 @@ __all__ = ["infra_config"]
 
 
 def _missing() -> str:
-    return f"haze infra:config needs the haze-infra package: {install_hint('haze_infra')}"
+    return f"haze infra:config needs the haze-infra package: {install_hint(package='haze_infra')}"
 
 
 def _derive(state: State) -> Any:

@@ -8,19 +8,21 @@ the queue-tables migration (database queues) and a ``.gitignore`` entry for ``st
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import click
 
 from haze._app.app import App, _load_module_file
+from haze._kernel.hints import install_hint
 from haze.cli._core import cli, console
 from haze.database.migrations import make_queue_tables
 
 __all__ = ["init", "scaffold"]
 
 _SQLITE_URL = "sqlite:///storage/app.db"
-_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/{name}"
 _REDIS_URL = "redis://127.0.0.1:6379/0"
 
 _QUEUE = '''\
@@ -45,7 +47,7 @@ config = define_queue_config(
             # "queues": None,            # priority order of its queues (None: every queue)
             # "max_message_size": None,  # bytes; a bigger payload raises at dispatch
         }},
-        # Amazon SQS (pip install 'haze[sqs]'): uncomment and set SQS_URL.
+        # Amazon SQS (pip install 'haze-jobs[sqs]'): uncomment and set SQS_URL.
         # "sqs": {{
         #     "driver": "sqs",
         #     "queue_url": env("SQS_URL"),  # "{{queue}}" in it is replaced by the queue name
@@ -99,7 +101,7 @@ _DATABASE_QUEUE = """\
         },"""
 
 _REDIS_QUEUE = """\
-        # Jobs in Redis (BullMQ's data model; pip install 'haze[redis]').
+        # Jobs in Redis (BullMQ's data model; pip install 'haze-jobs[redis]').
         "redis": {
             "driver": "redis",
             "connection": "default",  # a connection in config/redis.py
@@ -118,8 +120,8 @@ _DATABASE = '''\
 
 URL schemes: sqlite:///relative/path.db (relative to the app root) or
 sqlite:////absolute/path.db, postgresql://user:pass@host:5432/db (pip install
-'haze[postgres]'), mysql://user:pass@host:3306/db (MariaDB/MySQL, 'haze[mysql]'),
-libsql:// or https:// (Turso/sqld, 'haze[libsql]'), d1://ACCOUNT_ID/DATABASE_ID
+'haze-jobs[postgres]'), mysql://user:pass@host:3306/db (MariaDB/MySQL,
+'haze-jobs[mysql]'), libsql:// or https:// (Turso/sqld, 'haze-jobs[libsql]'), d1://ACCOUNT_ID/DATABASE_ID
 (Cloudflare D1 over REST).
 """
 
@@ -185,9 +187,15 @@ _DATABASE_STORE = '''\
         # A table on a config/database.py connection (created on first use).
         "database": {"driver": "database", "connection": "main"},  # "table": "haze_cache"'''
 
-_REDIS_STORE = '''\
-        # Keys on a config/redis.py connection.
-        "redis": {"driver": "redis", "connection": "default"},  # "prefix": "haze:cache:"'''
+_REDIS_STORE_LINE = '"redis": {"driver": "redis", "connection": "default"},'
+_REDIS_CONNECTION_LINE = (
+    '"redis": {"driver": "redis", "connection": "default", "queues": ["default"]},'
+)
+
+_REDIS_STORE = (
+    "        # Keys on a config/redis.py connection.\n"
+    f'        {_REDIS_STORE_LINE}  # "prefix": "haze:cache:"'
+)
 
 _JOB = '''\
 """An example job: `python main.py` dispatches it, `haze queue:work` runs it."""
@@ -212,8 +220,7 @@ _MAIN = '''\
 import sys
 from pathlib import Path
 
-from haze import App
-from haze._kernel.ids import short_id
+from haze import App, short_id
 
 from app.job.example import example
 
@@ -236,7 +243,9 @@ def scaffold(directory: Path, *, redis: bool = False, postgres: bool = False) ->
             connections=_REDIS_QUEUE + "\n" + _DATABASE_QUEUE if redis else _DATABASE_QUEUE,
             store=repr(store),
         ),
-        "config/database.py": _DATABASE.format(url=_POSTGRES_URL if postgres else _SQLITE_URL),
+        "config/database.py": _DATABASE.format(
+            url=_POSTGRES_URL.format(name=database_name(directory)) if postgres else _SQLITE_URL
+        ),
         "config/cache.py": _CACHE.format(
             default=store,
             stores=_REDIS_STORE + "\n" + _DATABASE_STORE if redis else _DATABASE_STORE,
@@ -253,6 +262,15 @@ def scaffold(directory: Path, *, redis: bool = False, postgres: bool = False) ->
         written[path] = _create(path, text)
     written[directory / ".gitignore"] = _ignore_storage(directory / ".gitignore")
     return written
+
+
+def database_name(directory: Path) -> str:
+    """The app's own PostgreSQL database: its folder's name as an SQL identifier (never
+    the server's ``postgres`` maintenance database)."""
+    name = re.sub(r"[^a-z0-9_]+", "_", directory.name.lower()).strip("_")
+    if not name or name[0].isdigit() or name in ("postgres", "template0", "template1"):
+        name = f"haze_{name}".rstrip("_")
+    return name[:63]
 
 
 def _create(path: Path, text: str) -> bool:
@@ -294,9 +312,8 @@ def _ignore_storage(path: Path) -> bool:
     return True
 
 
-def _queue_tables(directory: Path) -> Path | None:
-    """Write the queue-tables migration when the default connection is a database one
-    (an existing migration is kept). None for other drivers: they need no tables."""
+def _existing_app(directory: Path) -> App:
+    """The app the config files under ``directory`` make (config only)."""
     # Config only: importing the job modules here could clash with jobs of the same
     # name already registered in this process.
     configs: dict[str, Any] = {}
@@ -307,9 +324,34 @@ def _queue_tables(directory: Path) -> Path | None:
             configs[kind] = getattr(module, "config", None)
     app = App(**configs)
     app.root = directory
+    return app
+
+
+def _queue_tables(app: App) -> Path | None:
+    """Write the queue-tables migration when the default connection is a database one
+    (an existing migration is kept). None for other drivers: they need no tables."""
     if app.queue_config.connections[app.queue_config.default]["driver"] != "database":
         return None
     return make_queue_tables(app)
+
+
+def redis_additions(app: App) -> list[str]:
+    """What an existing app's config/queue.py and config/cache.py lack to run on Redis
+    (``haze init --redis`` kept them): the lines to add, ready to paste."""
+    qc, cc = app.queue_config, app.cache_config
+    lines: list[str] = []
+    queue: list[str] = []
+    if "redis" not in qc.connections:
+        queue.append(f"in connections={{...}}:\n        {_REDIS_CONNECTION_LINE}")
+    if qc.default != "redis":
+        queue.append('set its default:\n    default=env("QUEUE_CONNECTION", "redis"),')
+    if qc.store != "redis":
+        queue.append('its store:\n    store="redis",')
+    if queue:
+        lines.append("Add to config/queue.py, " + "\nand ".join(queue))
+    if "redis" not in cc.stores:
+        lines.append(f"Add to config/cache.py, in stores={{...}}:\n        {_REDIS_STORE_LINE}")
+    return lines
 
 
 @cli.command("init", short_help="Create a new app here or in DIRECTORY.")
@@ -336,17 +378,24 @@ def init(directory: Path, redis: bool, postgres: bool) -> None:
             out.print(f"{'Updated' if written else 'Kept'} {rel}", markup=False)
         else:
             out.print(f"Created {rel}" if written else f"Kept {rel} (it exists)", markup=False)
-    migration = _queue_tables(directory)
+    app = _existing_app(directory)
+    additions = redis_additions(app) if redis else []
+    for lines in additions:
+        out.print(lines, markup=False)
+    migration = None if redis else _queue_tables(app)
     if migration is not None:
         out.print(f"Migration {migration.relative_to(directory)}", markup=False)
     extras = [name for name, wanted in (("postgres", postgres), ("redis", redis)) if wanted]
     if extras:
         # The clients are optional extras: say so before the first command needs them.
-        out.print(f"Needs the client: pip install 'haze[cli,{','.join(extras)}]'", markup=False)
+        out.print(f"Needs the client: {install_hint(','.join(['cli', *extras]))}", markup=False)
     here = Path.cwd().resolve()
     shown = os.path.relpath(directory, here)
     steps = [] if directory == here else [f"cd {directory if shown.startswith('..') else shown}"]
+    if postgres:
+        steps.append(f"createdb -h 127.0.0.1 -U postgres {database_name(directory)}")
     if migration is not None:
         steps.append("haze db:migrate")
     steps += ["python main.py", "haze queue:work --stop-when-empty"]
-    out.print("Next: " + " && ".join(steps), markup=False)
+    then = "Then, with those lines in place: " if additions else "Next: "
+    out.print(then + " && ".join(steps), markup=False)

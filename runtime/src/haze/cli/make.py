@@ -23,7 +23,8 @@ from haze import JobContext, define_job
 
 @define_job(tries=3, backoff=[10, 60])
 async def {function}(payload: dict[str, Any], job: JobContext) -> None:
-    job.logger.info(f"{function} running (attempt {{job.attempt}})")
+    # `haze queue:work` prints WARNING and above; job.logger.info lines need -v.
+    job.logger.warning("{function} running (attempt %s)", job.attempt)
 """
 
 

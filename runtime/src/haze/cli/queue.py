@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import signal
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -20,7 +21,8 @@ from rich.table import Table
 from haze._app.env import env_duration
 from haze._engine.throughput import retention
 from haze._jobs.definition import registered_jobs
-from haze._kernel.errors import UnknownJobError
+from haze._kernel.crypto import failed_is_encrypted, open_failed
+from haze._kernel.errors import HazeError, UnknownJobError
 from haze._kernel.ids import match_id, short_id
 from haze._runners.worker import Worker
 from haze.cli._core import (
@@ -37,7 +39,7 @@ from haze.cli._failed_filters import FailedFilter, build_filter, filter_options
 from haze.cli._loop import event_loop, loop_option
 from haze.cli._worker_output import WorkerOutput, worker_output
 from haze.cli.schedule import check_runnable, start_scheduler
-from haze.contracts.driver import Advises
+from haze.contracts.driver import Advises, QueueInspector
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -83,17 +85,45 @@ def _stamp(at: float | None = None) -> str:
 # ====================================================================== queue:work
 
 
+#: After a stop signal, once the running jobs have ended: how long the worker's own
+#: last writes (buffered acks, leaving the Workers page, throughput counters) and closing
+#: its connections may take. A stuck backend answers none of them; past this the worker
+#: exits without them (an unsent ack runs its job again after retry_after).
+STOP_GRACE = 5.0
+
+
+async def _exit_after_grace(
+    worker: Worker, task: asyncio.Task[int], say: Callable[..., None], deadline: list[float]
+) -> None:
+    """Once no job runs, give the worker ``STOP_GRACE`` seconds to finish, then end it."""
+    while worker.running:
+        await asyncio.sleep(0.05)
+    deadline.append(time.monotonic() + STOP_GRACE)
+    done, _ = await asyncio.wait({task}, timeout=STOP_GRACE)
+    if not done:
+        say(
+            f"the running jobs have ended, but the backend has not answered the worker's "
+            f"last writes within {STOP_GRACE:g}s: exiting without them (a job whose ack "
+            "was not sent runs again after retry_after)",
+            level="WARNING",
+        )
+        task.cancel()
+
+
 @contextlib.contextmanager
 def _stop_on_signals(
-    worker: Worker, say: Callable[[str], None], task: asyncio.Task[int]
+    worker: Worker, say: Callable[..., None], task: asyncio.Task[int], deadline: list[float]
 ) -> Iterator[list[int]]:
-    """First SIGTERM/SIGINT: stop claiming and let running jobs finish. Second: abandon them.
+    """First SIGTERM/SIGINT: stop claiming and let running jobs finish, then allow
+    ``STOP_GRACE`` seconds for the rest (``deadline`` receives when it ends). Second:
+    abandon the running jobs.
 
     Yields a list that receives the number of the signal that forced the exit, if any.
     """
     loop = asyncio.get_running_loop()
     forced: list[int] = []
     received: list[int] = []
+    grace: list[asyncio.Task[None]] = []
 
     def handle(signum: int) -> None:
         received.append(signum)
@@ -107,6 +137,7 @@ def _stop_on_signals(
             else:
                 say(f"{name}: stopping.")
             worker.request_stop()
+            grace.append(loop.create_task(_exit_after_grace(worker, task, say, deadline)))
         elif not forced:
             forced.append(signum)
             task.cancel()
@@ -126,6 +157,8 @@ def _stop_on_signals(
     try:
         yield forced
     finally:
+        for t in grace:
+            t.cancel()
         for sig in installed:
             loop.remove_signal_handler(sig)
         for sig, handler in previous.items():
@@ -218,7 +251,9 @@ def queue_work(
         loop=chosen_loop.name,
     )
     with worker_output(output):
-        code = run(state, lambda app: _work(app, plan), chosen_loop.factory)
+        code = run(
+            state, lambda app: _work(app, plan), chosen_loop.factory, closing=plan.closing_time
+        )
     if code:
         click.get_current_context().exit(code)
 
@@ -247,6 +282,15 @@ class _WorkPlan:
     with_schedule: bool
     output: WorkerOutput
     loop: str = "asyncio"
+    #: when the time a stop signal leaves for the last writes and closing ends
+    stop_deadline: list[float] = field(default_factory=list)
+
+    def closing_time(self) -> float | None:
+        """Seconds closing the app may take: the rest of ``STOP_GRACE`` after a stop
+        signal (at least a moment), else as long as it takes."""
+        if not self.stop_deadline:
+            return None
+        return max(0.5, self.stop_deadline[0] - time.monotonic())
 
 
 def _new_worker(app: App, plan: _WorkPlan) -> tuple[Worker, list[str] | None]:
@@ -288,7 +332,7 @@ async def _work(app: App, plan: _WorkPlan) -> int:
     # An idle in-process slot sleeps until woken, so it would not see --max-time itself.
     max_time = plan.max_time
     timer = loop.call_later(max_time, worker.request_stop) if max_time is not None else None
-    with _stop_on_signals(worker, say, task) as forced:
+    with _stop_on_signals(worker, say, task, plan.stop_deadline) as forced:
         # Announced only now, so whoever waits for this line can signal us safely.
         shown = ", ".join(chosen) if chosen else "all"
         say(
@@ -304,18 +348,48 @@ async def _work(app: App, plan: _WorkPlan) -> int:
         try:
             processed = await task
         except asyncio.CancelledError:
-            if not forced:
+            if forced:
+                say("Stopped without waiting for the running jobs.")
+                return 128 + forced[0]
+            if not plan.stop_deadline:
                 raise
-            say("Stopped without waiting for the running jobs.")
-            return 128 + forced[0]
+            processed = worker.processed  # the grace ran out after the last job
         finally:
             if timer is not None:
                 timer.cancel()
             if scheduling is not None:
                 scheduling[2].set()
                 await scheduling[1]
+    if plan.stop_when_empty or plan.once:
+        await _stopped_when_empty(app, worker, chosen or [], say)
     say(f"Worker stopped after {processed} job(s).")
     return 0
+
+
+async def _stopped_when_empty(
+    app: App, worker: Worker, queues: Sequence[str], say: Callable[..., None]
+) -> None:
+    """A worker that stopped on an empty queue: refuse one that never read its queues
+    (a failed claim looks empty), and name the retries and delays still waiting."""
+    if not worker.reached:
+        e = worker.outage_error  # its message is on the warning line above
+        cause = f" ({type(e).__name__})" if e is not None else ""
+        raise click.ClickException(
+            f'connection "{worker.connection}" was never reachable, so no queue was read'
+            f"{cause}; start the server or fix its URL"
+        )
+    driver = app.driver(worker.connection)
+    if not isinstance(driver, QueueInspector) or worker.once:
+        return
+    try:
+        counts = [await driver.counts(q) for q in queues]
+    except Exception:  # an outage after the last claim: the stop line says enough
+        return
+    delayed = sum(c.delayed or 0 for c in counts)
+    due = [c.next_delayed_at for c in counts if c.next_delayed_at is not None]
+    if delayed:
+        when = f"; the next is due in {max(0.0, min(due) - time.time()):.0f}s" if due else ""
+        say(f"{delayed} job(s) wait for a retry or a delay{when}.")
 
 
 def unconsumed_queues(app: App, connection: str, consumed: Sequence[str]) -> list[str]:
@@ -409,12 +483,30 @@ def _attempts(job: FailedJob) -> str:
     return f"failed on attempt {attempt}"
 
 
-def _failed_job(job: FailedJob) -> Table:
-    """One failed job in full: every field, the payload and the whole exception."""
+def _readable(app: App, job: FailedJob) -> tuple[FailedJob, str | None]:
+    """An encrypted job's record with its payload and exception decrypted with the app
+    key; without a key that opens them, the record as stored and why it is hidden."""
+    if not failed_is_encrypted(job):
+        return job, None
+    if not app.key:
+        return job, "encrypted with the app key; set APP_KEY to show it"
+    try:
+        payload, exception = open_failed(app, job)
+    except HazeError as e:
+        return job, f"encrypted: {e}"
+    return dataclasses.replace(job, payload=payload, exception=exception), None
+
+
+def _failed_job(job: FailedJob, hidden: str | None = None) -> Table:
+    """One failed job in full: every field, the payload and the whole exception
+    (``hidden``: why an encrypted job's payload and exception cannot be shown)."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     payload = json.dumps(job.payload, indent=2, ensure_ascii=False, default=str)
+    exception = job.exception.rstrip()
+    if hidden is not None:
+        payload, exception = f"({hidden})", f"{exception} ({hidden})"
     rows = [
         ("ID", job.id),
         ("Job", job.name),
@@ -425,7 +517,7 @@ def _failed_job(job: FailedJob) -> Table:
         ("Chain", job.chain_id),
         ("Batch", job.batch_id),
         ("Payload", payload),
-        ("Exception", job.exception.rstrip()),
+        ("Exception", exception),
     ]
     for label, value in rows:
         if value is not None:
@@ -473,16 +565,18 @@ def queue_failed(
     if id is not None and selection.active:
         raise click.UsageError("give an ID or filters, not both")
 
-    async def failed(app: App) -> tuple[str, list[tuple[int, FailedJob]]]:
+    async def failed(app: App) -> tuple[str, list[tuple[int, FailedJob]], str | None]:
         name = app.connection_name(connection)
         if id is not None:
-            return name, [(1, await _find_failed(app, name, id))]
-        return name, selection.numbered(await app.manager.failed(name, queue))
+            job, hidden = _readable(app, await _find_failed(app, name, id))
+            return name, [(1, job)], hidden
+        found = selection.numbered(await app.manager.failed(name, queue))
+        return name, [(n, _readable(app, job)[0]) for n, job in found], None
 
-    name, numbered = run(state, failed)
+    name, numbered, hidden = run(state, failed)
     out = console()
     if id is not None:
-        out.print(_failed_job(numbered[0][1]))
+        out.print(_failed_job(numbered[0][1], hidden))
         return
     if not numbered:
         matching = f" matching {escape(selection.describe())}" if selection.active else ""

@@ -28,6 +28,7 @@ __all__ = [
     "Advises",
     "Backlog",
     "BatchConsumer",
+    "CappedDelay",
     "Concurrent",
     "ConnectionAware",
     "DeclaresOptions",
@@ -46,6 +47,7 @@ __all__ = [
     "Message",
     "QueueCounts",
     "QueueInspector",
+    "QueueNameRules",
     "Reserved",
     "RunningJob",
     "unavailable",
@@ -265,6 +267,16 @@ class Backlog(Protocol):
 
 
 @runtime_checkable
+class CappedDelay(Protocol):
+    """A backend that holds a retry or release for a bounded time (Cloudflare Queues: 12
+    hours): a longer backoff is capped, with a warning, before the retry line names the
+    wait, so the line says what the backend will do."""
+
+    def cap_delay(self, delay: float) -> float:
+        """``delay``, or the longest the backend holds (warning that it was capped)."""
+
+
+@runtime_checkable
 class DelayStep(Protocol):
     """A backend whose delays come in steps (whole seconds on SQS and Cloudflare): a
     retry's wait is reported rounded up to it, as the backend applies it."""
@@ -315,6 +327,20 @@ class Advises(Protocol):
 
 
 @runtime_checkable
+class QueueNameRules(Protocol):
+    """A driver with a rule of its own for queue names, beyond 1 to 255 characters
+    without a comma (redis: no ``:``, which separates the parts of its keys).
+
+    A worker asks it about its queues before it starts, so a name the driver would
+    refuse at every claim is one clear error instead of a worker that looks stuck.
+    """
+
+    def check_queue(self, queue: str) -> None:
+        """Raise ``ValueError`` (one line, naming the rule) when ``queue`` cannot be a
+        queue of this driver."""
+
+
+@runtime_checkable
 class AcksInClaim(BatchConsumer, Protocol):
     """A ``BatchConsumer`` whose buffered acks can ride in its next claim.
 
@@ -353,6 +379,9 @@ class QueueCounts:
     #: delay or backoff, or its dead worker's lease ran out. None: nothing is ready, or
     #: the backend cannot tell (SQS keeps that age only as a CloudWatch metric).
     oldest_ready_at: float | None = None
+    #: When the next delayed job comes due (epoch seconds). None: nothing is delayed, or
+    #: the backend cannot tell.
+    next_delayed_at: float | None = None
 
     def oldest_ready_age(self, now: float) -> float | None:
         """Seconds the oldest ready job has waited at ``now`` (None: see ``oldest_ready_at``).

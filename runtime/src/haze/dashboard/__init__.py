@@ -1,4 +1,4 @@
-"""The haze web dashboard (extra ``haze[dashboard]``): queues, failed jobs, batches.
+"""The haze web dashboard (extra ``haze-jobs[dashboard]``): queues, failed jobs, batches.
 
 An ASGI app to mount in any Starlette or FastAPI app, or to serve alone with
 ``haze dashboard``. Pages are rendered on the server; a few lines of the dashboard's
@@ -27,7 +27,7 @@ from haze._kernel.deps import require
 
 try:
     from haze.dashboard._app import build
-except ModuleNotFoundError as error:  # no haze[dashboard]: create_app says what to install
+except ModuleNotFoundError as error:  # no haze-jobs[dashboard]: create_app says what to install
     if (error.name or "").split(".")[0] not in ("starlette", "jinja2"):
         raise
 

@@ -7,10 +7,12 @@ parsed form the gate left in ``request.state.form``.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -31,7 +33,7 @@ from haze._engine.control import pause, resume
 from haze._engine.otel import prometheus_text
 from haze._kernel.crypto import keyed_digest
 from haze._kernel.durations import format_age
-from haze._kernel.errors import HazeError
+from haze._kernel.errors import BackendUnavailableError, HazeError
 from haze._kernel.ids import short_id
 from haze._orchestration.batches import KEEP_JOB_IDS, find, jobs
 from haze._runners.presence import LEASE, SHORT_LEASE, live_workers
@@ -53,8 +55,6 @@ _STATIC = {
 _MAX_FORM = 256 * 1024
 _NO_STORE = {"Cache-Control": "no-store"}
 _FLASH_COOKIE = "haze_flash"
-#: Failed jobs listed on one page (the newest); "all matching" actions act on every one.
-_LIST_LIMIT = 500
 #: Pages load only the dashboard's own files, and no other site may frame them.
 _PAGE_HEADERS = {
     **_NO_STORE,
@@ -76,6 +76,13 @@ def _fmt_time(ts: float | None) -> str:
 def _first_line(text: str) -> str:
     lines = [x for x in text.strip().splitlines() if x.strip()]
     return lines[-1] if lines else ""
+
+
+def _page_number(value: str) -> int:
+    """``?page=`` of a list: a whole number from 1 (else one line saying so)."""
+    if not value.isdigit() or int(value) < 1 or len(value) > 9:
+        raise ValueError(f"page: expected a page number from 1, got {value[:20]!r}")
+    return int(value)
 
 
 class Dashboard:
@@ -194,6 +201,22 @@ class Dashboard:
             )
         return response
 
+    async def unreadable(self, request: Request, error: Exception) -> Response:
+        """A page whose data the backend did not give (a refused token, an outage,
+        missing tables): one line saying why and what to fix, not a bare 500."""
+        message = _data.reason(self.app, error)
+        log.warning("haze dashboard: %s cannot be shown: %s", request.url.path, message)
+        status = 503 if isinstance(error, BackendUnavailableError) else 500
+        section = request.url.path[len(request.scope.get("root_path", "")) :].strip("/")
+        return self.render(
+            request,
+            "error.html",
+            status,
+            title="Cannot read the queues",
+            message=message,
+            page=section.split("/", 1)[0] or "overview",
+        )
+
     # -- pages -------------------------------------------------------------------
 
     async def overview(self, request: Request) -> Response:
@@ -229,14 +252,17 @@ class Dashboard:
                 since=q.get("since", ""),
                 until=q.get("until", ""),
             )
+            number = _page_number(q.get("page", "1"))
         except (ValueError, HazeError) as e:
             return self.render(request, "error.html", 400, message=str(e), page="failed")
-        jobs = await self.call(lambda app: _data.failed_jobs(app, flt))
+        jobs, total = await self.call(lambda app: _data.failed_page(app, flt, number))
         return self.render(
             request,
             "failed.html",
-            jobs=jobs[:_LIST_LIMIT],
-            total=len(jobs),
+            jobs=jobs,
+            total=total,
+            number=number,
+            pages=max(1, -(-total // _data.PAGE_SIZE)),
             flt=flt,
             page="failed",
         )
@@ -256,11 +282,12 @@ class Dashboard:
             return self.render(request, "error.html", 404, message=message, page="failed")
         encrypted = _data.is_encrypted(job)
         payload: Any = job.payload
+        exception = job.exception
         decrypted = False
         decrypt_error = ""
         if encrypted and request.query_params.get("decrypt"):
             try:
-                _, payload = _data.decrypted_payload(self.app, job)
+                payload, exception = _data.decrypted(self.app, job)
                 decrypted = True
             except HazeError as e:
                 decrypt_error = str(e)
@@ -275,12 +302,15 @@ class Dashboard:
             decrypt_error=decrypt_error,
             can_decrypt=bool(self.app.key),
             payload=payload,
+            exception=exception,
             page="failed",
         )
 
     async def failed_action(self, request: Request) -> Response:
-        self.failed_counts.clear()
         action = request.path_params["action"]
+        if action not in ("retry", "forget"):
+            return _no_action(action)
+        self.failed_counts.clear()
         connection = _form(request, "connection") or self.app.queue_config.default
         try:
             self.app.connection_name(connection)
@@ -326,9 +356,11 @@ class Dashboard:
         )
 
     async def batch_action(self, request: Request) -> Response:
-        self.failed_counts.clear()
         batch_id = request.path_params["batch_id"]
         action = request.path_params["action"]
+        if action not in ("cancel", "retry"):
+            return _no_action(action)
+        self.failed_counts.clear()
         batch = await self.call(lambda app: find(app.manager, batch_id))
         if batch is None:
             return self.back(request, "/batches", error=f'no batch "{batch_id}"')
@@ -357,17 +389,29 @@ class Dashboard:
 
     async def jobs(self, request: Request) -> Response:
         token = request.query_params.get("id", "").strip()
+        decrypt = bool(request.query_params.get("decrypt"))
         found = None
         error = ""
         if token:
             try:
-                found = await self.call(lambda app: _data.lookup(app, token))
+                found = await self.call(lambda app: _data.lookup(app, token, decrypt=decrypt))
             except HazeError as e:  # an ambiguous short id
                 error = str(e)
-        return self.render(request, "jobs.html", token=token, found=found, error=error, page="jobs")
+        return self.render(
+            request,
+            "jobs.html",
+            token=token,
+            found=found,
+            error=error,
+            decrypt=decrypt,
+            can_decrypt=bool(self.app.key),
+            page="jobs",
+        )
 
     async def queue_action(self, request: Request) -> Response:
         action = request.path_params["action"]
+        if action not in ("pause", "continue"):
+            return _no_action(action)
         connection, queue = _form(request, "connection"), _form(request, "queue")
         try:
             self.app.connection_name(connection)
@@ -465,8 +509,20 @@ class _Gate:
             await self.inner(scope, receive, send)
             return
         request = Request(scope)
-        if not await self.dashboard.guard.allowed(request):
-            challenge = self.dashboard.guard.challenge
+        guard = self.dashboard.guard
+        client = request.client.host if request.client else ""
+        wait = guard.sign_ins.locked(client)
+        if wait:
+            await PlainTextResponse(
+                "Too many failed sign-ins from this address: try again in a minute.",
+                status_code=429,
+                headers={**_NO_STORE, "Retry-After": str(math.ceil(wait))},
+            )(scope, receive, send)
+            return
+        if not await guard.allowed(request):
+            if "authorization" in request.headers:
+                await asyncio.sleep(guard.sign_ins.failed(client))
+            challenge = guard.challenge
             if challenge is not None:
                 # Lets a browser ask for the password of `haze dashboard`'s basic auth.
                 await PlainTextResponse(
@@ -479,6 +535,8 @@ class _Gate:
                 scope, receive, send
             )
             return
+        if "authorization" in request.headers:
+            guard.sign_ins.succeeded(client)
         if scope["method"] != "POST":
             await self.inner(scope, receive, send)
             return
@@ -503,6 +561,11 @@ class _Gate:
             return
         scope["haze.form"] = form
         await self.inner(scope, receive, send)
+
+
+def _no_action(action: str) -> Response:
+    # Each handler's last branch is one of its actions: any other name must not reach it.
+    return _plain(404, f"Not found: the dashboard has no action {action[:40]!r} here.")
 
 
 def _plain(status: int, text: str) -> Response:
@@ -551,5 +614,7 @@ def build(
     ]
     lifespan = _closing(d) if close_app else None
     mounted = [Mount(base_path, routes=routes)] if base_path else routes
-    starlette = Starlette(routes=mounted, lifespan=lifespan)
+    starlette = Starlette(
+        routes=mounted, lifespan=lifespan, exception_handlers={HazeError: d.unreadable}
+    )
     return _Gate(starlette, d)

@@ -7,24 +7,24 @@ so every page, the JSON endpoints and ``/metrics`` agree on the numbers.
 from __future__ import annotations
 
 import builtins
-import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from haze._engine.control import paused_queues
 from haze._engine.throughput import WINDOW, runtimes, series, wait_time
 from haze._jobs.status import read
-from haze._kernel.crypto import decrypt_payload
+from haze._kernel.crypto import failed_is_encrypted, open_failed
 from haze._kernel.durations import parse_duration
 from haze._kernel.errors import HazeError
 from haze._kernel.ids import match_id
-from haze._kernel.message import decode
+from haze._kernel.message import decode, envelope_of
 from haze._orchestration.batches import find, recent_ids
 from haze._runners.presence import live_workers
 from haze.contracts.driver import Driver, JobLookup, JobRecord, QueueInspector
+from haze.contracts.failed import FailedPages
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FailedFilter",
     "QueueRow",
-    "decrypted_payload",
+    "decrypted",
     "failed_jobs",
     "find_failed",
     "lookup",
@@ -101,8 +101,8 @@ class QueueRow:
     error: str = ""
 
 
-#: Seconds the failed-job counts of a connection are reused: counting means listing the
-#: failed jobs (the failed-job store has no count), too much for every 5-second refresh.
+#: Seconds the failed-job counts of a connection are reused: a store without
+#: ``FailedPages`` counts by listing its failed jobs, too much for every 5-second refresh.
 FAILED_COUNTS_TTL = 15.0
 
 
@@ -118,9 +118,13 @@ class FailedCounts:
         hit = self._seen.get(connection)
         if hit is not None and now - hit[0] < FAILED_COUNTS_TTL:
             return hit[1]
+        store = app.driver(connection).failed
         counts: dict[str, int] = {}
-        for job in await app.driver(connection).failed.list(None):
-            counts[job.queue] = counts.get(job.queue, 0) + 1
+        if isinstance(store, FailedPages):
+            counts = await store.counts()
+        else:
+            for job in await store.list(None):
+                counts[job.queue] = counts.get(job.queue, 0) + 1
         self._seen[connection] = (now, counts)
         return counts
 
@@ -305,8 +309,8 @@ class FailedFilter:
             return False
         return self.until_ts is None or job.failed_at <= self.until_ts
 
-    def params(self) -> dict[str, str]:
-        """The filter as query parameters (empty fields left out)."""
+    def params(self, page: int | None = None) -> dict[str, str]:
+        """The filter as query parameters (empty fields left out), and ``page`` if given."""
         d = {
             "connection": self.connection,
             "queue": self.queue,
@@ -314,6 +318,7 @@ class FailedFilter:
             "exception": self.exception,
             "since": self.since,
             "until": self.until,
+            "page": "" if page is None else str(page),
         }
         return {k: v for k, v in d.items() if v}
 
@@ -345,19 +350,61 @@ async def failed_jobs(app: App, flt: FailedFilter) -> builtins.list[FailedJob]:
     return found
 
 
+#: Failed jobs on one page of the list, and the characters of each exception it shows
+#: (the first line is displayed; the job's own page shows the whole text).
+PAGE_SIZE = 50
+LIST_TEXT = 2000
+#: Rows read at a time when a search by job name or exception text scans the store.
+_SCAN = 100
+
+
+def _trimmed(job: FailedJob) -> FailedJob:
+    if len(job.exception) <= LIST_TEXT:
+        return job
+    return replace(job, exception=job.exception[:LIST_TEXT], body="", payload=None)
+
+
+async def failed_page(
+    app: App, flt: FailedFilter, page: int
+) -> tuple[builtins.list[FailedJob], int]:
+    """Page ``page`` (from 1) of the failed jobs matching ``flt``, newest first, with
+    their exceptions trimmed, and how many match in all.
+
+    A store with ``FailedPages`` counts and pages at the backend; a search by job name
+    or exception text reads it ``_SCAN`` rows at a time, so memory stays flat (time
+    grows with the failed jobs). Other stores are listed whole and cut here.
+    """
+    store = app.driver(flt.connection).failed
+    start = (page - 1) * PAGE_SIZE
+    if not isinstance(store, FailedPages):
+        every = await failed_jobs(app, flt)
+        return [_trimmed(j) for j in every[start : start + PAGE_SIZE]], len(every)
+    bounds = (flt.queue or None, flt.since_ts, flt.until_ts)
+    if not (flt.job or flt.exception):
+        jobs = await store.page(*bounds, offset=start, limit=PAGE_SIZE, text=LIST_TEXT)
+        return jobs, await store.count(*bounds)
+    found: builtins.list[FailedJob] = []
+    total = offset = 0
+    while True:
+        chunk = await store.page(*bounds, offset=offset, limit=_SCAN)
+        for job in chunk:
+            if flt.matches(job):
+                if start <= total < start + PAGE_SIZE:
+                    found.append(_trimmed(job))
+                total += 1
+        if len(chunk) < _SCAN:
+            return found, total
+        offset += _SCAN
+
+
 async def find_failed(app: App, connection: str, job_id: str) -> FailedJob | None:
     return await app.driver(connection).failed.find(job_id)
 
 
-def decrypted_payload(app: App, job: FailedJob) -> tuple[bool, Any]:
-    """``(encrypted, payload)``: the payload of an encrypted job is decrypted with the
-    app key (raises ``HazeError`` when no key opens it)."""
-    if not job.body:
-        return False, job.payload
-    message = decode(job.body)
-    if message.enc is None:
-        return False, job.payload
-    return True, decrypt_payload(app, message)
+def decrypted(app: App, job: FailedJob) -> tuple[Any, str]:
+    """``(payload, exception)`` of an encrypted job, decrypted with the app key (raises
+    ``HazeError`` when no key opens them)."""
+    return open_failed(app, job)
 
 
 def attempts(job: FailedJob) -> int | None:
@@ -367,22 +414,16 @@ def attempts(job: FailedJob) -> int | None:
 
 def chain_links(job: FailedJob) -> builtins.list[str]:
     """The job names of the chain links that were still to run after this job."""
-    try:
-        links = json.loads(job.body).get("chain") if job.body else None
-    except ValueError:
-        return []
+    # envelope_of, the one reader of a stored body: a body too deep to parse has none
+    data = envelope_of(job.body) if job.body else None
+    links = data.get("chain") if data is not None else None
     if not isinstance(links, list):
         return []
     return [str(link.get("job")) for link in links if isinstance(link, dict)]
 
 
 def is_encrypted(job: FailedJob) -> bool:
-    if not job.body:
-        return False
-    try:
-        return json.loads(job.body).get("enc") is not None
-    except ValueError:
-        return False
+    return failed_is_encrypted(job)
 
 
 # --------------------------------------------------------------------------- batches
@@ -482,10 +523,11 @@ def _queued(connection: str, record: JobRecord) -> QueuedJob:
     return QueuedJob(connection, record, message.chain_id, links, message.batch_id)
 
 
-async def lookup(app: App, token: str) -> Lookup:
+async def lookup(app: App, token: str, *, decrypt: bool = False) -> Lookup:
     """Failed jobs (on every connection), running jobs of listed workers, jobs the drivers
     hold (``JobLookup``, by full id), status records and the batch that ``token`` names
-    (full or short id)."""
+    (full or short id). An encrypted job's status fields are decrypted only on
+    ``decrypt``."""
     found = Lookup()
     token = token.strip()
     for name, options in app.queue_config.connections.items():
@@ -516,7 +558,7 @@ async def lookup(app: App, token: str) -> Lookup:
     await _from_drivers(app, found, candidates)
     for candidate in candidates:
         try:
-            found.status = await read(app.manager, candidate)
+            found.status = await read(app.manager, candidate, decrypt=decrypt)
         except Exception as e:
             found.errors.append(f"status: {reason(app, e)}")
             break

@@ -10,6 +10,14 @@ CSRF: a double-submit token. The first page sets a random token in an ``HttpOnly
 ``SameSite=Strict`` cookie; every form repeats it in a hidden ``_csrf`` field (scripts
 send ``X-CSRF-Token``). Tokens are signed with a key held by the server, so a token an
 attacker planted in a cookie from a sibling subdomain does not validate either.
+
+Failed sign-ins are limited per client address: a refused request that carried
+credentials (an ``Authorization`` header) counts. Within a minute the first
+``FREE_ATTEMPTS`` are answered at once, the next ones after a delay that doubles each
+time, and from ``MAX_ATTEMPTS`` on every request of that client gets 429 with
+``Retry-After`` until its minute is over, the right password included (so guessing
+stops, and a lockout says nothing about the password). Behind a proxy every client has
+the proxy's address: the limit then applies to all of them together.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import ipaddress
 import logging
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +40,10 @@ __all__ = [
     "CSRF_COOKIE",
     "CSRF_FIELD",
     "CSRF_HEADER",
+    "FREE_ATTEMPTS",
+    "MAX_ATTEMPTS",
     "Guard",
+    "SignInLimit",
     "basic_auth",
     "is_local_environment",
 ]
@@ -70,6 +82,45 @@ def _local_host(request: Request) -> bool:
     return name in ("localhost", "127.0.0.1", "::1") or name.endswith(".localhost")
 
 
+#: Failed sign-ins a client gets each minute before its answers are delayed, and before
+#: it is refused outright until the minute is over.
+FREE_ATTEMPTS = 5
+MAX_ATTEMPTS = 10
+#: The first delay (seconds), doubled for each further failure, and the minute.
+_FIRST_DELAY = 0.05
+_WINDOW = 60.0
+#: Clients remembered at most (the oldest windows are dropped first).
+_MAX_CLIENTS = 10_000
+
+
+class SignInLimit:
+    """Failed sign-ins per client address in the current minute (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._failures: dict[str, tuple[float, int]] = {}
+
+    def locked(self, client: str) -> float:
+        """Seconds until ``client`` may try again; 0 when it may now."""
+        start, count = self._failures.get(client, (0.0, 0))
+        left = start + _WINDOW - time.monotonic()
+        return left if count >= MAX_ATTEMPTS and left > 0 else 0.0
+
+    def failed(self, client: str) -> float:
+        """Count a failure of ``client``; returns how long to wait before answering."""
+        now = time.monotonic()
+        start, count = self._failures.pop(client, (now, 0))
+        if now - start >= _WINDOW:
+            start, count = now, 0
+        count += 1
+        self._failures[client] = (start, count)  # re-inserted: the dict is oldest first
+        while len(self._failures) > _MAX_CLIENTS:
+            del self._failures[next(iter(self._failures))]
+        return 0.0 if count <= FREE_ATTEMPTS else _FIRST_DELAY * 2 ** (count - FREE_ATTEMPTS - 1)
+
+    def succeeded(self, client: str) -> None:
+        self._failures.pop(client, None)
+
+
 class Guard:
     """Access checks and CSRF tokens for one dashboard."""
 
@@ -80,6 +131,7 @@ class Guard:
         self._secret = secret or secrets.token_bytes(32)
         #: A ``WWW-Authenticate`` value: refusals are 401 with it instead of 403.
         self.challenge: str | None = None
+        self.sign_ins = SignInLimit()
 
     async def allowed(self, request: Request) -> bool:
         if self.authorize is not None:

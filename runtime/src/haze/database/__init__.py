@@ -8,10 +8,10 @@ lazily, so a missing client names the extra to install:
 URL                     module               client (extra)
 ======================  ===================  =====================
 ``sqlite:///path``      ``sqlite``           stdlib ``sqlite3``
-``postgresql://…``      ``postgres``         psycopg (``haze[postgres]``)
-``mysql://…``           ``mysql``            aiomysql (``haze[mysql]``)
-``libsql://``/https     ``libsql``           httpx (``haze[libsql]``)
-``d1://ACCOUNT/DB``     ``d1``               httpx (``haze[cloudflare]``)
+``postgresql://…``      ``postgres``         psycopg (``haze-jobs[postgres]``)
+``mysql://…``           ``mysql``            aiomysql (``haze-jobs[mysql]``)
+``libsql://``/https     ``libsql``           httpx (``haze-jobs[libsql]``)
+``d1://ACCOUNT/DB``     ``d1``               httpx (``haze-jobs[cloudflare]``)
 ======================  ===================  =====================
 
 SQL is written with ``?`` placeholders; connectors translate them for their driver.
@@ -31,6 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 from haze._kernel import plugins
 from haze._kernel.deps import load_by_name
 from haze._kernel.errors import ConfigError
+from haze._kernel.urls import redact_url
 
 __all__ = [
     "GROUP",
@@ -132,8 +133,8 @@ def connector_class(url: str, *, source: str = "", key: str = "url") -> Any:
     found = plugins.find(GROUP, dialect)
     if found is None:
         raise ConfigError(
-            f"unsupported database URL {url!r} (built in: sqlite, postgresql, mysql, libsql, "
-            f"d1); a package adds a scheme through the {GROUP!r} entry point group",
+            f"unsupported database URL {redact_url(url)!r} (built in: sqlite, postgresql, "
+            f"mysql, libsql, d1); a package adds a scheme through the {GROUP!r} entry point group",
             source=source,
             key=key,
         )

@@ -38,6 +38,7 @@ from haze._kernel import plugins
 from haze._kernel.durations import parse_duration
 from haze._kernel.errors import ConfigError, DatabaseConnectionError, HazeError
 from haze._kernel.http import LoopClient
+from haze._kernel.urls import redact_url
 
 __all__ = [
     "API_URL",
@@ -232,7 +233,8 @@ def d1_target(url: str, options: dict[str, Any], key: str) -> tuple[str, str | N
     path = parts.path.strip("/")
     if parts.scheme.lower() != "d1" or not host or "/" in path or "@" in host:
         raise ConfigError(
-            f"bad D1 URL {url!r}: use d1://ACCOUNT_ID/DATABASE_ID, or d1://BINDING inside a Worker",
+            f"bad D1 URL {redact_url(url, keep_user=False)!r}: use d1://ACCOUNT_ID/DATABASE_ID, "
+            "or d1://BINDING inside a Worker",
             key=key,
         )
     if not path:

@@ -28,20 +28,25 @@ import base64
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Sequence
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from haze._kernel.durations import parse_duration
 from haze._kernel.errors import ConfigError, DatabaseConnectionError, HazeError
 from haze._kernel.http import LoopClient
+from haze._kernel.urls import redact_url
 
 if TYPE_CHECKING:
     import httpx
 
 __all__ = [
+    "LibSQLAuthError",
+    "LibSQLBusyError",
     "LibSQLConnector",
     "LibSQLError",
     "LibSQLUnavailableError",
@@ -53,6 +58,7 @@ log = logging.getLogger("haze.database.libsql")
 
 Row = tuple[Any, ...]
 Json = dict[str, Any]
+_T = TypeVar("_T")
 
 #: Hrana over HTTP version 2: served by sqld and by Turso.
 PIPELINE_PATH = "/v2/pipeline"
@@ -82,6 +88,8 @@ class LibSQLError(HazeError):
         self.server_message = message
         self.code = code
         self.status = status
+        #: the index of the batch step that failed (the steps before it ran)
+        self.step = 0
         detail = message
         if code:
             detail = f"{detail} [{code}]"
@@ -95,8 +103,30 @@ class LibSQLUnavailableError(LibSQLError, DatabaseConnectionError):
     outage (a worker waits for it), not a refused statement."""
 
 
+class LibSQLAuthError(LibSQLError, ConfigError):
+    """The server refused the token (HTTP 401 or 403): a configuration error, not an
+    outage. Waiting does not fix a wrong or expired token, so a worker stops on it."""
+
+
+class LibSQLBusyError(LibSQLUnavailableError):
+    """The database stayed locked (``SQLITE_BUSY``/``SQLITE_LOCKED``) through every retry
+    within ``busy_timeout``: unavailable for now, as a locked SQLite file is."""
+
+
 #: gateway answers that mean "the server behind it is down", not "your request is wrong"
 _UNAVAILABLE_STATUS = {502, 503, 504}
+#: result codes of a lock held by another stream (SQLITE_BUSY_SNAPSHOT, … included)
+_BUSY_CODES = ("SQLITE_BUSY", "SQLITE_LOCKED")
+#: the first and the longest pause between two tries of a statement that found the
+#: database locked (doubling, with jitter so competing streams do not retry in step)
+_BUSY_FIRST, _BUSY_MAX = 0.01, 0.5
+#: sqld hands a write lock over after about five seconds: a lock held much longer
+#: than that is not a transient one
+_DEFAULT_BUSY_TIMEOUT = 10.0
+
+
+def _busy(e: LibSQLError) -> bool:
+    return bool(e.code) and str(e.code).startswith(_BUSY_CODES)
 
 
 # --------------------------------------------------------------------------- values
@@ -161,6 +191,10 @@ def _chain(stmts: Sequence[Json]) -> Json:
     return {"type": "batch", "batch": {"steps": steps}}
 
 
+def _affected(results: Sequence[Json | None]) -> int:
+    return sum(int((r or {}).get("affected_row_count") or 0) for r in results)
+
+
 def _rows(result: Json) -> list[Row]:
     return [tuple(decode_value(v) for v in row) for row in result.get("rows") or ()]
 
@@ -169,18 +203,25 @@ def _rows(result: Json) -> list[Row]:
 
 
 def _parse_url(url: str) -> tuple[str, str | None]:
-    """(HTTP base URL without query or credentials, token from ``?authToken=``)."""
+    """(HTTP base URL without query or credentials, token from ``?authToken=``).
+
+    A ``ValueError`` shows the URL without its credentials (the token may be anywhere)."""
+    shown = redact_url(url, keep_user=False)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     query = dict(parse_qsl(parts.query))
     if scheme == "libsql":
         scheme = "http" if query.get("tls") == "0" else "https"
     elif scheme not in ("http", "https"):
-        raise ValueError(f"bad libSQL URL {url!r}: use libsql://, https:// or http://")
+        raise ValueError(f"bad libSQL URL {shown!r}: use libsql://, https:// or http://")
     if not parts.hostname:
-        raise ValueError(f"bad libSQL URL {url!r}: no host")
+        raise ValueError(f"bad libSQL URL {shown!r}: no host")
+    try:
+        port = parts.port
+    except ValueError as e:
+        raise ValueError(f"bad libSQL URL {shown!r}: {e}") from None
     host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
-    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    netloc = host if port is None else f"{host}:{port}"
     base = urlunsplit((scheme, netloc, parts.path.rstrip("/"), "", ""))
     return base, query.get("authToken") or None
 
@@ -223,13 +264,28 @@ class _Transaction:
         async with self._lock:
             begin, self._begin = self._begin, None
             if begin is not None:
-                stmts = [{"sql": begin, "want_rows": False}, *stmts]
+                return await self._begin_with(begin, stmts)
             if len(stmts) == 1:
                 [result] = await self._send([{"type": "execute", "stmt": stmts[0]}])
                 return [self._c._execute_result(result)]
             [result] = await self._send([_chain(stmts)])
-            results = self._c._batch_results(result, len(stmts))
-            return results[1:] if begin is not None else results
+            return self._c._batch_results(result, len(stmts))
+
+    async def _begin_with(self, begin: str, stmts: list[Json]) -> list[Json]:
+        """The first request: ``BEGIN`` and the first statements. A ``BEGIN`` that found
+        the database locked opened nothing, so it is sent again (``_retry_busy``)."""
+        steps = [{"sql": begin, "want_rows": False}, *stmts]
+
+        async def send() -> Json:
+            [result] = await self._send([_chain(steps)])
+            return result
+
+        def read(result: Json) -> list[Json]:
+            return self._c._batch_results(result, len(steps))[1:]
+
+        return await self._c._retry_busy(
+            send, read, begin, retryable=lambda e: e.step == 0 and not self._finished
+        )
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         [result] = await self._run([_stmt(sql, params, want_rows=False)])
@@ -279,7 +335,7 @@ class _Transaction:
 
 
 class LibSQLConnector:
-    """A libSQL / Turso database over Hrana-over-HTTP (``haze[libsql]``: httpx)."""
+    """A libSQL / Turso database over Hrana-over-HTTP (``haze-jobs[libsql]``: httpx)."""
 
     dialect = "libsql"
 
@@ -298,6 +354,9 @@ class LibSQLConnector:
         self.timeout = parse_duration(
             extra.get("timeout", 30), f"connections.{name}.options.timeout", allow_zero=False
         )
+        busy = options.get("busy_timeout")
+        #: seconds a statement is tried again while the database is locked
+        self.busy_timeout = _DEFAULT_BUSY_TIMEOUT if busy is None else int(busy) / 1000
         self._http = LoopClient(
             what="the libSQL backend", extra="libsql", timeout=self.timeout, headers=self._headers
         )
@@ -319,7 +378,12 @@ class LibSQLConnector:
         ).encode()
         endpoint = (base_url or self.url).rstrip("/") + PIPELINE_PATH
         try:
-            response = await self._http.get().post(endpoint, content=body)
+            # httpx's timeout bounds each read, not the whole answer: a server that
+            # trickles bytes would hold the request (and a stopping worker) for ever
+            async with asyncio.timeout(self.timeout):
+                response = await self._http.get().post(endpoint, content=body)
+        except (TimeoutError, self._http.httpx.TimeoutException) as e:
+            raise self._timed_out(requests, e) from None
         except self._http.httpx.HTTPError as e:
             raise LibSQLUnavailableError(
                 self.name, self.url, f"cannot reach the server ({type(e).__name__}: {e})"
@@ -328,6 +392,8 @@ class LibSQLConnector:
             raise LibSQLUnavailableError(
                 self.name, self.url, self._http_message(response), status=response.status_code
             )
+        if response.status_code in (401, 403):
+            raise self._refused(response)
         if response.status_code != 200:
             raise self._error(self._http_message(response), status=response.status_code)
         try:
@@ -341,6 +407,34 @@ class LibSQLConnector:
         if not isinstance(results, list) or len(results) != len(requests):
             raise self._error("the server answered a different number of requests")
         return data.get("baton"), data.get("base_url"), results
+
+    def _timed_out(self, requests: list[Json], e: BaseException) -> LibSQLUnavailableError:
+        """No answer within ``timeout``: logged every time (a stuck server accepts
+        connections and answers nothing, so each try is news), then an outage error
+        the caller handles as any other (a worker tries again with backoff)."""
+        stmts = [r["stmt"]["sql"] for r in requests if r.get("type") == "execute"]
+        steps = [r["batch"]["steps"][-1]["stmt"]["sql"] for r in requests if r.get("batch")]
+        what = " ".join(((stmts or steps or ["a request"])[0]).split())[:60]
+        message = f"no answer within {self.timeout:g}s ({type(e).__name__}) to {what!r}"
+        log.warning(
+            "libSQL connection %r (%s): %s; the request failed and is tried again by its caller",
+            self.name,
+            self.url,
+            message,
+        )
+        return LibSQLUnavailableError(self.name, self.url, message)
+
+    def _refused(self, response: httpx.Response) -> LibSQLAuthError:
+        """401/403: one line naming the setting to fix (the token itself never shown)."""
+        what = "refused the token" if "authorization" in self._headers else "wants a token"
+        return LibSQLAuthError(
+            self.name,
+            self.url,
+            f"{self._http_message(response)}; the server {what}: set a valid "
+            f"connections.{self.name}.auth_token in config/database.py (or authToken= in "
+            "its URL)",
+            status=response.status_code,
+        )
 
     def _http_message(self, response: httpx.Response) -> str:
         try:
@@ -368,11 +462,13 @@ class LibSQLConnector:
     def _batch_results(self, result: Json, n: int) -> list[Json]:
         batch = self._ok(result)["result"]
         errors = batch.get("step_errors") or []
-        for error in errors:
+        for step, error in enumerate(errors):
             if error:
-                raise self._error(
+                failed = self._error(
                     str(error.get("message") or "unknown error"), code=error.get("code")
                 )
+                failed.step = step
+                raise failed
         results = batch.get("step_results") or []
         if len(results) != n or any(r is None for r in results):
             raise self._error("a batch step did not run")
@@ -383,29 +479,78 @@ class LibSQLConnector:
         _, _, results = await self._pipeline([request, _CLOSE])
         return results[0]
 
+    async def _statement(self, stmt: Json) -> Json:
+        """One statement on its own stream, tried again while the database is locked."""
+        request = {"type": "execute", "stmt": stmt}
+        return await self._retry_busy(
+            lambda: self._single(request), self._execute_result, stmt["sql"]
+        )
+
+    async def _retry_busy(
+        self,
+        send: Callable[[], Awaitable[Json]],
+        read: Callable[[Json], _T],
+        sql: str,
+        *,
+        retryable: Callable[[LibSQLError], bool] = lambda e: True,
+    ) -> _T:
+        """``read(await send())``, sent again while it fails with SQLITE_BUSY/LOCKED.
+
+        A statement that found the database locked did nothing, so sending it again is
+        safe. Pauses double from 10 ms to 0.5 s, for ``busy_timeout`` in all; then
+        ``LibSQLBusyError``, the outage error a worker waits out."""
+        pause, tries = _BUSY_FIRST, 0
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                return read(await send())
+            except LibSQLError as e:
+                if not _busy(e) or not retryable(e):
+                    raise
+                tries += 1
+                if time.monotonic() + pause > deadline:
+                    raise LibSQLBusyError(
+                        self.name,
+                        self.url,
+                        f"{e.server_message}; still locked after {tries} tries in "
+                        f"{self.busy_timeout:g}s (busy_timeout)",
+                        code=e.code,
+                    ) from None
+                log.debug(
+                    "libSQL %r: %s on %.60s; trying again in %.3fs", self.name, e.code, sql, pause
+                )
+                await asyncio.sleep(pause * (0.5 + random.random() / 2))
+                pause = min(pause * 2, _BUSY_MAX)
+
     # -- Session ----------------------------------------------------------------
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        result = self._execute_result(
-            await self._single({"type": "execute", "stmt": _stmt(sql, params, want_rows=False)})
-        )
+        result = await self._statement(_stmt(sql, params, want_rows=False))
         return int(result.get("affected_row_count") or 0)
 
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         """Each row in turn on one stream, stopping at the first error (like ``sqlite3``);
-        inside ``transaction()`` all of them or none."""
-        if not rows:
+        inside ``transaction()`` all of them or none. Rows that found the database
+        locked are sent again (the ones before them are done)."""
+        left = [_stmt(sql, p, want_rows=False) for p in rows]
+        done = 0
+
+        def read(result: Json) -> int:
+            nonlocal left, done
+            try:
+                return done + _affected(self._batch_results(result, len(left)))
+            except LibSQLError as e:
+                ran = (self._ok(result)["result"].get("step_results") or [])[: e.step]
+                done += _affected(ran)
+                left = left[e.step :]
+                raise
+
+        if not left:
             return 0
-        result = await self._single(_chain([_stmt(sql, p, want_rows=False) for p in rows]))
-        return sum(
-            int(r.get("affected_row_count") or 0) for r in self._batch_results(result, len(rows))
-        )
+        return await self._retry_busy(lambda: self._single(_chain(left)), read, sql)
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        result = self._execute_result(
-            await self._single({"type": "execute", "stmt": _stmt(sql, params, want_rows=True)})
-        )
-        return _rows(result)
+        return _rows(await self._statement(_stmt(sql, params, want_rows=True)))
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
         rows = await self.fetchall(sql, params)
@@ -413,8 +558,12 @@ class LibSQLConnector:
 
     @asynccontextmanager
     async def transaction(self, *, immediate: bool = False) -> AsyncIterator[_Transaction]:
-        """One stream held by its baton; ``immediate`` opens with ``BEGIN IMMEDIATE``."""
-        tx = _Transaction(self, "BEGIN IMMEDIATE" if immediate else "BEGIN")
+        """One stream held by its baton, opened with ``BEGIN IMMEDIATE`` whatever
+        ``immediate`` says: a deferred transaction that reads, then writes after another
+        stream committed fails with SQLITE_BUSY midway, where it cannot be tried again;
+        one that takes the write lock at ``BEGIN`` waits for it instead."""
+        del immediate  # every libSQL transaction is immediate (see above)
+        tx = _Transaction(self, "BEGIN IMMEDIATE")
         try:
             yield tx
         except BaseException:

@@ -1,28 +1,48 @@
 """Schema files and ``haze db:migrate``.
 
-``haze make:queue-tables`` writes ``database/migrations/<stamp>_create_queue_tables.sql``
-into the app, rendered for the dialect of the queue connection's database with the
-configured table names. ``haze db:migrate`` applies every ``database/migrations/*.sql``
-not yet recorded in the ``haze_migrations`` table, each in its own transaction, and
-records it; running it again changes nothing. Then it upgrades the queue tables an
-earlier haze created that need it (``QUEUE_UPGRADES``).
+``haze make:queue-tables`` writes ``database/migrations/<stamp>_create_<jobs>_and_<failed>
+_tables.py`` into the app: a migration whose ``up`` is :func:`queue_tables`, so the DDL is
+chosen when it is applied, for the dialect of the database it is applied to (SQLite,
+PostgreSQL, MariaDB/MySQL, libSQL, D1), and one app moves between them.
+
+``haze db:migrate`` applies every ``database/migrations/*.sql`` and ``*.py`` not yet
+recorded in the ``haze_migrations`` table, in name order, each in its own transaction,
+and records it; running it again changes nothing. A ``.py`` migration defines
+``up(dialect) -> list of statements``. A migration is recorded by its name without the
+suffix, so a ``.sql`` file replaced by a ``.py`` of the same stem stays applied.
+Then it upgrades the tables haze created in earlier versions where their definition
+changed (``upgrades.py``: on MySQL/MariaDB, a binary collation and 255-character
+queue columns), and the queue tables an earlier haze created that need it
+(``QUEUE_UPGRADES``: on PostgreSQL, the index claims read in due order).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import re
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from haze._kernel.errors import ConfigError
-from haze._kernel.sqlfiles import queue_schema, queue_sql
+from haze._kernel.sqlfiles import queue_dialect, queue_schema, queue_sql
+from haze.database.upgrades import upgrade_tables
 
 if TYPE_CHECKING:
     from haze._app.app import App
     from haze.database import Connector
 
-__all__ = ["MigrationResult", "make_queue_tables", "migrate", "pending_migrations"]
+__all__ = [
+    "MigrationResult",
+    "make_queue_tables",
+    "migrate",
+    "migration_files",
+    "migration_statements",
+    "pending_migrations",
+    "queue_tables",
+]
 
 MIGRATIONS_DIR = Path("database") / "migrations"
 _LEDGER = "haze_migrations"
@@ -31,7 +51,7 @@ _LEDGER = "haze_migrations"
 #: db:migrate`` after the app's migrations to each jobs table on the database that
 #: needs one, each in its own transaction: the dialect's ``upgrade_<step>`` statements
 #: when its ``needs_<step>`` query finds a row (a dialect without them has nothing to
-#: change). Reported as applied under the name ``haze_<jobs>_<step>``.
+#: change). The table is reported as upgraded.
 QUEUE_UPGRADES = (
     # claims read rows in due order from an index that starts at the due rows
     # (PostgreSQL; the other dialects' queue index already does)
@@ -43,6 +63,8 @@ QUEUE_UPGRADES = (
 class MigrationResult:
     applied: list[str]
     skipped: list[str]
+    #: haze's own tables upgraded from an earlier version's definition
+    upgraded: list[str] = field(default_factory=list)
 
 
 def _queue_db_connection(app: App, connection: str | None) -> tuple[str, str, str, str]:
@@ -77,25 +99,88 @@ def _queue_db_connection(app: App, connection: str | None) -> tuple[str, str, st
     )
 
 
+_PY_MIGRATION = '''\
+"""The queue tables of connection {conn!r}: {jobs} and {failed}.
+
+Written by `haze make:queue-tables`, applied by `haze db:migrate`. The SQL is chosen
+when it is applied, for the database it is applied to: SQLite, PostgreSQL,
+MariaDB/MySQL, libSQL or D1.
+"""
+
+from haze.database.migrations import queue_tables
+
+up = queue_tables(jobs={jobs!r}, failed={failed!r})
+'''
+
+#: The first line of the dialect-specific ``.sql`` migrations older versions wrote.
+_OLD_HEADER = re.compile(r"-- haze queue tables for connection '[^']*' \((\w+), ")
+
+
+def queue_tables(jobs: str = "jobs", failed: str = "failed_jobs") -> Callable[[str], list[str]]:
+    """A migration's ``up``: the queue tables' DDL for the dialect it is applied to.
+
+    Example (what ``haze make:queue-tables`` writes)::
+
+        from haze.database.migrations import queue_tables
+
+        up = queue_tables(jobs="jobs", failed="failed_jobs")
+        up("postgres")  # ['CREATE TABLE IF NOT EXISTS jobs (id BIGSERIAL ...', ...]
+    """
+
+    def up(dialect: str) -> list[str]:
+        return queue_schema(dialect, jobs, failed)
+
+    return up
+
+
+def dialect_specific(path: Path) -> str | None:
+    """The dialect a ``.sql`` queue-tables migration of an older haze was written for,
+    or None for any other file."""
+    if path.suffix != ".sql":
+        return None
+    with path.open(encoding="utf-8") as f:
+        match = _OLD_HEADER.match(f.readline())
+    return match[1] if match else None
+
+
+def convert_hint(path: Path) -> str:
+    """One line: how to turn an old dialect-specific queue-tables migration into one
+    that runs on every database."""
+    return (
+        f"{path.name} holds {dialect_specific(path)} SQL only; run `haze make:queue-tables "
+        f"--force` to replace it with {path.stem}.py, which creates the tables on every "
+        "database (where the .sql was applied, the .py counts as applied)"
+    )
+
+
 def make_queue_tables(app: App, connection: str | None = None, *, force: bool = False) -> Path:
-    """Write the queue-tables migration into the app; returns its path."""
+    """Write the queue-tables migration into the app; returns its path.
+
+    An existing one is kept, unless ``force``: then it is rewritten under the same stem
+    (an older dialect-specific ``.sql`` one becomes the ``.py`` that runs on every
+    database, and stays recorded as applied where it was).
+    """
     if app.root is None:
         raise ConfigError("make:queue-tables needs an app root (App(root=...))")
-    conn, db, jobs, failed = _queue_db_connection(app, connection)
-    dialect = app.database(db).dialect
+    conn, _, jobs, failed = _queue_db_connection(app, connection)
     directory = app.root / MIGRATIONS_DIR
     directory.mkdir(parents=True, exist_ok=True)
-    name = f"create_{jobs}_and_{failed}_tables.sql"
-    existing = sorted(directory.glob(f"*_{name}"))
+    stem = f"create_{jobs}_and_{failed}_tables"
+    existing = sorted([*directory.glob(f"*_{stem}.py"), *directory.glob(f"*_{stem}.sql")])
     if existing and not force:
         return existing[0]
-    path = existing[0] if existing else directory / f"{time.strftime('%Y%m%d%H%M%S')}_{name}"
-    header = (
-        f"-- haze queue tables for connection {conn!r} ({dialect}, database {db!r}).\n"
-        "-- Written by `haze make:queue-tables`; applied by `haze db:migrate`.\n"
+    path = (
+        existing[0].with_suffix(".py")
+        if existing
+        else directory / f"{time.strftime('%Y%m%d%H%M%S')}_{stem}.py"
     )
-    body = ";\n\n".join(queue_schema(dialect, jobs, failed)) + ";\n"
-    path.write_text(header + body)
+    # whole or not at all: a half-written migration would be kept as "exists"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(_PY_MIGRATION.format(conn=conn, jobs=jobs, failed=failed))
+    tmp.replace(path)
+    for old in existing:
+        if old != path:
+            old.unlink()
     return path
 
 
@@ -105,6 +190,7 @@ def _statements(sql: str) -> list[str]:
 
 
 async def _ledger(db: Connector) -> set[str]:
+    """The stems of the applied migrations (recorded by file name)."""
     await db.execute(
         f"CREATE TABLE IF NOT EXISTS {_LEDGER} "
         "(name VARCHAR(191) PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
@@ -113,14 +199,57 @@ async def _ledger(db: Connector) -> set[str]:
         "(name TEXT PRIMARY KEY, applied_at REAL NOT NULL)"
     )
     rows = await db.fetchall(f"SELECT name FROM {_LEDGER}")
-    return {str(r[0]) for r in rows}
+    return {Path(str(r[0])).stem for r in rows}
 
 
 def pending_migrations(app: App) -> list[Path]:
-    if app.root is None:
+    """Every migration file of the app (``*.sql`` and ``*.py``), in name order."""
+    return [] if app.root is None else migration_files(app.root)
+
+
+def migration_files(root: Path) -> list[Path]:
+    """Every migration file under ``root`` (``*.sql`` and ``*.py``), in name order."""
+    directory = root / MIGRATIONS_DIR
+    if not directory.is_dir():
         return []
-    directory = app.root / MIGRATIONS_DIR
-    return sorted(directory.glob("*.sql")) if directory.is_dir() else []
+    return sorted(
+        (p for p in directory.iterdir() if p.suffix in (".sql", ".py") and p.is_file()),
+        key=lambda p: p.name,
+    )
+
+
+def _python_up(path: Path) -> Callable[[str], Sequence[str]]:
+    spec = importlib.util.spec_from_file_location(f"_haze_migration_{path.stem}", path)
+    if spec is None or spec.loader is None:  # pragma: no cover
+        raise ConfigError("cannot be imported", source=str(path))
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        raise ConfigError(f"failed to import: {type(e).__name__}: {e}", source=str(path)) from e
+    up = getattr(module, "up", None)
+    if not callable(up):
+        raise ConfigError(
+            "a .py migration defines up(dialect) returning its SQL statements, e.g. "
+            "up = queue_tables() from haze.database.migrations",
+            source=str(path),
+        )
+    return up  # type: ignore[no-any-return]
+
+
+def migration_statements(path: Path, dialect: str) -> list[str]:
+    """The statements of one migration file, for ``dialect`` (a ``.py`` one's ``up``)."""
+    if path.suffix == ".py":
+        return [s for s in _python_up(path)(dialect) if s.strip()]
+    return _statements(path.read_text())
+
+
+def _check_dialect(path: Path, dialect: str) -> None:
+    """Refuse an older haze's queue-tables ``.sql`` on a database of another dialect,
+    saying how to convert it, instead of the database's syntax error."""
+    written = dialect_specific(path)
+    if written is not None and queue_dialect(written) != queue_dialect(dialect):
+        raise ConfigError(f"is not for {dialect}: {convert_hint(path)}", source=str(path))
 
 
 async def migrate(app: App, database: str | None = None) -> MigrationResult:
@@ -129,17 +258,20 @@ async def migrate(app: App, database: str | None = None) -> MigrationResult:
     done = await _ledger(db)
     result = MigrationResult([], [])
     for path in pending_migrations(app):
-        if path.name in done:
+        if path.stem in done:
             result.skipped.append(path.name)
             continue
-        statements = _statements(path.read_text())
+        _check_dialect(path, db.dialect)
+        statements = migration_statements(path, db.dialect)
         async with db.transaction() as tx:
             for stmt in statements:
                 await tx.execute(stmt)
             await tx.execute(
                 f"INSERT INTO {_LEDGER} (name, applied_at) VALUES (?, ?)", (path.name, time.time())
             )
+        done.add(path.stem)
         result.applied.append(path.name)
+    result.upgraded = await upgrade_tables(db)
     await _upgrade_queue_tables(app, database or app.database_config.default, result)
     return result
 
@@ -162,7 +294,8 @@ async def _upgrade_queue_tables(app: App, database: str, result: MigrationResult
             async with db.transaction() as tx:
                 for stmt in _statements(sql[f"upgrade_{step}"]):
                     await tx.execute(stmt)
-            result.applied.append(f"haze_{jobs}_{step}")
+            if jobs not in result.upgraded:
+                result.upgraded.append(jobs)
 
 
 async def ensure_queue_tables(app: App, connection: str | None = None) -> None:

@@ -9,6 +9,9 @@
   becomes ``%%``) once per distinct statement.
 - Connections use ``utf8mb4`` and the ``FOUND_ROWS`` flag, so an ``UPDATE`` reports
   the rows it matched (as PostgreSQL and SQLite do), not only the rows it changed.
+- Sessions run in strict mode (``sql_mode`` ``STRICT_ALL_TABLES``, whatever the
+  server's default): a value too long for its column
+  is an error, never silently cut.
 - Server warnings (e.g. the note of ``CREATE TABLE IF NOT EXISTS`` on an existing
   table) are not turned into Python warnings.
 - MySQL has no LISTEN/NOTIFY: idle workers in other processes poll (``sleep``).
@@ -38,7 +41,7 @@ from haze._kernel.deps import require
 from haze._kernel.errors import ConfigError, DatabaseConnectionError
 from haze.database.postgres import redact_url, translate_placeholders
 
-__all__ = ["DatabaseConnectionError", "MySQLConnector"]
+__all__ = ["DatabaseConnectionError", "MySQLConnector", "is_duplicate_key"]
 
 log = logging.getLogger("haze.database")
 
@@ -46,6 +49,10 @@ Row = tuple[Any, ...]
 
 #: seconds to wait for a connection unless the URL sets ``connect_timeout``
 CONNECT_TIMEOUT = 10
+
+#: Every session's sql_mode, whatever the server's default: a value too long for its
+#: column (or any other bad value) is an error, never a warning and a cut value.
+STRICT_SQL_MODE = "STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
 
 #: client error codes that mean "could not connect / log in"
 _CONNECT_ERRORS = {1044, 1045, 1049, 1698, 2002, 2003, 2005, 2006, 2013, 2059}
@@ -65,6 +72,12 @@ def _is_outage(error: BaseException) -> bool:
         return False
     code = error.args[0] if error.args else None
     return isinstance(code, int) and (2000 <= code < 3000 or code in _SERVER_GONE)
+
+
+def is_duplicate_key(error: BaseException) -> bool:
+    """Whether a statement failed only because its unique key exists (ER_DUP_ENTRY)."""
+    err = importlib.import_module("pymysql.err")
+    return isinstance(error, err.IntegrityError) and bool(error.args) and error.args[0] == 1062
 
 
 def _require() -> Any:
@@ -177,6 +190,8 @@ class MySQLConnector:
             "connect_timeout": float(query.get("connect_timeout", CONNECT_TIMEOUT)),
             "autocommit": True,
             "init_command": "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+            # aiomysql runs SET sql_mode=<this> as written: quote it here.
+            "sql_mode": f"'{STRICT_SQL_MODE}'",
         }
         if "unix_socket" in query:
             kwargs["unix_socket"] = query["unix_socket"]

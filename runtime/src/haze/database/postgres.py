@@ -36,10 +36,10 @@ from contextlib import asynccontextmanager, contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
 from haze._kernel.deps import require
 from haze._kernel.errors import ConfigError, DatabaseConnectionError
+from haze._kernel.urls import redact_url
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection, AsyncCursor
@@ -92,29 +92,6 @@ def _quiet_pool_log() -> None:
 
 
 # --------------------------------------------------------------------------- helpers
-
-_SECRET_PARAMS = {"password", "passwd", "sslpassword", "auth_token", "api_token", "token"}
-
-
-def redact_url(url: str) -> str:
-    """``url`` with the password (in the userinfo or the query) replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        if ":" in userinfo:
-            netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
-    query = parts.query
-    if query:
-        query = "&".join(
-            f"{k}={'***' if k.lower() in _SECRET_PARAMS else quote(v, safe='/:,')}"
-            for k, v in parse_qsl(query, keep_blank_values=True)
-        )
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
-
 
 # Quoted strings, quoted identifiers and comments are copied (with % doubled); a bare
 # ? becomes %s and a bare % becomes %%.

@@ -34,7 +34,7 @@ __all__ = [
 GROUP = plugins.DRIVERS
 
 # driver name -> (module, class). A missing optional client raises
-# MissingDependencyError from inside the module, naming the haze[extra] to install.
+# MissingDependencyError from inside the module, naming the haze-jobs[extra] to install.
 _DRIVERS = {
     "sync": ("haze.drivers.sync", "SyncDriver"),
     "memory": ("haze.drivers.memory", "MemoryDriver"),

@@ -7,7 +7,7 @@ Producers
     Inside a Python Worker (``haze_cloudflare`` installed and the Worker's ``env`` bound
     with ``haze_cloudflare.bind_env`` — ``QueueWorker`` does it), messages go through the
     Queue binding: ``env[binding].send(body, {delaySeconds, contentType: "json"})`` and
-    ``sendBatch`` for ``Queue.bulk``. Anywhere else (``haze[cloudflare]``: httpx) they go
+    ``sendBatch`` for ``Queue.bulk``. Anywhere else (``haze-jobs[cloudflare]``: httpx) they go
     through the REST API with ``account_id``, ``queue_id`` and ``api_token``:
     ``POST …/queues/{id}/messages`` and ``…/messages/batch``.
 Limits
@@ -53,6 +53,7 @@ from haze._kernel.errors import ConfigError, DelayTooLongError, HazeError
 from haze._kernel.http import LoopClient
 from haze._kernel.message import Message, decode
 from haze.contracts.driver import (
+    CappedDelay,
     Concurrent,
     DelayStep,
     FailedJob,
@@ -320,8 +321,13 @@ class _Lease:
 # --------------------------------------------------------------------------- the driver
 
 
-class CloudflareDriver(Interruptible, DelayStep, Concurrent):
+class CloudflareDriver(Interruptible, DelayStep, CappedDelay, Concurrent):
     """Cloudflare Queues; see the module docstring."""
+
+    def cap_delay(self, delay: float) -> float:
+        if delay <= MAX_DELAY_SECONDS:
+            return delay
+        return float(delay_seconds(delay, self.name, cap=True))
 
     remote = True
     #: delays are whole seconds (a retry backoff is rounded up): what logs report

@@ -278,8 +278,11 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
         q = self._ready.get(queue)
         delayed = sum(1 for d in self._delayed if d[2] == queue)
         running = sum(1 for job in self._active.values() if job.queue == queue)
+        soonest = min((d[0] for d in self._delayed if d[2] == queue), default=None)
+        # the heap keeps monotonic times; the counts speak epoch seconds
+        due = None if soonest is None else time.time() + soonest - _monotonic()
         # Ready jobs are consumed in order, so the head has waited longest.
-        return QueueCounts(len(q) if q else 0, delayed, running, q[0][2] if q else None)
+        return QueueCounts(len(q) if q else 0, delayed, running, q[0][2] if q else None, due)
 
     async def running(self, queue: str, limit: int = 50) -> builtins.list[RunningJob] | None:
         jobs = [

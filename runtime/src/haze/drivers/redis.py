@@ -70,10 +70,12 @@ How haze's rules map onto BullMQ:
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import itertools
 import json
 import logging
+import math
 import time
 import uuid
 import weakref
@@ -83,7 +85,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from haze._kernel.errors import MessageDecodeError, MissingDependencyError
-from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode, envelope_of
+from haze._kernel.message import (
+    MAX_MESSAGE_SIZE,
+    Message,
+    decode,
+    envelope_of,
+    redis_key_part_error,
+)
 from haze.contracts.driver import (
     Concurrent,
     ConnectionAware,
@@ -166,6 +174,11 @@ _LOCK_ERRORS = {
     -3: "it is no longer active",
     -6: "another worker owns its lock",
 }
+
+
+def check_queue(queue: str) -> None:
+    if ":" in queue:
+        raise ValueError(redis_key_part_error("a queue name", queue))
 
 
 def _now_ms() -> int:
@@ -398,6 +411,7 @@ class _Link:
     def scripts(self, queue: str) -> _Scripts:
         s = self._scripts.get(queue)
         if s is None:
+            check_queue(queue)
             s = self._scripts[queue] = _Scripts(self.prefix, queue, self.connection)
         return s
 
@@ -524,7 +538,10 @@ class RedisFailedJobs:
                     if row[1] is not None:
                         out.append(self._record(q, job_id, row))
         out.sort(key=lambda j: j.failed_at)
-        return out
+        # A message id that failed twice (a redelivery, a retried job failing again) has
+        # two BullMQ jobs in the failed sets: it is one failed job, its newest record.
+        newest = {j.id: j for j in out}
+        return [j for j in out if newest[j.id] is j]
 
     def _record(self, queue: str, job_id: str, row: Sequence[str | None]) -> FailedJob:
         name, data, reason, stack, finished_on = row
@@ -534,7 +551,7 @@ class RedisFailedJobs:
                 frames = json.loads(stack)
                 if isinstance(frames, list) and frames:
                     exception = str(frames[-1])
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass
         job = FailedJob.from_body(
             data or "",
@@ -542,7 +559,7 @@ class RedisFailedJobs:
             connection=self._d.name,
             queue=queue,
             exception=exception,
-            failed_at=int(finished_on or 0) / 1000,
+            failed_at=_epoch_ms(finished_on) or 0.0,
             name=name or "<undecodable>",
         )
         if not job.id:  # not a haze envelope: BullMQ's own id
@@ -587,13 +604,120 @@ class RedisFailedJobs:
         return None if found is None else self._record(*found)
 
     async def forget(self, id: str) -> bool:
+        return await self._remove(id, None) > 0
+
+    async def _remove(self, id: str, up_to: float | None) -> int:
+        """Remove every failed BullMQ job of message ``id`` (only those that failed at or
+        before ``up_to`` when given, newest first); how many."""
+        n = 0
+        while (found := await self._locate(id)) is not None:
+            q, job_id, row = found
+            if up_to is not None and int(row[4] or 0) / 1000 > up_to:
+                break  # failed again after the claim: that record stays
+            self._where.pop(id, None)
+            if not await self._d._link().scripts(q).remove(job_id, False):
+                break  # locked (not failed any more): leave it to its worker
+            n += 1
+        return n
+
+    def _claim_key(self, id: str) -> str:
+        # beside BullMQ's queues, under the connection's prefix: a name no queue takes
+        return f"{self._d.prefix}:haze-retry-claim:{id}"
+
+    async def claim_retry(self, id: str, token: str, lease: float) -> FailedJob | None:
         found = await self._locate(id)
         if found is None:
+            return None
+        job = self._record(*found)
+        claim = json.dumps({"token": token, "failed_at": job.failed_at})
+        link = self._d._link()
+        key = self._claim_key(id)
+        if not await link.client.set(key, claim, nx=True, px=max(1, round(lease * 1000))):
+            return None
+        # Another caller may have retried it (and ended its claim) since we found it.
+        if await self._failed_row(link, found[0], found[1]) is None:
+            await link.client.delete(key)
+            return None
+        return job
+
+    async def retried(self, id: str, token: str) -> bool:
+        # The claim first: every run of a retried job asks, and locating a record that
+        # is gone scans the failed sets.
+        client = self._d._link().client
+        key = self._claim_key(id)
+        raw = await client.get(key)
+        claim = json.loads(raw) if raw else None
+        if not isinstance(claim, dict) or claim.get("token") != token:
             return False
-        q, job_id, _ = found
-        self._where.pop(id, None)
-        removed = await self._d._link().scripts(q).remove(job_id, False)
-        return bool(removed)
+        gone = await self._remove(id, float(claim.get("failed_at") or 0.0)) > 0
+        await client.delete(key)
+        return gone
+
+    # -- pages (FailedPages): counted with ZCOUNT, read one page of hashes at a time ----
+
+    @staticmethod
+    def _scores(since: float | None, until: float | None) -> tuple[str, str]:
+        """The failed sets' score range (finishedOn, in ms) for ``since``/``until``."""
+        low = "-inf" if since is None else str(math.ceil(since * 1000))
+        high = "+inf" if until is None else str(math.floor(until * 1000))
+        return low, high
+
+    async def count(
+        self, queue: str | None = None, since: float | None = None, until: float | None = None
+    ) -> int:
+        link = self._d._link()
+        low, high = self._scores(since, until)
+        async with link.client.pipeline(transaction=False) as pipe:
+            for q in self._queues(queue):
+                pipe.zcount(link.scripts(q).keys["failed"], low, high)
+            return sum(int(n) for n in await pipe.execute())
+
+    async def counts(self) -> dict[str, int]:
+        link = self._d._link()
+        queues = self._queues(None)
+        async with link.client.pipeline(transaction=False) as pipe:
+            for q in queues:
+                pipe.zcard(link.scripts(q).keys["failed"])
+            sizes = await pipe.execute()
+        return {q: int(n) for q, n in zip(queues, sizes, strict=True) if int(n)}
+
+    async def page(
+        self,
+        queue: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        *,
+        offset: int = 0,
+        limit: int = 50,
+        text: int | None = None,
+    ) -> builtins.list[FailedJob]:
+        link = self._d._link()
+        low, high = self._scores(since, until)
+        queues = self._queues(queue)
+        want = max(0, offset) + max(0, limit)
+        # The newest `want` ids of each queue's set (ids and scores only), merged.
+        async with link.client.pipeline(transaction=False) as pipe:
+            for q in queues:
+                key = link.scripts(q).keys["failed"]
+                pipe.zrevrangebyscore(key, high, low, start=0, num=want, withscores=True)
+            ranked = await pipe.execute()
+        merged = [
+            (score, q, str(i)) for q, rows in zip(queues, ranked, strict=True) for i, score in rows
+        ]
+        merged.sort(reverse=True)
+        chosen = merged[max(0, offset) : want]
+        async with link.client.pipeline(transaction=False) as pipe:
+            for _, q, job_id in chosen:
+                pipe.hmget(link.scripts(q).toKey(job_id), *_FAILED_FIELDS)
+            rows = await pipe.execute()
+        out: builtins.list[FailedJob] = []
+        for (_, q, job_id), row in zip(chosen, rows, strict=True):
+            if row[1] is not None:
+                job = self._record(q, job_id, row)
+                if text is not None and len(job.exception) > text:
+                    job.exception = job.exception[:text]
+                out.append(job)
+        return out
 
     async def flush(self, older_than: float | None = None) -> int:
         link = self._d._link()
@@ -606,11 +730,24 @@ class RedisFailedJobs:
 
 
 _FAILED_FIELDS = ("name", "data", "failedReason", "stacktrace", "finishedOn")
+#: How long a job that finished while Redis was unreachable stays marked done: its claim
+#: comes back through the stalled check after retry_after, and waits in the queue.
+_DONE_KEEP = 86400
 
 
 def _envelope_id(data: str | None) -> str | None:
     d = envelope_of(data or "")
     return str(d["id"]) if d is not None and "id" in d else None
+
+
+def _epoch_ms(raw: str | bytes | None) -> float | None:
+    """Seconds from a hash's BullMQ timestamp (``finishedOn``, epoch milliseconds); None
+    when it holds no count of milliseconds (absent, or edited by hand)."""
+    if isinstance(raw, bytes):
+        raw = raw.decode("latin-1")
+    if raw and len(raw) <= 15 and raw.isascii() and raw.isdigit():  # up to year 33658
+        return int(raw) / 1000
+    return None
 
 
 def _reason(exception: str) -> str:
@@ -662,6 +799,9 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         )
         self._last: tuple[asyncio.AbstractEventLoop, _Link] | None = None
         self.failed = RedisFailedJobs(self)
+        #: Jobs that finished while Redis was unreachable (their ack failed), by token:
+        #: recorded as done when it answers again (``_record_lost``).
+        self._lost: dict[tuple[str, str], Reserved] = {}
 
     def _link(self) -> _Link:
         loop = asyncio.get_running_loop()
@@ -789,10 +929,14 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
 
     async def _claimed(
         self, link: _Link, queue: str, data: dict[str, str], job_id: str, token: str
-    ) -> Reserved:
+    ) -> Reserved | None:
         """A job this worker now holds the lock of; counters that are not integers are
         reset first, since BullMQ's scripts ``HINCRBY`` them (failing the job, the stalled
-        check) and a script that errors halfway leaves the job in no set at all."""
+        check) and a script that errors halfway leaves the job in no set at all.
+
+        None: the job had already finished, during an outage that lost its ack (a
+        ``_record_lost`` marker names it), and is now completed without running again.
+        Only a job on a later attempt can be one: the others cost no extra call."""
         job = self._reserved(queue, data, job_id, token)
         link.open.add(job.token)
         bad: dict[Any, Any] = {
@@ -802,7 +946,30 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         }
         if bad:
             await link.client.hset(link.scripts(queue).toKey(str(job_id)), mapping=bad)
+        if job.attempt > 1 and await self._finished_before(link, job):
+            return None
         return job
+
+    async def _finished_before(self, link: _Link, job: Reserved) -> bool:
+        """True when ``job`` (just claimed) already finished once while Redis was
+        unreachable: it is completed now, unrun."""
+        if job.message is None:
+            return False
+        if not await link.client.exists(self._done_key(link, job.queue, job.message.id)):
+            return False
+        link.open.discard(job.token)
+        keys, args = link.scripts(job.queue).complete_args(
+            _ActiveJob(job.token[0], self._queue_opts), self.keep_completed, job.token[1], False
+        )
+        await link.script("moveToFinished", keys, args)
+        log.info(
+            "haze redis: job %s on %s/%s already finished while Redis was unreachable: "
+            "completed without running it again",
+            job.message.id,
+            self.name,
+            job.queue,
+        )
+        return True
 
     def _claim_opts(self) -> tuple[str, bytes]:
         """A new lock token and moveToActive's packed options with it."""
@@ -813,15 +980,19 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         return token, packed
 
     async def _activate(self, link: _Link, queue: str) -> tuple[Reserved | None, int]:
-        token, packed = self._claim_opts()
         s = link.scripts(queue)
-        # bullmq's Scripts.moveToActive, on the lean connection
-        args = [s.keys[""], _now_ms(), packed]
-        raw = await link.script("moveToActive", s.getKeys(_ACTIVATE_KEYS), args, fixed_keys=True)
-        data, job_id, _, due = raw2NextJobData(raw)
-        if data:
-            return await self._claimed(link, queue, data, job_id, token), 0
-        return None, int(due or 0)
+        while True:  # again after a job that had already finished (``_claimed``)
+            token, packed = self._claim_opts()
+            # bullmq's Scripts.moveToActive, on the lean connection
+            args = [s.keys[""], _now_ms(), packed]
+            keys = s.getKeys(_ACTIVATE_KEYS)
+            raw = await link.script("moveToActive", keys, args, fixed_keys=True)
+            data, job_id, _, due = raw2NextJobData(raw)
+            if not data:
+                return None, int(due or 0)
+            job = await self._claimed(link, queue, data, job_id, token)
+            if job is not None:
+                return job, 0
 
     async def _claim(
         self, link: _Link, order: Sequence[str], known: int | None = None
@@ -850,6 +1021,8 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
 
     async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
         link = self._link()
+        if self._lost:
+            await self._record_lost(link)
         order = list(queues) if queues else self.queues
         self._consume(link, order)
         job = link.take(order) if link.prefetched else None
@@ -1003,7 +1176,9 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         data, job_id, _, due = raw2NextJobData(replies[1])
         if not data:
             return popped, int(due or 0)
-        link.prefetched.append(await self._claimed(link, queue, data, job_id, token))
+        job = await self._claimed(link, queue, data, job_id, token)
+        if job is not None:
+            link.prefetched.append(job)
         if not link.fetch_next:  # the worker stopped meanwhile: hand it back
             await self._return_prefetched(link)
         return True, None
@@ -1153,7 +1328,8 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         data, job_id, _, due = raw2NextJobData(result)
         if data:
             fetched = await self._claimed(link, job.queue, data, job_id, job.token[1])
-            link.prefetched.append(fetched)
+            if fetched is not None:
+                link.prefetched.append(fetched)
             if not link.fetch_next:  # the worker stopped meanwhile
                 await self._return_prefetched(link)
         elif asked and link.fetch_next and link.claim_after_wait is not None:
@@ -1172,8 +1348,46 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         keys, args = s.complete_args(
             _ActiveJob(job_id, self._queue_opts), self.keep_completed, token, fetch
         )
-        result = await link.script("moveToFinished", keys, args)
+        try:
+            result = await link.script("moveToFinished", keys, args)
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            if job.message is not None:
+                self._lost[job.token] = job
+            raise
         return await self._settled(link, job, result, "completing", fetch)
+
+    def _done_key(self, link: _Link, queue: str, message_id: str) -> str:
+        return f"{link.scripts(queue).keys['']}haze-done:{message_id}"
+
+    async def _record_lost(self, link: _Link) -> None:
+        """Record the jobs whose ack was lost to an outage, now that Redis answers: a
+        marker per job (its haze id, kept :data:`_DONE_KEEP`) that a later claim of it
+        honours (``_claimed``), then the ack again, which completes it where Redis still
+        holds it under this worker's lock. Stops at the first outage error (still out);
+        a job that fails otherwise is left to run again, as it did without the marker."""
+        for token, job in list(self._lost.items()):
+            assert job.message is not None
+            try:
+                await link.client.set(
+                    self._done_key(link, job.queue, job.message.id), 1, ex=_DONE_KEEP
+                )
+                keys, args = link.scripts(job.queue).complete_args(
+                    _ActiveJob(token[0], self._queue_opts), self.keep_completed, token[1], False
+                )
+                await link.script("moveToFinished", keys, args)  # < 0: the lock is gone
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                raise
+            except Exception as e:  # never a reason to stop claiming
+                log.warning(
+                    "haze redis: could not record job %s on %s/%s as done (%s: %s); it runs "
+                    "again once its lock expires",
+                    job.message.id,
+                    self.name,
+                    job.queue,
+                    type(e).__name__,
+                    e,
+                )
+            del self._lost[token]
 
     async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
         link = self._link()
@@ -1291,6 +1505,10 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
 
     # -- inspection ---------------------------------------------------------------
 
+    def check_queue(self, queue: str) -> None:
+        """A ``:`` is refused (``QueueNameRules``): it separates the parts of the keys."""
+        check_queue(queue)
+
     async def size(self, queue: str) -> int:
         """Jobs waiting, delayed or claimed (active), like Laravel's Redis queue size."""
         counts = await self._link().scripts(queue).getCounts(_SIZED)
@@ -1303,7 +1521,12 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         c = [int(n) for n in await s.getCounts(_SIZED)]
         ready = c[0] + c[1] + c[3]
         oldest = await self._oldest_ready(link, s) if ready else None
-        return QueueCounts(ready, c[2], c[4], oldest)
+        due = None
+        if c[2]:
+            first = await link.client.zrange(s.keys["delayed"], 0, 0, withscores=True)
+            # BullMQ's score: due ms * 0x1000 + a counter
+            due = int(first[0][1]) // 0x1000 / 1000 if first else None
+        return QueueCounts(ready, c[2], c[4], oldest, due)
 
     async def _oldest_ready(self, link: Any, s: Any) -> float | None:
         """When the next job of the wait and paused lists (consumed from the tail: LPUSH
@@ -1365,8 +1588,8 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
         at = None
         if state == "delayed" and hit[3]:
             at = int(float(hit[3])) // 0x1000 / 1000  # BullMQ: due ms * 0x1000 + counter
-        elif state == "done" and row[4]:
-            at = int(row[4]) / 1000
+        elif state == "done":
+            at = _epoch_ms(row[4])
         name = job.message.job if job.message is not None else "<undecodable>"
         return JobRecord(job_id, name, queue, state, started, str(row[0]), at)
 

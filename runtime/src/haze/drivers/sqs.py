@@ -1,4 +1,4 @@
-"""The ``sqs`` driver (``haze[sqs]``, boto3): Amazon SQS standard and FIFO queues.
+"""The ``sqs`` driver (``haze-jobs[sqs]``, boto3): Amazon SQS standard and FIFO queues.
 
 Configuration (``config/queue.py``)::
 
@@ -9,7 +9,7 @@ Configuration (``config/queue.py``)::
             "fifo": None,                  # default: the URL ends in ".fifo"
             "failed_store": "main",        # a database connection or a cache store
             "credentials": {"access_key_id": ..., "secret_access_key": ...},
-            "max_message_size": 1048576, "concurrency": 4, "queues": ["high", "default"]}
+            "max_message_size": 1048528, "concurrency": 4, "queues": ["high", "default"]}
 
 **Queues.** ``queue_url`` is the SQS queue of the haze queue ``"default"``; another haze
 queue ``q`` is the sibling queue ``q`` in the same account (``q.fifo`` on FIFO). A
@@ -26,6 +26,9 @@ must not use a try, so it sends a NEW message whose envelope carries
 at zero). A retry whose backoff does not fit in SQS's 12-hour visibility limit is
 re-sent the same way with ``attempts = attempt``. A crashed worker's message comes back
 after ``retry_after`` with a higher receive count, which counts as the lost attempt.
+A receive that ran nothing (a record a FIFO Lambda trigger reported unprocessed) is
+not an attempt: the Lambda handler counts those in the app's store and sets
+``SqsReceipt.unused``, which ``admit`` subtracts.
 
 **Delays.** SQS holds a message for at most 15 minutes (``DelaySeconds`` 0-900, whole
 seconds, rounded up). A longer delay is sent with ``DelaySeconds=900`` and
@@ -70,8 +73,11 @@ whose consumer died every time (a crash or a Lambda timeout), which haze never s
 fail; redrive them back with ``StartMessageMoveTask`` once fixed (their envelope is
 intact, and the receive count starts again).
 
-**Sizes.** A body over ``max_message_size`` (default 1 MiB, SQS's limit since 2025) is
-rejected at dispatch. ``size(queue)`` is ``ApproximateNumberOfMessages +
+**Sizes.** A body over ``max_message_size`` is rejected at dispatch. The default is SQS's
+limit (1 MiB since 2025) less 48 bytes, kept for the ``attempts`` and ``meta.due`` that a
+release, a retry re-sent past 12 h or a delay over 15 minutes adds to a body; a body
+that still would not fit is a ``PayloadTooLargeError``, not SQS's error.
+``size(queue)`` is ``ApproximateNumberOfMessages +
 ApproximateNumberOfMessagesDelayed + ApproximateNumberOfMessagesNotVisible``: waiting,
 delayed, and in flight (running, or waiting out a retry backoff: SQS cannot tell these
 apart). SQS's figures are approximate and lag.
@@ -102,8 +108,15 @@ from urllib.parse import urlsplit
 
 from haze._failed import failed_store
 from haze._kernel.deps import require
-from haze._kernel.errors import BackendUnavailableError, ConfigError, HazeError
-from haze._kernel.message import Message, decode, new_id
+from haze._kernel.describe import cap_text, error_line
+from haze._kernel.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    DispatchIncompleteError,
+    PayloadTooLargeError,
+    UnknownQueueError,
+)
+from haze._kernel.message import UNRECORDED_FAILURE, Message, decode, new_id, with_meta
 from haze.contracts.driver import (
     Concurrent,
     DelayStep,
@@ -121,7 +134,6 @@ __all__ = [
     "SQS_MAX_MESSAGE_SIZE",
     "SQS_MAX_VISIBILITY",
     "SqsDriver",
-    "SqsError",
     "SqsReceipt",
 ]
 
@@ -136,8 +148,19 @@ SQS_MAX_VISIBILITY = 43_200
 #: The longest ``WaitTimeSeconds`` of one long poll.
 SQS_MAX_WAIT = 20
 _BATCH = 10
+#: A failure the failed store could not keep is sent back after 10 s, then 20 s, 40 s,
+#: ... (up to SQS's 15 minutes), 8 times at most; then the record is reported, and
+#: the queue's redrive policy takes over.
+_HAND_BACK_DELAY = 10
+_MAX_HANDED_BACK = 8
+#: The most of the error text a sent-back message carries (it counts toward its size).
+_UNRECORDED_TEXT = 8 * 1024
 #: Seconds kept back from the 12-hour visibility limit (clock skew, call latency).
 _VISIBILITY_MARGIN = 60
+#: Bytes of the size limit kept free at dispatch for what the driver may add to a body
+#: later: ``,"attempts":NNNNN`` and ``,"meta":{"due":NNNNNNNNNN.NNN}`` (a release, a
+#: retry re-sent past 12 h, a delay over 15 minutes).
+_HEADROOM = 48
 #: A message this close to its ``due`` time counts as due (SQS delays are whole seconds).
 _DUE_TOLERANCE = 1.0
 _SYSTEM_ATTRIBUTES = [
@@ -153,10 +176,6 @@ _BAD_RECEIPT = {
     "MessageNotInflight",
     "AWS.SimpleQueueService.MessageNotInflight",
 }
-
-
-class SqsError(HazeError):
-    """SQS refused a request in a way haze cannot recover from (e.g. a partial batch)."""
 
 
 def _boto3() -> Any:
@@ -181,6 +200,9 @@ class SqsReceipt:
     sent_at: float
     first_received_at: float
     group: str | None = None
+    #: Receives of this message that ran nothing (a FIFO trigger's records reported
+    #: unprocessed): not attempts. Kept by the Lambda handler in the app's store.
+    unused: int = 0
 
 
 def _rewrite(
@@ -238,7 +260,7 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
     max_delay: float = SQS_MAX_DELAY
 
     def __init__(self, name: str, options: dict[str, Any], app: Any = None) -> None:
-        _boto3()  # fail at first use of the connection, naming haze[sqs]
+        _boto3()  # fail at first use of the connection, naming haze-jobs[sqs]
         self.name = name
         self.app = app
         self.options = options
@@ -246,7 +268,10 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
         if not queue_url:
             raise ConfigError("is required for the sqs driver", key=f"connections.{name}.queue_url")
         self.queue_url: str = queue_url
-        self.max_message_size: int | None = options.get("max_message_size") or SQS_MAX_MESSAGE_SIZE
+        self.max_message_size: int = min(
+            options.get("max_message_size") or SQS_MAX_MESSAGE_SIZE,
+            SQS_MAX_MESSAGE_SIZE - _HEADROOM,
+        )
         self.concurrency: int = options.get("concurrency") or 1
         self.retry_after: float = float(options.get("retry_after") or 90.0)
         if not 0 < self.retry_after <= SQS_MAX_VISIBILITY:
@@ -302,7 +327,10 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
             head, _, tail = template.partition("{queue}")
             fits = len(sqs_name) > len(head) + len(tail)
             if fits and sqs_name.startswith(head) and sqs_name.endswith(tail):
-                return sqs_name[len(head) : len(sqs_name) - len(tail)]
+                queue = sqs_name[len(head) : len(sqs_name) - len(tail)]
+                # "myapp-{queue}" must not take "myapp-orders.fifo" (a FIFO queue served
+                # as a standard one loses its order)
+                return queue if self.fifo == sqs_name.endswith(".fifo") else None
             return None
         if sqs_name == self._default_name():
             return "default"
@@ -407,9 +435,11 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
             ) from None
         if _error_code(error) in _NO_QUEUE:
             url = params.get("QueueUrl", "?")
-            raise ConfigError(
+            raise UnknownQueueError(
                 f"the SQS queue {url} does not exist; haze does not create queues (create "
                 "it, or check queue_url and the queue name)",
+                queue=self._queue_of_url(url),
+                connection=self.name,
                 key=f"connections.{self.name}.queue_url",
             ) from error
 
@@ -445,6 +475,7 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
                 seconds = math.ceil(delay)
         if resend or due is not None:
             body = _rewrite(body, attempts=attempts, due=due)
+            self._check_size(body, message)
         entry: dict[str, Any] = {"MessageBody": body}
         if seconds:
             entry["DelaySeconds"] = min(seconds, SQS_MAX_DELAY)
@@ -456,54 +487,85 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
                 entry["MessageDeduplicationId"] = f"{message.id}-{int(message.ts * 1000)}"
         return entry
 
+    def _check_size(self, body: str, message: Message) -> None:
+        """A body the driver added fields to still fits: dispatch keeps ``_HEADROOM``
+        bytes free for them, so only a body sent before that rule can fail this."""
+        limit = self.max_message_size + _HEADROOM
+        size = len(body) if body.isascii() else len(body.encode("utf-8"))
+        if size > limit:
+            raise PayloadTooLargeError(
+                f'job "{message.job}": the message is {size} bytes with the fields the sqs '
+                f'driver adds, over the {limit}-byte limit of connection "{self.name}"; pass '
+                "ids instead of data (nothing was enqueued)"
+            )
+
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         entry = self._entry(body, message, delay, resend=False)
         await self._call("send_message", QueueUrl=self.queue_url_for(message.queue), **entry)
 
     async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
-        """``SendMessageBatch`` per SQS queue: 10 entries and at most 1 MiB per call."""
-        by_url: dict[str, list[dict[str, Any]]] = {}
+        """``SendMessageBatch`` per SQS queue: 10 entries and at most 1 MiB per call.
+
+        Entries SQS refuses are raised together, each with its message id
+        (``DispatchIncompleteError``); on FIFO the batches after a refused one are not
+        sent (they would go ahead of it) and are listed too."""
+        by_url: dict[str, list[tuple[dict[str, Any], Message]]] = {}
         for body, message, delay in items:
             by_url.setdefault(self.queue_url_for(message.queue), []).append(
-                self._entry(body, message, delay, resend=False)
+                (self._entry(body, message, delay, resend=False), message)
             )
-        calls = []
+        chunks: list[tuple[str, list[tuple[dict[str, Any], Message]]]] = []
         for url, entries in by_url.items():
-            chunk: list[dict[str, Any]] = []
+            chunk: list[tuple[dict[str, Any], Message]] = []
             size = 0
-            for entry in entries:
+            for entry, message in entries:
                 n = len(entry["MessageBody"].encode("utf-8"))
                 if chunk and (len(chunk) == _BATCH or size + n > SQS_MAX_MESSAGE_SIZE):
-                    calls.append(self._send_batch(url, chunk))
+                    chunks.append((url, chunk))
                     chunk, size = [], 0
-                chunk.append(entry)
+                chunk.append((entry, message))
                 size += n
             if chunk:
-                calls.append(self._send_batch(url, chunk))
+                chunks.append((url, chunk))
+        failed: dict[str, str] = {}
         if self.fifo:  # one batch after the other: the order within a group is the order sent
-            for call in calls:
-                await call
-            return
-        for result in await asyncio.gather(*calls, return_exceptions=True):
-            if isinstance(result, BaseException):
-                raise result
+            for i, (url, chunk) in enumerate(chunks):
+                failed.update(await self._send_batch(url, chunk))
+                if failed:
+                    for _, rest in chunks[i + 1 :]:
+                        failed.update(
+                            (m.id, "not sent: it would go ahead of one refused") for _, m in rest
+                        )
+                    break
+        else:
+            results = await asyncio.gather(
+                *(self._send_batch(url, chunk) for url, chunk in chunks), return_exceptions=True
+            )
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+                failed.update(result)
+        if failed:
+            listed = ", ".join(f"{job_id} ({why})" for job_id, why in failed.items())
+            raise DispatchIncompleteError(
+                f"SQS refused {len(failed)} of {len(items)} messages sent by connection "
+                f'"{self.name}"; the others were queued. Not queued: {listed}',
+                failed=failed,
+            )
 
-    async def _send_batch(self, url: str, entries: list[dict[str, Any]]) -> None:
-        numbered = [{"Id": str(i), **e} for i, e in enumerate(entries)]
+    async def _send_batch(
+        self, url: str, chunk: list[tuple[dict[str, Any], Message]]
+    ) -> dict[str, str]:
+        """Send one ``SendMessageBatch``; the ids of the messages SQS refused, with why."""
+        numbered = [{"Id": str(i), **e} for i, (e, _) in enumerate(chunk)]
         response = await self._call("send_message_batch", QueueUrl=url, Entries=numbered)
         failed = response.get("Failed") or []
-        if failed:
-            # Retry the entries SQS marks as its own fault once; report the rest.
-            retry = [numbered[int(f["Id"])] for f in failed if not f.get("SenderFault")]
-            if retry and len(retry) == len(failed):
-                response = await self._call("send_message_batch", QueueUrl=url, Entries=retry)
-                failed = response.get("Failed") or []
-            if failed:
-                first = failed[0]
-                raise SqsError(
-                    f"SQS rejected {len(failed)} of {len(entries)} messages of a batch to {url} "
-                    f"({first.get('Code')}: {first.get('Message')}); the others were sent"
-                )
+        if failed and not any(f.get("SenderFault") for f in failed):
+            # SQS's own fault on every entry refused: retry those once
+            retry = [numbered[int(f["Id"])] for f in failed]
+            again = await self._call("send_message_batch", QueueUrl=url, Entries=retry)
+            failed = [{**f, "Id": retry[int(f["Id"])]["Id"]} for f in again.get("Failed") or []]
+        return {chunk[int(f["Id"])][1].id: f"{f.get('Code')}: {f.get('Message')}" for f in failed}
 
     # -- consumer -----------------------------------------------------------------
 
@@ -667,7 +729,7 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
             and receipt.first_received_at < due - _DUE_TOLERANCE
         ):
             holds = 1  # the first receive only held it until due
-        attempt = max(1, attempts + receipt.receive_count - holds)
+        attempt = max(1, attempts + receipt.receive_count - holds - receipt.unused)
         return Reserved(message, attempt, body, queue, receipt, error), False
 
     async def _not_due(
@@ -704,6 +766,39 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
             ReceiptHandle=receipt.handle,
             VisibilityTimeout=max(0, int(seconds)),
         )
+
+    async def visibility_timeout(self, url: str) -> int:
+        """The queue's own ``VisibilityTimeout`` (what Lambda's trigger receives with)."""
+        response = await self._call(
+            "get_queue_attributes", QueueUrl=url, AttributeNames=["VisibilityTimeout"]
+        )
+        return int((response.get("Attributes") or {}).get("VisibilityTimeout") or 30)
+
+    async def hand_back(self, receipts: Sequence[SqsReceipt]) -> None:
+        """Make received messages visible again now (records a FIFO trigger reports
+        unprocessed: their group resumes when its head's own delay ends, not after the
+        queue's visibility timeout)."""
+        by_url: dict[str, list[SqsReceipt]] = {}
+        for r in receipts:
+            by_url.setdefault(r.url, []).append(r)
+        for url, same in by_url.items():
+            for i in range(0, len(same), _BATCH):
+                chunk = same[i : i + _BATCH]
+                entries = [
+                    {"Id": str(n), "ReceiptHandle": r.handle, "VisibilityTimeout": 0}
+                    for n, r in enumerate(chunk)
+                ]
+                response = await self._call(
+                    "change_message_visibility_batch", QueueUrl=url, Entries=entries
+                )
+                for f in response.get("Failed") or []:
+                    # it comes back after its visibility timeout instead: later, not lost
+                    log.warning(
+                        "haze sqs: could not hand back message %s at once (%s: %s)",
+                        chunk[int(f["Id"])].message_id,
+                        f.get("Code"),
+                        f.get("Message"),
+                    )
 
     async def _delete(self, receipt: SqsReceipt) -> bool:
         """Delete a received message; False when its receipt had expired (the message was
@@ -749,8 +844,45 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
         return False
 
     async def fail(self, job: Reserved, failed: FailedJob) -> bool:
-        await self.failed.record(failed)
+        try:
+            await self.failed.record(failed)
+        except Exception as e:
+            if not await self._hand_back_failure(job, failed, e):
+                raise
         return await self._delete(job.token)
+
+    async def _hand_back_failure(self, job: Reserved, failed: FailedJob, error: Exception) -> bool:
+        """The failed store could not keep ``failed`` (it is down, most often): send the
+        message back carrying the failure, for a later delivery to record it with the
+        job's own error, without running the job or its ``failed()`` again (reporting
+        the record instead would run both again, as a job with no try left). False when
+        it cannot: an undecodable body, or one sent back too often already."""
+        if job.message is None:
+            return False
+        earlier = (job.message.meta or {}).get(UNRECORDED_FAILURE)
+        n = 1 + (earlier.get("handed_back", 0) if isinstance(earlier, dict) else 0)
+        pending = {
+            "exception": cap_text(failed.exception, _UNRECORDED_TEXT),
+            "attempt": failed.attempt or job.attempt,
+            "handed_back": n,
+        }
+        body = with_meta(job.body, UNRECORDED_FAILURE, pending)
+        if body is None or n > _MAX_HANDED_BACK:
+            return False
+        delay = min(_HAND_BACK_DELAY * 2 ** (n - 1), SQS_MAX_DELAY)
+        log.warning(
+            "haze sqs: the failed-job store could not record the failure of job %s (%s); "
+            "its message is sent back to record it in %ds",
+            failed.id,
+            error_line(error),
+            delay,
+        )
+        receipt: SqsReceipt = job.token
+        entry = self._entry(
+            body, job.message, delay, resend=True, attempts=job.attempt, group=receipt.group
+        )
+        await self._call("send_message", QueueUrl=receipt.url, **entry)
+        return True
 
     async def heartbeat(self, jobs: Sequence[Reserved]) -> None:
         """Extend the visibility of running jobs to ``retry_after`` again."""

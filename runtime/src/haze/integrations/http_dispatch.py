@@ -29,6 +29,12 @@ Settings are read when the entrypoint starts (a bad value stops it with one line
 ``HAZE_HTTP_SECRET``, ``HAZE_HTTP_JOBS`` and ``HAZE_HTTP_MAX_BODY`` (bytes, or a size
 such as ``10MB``, ``512KiB``, ``1GiB``; KB = 1000 bytes, KiB = 1024).
 
+The headers are judged before the body is read (:func:`check_head`): the method, the
+credentials (a bearer token whole, a signed request's timestamp), then a declared
+``Content-Length`` over the limit. Only then is the body read, under the limit, and a
+signed request's HMAC checked against it: an unauthenticated or oversized request costs
+no read.
+
 Responses (JSON, ``{"error": "..."}`` on failure):
 
 =====  ==============================================================================
@@ -68,7 +74,9 @@ from haze._kernel.errors import (
     ConfigError,
     DelayTooLongError,
     PayloadTooLargeError,
+    QueueTablesMissingError,
     UnknownJobError,
+    UnknownQueueError,
 )
 from haze.api.health import queue_check
 
@@ -76,6 +84,7 @@ __all__ = [
     "DispatchApp",
     "DispatchResponse",
     "authorize",
+    "check_head",
     "check_method",
     "check_secret",
     "dispatch_request",
@@ -196,6 +205,13 @@ def authorize(headers: Mapping[str, str], raw: bytes, secret: str) -> DispatchRe
 
     ``headers`` must have lower-case names.
     """
+    return authorize_headers(headers, secret) or verify_signature(headers, raw, secret)
+
+
+def authorize_headers(headers: Mapping[str, str], secret: str) -> DispatchResponse | None:
+    """What the headers alone decide, before any body is read: the whole check of a
+    bearer token, and the form and timestamp of a signed request (its HMAC covers the
+    body: :func:`verify_signature`). None: go on; else the 401/403 response."""
     authorization = headers.get("authorization")
     signature = headers.get("x-haze-signature")
     if authorization:
@@ -220,8 +236,8 @@ def authorize(headers: Mapping[str, str], raw: bytes, secret: str) -> DispatchRe
                 "a signed request needs X-Haze-Timestamp: <unix seconds>, and the signature "
                 'covers "{timestamp}.{body}"',
             )
-        if not stamp.isdigit():
-            return _error(401, f"X-Haze-Timestamp must be whole Unix seconds, got {stamp!r}")
+        if not (stamp.isascii() and stamp.isdigit() and len(stamp) <= 12):
+            return _error(401, f"X-Haze-Timestamp must be whole Unix seconds, got {stamp[:40]!r}")
         skew = int(stamp) - time.time()
         if abs(skew) > MAX_SKEW:
             return _error(
@@ -230,16 +246,62 @@ def authorize(headers: Mapping[str, str], raw: bytes, secret: str) -> DispatchRe
                 "the server's clock; a signed request is accepted for 5 minutes either way "
                 "(sign each request when it is sent)",
             )
-        expected = signed_headers(raw, secret, timestamp=int(stamp))["x-haze-signature"]
-        if hmac.compare_digest(f"sha256={given.strip().lower()}".encode(), expected.encode()):
-            return None
-        return _error(403, "the signature does not match the timestamp and body")
+        return None
     return _error(
         401,
         "authentication required: send Authorization: Bearer <token>, or X-Haze-Timestamp "
         "and X-Haze-Signature: sha256=<hmac>",
         {"www-authenticate": "Bearer"},
     )
+
+
+def verify_signature(
+    headers: Mapping[str, str], raw: bytes, secret: str
+) -> DispatchResponse | None:
+    """The body half of a signed request (a bearer request has none): None when the HMAC
+    matches, else the 403. Run after :func:`authorize_headers` accepted the headers."""
+    if headers.get("authorization") or not headers.get("x-haze-signature"):
+        return None
+    given = headers["x-haze-signature"].strip().partition("=")[2]
+    stamp = (headers.get("x-haze-timestamp") or "").strip()
+    expected = signed_headers(raw, secret, timestamp=int(stamp))["x-haze-signature"]
+    if hmac.compare_digest(f"sha256={given.strip().lower()}".encode(), expected.encode()):
+        return None
+    return _error(403, "the signature does not match the timestamp and body")
+
+
+def check_head(
+    method: str,
+    headers: Mapping[str, str],
+    *,
+    where: str = "haze",
+    secret: str | None = None,
+    size: int | None = None,
+) -> DispatchResponse | None:
+    """Everything decided before the body is read: the method, the secret being set,
+    the credentials in the headers, then the body's size (``size``, or the declared
+    ``Content-Length``) against ``HAZE_HTTP_MAX_BODY``. None: read the body (under the
+    limit) and go on with :func:`dispatch_request`; else the response to send at once,
+    so an unauthenticated or oversized request is never read."""
+    if secret is None:
+        secret = os.environ.get("HAZE_HTTP_SECRET", "")
+    refused = check_method(method) or check_secret(where, secret)
+    if refused is not None:
+        return refused
+    try:
+        limit = max_body()
+    except ConfigError as e:
+        log.error("%s: %s", where, e)
+        return _error(500, f"the dispatch endpoint is misconfigured: {e}")
+    denied = authorize_headers(headers, secret)
+    if denied is not None:
+        return denied
+    if size is None:
+        declared = (headers.get("content-length") or "").strip()
+        size = int(declared) if declared.isdigit() else None
+    if size is not None and size > limit:
+        return too_large(size, limit)
+    return None
 
 
 async def dispatch_request(
@@ -260,19 +322,11 @@ async def dispatch_request(
     """
     if secret is None:
         secret = os.environ.get("HAZE_HTTP_SECRET", "")
-    refused = check_method(method) or check_secret(where, secret)
+    refused = check_head(method, headers, where=where, secret=secret, size=len(raw))
+    if refused is None:
+        refused = verify_signature(headers, raw, secret)
     if refused is not None:
         return refused
-    try:
-        limit = max_body()
-    except ConfigError as e:
-        log.error("%s: %s", where, e)
-        return _error(500, f"the dispatch endpoint is misconfigured: {e}")
-    if len(raw) > limit:
-        return too_large(len(raw), limit)
-    denied = authorize(headers, raw, secret)
-    if denied is not None:
-        return denied
     data = _body(raw)
     if isinstance(data, DispatchResponse):
         return data
@@ -282,10 +336,25 @@ async def dispatch_request(
     pending = _pending(name, data)
     if isinstance(pending, DispatchResponse):
         return pending
+    return await _dispatched(app, name, pending, where)
+
+
+async def _dispatched(
+    app: App, name: str, pending: PendingDispatch[Any], where: str
+) -> DispatchResponse:
+    """The 202 of a dispatch, or the status its error means."""
     try:
         result = await app.manager.dispatch(pending)
     except PayloadTooLargeError as e:
         return _error(413, str(e))
+    except UnknownQueueError as e:
+        # the caller's mistake: named without the backend's address (an SQS URL holds
+        # the account id)
+        log.warning("%s: cannot dispatch %s: %s", where, name, e)
+        return _error(404, f'there is no queue "{e.queue}" on connection "{e.connection}"')
+    except QueueTablesMissingError as e:  # what /health says too: not a bug, a step to run
+        log.error("%s: cannot dispatch %s: %s", where, name, e)
+        return _error(503, str(e))
     except ConfigError as e:
         log.error("%s: cannot dispatch %s: %s", where, name, e)
         return _error(500, f"the queue connection is misconfigured: {e}")
@@ -305,7 +374,10 @@ def _body(raw: bytes) -> dict[str, Any] | DispatchResponse:
     if _too_deep(raw):
         return _error(400, _TOO_DEEP)
     try:
-        data = json.loads(raw)
+        # decoded first: json.loads(bytes) would guess UTF-16 or UTF-32 from the bytes
+        data = json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError as e:
+        return _error(400, f"the body is not UTF-8 text (byte {e.start} is not valid UTF-8)")
     except ValueError as e:
         return _error(400, f"the body is not valid JSON: {e}")
     except RecursionError:
@@ -406,17 +478,7 @@ class DispatchApp:
         if self.health_path is not None and path == self.health_path:
             answer = await run_in_app(app, lambda: _health(method))
         elif self.path is None or path == self.path:
-            raw = await _read_body(receive, max_body())
-            if raw is None:
-                answer = too_large(max_body() + 1)
-            else:
-                headers = {
-                    k.decode("latin-1").lower(): v.decode("latin-1")
-                    for k, v in scope.get("headers") or []
-                }
-                answer = await run_in_app(
-                    app, lambda: dispatch_request(app, method, headers, raw, where=self.where)
-                )
+            answer = await self._dispatch(app, scope, receive, method)
         else:
             answer = _error(404, f"nothing at {path}; POST a job to {self.path}")
         body = answer.encoded()
@@ -424,6 +486,25 @@ class DispatchApp:
         headers_out.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": answer.status, "headers": headers_out})
         await send({"type": "http.response.body", "body": body})
+
+    async def _dispatch(
+        self, app: App, scope: Scope, receive: Receive, method: str
+    ) -> DispatchResponse:
+        """Refuse from the headers when they decide (credentials, a declared size over
+        the limit: nothing is read), else read the body under the limit and dispatch."""
+        headers = {
+            k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []
+        }
+        refused = check_head(method, headers, where=self.where)
+        if refused is not None:
+            return refused
+        limit = max_body()
+        raw = await _read_body(receive, limit)
+        if raw is None:
+            return too_large(limit + 1, limit)
+        return await run_in_app(
+            app, lambda: dispatch_request(app, method, headers, raw, where=self.where)
+        )
 
 
 async def _health(method: str) -> DispatchResponse:

@@ -9,6 +9,12 @@ interactive transactions, its statements run one by one (a crash between two of 
 can leave a batch's counters short of the job).
 The table (``haze_cache`` unless ``table`` is set) is created on first use.
 
+On MySQL/MariaDB the key column is ``VARCHAR(191)`` with a binary collation: a key
+longer than 128 characters is stored as its first 64 characters, ``~`` and its SHA-256
+(129 characters, a length no stored key of its own has), so no key is ever cut and two
+long keys that share a prefix stay apart. Every insert is a plain ``INSERT``: an error
+(a duplicate key aside) is raised, never turned into a warning.
+
 On PostgreSQL the store is also a ``StatusNotifier``: ``notify`` is a ``pg_notify`` on
 one channel per table (``<table>_notify``, the payload naming the store's channel), and
 ``subscribe`` listens on the connector's LISTEN connection.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import re
 import time
@@ -32,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from haze._kernel.errors import ConfigError
 from haze._kernel.sqlfiles import sql_blocks
 from haze.contracts.store import BatchSettled, Subscription
+from haze.database.mysql import is_duplicate_key
 
 if TYPE_CHECKING:
     from haze.database import Connector, Session
@@ -60,6 +68,7 @@ class DatabaseStore:
         self._sql: dict[str, str] | None = None
         self._ready: set[asyncio.AbstractEventLoop] = set()
         self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        self._hash_long_keys = False
 
     @property
     def db(self) -> Connector:
@@ -101,9 +110,14 @@ class DatabaseStore:
                     except Exception:
                         await asyncio.sleep(0.05)
                         await self.db.execute(sql["schema"])
+                    self._hash_long_keys = dialect == "mysql"
                     self._sql = sql
         assert self._sql is not None
         return self._sql
+
+    def _k(self, key: str) -> str:
+        """The key as stored (see the module docstring); call after ``_statements()``."""
+        return _fit_key(key) if self._hash_long_keys else key
 
     @staticmethod
     def _exp(ttl: float | None, now: float) -> float | None:
@@ -111,30 +125,33 @@ class DatabaseStore:
 
     async def get(self, key: str) -> Any | None:
         sql = await self._statements()
-        row = await self.db.fetchone(sql["get"], (key, time.time()))
+        row = await self.db.fetchone(sql["get"], (self._k(key), time.time()))
         return None if row is None else json.loads(row[0])
 
     async def get_many(self, keys: Sequence[str]) -> list[Any | None]:
         if not keys:
             return []
         sql = await self._statements()
+        stored = [self._k(k) for k in keys]
         stmt = sql["get_many"].replace("{marks}", ", ".join("?" * len(keys)))
-        rows = await self.db.fetchall(stmt, (*keys, time.time()))
+        rows = await self.db.fetchall(stmt, (*stored, time.time()))
         found = {r[0]: json.loads(r[1]) for r in rows}
-        return [found.get(k) for k in keys]
+        return [found.get(k) for k in stored]
 
     async def put(self, key: str, value: Any, ttl: float | None = None) -> None:
         sql = await self._statements()
-        await self.db.execute(sql["put"], (key, _dumps(value), self._exp(ttl, time.time())))
+        await self.db.execute(
+            sql["put"], (self._k(key), _dumps(value), self._exp(ttl, time.time()))
+        )
 
     async def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
         sql = await self._statements()
         now = time.time()
-        return await _add(self.db, sql, key, _dumps(value), self._exp(ttl, now), now)
+        return await _add(self.db, sql, self._k(key), _dumps(value), self._exp(ttl, now), now)
 
     async def increment(self, key: str, by: int = 1, ttl: float | None = None) -> int:
         sql = await self._statements()
-        now = time.time()
+        now, key = time.time(), self._k(key)
         if "increment_read" in sql:
             async with self.db.transaction() as tx:
                 return await _increment(tx, sql, key, by, self._exp(ttl, now), now)
@@ -183,35 +200,37 @@ class DatabaseStore:
         count, keep = counts
         clock = time.time()
         exp = self._exp(ttl, clock)
-        marker = f"{batch}:done:{job}"
+        k = self._k
+        marker = k(f"{batch}:done:{job}")
         if await _add(tx, sql, marker, _dumps(outcome), exp, clock):
             if outcome == "failed":
-                n = await _increment(tx, sql, f"{batch}:failed", count, exp, clock)
-                await tx.execute(sql["put"], (f"{batch}:failed:{n}", _dumps(job), exp))
+                n = await _increment(tx, sql, k(f"{batch}:failed"), count, exp, clock)
+                await tx.execute(sql["put"], (k(f"{batch}:failed:{n}"), _dumps(job), exp))
                 if cancel:
-                    await _add(tx, sql, f"{batch}:cancelled", _dumps(now), exp, clock)
+                    await _add(tx, sql, k(f"{batch}:cancelled"), _dumps(now), exp, clock)
             else:
-                await _increment(tx, sql, f"{batch}:processed", count, exp, clock)
+                await _increment(tx, sql, k(f"{batch}:processed"), count, exp, clock)
             if keep > 0:
-                n = await _increment(tx, sql, f"{batch}:jobs", 1, exp, clock)
+                n = await _increment(tx, sql, k(f"{batch}:jobs"), 1, exp, clock)
                 if n <= keep:
-                    await tx.execute(sql["put"], (f"{batch}:jobs:{n}", _dumps(job), exp))
-            pending = await _increment(tx, sql, f"{batch}:pending", -count, exp, clock)
+                    await tx.execute(sql["put"], (k(f"{batch}:jobs:{n}"), _dumps(job), exp))
+            pending = await _increment(tx, sql, k(f"{batch}:pending"), -count, exp, clock)
             return BatchSettled(True, pending, outcome)
         row = await tx.fetchone(sql["get"], (marker, clock))
         first = outcome if row is None else str(json.loads(row[0]))
         if (
             outcome == "done"
             and first == "failed"
-            and await _add(tx, sql, f"{batch}:recovered:{job}", "1", exp, clock)
+            and await _add(tx, sql, k(f"{batch}:recovered:{job}"), "1", exp, clock)
         ):
-            await _increment(tx, sql, f"{batch}:recovered", 1, exp, clock)
-            await _increment(tx, sql, f"{batch}:processed", 1, exp, clock)
-        row = await tx.fetchone(sql["get"], (f"{batch}:pending", clock))
+            await _increment(tx, sql, k(f"{batch}:recovered"), 1, exp, clock)
+            await _increment(tx, sql, k(f"{batch}:processed"), 1, exp, clock)
+        row = await tx.fetchone(sql["get"], (k(f"{batch}:pending"), clock))
         return BatchSettled(False, 0 if row is None else int(json.loads(row[0])), first)
 
     async def delete(self, key: str, owner: Any | None = None) -> bool:
         sql = await self._statements()
+        key = self._k(key)
         if owner is None:
             return await self.db.execute(sql["delete"], (key,)) > 0
         return await self.db.execute(sql["delete_owner"], (key, _dumps(owner))) > 0
@@ -219,12 +238,13 @@ class DatabaseStore:
     async def touch(self, key: str, owner: Any, ttl: float) -> bool:
         sql = await self._statements()
         now = time.time()
-        return await self.db.execute(sql["touch"], (now + ttl, key, _dumps(owner), now)) > 0
+        params = (now + ttl, self._k(key), _dumps(owner), now)
+        return await self.db.execute(sql["touch"], params) > 0
 
     async def ttl(self, key: str) -> float | None:
         sql = await self._statements()
         now = time.time()
-        row = await self.db.fetchone(sql["ttl"], (key, now))
+        row = await self.db.fetchone(sql["ttl"], (self._k(key), now))
         if row is None or row[0] is None:
             return None
         return max(0.0, float(row[0]) - now)
@@ -305,13 +325,28 @@ def database_store(name: str, options: dict[str, Any], app: Any) -> DatabaseStor
 
 _DEADLOCK_RETRIES = 5
 
+#: Keys up to this many characters are stored as they are (see the module docstring).
+_KEPT_WHOLE = 128
+
+
+def _fit_key(key: str) -> str:
+    if len(key) <= _KEPT_WHOLE:
+        return key
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{key[:64]}~{digest}"
+
 
 async def _add(
     db: Session, sql: dict[str, str], key: str, body: str, exp: float | None, now: float
 ) -> bool:
-    if "add_insert" in sql:  # MySQL: INSERT IGNORE, else take over an expired row
-        if await db.execute(sql["add_insert"], (key, body, exp)) > 0:
+    if "add_insert" in sql:  # MySQL: INSERT, or take over an expired row
+        try:
+            await db.execute(sql["add_insert"], (key, body, exp))
             return True
+        except Exception as e:
+            # InnoDB undoes the failed statement alone: an enclosing transaction goes on.
+            if not is_duplicate_key(e):
+                raise
         return await db.execute(sql["add_takeover"], (body, exp, key, now)) > 0
     return await db.execute(sql["add"], (key, body, exp, now)) > 0
 

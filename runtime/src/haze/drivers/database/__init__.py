@@ -44,16 +44,21 @@ from haze.contracts.driver import (
     Reserved,
     RunningJob,
 )
-from haze.database import Notifying, Session
+from haze.database import Notifying, Session, dialect_of
 from haze.database.migrations import MIGRATIONS_DIR
 
 if TYPE_CHECKING:
     from haze.database import Connector
 
-__all__ = ["DatabaseDriver"]
+__all__ = ["D1_MAX_MESSAGE_SIZE", "D1_ROW_LIMIT", "DatabaseDriver"]
 
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+#: D1's largest string, BLOB or table row, in bytes (SQLITE_TOOBIG past it)
+D1_ROW_LIMIT = 2_000_000
+#: The default max_message_size on D1: its row limit less room for the row's other
+#: columns, and for the exception text beside the body when the job fails
+D1_MAX_MESSAGE_SIZE = D1_ROW_LIMIT - 64 * 1024
 #: A message id the job lookup searches for (haze's are 32 hex characters).
 _JOB_ID = re.compile(r"^[A-Za-z0-9-]{1,128}$")
 _P = ParamSpec("_P")
@@ -121,7 +126,6 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         self.name = name
         self.app = app
         self.options = options
-        self.max_message_size: int | None = options.get("max_message_size") or MAX_MESSAGE_SIZE
         self.concurrency: int = options.get("concurrency") or 1
         self.retry_after: float = options.get("retry_after") or 90.0
         self.sleep: float = options.get("sleep") or 1.0
@@ -135,6 +139,7 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
                     f"{value!r} is not a valid SQL identifier", key=f"connections.{name}.{key}"
                 )
         self._db_name: str = options.get("connection") or app.database_config.default
+        self.max_message_size: int | None = self._size_limit(options.get("max_message_size"))
         self._db: Connector | None = None
         self._wakes: tuple[Notifying, ...] | None = None
         self._sql: dict[str, str] | None = None
@@ -144,6 +149,20 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         self._wakeup: asyncio.Event | None = None
         self._wake_loop: asyncio.AbstractEventLoop | None = None
         self._last_ts = 0.0
+
+    def _size_limit(self, configured: int | None) -> int:
+        """``max_message_size``: as configured, else 4 MiB; on D1 at most what its row
+        limit leaves for the body (a larger one fails there with SQLITE_TOOBIG)."""
+        connection = self.app.database_config.connections.get(self._db_name) or {}
+        if dialect_of(str(connection.get("url") or "")) != "d1":
+            return configured or MAX_MESSAGE_SIZE
+        if configured is not None and configured > D1_MAX_MESSAGE_SIZE:
+            raise ConfigError(
+                f"{configured} bytes is more than a D1 row can hold with the job's other "
+                f"columns ({D1_ROW_LIMIT:,} bytes a row); use at most {D1_MAX_MESSAGE_SIZE}",
+                key=f"connections.{self.name}.max_message_size",
+            )
+        return configured or D1_MAX_MESSAGE_SIZE
 
     # -- connection ---------------------------------------------------------------
 
@@ -180,8 +199,9 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         """The error for this connection's missing tables, naming the command to run."""
         root = self.app.root
         written = root is not None and any(
-            (root / MIGRATIONS_DIR).glob(
-                f"*_create_{self.table}_and_{self.failed_table}_tables.sql"
+            path.suffix in (".sql", ".py")
+            for path in (root / MIGRATIONS_DIR).glob(
+                f"*_create_{self.table}_and_{self.failed_table}_tables.*"
             )
         )
         migrate = "haze db:migrate"
@@ -446,7 +466,8 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         """Delete the rows of several finished jobs in one statement and one commit.
 
         One bool per job, as ``ack`` returns: False where another worker had taken the
-        row over (its reserved_at is no longer this claim's), and nothing was deleted."""
+        row over (the row is there with a reserved_at that is no longer this claim's),
+        and nothing was deleted."""
         if not jobs:
             return []
         pairs = [(int(job.token[0]), job.token[1]) for job in jobs]
@@ -465,7 +486,19 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
                 stmt = sql["ack_many"].replace("{pairs}", ", ".join(["(?, ?)"] * len(chunk)))
                 rows = await self.db.fetchall(stmt, [v for p in chunk for v in p])
                 owned.update(int(r[0]) for r in rows)
-        return [p[0] in owned for p in pairs]
+        return await self._acked([p[0] for p in pairs], owned)
+
+    async def _acked(self, ids: builtins.list[int], deleted: set[int]) -> builtins.list[bool]:
+        """One bool per id, as ``ack`` returns: deleted now, or already gone. Only a row
+        still in the table (another worker's claim now) is a lost lease."""
+        missed = [i for i in ids if i not in deleted]
+        there: set[int] = set()
+        per = 90 if self.dialect == "d1" else 500  # D1: at most 100 bound values a statement
+        for n in range(0, len(missed), per):
+            chunk = missed[n : n + per]
+            stmt = self.sql["still_there"].replace("{ids}", ", ".join(["?"] * len(chunk)))
+            there.update(int(r[0]) for r in await self.db.fetchall(stmt, chunk))
+        return [i not in there for i in ids]
 
     @_needs_tables
     async def ack_and_claim(
@@ -495,7 +528,7 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
                 return acked, rows
 
             acked, rows = await self._mysql_tx(both)
-            return [i in acked for i in ids], await self._claimed(rows, queue, token)
+            return await self._acked(ids, acked), await self._claimed(rows, queue, token)
         params = (
             ids,
             [job.token[1] for job in jobs],
@@ -513,7 +546,7 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         rows = await self.db.fetchall(self.sql["ack_claim_many"], params)
         acked = {int(r[0]) for r in rows if r[1] is None}
         claimed = [r for r in rows if r[1] is not None]
-        return [i in acked for i in ids], await self._claimed(claimed, queue, token)
+        return await self._acked(ids, acked), await self._claimed(claimed, queue, token)
 
     async def advice(self) -> builtins.list[str]:
         """PostgreSQL with autovacuum off for the jobs table: it would grow for ever."""
@@ -540,9 +573,13 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
     @_needs_tables
     async def ack(self, job: Reserved) -> bool:
         # ack, release and fail match the row by its id and this claim's reserved_at: 0
-        # rows means another worker reclaimed it after retry_after (False, nothing changed)
+        # rows means another worker reclaimed it after retry_after (False, nothing
+        # changed), unless the row is gone: an earlier try deleted it (True)
         row_id, reserved_at = job.token
-        return await self.db.execute(self.sql["ack"], (row_id, reserved_at)) > 0
+        if await self.db.execute(self.sql["ack"], (row_id, reserved_at)) > 0:
+            return True
+        [acked] = await self._acked([int(row_id)], set())
+        return acked
 
     @_needs_tables
     async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
@@ -568,6 +605,9 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         async with self.db.transaction(immediate=True) as tx:
             if await tx.execute(self.sql["ack"], (row_id, reserved_at)) == 0:
                 return False  # another worker reclaimed the row; it owns the outcome now
+            # A repeated message id (a redelivery, a copied row, a retried job failing
+            # again) replaces its earlier record: uuid is unique.
+            await tx.execute(self.sql["failed_forget"], (failed.id,))
             await tx.execute(
                 self.sql["failed_insert"],
                 (
@@ -601,13 +641,14 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         abandoned = now - self.retry_after
         row = await self.db.fetchone(
             self.sql["counts"],
-            (now, abandoned, now, abandoned, now, abandoned, float(self.retry_after), queue),
+            (now, abandoned, now, abandoned, now, abandoned, float(self.retry_after), now, queue),
         )
         if not row:
             return QueueCounts(0, 0, 0)
         ready, delayed, running = (int(v or 0) for v in row[:3])
         oldest = None if row[3] is None else float(row[3])
-        return QueueCounts(ready, delayed, running, oldest)
+        due = None if row[4] is None else float(row[4])
+        return QueueCounts(ready, delayed, running, oldest, due)
 
     @_needs_tables
     async def running(self, queue: str, limit: int = 50) -> builtins.list[RunningJob] | None:

@@ -7,6 +7,12 @@ INSERT INTO {jobs} (queue, payload, attempts, available_at, created_at) VALUES (
 -- Only the worker whose claim is still current (its reserved_at) may delete the row.
 DELETE FROM {jobs} WHERE id = ? AND reserved_at = ?
 
+-- name: still_there
+-- Of the rows an ack did not delete, those still in the table: taken over by another
+-- worker. A row that is gone was deleted by an earlier try of this ack (its answer lost)
+-- or finished by the worker that took it over: nothing runs it again.
+SELECT id FROM {jobs} WHERE id IN ({{ids}})
+
 -- name: retry
 UPDATE {jobs} SET reserved_at = NULL, heartbeat_at = NULL, available_at = ?
 WHERE id = ? AND reserved_at = ?
@@ -24,10 +30,10 @@ SELECT COUNT(*) FROM {jobs} WHERE queue = ?
 
 -- name: counts
 -- params: now, abandoned_before, now, abandoned_before, now, abandoned_before,
--- lease_seconds, queue. A claim whose lease ran out (its worker died) is ready again:
--- the next claim takes it over. The last column is when the oldest ready row became
--- ready: its available_at (dispatch, or due after a delay or backoff), or the end of
--- a dead worker's lease.
+-- lease_seconds, now, queue. A claim whose lease ran out (its worker died) is ready
+-- again: the next claim takes it over. The fourth column is when the oldest ready row
+-- became ready: its available_at (dispatch, or due after a delay or backoff), or the
+-- end of a dead worker's lease; the last, when the next delayed row comes due.
 SELECT
     SUM(CASE WHEN (reserved_at IS NULL AND available_at <= ?)
               OR (reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?)
@@ -37,7 +43,8 @@ SELECT
         THEN 1 ELSE 0 END),
     MIN(CASE WHEN reserved_at IS NULL AND available_at <= ? THEN available_at
              WHEN reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?
-             THEN COALESCE(heartbeat_at, reserved_at) + ? END)
+             THEN COALESCE(heartbeat_at, reserved_at) + ? END),
+    MIN(CASE WHEN reserved_at IS NULL AND available_at > ? THEN available_at END)
 FROM {jobs} WHERE queue = ?
 
 -- name: running
@@ -101,3 +108,19 @@ DELETE FROM {failed} WHERE connection = ?
 
 -- name: failed_flush_older_of
 DELETE FROM {failed} WHERE connection = ? AND failed_at < ?
+
+-- Retry claims: the claim rides in the stored body (its meta.retry_claim), so a claim
+-- is a compare-and-set of the body, and the retried record is deleted only while it
+-- still holds that body (a job that failed again after the claim keeps its record).
+
+-- name: failed_claim
+UPDATE {failed} SET payload = ? WHERE uuid = ? AND payload = ?
+
+-- name: failed_claim_of
+UPDATE {failed} SET payload = ? WHERE uuid = ? AND payload = ? AND connection = ?
+
+-- name: failed_forget_body
+DELETE FROM {failed} WHERE uuid = ? AND payload = ?
+
+-- name: failed_forget_body_of
+DELETE FROM {failed} WHERE uuid = ? AND payload = ? AND connection = ?

@@ -1,5 +1,10 @@
 -- Queue statements for MySQL 8 and MariaDB 10.6+. {jobs} and {failed} are validated
--- identifiers.
+-- identifiers. The tables compare text byte for byte, trailing spaces included: queue
+-- names that differ only in case, accents or a trailing space are different queues, as
+-- on PostgreSQL and SQLite. That is a binary NO PAD collation, named differently by the
+-- two servers (utf8mb4_bin pads): the executable comments pick MariaDB's (/*M! */) or
+-- MySQL 8's (/*!80000 */, which MariaDB skips). `haze db:migrate` converts tables
+-- created before (haze/database/upgrades.py).
 
 -- name: schema
 CREATE TABLE IF NOT EXISTS {jobs} (
@@ -12,7 +17,8 @@ CREATE TABLE IF NOT EXISTS {jobs} (
     available_at DOUBLE NOT NULL,
     created_at DOUBLE NOT NULL,
     INDEX {jobs}_queue_idx (queue, reserved_at, available_at)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
+  /*M! COLLATE=utf8mb4_nopad_bin */ /*!80000 COLLATE=utf8mb4_0900_bin */;
 CREATE TABLE IF NOT EXISTS {failed} (
     id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
     uuid VARCHAR(64) NOT NULL UNIQUE,
@@ -22,7 +28,8 @@ CREATE TABLE IF NOT EXISTS {failed} (
     exception LONGTEXT NOT NULL,
     failed_at DOUBLE NOT NULL,
     INDEX {failed}_failed_at_idx (failed_at)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
+  /*M! COLLATE=utf8mb4_nopad_bin */ /*!80000 COLLATE=utf8mb4_0900_bin */;
 
 -- name: claim_many_select
 -- MySQL has no UPDATE … RETURNING: lock up to LIMIT rows FOR UPDATE SKIP LOCKED inside a

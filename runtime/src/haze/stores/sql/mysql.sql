@@ -1,5 +1,8 @@
 -- The database store on MySQL 8 / MariaDB. {table} is a validated identifier.
--- `key` is quoted: it is a reserved word in MySQL.
+-- `key` is quoted: it is a reserved word in MySQL. Keys compare byte for byte, trailing
+-- spaces included (a binary NO PAD collation, see drivers/database/mysql.sql: Alice and
+-- alice are two keys); the store hashes keys longer than 128 characters to 129
+-- (database.py), so a key always fits VARCHAR(191) whole.
 
 -- name: schema
 CREATE TABLE IF NOT EXISTS {table} (
@@ -7,9 +10,12 @@ CREATE TABLE IF NOT EXISTS {table} (
     value LONGTEXT NOT NULL,
     expires_at DOUBLE NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
+  /*M! COLLATE=utf8mb4_nopad_bin */ /*!80000 COLLATE=utf8mb4_0900_bin */
 
 -- name: add_insert
-INSERT IGNORE INTO {table} (`key`, value, expires_at) VALUES (?, ?, ?)
+-- A plain INSERT, never INSERT IGNORE (which turns every error, a value too long
+-- included, into a warning): the store catches the duplicate-key error alone.
+INSERT INTO {table} (`key`, value, expires_at) VALUES (?, ?, ?)
 
 -- name: add_takeover
 -- The key exists: take it over only when it has expired (atomic single-row UPDATE).

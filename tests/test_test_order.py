@@ -1,0 +1,66 @@
+"""``scripts/test`` (pytest over every test path) runs the fast tests first: a module with
+a ``slow`` (fault, storm, soak) test runs after the others, the Pyodide ones in between,
+so ``-x`` stops at a simple failure in seconds, not after minutes of storms."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_slow_modules_are_collected_after_the_fast_ones() -> None:
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"),
+            *("tests/batch_storm", "tests/test_docs.py", "tests/test_services.py"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = [ln.split("::")[0] for ln in proc.stdout.splitlines() if "::" in ln]
+    order = list(dict.fromkeys(files))
+    assert order[-1] == "tests/batch_storm/test_batch_storm.py", order
+    assert set(order[:-1]) == {"tests/test_docs.py", "tests/test_services.py"}, order
+
+
+def _ensure_tools(tmp_path: Path, **env: str) -> tuple[str, str]:
+    """``ensure_tools`` of scripts/_services.sh on a PATH without chromium and tmux, with
+    a stand-in ``apt-get`` that records its arguments (a fake: the test must not install
+    anything on the machine that runs it)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    calls = tmp_path / "apt-calls"
+    (bin_dir / "apt-get").write_text(f'#!/bin/bash\necho "$*" >> {calls}\n')
+    (bin_dir / "apt-get").chmod(0o755)
+    (bin_dir / "id").symlink_to("/usr/bin/id")
+    proc = subprocess.run(
+        ["/bin/bash", "-c", "source scripts/_services.sh && ensure_tools"],
+        cwd=REPO,
+        env={"PATH": str(bin_dir), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stderr, calls.read_text() if calls.exists() else ""
+
+
+def test_scripts_test_says_what_it_installs_and_why_before_apt_get(tmp_path: Path) -> None:
+    import os
+
+    if os.geteuid() != 0:
+        import pytest
+
+        pytest.skip("ensure_tools installs only as root")
+    told, calls = _ensure_tools(tmp_path / "a")
+    assert calls == "update -qq\ninstall -y -qq chromium tmux\n"
+    assert "chromium tmux not found; the dashboard's browser tests need chromium" in told
+    assert "HAZE_NO_APT=1 skips this" in told
+    told, calls = _ensure_tools(tmp_path / "b", HAZE_NO_APT="1")
+    assert calls == "" and told == ""
