@@ -184,22 +184,22 @@ async def test_db_migrate_gives_old_postgres_tables_the_due_index(pg_only: str) 
             await db.execute(stmt.format(jobs=table))
         await dbx_due_noop.dispatch({"k": "kept"})
         result = await migrate(app)
-        assert result.applied == [f"haze_{table}_due_index"]
+        assert result.upgraded == [table]
         assert await _pg_indexes(app, table) == {
             f"{table}_pkey",
             f"{table}_due_idx",
             f"{table}_reserved_idx",
         }
-        assert (await migrate(app)).applied == [], "done once"
+        assert (await migrate(app)).upgraded == [], "done once"
         job = await app.driver("db").reserve(["default"], 0)
         assert job is not None and job.message.payload == {"k": "kept"}
 
 
 async def test_tables_created_now_need_no_upgrade(db_url: str) -> None:
     async with open_app(db_url, create=False) as (app, _):
-        assert (await migrate(app)).applied == []  # no tables: nothing to upgrade
+        assert (await migrate(app)).upgraded == []  # no tables: nothing to upgrade
         await ensure_queue_tables(app)
-        assert (await migrate(app)).applied == []  # the current schema has it all
+        assert (await migrate(app)).upgraded == []  # the current schema has it all
 
 
 DUE: dict[str, float] = {}
