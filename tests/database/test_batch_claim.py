@@ -9,6 +9,9 @@ claim, and at once when it stops.
 - statements are counted by wrapping the connector's calls (no server-side statistics);
 - ``ack_many`` deletes only the rows still owned by their (id, reserved_at), and says
   which; a worker whose batched ack finds the lease lost still logs the warning;
+- a slot whose folded ack+claim found nothing waits without claiming that queue again
+  (a dispatch meanwhile still wakes it), and a claim never waits for a timed flush in
+  flight; a worker that stops while an ack keeps failing names the job in one line;
 - real ``haze queue:work`` processes (``apps/batch``): SIGTERM flushes the buffered acks
   (no row of a finished job is left), and a SIGKILL right after a job finished (its ack
   still buffered) runs again only jobs whose rows were still there: at-least-once.
