@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import functools
 import re
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from haze._failed import SqlFailedJobs
@@ -79,6 +80,8 @@ def _missing_table(e: BaseException) -> bool:
 #: MySQL/MariaDB: deadlock found (1213), lock wait timeout (1205). The whole transaction
 #: was rolled back, so running it again is safe.
 _MYSQL_RETRY = (1213, 1205)
+#: How many acked claims a driver remembers (to tell an ack sent again from a lost lease).
+_ACKS_KEPT = 8192
 
 
 async def _mysql_retry(fn: Callable[[], Awaitable[_R]], tries: int = 5) -> _R:
@@ -149,6 +152,11 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         self._wakeup: asyncio.Event | None = None
         self._wake_loop: asyncio.AbstractEventLoop | None = None
         self._last_ts = 0.0
+        # The claims (row id, reserved_at) this driver acked, or sent an ack for that
+        # raised, newest last: a later ack of one that finds its row gone is a repeat
+        # (done), where a first ack that finds it gone means another worker took the job
+        # over and finished it (a lost lease: the job ran twice).
+        self._acks_sent: dict[tuple[int, Any], None] = {}
 
     def _size_limit(self, configured: int | None) -> int:
         """``max_message_size``: as configured, else 4 MiB; on D1 at most what its row
@@ -471,6 +479,12 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         if not jobs:
             return []
         pairs = [(int(job.token[0]), job.token[1]) for job in jobs]
+        with self._sending_acks(pairs):
+            owned = await self._ack_pairs(pairs)
+        return await self._acked(pairs, owned)
+
+    async def _ack_pairs(self, pairs: builtins.list[tuple[int, Any]]) -> set[int]:
+        """The ids of ``pairs`` (row id, reserved_at) whose rows this call deleted."""
         owned: set[int] = set()
         sql = self.sql
         if self.dialect == "postgres":
@@ -486,19 +500,42 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
                 stmt = sql["ack_many"].replace("{pairs}", ", ".join(["(?, ?)"] * len(chunk)))
                 rows = await self.db.fetchall(stmt, [v for p in chunk for v in p])
                 owned.update(int(r[0]) for r in rows)
-        return await self._acked([p[0] for p in pairs], owned)
+        return owned
 
-    async def _acked(self, ids: builtins.list[int], deleted: set[int]) -> builtins.list[bool]:
-        """One bool per id, as ``ack`` returns: deleted now, or already gone. Only a row
-        still in the table (another worker's claim now) is a lost lease."""
-        missed = [i for i in ids if i not in deleted]
+    @contextlib.contextmanager
+    def _sending_acks(self, pairs: builtins.list[tuple[int, Any]]) -> Iterator[None]:
+        """Remember ``pairs`` as sent when the ack raises: it may have committed before
+        its answer was lost, so the ack sent again may find the rows gone."""
+        try:
+            yield
+        except BaseException:
+            self._remember_acks(pairs)
+            raise
+
+    def _remember_acks(self, pairs: builtins.list[tuple[int, Any]]) -> None:
+        sent = self._acks_sent
+        for pair in pairs:
+            sent.pop(pair, None)
+            sent[pair] = None
+        while len(sent) > _ACKS_KEPT:
+            del sent[next(iter(sent))]
+
+    async def _acked(
+        self, pairs: builtins.list[tuple[int, Any]], deleted: set[int]
+    ) -> builtins.list[bool]:
+        """One bool per claim, as ``ack`` returns: False for a lost lease. A row this call
+        did not delete is one, unless this driver had acked that claim before (the row
+        is gone: done): then only a row still there, under another claim, is one."""
+        repeats = [i for i, t in pairs if i not in deleted and (i, t) in self._acks_sent]
         there: set[int] = set()
         per = 90 if self.dialect == "d1" else 500  # D1: at most 100 bound values a statement
-        for n in range(0, len(missed), per):
-            chunk = missed[n : n + per]
+        for n in range(0, len(repeats), per):
+            chunk = repeats[n : n + per]
             stmt = self.sql["still_there"].replace("{ids}", ", ".join(["?"] * len(chunk)))
             there.update(int(r[0]) for r in await self.db.fetchall(stmt, chunk))
-        return [i not in there for i in ids]
+        self._remember_acks([p for p in pairs if p[0] in deleted])
+        gone = set(repeats) - there
+        return [i in deleted or i in gone for i, _ in pairs]
 
     @_needs_tables
     async def ack_and_claim(
@@ -515,11 +552,17 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         if self.dialect not in ("postgres", "mysql") or not jobs:
             owned = await self.ack_many(jobs)
             return owned, await self._claim_many(queue, limit)
+        pairs = [(int(job.token[0]), job.token[1]) for job in jobs]
+        with self._sending_acks(pairs):
+            return await self._ack_and_claim(pairs, queue, limit)
+
+    async def _ack_and_claim(
+        self, pairs: builtins.list[tuple[int, Any]], queue: str, limit: int
+    ) -> tuple[builtins.list[bool], builtins.list[Reserved]]:
         now = time.time()
         token = self._token()
-        ids = [int(job.token[0]) for job in jobs]
+        ids = [p[0] for p in pairs]
         if self.dialect == "mysql":
-            pairs = [(i, job.token[1]) for i, job in zip(ids, jobs, strict=True)]
 
             async def both(tx: Session) -> tuple[set[int], builtins.list[tuple[Any, ...]]]:
                 acked = await self._mysql_ack(tx, pairs)
@@ -528,10 +571,10 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
                 return acked, rows
 
             acked, rows = await self._mysql_tx(both)
-            return await self._acked(ids, acked), await self._claimed(rows, queue, token)
+            return await self._acked(pairs, acked), await self._claimed(rows, queue, token)
         params = (
             ids,
-            [job.token[1] for job in jobs],
+            [p[1] for p in pairs],
             queue,
             now,
             limit,
@@ -546,7 +589,7 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         rows = await self.db.fetchall(self.sql["ack_claim_many"], params)
         acked = {int(r[0]) for r in rows if r[1] is None}
         claimed = [r for r in rows if r[1] is not None]
-        return await self._acked(ids, acked), await self._claimed(claimed, queue, token)
+        return await self._acked(pairs, acked), await self._claimed(claimed, queue, token)
 
     async def advice(self) -> builtins.list[str]:
         """PostgreSQL with autovacuum off for the jobs table: it would grow for ever."""
@@ -576,9 +619,10 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         # rows means another worker reclaimed it after retry_after (False, nothing
         # changed), unless the row is gone: an earlier try deleted it (True)
         row_id, reserved_at = job.token
-        if await self.db.execute(self.sql["ack"], (row_id, reserved_at)) > 0:
-            return True
-        [acked] = await self._acked([int(row_id)], set())
+        pair = (int(row_id), reserved_at)
+        with self._sending_acks([pair]):
+            deleted = await self.db.execute(self.sql["ack"], (row_id, reserved_at)) > 0
+        [acked] = await self._acked([pair], {pair[0]} if deleted else set())
         return acked
 
     @_needs_tables
