@@ -52,6 +52,8 @@ _T = TypeVar("_T")
 #: crash loses at most the acks of this window (those jobs run again), and it is far
 #: shorter than any lease (retry_after).
 ACK_FLUSH_INTERVAL = 0.005
+#: How many times a stopping worker sends the acks that are still buffered.
+FINAL_ACK_TRIES = 3
 
 
 class Worker:
@@ -590,11 +592,7 @@ class Worker:
                 self._enter_outage(e)
             else:  # pragma: no cover - a bug: _flush_acks falls back to single acks
                 log.warning("haze worker: acks on %s failed: %s", self.connection, e)
-            if self._acks and self._loop is not None and self._flush_timer is None:
-                # kept for the next try; the next claim also flushes first
-                self._flush_timer = self._loop.call_later(
-                    max(self.sleep, ACK_FLUSH_INTERVAL), self._flush_due
-                )
+            self._retry_flush_later()
 
     async def _flush_acks(self, claim: tuple[str, int] | None = None) -> list[Reserved]:
         """Send the buffered acks in one statement and report lost leases.
@@ -625,7 +623,7 @@ class Worker:
                 log.exception(
                     "haze worker: batched ack on %s failed; acking one by one", self.connection
                 )
-                owned = [await self.driver.ack(job) for job in jobs]
+                jobs, owned = await self._ack_one_by_one(jobs)
             self._answered(began)
         manager = self.app.manager
         for job, ok in zip(jobs, owned, strict=True):
@@ -633,6 +631,46 @@ class Worker:
                 manager.owned(False, job, "completion")
                 self.leases_lost += 1
         return claimed
+
+    async def _ack_one_by_one(self, jobs: list[Reserved]) -> tuple[list[Reserved], list[bool]]:
+        """The fallback of a failed batched ack: (the jobs acked, whether each was owned).
+
+        A job whose own ack fails too stays buffered for the next flush: its row is still
+        claimed by this worker, so dropping the ack would run the job again once
+        ``retry_after`` passes. An outage keeps the rest buffered and is raised.
+        """
+        done: list[Reserved] = []
+        owned: list[bool] = []
+        kept: list[Reserved] = []
+        failure: Exception | None = None
+        for i, job in enumerate(jobs):
+            try:
+                owned.append(await self.driver.ack(job))
+            except BaseException as e:
+                if isinstance(e, self._outage_errors) or not isinstance(e, Exception):
+                    self._acks[:0] = kept + jobs[i:]
+                    raise
+                kept.append(job)
+                failure = e
+                continue
+            done.append(job)
+        if kept:
+            self._acks[:0] = kept
+            log.warning(
+                "haze worker: %d ack(s) on %s failed (%s); kept for the next try",
+                len(kept),
+                self.connection,
+                failure,
+            )
+            self._retry_flush_later()
+        return done, owned
+
+    def _retry_flush_later(self) -> None:
+        if self._acks and self._loop is not None and self._flush_timer is None:
+            # the next claim also flushes first
+            self._flush_timer = self._loop.call_later(
+                max(self.sleep, ACK_FLUSH_INTERVAL), self._flush_due
+            )
 
     async def _final_flush(self) -> None:
         """Stopping: send the buffered acks now (a lost one re-runs its job later)."""
@@ -642,16 +680,22 @@ class Worker:
         if self._flushes:
             await asyncio.gather(*self._flushes, return_exceptions=True)
         try:
-            await self._flush_acks()
+            for _ in range(FINAL_ACK_TRIES):  # an ack that failed on its own stays buffered
+                if not self._acks:
+                    break
+                await self._flush_acks()
         except Exception as e:
             if isinstance(e, self._outage_errors):
                 self._enter_outage(e)
             else:  # pragma: no cover - a bug
                 log.exception("haze worker: final acks on %s failed", self.connection)
-            self._unrecorded.extend(
-                job.message.id if job.message is not None else str(job.token) for job in self._acks
-            )
-            self._acks = []
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        self._unrecorded.extend(
+            job.message.id if job.message is not None else str(job.token) for job in self._acks
+        )
+        self._acks = []
 
     def _wait_for(self, idle_wait: float) -> float:
         # In-process queues wake the slot on enqueue, so a long wait costs nothing.
