@@ -44,6 +44,7 @@ REDIS_URLS = [
     f"redis://:{SECRET}@h:notaport/0",
     f"rediss://u:{SECRET}@h:notaport/0?password={SECRET}",
     f"unix://:{SECRET}@/tmp/x.sock?db=notanumber",
+    f"redis://:{SECRET}#x@h:1/0",  # the parser's port error quotes what ends the host
 ]
 
 
