@@ -19,7 +19,7 @@ import haze._runners.worker
 import haze.database.migrations
 import pytest
 from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
-from haze._kernel.errors import DatabaseConnectionError, MissingDependencyError
+from haze._kernel.errors import ConfigError, DatabaseConnectionError, MissingDependencyError
 from haze.database import Connector, connect
 from haze.database.libsql import (
     LibSQLBusyError,
@@ -639,3 +639,13 @@ async def test_an_ack_that_fails_with_a_server_error_is_kept_and_sent_again(
     assert sorted(s[1] for s in seen if s[0] == "ok") == list(range(20))  # each once
     assert left == (0,)
     assert worker.leases_lost == 0
+
+
+@pytest.mark.parametrize("timeout", ["abc", "", 0, "-1"])
+def test_a_bad_request_timeout_is_a_config_error_naming_its_key(timeout: Any) -> None:
+    """``options.timeout`` is read when the connection is first used (the CLI's first
+    query): a value that is not a duration must be a one-line configuration error, not
+    a ValueError whose traceback the CLI prints."""
+    with pytest.raises(ConfigError) as info:
+        LibSQLConnector("lsq_cfg", {"url": "http://127.0.0.1:1", "options": {"timeout": timeout}})
+    assert "connections.lsq_cfg.options.timeout" in str(info.value)
