@@ -19,7 +19,7 @@ import haze._runners.worker
 import haze.database.migrations
 import pytest
 from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
-from haze._kernel.errors import DatabaseConnectionError, MissingDependencyError
+from haze._kernel.errors import ConfigError, DatabaseConnectionError, MissingDependencyError
 from haze.database import Connector, connect
 from haze.database.libsql import (
     LibSQLBusyError,
@@ -598,3 +598,54 @@ async def test_acks_sent_again_after_a_failed_claim_warn_of_no_lost_lease(
     assert left == (0,)
     assert worker.leases_lost == 0
     assert not [r for r in caplog.records if "no longer owned" in r.getMessage()]
+
+
+async def test_an_ack_that_fails_with_a_server_error_is_kept_and_sent_again(
+    sqld_url: str,
+) -> None:
+    """The proxy answers the first acks' DELETEs with an HTTP 500 or a 200 that is not
+    a Hrana answer (errors that are not an outage), so the batched ack fails and so do
+    the one-by-one acks it falls back to. Those acks stay in the worker and go out again
+    with a later flush: every job runs once and every row is deleted, long before
+    retry_after would hand a still-claimed row to another run."""
+    seen.clear()
+    refused = 0
+
+    def rule(body: dict[str, Any]) -> Any:
+        nonlocal refused
+        if refused < 8 and any(
+            s.startswith("DELETE FROM lsq_ackfail ") for s in statements_of(body)
+        ):
+            refused += 1
+            if refused % 2:
+                return "answer", 500, {"error": "injected: internal error"}
+            return "answer", 200, {"not": "a Hrana answer"}
+        return "forward"
+
+    with HranaProxy(sqld_url, rule) as proxy:
+        app = busy_app(proxy.url, "lsq_ackfail")
+        async with app:
+            db = app.database("main")
+            for table in ("lsq_ackfail", "lsq_ackfail_failed"):
+                await db.execute(f"DROP TABLE IF EXISTS {table}")
+            await haze.database.migrations.ensure_queue_tables(app)
+            await Queue.bulk([lsq_ok.with_({"i": i, "text": "a"}) for i in range(20)])
+            worker = haze._runners.worker.Worker(
+                app, "db", ["default"], concurrency=4, stop_when_empty=True, sleep=0.05
+            )
+            await worker.run()
+            left = await db.fetchone("SELECT COUNT(*) FROM lsq_ackfail")
+    assert refused == 8
+    assert sorted(s[1] for s in seen if s[0] == "ok") == list(range(20))  # each once
+    assert left == (0,)
+    assert worker.leases_lost == 0
+
+
+@pytest.mark.parametrize("timeout", ["abc", "", 0, "-1"])
+def test_a_bad_request_timeout_is_a_config_error_naming_its_key(timeout: Any) -> None:
+    """``options.timeout`` is read when the connection is first used (the CLI's first
+    query): a value that is not a duration must be a one-line configuration error, not
+    a ValueError whose traceback the CLI prints."""
+    with pytest.raises(ConfigError) as info:
+        LibSQLConnector("lsq_cfg", {"url": "http://127.0.0.1:1", "options": {"timeout": timeout}})
+    assert "connections.lsq_cfg.options.timeout" in str(info.value)

@@ -36,12 +36,15 @@ DATABASE_URLS = [
     f"mysql://u:{SECRET}@h:notaport/db",
     f"postgresql://u@h/db?password={SECRET}&sslmode=require&port=x",
     f"cockroach://u:{SECRET}@h/db",  # not a scheme haze knows
+    f"postgresql://u:{SECRET}@[::1/db",  # the parser's own error quotes the whole URL
+    f"mysql://u:{SECRET}/x@h:1/db",  # an unescaped '/' in the password ends the host early
 ]
 
 REDIS_URLS = [
     f"redis://:{SECRET}@h:notaport/0",
     f"rediss://u:{SECRET}@h:notaport/0?password={SECRET}",
     f"unix://:{SECRET}@/tmp/x.sock?db=notanumber",
+    f"redis://:{SECRET}#x@h:1/0",  # the parser's port error quotes what ends the host
 ]
 
 
@@ -94,10 +97,37 @@ def test_a_bad_redis_url_is_one_line_without_its_secret(tmp_path: Path, url: str
     assert len(output.strip().splitlines()) == 1, output
 
 
+def closed_port() -> int:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.mark.parametrize("mark", ["#", "/", "?"])
+def test_a_password_with_an_unescaped_reserved_character_is_masked_whole(
+    tmp_path: Path, mark: str
+) -> None:
+    """libpq takes ``postgresql://u:pa#ss@host/db`` as it is written, so such a URL
+    works; its outage line must not show the part of the password after the mark."""
+    pytest.importorskip("psycopg")
+    url = f"postgresql://u:{SECRET}{mark}{SECRET}@127.0.0.1:{closed_port()}/db"
+    code, output = queue_size(write_app(tmp_path, "database"), {"DATABASE_URL": url})
+    assert code != 0
+    assert SECRET not in output, output
+    assert "***" in output
+    assert "Traceback" not in output
+
+
 @pytest.mark.parametrize(
     ("url", "shown"),
     [
         (f"postgresql://app:{SECRET}@db:5432/x", "postgresql://app:***@db:5432/x"),
+        (f"postgresql://app:p#{SECRET}@db:5432/x", "postgresql://***@db:5432/x"),
+        (
+            f"postgresql://app:p/{SECRET}@db/x?password={SECRET}",
+            "postgresql://***@db/x?password=***",
+        ),
         (f"redis://:{SECRET}@r:6379/0", "redis://:***@r:6379/0"),
         (f"mysql://root@h/db?password={SECRET}", "mysql://root@h/db?password=***"),
         (

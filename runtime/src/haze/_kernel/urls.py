@@ -9,9 +9,10 @@ it can word the error about a URL it cannot parse.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
-__all__ = ["redact_url"]
+__all__ = ["redact_text", "redact_url"]
 
 #: a query option whose name contains one of these carries a secret
 _SECRET_WORDS = ("pass", "pwd", "token", "secret", "key", "auth", "sig", "credential")
@@ -29,10 +30,11 @@ def redact_url(url: str, *, keep_user: bool = True) -> str:
     ``keep_user=False`` masks the whole userinfo, user name too: for URLs whose user
     name may be a token (libSQL over HTTP).
     """
+    masked = _mask_ambiguous_userinfo(url)
     try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
+        parts = urlsplit(masked)
+    except ValueError:  # shown masked when nothing is left that could hold a secret
+        return masked if masked != url and "?" not in masked else "<unparseable URL>"
     netloc = parts.netloc
     if "@" in netloc:
         userinfo, host = netloc.rsplit("@", 1)
@@ -49,3 +51,34 @@ def redact_url(url: str, *, keep_user: bool = True) -> str:
             for k, v in parse_qsl(query, keep_blank_values=True)
         )
     return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def _mask_ambiguous_userinfo(url: str) -> str:
+    """``url`` with all it holds before its last ``@`` masked, when a parser could end the
+    host before that ``@``: an unescaped ``/``, ``?`` or ``#`` in a password (libpq reads
+    ``postgresql://u:pa#ss@h/db`` as written), or a URL that does not parse at all. The
+    host is then shown without knowing where the password ended, so all of it goes."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    try:
+        if "@" in urlsplit(url).netloc:
+            return url
+    except ValueError:
+        pass
+    return f"{scheme}://{_MASK}@{rest.rsplit('@', 1)[1]}"
+
+
+def redact_text(text: str, url: str) -> str:
+    """``text`` (a parser's own error about ``url``) with ``url`` masked and without its
+    password, whole or in the pieces a parser may cut it into at ``/``, ``?`` or ``#``."""
+    if url in text:
+        text = text.replace(url, redact_url(url))
+    _, sep, rest = url.partition("://")
+    _, colon, password = rest.rsplit("@", 1)[0].partition(":") if "@" in rest else ("", "", "")
+    if not (sep and colon):
+        return text
+    for piece in sorted({password, *re.split(r"[/?#]", password)}, key=len, reverse=True):
+        if len(piece) >= 3 and piece in text:  # a shorter piece would mask unrelated words
+            text = text.replace(piece, _MASK)
+    return text

@@ -351,9 +351,11 @@ class LibSQLConnector:
         if token:
             self._headers["authorization"] = f"Bearer {token}"
         extra = options.get("options") or {}
-        self.timeout = parse_duration(
-            extra.get("timeout", 30), f"connections.{name}.options.timeout", allow_zero=False
-        )
+        key = f"connections.{name}.options.timeout"
+        try:
+            self.timeout = parse_duration(extra.get("timeout", 30), key, allow_zero=False)
+        except ValueError as e:  # read at first use: one line, not the CLI's traceback
+            raise ConfigError(str(e).removeprefix(f"{key}: "), key=key) from None
         busy = options.get("busy_timeout")
         #: seconds a statement is tried again while the database is locked
         self.busy_timeout = _DEFAULT_BUSY_TIMEOUT if busy is None else int(busy) / 1000

@@ -39,6 +39,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from haze._kernel.deps import require
 from haze._kernel.errors import ConfigError, DatabaseConnectionError
+from haze._kernel.urls import redact_text
 from haze.database.postgres import redact_url, translate_placeholders
 
 __all__ = ["DatabaseConnectionError", "MySQLConnector", "is_duplicate_key"]
@@ -173,7 +174,8 @@ class MySQLConnector:
             port = parts.port or 3306
         except ValueError as e:
             raise ConfigError(
-                f"bad MySQL URL {redact_url(self.url)!r}: {e}", key=f"connections.{name}.url"
+                f"bad MySQL URL {redact_url(self.url)!r}: {redact_text(str(e), self.url)}",
+                key=f"connections.{name}.url",
             ) from None
         query = dict(parse_qsl(parts.query))
         self.host = parts.hostname or "localhost"

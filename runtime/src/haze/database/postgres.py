@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from haze._kernel.deps import require
 from haze._kernel.errors import ConfigError, DatabaseConnectionError
-from haze._kernel.urls import redact_url
+from haze._kernel.urls import redact_text, redact_url
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection, AsyncCursor
@@ -336,7 +336,8 @@ class PostgresConnector:
             params = conninfo_to_dict(self.conninfo)
         except Exception as e:
             raise ConfigError(
-                f"bad PostgreSQL URL {redact_url(self.url)!r}: {e}", key=f"connections.{name}.url"
+                f"bad PostgreSQL URL {redact_url(self.url)!r}: {redact_text(str(e), self.url)}",
+                key=f"connections.{name}.url",
             ) from None
         self.host = str(params.get("host") or "localhost")
         self.port = str(params.get("port") or 5432)
@@ -422,12 +423,16 @@ class PostgresConnector:
 
     def _connect_error(self, error: BaseException) -> DatabaseConnectionError:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        # libpq may cut a password with an unescaped '/' into the host and database
+        where = redact_text(
+            f"{reason}. Check that the server is running and reachable at "
+            f"{self.host}:{self.port}, that database {self.dbname!r} exists",
+            self.url,
+        )
         return DatabaseConnectionError(
             f"cannot connect to PostgreSQL for database connection {self.name!r} "
-            f"({redact_url(self.url)}): {reason}. Check that the server is running and "
-            f"reachable at {self.host}:{self.port}, that database {self.dbname!r} exists, "
-            f"and the user and password in the URL (config/database.py, "
-            f"connections.{self.name}.url)"
+            f"({redact_url(self.url)}): {where}, and the user and password in the URL "
+            f"(config/database.py, connections.{self.name}.url)"
         )
 
     async def _connect(self, *, listen: bool = False) -> AsyncConnection[Any]:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from haze._kernel.errors import ConfigError, MissingDependencyError
-from haze._kernel.urls import redact_url
+from haze._kernel.urls import redact_text, redact_url
 from haze.contracts.store import BatchSettled, Subscription
 
 try:
@@ -135,7 +135,9 @@ def new_client(url: str | None, kwargs: dict[str, Any]) -> aioredis.Redis:
         try:
             pool = aioredis.BlockingConnectionPool.from_url(url, **opts)
         except ValueError as e:  # a bad port or scheme: one line, without the password
-            raise ConfigError(f"bad Redis URL {redact_url(url)!r}: {e}") from None
+            raise ConfigError(
+                f"bad Redis URL {redact_url(url)!r}: {redact_text(str(e), url)}"
+            ) from None
     else:
         if opts.pop("ssl", False):
             opts["connection_class"] = aioredis.SSLConnection
