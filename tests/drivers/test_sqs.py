@@ -82,6 +82,13 @@ async def sqs_release_once(payload: dict[str, Any], job: Any) -> None:
         job.release(0)
 
 
+@define_job(tries=1)
+async def sqs_release_twice(payload: dict[str, Any], job: Any) -> None:
+    _note("sqs_release_twice", payload, job)
+    if len(RUNS["sqs_release_twice"]) <= 2:
+        job.release(0)
+
+
 @define_job(tries=3)
 async def sqs_fail_then_release(payload: dict[str, Any], job: Any) -> None:
     _note("sqs_fail_then_release", payload, job)
@@ -517,6 +524,21 @@ async def test_fifo_retry_and_release(make_app: Callable[..., App]) -> None:
         first, resent = spy.of("send_message")[:2]
         assert resent["MessageGroupId"] == first["MessageGroupId"]
         assert resent["MessageDeduplicationId"] != first["MessageDeduplicationId"]
+
+
+async def test_fifo_a_job_released_twice_by_one_process_is_not_deduplicated(
+    make_app: Callable[..., App],
+) -> None:
+    """Each re-send is a new message to SQS: a deduplication id repeated within SQS's
+    5-minute window would make SQS accept the send and drop the message (the job lost)."""
+    app = make_app(fifo=True)
+    async with app:
+        spy = SpyCalls(app.driver("sqs"))
+        await sqs_release_twice.dispatch({"n": "fifo"})
+        await run_until(app, lambda: len(RUNS.get("sqs_release_twice", [])) >= 3, limit=15)
+        assert [r["attempt"] for r in RUNS["sqs_release_twice"]] == [1, 1, 1]
+        dedup = [s["MessageDeduplicationId"] for s in spy.of("send_message")]
+        assert len(dedup) == 3 and len(set(dedup)) == 3
 
 
 # --------------------------------------------------------------------------- failed jobs

@@ -52,7 +52,8 @@ deletes it.
 else the haze queue name (one ordered stream per queue). ``MessageDeduplicationId`` is
 the haze message id plus its dispatch time in ms (``<id>-<ms>``): SDK resends of one
 dispatch are dropped by SQS, while ``Queue.retry()`` of a failed job (same id, new
-dispatch time) is not; a re-send (release, forwarding) gets a fresh suffix.
+dispatch time) is not; a re-send (release, forwarding) gets a fresh suffix (a whole new
+id, so no two re-sends of one message share it).
 
 **Failed jobs.** SQS has no table to keep them in, so ``failed_store`` names one:
 
@@ -482,7 +483,10 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
         if self.fifo:
             entry["MessageGroupId"] = group or self._group_of(message, message.queue)
             if resend:
-                entry["MessageDeduplicationId"] = f"{message.id}-r{new_id()[:16]}"
+                # a whole new id: its process prefix alone repeats on every re-send from
+                # one process, its counter alone across processes, and SQS drops a repeat
+                # within 5 minutes as a duplicate (the job lost)
+                entry["MessageDeduplicationId"] = f"{message.id}-r{new_id()}"
             else:
                 entry["MessageDeduplicationId"] = f"{message.id}-{int(message.ts * 1000)}"
         return entry
