@@ -44,6 +44,7 @@ from haze._kernel.errors import (
     DispatchIncompleteError,
     MissingDependencyError,
     PayloadTooLargeError,
+    UnknownQueueError,
 )
 from haze._kernel.message import Message, encode, new_id
 from haze._runners.worker import Worker
@@ -310,6 +311,30 @@ def test_a_standard_template_never_takes_a_fifo_queue() -> None:
     assert std.queue_for_name("myapp-orders.fifo") is None
     assert fifo.queue_for_name("myapp-orders.fifo") == "orders"
     assert std.url_for_arn(f"arn:aws:sqs:eu-west-1:{ACCOUNT}:myapp-orders.fifo") is None
+
+
+async def test_a_standard_connection_sends_only_to_its_own_standard_queues(app: App) -> None:
+    """A queue name ending in ".fifo" on a standard template names a FIFO queue, which
+    takes no message without a group (SQS's raw MissingParameter error); a queue given as
+    a URL must be one this connection's queue_url names (not any queue of the account)."""
+    driver: Any = app.driver("sqs")
+    base = driver.queue_url_for("default").rsplit("-", 1)[0]
+    fifo_url = _SPEC["create_queues"]([f"{base.rsplit('/', 1)[-1]}-orders.fifo"], fifo=True)
+    other = _SPEC["create_queues"]([_SPEC["unique_prefix"]("other")])
+    other_url = next(iter(other.values()))
+    try:
+        with pytest.raises(UnknownQueueError, match="FIFO") as e:
+            await sqs_ok.with_({"n": 1}).on_queue("orders.fifo").dispatch()
+        assert "\n" not in str(e.value)
+        with pytest.raises(UnknownQueueError, match="not a queue of connection"):
+            await sqs_ok.with_({"n": 2}).on_queue(other_url).dispatch()
+        with pytest.raises(UnknownQueueError, match="FIFO"):
+            await Queue.bulk([sqs_ok.with_({"n": 3}).on_queue("orders.fifo")])
+        assert not _SPEC["client"]().receive_message(QueueUrl=other_url).get("Messages")
+        # the URL this connection derives for one of its queues still works
+        await sqs_ok.with_({"n": 4}).on_queue(driver.queue_url_for("default")).dispatch()
+    finally:
+        _SPEC["delete_queues"]([*fifo_url.values(), *other.values()])
 
 
 async def test_a_missing_queue_is_a_clear_error(app: App) -> None:

@@ -503,9 +503,38 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
                 "ids instead of data (nothing was enqueued)"
             )
 
+    def _send_url(self, queue: str) -> str:
+        """The URL a dispatch to ``queue`` goes to, refused (before any call) when it is
+        not one of this connection's queues of its own kind."""
+        url = self.queue_url_for(queue)
+        sqs_name = self._name_of(url)
+        if sqs_name.endswith(".fifo") != self.fifo:
+            kind = "a FIFO" if sqs_name.endswith(".fifo") else "a standard"
+            raise UnknownQueueError(
+                f'queue "{queue}" is {kind} SQS queue ({sqs_name}), which the '
+                f'{"FIFO" if self.fifo else "standard"} connection "{self.name}" cannot '
+                "send to; dispatch it on a connection whose queue_url is of that kind, or "
+                'name the queue without ".fifo"',
+                queue=queue,
+                connection=self.name,
+                key=f"connections.{self.name}.queue_url",
+            )
+        if queue.startswith(("https://", "http://")):
+            own = self.queue_for_name(sqs_name)
+            if own is None or self.queue_url_for(own) != url:
+                # else a dispatch (an HTTP one too) could send to any queue of any account
+                raise UnknownQueueError(
+                    f'the queue URL {url} is not a queue of connection "{self.name}" (its '
+                    "queue_url does not name it); dispatch by queue name",
+                    queue=sqs_name,
+                    connection=self.name,
+                    key=f"connections.{self.name}.queue_url",
+                )
+        return url
+
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         entry = self._entry(body, message, delay, resend=False)
-        await self._call("send_message", QueueUrl=self.queue_url_for(message.queue), **entry)
+        await self._call("send_message", QueueUrl=self._send_url(message.queue), **entry)
 
     async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
         """``SendMessageBatch`` per SQS queue: 10 entries and at most 1 MiB per call.
@@ -515,7 +544,7 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
         sent (they would go ahead of it) and are listed too."""
         by_url: dict[str, list[tuple[dict[str, Any], Message]]] = {}
         for body, message, delay in items:
-            by_url.setdefault(self.queue_url_for(message.queue), []).append(
+            by_url.setdefault(self._send_url(message.queue), []).append(
                 (self._entry(body, message, delay, resend=False), message)
             )
         chunks: list[tuple[str, list[tuple[dict[str, Any], Message]]]] = []
