@@ -68,8 +68,10 @@ A bare name that is both is the database connection (``haze._failed.failed_targe
 Without ``failed_store`` the failures are kept in this process's memory and a warning
 says so on the first one. A dead-letter queue pairs with this: give the source queue a
 redrive policy with ``maxReceiveCount`` of at least ``tries + 2`` (one FIFO hold and one
-crash of slack), so haze's own final failure (``failed()`` callbacks, chain ``catch``,
-batch bookkeeping, the failed store) happens first. The DLQ then only catches messages
+crash of slack; on FIFO ``10 × tries + 2``, as a Lambda trigger's record is received
+again behind each retry of the up to 9 records ahead of it in its batch), so haze's own
+final failure (``failed()`` callbacks, chain ``catch``, batch bookkeeping, the failed
+store) happens first. The DLQ then only catches messages
 whose consumer died every time (a crash or a Lambda timeout), which haze never saw
 fail; redrive them back with ``StartMessageMoveTask`` once fixed (their envelope is
 intact, and the receive count starts again).
