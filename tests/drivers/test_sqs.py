@@ -539,6 +539,25 @@ async def test_fifo_groups_order_and_deduplication(make_app: Callable[..., App])
         assert group_a == [0, 1, 2]  # one consumer: the group's order holds
 
 
+async def test_fifo_a_group_sqs_would_refuse_is_a_value_error_at_dispatch(
+    make_app: Callable[..., App],
+) -> None:
+    """SQS takes a MessageGroupId of 1 to 128 printable ASCII characters without spaces
+    (moto does not check it): haze refuses any other group itself, on one line, before
+    anything is sent, instead of SQS's raw InvalidParameterValue error."""
+    app = make_app(fifo=True)
+    async with app:
+        for group in ("customer 42", "x" * 129, "café", "a\tb"):
+            with pytest.raises(ValueError, match="MessageGroupId") as e:
+                await sqs_ok.with_({"g": group}).on_group(group).dispatch()
+            assert "\n" not in str(e.value)
+        with pytest.raises(ValueError, match="MessageGroupId"):
+            await Queue.bulk([sqs_ok.with_({"g": 1}).on_group("customer 42")])
+        assert await app.driver("sqs").size("default") == 0
+        await sqs_ok.with_({"g": "ok"}).on_group("customer-42:eu/" + "x" * 113).dispatch()
+        assert await app.driver("sqs").size("default") == 1
+
+
 async def test_fifo_retry_and_release(make_app: Callable[..., App]) -> None:
     app = make_app(fifo=True)
     async with app:

@@ -248,6 +248,22 @@ def _due_of(message: Message | None) -> float | None:
 # --------------------------------------------------------------------------- the driver
 
 
+#: What SQS takes as a MessageGroupId: 1 to 128 printable ASCII characters, no space.
+_GROUP_ID = re.compile(r"[!-~]{1,128}")
+
+
+def _group_id(group: str) -> str:
+    """``group`` as a MessageGroupId; a ValueError (before any call) for one SQS refuses."""
+    if not _GROUP_ID.fullmatch(group):
+        raise ValueError(
+            f"on_group: {group[:40]!r}{'…' if len(group) > 40 else ''} ({len(group)} "
+            "characters) cannot be an SQS MessageGroupId, which is 1 to 128 printable ASCII "
+            "characters without spaces (letters, digits and punctuation); use an id such as "
+            "'customer-42' (nothing was enqueued)"
+        )
+    return group
+
+
 class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
     """Queue connection on Amazon SQS; see the module docstring for the rules."""
 
@@ -483,7 +499,7 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
         if seconds:
             entry["DelaySeconds"] = min(seconds, SQS_MAX_DELAY)
         if self.fifo:
-            entry["MessageGroupId"] = group or self._group_of(message, message.queue)
+            entry["MessageGroupId"] = _group_id(group or self._group_of(message, message.queue))
             if resend:
                 # a whole new id: its process prefix alone repeats on every re-send from
                 # one process, its counter alone across processes, and SQS drops a repeat
