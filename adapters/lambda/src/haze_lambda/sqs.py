@@ -173,10 +173,17 @@ def _connection_for(app: App, arn: str) -> tuple[SqsRecords, str]:
         )
     if found:
         return found[0][1], found[0][2]
-    where = f'connection "{named}"' if named else "no sqs connection of config/queue.py"
-    raise RuntimeError(
-        f"haze_lambda: {where} serves the queue {arn}; check queue_url (a queue of that "
-        "connection) or set HAZE_SQS_CONNECTION"
+    if named:
+        kind = "FIFO" if arn.endswith(".fifo") else "standard"
+        raise ConfigError(
+            f'haze_lambda: connection "{named}" (HAZE_SQS_CONNECTION) does not serve the '
+            f"{kind} queue {arn}: its queue_url names no such queue, or a queue of the other "
+            "kind (a FIFO queue is only served by a FIFO connection); point "
+            "HAZE_SQS_CONNECTION at the connection of that queue, or unset it"
+        )
+    raise ConfigError(
+        f"haze_lambda: no sqs connection of config/queue.py serves the queue {arn}; check "
+        "queue_url (a queue of that connection) or set HAZE_SQS_CONNECTION"
     )
 
 
