@@ -100,8 +100,6 @@ DEFAULT_MAX_BODY = 10 * 1024 * 1024
 
 #: How far (seconds, either way) a signed request's ``X-Haze-Timestamp`` may be from now.
 MAX_SKEW = 300
-#: X-Haze-Timestamp: whole Unix seconds, ASCII digits only (at most 20 of them).
-_UNIX_SECONDS = re.compile(r"[0-9]{1,20}")
 
 
 @dataclass
@@ -237,11 +235,8 @@ def authorize_headers(headers: Mapping[str, str], secret: str) -> DispatchRespon
                 "a signed request needs X-Haze-Timestamp: <unix seconds>, and the signature "
                 'covers "{timestamp}.{body}"',
             )
-        if not _UNIX_SECONDS.fullmatch(stamp):
-            # not str.isdigit(): it takes "²" (int() refuses it), full-width digits and
-            # 5000 digits (over int()'s limit), and a raise here is an unauthenticated 500
-            shown = repr(stamp) if len(stamp) <= 24 else f"{stamp[:24]!r}… ({len(stamp)} chars)"
-            return _error(401, f"X-Haze-Timestamp must be whole Unix seconds, got {shown}")
+        if not (stamp.isascii() and stamp.isdigit() and len(stamp) <= 12):
+            return _error(401, f"X-Haze-Timestamp must be whole Unix seconds, got {stamp[:40]!r}")
         skew = int(stamp) - time.time()
         if abs(skew) > MAX_SKEW:
             return _error(
