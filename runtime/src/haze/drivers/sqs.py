@@ -26,9 +26,10 @@ must not use a try, so it sends a NEW message whose envelope carries
 at zero). A retry whose backoff does not fit in SQS's 12-hour visibility limit is
 re-sent the same way with ``attempts = attempt``. A crashed worker's message comes back
 after ``retry_after`` with a higher receive count, which counts as the lost attempt.
-A receive that ran nothing (a record a FIFO Lambda trigger reported unprocessed) is
-not an attempt: the Lambda handler counts those in the app's store and sets
-``SqsReceipt.unused``, which ``admit`` subtracts.
+A receive that ran nothing (a record a FIFO Lambda trigger reported unprocessed, or
+one an invocation that died never started) is not an attempt: the Lambda handler
+counts those in the app's store and sets ``SqsReceipt.unused``, which ``admit``
+subtracts.
 
 **Delays.** SQS holds a message for at most 15 minutes (``DelaySeconds`` 0-900, whole
 seconds, rounded up). A longer delay is sent with ``DelaySeconds=900`` and
