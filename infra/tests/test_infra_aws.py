@@ -302,6 +302,12 @@ def test_a_lambda_timeout_below_the_longest_job_is_refused(inf_stack: StackConfi
 def test_a_max_receive_count_below_the_tries_is_refused() -> None:
     with pytest.raises(InfraConfigError, match="below tries"):
         deploy(lambda: HazeSqsQueue("inf-q", queue_name="inf-q", max_tries=5, max_receive_count=5))
+    with pytest.raises(InfraConfigError, match="below 10 x tries \\+ 2 = 52"):
+        deploy(
+            lambda: HazeSqsQueue(
+                "inf-f", queue_name="inf-f.fifo", fifo=True, max_tries=5, max_receive_count=8
+            )
+        )
 
 
 def test_a_queue_made_for_fewer_tries_than_the_consumer_is_refused(tmp_path: Path) -> None:

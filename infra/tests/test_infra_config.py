@@ -53,6 +53,11 @@ def test_the_rules() -> None:
     assert max_receive_count(4) == 6
     assert max_receive_count(None) == 1000
     assert max_receive_count(5000) == 1000
+    # FIFO: a record is received (and held) once per try of each of the up to 9 records
+    # ahead of it in its batch, before its own tries
+    assert max_receive_count(1, fifo=True) == 12
+    assert max_receive_count(3, fifo=True) == 32
+    assert max_receive_count(200, fifo=True) == 1000
     assert min_lambda_timeout(40) == 45
     assert min_lambda_timeout(40, batch_size=10, concurrency=5) == 85  # two waves
     assert lambda_timeout(40) == 50
@@ -156,6 +161,8 @@ def test_queue_names_from_a_configured_url(tmp_path: Path, monkeypatch: pytest.M
     assert c.max_tries == 3
     assert c.aws.function_timeout == 130
     assert c.aws.visibility_timeout == 780
+    assert c.aws.max_receive_count == 3 * 10 + 2  # FIFO: held behind a batch's retries
+    assert siblings.max_receive_count == 3 + 2
 
 
 def test_unbounded_tries_and_unknown_connections() -> None:

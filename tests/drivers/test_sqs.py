@@ -44,6 +44,7 @@ from haze._kernel.errors import (
     DispatchIncompleteError,
     MissingDependencyError,
     PayloadTooLargeError,
+    UnknownQueueError,
 )
 from haze._kernel.message import Message, encode, new_id
 from haze._runners.worker import Worker
@@ -79,6 +80,13 @@ async def sqs_flaky(payload: dict[str, Any], job: Any) -> None:
 async def sqs_release_once(payload: dict[str, Any], job: Any) -> None:
     _note("sqs_release_once", payload, job)
     if len(RUNS["sqs_release_once"]) == 1:
+        job.release(0)
+
+
+@define_job(tries=1)
+async def sqs_release_twice(payload: dict[str, Any], job: Any) -> None:
+    _note("sqs_release_twice", payload, job)
+    if len(RUNS["sqs_release_twice"]) <= 2:
         job.release(0)
 
 
@@ -305,6 +313,30 @@ def test_a_standard_template_never_takes_a_fifo_queue() -> None:
     assert std.url_for_arn(f"arn:aws:sqs:eu-west-1:{ACCOUNT}:myapp-orders.fifo") is None
 
 
+async def test_a_standard_connection_sends_only_to_its_own_standard_queues(app: App) -> None:
+    """A queue name ending in ".fifo" on a standard template names a FIFO queue, which
+    takes no message without a group (SQS's raw MissingParameter error); a queue given as
+    a URL must be one this connection's queue_url names (not any queue of the account)."""
+    driver: Any = app.driver("sqs")
+    base = driver.queue_url_for("default").rsplit("-", 1)[0]
+    fifo_url = _SPEC["create_queues"]([f"{base.rsplit('/', 1)[-1]}-orders.fifo"], fifo=True)
+    other = _SPEC["create_queues"]([_SPEC["unique_prefix"]("other")])
+    other_url = next(iter(other.values()))
+    try:
+        with pytest.raises(UnknownQueueError, match="FIFO") as e:
+            await sqs_ok.with_({"n": 1}).on_queue("orders.fifo").dispatch()
+        assert "\n" not in str(e.value)
+        with pytest.raises(UnknownQueueError, match="not a queue of connection"):
+            await sqs_ok.with_({"n": 2}).on_queue(other_url).dispatch()
+        with pytest.raises(UnknownQueueError, match="FIFO"):
+            await Queue.bulk([sqs_ok.with_({"n": 3}).on_queue("orders.fifo")])
+        assert not _SPEC["client"]().receive_message(QueueUrl=other_url).get("Messages")
+        # the URL this connection derives for one of its queues still works
+        await sqs_ok.with_({"n": 4}).on_queue(driver.queue_url_for("default")).dispatch()
+    finally:
+        _SPEC["delete_queues"]([*fifo_url.values(), *other.values()])
+
+
 async def test_a_missing_queue_is_a_clear_error(app: App) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         await sqs_ok.with_({}).on_queue("nowhere").dispatch()
@@ -507,6 +539,25 @@ async def test_fifo_groups_order_and_deduplication(make_app: Callable[..., App])
         assert group_a == [0, 1, 2]  # one consumer: the group's order holds
 
 
+async def test_fifo_a_group_sqs_would_refuse_is_a_value_error_at_dispatch(
+    make_app: Callable[..., App],
+) -> None:
+    """SQS takes a MessageGroupId of 1 to 128 printable ASCII characters without spaces
+    (moto does not check it): haze refuses any other group itself, on one line, before
+    anything is sent, instead of SQS's raw InvalidParameterValue error."""
+    app = make_app(fifo=True)
+    async with app:
+        for group in ("customer 42", "x" * 129, "café", "a\tb"):
+            with pytest.raises(ValueError, match="MessageGroupId") as e:
+                await sqs_ok.with_({"g": group}).on_group(group).dispatch()
+            assert "\n" not in str(e.value)
+        with pytest.raises(ValueError, match="MessageGroupId"):
+            await Queue.bulk([sqs_ok.with_({"g": 1}).on_group("customer 42")])
+        assert await app.driver("sqs").size("default") == 0
+        await sqs_ok.with_({"g": "ok"}).on_group("customer-42:eu/" + "x" * 113).dispatch()
+        assert await app.driver("sqs").size("default") == 1
+
+
 async def test_fifo_retry_and_release(make_app: Callable[..., App]) -> None:
     app = make_app(fifo=True)
     async with app:
@@ -517,6 +568,21 @@ async def test_fifo_retry_and_release(make_app: Callable[..., App]) -> None:
         first, resent = spy.of("send_message")[:2]
         assert resent["MessageGroupId"] == first["MessageGroupId"]
         assert resent["MessageDeduplicationId"] != first["MessageDeduplicationId"]
+
+
+async def test_fifo_a_job_released_twice_by_one_process_is_not_deduplicated(
+    make_app: Callable[..., App],
+) -> None:
+    """Each re-send is a new message to SQS: a deduplication id repeated within SQS's
+    5-minute window would make SQS accept the send and drop the message (the job lost)."""
+    app = make_app(fifo=True)
+    async with app:
+        spy = SpyCalls(app.driver("sqs"))
+        await sqs_release_twice.dispatch({"n": "fifo"})
+        await run_until(app, lambda: len(RUNS.get("sqs_release_twice", [])) >= 3, limit=15)
+        assert [r["attempt"] for r in RUNS["sqs_release_twice"]] == [1, 1, 1]
+        dedup = [s["MessageDeduplicationId"] for s in spy.of("send_message")]
+        assert len(dedup) == 3 and len(set(dedup)) == 3
 
 
 # --------------------------------------------------------------------------- failed jobs

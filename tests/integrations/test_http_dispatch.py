@@ -24,6 +24,7 @@ from haze.integrations.http_dispatch import (
     MAX_NESTING,
     MAX_SKEW,
     DispatchApp,
+    authorize_headers,
     max_body,
     signed_headers,
 )
@@ -123,7 +124,7 @@ async def test_a_signed_request_without_a_timestamp_is_refused_with_401(app: App
     assert ran == []
 
 
-@pytest.mark.parametrize("timestamp", ["soon", "1.5e9", "", "-5"])
+@pytest.mark.parametrize("timestamp", ["soon", "1.5e9", "", "-5", "9" * 5000])
 async def test_a_malformed_timestamp_is_refused_with_401(app: App, timestamp: str) -> None:
     headers = sign(BODY, int(time.time()))
     headers["x-haze-timestamp"] = timestamp
@@ -131,6 +132,18 @@ async def test_a_malformed_timestamp_is_refused_with_401(app: App, timestamp: st
         r = await c.post("/dispatch", content=BODY, headers=headers)
     assert r.status_code == 401, r.text
     assert "X-Haze-Timestamp" in r.json()["error"]
+
+
+@pytest.mark.parametrize("timestamp", ["²", "１２３", "9" * 5000])
+def test_a_timestamp_of_other_digits_is_refused_with_401(timestamp: str) -> None:
+    """What str.isdigit() takes and int() refuses or reads (a superscript, full-width
+    digits, over Python's 4300-digit limit): a Lambda event's headers are any JSON text,
+    so these reach the check without an HTTP client's ASCII encoding in between."""
+    refused = authorize_headers(
+        {"x-haze-timestamp": timestamp, "x-haze-signature": "sha256=00"}, SECRET
+    )
+    assert refused is not None and refused.status == 401
+    assert "X-Haze-Timestamp must be whole Unix seconds" in refused.body["error"]
 
 
 async def test_the_signature_covers_the_timestamp_and_the_body(app: App) -> None:

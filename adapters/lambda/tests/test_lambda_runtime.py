@@ -81,6 +81,7 @@ class RuntimeAPI:
         self.done: dict[str, threading.Event] = {}
         self.init_errors: list[Any] = []
         self.stopping = threading.Event()
+        self.proc: subprocess.Popen[bytes] | None = None
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -327,6 +328,7 @@ def runtime(
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+    api.proc = proc  # a test may SIGKILL it: a crashed execution environment
     try:
         yield api
     except BaseException:
@@ -689,6 +691,56 @@ def test_sqs_handler_fifo_records_behind_a_held_one_keep_their_tries(
         assert (kind, response) == ("response", {"batchItemFailures": []})
     assert (runs_of(lam_app, ids[0]), runs_of(lam_app, ids[1])) == ([1], [1])
     assert not [r for r in failed_rows(lam_app) if r[0] in ids]
+
+
+@pytest.mark.parametrize("kind", ["standard", "fifo"])
+def test_sqs_handler_records_a_crashed_invocation_never_started_keep_their_tries(
+    lam_app: dict[str, Any], kind: str
+) -> None:
+    """The execution environment dies (SIGKILL: out of memory, a crash) while the first
+    records run: the ones it never started come back with a receive count of 2 and must
+    still run, as attempt 1 (tries=1), while the ones it started used their try."""
+    fifo = kind == "fifo"
+    name = "lam-t10.fifo" if fifo else "lam-t10"
+    client = _SPEC["client"]()
+    url = _SPEC["create_queues"]([name], fifo=fifo)[name]
+    # standard: 4 slow records fill the connection's 4 slots; FIFO: one runs at a time
+    jobs = [("lam_slow", {"seconds": 60})] * (1 if fifo else 4) + [("lam_ok", {"n": "B"})] * 2
+    ids = []
+    for job, payload in jobs:
+        haze_id, body = body_of(job, payload, "t10", connection="fifo" if fifo else "sqs")
+        group = {"MessageGroupId": "g1", "MessageDeduplicationId": haze_id} if fifo else {}
+        client.send_message(QueueUrl=url, MessageBody=body, **group)
+        ids.append(haze_id)
+    messages = receive_all(client, url, len(jobs))
+    assert len(messages) == len(jobs)
+    started, never = ids[: len(jobs) - 2], ids[len(jobs) - 2 :]
+    with runtime(lam_app, "haze_lambda.sqs_handler") as api:
+        warm_up(api)
+        api.pending.put(
+            (
+                str(uuid.uuid4()),
+                json.dumps(sqs_event(messages, name)).encode(),
+                int(time.time() * 1000) + 120_000,
+            )
+        )
+        time.sleep(4)  # the slow records are running; the last two wait for a slot
+        assert api.proc is not None
+        api.proc.kill()
+        api.proc.wait(10)
+    for m in messages:  # their visibility timeout passes
+        client.change_message_visibility(
+            QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
+        )
+    again = receive_all(client, url, len(jobs))
+    assert {m["Attributes"]["ApproximateReceiveCount"] for m in again} == {"2"}
+    with runtime(lam_app, "haze_lambda.sqs_handler") as api:
+        kind_, response = api.invoke(sqs_event(again, name))
+        assert (kind_, response) == ("response", {"batchItemFailures": []})
+    assert [runs_of(lam_app, i) for i in never] == [[1], [1]]
+    failed = {r[0]: r[3] for r in failed_rows(lam_app) if r[0] in ids}
+    assert set(failed) == set(started)  # these ran once: the crash used their one try
+    assert all("MaxAttemptsExceededError" in e for e in failed.values())
 
 
 def test_sqs_handler_fifo_deadline_hands_back_by_reporting(lam_app: dict[str, Any]) -> None:

@@ -36,3 +36,16 @@ def test_a_queue_two_connections_fit_is_a_config_error() -> None:
         _connection_for(app, f"{ARN}:myapp-high-mail")
     assert "HAZE_SQS_CONNECTION" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_a_queue_no_connection_serves_is_a_config_error_that_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = _app(std=f"{BASE}/myapp-{{queue}}", fifo=f"{BASE}/myapp-{{queue}}.fifo")
+    monkeypatch.setenv("HAZE_SQS_CONNECTION", "std")  # a standard one for a FIFO queue
+    with pytest.raises(ConfigError, match=r'connection "std" .*does not serve') as e:
+        _connection_for(app, f"{ARN}:myapp-orders.fifo")
+    assert "FIFO" in str(e.value)
+    monkeypatch.delenv("HAZE_SQS_CONNECTION")
+    with pytest.raises(ConfigError, match=r"no sqs connection of config/queue\.py serves"):
+        _connection_for(app, f"{ARN}:other-orders")

@@ -41,6 +41,7 @@ with warnings.catch_warnings():  # some modules warn about their deprecated reso
 
 from haze_infra.config import (
     FARGATE_MAX_STOP_TIMEOUT,
+    FIFO_BATCH,
     LAMBDA_MAX_BATCH,
     LAMBDA_MAX_TIMEOUT,
     SQS_MAX_RECEIVE_COUNT,
@@ -203,7 +204,8 @@ class HazeSqsQueue(pulumi.ComponentResource):
     """An SQS queue for one haze queue, and its dead-letter queue.
 
     ``max_tries``: the most ``tries`` of a job that can land here (None: a job with
-    ``retry_until``). The redrive ``maxReceiveCount`` is ``max_tries + 2`` unless
+    ``retry_until``). The redrive ``maxReceiveCount`` is ``max_tries + 2`` (FIFO:
+    ``10 × max_tries + 2``, for the receives held behind a batch's retries) unless
     ``max_receive_count`` says otherwise, and it may not be less (see
     :func:`haze_infra.config.max_receive_count`). ``visibility_timeout_seconds`` must
     be at least 6 × the consumer's timeout; :class:`HazeLambdaConsumer` checks it.
@@ -231,7 +233,7 @@ class HazeSqsQueue(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("haze:aws:HazeSqsQueue", name, None, opts)
-        count = _checked_receive_count(name, max_tries, max_receive_count)
+        count = _checked_receive_count(name, max_tries, max_receive_count, fifo)
         _check_sqs_queue(name, queue_name, fifo, visibility_timeout_seconds)
         self.logical_name = name
         self.fifo = fifo
@@ -271,13 +273,14 @@ class HazeSqsQueue(pulumi.ComponentResource):
         )
 
 
-def _checked_receive_count(name: str, max_tries: int | None, chosen: int | None) -> int:
+def _checked_receive_count(name: str, max_tries: int | None, chosen: int | None, fifo: bool) -> int:
     """The redrive ``maxReceiveCount``: ``chosen``, else the least ``max_tries`` needs."""
-    need = receive_count_for(max_tries)
+    need = receive_count_for(max_tries, fifo)
     count = need if chosen is None else chosen
+    rule = f"{FIFO_BATCH} x tries" if fifo else "tries"
     _check(
         need <= count <= SQS_MAX_RECEIVE_COUNT,
-        f"maxReceiveCount {count} is below tries + {SQS_RECEIVE_SLACK} = {need} for jobs "
+        f"maxReceiveCount {count} is below {rule} + {SQS_RECEIVE_SLACK} = {need} for jobs "
         f"of {max_tries} tries: SQS would dead-letter messages haze still retries"
         if count < need
         else f"maxReceiveCount {count} is over SQS's limit ({SQS_MAX_RECEIVE_COUNT})",
@@ -375,7 +378,7 @@ class HazeLambdaConsumer(_Function):
     Relations checked: ``timeout`` <= 900 s and >= the longest job × the waves of a
     batch + 5 s (``job_timeout``, ``batch_size``, ``concurrency``); every queue's
     visibility >= 6 × ``timeout`` + the batching window; every queue's
-    ``maxReceiveCount`` >= ``max_tries`` + 2.
+    ``maxReceiveCount`` >= ``max_tries`` + 2 (FIFO: 10 × ``max_tries`` + 2).
 
     The role may receive, delete, change the visibility of and read the attributes of
     those queues only, send to them (``allow_send``; needed by ``job.release()``, delays
@@ -546,7 +549,7 @@ def _check_consumed_queue(
         f"{name}.queues",
     )
     if max_tries is not None:
-        need_count = receive_count_for(max_tries)
+        need_count = receive_count_for(max_tries, q.fifo)
         _check(
             q.max_receive_count >= need_count,
             f"queue {q.queue_name or q.logical_name!r}: maxReceiveCount "

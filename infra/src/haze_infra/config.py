@@ -24,8 +24,10 @@ without one (``App(queue=...)``), every job of the process-wide registry.
   then records the failure itself instead of SQS dead-lettering it unseen) and one for
   a FIFO hold (a delayed FIFO message's first receive does not run it). Releases and
   long-delay forwarding re-send a *new* message, whose receive count starts at zero,
-  so they use none of it. A job with ``retry_until`` has no try limit: 1000, SQS's
-  maximum.
+  so they use none of it. On FIFO, 10 × the most ``tries`` + 2
+  (:data:`FIFO_BATCH`): a record reported unprocessed behind each retry of the up to
+  9 records ahead of it in its Lambda batch is received again without using a try. A
+  job with ``retry_until`` has no try limit: 1000, SQS's maximum.
 - Lambda timeout >= the longest job ``timeout`` × the waves of one batch
   (``ceil(batch_size / concurrency)``) + the handler's 5 s margin (``HAZE_SQS_MARGIN``);
   the default adds :data:`LAMBDA_SLACK` seconds for a cold start.
@@ -82,6 +84,7 @@ __all__ = [
     "CF_MAX_BATCH_TIMEOUT",
     "CF_MAX_RETRIES",
     "FARGATE_MAX_STOP_TIMEOUT",
+    "FIFO_BATCH",
     "LAMBDA_MAX_TIMEOUT",
     "LAMBDA_SLACK",
     "SQS_HANDLER_MARGIN",
@@ -112,6 +115,8 @@ __all__ = [
 
 #: Receives of slack above ``tries`` before SQS dead-letters a message (crash + FIFO hold).
 SQS_RECEIVE_SLACK = 2
+#: Lambda's largest batch from a FIFO queue.
+FIFO_BATCH = 10
 #: SQS's largest ``maxReceiveCount``.
 SQS_MAX_RECEIVE_COUNT = 1000
 #: SQS's longest visibility timeout (12 hours).
@@ -148,12 +153,18 @@ class InfraConfigError(ConfigError):
 # --------------------------------------------------------------------------- the rules
 
 
-def max_receive_count(max_tries: int | None) -> int:
+def max_receive_count(max_tries: int | None, fifo: bool = False) -> int:
     """SQS redrive ``maxReceiveCount`` for jobs of at most ``max_tries`` tries (None:
-    unbounded, ``retry_until``)."""
+    unbounded, ``retry_until``).
+
+    On FIFO a record is also received, and reported unprocessed, once for each try of
+    every record ahead of it in its batch (up to ``FIFO_BATCH - 1`` of them): those
+    receives use none of its tries, but SQS counts them, so its DLQ must wait for them
+    or it takes a record that never ran."""
     if max_tries is None:
         return SQS_MAX_RECEIVE_COUNT
-    return min(SQS_MAX_RECEIVE_COUNT, max_tries + SQS_RECEIVE_SLACK)
+    receives = max_tries * FIFO_BATCH if fifo else max_tries
+    return min(SQS_MAX_RECEIVE_COUNT, receives + SQS_RECEIVE_SLACK)
 
 
 def min_lambda_timeout(job_timeout: float | None, batch_size: int = 1, concurrency: int = 1) -> int:
@@ -477,7 +488,7 @@ def _plan_sqs(
         queue_url_env=url_env,
         fifo=fifo,
         queue_names=names,
-        max_receive_count=max_receive_count(plan.max_tries),
+        max_receive_count=max_receive_count(plan.max_tries, fifo),
         function_timeout=timeout,
         min_function_timeout=min_lambda_timeout(plan.max_job_timeout, batch, concurrency),
         visibility_timeout=min_visibility_timeout(timeout, window),

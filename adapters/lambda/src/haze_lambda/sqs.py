@@ -30,7 +30,10 @@ Records of a standard queue run concurrently (up to the connection's
 record the rest of the batch is reported unprocessed, as AWS requires for FIFO
 triggers. Those were not run: each one's unused receive is counted in the app's state
 store (``haze:sqs:unused:<messageId>``, kept 14 days) before it is made visible again
-at once (its group then resumes when the reported record's own delay ends).
+at once (its group then resumes when the reported record's own delay ends). That count
+is written for every record when the invocation starts and taken back (the key
+deleted, or set back) as each one starts, so the records an invocation that dies (out
+of memory, a crash) never started keep their tries too, on both kinds of queue.
 
 Records not started before the function's deadline (less ``HAZE_SQS_MARGIN``, default
 5 s) are handed back without using a try: on a FIFO queue by reporting them (a re-sent
@@ -51,7 +54,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -173,10 +176,17 @@ def _connection_for(app: App, arn: str) -> tuple[SqsRecords, str]:
         )
     if found:
         return found[0][1], found[0][2]
-    where = f'connection "{named}"' if named else "no sqs connection of config/queue.py"
-    raise RuntimeError(
-        f"haze_lambda: {where} serves the queue {arn}; check queue_url (a queue of that "
-        "connection) or set HAZE_SQS_CONNECTION"
+    if named:
+        kind = "FIFO" if arn.endswith(".fifo") else "standard"
+        raise ConfigError(
+            f'haze_lambda: connection "{named}" (HAZE_SQS_CONNECTION) does not serve the '
+            f"{kind} queue {arn}: its queue_url names no such queue, or a queue of the other "
+            "kind (a FIFO queue is only served by a FIFO connection); point "
+            "HAZE_SQS_CONNECTION at the connection of that queue, or unset it"
+        )
+    raise ConfigError(
+        f"haze_lambda: no sqs connection of config/queue.py serves the queue {arn}; check "
+        "queue_url (a queue of that connection) or set HAZE_SQS_CONNECTION"
     )
 
 
@@ -194,6 +204,8 @@ def _remaining(context: Any) -> float | None:
 #: queue with the visibility haze set: a retry, a FIFO hold; reported), or unrun (not
 #: run: reported, handed back at once, and its receive not counted as an attempt).
 _SETTLED, _KEPT, _UNRUN = "settled", "kept", "unrun"
+#: Takes back the unused receive noted for a record when it starts (see ``_charge``).
+_Started = Callable[[], Awaitable[None]]
 #: How long a message's count of unused receives is kept: SQS's longest retention.
 _UNUSED_TTL = 14 * 86400.0
 
@@ -209,8 +221,12 @@ async def _run_record(
     url: str,
     deadline: float | None,
     unused: int,
+    started: _Started | None,
 ) -> str:
-    """Run one record; returns what became of it (``_SETTLED``, ``_KEPT``, ``_UNRUN``)."""
+    """Run one record; returns what became of it (``_SETTLED``, ``_KEPT``, ``_UNRUN``).
+    ``started`` takes back the receive charged as unused when the invocation began (None:
+    none was): it is called before the job runs, or once the record no longer needs it
+    (a FIFO hold the driver counts itself, a message re-sent or replaced)."""
     past = deadline is not None and asyncio.get_running_loop().time() >= deadline
     if past and driver.fifo:
         # handed back by reporting it: a re-sent message would go behind later ones
@@ -219,13 +235,17 @@ async def _run_record(
     receipt = driver.receipt_from_record(url, record)
     receipt.unused = unused
     job, kept = await driver.admit(url, receipt, record.get("body") or "")
+    if past and job is not None and job.message is None:
+        # not recorded as failed yet: Lambda must not delete it
+        delivery.outcomes["handed_back"] += 1
+        return _UNRUN
+    if started is not None:
+        await started()
     if job is None:
         delivery.outcomes["forwarded"] += 1
         return _KEPT if kept else _SETTLED
     if past:
         delivery.outcomes["handed_back"] += 1
-        if job.message is None:  # not recorded as failed yet: Lambda must not delete it
-            return _UNRUN
         await driver.settle_release(job, 0.0, consume_attempt=False)
         return _SETTLED
     adapter = _RecordDriver(driver)
@@ -233,8 +253,9 @@ async def _run_record(
     return _KEPT if adapter.kept else _SETTLED
 
 
-async def _unused_counts(app: App, records: list[dict[str, Any]]) -> list[int]:
-    """Each record's receives that ran nothing (FIFO records reported unprocessed)."""
+async def _unused_counts(app: App, records: list[dict[str, Any]]) -> list[int] | None:
+    """Each record's receives that ran nothing (records reported unprocessed, or left
+    unstarted by an invocation that died); None when the store cannot be read."""
     if not records:
         return []
     keys = [_unused_key(str(r.get("messageId"))) for r in records]
@@ -242,20 +263,63 @@ async def _unused_counts(app: App, records: list[dict[str, Any]]) -> list[int]:
         values = await app.manager.state_store().get_many(keys)
     except Exception as e:
         log.warning("haze_lambda: could not read the unused receives of the records: %s", e)
-        return [0] * len(records)
+        return None
     return [int(v or 0) for v in values]
 
 
-async def _hand_back(app: App, unrun: list[tuple[dict[str, Any], SqsRecords, str]]) -> None:
+async def _charge(
+    app: App, records: list[dict[str, Any]], unused: list[int]
+) -> list[_Started | None]:
+    """Note this receive as unused for every record before any runs, so one the
+    invocation never starts (it dies first: out of memory, a crash) keeps its tries;
+    returns each record's ``started``, which takes the note back (the key is deleted
+    again, or set back to its earlier count). A record whose note could not be written
+    gets None: its receive counts as an attempt, as before."""
+    store = app.manager.state_store()
+    keys = [_unused_key(str(r.get("messageId"))) for r in records]
+    results = await asyncio.gather(
+        *(store.put(k, n + 1, _UNUSED_TTL) for k, n in zip(keys, unused, strict=True)),
+        return_exceptions=True,
+    )
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        log.warning(
+            "haze_lambda: could not note %d record(s) as not started yet (should this "
+            "invocation die before running them, their next receive counts as an "
+            "attempt): %s",
+            len(failed),
+            failed[0],
+        )
+
+    def started(key: str, before: int) -> _Started:
+        async def take_back() -> None:
+            try:
+                await (store.put(key, before, _UNUSED_TTL) if before else store.delete(key))
+            except Exception as e:  # it may run once more after a crash: never once less
+                log.warning("haze_lambda: could not note that %s started: %s", key, e)
+
+        return take_back
+
+    return [
+        None if isinstance(r, BaseException) else started(k, n)
+        for k, n, r in zip(keys, unused, results, strict=True)
+    ]
+
+
+async def _hand_back(
+    app: App, unrun: list[tuple[dict[str, Any], SqsRecords, str]], noted: set[str]
+) -> None:
     """Records reported without running: their receive is noted as unused (so it is not
-    counted as an attempt), then they are made visible again."""
+    counted as an attempt) unless ``_charge`` already did, then they are made visible
+    again."""
     if not unrun:
         return
     store = app.manager.state_store()
     notes = [
         store.increment(_unused_key(str(r.get("messageId"))), 1, _UNUSED_TTL)
         for r, d, _ in unrun
-        if d.fifo  # a standard queue's unrun record is an undecodable one: no tries to keep
+        # a standard queue's unrun record is an undecodable one: no tries to keep
+        if d.fifo and str(r.get("messageId")) not in noted
     ]
     for result in await asyncio.gather(*notes, return_exceptions=True):
         if isinstance(result, BaseException):
@@ -348,16 +412,23 @@ async def _run_records(
     records: list[dict[str, Any]],
     resolved: list[tuple[SqsRecords, str]],
     deadline: float | None,
-) -> list[str]:
-    """What became of each record (``_SETTLED``, ``_KEPT``, ``_UNRUN``), in order."""
+) -> tuple[list[str], set[str]]:
+    """What became of each record (``_SETTLED``, ``_KEPT``, ``_UNRUN``), in order, and
+    the message ids whose receive ``_charge`` noted as unused."""
     drivers = list({id(d): d for d, _ in resolved}.values())
     fifo = any(d.fifo for d in drivers)
-    unused = await _unused_counts(app, records) if fifo else [0] * len(records)
+    unused = await _unused_counts(app, records)
+    # unread counts are not charged: taking a charge back would write over them
+    starts = await _charge(app, records, unused) if unused else [None] * len(records)
+    unused = unused or [0] * len(records)
+    noted = {str(r.get("messageId")) for r, s in zip(records, starts, strict=True) if s}
 
-    async def one(item: tuple[dict[str, Any], tuple[SqsRecords, str], int]) -> str:
-        record, (driver, url), n = item
+    async def one(
+        item: tuple[dict[str, Any], tuple[SqsRecords, str], int, _Started | None],
+    ) -> str:
+        record, (driver, url), n, started = item
         try:
-            return await _run_record(delivery, record, driver, url, deadline, n)
+            return await _run_record(delivery, record, driver, url, deadline, n, started)
         except Exception:
             log.exception(
                 "haze_lambda: record %s could not be settled; %s",
@@ -382,7 +453,7 @@ async def _run_records(
         # reported unprocessed, as AWS requires for FIFO triggers.
         async with _listed(app, delivery, resolved, concurrency):
             kinds = await delivery.run_batch(
-                list(zip(records, resolved, unused, strict=True)),
+                list(zip(records, resolved, unused, starts, strict=True)),
                 one,
                 concurrency=concurrency,
                 stop=(lambda kind: kind != _SETTLED) if fifo else None,
@@ -392,7 +463,7 @@ async def _run_records(
         if beat is not None:
             beat.cancel()
             await asyncio.gather(beat, return_exceptions=True)
-    return kinds + [_UNRUN] * (len(records) - len(kinds))
+    return kinds + [_UNRUN] * (len(records) - len(kinds)), noted
 
 
 async def _handle(
@@ -405,7 +476,7 @@ async def _handle(
     resolved = [_connection_for(app, r.get("eventSourceARN", "")) for r in records]
     await _check_visibility(resolved)
     delivery = Delivery(app.manager)
-    kinds = await _run_records(app, delivery, records, resolved, deadline)
+    kinds, noted = await _run_records(app, delivery, records, resolved, deadline)
     await _hand_back(
         app,
         [
@@ -413,6 +484,7 @@ async def _handle(
             for r, (d, url), kind in zip(records, resolved, kinds, strict=True)
             if kind == _UNRUN
         ],
+        noted,
     )
     reported = [r["messageId"] for r, kind in zip(records, kinds, strict=True) if kind != _SETTLED]
     log.info("haze_lambda: %d record(s): %s", len(records), dict(delivery.outcomes))

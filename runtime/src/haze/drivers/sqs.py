@@ -26,9 +26,10 @@ must not use a try, so it sends a NEW message whose envelope carries
 at zero). A retry whose backoff does not fit in SQS's 12-hour visibility limit is
 re-sent the same way with ``attempts = attempt``. A crashed worker's message comes back
 after ``retry_after`` with a higher receive count, which counts as the lost attempt.
-A receive that ran nothing (a record a FIFO Lambda trigger reported unprocessed) is
-not an attempt: the Lambda handler counts those in the app's store and sets
-``SqsReceipt.unused``, which ``admit`` subtracts.
+A receive that ran nothing (a record a FIFO Lambda trigger reported unprocessed, or
+one an invocation that died never started) is not an attempt: the Lambda handler
+counts those in the app's store and sets ``SqsReceipt.unused``, which ``admit``
+subtracts.
 
 **Delays.** SQS holds a message for at most 15 minutes (``DelaySeconds`` 0-900, whole
 seconds, rounded up). A longer delay is sent with ``DelaySeconds=900`` and
@@ -52,7 +53,8 @@ deletes it.
 else the haze queue name (one ordered stream per queue). ``MessageDeduplicationId`` is
 the haze message id plus its dispatch time in ms (``<id>-<ms>``): SDK resends of one
 dispatch are dropped by SQS, while ``Queue.retry()`` of a failed job (same id, new
-dispatch time) is not; a re-send (release, forwarding) gets a fresh suffix.
+dispatch time) is not; a re-send (release, forwarding) gets a fresh suffix (a whole new
+id, so no two re-sends of one message share it).
 
 **Failed jobs.** SQS has no table to keep them in, so ``failed_store`` names one:
 
@@ -67,8 +69,10 @@ A bare name that is both is the database connection (``haze._failed.failed_targe
 Without ``failed_store`` the failures are kept in this process's memory and a warning
 says so on the first one. A dead-letter queue pairs with this: give the source queue a
 redrive policy with ``maxReceiveCount`` of at least ``tries + 2`` (one FIFO hold and one
-crash of slack), so haze's own final failure (``failed()`` callbacks, chain ``catch``,
-batch bookkeeping, the failed store) happens first. The DLQ then only catches messages
+crash of slack; on FIFO ``10 × tries + 2``, as a Lambda trigger's record is received
+again behind each retry of the up to 9 records ahead of it in its batch), so haze's own
+final failure (``failed()`` callbacks, chain ``catch``, batch bookkeeping, the failed
+store) happens first. The DLQ then only catches messages
 whose consumer died every time (a crash or a Lambda timeout), which haze never saw
 fail; redrive them back with ``StartMessageMoveTask`` once fixed (their envelope is
 intact, and the receive count starts again).
@@ -243,6 +247,22 @@ def _due_of(message: Message | None) -> float | None:
 
 
 # --------------------------------------------------------------------------- the driver
+
+
+#: What SQS takes as a MessageGroupId: 1 to 128 printable ASCII characters, no space.
+_GROUP_ID = re.compile(r"[!-~]{1,128}")
+
+
+def _group_id(group: str) -> str:
+    """``group`` as a MessageGroupId; a ValueError (before any call) for one SQS refuses."""
+    if not _GROUP_ID.fullmatch(group):
+        raise ValueError(
+            f"on_group: {group[:40]!r}{'…' if len(group) > 40 else ''} ({len(group)} "
+            "characters) cannot be an SQS MessageGroupId, which is 1 to 128 printable ASCII "
+            "characters without spaces (letters, digits and punctuation); use an id such as "
+            "'customer-42' (nothing was enqueued)"
+        )
+    return group
 
 
 class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
@@ -480,9 +500,12 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
         if seconds:
             entry["DelaySeconds"] = min(seconds, SQS_MAX_DELAY)
         if self.fifo:
-            entry["MessageGroupId"] = group or self._group_of(message, message.queue)
+            entry["MessageGroupId"] = _group_id(group or self._group_of(message, message.queue))
             if resend:
-                entry["MessageDeduplicationId"] = f"{message.id}-r{new_id()[:16]}"
+                # a whole new id: its process prefix alone repeats on every re-send from
+                # one process, its counter alone across processes, and SQS drops a repeat
+                # within 5 minutes as a duplicate (the job lost)
+                entry["MessageDeduplicationId"] = f"{message.id}-r{new_id()}"
             else:
                 entry["MessageDeduplicationId"] = f"{message.id}-{int(message.ts * 1000)}"
         return entry
@@ -499,9 +522,38 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
                 "ids instead of data (nothing was enqueued)"
             )
 
+    def _send_url(self, queue: str) -> str:
+        """The URL a dispatch to ``queue`` goes to, refused (before any call) when it is
+        not one of this connection's queues of its own kind."""
+        url = self.queue_url_for(queue)
+        sqs_name = self._name_of(url)
+        if sqs_name.endswith(".fifo") != self.fifo:
+            kind = "a FIFO" if sqs_name.endswith(".fifo") else "a standard"
+            raise UnknownQueueError(
+                f'queue "{queue}" is {kind} SQS queue ({sqs_name}), which the '
+                f'{"FIFO" if self.fifo else "standard"} connection "{self.name}" cannot '
+                "send to; dispatch it on a connection whose queue_url is of that kind, or "
+                'name the queue without ".fifo"',
+                queue=queue,
+                connection=self.name,
+                key=f"connections.{self.name}.queue_url",
+            )
+        if queue.startswith(("https://", "http://")):
+            own = self.queue_for_name(sqs_name)
+            if own is None or self.queue_url_for(own) != url:
+                # else a dispatch (an HTTP one too) could send to any queue of any account
+                raise UnknownQueueError(
+                    f'the queue URL {url} is not a queue of connection "{self.name}" (its '
+                    "queue_url does not name it); dispatch by queue name",
+                    queue=sqs_name,
+                    connection=self.name,
+                    key=f"connections.{self.name}.queue_url",
+                )
+        return url
+
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         entry = self._entry(body, message, delay, resend=False)
-        await self._call("send_message", QueueUrl=self.queue_url_for(message.queue), **entry)
+        await self._call("send_message", QueueUrl=self._send_url(message.queue), **entry)
 
     async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
         """``SendMessageBatch`` per SQS queue: 10 entries and at most 1 MiB per call.
@@ -511,7 +563,7 @@ class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
         sent (they would go ahead of it) and are listed too."""
         by_url: dict[str, list[tuple[dict[str, Any], Message]]] = {}
         for body, message, delay in items:
-            by_url.setdefault(self.queue_url_for(message.queue), []).append(
+            by_url.setdefault(self._send_url(message.queue), []).append(
                 (self._entry(body, message, delay, resend=False), message)
             )
         chunks: list[tuple[str, list[tuple[dict[str, Any], Message]]]] = []
