@@ -1,6 +1,7 @@
 """The failure path on every driver that keeps failed jobs: a message id that fails a
 second time keeps one failed record, and an error inside the failure path itself still
-settles the message and is recorded with the job's own error."""
+settles the message and is recorded with the job's own error; a retry queues each
+failed job once, and one that dies at any of its writes never queues it twice."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from haze import App, Queue, define_job
 from haze._engine.hooks import Outcome, Run, Stage
 from haze._kernel.message import decode
+from haze.contracts.failed import RetriesAtomically
 
 pytestmark = pytest.mark.requires("queued", "failed_store")
 
@@ -121,3 +123,68 @@ async def test_a_retry_that_died_after_queueing_leaves_no_record(app: App, done:
     await done()
     assert await Queue.failed() == []
     assert await app.manager.retry() == []  # nothing left to queue a second time
+
+
+class _CrashingRetry:
+    """Counts the writes of a retry (the failed store's claim, queueing, release; the
+    driver's enqueue) on an ``Injector``, which raises ``Crash`` at one of them."""
+
+    WRITES = ("claim_retry", "requeue_claimed", "retried", "forget")
+
+    def __init__(self, driver: Any, injector: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        for owner, names in ((driver.failed, self.WRITES), (driver, ("enqueue",))):
+            for name in names:
+                real = getattr(owner, name, None)
+                if real is not None:
+                    monkeypatch.setattr(owner, name, self._counted(injector, name, real))
+
+    @staticmethod
+    def _counted(injector: Any, name: str, real: Any) -> Any:
+        async def write(*args: Any) -> Any:
+            injector.tick(name)
+            return await real(*args)
+
+        return write
+
+
+async def _no_consumers(app: App) -> None:
+    """From here on nothing takes jobs off the queue: a retried job waits (a backlog)."""
+    for worker in getattr(app, "_contract_workers", []):
+        await worker.stop()
+    await app.manager.local.stop(asyncio.get_running_loop())
+    app.manager.ensure_local_worker = lambda connection: None  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("crash_at", [1, 2, 3])
+async def test_a_retry_that_dies_at_any_write_queues_its_job_once(
+    app: App, done: Any, driver: Any, crash_at: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry dies at its n-th write; its claim's lease then ends while the job (if it
+    was queued) has not started. The next retry call leaves the job queued exactly once,
+    and no failed record beside it."""
+    from crash_points import Crash, Injector  # not in the Pyodide run's files
+
+    queue = app.driver()
+    if not isinstance(queue.failed, RetriesAtomically):
+        pytest.skip(
+            f"{driver.id}: its failed store is not on the queue's backend; what a retry "
+            "that dies after queueing leaves is documented in docs/operations.md"
+        )
+    _flaky["failing"] = True
+    await flaky.dispatch({"n": 4})
+    await done()
+    assert len(await Queue.failed()) == 1
+    await _no_consumers(app)
+    monkeypatch.setattr("haze._engine.admin.RETRY_LEASE", 0.2)
+    injector = Injector(crash_at, stay_dead=True)
+    _CrashingRetry(queue, injector, monkeypatch)
+    try:
+        await app.manager.retry()
+    except Crash:
+        pass
+    injector.armed = False
+    await asyncio.sleep(0.3)  # the dead retry's claim ends
+    await app.manager.retry()
+    queued = await queue.size("default")
+    assert (queued, await Queue.failed()) == (1, []), injector.crashed
+    assert await app.manager.retry() == []  # and nothing left to queue again
