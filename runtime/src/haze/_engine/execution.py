@@ -447,7 +447,7 @@ class Execution:
         )
         if self.events.failing:
             await self.events.emit("failing", ctx, error)
-        if job.failed is not None:
+        if job.failed is not None and await self.failures.first_failure(message):
             payload = run.payload if run.payload is not None else message.payload
             await self.failures.call_failed(job, payload, error, ctx)
         run.outcome, run.error = Outcome.FAILED, error
