@@ -90,7 +90,8 @@ class Admin:
         in one step. Elsewhere, a process that dies after queueing the job and before
         deleting the record leaves it claimed: the job's first run deletes it (the
         message carries the claim token), and if the lease ends first, a later retry
-        queues the job again.
+        queues the job again; of the two copies, the first to run takes a once-key of
+        the record, and the other is dropped unrun.
         """
         try:
             message = decode(rec.body)
@@ -119,7 +120,9 @@ class Admin:
             if not driver.remote:
                 self.ensure_local_worker(driver.name)
             return True
-        await self._requeue(message, driver, token)
+        # The record's failure time rides along: two copies of one retry (a retry that
+        # died after queueing, and the one that took its claim over) run only once.
+        await self._requeue(message, driver, token, claimed.failed_at)
         await failed.retried(rec.id, token)
         return True
 
@@ -130,7 +133,9 @@ class Admin:
         return driver
 
     @staticmethod
-    def _fresh(message: Message, driver: Driver, token: str | None) -> str:
+    def _fresh(
+        message: Message, driver: Driver, token: str | None, record: float | None = None
+    ) -> str:
         """``message`` made a fresh run (no attempts, no failure meta), encoded."""
         message.attempts = 0
         message.ts = _time()
@@ -139,11 +144,15 @@ class Admin:
         }  # a fresh run: its next failure records its own attempt
         if token is not None:
             meta[RETRIED] = {"token": token, "connection": driver.name}
+            if record is not None:
+                meta[RETRIED]["record"] = record
         message.meta = meta or None
         return encode(message)
 
-    async def _requeue(self, message: Message, driver: Driver, token: str | None) -> None:
-        body = self._fresh(message, driver, token)
+    async def _requeue(
+        self, message: Message, driver: Driver, token: str | None, record: float | None = None
+    ) -> None:
+        body = self._fresh(message, driver, token, record)
         target = self._target(message, driver)
         if target.inline:
             await self.run_inline(message, body, target)
