@@ -114,14 +114,12 @@ class Admin:
             return False
         message = decode(claimed.body)
         if isinstance(failed, RetriesAtomically) and self._target(message, driver) is driver:
-            body = self._fresh(message, driver, token)
+            body = self._fresh(message, driver, token, claimed.failed_at)
             if not await failed.requeue_claimed(rec.id, token, body, message):
                 return False  # the claim ended and another caller took the record over
             if not driver.remote:
                 self.ensure_local_worker(driver.name)
             return True
-        # The record's failure time rides along: two copies of one retry (a retry that
-        # died after queueing, and the one that took its claim over) run only once.
         await self._requeue(message, driver, token, claimed.failed_at)
         await failed.retried(rec.id, token)
         return True
@@ -144,6 +142,8 @@ class Admin:
         }  # a fresh run: its next failure records its own attempt
         if token is not None:
             meta[RETRIED] = {"token": token, "connection": driver.name}
+            # The record's failure time rides along: two copies of one retry (a retry
+            # that died after queueing, and the one that took its claim over) run once.
             if record is not None:
                 meta[RETRIED]["record"] = record
         message.meta = meta or None
