@@ -1,6 +1,7 @@
 """The failure path on every driver that keeps failed jobs: a message id that fails a
 second time keeps one failed record, and an error inside the failure path itself still
-settles the message and is recorded with the job's own error."""
+settles the message and is recorded with the job's own error; a retry queues each
+failed job once, and one that dies at any of its writes never runs it twice."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 from haze import App, Queue, define_job
 from haze._engine.hooks import Outcome, Run, Stage
 from haze._kernel.message import decode
+from haze._runners.worker import Worker
+from haze.contracts.failed import RetriesAtomically
 
 pytestmark = pytest.mark.requires("queued", "failed_store")
 
@@ -121,3 +124,87 @@ async def test_a_retry_that_died_after_queueing_leaves_no_record(app: App, done:
     await done()
     assert await Queue.failed() == []
     assert await app.manager.retry() == []  # nothing left to queue a second time
+
+
+class _CrashingRetry:
+    """Counts the writes of a retry (the failed store's claim, queueing, release; the
+    driver's enqueue) on an ``Injector``, which raises ``Crash`` at one of them."""
+
+    WRITES = ("claim_retry", "requeue_claimed", "retried", "forget")
+
+    def __init__(self, driver: Any, injector: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        for owner, names in ((driver.failed, self.WRITES), (driver, ("enqueue",))):
+            for name in names:
+                real = getattr(owner, name, None)
+                if real is not None:
+                    monkeypatch.setattr(owner, name, self._counted(injector, name, real))
+
+    @staticmethod
+    def _counted(injector: Any, name: str, real: Any) -> Any:
+        async def write(*args: Any) -> Any:
+            injector.tick(name)
+            return await real(*args)
+
+        return write
+
+
+async def _no_consumers(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From here on nothing takes jobs off the queue: a retried job waits (a backlog)."""
+    for worker in getattr(app, "_contract_workers", []):
+        await worker.stop()
+    await app.manager.local.stop(asyncio.get_running_loop())
+    monkeypatch.setattr(app.manager, "ensure_local_worker", lambda connection: None)
+
+
+def _consume_again(app: App, spec: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Consumers again, as the contract app had them (stopped with it)."""
+    monkeypatch.undo()
+    if not app.driver().remote:
+        app.manager.ensure_local_worker("main")
+        return
+    consumer = spec.extra.get("consumer")  # cloudflare: the platform's batches
+    worker = (
+        consumer(app, None)
+        if consumer is not None
+        else Worker(app, "main", None, 1, sleep=0.01, max_sleep=0.02)
+    )
+    worker.start()
+    app._contract_workers.append(worker)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("crash_at", [1, 2, 3])
+async def test_a_retry_that_dies_at_any_write_runs_its_job_once(
+    app: App, done: Any, driver: Any, crash_at: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry dies at its n-th write; its claim's lease then ends while the job (if it
+    was queued) has not started. Where the failed jobs share the queue's backend, the
+    next retry call leaves the job queued exactly once and no failed record beside it;
+    on every driver, the job then runs once."""
+    from crash_points import Crash, Injector  # not in the Pyodide run's files
+
+    _flaky["failing"] = True
+    _runs.clear()
+    await flaky.dispatch({"n": 4})
+    await done()
+    [rec] = await Queue.failed()
+    await _no_consumers(app, monkeypatch)
+    monkeypatch.setattr("haze._engine.admin.RETRY_LEASE", 0.2)
+    injector = Injector(crash_at, stay_dead=True)
+    queue = app.driver()
+    _CrashingRetry(queue, injector, monkeypatch)
+    try:
+        await app.manager.retry()
+    except Crash:
+        pass
+    injector.armed = False
+    await asyncio.sleep(0.3)  # the dead retry's claim ends
+    _flaky["failing"] = False
+    await app.manager.retry()
+    if isinstance(queue.failed, RetriesAtomically):
+        queued = await queue.size("default")
+        assert (queued, await Queue.failed()) == (1, []), injector.crashed
+        assert await app.manager.retry() == []  # and nothing left to queue again
+    _consume_again(app, driver, monkeypatch)
+    await done()
+    assert _runs[rec.id] == 2, injector.crashed  # failed once, then ran once
+    assert await Queue.failed() == []

@@ -171,3 +171,105 @@ def test_a_failed_store_outage_runs_failed_once_and_keeps_the_real_error(
     left = client.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
     assert left["ApproximateNumberOfMessages"] == "0"
     assert left["ApproximateNumberOfMessagesNotVisible"] == "0"
+
+
+# A state store of its own (a second SQLite file): up while the failed store is down.
+STATE_DATABASE_PY = """
+from haze import define_database_config, env
+
+config = define_database_config(default="main", connections={
+    "main": {"url": env("LO_DB_URL"), "busy_timeout": 200},
+    "state": {"url": env("LO_STATE_URL")}})
+"""
+
+CACHE_PY = """
+from haze import define_cache_config
+
+config = define_cache_config(default="state", stores={
+    "state": {"driver": "database", "connection": "state"}})
+"""
+
+# The first child dies (os._exit, nothing runs after it) once the failed store, being
+# down, made the driver send the message back carrying the failure, before it deletes
+# the original; the second, a fresh container, takes whatever SQS delivers next.
+CRASH_SCRIPT = (
+    SCRIPT.split("message = Message(")[0]
+    + """
+if os.environ["LO_PHASE"] == "crash":
+    from haze.drivers.sqs import SqsDriver
+
+    async def _dies(self, receipt):
+        os._exit(0)
+
+    SqsDriver._delete = _dies
+    message = Message(id=new_id(), job="lo_declined", payload={"n": 42}, queue="default",
+                      connection="sqs", ts=time.time())
+    client.send_message(QueueUrl=url, MessageBody=encode(message))
+    print(json.dumps({"id": message.id}), flush=True)
+    lock = sqlite3.connect(os.environ["LO_DB"], isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")  # the failed store is down
+    invoke(receive(10))
+    raise SystemExit("the invocation did not reach the delete")
+responses = []
+for _ in range(4):
+    again = receive(25)
+    if not again:
+        break
+    responses.append(invoke(again))
+print(json.dumps({"responses": responses}))
+"""
+)
+
+
+def test_a_crash_between_sending_back_and_deleting_runs_failed_once(tmp_path: Path) -> None:
+    """The original message comes back after the crash, beside its copy: the job's
+    ``failed()`` has run once, and the failure is recorded once."""
+    name = f"lc-{uuid.uuid4().hex[:8]}"
+    url = _SPEC["create_queues"]([f"{name}-default"])[f"{name}-default"]
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "queue.py").write_text(QUEUE_PY)
+    (tmp_path / "config" / "database.py").write_text(STATE_DATABASE_PY)
+    (tmp_path / "config" / "cache.py").write_text(CACHE_PY)
+    (tmp_path / "app" / "job").mkdir(parents=True)
+    (tmp_path / "app" / "job" / "lo_jobs.py").write_text(JOBS_PY)
+    db = tmp_path / "lc.db"
+    with sqlite3.connect(db) as c:
+        for statement in queue_schema("sqlite"):
+            c.execute(statement)
+    endpoint = _SPEC["endpoint"]()
+    env = {
+        **os.environ,
+        "HAZE_APP_ROOT": str(tmp_path),
+        "LO_SQS_BASE": f"{endpoint}/{_SPEC['ACCOUNT']}",
+        "LO_SQS_ENDPOINT": endpoint,
+        "LO_NAME": name,
+        "LO_URL": url,
+        "LO_DB": str(db),
+        "LO_DB_URL": f"sqlite:///{db}",
+        "LO_STATE_URL": f"sqlite:///{tmp_path}/state.db",
+        "LO_FAILED": str(tmp_path / "failed.txt"),
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    outputs = []
+    for phase in ("crash", "after"):
+        proc = subprocess.run(
+            [sys.executable, "-c", CRASH_SCRIPT],
+            cwd=tmp_path,
+            env={**env, "LO_PHASE": phase},
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        outputs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    job_id = outputs[0]["id"]
+    assert (tmp_path / "failed.txt").read_text().splitlines() == ["ValueError: card 42 declined"]
+    with sqlite3.connect(db) as c:
+        rows = c.execute("SELECT uuid FROM failed_jobs").fetchall()
+    assert rows == [(job_id,)]
+    client = _SPEC["client"]()
+    left = client.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert left["ApproximateNumberOfMessages"] == "0"
+    assert left["ApproximateNumberOfMessagesNotVisible"] == "0"

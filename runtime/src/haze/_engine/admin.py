@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from haze._kernel.errors import BackendUnavailableError, MessageDecodeError
 from haze._kernel.message import RETRIED, RETRY_CLAIM, Message, decode, encode, new_id
 from haze.contracts.driver import Driver, FailedJob, unavailable
-from haze.contracts.failed import RetryClaims
+from haze.contracts.failed import RetriesAtomically, RetryClaims
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -85,9 +85,13 @@ class Admin:
         """Claim the record, queue its job, then delete the record (see ``RetryClaims``).
 
         If the process dies after the claim and before the job is queued, the record
-        stays, and is retryable again when the claim's lease has passed. If it dies after
-        the job is queued and before the record is deleted, the job's first run deletes
-        it (the message carries the claim token).
+        stays, and is retryable again when the claim's lease has passed. A store on the
+        queue's own backend (``RetriesAtomically``) queues the job and deletes the record
+        in one step. Elsewhere, a process that dies after queueing the job and before
+        deleting the record leaves it claimed: the job's first run deletes it (the
+        message carries the claim token), and if the lease ends first, a later retry
+        queues the job again; of the two copies, the first to run takes a once-key of
+        the record, and the other is dropped unrun.
         """
         try:
             message = decode(rec.body)
@@ -108,11 +112,29 @@ class Admin:
                     "by another caller, or is gone"
                 )
             return False
-        await self._requeue(decode(claimed.body), driver, token)
+        message = decode(claimed.body)
+        if isinstance(failed, RetriesAtomically) and self._target(message, driver) is driver:
+            body = self._fresh(message, driver, token, claimed.failed_at)
+            if not await failed.requeue_claimed(rec.id, token, body, message):
+                return False  # the claim ended and another caller took the record over
+            if not driver.remote:
+                self.ensure_local_worker(driver.name)
+            return True
+        await self._requeue(message, driver, token, claimed.failed_at)
         await failed.retried(rec.id, token)
         return True
 
-    async def _requeue(self, message: Message, driver: Driver, token: str | None) -> None:
+    def _target(self, message: Message, driver: Driver) -> Driver:
+        """The driver a retried job goes to: its own connection's, when the app has it."""
+        if message.connection in self.app.queue_config.connections:
+            return self.app.driver(message.connection or driver.name)
+        return driver
+
+    @staticmethod
+    def _fresh(
+        message: Message, driver: Driver, token: str | None, record: float | None = None
+    ) -> str:
+        """``message`` made a fresh run (no attempts, no failure meta), encoded."""
         message.attempts = 0
         message.ts = _time()
         meta = {
@@ -120,13 +142,18 @@ class Admin:
         }  # a fresh run: its next failure records its own attempt
         if token is not None:
             meta[RETRIED] = {"token": token, "connection": driver.name}
+            # The record's failure time rides along: two copies of one retry (a retry
+            # that died after queueing, and the one that took its claim over) run once.
+            if record is not None:
+                meta[RETRIED]["record"] = record
         message.meta = meta or None
-        body = encode(message)
-        target = (
-            self.app.driver(message.connection or driver.name)
-            if message.connection in self.app.queue_config.connections
-            else driver
-        )
+        return encode(message)
+
+    async def _requeue(
+        self, message: Message, driver: Driver, token: str | None, record: float | None = None
+    ) -> None:
+        body = self._fresh(message, driver, token, record)
+        target = self._target(message, driver)
         if target.inline:
             await self.run_inline(message, body, target)
         else:

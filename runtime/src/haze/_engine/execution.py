@@ -252,8 +252,16 @@ class Execution:
         if message.unique is not None and message.unique.get("until") == "processing":
             await self.locks.unlock(message)
             message.unique = None
-        if message.meta is not None and RETRIED in message.meta:
-            await self._retried(message)
+        retried = message.meta is not None and RETRIED in message.meta
+        if retried and not await self._retried(message):
+            log.warning(
+                'Job "%s" (%s) skipped: a retry that died queued it, the next retry '
+                "queued it again, and the other copy has run",
+                run.job.name,
+                message.id,
+            )
+            await self._ack(run.driver, run.reserved)
+            return Outcome.SKIPPED, None
         debounced = message.meta is not None and "debounce" in message.meta
         if debounced and await self.locks.superseded(run.job, message):
             await self._ack(run.driver, run.reserved)
@@ -270,18 +278,27 @@ class Execution:
         await self.hooks.settled(run)
         return Outcome.SKIPPED, None
 
-    async def _retried(self, message: Message) -> None:
+    async def _retried(self, message: Message) -> bool:
         """A job retried from failed jobs: delete the record its retry claimed, in case
-        the retrying process died after queueing it (``Admin`` deletes it otherwise)."""
+        the retrying process died after queueing it (``Admin`` deletes it otherwise).
+        False when it must not run: a retry that died after queueing it left its claim
+        to lapse, and the retry that took the claim over queued a second copy of the
+        same record, which ran first (a redelivery of one copy still runs)."""
         claim = (message.meta or {}).get(RETRIED)
         if not isinstance(claim, dict):
-            return
+            return True
         token, connection = claim.get("token"), claim.get("connection")
         if not isinstance(token, str) or connection not in self.app.queue_config.connections:
-            return
+            return True
+        record = claim.get("record")
+        if isinstance(record, (int, float)) and not await self.callbacks.claim_once(
+            f"haze:retry-once:{message.id}:{record!r}", token
+        ):
+            return False
         failed = self.app.driver(connection).failed
         if isinstance(failed, RetryClaims):
             await failed.retried(message.id, token)
+        return True
 
     async def _claimed_elsewhere(self, run: Run) -> Skip | None:
         """A callback dispatched with a claim key that another message owns."""
@@ -457,7 +474,7 @@ class Execution:
         )
         if self.events.failing:
             await self.events.emit("failing", ctx, error)
-        if job.failed is not None:
+        if job.failed is not None and await self.failures.first_failure(message):
             payload = run.payload if run.payload is not None else message.payload
             await self.failures.call_failed(job, payload, error, ctx)
         run.outcome, run.error = Outcome.FAILED, error

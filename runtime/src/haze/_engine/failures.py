@@ -38,6 +38,10 @@ _time = time.time
 _TRANSIENT = (RETRIED, UNRECORDED_FAILURE)
 
 
+#: How long a job's failed() once-key is kept: longer than any redelivery of its message.
+_FAILED_ONCE_TTL = 7 * 86400
+
+
 def exceptions_key(message: Message) -> str:
     return f"haze:exceptions:{message.id}"
 
@@ -76,6 +80,25 @@ class Failures:
         if run.reserved.attempt >= job.tries:
             return error
         return None
+
+    async def first_failure(self, message: Message) -> bool:
+        """Whether this final failure of ``message`` is the first to run its job's
+        ``failed()``: a once-key in the state store, per message id and dispatch time
+        (a retry from failed jobs is a new dispatch time). A message delivered again
+        after its failure was handed on (its worker died before it deleted the original)
+        finds the key taken. A store that cannot be reached runs ``failed()``, with a
+        warning: at least once, never lost."""
+        key = f"haze:failed-once:{message.id}:{message.ts!r}"
+        try:
+            return await self.stores.state().add(key, 1, _FAILED_ONCE_TTL)
+        except Exception as e:
+            log.warning(
+                "haze: could not mark job %s as failed in the state store (%s): its failed() "
+                "runs, and runs again if its message is delivered again",
+                message.id,
+                error_line(e),
+            )
+            return True
 
     async def call_failed(
         self, job: JobDefinition[Any], payload: Any, error: BaseException, ctx: JobContext

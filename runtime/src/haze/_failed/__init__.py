@@ -14,7 +14,12 @@ for a connection's ``failed_store`` option.
 
 from __future__ import annotations
 
-from haze._failed.memory import MemoryFailedJobs, NoFailedJobs, WarningFailedJobs
+from haze._failed.memory import (
+    MemoryFailedJobs,
+    NoFailedJobs,
+    QueueFailedJobs,
+    WarningFailedJobs,
+)
 from haze._failed.resolve import FailedStoreHost, failed_store, failed_target
 from haze._failed.sql import SqlFailedJobs, failed_row
 from haze._failed.store import StoreFailedJobs
@@ -25,6 +30,7 @@ __all__ = [
     "FailedStoreHost",
     "MemoryFailedJobs",
     "NoFailedJobs",
+    "QueueFailedJobs",
     "SqlFailedJobs",
     "StoreFailedJobs",
     "WarningFailedJobs",

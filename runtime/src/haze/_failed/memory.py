@@ -6,10 +6,11 @@ from __future__ import annotations
 import builtins
 import logging
 import time
+from collections.abc import Callable
 
-from haze._kernel.message import FailedJob
+from haze._kernel.message import FailedJob, Message
 
-__all__ = ["MemoryFailedJobs", "NoFailedJobs", "WarningFailedJobs"]
+__all__ = ["MemoryFailedJobs", "NoFailedJobs", "QueueFailedJobs", "WarningFailedJobs"]
 
 
 class MemoryFailedJobs:
@@ -64,6 +65,24 @@ class MemoryFailedJobs:
         for k in old:
             del self._jobs[k]
         return len(old)
+
+
+class QueueFailedJobs(MemoryFailedJobs):
+    """The memory driver's own failed jobs: a retry queues the job with ``push`` and
+    deletes the record in one step (``RetriesAtomically``; nothing awaits in between)."""
+
+    def __init__(self, push: Callable[[str, Message], None]) -> None:
+        super().__init__()
+        self._push = push
+
+    async def requeue_claimed(self, id: str, token: str, body: str, message: Message) -> bool:
+        held = self._claims.get(id)
+        if held is None or held[0] != token or self._jobs.get(id) is not held[2]:
+            return False
+        self._push(body, message)
+        del self._claims[id]
+        del self._jobs[id]
+        return True
 
 
 class WarningFailedJobs(MemoryFailedJobs):

@@ -12,9 +12,9 @@ from __future__ import annotations
 import builtins
 from typing import Protocol, runtime_checkable
 
-from haze._kernel.message import FailedJob
+from haze._kernel.message import FailedJob, Message
 
-__all__ = ["FailedJob", "FailedJobStore", "FailedPages", "RetryClaims"]
+__all__ = ["FailedJob", "FailedJobStore", "FailedPages", "RetriesAtomically", "RetryClaims"]
 
 
 @runtime_checkable
@@ -84,3 +84,21 @@ class FailedPages(Protocol):
     ) -> builtins.list[FailedJob]:
         """Up to ``limit`` matching jobs after the first ``offset``, newest first; each
         exception cut to its first ``text`` characters (None: whole)."""
+
+
+@runtime_checkable
+class RetriesAtomically(Protocol):
+    """A failed store kept on its driver's own backend (the memory driver's, the database
+    driver's table, the redis driver's BullMQ sets): it queues a claimed record's job
+    and deletes the record in one atomic step.
+
+    A retry is then ``claim_retry`` → ``requeue_claimed``: a process that dies between
+    the two has queued nothing, and its record is retryable once the claim's lease
+    ends; one that dies after has left the job queued and no record. Checked with
+    ``isinstance``; the store queues on its own driver only.
+    """
+
+    async def requeue_claimed(self, id: str, token: str, body: str, message: Message) -> bool:
+        """In one step: when the record ``id`` is still claimed with ``token``, queue
+        ``body`` (``message``, no delay) on this store's driver, delete the record and
+        end the claim. False, having written nothing, when the claim is not held."""

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from haze._failed import MemoryFailedJobs
+from haze._failed import QueueFailedJobs
 from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode, decode_payload
 from haze.contracts.driver import (
     Backlog,
@@ -75,7 +75,7 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
         self.max_message_size: int | None = options.get("max_message_size") or MAX_MESSAGE_SIZE
         self.concurrency: int = options.get("concurrency") or 1
         self.priority: list[str] = list(options.get("queues") or [])
-        self.failed = MemoryFailedJobs()
+        self.failed = QueueFailedJobs(lambda body, m: self._push(m.queue, body, m.attempts, 0))
         #: queue -> (body or kept message, attempts used, when it became ready: epoch s)
         self._ready: dict[str, deque[tuple[Item, int, float]]] = {}
         self._ready_count = 0

@@ -110,7 +110,7 @@ try:
     from bullmq.redis_connection import RedisConnection, loadScript  # type: ignore[import-untyped]
     from bullmq.scripts import Scripts, raw2NextJobData  # type: ignore[import-untyped]
     from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import NoScriptError
+    from redis.exceptions import NoScriptError, WatchError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 except ImportError as e:  # pragma: no cover - exercised without the extra installed
     raise MissingDependencyError("the redis driver", "redis", "bullmq") from e
@@ -345,6 +345,21 @@ class _Pipe:
         self.pipe.execute_command("EVALSHA", sha, numkeys, *args)
 
 
+class _EvalPipe(_Pipe):
+    """A ``client`` for BullMQ script calls that queues ``EVAL`` of the script's text on
+    a transaction: a ``NOSCRIPT`` reply there would fail that one command and still run
+    the others (a retry's removal of the failed record without its job)."""
+
+    __slots__ = ("texts",)
+
+    def __init__(self, pipe: Any, scripts: Iterable[AsyncScript]) -> None:
+        super().__init__(pipe)
+        self.texts = {script.sha: script.script for script in scripts}
+
+    async def evalsha(self, sha: str, numkeys: int, *args: Any) -> None:
+        self.pipe.execute_command("EVAL", self.texts[sha], numkeys, *args)
+
+
 # ----------------------------------------------------------------------------- per loop state
 
 
@@ -367,6 +382,9 @@ class _Link:
         )
         self.find_job: AsyncScript = self.client.register_script(
             (_HERE / "redis_find_job.lua").read_text()
+        )
+        self.forget_failed: AsyncScript = self.client.register_script(
+            (_HERE / "redis_forget_failed.lua").read_text()
         )
         #: haze's copy of addStandardJob for the plain job of a single dispatch
         #: (redis_add_job.lua): half the server time per add. Only on the lean
@@ -719,6 +737,45 @@ class RedisFailedJobs:
                 out.append(job)
         return out
 
+    async def requeue_claimed(self, id: str, token: str, body: str, message: Message) -> bool:
+        """Add the BullMQ job and delete the failed record in one ``MULTI``/``EXEC``,
+        under a ``WATCH`` of the claim: when the claim changes before ``EXEC`` (its lease
+        ended, another caller took it), nothing of it is written and the claim is read
+        again."""
+        link = self._d._link()
+        key = self._claim_key(id)
+        queues = self._queues(None)
+        s = link.scripts(message.queue)
+        for _ in range(_WATCH_TRIES):
+            async with link.client.pipeline(transaction=True) as pipe:
+                await pipe.watch(key)
+                raw = await pipe.get(key)
+                claim = json.loads(raw) if raw else None
+                if not isinstance(claim, dict) or claim.get("token") != token:
+                    return False
+                up_to = round(float(claim.get("failed_at") or 0.0) * 1000)
+                pipe.multi()  # type: ignore[no-untyped-call]
+                await s.addJob(
+                    _NewJob(message.job, body, 0, _now_ms()),
+                    _EvalPipe(pipe, link.commands.values()),
+                )
+                failed = [link.scripts(q).keys["failed"] for q in queues]
+                prefixes = [link.scripts(q).keys[""] for q in queues]
+                pipe.execute_command(
+                    "EVAL", link.forget_failed.script, len(failed), *failed, id, up_to, *prefixes
+                )
+                pipe.delete(key)
+                try:
+                    results = await pipe.execute(raise_on_error=False)
+                except WatchError:
+                    continue
+            self._where.pop(id, None)
+            for r in results:
+                if isinstance(r, Exception):
+                    raise r
+            return True
+        return False
+
     async def flush(self, older_than: float | None = None) -> int:
         link = self._d._link()
         grace = round((older_than or 0) * 1000)
@@ -730,6 +787,8 @@ class RedisFailedJobs:
 
 
 _FAILED_FIELDS = ("name", "data", "failedReason", "stacktrace", "finishedOn")
+#: How often a retry's transaction is sent again when its claim changed under WATCH.
+_WATCH_TRIES = 5
 #: How long a job that finished while Redis was unreachable stays marked done: its claim
 #: comes back through the stalled check after retry_after, and waits in the queue.
 _DONE_KEEP = 86400

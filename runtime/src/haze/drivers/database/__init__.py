@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from haze._failed import SqlFailedJobs
 from haze._kernel.errors import ConfigError, DatabaseConnectionError, QueueTablesMissingError
-from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode
+from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode, retry_claim_of
 from haze._kernel.sqlfiles import queue_sql
 from haze.contracts.driver import (
     AcksInClaim,
@@ -115,6 +115,51 @@ def _needs_tables(fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, Coroutine[Any
     return call
 
 
+class _QueueFailedJobs(SqlFailedJobs):
+    """The driver's own ``failed_jobs`` table, beside its jobs table in one database: a
+    retry inserts the job and deletes the record in one transaction
+    (``RetriesAtomically``). D1 has no transactions: there the two statements run one
+    after the other (the job first, so a crash between them never loses it)."""
+
+    def __init__(self, driver: DatabaseDriver) -> None:
+        super().__init__(
+            lambda: driver.db, table=driver.failed_table, error=driver._tables_missing_for
+        )
+        self._driver = driver
+
+    async def requeue_claimed(self, id: str, token: str, body: str, message: Message) -> bool:
+        found = await self.find(id)
+        held = retry_claim_of(found.body) if found is not None else None
+        if found is None or held is None or held[0] != token:
+            return False
+        d = self._driver
+        sql = d.sql
+        now = time.time()
+        job = (message.queue, body, message.attempts, now, now)
+
+        async def step(tx: Session) -> bool:
+            if d.dialect == "d1":
+                await tx.execute(sql["enqueue"], job)
+                await tx.execute(sql["failed_forget_body"], (id, found.body))
+                return True
+            # The record only goes while it still holds this claim; the job only with it.
+            if await tx.execute(sql["failed_forget_body"], (id, found.body)) == 0:
+                return False
+            await tx.execute(sql["enqueue"], job)
+            return True
+
+        async def run(db: Connector, _: dict[str, str]) -> bool:
+            if d.dialect == "mysql":
+                return await d._mysql_tx(step)
+            async with db.transaction(immediate=True) as tx:
+                return await step(tx)
+
+        done = await self._call(run)
+        if done:
+            d._notify(message.queue)
+        return done
+
+
 class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
     """Queue connection on a SQL table; see the module docstring for the rules."""
 
@@ -146,9 +191,7 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         self._db: Connector | None = None
         self._wakes: tuple[Notifying, ...] | None = None
         self._sql: dict[str, str] | None = None
-        self.failed = SqlFailedJobs(
-            lambda: self.db, table=self.failed_table, error=self._tables_missing_for
-        )
+        self.failed: SqlFailedJobs = _QueueFailedJobs(self)
         self._wakeup: asyncio.Event | None = None
         self._wake_loop: asyncio.AbstractEventLoop | None = None
         self._last_ts = 0.0
