@@ -309,3 +309,61 @@ def test_redis_clients_detect_dead_peers_and_take_the_configured_timeouts() -> N
     assert kw["socket_keepalive"] is True
     assert kw["socket_keepalive_options"]  # a dead peer is noticed in about a minute
     assert kw["health_check_interval"] == 30.0
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        ("busy_timeout", "30 seconds", "connections.main.busy_timeout: expected an integer"),
+        ("busy_timeout", -1, "connections.main.busy_timeout: must be >= 0"),
+        ("pool_size", "ten", "connections.main.pool_size: expected an integer"),
+        ("pool_size", 0, "connections.main.pool_size: must be >= 1"),
+        ("pool_size", 10.5, "connections.main.pool_size: expected an integer"),
+        ("pool_size", True, "connections.main.pool_size: expected an integer"),
+        ("options", "sslmode=require", "connections.main.options: expected a dict"),
+    ],
+)
+def test_a_bad_database_option_is_refused_when_the_app_starts(
+    option: str, value: object, expected: str
+) -> None:
+    """Not a traceback from the driver on the first connect (busy_timeout '30 seconds'
+    was an int() ValueError inside queue:work), nor a pool of 0 accepted in silence."""
+    from haze import define_database_config
+
+    with pytest.raises(ConfigError) as info:
+        App(
+            database=define_database_config(
+                default="main",
+                connections={"main": {"url": "sqlite:///x.db", option: value}},
+            )
+        )
+    assert expected in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("QUEUE_CONNECTION", "", "default: expected a non-empty string, got ''"),
+        ("DATABASE_URL", "", "connections.main.url: expected a non-empty string, got ''"),
+        ("DATABASE_URL", "postgress://h/db", "unsupported URL scheme 'postgress'"),
+    ],
+)
+def test_a_bad_value_from_the_environment_names_its_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, expected: str
+) -> None:
+    from haze import define_database_config
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as info:
+        App(
+            queue=define_queue_config(
+                default=env("QUEUE_CONNECTION", "memory"),
+                connections={"memory": {"driver": "memory"}},
+            ),
+            database=define_database_config(
+                default="main", connections={"main": {"url": env("DATABASE_URL", "sqlite:///x.db")}}
+            ),
+        )
+    message = str(info.value)
+    assert expected in message, message
+    assert f"(from the environment variable {variable})" in message, message
