@@ -26,7 +26,12 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from haze._failed import SqlFailedJobs
-from haze._kernel.errors import ConfigError, DatabaseConnectionError, QueueTablesMissingError
+from haze._kernel.errors import (
+    ConfigError,
+    DatabaseConnectionError,
+    HazeError,
+    QueueTablesMissingError,
+)
 from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode
 from haze._kernel.sqlfiles import queue_sql
 from haze.contracts.driver import (
@@ -73,6 +78,19 @@ def _missing_table(e: BaseException) -> bool:
     return "no such table" in str(e)
 
 
+def _missing_column(e: BaseException) -> bool:
+    """The backend's "no such column": a table of the queue's name that haze did not
+    create. PostgreSQL's SQLSTATE 42703, MySQL/MariaDB's error 1054, and the texts of
+    SQLite, libSQL and D1."""
+    if getattr(e, "sqlstate", None) == "42703":
+        return True
+    args = getattr(e, "args", ())
+    if args and args[0] == 1054:
+        return True
+    text = str(e)
+    return "no such column" in text or "has no column named" in text
+
+
 #: MySQL/MariaDB: deadlock found (1213), lock wait timeout (1205). The whole transaction
 #: was rolled back, so running it again is safe.
 _MYSQL_RETRY = (1213, 1205)
@@ -101,10 +119,11 @@ def _needs_tables(fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, Coroutine[Any
         try:
             return await fn(*args, **kwargs)
         except Exception as e:
-            if not _missing_table(e):
-                raise
             driver: Any = args[0]
-            raise driver.tables_missing() from None
+            better = driver._tables_missing_for(e)
+            if better is None:
+                raise
+            raise better from None
 
     return call
 
@@ -188,9 +207,24 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
             self._sql = queue_sql(self.dialect, self.table, self.failed_table)
         return self._sql
 
-    def _tables_missing_for(self, error: BaseException) -> QueueTablesMissingError | None:
-        """``tables_missing()`` when ``error`` is the backend's "no such table"."""
-        return self.tables_missing() if _missing_table(error) else None
+    def _tables_missing_for(self, error: BaseException) -> HazeError | None:
+        """``tables_missing()`` when ``error`` is the backend's "no such table", and
+        ``tables_not_ours()`` when it is "no such column"."""
+        if _missing_table(error):
+            return self.tables_missing()
+        return self.tables_not_ours() if _missing_column(error) else None
+
+    def tables_not_ours(self) -> ConfigError:
+        """A table of the queue's name exists without the queue's columns: it is the
+        app's own (``CREATE TABLE IF NOT EXISTS`` kept it), so no wait or migration
+        helps; the queue tables need other names."""
+        return ConfigError(
+            f'the table "{self.table}" on database "{self._db_name}" is not a haze queue '
+            "table (it lacks the queue's columns): when the app has a table of that name "
+            f'of its own, set "table" and "failed_table" on connection "{self.name}" to '
+            "free names, then run haze make:queue-tables --force and haze db:migrate",
+            source=self.app.queue_config.source,
+        )
 
     def tables_missing(self) -> QueueTablesMissingError:
         """The error for this connection's missing tables, naming the command to run."""
