@@ -46,7 +46,7 @@ from haze.contracts.driver import (
     Reserved,
     RunningJob,
 )
-from haze.database import Notifying, Session, dialect_of
+from haze.database import Notifying, Session, dialect_of, missing_column
 from haze.database.migrations import MIGRATIONS_DIR
 
 if TYPE_CHECKING:
@@ -76,19 +76,6 @@ def _missing_table(e: BaseException) -> bool:
     if args and args[0] == 1146:
         return True
     return "no such table" in str(e)
-
-
-def _missing_column(e: BaseException) -> bool:
-    """The backend's "no such column": a table of the queue's name that haze did not
-    create. PostgreSQL's SQLSTATE 42703, MySQL/MariaDB's error 1054, and the texts of
-    SQLite, libSQL and D1."""
-    if getattr(e, "sqlstate", None) == "42703":
-        return True
-    args = getattr(e, "args", ())
-    if args and args[0] == 1054:
-        return True
-    text = str(e)
-    return "no such column" in text or "has no column named" in text
 
 
 #: MySQL/MariaDB: deadlock found (1213), lock wait timeout (1205). The whole transaction
@@ -212,17 +199,25 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         ``tables_not_ours()`` when it is "no such column"."""
         if _missing_table(error):
             return self.tables_missing()
-        return self.tables_not_ours() if _missing_column(error) else None
+        return self.tables_not_ours() if missing_column(error) else None
 
     def tables_not_ours(self) -> ConfigError:
         """A table of the queue's name exists without the queue's columns: it is the
         app's own (``CREATE TABLE IF NOT EXISTS`` kept it), so no wait or migration
         helps; the queue tables need other names."""
+        root = self.app.root
+        written = (
+            sorted((root / MIGRATIONS_DIR).glob(f"*_create_{self.table}_and_*_tables.*"))
+            if root is not None
+            else []
+        )
+        # The migration of the old names would fail again on the same table: it goes.
+        remove = f"delete {written[0].relative_to(root)}, " if written and root else ""
         return ConfigError(
             f'the table "{self.table}" on database "{self._db_name}" is not a haze queue '
             "table (it lacks the queue's columns): when the app has a table of that name "
             f'of its own, set "table" and "failed_table" on connection "{self.name}" to '
-            "free names, then run haze make:queue-tables --force and haze db:migrate",
+            f"free names, {remove}then run haze make:queue-tables and haze db:migrate",
             source=self.app.queue_config.source,
         )
 
