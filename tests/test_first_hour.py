@@ -322,3 +322,20 @@ def test_init_quotes_the_folder_in_the_commands_it_prints(tmp_path: Path) -> Non
     out = run(tmp_path, "haze", "init", "My App ☃")
     last = out.strip().splitlines()[-1]
     assert last.startswith("Next: cd 'My App ☃' && haze db:migrate"), last
+
+
+def test_init_beside_an_app_py_says_it_hides_the_app_folder(tmp_path: Path) -> None:
+    """Flask's quickstart names its file app.py: then ``app`` is that module, so
+    ``from app.job.example import example`` cannot work, and the worker must not run the
+    web app's module to find its jobs."""
+    (tmp_path / "app.py").write_text(
+        "from pathlib import Path\nPath(__file__).with_name('ran').write_text('x')\n"
+    )
+    out = run(tmp_path, "haze", "init")
+    assert (
+        "app.py here hides the app/ folder from Python: `from app.job.example import "
+        "example` fails while it exists; rename app.py (e.g. to web.py)"
+    ) in out
+    run(tmp_path, "haze", "db:migrate")
+    run(tmp_path, "haze", "queue:work", "--once")
+    assert not (tmp_path / "ran").exists(), "the worker imported app.py"

@@ -297,7 +297,10 @@ class App:
         top = sys.modules.get(dotted.split(".")[0])
         top_paths = [str(Path(p).resolve()) for p in getattr(top, "__path__", [])]
         assert self.root is not None
-        if top is None or str(self.root / "app") in top_paths:
+        # An app.py beside app/ is the module ``app`` (a web app's, often): importing
+        # it to reach app.job would run it, and still not find the package.
+        shadowed = top is None and (self.root / "app.py").is_file()
+        if not shadowed and (top is None or str(self.root / "app") in top_paths):
             try:
                 module = importlib.import_module(dotted)
                 # ``app`` is a namespace package spanning every root on sys.path: the

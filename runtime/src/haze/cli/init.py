@@ -419,6 +419,12 @@ def init(directory: Path, redis: bool, postgres: bool) -> None:
     if extras:
         # The clients are optional extras: say so before the first command needs them.
         out.print(f"Needs the client: {install_hint(','.join(['cli', *extras]))}", markup=False)
+    if (directory / "app.py").is_file():
+        out.print(
+            "app.py here hides the app/ folder from Python: `from app.job.example import "
+            "example` fails while it exists; rename app.py (e.g. to web.py)",
+            markup=False,
+        )
     note = postgres_note(app, directory) if postgres else None
     if note is not None:
         out.print(note, markup=False)
