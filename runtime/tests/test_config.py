@@ -367,3 +367,42 @@ def test_a_bad_value_from_the_environment_names_its_variable(
     message = str(info.value)
     assert expected in message, message
     assert f"(from the environment variable {variable})" in message, message
+
+
+async def test_a_mistyped_database_name_is_reported_where_it_was_written() -> None:
+    """``"connection": "mian"`` in config/queue.py (and in config/cache.py) is that file's
+    mistake, not config/database.py's."""
+    from haze import define_cache_config, define_database_config
+
+    queue = define_queue_config(
+        default="database",
+        connections={"database": {"driver": "database", "connection": "mian"}},
+    )
+    cache = define_cache_config(
+        default="db", stores={"db": {"driver": "database", "connection": "mian"}}
+    )
+    database = define_database_config(
+        default="main", connections={"main": {"url": "sqlite:///x.db"}}
+    )
+    with pytest.raises(ConfigError) as info:
+        App(queue=queue, database=database).driver("database")
+    by_queue = str(info.value)
+    assert by_queue.startswith(f"{queue.source}: connections.database.connection: 'mian'")
+    with pytest.raises(ConfigError) as info:
+        await App(database=database, cache=cache).store("db").get("k")
+    by_cache = str(info.value)
+    assert by_cache.startswith(f"{cache.source}: stores.db.connection: 'mian'"), by_cache
+    for message in (by_queue, by_cache):
+        assert "(did you mean 'main'?)" in message, message
+
+
+def test_a_redis_store_without_its_connection_is_reported_in_config_cache() -> None:
+    from haze import define_cache_config
+
+    cache = define_cache_config(
+        default="r", stores={"r": {"driver": "redis", "connection": "main"}}
+    )
+    with pytest.raises(ConfigError) as info:
+        App(cache=cache).store("r")
+    message = str(info.value)
+    assert message.startswith(f"{cache.source}: stores.r.connection: 'main'"), message

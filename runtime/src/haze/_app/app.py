@@ -380,6 +380,18 @@ class App:
             s = self._stores[name] = create_store(name, options, self, cc.source)
         return s
 
+    def check_database_name(self, name: str, source: str, key: str) -> None:
+        """Refuse ``name`` when config/database.py has no such connection, as the
+        mistake of ``source`` (the file that named it) at ``key``."""
+        known = self.database_config.connections
+        if name not in known:
+            raise ConfigError(
+                f"{name!r} is not a connection in config/database.py (connections: "
+                f"{', '.join(known) or 'none'}){did_you_mean(name, known)}",
+                source=source,
+                key=key,
+            )
+
     def database(self, name: str | None = None) -> Connector:
         """A SQL connector from ``config/database.py`` (created on first use, shared)."""
         dc = self.database_config

@@ -142,6 +142,9 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
                     f"{value!r} is not a valid SQL identifier", key=f"connections.{name}.{key}"
                 )
         self._db_name: str = options.get("connection") or app.database_config.default
+        app.check_database_name(
+            self._db_name, app.queue_config.source, f"connections.{name}.connection"
+        )
         self.max_message_size: int | None = self._size_limit(options.get("max_message_size"))
         self._db: Connector | None = None
         self._wakes: tuple[Notifying, ...] | None = None
