@@ -296,3 +296,46 @@ def test_a_made_job_says_something_the_worker_shows(tmp_path: Path) -> None:
     run(app, "python", "send.py")
     worked = run(app, "haze", "queue:work", "--stop-when-empty")
     assert re.search(r"send_invoice \.+ \w+ \w+ send_invoice running \(attempt 1\)", worked), worked
+
+
+def test_init_postgres_on_a_sqlite_app_says_how_to_point_it_at_postgresql(
+    tmp_path: Path,
+) -> None:
+    """The kept config/database.py still names SQLite: the steps must not createdb and
+    then migrate SQLite again as if the app had moved."""
+    run(tmp_path, "haze", "init", "shop")
+    out = run(tmp_path / "shop", "haze", "init", "--postgres")
+    assert "Kept config/database.py (it exists)" in out
+    url = "postgresql://postgres@127.0.0.1:5432/shop"
+    assert (
+        f"config/database.py is kept and its database is sqlite: export DATABASE_URL={url}" in out
+    )
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("Then, with DATABASE_URL set: createdb "), last
+    assert "haze db:migrate" in last, last
+    # A fresh --postgres app needs none of that: its config names PostgreSQL already.
+    out = run(tmp_path, "haze", "init", "--postgres", "fresh")
+    assert "export DATABASE_URL" not in out
+
+
+def test_init_quotes_the_folder_in_the_commands_it_prints(tmp_path: Path) -> None:
+    out = run(tmp_path, "haze", "init", "My App ☃")
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("Next: cd 'My App ☃' && haze db:migrate"), last
+
+
+def test_init_beside_an_app_py_says_it_hides_the_app_folder(tmp_path: Path) -> None:
+    """Flask's quickstart names its file app.py: then ``app`` is that module, so
+    ``from app.job.example import example`` cannot work, and the worker must not run the
+    web app's module to find its jobs."""
+    (tmp_path / "app.py").write_text(
+        "from pathlib import Path\nPath(__file__).with_name('ran').write_text('x')\n"
+    )
+    out = run(tmp_path, "haze", "init")
+    assert (
+        "app.py here hides the app/ folder from Python: `from app.job.example import "
+        "example` fails while it exists; rename app.py (e.g. to web.py)"
+    ) in out
+    run(tmp_path, "haze", "db:migrate")
+    run(tmp_path, "haze", "queue:work", "--once")
+    assert not (tmp_path / "ran").exists(), "the worker imported app.py"

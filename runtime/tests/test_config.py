@@ -319,3 +319,100 @@ def test_redis_clients_detect_dead_peers_and_take_the_configured_timeouts() -> N
     assert kw["socket_keepalive"] is True
     assert kw["socket_keepalive_options"]  # a dead peer is noticed in about a minute
     assert kw["health_check_interval"] == 30.0
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        ("busy_timeout", "30 seconds", "connections.main.busy_timeout: expected an integer"),
+        ("busy_timeout", -1, "connections.main.busy_timeout: must be >= 0"),
+        ("pool_size", "ten", "connections.main.pool_size: expected an integer"),
+        ("pool_size", 0, "connections.main.pool_size: must be >= 1"),
+        ("pool_size", 10.5, "connections.main.pool_size: expected an integer"),
+        ("pool_size", True, "connections.main.pool_size: expected an integer"),
+        ("options", "sslmode=require", "connections.main.options: expected a dict"),
+    ],
+)
+def test_a_bad_database_option_is_refused_when_the_app_starts(
+    option: str, value: object, expected: str
+) -> None:
+    """Not a traceback from the driver on the first connect (busy_timeout '30 seconds'
+    was an int() ValueError inside queue:work), nor a pool of 0 accepted in silence."""
+    from haze import define_database_config
+
+    with pytest.raises(ConfigError) as info:
+        App(
+            database=define_database_config(
+                default="main",
+                connections={"main": {"url": "sqlite:///x.db", option: value}},
+            )
+        )
+    assert expected in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("QUEUE_CONNECTION", "", "default: expected a non-empty string, got ''"),
+        ("DATABASE_URL", "", "connections.main.url: expected a non-empty string, got ''"),
+        ("DATABASE_URL", "postgress://h/db", "unsupported URL scheme 'postgress'"),
+    ],
+)
+def test_a_bad_value_from_the_environment_names_its_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, expected: str
+) -> None:
+    from haze import define_database_config
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as info:
+        App(
+            queue=define_queue_config(
+                default=env("QUEUE_CONNECTION", "memory"),
+                connections={"memory": {"driver": "memory"}},
+            ),
+            database=define_database_config(
+                default="main", connections={"main": {"url": env("DATABASE_URL", "sqlite:///x.db")}}
+            ),
+        )
+    message = str(info.value)
+    assert expected in message, message
+    assert f"(from the environment variable {variable})" in message, message
+
+
+async def test_a_mistyped_database_name_is_reported_where_it_was_written() -> None:
+    """``"connection": "mian"`` in config/queue.py (and in config/cache.py) is that file's
+    mistake, not config/database.py's."""
+    from haze import define_cache_config, define_database_config
+
+    queue = define_queue_config(
+        default="database",
+        connections={"database": {"driver": "database", "connection": "mian"}},
+    )
+    cache = define_cache_config(
+        default="db", stores={"db": {"driver": "database", "connection": "mian"}}
+    )
+    database = define_database_config(
+        default="main", connections={"main": {"url": "sqlite:///x.db"}}
+    )
+    with pytest.raises(ConfigError) as info:
+        App(queue=queue, database=database).driver("database")
+    by_queue = str(info.value)
+    assert by_queue.startswith(f"{queue.source}: connections.database.connection: 'mian'")
+    with pytest.raises(ConfigError) as info:
+        await App(database=database, cache=cache).store("db").get("k")
+    by_cache = str(info.value)
+    assert by_cache.startswith(f"{cache.source}: stores.db.connection: 'mian'"), by_cache
+    for message in (by_queue, by_cache):
+        assert "(did you mean 'main'?)" in message, message
+
+
+def test_a_redis_store_without_its_connection_is_reported_in_config_cache() -> None:
+    from haze import define_cache_config
+
+    cache = define_cache_config(
+        default="r", stores={"r": {"driver": "redis", "connection": "main"}}
+    )
+    with pytest.raises(ConfigError) as info:
+        App(cache=cache).store("r")
+    message = str(info.value)
+    assert message.startswith(f"{cache.source}: stores.r.connection: 'main'"), message

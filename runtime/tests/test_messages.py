@@ -60,6 +60,9 @@ def test_a_handler_that_cannot_be_called_with_payload_and_job_is_refused(
         "async def handler(job: 'JobContext', payload: dict): ...",
         "def handler(ctx, payload): ...",
         "async def handler(job: JobContext): ...",
+        "async def handler(job, data): ...",
+        "async def handler(ctx, data: dict): ...",
+        "async def handler(payload: JobContext): ...",
     ],
 )
 def test_a_handler_with_the_job_first_is_refused_when_defined(source: str) -> None:
@@ -72,6 +75,23 @@ def test_a_handler_with_the_job_first_is_refused_when_defined(source: str) -> No
     assert "\n" not in message
     assert message.startswith(f'job "{name}" (')
     assert "the handler's first parameter receives the payload" in message
+    suggested = message.rsplit("write the handler as ", 1)[1]
+    first, second = suggested.strip("()").split(", ")
+    assert first != second.split(":")[0], f"two parameters of one name: {suggested}"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "async def handler(job, ctx): ...",  # the payload is a job posting
+        "async def handler(job): ...",
+        "async def handler(payload, job): ...",
+    ],
+)
+def test_a_handler_whose_second_parameter_is_the_context_is_accepted(source: str) -> None:
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)
+    define_job(name=f"msg_ok_{abs(hash(source))}")(namespace["handler"])
 
 
 def test_a_dispatch_never_awaited_warns_with_the_jobs_name() -> None:

@@ -14,6 +14,7 @@ import pytest
 from harness import BACKENDS, backend_url, mysql_database, pg_database
 from haze import (
     App,
+    ConfigError,
     QueueTablesMissingError,
     define_database_config,
     define_job,
@@ -103,3 +104,36 @@ async def test_every_admin_call_says_so_too(app: App) -> None:
             with pytest.raises(QueueTablesMissingError) as info:
                 await call
             _one_line(info.value)
+
+
+# ------------------------------------------------------------- a table of the same name
+
+
+async def test_a_jobs_table_of_another_shape_is_one_line_naming_the_table(app: App) -> None:
+    """An existing app's own ``jobs`` table (a job board's, a Rails app's) under the name
+    the queue uses: the claim's missing column is not an outage ("never reachable, start
+    the server") but one line saying to give the queue tables other names."""
+    driver: Any = app.driver("db")
+    async with app:
+        await driver.db.execute(f"CREATE TABLE {driver.table} (id INTEGER PRIMARY KEY, title TEXT)")
+        await driver.db.execute(
+            f"CREATE TABLE {driver.failed_table} (id INTEGER PRIMARY KEY, title TEXT)"
+        )
+        with pytest.raises(ConfigError) as info:
+            await job.dispatch({})
+        _not_ours(info.value, driver.table)
+        worker = Worker(app, "db", ["default"], 2, sleep=0.05, max_sleep=0.1)
+        with pytest.raises(ConfigError) as info:
+            await asyncio.wait_for(worker.run(), 20)
+        _not_ours(info.value, driver.table)
+        with pytest.raises(ConfigError) as info:
+            await app.manager.size("default", "db")
+        _not_ours(info.value, driver.table)
+
+
+def _not_ours(error: BaseException, table: str) -> None:
+    message = str(error)
+    assert f'table "{table}" on database "main" is not a haze queue table' in message, message
+    assert 'set "table" and "failed_table"' in message, message
+    assert "\n" not in message, message
+    assert error.__suppress_context__

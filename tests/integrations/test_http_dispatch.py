@@ -308,3 +308,38 @@ async def test_a_dispatch_before_the_migration_is_a_json_503_naming_the_tables(
         "make:queue-tables, then haze db:migrate"
     }
     assert not [rec for rec in caplog.records if rec.exc_info], "no traceback in the log"
+
+
+async def test_a_dispatch_to_an_unreachable_backend_is_a_json_503_without_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stopped PostgreSQL (a closed port): /health already says 503; dispatch answers
+    the same way, one log line, and the body names no URL (it may hold a password)."""
+    import socket
+
+    from haze import define_database_config
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    a = App(
+        queue=define_queue_config(
+            default="database", connections={"database": {"driver": "database"}}
+        ),
+        database=define_database_config(
+            default="main",
+            connections={"main": {"url": f"postgresql://u:pw@127.0.0.1:{port}/nowhere"}},
+        ),
+    )
+    async with a, client(a) as c:
+        health = await c.get("/health")
+        r = await c.post("/dispatch", content=BODY, headers={"authorization": f"Bearer {SECRET}"})
+    assert health.status_code == 503
+    assert r.status_code == 503, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.json() == {
+        "error": "the queue backend is unavailable (DatabaseConnectionError); nothing "
+        "was queued, try again later"
+    }
+    assert not [rec for rec in caplog.records if rec.exc_info], "no traceback in the log"
+    assert any("DatabaseConnectionError" in rec.getMessage() for rec in caplog.records)

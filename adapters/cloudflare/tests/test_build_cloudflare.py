@@ -762,3 +762,23 @@ def test_wrangler_deploys_the_synced_project(built: Path, tmp_path: Path) -> Non
     ):
         assert (bundle / path).is_file(), path
     assert "env.QUEUE (bld-jobs)" in out
+
+
+def test_a_long_app_name_gives_queue_names_cloudflare_accepts(tmp_path: Path) -> None:
+    """Queue names are at most 63 characters: the dead-letter queue too, and two
+    connections must not be cut to one name."""
+    root = write_app(tmp_path / ("a" * 80), haze_config=False)
+    (root / "config" / "queue.py").write_text(
+        QUEUE_PY.replace(
+            '"memory": {"driver": "memory"},',
+            '"cloudflare2": {"driver": "cloudflare", "binding": "OTHER", "failed_store": "kv"},',
+        )
+    )
+    build_in_subprocess(root, tmp_path / "dist")
+    config = json.loads((tmp_path / "dist" / "wrangler.json").read_text())
+    queues = config["queues"]
+    names = [p["queue"] for p in queues["producers"]]
+    dlqs = [c["dead_letter_queue"] for c in queues["consumers"]]
+    assert len(set(names)) == 2, names
+    for name in [*names, *dlqs, config["name"]]:
+        assert len(name) <= 63, name

@@ -380,3 +380,22 @@ def test_an_unusable_app_key_is_one_config_line_naming_the_variable(
     assert len(lines) == 1, result.output
     assert variable in lines[0] and "Traceback" not in result.output
     assert value not in lines[0]  # a key is a secret: never shown
+
+
+def test_db_migrate_over_an_apps_own_jobs_table_says_to_rename_the_queue_tables(
+    tmp_path: Path, uid: str
+) -> None:
+    """The app already has a ``jobs`` table of its own: the migration keeps it (IF NOT
+    EXISTS) and then fails on its index. One line naming the option to set, not the
+    database's "no such column" (PostgreSQL's spans three lines)."""
+    import sqlite3
+
+    root = sqlite_app(tmp_path, uid)
+    with sqlite3.connect(root / "app.db") as c:
+        c.execute("CREATE TABLE jobs (id INTEGER PRIMARY KEY, title TEXT)")
+    assert haze("make:queue-tables", root=root).exit_code == 0
+    result = haze("db:migrate", root=root)
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: db:migrate stopped: "), lines
+    assert 'a table of the queue\'s name exists with other columns: set "table" and' in lines[0]

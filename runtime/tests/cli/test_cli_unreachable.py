@@ -5,10 +5,12 @@ stops while retries wait says how many and when the next is due."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,66 @@ def test_stop_when_empty_says_how_many_retries_wait_and_when(tmp_path: Path) -> 
     with sqlite3.connect(root / "q.db") as c:
         (count,) = c.execute("SELECT count(*) FROM jobs").fetchone()
     assert count == 2, "the retries wait in the queue"
+
+
+def test_stop_when_empty_exits_1_when_its_backend_goes_away_mid_drain(tmp_path: Path) -> None:
+    """A Redis that stops after the worker reached it: the failed claim is not an empty
+    queue, so the drain must not end with status 0 while the jobs still wait."""
+    server = shutil.which("redis-server")
+    if server is None:  # the CI image has it (tests/services.py needs it too)
+        pytest.skip("redis-server is not installed")
+    port = closed_port()
+    proc = subprocess.Popen(
+        [server, "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        import redis
+
+        client = redis.Redis(port=port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "the private redis-server did not start"
+                time.sleep(0.05)
+        root = app_on(tmp_path / "app", "redis")
+        config = root / "config" / "redis.py"
+        config.write_text(config.read_text().replace(f":{port_of(config)}/", f":{port}/"))
+        (root / "app" / "job").mkdir(parents=True)
+        (root / "app" / "job" / "stopper.py").write_text(
+            "import redis\n"
+            "from haze import define_job\n"
+            "@define_job\n"
+            "async def stopper(payload: dict) -> None:\n"
+            "    if payload['n'] == 0:  # the server goes away while the drain goes on\n"
+            f"        try:\n            redis.Redis(port={port}).shutdown(nosave=True)\n"
+            "        except redis.ConnectionError:\n            pass\n"
+        )
+        (root / "main.py").write_text(
+            "from pathlib import Path\n"
+            "from haze import App\n"
+            "from app.job.stopper import stopper\n"
+            "with App(root=Path(__file__).parent):\n"
+            "    for n in range(5):\n"
+            "        stopper.dispatch_blocking({'n': n})\n"
+        )
+        subprocess.run([sys.executable, "main.py"], cwd=root, check=True, timeout=60)
+        result = haze(root, "queue:work", "--stop-when-empty")
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(errors) == 1, result.stderr
+    assert 'connection "redis" became unreachable after 1 job(s)' in errors[0], errors
+    assert "Worker stopped after" not in result.stdout
+
+
+def port_of(config: Path) -> str:
+    """The port in the ``redis://127.0.0.1:PORT/0`` URL that ``app_on`` wrote."""
+    return config.read_text().split("127.0.0.1:")[1].split("/")[0]

@@ -297,7 +297,10 @@ class App:
         top = sys.modules.get(dotted.split(".")[0])
         top_paths = [str(Path(p).resolve()) for p in getattr(top, "__path__", [])]
         assert self.root is not None
-        if top is None or str(self.root / "app") in top_paths:
+        # An app.py beside app/ is the module ``app`` (a web app's, often): importing
+        # it to reach app.job would run it, and still not find the package.
+        shadowed = top is None and (self.root / "app.py").is_file()
+        if not shadowed and (top is None or str(self.root / "app") in top_paths):
             try:
                 module = importlib.import_module(dotted)
                 # ``app`` is a namespace package spanning every root on sys.path: the
@@ -376,6 +379,18 @@ class App:
                 )
             s = self._stores[name] = create_store(name, options, self, cc.source)
         return s
+
+    def check_database_name(self, name: str, source: str, key: str) -> None:
+        """Refuse ``name`` when config/database.py has no such connection, as the
+        mistake of ``source`` (the file that named it) at ``key``."""
+        known = self.database_config.connections
+        if name not in known:
+            raise ConfigError(
+                f"{name!r} is not a connection in config/database.py (connections: "
+                f"{', '.join(known) or 'none'}){did_you_mean(name, known)}",
+                source=source,
+                key=key,
+            )
 
     def database(self, name: str | None = None) -> Connector:
         """A SQL connector from ``config/database.py`` (created on first use, shared)."""

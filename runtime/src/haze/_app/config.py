@@ -263,7 +263,7 @@ class _V:
                 raise self.fail(key, "is required (a string)")
             return None
         if not isinstance(value, str) or not value:
-            raise self.fail(key, f"expected a non-empty string, got {value!r}")
+            raise self.fail(key, f"expected a non-empty string, got {value!r}{_origin(value)}")
         return value
 
     def name(self, value: object, key: str) -> str:
@@ -803,7 +803,17 @@ def validate_database(spec: object, source: str | None = None) -> DatabaseConfig
         scheme = url.split(":", 1)[0].split("+", 1)[0].lower()
         if scheme not in (*_DB_SCHEMES, "d1"):
             known = ", ".join(f"{s}://" for s in (*_DB_SCHEMES, "d1"))
-            raise v.fail(f"{key}.url", f"unsupported URL scheme {scheme!r}; use one of {known}")
+            raise v.fail(
+                f"{key}.url",
+                f"unsupported URL scheme {scheme!r}{_origin(url)}; use one of {known}",
+            )
+        # Checked here, not on the first connect (a str busy_timeout was a ValueError
+        # from int() inside the worker, and a pool of 0 was taken in silence).
+        if c.get("busy_timeout") is not None:
+            v.integer(c["busy_timeout"], f"{key}.busy_timeout")
+        if c.get("pool_size") is not None:
+            v.integer(c["pool_size"], f"{key}.pool_size", minimum=1)
+        v.mapping(c.get("options"), f"{key}.options")
         return c
 
     default, conns, src = _validate_named(

@@ -486,10 +486,13 @@ def _arity(handler: Callable[..., Any], where: str) -> int:
         )
     if positional and _is_job_context(positional[0], positional[1:2]):
         first = positional[0].name
+        rest = [p.name for p in positional[1:2] if p.name != first]
+        context = first if first != "payload" else "job"
+        data = rest[0] if rest and rest[0] != context else "payload"
         raise JobDefinitionError(
             f"{where}: the handler's first parameter receives the payload and the second "
             f"the JobContext, but {first!r} comes first and is the job; write the handler "
-            f"as (payload, {first}: JobContext)"
+            f"as ({data}, {context}: JobContext)"
         )
     if any(p.kind is p.VAR_POSITIONAL for p in params):
         return 2
@@ -502,13 +505,19 @@ _JOB_NAMES = frozenset({"job", "ctx", "context", "job_context"})
 
 def _is_job_context(first: inspect.Parameter, rest: list[inspect.Parameter]) -> bool:
     """Whether ``first`` (the parameter haze passes the payload to) is meant for the
-    JobContext: annotated so, or named like it with ``payload`` after it."""
+    JobContext: annotated so, or named like it with a parameter after it that is not."""
     annotation = first.annotation
     # by name: a string under `from __future__ import annotations`, the class otherwise
     named = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
     if named.rsplit(".", 1)[-1] == "JobContext":
         return True
-    return first.name in _JOB_NAMES and bool(rest) and rest[0].name == "payload"
+    if first.name not in _JOB_NAMES or not rest:
+        return False
+    # (job, data) as much as (job, payload): the second gets the JobContext, so any
+    # name but a context's own means the two are swapped ((job, ctx): job is the data).
+    second = rest[0].annotation
+    second_named = second if isinstance(second, str) else getattr(second, "__name__", "")
+    return rest[0].name not in _JOB_NAMES and second_named.rsplit(".", 1)[-1] != "JobContext"
 
 
 def _origin_of(fn: Callable[..., Any]) -> str:

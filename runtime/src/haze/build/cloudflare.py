@@ -159,6 +159,13 @@ def _slug(text: str) -> str:
     return slug or "haze-app"
 
 
+def _queue_slug(app: str, connection: str) -> str:
+    """``<app>-<connection>``, cut from the app's end: the connection keeps two
+    connections' queues apart, and 4 characters stay free for the ``-dlq`` suffix."""
+    conn = _slug(connection)[:40].strip("-")
+    return f"{_slug(app)[: 63 - len('-dlq') - len(conn) - 1].strip('-')}-{conn}"
+
+
 def merge_wrangler(
     base: Mapping[str, Any], override: Mapping[str, Any], path: tuple[str, ...] = ()
 ) -> dict[str, Any]:
@@ -416,7 +423,7 @@ def _queue_bindings(
         plan = cloudflare_consumer(app, conn, options, connection_max_tries(jobs, conn), warnings)
         queue = plan.queue_name
         if queue is None:
-            queue = _slug(f"{name}-{conn}")
+            queue = _queue_slug(name, conn)
             notes.append(
                 f"connection {conn!r}: queue named {queue!r}; name it yourself with a producer "
                 f'{{"binding": "{plan.binding}", "queue": ...}} under cloudflare.wrangler.queues '

@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from haze._kernel.errors import HazeError
 from haze.cli._core import State, cli, connection_option, console, run
+from haze.database import missing_column
 from haze.database.migrations import (
     MIGRATIONS_DIR,
     convert_hint,
@@ -78,10 +79,19 @@ def db_migrate(state: State, database: str | None) -> None:
     except (click.ClickException, HazeError, OSError):
         raise
     except Exception as e:
-        # The database's own error (bad SQL, a table that exists): the user's to fix.
+        # The database's own error (bad SQL, a table that exists): the user's to fix. Its
+        # first line only: PostgreSQL adds the statement and a caret under it.
+        first = (str(e).strip().splitlines() or [""])[0]
+        hint = (
+            '; a table of the queue\'s name exists with other columns: set "table" and '
+            '"failed_table" on the queue connection in config/queue.py to free names, '
+            "delete the migration that failed, and run haze make:queue-tables again"
+            if missing_column(e)
+            else ""
+        )
         raise click.ClickException(
-            f"db:migrate stopped: {type(e).__name__}: {e} (migrations applied before it stay "
-            "applied)"
+            f"db:migrate stopped: {type(e).__name__}: {first}{hint} (migrations applied "
+            "before it stay applied)"
         ) from None
     out = console()
     for table in result.upgraded:

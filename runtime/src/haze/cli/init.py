@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import click
 from haze._app.app import App, _load_module_file
 from haze._kernel.hints import install_hint
 from haze.cli._core import cli, console
+from haze.database import dialect_of
 from haze.database.migrations import make_queue_tables
 
 __all__ = ["init", "scaffold"]
@@ -354,6 +356,34 @@ def redis_additions(app: App) -> list[str]:
     return lines
 
 
+def postgres_note(app: App, directory: Path) -> str | None:
+    """``init --postgres`` kept a config/database.py whose default database (as read,
+    DATABASE_URL included) is not PostgreSQL: the line saying how to point it there."""
+    config = app.database_config
+    url = str(config.connections.get(config.default, {}).get("url") or "")
+    dialect = dialect_of(url) if url else "none"
+    if dialect == "postgres":
+        return None
+    wanted = _POSTGRES_URL.format(name=database_name(directory))
+    return (
+        f"config/database.py is kept and its database is {dialect}: export "
+        f"DATABASE_URL={wanted} (or set that url in config/database.py)"
+    )
+
+
+def _steps(directory: Path, postgres: bool, migrate: bool) -> list[str]:
+    """The commands that run the new app, the folder quoted for the shell."""
+    here = Path.cwd().resolve()
+    shown = os.path.relpath(directory, here)
+    where = str(directory) if shown.startswith("..") else shown
+    steps = [] if directory == here else [f"cd {shlex.quote(where)}"]
+    if postgres:
+        steps.append(f"createdb -h 127.0.0.1 -U postgres {database_name(directory)}")
+    if migrate:
+        steps.append("haze db:migrate")
+    return [*steps, "python main.py", "haze queue:work --stop-when-empty"]
+
+
 @cli.command("init", short_help="Create a new app here or in DIRECTORY.")
 @click.argument(
     "directory",
@@ -389,13 +419,16 @@ def init(directory: Path, redis: bool, postgres: bool) -> None:
     if extras:
         # The clients are optional extras: say so before the first command needs them.
         out.print(f"Needs the client: {install_hint(','.join(['cli', *extras]))}", markup=False)
-    here = Path.cwd().resolve()
-    shown = os.path.relpath(directory, here)
-    steps = [] if directory == here else [f"cd {directory if shown.startswith('..') else shown}"]
-    if postgres:
-        steps.append(f"createdb -h 127.0.0.1 -U postgres {database_name(directory)}")
-    if migration is not None:
-        steps.append("haze db:migrate")
-    steps += ["python main.py", "haze queue:work --stop-when-empty"]
-    then = "Then, with those lines in place: " if additions else "Next: "
+    if (directory / "app.py").is_file():
+        out.print(
+            "app.py here hides the app/ folder from Python: `from app.job.example import "
+            "example` fails while it exists; rename app.py (e.g. to web.py)",
+            markup=False,
+        )
+    note = postgres_note(app, directory) if postgres else None
+    if note is not None:
+        out.print(note, markup=False)
+    steps = _steps(directory, postgres, migration is not None)
+    wait = [w for w, on in (("those lines in place", additions), ("DATABASE_URL set", note)) if on]
+    then = f"Then, with {' and '.join(wait)}: " if wait else "Next: "
     out.print(then + " && ".join(steps), markup=False)

@@ -378,6 +378,15 @@ async def _stopped_when_empty(
             f'connection "{worker.connection}" was never reachable, so no queue was read'
             f"{cause}; start the server or fix its URL"
         )
+    if worker.outage_error is not None:
+        # A claim that failed in an outage also ends the drain, but the queues were not
+        # seen empty: status 0 would tell a cron drain or a CI step that all is done.
+        e = worker.outage_error
+        raise click.ClickException(
+            f'connection "{worker.connection}" became unreachable after '
+            f"{worker.processed} job(s) ({type(e).__name__}), so its queues were not "
+            "drained; the jobs left wait there for the next worker"
+        )
     driver = app.driver(worker.connection)
     if not isinstance(driver, QueueInspector) or worker.once:
         return

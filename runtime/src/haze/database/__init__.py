@@ -41,6 +41,7 @@ __all__ = [
     "connect",
     "connector_class",
     "dialect_of",
+    "missing_column",
     "register_connector",
 ]
 
@@ -97,6 +98,19 @@ _BACKENDS = {
     "libsql": ("haze.database.libsql", "LibSQLConnector"),
     "d1": ("haze.database.d1", "D1Connector"),
 }
+
+
+def missing_column(e: BaseException) -> bool:
+    """The backend's "no such column": a table of the queue's name that haze did not
+    create. PostgreSQL's SQLSTATE 42703, MySQL/MariaDB's error 1054, and the texts of
+    SQLite, libSQL and D1."""
+    if getattr(e, "sqlstate", None) == "42703":
+        return True
+    args = getattr(e, "args", ())
+    if args and args[0] == 1054:
+        return True
+    text = str(e)
+    return "no such column" in text or "has no column named" in text
 
 
 def dialect_of(url: str) -> str:

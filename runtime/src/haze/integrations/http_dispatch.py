@@ -50,6 +50,8 @@ Responses (JSON, ``{"error": "..."}`` on failure):
        ``HAZE_HTTP_MAX_BODY``, default 10 MiB)
 500    ``HAZE_HTTP_SECRET`` is not set, ``HAZE_HTTP_MAX_BODY`` is not a size, or the
        queue connection is misconfigured
+503    the queue tables are missing (the body says what to run), or the queue backend
+       cannot be reached (nothing was queued: try again)
 =====  ==============================================================================
 """
 
@@ -71,6 +73,7 @@ from haze._app.app import App, run_in_app
 from haze._app.env import env_size
 from haze._jobs.definition import PendingDispatch, get_job
 from haze._kernel.errors import (
+    BackendUnavailableError,
     ConfigError,
     DelayTooLongError,
     PayloadTooLargeError,
@@ -358,6 +361,15 @@ async def _dispatched(
     except ConfigError as e:
         log.error("%s: cannot dispatch %s: %s", where, name, e)
         return _error(500, f"the queue connection is misconfigured: {e}")
+    except BackendUnavailableError as e:
+        # An outage, not a bug: one line in the log, and a status the caller can retry
+        # on. The body names no URL: the error's message holds where the backend is.
+        log.error("%s: cannot dispatch %s: %s: %s", where, name, type(e).__name__, e)
+        return _error(
+            503,
+            f"the queue backend is unavailable ({type(e).__name__}); nothing was queued, "
+            "try again later",
+        )
     except (DelayTooLongError, TypeError, ValueError) as e:
         return _error(400, str(e))
     except RecursionError:

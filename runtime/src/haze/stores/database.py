@@ -64,6 +64,7 @@ class DatabaseStore:
                 f"{self.table!r} is not a valid SQL identifier", key=f"stores.{name}.table"
             )
         self._db_name: str = options.get("connection") or app.database_config.default
+        app.check_database_name(self._db_name, app.cache_config.source, f"stores.{name}.connection")
         self._db: Connector | None = None
         self._sql: dict[str, str] | None = None
         self._ready: set[asyncio.AbstractEventLoop] = set()

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from haze._kernel.errors import ConfigError, MissingDependencyError
+from haze._kernel.hints import did_you_mean
 from haze._kernel.urls import redact_text, redact_url
 from haze.contracts.store import BatchSettled, Subscription
 
@@ -65,7 +66,12 @@ _MAX_SUBSCRIPTIONS = 32
 
 
 def redis_settings(
-    app: Any, connection: str | None, url: str | None = None, *, where: str = "connection"
+    app: Any,
+    connection: str | None,
+    url: str | None = None,
+    *,
+    where: str = "connection",
+    source: str | None = None,
 ) -> tuple[str | None, dict[str, Any], str]:
     """``(url, client kwargs, key_prefix)`` of a ``config/redis.py`` connection.
 
@@ -78,9 +84,11 @@ def redis_settings(
         name = connection or cfg.default
         if name not in cfg.connections:
             known = ", ".join(cfg.connections) or "none"
+            # ``source``: the file that named it (config/cache.py, config/queue.py)
             raise ConfigError(
-                f"{name!r} is not a connection in config/redis.py (connections: {known})",
-                source=cfg.source,
+                f"{name!r} is not a connection in config/redis.py (connections: {known})"
+                f"{did_you_mean(name, cfg.connections)}",
+                source=source or cfg.source,
                 key=where,
             )
         settings = dict(cfg.connections[name])
@@ -200,6 +208,7 @@ class RedisStore:
             options.get("connection"),
             options.get("url"),
             where=f"stores.{name}.connection",
+            source=getattr(getattr(app, "cache_config", None), "source", None),
         )
         self.prefix = key_prefix + str(options.get("prefix") or "")
         self._conns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Conn] = (

@@ -30,7 +30,12 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from haze._failed import SqlFailedJobs
-from haze._kernel.errors import ConfigError, DatabaseConnectionError, QueueTablesMissingError
+from haze._kernel.errors import (
+    ConfigError,
+    DatabaseConnectionError,
+    HazeError,
+    QueueTablesMissingError,
+)
 from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode, retry_claim_of
 from haze._kernel.sqlfiles import queue_sql
 from haze.contracts.driver import (
@@ -45,7 +50,7 @@ from haze.contracts.driver import (
     Reserved,
     RunningJob,
 )
-from haze.database import Notifying, Session, dialect_of
+from haze.database import Notifying, Session, dialect_of, missing_column
 from haze.database.migrations import MIGRATIONS_DIR
 
 if TYPE_CHECKING:
@@ -107,10 +112,11 @@ def _needs_tables(fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, Coroutine[Any
         try:
             return await fn(*args, **kwargs)
         except Exception as e:
-            if not _missing_table(e):
-                raise
             driver: Any = args[0]
-            raise driver.tables_missing() from None
+            better = driver._tables_missing_for(e)
+            if better is None:
+                raise
+            raise better from None
 
     return call
 
@@ -187,6 +193,9 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
                     f"{value!r} is not a valid SQL identifier", key=f"connections.{name}.{key}"
                 )
         self._db_name: str = options.get("connection") or app.database_config.default
+        app.check_database_name(
+            self._db_name, app.queue_config.source, f"connections.{name}.connection"
+        )
         self.max_message_size: int | None = self._size_limit(options.get("max_message_size"))
         self._db: Connector | None = None
         self._wakes: tuple[Notifying, ...] | None = None
@@ -242,9 +251,32 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
             self._sql = queue_sql(self.dialect, self.table, self.failed_table)
         return self._sql
 
-    def _tables_missing_for(self, error: BaseException) -> QueueTablesMissingError | None:
-        """``tables_missing()`` when ``error`` is the backend's "no such table"."""
-        return self.tables_missing() if _missing_table(error) else None
+    def _tables_missing_for(self, error: BaseException) -> HazeError | None:
+        """``tables_missing()`` when ``error`` is the backend's "no such table", and
+        ``tables_not_ours()`` when it is "no such column"."""
+        if _missing_table(error):
+            return self.tables_missing()
+        return self.tables_not_ours() if missing_column(error) else None
+
+    def tables_not_ours(self) -> ConfigError:
+        """A table of the queue's name exists without the queue's columns: it is the
+        app's own (``CREATE TABLE IF NOT EXISTS`` kept it), so no wait or migration
+        helps; the queue tables need other names."""
+        root = self.app.root
+        written = (
+            sorted((root / MIGRATIONS_DIR).glob(f"*_create_{self.table}_and_*_tables.*"))
+            if root is not None
+            else []
+        )
+        # The migration of the old names would fail again on the same table: it goes.
+        remove = f"delete {written[0].relative_to(root)}, " if written and root else ""
+        return ConfigError(
+            f'the table "{self.table}" on database "{self._db_name}" is not a haze queue '
+            "table (it lacks the queue's columns): when the app has a table of that name "
+            f'of its own, set "table" and "failed_table" on connection "{self.name}" to '
+            f"free names, {remove}then run haze make:queue-tables and haze db:migrate",
+            source=self.app.queue_config.source,
+        )
 
     def tables_missing(self) -> QueueTablesMissingError:
         """The error for this connection's missing tables, naming the command to run."""
