@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 import pytest
-from haze import JobContext, Queue, define_job
-from haze._kernel.message import decode
+from haze import JobContext, Queue, define_job, use_app
+from haze._kernel.crypto import generate_key
+from haze._kernel.message import decode, encode
 
 # ---------------------------------------- jobs
 
@@ -620,3 +621,106 @@ async def test_function_callback_refused_when_any_job_runs_on_a_remote_connectio
         )
         await done(app)
         assert names() == ["ch_a", "ch_b"]
+
+
+# ---------------------------------------- long chains: the tail is stored once
+
+#: Links of the long-chain tests, each with an 800-character payload: about 42 KB of
+#: links in all, several times what one message carries inline. (Few links: the sync
+#: driver runs each next link inside the previous one, a Python frame stack deep.)
+LONG = 50
+PAD = "x" * 800
+#: What one message of a long chain may weigh: its inline links stay under 16 KiB.
+MESSAGE_MAX = 20_000
+
+
+@define_job(name="ch_long")
+async def ch_long(payload: Any, job: JobContext) -> None:
+    assert job.message is not None
+    LOG.append(("ch_long", payload["n"]))
+    LOG.append(("size", len(encode(job.message))))
+    if payload["n"] == 0:
+        SEEN["first"] = {"chain": list(job.message.chain or [])}
+    if payload.get("fail") and FAIL.get("ch_long", 0) > 0:
+        FAIL["ch_long"] -= 1
+        raise RuntimeError("long boom")
+
+
+def _long(n: int, **extra: Any) -> Any:
+    return ch_long.with_({"n": n, "pad": PAD, **extra})
+
+
+def _tails() -> list[str]:
+    return [link["tail"] for link in SEEN["first"]["chain"] if "tail" in link]
+
+
+async def test_long_chain_runs_in_order_and_each_message_stays_small(app, done):
+    res = await Queue.chain([_long(i) for i in range(LONG)]).dispatch()
+    await done()
+    assert [e[1] for e in LOG if e[0] == "ch_long"] == list(range(LONG))
+    sizes = [e[1] for e in LOG if e[0] == "size"]
+    assert len(sizes) == LONG and max(sizes) < MESSAGE_MAX
+    (tail,) = _tails()
+    # the chain ended: its stored links are deleted
+    assert await app.batch_store.get(f"haze:chain:{tail}:1") is None
+    assert await app.batch_store.get(f"haze:chain:{tail}:ended") is not None
+    assert res.chain_id
+
+
+@pytest.mark.requires("failed_store")
+async def test_long_chain_failure_catches_once_and_a_retry_continues_it(app, done, quietly, driver):
+    FAIL["ch_long"] = 1
+    c = Catcher(driver)
+    links = [_long(i, fail=i == LONG // 2) for i in range(LONG)]
+    await quietly(Queue.chain(links).catch(c.cb).dispatch())
+    await done()
+    assert [e[1] for e in LOG if e[0] == "ch_long"] == list(range(LONG // 2 + 1))
+    assert c.n == 1 and c.messages() in (None, ["long boom"])
+    (tail,) = _tails()
+    # the failed link's stored rest is kept: a retry of the failed link continues it
+    assert await app.batch_store.get(f"haze:chain:{tail}:2") is not None
+    (rec,) = await Queue.failed()
+    assert await Queue.retry(rec.id) == [rec.id]
+    await done()
+    ran = [e[1] for e in LOG if e[0] == "ch_long"]
+    assert ran == [*range(LONG // 2 + 1), *range(LONG // 2, LONG)]
+    assert c.n == 1 and await Queue.failed() == []
+    assert await app.batch_store.get(f"haze:chain:{tail}:2") is None
+
+
+async def test_long_chain_with_a_batch_and_appended_links(app, done):
+    links: list[Any] = [_long(i) for i in range(LONG)]
+    links[LONG - 5] = Queue.batch([ch_member.with_({"i": 1}), ch_member.with_({"i": 2})])
+    links.append(ch_grow.with_({"append": True}))
+    await Queue.chain(links).dispatch()
+    await done()
+    assert [e[1] for e in LOG if e[0] == "ch_long"] == [i for i in range(LONG) if i != LONG - 5]
+    assert sorted(x for x in LOG if x[0] == "member") == [("member", 1), ("member", 2)]
+    assert names()[-2:] == ["ch_grow", "ch_cleanup"]
+    assert max(e[1] for e in LOG if e[0] == "size") < MESSAGE_MAX
+
+
+SECRET = "card-4242-4242-4242-4242"
+STORED: list[str] = []  # the stored chunks of the running chain, as JSON
+
+
+@define_job(name="ch_secret", encrypted=True)
+async def ch_secret(payload: Any, job: JobContext) -> None:
+    assert job.message is not None
+    LOG.append(("secret", payload["n"]))
+    if payload["n"] == 0:
+        store = use_app().batch_store
+        for link in job.message.chain or []:
+            if "tail" in link:
+                STORED.append(json.dumps(await store.get(f"haze:chain:{link['tail']}:1")))
+
+
+async def test_long_chain_of_encrypted_links_stores_them_encrypted(make_app, done):
+    STORED.clear()
+    async with make_app(key=generate_key()):
+        links = [ch_secret.with_({"n": i, "card": SECRET, "pad": PAD}) for i in range(LONG)]
+        await Queue.chain(links).dispatch()
+        await done()
+    assert [e[1] for e in LOG if e[0] == "secret"] == list(range(LONG))
+    (chunk,) = STORED
+    assert '"enc"' in chunk and SECRET not in chunk

@@ -105,6 +105,7 @@ NEEDS_CRYPTOGRAPHY = frozenset(
         "test_decrypt_error_type",
         "test_encrypted_unique_key_sees_the_payload",
         "test_fake_records_the_plain_payload_of_encrypted_jobs",
+        "test_long_chain_of_encrypted_links_stores_them_encrypted",
     }
 )
 

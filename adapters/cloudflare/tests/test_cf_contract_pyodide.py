@@ -62,6 +62,7 @@ RUNNER = HERE / "cf_contract_runner.py"
 NOT_DRIVER_CONTRACT = {
     "test_store_contract.py",
     "test_batch_crash.py",
+    "test_chain_crash.py",
     "test_schedule_crash.py",
     "test_public_driver_contract.py",
     "test_failed_store_contract.py",

@@ -49,6 +49,8 @@ class EngineStores:
                 "which cannot release locks taken here; later dispatches will be skipped until "
                 "the lock expires"
                 if what == "unique jobs"
+                else "which cannot see them: a long chain stops after its first links"
+                if what == "long chains"
                 else "which cannot see them: a batch's then/catch/finally callbacks never run"
             )
             log.warning(

@@ -39,6 +39,7 @@ __all__ = [
     "AmbiguousIdError",
     "BackendUnavailableError",
     "BatchFinishedError",
+    "ChainTailLostError",
     "ConfigError",
     "DatabaseConnectionError",
     "DelayTooLongError",
@@ -148,6 +149,10 @@ class DelayTooLongError(HazeError, ValueError):
 
 class BatchFinishedError(HazeError):
     """``Batch.add()`` was called after every job of the batch had finished."""
+
+
+class ChainTailLostError(HazeError):
+    """The stored links of a long chain expired (``batches.ttl``) before it reached them."""
 
 
 class JobTimeoutError(HazeError, TimeoutError):

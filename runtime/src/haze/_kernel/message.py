@@ -416,6 +416,9 @@ def _check_links(d: dict[str, Any], field: str, links: Any, kinds: tuple[str, st
                 raise _field_error(d, f"{at}.job", "a job name")
         elif link.get(kinds[1]).__class__ is (dict if kinds[1] == "batch" else str):
             continue
+        elif kinds[1] == "batch" and link.get("tail").__class__ is str:
+            _check_tail_ref(d, at, link)
+            continue
         else:
             raise _field_error(d, at, f'an object with "{kinds[0]}" or "{kinds[1]}"')
         queue = link.get("queue")
@@ -427,6 +430,13 @@ def _check_links(d: dict[str, Any], field: str, links: Any, kinds: tuple[str, st
         delay = link.get("delay")
         if delay is not None and not (_is_number(delay) and 0 <= delay <= MAX_DELAY):
             raise _field_error(d, f"{at}.delay", f"seconds from 0 to {MAX_DELAY:g}")
+
+
+def _check_tail_ref(d: dict[str, Any], at: str, link: dict[str, Any]) -> None:
+    """A reference to a long chain's stored links (haze._orchestration.tails)."""
+    for key in ("chunk", "of", "links"):
+        if link.get(key).__class__ is not int or link[key] < 0:
+            raise _field_error(d, f"{at}.{key}", "a whole number from 0")
 
 
 def encode(message: Message) -> str:

@@ -30,6 +30,7 @@ from haze._kernel.blocking import blocking_method
 from haze._kernel.current import use_app
 from haze._kernel.errors import BatchFinishedError, DispatchIncompleteError, HazeError
 from haze._kernel.message import Message, check_queue_name, new_id
+from haze._orchestration import tails
 from haze.contracts.store import Store
 
 __all__ = ["Batch", "BatchCount", "BatchGuard", "BatchJob", "PendingBatch"]
@@ -506,7 +507,8 @@ async def settle(
     ttl = record["options"].get("ttl")
     if outcome == "failed" and message.chain:
         # The rest of this job's chain will never run: counted as skipped, once.
-        await _count(manager, store, record, f"{message.id}:rest", "skipped", len(message.chain))
+        n = tails.chain_length(message.chain)
+        await _count(manager, store, record, f"{message.id}:rest", "skipped", n)
     cancel = outcome == "failed" and not record["options"].get("allow_failures")
     settled = await store.settle_batch_job(
         _key(batch_id),
@@ -543,7 +545,7 @@ async def settle_cancelled(manager: QueueManager, message: Message) -> None:
         assert message.batch_id is not None
         record = await store.get(_key(message.batch_id))
         if record is not None:
-            n = len(message.chain)
+            n = tails.chain_length(message.chain)
             await _count(manager, store, record, f"{message.id}:rest", "skipped", n)
     await settle(manager, message, "skipped", None)
 
@@ -610,14 +612,16 @@ async def _continue_chain(
         if links and await store.get(mark) is None:
             # A plain first link carries the once-claim; a batch as the next link is
             # created again if a crash comes before the mark (it has no claim).
-            await start_links(
-                manager,
-                links,
-                chain["chain_id"],
-                chain.get("catch"),
-                batch_id=None,
-                meta={"once": _key(batch_id, "once:chain")},
-            )
+            links = await tails.expand(manager, links, chain["chain_id"])
+            if links:
+                await start_links(
+                    manager,
+                    links,
+                    chain["chain_id"],
+                    chain.get("catch"),
+                    batch_id=None,
+                    meta={"once": _key(batch_id, "once:chain")},
+                )
             await store.put(mark, time.time(), record["options"].get("ttl"))
     else:
         err = HazeError(f'batch "{batch_id}" in chain {chain["chain_id"]} failed')
@@ -811,9 +815,12 @@ async def start_links(
     """Dispatch ``links[0]`` carrying the rest of the chain (as message ``id`` when given,
     with ``meta`` when it is a job)."""
     head, rest = links[0], links[1:]
+    if "batch" in head and manager.app.recorder is not None:
+        return _record_batch_link(manager, head["batch"], chain_id)
+    if manager.app.recorder is None:
+        connection = head["batch"]["connection"] if "batch" in head else head.get("connection")
+        rest = await tails.spill(manager, rest, manager.app.connection_name(connection))
     if "batch" in head:
-        if manager.app.recorder is not None:
-            return _record_batch_link(manager, head["batch"], chain_id)
         batch = await dispatch_spec(
             manager, head["batch"], chain={"links": rest, "chain_id": chain_id, "catch": catch}
         )

@@ -1,4 +1,5 @@
-"""Chains: run jobs one after another; the rest of the chain travels in each message.
+"""Chains: run jobs one after another; the rest of the chain travels in each message
+(a long rest is stored once and referenced: haze._orchestration.tails).
 
 >>> # await Queue.chain([process_video.with_({"id": 1}), publish.with_({"id": 1})]) \\
 >>> #     .on_queue("media").catch(cleanup.with_({"id": 1})).dispatch()
@@ -22,6 +23,7 @@ from haze._kernel.blocking import blocking_method
 from haze._kernel.current import use_app
 from haze._kernel.durations import Duration, check_delay, parse_duration
 from haze._kernel.message import Message, check_queue_name, new_id
+from haze._orchestration import tails
 from haze._orchestration.batches import PendingBatch, check_function_callbacks, start_links
 
 if TYPE_CHECKING:
@@ -133,6 +135,7 @@ async def dispatch_next_link(manager: QueueManager, message: Message, ctx: JobCo
         rest = [link_of(manager, p, None, None, connection) for p in ctx._chain_prepended] + rest
     if ctx._chain_appended:
         rest = rest + [link_of(manager, p, None, None, connection) for p in ctx._chain_appended]
+    rest = await tails.expand(manager, rest, message.chain_id)
     if not rest:
         return
     chain_id = message.chain_id or new_id()
@@ -153,6 +156,8 @@ async def chain_failed(manager: QueueManager, message: Message, error: BaseExcep
     """A link failed for good: drop the rest, run the chain's catch callbacks once."""
     # Inside a batch, the links that will never run are counted when the failed job
     # is (batches.settle), in the same crash-safe way.
+    # A long chain's stored links stay until batches.ttl: retrying the failed link
+    # (queue:retry) continues the chain from them.
     for ref in message.chain_catch or []:
         await manager.run_callback(ref, (error,), connection=message.connection)
     manager.forget_callbacks(message.chain_catch)
@@ -215,7 +220,7 @@ class ChainCatch:
         if not message.chain_catch:
             return
         ended = run.outcome == Outcome.SUCCESS and not (
-            message.chain or ctx._chain_appended or ctx._chain_prepended
+            tails.chain_length(message.chain) or ctx._chain_appended or ctx._chain_prepended
         )
         if ended or run.outcome == Outcome.CANCELLED:
             self.manager.forget_callbacks(message.chain_catch)
