@@ -234,6 +234,18 @@ class PendingBatch:
 
     def to_spec(self, manager: QueueManager, connection: str | None = None) -> dict[str, Any]:
         """The JSON description of this batch (also how a batch travels inside a chain)."""
+        spec = self._head(manager, connection)
+        jobs: list[Any] = []
+        for item in self.jobs:
+            if isinstance(item, list):
+                jobs.append({"chain": [p.to_link(manager.app) for p in item]})
+            else:
+                jobs.append(item.to_link(manager.app))
+        spec["jobs"] = jobs
+        return spec
+
+    def _head(self, manager: QueueManager, connection: str | None = None) -> dict[str, Any]:
+        """The batch's description without its jobs (checked as ``to_spec`` checks it)."""
         conn = manager.app.connection_name(self._connection or connection)
         check_function_callbacks(
             manager,
@@ -242,15 +254,8 @@ class PendingBatch:
             (conn,),
             "batch callback",
         )
-        jobs: list[Any] = []
-        for item in self.jobs:
-            if isinstance(item, list):
-                jobs.append({"chain": [p.to_link(manager.app) for p in item]})
-            else:
-                jobs.append(item.to_link(manager.app))
         return {
             "name": self._name,
-            "jobs": jobs,
             "connection": conn,
             "queue": self._queue,
             "allow_failures": self._allow_failures,
@@ -263,12 +268,13 @@ class PendingBatch:
 
     async def dispatch(self) -> Batch:
         manager: QueueManager = use_app().manager
-        spec = self.to_spec(manager)
         recorder = manager.app.recorder
         if recorder is not None:
-            batch: Batch = recorder.record_batch(self, spec)
+            batch: Batch = recorder.record_batch(self, self.to_spec(manager))
             return batch
-        return await dispatch_spec(manager, spec)
+        # The jobs go out as they are, not through their JSON links and back: that
+        # would hold two copies of a million-job batch before the first chunk is sent.
+        return await start_batch(manager, self._head(manager), self.jobs)
 
     dispatch_blocking = blocking_method(dispatch)
 
@@ -276,6 +282,23 @@ class PendingBatch:
 async def dispatch_spec(
     manager: QueueManager, spec: dict[str, Any], chain: dict[str, Any] | None = None
 ) -> Batch:
+    """Start the batch a JSON description (``to_spec``) holds, e.g. a chain's link."""
+    items: list[PendingDispatch[Any] | list[PendingDispatch[Any]]] = []
+    for j in spec["jobs"]:
+        if "chain" in j:
+            items.append([link_to_pending(x, manager.app) for x in j["chain"]])
+        else:
+            items.append(link_to_pending(j, manager.app))
+    return await start_batch(manager, spec, items, chain)
+
+
+async def start_batch(
+    manager: QueueManager,
+    spec: dict[str, Any],
+    items: Sequence[PendingDispatch[Any] | list[PendingDispatch[Any]]],
+    chain: dict[str, Any] | None = None,
+) -> Batch:
+    """Record a batch (``spec`` without its jobs is enough) and queue ``items``."""
     store = _store(manager)
     ttl = manager.app.queue_config.batches_ttl
     if manager.app.recorder is None:
@@ -283,12 +306,6 @@ async def dispatch_spec(
         manager.stores.check(store, manager.app.driver(spec["connection"]), "batches")
     batch_id = new_id()
     now = time.time()
-    items: list[PendingDispatch[Any] | list[PendingDispatch[Any]]] = []
-    for j in spec["jobs"]:
-        if "chain" in j:
-            items.append([link_to_pending(x, manager.app) for x in j["chain"]])
-        else:
-            items.append(link_to_pending(j, manager.app))
     total = sum(len(i) if isinstance(i, list) else 1 for i in items)
     options = {
         "connection": spec["connection"],
