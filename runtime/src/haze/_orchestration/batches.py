@@ -25,11 +25,18 @@ from typing import Any
 
 from haze._engine.hooks import Outcome, Run, Skip
 from haze._engine.manager import QueueManager
-from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch, link_to_pending
+from haze._jobs.definition import (
+    DispatchResult,
+    JobDefinition,
+    PendingDispatch,
+    get_job,
+    link_to_pending,
+)
 from haze._kernel.blocking import blocking_method
 from haze._kernel.current import use_app
 from haze._kernel.errors import BatchFinishedError, DispatchIncompleteError, HazeError
 from haze._kernel.message import Message, check_queue_name, new_id
+from haze.contracts.driver import QueueNameRules
 from haze.contracts.store import Store
 
 __all__ = ["Batch", "BatchCount", "BatchGuard", "BatchJob", "PendingBatch"]
@@ -157,6 +164,7 @@ class Batch:
                 f'batch "{self.id}" has finished; start a new batch instead of adding jobs'
             )
         n = sum(len(i) if isinstance(i, list) else 1 for i in items)
+        _check_queues(manager, items, self.options)
         ttl = self.options.get("ttl")
         await store.increment(_key(self.id, "total"), n, ttl)
         await store.increment(_key(self.id, "pending"), n, ttl)
@@ -321,6 +329,7 @@ async def start_batch(
         "callbacks": spec.get("callbacks") or {},
         "chain": chain,
     }
+    _check_queues(manager, items, options)
     await store.put(_key(batch_id), record, ttl)
     await store.put(_key(batch_id, "total"), total, ttl)
     await store.put(_key(batch_id, "pending"), total, ttl)
@@ -397,6 +406,24 @@ async def _dispatch_items(
     await flush()
     if first_error is not None:
         raise first_error
+
+
+def _check_queues(
+    manager: QueueManager,
+    items: Sequence[PendingDispatch[Any] | list[PendingDispatch[Any]]],
+    options: dict[str, Any],
+) -> None:
+    """Every queue name the batch's jobs and chains will use, checked before the batch
+    is recorded or any job queued (``check_link_queues``)."""
+    queue, conn = options.get("queue"), options.get("connection")
+    for item in items:
+        if isinstance(item, list):
+            check_link_queues(manager, _chain_links(manager, item, queue, conn))
+        else:
+            target, name = manager.dispatcher.resolve(item, queue=queue, connection=conn)
+            driver = manager.app.driver(target)
+            if isinstance(driver, QueueNameRules):
+                driver.check_queue(name)
 
 
 def _chain_links(
@@ -812,6 +839,30 @@ def check_function_callbacks(
                     f'"{name}" (driver {type(driver).__name__}); pass a job reference '
                     "such as cleanup.with_({...}) instead"
                 )
+
+
+def check_link_queues(
+    manager: QueueManager,
+    links: Sequence[dict[str, Any]],
+    queue: str | None = None,
+    connection: str | None = None,
+) -> None:
+    """Ask the driver of each job that ``links`` will queue later (a chain's next links,
+    a batch's jobs) whether it takes the job's queue name (``QueueNameRules``): a name it
+    refuses then fails the dispatch instead of the link before it, which would lose the
+    rest of the chain."""
+    for link in links:
+        if "batch" in link:
+            spec = link["batch"]
+            check_link_queues(manager, spec["jobs"], spec.get("queue"), spec.get("connection"))
+        elif "chain" in link:
+            check_link_queues(manager, link["chain"], queue, connection)
+        else:
+            job = get_job(link["job"])
+            conn = link.get("connection") or connection or job.connection
+            driver = manager.app.driver(manager.app.connection_name(conn))
+            if isinstance(driver, QueueNameRules):
+                driver.check_queue(link.get("queue") or queue or job.queue or "default")
 
 
 async def start_links(
