@@ -414,13 +414,11 @@ def _check_queues(
     options: dict[str, Any],
 ) -> None:
     """Every queue name the batch's jobs and chains will use, checked before the batch
-    is recorded or any job queued (``check_link_queues``)."""
+    is recorded or any job queued (as ``check_link_queues`` checks a chain's links)."""
     queue, conn = options.get("queue"), options.get("connection")
     for item in items:
-        if isinstance(item, list):
-            check_link_queues(manager, _chain_links(manager, item, queue, conn))
-        else:
-            target, name = manager.dispatcher.resolve(item, queue=queue, connection=conn)
+        for pending in item if isinstance(item, list) else (item,):
+            target, name = manager.dispatcher.resolve(pending, queue=queue, connection=conn)
             driver = manager.app.driver(target)
             if isinstance(driver, QueueNameRules):
                 driver.check_queue(name)
