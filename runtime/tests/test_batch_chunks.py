@@ -3,11 +3,14 @@ than ``DISPATCH_CHUNK`` encoded messages of it at once, whatever the batch's siz
 
 from __future__ import annotations
 
+import tracemalloc
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from haze import App, Queue, define_job, define_queue_config
+from haze import App, Queue, define_database_config, define_job, define_queue_config
 from haze._orchestration.batches import DISPATCH_CHUNK
+from haze.database.migrations import ensure_queue_tables
 
 RAN: list[int] = []
 
@@ -43,3 +46,37 @@ async def test_a_big_batch_is_enqueued_in_bounded_chunks() -> None:
         del sizes[:]
         await open_batch.add([bc_count.with_({"i": i}) for i in range(DISPATCH_CHUNK + 1)])
         assert sizes == [DISPATCH_CHUNK, 1]
+
+
+async def _dispatch_peak(app: App, n: int) -> int:
+    """Bytes the dispatching process allocated at its peak while queueing a batch of
+    ``n`` jobs, beyond the list the caller built (measured on a SQLite file, whose rows
+    live outside Python)."""
+    jobs = [bc_count.with_({"i": i}) for i in range(n)]
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        await Queue.batch(jobs).dispatch()
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+async def test_a_big_batch_holds_no_copy_of_its_jobs_while_it_is_queued(tmp_path: Path) -> None:
+    # The batch went through its JSON description (one link dict per job) and back (one
+    # pending dispatch per job) before the first chunk was sent: memory grew with the
+    # batch, about 300 MB for a million jobs.
+    app = App(
+        queue=define_queue_config(default="db", connections={"db": {"driver": "database"}}),
+        database=define_database_config(
+            default="main", connections={"main": {"url": f"sqlite:///{tmp_path}/q.db"}}
+        ),
+    )
+    async with app:
+        await ensure_queue_tables(app)
+        await _dispatch_peak(app, DISPATCH_CHUNK)  # warm caches and statements
+        small = await _dispatch_peak(app, 2 * DISPATCH_CHUNK)
+        big = await _dispatch_peak(app, 8 * DISPATCH_CHUNK)
+    # A list of references to the caller's jobs (8 bytes each) may grow with the batch,
+    # nothing per job beyond that.
+    assert big - small < 100 * 6 * DISPATCH_CHUNK, (small, big)

@@ -325,3 +325,18 @@ def test_an_output_folder_inside_the_app_sources_is_refused(tmp_path: Path, insi
         build(root, "cloudflare", root / inside)
     assert "\n" not in str(info.value)
     assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == before
+
+
+@pytest.mark.parametrize("app_at", ["cloudflare", "cloudflare/my app"])
+def test_an_output_folder_whose_build_folder_holds_the_app_is_refused(
+    tmp_path: Path, app_at: str
+) -> None:
+    # The build replaces <out>/cloudflare whole: with the app inside it, that deleted the app.
+    root = _cloudflare_app(tmp_path / app_at)
+    (root / "notes.txt").write_text("mine")
+    before = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+    with pytest.raises(ConfigError, match="which holds the app") as info:
+        build(root, "cloudflare", tmp_path)
+    assert "\n" not in str(info.value)
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == before
+    assert not list(tmp_path.glob(".haze-build-*"))

@@ -63,3 +63,22 @@ async def test_a_comma_in_a_queue_name_is_refused_wherever_a_queue_is_named(
         define_job(name="nm_comma", queue=bad)(nm_record.handler)
     await done()
     assert LOG == []
+
+
+async def test_a_nul_in_a_queue_name_is_refused_wherever_a_queue_is_named(
+    app: Any, driver: Any, done: Any
+) -> None:
+    # No command line can name such a queue (argv cannot hold a NUL) and PostgreSQL
+    # refuses the character: SQLite, MariaDB and Redis queued jobs no worker could take.
+    bad = "emails\x00"
+    with pytest.raises(ValueError, match="cannot contain a NUL") as info:
+        await nm_record.dispatch({"queue": bad}, queue=bad)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="cannot contain a NUL"):
+        Queue.chain([nm_record.with_({"queue": bad})]).on_queue(bad)
+    with pytest.raises(ValueError, match="cannot contain a NUL"):
+        Queue.batch([nm_record.with_({"queue": bad})]).on_queue(bad)
+    with pytest.raises(ValueError, match="cannot contain a NUL"):
+        define_job(name="nm_nul", queue=bad)(nm_record.handler)
+    await done()
+    assert LOG == []

@@ -137,6 +137,27 @@ async def test_a_colon_in_a_queue_name_or_prefix_is_refused(redis_app, redis_pre
         await r.aclose()
 
 
+async def test_a_colon_in_a_later_link_of_a_chain_is_refused_at_dispatch(redis_app, redis_prefix):
+    """A chain's later links are queued only when the link before them succeeds: a
+    ``:`` found then lost the rest of the chain (logged, the job acked). It is refused
+    when the chain, or a batch holding it, is dispatched, and nothing is queued."""
+    async with redis_app():
+        attempts = [
+            lambda: Queue.chain([rd_plain.with_({"n": 1}), rd_plain.with_({}).on_queue("a:b")]),
+            lambda: Queue.batch(
+                [rd_plain.with_({"n": 0}), [rd_plain.with_({}), rd_plain.with_({}).on_queue("a:b")]]
+            ),
+            lambda: Queue.chain(
+                [rd_plain.with_({"n": 1}), Queue.batch([rd_plain.with_({}).on_queue("a:b")])]
+            ),
+        ]
+        for pending in attempts:
+            with pytest.raises(ValueError, match="cannot contain ':'") as info:
+                await pending().dispatch()
+            assert "\n" not in str(info.value)
+        assert await Queue.size("default") == 0
+
+
 # ----------------------------------------------------------------------------- data model
 
 

@@ -25,12 +25,19 @@ from typing import Any
 
 from haze._engine.hooks import Outcome, Run, Skip
 from haze._engine.manager import QueueManager
-from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch, link_to_pending
+from haze._jobs.definition import (
+    DispatchResult,
+    JobDefinition,
+    PendingDispatch,
+    get_job,
+    link_to_pending,
+)
 from haze._kernel.blocking import blocking_method
 from haze._kernel.current import use_app
 from haze._kernel.errors import BatchFinishedError, DispatchIncompleteError, HazeError
 from haze._kernel.message import Message, check_queue_name, new_id
 from haze._orchestration import tails
+from haze.contracts.driver import QueueNameRules
 from haze.contracts.store import Store
 
 __all__ = ["Batch", "BatchCount", "BatchGuard", "BatchJob", "PendingBatch"]
@@ -158,6 +165,7 @@ class Batch:
                 f'batch "{self.id}" has finished; start a new batch instead of adding jobs'
             )
         n = sum(len(i) if isinstance(i, list) else 1 for i in items)
+        _check_queues(manager, items, self.options)
         ttl = self.options.get("ttl")
         await store.increment(_key(self.id, "total"), n, ttl)
         await store.increment(_key(self.id, "pending"), n, ttl)
@@ -235,6 +243,18 @@ class PendingBatch:
 
     def to_spec(self, manager: QueueManager, connection: str | None = None) -> dict[str, Any]:
         """The JSON description of this batch (also how a batch travels inside a chain)."""
+        spec = self._head(manager, connection)
+        jobs: list[Any] = []
+        for item in self.jobs:
+            if isinstance(item, list):
+                jobs.append({"chain": [p.to_link(manager.app) for p in item]})
+            else:
+                jobs.append(item.to_link(manager.app))
+        spec["jobs"] = jobs
+        return spec
+
+    def _head(self, manager: QueueManager, connection: str | None = None) -> dict[str, Any]:
+        """The batch's description without its jobs (checked as ``to_spec`` checks it)."""
         conn = manager.app.connection_name(self._connection or connection)
         check_function_callbacks(
             manager,
@@ -243,15 +263,8 @@ class PendingBatch:
             (conn,),
             "batch callback",
         )
-        jobs: list[Any] = []
-        for item in self.jobs:
-            if isinstance(item, list):
-                jobs.append({"chain": [p.to_link(manager.app) for p in item]})
-            else:
-                jobs.append(item.to_link(manager.app))
         return {
             "name": self._name,
-            "jobs": jobs,
             "connection": conn,
             "queue": self._queue,
             "allow_failures": self._allow_failures,
@@ -264,12 +277,13 @@ class PendingBatch:
 
     async def dispatch(self) -> Batch:
         manager: QueueManager = use_app().manager
-        spec = self.to_spec(manager)
         recorder = manager.app.recorder
         if recorder is not None:
-            batch: Batch = recorder.record_batch(self, spec)
+            batch: Batch = recorder.record_batch(self, self.to_spec(manager))
             return batch
-        return await dispatch_spec(manager, spec)
+        # The jobs go out as they are, not through their JSON links and back: that
+        # would hold two copies of a million-job batch before the first chunk is sent.
+        return await start_batch(manager, self._head(manager), self.jobs)
 
     dispatch_blocking = blocking_method(dispatch)
 
@@ -277,6 +291,23 @@ class PendingBatch:
 async def dispatch_spec(
     manager: QueueManager, spec: dict[str, Any], chain: dict[str, Any] | None = None
 ) -> Batch:
+    """Start the batch a JSON description (``to_spec``) holds, e.g. a chain's link."""
+    items: list[PendingDispatch[Any] | list[PendingDispatch[Any]]] = []
+    for j in spec["jobs"]:
+        if "chain" in j:
+            items.append([link_to_pending(x, manager.app) for x in j["chain"]])
+        else:
+            items.append(link_to_pending(j, manager.app))
+    return await start_batch(manager, spec, items, chain)
+
+
+async def start_batch(
+    manager: QueueManager,
+    spec: dict[str, Any],
+    items: Sequence[PendingDispatch[Any] | list[PendingDispatch[Any]]],
+    chain: dict[str, Any] | None = None,
+) -> Batch:
+    """Record a batch (``spec`` without its jobs is enough) and queue ``items``."""
     store = _store(manager)
     ttl = manager.app.queue_config.batches_ttl
     if manager.app.recorder is None:
@@ -284,12 +315,6 @@ async def dispatch_spec(
         manager.stores.check(store, manager.app.driver(spec["connection"]), "batches")
     batch_id = new_id()
     now = time.time()
-    items: list[PendingDispatch[Any] | list[PendingDispatch[Any]]] = []
-    for j in spec["jobs"]:
-        if "chain" in j:
-            items.append([link_to_pending(x, manager.app) for x in j["chain"]])
-        else:
-            items.append(link_to_pending(j, manager.app))
     total = sum(len(i) if isinstance(i, list) else 1 for i in items)
     options = {
         "connection": spec["connection"],
@@ -305,6 +330,7 @@ async def dispatch_spec(
         "callbacks": spec.get("callbacks") or {},
         "chain": chain,
     }
+    _check_queues(manager, items, options)
     await store.put(_key(batch_id), record, ttl)
     await store.put(_key(batch_id, "total"), total, ttl)
     await store.put(_key(batch_id, "pending"), total, ttl)
@@ -381,6 +407,22 @@ async def _dispatch_items(
     await flush()
     if first_error is not None:
         raise first_error
+
+
+def _check_queues(
+    manager: QueueManager,
+    items: Sequence[PendingDispatch[Any] | list[PendingDispatch[Any]]],
+    options: dict[str, Any],
+) -> None:
+    """Every queue name the batch's jobs and chains will use, checked before the batch
+    is recorded or any job queued (as ``check_link_queues`` checks a chain's links)."""
+    queue, conn = options.get("queue"), options.get("connection")
+    for item in items:
+        for pending in item if isinstance(item, list) else (item,):
+            target, name = manager.dispatcher.resolve(pending, queue=queue, connection=conn)
+            driver = manager.app.driver(target)
+            if isinstance(driver, QueueNameRules):
+                driver.check_queue(name)
 
 
 def _chain_links(
@@ -799,6 +841,30 @@ def check_function_callbacks(
                     f'"{name}" (driver {type(driver).__name__}); pass a job reference '
                     "such as cleanup.with_({...}) instead"
                 )
+
+
+def check_link_queues(
+    manager: QueueManager,
+    links: Sequence[dict[str, Any]],
+    queue: str | None = None,
+    connection: str | None = None,
+) -> None:
+    """Ask the driver of each job that ``links`` will queue later (a chain's next links,
+    a batch's jobs) whether it takes the job's queue name (``QueueNameRules``): a name it
+    refuses then fails the dispatch instead of the link before it, which would lose the
+    rest of the chain."""
+    for link in links:
+        if "batch" in link:
+            spec = link["batch"]
+            check_link_queues(manager, spec["jobs"], spec.get("queue"), spec.get("connection"))
+        elif "chain" in link:
+            check_link_queues(manager, link["chain"], queue, connection)
+        else:
+            job = get_job(link["job"])
+            conn = link.get("connection") or connection or job.connection
+            driver = manager.app.driver(manager.app.connection_name(conn))
+            if isinstance(driver, QueueNameRules):
+                driver.check_queue(link.get("queue") or queue or job.queue or "default")
 
 
 async def start_links(

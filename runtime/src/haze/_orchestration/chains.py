@@ -24,7 +24,12 @@ from haze._kernel.current import use_app
 from haze._kernel.durations import Duration, check_delay, parse_duration
 from haze._kernel.message import Message, check_queue_name, new_id
 from haze._orchestration import tails
-from haze._orchestration.batches import PendingBatch, check_function_callbacks, start_links
+from haze._orchestration.batches import (
+    PendingBatch,
+    check_function_callbacks,
+    check_link_queues,
+    start_links,
+)
 
 if TYPE_CHECKING:
     from haze._jobs.context import JobContext
@@ -105,6 +110,8 @@ class PendingChain:
         recorder = manager.app.recorder
         if recorder is not None:
             recorder.record_chain(self, links, chain_id)
+        else:
+            check_link_queues(manager, links[1:])
         result = await start_links(manager, links, chain_id, catch or None, batch_id=None)
         return DispatchResult(result.id, result.skipped, result.deferred, chain_id)
 

@@ -165,6 +165,7 @@ def build(root: str | Path, preset: str, out: str | Path | None = None) -> Build
         ctx.dest.mkdir(parents=True)
         result: BuildResult = module.build(ctx)
         _check_generated(ctx.generated, staging)
+        _check_replaced(root, staging, target)
         _publish(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -224,6 +225,20 @@ def _check_generated(files: Iterable[Path], staging: Path) -> None:
                 "was written. Check the values haze.config.py and config/ put in it",
                 key="--preset",
             ) from None
+
+
+def _check_replaced(root: Path, staging: Path, target: Path) -> None:
+    """Refuse, before anything moves, an output whose build folder (``<out>/<preset>``
+    and the like) is the app's root or holds it: publishing replaces that folder whole,
+    which would delete the app."""
+    for entry in staging.iterdir():
+        dest = target / entry.name
+        if root.is_relative_to(dest):
+            raise ConfigError(
+                f"--out {target}: the build would replace {dest}, which holds the app "
+                f"({root}); choose another folder, e.g. the default dist/",
+                key="--out",
+            )
 
 
 def _publish(staging: Path, target: Path) -> None:
