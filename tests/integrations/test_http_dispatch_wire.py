@@ -29,6 +29,8 @@ pytestmark = [
 
 SECRET = "wire-secret-for-tests"
 LIMIT = 64 * 1024
+#: HAZE_HTTP_BODY_TIMEOUT of the test server: short, so a stalled body is answered fast.
+BODY_TIMEOUT = 2
 
 APP = """\
     from haze import App, define_job, define_queue_config
@@ -55,7 +57,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     (root / "wire_app.py").write_text(textwrap.dedent(APP))
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "HAZE_"))}
-    env.update(HAZE_HTTP_SECRET=SECRET, HAZE_HTTP_MAX_BODY=str(LIMIT), PYTHONPATH=str(root))
+    env.update(
+        HAZE_HTTP_SECRET=SECRET,
+        HAZE_HTTP_MAX_BODY=str(LIMIT),
+        HAZE_HTTP_BODY_TIMEOUT=f"{BODY_TIMEOUT}s",
+        PYTHONPATH=str(root),
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "wire_app:app", "--port", str(port)],
         cwd=root,
@@ -153,3 +160,20 @@ def test_a_signed_request_is_still_checked_against_its_body(server: int) -> None
     other = BODY.replace(b'"n": 1', b'"n": 2')
     forged, answer = request(server, {**headers, "Content-Length": str(len(other))}, other)
     assert forged == 403, answer
+
+
+@pytest.mark.parametrize("auth", ["bearer", "forged signature"])
+def test_a_body_that_stops_arriving_gets_408_instead_of_a_hung_connection(
+    server: int, auth: str
+) -> None:
+    # A slowloris client: the head declares 100 bytes, 10 arrive, then nothing. A forged
+    # signature passes the header check (its HMAC needs the body), so without a deadline
+    # on the body an unauthenticated client could hold connections open for ever.
+    headers = (
+        BEARER
+        if auth == "bearer"
+        else {"X-Haze-Timestamp": str(int(time.time())), "X-Haze-Signature": "sha256=00"}
+    )
+    status, answer = request(server, {**headers, "Content-Length": "100"}, BODY[:10])
+    assert status == 408, answer
+    assert "HAZE_HTTP_BODY_TIMEOUT" in json.loads(answer)["error"]

@@ -46,6 +46,8 @@ Responses (JSON, ``{"error": "..."}`` on failure):
 403    wrong bearer token or signature
 404    no job by that name (or not in ``HAZE_HTTP_JOBS``, a comma-separated allowlist)
 405    not a POST
+408    the ASGI app (server and Vercel presets) did not receive the whole body within
+       ``HAZE_HTTP_BODY_TIMEOUT`` (a duration, default 30 s)
 413    the message is over the connection's size limit (or the body over
        ``HAZE_HTTP_MAX_BODY``, default 10 MiB)
 500    ``HAZE_HTTP_SECRET`` is not set, ``HAZE_HTTP_MAX_BODY`` is not a size, or the
@@ -68,7 +70,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from haze._app.app import App, run_in_app
-from haze._app.env import env_size
+from haze._app.env import env_duration, env_size
 from haze._jobs.definition import PendingDispatch, get_job
 from haze._kernel.errors import (
     ConfigError,
@@ -97,6 +99,9 @@ log = logging.getLogger("haze.http")
 KEYS = frozenset({"job", "payload", "delay", "queue", "group"})
 
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
+
+#: Seconds the ASGI app waits for a whole body (``HAZE_HTTP_BODY_TIMEOUT``).
+DEFAULT_BODY_TIMEOUT = 30.0
 
 #: How far (seconds, either way) a signed request's ``X-Haze-Timestamp`` may be from now.
 MAX_SKEW = 300
@@ -157,6 +162,12 @@ def max_body() -> int:
     entrypoint calls it when it starts, so that error stops it there.
     """
     return env_size("HAZE_HTTP_MAX_BODY", DEFAULT_MAX_BODY)
+
+
+def body_timeout() -> float:
+    """Seconds the ASGI app waits for a request's whole body (``HAZE_HTTP_BODY_TIMEOUT``,
+    default 30 s); ``ConfigError`` naming the variable when it is not a duration."""
+    return env_duration("HAZE_HTTP_BODY_TIMEOUT", DEFAULT_BODY_TIMEOUT)
 
 
 def signed_headers(raw: bytes, secret: str, *, timestamp: int | None = None) -> dict[str, str]:
@@ -445,6 +456,7 @@ class DispatchApp:
         if (app is None) == (root is None):
             raise TypeError("DispatchApp needs exactly one of app= or root=")
         max_body()  # a bad HAZE_HTTP_MAX_BODY stops the server here, not every request
+        body_timeout()
         self._fixed = app
         self._root = root
         self._per_loop: tuple[asyncio.AbstractEventLoop, App] | None = None
@@ -495,7 +507,18 @@ class DispatchApp:
         if refused is not None:
             return refused
         limit = max_body()
-        raw = await _read_body(receive, limit)
+        wait = body_timeout()
+        try:
+            # A forged signature passes the header check (its HMAC needs the body): without
+            # a deadline a client that trickles its body, or stops, holds the connection.
+            async with asyncio.timeout(wait):
+                raw = await _read_body(receive, limit)
+        except TimeoutError:
+            return _error(
+                408,
+                f"the body did not arrive within {wait:g}s (HAZE_HTTP_BODY_TIMEOUT); send "
+                "the whole body at once",
+            )
         if raw is None:
             return too_large(limit + 1, limit)
         return await run_in_app(
