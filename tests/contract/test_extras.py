@@ -403,6 +403,56 @@ async def test_undecryptable_payload_fails_clearly_and_is_kept(make_app, done, m
         assert json.loads(failed.body)["enc"]
 
 
+def _forged_seal(key: str, plain: bytes, message_id: str) -> str:
+    """What a producer holding the app key could write as ``enc``: ``plain`` sealed as
+    haze seals a payload (the message id authenticated with it)."""
+    import base64
+    import os
+
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from haze._kernel.crypto import _material
+
+    nonce = os.urandom(12)
+    sealed = AESGCM(_material(key)).encrypt(nonce, plain, message_id.encode())
+    return base64.b64encode(nonce + sealed).decode()
+
+
+@pytest.mark.requires("queued", "failed_store")
+@pytest.mark.parametrize(
+    ("plain", "says"),
+    [
+        (b'{"card": NaN}', "holds NaN, which is not JSON"),
+        (b'{"card": [1, {"x": -Infinity}]}', "holds -Infinity, which is not JSON"),
+        (b"card 4242", "decrypts with the app key but is not JSON"),
+    ],
+)
+async def test_an_encrypted_payload_that_is_not_strict_json_is_never_run(
+    make_app, done, monkeypatch, plain, says
+):
+    """The decrypted payload is held to the rules of a plain body: NaN or Infinity inside
+    the ciphertext fails the message (never run), as it does in the clear, and a payload
+    that decrypts but is not JSON is not reported as a wrong key."""
+    key = generate_key()
+    async with make_app(key=key) as app:
+        drv = app.driver("main")
+        real_one = drv.enqueue
+
+        async def forge(body: str, message: Any, delay: float) -> None:
+            data = json.loads(body)
+            data["enc"] = _forged_seal(key, plain, data["id"])
+            await real_one(json.dumps(data), message, delay)
+
+        monkeypatch.setattr(drv, "enqueue", forge)
+        job_id = await ex_secret.dispatch({"card": SECRET})
+        await done()
+        assert RUNS == []
+        [failed] = await Queue.failed()
+        assert failed.id == job_id
+        assert "MessageDecodeError" in failed.exception
+        assert says in failed.exception
+        assert "card" not in failed.exception.replace('"ex_secret"', "")  # no field named
+
+
 async def test_decrypt_error_type(app):
     from haze._kernel.crypto import decrypt_payload, encrypt_payload
     from haze._kernel.message import Message

@@ -142,13 +142,40 @@ def unseal(app: App, blob: object, context: str, what: str) -> Any:
     nonce, ct = raw[:12], raw[12:]
     for k in _keys(app):
         try:
-            return json.loads(cls(k).decrypt(nonce, ct, context.encode()))
+            plain = cls(k).decrypt(nonce, ct, context.encode())
         except Exception:
             continue
+        return _strict_json(plain, what)
     raise MessageDecodeError(
         f"cannot decrypt the payload of {what} with APP_KEY or APP_PREVIOUS_KEYS; if the key "
         "was rotated, add the old key to APP_PREVIOUS_KEYS"
     )
+
+
+class _NotJsonToken(ValueError):
+    pass
+
+
+def _refuse_token(token: str) -> Any:
+    raise _NotJsonToken(token)
+
+
+def _strict_json(plain: bytes, what: str) -> Any:
+    """The decrypted JSON, read as strictly as a plain message's body (no ``NaN`` or
+    ``Infinity``: haze never writes them). The error names no field: the payload's keys
+    are its plaintext too, and this error is stored in the clear."""
+    try:
+        return json.loads(plain, parse_constant=_refuse_token)
+    except _NotJsonToken as e:
+        raise MessageDecodeError(
+            f"the decrypted payload of {what} holds {e}, which is not JSON (haze messages "
+            "are strict JSON; its producer must send null or a string instead)"
+        ) from None
+    except (ValueError, RecursionError):
+        raise MessageDecodeError(
+            f"the payload of {what} decrypts with the app key but is not JSON (a producer "
+            "sealed something else)"
+        ) from None
 
 
 def encrypt_payload(app: App, message: Message) -> None:
