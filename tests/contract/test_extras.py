@@ -385,6 +385,27 @@ async def test_key_rotation_reads_old_messages_with_previous_keys(make_app, done
     assert RUNS[0]["payload"] == {"card": SECRET}
 
 
+@pytest.mark.requires("delay")
+async def test_key_rotation_reads_previous_keys_from_the_invocations_env(
+    make_app, done, monkeypatch
+):
+    """Inside a Cloudflare Worker the vars and secrets arrive with each invocation
+    (``env_source``), not in ``os.environ``: ``APP_PREVIOUS_KEYS`` is read from there as
+    ``APP_KEY`` is, or a rotated key fails every old message in a Worker."""
+    from haze._app.config import env_source
+
+    old, new = generate_key(), generate_key()
+    monkeypatch.delenv("APP_KEY", raising=False)
+    monkeypatch.delenv("APP_PREVIOUS_KEYS", raising=False)
+    worker_env = {"APP_KEY": old}
+    with env_source(worker_env.get):
+        async with make_app():
+            await ex_secret.dispatch({"card": SECRET}, delay=0.05)
+            worker_env.update(APP_KEY=new, APP_PREVIOUS_KEYS=old)
+            await done()
+    assert [r["payload"] for r in RUNS] == [{"card": SECRET}]
+
+
 @pytest.mark.requires("delay", "failed_store")
 async def test_undecryptable_payload_fails_clearly_and_is_kept(make_app, done, monkeypatch):
     monkeypatch.setenv("APP_KEY", generate_key())

@@ -83,17 +83,17 @@ def _material(key: str, variable: str = "APP_KEY") -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-def _previous() -> list[str]:
-    return [k.strip() for k in os.environ.get("APP_PREVIOUS_KEYS", "").split(",") if k.strip()]
+def _previous(keys: str | None) -> list[str]:
+    return [k.strip() for k in (keys or "").split(",") if k.strip()]
 
 
-def check_keys(key: str | None, variable: str = "APP_KEY") -> None:
+def check_keys(key: str | None, variable: str = "APP_KEY", previous: str | None = None) -> None:
     """Raise ``ConfigError`` naming the variable when the app key (``variable`` says where
-    it came from) or one of ``APP_PREVIOUS_KEYS`` is not a usable key: checked when an
-    app with encrypted jobs starts, instead of at each job."""
+    it came from) or one of ``previous`` (``APP_PREVIOUS_KEYS``) is not a usable key:
+    checked when an app with encrypted jobs starts, instead of at each job."""
     if key:
         _material(key, variable)
-    for old in _previous():
+    for old in _previous(previous):
         _material(old, "APP_PREVIOUS_KEYS")
 
 
@@ -112,7 +112,8 @@ def _keys(app: App) -> list[bytes]:
             "or pass App(key=...)",
             key="APP_KEY",
         )
-    return [_material(key), *(_material(k, "APP_PREVIOUS_KEYS") for k in _previous())]
+    old = _previous(app.previous_keys)
+    return [_material(key), *(_material(k, "APP_PREVIOUS_KEYS") for k in old)]
 
 
 def seal(app: App, value: Any, context: str) -> str:
