@@ -474,6 +474,33 @@ async def test_an_encrypted_payload_that_is_not_strict_json_is_never_run(
         assert "card" not in failed.exception.replace('"ex_secret"', "")  # no field named
 
 
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ({"when": __import__("datetime").date(2026, 1, 1)}, "payload['when'] is a datetime.date"),
+        ({"amount": float("nan")}, "payload['amount'] is nan, which JSON cannot represent"),
+        ({"name": "caf\udce9"}, "payload['name'] holds a lone surrogate"),
+    ],
+)
+@pytest.mark.parametrize("how", ["dispatch", "chain link"])
+async def test_an_encrypted_jobs_payload_is_checked_like_a_plain_one(
+    make_app, done, bad, says, how
+):
+    """Encryption does not skip the dispatch check: the error names the path, as for a
+    plain job, instead of json's own 'Object of type date is not JSON serializable'."""
+    async with make_app(key=generate_key()):
+        pending = (
+            ex_secret.with_(bad)
+            if how == "dispatch"
+            else Queue.chain([ex_secret.with_({"card": SECRET}), ex_secret.with_(bad)])
+        )
+        with pytest.raises(TypeError) as caught:
+            await pending.dispatch()
+        assert says in str(caught.value)
+        await done()
+    assert RUNS == []
+
+
 async def test_decrypt_error_type(app):
     from haze._kernel.crypto import decrypt_payload, encrypt_payload
     from haze._kernel.message import Message

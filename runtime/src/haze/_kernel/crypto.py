@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from haze._kernel.deps import require
 from haze._kernel.errors import ConfigError, MessageDecodeError
-from haze._kernel.message import envelope_of
+from haze._kernel.message import encode_payload, envelope_of
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -122,9 +122,19 @@ def seal(app: App, value: Any, context: str) -> str:
     ``context`` is authenticated with it (AES-GCM associated data): :func:`unseal`
     needs the same one, so a sealed value cannot be moved to another message or link.
     """
+    data = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+    return _seal_bytes(app, data, context)
+
+
+def _seal_payload(app: App, payload: Any, context: str) -> str:
+    """:func:`seal` of a job's payload, refused as a plain job's is (``TypeError`` naming
+    the path JSON cannot carry, a lone surrogate included) before it is encrypted."""
+    return _seal_bytes(app, encode_payload(payload).encode("utf-8"), context)
+
+
+def _seal_bytes(app: App, data: bytes, context: str) -> str:
     aes = _aesgcm()(_keys(app)[0])
     nonce = os.urandom(12)
-    data = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
     return base64.b64encode(nonce + aes.encrypt(nonce, data, context.encode())).decode()
 
 
@@ -181,7 +191,7 @@ def _strict_json(plain: bytes, what: str) -> Any:
 
 def encrypt_payload(app: App, message: Message) -> None:
     """Replace ``message.payload`` by ``message.enc`` (nonce + ciphertext, base64)."""
-    message.enc = seal(app, message.payload, message.id)
+    message.enc = _seal_payload(app, message.payload, message.id)
     message.payload = None
 
 
@@ -200,7 +210,7 @@ def seal_link(app: App, link: dict[str, Any]) -> dict[str, Any]:
     ``payload`` (done when the job is ``encrypted``: the link is stored with the chain,
     the batch or the failed job)."""
     sealed = {k: v for k, v in link.items() if k != "payload"}
-    sealed["enc"] = seal(app, link.get("payload"), _link_context(str(link["job"])))
+    sealed["enc"] = _seal_payload(app, link.get("payload"), _link_context(str(link["job"])))
     return sealed
 
 
