@@ -406,6 +406,31 @@ async def test_key_rotation_reads_previous_keys_from_the_invocations_env(
     assert [r["payload"] for r in RUNS] == [{"card": SECRET}]
 
 
+@define_job(name="ex_secret_tracked", encrypted=True, tries=1, track=True)
+async def ex_secret_tracked(payload: dict, job: JobContext) -> None:
+    _record("secret_tracked", payload, job)
+
+
+@pytest.mark.requires("delay", "failed_store")
+async def test_a_worker_without_the_key_still_ends_the_status_record(make_app, done, monkeypatch):
+    """A worker started without APP_KEY cannot read an encrypted message: the job fails
+    (kept in failed jobs, to retry once the key is set) and its status record says so,
+    rather than staying 'queued' while Queue.wait waits for ever."""
+    monkeypatch.setenv("APP_KEY", generate_key())
+    monkeypatch.delenv("APP_PREVIOUS_KEYS", raising=False)
+    async with make_app():
+        job_id = await ex_secret_tracked.dispatch({"card": SECRET}, delay=0.05)
+        monkeypatch.delenv("APP_KEY")
+        await done()
+        final = await Queue.wait(job_id, timeout=10)
+        assert final.state == "failed"
+        assert final.error is not None and "APP_KEY" in final.error
+        assert SECRET not in final.error
+        [failed] = await Queue.failed()
+        assert failed.id == job_id
+    assert RUNS == []
+
+
 @pytest.mark.requires("delay", "failed_store")
 async def test_undecryptable_payload_fails_clearly_and_is_kept(make_app, done, monkeypatch):
     monkeypatch.setenv("APP_KEY", generate_key())
