@@ -61,6 +61,13 @@ def _material(key: str, variable: str = "APP_KEY") -> bytes:
     """The 32 bytes of ``key``; ``ConfigError`` naming ``variable`` (never the key: it is
     a secret) when it is not a usable key."""
     fix = "haze.crypto.generate_key() makes one"
+    if key != key.strip():
+        # ' base64:…' would be hashed as a passphrase: another key than the one meant
+        raise ConfigError(
+            "the key has whitespace before or after it (a space after '=', a newline read "
+            "from a file); remove it",
+            key=variable,
+        )
     if key.startswith("base64:"):
         try:
             raw = base64.b64decode(key[7:], validate=True)
