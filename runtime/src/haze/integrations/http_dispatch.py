@@ -513,6 +513,8 @@ class DispatchApp:
             # a deadline a client that trickles its body, or stops, holds the connection.
             async with asyncio.timeout(wait):
                 raw = await _read_body(receive, limit)
+        except _Disconnected:
+            return _error(400, "the client disconnected before its body arrived; not dispatched")
         except TimeoutError:
             return _error(
                 408,
@@ -533,14 +535,20 @@ async def _health(method: str) -> DispatchResponse:
     return DispatchResponse(200 if report.ok else 503, report.to_dict())
 
 
+class _Disconnected(Exception):
+    """The client hung up before its whole body arrived."""
+
+
 async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The request body, or None once it grows past ``limit`` (the rest is not read)."""
+    """The request body, or None once it grows past ``limit`` (the rest is not read).
+    Raises ``_Disconnected`` when the client hangs up first: the part that arrived is
+    not the request (it may even parse), and the client saw no answer, so it will retry."""
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            break
+            raise _Disconnected
         chunk = message.get("body") or b""
         size += len(chunk)
         if size > limit:
