@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from haze._app.app import App, run_in_app
+from haze._app.config import read_env
 from haze._app.env import env_duration, env_size
 from haze._jobs.definition import PendingDispatch, get_job
 from haze._kernel.errors import (
@@ -167,7 +168,14 @@ def max_body() -> int:
 def body_timeout() -> float:
     """Seconds the ASGI app waits for a request's whole body (``HAZE_HTTP_BODY_TIMEOUT``,
     default 30 s); ``ConfigError`` naming the variable when it is not a duration."""
-    return env_duration("HAZE_HTTP_BODY_TIMEOUT", DEFAULT_BODY_TIMEOUT)
+    wait = env_duration("HAZE_HTTP_BODY_TIMEOUT", DEFAULT_BODY_TIMEOUT)
+    if wait <= 0:
+        raw = read_env("HAZE_HTTP_BODY_TIMEOUT")
+        raise ConfigError(
+            f"environment variable HAZE_HTTP_BODY_TIMEOUT={raw!r}: must be more than 0 "
+            "(0 would answer 408 to every request with a body); unset it for 30s"
+        )
+    return wait
 
 
 def signed_headers(raw: bytes, secret: str, *, timestamp: int | None = None) -> dict[str, str]:
