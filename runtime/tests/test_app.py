@@ -299,3 +299,19 @@ def test_a_key_with_whitespace_around_it_is_refused_not_hashed_as_a_passphrase(
         App()
     with pytest.raises(ConfigError, match=r"^App\(key=\.\.\.\): .*whitespace"):
         App(key=padded.format(key=generate_key()))
+
+
+@pytest.mark.parametrize("variable", ["APP_KEY", "APP_PREVIOUS_KEYS"])
+def test_a_key_that_is_not_utf8_is_one_config_error_line(
+    monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    """A byte that is not UTF-8 in the environment reaches Python as a lone surrogate:
+    hashing the passphrase raised a raw UnicodeEncodeError in every command."""
+    from haze.crypto import generate_key
+    from haze.errors import ConfigError
+
+    monkeypatch.delenv("APP_PREVIOUS_KEYS", raising=False)
+    monkeypatch.setenv("APP_KEY", generate_key())
+    monkeypatch.setenv(variable, "a passphrase long enough \udcff")
+    with pytest.raises(ConfigError, match=rf"^{variable}: .*UTF-8"):
+        App()

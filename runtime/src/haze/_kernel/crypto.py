@@ -68,6 +68,14 @@ def _material(key: str, variable: str = "APP_KEY") -> bytes:
             "from a file); remove it",
             key=variable,
         )
+    try:
+        text = key.encode("utf-8")
+    except UnicodeEncodeError:
+        # a byte that is not UTF-8 in the environment arrives as a lone surrogate
+        raise ConfigError(
+            f"the key is not UTF-8 text (a stray byte in the environment?); {fix}",
+            key=variable,
+        ) from None
     if key.startswith("base64:"):
         try:
             raw = base64.b64decode(key[7:], validate=True)
@@ -87,7 +95,7 @@ def _material(key: str, variable: str = "APP_KEY") -> bytes:
             f"{len(key)} (or use a 'base64:' key: {fix})",
             key=variable,
         )
-    return hashlib.sha256(key.encode()).digest()
+    return hashlib.sha256(text).digest()
 
 
 def _previous(keys: str | None) -> list[str]:
