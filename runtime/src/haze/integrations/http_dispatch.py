@@ -167,7 +167,7 @@ def max_body() -> int:
 
 def body_timeout() -> float:
     """Seconds the ASGI app waits for a request's whole body (``HAZE_HTTP_BODY_TIMEOUT``,
-    default 30 s); ``ConfigError`` naming the variable when it is not a duration."""
+    default 30 s); ``ConfigError`` naming the variable when it is not a duration above 0."""
     wait = env_duration("HAZE_HTTP_BODY_TIMEOUT", DEFAULT_BODY_TIMEOUT)
     if wait <= 0:
         raw = read_env("HAZE_HTTP_BODY_TIMEOUT")
