@@ -280,3 +280,38 @@ async def test_dispatch_with_a_key_broken_after_start_is_a_config_error(
         monkeypatch.setenv("APP_KEY", "base64:short")  # never a raw binascii.Error
         with pytest.raises(ConfigError, match="APP_KEY: the text after 'base64:'"):
             await app_test_encrypted.dispatch({"n": 1})
+
+
+@pytest.mark.parametrize("padded", [" {key}", "{key}\n", "\t{key} ", " a long enough passphrase"])
+def test_a_key_with_whitespace_around_it_is_refused_not_hashed_as_a_passphrase(
+    monkeypatch: pytest.MonkeyPatch, padded: str
+) -> None:
+    """' base64:…' (a space after '=' in an env file) does not start with 'base64:', so it
+    was taken as a passphrase: another key than the one meant, found only when another
+    process could not decrypt. A newline read from a secrets file was 'not valid base64'.
+    (APP_PREVIOUS_KEYS is a list: the spaces around its commas are not part of a key.)"""
+    from haze.crypto import generate_key
+    from haze.errors import ConfigError
+
+    monkeypatch.delenv("APP_PREVIOUS_KEYS", raising=False)
+    monkeypatch.setenv("APP_KEY", padded.format(key=generate_key()))
+    with pytest.raises(ConfigError, match=r"^APP_KEY: .*whitespace"):
+        App()
+    with pytest.raises(ConfigError, match=r"^App\(key=\.\.\.\): .*whitespace"):
+        App(key=padded.format(key=generate_key()))
+
+
+@pytest.mark.parametrize("variable", ["APP_KEY", "APP_PREVIOUS_KEYS"])
+def test_a_key_that_is_not_utf8_is_one_config_error_line(
+    monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    """A byte that is not UTF-8 in the environment reaches Python as a lone surrogate:
+    hashing the passphrase raised a raw UnicodeEncodeError in every command."""
+    from haze.crypto import generate_key
+    from haze.errors import ConfigError
+
+    monkeypatch.delenv("APP_PREVIOUS_KEYS", raising=False)
+    monkeypatch.setenv("APP_KEY", generate_key())
+    monkeypatch.setenv(variable, "a passphrase long enough \udcff")
+    with pytest.raises(ConfigError, match=rf"^{variable}: .*UTF-8"):
+        App()

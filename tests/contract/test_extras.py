@@ -385,6 +385,52 @@ async def test_key_rotation_reads_old_messages_with_previous_keys(make_app, done
     assert RUNS[0]["payload"] == {"card": SECRET}
 
 
+@pytest.mark.requires("delay")
+async def test_key_rotation_reads_previous_keys_from_the_invocations_env(
+    make_app, done, monkeypatch
+):
+    """Inside a Cloudflare Worker the vars and secrets arrive with each invocation
+    (``env_source``), not in ``os.environ``: ``APP_PREVIOUS_KEYS`` is read from there as
+    ``APP_KEY`` is, or a rotated key fails every old message in a Worker."""
+    from haze._app.config import env_source
+
+    old, new = generate_key(), generate_key()
+    monkeypatch.delenv("APP_KEY", raising=False)
+    monkeypatch.delenv("APP_PREVIOUS_KEYS", raising=False)
+    worker_env = {"APP_KEY": old}
+    with env_source(worker_env.get):
+        async with make_app():
+            await ex_secret.dispatch({"card": SECRET}, delay=0.05)
+            worker_env.update(APP_KEY=new, APP_PREVIOUS_KEYS=old)
+            await done()
+    assert [r["payload"] for r in RUNS] == [{"card": SECRET}]
+
+
+@define_job(name="ex_secret_tracked", encrypted=True, tries=1, track=True)
+async def ex_secret_tracked(payload: dict, job: JobContext) -> None:
+    _record("secret_tracked", payload, job)
+
+
+@pytest.mark.requires("delay", "failed_store")
+async def test_a_worker_without_the_key_still_ends_the_status_record(make_app, done, monkeypatch):
+    """A worker started without APP_KEY cannot read an encrypted message: the job fails
+    (kept in failed jobs, to retry once the key is set) and its status record says so,
+    rather than staying 'queued' while Queue.wait waits for ever."""
+    monkeypatch.setenv("APP_KEY", generate_key())
+    monkeypatch.delenv("APP_PREVIOUS_KEYS", raising=False)
+    async with make_app():
+        job_id = await ex_secret_tracked.dispatch({"card": SECRET}, delay=0.05)
+        monkeypatch.delenv("APP_KEY")
+        await done()
+        final = await Queue.wait(job_id, timeout=10)
+        assert final.state == "failed"
+        assert final.error is not None and "APP_KEY" in final.error
+        assert SECRET not in final.error
+        [failed] = await Queue.failed()
+        assert failed.id == job_id
+    assert RUNS == []
+
+
 @pytest.mark.requires("delay", "failed_store")
 async def test_undecryptable_payload_fails_clearly_and_is_kept(make_app, done, monkeypatch):
     monkeypatch.setenv("APP_KEY", generate_key())
@@ -401,6 +447,83 @@ async def test_undecryptable_payload_fails_clearly_and_is_kept(make_app, done, m
         assert "APP_PREVIOUS_KEYS" in failed.exception
         assert SECRET not in failed.body
         assert json.loads(failed.body)["enc"]
+
+
+def _forged_seal(key: str, plain: bytes, message_id: str) -> str:
+    """What a producer holding the app key could write as ``enc``: ``plain`` sealed as
+    haze seals a payload (the message id authenticated with it)."""
+    import base64
+    import os
+
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from haze._kernel.crypto import _material
+
+    nonce = os.urandom(12)
+    sealed = AESGCM(_material(key)).encrypt(nonce, plain, message_id.encode())
+    return base64.b64encode(nonce + sealed).decode()
+
+
+@pytest.mark.requires("queued", "failed_store")
+@pytest.mark.parametrize(
+    ("plain", "says"),
+    [
+        (b'{"card": NaN}', "holds NaN, which is not JSON"),
+        (b'{"card": [1, {"x": -Infinity}]}', "holds -Infinity, which is not JSON"),
+        (b"card 4242", "decrypts with the app key but is not JSON"),
+    ],
+)
+async def test_an_encrypted_payload_that_is_not_strict_json_is_never_run(
+    make_app, done, monkeypatch, plain, says
+):
+    """The decrypted payload is held to the rules of a plain body: NaN or Infinity inside
+    the ciphertext fails the message (never run), as it does in the clear, and a payload
+    that decrypts but is not JSON is not reported as a wrong key."""
+    key = generate_key()
+    async with make_app(key=key) as app:
+        drv = app.driver("main")
+        real_one = drv.enqueue
+
+        async def forge(body: str, message: Any, delay: float) -> None:
+            data = json.loads(body)
+            data["enc"] = _forged_seal(key, plain, data["id"])
+            await real_one(json.dumps(data), message, delay)
+
+        monkeypatch.setattr(drv, "enqueue", forge)
+        job_id = await ex_secret.dispatch({"card": SECRET})
+        await done()
+        assert RUNS == []
+        [failed] = await Queue.failed()
+        assert failed.id == job_id
+        assert "MessageDecodeError" in failed.exception
+        assert says in failed.exception
+        assert "card" not in failed.exception.replace('"ex_secret"', "")  # no field named
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ({"when": __import__("datetime").date(2026, 1, 1)}, "payload['when'] is a datetime.date"),
+        ({"amount": float("nan")}, "payload['amount'] is nan, which JSON cannot represent"),
+        ({"name": "caf\udce9"}, "payload['name'] holds a lone surrogate"),
+    ],
+)
+@pytest.mark.parametrize("how", ["dispatch", "chain link"])
+async def test_an_encrypted_jobs_payload_is_checked_like_a_plain_one(
+    make_app, done, bad, says, how
+):
+    """Encryption does not skip the dispatch check: the error names the path, as for a
+    plain job, instead of json's own 'Object of type date is not JSON serializable'."""
+    async with make_app(key=generate_key()):
+        pending = (
+            ex_secret.with_(bad)
+            if how == "dispatch"
+            else Queue.chain([ex_secret.with_({"card": SECRET}), ex_secret.with_(bad)])
+        )
+        with pytest.raises(TypeError) as caught:
+            await pending.dispatch()
+        assert says in str(caught.value)
+        await done()
+    assert RUNS == []
 
 
 async def test_decrypt_error_type(app):

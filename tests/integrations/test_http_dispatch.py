@@ -267,6 +267,17 @@ async def test_a_bad_max_body_stops_the_app_at_start_with_one_line(
         DispatchApp(root=".")
 
 
+@pytest.mark.parametrize("value", ["0", "0s", "soon"])
+async def test_a_body_timeout_that_would_refuse_every_body_stops_the_app_at_start(
+    app: App, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    # 0 is a duration, but a deadline of 0 answers 408 to every request with a body
+    monkeypatch.setenv("HAZE_HTTP_BODY_TIMEOUT", value)
+    with pytest.raises(ConfigError) as info:
+        DispatchApp(app)
+    assert f"HAZE_HTTP_BODY_TIMEOUT={value!r}" in str(info.value)
+
+
 def test_env_durations_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HAZE_TEST_WAIT", "90s")
     assert env_duration("HAZE_TEST_WAIT", 5.0) == 90.0

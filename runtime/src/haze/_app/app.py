@@ -230,12 +230,19 @@ class App:
         # read_env: inside a Cloudflare Worker, its secret of this invocation
         return self._key if self._key is not None else read_env("APP_KEY")
 
+    @property
+    def previous_keys(self) -> str | None:
+        """``APP_PREVIOUS_KEYS`` (comma-separated keys that still decrypt), read like
+        ``APP_KEY``: inside a Cloudflare Worker, its secret of this invocation."""
+        return read_env("APP_PREVIOUS_KEYS")
+
     def check_keys(self) -> None:
         """When a registered job is ``encrypted``: ``ConfigError`` naming the variable if
         the app key or one of ``APP_PREVIOUS_KEYS`` cannot be a key (an unusable key is
         found when the app starts, not job by job)."""
         if any(job.encrypted for job in registered_jobs().values()):
-            check_keys(self.key, "APP_KEY" if self._key is None else "App(key=...)")
+            where = "APP_KEY" if self._key is None else "App(key=...)"
+            check_keys(self.key, where, self.previous_keys)
 
     # -- discovery ---------------------------------------------------------------
 

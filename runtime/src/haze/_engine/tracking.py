@@ -101,7 +101,10 @@ class Tracking:
     def sealer(self, message: Message) -> status.Sealer | None:
         """How an encrypted job's record fields are encrypted (None: a plain job)."""
         job = find_job(message.job)
-        if job is None or not job.encrypted:
+        if job is None or not job.encrypted or message.enc is not None:
+            # ``enc`` still set: the payload was never decrypted, so the record holds none
+            # of it (its error says why it could not be read, as the failed record does in
+            # the clear), and this worker may have no key to seal with at all.
             return None
         app, context = self.app, status.sealed_context(message.id)
         return lambda fields: seal(app, fields, context)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from haze._kernel.deps import require
 from haze._kernel.errors import ConfigError, MessageDecodeError
-from haze._kernel.message import envelope_of
+from haze._kernel.message import encode_payload, envelope_of
 
 if TYPE_CHECKING:
     from haze._app.app import App
@@ -61,6 +61,21 @@ def _material(key: str, variable: str = "APP_KEY") -> bytes:
     """The 32 bytes of ``key``; ``ConfigError`` naming ``variable`` (never the key: it is
     a secret) when it is not a usable key."""
     fix = "haze.crypto.generate_key() makes one"
+    if key != key.strip():
+        # ' base64:…' would be hashed as a passphrase: another key than the one meant
+        raise ConfigError(
+            "the key has whitespace before or after it (a space after '=', a newline read "
+            "from a file); remove it",
+            key=variable,
+        )
+    try:
+        text = key.encode("utf-8")
+    except UnicodeEncodeError:
+        # a byte that is not UTF-8 in the environment arrives as a lone surrogate
+        raise ConfigError(
+            f"the key is not UTF-8 text (a stray byte in the environment?); {fix}",
+            key=variable,
+        ) from None
     if key.startswith("base64:"):
         try:
             raw = base64.b64decode(key[7:], validate=True)
@@ -80,20 +95,20 @@ def _material(key: str, variable: str = "APP_KEY") -> bytes:
             f"{len(key)} (or use a 'base64:' key: {fix})",
             key=variable,
         )
-    return hashlib.sha256(key.encode()).digest()
+    return hashlib.sha256(text).digest()
 
 
-def _previous() -> list[str]:
-    return [k.strip() for k in os.environ.get("APP_PREVIOUS_KEYS", "").split(",") if k.strip()]
+def _previous(keys: str | None) -> list[str]:
+    return [k.strip() for k in (keys or "").split(",") if k.strip()]
 
 
-def check_keys(key: str | None, variable: str = "APP_KEY") -> None:
+def check_keys(key: str | None, variable: str = "APP_KEY", previous: str | None = None) -> None:
     """Raise ``ConfigError`` naming the variable when the app key (``variable`` says where
-    it came from) or one of ``APP_PREVIOUS_KEYS`` is not a usable key: checked when an
-    app with encrypted jobs starts, instead of at each job."""
+    it came from) or one of ``previous`` (``APP_PREVIOUS_KEYS``) is not a usable key:
+    checked when an app with encrypted jobs starts, instead of at each job."""
     if key:
         _material(key, variable)
-    for old in _previous():
+    for old in _previous(previous):
         _material(old, "APP_PREVIOUS_KEYS")
 
 
@@ -112,7 +127,8 @@ def _keys(app: App) -> list[bytes]:
             "or pass App(key=...)",
             key="APP_KEY",
         )
-    return [_material(key), *(_material(k, "APP_PREVIOUS_KEYS") for k in _previous())]
+    old = _previous(app.previous_keys)
+    return [_material(key), *(_material(k, "APP_PREVIOUS_KEYS") for k in old)]
 
 
 def seal(app: App, value: Any, context: str) -> str:
@@ -121,9 +137,19 @@ def seal(app: App, value: Any, context: str) -> str:
     ``context`` is authenticated with it (AES-GCM associated data): :func:`unseal`
     needs the same one, so a sealed value cannot be moved to another message or link.
     """
+    data = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+    return _seal_bytes(app, data, context)
+
+
+def _seal_payload(app: App, payload: Any, context: str) -> str:
+    """:func:`seal` of a job's payload, refused as a plain job's is (``TypeError`` naming
+    the path JSON cannot carry, a lone surrogate included) before it is encrypted."""
+    return _seal_bytes(app, encode_payload(payload).encode("utf-8"), context)
+
+
+def _seal_bytes(app: App, data: bytes, context: str) -> str:
     aes = _aesgcm()(_keys(app)[0])
     nonce = os.urandom(12)
-    data = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
     return base64.b64encode(nonce + aes.encrypt(nonce, data, context.encode())).decode()
 
 
@@ -142,18 +168,45 @@ def unseal(app: App, blob: object, context: str, what: str) -> Any:
     nonce, ct = raw[:12], raw[12:]
     for k in _keys(app):
         try:
-            return json.loads(cls(k).decrypt(nonce, ct, context.encode()))
+            plain = cls(k).decrypt(nonce, ct, context.encode())
         except Exception:
             continue
+        return _strict_json(plain, what)
     raise MessageDecodeError(
         f"cannot decrypt the payload of {what} with APP_KEY or APP_PREVIOUS_KEYS; if the key "
         "was rotated, add the old key to APP_PREVIOUS_KEYS"
     )
 
 
+class _NotJsonToken(ValueError):
+    pass
+
+
+def _refuse_token(token: str) -> Any:
+    raise _NotJsonToken(token)
+
+
+def _strict_json(plain: bytes, what: str) -> Any:
+    """The decrypted JSON, read as strictly as a plain message's body (no ``NaN`` or
+    ``Infinity``: haze never writes them). The error names no field: the payload's keys
+    are its plaintext too, and this error is stored in the clear."""
+    try:
+        return json.loads(plain, parse_constant=_refuse_token)
+    except _NotJsonToken as e:
+        raise MessageDecodeError(
+            f"the decrypted payload of {what} holds {e}, which is not JSON (haze messages "
+            "are strict JSON; its producer must send null or a string instead)"
+        ) from None
+    except (ValueError, RecursionError):
+        raise MessageDecodeError(
+            f"the payload of {what} decrypts with the app key but is not JSON (a producer "
+            "sealed something else)"
+        ) from None
+
+
 def encrypt_payload(app: App, message: Message) -> None:
     """Replace ``message.payload`` by ``message.enc`` (nonce + ciphertext, base64)."""
-    message.enc = seal(app, message.payload, message.id)
+    message.enc = _seal_payload(app, message.payload, message.id)
     message.payload = None
 
 
@@ -172,7 +225,7 @@ def seal_link(app: App, link: dict[str, Any]) -> dict[str, Any]:
     ``payload`` (done when the job is ``encrypted``: the link is stored with the chain,
     the batch or the failed job)."""
     sealed = {k: v for k, v in link.items() if k != "payload"}
-    sealed["enc"] = seal(app, link.get("payload"), _link_context(str(link["job"])))
+    sealed["enc"] = _seal_payload(app, link.get("payload"), _link_context(str(link["job"])))
     return sealed
 
 

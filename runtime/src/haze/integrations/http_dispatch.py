@@ -46,6 +46,8 @@ Responses (JSON, ``{"error": "..."}`` on failure):
 403    wrong bearer token or signature
 404    no job by that name (or not in ``HAZE_HTTP_JOBS``, a comma-separated allowlist)
 405    not a POST
+408    the ASGI app (server and Vercel presets) did not receive the whole body within
+       ``HAZE_HTTP_BODY_TIMEOUT`` (a duration, default 30 s)
 413    the message is over the connection's size limit (or the body over
        ``HAZE_HTTP_MAX_BODY``, default 10 MiB)
 500    ``HAZE_HTTP_SECRET`` is not set, ``HAZE_HTTP_MAX_BODY`` is not a size, or the
@@ -70,7 +72,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from haze._app.app import App, run_in_app
-from haze._app.env import env_size
+from haze._app.config import read_env
+from haze._app.env import env_duration, env_size
 from haze._jobs.definition import PendingDispatch, get_job
 from haze._kernel.errors import (
     BackendUnavailableError,
@@ -101,6 +104,9 @@ log = logging.getLogger("haze.http")
 KEYS = frozenset({"job", "payload", "delay", "queue", "group"})
 
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
+
+#: Seconds the ASGI app waits for a whole body (``HAZE_HTTP_BODY_TIMEOUT``).
+DEFAULT_BODY_TIMEOUT = 30.0
 
 #: How far (seconds, either way) a signed request's ``X-Haze-Timestamp`` may be from now.
 MAX_SKEW = 300
@@ -161,6 +167,19 @@ def max_body() -> int:
     entrypoint calls it when it starts, so that error stops it there.
     """
     return env_size("HAZE_HTTP_MAX_BODY", DEFAULT_MAX_BODY)
+
+
+def body_timeout() -> float:
+    """Seconds the ASGI app waits for a request's whole body (``HAZE_HTTP_BODY_TIMEOUT``,
+    default 30 s); ``ConfigError`` naming the variable when it is not a duration above 0."""
+    wait = env_duration("HAZE_HTTP_BODY_TIMEOUT", DEFAULT_BODY_TIMEOUT)
+    if wait <= 0:
+        raw = read_env("HAZE_HTTP_BODY_TIMEOUT")
+        raise ConfigError(
+            f"environment variable HAZE_HTTP_BODY_TIMEOUT={raw!r}: must be more than 0 "
+            "(0 would answer 408 to every request with a body); unset it for 30s"
+        )
+    return wait
 
 
 def signed_headers(raw: bytes, secret: str, *, timestamp: int | None = None) -> dict[str, str]:
@@ -461,6 +480,7 @@ class DispatchApp:
         if (app is None) == (root is None):
             raise TypeError("DispatchApp needs exactly one of app= or root=")
         max_body()  # a bad HAZE_HTTP_MAX_BODY stops the server here, not every request
+        body_timeout()
         self._fixed = app
         self._root = root
         self._per_loop: tuple[asyncio.AbstractEventLoop, App] | None = None
@@ -511,7 +531,20 @@ class DispatchApp:
         if refused is not None:
             return refused
         limit = max_body()
-        raw = await _read_body(receive, limit)
+        wait = body_timeout()
+        try:
+            # A forged signature passes the header check (its HMAC needs the body): without
+            # a deadline a client that trickles its body, or stops, holds the connection.
+            async with asyncio.timeout(wait):
+                raw = await _read_body(receive, limit)
+        except _Disconnected:
+            return _error(400, "the client disconnected before its body arrived; not dispatched")
+        except TimeoutError:
+            return _error(
+                408,
+                f"the body did not arrive within {wait:g}s (HAZE_HTTP_BODY_TIMEOUT); send "
+                "the whole body at once",
+            )
         if raw is None:
             return too_large(limit + 1, limit)
         return await run_in_app(
@@ -526,14 +559,20 @@ async def _health(method: str) -> DispatchResponse:
     return DispatchResponse(200 if report.ok else 503, report.to_dict())
 
 
+class _Disconnected(Exception):
+    """The client hung up before its whole body arrived."""
+
+
 async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The request body, or None once it grows past ``limit`` (the rest is not read)."""
+    """The request body, or None once it grows past ``limit`` (the rest is not read).
+    Raises ``_Disconnected`` when the client hangs up first: the part that arrived is
+    not the request (it may even parse), and the client saw no answer, so it will retry."""
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            break
+            raise _Disconnected
         chunk = message.get("body") or b""
         size += len(chunk)
         if size > limit:
