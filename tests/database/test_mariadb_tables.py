@@ -108,9 +108,11 @@ async def test_db_migrate_upgrades_tables_created_with_the_old_ddl(app: App) -> 
     assert await Queue.size("Tenant") == 1
     assert await app.store().get("k:Alice") == 1
     # The upgraded tables keep lookalike names apart.
-    for name in ("tenant", "tenant ", "ténant"):
+    for name in ("tenant", "ténant"):
         await mt_noop.dispatch({"n": 2}, queue=name)
-    assert [await Queue.size(q) for q in ("Tenant", "tenant", "tenant ", "ténant")] == [1] * 4
+    assert [await Queue.size(q) for q in ("Tenant", "tenant", "ténant")] == [1] * 3
+    # (a trailing space is refused at dispatch; the NO PAD collation keeps store keys
+    # differing in one apart: test_store_contract)
     assert await app.store().add("k:alice", 2, 60) is True
     # Nothing left to do the second time.
     assert (await migrate(app)).upgraded == []

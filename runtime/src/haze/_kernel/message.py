@@ -279,13 +279,20 @@ VERSION = 1
 
 def check_queue_name(queue: object, where: str) -> str:
     """Return ``queue`` if it is a queue name (a string of 1 to 255 characters without a
-    comma or NUL), else raise ``ValueError`` saying so, prefixed with ``where``."""
+    comma or NUL, and no whitespace at either end), else raise ``ValueError`` saying so,
+    prefixed with ``where``."""
     if isinstance(queue, str) and 0 < len(queue) <= MAX_QUEUE_NAME:
         if "," in queue:
             # `queue:work --queue a,b` lists two queues: no worker could name this one.
             raise ValueError(
                 f"{where}: a queue name cannot contain a comma (a worker's --queue a,b "
                 f"lists queues), got {queue[:60]!r}"
+            )
+        if queue != queue.strip():
+            # `queue:work --queue " a"` works the queue "a": no worker would take these jobs.
+            raise ValueError(
+                f"{where}: a queue name cannot start or end with whitespace (a worker's "
+                f"--queue trims it), got {queue[:60]!r}"
             )
         if "\x00" in queue:
             # No command line can name it (argv holds no NUL), and PostgreSQL refuses it.
