@@ -44,6 +44,20 @@ def test_make_job_nests_subfolders(tmp_path: Path) -> None:
     assert "async def cleanup(" in (tmp_path / "app/job/admin/cleanup.py").read_text()
 
 
+def test_a_job_made_in_a_subfolder_is_named_by_its_path(tmp_path: Path) -> None:
+    # admin/Example beside the example job `haze init` writes: two jobs named "example"
+    # would stop every command with DuplicateJobError
+    runner, cli = CliRunner(), get_cli()
+    for name in ("Example", "admin/Example"):
+        result = runner.invoke(cli, ["--root", str(tmp_path), "make:job", name])
+        assert result.exit_code == 0, result.output
+    top = (tmp_path / "app/job/example.py").read_text()
+    nested = (tmp_path / "app/job/admin/example.py").read_text()
+    assert "@define_job(tries=3" in top
+    assert '@define_job(name="admin.example", tries=3' in nested
+    compile(nested, "admin/example.py", "exec")
+
+
 def test_make_job_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
     runner, cli = CliRunner(), get_cli()
     path = tmp_path / "app" / "job" / "send_invoice.py"
