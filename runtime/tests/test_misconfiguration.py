@@ -335,3 +335,25 @@ def test_a_database_queue_on_d1_caps_messages_below_d1s_row_limit() -> None:
     message = str(info.value)
     assert "connections.d1.max_message_size" in message
     assert "2,000,000 bytes a row" in message and str(D1_MAX_MESSAGE_SIZE) in message
+
+
+@pytest.mark.parametrize("where", ["/proc/haze-nowhere/app.db", "{tmp}/a-folder"])
+async def test_a_sqlite_file_that_cannot_be_opened_is_one_config_line(
+    tmp_path: Path, where: str
+) -> None:
+    # /proc refuses a new folder; an existing folder is not a database file. Either way
+    # it will not open by waiting (as a locked file would): a config error naming both.
+    (tmp_path / "a-folder").mkdir()
+    path = where.format(tmp=tmp_path)
+    app = App(
+        queue=define_queue_config(default="db", connections={"db": {"driver": "database"}}),
+        database=define_database_config(
+            default="main", connections={"main": {"url": f"sqlite:///{path}"}}
+        ),
+    )
+    async with app:
+        with pytest.raises(ConfigError) as info:
+            await noop.dispatch({})
+    text = str(info.value)
+    assert "\n" not in text and "'main'" in text and path in text, text
+    assert "cannot open" in text, text

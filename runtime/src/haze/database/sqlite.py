@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from haze._kernel.errors import DatabaseConnectionError
+from haze._kernel.errors import ConfigError, DatabaseConnectionError
 
 __all__ = ["SQLiteConnector"]
 
@@ -25,7 +25,7 @@ T = TypeVar("T")
 Row = tuple[Any, ...]
 
 #: primary result codes of a lock that outlasted busy_timeout
-_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_CANTOPEN = 5, 6, 8, 14
 
 
 def sqlite_path(url: str, root: Path | None) -> str:
@@ -97,6 +97,20 @@ class SQLiteConnector:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _open(self) -> _Sync:
+        try:
+            return self._connect()
+        except (OSError, sqlite3.OperationalError) as e:
+            # A path that is not a writable file (no such folder and none can be made, a
+            # folder, no permission) does not open by waiting, as a locked file would.
+            if isinstance(e, sqlite3.OperationalError) and not _cannot_open(e):
+                raise
+            raise ConfigError(
+                f"SQLite database connection {self.name!r} cannot open {self.path} "
+                f"({type(e).__name__}: {e}); check its url (config/database.py or "
+                "DATABASE_URL) and that the folder exists and is writable"
+            ) from None
+
+    def _connect(self) -> _Sync:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: we issue BEGIN/COMMIT ourselves; autocommit otherwise.
@@ -178,3 +192,8 @@ class SQLiteConnector:
                 await loop.run_in_executor(self._executor, sync.conn.close)
             self._executor.shutdown(wait=False)
             self._executor = None
+
+
+def _cannot_open(error: sqlite3.OperationalError) -> bool:
+    """SQLITE_CANTOPEN, or SQLITE_READONLY (a file or folder it may not write)."""
+    return error.sqlite_errorcode & 0xFF in (_SQLITE_CANTOPEN, _SQLITE_READONLY)
