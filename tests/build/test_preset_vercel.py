@@ -211,6 +211,11 @@ def test_requirements_carry_the_driver_of_the_apps_database_and_name_the_overrid
     assert "psycopg" not in (result.path / "requirements.txt").read_text()
     (sqlite,) = [n for n in result.notes if "is SQLite as read now" in n]
     assert "HAZE_BUILD_EXTRAS=postgres" in sqlite, sqlite
+    # no extra needed: the plain distribution, not an empty "haze-jobs[]"
+    text = (result.path / "requirements.txt").read_text()
+    (note,) = [n for n in result.notes if n.startswith("requirements.txt:")]
+    assert "[]" not in text and "[]" not in note, (text, note)
+    assert "the dependencies of haze-jobs " in text and "haze-jobs," in note, (text, note)
     # the override adds what the environment at build time does not show
     monkeypatch.setenv("HAZE_BUILD_EXTRAS", "postgres")
     result = build(root, "vercel", tmp_path / "extras")

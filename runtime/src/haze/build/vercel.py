@@ -92,9 +92,8 @@ def build(ctx: BuildContext) -> BuildResult:
     files.extend(ctx.vendor(["haze"], dest))
     extras = extras_for(app)
     requirements = [
-        "# Made by `haze build --preset vercel`: the dependencies of haze-jobs["
-        + ",".join(extras)
-        + "] (haze itself is vendored in haze/).",
+        f"# Made by `haze build --preset vercel`: the dependencies of {_haze_jobs(extras)} "
+        "(haze itself is vendored in haze/).",
         *extra_requirements(extras),
         *app_requirements(ctx.root),
     ]
@@ -125,11 +124,16 @@ def requirements_note(extras: list[str]) -> str:
     chosen = os.environ.get("HAZE_BUILD_EXTRAS", "").strip()
     given = f" and HAZE_BUILD_EXTRAS={chosen}" if chosen else ""
     return (
-        f"requirements.txt: the dependencies of haze-jobs[{','.join(extras)}], from the "
+        f"requirements.txt: the dependencies of {_haze_jobs(extras)}, from the "
         f"app's connections as read now{given}; set HAZE_BUILD_EXTRAS=postgres,... (or "
         "the production URLs) when `haze build` runs, if production's environment picks "
         "other backends"
     )
+
+
+def _haze_jobs(extras: list[str]) -> str:
+    """``haze-jobs[postgres,redis]``, or plain ``haze-jobs`` when no extra is needed."""
+    return f"haze-jobs[{','.join(extras)}]" if extras else "haze-jobs"
 
 
 def _vercel_json(dest: Path) -> dict[str, Any]:
