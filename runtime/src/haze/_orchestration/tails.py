@@ -48,7 +48,10 @@ def chain_length(links: list[dict[str, Any]] | None) -> int:
 
 
 def _size(link: dict[str, Any]) -> int:
-    return len(json.dumps(link, separators=(",", ":"), ensure_ascii=False).encode()) + 1
+    # "surrogatepass": only a measure; a lone surrogate is refused, naming its path,
+    # where the link is encoded
+    text = json.dumps(link, separators=(",", ":"), ensure_ascii=False)
+    return len(text.encode("utf-8", "surrogatepass")) + 1
 
 
 def _chunks(links: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
