@@ -848,7 +848,7 @@ class RedisDriver(Interruptible, Leased, ConnectionAware, Concurrent):
             options.get("connection"),
             options.get("url"),
             where=f"connections.{name}.connection",
-            source=app.queue_config.source,
+            source=None if app is None else app.queue_config.source,  # None: built alone
         )
         self._worker_opts = {"lockDuration": self.lock_ms}
         self._queue_opts = _QueueOpts(self.lock_ms)
