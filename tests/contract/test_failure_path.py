@@ -233,7 +233,7 @@ def fo_declined(payload: dict[str, Any]) -> None:
 def _dies_at(what: str) -> Any:
     """An ``Injector`` whose process dies at the first write named ``what``, and writes
     nothing after that (``stay_dead``) until it is disarmed (a fresh worker)."""
-    from crash_points import Crash, Injector  # not in the Pyodide run's files
+    from crash_points import Crash, Injector
 
     class At(Injector):
         def tick(self, name: str) -> None:
@@ -278,7 +278,7 @@ async def _deliver_until_recorded(app: App, spec: Any, crash: Any, lease: float)
     """Take the job off the queue by hand until its failure is recorded. A delivery that
     crashed is delivered again (the next attempt, the same claim), as after a worker's
     death, by a fresh worker."""
-    from crash_points import Crash  # not in the Pyodide run's files
+    from crash_points import Crash
 
     driver = app.driver()
     loop = asyncio.get_running_loop()
@@ -307,7 +307,7 @@ async def test_a_crash_in_or_after_failed_loses_no_failed_call(
     ended, and the failure is recorded once. A worker that dies after ``failed()``
     returned, as it records the failure: the next delivery records it and does not run
     ``failed()`` again."""
-    from crash_points import CrashingStore  # not in the Pyodide run's files
+    from crash_points import CrashingStore
 
     lease = 0.5
     monkeypatch.setattr("haze._engine.failures.FAILED_LEASE", lease)
