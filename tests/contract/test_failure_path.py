@@ -1,11 +1,13 @@
 """The failure path on every driver that keeps failed jobs: a message id that fails a
 second time keeps one failed record, and an error inside the failure path itself still
 settles the message and is recorded with the job's own error; a retry queues each
-failed job once, and one that dies at any of its writes never runs it twice."""
+failed job once, and one that dies at any of its writes never runs it twice; a job's
+``failed()`` runs again after a worker died in it, and never twice otherwise."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 from typing import Any
 
 import pytest
@@ -208,3 +210,179 @@ async def test_a_retry_that_dies_at_any_write_runs_its_job_once(
     await done()
     assert _runs[rec.id] == 2, injector.crashed  # failed once, then ran once
     assert await Queue.failed() == []
+
+
+#: fo_declined's failed(): how often it started and how often it ran to its end.
+_failed_calls: dict[str, list[int]] = {"started": [], "finished": []}
+#: The injector of the test that runs: a write inside failed() (its own side effect).
+_inside: list[Any] = []
+
+
+async def _fo_failed(payload: dict[str, Any], error: BaseException, job: Any) -> None:
+    _failed_calls["started"].append(payload["n"])
+    for injector in _inside:
+        injector.tick("inside failed()")  # the process may die here
+    _failed_calls["finished"].append(payload["n"])
+
+
+@define_job(name="fo_declined", tries=1, failed=_fo_failed)
+def fo_declined(payload: dict[str, Any]) -> None:
+    raise ValueError(f"order {payload['n']} declined")
+
+
+def _dies_at(what: str) -> Any:
+    """An ``Injector`` whose process dies at the first write named ``what``, and writes
+    nothing after that (``stay_dead``) until it is disarmed (a fresh worker)."""
+    from crash_points import Crash, Injector
+
+    class At(Injector):
+        def tick(self, name: str) -> None:
+            if self.armed and self.crashed is None and name.startswith(what):
+                self.crashed = name
+                raise Crash(name)
+            super().tick(name)
+
+    return At(None, stay_dead=True)
+
+
+async def _take(app: App, spec: Any) -> tuple[Any, Any]:
+    """One message off the queue by hand, and what ends its delivery (``finish(threw)``):
+    a Cloudflare Worker's messages come in a batch that the platform settles when
+    ``queue()`` returns (or throws)."""
+    take_one = spec.extra.get("take_one")
+    if take_one is not None:
+        taken = take_one(app)
+        if taken is None:
+            await asyncio.sleep(0.05)
+            return None, None
+        return taken
+    return await app.driver().reserve(["default"], 0.2), lambda threw: None
+
+
+async def _queued(app: App, spec: Any) -> int:
+    stored = spec.extra.get("stored")
+    return int(stored()) if stored is not None else await app.driver().size("default")
+
+
+def _written(injector: Any, name: str, real: Any) -> Any:
+    """The driver's write ``name``, a crash point of ``injector``."""
+
+    async def write(*args: Any, **kw: Any) -> Any:
+        injector.tick(name)
+        return await real(*args, **kw)
+
+    return write
+
+
+async def _deliver_until_recorded(app: App, spec: Any, crash: Any, lease: float) -> None:
+    """Take the job off the queue by hand until its failure is recorded. A delivery that
+    crashed is delivered again (the next attempt, the same claim), as after a worker's
+    death, by a fresh worker."""
+    from crash_points import Crash
+
+    driver = app.driver()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10 * lease + 20
+    while not await Queue.failed():
+        assert loop.time() < deadline, f"the failure was never recorded ({crash.crashed})"
+        reserved, finish = await _take(app, spec)
+        if reserved is None:
+            continue
+        try:
+            await app.manager.process(reserved, driver)
+        except Crash:
+            crash.armed = False
+            again = copy.copy(reserved)  # the driver's own claim (a memory one has slots)
+            again.attempt += 1
+            await app.manager.process(again, driver)
+        finish(False)
+
+
+@pytest.mark.parametrize("crash_at", ["inside failed()", "fail"])
+async def test_a_crash_in_or_after_failed_loses_no_failed_call(
+    app: App, driver: Any, crash_at: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker dies inside the job's ``failed()`` (it writes nothing after that point):
+    the job's next delivery runs ``failed()`` again once the dead worker's lease has
+    ended, and the failure is recorded once. A worker that dies after ``failed()``
+    returned, as it records the failure: the next delivery records it and does not run
+    ``failed()`` again."""
+    from crash_points import CrashingStore
+
+    lease = 0.5
+    monkeypatch.setattr("haze._engine.failures.FAILED_LEASE", lease)
+    await _no_consumers(app, monkeypatch)
+    crash = _dies_at(crash_at)
+    app._stores["memory"] = CrashingStore(app.queue_store, crash)  # type: ignore[assignment]
+    queue = app.driver()
+    for name in ("ack", "fail", "release"):
+        monkeypatch.setattr(queue, name, _written(crash, name, getattr(queue, name)))
+    _failed_calls["started"].clear()
+    _failed_calls["finished"].clear()
+    _inside[:] = [crash]
+    try:
+        await fo_declined.dispatch({"n": 5})
+        await _deliver_until_recorded(app, driver, crash, lease)
+    finally:
+        _inside.clear()
+    assert crash.crashed == crash_at
+    [failed] = await Queue.failed()
+    assert "declined" in failed.exception or "MaxAttemptsExceededError" in failed.exception
+    want = {"inside failed()": ([5, 5], [5]), "fail": ([5], [5])}[crash_at]
+    assert (_failed_calls["started"], _failed_calls["finished"]) == want
+    assert await _queued(app, driver) == 0
+
+
+#: fo_slow's failed(): the ids it ran for; how long it takes.
+_slow_failed: list[str] = []
+_SLOW = {"seconds": 0.0}
+
+
+async def _fo_slow_failed(payload: dict[str, Any], error: BaseException, job: Any) -> None:
+    await asyncio.sleep(_SLOW["seconds"])
+    _slow_failed.append(job.id)
+
+
+@define_job(name="fo_slow", tries=1, failed=_fo_slow_failed)
+def fo_slow(payload: dict[str, Any]) -> None:
+    raise ValueError("slow declined")
+
+
+async def test_a_slow_failed_runs_once_beside_a_second_delivery(
+    app: App, driver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two deliveries of one message fail at once (a copied row, a lost lease), and its
+    ``failed()`` outlasts the lease several times: the lease is renewed while it runs, so
+    the other delivery goes back to the queue, finds it done later, and records the
+    failure; ``failed()`` runs once, and one failed record is kept."""
+    lease = 0.3
+    monkeypatch.setattr("haze._engine.failures.FAILED_LEASE", lease)
+    await _no_consumers(app, monkeypatch)
+    _SLOW["seconds"] = 4 * lease
+    _slow_failed.clear()
+    pending = fo_slow.with_({})
+    conn, queue_name = app.manager.resolve(pending)
+    message = app.manager.build(pending, conn, queue_name)
+    spec, queue = driver, app.driver(conn)
+    body = app.manager.encode(message, queue, fo_slow)
+    for _ in range(2):
+        await queue.enqueue(body, message, 0.0)
+    (first, end_first), (second, end_second) = [await _take(app, spec) for _ in range(2)]
+    assert first is not None and second is not None
+    # The second delivery fails while the first runs failed() (after its lease's end).
+    slow = asyncio.ensure_future(app.manager.process(first, queue))
+    await asyncio.sleep(2 * lease)
+    assert await app.manager.process(second, queue) == "released"
+    end_second(False)
+    await slow
+    end_first(False)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while await _queued(app, spec):
+        assert loop.time() < deadline, "the second delivery never came back"
+        again, end = await _take(app, spec)
+        if again is not None:
+            assert await app.manager.process(again, queue) == "failed"
+            end(False)
+    assert _slow_failed == [message.id]
+    assert [f.id for f in await Queue.failed()] == [message.id]

@@ -239,6 +239,30 @@ def _setup() -> Callable[[], None]:
     return undo
 
 
+def _take_one(app: Any) -> tuple[Any, Callable[[bool], None]] | None:
+    """One message off the simulated queue as the Worker's ``queue()`` would get it
+    (a batch of one), for a test that runs it by hand: its ``Reserved``, and what ends
+    the invocation (``finish(threw)``: the platform settles what was left unsettled).
+    None when no message is ready."""
+    from haze_cloudflare import QueueWorker
+    from haze_cloudflare._js import is_nullish
+    from haze_cloudflare.worker import MessageDelivery
+
+    queue = _state.queue
+    batch = queue.nextBatch(1)
+    if is_nullish(batch):
+        return None
+    message = next(iter(batch.messages))
+    entry = type("ContractEntry", (QueueWorker,), {"haze_app": app})(None, _state.env)
+    reserved, _ = entry.reserved(app, message, MessageDelivery(message))
+    return reserved, lambda threw: queue.settle(batch, threw)
+
+
+def _stored() -> int:
+    """Messages in the simulated queue: ready, delayed and in flight."""
+    return int(_state.queue.size)
+
+
 def _connection(tmp: Path) -> dict[str, Any]:
     return {"driver": "cloudflare", "binding": "QUEUE"}
 
@@ -254,7 +278,7 @@ def _driver_spec() -> Any:
         setup=_setup,
         # Every asyncio step on Pyodide's WebLoop is a JS macrotask: 1,000 jobs took 6-30 s
         # on the loaded test box against the test's 40 s budget. Same rules, fewer jobs.
-        extra={"consumer": _consumer, "big_batch": 300},
+        extra={"consumer": _consumer, "big_batch": 300, "take_one": _take_one, "stored": _stored},
     )
 
 

@@ -464,6 +464,11 @@ class Execution:
 
     async def _final(self, run: Run, error: BaseException) -> Result:
         job, message, ctx, reserved = run.job, run.message, run.ctx, run.reserved
+        claim = None
+        if job.failed is not None and not run.inline:  # inline: never delivered again
+            claim = await self.failures.claim_failed(message)
+            if claim.wait is not None:
+                return await self._failed_elsewhere(run, claim.wait)
         job_log.error(
             'Job "%s" failed after %d attempt(s): %s',
             job.name,
@@ -474,12 +479,28 @@ class Execution:
         )
         if self.events.failing:
             await self.events.emit("failing", ctx, error)
-        if job.failed is not None and await self.failures.first_failure(message):
+        if job.failed is not None and (claim is None or claim.run):
             payload = run.payload if run.payload is not None else message.payload
-            await self.failures.call_failed(job, payload, error, ctx)
+            await self.failures.run_failed(claim, job, payload, error, ctx)
         run.outcome, run.error = Outcome.FAILED, error
         await self._record_failure(run, error)
         return Outcome.FAILED, error
+
+    async def _failed_elsewhere(self, run: Run, wait: float) -> Result:
+        """Another delivery of this message holds the lease of its ``failed()`` (it runs
+        it, or died in it): back in the queue until the lease ends, as the same attempt.
+        The next delivery finds it done (and records the failure) or lapsed (and runs
+        ``failed()`` itself)."""
+        job_log.info(
+            'Job "%s" (%s) failed again while its failed() handler runs (or ran when its '
+            "worker died) elsewhere: back in %.1fs",
+            run.job.name,
+            run.message.id,
+            wait,
+        )
+        owned = await run.driver.release(run.reserved, wait, consume_attempt=False)
+        self.owned(owned, run.reserved, "release")
+        return Outcome.RELEASED, None
 
     async def _unrecorded(self, run: Run) -> Result:
         """A final failure that the failed-job store could not keep when it happened, sent

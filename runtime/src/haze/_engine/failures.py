@@ -4,16 +4,25 @@ An attempt that raised retries unless the error is final: listed in ``dont_retry
 timeout with ``fail_on_timeout``, the ``max_exceptions``-th exception of the job, past
 ``retry_until``, or on its last try. The ``max_exceptions`` counter lives in the
 state store under ``haze:exceptions:<id>`` until the job ends (``ExceptionCount``).
+
+A job's ``failed()`` runs at least once per final failure, and once unless a process
+dies while it runs: its key ``haze:failed-once:<id>:<dispatch time>`` in the state store
+holds a lease (``lease:<token>``, ``FAILED_LEASE`` seconds, renewed while ``failed()``
+runs), then ``done`` (a week) once ``failed()`` returned. A delivery of the same message
+that finds ``done`` records the failure without running ``failed()``; one that finds a
+live lease hands the message back until the lease ends; one that finds it lapsed (its
+holder died) takes it over and runs ``failed()``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import inspect
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from haze._engine.hooks import Outcome, Run
 from haze._jobs.definition import find_job
@@ -30,7 +39,7 @@ if TYPE_CHECKING:
     from haze._jobs.definition import JobDefinition
     from haze.contracts.driver import Reserved
 
-__all__ = ["ExceptionCount", "Failures", "format_error"]
+__all__ = ["FAILED_LEASE", "ExceptionCount", "FailedClaim", "Failures", "format_error"]
 
 log = logging.getLogger("haze")
 _time = time.time
@@ -38,8 +47,25 @@ _time = time.time
 _TRANSIENT = (RETRIED, UNRECORDED_FAILURE)
 
 
-#: How long a job's failed() once-key is kept: longer than any redelivery of its message.
+#: How long a job's failed() once-key is kept done: longer than any redelivery of its message.
 _FAILED_ONCE_TTL = 7 * 86400
+#: Seconds a failed() lease lasts unless renewed (every third of it while failed() runs):
+#: how long a delivery waits before it runs the failed() of a process that died in it.
+FAILED_LEASE = 60.0
+_LEASE = "lease:"
+_DONE = "done"
+
+
+class FailedClaim(NamedTuple):
+    """What a final failure does about ``failed()`` (``Failures.claim_failed``)."""
+
+    #: Run ``failed()`` now.
+    run: bool
+    #: The once-key, and the lease this delivery holds on it (None: no lease to mark).
+    key: str
+    token: str | None = None
+    #: Another delivery holds a live lease: seconds until it ends (hand the message back).
+    wait: float | None = None
 
 
 def exceptions_key(message: Message) -> str:
@@ -81,24 +107,83 @@ class Failures:
             return error
         return None
 
-    async def first_failure(self, message: Message) -> bool:
-        """Whether this final failure of ``message`` is the first to run its job's
-        ``failed()``: a once-key in the state store, per message id and dispatch time
-        (a retry from failed jobs is a new dispatch time). A message delivered again
-        after its failure was handed on (its worker died before it deleted the original)
-        finds the key taken. A store that cannot be reached runs ``failed()``, with a
+    async def claim_failed(self, message: Message) -> FailedClaim:
+        """Whether this final failure of ``message`` runs its job's ``failed()``: a lease
+        on its once-key, per message id and dispatch time (a retry from failed jobs is
+        a new dispatch time). A store that cannot be reached runs ``failed()``, with a
         warning: at least once, never lost."""
         key = f"haze:failed-once:{message.id}:{message.ts!r}"
+        token = f"{_LEASE}{new_id()}"
+        store = self.stores.state()
         try:
-            return await self.stores.state().add(key, 1, _FAILED_ONCE_TTL)
+            for _ in range(3):  # a lease that lapses between add and get: add again
+                if await store.add(key, token, FAILED_LEASE):
+                    return FailedClaim(True, key, token)
+                held = await store.get(key)
+                if held is None:
+                    continue
+                if not (isinstance(held, str) and held.startswith(_LEASE)):
+                    return FailedClaim(False, key)  # done (1: marked by an earlier haze)
+                left = await store.ttl(key)
+                return FailedClaim(False, key, wait=_lease_left(left))
+            return FailedClaim(False, key, wait=FAILED_LEASE)
         except Exception as e:
             log.warning(
-                "haze: could not mark job %s as failed in the state store (%s): its failed() "
+                "haze: could not claim the failed() of job %s in the state store (%s): it "
                 "runs, and runs again if its message is delivered again",
                 message.id,
                 error_line(e),
             )
-            return True
+            return FailedClaim(True, key)
+
+    async def run_failed(
+        self,
+        claim: FailedClaim | None,
+        job: JobDefinition[Any],
+        payload: Any,
+        error: BaseException,
+        ctx: JobContext,
+    ) -> None:
+        """``failed()`` under the claim's lease (renewed while it runs), then marked done:
+        a delivery after that never runs it again."""
+        token = claim.token if claim is not None else None
+        if claim is None or token is None:
+            await self.call_failed(job, payload, error, ctx)
+            return
+        renewal = asyncio.ensure_future(self._renew(claim.key, token))
+        try:
+            await self.call_failed(job, payload, error, ctx)
+        finally:
+            renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewal
+        try:
+            await self.stores.state().put(claim.key, _DONE, _FAILED_ONCE_TTL)
+        except Exception as e:
+            log.warning(
+                "haze: the failed() of job %s ran, but the state store could not mark it done "
+                "(%s): it runs again if its message is delivered again",
+                ctx.id,
+                error_line(e),
+            )
+
+    async def _renew(self, key: str, token: str) -> None:
+        """Keep the lease while ``failed()`` runs; a lost one is said once."""
+        store = self.stores.state()
+        while True:
+            await asyncio.sleep(FAILED_LEASE / 3)
+            try:
+                if await store.touch(key, token, FAILED_LEASE):
+                    continue
+                log.warning(
+                    "haze: the lease of a failed() handler (%s) lapsed while it ran "
+                    "(its event loop was blocked, or the store lost it): another delivery "
+                    "of the job may run failed() too",
+                    key,
+                )
+                return
+            except Exception as e:  # an outage: the lease may still hold; try again
+                log.warning("haze: could not renew the lease of %s (%s)", key, error_line(e))
 
     async def call_failed(
         self, job: JobDefinition[Any], payload: Any, error: BaseException, ctx: JobContext
@@ -193,6 +278,14 @@ class Failures:
             batch_id=m.batch_id if m else None,
             body=reserved.body,
         )
+
+
+def _lease_left(left: float | None) -> float:
+    """Seconds until a lease ends: its TTL, at most one lease (never 0: a store without
+    TTLs says None, and the message must not come back at once, again and again)."""
+    if left is None or not 0 < left <= FAILED_LEASE:
+        return FAILED_LEASE
+    return left
 
 
 class ExceptionCount:
