@@ -25,7 +25,7 @@ def _weight(item: pytest.Item) -> int:
     return 1 if item.get_closest_marker("pyodide") is not None else 0
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Fast tests first, then the Pyodide ones, then the slow (fault, storm, soak) ones,
     so ``scripts/test -x`` meets a simple failure early. A module moves as a whole (its
     heaviest test decides), so its module-scoped fixtures are set up once; the order
@@ -38,6 +38,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # CI reruns a failed test (a shared 2-core box makes some timing tests flaky); a
     # storm or exactly-once test never gets a rerun: a pass on the second try would hide
     # the race it hunts.
+    # (only where pytest-rerunfailures runs: Pyodide's pytest has no `flaky` marker)
+    if not config.pluginmanager.hasplugin("rerunfailures"):
+        return
     for item in items:
         if item.get_closest_marker("storm"):
             item.add_marker(pytest.mark.flaky(reruns=0))

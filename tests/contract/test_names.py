@@ -32,6 +32,8 @@ async def test_queue_names_differing_in_case_accent_or_space_are_distinct(
         pytest.skip("an SQS queue name allows only letters, digits, '-' and '_'")
     if not driver.remote:
         pytest.skip("consumed in this process: the queues are never counted")
+    if driver.id == "cloudflare":
+        pytest.skip("Cloudflare counts the whole queue, not each haze queue on it")
     for i, name in enumerate(LOOKALIKES):
         for _ in range(i + 1):  # a different count per name: a fold would add them up
             await nm_record.dispatch({"queue": name}, queue=name)

@@ -140,6 +140,7 @@ try:
                 for f in (
                     "test_store_contract.py",
                     "test_batch_crash.py",
+                    "test_chain_crash.py",
                     "test_schedule_crash.py",
                     "test_public_driver_contract.py",
                     "test_failed_store_contract.py",
