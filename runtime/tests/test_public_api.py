@@ -137,7 +137,7 @@ def test_the_files_haze_init_writes_import_only_public_names() -> None:
     from haze.cli.init import _JOB, _MAIN
     from haze.cli.make import JOB_TEMPLATE
 
-    for source in (_MAIN, _JOB, JOB_TEMPLATE.format(function="f")):
+    for source in (_MAIN, _JOB, JOB_TEMPLATE.format(function="f", name="")):
         for node in ast.walk(ast.parse(source)):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("haze"):
                 assert not any(part.startswith("_") for part in node.module.split(".")), source
