@@ -240,12 +240,11 @@ async def test_keys_differing_in_case_accent_or_space_are_distinct(store):
     assert await store.increment("k:count") == 1
 
 
-LONG = "k:" + "x" * 300
-
-
 async def test_long_keys_are_kept_whole(store):
     # Keys longer than any column width: never cut, so two that share a long prefix stay
-    # two keys, and what add() took, delete() releases.
+    # two keys, and what add() took, delete() releases. (LONG is local: the D1 run takes
+    # each test function's own source into Pyodide, without the module's globals.)
+    LONG = "k:" + "x" * 300
     a, b = LONG + ":a", LONG + ":b"
     assert await store.add(a, "owner-a", 60) is True
     assert await store.add(b, "owner-b", 60) is True
