@@ -840,3 +840,63 @@ async def test_an_invocation_leaves_a_claimed_tick_alone_while_its_lease_holds()
         utc(2026, 1, 1, 11, minute) for minute in (10, 15)
     ]
     assert [fired for _, fired in ran] == [t.isoformat() for t in at]
+
+
+async def _crash_before_marking_done(
+    app: App, sched: Any, tick: datetime, monkeypatch: pytest.MonkeyPatch
+) -> list[dict[str, Any]]:
+    """The in-process scheduler sends ``tick`` and dies before marking it done; its
+    lease ends. The messages are held as in a queue (not run): returns their options."""
+    sent: list[dict[str, Any]] = []
+
+    async def held_in_queue(pending: Any, **options: Any) -> None:
+        sent.append(options)
+
+    monkeypatch.setattr(app.manager, "dispatch", held_in_queue)
+    monkeypatch.setattr(scheduling, "tick_window", lambda *a, **k: 0.2)
+    store = app.store()
+    real_put = store.put
+
+    async def dies_at_done(key: str, value: Any, ttl: float | None = None) -> None:
+        if value == "done":
+            raise ConnectionError("the scheduler was killed here")
+        await real_put(key, value, ttl)
+
+    monkeypatch.setattr(store, "put", dies_at_done)
+    assert await scheduling._fire(app, sched, tick, store, owner="a", lease=0.1) == "sent"
+    monkeypatch.setattr(store, "put", real_put)
+    await asyncio.sleep(0.15)
+    return sent
+
+
+async def test_a_resent_tick_runs_once_even_when_the_first_message_comes_after_its_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A queue that is not FIFO (or a long backlog) delivers the re-sent message first
+    and the dead scheduler's message after the tick's window: the second never runs."""
+    sched = schedule(report.with_({"n": 1}), every="10s", name="resent-late")
+    async with memory_app() as app:
+        tick = utc(2026, 1, 1, 12, 0, 10)
+        sent = await _crash_before_marking_done(app, sched, tick, monkeypatch)
+        store = app.store()
+        assert await scheduling._fire(app, sched, tick, store, owner="b", lease=0.1) == "sent"
+        first, again = sent
+        once, claim = first["meta"]["once"], app.manager.callbacks.claim_once
+        assert await claim(once, again.get("id") or "second-message", again["meta"]["once_ttl"])
+        await asyncio.sleep(0.3)  # past the tick's (shortened) window
+        assert not await claim(once, "first-message", first["meta"]["once_ttl"])
+
+
+async def test_a_tick_whose_first_message_already_started_is_not_sent_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sched = schedule(report.with_({"n": 1}), every="10s", name="resent-started")
+    async with memory_app() as app:
+        tick = utc(2026, 1, 1, 12, 0, 10)
+        sent = await _crash_before_marking_done(app, sched, tick, monkeypatch)
+        once = sent[0]["meta"]["once"]
+        assert await app.manager.callbacks.claim_once(once, "first-message", 5.0)
+        store = app.store()
+        assert await scheduling._fire(app, sched, tick, store, owner="b", lease=0.1) == "done"
+        assert len(sent) == 1
+        assert await store.get(sched.tick_key(tick)) == "done"

@@ -19,6 +19,7 @@ take the lease, so an idle fleet costs one store call per few seconds each.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import os
@@ -321,6 +322,9 @@ _CLAIMED = "unsent"
 #: before it sent the tick leaves it to the next invocation, which on a platform whose
 #: only trigger is daily comes a day later.
 UNSENT_KEEP = 2 * 86400.0
+#: How long the once key of a tick sent again after a crash is kept (its id's claim):
+#: as long as a queue may keep the dead scheduler's message (SQS keeps one 14 days).
+RESENT_ONCE_KEEP = 14 * 86400.0
 #: How many of a schedule's past ticks each trigger invocation looks at for one that
 #: was claimed and not sent (one store read for all of them).
 UNSENT_SCAN = 8
@@ -362,6 +366,7 @@ async def _fire(
     lease = LEASE if lease is None else lease
     key = sched.tick_key(at)
     meta: dict[str, Any] = {"schedule": sched.name, "fire_at": at.isoformat()}
+    options: dict[str, Any] = {}
     held: tuple[str, str] | None = None
     if store is not None:
         claim = await _claim(store, key, owner, lease)
@@ -371,14 +376,19 @@ async def _fire(
         meta["once"] = tick_once_key(sched, at)
         meta["once_ttl"] = tick_window(sched, at, grace, lease) + resend
         if held[0] != key:
+            resent = await _resend_id(app, meta["once"])
+            if resent is None:  # the dead one's message has started: it runs the tick
+                await _mark_sent(store, sched, key, at, grace * 2 + lease)
+                return "done"
+            options["id"] = resent
             log.warning(
                 'haze: schedule "%s" sends its tick of %s, which a scheduler claimed and '
-                "stopped before sending",
+                "stopped before marking it sent",
                 sched.name,
                 at.isoformat(),
             )
     try:
-        await app.manager.dispatch(sched.pending, meta=meta)
+        await app.manager.dispatch(sched.pending, meta=meta, **options)
     except BaseException:
         if store is not None and held is not None:
             try:
@@ -387,14 +397,33 @@ async def _fire(
                 log.debug("haze: could not drop the claim on %s", key, exc_info=True)
         raise
     if store is not None:
-        try:
-            await store.put(key, _DONE, grace * 2 + lease)
-            await store.put(f"haze:schedule:{sched.name}:last", at.timestamp())
-        except Exception:
-            # Only where a new leader resumes from, and whether it asks about this tick
-            # again: sent again, the once key keeps it to one run.
-            log.debug("haze: could not record the tick of %s", sched.name, exc_info=True)
+        await _mark_sent(store, sched, key, at, grace * 2 + lease)
     return "sent"
+
+
+async def _mark_sent(store: Store, sched: Schedule, key: str, at: datetime, ttl: float) -> None:
+    try:
+        await store.put(key, _DONE, ttl)
+        await store.put(f"haze:schedule:{sched.name}:last", at.timestamp())
+    except Exception:
+        # Only where a new leader resumes from, and whether it asks about this tick
+        # again: sent again, the once key keeps it to one run.
+        log.debug("haze: could not record the tick of %s", sched.name, exc_info=True)
+
+
+async def _resend_id(app: App, once: str) -> str | None:
+    """The id of the message that sends a tick again after its scheduler died between
+    the dispatch and marking it sent, claimed on the tick's once key before it is sent;
+    None when the first message has claimed it (it started, and runs the tick).
+
+    The claim is kept :data:`RESENT_ONCE_KEEP`, not the tick's window: the first message
+    may still wait behind a backlog, or come after this one on a queue that is not FIFO,
+    and finds the key taken whenever it comes. The id is the tick's own, so a re-sender
+    that dies too leaves the claim to the next, which sends under the same id."""
+    resent = hashlib.sha256(once.encode()).hexdigest()[:32]
+    if await app.manager.callbacks.claim_once(once, resent, RESENT_ONCE_KEEP):
+        return resent
+    return None
 
 
 def tick_window(
