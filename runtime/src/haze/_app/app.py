@@ -15,8 +15,10 @@ import importlib.util
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, cast
 
 from haze._app.config import (
     CacheConfig,
@@ -48,6 +50,10 @@ from haze.database import Connector, connect, dialect_of
 from haze.drivers import Driver, create_driver
 from haze.stores import Store, create_store
 
+if TYPE_CHECKING:
+    from haze._engine.view import EngineApp
+    from haze._jobs.views import JobsApp
+
 __all__ = ["App", "run_in_app", "use_app"]
 
 log = logging.getLogger("haze")
@@ -60,13 +66,16 @@ _warned_implicit = False
 def use_app() -> App:
     """The current app: the job's app inside a job, else the most recently entered app,
     else the implicit default app (one ``memory`` connection)."""
-    app: App = current.use_app()
-    return app
+    return cast(App, current.use_app())
 
 
 def _default() -> App:
-    app: App = current.default_app()
-    return app
+    return cast(App, current.default_app())
+
+
+def _views(app: App) -> tuple[EngineApp, JobsApp]:
+    """An App is each view the layers below it read (mypy checks this line)."""
+    return app, app
 
 
 def _new_default_app() -> App:
@@ -361,6 +370,15 @@ class App:
                 f"unknown queue connection {name!r}{did_you_mean(name, connections)}; {where}",
             )
         return name
+
+    @property
+    def implicit(self) -> bool:
+        """True for the process-wide default app (its jobs die with the process)."""
+        return self._implicit
+
+    def open_drivers(self) -> Mapping[str, Driver]:
+        """The drivers built so far, by connection (a read-only view; none is created)."""
+        return MappingProxyType(self._drivers)
 
     def driver(self, name: str | None = None) -> Driver:
         """The driver of a queue connection (created on first use)."""

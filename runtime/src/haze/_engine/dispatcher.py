@@ -31,10 +31,10 @@ from haze.contracts.driver import KeepsMessages, unavailable
 from haze.transactions import current_transaction
 
 if TYPE_CHECKING:
-    from haze._app.app import App
     from haze._engine.locks import Locks
     from haze._engine.otel import TelemetrySlot
     from haze._engine.tracking import Tracking
+    from haze._engine.view import EngineApp
     from haze._jobs.definition import JobDefinition
     from haze.contracts.driver import Driver
 
@@ -53,7 +53,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        app: App,
+        app: EngineApp,
         locks: Locks,
         tracking: Tracking,
         telemetry: TelemetrySlot,
@@ -229,7 +229,7 @@ class Dispatcher:
     ) -> DispatchResult:
         recorder = self.app.recorder
         assert message.connection is not None
-        if self.app._implicit and recorder is None:
+        if self.app.implicit and recorder is None:
             self.warn_implicit()
         driver = self.app.driver(message.connection)
         if recorder is None and job.debounce is None and job.unique is None:
@@ -335,7 +335,7 @@ class Dispatcher:
             conn, message, item = self._grouped(p, queue, connection, batch_id)
             groups.setdefault(conn, []).append(item)
             ids.append(message.id)
-        if groups and self.app._implicit:
+        if groups and self.app.implicit:
             self.warn_implicit()
         for conn, items in groups.items():
             await self._enqueue_many(conn, items)

@@ -42,7 +42,6 @@ from haze.contracts.driver import CappedDelay, DelayStep, Reserved, unavailable
 from haze.contracts.failed import RetryClaims
 
 if TYPE_CHECKING:
-    from haze._app.app import App
     from haze._engine.callbacks import Callbacks
     from haze._engine.events import Events
     from haze._engine.failures import Failures
@@ -50,6 +49,7 @@ if TYPE_CHECKING:
     from haze._engine.locks import Locks
     from haze._engine.otel import TelemetrySlot
     from haze._engine.tracking import Tracking
+    from haze._engine.view import EngineApp
     from haze._jobs.definition import JobDefinition
     from haze._kernel.message import Message
     from haze.contracts.driver import Driver, FailedJob
@@ -73,7 +73,7 @@ class Execution:
 
     def __init__(
         self,
-        app: App,
+        app: EngineApp,
         hooks: Hooks,
         locks: Locks,
         tracking: Tracking,
@@ -596,7 +596,9 @@ class Execution:
         """Whether ``error`` says a backend cannot be reached (of any connection in use)."""
         if isinstance(error, OSError):  # BackendUnavailableError and database outages too
             return True
-        return any(unavailable(d, error) is not None for d in list(self.app._drivers.values()))
+        return any(
+            unavailable(d, error) is not None for d in list(self.app.open_drivers().values())
+        )
 
     def _unless_outage(self, error: Exception, also: list[BaseException]) -> None:
         if self._outage(error):

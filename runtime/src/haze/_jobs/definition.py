@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 from haze._jobs import status
 from haze._kernel.blocking import blocking_method
 from haze._kernel.crypto import seal_link, unseal_link
-from haze._kernel.current import use_app
 from haze._kernel.durations import Duration, check_delay, parse_backoff, parse_duration
 from haze._kernel.errors import DuplicateJobError, JobDefinitionError, UnknownJobError
 from haze._kernel.hints import did_you_mean
 from haze._kernel.message import check_queue_name
+from haze.contracts.app import use_app
 
 if TYPE_CHECKING:
-    from haze._app.app import App
     from haze._jobs.context import JobContext
+    from haze._jobs.views import JobsApp
 
 __all__ = [
     "DispatchResult",
@@ -79,8 +79,8 @@ class DispatchResult:
         >>> # status = await report.with_({"month": 11}).dispatch(); (await status.wait(60)).result
         """
         limit = None if timeout is None else parse_duration(timeout, "DispatchResult.wait(timeout)")
-        manager = use_app().manager
-        return await status.wait_final(manager, self.id, limit, pending_ok=self.deferred)
+        app: JobsApp = use_app()
+        return await status.wait_final(app.manager, self.id, limit, pending_ok=self.deferred)
 
     wait_blocking = blocking_method(wait)
 
@@ -356,9 +356,8 @@ class JobDefinition(Generic[P]):
             pending._set(delay=delay, queue=queue, connection=connection)
         if after_commit is not None or group is not None:
             pending._set(after_commit=after_commit, group=group)
-        # what pending.dispatch() does, minus two coroutine layers per dispatch (the
-        # manager's dispatch() is a facade over its dispatcher's)
-        result: DispatchResult = await use_app().manager.dispatcher.dispatch(pending)
+        app: JobsApp = use_app()
+        result = await app.manager.dispatcher.dispatch(pending)
         return result.id
 
     dispatch_blocking = blocking_method(dispatch)
@@ -592,7 +591,7 @@ class PendingDispatch(Generic[P]):
         self._group = group
         return self
 
-    def to_link(self, app: App | None = None) -> dict[str, Any]:
+    def to_link(self, app: JobsApp | None = None) -> dict[str, Any]:
         """The JSON form used in chains and callbacks (name, payload, explicit options).
 
         An ``encrypted`` job's link carries ``enc`` (encrypted with the key of ``app``,
@@ -617,8 +616,8 @@ class PendingDispatch(Generic[P]):
         return _Dispatching(self._dispatch(), self.job.name, sys._getframe(1))
 
     async def _dispatch(self) -> DispatchResult:
-        result: DispatchResult = await use_app().manager.dispatch(self)
-        return result
+        app: JobsApp = use_app()
+        return await app.manager.dispatcher.dispatch(self)
 
     dispatch_blocking = blocking_method(dispatch)
 
@@ -626,7 +625,7 @@ class PendingDispatch(Generic[P]):
         return f"<PendingDispatch {self.job.name} payload={self.payload!r}>"
 
 
-def link_to_pending(link: dict[str, Any], app: App) -> PendingDispatch[Any]:
+def link_to_pending(link: dict[str, Any], app: JobsApp) -> PendingDispatch[Any]:
     """Rebuild a pending dispatch from its JSON link (chains, callbacks; the inverse of
     ``PendingDispatch.to_link``); an encrypted link is decrypted with ``app``'s key."""
     job = get_job(link["job"])

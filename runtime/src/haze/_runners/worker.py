@@ -47,7 +47,7 @@ from haze.contracts.driver import (
 )
 
 if TYPE_CHECKING:
-    from haze._app.app import App
+    from haze._engine.view import EngineApp
 
 __all__ = ["Worker"]
 
@@ -92,7 +92,7 @@ class Worker:
 
     def __init__(
         self,
-        app: App,
+        app: EngineApp,
         connection: str,
         queues: Sequence[str] | None = None,
         concurrency: int = 1,
