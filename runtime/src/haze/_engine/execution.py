@@ -386,18 +386,7 @@ class Execution:
         hooks = self.hooks.choose(run)
         if hooks:
             await self.hooks.settling(run)
-        reserved = run.reserved
-        if reserved.ack_later is None:  # what _ack does, one coroutine less
-            try:
-                owned = await run.driver.ack(reserved)
-            except Exception as e:
-                if reserved.ack_failed is None:
-                    raise
-                reserved.ack_failed(reserved, e)
-            else:
-                self.owned(owned, reserved, "completion")
-        else:
-            reserved.ack_later(reserved)
+        await self._ack(run.driver, run.reserved)
         if hooks:
             await self.hooks.settled(run)
         if run.raise_after is not None:

@@ -213,9 +213,13 @@ def _strict_json(plain: bytes, what: str) -> Any:
         ) from None
 
 
-def encrypt_payload(app: Keyed, message: Message) -> None:
-    """Replace ``message.payload`` by ``message.enc`` (nonce + ciphertext, base64)."""
-    message.enc = _seal_payload(app, message.payload, message.id)
+def encrypt_payload(app: Keyed, message: Message, payload: str | None = None) -> None:
+    """Replace ``message.payload`` by ``message.enc`` (nonce + ciphertext, base64);
+    ``payload`` is its JSON when the caller has it already (``encode_payload``)."""
+    if payload is None:
+        message.enc = _seal_payload(app, message.payload, message.id)
+    else:
+        message.enc = _seal_bytes(app, payload.encode("utf-8"), message.id)
     message.payload = None
 
 

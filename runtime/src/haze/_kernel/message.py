@@ -557,6 +557,62 @@ def encode_plain(message: Message, payload: str) -> str:
 encode_plain = _checked_encode_plain() or encode_plain
 
 
+def is_plain(message: Message) -> bool:
+    """Nothing in the envelope but immutable fields and the payload: no chain, batch,
+    lock, meta or encryption (what ``encode_plain`` and ``KeepsMessages`` take)."""
+    return (
+        message.chain is None
+        and message.chain_catch is None
+        and message.chain_id is None
+        and message.batch_id is None
+        and message.unique is None
+        and message.meta is None
+        and message.enc is None
+    )
+
+
+def _encode_with(message: Message, payload: str) -> str:
+    """``encode(message)`` of any unencrypted message whose payload ``encode_payload``
+    wrote as ``payload``: the payload is not walked again, only the envelope's fields."""
+    if is_plain(message):
+        return encode_plain(message, payload)
+    if message.enc is not None:
+        return encode(message)
+    rest = message.to_dict()
+    del rest["v"], rest["id"], rest["job"], rest["payload"]
+    try:
+        tail: str = _dumps(rest)
+    except (TypeError, ValueError):
+        return encode(message)  # raises, naming the field
+    if not tail.isascii():
+        _check_utf8(tail, None, message.to_dict)
+    head = f'{{"v":1,"id":{_esc(message.id)},"job":{_esc(message.job)},"payload":{payload}'
+    return f"{head},{tail[1:]}"
+
+
+def _checked_encode_with() -> Any:
+    """``_encode_with`` if it writes what ``encode`` writes here, else None."""
+    try:
+        m = Message("a1", 'j"\n', {"é": [1.5, None]}, "q", "c", 1764433200.125, 2, 't"é')
+        m.chain, m.chain_id, m.batch_id = [{"job": "n", "payload": "\u2028"}], "c1", "b1"
+        m.unique, m.meta = {"key": "k", "until": "processing"}, {"debounce": "d\x01"}
+        if _encode_with(m, _dumps(m.payload)) != encode(m):
+            return None
+    except Exception:
+        return None
+    return _encode_with
+
+
+def encode_with(message: Message, payload: str) -> str:
+    """``encode(message)`` for a message whose payload ``encode_payload`` wrote as
+    ``payload`` (the dispatcher encodes a payload once, before the locks, and the
+    envelope after them): the same text."""
+    return encode(message)
+
+
+encode_with = _checked_encode_with() or encode_with
+
+
 def decode(body: str | bytes) -> Message:
     """Parse a JSON body into a Message, or raise MessageDecodeError saying what is wrong."""
     try:
