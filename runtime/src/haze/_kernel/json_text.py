@@ -76,8 +76,8 @@ _dumps = _c_dumps() or _dumps
 _scan = json.JSONDecoder(parse_constant=_refuse_constant).scan_once  # type: ignore[attr-defined]
 
 
-def _strict_loads(body: Any) -> Any:
-    return json.loads(body, parse_constant=_refuse_constant)
+def _strict_loads(text: Any) -> Any:
+    return json.loads(text, parse_constant=_refuse_constant)
 
 
 def _fast_loads(body: Any) -> Any:
