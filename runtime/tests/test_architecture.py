@@ -3,8 +3,10 @@
 Every module belongs to a layer, and a module imports only its own layer and the layers
 below it: never upward, and never a haze module inside a function (an import that has to
 hide in a function is a cycle waiting to happen). Only optional third-party clients are
-imported lazily. Imports under ``if TYPE_CHECKING:`` are annotations, not imports, and
-are left out. The module graph also has no cycle at all, so import order never matters.
+imported lazily. An import under ``if TYPE_CHECKING:`` counts as an import for the
+layering (a lower layer that names ``App`` for a type still depends on it); only the
+cycle check leaves it out, since it never runs. The module graph has no cycle at all, so
+import order never matters.
 """
 
 from __future__ import annotations
@@ -52,8 +54,11 @@ def modules() -> Iterator[tuple[str, pathlib.Path]]:
         yield ".".join(parts), path
 
 
-def imports(module: str, path: pathlib.Path) -> Iterator[tuple[str, int, bool]]:
-    """(imported haze module, line, inside a function) for each import in ``path``."""
+def imports(
+    module: str, path: pathlib.Path, *, typing_only: bool = False
+) -> Iterator[tuple[str, int, bool]]:
+    """(imported haze module, line, inside a function) for each import in ``path``; with
+    ``typing_only`` the imports under ``if TYPE_CHECKING:`` too."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
 
     def targets(node: ast.Import | ast.ImportFrom) -> list[str]:
@@ -75,9 +80,8 @@ def imports(module: str, path: pathlib.Path) -> Iterator[tuple[str, int, bool]]:
     def walk(node: ast.AST, in_function: bool) -> Iterator[tuple[str, int, bool]]:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                yield from (
-                    x for x in walk(ast.Module(body=child.orelse, type_ignores=[]), in_function)
-                )
+                body = [*child.body, *child.orelse] if typing_only else child.orelse
+                yield from walk(ast.Module(body=body, type_ignores=[]), in_function)
                 continue
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 for target in targets(child):
@@ -102,10 +106,25 @@ def test_no_upward_import() -> None:
         f"{path.relative_to(SRC)}:{line} {module} ({layer_of(module)}) imports {target} "
         f"({layer_of(target)})"
         for module, path in ALL
-        for target, line, _ in imports(module, path)
+        for target, line, _ in imports(module, path, typing_only=True)
         if layer_of(target) > layer_of(module)
     ]
     assert not wrong, "upward imports:\n" + "\n".join(wrong)
+
+
+def test_an_import_under_type_checking_counts(tmp_path: pathlib.Path) -> None:
+    """The upward-import check sees an annotation-only import as the import it is."""
+    source = tmp_path / "dispatcher.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from haze._app.app import App\n"
+        "else:\n"
+        "    from haze._kernel import errors\n"
+    )
+    found = [t for t, _, _ in imports("haze._engine.dispatcher", source, typing_only=True)]
+    assert found == ["haze._app.app", "haze._kernel"]
+    assert [t for t, _, _ in imports("haze._engine.dispatcher", source)] == ["haze._kernel"]
 
 
 def test_no_haze_import_inside_a_function() -> None:
@@ -157,6 +176,35 @@ def test_no_function_longer_than_sixty_lines() -> None:
         and node.end_lineno - node.lineno + 1 > 60  # type: ignore[operator]
     ]
     assert not long, "\n".join(long)
+
+
+def test_no_layer_below_the_app_names_it_even_in_a_string() -> None:
+    """``importlib.import_module("haze._app.app")`` is an upward import the import check
+    cannot see: the layers below the app get what they need handed down instead."""
+    app_layer = layer_of("haze._app")
+    wrong = [
+        f"{path.relative_to(SRC)}:{node.lineno} names {node.value!r}"
+        for module, path in ALL
+        if layer_of(module) < app_layer
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.startswith("haze._app")
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_apps_private_attributes_are_read_only_by_the_app() -> None:
+    """Other modules read an App through its AppView (``open_drivers()``, ``implicit``)."""
+    private = {"_drivers", "_implicit"}
+    wrong = [
+        f"{path.relative_to(SRC)}:{node.lineno} reads .{node.attr}"
+        for module, path in ALL
+        if not module.startswith("haze._app")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr in private
+    ]
+    assert not wrong, "\n".join(wrong)
 
 
 # ----------------------------------------------------------------------------- size and parsers

@@ -240,3 +240,47 @@ async def test_unique_lock_is_released_when_the_locked_message_is_too_large(app:
     driver.max_message_size = None
     result = await dispatch_unique_big.with_({"x": "a"}).dispatch()
     assert not result.skipped
+
+
+@define_job(name="dispatch_unique_debounced", unique={"for": "1h"}, debounce="1h")
+async def dispatch_unique_debounced(payload: Any) -> None:
+    runs.append({"payload": payload})
+
+
+async def test_a_locked_job_is_encoded_once(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The payload goes through JSON once per dispatch: before the locks (so a payload
+    # JSON cannot carry fails with nothing taken), and the envelope after them.
+    from haze._kernel import message as envelope
+
+    payload = {"rows": list(range(50))}
+    walked: list[object] = []
+    dumps = envelope._dumps
+
+    def counting(value: Any) -> str:
+        if value is payload or (isinstance(value, dict) and value.get("payload") is payload):
+            walked.append(value)
+        return dumps(value)
+
+    monkeypatch.setattr(envelope, "_dumps", counting)
+    result = await dispatch_unique_debounced.with_(payload).dispatch()
+    assert not result.skipped
+    assert len(walked) == 1
+
+
+@define_job(name="dispatch_debounced_big", debounce="0.2s")
+async def dispatch_debounced_big(payload: Any) -> None:
+    runs.append({"payload": payload})
+
+
+async def test_a_debounced_message_too_large_leaves_the_burst_alone(app: App) -> None:
+    # Refused before its debounce mark is written: the mark would make the queued
+    # message of the burst a superseded one, and no message would run at all.
+    from haze._kernel.errors import PayloadTooLargeError
+
+    driver = app.driver("memory")
+    driver.max_message_size = 2000
+    await dispatch_debounced_big.dispatch({"x": "small"})
+    with pytest.raises(PayloadTooLargeError):
+        await dispatch_debounced_big.dispatch({"x": "a" * 1990})
+    await Queue.idle()
+    assert [r["payload"] for r in runs] == [{"x": "small"}]

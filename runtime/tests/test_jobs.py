@@ -222,3 +222,18 @@ def test_reimporting_a_module_is_not_a_duplicate(tmp_path: Path) -> None:
         assert spec.loader is not None
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
     assert get_job("jobs_reimported").origin == f"{path}:3"
+
+
+def test_define_jobs_options_are_one_list() -> None:
+    # define_job's overload takes **JobOptions; JobDefinition takes the same keywords.
+    import inspect
+
+    from haze._jobs.definition import JobDefinition
+    from haze._jobs.options import JobOptions
+
+    keywords = [
+        name
+        for name, p in inspect.signature(JobDefinition.__init__).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "origin"
+    ]
+    assert list(JobOptions.__annotations__) == keywords

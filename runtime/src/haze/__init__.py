@@ -46,6 +46,10 @@ from haze._kernel.errors import (
 # Errors are cheap and are what a failing import reports with: loaded up front.
 from haze._kernel.version import __version__
 
+#: The composition root: the module that registers how the implicit default app is
+#: built (``haze._kernel.current`` imports it by this name, so it never names it).
+_APP_MODULE = "haze._app.app"
+
 if _typing.TYPE_CHECKING:
     from haze._app.app import App, run_in_app, use_app
     from haze._app.config import (

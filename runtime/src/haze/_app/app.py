@@ -9,14 +9,12 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.machinery
-import importlib.util
 import logging
 import os
-import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, cast
 
 from haze._app.config import (
     CacheConfig,
@@ -31,6 +29,8 @@ from haze._app.config import (
     validate_queue,
     validate_redis,
 )
+from haze._app.discovery import _app_root, discover_jobs, load_schedules
+from haze._app.discovery import _load_module_file as _load_module_file  # cli, build
 from haze._app.env import env_duration
 from haze._engine.manager import QueueManager
 from haze._failed import failed_target
@@ -39,7 +39,7 @@ from haze._kernel import current
 from haze._kernel.blocking import run_blocking
 from haze._kernel.crypto import check_keys
 from haze._kernel.current import run_in_app
-from haze._kernel.errors import ConfigError, HazeError
+from haze._kernel.errors import ConfigError
 from haze._kernel.hints import did_you_mean
 from haze._orchestration.install import install as install_orchestration
 from haze._runners.worker import Worker
@@ -47,6 +47,10 @@ from haze.contracts.recorder import DispatchRecorder
 from haze.database import Connector, connect, dialect_of
 from haze.drivers import Driver, create_driver
 from haze.stores import Store, create_store
+
+if TYPE_CHECKING:
+    from haze._engine.view import EngineApp
+    from haze._jobs.views import JobsApp
 
 __all__ = ["App", "run_in_app", "use_app"]
 
@@ -60,13 +64,16 @@ _warned_implicit = False
 def use_app() -> App:
     """The current app: the job's app inside a job, else the most recently entered app,
     else the implicit default app (one ``memory`` connection)."""
-    app: App = current.use_app()
-    return app
+    return cast(App, current.use_app())
 
 
 def _default() -> App:
-    app: App = current.default_app()
-    return app
+    return cast(App, current.default_app())
+
+
+def _views(app: App) -> tuple[EngineApp, JobsApp]:
+    """An App is each view the layers below it read (mypy checks this line)."""
+    return app, app
 
 
 def _new_default_app() -> App:
@@ -99,41 +106,6 @@ def warn_implicit_dispatch() -> None:
         lost + "Create config/queue.py naming a database or redis connection and load it "
         "with App(root=__file__) (or pass App(queue=...))."
     )
-
-
-def _app_root(root: str | os.PathLike[str]) -> Path:
-    """The app folder: ``root`` itself, or the folder of a file (``App(root=__file__)``)."""
-    path = Path(root).expanduser().resolve()
-    if path.is_file():
-        path = path.parent
-    elif not path.exists():
-        raise ConfigError("the app root does not exist", source=str(path))
-    elif not path.is_dir():
-        raise ConfigError("the app root is not a directory", source=str(path))
-    if not (path / "config").is_dir() and not (path / "app").is_dir():
-        raise ConfigError(
-            "neither config/ nor app/ is here, so this is not a haze app; point root at the "
-            "folder that holds them (from a file in that folder: App(root=__file__))",
-            source=str(path),
-        )
-    return path
-
-
-def _load_module_file(path: Path, module_name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:  # pragma: no cover
-        raise ConfigError("cannot be imported", source=str(path))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except HazeError:
-        sys.modules.pop(module_name, None)
-        raise
-    except Exception as e:
-        sys.modules.pop(module_name, None)
-        raise ConfigError(f"failed to import: {type(e).__name__}: {e}", source=str(path)) from e
-    return module
 
 
 class App:
@@ -199,7 +171,7 @@ class App:
         install_orchestration(self.manager)
         if self.root is not None:
             self.discover()
-            self._load_schedules()
+            load_schedules(self.root)
         self.check_keys()
 
     # -- config ------------------------------------------------------------------
@@ -250,94 +222,9 @@ class App:
         """Import every ``app/job/**/*.py`` under the root; returns the module names."""
         if self.root is None:
             return []
-        job_dir = self.root / "app" / "job"
-        if not job_dir.is_dir():
-            return []
-        root = str(self.root)
-        if root not in sys.path:
-            sys.path.insert(0, root)
-        names: list[str] = []
-        for path in sorted(job_dir.rglob("*.py")):
-            if path.name.startswith("_") and path.name != "__init__.py":
-                continue
-            if path.name == "__init__.py":
-                continue
-            rel = path.relative_to(self.root).with_suffix("")
-            dotted = ".".join(rel.parts)
-            names.append(self._import_job_module(path, dotted))
+        names = discover_jobs(self.root)
         self._discovered = True
         return names
-
-    def _load_schedules(self) -> None:
-        """Run ``config/schedule.py`` (after the jobs, which it names) for its schedule()s."""
-        assert self.root is not None
-        path = self.root / "config" / "schedule.py"
-        if not path.is_file():
-            return
-        # When another app in this process owns the ``app`` package name, this root's job
-        # modules live under a private name; ``from app.job.x import y`` in the schedule
-        # file must still reach them, so ``app.*`` names this root's modules meanwhile.
-        private = f"{self._private_jobs_package()}."
-        mine = {n[len(private) :]: m for n, m in sys.modules.items() if n.startswith(private)}
-        theirs = {n: m for n, m in sys.modules.items() if n == "app" or n.startswith("app.")}
-        if mine:
-            for name in theirs:
-                del sys.modules[name]
-            sys.modules.update(mine)
-        try:
-            _load_module_file(path, f"_haze_config_{abs(hash(str(path)))}_schedule")
-        finally:
-            if mine:
-                for name in [n for n in sys.modules if n == "app" or n.startswith("app.")]:
-                    module = sys.modules.pop(name)
-                    if name not in mine:  # first imported by the schedule file: keep it ours
-                        sys.modules[private + name] = module
-                sys.modules.update(theirs)
-
-    def _private_jobs_package(self) -> str:
-        return f"_haze_jobs_{abs(hash(str(self.root)))}"
-
-    def _import_job_module(self, path: Path, dotted: str) -> str:
-        existing = sys.modules.get(dotted)
-        if existing is not None and Path(getattr(existing, "__file__", "") or "").resolve() == path:
-            return dotted
-        top = sys.modules.get(dotted.split(".")[0])
-        top_paths = [str(Path(p).resolve()) for p in getattr(top, "__path__", [])]
-        assert self.root is not None
-        # An app.py beside app/ is the module ``app`` (a web app's, often): importing
-        # it to reach app.job would run it, and still not find the package.
-        shadowed = top is None and (self.root / "app.py").is_file()
-        if not shadowed and (top is None or str(self.root / "app") in top_paths):
-            try:
-                module = importlib.import_module(dotted)
-                # ``app`` is a namespace package spanning every root on sys.path: the
-                # name can resolve to another app's module of the same path.
-                if Path(getattr(module, "__file__", "") or "").resolve() == path:
-                    return dotted
-            except HazeError:
-                raise
-            except ImportError:
-                pass
-            except Exception as e:
-                raise ConfigError(
-                    f"failed to import job module: {type(e).__name__}: {e}", source=str(path)
-                ) from e
-        # Another app already owns the ``app`` package name in this process: load under
-        # a private top-level name, with parent packages so relative imports resolve.
-        top_name = self._private_jobs_package()
-        name = f"{top_name}.{dotted}"
-        if name in sys.modules:  # already imported by a sibling's relative import
-            return name
-        parts = [top_name, *dotted.split(".")[:-1]]
-        for depth in range(1, len(parts) + 1):
-            pkg = ".".join(parts[:depth])
-            if pkg not in sys.modules:
-                where = self.root.joinpath(*parts[1:depth])
-                spec = importlib.machinery.ModuleSpec(pkg, None, is_package=True)
-                spec.submodule_search_locations = [str(where)]
-                sys.modules[pkg] = importlib.util.module_from_spec(spec)
-        _load_module_file(path, name)
-        return name
 
     # -- connections and stores ---------------------------------------------------
 
@@ -361,6 +248,15 @@ class App:
                 f"unknown queue connection {name!r}{did_you_mean(name, connections)}; {where}",
             )
         return name
+
+    @property
+    def implicit(self) -> bool:
+        """True for the process-wide default app (its jobs die with the process)."""
+        return self._implicit
+
+    def open_drivers(self) -> Mapping[str, Driver]:
+        """The drivers built so far, by connection (a read-only view; none is created)."""
+        return MappingProxyType(self._drivers)
 
     def driver(self, name: str | None = None) -> Driver:
         """The driver of a queue connection (created on first use)."""

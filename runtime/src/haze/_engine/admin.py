@@ -14,7 +14,7 @@ from haze.contracts.driver import Driver, FailedJob, unavailable
 from haze.contracts.failed import RetriesAtomically, RetryClaims
 
 if TYPE_CHECKING:
-    from haze._app.app import App
+    from haze._engine.view import EngineApp
 
 __all__ = ["RETRY_LEASE", "Admin"]
 
@@ -34,7 +34,7 @@ class Admin:
 
     def __init__(
         self,
-        app: App,
+        app: EngineApp,
         run_inline: Callable[[Message, str, Driver], Awaitable[None]],
         ensure_local_worker: Callable[[str], None],
     ) -> None:
@@ -45,7 +45,7 @@ class Admin:
     def unavailable(self, error: BaseException) -> BackendUnavailableError | None:
         """``error`` as a one-line ``BackendUnavailableError`` when it says the backend of
         a connection this app has used cannot be reached (the CLI's one-line errors)."""
-        for driver in list(self.app._drivers.values()):
+        for driver in list(self.app.open_drivers().values()):
             down = unavailable(driver, error)
             if down is not None:
                 return down

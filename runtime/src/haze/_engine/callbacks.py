@@ -18,8 +18,8 @@ from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch
 from haze._kernel.message import new_id
 
 if TYPE_CHECKING:
-    from haze._app.app import App
     from haze._engine.stores import EngineStores
+    from haze._engine.view import EngineApp
 
 __all__ = ["Callbacks"]
 
@@ -31,7 +31,7 @@ Dispatch = Callable[..., Awaitable[DispatchResult]]
 class Callbacks:
     """Plain-function callbacks of one app, and how any callback runs."""
 
-    def __init__(self, app: App, stores: EngineStores, dispatch: Dispatch) -> None:
+    def __init__(self, app: EngineApp, stores: EngineStores, dispatch: Dispatch) -> None:
         self.app = app
         self.stores = stores
         self._dispatch = dispatch

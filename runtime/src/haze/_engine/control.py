@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from haze._app.app import App
+    from haze._engine.view import EngineApp
 
 __all__ = ["pause", "paused_queues", "request_restart", "restart_requested_at", "resume"]
 
@@ -22,28 +22,28 @@ def _pause_key(connection: str, queue: str) -> str:
     return f"haze:worker:paused:{connection}:{queue}"
 
 
-async def request_restart(app: App) -> float:
+async def request_restart(app: EngineApp) -> float:
     """Ask every worker to stop after its running jobs (a supervisor restarts it)."""
     now = time.time()
     await app.queue_store.put(_RESTART, now)
     return now
 
 
-async def restart_requested_at(app: App) -> float | None:
+async def restart_requested_at(app: EngineApp) -> float | None:
     value = await app.queue_store.get(_RESTART)
     return None if value is None else float(value)
 
 
-async def pause(app: App, connection: str, queue: str) -> None:
+async def pause(app: EngineApp, connection: str, queue: str) -> None:
     """Workers stop claiming from ``connection:queue`` until ``resume``."""
     await app.queue_store.put(_pause_key(connection, queue), time.time())
 
 
-async def resume(app: App, connection: str, queue: str) -> bool:
+async def resume(app: EngineApp, connection: str, queue: str) -> bool:
     return await app.queue_store.delete(_pause_key(connection, queue))
 
 
-async def paused_queues(app: App, connection: str, queues: Sequence[str]) -> set[str]:
+async def paused_queues(app: EngineApp, connection: str, queues: Sequence[str]) -> set[str]:
     if not queues:
         return set()
     values = await app.queue_store.get_many([_pause_key(connection, q) for q in queues])

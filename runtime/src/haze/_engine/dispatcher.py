@@ -1,8 +1,9 @@
-"""The dispatch path, once for every driver: build -> encode -> defer -> sink.
+"""The dispatch path, once for every driver: build -> defer -> lock -> encode -> route.
 
-build message ─ (after-commit in a transaction? defer to COMMIT) ─ debounce
-─ unique lock ─ sink: the app's recorder (a test fake), or the status record
-then driver.enqueue (an inline driver runs the job now)
+build message ─ (after-commit in a transaction? defer to COMMIT) ─ payload to JSON
+(once) ─ debounce ─ unique lock ─ envelope to JSON ─ the app's recorder (a test fake),
+or the connection's route (``_engine/route.py``: status record, then driver.enqueue;
+an inline driver runs the job now)
 """
 
 from __future__ import annotations
@@ -13,28 +14,28 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from haze._engine.route import Route, RunInline, checked_size
 from haze._jobs.context import _tenant
 from haze._jobs.definition import DispatchResult, PendingDispatch
 from haze._kernel.crypto import encrypt_payload, seal, unseal
 from haze._kernel.durations import check_delay
-from haze._kernel.errors import PayloadTooLargeError
 from haze._kernel.message import (
     MAX_QUEUE_NAME,
     Message,
     check_queue_name,
     encode,
     encode_payload,
-    encode_plain,
+    encode_with,
+    is_plain,
     new_id,
 )
-from haze.contracts.driver import KeepsMessages, unavailable
 from haze.transactions import current_transaction
 
 if TYPE_CHECKING:
-    from haze._app.app import App
     from haze._engine.locks import Locks
     from haze._engine.otel import TelemetrySlot
     from haze._engine.tracking import Tracking
+    from haze._engine.view import EngineApp
     from haze._jobs.definition import JobDefinition
     from haze.contracts.driver import Driver
 
@@ -43,9 +44,10 @@ __all__ = ["Dispatcher"]
 log = logging.getLogger("haze")
 _time = time.time
 
-#: Runs a message now, in the caller's context (the ``sync`` driver).
-RunInline = Callable[[Message, str, "Driver"], Awaitable[None]]
 Batch = list[tuple[str, Message, float]]
+#: A payload this close to a connection's size limit has its envelope's size checked
+#: before its locks are taken (an envelope and its marks are far smaller).
+_ENVELOPE_ROOM = 4096
 
 
 class Dispatcher:
@@ -53,7 +55,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        app: App,
+        app: EngineApp,
         locks: Locks,
         tracking: Tracking,
         telemetry: TelemetrySlot,
@@ -69,8 +71,8 @@ class Dispatcher:
         self.run_inline = run_inline
         self.ensure_local_worker = ensure_local_worker
         self.warn_implicit = warn_implicit
-        #: id(driver) -> (driver, the driver if it keeps plain messages): checked once
-        self._keepers: dict[int, tuple[Driver, KeepsMessages | None]] = {}
+        #: connection -> its route, resolved on the connection's first dispatch
+        self._routes: dict[str, Route] = {}
 
     # ------------------------------------------------------------ build and encode
 
@@ -128,26 +130,33 @@ class Dispatcher:
             meta,  # meta
         )
 
-    def encode(self, message: Message, driver: Driver, job: JobDefinition[Any]) -> str:
-        if job.encrypted:
-            # Encrypt a copy: the message keeps its plain payload for unique/debounce key
-            # functions, the fake's assertions and inline runs.
-            message = copy.copy(message)
-            encrypt_payload(self.app, message)
-        return self._checked_size(encode(message), driver, job)
+    def route(self, connection: str) -> Route:
+        """The route of ``connection`` (resolved on its first dispatch, then kept)."""
+        route = self._routes.get(connection)
+        if route is None:
+            route = self._routes[connection] = Route(
+                self.app,
+                connection,
+                self.app.driver(connection),
+                tracking=self.tracking,
+                locks=self.locks,
+                run_inline=self.run_inline,
+                ensure_local_worker=self.ensure_local_worker,
+            )
+        return route
 
-    @staticmethod
-    def _checked_size(body: str, driver: Driver, job: JobDefinition[Any]) -> str:
-        limit = driver.max_message_size
-        if limit is not None:
-            size = len(body) if body.isascii() else len(body.encode("utf-8"))
-            if size > limit:
-                raise PayloadTooLargeError(
-                    f'job "{job.name}": the message is {size} bytes, over the {limit}-byte limit '
-                    f'of connection "{driver.name}"; pass ids instead of data (nothing was '
-                    "enqueued)"
-                )
-        return body
+    def encode(self, message: Message, driver: Driver, job: JobDefinition[Any]) -> str:
+        """The body of a built ``message`` for ``driver``'s connection (size checked)."""
+        return self._body(message, encode_payload(message.payload), driver, job)
+
+    def _body(self, message: Message, payload: str, driver: Driver, job: JobDefinition[Any]) -> str:
+        """The body, from the payload's JSON: encrypted for an ``encrypted`` job (a copy:
+        the message keeps its plain payload for key functions, the fake and inline runs)."""
+        if job.encrypted:
+            sealed = copy.copy(message)
+            encrypt_payload(self.app, sealed, payload)
+            return checked_size(encode(sealed), driver, job)
+        return checked_size(encode_with(message, payload), driver, job)
 
     # ------------------------------------------------------------ one dispatch
 
@@ -191,9 +200,7 @@ class Dispatcher:
             if tx is not None:
                 encode(message)  # a payload JSON cannot carry raises TypeError now, not at COMMIT
                 return self._defer(tx, message, job, delay)
-        if self.telemetry.get() is not None and self.app.recorder is None:
-            return await self.send(message, job, delay)
-        return await self._send_now(message, job, delay)  # what send() does with no span
+        return await self.send(message, job, delay)
 
     def _defer(
         self, tx: Any, message: Message, job: JobDefinition[Any], delay: float
@@ -214,98 +221,68 @@ class Dispatcher:
         tx.on_commit(later)
         return DispatchResult(message.id, skipped=False, deferred=True, chain_id=message.chain_id)
 
-    async def send(self, message: Message, job: JobDefinition[Any], delay: float) -> DispatchResult:
-        """The message is built: lock, then hand it to the sink (in a producer span)."""
-        otel = self.telemetry.get()
-        if otel is not None and self.app.recorder is None:
-            result: DispatchResult = await otel.send(
-                message, delay, lambda: self._send_now(message, job, delay)
-            )
-            return result
-        return await self._send_now(message, job, delay)
-
-    async def _send_now(
+    def send(
         self, message: Message, job: JobDefinition[Any], delay: float
-    ) -> DispatchResult:
-        recorder = self.app.recorder
+    ) -> Awaitable[DispatchResult]:
+        """The message is built: lock, encode, and hand it to its route (in a producer
+        span when telemetry is on and no test recorder takes it)."""
         assert message.connection is not None
-        if self.app._implicit and recorder is None:
+        route = self.route(message.connection)
+        otel = self.telemetry.get()
+        if otel is not None and route.recorder is None:
+            sent: Awaitable[DispatchResult] = otel.send(
+                message, delay, lambda: self._send(route, message, job, delay)
+            )
+            return sent
+        return self._send(route, message, job, delay)
+
+    async def _send(
+        self, route: Route, message: Message, job: JobDefinition[Any], delay: float
+    ) -> DispatchResult:
+        recorder = route.recorder
+        if recorder is None and self.app.implicit:
             self.warn_implicit()
-        driver = self.app.driver(message.connection)
-        if recorder is None and job.debounce is None and job.unique is None:
-            keeper = self._keeper(driver)
-            if keeper is not None and not job.encrypted and not driver.inline and _plain(message):
-                # _sink, minus its frame: no status record or lock to write or undo
-                payload = encode_payload(message.payload)
-                body = self._checked_size(encode_plain(message, payload), driver, job)
-                keeper.keep_next(message, body, payload)
-                try:
-                    await driver.enqueue(body, message, delay)
-                except Exception as e:
-                    down = unavailable(driver, e)
-                    if down is None:
-                        raise
-                    raise down from None
-                if not driver.remote:
-                    self.ensure_local_worker(driver.name)
-                return DispatchResult(message.id, chain_id=message.chain_id)
-        body = self.encode(message, driver, job)
-        if job.debounce is not None and message.batch_id is None:
-            delay = await self.locks.debounce(job, message, delay)
-            body = self.encode(message, driver, job)  # now carries meta.debounce
-        if job.unique is not None and message.batch_id is None:
-            holder = await self.locks.lock(job, message, driver)
-            if holder is not None:
-                if recorder is not None:
-                    recorder.record_skipped(job, message)
-                return DispatchResult(holder, skipped=True, chain_id=message.chain_id)
-            try:
-                body = self.encode(message, driver, job)  # now carries the lock
-            except BaseException:
-                # Too large with the lock's few bytes: a lock held for a job that was
-                # never queued would block every dispatch until it expires.
-                await self.locks.unlock(message)
-                raise
+        # The payload is encoded once, before any lock: one JSON cannot carry fails here,
+        # with nothing taken; the envelope is written after the locks marked it.
+        payload = encode_payload(message.payload)
+        locked = message.batch_id is None and (job.debounce is not None or job.unique is not None)
+        if locked:
+            self._check_before_locks(message, payload, route, job)
+            if job.debounce is not None:
+                delay = await self.locks.debounce(job, message, delay)
+            if job.unique is not None:
+                holder = await self.locks.lock(job, message, route.driver)
+                if holder is not None:
+                    if recorder is not None:
+                        recorder.record_skipped(job, message)
+                    return DispatchResult(holder, skipped=True, chain_id=message.chain_id)
+        try:
+            body = self._body(message, payload, route.driver, job)
+        except BaseException:
+            # Too large with the lock's few bytes: a lock held for a job that was never
+            # queued would block every dispatch until it expires.
+            await self.locks.unlock(message)
+            raise
         if recorder is not None:
             recorder.record(job, message, delay)
-            return DispatchResult(message.id, chain_id=message.chain_id)
-        await self._sink(message, body, driver, delay)
+        else:
+            keep = route.keeper is not None and not job.encrypted and is_plain(message)
+            await route.send(message, body, payload, delay, keep=keep)
         return DispatchResult(message.id, chain_id=message.chain_id)
 
-    def _keeper(self, driver: Driver) -> KeepsMessages | None:
-        """``driver`` if it can keep plain messages (checked once per driver)."""
-        got = self._keepers.get(id(driver))
-        if got is None or got[0] is not driver:
-            keeps = driver if isinstance(driver, KeepsMessages) else None
-            got = self._keepers[id(driver)] = (driver, keeps)
-        return got[1]
-
-    async def _sink(self, message: Message, body: str, driver: Driver, delay: float) -> None:
-        """The status record, then the driver (or the inline run)."""
-        tracked = message.meta is not None and "track" in message.meta
-        if tracked:
-            await self.tracking.queued(message, delay)
-        try:
-            if driver.inline:
-                await self.run_inline(message, body, driver)
-            else:
-                await driver.enqueue(body, message, delay)
-        except BaseException as e:
-            if not driver.inline:
-                await self._undo(message, tracked)
-            down = unavailable(driver, e) if isinstance(e, Exception) else None
-            if down is not None and not driver.inline:
-                raise down from None  # one line, not the client library's traceback chain
-            raise
-        if not driver.remote and not driver.inline:
-            self.ensure_local_worker(driver.name)
-
-    async def _undo(self, message: Message, tracked: bool) -> None:
-        """The enqueue failed: no record or lock may outlive a job that was not queued."""
-        if tracked:
-            await self.tracking.state_store().delete(f"haze:status:{message.id}")
-        if message.unique is not None:
-            await self.locks.unlock(message)
+    def _check_before_locks(
+        self, message: Message, payload: str, route: Route, job: JobDefinition[Any]
+    ) -> None:
+        """Refuse a message over the size limit before a lock or a debounce mark is
+        written for it (a mark for a message never queued would drop its burst). Only a
+        payload within a few KiB of the limit costs an envelope encoded here."""
+        limit = route.driver.max_message_size
+        if limit is None or job.encrypted:
+            size = None
+        else:
+            size = len(payload) if payload.isascii() else len(payload.encode("utf-8"))
+        if limit is not None and (size is None or size > limit - _ENVELOPE_ROOM):
+            self._body(message, payload, route.driver, job)
 
     # ------------------------------------------------------------ many dispatches
 
@@ -335,10 +312,10 @@ class Dispatcher:
             conn, message, item = self._grouped(p, queue, connection, batch_id)
             groups.setdefault(conn, []).append(item)
             ids.append(message.id)
-        if groups and self.app._implicit:
+        if groups and self.app.implicit:
             self.warn_implicit()
         for conn, items in groups.items():
-            await self._enqueue_many(conn, items)
+            await self.route(conn).send_many(items)
         if singles:
             it = iter(singles)
             for i, v in enumerate(ids):
@@ -371,38 +348,6 @@ class Dispatcher:
         otel = self.telemetry.get()
         if otel is not None:
             otel.created(message)
-        body = self.encode(message, self.app.driver(conn), job)
+        body = self._body(message, encode_payload(message.payload), self.route(conn).driver, job)
         delay = check_delay(p._delay or 0.0, f'job "{job.name}": delay')
         return conn, message, (body, message, delay)
-
-    async def _enqueue_many(self, conn: str, items: Batch) -> None:
-        driver = self.app.driver(conn)
-        for _, message, delay in items:
-            if message.meta is not None and "track" in message.meta:
-                await self.tracking.queued(message, delay)
-        if driver.inline:
-            for body, message, _ in items:
-                await self.run_inline(message, body, driver)
-            return
-        try:
-            await driver.enqueue_many(items)
-        except Exception as e:
-            down = unavailable(driver, e)
-            if down is None:
-                raise
-            raise down from None
-        if not driver.remote:
-            self.ensure_local_worker(conn)
-
-
-def _plain(message: Message) -> bool:
-    """Nothing in the envelope but immutable fields and the payload (``KeepsMessages``)."""
-    return (
-        message.chain is None
-        and message.chain_catch is None
-        and message.chain_id is None
-        and message.batch_id is None
-        and message.unique is None
-        and message.meta is None
-        and message.enc is None
-    )

@@ -33,8 +33,8 @@ from haze._kernel.message import RETRIED, UNRECORDED_FAILURE, Message, encode, n
 from haze.contracts.driver import FailedJob
 
 if TYPE_CHECKING:
-    from haze._app.app import App
     from haze._engine.stores import EngineStores
+    from haze._engine.view import EngineApp
     from haze._jobs.context import JobContext
     from haze._jobs.definition import JobDefinition
     from haze.contracts.driver import Reserved
@@ -75,7 +75,7 @@ def exceptions_key(message: Message) -> str:
 class Failures:
     """What a failure means, and how it is kept, for one app."""
 
-    def __init__(self, app: App, stores: EngineStores) -> None:
+    def __init__(self, app: EngineApp, stores: EngineStores) -> None:
         self.app = app
         self.stores = stores
 

@@ -16,7 +16,7 @@ from haze.contracts.driver import Backlog, Concurrent
 from haze.transactions import wait_pending
 
 if TYPE_CHECKING:
-    from haze._app.app import App
+    from haze._engine.view import EngineApp
 
 __all__ = ["LocalWorker", "LocalWorkers", "WorkerFactory"]
 
@@ -41,7 +41,7 @@ WorkerFactory = Callable[[str, int], LocalWorker]
 class LocalWorkers:
     """The in-process consumers of one app, one per memory connection and loop."""
 
-    def __init__(self, app: App, factory: WorkerFactory | None) -> None:
+    def __init__(self, app: EngineApp, factory: WorkerFactory | None) -> None:
         self.app = app
         self.factory = factory
         self.workers: dict[str, LocalWorker] = {}
@@ -73,7 +73,7 @@ class LocalWorkers:
 
     def warn_lost(self) -> None:
         """The app stops: say how many jobs its memory connections lose."""
-        for name, driver in self.app._drivers.items():
+        for name, driver in self.app.open_drivers().items():
             if isinstance(driver, Backlog) and not driver.remote:
                 n = driver.waiting()
                 if n:
@@ -89,7 +89,7 @@ class LocalWorkers:
         while True:
             await wait_pending()
             busy = False
-            for name, driver in list(self.app._drivers.items()):
+            for name, driver in list(self.app.open_drivers().items()):
                 if not isinstance(driver, Backlog) or driver.remote:
                     continue
                 if driver.pending():
@@ -100,7 +100,7 @@ class LocalWorkers:
                 await wait_pending()
                 if not any(
                     d.pending()
-                    for d in self.app._drivers.values()
+                    for d in self.app.open_drivers().values()
                     if isinstance(d, Backlog) and not d.remote
                 ):
                     return

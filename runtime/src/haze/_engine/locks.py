@@ -19,8 +19,8 @@ from haze._kernel.crypto import keyed_digest
 from haze._kernel.errors import HazeError
 
 if TYPE_CHECKING:
-    from haze._app.app import App
     from haze._engine.stores import EngineStores
+    from haze._engine.view import EngineApp
     from haze._jobs.definition import JobDefinition
     from haze._kernel.message import Message
     from haze.contracts.driver import Driver
@@ -41,7 +41,7 @@ def scoped_key(kind: str, *parts: object) -> str:
 class Locks:
     """Unique locks and debounce keys of one app."""
 
-    def __init__(self, app: App, stores: EngineStores) -> None:
+    def __init__(self, app: EngineApp, stores: EngineStores) -> None:
         self.app = app
         self.stores = stores
 

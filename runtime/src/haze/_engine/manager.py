@@ -36,8 +36,8 @@ from haze._engine.throughput import ReadDuration
 from haze._engine.tracking import StatusRecord, Tracking
 
 if TYPE_CHECKING:
-    from haze._app.app import App
     from haze._engine.otel import Telemetry
+    from haze._engine.view import EngineApp
     from haze._jobs.context import JobContext
     from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch
     from haze._kernel.message import Message
@@ -56,7 +56,7 @@ class QueueManager:
 
     def __init__(
         self,
-        app: App,
+        app: EngineApp,
         *,
         worker_factory: WorkerFactory | None = None,
         warn_implicit: Callable[[], None] = lambda: None,

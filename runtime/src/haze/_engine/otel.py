@@ -42,7 +42,7 @@ from haze._kernel.describe import error_line, error_text
 from haze._kernel.version import __version__
 
 if TYPE_CHECKING:
-    from haze._app.app import App
+    from haze._engine.view import EngineApp
     from haze._jobs.definition import JobDefinition
     from haze._kernel.message import Message
     from haze.drivers import Driver, Reserved
@@ -79,7 +79,7 @@ def _default_providers() -> bool:
     ).__name__ in ("_ProxyMeterProvider", "NoOpMeterProvider")
 
 
-def telemetry_for(app: App) -> Telemetry | None:
+def telemetry_for(app: EngineApp) -> Telemetry | None:
     """The app's telemetry recorder, or None when telemetry is off (see the module doc)."""
     setting = app.queue_config.telemetry
     if setting is False:
@@ -442,7 +442,7 @@ class TelemetrySlot:
     """An app's recorder, decided at first use (so an SDK set up after the app was
     created still counts); ``set`` puts a recorder of one's own (tests)."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: EngineApp) -> None:
         self.app = app
         self.value: Telemetry | None = None
         self.resolved = False

@@ -11,7 +11,7 @@ import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from haze._app.app import App
+    from haze._engine.view import EngineApp
     from haze.contracts.driver import Driver
     from haze.contracts.store import Store
 
@@ -23,7 +23,7 @@ log = logging.getLogger("haze")
 class EngineStores:
     """The state and batch stores of one app."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: EngineApp) -> None:
         self.app = app
         self._warned: set[str] = set()  # what ("unique jobs", "batches") was warned
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from haze._kernel.errors import ConfigError, HazeError
 
 if TYPE_CHECKING:
-    from haze._app.app import App
+    from haze._engine.view import EngineApp
 
 __all__ = [
     "FLUSH_EVERY",
@@ -100,7 +100,7 @@ def retention(read: ReadDuration) -> float:
 class Tally:
     """One process's finished jobs not yet written to the store."""
 
-    def __init__(self, app: App, read: ReadDuration | None = None) -> None:
+    def __init__(self, app: EngineApp, read: ReadDuration | None = None) -> None:
         self.app = app
         self.counts: dict[tuple[str, str, str], int] = {}
         try:
@@ -164,7 +164,7 @@ class Tally:
                 self.counts[key] = self.counts.get(key, 0) + n
 
 
-async def per_minute(app: App, connection: str, queue: str) -> float | None:
+async def per_minute(app: EngineApp, connection: str, queue: str) -> float | None:
     """Jobs finished per minute on ``queue`` over the last ``WINDOW`` minutes (the current
     one counted for the part that has passed); None when the queue store is process-local."""
     store = app.queue_store
@@ -181,7 +181,7 @@ async def per_minute(app: App, connection: str, queue: str) -> float | None:
 
 
 async def series(
-    app: App, connection: str, queue: str, minutes: int = 60
+    app: EngineApp, connection: str, queue: str, minutes: int = 60
 ) -> list[tuple[int, int, int]] | None:
     """``(minute, finished, failed)`` for each of the last ``minutes`` minutes, oldest
     first (``minute`` is epoch minutes; the last one is still running); None when the
@@ -222,7 +222,9 @@ def _percentiles(counts: list[int]) -> Latency | None:
     return Latency(total, out[0], out[1])
 
 
-async def _hour(app: App, connection: str, queue: str, kinds: list[str]) -> list[Latency | None]:
+async def _hour(
+    app: EngineApp, connection: str, queue: str, kinds: list[str]
+) -> list[Latency | None]:
     """Percentiles of each latency ``kind`` over the last hour (the last six ten-minute
     windows, the current one included), in one read."""
     now = int(time.time() // 60) // _SPAN
@@ -244,7 +246,7 @@ async def _hour(app: App, connection: str, queue: str, kinds: list[str]) -> list
     return out
 
 
-async def wait_time(app: App, connection: str, queue: str) -> Latency | None:
+async def wait_time(app: EngineApp, connection: str, queue: str) -> Latency | None:
     """Wait time (dispatch to start) on ``queue`` over the last hour; None with no job
     started in that hour, or a process-local queue store."""
     if not app.queue_store.shared:
@@ -252,7 +254,7 @@ async def wait_time(app: App, connection: str, queue: str) -> Latency | None:
     return (await _hour(app, connection, queue, ["wait"]))[0]
 
 
-async def runtimes(app: App, connection: str, jobs: list[str]) -> dict[str, Latency] | None:
+async def runtimes(app: EngineApp, connection: str, jobs: list[str]) -> dict[str, Latency] | None:
     """Runtime of each of ``jobs`` on ``connection`` over the last hour (a job with no
     run in that hour is left out); None when the queue store is process-local."""
     if not app.queue_store.shared:

@@ -22,9 +22,9 @@ from haze._kernel.crypto import seal, unseal
 from haze._kernel.errors import BackendUnavailableError, JobCancelledError, MessageDecodeError
 
 if TYPE_CHECKING:
-    from haze._app.app import App
     from haze._engine.events import Events
     from haze._engine.stores import EngineStores
+    from haze._engine.view import EngineApp
     from haze._jobs.context import JobContext
     from haze._jobs.definition import JobDefinition
     from haze._kernel.message import Message
@@ -41,7 +41,7 @@ class Tracking:
 
     def __init__(
         self,
-        app: App,
+        app: EngineApp,
         stores: EngineStores,
         events: Events,
         unavailable: Callable[[BaseException], BaseException | None],

@@ -21,10 +21,9 @@ from haze._kernel.durations import Duration, check_delay, parse_duration
 from haze._kernel.errors import JobFailedError
 
 if TYPE_CHECKING:
-    from haze._app.app import App
     from haze._jobs.definition import PendingDispatch
+    from haze._jobs.views import BatchView, JobsApp
     from haze._kernel.message import Message
-    from haze._orchestration.batches import Batch
 
 __all__ = ["AbortSignal", "JobContext", "current_tenant", "tenant"]
 
@@ -141,9 +140,9 @@ class JobContext:
         tries: int,
         queue: str,
         connection: str,
-        app: App,
+        app: JobsApp,
         message: Message | None = None,
-        batch: Batch | None = None,
+        batch: BatchView | None = None,
     ) -> None:
         self.id = id
         self.name = name
@@ -237,7 +236,7 @@ class JobContext:
         aborted with a ``JobCancelledError``)."""
         return cancelled_reason(self)
 
-    def batch(self) -> Batch | None:
+    def batch(self) -> BatchView | None:
         """The batch this job belongs to (a snapshot read before the attempt), or None."""
         return self._batch
 

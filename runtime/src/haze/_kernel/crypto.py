@@ -22,15 +22,24 @@ import hashlib
 import hmac
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from haze._kernel.deps import require
 from haze._kernel.errors import ConfigError, MessageDecodeError
 from haze._kernel.message import encode_payload, envelope_of
 
 if TYPE_CHECKING:
-    from haze._app.app import App
     from haze._kernel.message import FailedJob, Message
+
+
+class Keyed(Protocol):
+    """What encryption reads of an App: its key and the keys it replaced."""
+
+    @property
+    def key(self) -> str | None: ...
+    @property
+    def previous_keys(self) -> str | None: ...
+
 
 __all__ = [
     "check_keys",
@@ -119,7 +128,7 @@ def _aesgcm() -> Any:
     return aead.AESGCM
 
 
-def _keys(app: App) -> list[bytes]:
+def _keys(app: Keyed) -> list[bytes]:
     key = app.key
     if not key:
         raise ConfigError(
@@ -131,7 +140,7 @@ def _keys(app: App) -> list[bytes]:
     return [_material(key), *(_material(k, "APP_PREVIOUS_KEYS") for k in old)]
 
 
-def seal(app: App, value: Any, context: str) -> str:
+def seal(app: Keyed, value: Any, context: str) -> str:
     """``value`` as JSON, encrypted with the app key: base64 of nonce + ciphertext.
 
     ``context`` is authenticated with it (AES-GCM associated data): :func:`unseal`
@@ -141,19 +150,19 @@ def seal(app: App, value: Any, context: str) -> str:
     return _seal_bytes(app, data, context)
 
 
-def _seal_payload(app: App, payload: Any, context: str) -> str:
+def _seal_payload(app: Keyed, payload: Any, context: str) -> str:
     """:func:`seal` of a job's payload, refused as a plain job's is (``TypeError`` naming
     the path JSON cannot carry, a lone surrogate included) before it is encrypted."""
     return _seal_bytes(app, encode_payload(payload).encode("utf-8"), context)
 
 
-def _seal_bytes(app: App, data: bytes, context: str) -> str:
+def _seal_bytes(app: Keyed, data: bytes, context: str) -> str:
     aes = _aesgcm()(_keys(app)[0])
     nonce = os.urandom(12)
     return base64.b64encode(nonce + aes.encrypt(nonce, data, context.encode())).decode()
 
 
-def unseal(app: App, blob: object, context: str, what: str) -> Any:
+def unseal(app: Keyed, blob: object, context: str, what: str) -> Any:
     """The value :func:`seal` encrypted; tries the current key, then the previous ones.
 
     ``what`` names the value in the ``MessageDecodeError`` raised when it cannot be read.
@@ -204,13 +213,17 @@ def _strict_json(plain: bytes, what: str) -> Any:
         ) from None
 
 
-def encrypt_payload(app: App, message: Message) -> None:
-    """Replace ``message.payload`` by ``message.enc`` (nonce + ciphertext, base64)."""
-    message.enc = _seal_payload(app, message.payload, message.id)
+def encrypt_payload(app: Keyed, message: Message, payload: str | None = None) -> None:
+    """Replace ``message.payload`` by ``message.enc`` (nonce + ciphertext, base64);
+    ``payload`` is its JSON when the caller has it already (``encode_payload``)."""
+    if payload is None:
+        message.enc = _seal_payload(app, message.payload, message.id)
+    else:
+        message.enc = _seal_bytes(app, payload.encode("utf-8"), message.id)
     message.payload = None
 
 
-def decrypt_payload(app: App, message: Message) -> Any:
+def decrypt_payload(app: Keyed, message: Message) -> Any:
     """The decrypted payload; tries the current key, then the previous ones."""
     assert message.enc is not None
     return unseal(app, message.enc, message.id, f'job "{message.job}" ({message.id})')
@@ -220,7 +233,7 @@ def _link_context(job: str) -> str:
     return f"haze:link:{job}"
 
 
-def seal_link(app: App, link: dict[str, Any]) -> dict[str, Any]:
+def seal_link(app: Keyed, link: dict[str, Any]) -> dict[str, Any]:
     """A chain link or callback ``{"job", "payload", ...}`` with ``enc`` in place of
     ``payload`` (done when the job is ``encrypted``: the link is stored with the chain,
     the batch or the failed job)."""
@@ -229,13 +242,13 @@ def seal_link(app: App, link: dict[str, Any]) -> dict[str, Any]:
     return sealed
 
 
-def unseal_link(app: App, link: dict[str, Any]) -> Any:
+def unseal_link(app: Keyed, link: dict[str, Any]) -> Any:
     """The payload of a link made by :func:`seal_link`."""
     job = str(link.get("job"))
     return unseal(app, link["enc"], _link_context(job), f'a chain link or callback of job "{job}"')
 
 
-def keyed_digest(app: App, text: str) -> str:
+def keyed_digest(app: Keyed, text: str) -> str:
     """A keyed hash of ``text`` (HMAC-SHA256 with the app key, 32 hex characters): equal
     texts give equal digests in every process with that key, and the text cannot be read
     back. Used for the lock keys of encrypted jobs."""
@@ -253,7 +266,7 @@ def sealed_error(error: BaseException) -> str:
     return f"{type(error).__name__} (encrypted)"
 
 
-def seal_failure(app: App, job_id: str, text: str) -> str:
+def seal_failure(app: Keyed, job_id: str, text: str) -> str:
     """An encrypted job's exception text and traceback, for its failed record."""
     return seal(app, text, _failure_context(job_id))
 
@@ -267,7 +280,7 @@ def failed_is_encrypted(job: FailedJob) -> bool:
     return data.get("enc") is not None or (isinstance(meta, dict) and "failed_exception" in meta)
 
 
-def open_failed(app: App, job: FailedJob) -> tuple[Any, str]:
+def open_failed(app: Keyed, job: FailedJob) -> tuple[Any, str]:
     """``(payload, exception)`` of a failed record, decrypted with the app key when the
     job was encrypted (raises ``MessageDecodeError`` when no key opens them)."""
     data = envelope_of(job.body) if job.body else None

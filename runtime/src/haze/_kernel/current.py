@@ -1,9 +1,11 @@
 """The current app: which App a dispatch, a job or a facade call acts on.
 
-Every layer asks for the current app, but only the composition root (``haze._app``)
-knows what an App is. So the context lives here, untyped, and ``haze._app.app`` wraps
-:func:`use_app` with its ``App`` type and registers how the implicit default app is
-built (:func:`set_default_factory`).
+Every layer asks for the current app, but only the composition root knows what an App
+is. So the context lives here as plain ``object``s: ``haze.contracts.app.use_app`` reads
+it as an ``AppView``, ``haze.App``'s module wraps it with its ``App`` type and registers
+how the implicit default app is built (:func:`set_default_factory`). The package
+(``haze/__init__.py``, loaded before any of its modules) names the module that
+registers it as ``_APP_MODULE``: the kernel never names a layer above it.
 
 >>> # use_app()                        -> the job's app, the entered one, or the default
 >>> # await run_in_app(app, lambda: x) -> x computed with ``app`` current
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import importlib
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -37,14 +40,14 @@ T = TypeVar("T")
 #: ``Any`` because the kernel cannot name ``App``: callers annotate what they get.
 app_var: contextvars.ContextVar[Any] = contextvars.ContextVar("haze_app", default=None)
 
-_last_entered: Any = None
-_default_app: Any = None
-_default_factory: Callable[[], Any] | None = None
+_last_entered: object = None
+_default_app: object = None
+_default_factory: Callable[[], object] | None = None
 _default_lock = threading.Lock()
 _enter_hooks: list[Callable[[Any], None]] = []
 
 
-def use_app() -> Any:
+def use_app() -> object:
     """The current app: the job's app inside a job, else the most recently entered app,
     else the implicit default app (one ``memory`` connection)."""
     app = app_var.get()
@@ -55,14 +58,14 @@ def use_app() -> Any:
     return default_app()
 
 
-def explicit_app() -> Any:
+def explicit_app() -> object:
     """The app :func:`use_app` would return, or None where that would be the implicit
     default app (nothing current, nothing entered): nothing is created."""
     app = app_var.get()
     return app if app is not None else _last_entered
 
 
-def default_app() -> Any:
+def default_app() -> object:
     """The process-wide implicit app, built on first use by the registered factory."""
     global _default_app
     with _default_lock:
@@ -71,15 +74,16 @@ def default_app() -> Any:
             if factory is None:
                 # Nothing has imported the composition root yet (a script that only
                 # defined and dispatched jobs): importing it registers the factory.
-                importlib.import_module("haze._app.app")
+                module: str = sys.modules[__name__.partition(".")[0]]._APP_MODULE
+                importlib.import_module(module)
                 factory = _default_factory
-            assert factory is not None, "haze._app.app registers the default app factory"
+            assert factory is not None, f"{module} registers the default app factory"
             _default_app = factory()
         return _default_app
 
 
-def set_default_factory(factory: Callable[[], Any]) -> None:
-    """How the implicit default app is built (``haze._app.app`` registers ``App``)."""
+def set_default_factory(factory: Callable[[], object]) -> None:
+    """How the implicit default app is built (``haze.App``'s module registers it)."""
     global _default_factory
     _default_factory = factory
 

@@ -33,10 +33,10 @@ from haze._jobs.definition import (
     link_to_pending,
 )
 from haze._kernel.blocking import blocking_method
-from haze._kernel.current import use_app
 from haze._kernel.errors import BatchFinishedError, DispatchIncompleteError, HazeError
 from haze._kernel.message import Message, check_queue_name, new_id
 from haze._orchestration import tails
+from haze.contracts.app import use_app
 from haze.contracts.driver import QueueNameRules
 from haze.contracts.store import Store
 

@@ -20,7 +20,6 @@ from haze._engine.hooks import Outcome, Run
 from haze._engine.manager import QueueManager
 from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch
 from haze._kernel.blocking import blocking_method
-from haze._kernel.current import use_app
 from haze._kernel.durations import Duration, check_delay, parse_duration
 from haze._kernel.message import Message, check_queue_name, new_id
 from haze._orchestration import tails
@@ -30,6 +29,7 @@ from haze._orchestration.batches import (
     check_link_queues,
     start_links,
 )
+from haze.contracts.app import use_app
 
 if TYPE_CHECKING:
     from haze._jobs.context import JobContext

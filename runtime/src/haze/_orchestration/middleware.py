@@ -132,7 +132,7 @@ def _warn_local_store(job: JobContext, store: Store) -> None:
     if store.shared or store in _warned_local:
         return
     # The driver that delivered the job exists already; under Queue.fake() none may.
-    driver = job.app._drivers.get(job.connection)
+    driver = job.app.open_drivers().get(job.connection)
     if driver is None or not driver.remote:
         return
     _warned_local.add(store)

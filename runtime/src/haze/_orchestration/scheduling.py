@@ -39,8 +39,8 @@ from haze._kernel.errors import ConfigError, MissingDependencyError, ScheduleErr
 from haze._kernel.hints import did_you_mean
 
 if TYPE_CHECKING:
-    from haze._app.app import App
     from haze._engine.manager import QueueManager
+    from haze._engine.view import EngineApp
     from haze.stores import Store
 
 __all__ = ["Schedule", "Scheduler", "registered_schedules", "schedule"]
@@ -305,7 +305,7 @@ def get_schedule(name: str) -> Schedule:
 # -- dispatching a tick ---------------------------------------------------------------
 
 
-def _tick_store(app: App) -> Store | None:
+def _tick_store(app: EngineApp) -> Store | None:
     try:
         return app.queue_store
     except ConfigError:
@@ -330,7 +330,9 @@ RESENT_ONCE_KEEP = 14 * 86400.0
 UNSENT_SCAN = 8
 
 
-async def fire(app: App, sched: Schedule, at: datetime, *, store: Store | None = None) -> bool:
+async def fire(
+    app: EngineApp, sched: Schedule, at: datetime, *, store: Store | None = None
+) -> bool:
     """Dispatch ``sched``'s tick at ``at`` unless another scheduler did or is doing it:
     True when this call dispatched it. See :func:`_fire` for the crash rules.
     """
@@ -341,7 +343,7 @@ async def fire(app: App, sched: Schedule, at: datetime, *, store: Store | None =
 
 
 async def _fire(
-    app: App,
+    app: EngineApp,
     sched: Schedule,
     at: datetime,
     store: Store | None,
@@ -515,7 +517,7 @@ def tick_once_key(sched: Schedule, at: datetime) -> str:
     return sched.tick_key(at) + ":once"
 
 
-async def run_now(app: App, name: str) -> Schedule:
+async def run_now(app: EngineApp, name: str) -> Schedule:
     """Dispatch schedule ``name`` once now (``haze schedule:run NAME``): not a tick, so
     no claim and no once key (each manual run runs), and the timetable is untouched."""
     sched = get_schedule(name)
@@ -527,7 +529,7 @@ async def run_now(app: App, name: str) -> Schedule:
 
 
 async def dispatch_due(
-    app: App, at: datetime, schedules: Sequence[Schedule] | None = None
+    app: EngineApp, at: datetime, schedules: Sequence[Schedule] | None = None
 ) -> list[str]:
     """Dispatch the schedules (default: all) that fire at ``at`` — a platform trigger's
     scheduled time (Cloudflare cron trigger, EventBridge rule). Returns their names.
@@ -560,7 +562,7 @@ class Scheduler:
 
     def __init__(
         self,
-        app: App,
+        app: EngineApp,
         *,
         schedules: Sequence[Schedule] | None = None,
         lease: float = LEASE,
@@ -930,7 +932,7 @@ def platform_triggers(
     return out
 
 
-async def dispatch_trigger(app: App, platform: str, trigger: str, at: datetime) -> list[str]:
+async def dispatch_trigger(app: EngineApp, platform: str, trigger: str, at: datetime) -> list[str]:
     """What a platform's cron handler does: the schedules of ``trigger`` due at ``at``
     (to the minute), dispatched once each. Returns their names.
 
@@ -950,7 +952,7 @@ async def dispatch_trigger(app: App, platform: str, trigger: str, at: datetime) 
     return await dispatch_due(app, minute, schedules)
 
 
-async def send_unsent(app: App, at: datetime, schedules: Sequence[Schedule]) -> None:
+async def send_unsent(app: EngineApp, at: datetime, schedules: Sequence[Schedule]) -> None:
     """Send the ticks of ``schedules`` before ``at`` (the last :data:`UNSENT_SCAN` of
     each, within :data:`UNSENT_KEEP`) whose record still says claimed and not sent after
     its claimer's lease ended: a trigger invocation was killed between the claim and the

@@ -42,7 +42,7 @@ from haze.contracts.driver import Reserved
 from haze.contracts.store import Store
 
 if TYPE_CHECKING:
-    from haze._app.app import App
+    from haze._engine.view import EngineApp
 
 __all__ = [
     "BEAT_EVERY",
@@ -101,7 +101,7 @@ class Consumer(Protocol):
     """What a presence record shows of the consumer it lists (a ``Worker`` is one)."""
 
     @property
-    def app(self) -> App: ...
+    def app(self) -> EngineApp: ...
     @property
     def connection(self) -> str: ...
     @property
@@ -216,7 +216,7 @@ class Invocations:
     >>> #     ... run the delivered batch with ``delivery`` ...
     """
 
-    def __init__(self, app: App, connection: str, kind: str) -> None:
+    def __init__(self, app: EngineApp, connection: str, kind: str) -> None:
         self.app = app
         self.connection = connection
         self.queues: list[str] | None = None
@@ -265,10 +265,12 @@ class Invocations:
 
 
 #: One ``Invocations`` per app and connection (an environment serves many invocations).
-_INVOCATIONS: weakref.WeakKeyDictionary[App, dict[str, Invocations]] = weakref.WeakKeyDictionary()
+_INVOCATIONS: weakref.WeakKeyDictionary[EngineApp, dict[str, Invocations]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def invocations(app: App, connection: str, kind: str) -> Invocations:
+def invocations(app: EngineApp, connection: str, kind: str) -> Invocations:
     """The presence of this environment's ``kind`` consumer of ``connection``."""
     per_app = _INVOCATIONS.setdefault(app, {})
     found = per_app.get(connection)
@@ -277,7 +279,7 @@ def invocations(app: App, connection: str, kind: str) -> Invocations:
     return found
 
 
-async def live_workers(app: App) -> list[dict[str, Any]] | None:
+async def live_workers(app: EngineApp) -> list[dict[str, Any]] | None:
     """The records of the workers alive now (oldest first); None when the queue store is
     process-local, so no worker's record could be seen from here."""
     store = app.queue_store

@@ -24,14 +24,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from haze._kernel.errors import ConfigError
 from haze._kernel.sqlfiles import queue_dialect, queue_schema, queue_sql
+from haze.contracts.app import AppView
 from haze.database.upgrades import upgrade_tables
 
 if TYPE_CHECKING:
-    from haze._app.app import App
     from haze.database import Connector
 
 __all__ = [
@@ -43,6 +43,13 @@ __all__ = [
     "pending_migrations",
     "queue_tables",
 ]
+
+
+class MigratingApp(AppView[object], Protocol):
+    """What migrations read of an App: its config, its root and its SQL connectors."""
+
+    def database(self, name: str | None = None) -> Connector: ...
+
 
 MIGRATIONS_DIR = Path("database") / "migrations"
 _LEDGER = "haze_migrations"
@@ -67,7 +74,7 @@ class MigrationResult:
     upgraded: list[str] = field(default_factory=list)
 
 
-def _queue_db_connection(app: App, connection: str | None) -> tuple[str, str, str, str]:
+def _queue_db_connection(app: MigratingApp, connection: str | None) -> tuple[str, str, str, str]:
     """(queue connection, database connection, jobs table, failed table)."""
     qc = app.queue_config
     if connection is None:
@@ -153,7 +160,9 @@ def convert_hint(path: Path) -> str:
     )
 
 
-def make_queue_tables(app: App, connection: str | None = None, *, force: bool = False) -> Path:
+def make_queue_tables(
+    app: MigratingApp, connection: str | None = None, *, force: bool = False
+) -> Path:
     """Write the queue-tables migration into the app; returns its path.
 
     An existing one is kept, unless ``force``: then it is rewritten under the same stem
@@ -202,7 +211,7 @@ async def _ledger(db: Connector) -> set[str]:
     return {Path(str(r[0])).stem for r in rows}
 
 
-def pending_migrations(app: App) -> list[Path]:
+def pending_migrations(app: MigratingApp) -> list[Path]:
     """Every migration file of the app (``*.sql`` and ``*.py``), in name order."""
     return [] if app.root is None else migration_files(app.root)
 
@@ -252,7 +261,7 @@ def _check_dialect(path: Path, dialect: str) -> None:
         raise ConfigError(f"is not for {dialect}: {convert_hint(path)}", source=str(path))
 
 
-async def migrate(app: App, database: str | None = None) -> MigrationResult:
+async def migrate(app: MigratingApp, database: str | None = None) -> MigrationResult:
     """Apply the app's migrations that are not recorded yet (idempotent)."""
     db = app.database(database)
     done = await _ledger(db)
@@ -276,7 +285,7 @@ async def migrate(app: App, database: str | None = None) -> MigrationResult:
     return result
 
 
-async def _upgrade_queue_tables(app: App, database: str, result: MigrationResult) -> None:
+async def _upgrade_queue_tables(app: MigratingApp, database: str, result: MigrationResult) -> None:
     """Apply the ``QUEUE_UPGRADES`` the queue tables on ``database`` need."""
     db = app.database(database)
     tables = {
@@ -298,7 +307,7 @@ async def _upgrade_queue_tables(app: App, database: str, result: MigrationResult
                 result.upgraded.append(jobs)
 
 
-async def ensure_queue_tables(app: App, connection: str | None = None) -> None:
+async def ensure_queue_tables(app: MigratingApp, connection: str | None = None) -> None:
     """Create the queue tables directly (tests, benchmarks, the example app)."""
     _, db, jobs, failed = _queue_db_connection(app, connection)
     c = app.database(db)

@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from haze._app.app import App, use_app
 from haze._failed.memory import MemoryFailedJobs
@@ -403,14 +403,13 @@ def install() -> FakeQueue:
     fake = FakeQueue()
     app = current.explicit_app()
     if app is not None:
-        fake.install(app)
+        fake.install(cast(App, app))
     else:
         if _pending is not None:
             current.remove_enter_hook(_pending._adopt)
         _pending = fake
         current.add_enter_hook(fake._adopt)
-        default: App = current.default_app()
-        fake.install(default)
+        fake.install(cast(App, current.default_app()))
     _installed.append(fake)
     _active_fake = fake
     return fake

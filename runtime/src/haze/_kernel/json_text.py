@@ -1,0 +1,186 @@
+"""JSON as haze writes and reads it: compact, strict, and every error naming its path.
+
+A message body is strict JSON: no ``NaN`` or ``Infinity`` (Python's ``json`` writes
+and reads them, JSON has no such tokens), no lone surrogate (valid in a Python str,
+not storable as UTF-8 anywhere). Writing is the C encoder without ``JSONEncoder``'s
+per-call set-up; reading a body haze wrote skips ``json.loads``' own checks.
+
+>>> _dumps({"a": [1.5, None]}), _fast_loads('{"a":1}')
+('{"a":[1.5,null]}', {'a': 1})
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+__all__ = ["check_json"]
+
+
+_encoder = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":"), check_circular=True
+)
+
+
+_dumps = _encoder.encode
+
+
+_loads = json.loads
+
+
+def _c_dumps() -> Any:
+    """``_dumps`` minus JSONEncoder.encode's per-call Python set-up (about a quarter of
+    its cost on a small message): the same C encoder it builds, built the same way.
+    None when ``_json`` is missing or builds something else (a future signature)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    e, esc = _encoder, json.encoder.encode_basestring
+    args = (
+        e.default,
+        esc,
+        e.indent,
+        e.key_separator,
+        e.item_separator,
+        e.sort_keys,
+        e.skipkeys,
+        e.allow_nan,
+    )
+
+    def dumps(o: Any) -> str:
+        # a fresh markers dict per call, as in iterencode: thread-safe, no stale marks
+        return "".join(make({}, *args)(o, 0))
+
+    try:
+        sample = {"v": 1, "s": 'é\u2028"\n', "f": [1.5, -0.0, 10**20], "n": None, "b": True}
+        if dumps(sample) == _dumps(sample):
+            return dumps
+    except Exception:
+        pass
+    return None
+
+
+class _NotJsonConstant(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity`` in a body: Python's json reads them, JSON
+    has no such tokens, and haze never writes them (a producer's bug or a forged row)."""
+
+
+def _refuse_constant(token: str) -> Any:
+    raise _NotJsonConstant(token)
+
+
+_dumps = _c_dumps() or _dumps
+
+
+_scan = json.JSONDecoder(parse_constant=_refuse_constant).scan_once  # type: ignore[attr-defined]
+
+
+def _strict_loads(text: Any) -> Any:
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
+def _fast_loads(body: Any) -> Any:
+    # json.loads adds type and BOM checks and two whitespace regex matches around
+    # scan_once; a body haze wrote has no surrounding whitespace, so scan it directly
+    # and let json.loads handle (and word the errors of) anything else.
+    if body.__class__ is str:
+        try:
+            data, end = _scan(body, 0)
+        except StopIteration:
+            pass
+        else:
+            if end == len(body):
+                return data
+    return _strict_loads(body)
+
+
+def _check_utf8(text: str, payload: Any, whole: Any) -> None:
+    """A lone surrogate (``"\\ud800"`` from a bad decode) is valid in a Python str and in
+    JSON text, but no backend can store it as UTF-8: refuse it here, naming where."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        _find_surrogate(payload, "payload")
+        _find_surrogate(whole(), "message")
+        raise
+
+
+def _find_surrogate(value: Any, path: str) -> None:
+    """Raise ``TypeError`` naming the first str in ``value`` with a lone surrogate."""
+    if isinstance(value, str):
+        for i, ch in enumerate(value):
+            if "\ud800" <= ch <= "\udfff":
+                raise TypeError(
+                    f"{path} holds a lone surrogate {ch!r} at index {i}, which UTF-8 cannot "
+                    "encode; decode the text with errors='replace' (or drop the character) "
+                    "before dispatch"
+                )
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _find_surrogate(v, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _find_surrogate(k, f"{path} key {k!r}")
+            _find_surrogate(v, f"{path}[{k!r}]")
+
+
+_esc = json.encoder.encode_basestring  # what the encoder writes a string with
+
+
+def _non_finite_path(value: Any, path: str, depth: int) -> str | None:
+    """The path of the first NaN or infinity in ``value`` (None: none found)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path
+    if depth > 200:
+        return None
+    if isinstance(value, dict):
+        subs = [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
+    elif isinstance(value, list):
+        subs = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+    else:
+        return None
+    for sub, v in subs:
+        found = _non_finite_path(v, sub, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def check_json(value: Any, path: str = "payload") -> None:
+    """Raise ``TypeError`` naming the first path in ``value`` that JSON cannot carry."""
+    _walk(value, path, set())
+
+
+def _walk(value: Any, path: str, seen: set[int]) -> None:
+    if value is None or isinstance(value, (str, bool, int)):
+        return
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            raise TypeError(f"{path} is {value!r}, which JSON cannot represent")
+        return
+    if isinstance(value, (list, tuple)):
+        if id(value) in seen:
+            raise TypeError(f"{path} contains a reference to itself")
+        seen.add(id(value))
+        for i, v in enumerate(value):
+            _walk(v, f"{path}[{i}]", seen)
+        seen.discard(id(value))
+        return
+    if isinstance(value, dict):
+        if id(value) in seen:
+            raise TypeError(f"{path} contains a reference to itself")
+        seen.add(id(value))
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(
+                    f"{path} has a key {k!r} of type {type(k).__name__}; JSON object keys "
+                    "must be strings"
+                )
+            _walk(v, f"{path}[{k!r}]", seen)
+        seen.discard(id(value))
+        return
+    raise TypeError(
+        f"{path} is a {type(value).__module__}.{type(value).__qualname__}, which is not "
+        "JSON-serialisable; pass plain data (ids, str, int, float, bool, None, list, dict)"
+    )
