@@ -413,7 +413,7 @@ async def _mark_sent(store: Store, sched: Schedule, key: str, at: datetime, ttl:
         log.debug("haze: could not record the tick of %s", sched.name, exc_info=True)
 
 
-async def _resend_id(app: App, once: str) -> str | None:
+async def _resend_id(app: EngineApp, once: str) -> str | None:
     """The id of the message that sends a tick again after its scheduler died between
     the dispatch and marking it sent, claimed on the tick's once key before it is sent;
     None when the first message has claimed it (it started, and runs the tick).
