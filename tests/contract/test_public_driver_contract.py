@@ -35,6 +35,7 @@ _IDS = (
     "database-libsql",
     "redis",
     "sqs",
+    "vercel",
 )
 
 
