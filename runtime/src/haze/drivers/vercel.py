@@ -12,9 +12,10 @@ Configuration (``config/queue.py``)::
                "hops": True,                # delays past the cap go in hops
                "failed_store": "main"}      # a database connection or a cache store
 
-**Topics.** The haze queue ``q`` is the topic ``topic.format(queue=q)``; Vercel topic names
-are ``[A-Za-z0-9_-]+``, so a queue name with other characters is refused before
-anything is sent. Every consumer reads the topics as the one ``consumer_group``.
+**Topics.** The haze queue ``q`` is the topic ``topic.format(queue=q)``, the queue name
+escaped the SDK's reversible way (``sanitize_name``: Vercel topic names are
+``[A-Za-z0-9_-]+``), so every haze queue name has a topic of its own. Every consumer
+reads the topics as the one ``consumer_group``.
 
 **Attempts.** The service counts deliveries per consumer group (``delivery_count``) but
 never changes a message, so the attempt is ``envelope "attempts" + delivery_count``. A
@@ -42,9 +43,10 @@ another payload, nor a failed job queued again, so those locks stay in the app's
 a cache store (as for sqs and cloudflare); without it they stay in this process's memory
 and a warning says so.
 
-**Sizes.** The service takes messages up to 100 MB. ``max_message_size`` (default and
-most: that cap less 48 bytes kept for the ``attempts`` and ``meta.due`` the driver may
-add) refuses larger bodies at dispatch with ``PayloadTooLargeError``.
+**Sizes.** ``max_message_size`` (default 4 MiB, which keeps a push callback under a
+Vercel function's 4.5 MB request limit; at most the service's 100 MB less 48 bytes kept
+for the ``attempts`` and ``meta.due`` the driver may add) refuses larger bodies at
+dispatch with ``PayloadTooLargeError``.
 
 **What the API does not say.** It has no queue depth, no list of messages, no purge and
 no lookup by job id: ``size()`` raises ``QueueCountUnavailableError`` (declared by the
@@ -90,6 +92,7 @@ from haze.contracts.driver import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_MESSAGE_SIZE",
     "MAX_RETENTION",
     "MAX_VISIBILITY",
     "SERVICE_MAX_MESSAGE_SIZE",
@@ -107,6 +110,9 @@ MAX_VISIBILITY = 3600
 MIN_VISIBILITY = 1
 #: The service's message size limit (100 MB).
 SERVICE_MAX_MESSAGE_SIZE = 100_000_000
+#: The default ``max_message_size``: 4 MiB, so a push callback's body stays under the
+#: 4.5 MB request limit of a Vercel function.
+DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 #: Bytes kept free at dispatch for the ``attempts`` and ``meta.due`` a re-send adds.
 _HEADROOM = 48
 #: Of a message's retention, what is kept to run it once due.
@@ -145,6 +151,11 @@ class VercelReceipt:
 
     message: Any
     client: Any
+    #: Delivered by a push callback: a retry is left to the SDK (``RetryAfter``), which
+    #: applies it once it has stopped renewing the lease.
+    push: bool = False
+    #: The visibility a push retry asks for (seconds), set by ``release``.
+    retry_delay: int | None = None
 
 
 def rewrite(body: str, *, attempts: int | None = None, due: float | None = None) -> str:
@@ -229,7 +240,7 @@ class VercelDriver(
                 "or less",
                 key=f"connections.{name}.max_message_size",
             )
-        self.max_message_size: int = size or limit
+        self.max_message_size: int | None = size or DEFAULT_MAX_MESSAGE_SIZE
         self.concurrency: int = options.get("concurrency") or 1
         self.heartbeat_interval: float = max(1.0, self.retry_after / 3)
         sdk = _sdk()  # fails here, naming haze-jobs[vercel], when the SDK is missing
@@ -305,11 +316,13 @@ class VercelDriver(
         return _sdk().Topic(self.topic_name(queue), transport=_Body())
 
     def topic_name(self, queue: str) -> str:
-        name = self.topic_template.format(queue=queue)
+        """The topic of haze queue ``queue``: the SDK's reversible escape of the name
+        (``bt_jobq`` → ``bt__jobq``, ``ténant`` → ``t_E9nant``) in the template."""
+        name = self.topic_template.format(queue=str(_sdk().sanitize_name(queue)))
         if not _TOPIC.fullmatch(name):
             raise ValueError(
                 f"queue {queue!r} makes the topic {name!r}, which Vercel Queues refuses "
-                "(letters, digits, '-' and '_' only); rename the queue (nothing was sent)"
+                "(letters, digits, '-' and '_' only); fix the connection's topic template"
             )
         return name
 
@@ -368,10 +381,13 @@ class VercelDriver(
                 await asyncio.sleep(0.2 * (_SEND_TRIES - left))
 
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
+        await self._enqueue(body, message, delay)
+
+    async def _enqueue(self, body: str, message: Message, delay: float) -> None:
         topic = self.topic_name(message.queue)
         del topic  # refused before anything is sent
         seconds, due = self._delay(delay, message)
-        raw = self._check_size(body, message, self.max_message_size)
+        raw = self._check_size(body, message, self.max_message_size or DEFAULT_MAX_MESSAGE_SIZE)
         if due is not None:
             raw = rewrite(body, due=due).encode("utf-8")
         await self._send(message.queue, raw, seconds)
@@ -382,8 +398,8 @@ class VercelDriver(
         for body, message, delay in items:
             self.topic_name(message.queue)
             self._delay(delay, message)
-            self._check_size(body, message, self.max_message_size)
-        await asyncio.gather(*(self.enqueue(b, m, d) for b, m, d in items))
+            self._check_size(body, message, self.max_message_size or DEFAULT_MAX_MESSAGE_SIZE)
+        await asyncio.gather(*(self._enqueue(b, m, d) for b, m, d in items))
 
     async def resend(self, job: Reserved, delay: float, attempts: int) -> None:
         """Send ``job`` again as a new message carrying ``attempts`` tries used (a
@@ -501,7 +517,10 @@ class VercelDriver(
         seconds = max(0, math.ceil(delay - 1e-9)) if delay > 0 else 0
         if consume_attempt and seconds <= MAX_VISIBILITY:
             receipt = self._receipt(job)
-            await receipt.client.retry_after(receipt.message, timedelta(seconds=seconds))
+            if receipt.push:
+                receipt.retry_delay = seconds
+            else:
+                await receipt.client.retry_after(receipt.message, timedelta(seconds=seconds))
             return True
         # job.release() (no try used), or a backoff past the longest lease: a new message
         used = job.attempt if consume_attempt else max(0, job.attempt - 1)
