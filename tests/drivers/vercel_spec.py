@@ -150,7 +150,12 @@ def _spec() -> Any:
     contract = sys.modules["haze_contract_conftest"]
     return contract.DriverSpec(
         "vercel",
-        connection=lambda tmp: {**connection(tmp), "driver": "test_vercel"},
+        # the queues the in-process worker polls: those the contract tests use
+        connection=lambda tmp: {
+            **connection(tmp),
+            "driver": "test_vercel",
+            "queues": list(contract._DATABASE_QUEUES),
+        },
         capabilities=contract.FULL | {"remote"},
         setup=_register,
         # one HTTP send per message; the public driver contract runs the driver itself
