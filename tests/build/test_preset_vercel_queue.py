@@ -182,3 +182,22 @@ def test_the_queue_function_runs_each_pushed_message(tmp_path: Path) -> None:
     assert len(rows) == 1 and "broken on purpose" in rows[0][0], rows
     # every message is settled: nothing is left for the consumer group
     assert spec["pending_on"](template) == 0
+
+
+def test_the_example_app_builds_for_vercel_with_a_consumer(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import shutil
+
+    repo = Path(__file__).resolve().parents[2]
+    copy = tmp_path / "examples"
+    shutil.copytree(
+        repo / "examples", copy, ignore=shutil.ignore_patterns("storage", "__pycache__", "dist")
+    )
+    monkeypatch.setenv("QUEUE_CONNECTION", "vercel")
+    result = build(copy, "vercel", tmp_path / "dist")
+    config = json.loads((result.path / "vercel.json").read_text())
+    assert set(config["functions"]) == {"api/dispatch.py", "api/queue.py"}
+    [trigger] = config["functions"]["api/queue.py"]["experimentalTriggers"]
+    assert trigger["topic"] == "haze-example-*" and trigger["consumer"] == "haze"
+    assert (result.path / "api" / "queue.py").is_file()
