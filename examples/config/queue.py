@@ -22,6 +22,15 @@ config = define_queue_config(
             "queues": ["high", "default"],
         },
         "cloudflare": {"driver": "cloudflare", "binding": "QUEUE", "failed_store": "main"},
+        # Vercel Queues: `QUEUE_CONNECTION=vercel haze build --preset vercel` adds the
+        # consumer function api/queue.py; DATABASE_URL (PostgreSQL) keeps failures.
+        "vercel": {
+            "driver": "vercel",
+            "topic": "haze-example-{queue}",
+            "region": env("VERCEL_REGION", "iad1"),
+            "failed_store": "main",
+            "queues": ["high", "default"],
+        },
         "memory": {"driver": "memory", "concurrency": 2},
         "sync": {"driver": "sync"},
     },

@@ -462,7 +462,8 @@ DRIVERS: list[DriverSpec] = [
     __import__("runpy").run_path(f"{Path(__file__).parent.parent}/drivers/redis_spec.py")["SPEC"],
     # sqs: moto in server mode, a fresh set of queues per test (tests/drivers/sqs_spec.py)
     __import__("runpy").run_path(f"{Path(__file__).parent.parent}/drivers/sqs_spec.py")["SPEC"],
-    # later: DriverSpec("redis", ...), DriverSpec("sqs", ...)
+    # vercel: the SDK's own local queue service, new topics per test (tests/drivers/vercel_spec.py)
+    __import__("runpy").run_path(f"{Path(__file__).parent.parent}/drivers/vercel_spec.py")["SPEC"],
 ]
 if sys.platform == "emscripten":
     # Inside Pyodide the suite runs on the cloudflare driver only, consumed by

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from haze import App, JobContext, Queue, define_job
+from haze.contracts.driver import QueueInspector
 
 RUNS: collections.Counter[str] = collections.Counter()
 
@@ -62,7 +63,11 @@ def inject_ack_failures(driver: Any, n: int) -> list[str]:
 
 
 async def _settled(app: App, queue: str) -> bool:
-    counts = await app.driver("main").counts(queue)  # type: ignore[attr-defined]
+    driver = app.driver("main")
+    if not isinstance(driver, QueueInspector):
+        # Vercel Queues count nothing: its test driver peeks at the local server
+        return bool(driver.pending() == 0)  # type: ignore[attr-defined]
+    counts = await driver.counts(queue)
     return (counts.ready, counts.delayed, counts.running) == (0, 0, 0)
 
 
@@ -82,8 +87,7 @@ async def test_a_failed_ack_is_kept_and_sent_again_until_it_succeeds(
         await Queue.bulk([ct_ack_fault_count.with_({"k": f"j{i}"}) for i in range(n)])
         while not (len(RUNS) == n and len(failed) == FAILURES and await _settled(app, "default")):
             assert time.monotonic() - began < WITHIN, (
-                f"after {WITHIN}s: runs {dict(RUNS)}, failed acks {failed}, counts "
-                f"{await app.driver('main').counts('default')}"
+                f"after {WITHIN}s: runs {dict(RUNS)}, failed acks {failed}"
             )
             await asyncio.sleep(0.05)
         assert dict(RUNS) == {f"j{i}": 1 for i in range(n)}

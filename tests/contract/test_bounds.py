@@ -72,6 +72,11 @@ async def test_a_delay_of_365_days_is_accepted(app: Any, driver: Any, done: Any)
         return
     await bd_record.dispatch({"n": 1}, delay=MAX_DELAY)
     assert await Queue.size() == 1
+    if driver.id == "vercel":
+        # sent in hops; the Queue API cannot reach a message before it is due, so
+        # clear takes only the visible ones (the test's topics are its own)
+        assert await Queue.clear() == 0
+        return
     assert await Queue.clear() == 1
     await _nothing_queued(driver, done)
 

@@ -35,6 +35,7 @@ _IDS = (
     "database-libsql",
     "redis",
     "sqs",
+    "vercel",
 )
 
 
@@ -49,7 +50,10 @@ def _suite(spec: Any) -> type[DriverContract]:
         pytestmark: ClassVar[list[Any]] = list(spec.marks)
 
         def connection_options(self, tmp_path: Path) -> dict[str, Any]:
-            return dict(spec.connection(tmp_path))
+            options = dict(spec.connection(tmp_path))
+            if spec.extra.get("public_driver"):
+                options["driver"] = spec.extra["public_driver"]
+            return options
 
         def app_options(self, tmp_path: Path) -> dict[str, Any]:
             return dict(spec.app_kwargs(tmp_path)) if spec.app_kwargs else {}

@@ -367,7 +367,7 @@ class App:
             if options.get("url"):
                 redis["url"] = options["url"]
             return self._derived_store("redis", redis)
-        if driver not in ("sqs", "cloudflare"):  # memory, sync: only this process consumes
+        if driver not in ("sqs", "cloudflare", "vercel"):  # memory, sync: this process only
             mem = [n for n, o in cc.stores.items() if o["driver"] == "memory"]
             return mem[0] if mem else self._derived_store("memory", {"driver": "memory"})
         failed: str | None = options.get("failed_store")
@@ -396,7 +396,8 @@ class App:
                 key="store",
             )
         raise ConfigError(
-            f"{where}, and SQS cannot hold one: set store= in config/queue.py to a redis or "
+            f"{where}, and {'SQS' if driver == 'sqs' else 'Vercel Queues'} cannot hold one: "
+            "set store= in config/queue.py to a redis or "
             'database store of config/cache.py (e.g. "locks": {"driver": "database", '
             '"connection": "main"}), or set failed_store on the connection to a database '
             "connection",

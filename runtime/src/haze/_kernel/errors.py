@@ -54,6 +54,7 @@ __all__ = [
     "MessageDecodeError",
     "MissingDependencyError",
     "PayloadTooLargeError",
+    "QueueCountUnavailableError",
     "QueueTablesMissingError",
     "RetryUntilExpiredError",
     "ScheduleError",
@@ -191,6 +192,11 @@ class BackendUnavailableError(HazeError, ConnectionError):
     The message names the connection and where it points. Nothing was changed on that
     backend by the call that raised it; a worker waits for the backend to come back.
     """
+
+
+class QueueCountUnavailableError(HazeError):
+    """The backend tells no queue depth (Vercel Queues): ``size()`` cannot answer, and
+    the message says where to look instead."""
 
 
 class DatabaseConnectionError(BackendUnavailableError):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from haze._app.app import use_app
+from haze.contracts.driver import UncountedQueues
 
 __all__ = ["QueueHealth", "queue_check"]
 
@@ -25,6 +26,8 @@ class QueueHealth:
     failed: int = 0
     error: str | None = None
     problems: list[str] = field(default_factory=list)
+    #: What the backend does not tell (Vercel Queues: no queue depth, so no ``sizes``).
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -35,6 +38,7 @@ class QueueHealth:
             "failed": self.failed,
             "error": self.error,
             "problems": list(self.problems),
+            "notes": list(self.notes),
         }
 
 
@@ -52,8 +56,11 @@ async def queue_check(
     names = queues or list(app.queue_config.connections[name].get("queues") or ["default"])
     report = QueueHealth(connection=name, ok=True, reachable=True)
     try:
-        for q in names:
-            report.sizes[q] = await driver.size(q)
+        if isinstance(driver, UncountedQueues):
+            report.notes.append(driver.counts_note)
+        else:
+            for q in names:
+                report.sizes[q] = await driver.size(q)
         report.failed = len(await driver.failed.list())
     except Exception as e:
         report.ok = report.reachable = False

@@ -49,12 +49,12 @@ __all__ = [
 ]
 
 #: Drivers whose queue lives outside the process, so another process can consume it.
-REMOTE_DRIVERS = frozenset({"redis", "database", "sqs", "cloudflare"})
+REMOTE_DRIVERS = frozenset({"redis", "database", "sqs", "cloudflare", "vercel"})
 
 #: Seconds added to the longest job for a stop timeout (as haze-infra's ECS rule).
 DRAIN_SLACK = 5
 
-_DRIVER_EXTRA = {"redis": "redis", "sqs": "sqs", "cloudflare": "cloudflare"}
+_DRIVER_EXTRA = {"redis": "redis", "sqs": "sqs", "cloudflare": "cloudflare", "vercel": "vercel"}
 _DIALECT_EXTRA = {"postgres": "postgres", "mysql": "mysql", "libsql": "libsql", "d1": "cloudflare"}
 
 

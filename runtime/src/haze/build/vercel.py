@@ -40,6 +40,7 @@ from haze.build._python import (
     is_sqlite,
 )
 from haze.build._python import is_remote as _is_remote
+from haze.build._vercel_queue import queue_function
 
 __all__ = ["MAX_DURATION", "build"]
 
@@ -99,7 +100,13 @@ def build(ctx: BuildContext) -> BuildResult:
     ]
     files.append(ctx.write("requirements.txt", "\n".join(requirements) + "\n"))
     files.append(ctx.write(FUNCTION, DISPATCH_PY.format(function=f"dist/vercel/{FUNCTION}")))
-    files.append(ctx.write("vercel.json", json.dumps(_vercel_json(dest), indent=2) + "\n"))
+    config = _vercel_json(dest)
+    consumer, entry, consumer_note = queue_function(
+        ctx, config["functions"][FUNCTION]["includeFiles"]
+    )
+    files.extend(consumer)
+    config["functions"].update(entry)
+    files.append(ctx.write("vercel.json", json.dumps(config, indent=2) + "\n"))
 
     notes = [
         f"deploy: cd dist/vercel && vercel deploy; set HAZE_HTTP_SECRET (and the backend's "
@@ -107,6 +114,8 @@ def build(ctx: BuildContext) -> BuildResult:
         "Vercel runs no worker: run `haze queue:work` on a server or the docker preset's "
         "image, against the same backend",
     ]
+    if consumer_note:
+        notes[1] = consumer_note
     notes.append(requirements_note(extras))
     if driver == "database" and is_sqlite(app, connection):
         notes.append(

@@ -23,6 +23,7 @@ from haze._engine.manager import events
 from haze._kernel.ids import match_id
 from haze._orchestration.batches import find, prune
 from haze.cli._core import QUEUE_NAMES, State, cli, connection_option, console, queue_names, run
+from haze.contracts.driver import UncountedQueues
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -202,10 +203,19 @@ def queue_monitor(
         (name, q) for q in (queues or app.known_queues(name))
     ]
 
-    async def monitor(app: App) -> list[tuple[str, str, int]]:
-        sizes = [(c, q, await app.manager.size(q, c)) for c, q in wanted]
+    notes: dict[str, str] = {}
+
+    async def monitor(app: App) -> list[tuple[str, str, int | None]]:
+        sizes: list[tuple[str, str, int | None]] = []
+        for c, q in wanted:
+            driver = app.driver(c)
+            if isinstance(driver, UncountedQueues):  # Vercel Queues tell no depth
+                notes[c] = driver.counts_note
+                sizes.append((c, q, None))
+            else:
+                sizes.append((c, q, await app.manager.size(q, c)))
         for c, q, n in sizes:
-            if n >= max_size:
+            if n is not None and n >= max_size:
                 await events.emit("queue_busy", c, q, n)
         return sizes
 
@@ -217,6 +227,9 @@ def queue_monitor(
     table.add_column("Status")
     busy = 0
     for c, q, n in sizes:
+        if n is None:
+            table.add_row(escape(c), escape(q), "?", escape(notes[c]))
+            continue
         alert = n >= max_size
         busy += alert
         status = "[bold yellow]ALERT[/]" if alert else "[green]OK[/]"

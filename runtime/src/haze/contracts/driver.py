@@ -50,6 +50,7 @@ __all__ = [
     "QueueNameRules",
     "Reserved",
     "RunningJob",
+    "UncountedQueues",
     "unavailable",
 ]
 
@@ -398,6 +399,16 @@ class AcksInClaim(BatchConsumer, Protocol):
         """``BatchConsumer.reserve_many``; ``first_claimed``: ``ack_and_claim`` just found
         ``queues[0]`` empty, so it is not claimed again before the wait, and the wake-up
         that call armed is kept (not cleared)."""
+
+
+@runtime_checkable
+class UncountedQueues(Protocol):
+    """A backend whose API tells no queue depth (Vercel Queues): its ``size`` raises
+    ``QueueCountUnavailableError``, and ``queue_check``, ``queue:monitor`` and the
+    dashboard print ``counts_note`` instead of a number."""
+
+    #: One line: what the backend does not tell, and where to look instead.
+    counts_note: str
 
 
 @dataclass(slots=True)

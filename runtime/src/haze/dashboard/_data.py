@@ -23,7 +23,7 @@ from haze._kernel.ids import match_id
 from haze._kernel.message import decode, envelope_of
 from haze._orchestration.batches import find, recent_ids
 from haze._runners.presence import live_workers
-from haze.contracts.driver import Driver, JobLookup, JobRecord, QueueInspector
+from haze.contracts.driver import Driver, JobLookup, JobRecord, QueueInspector, UncountedQueues
 from haze.contracts.failed import FailedPages
 
 if TYPE_CHECKING:
@@ -187,6 +187,9 @@ async def _sizes(driver: Driver, row: QueueRow) -> None:
     kind = row.driver
     # A Cloudflare driver's size is the backlog of its own last pull: in
     # this process, which never pulls, it would be a made-up 0.
+    if isinstance(driver, UncountedQueues):
+        row.oldest_note = driver.counts_note  # Vercel Queues tell no depth at all
+        return
     if kind != "cloudflare":
         row.waiting = await driver.size(row.queue)
     if isinstance(driver, QueueInspector):

@@ -43,6 +43,7 @@ _DRIVERS = {
     "sqs": ("haze.drivers.sqs", "SqsDriver"),
     "cloudflare": ("haze.drivers.cloudflare", "CloudflareDriver"),
     "failover": ("haze.drivers.failover", "FailoverDriver"),
+    "vercel": ("haze.drivers.vercel", "VercelDriver"),
 }
 
 

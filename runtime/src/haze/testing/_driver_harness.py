@@ -11,7 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+import pytest
+
 from haze._app.app import App
+from haze._kernel.errors import QueueCountUnavailableError
 from haze._kernel.message import Message, decode, encode, new_id
 from haze.contracts.driver import (
     AcksInClaim,
@@ -30,6 +33,7 @@ from haze.contracts.driver import (
     LocalQueue,
     QueueInspector,
     Reserved,
+    UncountedQueues,
 )
 
 #: The optional capability Protocols of ``haze.contracts.driver``.
@@ -47,6 +51,7 @@ CAPABILITIES: tuple[type, ...] = (
     Leased,
     LocalQueue,
     QueueInspector,
+    UncountedQueues,
 )
 
 
@@ -101,6 +106,16 @@ class DriverUnderTest:
                 f"{self.driver.name}: nothing could be reserved from {wanted} within "
                 f"{self.patience if within is None else within:g}s"
             )
+
+    async def size_is(self, queue: str, n: int, why: str = "") -> None:
+        """``size(queue)`` is ``n``; not asked of a driver whose backend tells no queue
+        depth (``UncountedQueues``), whose ``size`` must then say so."""
+        if isinstance(self.driver, UncountedQueues):
+            with pytest.raises(QueueCountUnavailableError):
+                await self.driver.size(queue)
+            return
+        got = await self.driver.size(queue)
+        assert got == n, why or f"size({queue!r}) is {got}, expected {n}"
 
     async def nothing(self, queues: Sequence[str] | None = None, wait: float = 0.3) -> None:
         """Nothing can be claimed from ``queues`` now."""

@@ -66,6 +66,7 @@ from haze.contracts.driver import (
     Leased,
     LocalQueue,
     QueueInspector,
+    UncountedQueues,
 )
 from haze.testing._driver_harness import (
     CAPABILITIES,
@@ -190,6 +191,9 @@ class DriverContract:
             assert driver.delay_step > 0
         if isinstance(driver, IdlePolling):
             assert 0 < driver.sleep <= driver.max_sleep
+        if isinstance(driver, UncountedQueues):
+            note = driver.counts_note
+            assert isinstance(note, str) and note and "\n" not in note
 
     @contract_test()
     async def test_declared_capabilities_are_implemented(self, d: DriverUnderTest) -> None:
@@ -212,7 +216,7 @@ class DriverContract:
         sent = await d.put(payload={"text": "héllo ✓", "n": [1, 2.5, None, True]})
         await d.expect(sent, attempt=1, why="a first claim")
         await d.nothing()
-        assert await d.driver.size(d.queue) == 0
+        await d.size_is(d.queue, 0)
 
     @contract_test()
     async def test_enqueue_many(self, d: DriverUnderTest) -> None:
@@ -220,7 +224,7 @@ class DriverContract:
         await d.driver.enqueue_many([])
         sent = [d.message(payload={"n": i}) for i in range(3)]
         await d.driver.enqueue_many([(encode(m), m, 0.0) for m in sent])
-        assert await d.driver.size(d.queue) == 3
+        await d.size_is(d.queue, 3)
         got = [await d.take() for _ in sent]
         assert {j.message.id for j in got if j.message} == {m.id for m in sent}
         await d.ack(*got)
@@ -241,7 +245,7 @@ class DriverContract:
         """A claim reads only the queues it names, the first named first."""
         low = await d.put(d.queue)
         await d.nothing([d.other])
-        assert await d.driver.size(d.other) == 0
+        await d.size_is(d.other, 0)
         high = await d.put(d.other)
         first = await d.expect(high, [d.other, d.queue], ack=False)
         await d.expect(low, [d.other, d.queue])
@@ -253,7 +257,7 @@ class DriverContract:
         delay = 2.0
         started = time.monotonic()
         sent = await d.put(delay=delay)
-        assert await d.driver.size(d.queue) == 1, "size counts delayed messages"
+        await d.size_is(d.queue, 1, "size counts delayed messages")
         await d.nothing(wait=0.5)
         await d.expect(sent, within=delay + self.patience)
         waited = time.monotonic() - started
@@ -287,7 +291,7 @@ class DriverContract:
         first = await d.take()
         started = time.monotonic()
         assert await d.driver.release(first, delay, consume_attempt=True) is True
-        assert await d.driver.size(d.queue) == 1, "a job waiting out its backoff counts in size"
+        await d.size_is(d.queue, 1, "a job waiting out its backoff counts in size")
         await d.nothing(wait=0.5)
         await d.expect(sent, within=delay + self.patience)
         waited = time.monotonic() - started
@@ -314,7 +318,7 @@ class DriverContract:
         job = await d.expect(sent, ack=False)
         assert await d.driver.fail(job, failure_of(job, d.driver)) is True
         await d.nothing()
-        assert await d.driver.size(d.queue) == 0
+        await d.size_is(d.queue, 0)
         listed = await d.driver.failed.list(d.queue)
         assert [f.id for f in listed] == [sent.id], f"failed.list({d.queue!r}) is {listed}"
         assert await d.driver.failed.list(d.other) == []
@@ -347,12 +351,16 @@ class DriverContract:
         """``size`` counts ready and delayed messages of one queue; ``purge`` deletes them."""
         for _ in range(3):
             await d.put()
-        await d.put(delay=60.0)
+        # A backend that counts nothing (Vercel Queues) cannot reach a delayed message
+        # before it is due either: its purge takes the ready ones.
+        counted = not isinstance(d.driver, UncountedQueues)
+        if counted:
+            await d.put(delay=60.0)
         kept = await d.put(d.other)
-        assert await d.driver.size(d.queue) == 4
-        assert await d.driver.size(d.other) == 1
-        assert await d.driver.purge(d.queue) == 4
-        assert await d.driver.size(d.queue) == 0
+        await d.size_is(d.queue, 4)
+        await d.size_is(d.other, 1)
+        assert await d.driver.purge(d.queue) == (4 if counted else 3)
+        await d.size_is(d.queue, 0)
         await d.nothing()
         await d.expect(kept, [d.other])
 
@@ -376,7 +384,7 @@ class DriverContract:
             pytest.skip(f"{type(d.driver).__name__} declares no max_message_size")
         with pytest.raises(PayloadTooLargeError):
             await _TOO_BIG.dispatch("x" * limit, queue=d.queue, connection="main")
-        assert await d.driver.size(d.queue) == 0
+        await d.size_is(d.queue, 0)
         await d.nothing()
 
     # ---------------------------------------------------------------- capabilities

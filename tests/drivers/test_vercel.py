@@ -1,0 +1,258 @@
+"""The ``vercel`` driver outside the contract: poll mode with real ``haze queue:work``
+processes, and bad input (each one clear line, or a failed job naming the reason).
+
+Real: the driver and the official ``vercel-queue`` SDK, the SDK's local queue service
+(``tests/drivers/vercel_spec.py``), ``haze queue:work`` subprocesses, an SQLite failed
+store. The SDK client also plays a foreign producer that sends what haze never would
+(a body that is not JSON, a job name no app registered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import runpy
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from haze import App, define_database_config, define_job, define_queue_config
+from haze.errors import ConfigError, DelayTooLongError, PayloadTooLargeError
+
+spec = runpy.run_path(str(Path(__file__).parent / "vercel_spec.py"))
+
+APP_JOBS = """\
+from haze import JobContext, define_job
+
+
+@define_job(name="vp_note", tries=3, backoff=[1])
+async def vp_note(payload: dict, job: JobContext) -> None:
+    if payload.get("fail_first") and job.attempt == 1:
+        raise RuntimeError("first try fails")
+    with open(payload["file"], "a") as f:
+        f.write(f"{payload['n']} {job.attempt}\\n")
+"""
+
+
+def _write_app(root: Path, template: str, tmp: Path) -> Path:
+    files = {
+        "config/database.py": f"""\
+            from haze import define_database_config
+            config = define_database_config(
+                default="main", connections={{"main": {{"url": "sqlite:///{tmp}/failed.db"}}}}
+            )
+            """,
+        "config/queue.py": f"""\
+            from haze import define_queue_config, env
+            config = define_queue_config(
+                default="vercel",
+                connections={{"vercel": {{
+                    "driver": "vercel", "topic": "{template}", "base_url": env("VQ_URL"),
+                    "token": "local-token", "region": "iad1", "retry_after": "30s",
+                    "failed_store": "main", "queues": ["default", "high"],
+                }}}},
+            )
+            """,
+        "app/job/vp_jobs.py": APP_JOBS,
+    }
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root
+
+
+def _env(**extra: str) -> dict[str, str]:
+    drop = ("PYTEST", "HAZE_", "VERCEL")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update(extra)
+    return env
+
+
+def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=180
+    )
+
+
+def _failed_rows(tmp: Path) -> list[tuple[str, str]]:
+    with sqlite3.connect(tmp / "failed.db") as db:
+        return list(db.execute("SELECT payload, exception FROM failed_jobs ORDER BY id"))
+
+
+def test_queue_work_consumes_the_topics_and_a_foreign_body_fails_naming_why(
+    tmp_path: Path,
+) -> None:
+    server = spec["server"]()
+    template = spec["unique_topic"]("poll")
+    root = _write_app(tmp_path / "site", template, tmp_path)
+    env = _env(VQ_URL=str(server.base_url))
+    out = tmp_path / "ran.txt"
+    producer = textwrap.dedent(
+        f"""\
+        import asyncio, sys
+        from haze import App, Queue
+        from vercel.queue import QueueClient, ALL_DEPLOYMENTS
+        async def main():
+            async with App(root={str(root)!r}):
+                for n in range(20):
+                    await Queue.dispatch("vp_note", {{"file": sys.argv[1], "n": n,
+                                         "fail_first": n % 5 == 0}},
+                                         queue="high" if n % 2 else "default")
+                await Queue.dispatch("vp_note", {{"file": sys.argv[1], "n": 99}}, delay=2)
+            client = QueueClient(token="local-token", region="iad1", base_url=sys.argv[2],
+                                 deployment=ALL_DEPLOYMENTS)
+            topic = {template!r}.format(queue="default")
+            await client.send(topic, b"this is not json {{", )
+            await client.send(topic, {{"v": 1, "id": "f00d", "job": "no_such_job",
+                                       "payload": {{}}, "queue": "default", "ts": 1.0}})
+        asyncio.run(main())
+        """
+    )
+    sent = _run(["-c", producer, str(out), str(server.base_url)], env, tmp_path)
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "haze.cli",
+                "--root",
+                str(root),
+                "queue:work",
+                "--connection",
+                "vercel",
+                "--queue",
+                "high,default",
+                "--sleep",
+                "0.1",
+                "--stop-when-empty",
+            ],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [w.communicate(timeout=120)[0] for w in workers]
+    assert all(w.returncode == 0 for w in workers), outputs
+    # what --stop-when-empty left (the delayed job, a retry's backoff) a last worker takes
+    for _ in range(10):
+        if spec["pending_on"](template) == 0:
+            break
+        last = _run(
+            [
+                "-m",
+                "haze.cli",
+                "--root",
+                str(root),
+                "queue:work",
+                "--connection",
+                "vercel",
+                "--queue",
+                "high,default",
+                "--sleep",
+                "0.1",
+                "--stop-when-empty",
+            ],
+            env,
+            tmp_path,
+        )
+        assert last.returncode == 0, last.stdout + last.stderr
+    ran = sorted(out.read_text().splitlines(), key=lambda line: int(line.split()[0]))
+    expected = [f"{n} {2 if n % 5 == 0 else 1}" for n in range(20)] + ["99 1"]
+    assert ran == expected, ran
+    rows = _failed_rows(tmp_path)
+    reasons = " | ".join(e.strip().splitlines()[-1] for _, e in rows)
+    assert len(rows) == 2, rows
+    assert "JSON" in reasons or "json" in reasons, reasons
+    assert "no_such_job" in reasons, reasons
+    assert spec["pending_on"](template) == 0
+
+
+@define_job(name="vb_echo")
+async def vb_echo(payload: dict[str, Any]) -> None:
+    pass
+
+
+def _app(**options: Any) -> App:
+    connection = {**spec["connection"](), **options}
+    return App(
+        queue=define_queue_config(default="v", connections={"v": connection}, store="memory"),
+        database=define_database_config(default="m", connections={"m": {"url": "sqlite://"}}),
+    )
+
+
+async def test_an_oversize_payload_names_the_cap() -> None:
+    async with _app(max_message_size=2000):
+        with pytest.raises(PayloadTooLargeError, match="over the 2000-byte limit") as e:
+            await vb_echo.dispatch({"blob": "x" * 3000})
+        assert "\n" not in str(e.value)
+    async with _app():  # the default: 4 MiB, under a Vercel function's request limit
+        with pytest.raises(PayloadTooLargeError, match="over the 4194304-byte limit"):
+            await vb_echo.dispatch({"blob": "x" * 4 * 1024 * 1024})
+
+
+async def test_a_max_message_size_over_the_service_cap_is_refused() -> None:
+    with pytest.raises(ConfigError, match="100 MB") as e:
+        async with _app(max_message_size=200_000_000):
+            await vb_echo.dispatch({})
+    assert "\n" not in str(e.value)
+
+
+async def test_a_delay_past_the_cap_without_hops_is_refused_and_with_hops_is_sent() -> None:
+    async with _app(hops=False) as app:
+        with pytest.raises(DelayTooLongError, match="cap") as e:
+            await vb_echo.dispatch({}, delay="8d")
+        assert "\n" not in str(e.value) and "hops" in str(e.value)
+        del app
+    template = spec["unique_topic"]("hop")
+    async with _app(topic=template):
+        await vb_echo.dispatch({}, delay="8d")
+    state = spec["server"]().state
+    [stored] = [m for m in state.messages if m.topic == template.format(queue="default")]
+    body = json.loads(stored.payload.read())
+    # one hop: held the longest the service keeps a message less an hour to run it
+    assert stored.delay_seconds == 7 * 24 * 3600 - 3600
+    assert body["meta"]["due"] > stored.created_at.timestamp() + 8 * 24 * 3600 - 60
+
+
+async def test_no_token_or_url_outside_vercel_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("VERCEL", "VERCEL_QUEUE_TOKEN", "VERCEL_OIDC_TOKEN", "VERCEL_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("VERCEL_QUEUE_BASE_URL", raising=False)
+    async with _app(token=None):
+        with pytest.raises(ConfigError, match="needs a token") as e:
+            await vb_echo.dispatch({})
+        assert "\n" not in str(e.value)
+    async with _app(base_url=None, region=None):
+        with pytest.raises(ConfigError, match="region") as e:
+            await vb_echo.dispatch({})
+        assert "\n" not in str(e.value)
+
+
+async def test_the_queue_count_says_what_the_api_does_not_tell() -> None:
+    from haze import queue_check
+
+    async with _app():
+        report = await queue_check()
+        assert report.ok, report
+        assert any("tells no queue depth" in note for note in report.notes), report
+        assert report.sizes == {}
+
+
+def test_an_unreachable_service_is_an_outage_not_a_traceback() -> None:
+    async def go() -> None:
+        async with _app(base_url="http://127.0.0.1:9"):
+            await vb_echo.dispatch({})
+
+    with pytest.raises(Exception) as e:
+        asyncio.run(go())
+    assert "unavailable" in str(e.value) and "\n" not in str(e.value), e.value
