@@ -31,8 +31,10 @@ import pytest
 import redis.asyncio as aioredis
 from bullmq.redis_connection import loadScript  # type: ignore[import-untyped]
 from haze._kernel.message import Message, encode, new_id
-from haze.drivers import redis as redis_driver
-from haze.drivers.redis import RedisDriver, _Link, _NewJob
+from haze.drivers.redis import RedisDriver
+from haze.drivers.redis import link as redis_link
+from haze.drivers.redis.link import _Link
+from haze.drivers.redis.scripts import _NewJob, _Scripts
 from redis_spec import REDIS_URL, needs_redis
 
 pytestmark = needs_redis
@@ -218,7 +220,7 @@ async def test_delayed_jobs_keep_bullmqs_script(driver: RedisDriver, redis_prefi
 async def test_another_bullmq_script_turns_the_lite_add_off(
     redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(redis_driver, "_ADD_STANDARD_SHA", "0" * 40)
+    monkeypatch.setattr(redis_link, "_ADD_STANDARD_SHA", "0" * 40)
     d = RedisDriver("r", {"url": REDIS_URL, "prefix": redis_prefix})
     try:
         link = d._link()
@@ -236,11 +238,11 @@ def test_the_lite_add_copies_the_installed_bullmq_script() -> None:
     differs; this test says so loudly: after a bullmq upgrade, re-derive
     redis_add_job.lua from the new addStandardJob and update ``_ADD_STANDARD_SHA``."""
     installed = hashlib.sha1(loadScript("addStandardJob-9.lua").encode()).hexdigest()
-    assert installed == redis_driver._ADD_STANDARD_SHA
+    assert installed == redis_link._ADD_STANDARD_SHA
 
 
 def test_the_opts_json_is_cjson_of_the_packed_opts() -> None:
     import msgpack  # type: ignore[import-untyped]
 
-    opts = msgpack.unpackb(redis_driver._Scripts._ADD_OPTS)
-    assert json.dumps(opts, separators=(",", ":")) == redis_driver._Scripts._ADD_OPTS_JSON
+    opts = msgpack.unpackb(_Scripts._ADD_OPTS)
+    assert json.dumps(opts, separators=(",", ":")) == _Scripts._ADD_OPTS_JSON

@@ -22,10 +22,11 @@ import pytest
 import redis.asyncio as aioredis
 from bullmq.redis_connection import loadScript  # type: ignore[import-untyped]
 from haze._kernel.message import Message, encode, new_id
-from haze.drivers import redis as redis_driver
-from haze.drivers import redis_wire
-from haze.drivers.redis import RedisDriver, _NewJob
-from haze.drivers.redis_wire import Wire, wire_for
+from haze.drivers.redis import RedisDriver
+from haze.drivers.redis import link as redis_link
+from haze.drivers.redis import wire as redis_wire
+from haze.drivers.redis.scripts import _ACTIVATE_KEYS, _NewJob
+from haze.drivers.redis.wire import Wire, wire_for
 from redis.exceptions import ResponseError
 from redis_spec import REDIS_URL, needs_redis
 
@@ -363,7 +364,7 @@ def test_the_claim_after_a_wait_is_the_installed_bullmq_movetoactive() -> None:
     differs; this says so loudly after a bullmq upgrade: check that moveToActive still
     takes the timestamp as ARGV[2], then update ``_MOVE_TO_ACTIVE_SHA``."""
     installed = hashlib.sha1(loadScript("moveToActive-11.lua").encode()).hexdigest()
-    assert installed == redis_driver._MOVE_TO_ACTIVE_SHA
+    assert installed == redis_link._MOVE_TO_ACTIVE_SHA
 
 
 async def test_the_claim_script_writes_what_movetoactive_writes_given_a_timestamp(
@@ -385,7 +386,7 @@ async def test_the_claim_script_writes_what_movetoactive_writes_given_a_timestam
         {"token": "tok", "lockDuration": 30000, "limiter": None}, use_bin_type=True
     )
     now = _now_ms()
-    keys = {q: link.scripts(q).getKeys(redis_driver._ACTIVATE_KEYS) for q in ("bull", "haze")}
+    keys = {q: link.scripts(q).getKeys(_ACTIVATE_KEYS) for q in ("bull", "haze")}
     args = {q: [link.scripts(q).keys[""], now, packed] for q in ("bull", "haze")}
     bull = await link.commands["moveToActive"](keys=keys["bull"], args=args["bull"])
     haze = await link.wire.run_script(script, keys["haze"], args["haze"])
@@ -417,7 +418,7 @@ async def test_the_claim_script_writes_what_movetoactive_writes_given_a_timestam
 async def test_another_bullmq_claims_after_the_wait_returns(
     redis_prefix: str, producer: RedisDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(redis_driver, "_MOVE_TO_ACTIVE_SHA", "0" * 40)
+    monkeypatch.setattr(redis_link, "_MOVE_TO_ACTIVE_SHA", "0" * 40)
     d = RedisDriver("r", {"url": REDIS_URL, "prefix": redis_prefix})
     try:
         assert d._link().claim_after_wait is None
@@ -438,7 +439,7 @@ async def test_without_the_lean_connection_the_wait_is_redis_pys_and_a_stop_ends
 ) -> None:
     """TLS and Unix sockets stay on redis-py: BZPOPMIN alone, the claim after it, and
     ``interrupt`` ends the wait at once (no CLIENT UNBLOCK there)."""
-    monkeypatch.setattr(redis_driver, "wire_for", lambda *a, **k: None)
+    monkeypatch.setattr(redis_link, "wire_for", lambda *a, **k: None)
     d = RedisDriver("r", {"url": REDIS_URL, "prefix": redis_prefix})
     try:
         link = d._link()

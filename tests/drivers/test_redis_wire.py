@@ -1,4 +1,4 @@
-"""The redis driver's lean connection (haze.drivers.redis_wire) against a real Redis.
+"""The redis driver's lean connection (haze.drivers.redis.wire) against a real Redis.
 
 The reply parser is checked on its own too (byte streams cut at every position), since
 it only runs when hiredis is not installed.
@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 import pytest
 
 pytest.importorskip("redis")
-from haze.drivers.redis_wire import Wire, _PyReader, wire_for
+from haze.drivers.redis.resp import _PyReader
+from haze.drivers.redis.wire import Wire, wire_for
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
@@ -172,7 +173,7 @@ async def test_the_wire_keeps_tcp_keepalive_like_the_store_clients() -> None:
     # A half-open connection (the peer gone without a reset) must fail, not hang.
     import socket
 
-    from haze.drivers.redis_wire import wire_for
+    from haze.drivers.redis.wire import wire_for
     from haze.stores.redis import new_client
 
     client = new_client("redis://127.0.0.1:6379/0", {})

@@ -109,7 +109,7 @@ class Rig(WorkerProcs):
         if self.kind == "redis":
             driver: Any = self.app.driver("r")
             link = driver._link()
-            from haze.drivers.redis import _NewJob, _now_ms
+            from haze.drivers.redis.scripts import _NewJob, _now_ms
 
             job_id = await link.scripts(queue).addJob(
                 _NewJob("raw", body, 0, _now_ms()), link.client

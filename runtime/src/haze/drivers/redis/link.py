@@ -1,0 +1,168 @@
+"""The redis driver's state on one event loop (``_Link``): its clients, BullMQ's
+scripts, haze's own scripts and what its consumer holds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import redis.asyncio as aioredis
+from bullmq.redis_connection import RedisConnection, loadScript  # type: ignore[import-untyped]
+
+from haze.contracts.driver import Reserved
+from haze.drivers.redis.scripts import _ACTIVATE_KEYS, _LITE_KEYS, _Scripts, check_queue
+from haze.drivers.redis.wire import Wire, wire_for
+from haze.stores.redis import new_client
+
+if TYPE_CHECKING:
+    from redis.commands.core import AsyncScript
+
+    from haze.drivers.redis.base import _RedisBase
+
+_HERE = Path(__file__).parent
+#: SHA-1 of bullmq's addStandardJob-9.lua that add_job.lua copies: another bullmq
+#: release may change what a job add writes, so the copy is used only next to this one
+_ADD_STANDARD_SHA = "10f8d228e89ed4f765afc5b3bafb6defbb84e311"
+#: SHA-1 of bullmq's moveToActive-11.lua, whose arguments ``_activate`` builds; the claim
+#: sent behind a blocking wait (``_CLAIM_CLOCK`` + that script) is used only next to it
+_MOVE_TO_ACTIVE_SHA = "d96ca626f1ea141b44a856b312fc636d99aa9ea9"
+#: Put in front of moveToActive for the claim written behind a ``BZPOPMIN``: it runs
+#: when the wait returns, maybe seconds after haze wrote it, so an empty timestamp
+#: (ARGV[2]) is taken from the server's clock, in ms rounded as haze rounds its own
+#: (``_now_ms``): the job's ``processedOn`` and the promotion of due delayed jobs are
+#: as of the claim, not of the start of the wait.
+_CLAIM_CLOCK = (
+    "if ARGV[2] == '' then local t = redis.call('TIME') "
+    "ARGV[2] = string.format('%d', t[1] * 1000 + math.floor((t[2] + 500) / 1000)) end\n"
+)
+
+
+class _Link:
+    """The Redis client, BullMQ scripts and consumer state of one event loop."""
+
+    def __init__(self, driver: _RedisBase) -> None:
+        self.client: aioredis.Redis = new_client(driver._url, driver._kwargs)
+        #: the per-job script calls (add, claim, finish) go through a lean connection of
+        #: their own (see wire.py); None when it cannot be used (TLS, Unix socket)
+        self.wire: Wire | None = wire_for(self.client)
+        self.fast: Any = self.wire if self.wire is not None else self.client
+        self.connection = RedisConnection(self.client, skipVersionCheck=True)
+        self.commands: dict[str, AsyncScript] = self.connection.commands
+        self.move_back: AsyncScript = self.client.register_script(
+            loadScript("moveJobFromActiveToWait-9.lua")
+        )
+        self.find_failed: AsyncScript = self.client.register_script(
+            (_HERE / "find_failed.lua").read_text()
+        )
+        self.find_job: AsyncScript = self.client.register_script(
+            (_HERE / "find_job.lua").read_text()
+        )
+        self.forget_failed: AsyncScript = self.client.register_script(
+            (_HERE / "forget_failed.lua").read_text()
+        )
+        #: haze's copy of addStandardJob for the plain job of a single dispatch
+        #: (add_job.lua): half the server time per add. Only on the lean
+        #: connection, and only next to the BullMQ script it copies.
+        self.add_lite: AsyncScript | None = None
+        if self.wire is not None and self.commands["addStandardJob"].sha == _ADD_STANDARD_SHA:
+            self.add_lite = self.client.register_script((_HERE / "add_job.lua").read_text())
+        #: queue -> (wire, script, encoded head) of its lite add; a queue gets one once
+        #: BullMQ's own script has added a job with the arguments of haze's template
+        #: (add_args), so the lite add stands in for exactly that call
+        self.lite_adds: dict[str, tuple[Wire, AsyncScript, bytes]] = {}
+        #: one lean connection per list of queues waited on, for BZPOPMIN on their
+        #: markers with the claim of the first one behind it (RedisDriver._block)
+        self.blockers: dict[tuple[str, ...], Wire | None] = {}
+        #: the claim sent behind a wait: bullmq's moveToActive on the server's clock;
+        #: None (another bullmq, no lean connection): claim after the wait returns
+        self.claim_after_wait = self._claim_script()
+        self.claim_loaded = False
+        self._claim_heads: dict[str, bytes] = {}
+        #: (queue, due) when the last claim of a job on the first queue, with the
+        #: finishing of one (fetchNext) or behind a wait, found it empty: the next
+        #: reserve waits for a marker without claiming first (BullMQ's ``drained``)
+        self.drained: tuple[str, int] | None = None
+        self.prefix = driver.prefix
+        self._scripts: dict[str, _Scripts] = {}
+        #: jobs fetched by ack/release/fail (fetchNext), handed out by the next reserve
+        self.prefetched: deque[Reserved] = deque()
+        self.fetch_next = False
+        self.first: str | None = None
+        self.consumed: list[str] = []
+        #: (job id, lock token) of the jobs claimed here and not settled yet
+        self.open: set[tuple[str, str]] = set()
+        self.stop = asyncio.Event()
+        self.closing = asyncio.Event()
+        self.claiming = asyncio.Lock()
+        #: the blocking wait on each list of queues, done with its (woke, known) outcome
+        #: (RedisDriver._wait)
+        self.waits: dict[tuple[str, ...], asyncio.Future[tuple[bool, int | None]]] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.stalled_task: asyncio.Task[None] | None = None
+
+    def scripts(self, queue: str) -> _Scripts:
+        s = self._scripts.get(queue)
+        if s is None:
+            check_queue(queue)
+            s = self._scripts[queue] = _Scripts(self.prefix, queue, self.connection)
+        return s
+
+    async def script(
+        self, name: str, keys: list[str], args: list[Any], *, fixed_keys: bool = False
+    ) -> Any:
+        """Run one of BullMQ's scripts on the lean connection (redis-py without one)."""
+        if self.wire is not None:
+            return await self.wire.run_script(
+                self.commands[name], keys, args, fixed_keys=fixed_keys
+            )
+        return await self.commands[name](keys=keys, args=args)
+
+    def lite_add(self, s: _Scripts) -> tuple[Wire, AsyncScript, bytes] | None:
+        """How to call ``add_job.lua`` on a queue: the encoded head holds its keys,
+        prefix and opts; the job's name, JSON body and timestamp follow it. None: no
+        lite add (no lean connection, another bullmq, or the template not checked)."""
+        if self.add_lite is None or self.wire is None or not isinstance(s._add, list):
+            return None
+        keys = s.getKeys(_LITE_KEYS)
+        head = Wire.script_head(self.add_lite, keys, [s.keys[""], s._ADD_OPTS_JSON], 3)
+        return self.wire, self.add_lite, head
+
+    def _claim_script(self) -> AsyncScript | None:
+        move_to_active = self.commands["moveToActive"]
+        if self.wire is None or move_to_active.sha != _MOVE_TO_ACTIVE_SHA:
+            return None
+        return self.client.register_script(_CLAIM_CLOCK + str(move_to_active.script))
+
+    def blocker(self, queues: tuple[str, ...]) -> Wire | None:
+        """The lean connection that waits on these queues' markers (None: redis-py's)."""
+        if queues not in self.blockers:
+            self.blockers[queues] = wire_for(self.client, track_id=True)
+        return self.blockers[queues]
+
+    def claim_head(self, queue: str) -> bytes:
+        """The encoded start of the claim sent behind a wait on ``queue``: its keys, the
+        key prefix and an empty timestamp (the server's clock); the options follow."""
+        head = self._claim_heads.get(queue)
+        if head is None:
+            assert self.claim_after_wait is not None
+            s = self.scripts(queue)
+            head = Wire.script_head(
+                self.claim_after_wait, s.getKeys(_ACTIVATE_KEYS), [s.keys[""], ""], 1
+            )
+            self._claim_heads[queue] = head
+        return head
+
+    def take(self, queues: Sequence[str]) -> Reserved | None:
+        for job in self.prefetched:
+            if job.queue in queues:
+                self.prefetched.remove(job)
+                return job
+        return None
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
