@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from haze._kernel.durations import parse_duration
-from haze._kernel.errors import ConfigError
+from haze._kernel.errors import ConfigError, MissingDependencyError
 from haze._kernel.hints import did_you_mean
 from haze._kernel.message import redis_key_part_error
-from haze.contracts.driver import DeclaresOptions
+from haze.contracts.driver import DeclaresOptions, DispatchOnly
 from haze.drivers import driver_class
 from haze.stores import store_class
 
@@ -375,76 +375,24 @@ class _V:
 #: frees itself (renewed while the job runs, so a short lease costs a renewal per third).
 _QUEUE_LIMIT_DEFAULTS = {"release_after": 1.0, "expire_after": 60.0}
 
-# Per-driver options. The value is the validator kind; drivers read the
-# validated dict. A later driver adds its row here and nothing else changes.
+#: The options every queue driver takes besides those its class declares
+#: (``DeclaresOptions``); a dispatch-only connection (``failover``) takes ``driver`` only.
 _COMMON = {"driver": "str", "max_message_size": "int", "concurrency": "int", "queues": "queues"}
-QUEUE_DRIVER_OPTIONS: dict[str, dict[str, str]] = {
-    "sync": {"driver": "str", "max_message_size": "int"},
-    "memory": dict(_COMMON),
-    "redis": {
-        **_COMMON,
-        "connection": "str",
-        "url": "str",
-        "prefix": "str",
-        "keep_completed": "int",
-        "keep_failed": "int",
-        "retry_after": "duration",
-    },
-    "database": {
-        **_COMMON,
-        "connection": "str",
-        "table": "ident",
-        "failed_table": "ident",
-        "retry_after": "duration",
-        "sleep": "duration",
-        "max_sleep": "duration",
-    },
-    "cloudflare": {
-        **_COMMON,
-        "binding": "str",
-        "account_id": "str",
-        "queue_id": "str",
-        "api_token": "str",
-        "api_url": "str",
-        "failed_store": "str",
-        "visibility_timeout": "duration",
-    },
-    "sqs": {
-        **_COMMON,
-        "queue_url": "str",
-        "region": "str",
-        "endpoint_url": "str",
-        "failed_store": "str",
-        "retry_after": "duration",
-        "wait_time": "duration",
-        "fifo": "bool",
-        "credentials": "dict",
-    },
-    "failover": {"driver": "str", "connections": "names"},
-}
-
-CACHE_DRIVER_OPTIONS: dict[str, dict[str, str]] = {
-    "memory": {"driver": "str"},
-    "redis": {"driver": "str", "connection": "str", "prefix": "str"},
-    "database": {"driver": "str", "connection": "str", "table": "ident"},
-    "kv": {"driver": "str", "binding": "str", "prefix": "str"},
-}
 
 
-def _plugin_schema(
-    v: _V,
-    driver: str,
-    built_in: dict[str, dict[str, str]],
-    common: dict[str, str],
-    key: str,
-    lookup: Callable[..., Any],
-) -> dict[str, str]:
-    """The options ``driver`` takes: its built-in table, else those of the plugin class
-    ``lookup`` (``driver_class``/``store_class``) finds under that name, which also
-    refuses a name nothing provides."""
-    if driver in built_in:
-        return built_in[driver]
-    found = lookup(driver, source=v.source, key=f"{key}.driver")
+def _declared_schema(
+    v: _V, driver: str, common: dict[str, str], key: str, lookup: Callable[..., Any]
+) -> dict[str, str] | None:
+    """The options ``driver`` takes: ``common`` and those its class declares. ``lookup``
+    (``driver_class``/``store_class``) also refuses a name nothing provides. None when
+    the class needs a client this install lacks: the connection's first use names the
+    extra to install, as it would without a config check."""
+    try:
+        found = lookup(driver, source=v.source, key=f"{key}.driver")
+    except MissingDependencyError:
+        return None
+    if isinstance(found, type) and issubclass(found, DispatchOnly):
+        common = {"driver": "str"}
     declared = found.options if isinstance(found, DeclaresOptions) else {}
     return {**common, **declared}
 
@@ -631,8 +579,8 @@ def _queue_connections(
             )
         c = v.mapping(c, key, required=True)
         driver = v.string(c.get("driver"), f"{key}.driver", required=True)
-        schema = _plugin_schema(v, driver or "", QUEUE_DRIVER_OPTIONS, _COMMON, key, driver_class)
-        connections[name] = _check_options(v, c, schema, key)
+        schema = _declared_schema(v, driver or "", _COMMON, key, driver_class)
+        connections[name] = c if schema is None else _check_options(v, c, schema, key)
         limits = v.queue_limits(c.get("queues"), f"{key}.queues")
         if limits:
             queue_limits[name] = limits
@@ -745,10 +693,8 @@ def _validate_named(
 def validate_cache(spec: object, source: str | None = None) -> CacheConfig:
     def check(v: _V, key: str, c: dict[str, Any]) -> dict[str, Any]:
         driver = v.string(c.get("driver"), f"{key}.driver", required=True)
-        schema = _plugin_schema(
-            v, driver or "", CACHE_DRIVER_OPTIONS, {"driver": "str"}, key, store_class
-        )
-        return _check_options(v, c, schema, key)
+        schema = _declared_schema(v, driver or "", {"driver": "str"}, key, store_class)
+        return c if schema is None else _check_options(v, c, schema, key)
 
     default, stores, src = _validate_named(
         spec, "cache", "stores", source, {"memory": {"driver": "memory"}}, check

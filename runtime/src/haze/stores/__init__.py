@@ -45,7 +45,6 @@ def store_class(driver: str, *, source: str = "", key: str = "driver") -> Any:
 
 
 def create_store(name: str, options: dict[str, Any], app: Any, source: str) -> Store:
-    driver = options["driver"]
-    cls = store_class(driver, source=source, key=f"stores.{name}.driver")
-    store: Store = cls(name, options, app) if driver != "memory" else cls(name, options)
+    cls = store_class(options["driver"], source=source, key=f"stores.{name}.driver")
+    store: Store = cls(name, options, app)
     return store

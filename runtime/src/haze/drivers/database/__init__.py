@@ -26,8 +26,8 @@ import contextlib
 import functools
 import re
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, TypeVar
 
 from haze._failed import SqlFailedJobs
 from haze._kernel.errors import (
@@ -59,7 +59,6 @@ if TYPE_CHECKING:
 __all__ = ["D1_MAX_MESSAGE_SIZE", "D1_ROW_LIMIT", "DatabaseDriver"]
 
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 #: D1's largest string, BLOB or table row, in bytes (SQLITE_TOOBIG past it)
 D1_ROW_LIMIT = 2_000_000
 #: The default max_message_size on D1: its row limit less room for the row's other
@@ -169,6 +168,16 @@ class _QueueFailedJobs(SqlFailedJobs):
 class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
     """Queue connection on a SQL table; see the module docstring for the rules."""
 
+    #: the config options it takes besides the common ones (``DeclaresOptions``)
+    options: ClassVar[Mapping[str, str]] = {
+        "connection": "str",
+        "table": "ident",
+        "failed_table": "ident",
+        "retry_after": "duration",
+        "sleep": "duration",
+        "max_sleep": "duration",
+    }
+
     remote = True
     local_callbacks = False
     inline = False
@@ -179,7 +188,7 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
     def __init__(self, name: str, options: dict[str, Any], app: Any):
         self.name = name
         self.app = app
-        self.options = options
+        self.settings = options
         self.concurrency: int = options.get("concurrency") or 1
         self.retry_after: float = options.get("retry_after") or 90.0
         self.sleep: float = options.get("sleep") or 1.0
@@ -187,11 +196,6 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         self.heartbeat_interval: float = max(0.05, self.retry_after / 3)
         self.table = options.get("table") or "jobs"
         self.failed_table = options.get("failed_table") or "failed_jobs"
-        for key, value in (("table", self.table), ("failed_table", self.failed_table)):
-            if not _IDENT.match(value):
-                raise ConfigError(
-                    f"{value!r} is not a valid SQL identifier", key=f"connections.{name}.{key}"
-                )
         self._db_name: str = options.get("connection") or app.database_config.default
         app.check_database_name(
             self._db_name, app.queue_config.source, f"connections.{name}.connection"
@@ -476,7 +480,7 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
     @_needs_tables
     async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
         # No queues given (Worker(queues=None)): the connection's ``queues``, as queue:work does.
-        queues = queues or self.options.get("queues") or ["default"]
+        queues = queues or self.settings.get("queues") or ["default"]
         event = self._wake() if wait > 0 else None
         if event is not None:
             # Cleared before the claims, not after: a dispatch or a stop (interrupt) that
@@ -502,7 +506,7 @@ class DatabaseDriver(AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
         """Up to ``limit`` jobs in one claim statement: from the first queue (in priority
         order) that has any; waits like ``reserve`` when none has. ``first_claimed``:
         ``ack_and_claim`` just found the first queue empty, after arming the wake-up."""
-        queues = queues or self.options.get("queues") or ["default"]
+        queues = queues or self.settings.get("queues") or ["default"]
         event = self._wake() if wait > 0 else None
         if event is not None and not first_claimed:
             event.clear()  # before the claims: see reserve()
