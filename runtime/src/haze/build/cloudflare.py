@@ -59,6 +59,7 @@ from typing import Any
 
 from haze._app.app import App, _load_module_file
 from haze._app.config import env_source
+from haze._failed.resolve import failed_target
 from haze._kernel.errors import ConfigError
 from haze._kernel.hints import DISTRIBUTION
 from haze._orchestration.scheduling import bundle_packages, platform_triggers
@@ -343,13 +344,16 @@ def _failed_store_warnings(app: App) -> list[str]:
                 "the isolate's memory only; set failed_store to a D1 database connection"
             )
             continue
-        kind, _, bare = str(failed).partition(":")
-        if kind not in ("store", "database"):
-            bare = str(failed)
-        if bare in app.database_config.connections and kind != "store":
-            problem = _database_problem(app, bare)
+        # Where the driver will keep them: the runtime's own resolution, precedence too.
+        target = failed_target(
+            str(failed), app.cache_config.stores, app.database_config.connections
+        )
+        if target is None:
+            problem = None  # an unknown name: the connection's first use says so
+        elif target[0] == "database":
+            problem = _database_problem(app, target[1])
         else:
-            problem = _store_problem(app, bare)
+            problem = _store_problem(app, target[1])
         if problem is not None:
             warnings.append(
                 f"connection {name!r}: failed_store {failed!r} is {problem}; use a D1 "
