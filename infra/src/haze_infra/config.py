@@ -58,11 +58,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import haze
-from haze._app import config as haze_config
-from haze._app.app import App
-from haze._kernel.errors import ConfigError
-from haze._orchestration.scheduling import platform_triggers
-from haze.build._cloudflare_config import (
+from haze.build.cloudflare_plan import (
     CF_DEFAULT_BATCH_SIZE,
     CF_DEFAULT_BATCH_TIMEOUT,
     CF_MAX_BATCH_SIZE,
@@ -76,6 +72,7 @@ from haze.build._cloudflare_config import (
     cloudflare_max_retries,
     cloudflare_storage,
 )
+from haze.driver_api import App, ConfigError, platform_triggers
 
 __all__ = [
     "CF_DEFAULT_BATCH_SIZE",
@@ -134,7 +131,7 @@ LAMBDA_DEFAULT_TIMEOUT = 60
 #: Lambda's SQS event source: the largest batch (standard queues; FIFO: 10).
 LAMBDA_MAX_BATCH = 10_000
 # The Cloudflare constants, ``cloudflare_max_retries``, ``CloudflarePlan``, ``D1Plan`` and
-# ``KvPlan`` live in haze.build._cloudflare_config: `haze build --preset cloudflare` derives
+# ``KvPlan`` live in haze.build.cloudflare_plan: `haze build --preset cloudflare` derives
 # dist/wrangler.json with the same rules.
 #: Fargate's longest container ``stopTimeout``.
 FARGATE_MAX_STOP_TIMEOUT = 120
@@ -321,7 +318,7 @@ _trace_lock = threading.RLock()
 def _traced_env(reads: dict[str, EnvRead], placeholders: bool, root: Path) -> Iterator[None]:
     """Patch ``haze.env`` while the app's config files run, recording the reads made by
     files under ``root`` (not haze's own fallbacks)."""
-    original: Callable[..., Any] = haze_config.env
+    original: Callable[..., Any] = haze.env
 
     def env(name: str, default: object = None) -> object:
         value = original(name, default)
@@ -335,13 +332,12 @@ def _traced_env(reads: dict[str, EnvRead], placeholders: bool, root: Path) -> It
         return value
 
     with _trace_lock:
-        for module in (haze, haze_config):
-            setattr(module, "env", env)  # noqa: B010
+        # Config files call haze.env (``from haze import env`` reads it at their import).
+        setattr(haze, "env", env)  # noqa: B010
         try:
             yield
         finally:
-            for module in (haze, haze_config):
-                setattr(module, "env", original)  # noqa: B010
+            setattr(haze, "env", original)  # noqa: B010
 
 
 def load_app(root: str | Path) -> tuple[Any, tuple[EnvRead, ...]]:

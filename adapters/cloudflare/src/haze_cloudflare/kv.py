@@ -23,8 +23,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from haze._kernel.errors import HazeError
 from haze.contracts.store import BatchSettled
+from haze.driver_api import HazeError
 
 from haze_cloudflare._js import binding, is_nullish, to_js, to_py
 

@@ -29,7 +29,7 @@ from haze._failed.resolve import failed_target
 from haze._kernel.errors import ConfigError
 from haze._kernel.hints import DISTRIBUTION, DISTRIBUTIONS
 from haze._orchestration.scheduling import app_schedules
-from haze.build._cloudflare_config import app_jobs as jobs_under_root
+from haze.build.cloudflare_plan import app_jobs as jobs_under_root
 from haze.database import dialect_of
 
 if TYPE_CHECKING:

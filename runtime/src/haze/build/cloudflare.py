@@ -39,7 +39,7 @@ memory store beside a queue that other isolates consume.
   ``compatibility_flags`` include ``python_workers``;
 - ``queues``: one producer per ``cloudflare`` connection's ``binding``, and a consumer of
   its queue with ``max_retries`` = the most ``tries`` - 1 and a dead-letter queue
-  (see :mod:`haze.build._cloudflare_config`, shared with ``haze_infra``);
+  (see :mod:`haze.build.cloudflare_plan`, shared with ``haze_infra``);
 - ``d1_databases`` for ``d1://`` connections, ``kv_namespaces`` for ``kv`` stores.
 
 Lists of bindings are merged by ``binding`` (a Worker's binding names are unique) and
@@ -64,7 +64,8 @@ from haze._kernel.errors import ConfigError
 from haze._kernel.hints import DISTRIBUTION
 from haze._orchestration.scheduling import bundle_packages, platform_triggers
 from haze.build import BuildContext, BuildResult
-from haze.build._cloudflare_config import (
+from haze.build._python import app_requirements, pack_wheel
+from haze.build.cloudflare_plan import (
     CloudflarePlan,
     app_jobs,
     cloudflare_consumer,
@@ -72,7 +73,6 @@ from haze.build._cloudflare_config import (
     connection_max_tries,
     wrangler_section,
 )
-from haze.build._python import app_requirements, pack_wheel
 from haze.database import dialect_of
 from haze.database.migrations import migration_files, migration_statements
 
