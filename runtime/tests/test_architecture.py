@@ -202,3 +202,145 @@ def test_the_adapters_and_infra_import_no_private_haze_module() -> None:
         for line, name in private_imports(path)
     ]
     assert not wrong, "use haze.driver_api (or another public path):\n" + "\n".join(wrong)
+
+
+# ----------------------------------------------------------------------------- size and parsers
+
+REPO = SRC.parents[1]
+#: The source trees held to the house rules: the runtime, each adapter and the infra.
+SOURCE_TREES = [SRC, *sorted(REPO.glob("adapters/*/src")), REPO / "infra" / "src"]
+MAX_MODULE_LINES = 600
+
+
+def source_files() -> Iterator[pathlib.Path]:
+    for tree in SOURCE_TREES:
+        yield from sorted(tree.rglob("*.py"))
+
+
+def test_the_trees_checked_are_there() -> None:
+    assert len(SOURCE_TREES) >= 4, SOURCE_TREES  # runtime, two adapters, infra
+    assert all(tree.is_dir() for tree in SOURCE_TREES), SOURCE_TREES
+
+
+def test_no_module_longer_than_six_hundred_lines() -> None:
+    long = [
+        f"{path.relative_to(REPO)} is {n} lines"
+        for path in source_files()
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not long, (
+        f"modules over {MAX_MODULE_LINES} lines (split by what a reader looks for):\n"
+        + "\n".join(long)
+    )
+
+
+#: The one module that parses a message's JSON: ``decode`` (a ``Message``, checked),
+#: ``envelope_of`` (the object, unchecked) and the helpers that rewrite a body.
+ENVELOPE_PARSER = SRC / "haze" / "_kernel" / "message.py"
+_JSON_MODULES = {"json", "_json", "orjson", "ujson", "simplejson", "rapidjson"}
+
+
+def _is_json_decoder(func: ast.expr) -> bool:
+    """``json.loads``/``json.load`` (or another JSON library's), or a bare ``loads``."""
+    if isinstance(func, ast.Attribute) and func.attr in ("loads", "load", "decode"):
+        value = func.value
+        if isinstance(value, ast.Name) and value.id in _JSON_MODULES:
+            return True
+        # msgspec.json.decode
+        return isinstance(value, ast.Attribute) and value.attr == "json" and func.attr == "decode"
+    return isinstance(func, ast.Name) and func.id == "loads"
+
+
+def _is_message_body(arg: ast.expr) -> bool:
+    """A message body: a local named ``body`` or ``..._body``, or another object's
+    ``.body`` (``job.body``, ``record.body``). A class reading its own ``self.body`` (an
+    HTTP response) holds no message."""
+    while isinstance(arg, ast.Call) and arg.args:  # str(body), bytes(job.body)
+        arg = arg.args[0]
+    if isinstance(arg, ast.Name):
+        return arg.id == "body" or arg.id.endswith("_body")
+    if isinstance(arg, ast.Attribute) and (arg.attr == "body" or arg.attr.endswith("_body")):
+        return not (isinstance(arg.value, ast.Name) and arg.value.id == "self")
+    return False
+
+
+def _encoded_here(scope: ast.AST) -> set[str]:
+    """Names ``scope`` assigns a ``json.dumps(...)`` to: a value it encoded itself and
+    reads back (a round trip), not a message body."""
+    return {
+        target.id
+        for node in ast.walk(scope)
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Attribute)
+        and node.value.func.attr == "dumps"
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+
+
+def _innermost_function(tree: ast.Module, line: int) -> ast.AST:
+    """The function whose body holds ``line`` most closely (the module when none)."""
+    around = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.lineno <= line <= (node.end_lineno or node.lineno)
+    ]
+    return max(around, key=lambda node: node.lineno) if around else tree
+
+
+def second_envelope_parsers(path: pathlib.Path) -> list[str]:
+    """Where ``path`` runs a JSON decoder on a message body itself (not on a value the
+    same function encoded)."""
+    if path == ENVELOPE_PARSER:
+        return []
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        if not (
+            isinstance(node, ast.Call)
+            and _is_json_decoder(node.func)
+            and node.args
+            and _is_message_body(node.args[0])
+        ):
+            continue
+        arg = node.args[0]
+        if isinstance(arg, ast.Name) and arg.id in _encoded_here(
+            _innermost_function(tree, node.lineno)
+        ):
+            continue
+        found.append(f"{path.relative_to(REPO)}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_the_envelope_rule_sees_a_second_parser(tmp_path: pathlib.Path) -> None:
+    sample = tmp_path / "driver.py"
+    sample.write_text(
+        "import json\n"
+        "def a(body): return json.loads(body)\n"
+        "def b(job): return json.loads(job.body)\n"
+        "def c(raw_body): return json.loads(str(raw_body))\n"
+        "def d(self): return json.loads(self.body)\n"  # an HTTP response's own body
+        "def e(text): return json.loads(text)\n"
+        "def f(v):\n    body = json.dumps(v)\n    return json.loads(body)\n"  # a round trip
+    )
+    found = [line.split(" ", 1)[0].rsplit(":", 1)[1] for line in _relative(sample)]
+    assert found == ["2", "3", "4"]
+
+
+def _relative(path: pathlib.Path) -> list[str]:
+    global REPO
+    saved, REPO = REPO, path.parent
+    try:
+        return second_envelope_parsers(path)
+    finally:
+        REPO = saved
+
+
+def test_one_envelope_parser() -> None:
+    found = [hit for path in source_files() for hit in second_envelope_parsers(path)]
+    assert not found, (
+        "a message body is parsed outside haze._kernel.message (use decode or envelope_of, "
+        "or Reserved.delivered for a delivered message):\n" + "\n".join(found)
+    )

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from haze._engine.events import Events
-from haze._runners.delivery import Delivery, delivered
+from haze._runners.delivery import Delivery
 from haze.contracts.driver import Leased, Reserved
 
 
@@ -43,10 +43,18 @@ def _job(body: str) -> Reserved:
 
 
 def test_delivered_adds_the_envelope_offset_to_the_delivery_count() -> None:
-    job = delivered('{"v":1,"id":"a","job":"j","payload":null,"attempts":2,"queue":"q"}', 3, "t")
+    body = '{"v":1,"id":"a","job":"j","payload":null,"attempts":2,"queue":"q"}'
+    job = Reserved.delivered(body, 3, "t", queue="ignored")
     assert (job.attempt, job.queue, job.token, job.error) == (5, "q", "t", None)
-    bad = delivered("not json", 1, None)
+    bad = Reserved.delivered("not json", 1, None)
     assert bad.message is None and bad.error is not None and bad.attempt == 1
+    assert bad.queue == "default"
+    # a body known bad already is not decoded again; its queue is the caller's
+    known = Reserved.delivered(body, 2, "t", ValueError("not text"), queue="orders")
+    assert (known.message, known.attempt, known.queue) == (None, 2, "orders")
+    assert str(known.error) == "not text"
+    # receives that ran nothing can outnumber the count: the attempt stays at least 1
+    assert Reserved.delivered(body, -4, "t").attempt == 1
 
 
 async def test_run_batch_keeps_order_and_the_concurrency_limit() -> None:

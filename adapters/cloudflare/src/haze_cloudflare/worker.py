@@ -343,11 +343,11 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
 
         The attempt is ``message.attempts`` (Cloudflare's delivery count) plus the
         envelope's ``attempts`` offset."""
-        from haze.driver_api import delivered
+        from haze.contracts.driver import Reserved
 
         cf_attempts = int(to_py(getattr(message, "attempts", 1)) or 1)
         body, error = _body_text(to_py(message.body))
-        reserved = delivered(body, cf_attempts, delivery, error)
+        reserved = Reserved.delivered(body, cf_attempts, delivery, error)
         return reserved, self._connection_for(app, reserved.message)
 
     def _connection_for(self, app: App, message: Message | None) -> str:

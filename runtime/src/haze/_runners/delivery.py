@@ -2,10 +2,11 @@
 
 Three consumers hand haze jobs: a worker's slot claims them (``haze queue:work``), an
 AWS Lambda SQS trigger gets a batch of records, a Cloudflare Worker's ``queue()`` gets a
-batch of messages. Each turns what it got into a ``Reserved`` (``delivered`` decodes a
-body the same way for all), and a ``Delivery`` runs it: the manager's execution decides
-the outcome and settles the job on the driver it is given (ack, release, fail); the
-delivery keeps the running jobs (whose leases its heartbeat renews) and counts outcomes.
+batch of messages. Each turns what it got into a ``Reserved`` (``Reserved.delivered``
+decodes a body the same way for all), and a ``Delivery`` runs it: the manager's
+execution decides the outcome and settles the job on the driver it is given (ack,
+release, fail); the delivery keeps the running jobs (whose leases its heartbeat renews)
+and counts outcomes.
 
 What differs per platform stays with its consumer: how a job is claimed or admitted,
 what a backend error means for the message (a worker logs the outage and lets the lease
@@ -18,37 +19,17 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from haze._kernel.message import decode
 from haze.contracts.driver import Driver, Leased, Reserved
 
 if TYPE_CHECKING:
     from haze._engine.manager import QueueManager
 
-__all__ = ["Delivery", "delivered"]
+__all__ = ["Delivery"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
-
-
-def delivered(
-    body: str, deliveries: int, token: Any, error: BaseException | None = None
-) -> Reserved:
-    """A ``Reserved`` for a message body the platform delivered for the ``deliveries``-th
-    time (1-based): the attempt is the envelope's ``attempts`` offset (tries used before
-    a re-send) plus that count. ``error``: the body is known bad already (not JSON); an
-    undecodable body also becomes a ``Reserved`` with the error, which the manager fails.
-    """
-    message = None
-    if error is None:
-        try:
-            message = decode(body)
-        except Exception as e:
-            error = e
-    offset = message.attempts if message is not None else 0
-    queue = message.queue if message is not None else "default"
-    return Reserved(message, offset + deliveries, body, queue, token, error)
 
 
 class Delivery:

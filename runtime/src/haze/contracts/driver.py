@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from haze._kernel.errors import BackendUnavailableError, HazeError
-from haze._kernel.message import FailedJob, Message
+from haze._kernel.message import FailedJob, Message, decode
 from haze.contracts.failed import FailedJobStore
 
 __all__ = [
@@ -79,6 +79,38 @@ class Reserved:
     #: hands the job and the error to it instead of raising; the worker keeps the ack
     #: and sends it again until it is recorded or the driver says the lease is gone.
     ack_failed: Callable[[Reserved, Exception], None] | None = field(default=None, repr=False)
+
+    @classmethod
+    def delivered(
+        cls,
+        body: str,
+        deliveries: int,
+        token: Any,
+        error: BaseException | None = None,
+        *,
+        queue: str = "default",
+    ) -> Reserved:
+        """A message body a platform delivered for the ``deliveries``-th time (1-based).
+
+        The attempt is the envelope's ``attempts`` offset (tries used before a re-send)
+        plus ``deliveries``, at least 1. A body that does not decode (or ``error``: known
+        bad already) becomes a ``Reserved`` with the error, which the manager fails;
+        ``queue`` is its queue then.
+
+        >>> job = Reserved.delivered('{"v":1,"id":"a1","job":"ping","payload":null,'
+        ...                          '"attempts":2,"queue":"mail"}', 3, token="t")
+        >>> job.attempt, job.queue, Reserved.delivered("oops", 1, None).message
+        (5, 'mail', None)
+        """
+        message = None
+        if error is None:
+            try:
+                message = decode(body)
+            except Exception as e:
+                error = e
+        if message is None:
+            return cls(None, max(1, deliveries), body, queue, token, error)
+        return cls(message, max(1, message.attempts + deliveries), body, message.queue, token)
 
 
 @runtime_checkable

@@ -51,7 +51,7 @@ from haze._failed import failed_store
 from haze._kernel import plugins
 from haze._kernel.errors import ConfigError, DelayTooLongError, HazeError
 from haze._kernel.http import LoopClient
-from haze._kernel.message import Message, decode
+from haze._kernel.message import Message, envelope_of
 from haze.contracts.driver import (
     CappedDelay,
     Concurrent,
@@ -190,8 +190,8 @@ def decode_pulled_body(body: Any, metadata: Json | None = None) -> str:
 
 
 def _body_dict(body: str) -> Json:
-    data = json.loads(body)
-    if not isinstance(data, dict):
+    data = envelope_of(body)
+    if data is None:
         raise TypeError("a haze message body is a JSON object")
     return data
 
@@ -477,15 +477,8 @@ class CloudflareDriver(Interruptible, DelayStep, CappedDelay, Concurrent):
         try:
             body = decode_pulled_body(item.get("body"), item.get("metadata"))
         except Exception as e:
-            return Reserved(None, cf_attempts, str(item.get("body")), "default", lease, e)
-        try:
-            message: Message | None = decode(body)
-            error: BaseException | None = None
-        except Exception as e:
-            message, error = None, e
-        offset = message.attempts if message is not None else 0
-        queue = message.queue if message is not None else "default"
-        return Reserved(message, offset + cf_attempts, body, queue, lease, error)
+            return Reserved.delivered(str(item.get("body")), cf_attempts, lease, e)
+        return Reserved.delivered(body, cf_attempts, lease)
 
     async def _pull(self) -> None:
         client = self.rest()

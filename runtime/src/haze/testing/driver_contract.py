@@ -32,17 +32,18 @@ passes; give each test a fresh backend (a key prefix, new tables) if one may fai
 The methods can be called without pytest's runner too: ``TestMyDriver().test_enqueue_many(
 tmp_path)`` raises ``AssertionError`` when the driver breaks the contract. A driver's own
 extra tests can use the same harness: ``@contract_test(needs=...)`` on an ``async def
-test_...(self, d: DriverUnderTest)``.
+test_...(self, d: DriverUnderTest)``, where ``sent = await d.put()`` queues a fresh
+message and ``await d.expect(sent, attempt=1)`` claims it back, checks it is intact on
+that attempt and acks it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import pytest
 
@@ -50,25 +51,31 @@ from haze._app.app import App
 from haze._app.config import define_queue_config
 from haze._jobs.definition import define_job
 from haze._kernel.errors import PayloadTooLargeError
-from haze._kernel.message import Message, decode, encode, new_id
+from haze._kernel.message import decode, encode
 from haze.contracts.driver import (
     AcksInClaim,
     Advises,
     Backlog,
     BatchConsumer,
     Concurrent,
-    ConnectionAware,
     DelayStep,
-    DispatchOnly,
     Driver,
-    FailedJob,
     FailedJobStore,
     IdlePolling,
     Interruptible,
     Leased,
     LocalQueue,
     QueueInspector,
-    Reserved,
+)
+from haze.testing._driver_harness import (
+    CAPABILITIES,
+    DriverUnderTest,
+    _is_protocol_class,
+    _lease_of,
+    _main_driver,
+    contract_test,
+    failure_of,
+    same_message,
 )
 
 __all__ = [
@@ -80,23 +87,6 @@ __all__ = [
     "same_message",
 ]
 
-#: The optional capability Protocols of ``haze.contracts.driver``.
-CAPABILITIES: tuple[type, ...] = (
-    AcksInClaim,
-    Advises,
-    Backlog,
-    BatchConsumer,
-    Concurrent,
-    ConnectionAware,
-    DelayStep,
-    DispatchOnly,
-    IdlePolling,
-    Interruptible,
-    Leased,
-    LocalQueue,
-    QueueInspector,
-)
-
 #: The job the size-limit test dispatches; it is refused before anything is queued, so
 #: it never runs.
 _TOO_BIG_NAME = "haze_driver_contract_too_big"
@@ -107,119 +97,6 @@ async def _never_runs(payload: Any) -> None:
 
 
 _TOO_BIG = define_job(name=_TOO_BIG_NAME)(_never_runs)
-
-
-@dataclass
-class DriverUnderTest:
-    """One test's open App and its ``"main"`` driver, with the calls the contract repeats."""
-
-    app: App
-    driver: Driver
-    queue: str
-    other: str
-    patience: float
-
-    def message(self, queue: str | None = None, payload: Any = None, attempts: int = 0) -> Message:
-        """A fresh envelope for ``queue`` (the first test queue by default)."""
-        return Message(
-            id=new_id(),
-            job="haze_driver_contract",
-            payload={"n": 0} if payload is None else payload,
-            queue=queue or self.queue,
-            connection=self.driver.name,
-            ts=time.time(),
-            attempts=attempts,
-        )
-
-    async def put(
-        self,
-        queue: str | None = None,
-        *,
-        payload: Any = None,
-        delay: float = 0.0,
-        attempts: int = 0,
-    ) -> Message:
-        """Enqueue a fresh message; returns it."""
-        message = self.message(queue, payload, attempts)
-        await self.driver.enqueue(encode(message), message, delay)
-        return message
-
-    async def take(
-        self, queues: Sequence[str] | None = None, within: float | None = None
-    ) -> Reserved:
-        """Claim the next message of ``queues``, waiting up to ``within`` seconds (default
-        ``patience``) for one; fails the test when none comes."""
-        wanted = list(queues or [self.queue])
-        deadline = time.monotonic() + (self.patience if within is None else within)
-        while True:
-            left = deadline - time.monotonic()
-            got = await self.driver.reserve(wanted, max(0.05, min(1.0, left)))
-            if got is not None:
-                return got
-            assert time.monotonic() < deadline, (
-                f"{self.driver.name}: nothing could be reserved from {wanted} within "
-                f"{self.patience if within is None else within:g}s"
-            )
-
-    async def nothing(self, queues: Sequence[str] | None = None, wait: float = 0.3) -> None:
-        """Nothing can be claimed from ``queues`` now."""
-        wanted = list(queues or [self.queue])
-        got = await self.driver.reserve(wanted, wait)
-        assert got is None, f"{self.driver.name}: reserved {got!r} from {wanted}, expected nothing"
-
-
-def failure_of(job: Reserved, driver: Driver, exception: str = "RuntimeError: boom") -> FailedJob:
-    """The record the engine hands ``Driver.fail`` for ``job``."""
-    return FailedJob.from_body(
-        job.body,
-        id=None,
-        connection=driver.name,
-        queue=job.queue,
-        exception=exception,
-        failed_at=time.time(),
-    )
-
-
-def _is_protocol_class(cls: type) -> bool:
-    # typing marks each class that is itself a Protocol in its own namespace.
-    return cls.__module__ == "typing" or vars(cls).get("_is_protocol") is True
-
-
-def same_message(got: Reserved, sent: Message) -> None:
-    """``got`` is ``sent``, intact."""
-    assert got.error is None, f"the reserved body did not decode: {got.error}"
-    assert got.message is not None
-    assert got.message.id == sent.id, f"reserved {got.message.id}, expected {sent.id}"
-    assert got.message.job == sent.job
-    assert got.message.payload == sent.payload
-    assert got.queue == sent.queue, f"reserved from {got.queue!r}, sent to {sent.queue!r}"
-    assert decode(got.body).id == sent.id
-
-
-_Contract = TypeVar("_Contract", bound="DriverContract")
-_Body = Callable[[_Contract, DriverUnderTest], Awaitable[None]]
-_Test = Callable[[_Contract, Path], None]
-
-
-def contract_test(
-    *, needs: type | None = None, lease: bool = False
-) -> Callable[[_Body[_Contract]], _Test[_Contract]]:
-    """Turn ``async def body(self, d)`` into a pytest test ``test(self, tmp_path)`` that
-    opens the driver, skips unless it declares ``needs`` and runs ``body``.
-
-    The wrapper has its own signature on purpose (no ``functools.wraps``): pytest reads
-    the parameters of ``__wrapped__`` and would ask for a fixture named ``d``."""
-
-    def decorate(body: _Body[_Contract]) -> _Test[_Contract]:
-        def test(self: _Contract, tmp_path: Path) -> None:
-            asyncio.run(self.run_contract(tmp_path, body, needs=needs, lease=lease))
-
-        test.__name__ = body.__name__
-        test.__qualname__ = body.__qualname__
-        test.__doc__ = body.__doc__
-        return test
-
-    return decorate
 
 
 class DriverContract:
@@ -333,10 +210,7 @@ class DriverContract:
     async def test_enqueue_reserve_ack(self, d: DriverUnderTest) -> None:
         """A message comes back intact as attempt 1, and is gone once acked."""
         sent = await d.put(payload={"text": "héllo ✓", "n": [1, 2.5, None, True]})
-        job = await d.take()
-        same_message(job, sent)
-        assert job.attempt == 1, f"a first claim is attempt 1, got {job.attempt}"
-        assert await d.driver.ack(job) is True, "ack of a job this consumer holds is True"
+        await d.expect(sent, attempt=1, why="a first claim")
         await d.nothing()
         assert await d.driver.size(d.queue) == 0
 
@@ -349,8 +223,7 @@ class DriverContract:
         assert await d.driver.size(d.queue) == 3
         got = [await d.take() for _ in sent]
         assert {j.message.id for j in got if j.message} == {m.id for m in sent}
-        for job in got:
-            assert await d.driver.ack(job) is True
+        await d.ack(*got)
         await d.nothing()
 
     @contract_test()
@@ -358,13 +231,8 @@ class DriverContract:
         """Ready messages of one queue are claimed in the order they were queued."""
         if not self.ordered:
             pytest.skip(f"{type(self).__name__}.ordered is False: the backend keeps no order")
-        sent = [await d.put(payload={"n": i}) for i in range(5)]
-        got = []
-        for _ in sent:
-            job = await d.take()
-            got.append(job.message.id if job.message else "?")
-            await d.driver.ack(job)
-        assert got == [m.id for m in sent], "claimed out of order"
+        for sent in [await d.put(payload={"n": i}) for i in range(5)]:
+            await d.expect(sent)  # the next claim is the next message queued
 
     @contract_test()
     async def test_queues_are_isolated_and_claimed_in_priority_order(
@@ -375,12 +243,9 @@ class DriverContract:
         await d.nothing([d.other])
         assert await d.driver.size(d.other) == 0
         high = await d.put(d.other)
-        first = await d.take([d.other, d.queue])
-        same_message(first, high)
-        second = await d.take([d.other, d.queue])
-        same_message(second, low)
-        for job in (first, second):
-            assert await d.driver.ack(job) is True
+        first = await d.expect(high, [d.other, d.queue], ack=False)
+        await d.expect(low, [d.other, d.queue])
+        await d.ack(first)
 
     @contract_test()
     async def test_delayed_message_waits_its_delay(self, d: DriverUnderTest) -> None:
@@ -390,12 +255,10 @@ class DriverContract:
         sent = await d.put(delay=delay)
         assert await d.driver.size(d.queue) == 1, "size counts delayed messages"
         await d.nothing(wait=0.5)
-        job = await d.take(within=delay + self.patience)
+        await d.expect(sent, within=delay + self.patience)
         waited = time.monotonic() - started
-        same_message(job, sent)
         # Only a lower bound: a slow machine makes the wait longer, never shorter.
         assert waited >= delay - 0.25, f"claimed after {waited:.2f}s, before its {delay}s delay"
-        assert await d.driver.ack(job) is True
 
     # ---------------------------------------------------------------- settling
 
@@ -405,10 +268,7 @@ class DriverContract:
         sent = await d.put()
         first = await d.take()
         assert await d.driver.release(first, 0.0, consume_attempt=True) is True
-        again = await d.take()
-        same_message(again, sent)
-        assert again.attempt == 2, f"a retried job's next claim is attempt 2, got {again.attempt}"
-        assert await d.driver.ack(again) is True
+        await d.expect(sent, attempt=2, why="a retried job's next claim")
         await d.nothing()
 
     @contract_test()
@@ -417,10 +277,7 @@ class DriverContract:
         sent = await d.put()
         first = await d.take()
         assert await d.driver.release(first, 0.0, consume_attempt=False) is True
-        again = await d.take()
-        same_message(again, sent)
-        assert again.attempt == 1, f"a release is not an attempt: expected 1, got {again.attempt}"
-        assert await d.driver.ack(again) is True
+        await d.expect(sent, attempt=1, why="a release is not an attempt")
 
     @contract_test()
     async def test_release_with_a_delay(self, d: DriverUnderTest) -> None:
@@ -432,38 +289,29 @@ class DriverContract:
         assert await d.driver.release(first, delay, consume_attempt=True) is True
         assert await d.driver.size(d.queue) == 1, "a job waiting out its backoff counts in size"
         await d.nothing(wait=0.5)
-        again = await d.take(within=delay + self.patience)
+        await d.expect(sent, within=delay + self.patience)
         waited = time.monotonic() - started
-        same_message(again, sent)
         assert waited >= delay - 0.25, f"claimed after {waited:.2f}s, before its {delay}s delay"
-        assert await d.driver.ack(again) is True
 
     @contract_test()
     async def test_attempts_count_across_redeliveries(self, d: DriverUnderTest) -> None:
         """Attempts start after the tries the message already used (``Message.attempts``)
         and count every retry, while releases do not count."""
         sent = await d.put(attempts=2)
-        job = await d.take()
-        assert job.attempt == 3, (
-            f"a message that used 2 tries is claimed as attempt 3, got {job.attempt}"
-        )
-        await d.driver.release(job, 0.0, consume_attempt=True)
-        job = await d.take()
-        assert job.attempt == 4, f"expected attempt 4 after a retry, got {job.attempt}"
-        await d.driver.release(job, 0.0, consume_attempt=False)
-        job = await d.take()
-        assert job.attempt == 4, f"expected attempt 4 after a release, got {job.attempt}"
-        await d.driver.release(job, 0.0, consume_attempt=True)
-        job = await d.take()
-        same_message(job, sent)
-        assert job.attempt == 5, f"expected attempt 5 after another retry, got {job.attempt}"
-        assert await d.driver.ack(job) is True
+        for attempt, why, consume in (
+            (3, "a message that used 2 tries", True),
+            (4, "after a retry", False),
+            (4, "after a release", True),
+        ):
+            job = await d.expect(sent, attempt=attempt, why=why, ack=False)
+            await d.driver.release(job, 0.0, consume_attempt=consume)
+        await d.expect(sent, attempt=5, why="after another retry")
 
     @contract_test()
     async def test_fail_keeps_the_job_in_the_failed_store(self, d: DriverUnderTest) -> None:
         """``fail`` removes the job from its queue and keeps it: listed, found, forgotten."""
         sent = await d.put(payload={"invoice": 7})
-        job = await d.take()
+        job = await d.expect(sent, ack=False)
         assert await d.driver.fail(job, failure_of(job, d.driver)) is True
         await d.nothing()
         assert await d.driver.size(d.queue) == 0
@@ -483,16 +331,13 @@ class DriverContract:
     async def test_a_failed_job_can_be_retried(self, d: DriverUnderTest) -> None:
         """What ``Queue.retry`` does: the kept envelope queues again, and runs as the same job."""
         sent = await d.put()
-        job = await d.take()
+        job = await d.expect(sent, ack=False)
         await d.driver.fail(job, failure_of(job, d.driver))
         found = await d.driver.failed.find(sent.id)
         assert found is not None
-        message = decode(found.body)
-        await d.driver.enqueue(found.body, message, 0.0)
+        await d.driver.enqueue(found.body, decode(found.body), 0.0)
         assert await d.driver.failed.forget(sent.id) is True
-        again = await d.take()
-        same_message(again, sent)
-        assert await d.driver.ack(again) is True
+        await d.expect(sent)
         assert await d.driver.failed.list(d.queue) == []
 
     # ---------------------------------------------------------------- sizes
@@ -509,9 +354,7 @@ class DriverContract:
         assert await d.driver.purge(d.queue) == 4
         assert await d.driver.size(d.queue) == 0
         await d.nothing()
-        job = await d.take([d.other])
-        same_message(job, kept)
-        await d.driver.ack(job)
+        await d.expect(kept, [d.other])
 
     @contract_test()
     async def test_a_body_of_max_message_size_round_trips(self, d: DriverUnderTest) -> None:
@@ -522,10 +365,8 @@ class DriverContract:
         body = encode(message)
         assert len(body.encode("utf-8")) == limit
         await d.driver.enqueue(body, message, 0.0)
-        job = await d.take()
+        job = await d.expect(message)
         assert job.body == body, "the body came back changed"
-        same_message(job, message)
-        assert await d.driver.ack(job) is True
 
     @contract_test()
     async def test_dispatch_over_max_message_size_is_refused(self, d: DriverUnderTest) -> None:
@@ -544,21 +385,17 @@ class DriverContract:
     async def test_an_expired_lease_redelivers(self, d: DriverUnderTest) -> None:
         """A claim nobody renews (its worker died) comes back, counted as an attempt."""
         sent = await d.put()
-        first = await d.take()
-        assert first.attempt == 1
+        await d.expect(sent, attempt=1, why="a first claim", ack=False)
         # No heartbeat and no settle: the claim must come back once the lease is over.
-        again = await d.take(within=self.patience + 5 * _lease_of(d.driver))
-        same_message(again, sent)
-        assert again.attempt == 2, f"a crashed attempt counts: expected 2, got {again.attempt}"
-        assert await d.driver.ack(again) is True
+        within = self.patience + 5 * _lease_of(d.driver)
+        await d.expect(sent, within=within, attempt=2, why="a crashed attempt counts")
         await d.nothing()
 
     @contract_test(needs=Leased, lease=True)
     async def test_a_heartbeat_keeps_the_lease(self, d: DriverUnderTest) -> None:
         """While its consumer renews the lease, a claim is not handed to anyone else."""
         assert isinstance(d.driver, Leased)
-        sent = await d.put()
-        job = await d.take()
+        job = await d.expect(await d.put(), ack=False)
         step = min(d.driver.heartbeat_interval, _lease_of(d.driver)) / 2
         until = time.monotonic() + 3 * _lease_of(d.driver)
         while time.monotonic() < until:
@@ -566,7 +403,6 @@ class DriverContract:
             await d.nothing(wait=step)
         await d.driver.heartbeat([job])
         assert await d.driver.ack(job) is True, "the consumer still held its renewed claim"
-        assert job.message is not None and job.message.id == sent.id
         await d.nothing()
 
     @contract_test(needs=Backlog)
@@ -597,8 +433,7 @@ class DriverContract:
         sent = await d.put()
         await d.put()
         await d.put(delay=60.0)
-        job = await d.take()
-        same_message(job, sent)
+        job = await d.expect(sent, ack=False)
         counts = await d.driver.counts(d.queue)
         seen = {"ready": counts.ready, "delayed": counts.delayed, "running": counts.running}
         for state, value in seen.items():
@@ -677,18 +512,3 @@ class DriverContract:
         assert claim.done(), f"interrupt() did not end a {wait:g}s claim within {self.patience:g}s"
         got = claim.result()
         assert got is None, f"an interrupted claim on an empty queue returned {got!r}"
-
-
-async def _main_driver(app: App) -> Driver:
-    """The driver under test, with no consumer of the app's own taking its messages: the
-    contract claims them itself, and an App starts an in-process consumer for a memory
-    connection."""
-    await app.manager.stop_local_workers()
-    return app.driver("main")
-
-
-def _lease_of(driver: Driver) -> float:
-    """About the lease, in seconds: drivers renew it two or three times per lease (only
-    used to bound the waits; ``lease_options`` sets the lease itself)."""
-    assert isinstance(driver, Leased)
-    return max(1.0, driver.heartbeat_interval * 3)

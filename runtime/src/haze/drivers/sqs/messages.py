@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from haze._kernel.deps import require
-from haze._kernel.message import Message
+from haze._kernel.message import Message, envelope_of
 
 #: SQS's message size limit (1 MiB since August 2025), also the send_message_batch total.
 SQS_MAX_MESSAGE_SIZE = 1_048_576
@@ -81,11 +81,8 @@ def _rewrite(
     body: str, *, attempts: int | None = None, due: float | None = None, keep_due: bool = False
 ) -> str:
     """``body`` with another ``attempts`` offset and ``meta.due`` (None: removed)."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return body
-    if not isinstance(data, dict):
+    data = envelope_of(body)
+    if data is None:
         return body
     if attempts is not None:
         if attempts > 0:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from haze._kernel.message import Message, decode
+from haze._kernel.message import Message
 from haze.contracts.driver import Reserved
 from haze.drivers.sqs.messages import (
     _BATCH,
@@ -168,27 +168,21 @@ class _Receiving(_Settling):
         then says whether it stays in its queue (a FIFO hold: the Lambda handler must
         report it as a batch item failure) or was replaced by a new message.
         """
-        try:
-            message: Message | None = decode(body)
-            error: BaseException | None = None
-        except Exception as e:
-            message, error = None, e
-        queue = message.queue if message is not None else self._queue_of_url(url)
+        deliveries = receipt.receive_count - receipt.unused
+        job = Reserved.delivered(body, deliveries, receipt, queue=self._queue_of_url(url))
+        message = job.message
         due = _due_of(message)
         now = self.now()
         if message is not None and due is not None and due - now > _DUE_TOLERANCE:
             return None, await self._not_due(url, receipt, message, body, due - now)
-        attempts = message.attempts if message is not None else 0
-        holds = 0
         if (
             self.fifo
             and due is not None
             and receipt.receive_count > 1
             and receipt.first_received_at < due - _DUE_TOLERANCE
         ):
-            holds = 1  # the first receive only held it until due
-        attempt = max(1, attempts + receipt.receive_count - holds - receipt.unused)
-        return Reserved(message, attempt, body, queue, receipt, error), False
+            job.attempt = max(1, job.attempt - 1)  # the first receive only held it until due
+        return job, False
 
     async def _not_due(
         self, url: str, receipt: SqsReceipt, message: Message, body: str, left: float
