@@ -213,6 +213,8 @@ def test_the_apps_private_attributes_are_read_only_by_the_app() -> None:
         if isinstance(node, ast.Attribute) and node.attr in private
     ]
     assert not wrong, "\n".join(wrong)
+
+
 #: The adapters and the infrastructure package: they build on haze's public names only
 #: (``haze``, ``haze.driver_api``, ``haze.contracts``, ...), never on a private module.
 OUTSIDE = [
