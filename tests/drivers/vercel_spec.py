@@ -145,19 +145,19 @@ def _register() -> Callable[[], None]:
     reason = LIMITS.get(current.split("::")[-1].split(" ")[0].split("[")[0])
     if reason:
         pytest.skip(f"vercel driver: {reason}")
-    from haze import drivers as haze_drivers
+    from haze.drivers import register_driver
 
-    had = "test_vercel" in haze_drivers._DRIVERS
     module = sys.modules.get("haze_test_vercel_spec")
     if module is None:
         module = types.ModuleType("haze_test_vercel_spec")
         module.VercelTestDriver = _test_driver_class()  # type: ignore[attr-defined]
         sys.modules["haze_test_vercel_spec"] = module
-    haze_drivers._DRIVERS["test_vercel"] = ("haze_test_vercel_spec", "VercelTestDriver")
+    # Registered for the whole session (a plugin name, not a built-in one): registering
+    # it again is a no-op, and no other test uses the name.
+    register_driver("test_vercel", "haze_test_vercel_spec:VercelTestDriver")
 
     def undo() -> None:
-        if not had:
-            haze_drivers._DRIVERS.pop("test_vercel", None)
+        pass
 
     return undo
 

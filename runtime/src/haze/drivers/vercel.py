@@ -77,7 +77,7 @@ from haze._kernel.errors import (
     PayloadTooLargeError,
     QueueCountUnavailableError,
 )
-from haze._kernel.message import Message, decode
+from haze._kernel.message import Message, decode, envelope_of
 from haze.contracts.driver import (
     Concurrent,
     DeclaresOptions,
@@ -161,11 +161,8 @@ class VercelReceipt:
 def rewrite(body: str, *, attempts: int | None = None, due: float | None = None) -> str:
     """``body`` with another ``attempts`` offset (None: kept) and ``meta.due`` (None:
     removed)."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return body
-    if not isinstance(data, dict):
+    data = envelope_of(body)
+    if data is None:
         return body
     if attempts is not None:
         if attempts > 0:
