@@ -61,7 +61,7 @@ class LambdaEndpoint(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: LambdaEndpoint
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def _reply(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
