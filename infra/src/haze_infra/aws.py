@@ -344,6 +344,8 @@ class _Function(pulumi.ComponentResource):
         log_retention_days: int,
         reserved_concurrency: int | None,
         description: str,
+        durable_config: Mapping[str, int] | None = None,
+        function_name: str | None = None,
     ) -> None:
         self.log_group = _logs(self, name, f"/aws/lambda/haze-{name}-", log_retention_days)
         self.role = _role(self, f"{name}-role", "lambda.amazonaws.com", f"haze: {description}")
@@ -354,6 +356,7 @@ class _Function(pulumi.ComponentResource):
         variables: Any = {"variables": dict(environment)} if environment else None
         logging: Any = {"log_format": "Text", "log_group": self.log_group.name}
         vpc: Any = dict(vpc_config) if vpc_config else None
+        durable: Any = dict(durable_config) if durable_config else None
         self.function = aws.lambda_.Function(
             name,
             code=archive,
@@ -368,6 +371,8 @@ class _Function(pulumi.ComponentResource):
             logging_config=logging,
             vpc_config=vpc,
             reserved_concurrent_executions=reserved_concurrency,
+            durable_config=durable,
+            name=function_name,
             opts=_child(self, [self.policy, self.log_group]),
         )
 
@@ -417,6 +422,7 @@ class HazeLambdaConsumer(_Function):
         vpc_config: Mapping[str, Any] | None = None,
         log_retention_days: int = 14,
         reserved_concurrency: int | None = None,
+        statements: Sequence[Mapping[str, Any]] = (),
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("haze:aws:HazeLambdaConsumer", name, None, opts)
@@ -434,7 +440,10 @@ class HazeLambdaConsumer(_Function):
             archive=lambda_archive(archive, dist_dir, app_root),
             handler=handler,
             timeout=timeout,
-            statements=_consumer_statements(self.queues, allow_send, send_queue_arns),
+            statements=[
+                *_consumer_statements(self.queues, allow_send, send_queue_arns),
+                *statements,
+            ],
             environment=env,
             runtime=runtime,
             memory_size=memory_size,
@@ -733,6 +742,7 @@ class HazeScheduleRules(_Function):
         environment: Mapping[str, pulumi.Input[str]] | None = None,
         vpc_config: Mapping[str, Any] | None = None,
         log_retention_days: int = 14,
+        statements: Sequence[Mapping[str, Any]] = (),
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("haze:aws:HazeScheduleRules", name, None, opts)
@@ -743,7 +753,7 @@ class HazeScheduleRules(_Function):
                 f"{expression!r} is not an EventBridge cron(...) expression",
                 f"{name}.rules",
             )
-        statements = (
+        sends = (
             [_allow("SendToHazeQueues", SEND_SQS_ACTIONS, list(send_queue_arns))]
             if send_queue_arns
             else []
@@ -753,7 +763,7 @@ class HazeScheduleRules(_Function):
             archive=lambda_archive(archive, dist_dir, app_root),
             handler=handler,
             timeout=timeout,
-            statements=statements,
+            statements=[*sends, *statements],
             environment=dict(environment or {}),
             runtime=runtime,
             memory_size=memory_size,
@@ -1071,6 +1081,7 @@ class HazeAwsApp(pulumi.ComponentResource):
         shared = _Shared(
             name, name_prefix or name, runtime, memory_size, environment, vpc_config, container
         )
+        self._native_workflows(stack, selected, shared)
         for plan in selected:
             if plan.driver == "sqs":
                 overrides = (
@@ -1092,9 +1103,13 @@ class HazeAwsApp(pulumi.ComponentResource):
                     key="connections",
                 )
         self.schedules = self._schedules(stack, shared, bundle) if stack.schedules else None
+        self.workflow_functions = self._workflow_functions(selected, shared, bundle)
         queue_urls = {c: {q: v.url for q, v in qs.items()} for c, qs in self.queues.items()}
         functions = {c: v.function.arn for c, v in self.consumers.items()}
-        self.register_outputs({"queue_urls": queue_urls, "functions": functions})
+        workflows = {c: v.function.arn for c, v in self.workflow_functions.items()}
+        self.register_outputs(
+            {"queue_urls": queue_urls, "functions": functions, "workflow_functions": workflows}
+        )
 
     def _schedules(
         self, stack: StackConfig, shared: _Shared, bundle: Callable[[], pulumi.Archive]
@@ -1108,10 +1123,66 @@ class HazeAwsApp(pulumi.ComponentResource):
             send_queue_arns=[q.arn for qs in self.queues.values() for q in qs.values()],
             runtime=shared.runtime,
             memory_size=shared.memory_size,
-            environment={**self._queue_url_env, **dict(shared.environment or {})},
+            environment={
+                **self._queue_url_env,
+                **dict(shared.environment or {}),
+                **self._workflow_env,
+            },
+            statements=self._workflow_statements,
             vpc_config=shared.vpc_config,
             opts=_child(self),
         )
+
+    def _native_workflows(
+        self, stack: StackConfig, selected: Sequence[ConnectionPlan], shared: _Shared
+    ) -> None:
+        """The name of the function running the native workflows (at most one sqs
+        connection has them), and what its dispatchers are given to reach it."""
+        from haze_infra.aws_workflows import FUNCTION_ENV, workflow_client_statements
+
+        native = [p.name for p in selected if p.aws is not None and p.aws.workflows == "native"]
+        if len(native) > 1:
+            raise InfraConfigError(
+                f'connections {", ".join(native)} all have "workflows": "native"; an app '
+                "runs its native workflows in one durable function: keep it on one",
+                source=stack.source,
+                key="connections",
+            )
+        self._workflow_env: dict[str, Any] = {}
+        self._workflow_statements: list[dict[str, Any]] = []
+        self._workflow_function_name = None
+        if native:
+            fname = f"{shared.prefix}-{native[0]}-workflows"[:64]
+            arn = f"arn:aws:lambda:*:*:function:{fname}"
+            self._workflow_function_name = (native[0], fname)
+            self._workflow_env = {FUNCTION_ENV: fname}
+            self._workflow_statements = workflow_client_statements(arn)
+
+    def _workflow_functions(
+        self,
+        selected: Sequence[ConnectionPlan],
+        shared: _Shared,
+        bundle: Callable[[], pulumi.Archive],
+    ) -> dict[str, Any]:
+        from haze_infra.aws_workflows import HazeWorkflowFunction, durable_runtime
+
+        if self._workflow_function_name is None:
+            return {}
+        connection, fname = self._workflow_function_name
+        return {
+            connection: HazeWorkflowFunction(
+                f"{shared.name}-{connection}-workflows",
+                function_name=fname,
+                connection=connection,
+                archive=bundle(),
+                send_queue_arns=[q.arn for qs in self.queues.values() for q in qs.values()],
+                runtime=durable_runtime(shared.runtime),
+                memory_size=shared.memory_size,
+                environment={**self._queue_url_env, **dict(shared.environment or {})},
+                vpc_config=shared.vpc_config,
+                opts=_child(self),
+            )
+        }
 
     def _sqs(
         self, plan: ConnectionPlan, shared: _Shared, code: pulumi.Archive, tuning: _Tuning
@@ -1152,7 +1223,8 @@ class HazeAwsApp(pulumi.ComponentResource):
             max_concurrency=tuning.max_concurrency,
             runtime=shared.runtime,
             memory_size=shared.memory_size,
-            environment=shared.environment,
+            environment={**dict(shared.environment or {}), **self._workflow_env},
+            statements=self._workflow_statements,
             queue_url_env=sqs.queue_url_env,
             queue_url_value=url_env.get(sqs.queue_url_env or ""),
             vpc_config=shared.vpc_config,
