@@ -2,7 +2,7 @@
 
 Writes, under the output directory (``dist/``)::
 
-    aws-lambda/handler.py      sqs, schedule and http: the haze_lambda handlers
+    aws-lambda/handler.py      sqs, schedule, http and workflows: the haze_lambda handlers
     aws-lambda/config/ app/    the app (and database/, haze.config.py when present)
     aws-lambda/haze/ …         the vendored runtime and haze_lambda
     aws-lambda.zip             the same files, zipped (deterministic: sorted entries,
@@ -10,9 +10,11 @@ Writes, under the output directory (``dist/``)::
 
 Set the function's handler to ``handler.sqs`` (SQS trigger, with
 ``ReportBatchItemFailures``), ``handler.schedule`` (an EventBridge schedule draining a
-``database`` or ``redis`` connection) or ``handler.http`` (API Gateway HTTP API or a
-function URL). The handlers boot the app bundled beside ``handler.py``: the function's
-``LAMBDA_TASK_ROOT`` (``HAZE_APP_ROOT``, when set, names another).
+``database`` or ``redis`` connection), ``handler.http`` (API Gateway HTTP API or a
+function URL) or ``handler.workflows`` (a durable function running the app's workflows on
+Lambda's own engine, for a ``"workflows": "native"`` sqs connection). The handlers boot
+the app bundled beside ``handler.py``: the function's ``LAMBDA_TASK_ROOT``
+(``HAZE_APP_ROOT``, when set, names another).
 
 Only pure-Python haze code is bundled. Backend clients come from the Lambda runtime
 (``boto3`` is part of AWS's Python runtimes) or from a layer: the build notes name the
@@ -45,6 +47,8 @@ Point the function's handler at one of:
     handler.schedule   an EventBridge schedule that drains a database/redis connection,
                        or a rule of config/schedule.py (dispatches the schedules due)
     handler.http       an API Gateway HTTP API route or a function URL that dispatches
+    handler.workflows  a durable function (durable configuration on) that runs the
+                       app's workflows of "workflows": "native" sqs connections
 
 They boot the app bundled beside this file (config/, app/job/) once per execution
 environment; set HAZE_APP_ROOT to use another. See haze_lambda for their settings.
@@ -53,8 +57,9 @@ environment; set HAZE_APP_ROOT to use another. See haze_lambda for their setting
 from haze_lambda import http_handler as http
 from haze_lambda import schedule_handler as schedule
 from haze_lambda import sqs_handler as sqs
+from haze_lambda import workflow_handler as workflows
 
-__all__ = ["http", "schedule", "sqs"]
+__all__ = ["http", "schedule", "sqs", "workflows"]
 '''
 
 #: Packages AWS's Python runtimes already provide.
