@@ -46,6 +46,7 @@ from aws_durable_execution_sdk_python.config import (
 )
 from aws_durable_execution_sdk_python.exceptions import CallbackTimeoutError
 from aws_durable_execution_sdk_python.retries import RetryDecision
+from aws_durable_execution_sdk_python.serdes import PassThroughSerDes
 from haze._workflows.lambda_runs import operation_name, shown_name
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
 __all__ = ["LambdaStepEngine", "retry_strategy"]
 
 T = TypeVar("T")
+
+_AS_IS: PassThroughSerDes[str] = PassThroughSerDes()
 
 #: The durable context of the branch a call belongs to (``run.gather`` runs each
 #: branch in a child context of its own).
@@ -112,15 +115,15 @@ class LambdaStepEngine:
     ) -> str:
         ctx = self._ctx()
 
-        def body(step: StepContext) -> Any:
+        def body(step: StepContext) -> str:
             try:
-                # the platform keeps the value itself (JSON), not haze's text of it
-                return json.loads(self._on_loop(_awaited(attempt(step.attempt))))
+                return self._on_loop(_awaited(attempt(step.attempt)))
             except Exception as e:
                 self._errors[name] = e
                 raise
 
-        config = StepConfig(retry_strategy=retry_strategy(retry))
+        # the platform keeps haze's JSON text as it is (no envelope of its own)
+        config = StepConfig(retry_strategy=retry_strategy(retry), serdes=_AS_IS)
         try:
             result = await asyncio.to_thread(ctx.step, body, operation_name(name), config)
         except Exception:
@@ -128,7 +131,7 @@ class LambdaStepEngine:
             if kept is not None:
                 raise kept from None
             raise
-        return _text(result)
+        return str(result)
 
     async def sleep(self, name: str, position: int, seconds: float) -> None:
         ctx = self._ctx()
@@ -178,14 +181,11 @@ class LambdaStepEngine:
         ctx = self._ctx()
 
         def body(step: StepContext) -> str:
-            return self._on_loop(_awaited(send()))
+            return json.dumps(self._on_loop(_awaited(send())))
 
-        result = await asyncio.to_thread(ctx.step, body, operation_name(name), None)
-        return str(result)
-
-
-def _text(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        config = StepConfig(serdes=_AS_IS)
+        result = await asyncio.to_thread(ctx.step, body, operation_name(name), config)
+        return str(json.loads(result))
 
 
 async def _awaited(value: Awaitable[T]) -> T:
