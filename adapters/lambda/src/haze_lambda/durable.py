@@ -47,7 +47,7 @@ from aws_durable_execution_sdk_python.config import (
 from aws_durable_execution_sdk_python.exceptions import CallbackTimeoutError
 from aws_durable_execution_sdk_python.retries import RetryDecision
 from aws_durable_execution_sdk_python.serdes import PassThroughSerDes
-from haze._workflows.lambda_runs import operation_name, shown_name
+from haze._workflows.lambda_runs import DISPATCH_SUB_TYPE, operation_name, shown_name
 
 if TYPE_CHECKING:
     from aws_durable_execution_sdk_python.context import DurableContext
@@ -183,7 +183,7 @@ class LambdaStepEngine:
         def body(step: StepContext) -> str:
             return json.dumps(self._on_loop(_awaited(send())))
 
-        config = StepConfig(serdes=_AS_IS)
+        config = StepConfig(serdes=_AS_IS, sub_type=DISPATCH_SUB_TYPE)
         result = await asyncio.to_thread(ctx.step, body, operation_name(name), config)
         return str(json.loads(result))
 

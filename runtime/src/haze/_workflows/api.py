@@ -26,10 +26,11 @@ from typing import Any
 
 from haze._kernel.current import use_app
 from haze._kernel.durations import Duration, parse_duration
-from haze._kernel.errors import WorkflowResultError, WorkflowRunError
+from haze._kernel.errors import ConfigError, WorkflowResultError, WorkflowRunError
 from haze._kernel.message import new_id
 from haze._workflows.definition import WorkflowDefinition, find_workflow
 from haze._workflows.engine import now, workflow_state
+from haze._workflows.lambda_runs import EitherRuns, native_runs
 from haze._workflows.run import DEFAULT_MAX_STEPS, check_name
 from haze.contracts.workflow import FINAL_STATES, WorkflowRuns, WorkflowStateStore, WorkflowStatus
 
@@ -78,7 +79,20 @@ def runs_for(app: Any, name: str | None = None) -> WorkflowRuns:
         found = resolver(app, name)
         if found is not None:
             return found
+    native = native_runs(app, name)
+    if native is not None:  # Lambda durable functions ("workflows": "native")
+        state = None if name is not None else _state_or_none(app)
+        return native if state is None else EitherRuns(StoreRuns(state), native)
     return StoreRuns(_state(app))
+
+
+def _state_or_none(app: Any) -> WorkflowStateStore | None:
+    """The app's workflow state, or None when it has no store that can keep it (an app
+    whose workflows all run on a platform's engine needs none)."""
+    try:
+        return _state(app)
+    except ConfigError:
+        return None
 
 
 def _run_id(value: object, what: str) -> str:
@@ -110,6 +124,9 @@ class Workflow(WorkflowDefinition):
                 "lists, strings, numbers, booleans or None"
             ) from None
         app = use_app()
+        native = native_runs(app, wf.name)
+        if native is not None:  # Lambda durable functions: an execution named by the id
+            return await native.start(wf.name, run_id, text)
         state = _state(app)
         if await state.run_input(run_id) is not None:
             return run_id
@@ -134,8 +151,14 @@ class Workflow(WorkflowDefinition):
             raise WorkflowResultError(
                 f'Workflow.send_event({run_id!r}, "{name}"): the payload is not JSON ({e})'
             ) from None
-        state = _state(use_app())
+        app = use_app()
+        native = native_runs(app)
+        if native is not None and _state_or_none(app) is None:
+            return await native.send_event(run_id, name, text)  # no store: Lambda only
+        state = _state(app)
         run = await state.get_run(run_id)
+        if run is None and native is not None:  # a run on Lambda durable functions
+            return await native.send_event(run_id, name, text)
         if run is None:
             raise WorkflowRunError(
                 f"Workflow.send_event: no workflow run {run_id!r}; check the id "

@@ -25,15 +25,26 @@ import json
 import os
 import re
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
 from haze._kernel.deps import require
 from haze._kernel.errors import ConfigError, WorkflowRunError
-from haze.contracts.workflow import FINAL_STATES, StepStatus, WorkflowStatus
+from haze._workflows.definition import find_workflow
+from haze.contracts.workflow import FINAL_STATES, StepStatus, WorkflowRuns, WorkflowStatus
 
-__all__ = ["FUNCTION_ENV", "LambdaRuns", "execution_name", "operation_name", "shown_name"]
+__all__ = [
+    "DISPATCH_SUB_TYPE",
+    "FUNCTION_ENV",
+    "EitherRuns",
+    "LambdaRuns",
+    "execution_name",
+    "native_runs",
+    "operation_name",
+    "shown_name",
+]
 
 T = TypeVar("T")
 
@@ -52,6 +63,8 @@ _STATES = {
     "STOPPED": "cancelled",
 }
 _KINDS = {"Step": "step", "Wait": "sleep", "Callback": "event"}
+#: The operation sub-type of a ``run.dispatch`` step (shown as kind ``dispatch``).
+DISPATCH_SUB_TYPE = "HazeDispatch"
 
 
 def execution_name(run_id: str) -> str:
@@ -322,7 +335,8 @@ def _steps(
             continue
         s = seen.get(e["Id"])
         if s is None:
-            s = {"name": shown_name(e.get("Name") or e["Id"]), "kind": _KINDS[kind], "attempts": 0}
+            shown = "dispatch" if e.get("SubType") == DISPATCH_SUB_TYPE else _KINDS[kind]
+            s = {"name": shown_name(e.get("Name") or e["Id"]), "kind": shown, "attempts": 0}
             s.update(started_at=_epoch(e.get("EventTimestamp")), state="running")
             seen[e["Id"]] = s
             order.append(e["Id"])
@@ -375,3 +389,63 @@ def shown_name(name: str) -> str:
     if "%" not in name:
         return name
     return unquote(name.rsplit("~", 1)[0] if "~" in name else name)
+
+
+# ------------------------------------------------------------------- which runs are where
+
+_runs: weakref.WeakKeyDictionary[Any, dict[str, LambdaRuns]] = weakref.WeakKeyDictionary()
+
+
+def native_runs(app: Any, workflow: str | None = None) -> LambdaRuns | None:
+    """The Lambda runs of workflow ``workflow`` (None: of the app's native sqs
+    connection, if it has one), or None when they run on haze's own engine."""
+    connections: Mapping[str, Mapping[str, Any]] = app.queue_config.connections
+    if workflow is not None:
+        wf = find_workflow(workflow)
+        name = (wf.job.connection if wf is not None else None) or app.queue_config.default
+        options = connections.get(name)
+        if not _is_native(options):
+            return None
+    else:
+        found = [n for n, o in connections.items() if _is_native(o)]
+        if not found:
+            return None
+        name = found[0]
+    kept = _runs.setdefault(app, {})
+    if name not in kept:
+        kept[name] = LambdaRuns(name, connections[name])
+    return kept[name]
+
+
+def _is_native(options: Mapping[str, Any] | None) -> bool:
+    if not options:
+        return False
+    return options.get("driver") == "sqs" and options.get("workflows") == "native"
+
+
+class EitherRuns:
+    """``WorkflowRuns`` of an app whose workflows run on both engines: a run is looked
+    up in the store first, then on Lambda."""
+
+    def __init__(self, store: WorkflowRuns, native: LambdaRuns) -> None:
+        self.store = store
+        self.native = native
+
+    async def status(self, run_id: str) -> WorkflowStatus | None:
+        found = await self.store.status(run_id)
+        return found if found is not None else await self.native.status(run_id)
+
+    async def list(
+        self, state: str | None = None, name: str | None = None, limit: int = 50
+    ) -> builtins.list[WorkflowStatus]:
+        both = [
+            *await self.store.list(state, name, limit),
+            *await self.native.list(state, name, limit),
+        ]
+        both.sort(key=lambda st: st.created_at or 0.0, reverse=True)
+        return both[:limit]
+
+    async def cancel(self, run_id: str) -> bool:
+        if await self.store.status(run_id) is not None:
+            return await self.store.cancel(run_id)
+        return await self.native.cancel(run_id)
