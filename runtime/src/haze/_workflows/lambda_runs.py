@@ -32,7 +32,7 @@ from urllib.parse import unquote
 
 from haze._kernel.deps import require
 from haze._kernel.errors import ConfigError, WorkflowRunError
-from haze._workflows.definition import find_workflow
+from haze._workflows.definition import find_workflow, registered_workflows
 from haze.contracts.workflow import FINAL_STATES, StepStatus, WorkflowRuns, WorkflowStatus
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "EitherRuns",
     "LambdaRuns",
     "execution_name",
+    "lambda_refusals",
     "native_runs",
     "operation_name",
     "shown_name",
@@ -449,3 +450,20 @@ class EitherRuns:
         if await self.store.status(run_id) is not None:
             return await self.store.cancel(run_id)
         return await self.native.cancel(run_id)
+
+
+def lambda_refusals(app: Any) -> builtins.list[str]:
+    """One line per workflow of a native sqs connection that uses a haze rule Lambda
+    durable functions cannot honour (``haze build`` refuses the app with them)."""
+    out: builtins.list[str] = []
+    for name, wf in sorted(registered_workflows().items()):
+        if native_runs(app, name) is None:
+            continue
+        if wf.job.tries > 1:
+            out.append(
+                f'workflow "{name}" ({wf.job.origin}): tries={wf.job.tries} replays the whole '
+                "run after an error outside its steps, which Lambda durable functions do not "
+                "do (a failed execution stays failed); retry the steps instead "
+                '(run.step(..., tries=3)) or run it on haze\'s engine ("workflows": "store")'
+            )
+    return out

@@ -26,7 +26,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from haze._kernel.errors import ConfigError
 from haze._orchestration.scheduling import bundle_packages, platform_triggers
+from haze._workflows.lambda_runs import lambda_refusals
 from haze.build import BuildContext, BuildResult, deterministic_zip
 from haze.database import dialect_of
 
@@ -115,6 +117,23 @@ def sqlite_warnings(app: App) -> list[str]:
     ]
 
 
+def native_workflows(ctx: BuildContext) -> list[str]:
+    """The sqs connections whose workflows run on Lambda durable functions; a workflow
+    there that needs a rule Lambda cannot honour stops the build with one line."""
+    app = ctx.app
+    native = [
+        name
+        for name, options in app.queue_config.connections.items()
+        if options.get("driver") == "sqs" and options.get("workflows") == "native"
+    ]
+    if native:
+        app.discover()  # the workflows register when their modules load
+        refused = lambda_refusals(app)
+        if refused:
+            raise ConfigError(refused[0], key="--preset")
+    return native
+
+
 def build(ctx: BuildContext) -> BuildResult:
     """Write the package and its zip (see the module docstring)."""
     files = [ctx.write("handler.py", HANDLER_SOURCE)]
@@ -122,7 +141,9 @@ def build(ctx: BuildContext) -> BuildResult:
     # Checked before anything is zipped: a schedule no EventBridge rule can express
     # stops the build with one line naming it.
     rules = platform_triggers("eventbridge", ctx.root)
-    files += ctx.vendor((*PACKAGES, *bundle_packages(ctx.root)), ctx.dest)
+    native = native_workflows(ctx)
+    durable = ("aws_durable_execution_sdk_python",) if native else ()
+    files += ctx.vendor((*PACKAGES, *durable, *bundle_packages(ctx.root)), ctx.dest)
     archive = deterministic_zip(ctx.dest, ctx.out / f"{ctx.preset}.zip")
     files.append(archive)
     notes = [
@@ -134,6 +155,12 @@ def build(ctx: BuildContext) -> BuildResult:
             "EventBridge rules (UTC) for config/schedule.py, each targeting handler.schedule "
             'with the input {"haze_schedule": "<rule>", "time": <time>} (haze_infra creates '
             "them): " + "; ".join(f"{rule} -> {', '.join(names)}" for rule, names in rules.items())
+        )
+    if native:
+        notes.append(
+            f"workflows of {', '.join(native)} run on Lambda durable functions: a function "
+            "with handler handler.workflows and a durable configuration (haze_infra makes "
+            "it); the AWS durable execution SDK is bundled"
         )
     notes.extend(sqlite_warnings(ctx.app))
     for requirement, users in sorted(third_party_packages(ctx).items()):
