@@ -128,6 +128,7 @@ from haze.contracts.driver import (
     FailedJobStore,
     Interruptible,
     Leased,
+    MaxDelay,
     QueueCounts,
     Reserved,
     RunningJob,
@@ -265,7 +266,7 @@ def _group_id(group: str) -> str:
     return group
 
 
-class SqsDriver(Interruptible, Leased, DelayStep, Concurrent):
+class SqsDriver(Interruptible, Leased, DelayStep, MaxDelay, Concurrent):
     """Queue connection on Amazon SQS; see the module docstring for the rules."""
 
     remote = True

@@ -40,6 +40,7 @@ from haze._kernel.errors import ConfigError
 from haze._kernel.sqlfiles import sql_blocks
 from haze.contracts.store import BatchSettled, Subscription
 from haze.database.mysql import is_duplicate_key
+from haze.stores.workflow_state import KeyValueWorkflowState
 
 if TYPE_CHECKING:
     from haze.database import Connector, Session
@@ -52,6 +53,7 @@ _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 class DatabaseStore:
+    _workflow_state: KeyValueWorkflowState | None = None
     atomic = True
     shared = True
 
@@ -123,6 +125,12 @@ class DatabaseStore:
     @staticmethod
     def _exp(ttl: float | None, now: float) -> float | None:
         return None if ttl is None else now + ttl
+
+    def workflow_state(self) -> KeyValueWorkflowState:
+        """Workflow runs kept in this store (``HasWorkflowState``)."""
+        if self._workflow_state is None:
+            self._workflow_state = KeyValueWorkflowState(self)
+        return self._workflow_state
 
     async def get(self, key: str) -> Any | None:
         sql = await self._statements()

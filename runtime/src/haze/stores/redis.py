@@ -37,6 +37,7 @@ from haze._kernel.errors import ConfigError, MissingDependencyError
 from haze._kernel.hints import did_you_mean
 from haze._kernel.urls import redact_text, redact_url
 from haze.contracts.store import BatchSettled, Subscription
+from haze.stores.workflow_state import KeyValueWorkflowState
 
 try:
     import redis.asyncio as aioredis
@@ -198,6 +199,7 @@ class _Conn:
 class RedisStore:
     """Atomic and shared by every process that uses the same Redis connection."""
 
+    _workflow_state: KeyValueWorkflowState | None = None
     atomic = True
     shared = True
 
@@ -221,6 +223,12 @@ class RedisStore:
         if conn is None:
             conn = self._conns[loop] = _Conn(new_client(self._url, self._kwargs))
         return conn
+
+    def workflow_state(self) -> KeyValueWorkflowState:
+        """Workflow runs kept in this store (``HasWorkflowState``)."""
+        if self._workflow_state is None:
+            self._workflow_state = KeyValueWorkflowState(self)
+        return self._workflow_state
 
     async def get(self, key: str) -> Any | None:
         return _load(await self._conn().client.get(self.prefix + key))

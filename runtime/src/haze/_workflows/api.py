@@ -1,0 +1,236 @@
+"""``@workflow`` and ``Workflow``: define durable workflows, start runs, send them
+events, read and cancel them.
+
+>>> @workflow(name="onboard", tries=3)
+... async def onboard(run, user_id: int):
+...     user = await run.step("fetch", fetch_user, user_id)
+...     await run.sleep("cool-off", "2d")
+...     answer = await run.wait_for_event("approved", timeout="7d")
+...     return {"user": user, "answer": answer}
+>>> # rid = await Workflow.start(onboard, user_id=7)
+>>> # await Workflow.send_event(rid, "approved", {"by": "ops"})
+>>> # (await Workflow.wait(rid, timeout=60)).result
+
+Reads and cancels go through a ``WorkflowRuns`` (where a workflow's runs live): the
+app's store for haze's own engine; a platform engine registers its own with
+``add_runs_resolver``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json
+from collections.abc import Callable
+from typing import Any
+
+from haze._kernel.current import use_app
+from haze._kernel.durations import Duration, parse_duration
+from haze._kernel.errors import WorkflowResultError, WorkflowRunError
+from haze._kernel.message import new_id
+from haze._workflows.definition import WorkflowDefinition, find_workflow
+from haze._workflows.engine import now, workflow_state
+from haze._workflows.run import DEFAULT_MAX_STEPS, check_name
+from haze.contracts.workflow import FINAL_STATES, WorkflowRuns, WorkflowStateStore, WorkflowStatus
+
+__all__ = ["StoreRuns", "Workflow", "add_runs_resolver", "runs_for", "workflow"]
+
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+#: (app, workflow name or None) -> the runs' home, or None to let the next one answer.
+RunsResolver = Callable[[Any, "str | None"], "WorkflowRuns | None"]
+_resolvers: list[RunsResolver] = []
+
+
+def add_runs_resolver(resolver: RunsResolver) -> None:
+    """Route a workflow's reads and cancels elsewhere than the app's store (a platform's
+    own engine); the first resolver that answers wins."""
+    _resolvers.append(resolver)
+
+
+class StoreRuns:
+    """``WorkflowRuns`` over the app's store (haze's own engine)."""
+
+    def __init__(self, state: WorkflowStateStore) -> None:
+        self.state = state
+
+    async def status(self, run_id: str) -> WorkflowStatus | None:
+        return await self.state.get_run(run_id)
+
+    async def list(
+        self, state: str | None = None, name: str | None = None, limit: int = 50
+    ) -> builtins.list[WorkflowStatus]:
+        return await self.state.list_runs(state, name, limit)
+
+    async def cancel(self, run_id: str) -> bool:
+        if await self.state.run_input(run_id) is None:
+            return False
+        return await self.state.finish(run_id, "cancelled", now(), None, "cancelled")
+
+
+def _state(app: Any) -> WorkflowStateStore:
+    return workflow_state(app.manager.state_store())
+
+
+def runs_for(app: Any, name: str | None = None) -> WorkflowRuns:
+    """Where the runs of workflow ``name`` (None: any) live, for ``app``."""
+    for resolver in _resolvers:
+        found = resolver(app, name)
+        if found is not None:
+            return found
+    return StoreRuns(_state(app))
+
+
+def _run_id(value: object, what: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > 255:
+        raise ValueError(f"{what}: a run id must be a string of 1-255 characters, got {value!r}")
+    return value
+
+
+class Workflow(WorkflowDefinition):
+    """A durable workflow (made by ``@workflow``) and the calls on its runs.
+
+    >>> # rid = await Workflow.start(onboard, user_id=7, id="signup-7")
+    >>> # st = await Workflow.status(rid)        # WorkflowStatus, or None
+    >>> # await Workflow.cancel(rid)             # True when this call cancelled it
+    """
+
+    @staticmethod
+    async def start(wf: Workflow, /, *, id: str | None = None, **input: Any) -> str:
+        """Start a run of ``wf`` with ``input`` as its keyword arguments; the run's id.
+        ``id`` is the caller's idempotency key: a second start with it starts nothing."""
+        if not isinstance(wf, WorkflowDefinition):
+            raise TypeError(f"Workflow.start: expected a @workflow, got {wf!r}")
+        run_id = new_id() if id is None else _run_id(id, f'Workflow.start("{wf.name}")')
+        try:
+            text = _encode(input)
+        except (TypeError, ValueError) as e:
+            raise WorkflowResultError(
+                f'Workflow.start("{wf.name}"): the input is not JSON ({e}); pass dicts, '
+                "lists, strings, numbers, booleans or None"
+            ) from None
+        app = use_app()
+        state = _state(app)
+        if await state.run_input(run_id) is not None:
+            return run_id
+        # the message first: it carries the input and adds the run itself if this
+        # process dies before the record below
+        connection = wf.job.connection
+        await wf.pending({"run": run_id, "input": text}).dispatch()
+        await state.create_run(run_id, wf.name, text, now(), connection)
+        return run_id
+
+    @staticmethod
+    async def send_event(run_id: str, name: str, payload: Any = None) -> bool:
+        """Send event ``name`` to a run: a wait for it resumes with ``payload``, and an
+        event sent before its wait is kept for it. False when an event of that name was
+        already kept (the first wins). ``WorkflowRunError`` for an unknown or finished run.
+        """
+        run_id = _run_id(run_id, "Workflow.send_event")
+        check_name(name, "event", f"Workflow.send_event({run_id!r})")
+        try:
+            text = _encode(payload)
+        except (TypeError, ValueError) as e:
+            raise WorkflowResultError(
+                f'Workflow.send_event({run_id!r}, "{name}"): the payload is not JSON ({e})'
+            ) from None
+        state = _state(use_app())
+        run = await state.get_run(run_id)
+        if run is None:
+            raise WorkflowRunError(
+                f"Workflow.send_event: no workflow run {run_id!r}; check the id "
+                "(Workflow.start returns it)"
+            )
+        if run.state in FINAL_STATES:
+            raise WorkflowRunError(
+                f'Workflow.send_event: run {run_id!r} of "{run.name}" is {run.state}; '
+                "an event can only reach a run that has not finished"
+            )
+        kept = await state.put_event(run_id, name, text)
+        wf = find_workflow(run.name)
+        if wf is not None:  # resume it now (a run not waiting yet ends at once)
+            await wf.pending({"run": run_id}).dispatch()
+        return kept
+
+    @staticmethod
+    async def status(run_id: str) -> WorkflowStatus | None:
+        """The run's ``WorkflowStatus`` (state, steps, result, error), or None."""
+        return await runs_for(use_app()).status(_run_id(run_id, "Workflow.status"))
+
+    @staticmethod
+    async def wait(run_id: str, timeout: Duration | None = None) -> WorkflowStatus:
+        """Wait until the run is done, failed or cancelled and return its status;
+        ``TimeoutError`` after ``timeout``, like ``Queue.wait``."""
+        run_id = _run_id(run_id, "Workflow.wait")
+        limit = None if timeout is None else parse_duration(timeout, "Workflow.wait(timeout)")
+        runs = runs_for(use_app())
+        loop = asyncio.get_running_loop()
+        deadline = None if limit is None else loop.time() + limit
+        pause = 0.01
+        while True:
+            st = await runs.status(run_id)
+            if st is None:
+                raise WorkflowRunError(f"Workflow.wait: no workflow run {run_id!r}")
+            if st.finished:
+                return st
+            if deadline is not None and loop.time() >= deadline:
+                raise TimeoutError(f"workflow run {run_id} is still {st.state} after {limit:g}s")
+            left = pause if deadline is None else min(pause, max(0.0, deadline - loop.time()))
+            await asyncio.sleep(left)
+            pause = min(pause * 2, 0.5)
+
+    @staticmethod
+    async def cancel(run_id: str) -> bool:
+        """Cancel a run that has not finished (its next step does not start). True when
+        this call cancelled it; False for an unknown or finished run, like ``Queue.cancel``."""
+        return await runs_for(use_app()).cancel(_run_id(run_id, "Workflow.cancel"))
+
+    @staticmethod
+    async def list(
+        state: str | None = None, name: str | None = None, limit: int = 50
+    ) -> builtins.list[WorkflowStatus]:
+        """Runs, newest first (``state``/``name`` filter them), without their steps."""
+        return await runs_for(use_app(), name).list(state, name, limit)
+
+
+def workflow(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    tries: int = 1,
+    backoff: object = 0,
+    timeout: Duration | None = None,
+    queue: str | None = None,
+    connection: str | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    failed: Callable[..., Any] | None = None,
+) -> Any:
+    """Define a durable workflow: ``async def (run, **input)`` whose steps survive crashes.
+
+    >>> @workflow(name="onboard", tries=3)
+    ... async def onboard(run, user_id: int):
+    ...     user = await run.step("fetch", fetch_user, user_id)
+    ...     await run.sleep("cool-off", "2d")
+    ...     return user
+
+    ``tries``/``backoff``: replays of the whole run after an error outside a step's own
+    retries; ``max_steps`` (10,000): the steps one run may reach; ``failed(run_id,
+    error)``: called once when the run fails; ``queue``/``connection``/``timeout`` as
+    for ``define_job``.
+    """
+
+    def decorate(f: Callable[..., Any]) -> Workflow:
+        return Workflow(
+            f,
+            name=name,
+            tries=tries,
+            backoff=backoff,
+            timeout=timeout,
+            queue=queue,
+            connection=connection,
+            max_steps=max_steps,
+            failed=failed,
+        )
+
+    return decorate(fn) if fn is not None else decorate
