@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from haze import App, define_queue_config
+from haze import App, define_cache_config, define_queue_config
 from haze._kernel.errors import ConfigError
 
 _SQS = {"driver": "sqs", "queue_url": "http://127.0.0.1:1/123/jobs"}
@@ -56,3 +56,25 @@ def test_an_unknown_engine_is_one_line(value: object) -> None:
         ConfigError, match=r'connections\.c\.workflows: expected "store" or "native"'
     ):
         _conn({**_SQS, "workflows": value})
+
+
+async def test_starting_a_workflow_on_a_native_cloudflare_connection_is_one_line() -> None:
+    from haze import Workflow, workflow
+
+    @workflow(name="cfg_cf_native")
+    async def flow(run: Any) -> None:
+        pass
+
+    app = App(
+        queue=define_queue_config(
+            default="edge",
+            store="mem",
+            connections={"edge": {**_CF, "workflows": "native"}},
+        ),
+        cache=define_cache_config(default="mem", stores={"mem": {"driver": "memory"}}),
+    )
+    async with app:
+        with pytest.raises(ConfigError) as e:
+            await Workflow.start(flow)
+    message = str(e.value)
+    assert "Cloudflare Workflows engine is not available yet" in message and "\n" not in message

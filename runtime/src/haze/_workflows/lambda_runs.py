@@ -405,6 +405,16 @@ def native_runs(app: Any, workflow: str | None = None) -> LambdaRuns | None:
         wf = find_workflow(workflow)
         name = (wf.job.connection if wf is not None else None) or app.queue_config.default
         options = connections.get(name)
+        if (
+            options
+            and options.get("driver") == "cloudflare"
+            and options.get("workflows") == "native"
+        ):
+            raise ConfigError(
+                f'workflow "{workflow}": connection {name!r} has "workflows": "native", but '
+                'the Cloudflare Workflows engine is not available yet; use "store" (the '
+                "default: haze's engine, its state in D1)"
+            )
         if not _is_native(options):
             return None
     else:
