@@ -173,3 +173,54 @@ async def test_cancel_stops_a_waiting_run(engine: str, tmp_path: Path) -> None:
         assert await Workflow.cancel(rid) is False
         runs = await Workflow.list(name="payment")
         assert [r.id for r in runs] == ["pay-3"] and runs[0].state == "cancelled"
+
+
+def write_client(root: Path) -> Path:
+    files = {
+        "queue.py": f"""\
+from haze import define_queue_config
+
+config = define_queue_config(default="lambda", store="db", connections={{"lambda": {NATIVE!r}}})
+""",
+        "cache.py": """\
+from haze import define_cache_config
+
+config = define_cache_config(stores={"db": {"driver": "database", "connection": "main"}})
+""",
+        "database.py": f"""\
+from haze import define_database_config
+
+config = define_database_config(
+    default="main", connections={{"main": {{"url": "sqlite:///{root / "client.db"}"}}}}
+)
+""",
+    }
+    for name, text in files.items():
+        (root / "config").mkdir(parents=True, exist_ok=True)
+        (root / "config" / name).write_text(text)
+    return root
+
+
+def test_the_cli_shows_lists_and_cancels_a_lambda_run(engine: str, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from haze.cli import get_cli
+
+    root = write_client(tmp_path / "client")
+
+    async def start() -> None:
+        async with App(root=root):
+            rid = await Workflow.start(recipes.payment, order_id="C-1", cents=7, id="pay-cli")
+            await until(rid, "waiting")
+
+    asyncio.run(start())
+
+    def haze(*args: str) -> str:
+        result = CliRunner().invoke(get_cli(), ["--root", str(root), *args])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    shown = haze("workflow:show", "pay-cli")
+    assert "payment" in shown and "waiting" in shown and "intent" in shown and "paid" in shown
+    assert "pay-cli" in haze("workflow:list", "--name", "payment")
+    haze("workflow:cancel", "pay-cli")
+    assert "cancelled" in haze("workflow:show", "pay-cli")
