@@ -48,14 +48,27 @@ NATIVE = {
     "region": "us-east-1",
     "workflows": "native",
 }
-LAMBDA_QUEUE_PY = f"""\
+LAMBDA_CONFIG = {
+    "queue.py": f"""\
 from haze import define_queue_config
 
-config = define_queue_config(default="jobs", connections={{
+config = define_queue_config(default="jobs", store="db", connections={{
     "jobs": {{"driver": "sync"}},
     "lambda": {NATIVE!r},
 }})
-"""
+""",
+    "cache.py": """\
+from haze import define_cache_config
+
+config = define_cache_config(stores={"db": {"driver": "database", "connection": "main"}})
+""",
+    # the same store as the dispatching side's: an event sent early is kept there
+    "database.py": """\
+from haze import define_database_config
+
+config = define_database_config(default="main", connections={"main": {"url": "sqlite:///{db}"}})
+""",
+}
 
 GATE = threading.Event()
 
@@ -75,7 +88,8 @@ async def lam_gated(run: Any) -> Any:
 def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     root = tmp_path / "lambda_app"
     (root / "config").mkdir(parents=True)
-    (root / "config" / "queue.py").write_text(LAMBDA_QUEUE_PY)
+    for name, text in LAMBDA_CONFIG.items():
+        (root / "config" / name).write_text(text.replace("{db}", str(tmp_path / "shared.db")))
     monkeypatch.setenv("HAZE_APP_ROOT", str(root))
     monkeypatch.setenv("HAZE_WORKFLOW_FUNCTION", FUNCTION)
     recipes.reset()
@@ -94,7 +108,7 @@ def client_app(tmp: Path) -> App:
         queue=define_queue_config(default="lambda", store="db", connections={"lambda": NATIVE}),
         cache=define_cache_config(stores={"db": {"driver": "database", "connection": "main"}}),
         database=define_database_config(
-            default="main", connections={"main": {"url": f"sqlite:///{tmp / 'client.db'}"}}
+            default="main", connections={"main": {"url": f"sqlite:///{tmp / 'shared.db'}"}}
         ),
     )
 
@@ -148,15 +162,16 @@ async def test_an_event_before_its_wait_and_an_unknown_run_are_one_line(
     async with client_app(tmp_path):
         rid = await Workflow.start(lam_gated, id="gated-1")  # type: ignore[arg-type]
         await until(rid, "running")
-        with pytest.raises(WorkflowRunError) as early:
-            await Workflow.send_event(rid, "go", 1)
-        assert 'is not waiting for "go" yet' in str(early.value)
-        assert "\n" not in str(early.value)
-        GATE.set()
-        st = await until(rid, "waiting")
-        assert st.waiting_for == "go"
+        # the run is in its first step: the wait for "go" has not begun
         assert await Workflow.send_event(rid, "go", {"ok": True}) is True
-        assert (await Workflow.wait(rid, timeout=60)).result == {"go": {"ok": True}}
+        assert await Workflow.send_event(rid, "go", {"ok": False}) is False  # the first wins
+        GATE.set()
+        done = await Workflow.wait(rid, timeout=60)
+        assert done.result == {"go": {"ok": True}}
+        assert [(s.name, s.kind, s.state) for s in done.steps] == [
+            ("gate", "step", "done"),
+            ("go", "event", "done"),
+        ]
         with pytest.raises(WorkflowRunError) as unknown:
             await Workflow.send_event("no-such-run", "go", 1)
         assert "no workflow run 'no-such-run'" in str(unknown.value)
@@ -191,7 +206,7 @@ config = define_cache_config(stores={"db": {"driver": "database", "connection": 
 from haze import define_database_config
 
 config = define_database_config(
-    default="main", connections={{"main": {{"url": "sqlite:///{root / "client.db"}"}}}}
+    default="main", connections={{"main": {{"url": "sqlite:///{root.parent / "shared.db"}"}}}}
 )
 """,
     }

@@ -13,7 +13,10 @@ haze                        Lambda durable functions
                             at least 1 s later)
 ``run.sleep``               ``context.wait`` (whole seconds, at least 1)
 ``run.wait_for_event``      ``context.create_callback`` named like the event;
-                            ``Workflow.send_event`` completes it
+                            ``Workflow.send_event`` completes it. An event sent
+                            before the wait is kept in the app's store: once the
+                            callback exists, a step ``haze:early:<position>``
+                            reads it from there
 ``run.gather``              ``context.parallel``, a branch per step
 ``run.dispatch``            ``context.step`` that sends the job (once per run)
 nondeterminism check        the name the execution recorded for the operation
@@ -52,13 +55,14 @@ from haze._workflows.lambda_runs import DISPATCH_SUB_TYPE, operation_name, shown
 if TYPE_CHECKING:
     from aws_durable_execution_sdk_python.context import DurableContext
     from aws_durable_execution_sdk_python.types import StepContext
-    from haze.contracts.workflow import StepRetry
+    from haze.contracts.workflow import StepRetry, WorkflowStateStore
 
 __all__ = ["LambdaStepEngine", "retry_strategy"]
 
 T = TypeVar("T")
 
 _AS_IS: PassThroughSerDes[str] = PassThroughSerDes()
+_KEPT_AS_IS = StepConfig(serdes=_AS_IS)
 
 #: The durable context of the branch a call belongs to (``run.gather`` runs each
 #: branch in a child context of its own).
@@ -83,9 +87,19 @@ def retry_strategy(retry: StepRetry) -> Callable[[Exception, int], RetryDecision
 class LambdaStepEngine:
     """A ``StepEngine`` on one durable execution's ``DurableContext``."""
 
-    def __init__(self, context: DurableContext, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        context: DurableContext,
+        loop: asyncio.AbstractEventLoop,
+        run_id: str = "",
+        events: WorkflowStateStore | None = None,
+    ) -> None:
         self._root = context
         self._loop = loop
+        self._run_id = run_id
+        #: Where ``Workflow.send_event`` keeps an event sent before its wait (the app's
+        #: store); None: such an event is refused by the sender.
+        self._events = events
         #: Failures of this invocation's steps, by step name: raised as themselves
         #: (the SDK hands back its own ``StepError`` naming only the type).
         self._errors: dict[str, BaseException] = {}
@@ -141,9 +155,20 @@ class LambdaStepEngine:
     async def wait_for_event(self, name: str, position: int, timeout: float | None) -> str | None:
         ctx = self._ctx()
         limit = Duration(math.ceil(timeout)) if timeout else Duration()
+        kept = self._events
+
+        def read(step: StepContext) -> str:
+            found = None if kept is None else self._on_loop(kept.event(self._run_id, name))
+            return json.dumps(found)
 
         def wait() -> str | None:
             callback = ctx.create_callback(operation_name(name), CallbackConfig(timeout=limit))
+            if kept is not None:
+                # An event sent before the callback existed is in the store: read once the
+                # callback exists, so a sender either sees the callback or is seen here.
+                early = json.loads(ctx.step(read, f"haze:early:{position}", _KEPT_AS_IS))
+                if early is not None:
+                    return str(early)
             try:
                 payload = callback.result()
             except CallbackTimeoutError:

@@ -56,6 +56,17 @@ def _execute(event: Any, context: DurableContext) -> Any:
     return run(lambda app: run_workflow(app, event, context))
 
 
+def _events(app: App) -> Any:
+    """The app's store, where an event sent before its wait is kept (None without one)."""
+    from haze._kernel.errors import ConfigError
+    from haze._workflows.engine import workflow_state
+
+    try:
+        return workflow_state(app.manager.state_store())
+    except ConfigError:
+        return None
+
+
 async def run_workflow(app: App, event: Any, context: DurableContext) -> Any:
     """Run the workflow ``event`` names on ``context``; its output (JSON)."""
     from haze._kernel.errors import WorkflowRunError
@@ -84,7 +95,7 @@ async def run_workflow(app: App, event: Any, context: DurableContext) -> Any:
             f"arguments), got {type(given).__name__}"
         )
     run_id = str(event.get("id") or context.state.durable_execution_arn)
-    engine = LambdaStepEngine(context, asyncio.get_running_loop())
+    engine = LambdaStepEngine(context, asyncio.get_running_loop(), run_id, _events(app))
     workflow_run = WorkflowRun(
         run_id, wf.name, engine, max_steps=wf.max_steps, max_result_size=MAX_RESULT_SIZE
     )

@@ -158,7 +158,7 @@ class Workflow(WorkflowDefinition):
         state = _state(app)
         run = await state.get_run(run_id)
         if run is None and native is not None:  # a run on Lambda durable functions
-            return await native.send_event(run_id, name, text)
+            return await native.send_event(run_id, name, text, keep=state)
         if run is None:
             raise WorkflowRunError(
                 f"Workflow.send_event: no workflow run {run_id!r}; check the id "

@@ -11,7 +11,9 @@ standard ``AWS_ENDPOINT_URL_LAMBDA`` points it elsewhere (a local engine).
   is named by its hash instead), with ``{"workflow", "input", "id"}``; a start of an id
   that exists starts nothing.
 - ``send_event``: the pending callback of that name, from the execution's history,
-  completed with the payload.
+  completed with the payload; before the run waits for it, the event is kept in the
+  app's store, where the wait finds it (and the callback is completed if the wait began
+  meanwhile).
 - ``status``/``wait``/``list``/``cancel``: ``GetDurableExecution``, its history,
   ``ListDurableExecutionsByFunction`` and ``StopDurableExecution``.
 """
@@ -33,11 +35,18 @@ from urllib.parse import unquote
 from haze._kernel.deps import require
 from haze._kernel.errors import ConfigError, WorkflowRunError
 from haze._workflows.definition import find_workflow, registered_workflows
-from haze.contracts.workflow import FINAL_STATES, StepStatus, WorkflowRuns, WorkflowStatus
+from haze.contracts.workflow import (
+    FINAL_STATES,
+    StepStatus,
+    WorkflowRuns,
+    WorkflowStateStore,
+    WorkflowStatus,
+)
 
 __all__ = [
     "DISPATCH_SUB_TYPE",
     "FUNCTION_ENV",
+    "INTERNAL",
     "EitherRuns",
     "LambdaRuns",
     "execution_name",
@@ -64,6 +73,8 @@ _STATES = {
     "STOPPED": "cancelled",
 }
 _KINDS = {"Step": "step", "Wait": "sleep", "Callback": "event"}
+#: The prefix of haze's own operations (not the workflow's steps: not shown).
+INTERNAL = "haze:"
 #: The operation sub-type of a ``run.dispatch`` step (shown as kind ``dispatch``).
 DISPATCH_SUB_TYPE = "HazeDispatch"
 
@@ -177,10 +188,17 @@ class LambdaRuns:
         )
         return run_id
 
-    async def send_event(self, run_id: str, name: str, payload_text: str) -> bool:
+    async def send_event(
+        self,
+        run_id: str,
+        name: str,
+        payload_text: str,
+        keep: WorkflowStateStore | None = None,
+    ) -> bool:
         """Complete the run's pending wait for event ``name``; False when that wait
-        already has its event. An unknown or finished run, or one not waiting for it
-        yet, is a ``WorkflowRunError``."""
+        already has its event. An event sent before its wait is kept in ``keep`` (the
+        app's store, shared with the function), where the wait finds it; without one it
+        is a ``WorkflowRunError``, as is an unknown or finished run."""
         execution = await self._found(run_id, "Workflow.send_event")
         workflow = _input(execution).get("workflow", "?")
         state = _STATES.get(str(execution.get("Status")), "running")
@@ -189,7 +207,27 @@ class LambdaRuns:
                 f'Workflow.send_event: run {run_id!r} of "{workflow}" is {state}; '
                 "an event can only reach a run that has not finished"
             )
-        events = await self._history(execution["DurableExecutionArn"])
+        arn = execution["DurableExecutionArn"]
+        done = await self._complete(arn, name, payload_text)
+        if done is not None:
+            return done
+        if keep is None:
+            raise WorkflowRunError(
+                f'Workflow.send_event: run {run_id!r} of "{workflow}" is not waiting for '
+                f'"{name}" yet, and this app has no store to keep the event until it does; '
+                "set store= in config/queue.py, or send it once Workflow.status(id)."
+                "waiting_for names it"
+            )
+        # Kept for the wait, which reads the store after its callback exists: a wait that
+        # began before this write is completed below, one that begins after it reads it.
+        kept = await keep.put_event(run_id, name, payload_text)
+        again = await self._complete(arn, name, payload_text)
+        return kept if again is None else (again or kept)
+
+    async def _complete(self, arn: str, name: str, payload_text: str) -> bool | None:
+        """Complete the pending callback of event ``name``: True; False when it has its
+        event already; None when the run has not reached that wait."""
+        events = await self._history(arn)
         wanted = operation_name(name)
         started = {e["Id"]: e for e in events if e["EventType"] == "CallbackStarted"}
         ended = {
@@ -209,11 +247,7 @@ class LambdaRuns:
                 Result=payload_text.encode(),
             )
             return True
-        raise WorkflowRunError(
-            f'Workflow.send_event: run {run_id!r} of "{workflow}" is not waiting for '
-            f'"{name}" yet, and Lambda durable functions keep no event sent before its '
-            "wait; send it once Workflow.status(id).waiting_for names it"
-        )
+        return None
 
     async def _found(self, run_id: str, what: str) -> dict[str, Any]:
         execution = await self._find(run_id)
@@ -330,8 +364,16 @@ def _steps(
 ) -> tuple[builtins.list[StepStatus], float | None, str | None]:
     order: builtins.list[str] = []
     seen: dict[str, dict[str, Any]] = {}
+    waits: builtins.list[dict[str, Any]] = []
     for e in events:
         kind, _, what = _split(e["EventType"])
+        if str(e.get("Name") or "").startswith(INTERNAL):
+            # a wait's look for an event sent before it: one found is the wait's event
+            early = _payload(e.get("StepSucceededDetails"), "Result")
+            if what == "Succeeded" and early not in (None, "null") and waits:
+                waits[-1].update(state="done", finished_at=_epoch(e.get("EventTimestamp")))
+                waits[-1]["result_size"] = len(str(early).encode())
+            continue
         if kind not in _KINDS:
             continue
         s = seen.get(e["Id"])
@@ -341,6 +383,8 @@ def _steps(
             s.update(started_at=_epoch(e.get("EventTimestamp")), state="running")
             seen[e["Id"]] = s
             order.append(e["Id"])
+            if kind == "Callback":
+                waits.append(s)
         _apply(s, kind, what, e)
     resume = next((seen[k]["_due"] for k in reversed(order) if "_due" in seen[k]), None)
     steps = [
