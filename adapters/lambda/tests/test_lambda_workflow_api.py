@@ -239,3 +239,42 @@ def test_the_cli_shows_lists_and_cancels_a_lambda_run(engine: str, tmp_path: Pat
     assert "pay-cli" in haze("workflow:list", "--name", "payment")
     haze("workflow:cancel", "pay-cli")
     assert "cancelled" in haze("workflow:show", "pay-cli")
+
+
+def _brew(kind: str) -> str:
+    return f"{kind} ready"
+
+
+@workflow(name="lam_names")
+async def lam_names(run: Any, kind: str) -> Any:
+    a = await run.step("café ☕", _brew, kind)  # escaped for Lambda, shown as written
+    b = await run.step("café ☕ " + "x" * 240, _brew, "long")  # 260 once escaped: hashed
+    return [a, b]
+
+
+async def test_names_lambda_cannot_store_are_bridged(engine: str, tmp_path: Path) -> None:
+    # a run id past Lambda's 64 [A-Za-z0-9_-] and a step name outside printable ASCII
+    rid = "order/ü/" + "7" * 100
+    async with client_app(tmp_path):
+        assert await Workflow.start(lam_names, kind="flat white", id=rid) == rid  # type: ignore[arg-type]
+        done = await Workflow.wait(rid, timeout=60)
+        assert done.id == rid and done.state == "done", done.error
+        assert done.result == ["flat white ready", "long ready"]
+        short, long = (s.name for s in done.steps)
+        assert short == "café ☕"
+        # too long for Lambda even escaped: kept under a hash, shown cut
+        assert long.startswith("café ☕ xxx") and len(long) < 247
+        assert await Workflow.start(lam_names, kind="again", id=rid) == rid  # type: ignore[arg-type]
+        assert (await Workflow.status(rid)).result[0] == "flat white ready"  # type: ignore[union-attr]
+
+
+async def test_a_native_connection_without_its_function_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HAZE_WORKFLOW_FUNCTION", raising=False)
+    from haze.errors import ConfigError
+
+    async with client_app(tmp_path):
+        with pytest.raises(ConfigError) as e:
+            await Workflow.start(recipes.payment, order_id="X", cents=1)
+    assert "set HAZE_WORKFLOW_FUNCTION" in str(e.value) and "\n" not in str(e.value)
