@@ -240,10 +240,11 @@ def workflow(
     ...     await run.sleep("cool-off", "2d")
     ...     return user
 
-    ``tries``/``backoff``: replays of the whole run after an error outside a step's own
-    retries; ``max_steps`` (10,000): the steps one run may reach; ``failed(run_id,
-    error)``: called once when the run fails; ``queue``/``connection``/``timeout`` as
-    for ``define_job``.
+    ``tries``/``backoff``: deliveries of one message of the run, as for any job (an
+    error that escapes the workflow's code, or a worker that died mid-replay, uses one;
+    give a workflow that must outlive worker crashes ``tries`` above 1); ``max_steps``
+    (10,000): the steps one run may reach; ``failed(run_id, error)``: called once when
+    the run fails; ``queue``/``connection``/``timeout`` as for ``define_job``.
     """
 
     def decorate(f: Callable[..., Any]) -> Workflow:
