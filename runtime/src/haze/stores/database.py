@@ -142,9 +142,15 @@ class DatabaseStore:
             return []
         sql = await self._statements()
         stored = [self._k(k) for k in keys]
-        stmt = sql["get_many"].replace("{marks}", ", ".join("?" * len(keys)))
-        rows = await self.db.fetchall(stmt, (*stored, time.time()))
-        found = {r[0]: json.loads(r[1]) for r in rows}
+        # D1 binds at most 100 values a statement (the keys and the time)
+        per = 90 if self.db.dialect == "d1" else 500
+        found: dict[str, Any] = {}
+        now = time.time()
+        for i in range(0, len(stored), per):
+            part = stored[i : i + per]
+            stmt = sql["get_many"].replace("{marks}", ", ".join("?" * len(part)))
+            rows = await self.db.fetchall(stmt, (*part, now))
+            found.update((r[0], json.loads(r[1])) for r in rows)
         return [found.get(k) for k in stored]
 
     async def put(self, key: str, value: Any, ttl: float | None = None) -> None:
