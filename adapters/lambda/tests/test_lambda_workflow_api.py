@@ -156,7 +156,7 @@ async def test_start_wait_for_the_webhook_send_it_and_read_the_run(
         assert "is done" in str(e.value) and "\n" not in str(e.value)
 
 
-async def test_an_event_before_its_wait_and_an_unknown_run_are_one_line(
+async def test_an_event_before_its_wait_is_kept_and_an_unknown_run_is_one_line(
     engine: str, tmp_path: Path
 ) -> None:
     async with client_app(tmp_path):
