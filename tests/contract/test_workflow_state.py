@@ -1,12 +1,15 @@
 """The workflow run state (``WorkflowStateStore``) on every atomic store: memory, the
-database store on SQLite, PostgreSQL and MariaDB, and Redis (the stores of
-``test_store_contract.py``). Every decision is insert-if-absent: of many concurrent
+database store on SQLite, PostgreSQL, MariaDB and libSQL (a real sqld), and Redis (the
+stores of ``test_store_contract.py``, and libSQL). Every decision is insert-if-absent: of many concurrent
 writers exactly one wins, and every writer reads the winner back."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import runpy
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,27 @@ import pytest
 from haze.contracts.workflow import HasWorkflowState, WorkflowStateStore
 
 _STORES = runpy.run_path(str(Path(__file__).parent / "test_store_contract.py"))["STORES"]
+_tables = itertools.count()
+
+
+async def _libsql(tmp_path: Path) -> Any:
+    from haze import App, define_database_config
+    from haze.stores.database import DatabaseStore
+
+    url = sys.modules["haze_contract_conftest"]._sqld_url()
+    app = App(database=define_database_config(default="main", connections={"main": {"url": url}}))
+    table = f"haze_wf_state_{os.getpid()}_{next(_tables)}"
+
+    class OwningDatabaseStore(DatabaseStore):
+        async def close(self) -> None:  # this test's app owns the connector: close it too
+            await super().close()
+            await self.db.close()
+
+    options = {"driver": "database", "connection": "main", "table": table}
+    return OwningDatabaseStore("contract", options, app)
+
+
+_STORES = [*_STORES, ("database-libsql", _libsql, ())]
 
 
 @pytest.fixture(params=[pytest.param(f, id=i, marks=m) for i, f, m in _STORES])
