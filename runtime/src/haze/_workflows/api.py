@@ -33,6 +33,7 @@ from haze._workflows.definition import WorkflowDefinition, find_workflow
 from haze._workflows.engine import now, workflow_state
 from haze._workflows.lambda_runs import EitherRuns, native_runs
 from haze._workflows.run import DEFAULT_MAX_STEPS, check_name
+from haze._workflows.sealed import sealed_state
 from haze.contracts.workflow import FINAL_STATES, WorkflowRuns, WorkflowStateStore, WorkflowStatus
 
 __all__ = ["StoreRuns", "Workflow", "add_runs_resolver", "retry", "runs_for", "wake", "workflow"]
@@ -72,8 +73,10 @@ class StoreRuns:
         return await self.state.finish(run_id, "cancelled", now(), None, "cancelled")
 
 
-def _state(app: Any) -> WorkflowStateStore:
-    return workflow_state(app.manager.state_store())
+def _state(app: Any, encrypt: bool = False) -> WorkflowStateStore:
+    """The app's run state; sealed values are opened with its key, and a run's user
+    data is sealed when ``encrypt`` (an encrypted workflow's start)."""
+    return sealed_state(workflow_state(app.manager.state_store()), app, encrypt=encrypt)
 
 
 _warned: set[str] = set()
@@ -149,7 +152,7 @@ class Workflow(WorkflowDefinition):
         native = native_runs(app, wf.name)
         if native is not None:  # Lambda durable functions: an execution named by the id
             return await native.start(wf.name, run_id, text)
-        state = _state(app)
+        state = _state(app, wf.encrypted)
         _check_shared(app, wf)
         if await state.run_input(run_id) is not None:
             return run_id
@@ -277,6 +280,7 @@ def workflow(
     connection: str | None = None,
     max_steps: int = DEFAULT_MAX_STEPS,
     failed: Callable[..., Any] | None = None,
+    encrypted: bool = False,
 ) -> Any:
     """Define a durable workflow: ``async def (run, **input)`` whose steps survive crashes.
 
@@ -290,7 +294,9 @@ def workflow(
     error that escapes the workflow's code, or a worker that died mid-replay, uses one;
     give a workflow that must outlive worker crashes ``tries`` above 1); ``max_steps``
     (10,000): the steps one run may reach; ``failed(run_id, error)``: called once when
-    the run fails; ``queue``/``connection``/``timeout`` as for ``define_job``.
+    the run fails; ``queue``/``connection``/``timeout`` as for ``define_job``;
+    ``encrypted``: the run's input, step results, events, result and error text are
+    stored encrypted with the app key, as an ``encrypted`` job's payload is.
     """
 
     def decorate(f: Callable[..., Any]) -> Workflow:
@@ -304,6 +310,7 @@ def workflow(
             connection=connection,
             max_steps=max_steps,
             failed=failed,
+            encrypted=encrypted,
         )
 
     return decorate(fn) if fn is not None else decorate

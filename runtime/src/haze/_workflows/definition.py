@@ -20,6 +20,7 @@ from haze._kernel.errors import JobDefinitionError, WorkflowError
 from haze._workflows import engine
 from haze._workflows.engine import Stopped, StoreEngine, Suspend, context_state, hop, now
 from haze._workflows.run import DEFAULT_MAX_STEPS, WorkflowRun, encode_result
+from haze._workflows.sealed import sealed_state
 
 __all__ = ["WorkflowDefinition", "find_workflow", "registered_workflows", "replay"]
 
@@ -43,6 +44,7 @@ class WorkflowDefinition:
         connection: str | None = None,
         max_steps: int = DEFAULT_MAX_STEPS,
         failed: Callable[..., Any] | None = None,
+        encrypted: bool = False,
     ) -> None:
         origin = _origin_of(fn)
         self.name = name if name is not None else getattr(fn, "__name__", "")
@@ -60,6 +62,8 @@ class WorkflowDefinition:
         self.fn = fn
         self.max_steps = max_steps
         self.failed = failed
+        #: the run's input, step results, events, result and errors are stored encrypted
+        self.encrypted = bool(encrypted)
 
         async def handle(payload: Any, job: JobContext) -> None:
             await replay(self, payload, job)
@@ -77,6 +81,7 @@ class WorkflowDefinition:
             connection=connection,
             failed=on_failed,
             dont_retry=(WorkflowError,),
+            encrypted=self.encrypted,
             origin=origin,
         )
         _workflows[self.name] = self
@@ -102,7 +107,7 @@ def registered_workflows() -> dict[str, WorkflowDefinition]:
 
 async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
     """One delivery of a run's message: replay the workflow until it ends or suspends."""
-    state = context_state(ctx)
+    state = sealed_state(context_state(ctx), ctx.app, encrypt=wf.encrypted)
     run_id = str(payload["run"])
     if "input" in payload:  # the start message: it adds the run if the starter died first
         await state.create_run(run_id, wf.name, payload["input"], now(), ctx.connection)
@@ -151,7 +156,7 @@ async def run_failed(
     then the workflow's ``failed()`` runs: at least once, since a worker that died
     before the engine marked this handler done runs it again."""
     run_id = str(payload["run"])
-    state = context_state(ctx)
+    state = sealed_state(context_state(ctx), ctx.app, encrypt=wf.encrypted)
     kept = await state.finish(run_id, "failed", now(), None, error_line(error))
     if not kept and await state.final_state(run_id) != "failed":
         return  # cancelled or done meanwhile

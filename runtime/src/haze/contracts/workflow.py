@@ -96,6 +96,9 @@ class WorkflowStatus:
     resume_at: float | None = None
     #: The event a ``waiting`` run waits for.
     waiting_for: str | None = None
+    #: The run's workflow is ``encrypted``: its input, results and errors are stored
+    #: encrypted; without the app key they are None here and ``error`` says so.
+    encrypted: bool = False
 
     @property
     def finished(self) -> bool:
