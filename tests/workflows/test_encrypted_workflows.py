@@ -92,17 +92,24 @@ def _assert_no_marker(blobs: dict[str, bytes]) -> None:
     assert not leaks, f"the plaintext marker is stored in: {leaks[:10]}"
 
 
-async def _assert_keys(app_of: Any, key: str, done: str) -> None:
-    """Without a key the run says it is encrypted; a rotated key still opens it."""
+async def _assert_keys(app_of: Any, key: str, runs: tuple[str, str]) -> None:
+    """Without a key a run says it is encrypted; a rotated key still opens it."""
+    done, failed = runs
     async with app_of(None):
         st = await Workflow.status(done)
         assert st is not None and st.encrypted and st.state == "done"
-        assert st.input is None and st.result is None
-        assert st.error is not None and "APP_KEY" in st.error
+        assert st.input is None and st.result is None and st.error is None
+        st = await Workflow.status(failed)
+        assert st is not None and st.encrypted and st.state == "failed"
+        assert st.error is not None and "APP_KEY" in st.error and MARKER not in st.error
+        assert all(s.error in (None, "encrypted") for s in st.steps)
+        assert [r.encrypted for r in await Workflow.list(name="wfe_secret")] == [True, True]
     async with app_of(generate_key(), key):
         st = await Workflow.status(done)
         assert st is not None and st.input == {"card": f"{MARKER}:input-done"}
         assert st.error is None
+        st = await Workflow.status(failed)
+        assert st is not None and st.error is not None and MARKER in st.error
 
 
 def sqlite_bytes(path: Path) -> dict[str, bytes]:
@@ -139,10 +146,10 @@ async def test_sqlite_file_holds_no_plaintext_of_an_encrypted_run(
     app = app_of(key)
     async with app:
         await ensure_queue_tables(app)
-        done, _ = await _runs(app, "db")
+        runs = await _runs(app, "db")
         _assert_no_marker(sqlite_bytes(db))
     _assert_no_marker(sqlite_bytes(db))
-    await _assert_keys(app_of, key, done)
+    await _assert_keys(app_of, key, runs)
     async with app_of(key):  # the reader sees a marker a plain workflow keeps
         await Workflow.start(wfe_plain, card=MARKER)
     assert any(MARKER.encode() in data for data in sqlite_bytes(db).values())
@@ -212,11 +219,11 @@ async def test_redis_keys_hold_no_plaintext_of_an_encrypted_run(
 
     try:
         async with app_of(key) as app:
-            done, _ = await _runs(app, "r")
+            runs = await _runs(app, "r")
             values = redis_values(token)
             assert any(":wf:" in k for k in values), sorted(values)
             _assert_no_marker(values)
-        await _assert_keys(app_of, key, done)
+        await _assert_keys(app_of, key, runs)
         async with app_of(key):
             await Workflow.start(wfe_plain, card=MARKER)
         assert any(MARKER.encode() in v for v in redis_values(token).values())

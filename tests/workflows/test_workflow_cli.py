@@ -41,6 +41,13 @@ async def approve(run: Any, doc: str) -> Any:
     return await run.wait_for_event("approved", timeout="7d")
 
 
+@workflow(name="cli.secret", encrypted=True)
+async def secret(run: Any, card: str) -> Any:
+    await run.step("check", lambda: card)
+    await run.step("charge", charge, card)
+    return {"card": card}
+
+
 def write_app(root: Path, db: Path) -> Path:
     files = {
         "database.py": f"""\
@@ -160,3 +167,21 @@ def test_bad_arguments_are_one_line(root: Path) -> None:
     assert "--limit" in out
     out = refused(haze(root, "workflow:show", " "))
     assert "a run id is 1-255 characters" in out
+
+
+def test_show_opens_an_encrypted_run_with_the_key_and_says_encrypted_without(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from haze._kernel.crypto import generate_key
+
+    monkeypatch.setenv("APP_KEY", generate_key())
+    rid = in_app(root, lambda app: Workflow.start(secret, card="SECRET-CARD-9", id="sec-1"))
+    work(root)
+    shown = ok(haze(root, "workflow:show", rid))
+    assert "cli.secret run sec-1: failed" in shown
+    assert '"SECRET-CARD-9"' in shown and "card for SECRET-CARD-9 declined" in shown
+    monkeypatch.delenv("APP_KEY")
+    hidden = ok(haze(root, "workflow:show", rid))
+    assert "cli.secret run sec-1: failed" in hidden and "SECRET-CARD-9" not in hidden
+    assert "input:   (encrypted with the app key; set APP_KEY to show it)" in hidden
+    assert "error:   encrypted with the app key" in hidden

@@ -126,7 +126,8 @@ class SealedState:
         return [self._opened(r) for r in await self.inner.list_runs(state, name, limit)]
 
     def _opened(self, run: WorkflowStatus) -> WorkflowStatus:
-        """``run`` with its sealed fields opened; None and a note without the key."""
+        """``run`` with its sealed fields opened. Without the key (or with a wrong one)
+        the input and result are None and an error says why it cannot be shown."""
         blob = _parsed_blob(run.input)
         if blob is None:
             return run
@@ -150,7 +151,7 @@ class SealedState:
                 encrypted=True,
                 input=None,
                 result=None,
-                error=hidden,
+                error=None if run.error is None else hidden,
                 steps=[dataclasses.replace(s, error=s.error and "encrypted") for s in run.steps],
             )
 

@@ -108,6 +108,9 @@ def _steps_table(steps: list[StepStatus]) -> Table:
     return table
 
 
+_HIDDEN = "(encrypted with the app key; set APP_KEY to show it)"
+
+
 def _shown(value: Any) -> str:
     return escape(json.dumps(value, ensure_ascii=False, default=str)[:2000])
 
@@ -130,9 +133,10 @@ def workflow_show(state: State, run_id: str) -> None:
     out.print(f"  started {_when(st.created_at)}, updated {_when(st.updated_at)}")
     if _waiting(st):
         out.print(f"  waiting: {escape(_waiting(st))}")
-    out.print(f"  input:   {_shown(st.input)}")
+    hidden = st.encrypted and st.input is None  # no key to open them
+    out.print(f"  input:   {_HIDDEN if hidden else _shown(st.input)}")
     if st.state == "done":
-        out.print(f"  result:  {_shown(st.result)}")
+        out.print(f"  result:  {_HIDDEN if hidden else _shown(st.result)}")
     if st.error:
         out.print(f"  error:   {escape(st.error)}")
     if st.steps:
