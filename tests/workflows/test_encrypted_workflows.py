@@ -9,6 +9,7 @@ marker must appear nowhere; a plain workflow's run shows it (the reader can see 
 
 from __future__ import annotations
 
+import logging
 import runpy
 from pathlib import Path
 from typing import Any
@@ -46,12 +47,12 @@ async def _flow(run: Any, card: str, fail: bool = False) -> Any:
     got = await run.step("charge", lambda: {"receipt": f"{card}:step"})
     confirmed = await run.wait_for_event("confirm", timeout="1h")
     if fail:
-        await run.step("refund", _boom, card)
+        await run.step("refund", _boom, card, tries=2)
     return {"card": card, "got": got, "confirmed": confirmed}
 
 
-wfe_secret = workflow(name="wfe_secret", encrypted=True)(_flow)
-wfe_plain = workflow(name="wfe_plain")(_flow)
+wfe_secret = workflow(name="wfenc_secret", encrypted=True)(_flow)
+wfe_plain = workflow(name="wfenc_plain")(_flow)
 
 
 async def _finish(app: App, connection: str, rid: str) -> Any:
@@ -103,7 +104,7 @@ async def _assert_keys(app_of: Any, key: str, runs: tuple[str, str]) -> None:
         assert st is not None and st.encrypted and st.state == "failed"
         assert st.error is not None and "APP_KEY" in st.error and MARKER not in st.error
         assert all(s.error in (None, "encrypted") for s in st.steps)
-        assert [r.encrypted for r in await Workflow.list(name="wfe_secret")] == [True, True]
+        assert [r.encrypted for r in await Workflow.list(name="wfenc_secret")] == [True, True]
     async with app_of(generate_key(), key):
         st = await Workflow.status(done)
         assert st is not None and st.input == {"card": f"{MARKER}:input-done"}
@@ -229,3 +230,48 @@ async def test_redis_keys_hold_no_plaintext_of_an_encrypted_run(
         assert any(MARKER.encode() in v for v in redis_values(token).values())
     finally:
         delete_prefix(token)
+
+
+def _span_text(spans: Any) -> str:
+    """Every name, attribute, event and status text of the recorded spans."""
+    parts: list[str] = []
+    for s in spans:
+        parts += [s.name, repr(dict(s.attributes or {})), str(s.status.description)]
+        parts += [f"{e.name}{dict(e.attributes or {})!r}" for e in s.events]
+    return "\n".join(parts)
+
+
+async def test_spans_and_logs_of_an_encrypted_run_carry_none_of_its_text(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from haze import Queue
+    from haze._engine.otel import Telemetry
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    app = App(
+        queue=define_queue_config(connections={"memory": {"driver": "memory"}}),
+        key=generate_key(),
+    )
+    caplog.set_level(logging.INFO, logger="haze")
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    async with app:
+        # the recorder the app would build from global providers (those cannot be unset)
+        app.manager._otel = Telemetry(tracer_provider=provider)
+        for wf in (wfe_secret, wfe_plain):
+            rid = await Workflow.start(wf, card=f"{MARKER}:{wf.name}", fail=True)
+            await Workflow.send_event(rid, "confirm", {"by": f"{MARKER}:event"})
+            await Queue.idle()
+            st = await Workflow.wait(rid, timeout=20)
+            assert st.state == "failed" and st.error is not None and MARKER in st.error
+            text = _span_text(spans.get_finished_spans()) + caplog.text
+            spans.clear()
+            caplog.clear()
+            if wf is wfe_secret:
+                assert "wfenc_secret" in text and MARKER not in text, text
+            else:  # a plain run's error text is in its span: the check can see it
+                assert f"{MARKER}:wfenc_plain:error" in text
+                assert f'"refund" failed (card {MARKER}' in text  # its retry's log line

@@ -132,6 +132,7 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
         inline=driver.inline,
         wake=payload.get("wake"),
         by=payload.get("by"),
+        encrypted=wf.encrypted,
     )
     run = WorkflowRun(
         run_id,

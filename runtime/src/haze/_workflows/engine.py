@@ -41,6 +41,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from haze._kernel.crypto import sealed_error
 from haze._kernel.describe import error_line
 from haze._kernel.errors import ConfigError, WorkflowError
 from haze.contracts.driver import MaxDelay
@@ -109,6 +110,7 @@ class StoreEngine:
         inline: bool = False,
         wake: int | None = None,
         by: str | None = None,
+        encrypted: bool = False,
     ) -> None:
         self.state = state
         self.run_id = run_id
@@ -118,6 +120,8 @@ class StoreEngine:
         self.inline = inline
         self.wake = wake
         self.by = by
+        #: an encrypted workflow: its errors are logged by type only
+        self.encrypted = encrypted
         self._running = False
 
     async def _live(self) -> None:
@@ -155,7 +159,10 @@ class StoreEngine:
                 if n >= retry.tries:
                     await self.state.step_failed(self.run_id, name, error_line(e), now())
                     raise
-                log.info('workflow run %s: step "%s" failed (%s); retrying', self.run_id, name, e)
+                shown = sealed_error(e) if self.encrypted else e
+                log.info(
+                    'workflow run %s: step "%s" failed (%s); retrying', self.run_id, name, shown
+                )
                 continue
             return await self.state.keep_result(self.run_id, name, text, now())
         raise AssertionError("unreachable: the last try raises or returns")
