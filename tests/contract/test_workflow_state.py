@@ -104,3 +104,39 @@ async def test_runs_are_read_with_their_steps_and_listed_newest_first(state: Any
     [b] = await state.list_runs(state="failed")
     assert (b.id, b.error) == ("b", "RuntimeError: boom")
     assert [r.id for r in await state.list_runs(limit=1)] == ["b"]
+
+
+async def test_an_encrypted_runs_data_is_stored_sealed_and_opened_with_the_key(
+    state: Any,
+) -> None:
+    from haze import App
+    from haze._kernel.crypto import generate_key
+    from haze._workflows.sealed import sealed_state
+
+    secret, key = "SEALED-SECRET-5150", generate_key()
+    sealed = sealed_state(state, App(key=key), encrypt=True)
+    await sealed.create_run("enc1", "wf", f'{{"card":"{secret}"}}', 1.0)
+    assert await sealed.keep_result("enc1", "s", f'"{secret}:step"', 2.0) == f'"{secret}:step"'
+    assert await sealed.put_event("enc1", "ev", f'"{secret}:event"')
+    await sealed.step_failed("enc1", "t", f"{secret}:step-error", 3.0)
+    await sealed.finish("enc1", "failed", 4.0, None, f"{secret}:error")
+    # what the store holds, read without the key: nothing of the secret
+    stored = [
+        await state.run_input("enc1"),
+        await state.result("enc1", "s"),
+        await state.event("enc1", "ev"),
+        repr(await state.get_run("enc1")),
+    ]
+    assert all(secret not in str(v) for v in stored), stored
+    # the engine's reads and the status open it with the key
+    assert await sealed.run_input("enc1") == f'{{"card":"{secret}"}}'
+    assert await sealed.result("enc1", "s") == f'"{secret}:step"'
+    assert await sealed.event("enc1", "ev") == f'"{secret}:event"'
+    st = await sealed.get_run("enc1")
+    assert st is not None and st.encrypted and st.input == {"card": secret}
+    assert st.error == f"{secret}:error"
+    # another key cannot open it, and says so
+    other = await sealed_state(state, App(key=generate_key()), encrypt=False).get_run("enc1")
+    assert other is not None and other.encrypted and other.input is None
+    assert other.error is not None and other.error.startswith("encrypted:")
+    assert secret not in repr(other)
