@@ -140,3 +140,20 @@ async def test_an_encrypted_runs_data_is_stored_sealed_and_opened_with_the_key(
     assert other is not None and other.encrypted and other.input is None
     assert other.error is not None and other.error.startswith("encrypted:")
     assert secret not in repr(other)
+
+
+async def test_an_encrypted_run_is_cancelled_without_the_key(
+    state: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from haze import App
+    from haze._kernel.crypto import generate_key
+    from haze._workflows.api import StoreRuns
+    from haze._workflows.sealed import sealed_state
+
+    monkeypatch.delenv("APP_KEY", raising=False)
+    sealed = sealed_state(state, App(key=generate_key()), encrypt=True)
+    await sealed.create_run("enc2", "wf", '{"card":"x"}', 1.0)
+    runs = StoreRuns(sealed_state(state, App(), encrypt=False))
+    assert await runs.cancel("enc2")
+    assert await state.final_state("enc2") == "cancelled"
+    assert not await runs.cancel("nope")
