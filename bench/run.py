@@ -16,7 +16,7 @@ import harness
 
 #: Modules that register entries on import. A peer whose library is missing should
 #: register anyway and say so through ``skip_reason``, so the table shows the gap.
-ENTRY_MODULES = ["memory_driver", "otel", "scale"]
+ENTRY_MODULES = ["memory_driver", "otel", "scale", "lambda_durable"]
 #: Entries that start worker processes against a server and take minutes at N=100,000:
 #: run only when named (``--only scale-redis-p8`` adds its 1-process baseline).
 OPT_IN_GROUPS = ("scale-redis", "scale-postgres")

@@ -43,4 +43,6 @@ venv celery "celery[redis]" hiredis
 venv rq "rq" hiredis
 venv arq "arq" hiredis
 venv rawredis redis hiredis
+# The durable-workflow peer (bench/workflows.py): DBOS runs its steps on PostgreSQL.
+venv dbos "dbos>=1" "psycopg[binary]"
 echo "peer venvs ready in bench/.venvs"

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("haze.drivers", "haze.stores", "haze.database", "haze._failed"),
     ("haze._jobs", "haze.transactions"),
     ("haze._engine",),
-    ("haze._orchestration",),
+    ("haze._orchestration", "haze._workflows"),
     ("haze._runners",),
     ("haze._app",),
     # The public facades, and the public paths of kernel modules users import from.

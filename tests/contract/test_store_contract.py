@@ -223,6 +223,16 @@ async def test_get_many(store):
     assert await store.get_many([]) == []
 
 
+async def test_get_many_reads_hundreds_of_keys_in_order(store):
+    # A workflow run's page of step records is hundreds of keys; D1 binds at most 100
+    # values a statement, so a store there must read them in parts.
+    keys = [f"k:many:{i}" for i in range(250)]
+    for i in range(0, 250, 3):
+        await store.put(keys[i], i)
+    got = await store.get_many(keys)
+    assert got == [i if i % 3 == 0 else None for i in range(250)]
+
+
 async def test_keys_are_independent(store):
     await store.add("k:a", 1, 60)
     assert await store.add("k:b", 2, 60) is True

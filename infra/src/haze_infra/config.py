@@ -160,6 +160,8 @@ class SqsPlan:
     batching_window: int
     concurrency: int
     retry_after: float
+    workflows: str = "store"
+    """``"native"``: the connection's workflows run on Lambda durable functions."""
 
 
 @dataclass(frozen=True)
@@ -420,6 +422,7 @@ def _plan_sqs(
         batching_window=window,
         concurrency=concurrency,
         retry_after=float(options.get("retry_after") or 90.0),
+        workflows=str(options.get("workflows") or "store"),
     )
 
 

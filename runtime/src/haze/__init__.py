@@ -42,6 +42,11 @@ from haze._kernel.errors import (
     UnknownJobError,
     UnknownQueueError,
     UntrackedJobError,
+    WorkflowError,
+    WorkflowLimitError,
+    WorkflowNondeterminismError,
+    WorkflowResultError,
+    WorkflowRunError,
 )
 
 # Errors are cheap and are what a failing import reports with: loaded up front.
@@ -78,9 +83,11 @@ if _typing.TYPE_CHECKING:
         without_overlapping,
     )
     from haze._orchestration.scheduling import schedule
+    from haze._workflows.api import Workflow, workflow
     from haze.api.db import Db
     from haze.api.facade import Queue
     from haze.api.health import QueueHealth, queue_check
+    from haze.contracts.workflow import StepStatus, WorkflowStatus
     from haze.drivers import FailedJob
     from haze.transactions import after_commit
 
@@ -125,6 +132,10 @@ _LAZY: dict[str, str] = {
     "throttles_exceptions": "_orchestration.middleware",
     "use_app": "_app.app",
     "without_overlapping": "_orchestration.middleware",
+    "StepStatus": "contracts.workflow",
+    "Workflow": "_workflows.api",
+    "WorkflowStatus": "contracts.workflow",
+    "workflow": "_workflows.api",
 }
 
 __all__ = [
@@ -167,9 +178,17 @@ __all__ = [
     "QueueTablesMissingError",
     "RetryUntilExpiredError",
     "ScheduleError",
+    "StepStatus",
     "UnknownJobError",
     "UnknownQueueError",
     "UntrackedJobError",
+    "Workflow",
+    "WorkflowError",
+    "WorkflowLimitError",
+    "WorkflowNondeterminismError",
+    "WorkflowResultError",
+    "WorkflowRunError",
+    "WorkflowStatus",
     "__version__",
     "after_commit",
     "current_tenant",
@@ -193,6 +212,7 @@ __all__ = [
     "throttles_exceptions",
     "use_app",
     "without_overlapping",
+    "workflow",
 ]
 
 

@@ -414,6 +414,29 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         response: DispatchResponse = await run_in_app(app, answer)
         return self._response(response.body, response.status, response.headers)
 
+    async def send_event(self, run_id: str, name: str, payload: Any = None) -> bool:
+        """Send event ``name`` to workflow run ``run_id`` from this Worker: for a
+        subclass's own ``fetch()`` (a webhook route of your own). ``Workflow.send_event``
+        with this Worker's app current; False when the run had that event already.
+
+        >>> class Default(QueueWorker):
+        ...     async def fetch(self, request, env=None, ctx=None):
+        ...         data = json.loads(await request.text())
+        ...         await self.send_event(data["run"], "paid", data)
+        ...         return self._response({"ok": True}, 202)
+        """
+        from haze._app.app import run_in_app
+        from haze._workflows.api import Workflow
+
+        self._bind(None)
+        app = await self.get_app()
+
+        async def send() -> bool:
+            return await Workflow.send_event(run_id, name, payload)
+
+        kept: bool = await run_in_app(app, send)
+        return kept
+
     # -- scheduled() ----------------------------------------------------------------------
 
     @_invocation

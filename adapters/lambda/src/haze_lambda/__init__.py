@@ -10,8 +10,11 @@
 
 Each boots the app at ``HAZE_APP_ROOT`` (or the bundled app) once per execution
 environment and runs on one persistent event loop (see ``haze_lambda._boot``).
+- ``haze_lambda.workflow_handler``: a durable function (AWS durable execution SDK)
+  running the app's workflows on Lambda's own engine (``haze_lambda.workflows``).
+
 ``dist/aws-lambda/handler.py`` (``haze build --preset aws-lambda``) re-exports them as
-``sqs``, ``schedule`` and ``http``.
+``sqs``, ``schedule``, ``http`` and ``workflows``.
 """
 
 from __future__ import annotations
@@ -24,8 +27,18 @@ if TYPE_CHECKING:
     from haze_lambda.http import http_handler
     from haze_lambda.schedule import schedule_handler
     from haze_lambda.sqs import sqs_handler
+    from haze_lambda.workflows import workflow_handler
 
-__all__ = ["app_root", "boot", "http_handler", "reset", "run", "schedule_handler", "sqs_handler"]
+__all__ = [
+    "app_root",
+    "boot",
+    "http_handler",
+    "reset",
+    "run",
+    "schedule_handler",
+    "sqs_handler",
+    "workflow_handler",
+]
 
 # A Lambda handler string names one of these; only its module (and what it uses) is
 # loaded, on first access (cold start).
@@ -37,6 +50,7 @@ _LAZY = {
     "http_handler": "http",
     "schedule_handler": "schedule",
     "sqs_handler": "sqs",
+    "workflow_handler": "workflows",
 }
 
 

@@ -100,6 +100,7 @@ class HazeAwsApp(pulumi.ComponentResource):
         shared = _Shared(
             name, name_prefix or name, runtime, memory_size, environment, vpc_config, container
         )
+        self._native_workflows(stack, selected, shared)
         for plan in selected:
             if plan.driver == "sqs":
                 overrides = (
@@ -121,9 +122,13 @@ class HazeAwsApp(pulumi.ComponentResource):
                     key="connections",
                 )
         self.schedules = self._schedules(stack, shared, bundle) if stack.schedules else None
+        self.workflow_functions = self._workflow_functions(selected, shared, bundle)
         queue_urls = {c: {q: v.url for q, v in qs.items()} for c, qs in self.queues.items()}
         functions = {c: v.function.arn for c, v in self.consumers.items()}
-        self.register_outputs({"queue_urls": queue_urls, "functions": functions})
+        workflows = {c: v.function.arn for c, v in self.workflow_functions.items()}
+        self.register_outputs(
+            {"queue_urls": queue_urls, "functions": functions, "workflow_functions": workflows}
+        )
 
     def _schedules(
         self, stack: StackConfig, shared: _Shared, bundle: Callable[[], pulumi.Archive]
@@ -137,10 +142,66 @@ class HazeAwsApp(pulumi.ComponentResource):
             send_queue_arns=[q.arn for qs in self.queues.values() for q in qs.values()],
             runtime=shared.runtime,
             memory_size=shared.memory_size,
-            environment={**self._queue_url_env, **dict(shared.environment or {})},
+            environment={
+                **self._queue_url_env,
+                **dict(shared.environment or {}),
+                **self._workflow_env,
+            },
+            statements=self._workflow_statements,
             vpc_config=shared.vpc_config,
             opts=_child(self),
         )
+
+    def _native_workflows(
+        self, stack: StackConfig, selected: Sequence[ConnectionPlan], shared: _Shared
+    ) -> None:
+        """The name of the function running the native workflows (at most one sqs
+        connection has them), and what its dispatchers are given to reach it."""
+        from haze_infra.aws_workflows import FUNCTION_ENV, workflow_client_statements
+
+        native = [p.name for p in selected if p.aws is not None and p.aws.workflows == "native"]
+        if len(native) > 1:
+            raise InfraConfigError(
+                f'connections {", ".join(native)} all have "workflows": "native"; an app '
+                "runs its native workflows in one durable function: keep it on one",
+                source=stack.source,
+                key="connections",
+            )
+        self._workflow_env: dict[str, Any] = {}
+        self._workflow_statements: list[dict[str, Any]] = []
+        self._workflow_function_name = None
+        if native:
+            fname = f"{shared.prefix}-{native[0]}-workflows"[:64]
+            arn = f"arn:aws:lambda:*:*:function:{fname}"
+            self._workflow_function_name = (native[0], fname)
+            self._workflow_env = {FUNCTION_ENV: fname}
+            self._workflow_statements = workflow_client_statements(arn)
+
+    def _workflow_functions(
+        self,
+        selected: Sequence[ConnectionPlan],
+        shared: _Shared,
+        bundle: Callable[[], pulumi.Archive],
+    ) -> dict[str, Any]:
+        from haze_infra.aws_workflows import HazeWorkflowFunction, durable_runtime
+
+        if self._workflow_function_name is None:
+            return {}
+        connection, fname = self._workflow_function_name
+        return {
+            connection: HazeWorkflowFunction(
+                f"{shared.name}-{connection}-workflows",
+                function_name=fname,
+                connection=connection,
+                archive=bundle(),
+                send_queue_arns=[q.arn for qs in self.queues.values() for q in qs.values()],
+                runtime=durable_runtime(shared.runtime),
+                memory_size=shared.memory_size,
+                environment={**self._queue_url_env, **dict(shared.environment or {})},
+                vpc_config=shared.vpc_config,
+                opts=_child(self),
+            )
+        }
 
     def _sqs(
         self, plan: ConnectionPlan, shared: _Shared, code: pulumi.Archive, tuning: _Tuning
@@ -181,7 +242,8 @@ class HazeAwsApp(pulumi.ComponentResource):
             max_concurrency=tuning.max_concurrency,
             runtime=shared.runtime,
             memory_size=shared.memory_size,
-            environment=shared.environment,
+            environment={**dict(shared.environment or {}), **self._workflow_env},
+            statements=self._workflow_statements,
             queue_url_env=sqs.queue_url_env,
             queue_url_value=url_env.get(sqs.queue_url_env or ""),
             vpc_config=shared.vpc_config,

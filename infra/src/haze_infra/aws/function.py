@@ -52,6 +52,8 @@ class _Function(pulumi.ComponentResource):
         log_retention_days: int,
         reserved_concurrency: int | None,
         description: str,
+        durable_config: Mapping[str, int] | None = None,
+        function_name: str | None = None,
     ) -> None:
         self.log_group = _logs(self, name, f"/aws/lambda/haze-{name}-", log_retention_days)
         self.role = _role(self, f"{name}-role", "lambda.amazonaws.com", f"haze: {description}")
@@ -62,6 +64,7 @@ class _Function(pulumi.ComponentResource):
         variables: Any = {"variables": dict(environment)} if environment else None
         logging: Any = {"log_format": "Text", "log_group": self.log_group.name}
         vpc: Any = dict(vpc_config) if vpc_config else None
+        durable: Any = dict(durable_config) if durable_config else None
         self.function = aws.lambda_.Function(
             name,
             code=archive,
@@ -76,5 +79,7 @@ class _Function(pulumi.ComponentResource):
             logging_config=logging,
             vpc_config=vpc,
             reserved_concurrent_executions=reserved_concurrency,
+            durable_config=durable,
+            name=function_name,
             opts=_child(self, [self.policy, self.log_group]),
         )

@@ -86,6 +86,7 @@ class HazeLambdaConsumer(_Function):
         vpc_config: Mapping[str, Any] | None = None,
         log_retention_days: int = 14,
         reserved_concurrency: int | None = None,
+        statements: Sequence[Mapping[str, Any]] = (),
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("haze:aws:HazeLambdaConsumer", name, None, opts)
@@ -103,7 +104,10 @@ class HazeLambdaConsumer(_Function):
             archive=lambda_archive(archive, dist_dir, app_root),
             handler=handler,
             timeout=timeout,
-            statements=_consumer_statements(self.queues, allow_send, send_queue_arns),
+            statements=[
+                *_consumer_statements(self.queues, allow_send, send_queue_arns),
+                *statements,
+            ],
             environment=env,
             runtime=runtime,
             memory_size=memory_size,

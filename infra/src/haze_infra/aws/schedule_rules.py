@@ -68,6 +68,7 @@ class HazeScheduleRules(_Function):
         environment: Mapping[str, pulumi.Input[str]] | None = None,
         vpc_config: Mapping[str, Any] | None = None,
         log_retention_days: int = 14,
+        statements: Sequence[Mapping[str, Any]] = (),
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("haze:aws:HazeScheduleRules", name, None, opts)
@@ -78,7 +79,7 @@ class HazeScheduleRules(_Function):
                 f"{expression!r} is not an EventBridge cron(...) expression",
                 f"{name}.rules",
             )
-        statements = (
+        sends = (
             [_allow("SendToHazeQueues", SEND_SQS_ACTIONS, list(send_queue_arns))]
             if send_queue_arns
             else []
@@ -88,7 +89,7 @@ class HazeScheduleRules(_Function):
             archive=lambda_archive(archive, dist_dir, app_root),
             handler=handler,
             timeout=timeout,
-            statements=statements,
+            statements=[*sends, *statements],
             environment=dict(environment or {}),
             runtime=runtime,
             memory_size=memory_size,

@@ -23,7 +23,12 @@ The tree::
     │   └── DatabaseConnectionError a config/database.py database is unreachable or locked
     ├── QueueTablesMissingError     the database queue tables do not exist (run db:migrate)
     ├── AmbiguousIdError            a short job id given to a command matches several jobs
-    └── ScheduleError               a bad schedule(): cron, every, tz or a duplicate name
+    ├── ScheduleError               a bad schedule(): cron, every, tz or a duplicate name
+    └── WorkflowError               a durable workflow broke one of its rules
+        ├── WorkflowNondeterminismError  a replay reached another step than the run recorded
+        ├── WorkflowLimitError      a step name, step count, sleep or result past a limit
+        ├── WorkflowResultError     a step's result is not JSON
+        └── WorkflowRunError        an event or call for an unknown or finished run
 
 ``TypeError`` and ``ValueError`` are used where Python users expect them: a payload
 that is not JSON (``TypeError``), a bad duration or option (``ValueError``).
@@ -60,6 +65,11 @@ __all__ = [
     "ScheduleError",
     "UnknownJobError",
     "UnknownQueueError",
+    "WorkflowError",
+    "WorkflowLimitError",
+    "WorkflowNondeterminismError",
+    "WorkflowResultError",
+    "WorkflowRunError",
 ]
 
 
@@ -251,6 +261,30 @@ class UntrackedJobError(HazeError, LookupError):
 class JobProgressError(HazeError, ValueError):
     """``job.progress(value)`` got something other than an int from 0 to 100 or a small
     JSON object."""
+
+
+class WorkflowError(HazeError):
+    """A durable workflow broke one of its rules. Raised inside a run, it fails the run
+    with this message as the reason (never retried: a replay would break it again)."""
+
+
+class WorkflowNondeterminismError(WorkflowError):
+    """A replay reached a different step at a position than the run recorded there (the
+    workflow's code changed, or branches on something that is not a step's result). The
+    message names both steps."""
+
+
+class WorkflowLimitError(WorkflowError, ValueError):
+    """A step name that is empty, too long or used twice in a run, a run past its step
+    limit, a sleep past 365 days, or a step result past the connection's message size."""
+
+
+class WorkflowResultError(WorkflowError, TypeError):
+    """A step returned something that is not JSON (results are kept as JSON)."""
+
+
+class WorkflowRunError(WorkflowError, LookupError):
+    """An event or a call names a run that does not exist or has already finished."""
 
 
 # Tracebacks and reprs name the public module users import from, not this private one.

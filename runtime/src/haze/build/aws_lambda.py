@@ -2,7 +2,7 @@
 
 Writes, under the output directory (``dist/``)::
 
-    aws-lambda/handler.py      sqs, schedule and http: the haze_lambda handlers
+    aws-lambda/handler.py      sqs, schedule, http and workflows: the haze_lambda handlers
     aws-lambda/config/ app/    the app (and database/, haze.config.py when present)
     aws-lambda/haze/ …         the vendored runtime and haze_lambda
     aws-lambda.zip             the same files, zipped (deterministic: sorted entries,
@@ -10,9 +10,11 @@ Writes, under the output directory (``dist/``)::
 
 Set the function's handler to ``handler.sqs`` (SQS trigger, with
 ``ReportBatchItemFailures``), ``handler.schedule`` (an EventBridge schedule draining a
-``database`` or ``redis`` connection) or ``handler.http`` (API Gateway HTTP API or a
-function URL). The handlers boot the app bundled beside ``handler.py``: the function's
-``LAMBDA_TASK_ROOT`` (``HAZE_APP_ROOT``, when set, names another).
+``database`` or ``redis`` connection), ``handler.http`` (API Gateway HTTP API or a
+function URL) or ``handler.workflows`` (a durable function running the app's workflows on
+Lambda's own engine, for a ``"workflows": "native"`` sqs connection). The handlers boot
+the app bundled beside ``handler.py``: the function's ``LAMBDA_TASK_ROOT``
+(``HAZE_APP_ROOT``, when set, names another).
 
 Only pure-Python haze code is bundled. Backend clients come from the Lambda runtime
 (``boto3`` is part of AWS's Python runtimes) or from a layer: the build notes name the
@@ -24,7 +26,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from haze._kernel.errors import ConfigError
 from haze._orchestration.scheduling import bundle_packages, platform_triggers
+from haze._workflows.lambda_runs import lambda_refusals
 from haze.build import BuildContext, BuildResult, deterministic_zip
 from haze.database import dialect_of
 
@@ -45,6 +49,8 @@ Point the function's handler at one of:
     handler.schedule   an EventBridge schedule that drains a database/redis connection,
                        or a rule of config/schedule.py (dispatches the schedules due)
     handler.http       an API Gateway HTTP API route or a function URL that dispatches
+    handler.workflows  a durable function (durable configuration on) that runs the
+                       app's workflows of "workflows": "native" sqs connections
 
 They boot the app bundled beside this file (config/, app/job/) once per execution
 environment; set HAZE_APP_ROOT to use another. See haze_lambda for their settings.
@@ -53,8 +59,9 @@ environment; set HAZE_APP_ROOT to use another. See haze_lambda for their setting
 from haze_lambda import http_handler as http
 from haze_lambda import schedule_handler as schedule
 from haze_lambda import sqs_handler as sqs
+from haze_lambda import workflow_handler as workflows
 
-__all__ = ["http", "schedule", "sqs"]
+__all__ = ["http", "schedule", "sqs", "workflows"]
 '''
 
 #: Packages AWS's Python runtimes already provide.
@@ -110,6 +117,23 @@ def sqlite_warnings(app: App) -> list[str]:
     ]
 
 
+def native_workflows(ctx: BuildContext) -> list[str]:
+    """The sqs connections whose workflows run on Lambda durable functions; a workflow
+    there that needs a rule Lambda cannot honour stops the build with one line."""
+    app = ctx.app
+    native = [
+        name
+        for name, options in app.queue_config.connections.items()
+        if options.get("driver") == "sqs" and options.get("workflows") == "native"
+    ]
+    if native:
+        app.discover()  # the workflows register when their modules load
+        refused = lambda_refusals(app)
+        if refused:
+            raise ConfigError(refused[0], key="--preset")
+    return native
+
+
 def build(ctx: BuildContext) -> BuildResult:
     """Write the package and its zip (see the module docstring)."""
     files = [ctx.write("handler.py", HANDLER_SOURCE)]
@@ -117,7 +141,9 @@ def build(ctx: BuildContext) -> BuildResult:
     # Checked before anything is zipped: a schedule no EventBridge rule can express
     # stops the build with one line naming it.
     rules = platform_triggers("eventbridge", ctx.root)
-    files += ctx.vendor((*PACKAGES, *bundle_packages(ctx.root)), ctx.dest)
+    native = native_workflows(ctx)
+    durable = ("aws_durable_execution_sdk_python",) if native else ()
+    files += ctx.vendor((*PACKAGES, *durable, *bundle_packages(ctx.root)), ctx.dest)
     archive = deterministic_zip(ctx.dest, ctx.out / f"{ctx.preset}.zip")
     files.append(archive)
     notes = [
@@ -129,6 +155,12 @@ def build(ctx: BuildContext) -> BuildResult:
             "EventBridge rules (UTC) for config/schedule.py, each targeting handler.schedule "
             'with the input {"haze_schedule": "<rule>", "time": <time>} (haze_infra creates '
             "them): " + "; ".join(f"{rule} -> {', '.join(names)}" for rule, names in rules.items())
+        )
+    if native:
+        notes.append(
+            f"workflows of {', '.join(native)} run on Lambda durable functions: a function "
+            "with handler handler.workflows and a durable configuration (haze_infra makes "
+            "it); the AWS durable execution SDK is bundled"
         )
     notes.extend(sqlite_warnings(ctx.app))
     for requirement, users in sorted(third_party_packages(ctx).items()):

@@ -63,6 +63,11 @@ from haze._kernel.errors import ConfigError
 from haze._kernel.hints import DISTRIBUTION
 from haze._orchestration.scheduling import bundle_packages, platform_triggers
 from haze.build import BuildContext, BuildResult
+from haze.build._cloudflare_workflows import (
+    native_workflows,
+    workflow_classes,
+    wrangler_workflows,
+)
 from haze.build._python import app_requirements, pack_wheel
 from haze.build.cloudflare_plan import (
     CloudflarePlan,
@@ -488,9 +493,13 @@ def _number(value: float) -> int | float:
 def build(ctx: BuildContext) -> BuildResult:
     """Write the Worker (see the module docstring)."""
     notes: list[str] = []
+    flows = native_workflows(ctx)
     config = wrangler_config(ctx, notes)
+    if flows:
+        config["workflows"] = [*config.get("workflows", []), *wrangler_workflows(flows)]
+        notes.append(f"Cloudflare Workflows: {', '.join(flows)} (one class each in src/entry.py)")
     src = ctx.dest / "src"
-    files = [ctx.write("src/entry.py", entry_source())]
+    files = [ctx.write("src/entry.py", entry_source() + workflow_classes(flows))]
     files += ctx.copy_app(src)
     bundled = bundle_packages(ctx.root)
     files += ctx.vendor((*PACKAGES, *bundled), src)

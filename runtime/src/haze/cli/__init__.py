@@ -43,6 +43,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "haze.cli.queue_admin",
     "haze.cli.queue_stats",
     "haze.cli.schedule",
+    "haze.cli.workflow",
     "haze.cli.infra",
     "haze.cli.build",
     "haze.cli.dashboard",

@@ -44,6 +44,7 @@ __all__ = [
     "KeepsMessages",
     "Leased",
     "LocalQueue",
+    "MaxDelay",
     "Message",
     "QueueCounts",
     "QueueInspector",
@@ -309,6 +310,15 @@ class CappedDelay(Protocol):
 
     def cap_delay(self, delay: float) -> float:
         """``delay``, or the longest the backend holds (warning that it was capped)."""
+
+
+@runtime_checkable
+class MaxDelay(Protocol):
+    """A backend that holds one message's delay for a bounded time (Cloudflare Queues:
+    12 hours, SQS: 15 minutes). A workflow's longer sleep is queued in hops of at most
+    ``max_delay`` seconds, each re-delayed when it arrives early."""
+
+    max_delay: float
 
 
 @runtime_checkable

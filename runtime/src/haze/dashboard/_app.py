@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
@@ -26,6 +27,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 
 import haze.dashboard._data as _data
+import haze.dashboard._workflows as workflow_pages
 from haze._app.app import App, run_in_app, use_app
 from haze._engine.control import pause, resume
 from haze._engine.otel import prometheus_text
@@ -534,6 +536,8 @@ def build(
         Route("/batches/{batch_id}", d.batch_detail),
         Route("/batches/{batch_id}/{action}", d.batch_action, methods=["POST"]),
         Route("/workers", d.workers),
+        Route("/workflows", partial(workflow_pages.runs, d)),
+        Route("/workflows/{run_id}", partial(workflow_pages.run_detail, d)),
         Route("/jobs", d.jobs),
         Route("/queues/{action}", d.queue_action, methods=["POST"]),
         Route("/metrics", d.metrics),

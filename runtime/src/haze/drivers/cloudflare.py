@@ -59,6 +59,7 @@ from haze.contracts.driver import (
     FailedJob,
     FailedJobStore,
     Interruptible,
+    MaxDelay,
     Reserved,
 )
 
@@ -321,7 +322,7 @@ class _Lease:
 # --------------------------------------------------------------------------- the driver
 
 
-class CloudflareDriver(Interruptible, DelayStep, CappedDelay, Concurrent):
+class CloudflareDriver(Interruptible, DelayStep, CappedDelay, MaxDelay, Concurrent):
     """Cloudflare Queues; see the module docstring."""
 
     #: the config options it takes besides the common ones (``DeclaresOptions``)
@@ -343,6 +344,8 @@ class CloudflareDriver(Interruptible, DelayStep, CappedDelay, Concurrent):
     remote = True
     #: delays are whole seconds (a retry backoff is rounded up): what logs report
     delay_step = 1.0
+    #: the longest delay of one message (a workflow's longer sleep goes in hops)
+    max_delay = float(MAX_DELAY_SECONDS)
     local_callbacks = False
     inline = False
     #: the REST client's unreachable-API errors are CloudflareError (not yet told apart)

@@ -11,6 +11,8 @@ Request: ``POST`` with a JSON object body::
      "queue": "emails",       # optional
      "group": "customer-7"}   # optional: SQS FIFO message group
 
+A body with ``"event"`` instead sends a workflow event (``http_events``).
+
 Authentication, with the secret in ``HAZE_HTTP_SECRET`` (compared in constant time):
 
 - ``Authorization: Bearer <secret>``, or
@@ -85,6 +87,7 @@ from haze._kernel.errors import (
     UnknownQueueError,
 )
 from haze.api.health import queue_check
+from haze.integrations.http_events import EVENT_KEYS, send_event_request
 
 __all__ = [
     "DispatchApp",
@@ -352,6 +355,8 @@ async def dispatch_request(
     data = _body(raw)
     if isinstance(data, DispatchResponse):
         return data
+    if "event" in data:
+        return DispatchResponse(*await send_event_request(app, data, where))
     name = data.get("job")
     if not isinstance(name, str) or not name:
         return _error(400, 'the body needs "job": the name of a job')
@@ -415,10 +420,11 @@ def _body(raw: bytes) -> dict[str, Any] | DispatchResponse:
         return _error(400, _TOO_DEEP)
     if not isinstance(data, dict):
         return _error(400, f"the body must be a JSON object, got {type(data).__name__}")
-    unknown = sorted(set(data) - KEYS)
+    allowed = EVENT_KEYS if "event" in data else KEYS
+    unknown = sorted(set(data) - allowed)
     if unknown:
         return _error(
-            400, f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(KEYS))}"
+            400, f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}"
         )
     return data
 

@@ -40,6 +40,7 @@ from haze._kernel.errors import ConfigError
 from haze._kernel.sqlfiles import sql_blocks
 from haze.contracts.store import BatchSettled, Subscription
 from haze.database.mysql import is_duplicate_key
+from haze.stores.workflow_state import KeyValueWorkflowState
 
 if TYPE_CHECKING:
     from haze.database import Connector, Session
@@ -56,6 +57,7 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 class DatabaseStore:
     #: the config options it takes besides ``driver`` (``DeclaresOptions``)
     options: ClassVar[Mapping[str, str]] = {"connection": "str", "table": "ident"}
+    _workflow_state: KeyValueWorkflowState | None = None
     atomic = True
     shared = True
 
@@ -129,6 +131,12 @@ class DatabaseStore:
     def _exp(ttl: float | None, now: float) -> float | None:
         return None if ttl is None else now + ttl
 
+    def workflow_state(self) -> KeyValueWorkflowState:
+        """Workflow runs kept in this store (``HasWorkflowState``)."""
+        if self._workflow_state is None:
+            self._workflow_state = KeyValueWorkflowState(self)
+        return self._workflow_state
+
     async def get(self, key: str) -> Any | None:
         sql = await self._statements()
         row = await self.db.fetchone(sql["get"], (self._k(key), time.time()))
@@ -139,9 +147,15 @@ class DatabaseStore:
             return []
         sql = await self._statements()
         stored = [self._k(k) for k in keys]
-        stmt = sql["get_many"].replace("{marks}", ", ".join("?" * len(keys)))
-        rows = await self.db.fetchall(stmt, (*stored, time.time()))
-        found = {r[0]: json.loads(r[1]) for r in rows}
+        # D1 binds at most 100 values a statement (the keys and the time)
+        per = 90 if self.db.dialect == "d1" else 500
+        found: dict[str, Any] = {}
+        now = time.time()
+        for i in range(0, len(stored), per):
+            part = stored[i : i + per]
+            stmt = sql["get_many"].replace("{marks}", ", ".join("?" * len(part)))
+            rows = await self.db.fetchall(stmt, (*part, now))
+            found.update((r[0], json.loads(r[1])) for r in rows)
         return [found.get(k) for k in stored]
 
     async def put(self, key: str, value: Any, ttl: float | None = None) -> None:

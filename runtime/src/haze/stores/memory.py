@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from haze.contracts.store import BatchSettled
+from haze.stores.workflow_state import KeyValueWorkflowState
 
 __all__ = ["MemoryStore"]
 
@@ -22,6 +23,7 @@ class MemoryStore:
 
     #: the config options it takes besides ``driver`` (``DeclaresOptions``)
     options: ClassVar[Mapping[str, str]] = {}
+    _workflow_state: KeyValueWorkflowState | None = None
     atomic = True
     shared = False
 
@@ -40,6 +42,12 @@ class MemoryStore:
             del self._data[key]
             return None
         return item
+
+    def workflow_state(self) -> KeyValueWorkflowState:
+        """Workflow runs kept in this store (``HasWorkflowState``)."""
+        if self._workflow_state is None:
+            self._workflow_state = KeyValueWorkflowState(self)
+        return self._workflow_state
 
     async def get(self, key: str) -> Any | None:
         item = self._live(key)

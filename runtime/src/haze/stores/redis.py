@@ -37,6 +37,7 @@ from haze._kernel.errors import ConfigError, MissingDependencyError
 from haze._kernel.hints import did_you_mean
 from haze._kernel.urls import redact_text, redact_url
 from haze.contracts.store import BatchSettled, Subscription
+from haze.stores.workflow_state import KeyValueWorkflowState
 
 try:
     import redis.asyncio as aioredis
@@ -200,6 +201,7 @@ class RedisStore:
 
     #: the config options it takes besides ``driver`` (``DeclaresOptions``)
     options: ClassVar[Mapping[str, str]] = {"connection": "str", "prefix": "str"}
+    _workflow_state: KeyValueWorkflowState | None = None
     atomic = True
     shared = True
 
@@ -223,6 +225,12 @@ class RedisStore:
         if conn is None:
             conn = self._conns[loop] = _Conn(new_client(self._url, self._kwargs))
         return conn
+
+    def workflow_state(self) -> KeyValueWorkflowState:
+        """Workflow runs kept in this store (``HasWorkflowState``)."""
+        if self._workflow_state is None:
+            self._workflow_state = KeyValueWorkflowState(self)
+        return self._workflow_state
 
     async def get(self, key: str) -> Any | None:
         return _load(await self._conn().client.get(self.prefix + key))

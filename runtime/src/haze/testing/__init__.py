@@ -34,10 +34,13 @@ from haze._kernel.message import Message, decode, encode, new_id
 from haze._orchestration.batches import Batch, PendingBatch
 from haze._orchestration.chains import PendingChain
 from haze._runners.delivery import Delivery
+from haze._workflows.api import Workflow
+from haze._workflows.engine import set_clock
 from haze.contracts.driver import Driver, FailedJob, Reserved
+from haze.contracts.workflow import WorkflowStatus
 from haze.stores.memory import MemoryStore
 
-__all__ = ["FakeQueue", "RecordedJob"]
+__all__ = ["FakeQueue", "RecordedJob", "WorkflowClock", "run_workflow"]
 
 #: The fake ``Queue.fake()`` made last (None after ``Queue.restore()``). Bookkeeping
 #: for tests and the pytest plugin: the engine reads ``App.recorder``, never this.
@@ -425,3 +428,104 @@ def uninstall() -> None:
         fake.uninstall()
     _installed.clear()
     _active_fake = None
+
+
+# --------------------------------------------------------------------------- workflows
+
+
+class WorkflowClock:
+    """The time a workflow test runs on: sleeps and waits move it forward at once.
+
+    >>> clock = WorkflowClock(start=0)
+    >>> clock.advance(2 * 86400)
+    >>> clock.now(), clock.slept
+    (172800.0, 172800.0)
+    """
+
+    def __init__(self, start: float | None = None) -> None:
+        # whole seconds, so that "resume_at - now" adds up to exactly what was slept
+        self._now = float(int(time.time()) if start is None else start)
+        #: Seconds skipped so far (the sleeps and the waits that timed out).
+        self.slept = 0.0
+
+    def now(self) -> float:
+        """The current time on this clock (epoch seconds)."""
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock ``seconds`` forward."""
+        if seconds > 0:
+            self._now += seconds
+            self.slept += seconds
+
+
+async def run_workflow(
+    wf: Workflow,
+    /,
+    *,
+    events: dict[str, Any] | None = None,
+    clock: WorkflowClock | None = None,
+    id: str | None = None,
+    max_rounds: int = 10_000,
+    **input: Any,
+) -> WorkflowStatus:
+    """Run ``wf`` to its end inside a test and return its final ``WorkflowStatus``.
+
+    The run goes through the real engine on the current app's fake queue (made here
+    when the app has none). Sleeps do not wait: ``clock`` (a :class:`WorkflowClock`,
+    one is made when not given) jumps to each resume. ``events`` are delivered when
+    the run first waits for each; a wait whose event is not given times out. Jobs the
+    run dispatches run too, and stay recorded on the fake (``assert_dispatched``). A run that
+    could never end (it waits, without a timeout, for an event not given) raises
+    ``AssertionError`` naming the wait.
+
+    >>> # status = await run_workflow(payment, order_id="A-1", events={"paid": {}})
+    >>> # assert status.state == "done" and status.steps[0].name == "intent"
+    """
+    app = use_app()
+    fake = app.recorder if isinstance(app.recorder, FakeQueue) else None
+    made = fake is None
+    if fake is None:
+        fake = FakeQueue()
+        fake.install(app)
+    clock = clock if clock is not None else WorkflowClock()
+    set_clock(clock.now)
+    try:
+        rid = await Workflow.start(wf, id=id, **input)
+        return await _run_to_end(fake, rid, wf.name, dict(events or {}), clock, max_rounds)
+    finally:
+        set_clock(None)
+        if made:
+            fake.uninstall()
+
+
+async def _run_to_end(
+    fake: FakeQueue,
+    rid: str,
+    name: str,
+    events: dict[str, Any],
+    clock: WorkflowClock,
+    max_rounds: int,
+) -> WorkflowStatus:
+    for _ in range(max_rounds):
+        ran = await fake.drain()
+        st = await Workflow.status(rid)
+        if st is None:
+            raise AssertionError(f'the run {rid} of workflow "{name}" was not recorded')
+        if st.finished:
+            while await fake.drain():  # the jobs it dispatched run too, as on a worker
+                pass
+            return st
+        if st.state == "waiting" and st.waiting_for in events:
+            await Workflow.send_event(rid, st.waiting_for, events.pop(st.waiting_for))
+            continue
+        if st.resume_at is not None and st.resume_at > clock.now():
+            clock.advance(st.resume_at - clock.now())
+            continue
+        if not ran:
+            what = f'event "{st.waiting_for}"' if st.waiting_for else "nothing"
+            raise AssertionError(
+                f'the run {rid} of workflow "{name}" is {st.state}, waiting for {what} with '
+                "no timeout, and nothing is left to run: give the event in events={...}"
+            )
+    raise AssertionError(f'the run {rid} of workflow "{name}" did not end in {max_rounds} rounds')

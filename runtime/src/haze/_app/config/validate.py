@@ -122,12 +122,36 @@ def _queue_connections(
             )
         c = v.mapping(c, key, required=True)
         driver = v.string(c.get("driver"), f"{key}.driver", required=True)
+        engine = _workflow_engine(v, c.pop("workflows", None), driver or "", key)
         schema = declared_schema(v, driver or "", COMMON_QUEUE_OPTIONS, key, driver_class)
         connections[name] = c if schema is None else check_options(v, c, schema, key)
+        if driver in NATIVE_WORKFLOW_DRIVERS:
+            connections[name]["workflows"] = engine
         limits = v.queue_limits(c.get("queues"), f"{key}.queues")
         if limits:
             queue_limits[name] = limits
     return connections, queue_limits
+
+
+#: The drivers whose platform runs durable workflows itself (``"workflows": "native"``):
+#: Cloudflare Workflows and Lambda durable functions.
+NATIVE_WORKFLOW_DRIVERS = ("cloudflare", "sqs")
+
+
+def _workflow_engine(v: Checks, value: object, driver: str, key: str) -> str:
+    """A connection's workflow engine: ``"store"`` (haze's own, the default) or
+    ``"native"`` (the platform's, only where it has one)."""
+    if value is None or value == "store":
+        return "store"
+    if value != "native":
+        raise v.fail(f"{key}.workflows", f'expected "store" or "native", got {value!r}')
+    if driver not in NATIVE_WORKFLOW_DRIVERS:
+        raise v.fail(
+            f"{key}.workflows",
+            f'"native" needs a platform with its own workflow engine (the cloudflare or '
+            f'sqs driver), not {driver!r}; use "store" (the default: haze\'s own engine)',
+        )
+    return "native"
 
 
 def _check_connection_links(v: Checks, connections: dict[str, dict[str, Any]]) -> None:

@@ -12,6 +12,7 @@ from haze.contracts.driver import (
     DelayStep,
     Interruptible,
     Leased,
+    MaxDelay,
     QueueCounts,
     RunningJob,
 )
@@ -19,7 +20,7 @@ from haze.drivers.sqs.messages import SQS_MAX_WAIT, _error_code
 from haze.drivers.sqs.receive import _Receiving
 
 
-class SqsDriver(_Receiving, Interruptible, Leased, DelayStep, Concurrent):
+class SqsDriver(_Receiving, Interruptible, Leased, DelayStep, MaxDelay, Concurrent):
     """Queue connection on Amazon SQS; see the package docstring for the rules."""
 
     #: the config options it takes besides the common ones (``DeclaresOptions``)

@@ -1,0 +1,153 @@
+"""haze's workflow calls on Cloudflare Workflows (the Python Workflows SDK).
+
+``haze build --preset cloudflare`` writes one ``HazeWorkflow`` subclass per workflow of
+a ``"workflows": "native"`` cloudflare connection into ``src/entry.py``
+(``onboard`` -> ``OnboardWorkflow``), each listed under ``workflows`` in
+``wrangler.json`` with the binding ``HAZE_WF_<NAME>``. Its ``run(event, step)`` runs the
+workflow with the event's payload as its input; ``CloudflareStepEngine`` carries out
+the run's calls (``WorkflowRun`` has checked every rule first):
+
+==========================  ===================================================
+haze                        Cloudflare Workflows
+==========================  ===================================================
+``run.step``                ``step.do`` named like the step; ``tries``/``backoff``
+                            as its ``retries`` config
+``run.sleep``               ``step.sleep`` (whole seconds)
+``run.wait_for_event``      ``step.wait_for_event`` of the event's name as its type
+``run.gather``              the steps run concurrently
+``run.dispatch``            a ``step.do`` that sends the job (once per run)
+nondeterminism check        a step ``haze:at:<position>`` whose kept result is the
+                            name first reached there
+==========================  ===================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from haze.contracts.workflow import StepRetry
+
+__all__ = ["CloudflareStepEngine", "HazeWorkflow", "retries"]
+
+try:  # the Cloudflare Python Workers runtime
+    from workers import WorkflowEntrypoint as _Base
+except ImportError:
+
+    class _Base:  # type: ignore[no-redef, unused-ignore]
+        """Stand-in for ``workers.WorkflowEntrypoint`` outside the Cloudflare runtime."""
+
+        def __init__(self, ctx: Any = None, env: Any = None):
+            self.ctx = ctx
+            self.env = env
+
+
+def retries(retry: StepRetry) -> dict[str, Any]:
+    """A ``step.do`` config of a step's ``tries``/``backoff``."""
+    exponential = retry.backoff == "exponential"
+    first = max(1, math.ceil(retry.delay(1)))
+    return {
+        "retries": {
+            "limit": retry.tries - 1,
+            "delay": f"{first} seconds",
+            "backoff": "exponential" if exponential else "constant",
+        }
+    }
+
+
+class CloudflareStepEngine:
+    """A ``StepEngine`` on one Workflows instance's ``step``."""
+
+    def __init__(self, step: Any) -> None:
+        self._steps: Any = step
+
+    async def _do(
+        self, name: str, fn: Callable[[], Awaitable[Any]], config: dict[str, Any] | None = None
+    ) -> Any:
+        """``step.do(name, config=...)`` around ``fn``, awaited: its kept result."""
+        decorate: Any = self._steps.do(name, config=config) if config else self._steps.do(name)
+        return await decorate(fn)()
+
+    async def mark(self, position: int, name: str, kind: str) -> str:
+        async def reached() -> str:
+            return name
+
+        return str(await self._do(f"haze:at:{position}", reached))
+
+    async def step(
+        self,
+        name: str,
+        position: int,
+        attempt: Callable[[int], Awaitable[str]],
+        retry: StepRetry,
+    ) -> str:
+        tried = [0]
+
+        async def run() -> Any:
+            tried[0] += 1
+            return json.loads(await attempt(tried[0]))
+
+        kept = await self._do(name, run, retries(retry))
+        return json.dumps(kept, separators=(",", ":"), ensure_ascii=False)
+
+    async def sleep(self, name: str, position: int, seconds: float) -> None:
+        await self._steps.sleep(name, f"{max(1, math.ceil(seconds))} seconds")
+
+    async def wait_for_event(self, name: str, position: int, timeout: float | None) -> str | None:
+        limit = f"{math.ceil(timeout)} seconds" if timeout else "365 days"
+        try:
+            event = await self._steps.wait_for_event(name, name, timeout=limit)
+        except Exception as e:  # the SDK raises on a timeout
+            if "timeout" in str(e).lower() or "timed out" in str(e).lower():
+                return None
+            raise
+        payload = getattr(event, "payload", event)
+        if isinstance(payload, dict) and "payload" in payload:
+            payload = payload["payload"]
+        return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+
+    async def gather(self, branches: Sequence[Callable[[], Awaitable[Any]]]) -> list[Any]:
+        return list(await asyncio.gather(*(b() for b in branches)))
+
+    async def dispatch_once(
+        self, name: str, position: int, send: Callable[[], Awaitable[str]]
+    ) -> str:
+        return str(await self._do(name, send))
+
+
+class HazeWorkflow(_Base):  # type: ignore[misc, unused-ignore]
+    """The base of the generated ``<Name>Workflow`` classes: ``workflow`` names the
+    app's ``@workflow``, ``app_root`` the bundled app."""
+
+    workflow: str = ""
+    app_root: str | None = None
+    _app: Any = None
+
+    async def run(self, event: Any, step: Any) -> Any:
+        from haze._app.app import App, run_in_app
+        from haze._workflows.definition import find_workflow
+        from haze._workflows.run import WorkflowRun, encode_result
+
+        from haze_cloudflare._js import bind_env, to_py
+
+        bind_env(getattr(self, "env", None))
+        cls = type(self)
+        if cls._app is None:
+            cls._app = App(root=cls.app_root)
+            await cls._app.__aenter__()
+        wf = find_workflow(cls.workflow)
+        if wf is None:
+            raise LookupError(f"no workflow named {cls.workflow!r} in the bundled app")
+        payload = to_py(getattr(event, "payload", None)) or {}
+        run_id = str(getattr(event, "instance_id", None) or getattr(event, "instanceId", ""))
+
+        async def go() -> Any:
+            run = WorkflowRun(run_id, wf.name, CloudflareStepEngine(step), max_steps=wf.max_steps)
+            value = await wf.fn(run, **dict(payload))
+            return json.loads(encode_result(value, f'workflow "{wf.name}" (run {run_id})'))
+
+        return await run_in_app(cls._app, go)

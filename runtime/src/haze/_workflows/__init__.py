@@ -1,0 +1,1 @@
+"""Durable workflows: ``WorkflowRun`` (the rules), the store engine, and ``Workflow``."""

@@ -1,0 +1,247 @@
+"""haze's own workflow engine: a run is a job whose ``handle()`` replays the workflow.
+
+Each delivery of a run's message replays the handler from the top. A step with a kept
+result returns it at once; the first step without one runs and keeps its result
+(insert-if-absent). ``sleep`` and ``wait_for_event`` end the attempt (the ``Suspend``
+signal) after enqueueing the resume as a delayed message, so no worker slot is held; a
+delay past the driver's ``max_delay`` (``MaxDelay``: Cloudflare Queues 12 h, SQS 15
+min) arrives early and is delayed again, in hops.
+
+One resume chain per suspension point: the resume message carries the position it
+resumes (``wake``) and the id of the message that queued it (``by``); the key
+``wake:<position>`` names the message that owns the chain. A replay that reaches a
+sleep it does not own (a duplicate delivery) ends without queueing anything, so
+duplicates die out instead of multiplying.
+
+Crash windows (the process dies between two writes):
+- step: attempt counted -> call -> result kept. Dying after the call and before the
+  keep runs the step again on redelivery (at least once); the keep is insert-if-absent,
+  so a result is recorded exactly once and every replay returns that one.
+- sleep/wait: end kept -> chain owner kept -> state -> resume queued -> message acked.
+  Dying anywhere before the ack redelivers this message (same id, so it still owns the
+  chain) and it queues the resume again: at worst one duplicate resume, which finds
+  the chain owned by another message and ends.
+- start: message queued -> run record added. A message whose record is missing adds
+  it itself (the message carries the input), so no window loses a run.
+- end: result kept as the final state (added once) -> message acked.
+- dispatch: job queued -> its id kept. Dying between them queues it again on the
+  replay (once per run except in that window).
+- event: payload kept (first wins) -> resume queued. Dying between them leaves the
+  event kept and the run as it was; ``send_event`` again queues the resume.
+- failure: final ``failed`` kept -> the workflow's ``failed()``; the engine's failed
+  claim reruns the handler if the worker dies first, so ``failed()`` runs at least once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from haze._kernel.crypto import sealed_error
+from haze._kernel.describe import error_line
+from haze._kernel.errors import ConfigError, WorkflowError
+from haze.contracts.driver import MaxDelay
+from haze.contracts.workflow import HasWorkflowState, StepRetry, WorkflowStateStore
+
+if TYPE_CHECKING:
+    from haze._jobs.context import JobContext
+
+__all__ = ["Stopped", "StoreEngine", "Suspend", "now", "set_clock", "workflow_state"]
+
+log = logging.getLogger("haze")
+
+_clock: Callable[[], float] = time.time
+
+
+def now() -> float:
+    """The workflows' clock (epoch seconds): ``time.time`` unless a test set one."""
+    return _clock()
+
+
+def set_clock(clock: Callable[[], float] | None) -> None:
+    """Make sleeps and waits measure time with ``clock`` (None: the real clock again).
+
+    >>> # t = [time.time()]; set_clock(lambda: t[0]); t[0] += 2 * 86400  # two days on
+    """
+    global _clock
+    _clock = clock if clock is not None else time.time
+
+
+class Suspend(BaseException):
+    """Ends this attempt of a run: its resume is queued (or owned by another delivery).
+    A ``BaseException`` so that ``except Exception`` in a workflow never swallows it."""
+
+
+class Stopped(BaseException):
+    """The run was cancelled (or finished elsewhere): this replay ends quietly."""
+
+
+def workflow_state(store: object) -> WorkflowStateStore:
+    """The run state kept in ``store``; a ``ConfigError`` for a store that cannot keep
+    it atomically (a KV store)."""
+    if isinstance(store, HasWorkflowState) and getattr(store, "atomic", False):
+        return store.workflow_state()
+    name = getattr(store, "name", type(store).__name__)
+    raise ConfigError(
+        f'workflows keep their runs in the queue store, but store "{name}" is not atomic '
+        "(a KV store could record a step twice); set store= to a redis, database or "
+        "memory store in config/queue.py"
+    )
+
+
+#: Resume: (delay, wake position, owner message id) -> queued.
+Resume = Callable[[float, int, str], Awaitable[None]]
+
+
+class StoreEngine:
+    """The ``StepEngine`` of one replay of one run, over a ``WorkflowStateStore``."""
+
+    def __init__(
+        self,
+        state: WorkflowStateStore,
+        run_id: str,
+        *,
+        message_id: str,
+        resume: Resume,
+        inline: bool = False,
+        wake: int | None = None,
+        by: str | None = None,
+        encrypted: bool = False,
+    ) -> None:
+        self.state = state
+        self.run_id = run_id
+        self.message_id = message_id
+        self.resume = resume
+        #: a driver that runs jobs as they are dispatched (sync): sleeps are skipped
+        self.inline = inline
+        self.wake = wake
+        self.by = by
+        #: an encrypted workflow: its errors are logged by type only
+        self.encrypted = encrypted
+        self._running = False
+
+    async def _live(self) -> None:
+        """Before doing anything new: stop when the run was cancelled meanwhile."""
+        if await self.state.final_state(self.run_id) is not None:
+            raise Stopped
+        if not self._running:
+            self._running = True
+            await self.state.set_state(self.run_id, "running", now())
+
+    async def mark(self, position: int, name: str, kind: str) -> str:
+        return await self.state.mark(self.run_id, position, name, kind, now())
+
+    async def step(
+        self,
+        name: str,
+        position: int,
+        attempt: Callable[[int], Awaitable[str]],
+        retry: StepRetry,
+    ) -> str:
+        kept = await self.state.result(self.run_id, name)
+        if kept is not None:
+            return kept
+        await self._live()
+        for n in range(1, retry.tries + 1):
+            if n > 1:
+                await asyncio.sleep(retry.delay(n - 1))
+            await self.state.started(self.run_id, name, now())
+            try:
+                text = await attempt(n)
+            except WorkflowError as e:
+                await self.state.step_failed(self.run_id, name, error_line(e), now())
+                raise
+            except Exception as e:
+                if n >= retry.tries:
+                    await self.state.step_failed(self.run_id, name, error_line(e), now())
+                    raise
+                shown = sealed_error(e) if self.encrypted else e
+                log.info(
+                    'workflow run %s: step "%s" failed (%s); retrying', self.run_id, name, shown
+                )
+                continue
+            return await self.state.keep_result(self.run_id, name, text, now())
+        raise AssertionError("unreachable: the last try raises or returns")
+
+    async def sleep(self, name: str, position: int, seconds: float) -> None:
+        if await self.state.result(self.run_id, name) is not None:
+            return
+        until = float(await self.state.keep(self.run_id, f"until:{name}", repr(now() + seconds)))
+        if self.inline or now() >= until:
+            await self._live()
+            await self.state.keep_result(self.run_id, name, "null", now())
+            return
+        await self._suspend(position, until, "sleeping", None)
+
+    async def wait_for_event(self, name: str, position: int, timeout: float | None) -> str | None:
+        kept = await self.state.result(self.run_id, name)
+        if kept is not None:
+            return kept
+        event = await self.state.event(self.run_id, name)
+        if event is not None:
+            await self._live()
+            return await self.state.keep_result(self.run_id, name, event, now())
+        until = None
+        if timeout is not None:
+            end = await self.state.keep(self.run_id, f"until:{name}", repr(now() + timeout))
+            until = float(end)
+            if now() >= until:
+                await self._live()
+                return await self.state.keep_result(self.run_id, name, "null", now())
+        await self._suspend(position, until, "waiting", name)
+        raise AssertionError("unreachable: _suspend raises")
+
+    async def _suspend(
+        self, position: int, until: float | None, state: str, event: str | None
+    ) -> None:
+        """Queue the resume of the wait at ``position`` (when this delivery owns its
+        chain) and end the attempt."""
+        key, mine = f"wake:{position}", self.message_id
+        if self.wake == position and self.by is not None and self.by != mine:
+            await self.state.replace(self.run_id, key, self.by, mine)  # the next hop
+        if await self.state.keep(self.run_id, key, mine) != mine:
+            raise Suspend  # another delivery owns this wait's resume
+        if await self.state.final_state(self.run_id) is not None:
+            raise Stopped
+        await self.state.set_state(self.run_id, state, now(), until, event)
+        # sync has no delayed messages (it would run the resume now, forever): there a
+        # wait ends only by its event
+        if until is not None and not self.inline:
+            await self.resume(max(0.0, until - now()), position, mine)
+        raise Suspend
+
+    async def gather(self, branches: Sequence[Callable[[], Awaitable[Any]]]) -> list[Any]:
+        results = await asyncio.gather(*(b() for b in branches), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        # a real failure first; else a stop; else a suspend (the other branches have
+        # kept their results, and the resume replays the gather)
+        for kind in (Exception, Stopped, BaseException):
+            for e in errors:
+                if isinstance(e, kind):
+                    raise e
+        return list(results)
+
+    async def dispatch_once(
+        self, name: str, position: int, send: Callable[[], Awaitable[str]]
+    ) -> str:
+        kept = await self.state.result(self.run_id, name)
+        if kept is None:
+            await self._live()
+            job_id = await send()
+            kept = await self.state.keep_result(self.run_id, name, json.dumps(job_id), now())
+        return str(json.loads(kept))
+
+
+def hop(driver: object, delay: float) -> float:
+    """The part of ``delay`` one message can wait on ``driver`` (its ``max_delay``)."""
+    if isinstance(driver, MaxDelay):
+        return min(delay, driver.max_delay)
+    return delay
+
+
+def context_state(ctx: JobContext) -> WorkflowStateStore:
+    return workflow_state(ctx.app.manager.state_store())

@@ -1,0 +1,245 @@
+"""Workflow runs kept in an atomic key/value ``Store`` (memory, database, redis, D1).
+
+Every decision is one insert-if-absent (``Store.add``), which each atomic store does
+in one statement or command, so two replays of one run agree and a crash between two
+writes never records a step's result twice:
+
+``haze:wf:<run>:run``         name, input, connection, created_at (added once)
+``haze:wf:<run>:state``       running / sleeping / waiting, for display (put)
+``haze:wf:<run>:final``       done / failed / cancelled with result or error (added once)
+``haze:wf:<run>:pos:<i>``     the step name reached at position i (added once)
+``haze:wf:<run>:res:<name>``  the step's result, JSON text, and when (added once)
+``haze:wf:<run>:att:<name>``  attempts (increment); ``first:<name>`` the first start
+``haze:wf:<run>:fail:<name>`` the last failure, for display (put)
+``haze:wf:<run>:ev:<name>``   an event's payload (added once: the first event wins)
+``haze:wf:<run>:k:<key>``     a sleep's end, a resume chain's owner (added once)
+``haze:wf:runs`` / ``haze:wf:runs:<n>``  the listing: a counter and run ids by number
+
+Crash windows: a run added but not yet numbered in the listing is missing from
+``list_runs`` (``status`` still finds it); every other write is either the decision
+itself or display beside it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from haze.contracts.store import Store
+from haze.contracts.workflow import StepStatus, WorkflowStatus
+
+__all__ = ["KeyValueWorkflowState"]
+
+_PREFIX = "haze:wf"
+_PAGE = 100
+
+
+class KeyValueWorkflowState:
+    """``WorkflowStateStore`` on an atomic ``Store``."""
+
+    def __init__(self, store: Store, prefix: str = _PREFIX) -> None:
+        self.store = store
+        self.prefix = prefix
+
+    def _k(self, run_id: str, *parts: object) -> str:
+        return ":".join((self.prefix, run_id, *(str(p) for p in parts)))
+
+    # -- runs --------------------------------------------------------------------------
+
+    async def create_run(
+        self, run_id: str, name: str, input: str, now: float, connection: str | None = None
+    ) -> bool:
+        record = {"name": name, "input": input, "connection": connection, "created_at": now}
+        if not await self.store.add(self._k(run_id, "run"), record):
+            return False
+        n = await self.store.increment(f"{self.prefix}:runs")
+        await self.store.put(f"{self.prefix}:runs:{n}", run_id)
+        return True
+
+    async def run_input(self, run_id: str) -> str | None:
+        record = await self.store.get(self._k(run_id, "run"))
+        return None if record is None else str(record["input"])
+
+    async def set_state(
+        self,
+        run_id: str,
+        state: str,
+        now: float,
+        resume_at: float | None = None,
+        waiting_for: str | None = None,
+    ) -> None:
+        value = {"state": state, "at": now, "resume_at": resume_at, "waiting_for": waiting_for}
+        await self.store.put(self._k(run_id, "state"), value)
+
+    async def finish(
+        self, run_id: str, state: str, now: float, result: str | None, error: str | None
+    ) -> bool:
+        value = {"state": state, "at": now, "result": result, "error": error}
+        return await self.store.add(self._k(run_id, "final"), value)
+
+    async def final_state(self, run_id: str) -> str | None:
+        final = await self.store.get(self._k(run_id, "final"))
+        return None if final is None else str(final["state"])
+
+    async def reopen(self, run_id: str, state: str = "failed") -> bool:
+        """Forget the run's final state while it is ``state`` (``workflow:retry``): the
+        next delivery replays it. True when this call removed it."""
+        key = self._k(run_id, "final")
+        final = await self.store.get(key)
+        if final is None or final.get("state") != state:
+            return False
+        return await self.store.delete(key, owner=final)
+
+    async def get_run(self, run_id: str) -> WorkflowStatus | None:
+        found = await self._runs([run_id])
+        if not found:
+            return None
+        run = found[0]
+        return WorkflowStatus(**{**_fields(run), "steps": await self._steps(run_id)})
+
+    async def list_runs(
+        self, state: str | None = None, name: str | None = None, limit: int = 50
+    ) -> builtins.list[WorkflowStatus]:
+        top = await self.store.get(f"{self.prefix}:runs")
+        n = int(top or 0)
+        out: list[WorkflowStatus] = []
+        # newest first, a page of ids at a time, until ``limit`` runs match
+        while n > 0 and len(out) < limit:
+            numbers = range(n, max(0, n - _PAGE), -1)
+            ids = await self.store.get_many([f"{self.prefix}:runs:{i}" for i in numbers])
+            n -= len(numbers)
+            for run in await self._runs([str(i) for i in ids if i is not None]):
+                if (state is None or run.state == state) and (name is None or run.name == name):
+                    out.append(run)
+        return out[:limit]
+
+    async def _runs(self, run_ids: Sequence[str]) -> list[WorkflowStatus]:
+        keys = [self._k(r, part) for r in run_ids for part in ("run", "state", "final")]
+        values = await self.store.get_many(keys) if keys else []
+        runs = []
+        for i, run_id in enumerate(run_ids):
+            record, state, final = values[3 * i : 3 * i + 3]
+            if record is None:
+                continue
+            runs.append(_status(run_id, record, state, final))
+        return runs
+
+    # -- steps -------------------------------------------------------------------------
+
+    async def mark(self, run_id: str, position: int, name: str, kind: str, now: float) -> str:
+        key = self._k(run_id, "pos", position)
+        if await self.store.add(key, {"name": name, "kind": kind, "at": now}):
+            return name
+        kept = await self.store.get(key)
+        return name if kept is None else str(kept["name"])
+
+    async def started(self, run_id: str, name: str, now: float) -> int:
+        await self.store.add(self._k(run_id, "first", name), now)
+        return await self.store.increment(self._k(run_id, "att", name))
+
+    async def keep_result(self, run_id: str, name: str, result: str, now: float) -> str:
+        key = self._k(run_id, "res", name)
+        if await self.store.add(key, {"result": result, "at": now}):
+            return result
+        kept = await self.store.get(key)
+        return result if kept is None else str(kept["result"])
+
+    async def result(self, run_id: str, name: str) -> str | None:
+        kept = await self.store.get(self._k(run_id, "res", name))
+        return None if kept is None else str(kept["result"])
+
+    async def step_failed(self, run_id: str, name: str, error: str, now: float) -> None:
+        await self.store.put(self._k(run_id, "fail", name), {"error": error, "at": now})
+
+    async def keep(self, run_id: str, key: str, value: str) -> str:
+        full = self._k(run_id, "k", key)
+        if await self.store.add(full, value):
+            return value
+        kept = await self.store.get(full)
+        return value if kept is None else str(kept)
+
+    async def replace(self, run_id: str, key: str, old: str, new: str) -> bool:
+        full = self._k(run_id, "k", key)
+        await self.store.delete(full, owner=old)
+        return await self.store.add(full, new)
+
+    async def put_event(self, run_id: str, name: str, payload: str) -> bool:
+        return await self.store.add(self._k(run_id, "ev", name), payload)
+
+    async def event(self, run_id: str, name: str) -> str | None:
+        kept = await self.store.get(self._k(run_id, "ev", name))
+        return None if kept is None else str(kept)
+
+    async def _steps(self, run_id: str) -> list[StepStatus]:
+        marks: list[Any] = []
+        while True:
+            page = await self.store.get_many(
+                [self._k(run_id, "pos", i) for i in range(len(marks), len(marks) + _PAGE)]
+            )
+            marks.extend(m for m in page if m is not None)
+            if any(m is None for m in page):
+                break
+        parts = ("res", "att", "first", "fail")
+        keys = [self._k(run_id, p, m["name"]) for m in marks for p in parts]
+        values = await self.store.get_many(keys) if keys else []
+        events = [self._k(run_id, "ev", m["name"]) for m in marks]
+        kept_events = await self.store.get_many(events) if events else []
+        steps = []
+        for i, m in enumerate(marks):
+            res, att, first, fail = values[4 * i : 4 * i + 4]
+            steps.append(_step(i, m, res, att, first, fail, kept_events[i]))
+        return steps
+
+
+def _step(
+    position: int, mark: Any, res: Any, att: Any, first: Any, fail: Any, event: Any
+) -> StepStatus:
+    kind = str(mark.get("kind", "step"))
+    if res is not None:
+        state = "done"
+    elif fail is not None:
+        state = "failed"
+    elif kind == "sleep":
+        state = "sleeping"
+    elif kind == "event":
+        state = "waiting"
+    else:
+        state = "running"
+    started = float(first) if first is not None else float(mark["at"])
+    return StepStatus(
+        name=str(mark["name"]),
+        state=state,
+        attempts=int(att or 0),
+        started_at=started,
+        finished_at=None if res is None else float(res["at"]),
+        result_size=None if res is None else len(str(res["result"]).encode()),
+        position=position,
+        kind=kind,
+        error=None if fail is None or res is not None else str(fail["error"]),
+    )
+
+
+def _status(run_id: str, record: Any, state: Any, final: Any) -> WorkflowStatus:
+    current = final if final is not None else state
+    name = str(record["name"])
+    result = None
+    if final is not None and final.get("result") is not None:
+        result = json.loads(final["result"])
+    return WorkflowStatus(
+        id=run_id,
+        name=name,
+        state=str(current["state"]) if current is not None else "running",
+        result=result,
+        error=None if final is None else final.get("error"),
+        input=json.loads(record["input"]),
+        created_at=float(record["created_at"]),
+        updated_at=None if current is None else float(current["at"]),
+        resume_at=None if final is not None or state is None else state.get("resume_at"),
+        waiting_for=None if final is not None or state is None else state.get("waiting_for"),
+    )
+
+
+def _fields(run: WorkflowStatus) -> dict[str, Any]:
+    return {f: getattr(run, f) for f in WorkflowStatus.__dataclass_fields__ if f != "steps"}
