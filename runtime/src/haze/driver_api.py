@@ -34,6 +34,10 @@ names                   what they are for
 ``MISFIRE_GRACE``        how late a scheduled run may start
 ``register_plugin``      register a plugin in this process (a bundle without package
                         metadata): ``register_plugin("haze.stores", "kv", "m:KVStore")``
+``Workflow``, ...        durable workflows for a platform's own engine: ``Workflow``,
+                        ``find_workflow``, ``registered_workflows``, ``WorkflowRun``,
+                        ``encode_result``, ``workflow_state`` and the Lambda run names
+                        (``DISPATCH_SUB_TYPE``, ``operation_name``, ``shown_name``)
 ``ConfigError``, ...     the errors of ``haze.errors``
 ======================  ==============================================================
 """
@@ -49,15 +53,28 @@ if _typing.TYPE_CHECKING:
     from haze._app.env import env_duration
     from haze._kernel.current import run_in_app
     from haze._kernel.durations import parse_duration
-    from haze._kernel.errors import ConfigError, HazeError, MessageDecodeError, ScheduleError
+    from haze._kernel.errors import (
+        ConfigError,
+        HazeError,
+        MessageDecodeError,
+        ScheduleError,
+        WorkflowError,
+        WorkflowRunError,
+    )
     from haze._kernel.message import Message, decode, new_id_prefix
     from haze._kernel.plugins import register as register_plugin
     from haze._orchestration.scheduling import MISFIRE_GRACE, dispatch_trigger, platform_triggers
     from haze._runners.delivery import Delivery
     from haze._runners.presence import invocations
     from haze._runners.worker import Worker
+    from haze._workflows.api import Workflow
+    from haze._workflows.definition import find_workflow, registered_workflows
+    from haze._workflows.engine import workflow_state
+    from haze._workflows.lambda_runs import DISPATCH_SUB_TYPE, operation_name, shown_name
+    from haze._workflows.run import WorkflowRun, encode_result
 
 __all__ = [
+    "DISPATCH_SUB_TYPE",
     "MISFIRE_GRACE",
     "App",
     "ConfigError",
@@ -67,19 +84,29 @@ __all__ = [
     "MessageDecodeError",
     "ScheduleError",
     "Worker",
+    "Workflow",
+    "WorkflowError",
+    "WorkflowRun",
+    "WorkflowRunError",
     "decode",
     "define_haze_config",
     "define_queue_config",
     "dispatch_trigger",
+    "encode_result",
     "env",
     "env_duration",
     "env_source",
+    "find_workflow",
     "invocations",
     "new_id_prefix",
+    "operation_name",
     "parse_duration",
     "platform_triggers",
     "register_plugin",
+    "registered_workflows",
     "run_in_app",
+    "shown_name",
+    "workflow_state",
 ]
 
 #: name -> (module, attribute): where each name lives today.
@@ -106,6 +133,17 @@ _HOMES: dict[str, tuple[str, str]] = {
     "Delivery": ("haze._runners.delivery", "Delivery"),
     "invocations": ("haze._runners.presence", "invocations"),
     "Worker": ("haze._runners.worker", "Worker"),
+    "Workflow": ("haze._workflows.api", "Workflow"),
+    "find_workflow": ("haze._workflows.definition", "find_workflow"),
+    "registered_workflows": ("haze._workflows.definition", "registered_workflows"),
+    "WorkflowRun": ("haze._workflows.run", "WorkflowRun"),
+    "encode_result": ("haze._workflows.run", "encode_result"),
+    "workflow_state": ("haze._workflows.engine", "workflow_state"),
+    "DISPATCH_SUB_TYPE": ("haze._workflows.lambda_runs", "DISPATCH_SUB_TYPE"),
+    "operation_name": ("haze._workflows.lambda_runs", "operation_name"),
+    "shown_name": ("haze._workflows.lambda_runs", "shown_name"),
+    "WorkflowError": ("haze._kernel.errors", "WorkflowError"),
+    "WorkflowRunError": ("haze._kernel.errors", "WorkflowRunError"),
 }
 
 

@@ -425,8 +425,7 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         ...         await self.send_event(data["run"], "paid", data)
         ...         return self._response({"ok": True}, 202)
         """
-        from haze._app.app import run_in_app
-        from haze._workflows.api import Workflow
+        from haze.driver_api import Workflow, run_in_app
 
         self._bind(None)
         app = await self.get_app()

@@ -128,9 +128,7 @@ class HazeWorkflow(_Base):  # type: ignore[misc, unused-ignore]
     _app: Any = None
 
     async def run(self, event: Any, step: Any) -> Any:
-        from haze._app.app import App, run_in_app
-        from haze._workflows.definition import find_workflow
-        from haze._workflows.run import WorkflowRun, encode_result
+        from haze.driver_api import App, WorkflowRun, encode_result, find_workflow, run_in_app
 
         from haze_cloudflare._js import bind_env, to_py
 

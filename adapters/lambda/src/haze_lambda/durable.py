@@ -50,7 +50,7 @@ from aws_durable_execution_sdk_python.config import (
 from aws_durable_execution_sdk_python.exceptions import CallbackTimeoutError
 from aws_durable_execution_sdk_python.retries import RetryDecision
 from aws_durable_execution_sdk_python.serdes import PassThroughSerDes
-from haze._workflows.lambda_runs import DISPATCH_SUB_TYPE, operation_name, shown_name
+from haze.driver_api import DISPATCH_SUB_TYPE, operation_name, shown_name
 
 if TYPE_CHECKING:
     from aws_durable_execution_sdk_python.context import DurableContext
@@ -74,7 +74,7 @@ _context: contextvars.ContextVar[DurableContext | None] = contextvars.ContextVar
 def retry_strategy(retry: StepRetry) -> Callable[[Exception, int], RetryDecision]:
     """The SDK retry strategy of a step's ``tries``/``backoff``. A broken haze rule
     (``WorkflowError``) is never retried: a replay would break it again."""
-    from haze._kernel.errors import WorkflowError
+    from haze.driver_api import WorkflowError
 
     def decide(error: Exception, attempt: int) -> RetryDecision:
         if isinstance(error, WorkflowError) or attempt >= retry.tries:

@@ -58,8 +58,7 @@ def _execute(event: Any, context: DurableContext) -> Any:
 
 def _events(app: App) -> Any:
     """The app's store, where an event sent before its wait is kept (None without one)."""
-    from haze._kernel.errors import ConfigError
-    from haze._workflows.engine import workflow_state
+    from haze.driver_api import ConfigError, workflow_state
 
     try:
         return workflow_state(app.manager.state_store())
@@ -69,9 +68,13 @@ def _events(app: App) -> Any:
 
 async def run_workflow(app: App, event: Any, context: DurableContext) -> Any:
     """Run the workflow ``event`` names on ``context``; its output (JSON)."""
-    from haze._kernel.errors import WorkflowRunError
-    from haze._workflows.definition import find_workflow, registered_workflows
-    from haze._workflows.run import WorkflowRun, encode_result
+    from haze.driver_api import (
+        WorkflowRun,
+        WorkflowRunError,
+        encode_result,
+        find_workflow,
+        registered_workflows,
+    )
 
     from haze_lambda.durable import LambdaStepEngine
 
