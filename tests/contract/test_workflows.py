@@ -283,3 +283,16 @@ async def test_a_failed_run_is_retried_from_its_last_kept_step(
     assert (st.state, st.result) == ("done", "up"), rid
     assert CALLS == {"kept": 1, "flaky": 2}
     assert await retry("retry-1") is False  # done: nothing to retry
+
+
+@workflow(name="wfc_short_wait")
+async def wfc_short_wait(run: Any) -> Any:
+    return {"answer": await run.wait_for_event("go", timeout=0.3)}
+
+
+async def test_a_wait_without_its_event_times_out_on_every_driver(app: Any, done: Any) -> None:
+    # sync has no delayed message to end the wait: Workflow.wait ends it once due
+    rid = await Workflow.start(wfc_short_wait)
+    st = await Workflow.wait(rid, timeout=20)
+    assert (st.state, st.result) == ("done", {"answer": None}), st.error
+    assert [(s.name, s.state) for s in st.steps] == [("go", "done")]

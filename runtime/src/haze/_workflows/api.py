@@ -196,6 +196,8 @@ class Workflow(WorkflowDefinition):
                 raise WorkflowRunError(f"Workflow.wait: no workflow run {run_id!r}")
             if st.finished:
                 return st
+            if _due_inline(st):
+                await wake(run_id)
             if deadline is not None and loop.time() >= deadline:
                 raise TimeoutError(f"workflow run {run_id} is still {st.state} after {limit:g}s")
             left = pause if deadline is None else min(pause, max(0.0, deadline - loop.time()))
@@ -214,6 +216,16 @@ class Workflow(WorkflowDefinition):
     ) -> builtins.list[WorkflowStatus]:
         """Runs, newest first (``state``/``name`` filter them), without their steps."""
         return await runs_for(use_app(), name).list(state, name, limit)
+
+
+def _due_inline(st: WorkflowStatus) -> bool:
+    """A run whose sleep or wait is due on a driver that has no delayed messages (sync):
+    nothing else will resume it, so the caller waiting for it does."""
+    if st.resume_at is None or st.resume_at > now():
+        return False
+    wf = find_workflow(st.name)
+    app = use_app()
+    return wf is not None and app.recorder is None and app.driver(wf.job.connection).inline
 
 
 async def wake(run_id: str) -> bool:
