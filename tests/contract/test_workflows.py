@@ -296,3 +296,27 @@ async def test_a_wait_without_its_event_times_out_on_every_driver(app: Any, done
     st = await Workflow.wait(rid, timeout=20)
     assert (st.state, st.result) == ("done", {"answer": None}), st.error
     assert [(s.name, s.state) for s in st.steps] == [("go", "done")]
+
+
+@workflow(name="wfc_step_gives_up", tries=3, failed=_on_failed)
+async def wfc_step_gives_up(run: Any) -> None:
+    def down() -> None:
+        CALLS["down"] += 1
+        raise RuntimeError("the card service is down")
+
+    await run.step("charge", down, tries=2)
+
+
+async def test_a_step_that_fails_for_good_fails_the_run_without_the_runs_retries(
+    app: Any, done: Any, quietly: Any
+) -> None:
+    # the workflow's own tries are for crashes mid-replay; a step's tries are its own
+    await quietly(Workflow.start(wfc_step_gives_up, id="gives-up"))
+    error = await _failed_with("gives-up", quietly, done)
+    assert "RuntimeError: the card service is down" in error
+    assert CALLS["down"] == 2
+    assert FAILED == [("gives-up", "RuntimeError")]
+    st = await Workflow.status("gives-up")
+    assert st is not None and [(s.name, s.state, s.attempts) for s in st.steps] == [
+        ("charge", "failed", 2)
+    ]

@@ -275,9 +275,10 @@ def workflow(
     ...     await run.sleep("cool-off", "2d")
     ...     return user
 
-    ``tries``/``backoff``: deliveries of one message of the run, as for any job (an
-    error that escapes the workflow's code, or a worker that died mid-replay, uses one;
-    give a workflow that must outlive worker crashes ``tries`` above 1); ``max_steps``
+    ``tries``/``backoff``: deliveries of one message of the run, as for any job (a
+    worker that died mid-replay, or an error raised outside any step, uses one; give a
+    workflow that must outlive worker crashes ``tries`` above 1). A step that fails for
+    good, or a broken rule, fails the run at once, whatever ``tries`` is; ``max_steps``
     (10,000): the steps one run may reach; ``failed(run_id, error)``: called once when
     the run fails; ``queue``/``connection``/``timeout`` as for ``define_job``.
     """

@@ -141,6 +141,11 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
         value = await wf.fn(run, **json.loads(text))
     except (Suspend, Stopped):
         return
+    except Exception as e:
+        if step_engine.gave_up(e):  # the run's own tries are for crashes, not for this
+            ctx.fail(e)
+            return
+        raise
     output = encode_result(value, f'workflow "{wf.name}" (run {run_id})')
     await state.finish(run_id, "done", engine.now(), output, None)
 

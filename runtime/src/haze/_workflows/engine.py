@@ -113,6 +113,13 @@ class StoreEngine:
         self.wake = wake
         self.by = by
         self._running = False
+        #: the errors of steps that failed for good, to tell them from a crash's
+        self._gave_up: list[BaseException] = []
+
+    def gave_up(self, error: BaseException) -> bool:
+        """True when ``error`` is a step's final failure or a broken rule: replaying the
+        run again (the workflow's own tries) would end the same way."""
+        return isinstance(error, WorkflowError) or any(error is e for e in self._gave_up)
 
     async def _live(self) -> None:
         """Before doing anything new: stop when the run was cancelled meanwhile."""
@@ -148,6 +155,7 @@ class StoreEngine:
             except Exception as e:
                 if n >= retry.tries:
                     await self.state.step_failed(self.run_id, name, error_line(e), now())
+                    self._gave_up.append(e)
                     raise
                 log.info('workflow run %s: step "%s" failed (%s); retrying', self.run_id, name, e)
                 continue
