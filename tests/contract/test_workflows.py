@@ -320,3 +320,26 @@ async def test_a_step_that_fails_for_good_fails_the_run_without_the_runs_retries
     assert st is not None and [(s.name, s.state, s.attempts) for s in st.steps] == [
         ("charge", "failed", 2)
     ]
+
+
+@workflow(name="wfc_slow_step")
+async def wfc_slow_step(run: Any) -> str:
+    async def slow() -> str:
+        CALLS["slow"] += 1
+        await asyncio.sleep(0.3)
+        return "slow"
+
+    return str(await run.step("slow", slow))
+
+
+async def test_concurrent_starts_with_one_id_make_one_run_that_runs_its_steps_once(
+    make_app: Any, done: Any
+) -> None:
+    async with make_app(concurrency=3):
+        ids = await asyncio.gather(*(Workflow.start(wfc_slow_step, id="once") for _ in range(3)))
+        assert ids == ["once"] * 3
+        st = await Workflow.wait("once", timeout=20)
+        await done()
+        assert (st.state, st.result) == ("done", "slow")
+        assert CALLS["slow"] == 1
+        assert [r.id for r in await Workflow.list(name="wfc_slow_step")] == ["once"]

@@ -131,9 +131,10 @@ class Workflow(WorkflowDefinition):
         if await state.run_input(run_id) is not None:
             return run_id
         # the message first: it carries the input and adds the run itself if this
-        # process dies before the record below
+        # process dies before the record below. Starts racing on one id each queue a
+        # message; its token lets only one of them replay the run (definition.replay).
         connection = wf.job.connection
-        await wf.pending({"run": run_id, "input": text}).dispatch()
+        await wf.pending({"run": run_id, "input": text, "start": new_id()}).dispatch()
         await state.create_run(run_id, wf.name, text, now(), connection)
         return run_id
 

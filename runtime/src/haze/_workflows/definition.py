@@ -105,6 +105,9 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
     state = context_state(ctx)
     run_id = str(payload["run"])
     if "input" in payload:  # the start message: it adds the run if the starter died first
+        token = payload.get("start")
+        if token is not None and await state.keep(run_id, "start", str(token)) != token:
+            return  # another start of this id won the race: its own message runs the run
         await state.create_run(run_id, wf.name, payload["input"], now(), ctx.connection)
     if await state.final_state(run_id) is not None:
         return  # a late or duplicate message of a finished run

@@ -22,7 +22,9 @@ Crash windows (the process dies between two writes):
   chain) and it queues the resume again: at worst one duplicate resume, which finds
   the chain owned by another message and ends.
 - start: message queued -> run record added. A message whose record is missing adds
-  it itself (the message carries the input), so no window loses a run.
+  it itself (the message carries the input), so no window loses a run. Each start
+  message carries a token and replays the run only if its token is the one kept
+  (insert-if-absent) for the run, so concurrent starts of one id run it once.
 - end: result kept as the final state (added once) -> message acked.
 """
 
