@@ -343,3 +343,30 @@ async def test_concurrent_starts_with_one_id_make_one_run_that_runs_its_steps_on
         assert (st.state, st.result) == ("done", "slow")
         assert CALLS["slow"] == 1
         assert [r.id for r in await Workflow.list(name="wfc_slow_step")] == ["once"]
+
+
+@workflow(name="wfc_slow_then_wait")
+async def wfc_slow_then_wait(run: Any) -> Any:
+    async def slow() -> str:
+        CALLS["slow"] += 1
+        await asyncio.sleep(0.3)
+        return "slow"
+
+    await run.step("slow", slow)
+    return await run.wait_for_event("go", timeout="1h")
+
+
+async def test_an_early_event_does_not_replay_the_run_beside_itself(
+    make_app: Any, done: Any
+) -> None:
+    # the event comes while the first step runs: it is kept for the wait, and its
+    # resume does not run the step a second time on another slot
+    async with make_app(concurrency=3):
+        rid = await Workflow.start(wfc_slow_then_wait)
+        await asyncio.sleep(0.1)
+        assert await Workflow.send_event(rid, "other", {"n": 2}) is True
+        assert await Workflow.send_event(rid, "go", {"n": 1}) is True
+        st = await Workflow.wait(rid, timeout=20)
+        await done()
+        assert (st.state, st.result) == ("done", {"n": 1}), st.error
+        assert CALLS["slow"] == 1

@@ -172,8 +172,8 @@ class Workflow(WorkflowDefinition):
             )
         kept = await state.put_event(run_id, name, text)
         wf = find_workflow(run.name)
-        if wf is not None:  # resume it now (a run not waiting yet ends at once)
-            await wf.pending({"run": run_id}).dispatch()
+        if wf is not None:  # resume it now, if it waits for this event (definition.replay)
+            await wf.pending({"run": run_id, "event": name}).dispatch()
         return kept
 
     @staticmethod

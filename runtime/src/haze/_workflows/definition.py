@@ -20,6 +20,7 @@ from haze._kernel.errors import JobDefinitionError, WorkflowError
 from haze._workflows import engine
 from haze._workflows.engine import Stopped, StoreEngine, Suspend, context_state, hop, now
 from haze._workflows.run import DEFAULT_MAX_STEPS, WorkflowRun, encode_result
+from haze.contracts.workflow import WorkflowStateStore
 
 __all__ = ["WorkflowDefinition", "find_workflow", "registered_workflows", "replay"]
 
@@ -111,6 +112,8 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
         await state.create_run(run_id, wf.name, payload["input"], now(), ctx.connection)
     if await state.final_state(run_id) is not None:
         return  # a late or duplicate message of a finished run
+    if "event" in payload and not await _waits_for(state, run_id, str(payload["event"])):
+        return  # a run not at this wait yet finds the kept event when it gets there
     text = await state.run_input(run_id)
     if text is None:
         log.warning('workflow "%s": no run %s in the store; message dropped', wf.name, run_id)
@@ -151,6 +154,11 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
         raise
     output = encode_result(value, f'workflow "{wf.name}" (run {run_id})')
     await state.finish(run_id, "done", engine.now(), output, None)
+
+
+async def _waits_for(state: WorkflowStateStore, run_id: str, event: str) -> bool:
+    run = await state.get_run(run_id)
+    return run is not None and run.state == "waiting" and run.waiting_for == event
 
 
 async def run_failed(

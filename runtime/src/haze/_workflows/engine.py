@@ -25,6 +25,12 @@ Crash windows (the process dies between two writes):
   it itself (the message carries the input), so no window loses a run. Each start
   message carries a token and replays the run only if its token is the one kept
   (insert-if-absent) for the run, so concurrent starts of one id run it once.
+- event: payload kept (first wins) -> resume queued. The resume replays the run only
+  while it waits for that event (else the run finds the kept event at its wait); a
+  wait re-reads the event after recording "waiting", so of the resume and the wait at
+  least one sees the other: no event is left unread, and an early event does not
+  replay a busy run beside itself. Dying before the resume is queued leaves the event
+  kept for the wait, or (the run already waiting) for a repeat of ``send_event``.
 - end: result kept as the final state (added once) -> message acked.
 """
 
@@ -190,7 +196,11 @@ class StoreEngine:
                 await self._live()
                 return await self.state.keep_result(self.run_id, name, "null", now())
         await self._suspend(position, until, "waiting", name)
-        raise AssertionError("unreachable: _suspend raises")
+        # _suspend returns only when the event came while the wait was being recorded
+        # (its resume found no wait yet and ended): go on with it here
+        await self.state.set_state(self.run_id, "running", now())
+        event = await self.state.event(self.run_id, name)
+        return await self.state.keep_result(self.run_id, name, event or "null", now())
 
     async def _suspend(
         self, position: int, until: float | None, state: str, event: str | None
@@ -205,6 +215,8 @@ class StoreEngine:
         if await self.state.final_state(self.run_id) is not None:
             raise Stopped
         await self.state.set_state(self.run_id, state, now(), until, event)
+        if event is not None and await self.state.event(self.run_id, event) is not None:
+            return  # the event's resume read the state before the write above
         # sync has no delayed messages (it would run the resume now, forever): there a
         # wait ends only by its event
         if until is not None and not self.inline:
