@@ -370,3 +370,38 @@ async def test_an_early_event_does_not_replay_the_run_beside_itself(
         await done()
         assert (st.state, st.result) == ("done", {"n": 1}), st.error
         assert CALLS["slow"] == 1
+
+
+@workflow(name="wfc_dispatch_crash", tries=2)
+async def wfc_dispatch_crash(run: Any) -> str:
+    await run.dispatch(wfc_audit.with_({"user": "crash"}))
+    return "sent"
+
+
+async def test_a_dispatch_queued_again_after_a_crash_before_its_record_runs_once(
+    app: Any, done: Any, driver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The process "dies" after queueing the job and before keeping its id: the write
+    # fails once (an exception, so that the run's next delivery replays it here, as a
+    # fresh worker would after a SIGKILL) and the replay queues the job again.
+    if driver.inline:
+        pytest.skip("sync runs the job inside the dispatch and has no second delivery")
+    from haze.stores.workflow_state import KeyValueWorkflowState
+
+    keep = KeyValueWorkflowState.keep_result
+    died: list[str] = []
+
+    async def dies_once(self: Any, run_id: str, name: str, result: str, now: float) -> str:
+        if name.startswith("dispatch:") and not died:
+            died.append(name)
+            raise RuntimeError("the worker died here")
+        return await keep(self, run_id, name, result, now)
+
+    monkeypatch.setattr(KeyValueWorkflowState, "keep_result", dies_once)
+    rid = await Workflow.start(wfc_dispatch_crash)
+    st = await Workflow.wait(rid, timeout=20)
+    await done()
+    await asyncio.sleep(0.2)
+    await done()
+    assert (st.state, st.result, died) == ("done", "sent", ["dispatch:wfc_audit"])
+    assert CALLS["audit:crash"] == 1

@@ -31,6 +31,9 @@ Crash windows (the process dies between two writes):
   least one sees the other: no event is left unread, and an early event does not
   replay a busy run beside itself. Dying before the resume is queued leaves the event
   kept for the wait, or (the run already waiting) for a repeat of ``send_event``.
+- dispatch: job queued (with a once key) -> its id kept. Dying between the two queues
+  a second copy on the next replay; each copy claims the key (insert-if-absent in the
+  batches store, kept as long as batches are) before it runs, so one copy runs.
 - end: result kept as the final state (added once) -> message acked.
 """
 
