@@ -17,6 +17,7 @@ import pytest
 from haze import (
     ConfigError,
     Workflow,
+    WorkflowLimitError,
     WorkflowRunError,
     define_job,
     workflow,
@@ -113,6 +114,8 @@ async def test_wait_times_out_cancel_is_a_bool_and_events_need_a_live_run(
         await Workflow.send_event(rid, "go", 1)
     with pytest.raises(WorkflowRunError, match="no workflow run"):
         await Workflow.send_event("no-such-run", "go", 1)
+    with pytest.raises(WorkflowLimitError, match="an event name must be a string of 1-255"):
+        await Workflow.send_event(rid, "", 1)
     assert (await Workflow.wait(rid, timeout=5)).state == "cancelled"
 
 

@@ -60,8 +60,10 @@ def check_name(name: object, what: str, where: str) -> str:
     """``name`` if it can name a step or an event: a string of 1-255 characters."""
     if not isinstance(name, str) or not name or len(name) > MAX_NAME:
         shown = f"{len(name)} characters" if isinstance(name, str) and name else repr(name)
+        article = "an" if what[:1] in "aeiou" else "a"
         raise WorkflowLimitError(
-            f"{where}: a {what} name must be a string of 1-{MAX_NAME} characters, got {shown}"
+            f"{where}: {article} {what} name must be a string of 1-{MAX_NAME} characters, "
+            f"got {shown}"
         )
     return name
 
