@@ -230,7 +230,16 @@ async def test_a_broken_rule_fails_the_run_with_its_reason(
 
 async def test_input_and_events_must_be_json(app: Any) -> None:
     with pytest.raises(TypeError, match="not JSON"):
-        await Workflow.start(wfc_waits, when=object())
+        await Workflow.start(wfc_onboard, user_id=object())
+
+
+async def test_input_that_does_not_fit_the_workflow_is_refused_at_start(app: Any) -> None:
+    with pytest.raises(TypeError, match="unexpected keyword argument 'user'") as e:
+        await Workflow.start(wfc_waits, user=1)
+    assert 'Workflow.start("wfc_waits")' in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(TypeError, match="missing a required argument: 'user_id'"):
+        await Workflow.start(wfc_onboard)
+    assert await Workflow.list() == []
 
 
 async def test_a_kv_store_is_refused_in_one_line() -> None:

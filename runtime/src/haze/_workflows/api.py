@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import inspect
 import json
 from collections.abc import Callable
 from typing import Any
@@ -116,6 +117,13 @@ class Workflow(WorkflowDefinition):
         if not isinstance(wf, WorkflowDefinition):
             raise TypeError(f"Workflow.start: expected a @workflow, got {wf!r}")
         run_id = new_id() if id is None else _run_id(id, f'Workflow.start("{wf.name}")')
+        try:  # here, not as a failed run in a worker later
+            inspect.signature(wf.fn).bind(None, **input)
+        except TypeError as e:
+            raise TypeError(
+                f'Workflow.start("{wf.name}"): {e}; pass the workflow\'s own arguments '
+                "(after run) as keywords"
+            ) from None
         try:
             text = _encode(input)
         except (TypeError, ValueError) as e:
