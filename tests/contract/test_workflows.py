@@ -17,6 +17,7 @@ import pytest
 from haze import (
     ConfigError,
     Workflow,
+    WorkflowLimitError,
     WorkflowRunError,
     define_job,
     workflow,
@@ -113,6 +114,8 @@ async def test_wait_times_out_cancel_is_a_bool_and_events_need_a_live_run(
         await Workflow.send_event(rid, "go", 1)
     with pytest.raises(WorkflowRunError, match="no workflow run"):
         await Workflow.send_event("no-such-run", "go", 1)
+    with pytest.raises(WorkflowLimitError, match="an event name must be a string of 1-255"):
+        await Workflow.send_event(rid, "", 1)
     assert (await Workflow.wait(rid, timeout=5)).state == "cancelled"
 
 
@@ -227,7 +230,16 @@ async def test_a_broken_rule_fails_the_run_with_its_reason(
 
 async def test_input_and_events_must_be_json(app: Any) -> None:
     with pytest.raises(TypeError, match="not JSON"):
-        await Workflow.start(wfc_waits, when=object())
+        await Workflow.start(wfc_onboard, user_id=object())
+
+
+async def test_input_that_does_not_fit_the_workflow_is_refused_at_start(app: Any) -> None:
+    with pytest.raises(TypeError, match="unexpected keyword argument 'user'") as e:
+        await Workflow.start(wfc_waits, user=1)
+    assert 'Workflow.start("wfc_waits")' in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(TypeError, match="missing a required argument: 'user_id'"):
+        await Workflow.start(wfc_onboard)
+    assert await Workflow.list() == []
 
 
 async def test_a_kv_store_is_refused_in_one_line() -> None:
@@ -299,3 +311,125 @@ async def test_a_store_other_processes_cannot_see_is_warned_about(
         await done()
     [line] = [r.getMessage() for r in caplog.records if "keeps workflow runs" in r.message]
     assert 'The "memory" store keeps workflow runs, but connection "main"' in line
+
+
+@workflow(name="wfc_short_wait")
+async def wfc_short_wait(run: Any) -> Any:
+    return {"answer": await run.wait_for_event("go", timeout=0.3)}
+
+
+async def test_a_wait_without_its_event_times_out_on_every_driver(app: Any, done: Any) -> None:
+    # sync has no delayed message to end the wait: Workflow.wait ends it once due
+    rid = await Workflow.start(wfc_short_wait)
+    st = await Workflow.wait(rid, timeout=20)
+    assert (st.state, st.result) == ("done", {"answer": None}), st.error
+    assert [(s.name, s.state) for s in st.steps] == [("go", "done")]
+
+
+@workflow(name="wfc_step_gives_up", tries=3, failed=_on_failed)
+async def wfc_step_gives_up(run: Any) -> None:
+    def down() -> None:
+        CALLS["down"] += 1
+        raise RuntimeError("the card service is down")
+
+    await run.step("charge", down, tries=2)
+
+
+async def test_a_step_that_fails_for_good_fails_the_run_without_the_runs_retries(
+    app: Any, done: Any, quietly: Any
+) -> None:
+    # the workflow's own tries are for crashes mid-replay; a step's tries are its own
+    await quietly(Workflow.start(wfc_step_gives_up, id="gives-up"))
+    error = await _failed_with("gives-up", quietly, done)
+    assert "RuntimeError: the card service is down" in error
+    assert CALLS["down"] == 2
+    assert FAILED == [("gives-up", "RuntimeError")]
+    st = await Workflow.status("gives-up")
+    assert st is not None and [(s.name, s.state, s.attempts) for s in st.steps] == [
+        ("charge", "failed", 2)
+    ]
+
+
+@workflow(name="wfc_slow_step")
+async def wfc_slow_step(run: Any) -> str:
+    async def slow() -> str:
+        CALLS["slow"] += 1
+        await asyncio.sleep(0.3)
+        return "slow"
+
+    return str(await run.step("slow", slow))
+
+
+async def test_concurrent_starts_with_one_id_make_one_run_that_runs_its_steps_once(
+    make_app: Any, done: Any
+) -> None:
+    async with make_app(concurrency=3):
+        ids = await asyncio.gather(*(Workflow.start(wfc_slow_step, id="once") for _ in range(3)))
+        assert ids == ["once"] * 3
+        st = await Workflow.wait("once", timeout=20)
+        await done()
+        assert (st.state, st.result) == ("done", "slow")
+        assert CALLS["slow"] == 1
+        assert [r.id for r in await Workflow.list(name="wfc_slow_step")] == ["once"]
+
+
+@workflow(name="wfc_slow_then_wait")
+async def wfc_slow_then_wait(run: Any) -> Any:
+    async def slow() -> str:
+        CALLS["slow"] += 1
+        await asyncio.sleep(0.3)
+        return "slow"
+
+    await run.step("slow", slow)
+    return await run.wait_for_event("go", timeout="1h")
+
+
+async def test_an_early_event_does_not_replay_the_run_beside_itself(
+    make_app: Any, done: Any
+) -> None:
+    # the event comes while the first step runs: it is kept for the wait, and its
+    # resume does not run the step a second time on another slot
+    async with make_app(concurrency=3):
+        rid = await Workflow.start(wfc_slow_then_wait)
+        await asyncio.sleep(0.1)
+        assert await Workflow.send_event(rid, "other", {"n": 2}) is True
+        assert await Workflow.send_event(rid, "go", {"n": 1}) is True
+        st = await Workflow.wait(rid, timeout=20)
+        await done()
+        assert (st.state, st.result) == ("done", {"n": 1}), st.error
+        assert CALLS["slow"] == 1
+
+
+@workflow(name="wfc_dispatch_crash", tries=2)
+async def wfc_dispatch_crash(run: Any) -> str:
+    await run.dispatch(wfc_audit.with_({"user": "crash"}))
+    return "sent"
+
+
+async def test_a_dispatch_queued_again_after_a_crash_before_its_record_runs_once(
+    app: Any, done: Any, driver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The process "dies" after queueing the job and before keeping its id: the write
+    # fails once (an exception, so that the run's next delivery replays it here, as a
+    # fresh worker would after a SIGKILL) and the replay queues the job again.
+    if driver.inline:
+        pytest.skip("sync runs the job inside the dispatch and has no second delivery")
+    from haze.stores.workflow_state import KeyValueWorkflowState
+
+    keep = KeyValueWorkflowState.keep_result
+    died: list[str] = []
+
+    async def dies_once(self: Any, run_id: str, name: str, result: str, now: float) -> str:
+        if name.startswith("dispatch:") and not died:
+            died.append(name)
+            raise RuntimeError("the worker died here")
+        return await keep(self, run_id, name, result, now)
+
+    monkeypatch.setattr(KeyValueWorkflowState, "keep_result", dies_once)
+    rid = await Workflow.start(wfc_dispatch_crash)
+    st = await Workflow.wait(rid, timeout=20)
+    await done()
+    await asyncio.sleep(0.2)
+    await done()
+    assert (st.state, st.result, died) == ("done", "sent", ["dispatch:wfc_audit"])
+    assert CALLS["audit:crash"] == 1

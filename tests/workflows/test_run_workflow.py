@@ -113,3 +113,20 @@ async def test_an_event_for_an_unknown_run_is_one_clear_error() -> None:
 
     with pytest.raises(WorkflowRunError, match="no workflow run"):
         await Workflow.send_event("no-such-run", "paid", {})
+
+
+async def test_run_workflow_keeps_its_clock_on_an_app_whose_connection_is_sync() -> None:
+    # The fake queue carries the run, not the sync driver: the sleeps and the wait's
+    # timeout pass on the test clock as on any other app.
+    from haze import App, define_queue_config
+
+    config = define_queue_config(default="main", connections={"main": {"driver": "sync"}})
+    async with App(queue=config):
+        clock = WorkflowClock()
+        unpaid = await run_workflow(recipes.payment, order_id="S-1", cents=900, clock=clock)
+        assert (unpaid.state, unpaid.result) == ("done", {"order": "S-1", "state": "cancelled"})
+        assert clock.slept == 3 * 86400
+        clock = WorkflowClock()
+        signup = await run_workflow(recipes.signup, email="ada@example.com", clock=clock)
+        assert signup.state == "done", signup.error
+        assert clock.slept == 2 * 86400

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import inspect
 import json
 import logging
 from collections.abc import Callable
@@ -142,6 +143,13 @@ class Workflow(WorkflowDefinition):
         if not isinstance(wf, WorkflowDefinition):
             raise TypeError(f"Workflow.start: expected a @workflow, got {wf!r}")
         run_id = new_id() if id is None else _run_id(id, f'Workflow.start("{wf.name}")')
+        try:  # here, not as a failed run in a worker later
+            inspect.signature(wf.fn).bind(None, **input)
+        except TypeError as e:
+            raise TypeError(
+                f'Workflow.start("{wf.name}"): {e}; pass the workflow\'s own arguments '
+                "(after run) as keywords"
+            ) from None
         try:
             text = _encode(input)
         except (TypeError, ValueError) as e:
@@ -158,9 +166,10 @@ class Workflow(WorkflowDefinition):
         if await state.run_input(run_id) is not None:
             return run_id
         # the message first: it carries the input and adds the run itself if this
-        # process dies before the record below
+        # process dies before the record below. Starts racing on one id each queue a
+        # message; its token lets only one of them replay the run (definition.replay).
         connection = wf.job.connection
-        await wf.pending({"run": run_id, "input": text}).dispatch()
+        await wf.pending({"run": run_id, "input": text, "start": new_id()}).dispatch()
         await state.create_run(run_id, wf.name, text, now(), connection)
         return run_id
 
@@ -198,8 +207,8 @@ class Workflow(WorkflowDefinition):
             )
         kept = await state.put_event(run_id, name, text)
         wf = find_workflow(run.name)
-        if wf is not None:  # resume it now (a run not waiting yet ends at once)
-            await wf.pending({"run": run_id}).dispatch()
+        if wf is not None:  # resume it now, if it waits for this event (definition.replay)
+            await wf.pending({"run": run_id, "event": name}).dispatch()
         return kept
 
     @staticmethod
@@ -223,6 +232,8 @@ class Workflow(WorkflowDefinition):
                 raise WorkflowRunError(f"Workflow.wait: no workflow run {run_id!r}")
             if st.finished:
                 return st
+            if _due_inline(st):
+                await wake(run_id)
             if deadline is not None and loop.time() >= deadline:
                 raise TimeoutError(f"workflow run {run_id} is still {st.state} after {limit:g}s")
             left = pause if deadline is None else min(pause, max(0.0, deadline - loop.time()))
@@ -241,6 +252,16 @@ class Workflow(WorkflowDefinition):
     ) -> builtins.list[WorkflowStatus]:
         """Runs, newest first (``state``/``name`` filter them), without their steps."""
         return await runs_for(use_app(), name).list(state, name, limit)
+
+
+def _due_inline(st: WorkflowStatus) -> bool:
+    """A run whose sleep or wait is due on a driver that has no delayed messages (sync):
+    nothing else will resume it, so the caller waiting for it does."""
+    if st.resume_at is None or st.resume_at > now():
+        return False
+    wf = find_workflow(st.name)
+    app = use_app()
+    return wf is not None and app.recorder is None and app.driver(wf.job.connection).inline
 
 
 async def wake(run_id: str) -> bool:
@@ -291,9 +312,10 @@ def workflow(
     ...     await run.sleep("cool-off", "2d")
     ...     return user
 
-    ``tries``/``backoff``: deliveries of one message of the run, as for any job (an
-    error that escapes the workflow's code, or a worker that died mid-replay, uses one;
-    give a workflow that must outlive worker crashes ``tries`` above 1); ``max_steps``
+    ``tries``/``backoff``: deliveries of one message of the run, as for any job (a
+    worker that died mid-replay, or an error raised outside any step, uses one; give a
+    workflow that must outlive worker crashes ``tries`` above 1). A step that fails for
+    good, or a broken rule, fails the run at once, whatever ``tries`` is; ``max_steps``
     (10,000): the steps one run may reach; ``failed(run_id, error)``: called once when
     the run fails; ``queue``/``connection``/``timeout`` as for ``define_job``;
     ``encrypted``: the run's input, step results, events, result and error text are

@@ -22,6 +22,7 @@ from haze._workflows import engine
 from haze._workflows.engine import Stopped, StoreEngine, Suspend, context_state, hop, now
 from haze._workflows.run import DEFAULT_MAX_STEPS, WorkflowRun, encode_result
 from haze._workflows.sealed import sealed_state
+from haze.contracts.workflow import WorkflowStateStore
 
 __all__ = ["WorkflowDefinition", "find_workflow", "registered_workflows", "replay"]
 
@@ -111,9 +112,14 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
     state = sealed_state(context_state(ctx), ctx.app, encrypt=wf.encrypted)
     run_id = str(payload["run"])
     if "input" in payload:  # the start message: it adds the run if the starter died first
+        token = payload.get("start")
+        if token is not None and await state.keep(run_id, "start", str(token)) != token:
+            return  # another start of this id won the race: its own message runs the run
         await state.create_run(run_id, wf.name, payload["input"], now(), ctx.connection)
     if await state.final_state(run_id) is not None:
         return  # a late or duplicate message of a finished run
+    if "event" in payload and not await _waits_for(state, run_id, str(payload["event"])):
+        return  # a run not at this wait yet finds the kept event when it gets there
     text = await state.run_input(run_id)
     if text is None:
         log.warning('workflow "%s": no run %s in the store; message dropped', wf.name, run_id)
@@ -130,7 +136,8 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
         run_id,
         message_id=ctx.id,
         resume=resume,
-        inline=driver.inline,
+        # a fake queue records the resume instead of handing it to the sync driver
+        inline=driver.inline and ctx.app.recorder is None,
         wake=payload.get("wake"),
         by=payload.get("by"),
         encrypted=wf.encrypted,
@@ -147,8 +154,18 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
         value = await wf.fn(run, **json.loads(text))
     except (Suspend, Stopped):
         return
+    except Exception as e:
+        if step_engine.gave_up(e):  # the run's own tries are for crashes, not for this
+            ctx.fail(e)
+            return
+        raise
     output = encode_result(value, f'workflow "{wf.name}" (run {run_id})')
     await state.finish(run_id, "done", engine.now(), output, None)
+
+
+async def _waits_for(state: WorkflowStateStore, run_id: str, event: str) -> bool:
+    run = await state.get_run(run_id)
+    return run is not None and run.state == "waiting" and run.waiting_for == event
 
 
 async def run_failed(

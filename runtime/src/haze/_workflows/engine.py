@@ -22,7 +22,18 @@ Crash windows (the process dies between two writes):
   chain) and it queues the resume again: at worst one duplicate resume, which finds
   the chain owned by another message and ends.
 - start: message queued -> run record added. A message whose record is missing adds
-  it itself (the message carries the input), so no window loses a run.
+  it itself (the message carries the input), so no window loses a run. Each start
+  message carries a token and replays the run only if its token is the one kept
+  (insert-if-absent) for the run, so concurrent starts of one id run it once.
+- event: payload kept (first wins) -> resume queued. The resume replays the run only
+  while it waits for that event (else the run finds the kept event at its wait); a
+  wait re-reads the event after recording "waiting", so of the resume and the wait at
+  least one sees the other: no event is left unread, and an early event does not
+  replay a busy run beside itself. Dying before the resume is queued leaves the event
+  kept for the wait, or (the run already waiting) for a repeat of ``send_event``.
+- dispatch: job queued (with a once key) -> its id kept. Dying between the two queues
+  a second copy on the next replay; each copy claims the key (insert-if-absent in the
+  batches store, kept as long as batches are) before it runs, so one copy runs.
 - end: result kept as the final state (added once) -> message acked.
 - dispatch: job queued -> its id kept. Dying between them queues it again on the
   replay (once per run except in that window).
@@ -123,6 +134,13 @@ class StoreEngine:
         #: an encrypted workflow: its errors are logged by type only
         self.encrypted = encrypted
         self._running = False
+        #: the errors of steps that failed for good, to tell them from a crash's
+        self._gave_up: list[BaseException] = []
+
+    def gave_up(self, error: BaseException) -> bool:
+        """True when ``error`` is a step's final failure or a broken rule: replaying the
+        run again (the workflow's own tries) would end the same way."""
+        return isinstance(error, WorkflowError) or any(error is e for e in self._gave_up)
 
     async def _live(self) -> None:
         """Before doing anything new: stop when the run was cancelled meanwhile."""
@@ -158,6 +176,7 @@ class StoreEngine:
             except Exception as e:
                 if n >= retry.tries:
                     await self.state.step_failed(self.run_id, name, error_line(e), now())
+                    self._gave_up.append(e)
                     raise
                 shown = sealed_error(e) if self.encrypted else e
                 log.info(
@@ -193,7 +212,11 @@ class StoreEngine:
                 await self._live()
                 return await self.state.keep_result(self.run_id, name, "null", now())
         await self._suspend(position, until, "waiting", name)
-        raise AssertionError("unreachable: _suspend raises")
+        # _suspend returns only when the event came while the wait was being recorded
+        # (its resume found no wait yet and ended): go on with it here
+        await self.state.set_state(self.run_id, "running", now())
+        event = await self.state.event(self.run_id, name)
+        return await self.state.keep_result(self.run_id, name, event or "null", now())
 
     async def _suspend(
         self, position: int, until: float | None, state: str, event: str | None
@@ -208,6 +231,8 @@ class StoreEngine:
         if await self.state.final_state(self.run_id) is not None:
             raise Stopped
         await self.state.set_state(self.run_id, state, now(), until, event)
+        if event is not None and await self.state.event(self.run_id, event) is not None:
+            return  # the event's resume read the state before the write above
         # sync has no delayed messages (it would run the resume now, forever): there a
         # wait ends only by its event
         if until is not None and not self.inline:

@@ -20,6 +20,7 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from haze._kernel.current import use_app
 from haze._kernel.durations import Duration, parse_backoff, parse_duration
 from haze._kernel.errors import (
     WorkflowLimitError,
@@ -59,8 +60,10 @@ def check_name(name: object, what: str, where: str) -> str:
     """``name`` if it can name a step or an event: a string of 1-255 characters."""
     if not isinstance(name, str) or not name or len(name) > MAX_NAME:
         shown = f"{len(name)} characters" if isinstance(name, str) and name else repr(name)
+        article = "an" if what[:1] in "aeiou" else "a"
         raise WorkflowLimitError(
-            f"{where}: a {what} name must be a string of 1-{MAX_NAME} characters, got {shown}"
+            f"{where}: {article} {what} name must be a string of 1-{MAX_NAME} characters, "
+            f"got {shown}"
         )
     return name
 
@@ -271,8 +274,11 @@ class WorkflowRun:
         await self._mark(checked, position, "dispatch")
 
         async def send() -> str:
-            result = await pending.dispatch()
-            return result.id
+            # the job claims this key before it runs: a crash between this dispatch and
+            # its record queues a second copy on the next replay, and only one runs
+            once = f"haze:wf-once:{self.id}:{checked}"
+            result = await use_app().manager.dispatch(pending, meta={"once": once})
+            return str(result.id)
 
         return await self.engine.dispatch_once(checked, position, send)
 
