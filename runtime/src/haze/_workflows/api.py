@@ -26,7 +26,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from haze._kernel.current import use_app
 from haze._kernel.durations import Duration, parse_duration
 from haze._kernel.errors import ConfigError, WorkflowResultError, WorkflowRunError
 from haze._kernel.message import new_id
@@ -35,6 +34,7 @@ from haze._workflows.engine import now, workflow_state
 from haze._workflows.lambda_runs import EitherRuns, native_runs
 from haze._workflows.run import DEFAULT_MAX_STEPS, check_name
 from haze._workflows.sealed import sealed_state
+from haze.contracts.app import use_app
 from haze.contracts.workflow import FINAL_STATES, WorkflowRuns, WorkflowStateStore, WorkflowStatus
 
 __all__ = ["StoreRuns", "Workflow", "add_runs_resolver", "retry", "runs_for", "wake", "workflow"]

@@ -20,13 +20,13 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from haze._kernel.current import use_app
 from haze._kernel.durations import Duration, parse_backoff, parse_duration
 from haze._kernel.errors import (
     WorkflowLimitError,
     WorkflowNondeterminismError,
     WorkflowResultError,
 )
+from haze.contracts.app import use_app
 from haze.contracts.workflow import StepEngine, StepRetry
 
 if TYPE_CHECKING:
