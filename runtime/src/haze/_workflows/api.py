@@ -33,7 +33,7 @@ from haze._workflows.engine import now, workflow_state
 from haze._workflows.run import DEFAULT_MAX_STEPS, check_name
 from haze.contracts.workflow import FINAL_STATES, WorkflowRuns, WorkflowStateStore, WorkflowStatus
 
-__all__ = ["StoreRuns", "Workflow", "add_runs_resolver", "runs_for", "workflow"]
+__all__ = ["StoreRuns", "Workflow", "add_runs_resolver", "retry", "runs_for", "wake", "workflow"]
 
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
@@ -193,6 +193,32 @@ class Workflow(WorkflowDefinition):
         return await runs_for(use_app(), name).list(state, name, limit)
 
 
+async def wake(run_id: str) -> bool:
+    """Queue a resume of a run now (a test's clock moved on, an operator's nudge): a
+    sleep or wait that has not ended just ends the attempt again. False when the run is
+    unknown, finished, or its workflow is not defined in this process."""
+    state = _state(use_app())
+    run = await state.get_run(run_id)
+    wf = None if run is None or run.finished else find_workflow(run.name)
+    if wf is None:
+        return False
+    await wf.pending({"run": run_id}).dispatch()
+    return True
+
+
+async def retry(run_id: str) -> bool:
+    """Replay a failed run from its last kept step (its steps' results stay kept; the
+    step that failed gets its tries again). False when the run is unknown, not failed,
+    or its workflow is not defined in this process."""
+    state = _state(use_app())
+    run = await state.get_run(run_id)
+    wf = None if run is None or run.state != "failed" else find_workflow(run.name)
+    if wf is None or not await state.reopen(run_id):
+        return False
+    await wf.pending({"run": run_id}).dispatch()
+    return True
+
+
 def workflow(
     fn: Callable[..., Any] | None = None,
     /,
@@ -214,10 +240,11 @@ def workflow(
     ...     await run.sleep("cool-off", "2d")
     ...     return user
 
-    ``tries``/``backoff``: replays of the whole run after an error outside a step's own
-    retries; ``max_steps`` (10,000): the steps one run may reach; ``failed(run_id,
-    error)``: called once when the run fails; ``queue``/``connection``/``timeout`` as
-    for ``define_job``.
+    ``tries``/``backoff``: deliveries of one message of the run, as for any job (an
+    error that escapes the workflow's code, or a worker that died mid-replay, uses one;
+    give a workflow that must outlive worker crashes ``tries`` above 1); ``max_steps``
+    (10,000): the steps one run may reach; ``failed(run_id, error)``: called once when
+    the run fails; ``queue``/``connection``/``timeout`` as for ``define_job``.
     """
 
     def decorate(f: Callable[..., Any]) -> Workflow:

@@ -195,7 +195,9 @@ class StoreEngine:
         if await self.state.final_state(self.run_id) is not None:
             raise Stopped
         await self.state.set_state(self.run_id, state, now(), until, event)
-        if until is not None:
+        # sync has no delayed messages (it would run the resume now, forever): there a
+        # wait ends only by its event
+        if until is not None and not self.inline:
             await self.resume(max(0.0, until - now()), position, mine)
         raise Suspend
 

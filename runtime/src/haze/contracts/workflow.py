@@ -200,6 +200,10 @@ class WorkflowStateStore(Protocol):
     async def final_state(self, run_id: str) -> str | None:
         """The kept final state, or None while the run goes on."""
 
+    async def reopen(self, run_id: str) -> bool:
+        """Drop a ``failed`` final state so the run can replay again (a retry). True when
+        this call reopened it; a run in any other state is left alone."""
+
     async def mark(self, run_id: str, position: int, name: str, kind: str, now: float) -> str:
         """Keep ``name`` at ``position`` unless a name is kept there; the kept name."""
 

@@ -93,6 +93,13 @@ class KeyValueWorkflowState:
         final = await self.store.get(self._k(run_id, "final"))
         return None if final is None else str(final["state"])
 
+    async def reopen(self, run_id: str) -> bool:
+        key = self._k(run_id, "final")
+        final = await self.store.get(key)
+        if final is None or final.get("state") != "failed":
+            return False
+        return await self.store.delete(key, owner=final)
+
     async def get_run(self, run_id: str) -> WorkflowStatus | None:
         found = await self._runs([run_id])
         if not found:

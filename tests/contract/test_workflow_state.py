@@ -1,0 +1,106 @@
+"""The workflow run state (``WorkflowStateStore``) on every atomic store: memory, the
+database store on SQLite, PostgreSQL, MariaDB and libSQL (a real sqld), and Redis (the
+stores of ``test_store_contract.py``, and libSQL). Every decision is insert-if-absent: of many concurrent
+writers exactly one wins, and every writer reads the winner back."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import runpy
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from haze.contracts.workflow import HasWorkflowState, WorkflowStateStore
+
+_STORES = runpy.run_path(str(Path(__file__).parent / "test_store_contract.py"))["STORES"]
+_tables = itertools.count()
+
+
+async def _libsql(tmp_path: Path) -> Any:
+    from haze import App, define_database_config
+    from haze.stores.database import DatabaseStore
+
+    url = sys.modules["haze_contract_conftest"]._sqld_url()
+    app = App(database=define_database_config(default="main", connections={"main": {"url": url}}))
+    table = f"haze_wf_state_{os.getpid()}_{next(_tables)}"
+
+    class OwningDatabaseStore(DatabaseStore):
+        async def close(self) -> None:  # this test's app owns the connector: close it too
+            await super().close()
+            await self.db.close()
+
+    options = {"driver": "database", "connection": "main", "table": table}
+    return OwningDatabaseStore("contract", options, app)
+
+
+_STORES = [*_STORES, ("database-libsql", _libsql, ())]
+
+
+@pytest.fixture(params=[pytest.param(f, id=i, marks=m) for i, f, m in _STORES])
+async def state(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    store = await request.param(tmp_path)
+    try:
+        assert isinstance(store, HasWorkflowState)
+        s = store.workflow_state()
+        assert isinstance(s, WorkflowStateStore)
+        yield s
+    finally:
+        await store.close()
+
+
+async def test_a_result_is_kept_once_among_concurrent_writers(state: Any) -> None:
+    await state.create_run("r1", "wf", "{}", 1.0)
+    kept = await asyncio.gather(*(state.keep_result("r1", "s", f'"{i}"', 2.0) for i in range(20)))
+    assert len(set(kept)) == 1
+    assert await state.result("r1", "s") == kept[0]
+    assert await state.result("r1", "other") is None
+
+
+async def test_marks_finals_events_and_keys_are_first_writer_wins(state: Any) -> None:
+    await state.create_run("r2", "wf", '{"a":1}', 1.0)
+    assert await state.mark("r2", 0, "fetch", "step", 1.0) == "fetch"
+    assert await state.mark("r2", 0, "other", "step", 1.0) == "fetch"
+    assert await state.put_event("r2", "go", '{"by":1}') is True
+    assert await state.put_event("r2", "go", '{"by":2}') is False
+    assert await state.event("r2", "go") == '{"by":1}'
+    assert await state.keep("r2", "wake:1", "m1") == "m1"
+    assert await state.keep("r2", "wake:1", "m2") == "m1"
+    assert await state.replace("r2", "wake:1", "m1", "m3") is True
+    assert await state.keep("r2", "wake:1", "m4") == "m3"
+    assert await state.replace("r2", "wake:1", "m1", "m5") is False
+    assert await state.final_state("r2") is None
+    done = await asyncio.gather(*(state.finish("r2", "done", 3.0, "1", None) for _ in range(5)))
+    assert sorted(done) == [False, False, False, False, True]
+    assert await state.finish("r2", "cancelled", 4.0, None, "cancelled") is False
+    assert await state.final_state("r2") == "done"
+
+
+async def test_runs_are_read_with_their_steps_and_listed_newest_first(state: Any) -> None:
+    assert await state.create_run("a", "wf1", '{"n":1}', 1.0) is True
+    assert await state.create_run("a", "wf1", '{"n":9}', 1.0) is False
+    await state.create_run("b", "wf2", "{}", 2.0)
+    await state.mark("a", 0, "fetch", "step", 1.5)
+    assert await state.started("a", "fetch", 1.5) == 1
+    assert await state.started("a", "fetch", 1.6) == 2
+    await state.keep_result("a", "fetch", '{"id":7}', 1.7)
+    await state.mark("a", 1, "nap", "sleep", 1.8)
+    await state.set_state("a", "sleeping", 1.8, resume_at=99.0)
+    run = await state.get_run("a")
+    assert (run.name, run.state, run.input, run.resume_at) == ("wf1", "sleeping", {"n": 1}, 99.0)
+    fetch, nap = run.steps
+    assert (fetch.name, fetch.state, fetch.attempts, fetch.result_size) == ("fetch", "done", 2, 8)
+    assert fetch.started_at == 1.5 and fetch.finished_at == 1.7
+    assert (nap.name, nap.state, nap.kind) == ("nap", "sleeping", "sleep")
+    assert await state.get_run("nope") is None
+    assert [r.id for r in await state.list_runs()] == ["b", "a"]
+    assert [r.id for r in await state.list_runs(name="wf1")] == ["a"]
+    assert [r.id for r in await state.list_runs(state="sleeping")] == ["a"]
+    await state.finish("b", "failed", 3.0, None, "RuntimeError: boom")
+    [b] = await state.list_runs(state="failed")
+    assert (b.id, b.error) == ("b", "RuntimeError: boom")
+    assert [r.id for r in await state.list_runs(limit=1)] == ["b"]

@@ -1,0 +1,285 @@
+"""Durable workflows on every driver: replay, kept results, sleeps, events, fan-out,
+once-per-run dispatch, and each bad input as one clear error or a failed run.
+
+The contract app keeps its store in memory (its worker runs in this process); the run
+state on the shared stores (SQL, Redis) has its own suite
+(``tests/workflows/test_state_stores.py``) and the real-process storm
+(``tests/workflow_storm``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any
+
+import pytest
+from haze import (
+    ConfigError,
+    Workflow,
+    WorkflowRunError,
+    define_job,
+    workflow,
+)
+from haze._workflows.engine import workflow_state
+
+CALLS: collections.Counter[str] = collections.Counter()
+FAILED: list[tuple[str, str]] = []
+TOGGLE = {"name": "first"}
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> Any:
+    CALLS.clear()
+    FAILED.clear()
+    TOGGLE["name"] = "first"
+
+
+def count(what: str, value: Any = None) -> Any:
+    CALLS[what] += 1
+    return value if value is not None else what
+
+
+@define_job(name="wfc_audit")
+async def wfc_audit(payload: dict[str, Any]) -> None:
+    CALLS[f"audit:{payload['user']}"] += 1
+
+
+@workflow(name="wfc_onboard")
+async def wfc_onboard(run: Any, user_id: int) -> dict[str, Any]:
+    user = await run.step("fetch", count, "fetch", {"id": user_id})
+    await run.sleep("cool-off", 0.3)
+    answer = await run.wait_for_event("approved", timeout="1h")
+    a, b = await run.gather(run.step("mail", count, "mail"), run.step("crm", count, "crm"))
+    await run.dispatch(wfc_audit.with_({"user": user["id"]}))
+    return {"user": user, "answer": answer, "mail": a, "crm": b}
+
+
+async def test_a_run_replays_to_the_end_and_each_step_runs_once(
+    app: Any, done: Any, driver: Any
+) -> None:
+    rid = await Workflow.start(wfc_onboard, user_id=7)
+    before = await Workflow.status(rid)
+    assert before is not None
+    if not driver.inline:  # the event comes before its wait: it is kept for it
+        assert "approved" not in [s.name for s in before.steps]
+    await Workflow.send_event(rid, "approved", {"by": "ops"})
+    st = await Workflow.wait(rid, timeout=20)
+    await done()
+    assert st.state == "done", st.error
+    assert st.result == {"user": {"id": 7}, "answer": {"by": "ops"}, "mail": "mail", "crm": "crm"}
+    assert [s.name for s in st.steps] == [
+        "fetch",
+        "cool-off",
+        "approved",
+        "mail",
+        "crm",
+        "dispatch:wfc_audit",
+    ]
+    assert all(s.state == "done" for s in st.steps)
+    assert CALLS == {"fetch": 1, "mail": 1, "crm": 1, "audit:7": 1}
+    assert [s.attempts for s in st.steps if s.kind == "step"] == [1, 1, 1]
+
+
+async def test_start_is_idempotent_by_id_and_status_of_unknown_is_none(app: Any, done: Any) -> None:
+    a = await Workflow.start(wfc_onboard, user_id=1, id="signup-1")
+    b = await Workflow.start(wfc_onboard, user_id=1, id="signup-1")
+    assert a == b == "signup-1"
+    await Workflow.send_event(a, "approved", True)
+    await Workflow.wait(a, timeout=20)
+    await done()
+    assert CALLS["fetch"] == 1
+    assert await Workflow.status("no-such-run") is None
+    assert len(await Workflow.list(name="wfc_onboard")) == 1
+
+
+@workflow(name="wfc_waits")
+async def wfc_waits(run: Any) -> Any:
+    return await run.wait_for_event("go", timeout="1h")
+
+
+async def test_wait_times_out_cancel_is_a_bool_and_events_need_a_live_run(
+    app: Any, done: Any
+) -> None:
+    rid = await Workflow.start(wfc_waits)
+    with pytest.raises(TimeoutError, match="still"):
+        await Workflow.wait(rid, timeout=0.3)
+    st = await Workflow.status(rid)
+    assert st is not None and st.state == "waiting" and st.waiting_for == "go"
+    assert await Workflow.cancel(rid) is True
+    assert await Workflow.cancel(rid) is False
+    assert await Workflow.cancel("no-such-run") is False
+    with pytest.raises(WorkflowRunError, match="is cancelled"):
+        await Workflow.send_event(rid, "go", 1)
+    with pytest.raises(WorkflowRunError, match="no workflow run"):
+        await Workflow.send_event("no-such-run", "go", 1)
+    assert (await Workflow.wait(rid, timeout=5)).state == "cancelled"
+
+
+@workflow(name="wfc_flaky")
+async def wfc_flaky(run: Any) -> Any:
+    def flaky() -> str:
+        CALLS["flaky"] += 1
+        if CALLS["flaky"] == 1:
+            raise RuntimeError("first try fails")
+        return run.step_key
+
+    return await run.step("flaky", flaky, tries=2)
+
+
+async def test_a_step_retries_with_its_own_tries_and_step_key_is_stable(
+    app: Any, done: Any
+) -> None:
+    rid = await Workflow.start(wfc_flaky, id="flaky-1")
+    st = await Workflow.wait(rid, timeout=20)
+    assert st.state == "done" and st.result == "flaky-1:flaky"
+    assert st.steps[0].attempts == 2
+
+
+async def _failed_with(rid: str, quietly: Any, done: Any) -> str:
+    st = await Workflow.wait(rid, timeout=20)
+    await quietly(done())
+    assert st.state == "failed", st
+    assert st.error is not None
+    return st.error
+
+
+def _on_failed(run_id: str, error: BaseException) -> None:
+    FAILED.append((run_id, type(error).__name__))
+
+
+@workflow(name="wfc_nondet", failed=_on_failed)
+async def wfc_nondet(run: Any) -> None:
+    await run.step(TOGGLE["name"], count, "x")
+    await run.wait_for_event("go")
+
+
+async def test_nondeterminism_fails_the_run_naming_both_steps(
+    app: Any, done: Any, quietly: Any
+) -> None:
+    rid = await Workflow.start(wfc_nondet)
+    await done()
+    TOGGLE["name"] = "second"
+    await quietly(Workflow.send_event(rid, "go"))
+    error = await _failed_with(rid, quietly, done)
+    assert "WorkflowNondeterminismError" in error
+    assert '"first"' in error and '"second"' in error
+    assert [(rid, "WorkflowNondeterminismError")] == FAILED
+
+
+@workflow(name="wfc_twice")
+async def wfc_twice(run: Any) -> None:
+    await run.step("same", count, "a")
+    await run.step("same", count, "b")
+
+
+@workflow(name="wfc_not_json")
+async def wfc_not_json(run: Any) -> None:
+    await run.step("obj", lambda: object())
+
+
+@workflow(name="wfc_big")
+async def wfc_big(run: Any) -> None:
+    await run.step("big", lambda: "x" * 10_000)
+
+
+@workflow(name="wfc_many", max_steps=2)
+async def wfc_many(run: Any) -> None:
+    for i in range(3):
+        await run.step(f"s{i}", count, "s")
+
+
+@workflow(name="wfc_long_sleep")
+async def wfc_long_sleep(run: Any) -> None:
+    await run.sleep("forever", "366d")
+
+
+@workflow(name="wfc_long_name")
+async def wfc_long_name(run: Any) -> None:
+    await run.step("n" * 256, count, "n")
+
+
+@pytest.mark.parametrize(
+    ("wf", "reason"),
+    [
+        (wfc_twice, 'the step name "same" is used twice'),
+        (wfc_not_json, "which is not JSON"),
+        (wfc_big, "over the connection's max_message_size of 4096 bytes"),
+        (wfc_many, "more than 2 steps in one run"),
+        (wfc_long_sleep, "over the 365-day limit"),
+        (wfc_long_name, "1-255 characters, got 256 characters"),
+    ],
+    ids=["duplicate-name", "not-json", "too-large", "step-limit", "sleep-366d", "long-name"],
+)
+async def test_a_broken_rule_fails_the_run_with_its_reason(
+    make_app: Any, done: Any, quietly: Any, wf: Any, reason: str
+) -> None:
+    async with make_app(options={"max_message_size": 4096}):
+        rid = await quietly(Workflow.start(wf))
+        if isinstance(rid, Exception):  # sync: the run ran inside start() and raised
+            assert reason in str(rid)
+            [run] = await Workflow.list(name=wf.name)
+            rid = run.id
+        error = await _failed_with(rid, quietly, done)
+        assert reason in error
+        assert "\n" not in error
+
+
+async def test_input_and_events_must_be_json(app: Any) -> None:
+    with pytest.raises(TypeError, match="not JSON"):
+        await Workflow.start(wfc_waits, when=object())
+
+
+async def test_a_kv_store_is_refused_in_one_line() -> None:
+    # Cloudflare KV's store class, never used: workflow_state refuses it by its
+    # declared atomicity before any call reaches a binding.
+    kv = pytest.importorskip("haze_cloudflare.kv").KVStore("kv")
+    with pytest.raises(ConfigError, match='store "kv" is not atomic') as e:
+        workflow_state(kv)
+    assert "\n" not in str(e.value)
+
+
+@workflow(name="wfc_sleeper")
+async def wfc_sleeper(run: Any) -> str:
+    await run.step("before", count, "before")
+    await run.sleep("nap", 0.5)
+    return await run.step("after", count, "after")
+
+
+async def test_a_sleeping_run_holds_no_worker(make_app: Any, done: Any, driver: Any) -> None:
+    if driver.inline:
+        pytest.skip("sync runs a sleep's resume inline: a sleep there is skipped")
+    async with make_app(concurrency=1):
+        rids = [await Workflow.start(wfc_sleeper) for _ in range(4)]
+        await asyncio.sleep(0.2)
+        # four runs asleep on one slot: none holds it, so all four wake and finish
+        for rid in rids:
+            assert (await Workflow.wait(rid, timeout=20)).result == "after"
+        assert CALLS == {"before": 4, "after": 4}
+
+
+@workflow(name="wfc_fails_once")
+async def wfc_fails_once(run: Any) -> str:
+    await run.step("kept", count, "kept")
+
+    def flaky() -> str:
+        CALLS["flaky"] += 1
+        if CALLS["flaky"] == 1:
+            raise RuntimeError("down for now")
+        return "up"
+
+    return str(await run.step("flaky", flaky))
+
+
+async def test_a_failed_run_is_retried_from_its_last_kept_step(
+    app: Any, done: Any, quietly: Any
+) -> None:
+    from haze._workflows.api import retry
+
+    rid = await quietly(Workflow.start(wfc_fails_once, id="retry-1"))
+    assert "RuntimeError: down for now" in await _failed_with("retry-1", quietly, done)
+    assert await retry("retry-1") is True
+    st = await Workflow.wait("retry-1", timeout=20)
+    assert (st.state, st.result) == ("done", "up"), rid
+    assert CALLS == {"kept": 1, "flaky": 2}
+    assert await retry("retry-1") is False  # done: nothing to retry
