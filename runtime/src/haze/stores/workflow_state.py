@@ -79,16 +79,6 @@ class KeyValueWorkflowState:
         value = {"state": state, "at": now, "result": result, "error": error}
         return await self.store.add(self._k(run_id, "final"), value)
 
-    async def reopen(self, run_id: str, state: str) -> bool:
-        """Forget the run's final state while it is ``state`` (``workflow:retry``): the
-        next delivery replays it. True when this call removed it."""
-        key = self._k(run_id, "final")
-        final = await self.store.get(key)
-        if final is None or final.get("state") != state:
-            return False
-        await self.store.delete(key)
-        return True
-
     async def final_state(self, run_id: str) -> str | None:
         final = await self.store.get(self._k(run_id, "final"))
         return None if final is None else str(final["state"])
