@@ -283,3 +283,19 @@ async def test_a_failed_run_is_retried_from_its_last_kept_step(
     assert (st.state, st.result) == ("done", "up"), rid
     assert CALLS == {"kept": 1, "flaky": 2}
     assert await retry("retry-1") is False  # done: nothing to retry
+
+
+async def test_a_store_other_processes_cannot_see_is_warned_about(
+    make_app: Any, remote_sim: Any, driver: Any, caplog: Any, done: Any
+) -> None:
+    if driver.id != "memory":
+        pytest.skip("one run is enough: the remote-sim spec is the same on every driver")
+    from haze._workflows import api
+
+    api._warned.clear()
+    async with make_app(spec=remote_sim):
+        rid = await Workflow.start(wfc_waits)
+        await Workflow.cancel(rid)
+        await done()
+    [line] = [r.getMessage() for r in caplog.records if "keeps workflow runs" in r.message]
+    assert 'The "memory" store keeps workflow runs, but connection "main"' in line

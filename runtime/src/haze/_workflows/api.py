@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,8 @@ from haze._workflows.run import DEFAULT_MAX_STEPS, check_name
 from haze.contracts.workflow import FINAL_STATES, WorkflowRuns, WorkflowStateStore, WorkflowStatus
 
 __all__ = ["StoreRuns", "Workflow", "add_runs_resolver", "retry", "runs_for", "wake", "workflow"]
+
+log = logging.getLogger("haze")
 
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
@@ -70,6 +73,25 @@ class StoreRuns:
 
 def _state(app: Any) -> WorkflowStateStore:
     return workflow_state(app.manager.state_store())
+
+
+_warned: set[str] = set()
+
+
+def _check_shared(app: Any, wf: WorkflowDefinition) -> None:
+    """Warn once when the runs' store is this process's own while other processes run
+    the workflow's messages: they would not see the runs started here."""
+    driver = app.driver(wf.job.connection)
+    store = app.manager.state_store()
+    if driver.remote and not store.shared and driver.name not in _warned:
+        _warned.add(driver.name)
+        log.warning(
+            'The "%s" store keeps workflow runs, but connection "%s" is consumed by other '
+            "processes, which cannot see them. Set store='redis' (or 'database') in "
+            "config/queue.py.",
+            store.name,
+            driver.name,
+        )
 
 
 def runs_for(app: Any, name: str | None = None) -> WorkflowRuns:
@@ -111,6 +133,7 @@ class Workflow(WorkflowDefinition):
             ) from None
         app = use_app()
         state = _state(app)
+        _check_shared(app, wf)
         if await state.run_input(run_id) is not None:
             return run_id
         # the message first: it carries the input and adds the run itself if this

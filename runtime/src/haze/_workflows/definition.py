@@ -166,11 +166,14 @@ def _traced(ctx: JobContext, workflow: str, run_id: str) -> Traced | None:
 async def run_failed(
     wf: WorkflowDefinition, payload: Any, error: BaseException, ctx: JobContext
 ) -> None:
-    """The run's message failed for good: the run fails with that reason, once."""
+    """The run's message failed for good: the run fails with that reason (kept once),
+    then the workflow's ``failed()`` runs: at least once, since a worker that died
+    before the engine marked this handler done runs it again."""
     run_id = str(payload["run"])
     state = context_state(ctx)
-    if not await state.finish(run_id, "failed", now(), None, error_line(error)):
-        return
+    kept = await state.finish(run_id, "failed", now(), None, error_line(error))
+    if not kept and await state.final_state(run_id) != "failed":
+        return  # cancelled or done meanwhile
     if wf.failed is not None:
         result = wf.failed(run_id, error)
         if inspect.isawaitable(result):

@@ -24,6 +24,12 @@ Crash windows (the process dies between two writes):
 - start: message queued -> run record added. A message whose record is missing adds
   it itself (the message carries the input), so no window loses a run.
 - end: result kept as the final state (added once) -> message acked.
+- dispatch: job queued -> its id kept. Dying between them queues it again on the
+  replay (once per run except in that window).
+- event: payload kept (first wins) -> resume queued. Dying between them leaves the
+  event kept and the run as it was; ``send_event`` again queues the resume.
+- failure: final ``failed`` kept -> the workflow's ``failed()``; the engine's failed
+  claim reruns the handler if the worker dies first, so ``failed()`` runs at least once.
 """
 
 from __future__ import annotations
