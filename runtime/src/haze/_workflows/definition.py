@@ -6,6 +6,7 @@ engine), and what happens when a run's message fails for good.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
@@ -18,7 +19,15 @@ from haze._kernel.describe import error_line
 from haze._kernel.durations import Duration
 from haze._kernel.errors import JobDefinitionError, WorkflowError
 from haze._workflows import engine
-from haze._workflows.engine import Stopped, StoreEngine, Suspend, context_state, hop, now
+from haze._workflows.engine import (
+    Stopped,
+    StoreEngine,
+    Suspend,
+    Traced,
+    context_state,
+    hop,
+    now,
+)
 from haze._workflows.run import DEFAULT_MAX_STEPS, WorkflowRun, encode_result
 
 __all__ = ["WorkflowDefinition", "find_workflow", "registered_workflows", "replay"]
@@ -127,6 +136,7 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
         inline=driver.inline,
         wake=payload.get("wake"),
         by=payload.get("by"),
+        traced=_traced(ctx, wf.name, run_id),
     )
     run = WorkflowRun(
         run_id,
@@ -142,6 +152,15 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
         return
     output = encode_result(value, f'workflow "{wf.name}" (run {run_id})')
     await state.finish(run_id, "done", engine.now(), output, None)
+
+
+def _traced(ctx: JobContext, workflow: str, run_id: str) -> Traced | None:
+    """Each try of a step in a span under this delivery's ``process`` span (and so under
+    the run's trace, which every resume message carries on)."""
+    telemetry = ctx.app.manager.telemetry()
+    if telemetry is None:
+        return None
+    return functools.partial(telemetry.workflow_step, workflow, run_id)
 
 
 async def run_failed(

@@ -94,6 +94,8 @@ def workflow_state(store: object) -> WorkflowStateStore:
 
 #: Resume: (delay, wake position, owner message id) -> queued.
 Resume = Callable[[float, int, str], Awaitable[None]]
+#: One try of a step inside its span: (step, position, try, attempt) -> attempt(try).
+Traced = Callable[[str, int, int, Callable[[int], Awaitable[str]]], Awaitable[str]]
 
 
 class StoreEngine:
@@ -109,6 +111,7 @@ class StoreEngine:
         inline: bool = False,
         wake: int | None = None,
         by: str | None = None,
+        traced: Traced | None = None,
     ) -> None:
         self.state = state
         self.run_id = run_id
@@ -118,6 +121,8 @@ class StoreEngine:
         self.inline = inline
         self.wake = wake
         self.by = by
+        #: runs each try of a step inside its OpenTelemetry span (None: telemetry off)
+        self.traced = traced
         self._running = False
 
     async def _live(self) -> None:
@@ -147,7 +152,10 @@ class StoreEngine:
                 await asyncio.sleep(retry.delay(n - 1))
             await self.state.started(self.run_id, name, now())
             try:
-                text = await attempt(n)
+                if self.traced is None:
+                    text = await attempt(n)
+                else:
+                    text = await self.traced(name, position, n, attempt)
             except WorkflowError as e:
                 await self.state.step_failed(self.run_id, name, error_line(e), now())
                 raise
