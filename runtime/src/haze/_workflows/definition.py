@@ -115,9 +115,10 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
     run_id = str(payload["run"])
     if "input" in payload:  # the start message: it adds the run if the starter died first
         await state.create_run(run_id, wf.name, payload["input"], now(), ctx.connection)
-    if await state.final_state(run_id) is not None:
+    kept = await state.kept(run_id)  # the one read of this replay (input, states, steps)
+    if kept.final is not None:
         return  # a late or duplicate message of a finished run
-    text = await state.run_input(run_id)
+    text = kept.input
     if text is None:
         log.warning('workflow "%s": no run %s in the store; message dropped', wf.name, run_id)
         return
@@ -137,6 +138,8 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
         wake=payload.get("wake"),
         by=payload.get("by"),
         traced=_traced(ctx, wf.name, run_id),
+        kept=kept,
+        workflow=wf.name,
     )
     run = WorkflowRun(
         run_id,

@@ -43,8 +43,9 @@ from typing import TYPE_CHECKING, Any
 
 from haze._kernel.describe import error_line
 from haze._kernel.errors import ConfigError, WorkflowError
+from haze._workflows.run import nondeterminism
 from haze.contracts.driver import MaxDelay
-from haze.contracts.workflow import HasWorkflowState, StepRetry, WorkflowStateStore
+from haze.contracts.workflow import HasWorkflowState, KeptRun, StepRetry, WorkflowStateStore
 
 if TYPE_CHECKING:
     from haze._jobs.context import JobContext
@@ -112,6 +113,8 @@ class StoreEngine:
         wake: int | None = None,
         by: str | None = None,
         traced: Traced | None = None,
+        kept: KeptRun | None = None,
+        workflow: str = "",
     ) -> None:
         self.state = state
         self.run_id = run_id
@@ -123,18 +126,40 @@ class StoreEngine:
         self.by = by
         #: runs each try of a step inside its OpenTelemetry span (None: telemetry off)
         self.traced = traced
+        self.where = f'workflow "{workflow}" (run {run_id})'
+        #: what this replay read once at its start (``WorkflowStateStore.kept``)
+        self._kept = kept
         self._running = False
 
+    async def _load(self) -> KeptRun:
+        if self._kept is None:
+            self._kept = await self.state.kept(self.run_id)
+        return self._kept
+
     async def _live(self) -> None:
-        """Before doing anything new: stop when the run was cancelled meanwhile."""
-        if await self.state.final_state(self.run_id) is not None:
+        """Before doing anything new: stop when the run had finished (was cancelled) when
+        this replay began; a cancel during the replay stops it at its next suspension
+        (where the final state is read again), and a result it keeps is ignored."""
+        kept = await self._load()
+        if kept.final is not None:
             raise Stopped
         if not self._running:
             self._running = True
-            await self.state.set_state(self.run_id, "running", now())
+            if kept.state not in (None, "running"):  # no state kept reads as running
+                await self.state.set_state(self.run_id, "running", now())
 
     async def mark(self, position: int, name: str, kind: str) -> str:
+        known = (await self._load()).marks.get(position)
+        if known is not None:
+            return known[0]
+        if kind == "step":
+            return name  # a new step keeps its name with its result, in one write (step)
         return await self.state.mark(self.run_id, position, name, kind, now())
+
+    async def _cached(self, name: str) -> str | None:
+        """The result this replay read at its start, else the one kept since then."""
+        kept = (await self._load()).results.get(name)
+        return kept if kept is not None else await self.state.result(self.run_id, name)
 
     async def step(
         self,
@@ -143,33 +168,67 @@ class StoreEngine:
         attempt: Callable[[int], Awaitable[str]],
         retry: StepRetry,
     ) -> str:
-        kept = await self.state.result(self.run_id, name)
+        loaded = await self._load()
+        kept = loaded.results.get(name)
         if kept is not None:
+            return kept
+        # a position marked with no result: an earlier try failed, so its attempts are
+        # counted apart; else nothing is written before the first try ends
+        counted = position in loaded.marks
+        if counted and (kept := await self.state.result(self.run_id, name)) is not None:
             return kept
         await self._live()
         for n in range(1, retry.tries + 1):
             if n > 1:
                 await asyncio.sleep(retry.delay(n - 1))
-            await self.state.started(self.run_id, name, now())
+            began = now()
+            if counted:
+                await self.state.started(self.run_id, name, began)
             try:
-                if self.traced is None:
-                    text = await attempt(n)
-                else:
-                    text = await self.traced(name, position, n, attempt)
-            except WorkflowError as e:
-                await self.state.step_failed(self.run_id, name, error_line(e), now())
-                raise
+                text = await self._try(name, position, n, attempt)
             except Exception as e:
-                if n >= retry.tries:
+                if not counted:
+                    counted = True
+                    await self._count_first(name, position, began)
+                if isinstance(e, WorkflowError) or n >= retry.tries:
                     await self.state.step_failed(self.run_id, name, error_line(e), now())
                     raise
                 log.info('workflow run %s: step "%s" failed (%s); retrying', self.run_id, name, e)
                 continue
-            return await self.state.keep_result(self.run_id, name, text, now())
+            if counted:
+                return await self.state.keep_result(self.run_id, name, text, now())
+            return await self._keep_first(name, position, text, began)
         raise AssertionError("unreachable: the last try raises or returns")
 
+    async def _try(
+        self, name: str, position: int, n: int, attempt: Callable[[int], Awaitable[str]]
+    ) -> str:
+        if self.traced is None:
+            return await attempt(n)
+        return await self.traced(name, position, n, attempt)
+
+    async def _count_first(self, name: str, position: int, began: float) -> None:
+        """The first try of a new step failed: keep its name at its position (checked)
+        and count that try."""
+        kept = await self.state.mark(self.run_id, position, name, "step", began)
+        if kept != name:
+            raise nondeterminism(self.where, position, kept, name)
+        await self.state.started(self.run_id, name, began)
+
+    async def _keep_first(self, name: str, position: int, text: str, began: float) -> str:
+        """The first try of a new step succeeded: keep its name, position, result and
+        one attempt in one write; another delivery's record there wins."""
+        kept_name, kept = await self.state.keep_step(
+            self.run_id, position, name, text, began, now()
+        )
+        if kept_name != name:
+            raise nondeterminism(self.where, position, kept_name, name)
+        if kept is None:  # another delivery marked it (a failed try): the result goes apart
+            kept = await self.state.keep_result(self.run_id, name, text, now())
+        return kept
+
     async def sleep(self, name: str, position: int, seconds: float) -> None:
-        if await self.state.result(self.run_id, name) is not None:
+        if await self._cached(name) is not None:
             return
         until = float(await self.state.keep(self.run_id, f"until:{name}", repr(now() + seconds)))
         if self.inline or now() >= until:
@@ -179,7 +238,7 @@ class StoreEngine:
         await self._suspend(position, until, "sleeping", None)
 
     async def wait_for_event(self, name: str, position: int, timeout: float | None) -> str | None:
-        kept = await self.state.result(self.run_id, name)
+        kept = await self._cached(name)
         if kept is not None:
             return kept
         event = await self.state.event(self.run_id, name)
@@ -229,7 +288,7 @@ class StoreEngine:
     async def dispatch_once(
         self, name: str, position: int, send: Callable[[], Awaitable[str]]
     ) -> str:
-        kept = await self.state.result(self.run_id, name)
+        kept = await self._cached(name)
         if kept is None:
             await self._live()
             job_id = await send()

@@ -35,6 +35,7 @@ __all__ = [
     "FINAL_STATES",
     "RUN_STATES",
     "HasWorkflowState",
+    "KeptRun",
     "RunState",
     "StepEngine",
     "StepRetry",
@@ -113,6 +114,19 @@ class StepRetry:
     def delay(self, retry: int) -> float:
         """Seconds before retry number ``retry`` (1 = the second attempt)."""
         return backoff_delay(self.backoff, retry)
+
+
+@dataclass(frozen=True, slots=True)
+class KeptRun:
+    """What one replay of a run reads once, at its start (``WorkflowStateStore.kept``):
+    the run's input (None: unknown run), its final and display states, the name and
+    kind kept at each position, and each kept step result (JSON text) by name."""
+
+    input: str | None
+    final: str | None = None
+    state: str | None = None
+    marks: dict[int, tuple[str, str]] = field(default_factory=dict)
+    results: dict[str, str] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -209,6 +223,24 @@ class WorkflowStateStore(Protocol):
 
     async def started(self, run_id: str, name: str, now: float) -> int:
         """Count one more attempt of step ``name``; the new count."""
+
+    async def kept(self, run_id: str) -> KeptRun:
+        """Everything a replay reads, in one read (one query, one MGET) for a run of up
+        to about a hundred steps."""
+
+    async def keep_step(
+        self,
+        run_id: str,
+        position: int,
+        name: str,
+        result: str,
+        started: float,
+        now: float,
+    ) -> tuple[str, str | None]:
+        """Keep step ``name`` at ``position`` with its first try's ``result`` (one
+        attempt, begun at ``started``) in ONE insert-if-absent write, unless something
+        is kept at ``position``. The kept name and result; the result is None when the
+        position holds a mark without one (then keep it with ``keep_result``)."""
 
     async def keep_result(self, run_id: str, name: str, result: str, now: float) -> str:
         """Keep ``result`` as step ``name``'s result unless one is kept; the kept one."""
