@@ -42,6 +42,8 @@ async def test_a_new_step_is_one_write_and_a_replay_reads_once(app: App) -> None
             keys = [str(k) for k in (args[0] if _verb == "get_many" else [args[0]])]
             if any(":wf:" in k and ":runs" not in k for k in keys):
                 calls[_verb] += 1
+            if _verb == "add" and keys[0].endswith(":run"):
+                calls["run added"] += 1
             if _verb == "get_many" and len(keys) > 3 and keys[1].endswith(":state"):
                 calls["replay read"] += 1  # input, states and step records together
             if _verb == "get" and any(":pos:" in k or ":res:" in k for k in keys):
@@ -58,9 +60,10 @@ async def test_a_new_step_is_one_write_and_a_replay_reads_once(app: App) -> None
     calls.clear()
     rid = await Workflow.start(wsw_steps)
     await Workflow.wait(rid, timeout=10)
-    # the run's record added twice (by the starter, then by its message: insert-if-
-    # absent), one write a step, the final state; one read of the run by its replay
-    # (Workflow.wait's own reads aside), none a step
+    # beside the run's record (added by the starter, or by its message when it comes
+    # first): one write a step and the final state; the replay reads the run once (twice
+    # when the starter adds it between the read and the message's own add), never a step
     writes = calls["add"] + calls["put"] + calls["increment"] + calls["delete"]
-    assert (calls["add"], writes) == (2 + STEPS + 1, 2 + STEPS + 1)
-    assert (calls["replay read"], calls["step read"]) == (1, 0)
+    assert writes - calls["run added"] == STEPS + 1
+    assert calls["run added"] in (1, 2) and calls["replay read"] in (1, 2)
+    assert calls["step read"] == 0

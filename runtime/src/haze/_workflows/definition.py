@@ -29,6 +29,7 @@ from haze._workflows.engine import (
     now,
 )
 from haze._workflows.run import DEFAULT_MAX_STEPS, WorkflowRun, encode_result
+from haze.contracts.workflow import KeptRun
 
 __all__ = ["WorkflowDefinition", "find_workflow", "registered_workflows", "replay"]
 
@@ -113,9 +114,14 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
     """One delivery of a run's message: replay the workflow until it ends or suspends."""
     state = context_state(ctx)
     run_id = str(payload["run"])
-    if "input" in payload:  # the start message: it adds the run if the starter died first
-        await state.create_run(run_id, wf.name, payload["input"], now(), ctx.connection)
     kept = await state.kept(run_id)  # the one read of this replay (input, states, steps)
+    if kept.input is None and "input" in payload:
+        # the start message adds the run when the starter has not (yet, or died first)
+        first = str(payload["input"])
+        if await state.create_run(run_id, wf.name, first, now(), ctx.connection):
+            kept = KeptRun(input=first)
+        else:  # the starter added it meanwhile
+            kept = await state.kept(run_id)
     if kept.final is not None:
         return  # a late or duplicate message of a finished run
     text = kept.input

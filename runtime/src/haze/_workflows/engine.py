@@ -13,10 +13,29 @@ resumes (``wake``) and the id of the message that queued it (``by``); the key
 sleep it does not own (a duplicate delivery) ends without queueing anything, so
 duplicates die out instead of multiplying.
 
+A replay reads its run once when it begins (``WorkflowStateStore.kept``: input, final
+and display states, every kept step), so a replayed step costs no I/O, and the final
+state is read again only where the run suspends. A new step writes nothing before its
+call: its first try's result is kept with its name, position and one attempt in ONE
+insert-if-absent write (``keep_step``: one statement on SQL, one ``SET NX`` on Redis).
+Only a failed try writes more: the name at its position (``mark``), the attempt count
+(then one count per further try), the result apart (``keep_result``) and, for good,
+the failure. The name at a position is checked against what the replay read and, for
+a position it did not see, against what the write finds kept there.
+
 Crash windows (the process dies between two writes):
-- step: attempt counted -> call -> result kept. Dying after the call and before the
-  keep runs the step again on redelivery (at least once); the keep is insert-if-absent,
-  so a result is recorded exactly once and every replay returns that one.
+- step, first try: call -> one write (name + position + result + attempt). Dying
+  before the write leaves nothing of the step: redelivery runs it again (at least
+  once), and the write is insert-if-absent, so a result is recorded exactly once and
+  every replay returns that one. While its first try runs, the step is not in
+  ``Workflow.status`` (nothing is kept of it yet).
+- step, a try failed: name marked -> try counted -> (call -> count)* -> result kept /
+  failure kept. Dying between the mark and the count loses that try's count (attempts
+  one short); dying after a call and before the keep runs the step again, and the
+  redelivery goes on counting (its mark was read) and keeps the result once.
+- cancel during a replay: the final state was read when the replay began, so steps
+  already under way go on until the run suspends (read again there) or ends; their
+  results are kept but the run stays cancelled (the final state is added once).
 - sleep/wait: end kept -> chain owner kept -> state -> resume queued -> message acked.
   Dying anywhere before the ack redelivers this message (same id, so it still owns the
   chain) and it queues the resume again: at worst one duplicate resume, which finds
