@@ -223,15 +223,16 @@ class KeyValueWorkflowState:
         return None if kept is None else str(kept)
 
     async def _steps(self, run_id: str) -> list[StepStatus]:
-        # concurrent steps keep their positions in the order they end: gaps can occur,
-        # so read pages until one holds nothing
+        # concurrent steps keep their positions in the order they end, so a gap can
+        # occur: a further page is read when this one is full to its end (a step past
+        # a gap at a page's end is not shown until the gap's step is kept)
         marks: list[tuple[int, Any]] = []
         start = 0
         while True:
             page = await self.store.get_many(self._page(run_id, start))
             marks.extend((start + i, m) for i, m in enumerate(page) if m is not None)
             start += _PAGE
-            if all(m is None for m in page):
+            if page[-1] is None:
                 break
         parts = ("res", "att", "first", "fail")
         keys = [self._k(run_id, p, m["name"]) for _, m in marks for p in parts]
