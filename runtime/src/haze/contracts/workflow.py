@@ -16,7 +16,8 @@ Every call carries the step's ``position``: the order in which the run first rea
 it. ``StepEngine.mark`` keeps the name reached at a position (insert-if-absent) and
 returns the kept one, so the run can tell a replay that took another path; a platform
 engine that keeps only name -> result can keep it as a step of its own (named by the
-position) whose result is the name.
+position) whose result is the name. The store engine keeps a new step's name with its
+result, in the one write of the step, and checks it there (``keep_step``).
 
 Operations (``Workflow.status/list``, the CLI, the dashboard) read through
 ``WorkflowRuns``: the store is one implementation; a platform's API is another.

@@ -20,9 +20,14 @@ writes never records a step's result twice:
 ``haze:wf:<run>:k:<key>``     a sleep's end, a resume chain's owner (added once)
 ``haze:wf:runs`` / ``haze:wf:runs:<n>``  the listing: a counter and run ids by number
 
+A replay reads ``run``, ``state``, ``final`` and the first hundred ``pos`` records in
+one ``get_many`` (one query, one MGET), and the ``res`` of positions kept without a
+result in a second one only when there are some.
+
 Crash windows: a run added but not yet numbered in the listing is missing from
-``list_runs`` (``status`` still finds it); every other write is either the decision
-itself or display beside it.
+``list_runs`` (``status`` still finds it); a step's first try is one write (nothing
+of the step is kept before it ends); every other write is either the decision itself
+or display beside it.
 """
 
 from __future__ import annotations
