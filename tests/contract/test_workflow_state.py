@@ -157,3 +157,48 @@ async def test_an_encrypted_run_is_cancelled_without_the_key(
     assert await runs.cancel("enc2")
     assert await state.final_state("enc2") == "cancelled"
     assert not await runs.cancel("nope")
+
+
+async def test_a_first_try_keeps_name_result_and_attempt_in_one_record(state: Any) -> None:
+    await state.create_run("k", "wf", '{"n":2}', 1.0)
+    writers = [state.keep_step("k", 0, "fetch", f'"{i}"', 1.5, 2.0) for i in range(10)]
+    kept = await asyncio.gather(*writers, state.keep_step("k", 0, "other", '"x"', 1.5, 2.0))
+    assert len(set(kept)) == 1 and kept[0][0] == "fetch"
+    # a position marked first (a failed try) keeps no result in the record: None back
+    assert await state.mark("k", 1, "slow", "step", 2.1) == "slow"
+    assert await state.keep_step("k", 1, "slow", '"late"', 2.1, 2.2) == ("slow", None)
+    await state.keep_result("k", "slow", '"late"', 2.3)
+    await state.mark("k", 2, "nap", "sleep", 2.4)
+    # a gap (a concurrent step not ended yet) hides nothing after it
+    await state.keep_step("k", 4, "after-gap", "7", 2.5, 2.6)
+    run = await state.kept("k")
+    assert (run.input, run.final, run.state) == ('{"n":2}', None, None)
+    assert run.marks == {
+        0: ("fetch", "step"),
+        1: ("slow", "step"),
+        2: ("nap", "sleep"),
+        4: ("after-gap", "step"),
+    }
+    assert run.results == {"fetch": kept[0][1], "slow": '"late"', "after-gap": "7"}
+    st = await state.get_run("k")
+    shown = [
+        (s.position, s.name, s.state, s.attempts, s.started_at, s.finished_at) for s in st.steps
+    ]
+    assert shown == [
+        (0, "fetch", "done", 1, 1.5, 2.0),
+        (1, "slow", "done", 0, 2.1, 2.3),
+        (2, "nap", "sleeping", 0, 2.4, None),
+        (4, "after-gap", "done", 1, 2.5, 2.6),
+    ]
+    await state.finish("k", "done", 3.0, "1", None)
+    assert (await state.kept("k")).final == "done"
+    assert (await state.kept("nope")).input is None
+
+
+async def test_a_replay_reads_runs_past_one_page_of_steps(state: Any) -> None:
+    await state.create_run("long", "wf", "{}", 1.0)
+    await asyncio.gather(
+        *(state.keep_step("long", i, f"s{i}", str(i), 1.0, 2.0) for i in range(230))
+    )
+    run = await state.kept("long")
+    assert len(run.marks) == len(run.results) == 230 and run.results["s229"] == "229"

@@ -273,6 +273,39 @@ class Telemetry:
                 self._ended(job.name, queue, metric_attrs, outcome, _perf() - started)
                 self._outcome(span, outcome, error, job.encrypted)
 
+    async def workflow_step(
+        self,
+        workflow: str,
+        run_id: str,
+        step: str,
+        position: int,
+        attempt: int,
+        call: Callable[[int], Awaitable[str]],
+    ) -> str:
+        """One try of a workflow step (``call(attempt)``) in a ``workflow.step <name>``
+        span, a child of the current ``process`` span: a run's resumes carry its trace,
+        so every step of a run is in one trace."""
+        attrs: dict[str, Any] = {
+            "haze.workflow.name": workflow,
+            "haze.workflow.run_id": run_id,
+            "haze.workflow.step": step,
+            "haze.workflow.step.position": position,
+            "haze.workflow.step.attempt": attempt,
+        }
+        with self.tracer.start_as_current_span(
+            f"workflow.step {step}",
+            kind=self._trace.SpanKind.INTERNAL,
+            attributes=attrs,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                return await call(attempt)
+            except Exception as e:
+                span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, error_line(e)))
+                span.record_exception(e)
+                raise
+
     def _parent(self, message: Message) -> tuple[Any, Any]:
         """The producer's context carried by ``message``, and a link to its span."""
         trace = self._trace

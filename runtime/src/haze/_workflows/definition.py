@@ -6,12 +6,14 @@ engine), and what happens when a run's message fails for good.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
+from haze._engine.view import EngineApp
 from haze._jobs.context import JobContext
 from haze._jobs.definition import JobDefinition, PendingDispatch
 from haze._jobs.options import _origin_of
@@ -19,10 +21,18 @@ from haze._kernel.describe import error_line
 from haze._kernel.durations import Duration
 from haze._kernel.errors import JobDefinitionError, WorkflowError
 from haze._workflows import engine
-from haze._workflows.engine import Stopped, StoreEngine, Suspend, context_state, hop, now
+from haze._workflows.engine import (
+    Stopped,
+    StoreEngine,
+    Suspend,
+    Traced,
+    context_state,
+    hop,
+    now,
+)
 from haze._workflows.run import DEFAULT_MAX_STEPS, WorkflowRun, encode_result
 from haze._workflows.sealed import sealed_state
-from haze.contracts.workflow import WorkflowStateStore
+from haze.contracts.workflow import KeptRun, WorkflowStateStore
 
 __all__ = ["WorkflowDefinition", "find_workflow", "registered_workflows", "replay"]
 
@@ -111,16 +121,23 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
     """One delivery of a run's message: replay the workflow until it ends or suspends."""
     state = sealed_state(context_state(ctx), ctx.app, encrypt=wf.encrypted)
     run_id = str(payload["run"])
-    if "input" in payload:  # the start message: it adds the run if the starter died first
+    if "input" in payload:  # the start message
         token = payload.get("start")
         if token is not None and await state.keep(run_id, "start", str(token)) != token:
             return  # another start of this id won the race: its own message runs the run
-        await state.create_run(run_id, wf.name, payload["input"], now(), ctx.connection)
-    if await state.final_state(run_id) is not None:
+    kept = await state.kept(run_id)  # the one read of this replay (input, states, steps)
+    if kept.input is None and "input" in payload:
+        # the start message adds the run when the starter has not (yet, or died first)
+        first = str(payload["input"])
+        if await state.create_run(run_id, wf.name, first, now(), ctx.connection):
+            kept = KeptRun(input=first)
+        else:  # the starter added it meanwhile
+            kept = await state.kept(run_id)
+    if kept.final is not None:
         return  # a late or duplicate message of a finished run
     if "event" in payload and not await _waits_for(state, run_id, str(payload["event"])):
         return  # a run not at this wait yet finds the kept event when it gets there
-    text = await state.run_input(run_id)
+    text = kept.input
     if text is None:
         log.warning('workflow "%s": no run %s in the store; message dropped', wf.name, run_id)
         return
@@ -141,6 +158,9 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
         wake=payload.get("wake"),
         by=payload.get("by"),
         encrypted=wf.encrypted,
+        traced=_traced(ctx, wf.name, run_id),
+        kept=kept,
+        workflow=wf.name,
     )
     run = WorkflowRun(
         run_id,
@@ -166,6 +186,17 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
 async def _waits_for(state: WorkflowStateStore, run_id: str, event: str) -> bool:
     run = await state.get_run(run_id)
     return run is not None and run.state == "waiting" and run.waiting_for == event
+
+
+def _traced(ctx: JobContext, workflow: str, run_id: str) -> Traced | None:
+    """Each try of a step in a span under this delivery's ``process`` span (and so under
+    the run's trace, which every resume message carries on)."""
+    # a job sees its app through the jobs' view; the layers from the engine up see more
+    app = cast("EngineApp", ctx.app)
+    telemetry = app.manager.telemetry()
+    if telemetry is None:
+        return None
+    return functools.partial(telemetry.workflow_step, workflow, run_id)
 
 
 async def run_failed(

@@ -13,10 +13,29 @@ resumes (``wake``) and the id of the message that queued it (``by``); the key
 sleep it does not own (a duplicate delivery) ends without queueing anything, so
 duplicates die out instead of multiplying.
 
+A replay reads its run once when it begins (``WorkflowStateStore.kept``: input, final
+and display states, every kept step), so a replayed step costs no I/O, and the final
+state is read again only where the run suspends. A new step writes nothing before its
+call: its first try's result is kept with its name, position and one attempt in ONE
+insert-if-absent write (``keep_step``: one statement on SQL, one ``SET NX`` on Redis).
+Only a failed try writes more: the name at its position (``mark``), the attempt count
+(then one count per further try), the result apart (``keep_result``) and, for good,
+the failure. The name at a position is checked against what the replay read and, for
+a position it did not see, against what the write finds kept there.
+
 Crash windows (the process dies between two writes):
-- step: attempt counted -> call -> result kept. Dying after the call and before the
-  keep runs the step again on redelivery (at least once); the keep is insert-if-absent,
-  so a result is recorded exactly once and every replay returns that one.
+- step, first try: call -> one write (name + position + result + attempt). Dying
+  before the write leaves nothing of the step: redelivery runs it again (at least
+  once), and the write is insert-if-absent, so a result is recorded exactly once and
+  every replay returns that one. While its first try runs, the step is not in
+  ``Workflow.status`` (nothing is kept of it yet).
+- step, a try failed: name marked -> try counted -> (call -> count)* -> result kept /
+  failure kept. Dying between the mark and the count loses that try's count (attempts
+  one short); dying after a call and before the keep runs the step again, and the
+  redelivery goes on counting (its mark was read) and keeps the result once.
+- cancel during a replay: the final state was read when the replay began, so steps
+  already under way go on until the run suspends (read again there) or ends; their
+  results are kept but the run stays cancelled (the final state is added once).
 - sleep/wait: end kept -> chain owner kept -> state -> resume queued -> message acked.
   Dying anywhere before the ack redelivers this message (same id, so it still owns the
   chain) and it queues the resume again: at worst one duplicate resume, which finds
@@ -55,8 +74,9 @@ from typing import TYPE_CHECKING, Any
 from haze._kernel.crypto import sealed_error
 from haze._kernel.describe import error_line
 from haze._kernel.errors import ConfigError, WorkflowError
+from haze._workflows.run import nondeterminism
 from haze.contracts.driver import MaxDelay
-from haze.contracts.workflow import HasWorkflowState, StepRetry, WorkflowStateStore
+from haze.contracts.workflow import HasWorkflowState, KeptRun, StepRetry, WorkflowStateStore
 
 if TYPE_CHECKING:
     from haze._jobs.context import JobContext
@@ -106,6 +126,8 @@ def workflow_state(store: object) -> WorkflowStateStore:
 
 #: Resume: (delay, wake position, owner message id) -> queued.
 Resume = Callable[[float, int, str], Awaitable[None]]
+#: One try of a step inside its span: (step, position, try, attempt) -> attempt(try).
+Traced = Callable[[str, int, int, Callable[[int], Awaitable[str]]], Awaitable[str]]
 
 
 class StoreEngine:
@@ -122,6 +144,9 @@ class StoreEngine:
         wake: int | None = None,
         by: str | None = None,
         encrypted: bool = False,
+        traced: Traced | None = None,
+        kept: KeptRun | None = None,
+        workflow: str = "",
     ) -> None:
         self.state = state
         self.run_id = run_id
@@ -133,6 +158,11 @@ class StoreEngine:
         self.by = by
         #: an encrypted workflow: its errors are logged by type only
         self.encrypted = encrypted
+        #: runs each try of a step inside its OpenTelemetry span (None: telemetry off)
+        self.traced = traced
+        self.where = f'workflow "{workflow}" (run {run_id})'
+        #: what this replay read once at its start (``WorkflowStateStore.kept``)
+        self._kept = kept
         self._running = False
         #: the errors of steps that failed for good, to tell them from a crash's
         self._gave_up: list[BaseException] = []
@@ -142,16 +172,35 @@ class StoreEngine:
         run again (the workflow's own tries) would end the same way."""
         return isinstance(error, WorkflowError) or any(error is e for e in self._gave_up)
 
+    async def _load(self) -> KeptRun:
+        if self._kept is None:
+            self._kept = await self.state.kept(self.run_id)
+        return self._kept
+
     async def _live(self) -> None:
-        """Before doing anything new: stop when the run was cancelled meanwhile."""
-        if await self.state.final_state(self.run_id) is not None:
+        """Before doing anything new: stop when the run had finished (was cancelled) when
+        this replay began; a cancel during the replay stops it at its next suspension
+        (where the final state is read again), and a result it keeps is ignored."""
+        kept = await self._load()
+        if kept.final is not None:
             raise Stopped
         if not self._running:
             self._running = True
-            await self.state.set_state(self.run_id, "running", now())
+            if kept.state not in (None, "running"):  # no state kept reads as running
+                await self.state.set_state(self.run_id, "running", now())
 
     async def mark(self, position: int, name: str, kind: str) -> str:
+        known = (await self._load()).marks.get(position)
+        if known is not None:
+            return known[0]
+        if kind == "step":
+            return name  # a new step keeps its name with its result, in one write (step)
         return await self.state.mark(self.run_id, position, name, kind, now())
+
+    async def _cached(self, name: str) -> str | None:
+        """The result this replay read at its start, else the one kept since then."""
+        kept = (await self._load()).results.get(name)
+        return kept if kept is not None else await self.state.result(self.run_id, name)
 
     async def step(
         self,
@@ -160,21 +209,29 @@ class StoreEngine:
         attempt: Callable[[int], Awaitable[str]],
         retry: StepRetry,
     ) -> str:
-        kept = await self.state.result(self.run_id, name)
+        loaded = await self._load()
+        kept = loaded.results.get(name)
         if kept is not None:
+            return kept
+        # a position marked with no result: an earlier try failed, so its attempts are
+        # counted apart; else nothing is written before the first try ends
+        counted = position in loaded.marks
+        if counted and (kept := await self.state.result(self.run_id, name)) is not None:
             return kept
         await self._live()
         for n in range(1, retry.tries + 1):
             if n > 1:
                 await asyncio.sleep(retry.delay(n - 1))
-            await self.state.started(self.run_id, name, now())
+            began = now()
+            if counted:
+                await self.state.started(self.run_id, name, began)
             try:
-                text = await attempt(n)
-            except WorkflowError as e:
-                await self.state.step_failed(self.run_id, name, error_line(e), now())
-                raise
+                text = await self._try(name, position, n, attempt)
             except Exception as e:
-                if n >= retry.tries:
+                if not counted:
+                    counted = True
+                    await self._count_first(name, position, began)
+                if isinstance(e, WorkflowError) or n >= retry.tries:
                     await self.state.step_failed(self.run_id, name, error_line(e), now())
                     self._gave_up.append(e)
                     raise
@@ -183,11 +240,40 @@ class StoreEngine:
                     'workflow run %s: step "%s" failed (%s); retrying', self.run_id, name, shown
                 )
                 continue
-            return await self.state.keep_result(self.run_id, name, text, now())
+            if counted:
+                return await self.state.keep_result(self.run_id, name, text, now())
+            return await self._keep_first(name, position, text, began)
         raise AssertionError("unreachable: the last try raises or returns")
 
+    async def _try(
+        self, name: str, position: int, n: int, attempt: Callable[[int], Awaitable[str]]
+    ) -> str:
+        if self.traced is None:
+            return await attempt(n)
+        return await self.traced(name, position, n, attempt)
+
+    async def _count_first(self, name: str, position: int, began: float) -> None:
+        """The first try of a new step failed: keep its name at its position (checked)
+        and count that try."""
+        kept = await self.state.mark(self.run_id, position, name, "step", began)
+        if kept != name:
+            raise nondeterminism(self.where, position, kept, name)
+        await self.state.started(self.run_id, name, began)
+
+    async def _keep_first(self, name: str, position: int, text: str, began: float) -> str:
+        """The first try of a new step succeeded: keep its name, position, result and
+        one attempt in one write; another delivery's record there wins."""
+        kept_name, kept = await self.state.keep_step(
+            self.run_id, position, name, text, began, now()
+        )
+        if kept_name != name:
+            raise nondeterminism(self.where, position, kept_name, name)
+        if kept is None:  # another delivery marked it (a failed try): the result goes apart
+            kept = await self.state.keep_result(self.run_id, name, text, now())
+        return kept
+
     async def sleep(self, name: str, position: int, seconds: float) -> None:
-        if await self.state.result(self.run_id, name) is not None:
+        if await self._cached(name) is not None:
             return
         until = float(await self.state.keep(self.run_id, f"until:{name}", repr(now() + seconds)))
         if self.inline or now() >= until:
@@ -197,7 +283,7 @@ class StoreEngine:
         await self._suspend(position, until, "sleeping", None)
 
     async def wait_for_event(self, name: str, position: int, timeout: float | None) -> str | None:
-        kept = await self.state.result(self.run_id, name)
+        kept = await self._cached(name)
         if kept is not None:
             return kept
         event = await self.state.event(self.run_id, name)
@@ -253,7 +339,7 @@ class StoreEngine:
     async def dispatch_once(
         self, name: str, position: int, send: Callable[[], Awaitable[str]]
     ) -> str:
-        kept = await self.state.result(self.run_id, name)
+        kept = await self._cached(name)
         if kept is None:
             await self._live()
             job_id = await send()

@@ -40,6 +40,7 @@ __all__ = [
     "check_name",
     "decode",
     "encode_result",
+    "nondeterminism",
 ]
 
 #: Steps (of every kind) one run may reach, unless ``@workflow(max_steps=...)`` says.
@@ -87,6 +88,16 @@ def encode_result(value: Any, where: str, limit: int | None = None) -> str:
                 "bucket) and return its key, or raise the connection's max_message_size"
             )
     return text
+
+
+def nondeterminism(where: str, position: int, kept: str, name: str) -> WorkflowNondeterminismError:
+    """The error of a replay that reached ``name`` where ``kept`` was recorded."""
+    return WorkflowNondeterminismError(
+        f'{where}: step {position + 1} of this run is "{kept}", but this '
+        f'replay reached "{name}" there; the steps must come in the same order on '
+        "every replay (do not branch on anything but step results; let runs of "
+        "the old code finish or cancel them before changing the order of steps)"
+    )
 
 
 def decode(text: str | None) -> Any:
@@ -165,12 +176,7 @@ class WorkflowRun:
     async def _mark(self, name: str, position: int, kind: str) -> None:
         kept = await self.engine.mark(position, name, kind)
         if kept != name:
-            raise WorkflowNondeterminismError(
-                f'{self._where()}: step {position + 1} of this run is "{kept}", but this '
-                f'replay reached "{name}" there; the steps must come in the same order on '
-                "every replay (do not branch on anything but step results; let runs of "
-                "the old code finish or cancel them before changing the order of steps)"
-            )
+            raise nondeterminism(self._where(), position, kept, name)
 
     def _duration(self, value: Duration, what: str, name: str) -> float:
         seconds = parse_duration(value, f"{self._where(name)}: {what}")

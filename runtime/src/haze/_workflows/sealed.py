@@ -20,7 +20,7 @@ from typing import Any
 
 from haze._kernel.crypto import seal, unseal
 from haze._kernel.errors import ConfigError, MessageDecodeError
-from haze.contracts.workflow import StepStatus, WorkflowStateStore, WorkflowStatus
+from haze.contracts.workflow import KeptRun, StepStatus, WorkflowStateStore, WorkflowStatus
 
 __all__ = ["SealedState", "sealed_state"]
 
@@ -92,6 +92,15 @@ class SealedState:
         )
         return self._open(run_id, field, kept) or kept
 
+    async def keep_step(
+        self, run_id: str, position: int, name: str, result: str, started: float, now: float
+    ) -> tuple[str, str | None]:
+        sealed = self._maybe(run_id, f"res:{name}", result) or result
+        kept_name, kept = await self.inner.keep_step(run_id, position, name, sealed, started, now)
+        if kept is None:
+            return kept_name, None
+        return kept_name, self._open(run_id, f"res:{kept_name}", kept) or kept
+
     async def step_failed(self, run_id: str, name: str, error: str, now: float) -> None:
         sealed = self._maybe(run_id, f"fail:{name}", error) or error
         await self.inner.step_failed(run_id, name, sealed, now)
@@ -107,6 +116,13 @@ class SealedState:
 
     async def run_input(self, run_id: str) -> str | None:
         return self._open(run_id, "input", await self.inner.run_input(run_id))
+
+    async def kept(self, run_id: str) -> KeptRun:
+        kept = await self.inner.kept(run_id)
+        results = {n: self._open(run_id, f"res:{n}", t) or t for n, t in kept.results.items()}
+        return dataclasses.replace(
+            kept, input=self._open(run_id, "input", kept.input), results=results
+        )
 
     async def result(self, run_id: str, name: str) -> str | None:
         return self._open(run_id, f"res:{name}", await self.inner.result(run_id, name))

@@ -15,9 +15,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from haze._kernel.errors import WorkflowRunError
-from haze._workflows.api import runs_for
-from haze._workflows.ops import retry_run
+from haze._workflows.api import retry, runs_for
 from haze.cli._core import State, cli, console, run
 from haze.contracts.workflow import RUN_STATES, StepStatus, WorkflowStatus
 
@@ -172,15 +170,17 @@ def workflow_retry(state: State, run_id: str) -> None:
     runs again."""
     rid = _run_id(run_id)
 
-    async def retry(app: App) -> tuple[bool, WorkflowStatus | None]:
-        return await retry_run(app, rid), await runs_for(app).status(rid)
+    async def again(app: App) -> tuple[bool, WorkflowStatus | None]:
+        return await retry(rid), await runs_for(app).status(rid)
 
-    try:
-        retried, st = run(state, retry)
-    except WorkflowRunError as e:
-        raise click.ClickException(str(e)) from None
+    retried, st = run(state, again)
     if st is None:
         raise click.ClickException(f'no workflow run "{rid}" (check the id: workflow:list)')
+    if not retried and st.state == "failed":
+        raise click.ClickException(
+            f'run "{rid}" is of workflow "{st.name}", which this app does not define; '
+            "retry it from the app that does"
+        )
     if not retried:
         raise click.ClickException(
             f'run "{rid}" of "{st.name}" is {st.state}: only a failed run is retried'

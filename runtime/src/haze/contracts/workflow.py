@@ -16,7 +16,8 @@ Every call carries the step's ``position``: the order in which the run first rea
 it. ``StepEngine.mark`` keeps the name reached at a position (insert-if-absent) and
 returns the kept one, so the run can tell a replay that took another path; a platform
 engine that keeps only name -> result can keep it as a step of its own (named by the
-position) whose result is the name.
+position) whose result is the name. The store engine keeps a new step's name with its
+result, in the one write of the step, and checks it there (``keep_step``).
 
 Operations (``Workflow.status/list``, the CLI, the dashboard) read through
 ``WorkflowRuns``: the store is one implementation; a platform's API is another.
@@ -35,6 +36,7 @@ __all__ = [
     "FINAL_STATES",
     "RUN_STATES",
     "HasWorkflowState",
+    "KeptRun",
     "RunState",
     "StepEngine",
     "StepRetry",
@@ -116,6 +118,19 @@ class StepRetry:
     def delay(self, retry: int) -> float:
         """Seconds before retry number ``retry`` (1 = the second attempt)."""
         return backoff_delay(self.backoff, retry)
+
+
+@dataclass(frozen=True, slots=True)
+class KeptRun:
+    """What one replay of a run reads once, at its start (``WorkflowStateStore.kept``):
+    the run's input (None: unknown run), its final and display states, the name and
+    kind kept at each position, and each kept step result (JSON text) by name."""
+
+    input: str | None
+    final: str | None = None
+    state: str | None = None
+    marks: dict[int, tuple[str, str]] = field(default_factory=dict)
+    results: dict[str, str] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -212,6 +227,24 @@ class WorkflowStateStore(Protocol):
 
     async def started(self, run_id: str, name: str, now: float) -> int:
         """Count one more attempt of step ``name``; the new count."""
+
+    async def kept(self, run_id: str) -> KeptRun:
+        """Everything a replay reads, in one read (one query, one MGET) for a run of up
+        to about a hundred steps."""
+
+    async def keep_step(
+        self,
+        run_id: str,
+        position: int,
+        name: str,
+        result: str,
+        started: float,
+        now: float,
+    ) -> tuple[str, str | None]:
+        """Keep step ``name`` at ``position`` with its first try's ``result`` (one
+        attempt, begun at ``started``) in ONE insert-if-absent write, unless something
+        is kept at ``position``. The kept name and result; the result is None when the
+        position holds a mark without one (then keep it with ``keep_result``)."""
 
     async def keep_result(self, run_id: str, name: str, result: str, now: float) -> str:
         """Keep ``result`` as step ``name``'s result unless one is kept; the kept one."""

@@ -7,17 +7,27 @@ writes never records a step's result twice:
 ``haze:wf:<run>:run``         name, input, connection, created_at (added once)
 ``haze:wf:<run>:state``       running / sleeping / waiting, for display (put)
 ``haze:wf:<run>:final``       done / failed / cancelled with result or error (added once)
-``haze:wf:<run>:pos:<i>``     the step name reached at position i (added once)
-``haze:wf:<run>:res:<name>``  the step's result, JSON text, and when (added once)
-``haze:wf:<run>:att:<name>``  attempts (increment); ``first:<name>`` the first start
+``haze:wf:<run>:pos:<i>``     the step name reached at position i (added once); a step
+                              that succeeds at its first try keeps its result, start
+                              and one attempt in this same record (one write a step)
+``haze:wf:<run>:res:<name>``  the result, JSON text, and when (added once), of a sleep,
+                              wait, dispatch, or a step whose position was marked first
+                              (a failed try)
+``haze:wf:<run>:att:<name>``  attempts (increment; only once a try failed);
+                              ``first:<name>`` the first start
 ``haze:wf:<run>:fail:<name>`` the last failure, for display (put)
 ``haze:wf:<run>:ev:<name>``   an event's payload (added once: the first event wins)
 ``haze:wf:<run>:k:<key>``     a sleep's end, a resume chain's owner (added once)
 ``haze:wf:runs`` / ``haze:wf:runs:<n>``  the listing: a counter and run ids by number
 
+A replay reads ``run``, ``state``, ``final`` and the first hundred ``pos`` records in
+one ``get_many`` (one query, one MGET), and the ``res`` of positions kept without a
+result in a second one only when there are some.
+
 Crash windows: a run added but not yet numbered in the listing is missing from
-``list_runs`` (``status`` still finds it); every other write is either the decision
-itself or display beside it.
+``list_runs`` (``status`` still finds it); a step's first try is one write (nothing
+of the step is kept before it ends); every other write is either the decision itself
+or display beside it.
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from haze.contracts.store import Store
-from haze.contracts.workflow import StepStatus, WorkflowStatus
+from haze.contracts.workflow import KeptRun, StepStatus, WorkflowStatus
 
 __all__ = ["KeyValueWorkflowState"]
 
@@ -135,6 +145,51 @@ class KeyValueWorkflowState:
         kept = await self.store.get(key)
         return name if kept is None else str(kept["name"])
 
+    async def kept(self, run_id: str) -> KeptRun:
+        head = [self._k(run_id, p) for p in ("run", "state", "final")]
+        values = await self.store.get_many([*head, *self._page(run_id, 0)])
+        record, state, final = values[:3]
+        found = dict(enumerate(values[3:]))
+        # a further page only when this one is full to its end (a run past _PAGE steps);
+        # a position missed past a gap is found by its insert-if-absent instead
+        while found.get(len(found) - 1) is not None:
+            start = len(found)
+            page = await self.store.get_many(self._page(run_id, start))
+            found.update((start + i, m) for i, m in enumerate(page))
+        marks = {i: m for i, m in found.items() if m is not None}
+        results = {str(m["name"]): str(m["result"]) for m in marks.values() if "result" in m}
+        bare = [str(m["name"]) for m in marks.values() if "result" not in m]
+        kept = await self.store.get_many([self._k(run_id, "res", n) for n in bare]) if bare else []
+        results.update((n, str(r["result"])) for n, r in zip(bare, kept, strict=True) if r)
+        return KeptRun(
+            input=None if record is None else str(record["input"]),
+            final=None if final is None else str(final["state"]),
+            state=None if state is None else str(state["state"]),
+            marks={i: (str(m["name"]), str(m.get("kind", "step"))) for i, m in marks.items()},
+            results=results,
+        )
+
+    def _page(self, run_id: str, start: int) -> list[str]:
+        return [self._k(run_id, "pos", i) for i in range(start, start + _PAGE)]
+
+    async def keep_step(
+        self,
+        run_id: str,
+        position: int,
+        name: str,
+        result: str,
+        started: float,
+        now: float,
+    ) -> tuple[str, str | None]:
+        key = self._k(run_id, "pos", position)
+        record = {"name": name, "kind": "step", "at": started, "result": result, "done": now}
+        if await self.store.add(key, {**record, "attempts": 1}):
+            return name, result
+        kept = await self.store.get(key)
+        if kept is None:  # cannot happen: a kept position is never removed
+            return name, None
+        return str(kept["name"]), None if "result" not in kept else str(kept["result"])
+
     async def started(self, run_id: str, name: str, now: float) -> int:
         await self.store.add(self._k(run_id, "first", name), now)
         return await self.store.increment(self._k(run_id, "att", name))
@@ -173,23 +228,28 @@ class KeyValueWorkflowState:
         return None if kept is None else str(kept)
 
     async def _steps(self, run_id: str) -> list[StepStatus]:
-        marks: list[Any] = []
+        # concurrent steps keep their positions in the order they end, so a gap can
+        # occur: a further page is read when this one is full to its end (a step past
+        # a gap at a page's end is not shown until the gap's step is kept)
+        marks: list[tuple[int, Any]] = []
+        start = 0
         while True:
-            page = await self.store.get_many(
-                [self._k(run_id, "pos", i) for i in range(len(marks), len(marks) + _PAGE)]
-            )
-            marks.extend(m for m in page if m is not None)
-            if any(m is None for m in page):
+            page = await self.store.get_many(self._page(run_id, start))
+            marks.extend((start + i, m) for i, m in enumerate(page) if m is not None)
+            start += _PAGE
+            if page[-1] is None:
                 break
         parts = ("res", "att", "first", "fail")
-        keys = [self._k(run_id, p, m["name"]) for m in marks for p in parts]
+        keys = [self._k(run_id, p, m["name"]) for _, m in marks for p in parts]
         values = await self.store.get_many(keys) if keys else []
-        events = [self._k(run_id, "ev", m["name"]) for m in marks]
+        events = [self._k(run_id, "ev", m["name"]) for _, m in marks]
         kept_events = await self.store.get_many(events) if events else []
         steps = []
-        for i, m in enumerate(marks):
+        for i, (position, m) in enumerate(marks):
             res, att, first, fail = values[4 * i : 4 * i + 4]
-            steps.append(_step(i, m, res, att, first, fail, kept_events[i]))
+            if "result" in m:  # kept with its mark in one write (first try succeeded)
+                res, att = {"result": m["result"], "at": m["done"]}, m["attempts"]
+            steps.append(_step(position, m, res, att, first, fail, kept_events[i]))
         return steps
 
 
