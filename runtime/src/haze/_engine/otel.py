@@ -281,10 +281,12 @@ class Telemetry:
         position: int,
         attempt: int,
         call: Callable[[int], Awaitable[str]],
+        sealed: bool = False,
     ) -> str:
         """One try of a workflow step (``call(attempt)``) in a ``workflow.step <name>``
         span, a child of the current ``process`` span: a run's resumes carry its trace,
-        so every step of a run is in one trace."""
+        so every step of a run is in one trace. ``sealed``: an encrypted workflow, whose
+        error text stays in its encrypted run state: the span gets the type only."""
         attrs: dict[str, Any] = {
             "haze.workflow.name": workflow,
             "haze.workflow.run_id": run_id,
@@ -302,8 +304,10 @@ class Telemetry:
             try:
                 return await call(attempt)
             except Exception as e:
-                span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, error_line(e)))
-                span.record_exception(e)
+                line = f"{type(e).__name__}: {_SEALED}" if sealed else error_line(e)
+                span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, line))
+                if not sealed:
+                    span.record_exception(e)
                 raise
 
     def _parent(self, message: Message) -> tuple[Any, Any]:

@@ -158,7 +158,7 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
         wake=payload.get("wake"),
         by=payload.get("by"),
         encrypted=wf.encrypted,
-        traced=_traced(ctx, wf.name, run_id),
+        traced=_traced(ctx, wf, run_id),
         kept=kept,
         workflow=wf.name,
     )
@@ -188,7 +188,7 @@ async def _waits_for(state: WorkflowStateStore, run_id: str, event: str) -> bool
     return run is not None and run.state == "waiting" and run.waiting_for == event
 
 
-def _traced(ctx: JobContext, workflow: str, run_id: str) -> Traced | None:
+def _traced(ctx: JobContext, wf: WorkflowDefinition, run_id: str) -> Traced | None:
     """Each try of a step in a span under this delivery's ``process`` span (and so under
     the run's trace, which every resume message carries on)."""
     # a job sees its app through the jobs' view; the layers from the engine up see more
@@ -196,7 +196,7 @@ def _traced(ctx: JobContext, workflow: str, run_id: str) -> Traced | None:
     telemetry = app.manager.telemetry()
     if telemetry is None:
         return None
-    return functools.partial(telemetry.workflow_step, workflow, run_id)
+    return functools.partial(telemetry.workflow_step, wf.name, run_id, sealed=wf.encrypted)
 
 
 async def run_failed(
