@@ -25,6 +25,22 @@ def _weight(item: pytest.Item) -> int:
     return 1 if item.get_closest_marker("pyodide") is not None else 0
 
 
+def _group_for_xdist(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``pytest -n N --dist loadgroup`` (scripts/test in CI): each module goes to
+    one worker as a whole, so its module-scoped fixtures (a database, a Miniflare
+    scenario) are set up once; every Pyodide module goes to one and the same worker,
+    one after the other (each boots Pyodide under Node.js: heavy in memory and CPU)."""
+    if config.getoption("dist", "no") != "loadgroup" and not getattr(
+        config.option, "loadgroup", False
+    ):
+        return
+    pyodide = {i.nodeid.split("::")[0] for i in items if i.get_closest_marker("pyodide")}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group("pyodide" if module in pyodide else module))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Fast tests first, then the Pyodide ones, then the slow (fault, storm, soak) ones,
     so ``scripts/test -x`` meets a simple failure early. A module moves as a whole (its
@@ -35,6 +51,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = item.nodeid.split("::")[0]
         heaviest[module] = max(heaviest.get(module, 0), _weight(item))
     items.sort(key=lambda item: heaviest[item.nodeid.split("::")[0]])
+    _group_for_xdist(config, items)
     # CI reruns a failed test (a shared 2-core box makes some timing tests flaky); a
     # storm or exactly-once test never gets a rerun: a pass on the second try would hide
     # the race it hunts.
