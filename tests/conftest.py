@@ -25,8 +25,9 @@ def _weight(item: pytest.Item) -> int:
     return 1 if item.get_closest_marker("pyodide") is not None else 0
 
 
-#: Lanes of the slow (fault, storm, soak) modules under xdist: two run at once, at most.
-SLOW_LANES = 2
+#: Lanes of the slow (fault, storm, soak) modules under xdist: one storm at a time (each is
+#: bounded to about two minutes on a box that runs nothing else heavy).
+SLOW_LANES = 1
 
 
 def _group_for_xdist(
