@@ -25,6 +25,46 @@ def _weight(item: pytest.Item) -> int:
     return 1 if item.get_closest_marker("pyodide") is not None else 0
 
 
+#: Lanes of the slow (fault, storm, soak) modules under xdist: one storm at a time (each is
+#: bounded to about two minutes on a box that runs nothing else heavy).
+SLOW_LANES = 1
+
+
+def _group_for_xdist(
+    config: pytest.Config, items: list[pytest.Item], heaviest: dict[str, int]
+) -> None:
+    """Under ``pytest -n N --dist loadgroup --no-loadscope-reorder`` (scripts/test): each
+    module goes to one worker as a whole, so its module-scoped fixtures (a database, a
+    Miniflare scenario) are set up once. The Pyodide modules share one worker, one after
+    the other (each boots Pyodide under Node.js: heavy in memory and CPU), and the slow
+    modules share ``SLOW_LANES`` workers (a storm has the CPU it was bounded on, more or
+    less). Workers take groups in this order: the slow lanes, Pyodide, then the other
+    modules, biggest first, so the long ones do not start last."""
+    if config.getoption("dist", "no") != "loadgroup" and not getattr(
+        config.option, "loadgroup", False
+    ):
+        return
+    pyodide = {i.nodeid.split("::")[0] for i in items if i.get_closest_marker("pyodide")}
+    slow = sorted(m for m, w in heaviest.items() if w == 2 and m not in pyodide)
+    size: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        size[module] = size.get(module, 0) + 1
+    # module -> (rank, group name, tie-break): the order in which workers take them
+    order = {m: (2, m, -n) for m, n in size.items()}
+    order.update({m: (0, f"slow-{n % SLOW_LANES}", 0) for n, m in enumerate(slow)})
+    order.update(dict.fromkeys(pyodide, (1, "pyodide", 0)))
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(order[item.nodeid.split("::")[0]][1]))
+    items.sort(key=lambda item: _lane_key(order[item.nodeid.split("::")[0]]))
+
+
+def _lane_key(entry: tuple[int, str, int]) -> tuple[int, int, str]:
+    rank, name, minus_size = entry
+    return rank, minus_size, name
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Fast tests first, then the Pyodide ones, then the slow (fault, storm, soak) ones,
     so ``scripts/test -x`` meets a simple failure early. A module moves as a whole (its
@@ -35,6 +75,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = item.nodeid.split("::")[0]
         heaviest[module] = max(heaviest.get(module, 0), _weight(item))
     items.sort(key=lambda item: heaviest[item.nodeid.split("::")[0]])
+    _group_for_xdist(config, items, heaviest)
     # CI reruns a failed test (a shared 2-core box makes some timing tests flaky); a
     # storm or exactly-once test never gets a rerun: a pass on the second try would hide
     # the race it hunts.

@@ -112,7 +112,7 @@ async def test_a_cancelled_statement_does_not_come_back_busy(db: PostgresConnect
         # the sleeping statement was cancelled or its connection dropped
         rows = await db.fetchall(
             "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(5)' "
-            "AND state = 'active'"
+            "AND state = 'active' AND datname = current_database()"  # not another run's
         )
     assert rows == [(0,)]
 

@@ -54,6 +54,21 @@ def sized(queue, size):
     return body, msg
 
 
+# The envelope's length moves with the dispatch time's digits: a unix time of this
+# century prints as 10 digits, a point and 1 to 7 more (the shortest repr of a double).
+TS_DIGITS_MIN, TS_DIGITS_MAX = 12, 18
+
+
+def envelope(queue, ts_digits):
+    """The length of a dispatched cf_limits_big message on ``queue`` with an empty "b",
+    its time printed in ``ts_digits`` characters: a payload of ``size - envelope(q,
+    TS_DIGITS_MAX)`` bytes stays within ``size`` and one of ``size - envelope(q,
+    TS_DIGITS_MIN)`` bytes reaches it, whatever the clock reads at dispatch."""
+    msg = app.manager.dispatcher.build(cf_limits_big.with_({"b": ""}), "database", queue)
+    msg.ts = float(int(msg.ts))  # e.g. 1765065600.0: the shortest, 12 characters
+    return len(encode(msg)) + ts_digits - TS_DIGITS_MIN
+
+
 async def probe(driver, queue, size):
     """Whether D1 stores a job row whose body is ``size`` bytes."""
     body, msg = sized(queue, size)
@@ -74,8 +89,7 @@ async def scenario():
     }
     # a dispatch at the cap (within the few bytes a timestamp's digits vary by) is
     # stored, runs, and can fail into failed_jobs
-    empty = app.manager.dispatcher.build(cf_limits_big.with_({"b": ""}), "database", "atcap")
-    at_cap = "x" * (cap - 4 - len(encode(empty)))
+    at_cap = "x" * (cap - envelope("atcap", TS_DIGITS_MAX))
     await cf_limits_big.dispatch({"b": at_cap}, queue="atcap")
     out["at_cap_rows"] = await count("atcap")
     job = await driver.reserve(["atcap"], 0)
@@ -93,9 +107,10 @@ async def scenario():
     out["at_cap_failed"] = await driver.fail(job, failed)
     # a few bytes more, or a size D1 itself refuses, are refused at dispatch, naming the
     # job, the size and the cap
-    for key, extra in (("over", 8), ("far_over", 3_000_000 - cap)):
+    for key, size in (("over", cap + 1), ("far_over", 3_000_000)):
         try:
-            await cf_limits_big.dispatch({"b": at_cap + "x" * extra}, queue=key)
+            big = "x" * (size - envelope(key, TS_DIGITS_MIN))
+            await cf_limits_big.dispatch({"b": big}, queue=key)
             out[key] = "dispatched"
         except PayloadTooLargeError as e:
             out[key] = str(e)
