@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from haze import App, define_database_config, define_queue_config
+from haze.connectors.migrations import ensure_queue_tables
 from haze.dashboard import create_app
 from haze.dashboard._data import FailedFilter, failed_jobs
-from haze.database.migrations import ensure_queue_tables
 from starlette.testclient import TestClient
 
 

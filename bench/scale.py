@@ -509,7 +509,7 @@ async def _feed(n: int, backlog: int, dmin: float, dmax: float, name: str) -> No
     app = App(root=b.root)
     await app.__aenter__()
     if b.sql:
-        from haze.database.migrations import ensure_queue_tables
+        from haze.connectors.migrations import ensure_queue_tables
 
         await ensure_queue_tables(app)
     from app.job.delayed_probe import delayed_probe
@@ -542,7 +542,7 @@ async def _clean(name: str) -> None:
         redis_common.clean()
         return
     from haze import App
-    from haze.database.migrations import ensure_queue_tables
+    from haze.connectors.migrations import ensure_queue_tables
 
     app = App(root=b.root)
     await app.__aenter__()

@@ -18,7 +18,7 @@ import uuid
 from typing import Any
 
 from haze import App, define_job, define_queue_config
-from haze._runners.worker import Worker
+from haze._workers.worker import Worker
 from vercel.queue import ALL_DEPLOYMENTS, QueueClient
 from vercel.queue.devserver import embedded_queue_dev_server
 

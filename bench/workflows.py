@@ -113,8 +113,8 @@ def _definitions() -> tuple[Any, Any]:
 
 async def _haze(backend: str, runs: int, jobs: bool) -> dict[str, float]:
     from haze import Workflow
-    from haze._runners.worker import Worker
-    from haze.database.migrations import ensure_queue_tables
+    from haze._workers.worker import Worker
+    from haze.connectors.migrations import ensure_queue_tables
 
     ten_steps, noop_job = _definitions()
     DONE[0] = 0

@@ -25,7 +25,7 @@ from haze import (
     define_queue_config,
     define_redis_config,
 )
-from haze.database.migrations import ensure_queue_tables
+from haze.connectors.migrations import ensure_queue_tables
 from services import delete_redis_prefix
 from worker_procs import WorkerProcs
 

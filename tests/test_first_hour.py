@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from haze._kernel.sqlfiles import queue_schema
+from haze._base.sqlfiles import queue_schema
 from services import server_missing, throwaway_pg_database, tool_missing
 
 PG_ADMIN = os.environ.get("HAZE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")

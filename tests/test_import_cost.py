@@ -32,10 +32,10 @@ def loaded_after(code: str) -> set[str]:
 def test_import_haze_loads_only_the_package_and_its_errors() -> None:
     assert loaded_after("import haze") <= {
         "haze",
-        "haze._kernel",
-        "haze._kernel.errors",
-        "haze._kernel.hints",
-        "haze._kernel.version",
+        "haze._base",
+        "haze._base.errors",
+        "haze._base.hints",
+        "haze._base.version",
     }
 
 
@@ -50,8 +50,8 @@ def test_import_haze_loads_only_the_package_and_its_errors() -> None:
 def test_what_an_app_imports_loads_no_test_helper_or_database(statement: str) -> None:
     loaded = loaded_after(statement)
     assert "haze.testing" not in loaded
-    # the haze.database package (its protocols and registry) is light; no connector loads
-    assert not {m for m in loaded if m.startswith("haze.database.")}
+    # the haze.connectors package (its protocols and registry) is light; no connector loads
+    assert not {m for m in loaded if m.startswith("haze.connectors.")}
     assert not {m for m in loaded if m.startswith("haze.drivers.")}
 
 
@@ -73,10 +73,10 @@ def test_import_haze_lambda_loads_no_driver_worker_or_http_code() -> None:
     loaded = loaded_after("import haze_lambda")
     assert loaded <= {
         "haze",
-        "haze._kernel",
-        "haze._kernel.errors",
-        "haze._kernel.hints",
-        "haze._kernel.version",
+        "haze._base",
+        "haze._base.errors",
+        "haze._base.hints",
+        "haze._base.version",
         "haze_lambda",
     }, sorted(loaded)
     handlers = loaded_after("from haze_lambda import sqs_handler, http_handler, schedule_handler")
@@ -84,7 +84,7 @@ def test_import_haze_lambda_loads_no_driver_worker_or_http_code() -> None:
         "haze._app.app",
         "haze._app.config",
         "haze.drivers.sqs",
-        "haze._runners.worker",
+        "haze._workers.worker",
         "haze.integrations.http_dispatch",
     ):
         assert heavy not in handlers, heavy
@@ -94,10 +94,10 @@ def test_import_haze_cloudflare_loads_no_driver_d1_or_httpx_code() -> None:
     loaded = loaded_after("import haze_cloudflare")
     assert loaded <= {
         "haze",
-        "haze._kernel",
-        "haze._kernel.errors",
-        "haze._kernel.hints",
-        "haze._kernel.version",
+        "haze._base",
+        "haze._base.errors",
+        "haze._base.hints",
+        "haze._base.version",
         "haze_cloudflare",
     }, sorted(loaded)
     entry = loaded_after(
@@ -107,9 +107,9 @@ def test_import_haze_cloudflare_loads_no_driver_d1_or_httpx_code() -> None:
         "haze._app.app",
         "haze._app.config",
         "haze.drivers.cloudflare",
-        "haze.database",
-        "haze.database.d1",
-        "haze._kernel.http",
+        "haze.connectors",
+        "haze.connectors.d1",
+        "haze._base.http",
         "haze.testing",
         "haze_cloudflare.d1",
         "haze_cloudflare.driver",

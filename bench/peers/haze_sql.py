@@ -14,7 +14,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from haze import App, Queue  # noqa: E402
-from haze.database.migrations import ensure_queue_tables  # noqa: E402
+from haze.connectors.migrations import ensure_queue_tables  # noqa: E402
 from haze_loop import run  # noqa: E402
 from records import emit  # noqa: E402
 

@@ -17,7 +17,7 @@ from infra_apps import isolated_stack_config, require_pulumi, write_app
 
 require_pulumi()
 
-from haze._kernel.errors import ScheduleError  # noqa: E402
+from haze._base.errors import ScheduleError  # noqa: E402
 from haze_infra.aws import SEND_SQS_ACTIONS, HazeAwsApp  # noqa: E402
 from infra_mocks import RecordingMocks, deploy, policy_of  # noqa: E402
 

@@ -21,13 +21,13 @@ SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 
 #: Lowest first. A module's layer is the longest prefix of its dotted name listed here.
 LAYERS: list[tuple[str, ...]] = [
-    ("haze._kernel",),
+    ("haze._base",),
     ("haze.contracts",),
-    ("haze.drivers", "haze.stores", "haze.database", "haze._failed"),
+    ("haze.drivers", "haze.stores", "haze.connectors", "haze._failed"),
     ("haze._jobs", "haze.transactions"),
     ("haze._engine",),
     ("haze._orchestration", "haze._workflows"),
-    ("haze._runners",),
+    ("haze._workers",),
     ("haze._app",),
     # The public facades, and the public paths of kernel modules users import from.
     (
@@ -128,11 +128,11 @@ def test_an_import_under_type_checking_counts(tmp_path: pathlib.Path) -> None:
         "if TYPE_CHECKING:\n"
         "    from haze._app.app import App\n"
         "else:\n"
-        "    from haze._kernel import errors\n"
+        "    from haze._base import errors\n"
     )
     found = [t for t, _, _ in imports("haze._engine.dispatcher", source, typing_only=True)]
-    assert found == ["haze._app.app", "haze._kernel"]
-    assert [t for t, _, _ in imports("haze._engine.dispatcher", source)] == ["haze._kernel"]
+    assert found == ["haze._app.app", "haze._base"]
+    assert [t for t, _, _ in imports("haze._engine.dispatcher", source)] == ["haze._base"]
 
 
 def test_no_haze_import_inside_a_function() -> None:
@@ -284,7 +284,7 @@ def test_no_module_longer_than_six_hundred_lines() -> None:
 
 #: The one module that parses a message's JSON: ``decode`` (a ``Message``, checked),
 #: ``envelope_of`` (the object, unchecked) and the helpers that rewrite a body.
-ENVELOPE_PARSER = SRC / "haze" / "_kernel" / "message.py"
+ENVELOPE_PARSER = SRC / "haze" / "_base" / "message.py"
 _JSON_MODULES = {"json", "_json", "orjson", "ujson", "simplejson", "rapidjson"}
 
 
@@ -389,6 +389,6 @@ def _relative(path: pathlib.Path) -> list[str]:
 def test_one_envelope_parser() -> None:
     found = [hit for path in source_files() for hit in second_envelope_parsers(path)]
     assert not found, (
-        "a message body is parsed outside haze._kernel.message (use decode or envelope_of, "
+        "a message body is parsed outside haze._base.message (use decode or envelope_of, "
         "or Reserved.delivered for a delivered message):\n" + "\n".join(found)
     )

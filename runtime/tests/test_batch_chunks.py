@@ -10,7 +10,7 @@ from typing import Any
 
 from haze import App, Queue, define_database_config, define_job, define_queue_config
 from haze._orchestration.batches import DISPATCH_CHUNK
-from haze.database.migrations import ensure_queue_tables
+from haze.connectors.migrations import ensure_queue_tables
 
 RAN: list[int] = []
 

@@ -19,8 +19,8 @@ from haze import (
     define_job,
     tenant,
 )
+from haze._base.blocking import blocking, run_blocking
 from haze._jobs.context import current_tenant
-from haze._kernel.blocking import blocking, run_blocking
 
 seen: list[Any] = []
 

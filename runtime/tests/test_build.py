@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from haze._kernel.errors import ConfigError
+from haze._base.errors import ConfigError
 from haze.build import PRESETS, BuildContext, build, deterministic_zip
 from haze.build.cloudflare import merge_wrangler
 from haze.cli import COMMAND_MODULES, get_cli
@@ -245,12 +245,12 @@ def test_a_missing_adapter_names_an_install_that_works_here(
 def test_outside_a_checkout_the_hint_names_the_distribution(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import haze._kernel.hints
+    import haze._base.hints
     from haze.build import install_hint
 
     # haze installed from a wheel: its package is in site-packages, no checkout around it
-    fake = tmp_path / "lib" / "site-packages" / "haze" / "_kernel" / "hints.py"
-    monkeypatch.setattr(haze._kernel.hints, "__file__", str(fake))
+    fake = tmp_path / "lib" / "site-packages" / "haze" / "_base" / "hints.py"
+    monkeypatch.setattr(haze._base.hints, "__file__", str(fake))
     assert install_hint(package="haze_cloudflare") == "pip install haze-cloudflare"
     assert install_hint(package="haze_lambda") == "pip install haze-lambda"
 

@@ -1,4 +1,4 @@
-"""The consumer core (``haze._runners.delivery``) that the worker, the Lambda SQS handler
+"""The consumer core (``haze._workers.delivery``) that the worker, the Lambda SQS handler
 and the Cloudflare Worker's ``queue()`` share."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from haze._engine.events import Events
-from haze._runners.delivery import Delivery
+from haze._workers.delivery import Delivery
 from haze.contracts.driver import Leased, Reserved
 
 

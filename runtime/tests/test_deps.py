@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from haze._kernel.deps import import_if_present, load_by_name, require
-from haze._kernel.errors import ConfigError, MissingDependencyError
-from haze._kernel.hints import install_hint
-from haze._kernel.http import LoopClient
+from haze._base.deps import import_if_present, load_by_name, require
+from haze._base.errors import ConfigError, MissingDependencyError
+from haze._base.hints import install_hint
+from haze._base.http import LoopClient
 
 
 @pytest.fixture

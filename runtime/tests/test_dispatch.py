@@ -229,8 +229,8 @@ async def dispatch_unique_big(payload: Any, job: JobContext) -> None:
 async def test_unique_lock_is_released_when_the_locked_message_is_too_large(app: App) -> None:
     # The lock adds a few bytes to the message: a message that fits without it and not
     # with it must not leave a lock behind that blocks every later dispatch.
-    from haze._kernel.errors import PayloadTooLargeError
-    from haze._kernel.message import Message, encode
+    from haze._base.errors import PayloadTooLargeError
+    from haze._base.message import Message, encode
 
     driver = app.driver("memory")
     plain = encode(Message(id="0" * 32, job="dispatch_unique_big", payload={"x": "a" * 100}))
@@ -250,7 +250,7 @@ async def dispatch_unique_debounced(payload: Any) -> None:
 async def test_a_locked_job_is_encoded_once(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
     # The payload goes through JSON once per dispatch: before the locks (so a payload
     # JSON cannot carry fails with nothing taken), and the envelope after them.
-    from haze._kernel import message as envelope
+    from haze._base import message as envelope
 
     payload = {"rows": list(range(50))}
     walked: list[object] = []
@@ -275,7 +275,7 @@ async def dispatch_debounced_big(payload: Any) -> None:
 async def test_a_debounced_message_too_large_leaves_the_burst_alone(app: App) -> None:
     # Refused before its debounce mark is written: the mark would make the queued
     # message of the burst a superseded one, and no message would run at all.
-    from haze._kernel.errors import PayloadTooLargeError
+    from haze._base.errors import PayloadTooLargeError
 
     driver = app.driver("memory")
     driver.max_message_size = 2000

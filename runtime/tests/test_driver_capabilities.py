@@ -13,7 +13,7 @@ import pytest
 
 DRIVERS = [
     ("haze.drivers.memory", "MemoryDriver"),
-    ("haze.drivers.database", "DatabaseDriver"),
+    ("haze.drivers.sql", "DatabaseDriver"),
     ("haze.drivers.redis", "RedisDriver"),
     ("haze.drivers.sqs", "SqsDriver"),
     ("haze.drivers.cloudflare", "CloudflareDriver"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from haze import define_job
-from haze._kernel.durations import backoff_delay, parse_backoff, parse_duration
+from haze._base.durations import backoff_delay, parse_backoff, parse_duration
 
 
 @pytest.mark.parametrize(

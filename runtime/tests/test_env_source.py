@@ -8,7 +8,7 @@ import os
 import pytest
 from haze import env
 from haze._app.config import env_source, read_env
-from haze._kernel.errors import ConfigError
+from haze._base.errors import ConfigError
 
 
 def test_the_source_wins_inside_the_block_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from haze import App, define_cache_config, define_database_config, define_queue_config
+from haze._base.message import FailedJob
 from haze._failed import SqlFailedJobs, StoreFailedJobs, WarningFailedJobs, failed_target
 from haze._failed import failed_store as resolve_failed_store
-from haze._kernel.message import FailedJob
 from haze.errors import ConfigError
 from haze.stores.memory import MemoryStore
 

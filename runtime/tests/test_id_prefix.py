@@ -8,14 +8,14 @@ import subprocess
 import sys
 
 import pytest
-from haze._kernel import message as message
-from haze._kernel.message import new_id
+from haze._base import message as message
+from haze._base.message import new_id
 
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork() here")
 
 
 def test_importing_haze_draws_no_prefix() -> None:
-    code = "import haze, haze._kernel.message as m; print(repr(m._prefix))"
+    code = "import haze, haze._base.message as m; print(repr(m._prefix))"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )

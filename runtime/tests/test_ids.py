@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from haze import AmbiguousIdError
-from haze._kernel.ids import match_id, short_id
-from haze._kernel.message import new_id
+from haze._base.ids import match_id, short_id
+from haze._base.message import new_id
 
 
 def test_short_ids_of_one_process_differ() -> None:

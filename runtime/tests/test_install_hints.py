@@ -7,10 +7,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import haze._kernel.hints
+import haze._base.hints
 import pytest
-from haze._kernel.errors import MissingDependencyError
-from haze._kernel.hints import install_hint
+from haze._base.errors import MissingDependencyError
+from haze._base.hints import install_hint
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,8 +22,8 @@ def test_an_installed_haze_names_the_distributions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # haze installed from a wheel: its package is in site-packages, no checkout around it
-    fake = tmp_path / "lib" / "site-packages" / "haze" / "_kernel" / "hints.py"
-    monkeypatch.setattr(haze._kernel.hints, "__file__", str(fake))
+    fake = tmp_path / "lib" / "site-packages" / "haze" / "_base" / "hints.py"
+    monkeypatch.setattr(haze._base.hints, "__file__", str(fake))
     assert install_hint("redis") == "pip install 'haze-jobs[redis]'"
     assert install_hint("cli,postgres") == "pip install 'haze-jobs[cli,postgres]'"
     assert install_hint() == "pip install haze-jobs"

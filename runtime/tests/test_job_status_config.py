@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from haze import App, ConfigError, JobStatus, Queue, define_job, define_queue_config
-from haze._kernel.message import MessageDecodeError, decode
+from haze._base.message import MessageDecodeError, decode
 
 MEM = {"memory": {"driver": "memory"}}
 

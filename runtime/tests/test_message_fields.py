@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from haze._kernel.errors import MessageDecodeError
-from haze._kernel.message import Message, decode, encode, new_id
+from haze._base.errors import MessageDecodeError
+from haze._base.message import Message, decode, encode, new_id
 
 
 def _body(**fields: Any) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from haze import (
     define_queue_config,
     define_redis_config,
 )
-from haze.database.migrations import ensure_queue_tables
+from haze.connectors.migrations import ensure_queue_tables
 
 
 @define_job(name="misconfig_noop")
@@ -325,7 +325,7 @@ def d1_app(**queue_options: Any) -> App:
 
 
 def test_a_database_queue_on_d1_caps_messages_below_d1s_row_limit() -> None:
-    from haze.drivers.database import D1_MAX_MESSAGE_SIZE, D1_ROW_LIMIT
+    from haze.drivers.sql import D1_MAX_MESSAGE_SIZE, D1_ROW_LIMIT
 
     assert D1_ROW_LIMIT == 2_000_000  # Cloudflare's documented string, BLOB and row limit
     assert d1_app().driver("d1").max_message_size == D1_MAX_MESSAGE_SIZE < D1_ROW_LIMIT

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 from haze import App, JobContext, Queue, define_job, define_queue_config
+from haze._base.errors import ConfigError
 from haze._engine.otel import Telemetry, prometheus_text
-from haze._kernel.errors import ConfigError
 from haze.contracts.driver import QueueCounts
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import pytest
 from haze import App, ConfigError, define_cache_config, define_queue_config, drivers, stores
-from haze._kernel import plugins
+from haze._base import plugins
 from haze.contracts.driver import DeclaresOptions
 from haze.drivers import register_driver
 from haze.drivers.memory import MemoryDriver

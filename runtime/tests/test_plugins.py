@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from haze._kernel import plugins
-from haze._kernel.errors import ConfigError
-from haze.database import connector_class, register_connector
+from haze._base import plugins
+from haze._base.errors import ConfigError
+from haze.connectors import connector_class, register_connector
 from haze.drivers import driver_class, register_driver
 from haze.drivers.memory import MemoryDriver
 from haze.stores import register_store, store_class

@@ -100,14 +100,14 @@ def test_core_modules_import() -> None:
     for mod in (
         "_app.app",
         "_app.config",
-        "_kernel.durations",
+        "_base.durations",
         "_jobs.definition",
         "_jobs.context",
-        "_kernel.message",
+        "_base.message",
         "_engine.manager",
         "api.facade",
         "testing",
-        "_kernel.blocking",
+        "_base.blocking",
         "errors",
         "drivers.memory",
         "drivers.sync",
@@ -131,7 +131,7 @@ def test_import_haze_loads_no_heavy_dependency() -> None:
 
 def test_the_files_haze_init_writes_import_only_public_names() -> None:
     """A new app's code is what users copy: it must not reach into haze's private
-    modules (``haze._kernel``...), which may change under it."""
+    modules (``haze._base``...), which may change under it."""
     import ast
 
     from haze.cli.init import _JOB, _MAIN

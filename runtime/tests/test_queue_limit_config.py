@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from haze import App, define_queue_config
-from haze._kernel.errors import ConfigError
+from haze._base.errors import ConfigError
 
 
 def _app(queues: object, driver: str = "memory") -> App:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from haze import App, define_queue_config
-from haze._kernel.errors import ConfigError
+from haze._base.errors import ConfigError
 
 
 def _app(queues: list[object]) -> App:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from haze import App, define_cache_config, define_queue_config
-from haze._kernel.errors import ConfigError
+from haze._base.errors import ConfigError
 
 _SQS = {"driver": "sqs", "queue_url": "http://127.0.0.1:1/123/jobs"}
 _CF = {"driver": "cloudflare", "binding": "JOBS"}

@@ -43,7 +43,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from haze._kernel.errors import ConfigError
+from haze._base.errors import ConfigError
 from haze.build import build
 from haze.build._python import pack_wheel
 from packaging.requirements import Requirement

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from haze._kernel.errors import ConfigError
+from haze._base.errors import ConfigError
 from haze.build import build
 from preset_support import clean_env, lines_of, uvicorn, write_app
 from services import server_missing

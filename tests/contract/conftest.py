@@ -160,7 +160,7 @@ class RemoteMemoryDriver(MemoryDriver):
 
 
 def _register_remote_sim() -> Callable[[], None]:
-    from haze._kernel import plugins
+    from haze._base import plugins
     from haze.drivers import register_driver
 
     had = plugins.find(plugins.DRIVERS, "test_remote") is not None
@@ -225,7 +225,7 @@ def _prepare_tables(url: str, cleanup: Iterable[str] = ()) -> None:
     """``ensure_queue_tables`` through a throwaway app (once per database URL in the
     session), then the ``cleanup`` statements."""
     from haze import define_database_config
-    from haze.database.migrations import ensure_queue_tables
+    from haze.connectors.migrations import ensure_queue_tables
 
     async def go() -> None:
         setup_app = App(
@@ -622,7 +622,7 @@ def make_app(
                 _current_app = app
                 workers = []
                 if s.remote:
-                    from haze._runners.worker import Worker
+                    from haze._workers.worker import Worker
 
                     # extra["consumer"](app, concurrency): a spec's own consumer, shaped
                     # like Worker (cloudflare: the platform delivering batches to queue())

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from haze import DelayTooLongError, PayloadTooLargeError, Queue, define_job
-from haze._kernel.durations import MAX_DELAY
+from haze._base.durations import MAX_DELAY
 
 LOG: list[Any] = []
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from crash_points import Crash, CrashingStore, Injector
 from haze import App, JobContext, Queue, define_cache_config, define_job, define_queue_config
-from haze._kernel.message import decode
+from haze._base.message import decode
 from haze.drivers import Reserved
 from haze.stores import Store
 

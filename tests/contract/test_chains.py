@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 from haze import JobContext, Queue, define_job, use_app
-from haze._kernel.crypto import generate_key
-from haze._kernel.message import decode, encode
+from haze._base.crypto import generate_key
+from haze._base.message import decode, encode
 
 # ---------------------------------------- jobs
 

@@ -23,9 +23,9 @@ from haze import (
     RetryUntilExpiredError,
     define_job,
 )
+from haze._base.crypto import generate_key
+from haze._base.errors import ConfigError
 from haze._engine.locks import Locks
-from haze._kernel.crypto import generate_key
-from haze._kernel.errors import ConfigError
 
 RUNS: list[dict[str, Any]] = []
 FAILED: list[dict[str, Any]] = []
@@ -456,7 +456,7 @@ def _forged_seal(key: str, plain: bytes, message_id: str) -> str:
     import os
 
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-    from haze._kernel.crypto import _material
+    from haze._base.crypto import _material
 
     nonce = os.urandom(12)
     sealed = AESGCM(_material(key)).encrypt(nonce, plain, message_id.encode())
@@ -527,8 +527,8 @@ async def test_an_encrypted_jobs_payload_is_checked_like_a_plain_one(
 
 
 async def test_decrypt_error_type(app):
-    from haze._kernel.crypto import decrypt_payload, encrypt_payload
-    from haze._kernel.message import Message
+    from haze._base.crypto import decrypt_payload, encrypt_payload
+    from haze._base.message import Message
 
     a = haze.App(key=generate_key())
     b = haze.App(key=generate_key())

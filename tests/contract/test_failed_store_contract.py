@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 from haze import App, define_database_config
+from haze._base.message import FailedJob
 from haze._failed import FailedJobsUnion, MemoryFailedJobs, SqlFailedJobs, StoreFailedJobs
-from haze._kernel.message import FailedJob
 from haze.contracts.failed import FailedJobStore, RetryClaims
 from services import needs_server
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from haze import App, Queue, define_job
+from haze._base.message import decode
 from haze._engine.hooks import Outcome, Run, Stage
-from haze._kernel.message import decode
-from haze._runners.worker import Worker
+from haze._workers.worker import Worker
 from haze.contracts.failed import RetriesAtomically
 
 pytestmark = pytest.mark.requires("queued", "failed_store")

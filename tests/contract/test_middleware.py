@@ -29,7 +29,7 @@ from haze import (
     throttles_exceptions,
     without_overlapping,
 )
-from haze._kernel.errors import ConfigError
+from haze._base.errors import ConfigError
 
 RUNS: list[dict[str, Any]] = []
 ORDER: list[str] = []

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from haze._kernel.message import Message
+from haze._base.message import Message
 from haze.contracts.driver import FailedJob, Interruptible, Reserved
 from haze.drivers import register_driver
 from haze.drivers.memory import MemoryDriver

@@ -110,7 +110,7 @@ async def test_an_encrypted_runs_data_is_stored_sealed_and_opened_with_the_key(
     state: Any,
 ) -> None:
     from haze import App
-    from haze._kernel.crypto import generate_key
+    from haze._base.crypto import generate_key
     from haze._workflows.sealed import sealed_state
 
     secret, key = "SEALED-SECRET-5150", generate_key()
@@ -146,7 +146,7 @@ async def test_an_encrypted_run_is_cancelled_without_the_key(
     state: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from haze import App
-    from haze._kernel.crypto import generate_key
+    from haze._base.crypto import generate_key
     from haze._workflows.api import StoreRuns
     from haze._workflows.sealed import sealed_state
 

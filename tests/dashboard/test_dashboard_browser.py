@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 import pytest
 from haze import App, Queue, define_job
 from haze._engine.control import paused_queues
-from haze._runners.worker import Worker
-from haze.database.migrations import ensure_queue_tables
+from haze._workers.worker import Worker
+from haze.connectors.migrations import ensure_queue_tables
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "database"))
 from harness import mysql_database, pg_database

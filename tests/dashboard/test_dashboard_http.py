@@ -31,12 +31,12 @@ from haze import (
     define_queue_config,
     define_redis_config,
 )
+from haze._base.message import FailedJob
 from haze._engine.control import paused_queues
-from haze._kernel.message import FailedJob
-from haze._runners.worker import Worker
+from haze._workers.worker import Worker
+from haze.connectors.migrations import ensure_queue_tables
 from haze.contracts.failed import FailedPages
 from haze.dashboard import create_app
-from haze.database.migrations import ensure_queue_tables
 from starlette.testclient import TestClient
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "drivers"))
@@ -307,7 +307,7 @@ def test_user_data_is_escaped_everywhere(backend: Backend) -> None:
 def test_no_app_key_or_secret_in_any_page(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from haze._kernel.crypto import generate_key
+    from haze._base.crypto import generate_key
 
     key = generate_key()
     monkeypatch.setenv("APP_KEY", key)
@@ -659,7 +659,7 @@ async def dash_slow(payload: Any) -> None:
 def test_workers_page_lists_live_workers_and_drops_dead_ones(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from haze._runners import presence as presence
+    from haze._workers import presence as presence
 
     monkeypatch.setattr(presence, "LEASE", 1.0)
     monkeypatch.setattr(presence, "BEAT_EVERY", 0.1)
@@ -711,7 +711,7 @@ async def dash_secret(payload: Any) -> None:
 def test_encrypted_payload_hidden_unless_decrypted_with_the_app_key(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from haze._kernel.crypto import generate_key
+    from haze._base.crypto import generate_key
 
     monkeypatch.setenv("APP_KEY", generate_key())
 
@@ -748,7 +748,7 @@ async def dash_secret_result(payload: Any, job: JobContext) -> Any:
 def test_encrypted_exception_result_and_progress_hidden_unless_decrypted(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from haze._kernel.crypto import generate_key
+    from haze._base.crypto import generate_key
 
     monkeypatch.setenv("APP_KEY", generate_key())
 
@@ -888,7 +888,7 @@ def test_job_lookup_shows_a_tracked_jobs_status_and_result(backend: Backend) -> 
 def test_a_deeply_nested_failed_record_breaks_no_failed_page(backend: Backend) -> None:
     """A record whose body is nested too deeply to parse: listed, shown, never retried
     as a job, and forgettable by id; the other failed jobs stay workable."""
-    from haze._kernel.message import FailedJob
+    from haze._base.message import FailedJob
 
     fail_jobs(backend, [{"n": 1}])
     deep = "[" * 100_000 + "]" * 100_000

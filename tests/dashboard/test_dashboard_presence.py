@@ -22,7 +22,7 @@ from haze import (
     define_queue_config,
     define_redis_config,
 )
-from haze._kernel.message import Message, encode, new_id
+from haze._base.message import Message, encode, new_id
 from haze.dashboard import create_app
 from haze.integrations.asgi import ServerWorker
 from starlette.testclient import TestClient
@@ -108,7 +108,7 @@ class _CfBatch:
 def test_cloudflare_queue_invocations_are_listed_with_a_short_lease(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from haze._runners import presence
+    from haze._workers import presence
     from haze_cloudflare.worker import QueueWorker
 
     monkeypatch.setattr(presence, "SHORT_LEASE", 1.5)

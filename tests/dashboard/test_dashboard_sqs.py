@@ -128,7 +128,7 @@ def test_lambda_sqs_handler_shows_on_the_workers_page(
 ) -> None:
     # The Lambda SQS handler has no process that outlives its invocations: its
     # environment is listed while it runs jobs, with a short lease, and drops off after.
-    from haze._runners import presence
+    from haze._workers import presence
     from haze_lambda.sqs import _handle
 
     monkeypatch.setattr(presence, "SHORT_LEASE", 1.5)

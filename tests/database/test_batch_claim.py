@@ -34,13 +34,13 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import haze._runners.worker as haze_worker
+import haze._workers.worker as haze_worker
 import pytest
 from harness import BACKENDS, backend_url, mysql_database, pg_database
 from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
-from haze._runners.worker import Worker
+from haze._workers.worker import Worker
+from haze.connectors.migrations import ensure_queue_tables
 from haze.contracts.driver import BatchConsumer
-from haze.database.migrations import ensure_queue_tables
 from worker_procs import WorkerProcs
 
 pytestmark = [pytest.mark.timeout(180)]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import haze.database.migrations as migrations
+import haze.connectors.migrations as migrations
 import pytest
 from harness import MYSQL_ADMIN_URL, PG_ADMIN_URL
 from haze import (
@@ -39,10 +39,10 @@ from haze import (
     define_queue_config,
     run_in_app,
 )
-from haze._kernel.sqlfiles import queue_schema, queue_sql
-from haze._runners.worker import Worker
-from haze.database import Connector, Session, connect
-from haze.database.postgres import DatabaseConnectionError, translate_placeholders
+from haze._base.sqlfiles import queue_schema, queue_sql
+from haze._workers.worker import Worker
+from haze.connectors import Connector, Session, connect
+from haze.connectors.postgres import DatabaseConnectionError, translate_placeholders
 
 CI = os.environ.get("CI", "").strip().lower() == "true"
 
@@ -142,8 +142,8 @@ def table() -> str:
 
 
 def test_connect_picks_the_backend() -> None:
-    from haze.database.mysql import MySQLConnector
-    from haze.database.postgres import PostgresConnector
+    from haze.connectors.mysql import MySQLConnector
+    from haze.connectors.postgres import PostgresConnector
 
     for u in ("postgresql://u@h/db", "postgres://u@h/db", "postgresql+psycopg://u@h/db"):
         c = connect("main", {"url": u})
@@ -176,11 +176,11 @@ def test_placeholder_translation() -> None:
 def test_missing_client_names_the_extra(
     monkeypatch: pytest.MonkeyPatch, module: str, cls: str, url: str, extra: str, package: str
 ) -> None:
-    import haze.database.mysql
-    import haze.database.postgres
+    import haze.connectors.mysql
+    import haze.connectors.postgres
 
     monkeypatch.setitem(sys.modules, module, None)
-    mod = haze.database.postgres if extra == "postgres" else haze.database.mysql
+    mod = haze.connectors.postgres if extra == "postgres" else haze.connectors.mysql
     with pytest.raises(MissingDependencyError) as info:
         getattr(mod, cls)("main", {"url": url})
     assert info.value.extra == extra

@@ -35,8 +35,8 @@ from haze import (
     define_job,
     define_queue_config,
 )
-from haze._runners.worker import Worker
-from haze.database.migrations import ensure_queue_tables
+from haze._workers.worker import Worker
+from haze.connectors.migrations import ensure_queue_tables
 from test_faults import Proxy, _free_port, _via, dbx_fault_record, harness
 
 pytestmark = pytest.mark.timeout(180)

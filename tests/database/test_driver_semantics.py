@@ -26,10 +26,10 @@ import haze
 import pytest
 from harness import BACKENDS, backend_url, mysql_database, pg_database
 from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
-from haze._kernel.errors import ConfigError
-from haze._kernel.message import Message, encode, new_id
-from haze._runners.worker import Worker
-from haze.database.migrations import ensure_queue_tables, make_queue_tables, migrate
+from haze._base.errors import ConfigError
+from haze._base.message import Message, encode, new_id
+from haze._workers.worker import Worker
+from haze.connectors.migrations import ensure_queue_tables, make_queue_tables, migrate
 from haze.drivers import FailedJob
 
 pytestmark = pytest.mark.timeout(90)
@@ -565,7 +565,7 @@ def test_table_names_are_validated_identifiers_at_config_time(key: str, bad: str
 
 def test_table_names_are_validated_by_the_driver_too() -> None:
     """A driver built from options that skipped config validation still refuses them."""
-    from haze.drivers.database import DatabaseDriver
+    from haze.drivers.sql import DatabaseDriver
 
     app = App(
         database=define_database_config(
@@ -609,7 +609,7 @@ async def test_corrupt_rows_go_to_failed_jobs_with_a_clear_exception(env: Env) -
 
 
 async def test_encrypted_payload_is_not_stored_in_plaintext(db_url: str) -> None:
-    from haze._kernel.crypto import generate_key
+    from haze._base.crypto import generate_key
 
     async with open_env(db_url, key=generate_key()) as env:
         await dbx_sem_secret.dispatch({"card": "4111-1111-1111-1111"})

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from harness import BACKENDS, backend_url, mysql_database, pg_database
 from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
-from haze._runners.worker import Worker
-from haze.database.migrations import ensure_queue_tables, migrate
+from haze._workers.worker import Worker
+from haze.connectors.migrations import ensure_queue_tables, migrate
 
 pytestmark = pytest.mark.timeout(90)
 

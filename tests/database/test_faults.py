@@ -40,8 +40,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 from harness import BACKENDS, backend_url, mysql_database, pg_database
 from haze import App, Queue, define_database_config, define_queue_config
-from haze._runners.worker import Worker
-from haze.database.migrations import ensure_queue_tables
+from haze._workers.worker import Worker
+from haze.connectors.migrations import ensure_queue_tables
 from worker_procs import WorkerProcs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

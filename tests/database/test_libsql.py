@@ -15,13 +15,13 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import haze._runners.worker
-import haze.database.migrations
+import haze._workers.worker
+import haze.connectors.migrations
 import pytest
 from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
-from haze._kernel.errors import ConfigError, DatabaseConnectionError, MissingDependencyError
-from haze.database import Connector, connect
-from haze.database.libsql import (
+from haze._base.errors import ConfigError, DatabaseConnectionError, MissingDependencyError
+from haze.connectors import Connector, connect
+from haze.connectors.libsql import (
     LibSQLBusyError,
     LibSQLConnector,
     LibSQLError,
@@ -438,7 +438,7 @@ async def test_the_database_queue_driver_end_to_end(sqld_url: str) -> None:
         assert isinstance(db, LibSQLConnector)
         for table in ("lsq_jobs", "lsq_failed_jobs"):
             await db.execute(f"DROP TABLE IF EXISTS {table}")
-        await haze.database.migrations.ensure_queue_tables(app)
+        await haze.connectors.migrations.ensure_queue_tables(app)
 
         for i in range(3):
             await lsq_ok.dispatch({"i": i, "text": "héllo ✓"})
@@ -447,7 +447,7 @@ async def test_the_database_queue_driver_end_to_end(sqld_url: str) -> None:
         await lsq_fail.dispatch({})
         assert await db.fetchone("SELECT COUNT(*) FROM lsq_jobs") == (6,)
 
-        processed = await haze._runners.worker.Worker(
+        processed = await haze._workers.worker.Worker(
             app, "db", ["default"], concurrency=2, stop_when_empty=True, sleep=0.05
         ).run()
 
@@ -524,7 +524,7 @@ async def test_dispatches_ride_out_a_locked_database(sqld_url: str) -> None:
             db = app.database("main")
             for table in ("lsq_busy_jobs", "lsq_busy_jobs_failed"):
                 await db.execute(f"DROP TABLE IF EXISTS {table}")
-            await haze.database.migrations.ensure_queue_tables(app)
+            await haze.connectors.migrations.ensure_queue_tables(app)
             active = True
             await asyncio.gather(*(lsq_ok.dispatch({"i": i, "text": "x"}) for i in range(30)))
             assert await db.fetchone("SELECT COUNT(*) FROM lsq_busy_jobs") == (30,)
@@ -585,9 +585,9 @@ async def test_acks_sent_again_after_a_failed_claim_warn_of_no_lost_lease(
             db = app.database("main")
             for table in ("lsq_acks", "lsq_acks_failed"):
                 await db.execute(f"DROP TABLE IF EXISTS {table}")
-            await haze.database.migrations.ensure_queue_tables(app)
+            await haze.connectors.migrations.ensure_queue_tables(app)
             await Queue.bulk([lsq_ok.with_({"i": i, "text": "a"}) for i in range(40)])
-            worker = haze._runners.worker.Worker(
+            worker = haze._workers.worker.Worker(
                 app, "db", ["default"], concurrency=4, stop_when_empty=True, sleep=0.05
             )
             with caplog.at_level(logging.WARNING):
@@ -628,9 +628,9 @@ async def test_an_ack_that_fails_with_a_server_error_is_kept_and_sent_again(
             db = app.database("main")
             for table in ("lsq_ackfail", "lsq_ackfail_failed"):
                 await db.execute(f"DROP TABLE IF EXISTS {table}")
-            await haze.database.migrations.ensure_queue_tables(app)
+            await haze.connectors.migrations.ensure_queue_tables(app)
             await Queue.bulk([lsq_ok.with_({"i": i, "text": "a"}) for i in range(20)])
-            worker = haze._runners.worker.Worker(
+            worker = haze._workers.worker.Worker(
                 app, "db", ["default"], concurrency=4, stop_when_empty=True, sleep=0.05
             )
             await worker.run()

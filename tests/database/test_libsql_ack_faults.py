@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import pytest
 from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
-from haze._runners.worker import Worker
-from haze.database.migrations import ensure_queue_tables
+from haze._workers.worker import Worker
+from haze.connectors.migrations import ensure_queue_tables
 
 pytestmark = pytest.mark.timeout(120)
 

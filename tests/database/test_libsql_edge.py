@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from haze import App, define_database_config, define_queue_config
 from haze.cli.queue import STOP_GRACE
-from haze.database.migrations import ensure_queue_tables
+from haze.connectors.migrations import ensure_queue_tables
 from hrana_proxy import HranaProxy, is_write, statements_of
 from sqld import SqldServer, jwt_keypair
 from worker_procs import WorkerProcs

@@ -22,8 +22,8 @@ from haze import (
 )
 from haze._orchestration import scheduling
 from haze._orchestration.scheduling import Scheduler, schedule
-from haze.database.migrations import ensure_queue_tables, migrate
-from haze.database.mysql import STRICT_SQL_MODE
+from haze.connectors.migrations import ensure_queue_tables, migrate
+from haze.connectors.mysql import STRICT_SQL_MODE
 
 
 @pytest.fixture(scope="session")
@@ -161,7 +161,7 @@ async def mt_unique(payload: dict[str, Any]) -> None:
 
 
 async def test_a_250_character_unique_key_is_released(app: App) -> None:
-    from haze._runners.worker import Worker
+    from haze._workers.worker import Worker
 
     await ensure_queue_tables(app)
     key = "u" * 250

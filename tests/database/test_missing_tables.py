@@ -20,7 +20,7 @@ from haze import (
     define_job,
     define_queue_config,
 )
-from haze._runners.worker import Worker
+from haze._workers.worker import Worker
 
 MESSAGE = (
     'the queue tables are missing on database "main": run haze make:queue-tables, '

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from harness import pg_database
 from haze import App, define_database_config, define_queue_config
+from haze.connectors.migrations import ensure_queue_tables
 from haze.contracts.driver import Advises
-from haze.database.migrations import ensure_queue_tables
 from worker_procs import WorkerProcs
 
 pytestmark = [pytest.mark.timeout(120)]

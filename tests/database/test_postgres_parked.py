@@ -12,8 +12,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from harness import PG_ADMIN_URL
-from haze.database import connect
-from haze.database.postgres import DatabaseConnectionError, PostgresConnector
+from haze.connectors import connect
+from haze.connectors.postgres import DatabaseConnectionError, PostgresConnector
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +158,7 @@ async def test_close_leaves_no_connection_open(pg_url: str) -> None:
 async def test_the_parked_connection_goes_back_to_the_pool_in_time(
     db: PostgresConnector, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import haze.database.postgres as pg
+    import haze.connectors.postgres as pg
 
     monkeypatch.setattr(pg, "PARK_SECONDS", 0.0)
     await _pid(db)

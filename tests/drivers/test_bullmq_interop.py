@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 from haze import JobContext, Queue, define_job
-from haze._kernel.message import new_id
-from haze._runners.worker import Worker
+from haze._base.message import new_id
+from haze._workers.worker import Worker
 from redis_spec import REDIS_URL, needs_redis
 
 NODE_DIR = Path(__file__).parent / "node"

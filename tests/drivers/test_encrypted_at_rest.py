@@ -34,9 +34,9 @@ from haze import (
     throttles_exceptions,
     without_overlapping,
 )
-from haze._kernel.crypto import generate_key, open_failed
-from haze._runners.worker import Worker
-from haze.database.migrations import ensure_queue_tables
+from haze._base.crypto import generate_key, open_failed
+from haze._workers.worker import Worker
+from haze.connectors.migrations import ensure_queue_tables
 from haze.transactions import register_provider, unregister_provider
 from redis_spec import REDIS_URL, delete_prefix, needs_redis, unique_prefix
 
@@ -300,7 +300,7 @@ class _Tx:
 def _buffered_strings(callback: object) -> list[str]:
     """The strings a buffered after-commit callback keeps: what its closure holds, its
     messages' fields and the containers in them (not the manager or the app)."""
-    from haze._kernel.message import Message
+    from haze._base.message import Message
 
     out: list[str] = []
     seen: set[int] = set()

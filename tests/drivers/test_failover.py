@@ -33,7 +33,7 @@ from haze import (
     define_job,
     define_queue_config,
 )
-from haze.database.migrations import ensure_queue_tables
+from haze.connectors.migrations import ensure_queue_tables
 from redis_spec import REDIS_URL, needs_redis
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from haze import App, JobContext, Queue, define_job, define_queue_config, define_redis_config
-from haze._kernel.errors import ConfigError, MissingDependencyError
-from haze._runners.worker import Worker
+from haze._base.errors import ConfigError, MissingDependencyError
+from haze._workers.worker import Worker
 from haze.drivers.redis import RedisDriver
 from haze.drivers.redis.scripts import _NewJob
 from redis_spec import REDIS_URL, needs_redis

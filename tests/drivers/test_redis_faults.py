@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from haze import Queue
-from haze._kernel.ids import short_id
+from haze._base.ids import short_id
 from redis_fault_harness import harness, needs_redis_server, rfx_record, rfx_slow_first, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), needs_redis_server]

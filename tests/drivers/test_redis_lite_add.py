@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from bullmq.redis_connection import loadScript  # type: ignore[import-untyped]
-from haze._kernel.message import Message, encode, new_id
+from haze._base.message import Message, encode, new_id
 from haze.drivers.redis import RedisDriver
 from haze.drivers.redis import link as redis_link
 from haze.drivers.redis.link import _Link

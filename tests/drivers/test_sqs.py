@@ -39,15 +39,15 @@ from haze import (
     define_job,
     define_queue_config,
 )
-from haze._kernel.errors import (
+from haze._base.errors import (
     ConfigError,
     DispatchIncompleteError,
     MissingDependencyError,
     PayloadTooLargeError,
     UnknownQueueError,
 )
-from haze._kernel.message import Message, encode, new_id
-from haze._runners.worker import Worker
+from haze._base.message import Message, encode, new_id
+from haze._workers.worker import Worker
 
 _SPEC = runpy.run_path(str(Path(__file__).with_name("sqs_spec.py")))
 pytestmark = [_SPEC["needs_moto"], pytest.mark.timeout(120)]

@@ -22,9 +22,9 @@ from fuzzing import one_line, outcome
 
 with atheris.instrument_imports():
     from haze._app.env import parse_size
-    from haze._kernel.durations import parse_duration
-    from haze._kernel.errors import MessageDecodeError
-    from haze._kernel.message import FailedJob, decode
+    from haze._base.durations import parse_duration
+    from haze._base.errors import MessageDecodeError
+    from haze._base.message import FailedJob, decode
     from haze.drivers.redis import RedisDriver
     from haze.integrations.http_dispatch import authorize
 

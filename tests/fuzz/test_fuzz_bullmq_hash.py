@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 from fuzzing import fuzz, json_values
-from haze._kernel.errors import HazeError
-from haze._kernel.message import Message, encode
+from haze._base.errors import HazeError
+from haze._base.message import Message, encode
 from hypothesis import example, given
 from hypothesis import strategies as st
 

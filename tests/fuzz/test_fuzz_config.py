@@ -20,7 +20,7 @@ from haze._app.config import (
     validate_queue,
     validate_redis,
 )
-from haze._kernel.errors import ConfigError
+from haze._base.errors import ConfigError
 from hypothesis import example, given
 from hypothesis import strategies as st
 

@@ -12,8 +12,8 @@ import json
 from typing import Any
 
 from fuzzing import fuzz, integers, json_values, one_line, outcome
-from haze._kernel.errors import MessageDecodeError
-from haze._kernel.message import FailedJob, Message, decode, envelope_of
+from haze._base.errors import MessageDecodeError
+from haze._base.message import FailedJob, Message, decode, envelope_of
 from hypothesis import example, given
 from hypothesis import strategies as st
 

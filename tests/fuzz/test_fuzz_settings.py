@@ -12,8 +12,8 @@ from typing import Any
 from fuzzing import fuzz, integers, json_values, one_line, outcome
 from haze._app.config import env_source
 from haze._app.env import env_duration, env_size, parse_size
-from haze._kernel.durations import parse_backoff, parse_duration
-from haze._kernel.errors import ConfigError, DelayTooLongError
+from haze._base.durations import parse_backoff, parse_duration
+from haze._base.errors import ConfigError, DelayTooLongError
 from hypothesis import example, given
 from hypothesis import strategies as st
 

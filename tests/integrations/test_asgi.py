@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 from haze import App, define_database_config, define_job, define_queue_config
-from haze.database.migrations import ensure_queue_tables
+from haze.connectors.migrations import ensure_queue_tables
 from haze.integrations.asgi import ServerWorker, haze_lifespan, run_in_server
 from starlette.applications import Starlette
 from starlette.requests import Request

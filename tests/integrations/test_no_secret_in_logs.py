@@ -30,7 +30,7 @@ from haze import (
     define_queue_config,
     define_redis_config,
 )
-from haze._kernel.crypto import generate_key
+from haze._base.crypto import generate_key
 from haze.integrations.http_dispatch import DispatchApp, signed_headers
 
 APP_KEY = generate_key()
@@ -204,8 +204,8 @@ async def test_an_encrypted_job_under_another_key_logs_no_key_or_plaintext(
 ) -> None:
     """A worker whose APP_KEY is not the one the job was encrypted with fails it: the
     failure names the job, not either key, and cannot show the plaintext."""
-    from haze._runners.worker import Worker
-    from haze.database.migrations import ensure_queue_tables
+    from haze._workers.worker import Worker
+    from haze.connectors.migrations import ensure_queue_tables
 
     other = generate_key()
     SECRETS["other app key"] = other

@@ -25,7 +25,7 @@ from typing import Any
 import haze
 import pytest
 from haze import App, DispatchResult, Queue, define_job, define_queue_config
-from haze._kernel.hints import install_hint
+from haze._base.hints import install_hint
 from haze.integrations.sqlalchemy import TransactionScope, transaction_scope
 from haze.transactions import current_transaction
 from services import server_missing

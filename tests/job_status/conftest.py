@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from haze import App
-from haze.database.migrations import ensure_queue_tables
+from haze.connectors.migrations import ensure_queue_tables
 from services import delete_redis_prefix, require_server, throwaway_pg_database
 from worker_procs import WorkerProcs
 

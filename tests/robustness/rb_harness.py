@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from haze import App
-from haze.database.migrations import ensure_queue_tables
+from haze.connectors.migrations import ensure_queue_tables
 from worker_procs import WorkerProcs
 
 HERE = Path(__file__).parent

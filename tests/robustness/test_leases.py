@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from haze._runners.worker import Worker
+from haze._workers.worker import Worker
 from haze.drivers import FailedJob
 from rb_harness import jobs, needs_redis, rig
 

@@ -91,7 +91,7 @@ def run_schedulers(tmp: Path, env: dict[str, str]) -> None:
             sys.executable,
             "-c",
             "import asyncio, haze\n"
-            "from haze.database.migrations import ensure_queue_tables\n"
+            "from haze.connectors.migrations import ensure_queue_tables\n"
             "async def main():\n"
             f"    async with haze.App(root={str(APP)!r}) as app:\n"
             "        if app.queue_config.connections['q']['driver'] == 'database':\n"

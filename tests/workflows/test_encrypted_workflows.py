@@ -24,9 +24,9 @@ from haze import (
     define_redis_config,
     workflow,
 )
-from haze._kernel.crypto import generate_key
-from haze._runners.worker import Worker
-from haze.database.migrations import ensure_queue_tables
+from haze._base.crypto import generate_key
+from haze._workers.worker import Worker
+from haze.connectors.migrations import ensure_queue_tables
 
 _spec = runpy.run_path(str(Path(__file__).parents[1] / "drivers" / "redis_spec.py"))
 REDIS_URL: str = _spec["REDIS_URL"]

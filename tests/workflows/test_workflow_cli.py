@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner, Result
 from haze import App, Workflow, workflow
 from haze.cli import get_cli
-from haze.database.migrations import ensure_queue_tables
+from haze.connectors.migrations import ensure_queue_tables
 
 T = TypeVar("T")
 flaky = {"fail": True}
@@ -172,7 +172,7 @@ def test_bad_arguments_are_one_line(root: Path) -> None:
 def test_show_opens_an_encrypted_run_with_the_key_and_says_encrypted_without(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from haze._kernel.crypto import generate_key
+    from haze._base.crypto import generate_key
 
     monkeypatch.setenv("APP_KEY", generate_key())
     rid = in_app(root, lambda app: Workflow.start(secret, card="SECRET-CARD-9", id="sec-1"))

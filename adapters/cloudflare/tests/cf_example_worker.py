@@ -145,7 +145,7 @@ async def main():
 
         out["batch"] = await run_in_app(app, batch_state)
     out["modules"] = {
-        "sqlite": "haze.database.sqlite" in sys.modules or "sqlite3" in sys.modules,
+        "sqlite": "haze.connectors.sqlite" in sys.modules or "sqlite3" in sys.modules,
         "os_environ": sorted(k for k in WRANGLER["vars"] if k in os.environ),
     }
     return out

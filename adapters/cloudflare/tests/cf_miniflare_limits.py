@@ -13,9 +13,9 @@ import traceback
 
 import js
 from haze import App, PayloadTooLargeError, define_database_config, define_job, define_queue_config
-from haze._kernel.message import Message, encode
+from haze._base.message import Message, encode
+from haze.connectors.migrations import ensure_queue_tables
 from haze.contracts.driver import FailedJob
-from haze.database.migrations import ensure_queue_tables
 from haze_cloudflare import bind_env
 from haze_cloudflare._js import to_py
 

@@ -21,8 +21,8 @@ from haze import (
     define_job,
     define_queue_config,
 )
-from haze._runners.worker import Worker
-from haze.database.migrations import ensure_queue_tables
+from haze._workers.worker import Worker
+from haze.connectors.migrations import ensure_queue_tables
 from haze_cloudflare import QueueWorker
 from haze_cloudflare._js import to_py
 from pyodide.ffi import create_proxy

@@ -21,9 +21,9 @@ from typing import Any
 
 import js
 from haze import App, define_database_config, define_queue_config
-from haze._kernel.message import Message, encode
+from haze._base.message import Message, encode
+from haze.connectors.migrations import ensure_queue_tables
 from haze.contracts.driver import FailedJob
-from haze.database.migrations import ensure_queue_tables
 from haze.stores import Store
 from haze.stores.database import DatabaseStore
 from haze_cloudflare import bind_env
@@ -218,7 +218,7 @@ async def run_worker_vars():
             "row_ids": [json.loads(r["payload"])["id"] for r in rows],
             "connector": type((await VarsWorker(None, env).get_app()).database("main")).__name__,
         }
-    out["sqlite_loaded"] = "haze.database.sqlite" in sys.modules
+    out["sqlite_loaded"] = "haze.connectors.sqlite" in sys.modules
     out["os_environ"] = "DATABASE_URL" in os.environ
     return out
 

@@ -27,7 +27,7 @@ from haze import (
     define_queue_config,
 )
 from haze._workflows.engine import set_clock
-from haze.database.migrations import ensure_queue_tables
+from haze.connectors.migrations import ensure_queue_tables
 from haze_cloudflare import QueueWorker
 from haze_cloudflare._js import to_py
 from pyodide.ffi import create_proxy, to_js

@@ -48,8 +48,8 @@ import haze_cloudflare
 from cf_pyo_app import state
 from cf_pyo_app.entry import Default
 from haze import Queue
+from haze._base.errors import DelayTooLongError, PayloadTooLargeError
 from haze._jobs.definition import get_job
-from haze._kernel.errors import DelayTooLongError, PayloadTooLargeError
 from haze_cloudflare._js import is_nullish
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from cf_build import npm_ci, pure_wheel, pyodide_node, run_pyodide, tool_missing
 from click.testing import CliRunner
-from haze._kernel.errors import ConfigError
+from haze._base.errors import ConfigError
 from haze.cli import get_cli
 
 HERE = Path(__file__).resolve().parent
@@ -180,7 +180,7 @@ def test_bundle_layout(built: Path) -> None:
     assert "class Default(QueueWorker):" in entry
     for path in (
         "haze/__init__.py",
-        "haze/drivers/database/sqlite.sql",
+        "haze/drivers/sql/sqlite.sql",
         "haze_cloudflare/worker.py",
         "config/queue.py",
         "app/job/bld_cf_jobs.py",
@@ -546,7 +546,7 @@ def test_a_python_migration_is_rendered_as_d1_sql(tmp_path: Path) -> None:
     (old,) = migrations.glob("*_create_jobs_and_failed_jobs_tables.sql")
     old.unlink()
     old.with_suffix(".py").write_text(
-        "from haze.database.migrations import queue_tables\n\nup = queue_tables()\n"
+        "from haze.connectors.migrations import queue_tables\n\nup = queue_tables()\n"
     )
     build_in_subprocess(example, tmp_path / "dist")
     (d1,) = json.loads((tmp_path / "dist" / "wrangler.json").read_text())["d1_databases"]

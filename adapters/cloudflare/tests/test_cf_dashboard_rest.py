@@ -28,7 +28,7 @@ import pytest
 from cf_standin import ACCOUNT, D1_ID, QUEUE_ID, TOKEN, StandIn
 from haze import App, Queue, define_database_config, define_job, define_queue_config
 from haze._engine.control import paused_queues
-from haze._runners.worker import Worker
+from haze._workers.worker import Worker
 from haze.dashboard import create_app
 from starlette.testclient import TestClient
 

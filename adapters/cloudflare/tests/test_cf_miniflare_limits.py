@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from cf_build import haze_wheels, miniflare_node, run_miniflare
-from haze.drivers.database import D1_MAX_MESSAGE_SIZE, D1_ROW_LIMIT
+from haze.drivers.sql import D1_MAX_MESSAGE_SIZE, D1_ROW_LIMIT
 
 pytestmark = pytest.mark.pyodide
 

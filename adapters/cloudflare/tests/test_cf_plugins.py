@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from haze import App, ConfigError, define_cache_config
-from haze._kernel import plugins
+from haze._base import plugins
 from haze_cloudflare import _plugins
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
@@ -36,7 +36,7 @@ def test_the_runtime_finds_them_without_importing_the_adapter() -> None:
     code = (
         "import sys\n"
         "from haze.stores import store_class\n"
-        "from haze._kernel import plugins\n"
+        "from haze._base import plugins\n"
         "assert 'haze_cloudflare' not in sys.modules\n"
         "print(store_class('kv').__module__)\n"
         "print(plugins.find('haze.bindings', 'd1').__module__)\n"
@@ -52,7 +52,7 @@ def test_the_worker_path_registers_them_without_metadata() -> None:
     code = (
         "import importlib.metadata as m\n"
         "m.entry_points = lambda **kw: []\n"
-        "from haze._kernel import plugins\n"
+        "from haze._base import plugins\n"
         "assert plugins.find('haze.stores', 'kv') is None\n"
         "import haze_cloudflare._js\n"
         "print(plugins.find('haze.stores', 'kv').__name__)\n"

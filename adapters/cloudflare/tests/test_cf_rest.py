@@ -35,9 +35,9 @@ from haze import (
     define_job,
     define_queue_config,
 )
-from haze._kernel.errors import DelayTooLongError, PayloadTooLargeError
-from haze._runners.worker import Worker
-from haze.database.d1 import D1Connector, D1Error
+from haze._base.errors import DelayTooLongError, PayloadTooLargeError
+from haze._workers.worker import Worker
+from haze.connectors.d1 import D1Connector, D1Error
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -279,7 +279,7 @@ async def test_d1_rest_connector(standin: StandIn) -> None:
 
 
 async def test_database_driver_over_d1_rest(standin: StandIn) -> None:
-    from haze.database.migrations import ensure_queue_tables
+    from haze.connectors.migrations import ensure_queue_tables
 
     app = App(
         queue=define_queue_config(

@@ -32,7 +32,7 @@ PYODIDE_DIR = ROOT / os.environ.get("HAZE_PYODIDE_HOME", "tests/pyodide")
 SETUP = """
 import sys
 from cf_pyo_app.entry import Default  # the generated entry: Default.preload() at the top
-from haze._kernel.message import new_id
+from haze._base.message import new_id
 before = sorted(m for m in sys.modules if m.startswith("app.job"))
 drawn = new_id() if DRAW_AT_TOP_LEVEL else None  # an id drawn before the snapshot
 {"jobs": before, "drawn": drawn, "runtime_loaded": "haze._engine.manager" in sys.modules}
@@ -45,7 +45,7 @@ import js
 from pyodide.code import run_js
 from pyodide.ffi import to_js
 from cf_pyo_app.entry import Default
-from haze._kernel.message import new_id
+from haze._base.message import new_id
 
 discovered = sorted(m for m in sys.modules if m.startswith("app.job"))
 env = run_js(

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from haze._kernel.sqlfiles import queue_schema
+from haze._base.sqlfiles import queue_schema
 from test_lambda_runtime import (
     _SPEC,
     DATABASE_PY,
@@ -154,7 +154,7 @@ def test_zip_holds_the_handler_the_app_and_the_vendored_packages(bundle: dict[st
         "config/database.py",
         "app/job/lam_jobs.py",
         "haze/__init__.py",
-        "haze/drivers/database/sqlite.sql",
+        "haze/drivers/sql/sqlite.sql",
         "haze_lambda/__init__.py",
     ):
         assert name in names, name

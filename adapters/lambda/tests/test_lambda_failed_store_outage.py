@@ -25,7 +25,7 @@ import pytest
 
 pytest.importorskip("boto3")
 
-from haze._kernel.sqlfiles import queue_schema
+from haze._base.sqlfiles import queue_schema
 
 _SPEC = runpy.run_path(str(Path(__file__).resolve().parents[3] / "tests/drivers/sqs_spec.py"))
 
@@ -66,7 +66,7 @@ def lo_declined(payload: dict) -> None:
 SCRIPT = """
 import json, os, sqlite3, sys, time
 import boto3
-from haze._kernel.message import Message, encode, new_id
+from haze._base.message import Message, encode, new_id
 import haze_lambda
 
 client = boto3.client("sqs", endpoint_url=os.environ["LO_SQS_ENDPOINT"], region_name="us-east-1",

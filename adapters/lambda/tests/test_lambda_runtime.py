@@ -50,8 +50,8 @@ pytest.importorskip("awslambdaric", reason="awslambdaric is needed for the Lambd
 models = pytest.importorskip("aws_lambda_powertools.utilities.parser.models")
 pytest.importorskip("boto3")
 
-from haze._kernel.message import Message, encode, new_id  # noqa: E402
-from haze._kernel.sqlfiles import queue_schema  # noqa: E402
+from haze._base.message import Message, encode, new_id  # noqa: E402
+from haze._base.sqlfiles import queue_schema  # noqa: E402
 
 _SPEC = runpy.run_path(str(Path(__file__).resolve().parents[3] / "tests/drivers/sqs_spec.py"))
 ACCOUNT: str = _SPEC["ACCOUNT"]

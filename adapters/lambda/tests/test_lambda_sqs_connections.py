@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from haze import App, define_queue_config
-from haze._kernel.errors import ConfigError
+from haze._base.errors import ConfigError
 from haze_lambda.sqs import _connection_for
 
 pytest.importorskip("boto3")

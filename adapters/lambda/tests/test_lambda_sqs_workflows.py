@@ -26,7 +26,7 @@ import pytest
 
 pytest.importorskip("boto3")
 
-from haze._kernel.sqlfiles import queue_schema
+from haze._base.sqlfiles import queue_schema
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))  # services, as tests/conftest.py puts it there

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib as _importlib
 import typing as _typing
 
-from haze._kernel.errors import (
+from haze._base.errors import (
     AmbiguousIdError,
     BackendUnavailableError,
     BatchFinishedError,
@@ -50,10 +50,10 @@ from haze._kernel.errors import (
 )
 
 # Errors are cheap and are what a failing import reports with: loaded up front.
-from haze._kernel.version import __version__
+from haze._base.version import __version__
 
 #: The composition root: the module that registers how the implicit default app is
-#: built (``haze._kernel.current`` imports it by this name, so it never names it).
+#: built (``haze._base.current`` imports it by this name, so it never names it).
 _APP_MODULE = "haze._app.app"
 
 if _typing.TYPE_CHECKING:
@@ -66,10 +66,10 @@ if _typing.TYPE_CHECKING:
         define_redis_config,
         env,
     )
+    from haze._base.ids import short_id
     from haze._jobs.context import AbortSignal, JobContext, current_tenant, tenant
     from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch, define_job
     from haze._jobs.status import JobStatus
-    from haze._kernel.ids import short_id
     from haze._orchestration.batches import Batch, PendingBatch
     from haze._orchestration.chains import PendingChain
     from haze._orchestration.middleware import (
@@ -125,7 +125,7 @@ _LAZY: dict[str, str] = {
     "rate_limited": "_orchestration.middleware",
     "run_in_app": "_app.app",
     "schedule": "_orchestration.scheduling",
-    "short_id": "_kernel.ids",
+    "short_id": "_base.ids",
     "skip_if": "_orchestration.middleware",
     "skip_if_batch_cancelled": "_orchestration.middleware",
     "tenant": "_jobs.context",

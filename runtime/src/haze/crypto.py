@@ -1,4 +1,4 @@
-"""The public path of :mod:`haze._kernel.crypto`."""
+"""The public path of :mod:`haze._base.crypto`."""
 
-from haze._kernel.crypto import *  # noqa: F403
-from haze._kernel.crypto import __all__ as __all__
+from haze._base.crypto import *  # noqa: F403
+from haze._base.crypto import __all__ as __all__

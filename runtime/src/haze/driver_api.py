@@ -51,9 +51,9 @@ if _typing.TYPE_CHECKING:
     from haze._app.app import App
     from haze._app.config import define_haze_config, define_queue_config, env, env_source
     from haze._app.env import env_duration
-    from haze._kernel.current import run_in_app
-    from haze._kernel.durations import parse_duration
-    from haze._kernel.errors import (
+    from haze._base.current import run_in_app
+    from haze._base.durations import parse_duration
+    from haze._base.errors import (
         ConfigError,
         HazeError,
         MessageDecodeError,
@@ -61,12 +61,12 @@ if _typing.TYPE_CHECKING:
         WorkflowError,
         WorkflowRunError,
     )
-    from haze._kernel.message import Message, decode, new_id_prefix
-    from haze._kernel.plugins import register as register_plugin
+    from haze._base.message import Message, decode, new_id_prefix
+    from haze._base.plugins import register as register_plugin
     from haze._orchestration.scheduling import MISFIRE_GRACE, dispatch_trigger, platform_triggers
-    from haze._runners.delivery import Delivery
-    from haze._runners.presence import invocations
-    from haze._runners.worker import Worker
+    from haze._workers.delivery import Delivery
+    from haze._workers.presence import invocations
+    from haze._workers.worker import Worker
     from haze._workflows.api import Workflow
     from haze._workflows.definition import find_workflow, registered_workflows
     from haze._workflows.engine import workflow_state
@@ -112,27 +112,27 @@ __all__ = [
 #: name -> (module, attribute): where each name lives today.
 _HOMES: dict[str, tuple[str, str]] = {
     "App": ("haze._app.app", "App"),
-    "run_in_app": ("haze._kernel.current", "run_in_app"),
+    "run_in_app": ("haze._base.current", "run_in_app"),
     "define_haze_config": ("haze._app.config", "define_haze_config"),
     "define_queue_config": ("haze._app.config", "define_queue_config"),
     "env": ("haze._app.config", "env"),
     "env_source": ("haze._app.config", "env_source"),
     "env_duration": ("haze._app.env", "env_duration"),
-    "parse_duration": ("haze._kernel.durations", "parse_duration"),
-    "ConfigError": ("haze._kernel.errors", "ConfigError"),
-    "HazeError": ("haze._kernel.errors", "HazeError"),
-    "MessageDecodeError": ("haze._kernel.errors", "MessageDecodeError"),
-    "ScheduleError": ("haze._kernel.errors", "ScheduleError"),
-    "Message": ("haze._kernel.message", "Message"),
-    "decode": ("haze._kernel.message", "decode"),
-    "new_id_prefix": ("haze._kernel.message", "new_id_prefix"),
-    "register_plugin": ("haze._kernel.plugins", "register"),
+    "parse_duration": ("haze._base.durations", "parse_duration"),
+    "ConfigError": ("haze._base.errors", "ConfigError"),
+    "HazeError": ("haze._base.errors", "HazeError"),
+    "MessageDecodeError": ("haze._base.errors", "MessageDecodeError"),
+    "ScheduleError": ("haze._base.errors", "ScheduleError"),
+    "Message": ("haze._base.message", "Message"),
+    "decode": ("haze._base.message", "decode"),
+    "new_id_prefix": ("haze._base.message", "new_id_prefix"),
+    "register_plugin": ("haze._base.plugins", "register"),
     "MISFIRE_GRACE": ("haze._orchestration.scheduling", "MISFIRE_GRACE"),
     "dispatch_trigger": ("haze._orchestration.scheduling", "dispatch_trigger"),
     "platform_triggers": ("haze._orchestration.scheduling", "platform_triggers"),
-    "Delivery": ("haze._runners.delivery", "Delivery"),
-    "invocations": ("haze._runners.presence", "invocations"),
-    "Worker": ("haze._runners.worker", "Worker"),
+    "Delivery": ("haze._workers.delivery", "Delivery"),
+    "invocations": ("haze._workers.presence", "invocations"),
+    "Worker": ("haze._workers.worker", "Worker"),
     "Workflow": ("haze._workflows.api", "Workflow"),
     "find_workflow": ("haze._workflows.definition", "find_workflow"),
     "registered_workflows": ("haze._workflows.definition", "registered_workflows"),
@@ -142,8 +142,8 @@ _HOMES: dict[str, tuple[str, str]] = {
     "DISPATCH_SUB_TYPE": ("haze._workflows.lambda_runs", "DISPATCH_SUB_TYPE"),
     "operation_name": ("haze._workflows.lambda_runs", "operation_name"),
     "shown_name": ("haze._workflows.lambda_runs", "shown_name"),
-    "WorkflowError": ("haze._kernel.errors", "WorkflowError"),
-    "WorkflowRunError": ("haze._kernel.errors", "WorkflowRunError"),
+    "WorkflowError": ("haze._base.errors", "WorkflowError"),
+    "WorkflowRunError": ("haze._base.errors", "WorkflowRunError"),
 }
 
 

@@ -1,4 +1,4 @@
-"""The public path of :mod:`haze._kernel.errors`."""
+"""The public path of :mod:`haze._base.errors`."""
 
-from haze._kernel.errors import *  # noqa: F403
-from haze._kernel.errors import __all__ as __all__
+from haze._base.errors import *  # noqa: F403
+from haze._base.errors import __all__ as __all__

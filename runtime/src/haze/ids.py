@@ -1,4 +1,4 @@
-"""The public path of :mod:`haze._kernel.ids`."""
+"""The public path of :mod:`haze._base.ids`."""
 
-from haze._kernel.ids import *  # noqa: F403
-from haze._kernel.ids import __all__ as __all__
+from haze._base.ids import *  # noqa: F403
+from haze._base.ids import __all__ as __all__

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from haze._kernel.blocking import run_blocking
+from haze._base.blocking import run_blocking
 
 __all__ = ["Transaction", "after_commit", "current_transaction", "fire", "register_provider"]
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from haze._kernel.sqlfiles import queue_schema
+from haze._base.sqlfiles import queue_schema
 
 __all__ = ["Lines", "db_root"]
 

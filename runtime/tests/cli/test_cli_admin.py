@@ -33,7 +33,7 @@ from haze._engine.control import paused_queues
 from haze._orchestration.batches import _INDEX_COUNT, _index_key, find, prune
 from haze.cli import get_cli
 from haze.cli.queue_admin import parse_target
-from haze.database.migrations import ensure_queue_tables
+from haze.connectors.migrations import ensure_queue_tables
 from rich.console import Console
 
 T = TypeVar("T")

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner, Result
 from haze import App, define_job
 from haze.cli import get_cli
-from haze.database.migrations import ensure_queue_tables
+from haze.connectors.migrations import ensure_queue_tables
 
 
 @define_job(name="ff_send")

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from haze import App, define_job
-from haze._kernel.ids import short_id
+from haze._base.ids import short_id
 from haze.cli import get_cli
-from haze.database.migrations import ensure_queue_tables
+from haze.connectors.migrations import ensure_queue_tables
 
 ran: list[Any] = []
 

@@ -22,7 +22,7 @@ from haze import (
     define_job,
     define_queue_config,
 )
-from haze._kernel.ids import short_id
+from haze._base.ids import short_id
 from haze.cli import MISSING_DEPENDENCIES, get_cli, main
 from haze.cli._core import State
 from haze.cli.queue import MEMORY_REFUSAL, SYNC_REFUSAL, exception_summary
@@ -64,7 +64,7 @@ def app(monkeypatch: pytest.MonkeyPatch) -> App:
 @pytest.fixture
 def db_app(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> App:
     """The default connection "db" on a SQLite file with its tables (plus memory, sync)."""
-    from haze.database.migrations import ensure_queue_tables
+    from haze.connectors.migrations import ensure_queue_tables
 
     a = App(
         queue=define_queue_config(
@@ -231,7 +231,7 @@ async def cli_secret(payload: dict[str, Any]) -> None:
 def test_failed_decrypts_an_encrypted_job_with_the_key_and_says_encrypted_without(
     app: App, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from haze._kernel.crypto import generate_key
+    from haze._base.crypto import generate_key
 
     monkeypatch.setenv("APP_KEY", generate_key())
 

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from haze import App, define_job
-from haze._kernel.ids import short_id
+from haze._base.ids import short_id
 from haze.cli import get_cli
 from haze.cli.queue_stats import QueueStats, render
+from haze.connectors.migrations import ensure_queue_tables
 from haze.contracts.driver import RunningJob
-from haze.database.migrations import ensure_queue_tables
 from rich.console import Console
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from haze._kernel.urls import redact_url
+from haze._base.urls import redact_url
 from haze.cli import get_cli
 
 pytestmark = pytest.mark.usefixtures("isolated_imports")
@@ -170,7 +170,7 @@ async def test_the_worker_logs_an_unreachable_database_without_its_password(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     pytest.importorskip("psycopg")
-    from haze._runners.worker import Worker
+    from haze._workers.worker import Worker
 
     app, _ = unreachable_pg_app()
     async with app:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from cli_procs import Lines, db_root
-from haze._kernel.hints import install_hint
+from haze._base.hints import install_hint
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals, no uvloop")
 

@@ -1,6 +1,6 @@
 """D1 through the Worker's binding, so the ``database`` driver can dispatch from a Worker.
 
-``haze.database.d1.D1Connector`` (a ``d1://ACCOUNT/DATABASE`` connection) asks
+``haze.connectors.d1.D1Connector`` (a ``d1://ACCOUNT/DATABASE`` connection) asks
 ``binding_executor``, the ``haze.bindings`` plugin ``d1`` (see ``haze_cloudflare._plugins``),
 for an executor over the binding named by the connection's ``options.binding`` (default
 ``DB``) whenever a Worker env is bound; otherwise it uses the REST API.

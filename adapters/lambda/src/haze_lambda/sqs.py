@@ -375,7 +375,7 @@ def _listed(
     app: App, delivery: Delivery, resolved: list[tuple[SqsRecords, str]], concurrency: int
 ) -> AbstractAsyncContextManager[None]:
     """This execution environment on the dashboard's Workers page while the records run
-    (haze._runners.presence.Invocations: a short lease, written at most every few
+    (haze._workers.presence.Invocations: a short lease, written at most every few
     seconds, never removed: an idle environment drops off by itself)."""
     from haze.driver_api import invocations
 

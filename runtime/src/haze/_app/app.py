@@ -32,19 +32,19 @@ from haze._app.config import (
 from haze._app.discovery import _app_root, discover_jobs, load_schedules
 from haze._app.discovery import _load_module_file as _load_module_file  # cli, build
 from haze._app.env import env_duration
+from haze._base import current
+from haze._base.blocking import run_blocking
+from haze._base.crypto import check_keys
+from haze._base.current import run_in_app
+from haze._base.errors import ConfigError
+from haze._base.hints import did_you_mean
 from haze._engine.manager import QueueManager
 from haze._failed import failed_target
 from haze._jobs.definition import registered_jobs
-from haze._kernel import current
-from haze._kernel.blocking import run_blocking
-from haze._kernel.crypto import check_keys
-from haze._kernel.current import run_in_app
-from haze._kernel.errors import ConfigError
-from haze._kernel.hints import did_you_mean
 from haze._orchestration.install import install as install_orchestration
-from haze._runners.worker import Worker
+from haze._workers.worker import Worker
+from haze.connectors import Connector, connect, dialect_of
 from haze.contracts.recorder import DispatchRecorder
-from haze.database import Connector, connect, dialect_of
 from haze.drivers import Driver, create_driver
 from haze.stores import Store, create_store
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from haze._kernel.errors import ConfigError, HazeError
+from haze._base.errors import ConfigError, HazeError
 
 __all__ = ["discover_jobs", "load_schedules"]
 

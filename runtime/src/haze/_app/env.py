@@ -17,8 +17,8 @@ import math
 import re
 
 from haze._app.config import read_env
-from haze._kernel.durations import parse_duration
-from haze._kernel.errors import ConfigError
+from haze._base.durations import parse_duration
+from haze._base.errors import ConfigError
 
 __all__ = ["env_duration", "env_size", "parse_size"]
 

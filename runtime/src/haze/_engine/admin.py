@@ -8,8 +8,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
-from haze._kernel.errors import BackendUnavailableError, MessageDecodeError
-from haze._kernel.message import RETRIED, RETRY_CLAIM, Message, decode, encode, new_id
+from haze._base.errors import BackendUnavailableError, MessageDecodeError
+from haze._base.message import RETRIED, RETRY_CLAIM, Message, decode, encode, new_id
 from haze.contracts.driver import Driver, FailedJob, unavailable
 from haze.contracts.failed import RetriesAtomically, RetryClaims
 

@@ -14,8 +14,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from haze._base.message import new_id
 from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch, link_to_pending
-from haze._kernel.message import new_id
 
 if TYPE_CHECKING:
     from haze._engine.stores import EngineStores

@@ -14,12 +14,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from haze._engine.route import Route, RunInline, checked_size
-from haze._jobs.context import _tenant
-from haze._jobs.definition import DispatchResult, PendingDispatch
-from haze._kernel.crypto import encrypt_payload, seal, unseal
-from haze._kernel.durations import check_delay
-from haze._kernel.message import (
+from haze._base.crypto import encrypt_payload, seal, unseal
+from haze._base.durations import check_delay
+from haze._base.message import (
     MAX_QUEUE_NAME,
     Message,
     check_queue_name,
@@ -29,6 +26,9 @@ from haze._kernel.message import (
     is_plain,
     new_id,
 )
+from haze._engine.route import Route, RunInline, checked_size
+from haze._jobs.context import _tenant
+from haze._jobs.definition import DispatchResult, PendingDispatch
 from haze.transactions import current_transaction
 
 if TYPE_CHECKING:

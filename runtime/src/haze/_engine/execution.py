@@ -22,24 +22,25 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from haze._base.crypto import decrypt_payload
+from haze._base.current import app_var
+from haze._base.errors import (
+    MaxAttemptsExceededError,
+    MessageDecodeError,
+    UnknownJobError,
+)
+from haze._base.message import RETRIED, UNRECORDED_FAILURE, decode_payload, encode_payload
 from haze._engine.hooks import Outcome, Run, Skip
 from haze._engine.pipeline import Contained, Pipeline, compose, with_timeout
 from haze._engine.settle import Result, Settle, _extra
 from haze._engine.throughput import ReadDuration, Tally
 from haze._jobs.context import JobContext, _tenant
 from haze._jobs.definition import find_job, get_job
-from haze._kernel.crypto import decrypt_payload
-from haze._kernel.current import app_var
-from haze._kernel.errors import (
-    MaxAttemptsExceededError,
-    MessageDecodeError,
-    UnknownJobError,
-)
-from haze._kernel.message import RETRIED, UNRECORDED_FAILURE, decode_payload, encode_payload
 from haze.contracts.driver import Reserved
 from haze.contracts.failed import RetryClaims
 
 if TYPE_CHECKING:
+    from haze._base.message import Message
     from haze._engine.callbacks import Callbacks
     from haze._engine.events import Events
     from haze._engine.failures import Failures
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
     from haze._engine.tracking import Tracking
     from haze._engine.view import EngineApp
     from haze._jobs.definition import JobDefinition
-    from haze._kernel.message import Message
     from haze.contracts.driver import Driver
 
 __all__ = ["Execution"]

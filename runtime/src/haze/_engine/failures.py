@@ -24,12 +24,12 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from haze._base.crypto import encrypt_payload, seal_failure, sealed_error
+from haze._base.describe import cap_text, error_line, format_error
+from haze._base.errors import JobTimeoutError, MaxExceptionsError, RetryUntilExpiredError
+from haze._base.message import RETRIED, UNRECORDED_FAILURE, Message, encode, new_id
 from haze._engine.hooks import Outcome, Run
 from haze._jobs.definition import find_job
-from haze._kernel.crypto import encrypt_payload, seal_failure, sealed_error
-from haze._kernel.describe import cap_text, error_line, format_error
-from haze._kernel.errors import JobTimeoutError, MaxExceptionsError, RetryUntilExpiredError
-from haze._kernel.message import RETRIED, UNRECORDED_FAILURE, Message, encode, new_id
 from haze.contracts.driver import FailedJob
 
 if TYPE_CHECKING:

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from haze._base.message import Message
     from haze._jobs.context import JobContext
     from haze._jobs.definition import JobDefinition
-    from haze._kernel.message import Message
     from haze.contracts.driver import Driver, Reserved
 
 __all__ = ["Hooks", "Outcome", "OutcomeHook", "Run", "RunGuard", "Selective", "Skip", "Stage"]

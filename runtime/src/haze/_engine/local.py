@@ -1,6 +1,6 @@
 """In-process consumers of the app's ``memory`` connections, and ``Queue.idle()``.
 
-The engine does not build workers (they live above it, in ``haze._runners``): the app
+The engine does not build workers (they live above it, in ``haze._workers``): the app
 hands it a factory, and the engine starts one consumer per memory connection and event
 loop when a job is queued there.
 """
@@ -24,7 +24,7 @@ log = logging.getLogger("haze")
 
 
 class LocalWorker(Protocol):
-    """What the engine needs of an in-process consumer (``haze._runners.worker.Worker``)."""
+    """What the engine needs of an in-process consumer (``haze._workers.worker.Worker``)."""
 
     stopping: bool
 

@@ -13,16 +13,16 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from haze._base.crypto import keyed_digest
+from haze._base.errors import HazeError
 from haze._engine.hooks import Outcome, Run
 from haze._jobs.context import current_tenant
-from haze._kernel.crypto import keyed_digest
-from haze._kernel.errors import HazeError
 
 if TYPE_CHECKING:
+    from haze._base.message import Message
     from haze._engine.stores import EngineStores
     from haze._engine.view import EngineApp
     from haze._jobs.definition import JobDefinition
-    from haze._kernel.message import Message
     from haze.contracts.driver import Driver
 
 __all__ = ["Locks", "UniqueRelease", "scoped_key"]

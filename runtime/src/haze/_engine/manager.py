@@ -36,11 +36,11 @@ from haze._engine.throughput import ReadDuration
 from haze._engine.tracking import StatusRecord, Tracking
 
 if TYPE_CHECKING:
+    from haze._base.message import Message
     from haze._engine.otel import Telemetry
     from haze._engine.view import EngineApp
     from haze._jobs.context import JobContext
     from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch
-    from haze._kernel.message import Message
     from haze.contracts.driver import Driver, FailedJob, Reserved
     from haze.contracts.store import Store
 

@@ -36,15 +36,15 @@ from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from haze._base.deps import require
+from haze._base.describe import error_line, error_text
+from haze._base.version import __version__
 from haze._engine.hooks import Outcome, Run
-from haze._kernel.deps import require
-from haze._kernel.describe import error_line, error_text
-from haze._kernel.version import __version__
 
 if TYPE_CHECKING:
+    from haze._base.message import Message
     from haze._engine.view import EngineApp
     from haze._jobs.definition import JobDefinition
-    from haze._kernel.message import Message
     from haze.drivers import Driver, Reserved
 
 __all__ = ["Telemetry", "TelemetryHook", "TelemetrySlot", "prometheus_text", "telemetry_for"]

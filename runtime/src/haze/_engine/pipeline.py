@@ -14,8 +14,8 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from haze._kernel.describe import error_line
-from haze._kernel.errors import JobTimeoutError
+from haze._base.describe import error_line
+from haze._base.errors import JobTimeoutError
 
 if TYPE_CHECKING:
     from haze._jobs.context import JobContext

@@ -17,15 +17,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from haze._kernel.errors import PayloadTooLargeError
+from haze._base.errors import PayloadTooLargeError
 from haze.contracts.driver import KeepsMessages, unavailable
 
 if TYPE_CHECKING:
+    from haze._base.message import Message
     from haze._engine.locks import Locks
     from haze._engine.tracking import Tracking
     from haze._engine.view import EngineApp
     from haze._jobs.definition import JobDefinition
-    from haze._kernel.message import Message
     from haze.contracts.driver import Driver
     from haze.contracts.recorder import DispatchRecorder
     from haze.contracts.store import Store

@@ -16,12 +16,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from haze._base.crypto import sealed_error
+from haze._base.describe import cap_text, error_line
+from haze._base.durations import MAX_DELAY, backoff_delay
+from haze._base.errors import JobFailedError
+from haze._base.message import UNRECORDED_FAILURE
 from haze._engine.hooks import Outcome, Run
-from haze._kernel.crypto import sealed_error
-from haze._kernel.describe import cap_text, error_line
-from haze._kernel.durations import MAX_DELAY, backoff_delay
-from haze._kernel.errors import JobFailedError
-from haze._kernel.message import UNRECORDED_FAILURE
 from haze.contracts.driver import CappedDelay, DelayStep, unavailable
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from haze._kernel.errors import ConfigError, HazeError
+from haze._base.errors import ConfigError, HazeError
 
 if TYPE_CHECKING:
     from haze._engine.view import EngineApp

@@ -15,19 +15,19 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from haze._base.crypto import seal, unseal
+from haze._base.errors import BackendUnavailableError, JobCancelledError, MessageDecodeError
 from haze._engine.hooks import Outcome, Run
 from haze._jobs import status
 from haze._jobs.definition import find_job
-from haze._kernel.crypto import seal, unseal
-from haze._kernel.errors import BackendUnavailableError, JobCancelledError, MessageDecodeError
 
 if TYPE_CHECKING:
+    from haze._base.message import Message
     from haze._engine.events import Events
     from haze._engine.stores import EngineStores
     from haze._engine.view import EngineApp
     from haze._jobs.context import JobContext
     from haze._jobs.definition import JobDefinition
-    from haze._kernel.message import Message
     from haze.contracts.store import Store
 
 __all__ = ["StatusRecord", "Tracking"]

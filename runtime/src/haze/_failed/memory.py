@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from haze._kernel.message import FailedJob, Message
+from haze._base.message import FailedJob, Message
 
 __all__ = ["MemoryFailedJobs", "NoFailedJobs", "QueueFailedJobs", "WarningFailedJobs"]
 

@@ -10,15 +10,15 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from haze._base.errors import ConfigError
 from haze._failed.memory import WarningFailedJobs
 from haze._failed.sql import SqlFailedJobs
 from haze._failed.store import StoreFailedJobs
-from haze._kernel.errors import ConfigError
 from haze.contracts.failed import FailedJobStore
 from haze.contracts.store import Store
 
 if TYPE_CHECKING:
-    from haze.database import Connector
+    from haze.connectors import Connector
 
 __all__ = ["FailedStoreHost", "failed_store", "failed_target"]
 

@@ -15,13 +15,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from haze._kernel.message import FailedJob, retry_claim_of, with_retry_claim
-from haze._kernel.sqlfiles import queue_schema, queue_sql
+from haze._base.message import FailedJob, retry_claim_of, with_retry_claim
+from haze._base.sqlfiles import queue_schema, queue_sql
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
-    from haze.database import Connector
+    from haze.connectors import Connector
 
 __all__ = ["SqlFailedJobs", "failed_row"]
 

@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from haze._kernel.message import FailedJob
+from haze._base.message import FailedJob
 from haze.contracts.store import Store
 
 __all__ = ["StoreFailedJobs"]

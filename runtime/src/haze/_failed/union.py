@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable, Sequence
 
-from haze._kernel.message import FailedJob
+from haze._base.message import FailedJob
 from haze.contracts.failed import FailedJobStore, RetryClaims
 
 __all__ = ["FailedJobsUnion"]

@@ -16,14 +16,14 @@ import logging
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
+from haze._base.durations import Duration, check_delay, parse_duration
+from haze._base.errors import JobFailedError
 from haze._jobs.status import cancelled_reason, check_progress
-from haze._kernel.durations import Duration, check_delay, parse_duration
-from haze._kernel.errors import JobFailedError
 
 if TYPE_CHECKING:
+    from haze._base.message import Message
     from haze._jobs.definition import PendingDispatch
     from haze._jobs.views import BatchView, JobsApp
-    from haze._kernel.message import Message
 
 __all__ = ["AbortSignal", "JobContext", "current_tenant", "tenant"]
 

@@ -14,6 +14,10 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Unpack, overload
 
+from haze._base.blocking import blocking_method
+from haze._base.durations import Duration, parse_backoff
+from haze._base.errors import JobDefinitionError
+from haze._base.hints import did_you_mean
 from haze._jobs.options import (
     DebounceOptions,
     JobOptions,
@@ -34,10 +38,6 @@ from haze._jobs.options import (
 from haze._jobs.pending import DispatchResult, PendingDispatch, _Dispatching, link_to_pending
 from haze._jobs.registry import _register, find_job, get_job, registered_jobs
 from haze._jobs.registry import _registry as _registry  # tests save and restore it here
-from haze._kernel.blocking import blocking_method
-from haze._kernel.durations import Duration, parse_backoff
-from haze._kernel.errors import JobDefinitionError
-from haze._kernel.hints import did_you_mean
 from haze.contracts.app import use_app
 
 if TYPE_CHECKING:

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from haze._kernel.durations import Duration, parse_duration
-from haze._kernel.errors import JobDefinitionError
-from haze._kernel.message import check_queue_name
+from haze._base.durations import Duration, parse_duration
+from haze._base.errors import JobDefinitionError
+from haze._base.message import check_queue_name
 
 __all__ = ["DebounceOptions", "JobOptions", "UniqueOptions"]
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from haze._base.blocking import blocking_method
+from haze._base.crypto import seal_link, unseal_link
+from haze._base.durations import Duration, check_delay, parse_duration
+from haze._base.message import check_queue_name
 from haze._jobs import status
 from haze._jobs.registry import get_job
-from haze._kernel.blocking import blocking_method
-from haze._kernel.crypto import seal_link, unseal_link
-from haze._kernel.durations import Duration, check_delay, parse_duration
-from haze._kernel.message import check_queue_name
 from haze.contracts.app import use_app
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from haze._kernel.errors import DuplicateJobError, UnknownJobError
+from haze._base.errors import DuplicateJobError, UnknownJobError
 
 if TYPE_CHECKING:
     from haze._jobs.definition import JobDefinition

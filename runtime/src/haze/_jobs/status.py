@@ -30,13 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from haze._kernel.describe import error_line
-from haze._kernel.errors import JobCancelledError, JobProgressError, UntrackedJobError
+from haze._base.describe import error_line
+from haze._base.errors import JobCancelledError, JobProgressError, UntrackedJobError
 from haze.contracts.store import StatusNotifier, Store, Subscription
 
 if TYPE_CHECKING:
+    from haze._base.message import Message
     from haze._jobs.context import JobContext
-    from haze._kernel.message import Message
 
 __all__ = [
     "CANCEL_POLL",

@@ -23,6 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from haze._base.blocking import blocking_method
+from haze._base.errors import BatchFinishedError, DispatchIncompleteError, HazeError
+from haze._base.message import Message, check_queue_name, new_id
 from haze._engine.hooks import Outcome, Run, Skip
 from haze._engine.manager import QueueManager
 from haze._jobs.definition import (
@@ -32,9 +35,6 @@ from haze._jobs.definition import (
     get_job,
     link_to_pending,
 )
-from haze._kernel.blocking import blocking_method
-from haze._kernel.errors import BatchFinishedError, DispatchIncompleteError, HazeError
-from haze._kernel.message import Message, check_queue_name, new_id
 from haze._orchestration import tails
 from haze.contracts.app import use_app
 from haze.contracts.driver import QueueNameRules

@@ -16,12 +16,12 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from haze._base.blocking import blocking_method
+from haze._base.durations import Duration, check_delay, parse_duration
+from haze._base.message import Message, check_queue_name, new_id
 from haze._engine.hooks import Outcome, Run
 from haze._engine.manager import QueueManager
 from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch
-from haze._kernel.blocking import blocking_method
-from haze._kernel.durations import Duration, check_delay, parse_duration
-from haze._kernel.message import Message, check_queue_name, new_id
 from haze._orchestration import tails
 from haze._orchestration.batches import (
     PendingBatch,

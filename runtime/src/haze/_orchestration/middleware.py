@@ -23,9 +23,9 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from haze._base.crypto import keyed_digest
+from haze._base.durations import Duration, parse_duration
 from haze._jobs.definition import find_job
-from haze._kernel.crypto import keyed_digest
-from haze._kernel.durations import Duration, parse_duration
 from haze.contracts.store import Store
 
 if TYPE_CHECKING:

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from haze._base.durations import Duration, parse_duration
+from haze._base.errors import ConfigError, MissingDependencyError, ScheduleError
+from haze._base.hints import did_you_mean
 from haze._engine.hooks import Outcome, Run
 from haze._jobs.definition import JobDefinition, PendingDispatch
-from haze._kernel.durations import Duration, parse_duration
-from haze._kernel.errors import ConfigError, MissingDependencyError, ScheduleError
-from haze._kernel.hints import did_you_mean
 
 if TYPE_CHECKING:
     from haze._engine.manager import QueueManager

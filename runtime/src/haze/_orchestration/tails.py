@@ -21,9 +21,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from haze._base.errors import ChainTailLostError
+from haze._base.message import new_id
 from haze._engine.manager import QueueManager
-from haze._kernel.errors import ChainTailLostError
-from haze._kernel.message import new_id
 
 __all__ = ["chain_length", "expand", "spill"]
 

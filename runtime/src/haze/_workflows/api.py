@@ -26,9 +26,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from haze._kernel.durations import Duration, parse_duration
-from haze._kernel.errors import ConfigError, WorkflowResultError, WorkflowRunError
-from haze._kernel.message import new_id
+from haze._base.durations import Duration, parse_duration
+from haze._base.errors import ConfigError, WorkflowResultError, WorkflowRunError
+from haze._base.message import new_id
 from haze._workflows.definition import WorkflowDefinition, find_workflow
 from haze._workflows.engine import now, workflow_state
 from haze._workflows.lambda_runs import EitherRuns, native_runs

@@ -13,13 +13,13 @@ import logging
 from collections.abc import Callable
 from typing import Any, cast
 
+from haze._base.describe import error_line
+from haze._base.durations import Duration
+from haze._base.errors import JobDefinitionError, WorkflowError
 from haze._engine.view import EngineApp
 from haze._jobs.context import JobContext
 from haze._jobs.definition import JobDefinition, PendingDispatch
 from haze._jobs.options import _origin_of
-from haze._kernel.describe import error_line
-from haze._kernel.durations import Duration
-from haze._kernel.errors import JobDefinitionError, WorkflowError
 from haze._workflows import engine
 from haze._workflows.engine import (
     Stopped,
@@ -121,22 +121,9 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
     """One delivery of a run's message: replay the workflow until it ends or suspends."""
     state = sealed_state(context_state(ctx), ctx.app, encrypt=wf.encrypted)
     run_id = str(payload["run"])
-    if "input" in payload:  # the start message
-        token = payload.get("start")
-        if token is not None and await state.keep(run_id, "start", str(token)) != token:
-            return  # another start of this id won the race: its own message runs the run
-    kept = await state.kept(run_id)  # the one read of this replay (input, states, steps)
-    if kept.input is None and "input" in payload:
-        # the start message adds the run when the starter has not (yet, or died first)
-        first = str(payload["input"])
-        if await state.create_run(run_id, wf.name, first, now(), ctx.connection):
-            kept = KeptRun(input=first)
-        else:  # the starter added it meanwhile
-            kept = await state.kept(run_id)
-    if kept.final is not None:
-        return  # a late or duplicate message of a finished run
-    if "event" in payload and not await _waits_for(state, run_id, str(payload["event"])):
-        return  # a run not at this wait yet finds the kept event when it gets there
+    kept = await _kept_for(wf, state, run_id, payload, ctx.connection)
+    if kept is None:
+        return
     text = kept.input
     if text is None:
         log.warning('workflow "%s": no run %s in the store; message dropped', wf.name, run_id)
@@ -181,6 +168,34 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
         raise
     output = encode_result(value, f'workflow "{wf.name}" (run {run_id})')
     await state.finish(run_id, "done", engine.now(), output, None)
+
+
+async def _kept_for(
+    wf: WorkflowDefinition,
+    state: WorkflowStateStore,
+    run_id: str,
+    payload: dict[str, Any],
+    connection: str,
+) -> KeptRun | None:
+    """The one read of this replay (input, states, steps); None when this message has
+    nothing to replay (a start that lost the race, a finished run, an early event)."""
+    if "input" in payload:  # the start message
+        token = payload.get("start")
+        if token is not None and await state.keep(run_id, "start", str(token)) != token:
+            return None  # another start of this id won the race: its own message runs it
+    kept = await state.kept(run_id)
+    if kept.input is None and "input" in payload:
+        # the start message adds the run when the starter has not (yet, or died first)
+        first = str(payload["input"])
+        if await state.create_run(run_id, wf.name, first, now(), connection):
+            kept = KeptRun(input=first)
+        else:  # the starter added it meanwhile
+            kept = await state.kept(run_id)
+    if kept.final is not None:
+        return None  # a late or duplicate message of a finished run
+    if "event" in payload and not await _waits_for(state, run_id, str(payload["event"])):
+        return None  # a run not at this wait yet finds the kept event when it gets there
+    return kept
 
 
 async def _waits_for(state: WorkflowStateStore, run_id: str, event: str) -> bool:

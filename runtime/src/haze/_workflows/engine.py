@@ -71,9 +71,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from haze._kernel.crypto import sealed_error
-from haze._kernel.describe import error_line
-from haze._kernel.errors import ConfigError, WorkflowError
+from haze._base.crypto import sealed_error
+from haze._base.describe import error_line
+from haze._base.errors import ConfigError, WorkflowError
 from haze._workflows.run import nondeterminism
 from haze.contracts.driver import MaxDelay
 from haze.contracts.workflow import HasWorkflowState, KeptRun, StepRetry, WorkflowStateStore

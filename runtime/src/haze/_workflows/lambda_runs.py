@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
-from haze._kernel.deps import require
-from haze._kernel.errors import ConfigError, WorkflowRunError
+from haze._base.deps import require
+from haze._base.errors import ConfigError, WorkflowRunError
 from haze._workflows.definition import find_workflow, registered_workflows
 from haze.contracts.workflow import (
     FINAL_STATES,

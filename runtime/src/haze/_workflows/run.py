@@ -20,8 +20,8 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from haze._kernel.durations import Duration, parse_backoff, parse_duration
-from haze._kernel.errors import (
+from haze._base.durations import Duration, parse_backoff, parse_duration
+from haze._base.errors import (
     WorkflowLimitError,
     WorkflowNondeterminismError,
     WorkflowResultError,

@@ -18,8 +18,8 @@ import dataclasses
 import json
 from typing import Any
 
-from haze._kernel.crypto import seal, unseal
-from haze._kernel.errors import ConfigError, MessageDecodeError
+from haze._base.crypto import seal, unseal
+from haze._base.errors import ConfigError, MessageDecodeError
 from haze.contracts.workflow import KeptRun, StepStatus, WorkflowStateStore, WorkflowStatus
 
 __all__ = ["SealedState", "sealed_state"]

@@ -20,7 +20,7 @@ from typing import Any
 
 from haze import transactions
 from haze._app.app import use_app
-from haze.database import Session
+from haze.connectors import Session
 
 __all__ = ["Db"]
 

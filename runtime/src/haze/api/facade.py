@@ -14,12 +14,12 @@ from typing import Any
 
 from haze import testing
 from haze._app.app import use_app
+from haze._base.blocking import blocking
+from haze._base.durations import Duration, parse_duration
 from haze._engine.manager import QueueManager, events
 from haze._jobs import status
 from haze._jobs.definition import JobDefinition, PendingDispatch, get_job
 from haze._jobs.status import JobStatus
-from haze._kernel.blocking import blocking
-from haze._kernel.durations import Duration, parse_duration
 from haze._orchestration import batches
 from haze._orchestration.batches import Batch, PendingBatch
 from haze._orchestration.chains import PendingChain

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from haze._app.app import App
-from haze._kernel.errors import ConfigError
-from haze._kernel.hints import install_hint
+from haze._base.errors import ConfigError
+from haze._base.hints import install_hint
 
 __all__ = ["PRESETS", "BuildContext", "BuildResult", "build", "deterministic_zip", "install_hint"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from haze._kernel.errors import ConfigError
+from haze._base.errors import ConfigError
 from haze._workflows.definition import registered_workflows
 
 if TYPE_CHECKING:

@@ -25,12 +25,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from haze._base.errors import ConfigError
+from haze._base.hints import DISTRIBUTION, DISTRIBUTIONS
 from haze._failed.resolve import failed_target
-from haze._kernel.errors import ConfigError
-from haze._kernel.hints import DISTRIBUTION, DISTRIBUTIONS
 from haze._orchestration.scheduling import app_schedules
 from haze.build.cloudflare_plan import app_jobs as jobs_under_root
-from haze.database import dialect_of
+from haze.connectors import dialect_of
 
 if TYPE_CHECKING:
     from haze._app.app import App

@@ -26,11 +26,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from haze._kernel.errors import ConfigError
+from haze._base.errors import ConfigError
 from haze._orchestration.scheduling import bundle_packages, platform_triggers
 from haze._workflows.lambda_runs import lambda_refusals
 from haze.build import BuildContext, BuildResult, deterministic_zip
-from haze.database import dialect_of
+from haze.connectors import dialect_of
 
 if TYPE_CHECKING:
     from haze._app.app import App

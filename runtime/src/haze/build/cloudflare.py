@@ -59,8 +59,8 @@ from typing import Any
 
 from haze._app.app import App, _load_module_file
 from haze._app.config import env_source
-from haze._kernel.errors import ConfigError
-from haze._kernel.hints import DISTRIBUTION
+from haze._base.errors import ConfigError
+from haze._base.hints import DISTRIBUTION
 from haze._orchestration.scheduling import bundle_packages, platform_triggers
 from haze.build import BuildContext, BuildResult
 from haze.build._cloudflare_workflows import (
@@ -78,7 +78,7 @@ from haze.build.cloudflare_plan import (
     wrangler_section,
 )
 from haze.build.cloudflare_warnings import worker_warnings
-from haze.database.migrations import migration_files, migration_statements
+from haze.connectors.migrations import migration_files, migration_statements
 
 __all__ = [
     "COMPATIBILITY_DATE",

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from haze._jobs.definition import registered_jobs
-from haze.database.d1 import d1_target
+from haze.connectors.d1 import d1_target
 
 if TYPE_CHECKING:
     from haze._app.app import App

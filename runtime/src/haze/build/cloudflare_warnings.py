@@ -6,9 +6,9 @@ other isolates consume."""
 from __future__ import annotations
 
 from haze._app.app import App
+from haze._base.errors import ConfigError
 from haze._failed.resolve import failed_target
-from haze._kernel.errors import ConfigError
-from haze.database import dialect_of
+from haze.connectors import dialect_of
 
 __all__ = ["worker_warnings"]
 

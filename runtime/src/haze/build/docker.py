@@ -27,8 +27,8 @@ from __future__ import annotations
 import json
 import shlex
 
-from haze._kernel.errors import ConfigError
-from haze._kernel.hints import DISTRIBUTION
+from haze._base.errors import ConfigError
+from haze._base.hints import DISTRIBUTION
 from haze.build import BuildContext, BuildResult
 from haze.build._python import (
     app_jobs,

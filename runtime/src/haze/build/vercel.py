@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from haze._app.app import App
-from haze._kernel.errors import ConfigError
+from haze._base.errors import ConfigError
 from haze.build import BuildContext, BuildResult
 from haze.build._python import (
     app_jobs,

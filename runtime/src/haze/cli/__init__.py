@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from haze._kernel.hints import install_hint
+from haze._base.hints import install_hint
 from haze.cli._logging import configure_logging
 
 if TYPE_CHECKING:

@@ -18,9 +18,9 @@ import click
 from rich.console import Console
 
 from haze._app.app import App, run_in_app
-from haze._kernel.durations import parse_duration
-from haze._kernel.errors import HazeError
-from haze._kernel.version import __version__
+from haze._base.durations import parse_duration
+from haze._base.errors import HazeError
+from haze._base.version import __version__
 
 __all__ = [
     "DURATION",

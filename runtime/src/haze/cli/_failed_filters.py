@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from haze._kernel.durations import parse_duration
+from haze._base.durations import parse_duration
 
 if TYPE_CHECKING:
     from haze.drivers import FailedJob

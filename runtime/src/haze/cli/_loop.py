@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 import click
 
 from haze._app.config import read_env
-from haze._kernel.errors import ConfigError, MissingDependencyError
-from haze._kernel.hints import install_hint
+from haze._base.errors import ConfigError, MissingDependencyError
+from haze._base.hints import install_hint
 
 __all__ = ["LOOPS", "LOOP_ENV", "EventLoop", "event_loop", "loop_option"]
 

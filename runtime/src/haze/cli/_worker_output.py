@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from haze._kernel.describe import error_text, format_error
-from haze._kernel.ids import short_id
+from haze._base.describe import error_text, format_error
+from haze._base.ids import short_id
 from haze.cli._logging import DEFAULT_HANDLER_FLAG
 
 __all__ = ["WorkerOutput", "worker_output"]

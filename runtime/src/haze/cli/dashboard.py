@@ -12,7 +12,7 @@ import os
 
 import click
 
-from haze._kernel.deps import require
+from haze._base.deps import require
 from haze.cli._core import State, cli, connection_option, console
 
 try:

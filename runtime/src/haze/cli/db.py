@@ -8,21 +8,21 @@ from typing import TYPE_CHECKING
 import click
 from rich.markup import escape
 
-from haze._kernel.errors import HazeError
+from haze._base.errors import HazeError
 from haze.cli._core import State, cli, connection_option, console, run
-from haze.database import missing_column
-from haze.database.migrations import (
+from haze.connectors import missing_column
+from haze.connectors.migrations import (
     MIGRATIONS_DIR,
     convert_hint,
     dialect_specific,
     migrate,
     pending_migrations,
 )
-from haze.database.migrations import make_queue_tables as write
+from haze.connectors.migrations import make_queue_tables as write
 
 if TYPE_CHECKING:
     from haze._app.app import App
-    from haze.database.migrations import MigrationResult
+    from haze.connectors.migrations import MigrationResult
 
 __all__ = ["db_migrate", "make_queue_tables"]
 

@@ -16,10 +16,10 @@ from typing import Any
 import click
 
 from haze._app.app import App, _load_module_file
-from haze._kernel.hints import install_hint
+from haze._base.hints import install_hint
 from haze.cli._core import cli, console
-from haze.database import dialect_of
-from haze.database.migrations import make_queue_tables
+from haze.connectors import dialect_of
+from haze.connectors.migrations import make_queue_tables
 
 __all__ = ["init", "scaffold"]
 

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from haze._app.env import env_duration
 from haze._engine.throughput import retention
-from haze._runners.worker import Worker
+from haze._workers.worker import Worker
 from haze.cli._core import (
     DURATION,
     QUEUE_NAME,

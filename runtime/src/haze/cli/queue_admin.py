@@ -18,9 +18,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from haze._base.ids import match_id
 from haze._engine.control import pause, request_restart, resume
 from haze._engine.manager import events
-from haze._kernel.ids import match_id
 from haze._orchestration.batches import find, prune
 from haze.cli._core import QUEUE_NAMES, State, cli, connection_option, console, queue_names, run
 from haze.contracts.driver import UncountedQueues

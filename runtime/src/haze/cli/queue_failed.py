@@ -15,10 +15,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from haze._base.crypto import failed_is_encrypted, open_failed
+from haze._base.errors import HazeError, UnknownJobError
+from haze._base.ids import match_id, short_id
 from haze._jobs.definition import registered_jobs
-from haze._kernel.crypto import failed_is_encrypted, open_failed
-from haze._kernel.errors import HazeError, UnknownJobError
-from haze._kernel.ids import match_id, short_id
 from haze.cli._core import (
     QUEUE_NAME,
     State,

@@ -23,10 +23,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from haze._base.durations import format_age
+from haze._base.ids import short_id
 from haze._engine.control import paused_queues
 from haze._engine.throughput import per_minute
-from haze._kernel.durations import format_age
-from haze._kernel.ids import short_id
 from haze.cli._core import DURATION, QUEUE_NAMES, State, cli, connection_option, console, run
 from haze.contracts.driver import Driver, QueueInspector, RunningJob
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from haze._kernel.errors import ScheduleError
+from haze._base.errors import ScheduleError
 from haze._orchestration.scheduling import Scheduler, registered_schedules, run_now
 from haze.cli._core import State, cli, run
 from haze.cli._loop import event_loop, loop_option

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
-from haze._kernel import current
+from haze._base import current
 
 if TYPE_CHECKING:
     from haze.contracts.driver import Driver

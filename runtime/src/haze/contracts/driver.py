@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from haze._kernel.errors import BackendUnavailableError, HazeError
-from haze._kernel.message import FailedJob, Message, decode
+from haze._base.errors import BackendUnavailableError, HazeError
+from haze._base.message import FailedJob, Message, decode
 from haze.contracts.failed import FailedJobStore
 
 __all__ = [
@@ -489,7 +489,7 @@ class JobRecord:
     state: str
     #: Attempts started so far (0 before the first).
     attempts: int
-    #: The stored envelope (``haze._kernel.message.decode`` reads it).
+    #: The stored envelope (``haze._base.message.decode`` reads it).
     body: str
     #: When a delayed job comes due, or when a done job finished (epoch seconds).
     at: float | None = None

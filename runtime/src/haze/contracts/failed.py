@@ -12,7 +12,7 @@ from __future__ import annotations
 import builtins
 from typing import Protocol, runtime_checkable
 
-from haze._kernel.message import FailedJob, Message
+from haze._base.message import FailedJob, Message
 
 __all__ = ["FailedJob", "FailedJobStore", "FailedPages", "RetriesAtomically", "RetryClaims"]
 

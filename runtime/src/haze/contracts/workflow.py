@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from haze._kernel.durations import backoff_delay
+from haze._base.durations import backoff_delay
 
 __all__ = [
     "FINAL_STATES",

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from haze._kernel.deps import require
+from haze._base.deps import require
 
 try:
     from haze.dashboard._app import build

@@ -29,14 +29,14 @@ from starlette.routing import Mount, Route
 import haze.dashboard._data as _data
 import haze.dashboard._workflows as workflow_pages
 from haze._app.app import App, run_in_app, use_app
+from haze._base.crypto import keyed_digest
+from haze._base.durations import format_age
+from haze._base.errors import BackendUnavailableError, HazeError
+from haze._base.ids import short_id
 from haze._engine.control import pause, resume
 from haze._engine.otel import prometheus_text
-from haze._kernel.crypto import keyed_digest
-from haze._kernel.durations import format_age
-from haze._kernel.errors import BackendUnavailableError, HazeError
-from haze._kernel.ids import short_id
 from haze._orchestration.batches import KEEP_JOB_IDS, find, jobs
-from haze._runners.presence import LEASE, SHORT_LEASE, live_workers
+from haze._workers.presence import LEASE, SHORT_LEASE, live_workers
 from haze.dashboard._gate import NO_STORE, Gate, plain
 from haze.dashboard._security import CSRF_COOKIE, CSRF_FIELD, Authorize, Guard
 

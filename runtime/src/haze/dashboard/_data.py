@@ -13,16 +13,16 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from haze._base.crypto import failed_is_encrypted, open_failed
+from haze._base.durations import parse_duration
+from haze._base.errors import HazeError
+from haze._base.ids import match_id
+from haze._base.message import decode, envelope_of
 from haze._engine.control import paused_queues
 from haze._engine.throughput import WINDOW, runtimes, series, wait_time
 from haze._jobs.status import read
-from haze._kernel.crypto import failed_is_encrypted, open_failed
-from haze._kernel.durations import parse_duration
-from haze._kernel.errors import HazeError
-from haze._kernel.ids import match_id
-from haze._kernel.message import decode, envelope_of
 from haze._orchestration.batches import find, recent_ids
-from haze._runners.presence import live_workers
+from haze._workers.presence import live_workers
 from haze.contracts.driver import Driver, JobLookup, JobRecord, QueueInspector, UncountedQueues
 from haze.contracts.failed import FailedPages
 

@@ -1,6 +1,6 @@
 """Queue drivers, one module each, loaded by driver name when a connection is first used.
 
-The built-in drivers are in ``REGISTRY``. Any other name is a plugin (``haze._kernel.plugins``):
+The built-in drivers are in ``REGISTRY``. Any other name is a plugin (``haze._base.plugins``):
 one registered in this process with ``register_driver``, or an installed distribution's
 entry point in the ``haze.drivers`` group::
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from haze._kernel import plugins
+from haze._base import plugins
 from haze.contracts.driver import Driver, FailedJob, FailedJobStore, Reserved
 
 __all__ = [
@@ -40,7 +40,7 @@ REGISTRY = plugins.Registry(
         "sync": ("haze.drivers.sync", "SyncDriver"),
         "memory": ("haze.drivers.memory", "MemoryDriver"),
         "redis": ("haze.drivers.redis", "RedisDriver"),
-        "database": ("haze.drivers.database", "DatabaseDriver"),
+        "database": ("haze.drivers.sql", "DatabaseDriver"),
         "sqs": ("haze.drivers.sqs", "SqsDriver"),
         "cloudflare": ("haze.drivers.cloudflare", "CloudflareDriver"),
         "failover": ("haze.drivers.failover", "FailoverDriver"),

@@ -47,11 +47,11 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
+from haze._base import plugins
+from haze._base.errors import ConfigError, DelayTooLongError, HazeError
+from haze._base.http import LoopClient
+from haze._base.message import Message, envelope_of
 from haze._failed import failed_store
-from haze._kernel import plugins
-from haze._kernel.errors import ConfigError, DelayTooLongError, HazeError
-from haze._kernel.http import LoopClient
-from haze._kernel.message import Message, envelope_of
 from haze.contracts.driver import (
     CappedDelay,
     Concurrent,

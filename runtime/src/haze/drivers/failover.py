@@ -28,9 +28,9 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
+from haze._base.errors import BackendUnavailableError, ConfigError
+from haze._base.message import Message
 from haze._failed import FailedJobsUnion
-from haze._kernel.errors import BackendUnavailableError, ConfigError
-from haze._kernel.message import Message
 from haze.contracts.driver import DispatchOnly, Driver, FailedJob, Reserved, unavailable
 
 __all__ = ["FailoverDriver"]

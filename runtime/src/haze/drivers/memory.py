@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from haze._base.message import MAX_MESSAGE_SIZE, Message, decode, decode_payload
 from haze._failed import QueueFailedJobs
-from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode, decode_payload
 from haze.contracts.driver import (
     Backlog,
     Concurrent,

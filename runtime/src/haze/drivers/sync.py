@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from haze._base.message import MAX_MESSAGE_SIZE, Message
 from haze._failed import NoFailedJobs
-from haze._kernel.message import MAX_MESSAGE_SIZE, Message
 from haze.contracts.driver import FailedJob, Reserved
 
 __all__ = ["SyncDriver"]

@@ -69,15 +69,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from haze._failed import failed_store
-from haze._kernel.deps import require
-from haze._kernel.errors import (
+from haze._base.deps import require
+from haze._base.errors import (
     ConfigError,
     DelayTooLongError,
     PayloadTooLargeError,
     QueueCountUnavailableError,
 )
-from haze._kernel.message import Message, decode, envelope_of
+from haze._base.message import Message, decode, envelope_of
+from haze._failed import failed_store
 from haze.contracts.driver import (
     Concurrent,
     DeclaresOptions,

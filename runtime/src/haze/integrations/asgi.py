@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from haze._runners.worker import Worker
+from haze._workers.worker import Worker
 from haze.contracts.driver import IdlePolling
 
 if TYPE_CHECKING:

@@ -76,8 +76,7 @@ from typing import Any
 from haze._app.app import App, run_in_app
 from haze._app.config import read_env
 from haze._app.env import env_duration, env_size
-from haze._jobs.definition import PendingDispatch, get_job
-from haze._kernel.errors import (
+from haze._base.errors import (
     BackendUnavailableError,
     ConfigError,
     DelayTooLongError,
@@ -86,6 +85,7 @@ from haze._kernel.errors import (
     UnknownJobError,
     UnknownQueueError,
 )
+from haze._jobs.definition import PendingDispatch, get_job
 from haze.api.health import queue_check
 from haze.integrations.http_events import EVENT_KEYS, send_event_request
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from haze._kernel.current import run_in_app
-from haze._kernel.errors import BackendUnavailableError, WorkflowRunError
+from haze._base.current import run_in_app
+from haze._base.errors import BackendUnavailableError, WorkflowRunError
 from haze._workflows.api import Workflow
 
 __all__ = ["EVENT_KEYS", "send_event_request"]

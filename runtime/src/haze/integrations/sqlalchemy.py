@@ -81,7 +81,7 @@ from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from haze._kernel.errors import MissingDependencyError
+from haze._base.errors import MissingDependencyError
 from haze.transactions import fire, register_provider
 
 try:

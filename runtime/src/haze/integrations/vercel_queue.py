@@ -32,9 +32,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from haze._app.app import App
-from haze._kernel.current import run_in_app
-from haze._kernel.errors import ConfigError
-from haze._runners.delivery import Delivery
+from haze._base.current import run_in_app
+from haze._base.errors import ConfigError
+from haze._workers.delivery import Delivery
 from haze.drivers.vercel import VercelDriver, VercelReceipt, _sdk
 
 __all__ = ["QueueFunction"]

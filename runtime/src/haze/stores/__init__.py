@@ -1,6 +1,6 @@
 """Stores: ``memory`` now; ``redis`` and ``database`` load lazily by driver name.
 
-Any other driver name is a plugin (``haze._kernel.plugins``): registered in this process
+Any other driver name is a plugin (``haze._base.plugins``): registered in this process
 with ``register_store``, or an installed distribution's entry point in the
 ``haze.stores`` group (the Cloudflare adapter's ``kv``). A store class is called
 ``cls(store_name, options, app)``.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from haze._kernel import plugins
+from haze._base import plugins
 from haze.contracts.store import Store
 
 __all__ = ["GROUP", "REGISTRY", "Store", "create_store", "register_store", "store_class"]

@@ -36,14 +36,14 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from haze._kernel.errors import ConfigError
-from haze._kernel.sqlfiles import sql_blocks
+from haze._base.errors import ConfigError
+from haze._base.sqlfiles import sql_blocks
+from haze.connectors.mysql import is_duplicate_key
 from haze.contracts.store import BatchSettled, Subscription
-from haze.database.mysql import is_duplicate_key
 from haze.stores.workflow_state import KeyValueWorkflowState
 
 if TYPE_CHECKING:
-    from haze.database import Connector, Session
+    from haze.connectors import Connector, Session
 
 __all__ = ["DatabaseStore", "PostgresDatabaseStore", "database_store"]
 

@@ -33,9 +33,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from haze._kernel.errors import ConfigError, MissingDependencyError
-from haze._kernel.hints import did_you_mean
-from haze._kernel.urls import redact_text, redact_url
+from haze._base.errors import ConfigError, MissingDependencyError
+from haze._base.hints import did_you_mean
+from haze._base.urls import redact_text, redact_url
 from haze.contracts.store import BatchSettled, Subscription
 from haze.stores.workflow_state import KeyValueWorkflowState
 

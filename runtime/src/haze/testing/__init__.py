@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from haze._app.app import App, use_app
+from haze._base import current
+from haze._base.crypto import unseal_link
+from haze._base.message import Message, decode, encode, new_id
 from haze._failed.memory import MemoryFailedJobs
 from haze._jobs.definition import JobDefinition, PendingDispatch
-from haze._kernel import current
-from haze._kernel.crypto import unseal_link
-from haze._kernel.message import Message, decode, encode, new_id
 from haze._orchestration.batches import Batch, PendingBatch
 from haze._orchestration.chains import PendingChain
-from haze._runners.delivery import Delivery
+from haze._workers.delivery import Delivery
 from haze._workflows.api import Workflow
 from haze._workflows.engine import set_clock
 from haze.contracts.driver import Driver, FailedJob, Reserved

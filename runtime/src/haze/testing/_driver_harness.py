@@ -14,8 +14,8 @@ from typing import Any, Protocol, TypeVar
 import pytest
 
 from haze._app.app import App
-from haze._kernel.errors import QueueCountUnavailableError
-from haze._kernel.message import Message, decode, encode, new_id
+from haze._base.errors import QueueCountUnavailableError
+from haze._base.message import Message, decode, encode, new_id
 from haze.contracts.driver import (
     AcksInClaim,
     Advises,

@@ -49,9 +49,9 @@ import pytest
 
 from haze._app.app import App
 from haze._app.config import define_queue_config
+from haze._base.errors import PayloadTooLargeError
+from haze._base.message import decode, encode
 from haze._jobs.definition import define_job
-from haze._kernel.errors import PayloadTooLargeError
-from haze._kernel.message import decode, encode
 from haze.contracts.driver import (
     AcksInClaim,
     Advises,

@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from haze._app.config.environment import origin
-from haze._kernel.durations import parse_duration
-from haze._kernel.errors import ConfigError, MissingDependencyError
+from haze._base.durations import parse_duration
+from haze._base.errors import ConfigError, MissingDependencyError
 from haze.contracts.driver import DeclaresOptions, DispatchOnly
 
 __all__ = [

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TypeVar, overload
 
-from haze._kernel.errors import ConfigError
+from haze._base.errors import ConfigError
 
 __all__ = ["EnvValue", "env", "env_source", "origin", "read_env"]
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from haze._kernel.errors import ConfigError
+from haze._base.errors import ConfigError
 
 __all__ = [
     "CacheConfig",

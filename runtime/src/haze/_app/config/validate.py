@@ -23,8 +23,8 @@ from haze._app.config.schema import (
     RedisConfig,
     expect_kind,
 )
-from haze._kernel.hints import did_you_mean
-from haze._kernel.message import redis_key_part_error
+from haze._base.hints import did_you_mean
+from haze._base.message import redis_key_part_error
 from haze.drivers import driver_class
 from haze.stores import store_class
 

@@ -69,7 +69,7 @@ How haze's rules map onto BullMQ:
 
 from __future__ import annotations
 
-from haze._kernel.errors import MissingDependencyError
+from haze._base.errors import MissingDependencyError
 
 # One check for the whole package: its modules import these at their top.
 try:

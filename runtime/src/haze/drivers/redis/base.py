@@ -12,8 +12,8 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from haze._kernel.errors import MessageDecodeError
-from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode
+from haze._base.errors import MessageDecodeError
+from haze._base.message import MAX_MESSAGE_SIZE, Message, decode
 from haze.contracts.driver import Reserved
 from haze.drivers.redis.failed import RedisFailedJobs
 from haze.drivers.redis.link import _Link

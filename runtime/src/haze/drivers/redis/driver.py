@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from redis.exceptions import NoScriptError
 
-from haze._kernel.message import Message
+from haze._base.message import Message
 from haze.contracts.driver import Concurrent, ConnectionAware, Interruptible, Leased
 from haze.drivers.redis.admin import _Inspecting
 from haze.drivers.redis.claim import _Claiming

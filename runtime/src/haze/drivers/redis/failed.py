@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import WatchError
 
-from haze._kernel.message import Message, envelope_of
+from haze._base.message import Message, envelope_of
 from haze.contracts.driver import FailedJob
 from haze.drivers.redis.scripts import _BULK_CHUNK, _EvalPipe, _NewJob, _now_ms
 

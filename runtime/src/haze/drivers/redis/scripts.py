@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack  # type: ignore[import-untyped]
 from bullmq.scripts import Scripts  # type: ignore[import-untyped]
 
-from haze._kernel.message import redis_key_part_error
+from haze._base.message import redis_key_part_error
 
 if TYPE_CHECKING:
     from redis.commands.core import AsyncScript

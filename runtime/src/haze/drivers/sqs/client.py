@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
+from haze._base.errors import BackendUnavailableError, ConfigError, UnknownQueueError
+from haze._base.message import Message
 from haze._failed import failed_store
-from haze._kernel.errors import BackendUnavailableError, ConfigError, UnknownQueueError
-from haze._kernel.message import Message
 from haze.contracts.driver import FailedJobStore
 from haze.drivers.sqs.messages import (
     _HEADROOM,

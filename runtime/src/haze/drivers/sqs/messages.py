@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from haze._kernel.deps import require
-from haze._kernel.message import Message, envelope_of
+from haze._base.deps import require
+from haze._base.message import Message, envelope_of
 
 #: SQS's message size limit (1 MiB since August 2025), also the send_message_batch total.
 SQS_MAX_MESSAGE_SIZE = 1_048_576

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from haze._kernel.message import Message
+from haze._base.message import Message
 from haze.contracts.driver import Reserved
 from haze.drivers.sqs.messages import (
     _BATCH,

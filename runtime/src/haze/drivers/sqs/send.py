@@ -7,8 +7,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from haze._kernel.errors import DispatchIncompleteError, PayloadTooLargeError, UnknownQueueError
-from haze._kernel.message import Message, new_id
+from haze._base.errors import DispatchIncompleteError, PayloadTooLargeError, UnknownQueueError
+from haze._base.message import Message, new_id
 from haze.drivers.sqs.client import _SqsClient
 from haze.drivers.sqs.messages import (
     _BATCH,

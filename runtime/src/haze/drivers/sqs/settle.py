@@ -7,8 +7,8 @@ import logging
 import math
 from collections.abc import Sequence
 
-from haze._kernel.describe import cap_text, error_line
-from haze._kernel.message import UNRECORDED_FAILURE, with_meta
+from haze._base.describe import cap_text, error_line
+from haze._base.message import UNRECORDED_FAILURE, with_meta
 from haze.contracts.driver import FailedJob, Reserved
 from haze.drivers.sqs.messages import (
     _BAD_RECEIPT,

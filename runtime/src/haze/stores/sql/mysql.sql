@@ -1,6 +1,6 @@
 -- The database store on MySQL 8 / MariaDB. {table} is a validated identifier.
 -- `key` is quoted: it is a reserved word in MySQL. Keys compare byte for byte, trailing
--- spaces included (a binary NO PAD collation, see drivers/database/mysql.sql: Alice and
+-- spaces included (a binary NO PAD collation, see drivers/sql/mysql.sql: Alice and
 -- alice are two keys); the store hashes keys longer than 128 characters to 129
 -- (database.py), so a key always fits VARCHAR(191) whole.
 

@@ -1,0 +1,293 @@
+"""Every error haze raises on purpose.
+
+The tree::
+
+    HazeError
+    ├── ConfigError                 bad value in config/*.py or App(...) (names file and key)
+    │   └── UnknownQueueError       a dispatch names a queue its connection does not have
+    ├── DuplicateJobError           two different jobs share a name (names both places)
+    ├── UnknownJobError             a message or a call names a job nobody registered
+    ├── MissingDependencyError      an optional extra is not installed (names haze-jobs[extra])
+    ├── PayloadTooLargeError        the JSON payload exceeds the connection's message limit
+    ├── DispatchIncompleteError     a bulk send queued some messages and not others
+    ├── DelayTooLongError           a delay over 365 days (or the driver's lower cap: cloudflare)
+    ├── BatchFinishedError          Batch.add() after the batch finished
+    ├── JobTimeoutError             an attempt ran past its ``timeout``
+    ├── MaxExceptionsError          ``max_exceptions`` reached before ``tries`` ran out
+    ├── MaxAttemptsExceededError    reclaimed after a crash with no try left
+    ├── RetryUntilExpiredError      ``retry_until`` passed
+    ├── MessageDecodeError          a queued message is not valid haze JSON / cannot be decrypted
+    ├── JobFailedError              ``job.fail(reason)`` was called with a string
+    ├── JobDefinitionError          define_job: unknown option, or a handler it cannot call
+    ├── BackendUnavailableError     Redis, a database, SQS, libSQL or D1 cannot be reached
+    │   └── DatabaseConnectionError a config/database.py database is unreachable or locked
+    ├── QueueTablesMissingError     the database queue tables do not exist (run db:migrate)
+    ├── AmbiguousIdError            a short job id given to a command matches several jobs
+    ├── ScheduleError               a bad schedule(): cron, every, tz or a duplicate name
+    └── WorkflowError               a durable workflow broke one of its rules
+        ├── WorkflowNondeterminismError  a replay reached another step than the run recorded
+        ├── WorkflowLimitError      a step name, step count, sleep or result past a limit
+        ├── WorkflowResultError     a step's result is not JSON
+        └── WorkflowRunError        an event or call for an unknown or finished run
+
+``TypeError`` and ``ValueError`` are used where Python users expect them: a payload
+that is not JSON (``TypeError``), a bad duration or option (``ValueError``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from haze._base.hints import did_you_mean, install_hint
+
+__all__ = [
+    "AmbiguousIdError",
+    "BackendUnavailableError",
+    "BatchFinishedError",
+    "ChainTailLostError",
+    "ConfigError",
+    "DatabaseConnectionError",
+    "DelayTooLongError",
+    "DispatchIncompleteError",
+    "DuplicateJobError",
+    "HazeError",
+    "JobDefinitionError",
+    "JobFailedError",
+    "JobTimeoutError",
+    "MaxAttemptsExceededError",
+    "MaxExceptionsError",
+    "MessageDecodeError",
+    "MissingDependencyError",
+    "PayloadTooLargeError",
+    "QueueCountUnavailableError",
+    "QueueTablesMissingError",
+    "RetryUntilExpiredError",
+    "ScheduleError",
+    "UnknownJobError",
+    "UnknownQueueError",
+    "WorkflowError",
+    "WorkflowLimitError",
+    "WorkflowNondeterminismError",
+    "WorkflowResultError",
+    "WorkflowRunError",
+]
+
+
+class HazeError(Exception):
+    """The root of every error haze raises on purpose."""
+
+
+class ConfigError(HazeError, ValueError):
+    """A configuration value is missing, unknown or of the wrong type.
+
+    The message names the file (or ``App(...)`` argument) and the key path.
+    """
+
+    def __init__(self, message: str, *, source: str | None = None, key: str | None = None):
+        self.source = source
+        self.key = key
+        if key is not None and not key.isprintable():
+            key = repr(key)  # a name with a line break in it: the error stays one line
+        where = ""
+        if source and key:
+            where = f"{source}: {key}: "
+        elif source:
+            where = f"{source}: "
+        elif key:
+            where = f"{key}: "
+        super().__init__(f"{where}{message}")
+
+
+class UnknownQueueError(ConfigError):
+    """A queue that does not exist on its connection (an SQS queue haze would not
+    create). ``queue`` and ``connection`` name it without the backend's address."""
+
+    def __init__(self, message: str, *, queue: str, connection: str, key: str | None = None):
+        self.queue = queue
+        self.connection = connection
+        super().__init__(message, key=key)
+
+
+class DuplicateJobError(HazeError):
+    """Two different job definitions registered the same name."""
+
+
+class UnknownJobError(HazeError, LookupError):
+    """A job name that no imported module registered.
+
+    ``known`` (the registered names) adds a "did you mean" hint for a near miss.
+    """
+
+    def __init__(self, name: str, known: Iterable[str] = ()):
+        self.job_name = name
+        super().__init__(
+            f"no job named {name!r}{did_you_mean(name, known)}; define it with @define_job in "
+            "a module under app/job/ (imported at app start) or import its module before "
+            "dispatching"
+        )
+
+
+class MissingDependencyError(HazeError, ImportError):
+    """An optional dependency of a driver, store or integration is missing."""
+
+    def __init__(self, what: str, extra: str, module: str):
+        self.extra = extra
+        super().__init__(
+            f"{what} needs the '{module}' package, which is not installed. "
+            f"Install it with: {install_hint(extra)}"
+        )
+
+
+class PayloadTooLargeError(HazeError, ValueError):
+    """A message is larger than the connection accepts; nothing was enqueued."""
+
+
+class DispatchIncompleteError(HazeError):
+    """A bulk send (``Queue.bulk``, a batch's jobs) queued some messages and not others.
+
+    ``failed`` maps the id of every message that was not queued to the reason; the
+    others were queued. A batch counts the ones not queued as failed jobs.
+    """
+
+    def __init__(self, message: str, *, failed: dict[str, str]):
+        self.failed = failed
+        super().__init__(message)
+
+
+class DelayTooLongError(HazeError, ValueError):
+    """A delay beyond what the driver can hold; nothing was enqueued."""
+
+
+class BatchFinishedError(HazeError):
+    """``Batch.add()`` was called after every job of the batch had finished."""
+
+
+class ChainTailLostError(HazeError):
+    """The stored links of a long chain expired (``batches.ttl``) before it reached them."""
+
+
+class JobTimeoutError(HazeError, TimeoutError):
+    """An attempt ran past the job's ``timeout``."""
+
+
+class MaxExceptionsError(HazeError):
+    """The job raised ``max_exceptions`` times; it fails without using its remaining tries."""
+
+
+class MaxAttemptsExceededError(HazeError):
+    """A job was claimed again (its worker crashed) after it had used all its tries."""
+
+
+class RetryUntilExpiredError(HazeError):
+    """The job's ``retry_until`` deadline passed; it is not retried again."""
+
+
+class MessageDecodeError(HazeError):
+    """A queued message could not be read: bad JSON, not a haze envelope, or undecryptable."""
+
+
+class JobFailedError(HazeError):
+    """Raised inside the pipeline when a handler calls ``job.fail("reason")``."""
+
+
+class JobDefinitionError(HazeError, TypeError):
+    """``define_job`` got an option it does not know, or a handler haze cannot call as
+    ``(payload)`` or ``(payload, job)``. Raised when the module is imported, not when a
+    job runs."""
+
+
+class BackendUnavailableError(HazeError, ConnectionError):
+    """A queue or store backend (Redis, a database, SQS, libSQL, D1) could not be reached.
+
+    The message names the connection and where it points. Nothing was changed on that
+    backend by the call that raised it; a worker waits for the backend to come back.
+    """
+
+
+class QueueCountUnavailableError(HazeError):
+    """The backend tells no queue depth (Vercel Queues): ``size()`` cannot answer, and
+    the message says where to look instead."""
+
+
+class DatabaseConnectionError(BackendUnavailableError):
+    """A database from ``config/database.py`` could not be reached, or stayed locked."""
+
+
+class QueueTablesMissingError(HazeError):
+    """The ``jobs``/``failed_jobs`` tables of a database queue connection do not exist.
+
+    Raised by dispatch, ``queue:work`` and every ``queue:*`` command instead of the
+    database's own "no such table" error, so a fresh app is told what to run::
+
+        the queue tables are missing on database "main": run haze db:migrate
+    """
+
+    def __init__(self, database: str, run: str = "haze db:migrate"):
+        self.database = database
+        super().__init__(f'the queue tables are missing on database "{database}": run {run}')
+
+
+class AmbiguousIdError(HazeError, LookupError):
+    """A short id matches more than one job; ``matches`` lists their full ids."""
+
+    def __init__(self, token: str, matches: list[str]):
+        self.matches = matches
+        shown = ", ".join(matches[:10]) + (", …" if len(matches) > 10 else "")
+        super().__init__(
+            f"the id {token!r} matches {len(matches)} jobs: {shown}; give more of the id"
+        )
+
+
+class ScheduleError(HazeError, ValueError):
+    """A ``schedule()`` declaration haze cannot run: a bad cron expression, interval or
+    time zone, a name used twice, or a schedule a platform's triggers cannot express.
+    Raised when the schedule is declared (or built), naming the schedule and the value."""
+
+
+class JobCancelledError(HazeError):
+    """The job was cancelled with ``Queue.cancel(id)``: the reason of ``job.signal``.
+
+    A running job that stops after the cancel (raises, for example through
+    ``job.signal.throw_if_aborted()``) ends ``cancelled``: no retry, no ``failed()``.
+    """
+
+
+class UntrackedJobError(HazeError, LookupError):
+    """``Queue.wait(id)`` found no status record: the job is not tracked
+    (``define_job(track=True)`` or ``keep_result=...``), its record expired, or the id
+    is not a job's full id."""
+
+
+class JobProgressError(HazeError, ValueError):
+    """``job.progress(value)`` got something other than an int from 0 to 100 or a small
+    JSON object."""
+
+
+class WorkflowError(HazeError):
+    """A durable workflow broke one of its rules. Raised inside a run, it fails the run
+    with this message as the reason (never retried: a replay would break it again)."""
+
+
+class WorkflowNondeterminismError(WorkflowError):
+    """A replay reached a different step at a position than the run recorded there (the
+    workflow's code changed, or branches on something that is not a step's result). The
+    message names both steps."""
+
+
+class WorkflowLimitError(WorkflowError, ValueError):
+    """A step name that is empty, too long or used twice in a run, a run past its step
+    limit, a sleep past 365 days, or a step result past the connection's message size."""
+
+
+class WorkflowResultError(WorkflowError, TypeError):
+    """A step returned something that is not JSON (results are kept as JSON)."""
+
+
+class WorkflowRunError(WorkflowError, LookupError):
+    """An event or a call names a run that does not exist or has already finished."""
+
+
+# Tracebacks and reprs name the public module users import from, not this private one.
+for _name in __all__:
+    globals()[_name].__module__ = "haze.errors"
+del _name

@@ -1,0 +1,26 @@
+"""The ``database`` driver: jobs in a SQL table (SQLite, libSQL/Turso, D1, PostgreSQL,
+MySQL 8 / MariaDB), as the seed's 数据库驱动 section describes.
+
+- Claim: PostgreSQL and MySQL ``SELECT … FOR UPDATE SKIP LOCKED`` then mark the rows
+  (``reserved_at``, ``attempts + 1``); SQLite/libSQL/D1 one atomic
+  ``UPDATE … WHERE id IN (SELECT … LIMIT n) RETURNING``. Rows are taken in due order
+  (``available_at``, then ``id``): the ready rows from an index that starts at them,
+  merged with the rows whose lease ran out, so rows not due yet are never scanned. An
+  idle worker's wait ends when the first of them comes due.
+- Delays and retries go through ``available_at``; ``job.release()`` re-inserts the
+  row without using a try.
+- A row reserved (or heartbeated) longer ago than ``retry_after`` is reclaimed; a
+  worker only deletes or releases a row that still carries its own ``reserved_at``.
+- Final failures move to ``failed_jobs`` in the same transaction as the delete.
+- While a job runs the worker refreshes ``heartbeat_at`` (lease heartbeats), so a long
+  job is not reclaimed while its worker lives.
+
+SQL lives beside this package's modules: ``common.sql`` plus one file per dialect.
+"""
+
+from __future__ import annotations
+
+from haze.drivers.sql.base import D1_MAX_MESSAGE_SIZE, D1_ROW_LIMIT
+from haze.drivers.sql.driver import DatabaseDriver
+
+__all__ = ["D1_MAX_MESSAGE_SIZE", "D1_ROW_LIMIT", "DatabaseDriver"]

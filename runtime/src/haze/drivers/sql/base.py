@@ -1,0 +1,262 @@
+"""What every part of the database driver shares: its settings, its connector and SQL,
+the one-line errors for missing tables, and the wake-up of an idle worker."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import re
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from haze._base.errors import (
+    ConfigError,
+    DatabaseConnectionError,
+    HazeError,
+    QueueTablesMissingError,
+)
+from haze._base.message import MAX_MESSAGE_SIZE
+from haze._base.sqlfiles import queue_sql
+from haze._failed import SqlFailedJobs
+from haze.connectors import Notifying, Session, dialect_of, missing_column
+from haze.connectors.migrations import MIGRATIONS_DIR
+from haze.drivers.sql.failed import _QueueFailedJobs
+
+if TYPE_CHECKING:
+    from haze.connectors import Connector
+
+#: D1's largest string, BLOB or table row, in bytes (SQLITE_TOOBIG past it)
+D1_ROW_LIMIT = 2_000_000
+#: The default max_message_size on D1: its row limit less room for the row's other
+#: columns, and for the exception text beside the body when the job fails
+D1_MAX_MESSAGE_SIZE = D1_ROW_LIMIT - 64 * 1024
+#: A message id the job lookup searches for (haze's are 32 hex characters).
+_JOB_ID = re.compile(r"^[A-Za-z0-9-]{1,128}$")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _missing_table(e: BaseException) -> bool:
+    """The backend's "no such table": PostgreSQL's SQLSTATE 42P01, MySQL/MariaDB's error
+    1146, and the text SQLite, libSQL and D1 answer with."""
+    if getattr(e, "sqlstate", None) == "42P01":
+        return True
+    args = getattr(e, "args", ())
+    if args and args[0] == 1146:
+        return True
+    return "no such table" in str(e)
+
+
+#: MySQL/MariaDB: deadlock found (1213), lock wait timeout (1205). The whole transaction
+#: was rolled back, so running it again is safe.
+_MYSQL_RETRY = (1213, 1205)
+#: How many acked claims a driver remembers (to tell an ack sent again from a lost lease).
+_ACKS_KEPT = 8192
+
+
+async def _mysql_retry(fn: Callable[[], Awaitable[_R]], tries: int = 5) -> _R:
+    """Run the transaction ``fn`` again when InnoDB picked it as a deadlock victim: a
+    batch claim and a batch ack of the same worker can lock rows of one index in
+    opposite orders."""
+    for attempt in range(tries):
+        try:
+            return await fn()
+        except Exception as e:
+            args = getattr(e, "args", ())
+            if attempt == tries - 1 or not args or args[0] not in _MYSQL_RETRY:
+                raise
+            await asyncio.sleep(0.002 * (attempt + 1))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _needs_tables(fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, Coroutine[Any, Any, _R]]:
+    """Turn the backend's "no such table" into one line telling the user what to run."""
+
+    @functools.wraps(fn)
+    async def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return await fn(*args, **kwargs)
+        except Exception as e:
+            driver: Any = args[0]
+            better = driver._tables_missing_for(e)
+            if better is None:
+                raise
+            raise better from None
+
+    return call
+
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+class _DatabaseBase:
+    """The state every part of ``DatabaseDriver`` reads; see the package docstring."""
+
+    #: connectors raise this for an unreachable server (or a SQLite file locked past
+    #: busy_timeout): the worker logs it once per outage, dispatch shows it as one line
+    outage_errors: tuple[type[BaseException], ...] = (DatabaseConnectionError,)
+
+    def __init__(self, name: str, options: dict[str, Any], app: Any):
+        self.name = name
+        self.app = app
+        self.settings = options
+        self.concurrency: int = options.get("concurrency") or 1
+        self.retry_after: float = options.get("retry_after") or 90.0
+        self.sleep: float = options.get("sleep") or 1.0
+        self.max_sleep: float = options.get("max_sleep") or self.sleep * 5
+        self.heartbeat_interval: float = max(0.05, self.retry_after / 3)
+        self.table = options.get("table") or "jobs"
+        self.failed_table = options.get("failed_table") or "failed_jobs"
+        # Also here, not only in config: the names go into SQL text, and a driver can be
+        # built from options that skipped the config's checks.
+        for key, value in (("table", self.table), ("failed_table", self.failed_table)):
+            if not _IDENT.match(value):
+                raise ConfigError(
+                    f"{value!r} is not a valid SQL identifier", key=f"connections.{name}.{key}"
+                )
+        self._db_name: str = options.get("connection") or app.database_config.default
+        app.check_database_name(
+            self._db_name, app.queue_config.source, f"connections.{name}.connection"
+        )
+        self.max_message_size: int | None = self._size_limit(options.get("max_message_size"))
+        self._db: Connector | None = None
+        self._wakes: tuple[Notifying, ...] | None = None
+        self._sql: dict[str, str] | None = None
+        self.failed: SqlFailedJobs = _QueueFailedJobs(self)
+        self._wakeup: asyncio.Event | None = None
+        self._wake_loop: asyncio.AbstractEventLoop | None = None
+        self._last_ts = 0.0
+        # The claims (row id, reserved_at) this driver acked, or sent an ack for that
+        # raised, newest last: a later ack of one that finds its row gone is a repeat
+        # (done), where a first ack that finds it gone means another worker took the job
+        # over and finished it (a lost lease: the job ran twice).
+        self._acks_sent: dict[tuple[int, Any], None] = {}
+
+    def _size_limit(self, configured: int | None) -> int:
+        """``max_message_size``: as configured, else 4 MiB; on D1 at most what its row
+        limit leaves for the body (a larger one fails there with SQLITE_TOOBIG)."""
+        connection = self.app.database_config.connections.get(self._db_name) or {}
+        if dialect_of(str(connection.get("url") or "")) != "d1":
+            return configured or MAX_MESSAGE_SIZE
+        if configured is not None and configured > D1_MAX_MESSAGE_SIZE:
+            raise ConfigError(
+                f"{configured} bytes is more than a D1 row can hold with the job's other "
+                f"columns ({D1_ROW_LIMIT:,} bytes a row); use at most {D1_MAX_MESSAGE_SIZE}",
+                key=f"connections.{self.name}.max_message_size",
+            )
+        return configured or D1_MAX_MESSAGE_SIZE
+
+    @property
+    def db(self) -> Connector:
+        if self._db is None:
+            self._db = self.app.database(self._db_name)
+        return self._db
+
+    @property
+    def _notifying(self) -> Notifying | None:
+        """The connector's cross-process wake-ups, when its database has them (checked
+        once: the dispatch path asks on every job)."""
+        if self._wakes is None:
+            db = self.db
+            self._wakes = (db,) if isinstance(db, Notifying) else ()
+        return self._wakes[0] if self._wakes else None
+
+    @property
+    def dialect(self) -> str:
+        return self.db.dialect
+
+    @property
+    def sql(self) -> dict[str, str]:
+        if self._sql is None:
+            self._sql = queue_sql(self.dialect, self.table, self.failed_table)
+        return self._sql
+
+    def _tables_missing_for(self, error: BaseException) -> HazeError | None:
+        """``tables_missing()`` when ``error`` is the backend's "no such table", and
+        ``tables_not_ours()`` when it is "no such column"."""
+        if _missing_table(error):
+            return self.tables_missing()
+        return self.tables_not_ours() if missing_column(error) else None
+
+    def tables_not_ours(self) -> ConfigError:
+        """A table of the queue's name exists without the queue's columns: it is the
+        app's own (``CREATE TABLE IF NOT EXISTS`` kept it), so no wait or migration
+        helps; the queue tables need other names."""
+        root = self.app.root
+        written = (
+            sorted((root / MIGRATIONS_DIR).glob(f"*_create_{self.table}_and_*_tables.*"))
+            if root is not None
+            else []
+        )
+        # The migration of the old names would fail again on the same table: it goes.
+        remove = f"delete {written[0].relative_to(root)}, " if written and root else ""
+        return ConfigError(
+            f'the table "{self.table}" on database "{self._db_name}" is not a haze queue '
+            "table (it lacks the queue's columns): when the app has a table of that name "
+            f'of its own, set "table" and "failed_table" on connection "{self.name}" to '
+            f"free names, {remove}then run haze make:queue-tables and haze db:migrate",
+            source=self.app.queue_config.source,
+        )
+
+    def tables_missing(self) -> QueueTablesMissingError:
+        """The error for this connection's missing tables, naming the command to run."""
+        root = self.app.root
+        written = root is not None and any(
+            path.suffix in (".sql", ".py")
+            for path in (root / MIGRATIONS_DIR).glob(
+                f"*_create_{self.table}_and_{self.failed_table}_tables.*"
+            )
+        )
+        migrate = "haze db:migrate"
+        if self._db_name != self.app.database_config.default:
+            migrate += f" --database {self._db_name}"
+        if not written:
+            connection = (
+                "" if self.name == self.app.queue_config.default else f" --connection {self.name}"
+            )
+            migrate = f"haze make:queue-tables{connection}, then {migrate}"
+        return QueueTablesMissingError(self._db_name, migrate)
+
+    def _token(self) -> float:
+        """A reserved_at value unique to this process's claims (the ownership token)."""
+        now = time.time()
+        if now <= self._last_ts:
+            now = self._last_ts + 1e-6
+        self._last_ts = now
+        return now
+
+    def _wake(self) -> asyncio.Event:
+        loop = asyncio.get_running_loop()
+        if self._wakeup is None or self._wake_loop is not loop:
+            self._wakeup = asyncio.Event()
+            self._wake_loop = loop
+        return self._wakeup
+
+    def _wake_local(self) -> bool:
+        """Wake an idle worker of this process; True when it runs on the caller's loop."""
+        if self._wakeup is not None and self._wake_loop is not None:
+            try:
+                if asyncio.get_running_loop() is self._wake_loop:
+                    self._wakeup.set()
+                    return True
+            except RuntimeError:
+                pass
+            self._wake_loop.call_soon_threadsafe(self._wakeup.set)
+        return False
+
+    def _notify(self, queue: str) -> None:
+        """Same-process dispatch wakes an idle worker at once."""
+        if self._wake_local():
+            return
+        if self._notifying is not None:
+            self._notifying.notify(f"haze_{self.table}", queue)
+
+    async def _mysql_tx(self, fn: Callable[[Session], Awaitable[_R]]) -> _R:
+        """``fn`` in one transaction, run again when InnoDB picked it as a deadlock victim."""
+
+        async def once() -> _R:
+            async with self.db.transaction() as tx:
+                return await fn(tx)
+
+        return await _mysql_retry(once)

@@ -1,0 +1,162 @@
+"""``DatabaseDriver``: the database driver's parts put together, with dispatch,
+inspection and advice."""
+
+from __future__ import annotations
+
+import builtins
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from haze._base.message import Message, decode
+from haze.contracts.driver import (
+    AcksInClaim,
+    Advises,
+    Concurrent,
+    IdlePolling,
+    JobRecord,
+    Leased,
+    QueueCounts,
+    RunningJob,
+)
+from haze.drivers.sql.base import _JOB_ID, _needs_tables
+from haze.drivers.sql.settle import _Settling
+
+
+class DatabaseDriver(_Settling, AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
+    """Queue connection on a SQL table; see the package docstring for the rules."""
+
+    #: the config options it takes besides the common ones (``DeclaresOptions``)
+    options: ClassVar[Mapping[str, str]] = {
+        "connection": "str",
+        "table": "ident",
+        "failed_table": "ident",
+        "retry_after": "duration",
+        "sleep": "duration",
+        "max_sleep": "duration",
+    }
+
+    remote = True
+    local_callbacks = False
+    inline = False
+
+    @_needs_tables
+    async def enqueue(self, body: str, message: Message, delay: float) -> None:
+        now = time.time()
+        params = (message.queue, body, message.attempts, now + delay, now)
+        if self.dialect == "postgres":
+            # The NOTIFY rides in the INSERT's statement: a separate pg_notify round trip
+            # per dispatch was half of a single dispatch's cost.
+            await self.db.execute(self.sql["enqueue_notify"], (*params, f"haze_{self.table}"))
+            self._wake_local()
+            return
+        await self.db.execute(self.sql["enqueue"], params)
+        self._notify(message.queue)
+
+    @_needs_tables
+    async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
+        if not items:
+            return
+        now = time.time()
+        rows = [(m.queue, body, m.attempts, now + delay, now) for body, m, delay in items]
+        await self._insert_many(rows)
+        for q in {m.queue for _, m, _ in items}:
+            self._notify(q)
+
+    async def _insert_many(self, rows: list[tuple[Any, ...]]) -> None:
+        # One multi-row INSERT per chunk: a single round trip and transaction.
+        base = self.sql["enqueue"].split("VALUES", 1)[0]
+        per = 20 if self.dialect == "d1" else 500  # D1: at most 100 bound values a statement
+        for i in range(0, len(rows), per):
+            chunk = rows[i : i + per]
+            values = ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))
+            params = [p for row in chunk for p in row]
+            await self.db.execute(f"{base}VALUES {values}", params)
+
+    async def advice(self) -> builtins.list[str]:
+        """PostgreSQL with autovacuum off for the jobs table: it would grow for ever."""
+        if self.dialect != "postgres":
+            return []
+        try:
+            row = await self.db.fetchone(self.sql["autovacuum_off"], (self.table,))
+        except Exception:  # unreachable or no tables yet: the worker reports those itself
+            return []
+        if row is None:
+            return []
+        where = "on this server" if row[0] == "off" else f'for the "{self.table}" table'
+        return [
+            f"autovacuum is off {where}: every job leaves dead rows in {self.table!r} and "
+            "it grows until VACUUM runs; turn autovacuum on, or run VACUUM on the table "
+            "every few minutes"
+        ]
+
+    @_needs_tables
+    async def size(self, queue: str) -> int:
+        row = await self.db.fetchone(self.sql["size"], (queue,))
+        return int(row[0]) if row else 0
+
+    @_needs_tables
+    async def counts(self, queue: str) -> QueueCounts:
+        now = time.time()
+        abandoned = now - self.retry_after
+        row = await self.db.fetchone(
+            self.sql["counts"],
+            (now, abandoned, now, abandoned, now, abandoned, float(self.retry_after), now, queue),
+        )
+        if not row:
+            return QueueCounts(0, 0, 0)
+        ready, delayed, running = (int(v or 0) for v in row[:3])
+        oldest = None if row[3] is None else float(row[3])
+        due = None if row[4] is None else float(row[4])
+        return QueueCounts(ready, delayed, running, oldest, due)
+
+    @_needs_tables
+    async def running(self, queue: str, limit: int = 50) -> builtins.list[RunningJob] | None:
+        abandoned = time.time() - self.retry_after
+        rows = await self.db.fetchall(self.sql["running"], (queue, abandoned, limit))
+        jobs = []
+        for body, attempts, reserved_at in rows:
+            if isinstance(body, (bytes, bytearray)):
+                body = body.decode("utf-8", "replace")
+            try:
+                message = decode(body)
+                job_id, name = message.id, message.job
+            except Exception:
+                job_id, name = "?", "<undecodable>"
+            jobs.append(RunningJob(job_id, name, queue, int(attempts), float(reserved_at)))
+        return jobs
+
+    @_needs_tables
+    async def find_job(self, job_id: str, queues: Sequence[str]) -> JobRecord | None:
+        """The row whose envelope carries ``job_id`` (a scan: the row has no id column).
+        A job that ended is gone (acked rows are deleted, failed ones moved)."""
+        if not _JOB_ID.match(job_id):
+            return None  # not an id haze makes: no LIKE metacharacters reach the pattern
+        now = time.time()
+        rows = await self.db.fetchall(self.sql["find_job"], (f'%"id":"{job_id}"%',))
+        for queue, body, attempts, reserved_at, heartbeat_at, available_at in rows:
+            if isinstance(body, (bytes, bytearray)):
+                body = body.decode("utf-8", "replace")
+            try:
+                message = decode(body)
+            except Exception:
+                continue
+            if message.id != job_id or (queues and queue not in queues):
+                continue
+            due = float(available_at)
+            if reserved_at is not None:
+                # A claim whose lease ran out is ready again (the next claim takes it).
+                beat = float(heartbeat_at or reserved_at)
+                state = "running" if beat > now - self.retry_after else "ready"
+            else:
+                state = "delayed" if due > now else "ready"
+            at = due if state == "delayed" else None
+            return JobRecord(message.id, message.job, queue, state, int(attempts), body, at)
+        return None
+
+    @_needs_tables
+    async def purge(self, queue: str) -> int:
+        return await self.db.execute(self.sql["purge"], (queue,))
+
+    async def close(self) -> None:
+        return None  # the connector belongs to the app, which closes it
