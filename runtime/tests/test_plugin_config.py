@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
-from haze import App, ConfigError, define_cache_config, define_queue_config
+from haze import App, ConfigError, define_cache_config, define_queue_config, drivers, stores
 from haze._kernel import plugins
+from haze.contracts.driver import DeclaresOptions
 from haze.drivers import register_driver
 from haze.drivers.memory import MemoryDriver
 from haze.stores import register_store
@@ -72,4 +73,36 @@ def test_a_plugin_store_takes_the_options_its_class_declares() -> None:
     assert App(cache=cache).cache_config.stores["s"]["prefix"] == "p"
     bad = define_cache_config(stores={"s": {"driver": "cfg_loft", "table": "t"}})
     with pytest.raises(ConfigError, match=r"stores\.s.*table"):
+        App(cache=bad)
+
+
+@pytest.mark.parametrize("name", sorted(drivers.REGISTRY.built_in))
+def test_every_built_in_driver_declares_its_options(name: str) -> None:
+    assert isinstance(drivers.driver_class(name), DeclaresOptions)
+
+
+@pytest.mark.parametrize("name", sorted(stores.REGISTRY.built_in))
+def test_every_built_in_store_declares_its_options(name: str) -> None:
+    assert isinstance(stores.store_class(name), DeclaresOptions)
+
+
+def test_a_built_in_driver_refuses_what_its_class_does_not_declare() -> None:
+    with pytest.raises(ConfigError, match=r"connections\.main\.prefix.*allowed here:.*table"):
+        App(queue=queue(driver="database", prefix="p"))
+    with pytest.raises(ConfigError, match=r"connections\.main\.concurrency.*allowed here"):
+        App(
+            queue=define_queue_config(
+                connections={
+                    "main": {"driver": "failover", "connections": ["m"], "concurrency": 2},
+                    "m": {"driver": "memory"},
+                }
+            )
+        )
+
+
+def test_a_bad_table_name_is_refused_once_in_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"connections\.main\.failed_table.*SQL identifier"):
+        App(queue=queue(driver="database", failed_table="failed-jobs"))
+    bad = define_cache_config(stores={"s": {"driver": "database", "table": "1cache"}})
+    with pytest.raises(ConfigError, match=r"stores\.s\.table.*SQL identifier"):
         App(cache=bad)

@@ -35,7 +35,7 @@ Fixtures and helpers (keep these stable; other contract files depend on them)
                     and ``local_callbacks = False``, consumed by a worker this fixture
                     starts (simulates redis/database/sqs).  Use
                     ``make_app(spec=REMOTE_SIM)``; the driver is registered only while the
-                    app is open (``haze.drivers._DRIVERS`` + ``QUEUE_DRIVER_OPTIONS``).
+                    app is open (``haze.drivers.register_driver``; its class declares its options).
 Prefer the fixtures ``quietly``, ``remote_sim`` (= REMOTE_SIM) and ``contract`` (a
 namespace: contract.quietly, contract.skip_unless, contract.wait_done, contract.REMOTE_SIM,
 contract.QUEUES, contract.DRIVERS) over ``from conftest import ...``: another
@@ -160,19 +160,15 @@ class RemoteMemoryDriver(MemoryDriver):
 
 
 def _register_remote_sim() -> Callable[[], None]:
-    from haze import drivers as haze_drivers
-    from haze._app import config as haze_config
+    from haze._kernel import plugins
+    from haze.drivers import register_driver
 
-    had_d = "test_remote" in haze_drivers._DRIVERS
-    had_o = "test_remote" in haze_config.QUEUE_DRIVER_OPTIONS
-    haze_drivers._DRIVERS["test_remote"] = (_ALIAS, "RemoteMemoryDriver")
-    haze_config.QUEUE_DRIVER_OPTIONS["test_remote"] = dict(haze_config._COMMON)
+    had = plugins.find(plugins.DRIVERS, "test_remote") is not None
+    register_driver("test_remote", f"{_ALIAS}:RemoteMemoryDriver")
 
     def undo() -> None:
-        if not had_d:
-            haze_drivers._DRIVERS.pop("test_remote", None)
-        if not had_o:
-            haze_config.QUEUE_DRIVER_OPTIONS.pop("test_remote", None)
+        if not had:
+            plugins.unregister(plugins.DRIVERS, "test_remote")
 
     return undo
 

@@ -377,7 +377,7 @@ async def test_a_claim_slower_than_retry_after_is_not_run_by_two_workers(env: En
     first heartbeat. The slow claimer refreshes the heartbeat first and, finding the row
     taken, does not run it. (The slow claim is simulated by an older claim timestamp.)"""
     await dbx_sem_record.dispatch({"n": 1})
-    other = type(env.driver)("db", dict(env.driver.options), env.app)
+    other = type(env.driver)("db", dict(env.driver.settings), env.app)
     real_execute = env.db.execute
     stolen: list[Any] = []
 

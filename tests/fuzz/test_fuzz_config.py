@@ -9,9 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from fuzzing import fuzz, integers, json_values, one_line, outcome
+from haze import drivers, stores
 from haze._app.config import (
-    CACHE_DRIVER_OPTIONS,
-    QUEUE_DRIVER_OPTIONS,
     define_cache_config,
     define_database_config,
     define_queue_config,
@@ -26,8 +25,16 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 NAMES = ["main", "q", "r", "", "a b", "x" * 300, "0"]
-QUEUE_OPTIONS = sorted({o for opts in QUEUE_DRIVER_OPTIONS.values() for o in opts} | {"other"})
-CACHE_OPTIONS = sorted({o for opts in CACHE_DRIVER_OPTIONS.values() for o in opts} | {"other"})
+COMMON = {"driver", "max_message_size", "concurrency", "queues"}
+#: Every option some driver or store class declares (the kv store's is the cloudflare
+#: adapter's), then one none does.
+QUEUE_OPTIONS = sorted(
+    COMMON.union(*(drivers.driver_class(d).options for d in drivers.REGISTRY.names())) | {"other"}
+)
+CACHE_OPTIONS = sorted(
+    {"driver", "binding"}.union(*(stores.store_class(s).options for s in stores.REGISTRY.names()))
+    | {"other"}
+)
 REDIS_OPTIONS = ["url", "host", "port", "db", "username", "password", "key_prefix", "ssl",
                  "socket_timeout", "socket_keepalive", "other"]  # fmt: skip
 DB_OPTIONS = ["url", "auth_token", "api_token", "pool_size", "options", "busy_timeout", "other"]

@@ -441,6 +441,26 @@ D1 = {"default": "main", "connections": {"main": {"url": "d1://acct/db"}}}
             ],
             id="memory-store-tcp-failed-store",
         ),
+        pytest.param(  # the prefixed form resolves as the driver resolves it
+            {
+                "default": "cloudflare",
+                "connections": {"cloudflare": {**CF, "failed_store": "database:pg"}},
+            },
+            None,
+            {
+                "default": "main",
+                "connections": {
+                    "main": {"url": "d1://acct/db"},
+                    "pg": {"url": "postgresql://db.internal/app"},
+                },
+            },
+            [
+                "the lock and batch store 'database' (config/queue.py store/batches) is a "
+                "postgres server over TCP",
+                "connection 'cloudflare': failed_store 'database:pg' is a postgres server over TCP",
+            ],
+            id="prefixed-tcp-failed-store",
+        ),
         pytest.param(
             {
                 "default": "redis",

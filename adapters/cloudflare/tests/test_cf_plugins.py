@@ -8,6 +8,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+from haze import App, ConfigError, define_cache_config
 from haze._kernel import plugins
 from haze_cloudflare import _plugins
 
@@ -60,3 +62,12 @@ def test_the_worker_path_registers_them_without_metadata() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.split() == ["KVStore", "binding_producer"]
+
+
+def test_the_kv_store_checks_the_options_its_class_declares() -> None:
+    # The core has no table for kv: the store's class says what it takes.
+    good = define_cache_config(stores={"kv": {"driver": "kv", "binding": "CACHE", "prefix": "p"}})
+    assert App(cache=good).cache_config.stores["kv"]["binding"] == "CACHE"
+    bad = define_cache_config(stores={"kv": {"driver": "kv", "bindings": "CACHE"}})
+    with pytest.raises(ConfigError, match=r"stores\.kv\.bindings.*allowed here: binding"):
+        App(cache=bad)

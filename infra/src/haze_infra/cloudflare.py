@@ -35,9 +35,11 @@ from haze_infra.config import (
     CF_MAX_BATCH_TIMEOUT,
     CF_MAX_RETRIES,
     ConnectionPlan,
-    InfraConfigError,
     StackConfig,
     cloudflare_max_retries,
+)
+from haze_infra.rules import (
+    InfraConfigError,
 )
 
 __all__ = [

@@ -46,7 +46,6 @@ without one (``App(queue=...)``), every job of the process-wide registry.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import threading
@@ -58,11 +57,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import haze
-from haze._app import config as haze_config
-from haze._app.app import App
-from haze._kernel.errors import ConfigError
-from haze._orchestration.scheduling import platform_triggers
-from haze.build._cloudflare_config import (
+from haze.build.cloudflare_plan import (
     CF_DEFAULT_BATCH_SIZE,
     CF_DEFAULT_BATCH_TIMEOUT,
     CF_MAX_BATCH_SIZE,
@@ -75,6 +70,27 @@ from haze.build._cloudflare_config import (
     cloudflare_consumer,
     cloudflare_max_retries,
     cloudflare_storage,
+)
+from haze.driver_api import App, ConfigError, platform_triggers
+
+from haze_infra.rules import (
+    DRAIN_WINDOW,
+    FARGATE_MAX_STOP_TIMEOUT,
+    FIFO_BATCH,
+    LAMBDA_MAX_TIMEOUT,
+    LAMBDA_SLACK,
+    SQS_HANDLER_MARGIN,
+    SQS_MAX_RECEIVE_COUNT,
+    SQS_MAX_VISIBILITY,
+    SQS_RECEIVE_SLACK,
+    VISIBILITY_FACTOR,
+    InfraConfigError,
+    container_stop_timeout,
+    drain_margin,
+    lambda_timeout,
+    max_receive_count,
+    min_lambda_timeout,
+    min_visibility_timeout,
 )
 
 __all__ = [
@@ -112,97 +128,6 @@ __all__ = [
     "min_visibility_timeout",
     "stack_config",
 ]
-
-#: Receives of slack above ``tries`` before SQS dead-letters a message (crash + FIFO hold).
-SQS_RECEIVE_SLACK = 2
-#: Lambda's largest batch from a FIFO queue.
-FIFO_BATCH = 10
-#: SQS's largest ``maxReceiveCount``.
-SQS_MAX_RECEIVE_COUNT = 1000
-#: SQS's longest visibility timeout (12 hours).
-SQS_MAX_VISIBILITY = 43_200
-#: AWS: visibility timeout >= 6 × the function timeout (+ the batching window).
-VISIBILITY_FACTOR = 6
-#: Lambda's longest timeout (15 minutes).
-LAMBDA_MAX_TIMEOUT = 900
-#: ``haze_lambda.sqs_handler`` starts no record in the last ``HAZE_SQS_MARGIN`` (5 s).
-SQS_HANDLER_MARGIN = 5
-#: Seconds a derived Lambda timeout adds to the longest job (handler margin + boot).
-LAMBDA_SLACK = 10
-#: The Lambda timeout when no job on the connection has a ``timeout``.
-LAMBDA_DEFAULT_TIMEOUT = 60
-#: Lambda's SQS event source: the largest batch (standard queues; FIFO: 10).
-LAMBDA_MAX_BATCH = 10_000
-# The Cloudflare constants, ``cloudflare_max_retries``, ``CloudflarePlan``, ``D1Plan`` and
-# ``KvPlan`` live in haze.build._cloudflare_config: `haze build --preset cloudflare` derives
-# dist/wrangler.json with the same rules.
-#: Fargate's longest container ``stopTimeout``.
-FARGATE_MAX_STOP_TIMEOUT = 120
-#: Seconds kept between a job's timeout and a stop/drain deadline.
-DRAIN_SLACK = 5
-#: The job time assumed when no job on a connection has a ``timeout``.
-UNKNOWN_JOB_TIME = 30
-#: A scheduled drain's time for claiming jobs, on top of its margin.
-DRAIN_WINDOW = 50
-
-
-class InfraConfigError(ConfigError):
-    """The infrastructure settings contradict the app (or AWS/Cloudflare limits)."""
-
-
-# --------------------------------------------------------------------------- the rules
-
-
-def max_receive_count(max_tries: int | None, fifo: bool = False) -> int:
-    """SQS redrive ``maxReceiveCount`` for jobs of at most ``max_tries`` tries (None:
-    unbounded, ``retry_until``).
-
-    On FIFO a record is also received, and reported unprocessed, once for each try of
-    every record ahead of it in its batch (up to ``FIFO_BATCH - 1`` of them): those
-    receives use none of its tries, but SQS counts them, so its DLQ must wait for them
-    or it takes a record that never ran."""
-    if max_tries is None:
-        return SQS_MAX_RECEIVE_COUNT
-    receives = max_tries * FIFO_BATCH if fifo else max_tries
-    return min(SQS_MAX_RECEIVE_COUNT, receives + SQS_RECEIVE_SLACK)
-
-
-def min_lambda_timeout(job_timeout: float | None, batch_size: int = 1, concurrency: int = 1) -> int:
-    """The shortest Lambda timeout that lets every record of a batch finish: records run
-    ``concurrency`` at a time, so a batch takes ``ceil(batch_size / concurrency)`` waves."""
-    if job_timeout is None:
-        return 1 + SQS_HANDLER_MARGIN
-    waves = math.ceil(max(1, batch_size) / max(1, concurrency))
-    return math.ceil(waves * job_timeout) + SQS_HANDLER_MARGIN
-
-
-def lambda_timeout(job_timeout: float | None, batch_size: int = 1, concurrency: int = 1) -> int:
-    """The derived Lambda timeout (not capped at 900 s: the component refuses more)."""
-    if job_timeout is None:
-        return LAMBDA_DEFAULT_TIMEOUT
-    return (
-        min_lambda_timeout(job_timeout, batch_size, concurrency)
-        - SQS_HANDLER_MARGIN
-        + (LAMBDA_SLACK)
-    )
-
-
-def min_visibility_timeout(function_timeout: int, batching_window: int = 0) -> int:
-    """AWS: at least six times the function timeout plus the batching window."""
-    return VISIBILITY_FACTOR * function_timeout + batching_window
-
-
-def container_stop_timeout(job_timeout: float | None) -> int:
-    """ECS ``stopTimeout``: the longest job + slack (not capped; Fargate allows 120 s)."""
-    return math.ceil(job_timeout if job_timeout is not None else UNKNOWN_JOB_TIME) + DRAIN_SLACK
-
-
-def drain_margin(job_timeout: float | None) -> int:
-    """``HAZE_SCHEDULE_MARGIN`` for a scheduled drain: at least 10 s (the handler's
-    default), and enough for the longest job to finish after the last claim."""
-    job = job_timeout if job_timeout is not None else UNKNOWN_JOB_TIME
-    return max(10, math.ceil(job) + DRAIN_SLACK)
-
 
 # --------------------------------------------------------------------------- the plan
 
@@ -321,7 +246,7 @@ _trace_lock = threading.RLock()
 def _traced_env(reads: dict[str, EnvRead], placeholders: bool, root: Path) -> Iterator[None]:
     """Patch ``haze.env`` while the app's config files run, recording the reads made by
     files under ``root`` (not haze's own fallbacks)."""
-    original: Callable[..., Any] = haze_config.env
+    original: Callable[..., Any] = haze.env
 
     def env(name: str, default: object = None) -> object:
         value = original(name, default)
@@ -335,13 +260,12 @@ def _traced_env(reads: dict[str, EnvRead], placeholders: bool, root: Path) -> It
         return value
 
     with _trace_lock:
-        for module in (haze, haze_config):
-            setattr(module, "env", env)  # noqa: B010
+        # Config files call haze.env (``from haze import env`` reads it at their import).
+        setattr(haze, "env", env)  # noqa: B010
         try:
             yield
         finally:
-            for module in (haze, haze_config):
-                setattr(module, "env", original)  # noqa: B010
+            setattr(haze, "env", original)  # noqa: B010
 
 
 def load_app(root: str | Path) -> tuple[Any, tuple[EnvRead, ...]]:

@@ -32,7 +32,7 @@ try:
 except ImportError:
     _jsnull = None
 
-from haze._kernel.message import new_id_prefix
+from haze.driver_api import new_id_prefix
 
 from haze_cloudflare import _plugins
 

@@ -1,4 +1,4 @@
-"""What this adapter adds to haze, by name (see ``haze._kernel.plugins``).
+"""What this adapter adds to haze, by name (see ``haze.driver_api.register_plugin``).
 
 The same table is declared as entry points in ``pyproject.toml`` (a test checks the two
 agree), which is how an installed haze finds it. A Worker bundle vendors the packages
@@ -10,7 +10,7 @@ registering costs no cold start.
 
 from __future__ import annotations
 
-from haze._kernel import plugins
+from haze.driver_api import register_plugin
 
 __all__ = ["PLUGINS", "register"]
 
@@ -25,4 +25,4 @@ PLUGINS: dict[tuple[str, str], str] = {
 def register() -> None:
     """Register every plugin of the table in this process (idempotent)."""
     for (group, name), target in PLUGINS.items():
-        plugins.register(group, name, target)
+        register_plugin(group, name, target)

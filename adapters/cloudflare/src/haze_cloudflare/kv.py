@@ -20,11 +20,11 @@ import json
 import logging
 import math
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
-from haze._kernel.errors import HazeError
 from haze.contracts.store import BatchSettled
+from haze.driver_api import HazeError
 
 from haze_cloudflare._js import binding, is_nullish, to_js, to_py
 
@@ -44,6 +44,9 @@ async def _settle(value: Any) -> Any:
 
 class KVStore:
     """Workers KV through the binding ``binding`` (default ``KV``); not atomic."""
+
+    #: the config options it takes besides ``driver`` (``DeclaresOptions``)
+    options: ClassVar[Mapping[str, str]] = {"binding": "str", "prefix": "str"}
 
     atomic = False
     shared = True

@@ -63,15 +63,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from haze._kernel.errors import ConfigError, HazeError
+from haze.driver_api import ConfigError, HazeError
 
 from haze_cloudflare._js import bind_env, binding, env_vars, to_py
 
 if TYPE_CHECKING:  # loaded by the first invocation, not at import (cold start)
-    from haze._app.app import App
-    from haze._kernel.message import Message
-    from haze._runners.delivery import Delivery
     from haze.contracts.driver import Reserved
+    from haze.driver_api import App, Delivery, Message
 
 __all__ = ["LocalResponse", "MessageDelivery", "QueueWorker"]
 
@@ -206,11 +204,14 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         >>> Default.preload()
         """
         from haze import define_cache_config, define_database_config, define_redis_config
-        from haze._app.app import App
-        from haze._app.config import define_haze_config, define_queue_config
-        from haze._kernel.message import decode  # noqa: F401
-        from haze._runners.delivery import Delivery  # noqa: F401
         from haze.contracts.driver import Reserved  # noqa: F401
+        from haze.driver_api import (
+            App,
+            Delivery,  # noqa: F401
+            decode,  # noqa: F401
+            define_haze_config,
+            define_queue_config,
+        )
         from haze.integrations.http_dispatch import dispatch_request  # noqa: F401
 
         root = cls.app_root
@@ -231,7 +232,7 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         """Build the app (once per isolate): ``haze_app``, ``app_root`` or HAZE_APP_ROOT."""
         if self.haze_app is not None:
             return self.haze_app
-        from haze._app.app import App
+        from haze.driver_api import App
 
         root = self.app_root
         if root is None:
@@ -272,7 +273,7 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         if env is None:
             yield
             return
-        from haze._app.config import env_source  # at the first invocation (cold start)
+        from haze.driver_api import env_source  # at the first invocation (cold start)
 
         with env_source(env_vars(env)):
             yield
@@ -282,8 +283,8 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
     @_invocation
     async def queue(self, batch: Any, env: Any = None, ctx: Any = None) -> None:
         """Run every message of ``batch`` through haze and settle it (see the module doc)."""
-        from haze._runners.delivery import Delivery
         from haze.contracts.driver import Concurrent
+        from haze.driver_api import Delivery
 
         self._bind(env)
         app = await self.get_app()
@@ -312,7 +313,7 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         self, app: App, message: Any, queue_name: str = "", delivery: Delivery | None = None
     ) -> str:
         """Run one Cloudflare message through the manager; returns the outcome."""
-        from haze._runners.delivery import Delivery
+        from haze.driver_api import Delivery
 
         token = MessageDelivery(message)
         try:
@@ -377,7 +378,7 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
     async def fetch(self, request: Any, env: Any = None, ctx: Any = None) -> Any:
         """``POST {"job", "payload", "delay"?, "queue"?, "group"?}``, authenticated like
         every haze HTTP entrypoint (``haze.integrations.http_dispatch``)."""
-        from haze._app.app import run_in_app
+        from haze.driver_api import run_in_app
         from haze.integrations.http_dispatch import (
             DispatchResponse,
             check_head,
@@ -427,8 +428,7 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
         """
         from datetime import UTC, datetime
 
-        from haze._app.app import run_in_app
-        from haze._orchestration.scheduling import dispatch_trigger
+        from haze.driver_api import dispatch_trigger, run_in_app
 
         self._bind(env)
         cron = str(to_py(getattr(controller, "cron", "")) or "")
@@ -458,7 +458,7 @@ def _listed(
 ) -> contextlib.AbstractAsyncContextManager[None]:
     """This isolate on the dashboard's Workers page while a batch runs (a short lease,
     written at most every few seconds; an isolate that gets no more batches drops off)."""
-    from haze._runners.presence import invocations
+    from haze.driver_api import invocations
 
     if connection is None:
         return contextlib.nullcontext()
@@ -474,7 +474,7 @@ def _body_text(raw: Any) -> tuple[str, BaseException | None]:
     before Python sees it (so it arrives as text, indistinguishable from a string); a
     value with no JSON form that stays a JS object (a ``RegExp``) fails here.
     """
-    from haze._kernel.errors import MessageDecodeError
+    from haze.driver_api import MessageDecodeError
 
     if isinstance(raw, (bytes, bytearray, memoryview)):
         raw = bytes(raw).decode("utf-8", "replace")

@@ -77,8 +77,7 @@ def check_settings() -> None:
     bad value fails the boot with one line naming it, not each invocation later."""
     # haze's modules load at the first invocation, not when Lambda imports the handler
     # (tests/test_import_cost.py): the only imports inside functions in this adapter.
-    from haze._app.config import env
-    from haze._app.env import env_duration
+    from haze.driver_api import env, env_duration
     from haze.integrations.http_dispatch import max_body
 
     max_body()
@@ -94,7 +93,7 @@ def boot(root: str | os.PathLike[str] | None = None) -> App:
         if app is not None and _state.get("pid") == os.getpid():
             return app
         check_settings()
-        from haze._app.app import App
+        from haze.driver_api import App
 
         path = Path(root) if root is not None else app_root()
         loop = asyncio.new_event_loop()
@@ -113,7 +112,7 @@ def run(fn: Callable[[App], Awaitable[T]]) -> T:
         app = boot()
         loop: asyncio.AbstractEventLoop = _state["loop"]
 
-        from haze._app.app import run_in_app
+        from haze.driver_api import run_in_app
 
         async def pinned() -> T:
             try:

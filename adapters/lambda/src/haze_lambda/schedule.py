@@ -62,8 +62,7 @@ def _setting(event: dict[str, Any], key: str) -> Any:
 def _budget(event: dict[str, Any], context: Any) -> float | None:
     """Seconds the drain may run: ``max_time``, cut to the invocation's time left less
     ``HAZE_SCHEDULE_MARGIN`` (None: no limit)."""
-    from haze._app.env import env_duration
-    from haze._kernel.durations import parse_duration
+    from haze.driver_api import env_duration, parse_duration
 
     configured = _setting(event, "max_time")
     cap: float | None = (
@@ -83,8 +82,8 @@ def _budget(event: dict[str, Any], context: Any) -> float | None:
 
 
 def _concurrency(app: App, event: dict[str, Any], connection: str) -> int:
-    from haze._app.config import env
     from haze.contracts.driver import Concurrent
+    from haze.driver_api import env
 
     driver = app.driver(connection)
     return int(
@@ -127,7 +126,7 @@ async def _drain(app: App, event: dict[str, Any], context: Any) -> dict[str, Any
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
 
     started = time.monotonic()
-    from haze._runners.worker import Worker
+    from haze.driver_api import Worker
 
     worker = Worker(
         app, connection, queues, concurrency, max_time=budget, stop_when_empty=True, on_job=on_job
@@ -146,8 +145,7 @@ async def _drain(app: App, event: dict[str, Any], context: Any) -> dict[str, Any
 async def _dispatch_schedules(app: App, trigger: str, when: Any) -> dict[str, Any]:
     from datetime import UTC, datetime
 
-    from haze._kernel.errors import ScheduleError
-    from haze._orchestration.scheduling import MISFIRE_GRACE, dispatch_trigger
+    from haze.driver_api import MISFIRE_GRACE, ScheduleError, dispatch_trigger
 
     if when is None:
         at = datetime.now(UTC)

@@ -60,8 +60,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # loaded on the first invocation, not at import (cold start)
     from haze import App
-    from haze._kernel.message import Message
-    from haze._runners.delivery import Delivery
     from haze.contracts.driver import (
         Concurrent,
         Driver,
@@ -70,6 +68,7 @@ if TYPE_CHECKING:  # loaded on the first invocation, not at import (cold start)
         Leased,
         Reserved,
     )
+    from haze.driver_api import Delivery, Message
     from haze.drivers.sqs import SqsReceipt
 
     class SqsRecords(Driver, Leased, Concurrent, Protocol):
@@ -150,7 +149,7 @@ class _RecordDriver:
 
 
 def _connection_for(app: App, arn: str) -> tuple[SqsRecords, str]:
-    from haze._kernel.errors import ConfigError
+    from haze.driver_api import ConfigError
     from haze.drivers.sqs import SqsDriver
 
     named = os.environ.get("HAZE_SQS_CONNECTION")
@@ -378,7 +377,7 @@ def _listed(
     """This execution environment on the dashboard's Workers page while the records run
     (haze._runners.presence.Invocations: a short lease, written at most every few
     seconds, never removed: an idle environment drops off by itself)."""
-    from haze._runners.presence import invocations
+    from haze.driver_api import invocations
 
     if not resolved:
         return contextlib.nullcontext()
@@ -390,8 +389,7 @@ def _listed(
 def _deadline(remaining: float | None, read_at: float) -> float | None:
     """The loop time after which no record starts (None: no deadline); refuses a
     function whose whole timeout is within ``HAZE_SQS_MARGIN``."""
-    from haze._app.env import env_duration
-    from haze._kernel.errors import ConfigError
+    from haze.driver_api import ConfigError, env_duration
 
     margin = env_duration("HAZE_SQS_MARGIN", 5.0)
     if remaining is None:
@@ -469,7 +467,7 @@ async def _run_records(
 async def _handle(
     app: App, event: dict[str, Any], remaining: float | None, read_at: float
 ) -> dict[str, Any]:
-    from haze._runners.delivery import Delivery
+    from haze.driver_api import Delivery
 
     deadline = _deadline(remaining, read_at)
     records: list[dict[str, Any]] = list(event.get("Records") or [])

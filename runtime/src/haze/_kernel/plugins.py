@@ -18,11 +18,12 @@ group                   name                                the object
                                                             uses when a binding is bound
 ======================  ==================================  ==================================
 
-Each registry (``haze.drivers``, ``haze.stores``, ``haze.database``) checks its built-in
-table first, then asks here: names registered in this process (``register``, for a
-bundle that vendors a package without its ``.dist-info``, where no entry point is
-found), then the group's entry points. The entry points are read once per group, and
-only when a name is not found otherwise: ``importlib.metadata`` costs a cold start.
+One :class:`Registry` per group (``haze.drivers``, ``haze.stores``, ``haze.database``
+each hold one) checks its built-in table first, then asks here: names registered in
+this process (``register``, for a bundle that vendors a package without its
+``.dist-info``, where no entry point is found), then the group's entry points. The
+entry points are read once per group, and only when a name is not found otherwise:
+``importlib.metadata`` costs a cold start.
 
 A target is ``"module:attribute"`` (imported on first use) or the object itself.
 """
@@ -31,9 +32,24 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BINDINGS", "CONNECTORS", "DRIVERS", "GROUPS", "STORES", "find", "names", "register"]
+from haze._kernel.deps import load_by_name
+from haze._kernel.errors import ConfigError
+
+__all__ = [
+    "BINDINGS",
+    "CONNECTORS",
+    "DRIVERS",
+    "GROUPS",
+    "STORES",
+    "Registry",
+    "find",
+    "names",
+    "register",
+]
 
 DRIVERS = "haze.drivers"
 STORES = "haze.stores"
@@ -110,3 +126,54 @@ def _resolve(group: str, name: str, target: str) -> object:
         e.add_note(f"while loading the {group} plugin {name!r} ({target})")
         raise
     return value
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The classes one kind of backend is looked up by name in: a built-in table of
+    ``name -> (module, attribute)`` (imported only when a config names it), then the
+    plugins of ``group``. The wordings are the kind's own; each is a ``str.format``
+    template:
+
+    - ``taken``: ``register`` of a built-in name (``{name}``);
+    - ``what``: the backend a built-in module that this install lacks was (``{name}``);
+    - ``unknown``: a name nothing provides (``{name}``, ``{subject}``: what the user
+      wrote, by default the name; ``{known}``: every name, comma-separated; ``{group}``).
+
+    >>> REGISTRY = Registry("haze.drivers", {"memory": ("haze.drivers.memory", "MemoryDriver")},
+    ...     taken="{name!r} is built in", what="the {name!r} driver",
+    ...     unknown="no queue driver is named {subject!r} (known: {known})")
+    """
+
+    group: str
+    built_in: Mapping[str, tuple[str, str]]
+    taken: str
+    what: str
+    unknown: str
+
+    def register(self, name: str, target: object) -> None:
+        """Make ``name`` stand for ``target`` (an object or ``"module:attribute"``) in this
+        process; a built-in name is not taken over (``ValueError``)."""
+        if name in self.built_in:
+            raise ValueError(self.taken.format(name=name))
+        register(self.group, name, target)
+
+    def names(self) -> list[str]:
+        """Every name this registry resolves here: built in, registered or published."""
+        return sorted({*self.built_in, *names(self.group)})
+
+    def load(self, name: str, *, source: str = "", key: str = "", subject: str = "") -> Any:
+        """The object ``name`` stands for, or ``ConfigError`` at ``source``/``key`` saying
+        what is known and how a package adds one."""
+        if name in self.built_in:
+            module, attr = self.built_in[name]
+            what = self.what.format(name=name)
+            return load_by_name(module, attr, what=what, source=source, key=key)
+        found = find(self.group, name)
+        if found is None:
+            known = ", ".join(self.names())
+            message = self.unknown.format(
+                name=name, subject=subject or name, known=known, group=self.group
+            )
+            raise ConfigError(message, source=source, key=key)
+        return found

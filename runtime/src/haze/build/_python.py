@@ -25,10 +25,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from haze._failed.resolve import failed_target
 from haze._kernel.errors import ConfigError
 from haze._kernel.hints import DISTRIBUTION, DISTRIBUTIONS
 from haze._orchestration.scheduling import app_schedules
-from haze.build._cloudflare_config import app_jobs as jobs_under_root
+from haze.build.cloudflare_plan import app_jobs as jobs_under_root
 from haze.database import dialect_of
 
 if TYPE_CHECKING:
@@ -137,9 +138,11 @@ def extras_for(app: App) -> list[str]:
             extras.add(_DRIVER_EXTRA[driver])
         if driver == "database":
             extras.add(_database_extra(app, options.get("connection")) or "")
-        failed_store = options.get("failed_store")
-        if isinstance(failed_store, str) and failed_store in app.database_config.connections:
-            extras.add(_database_extra(app, failed_store) or "")
+        failed = options.get("failed_store")
+        stores, databases = app.cache_config.stores, app.database_config.connections
+        target = failed_target(failed, stores, databases) if isinstance(failed, str) else None
+        if target is not None and target[0] == "database":
+            extras.add(_database_extra(app, target[1]) or "")
     for options in app.cache_config.stores.values():
         if options["driver"] == "redis":
             extras.add("redis")

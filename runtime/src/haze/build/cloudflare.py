@@ -39,7 +39,7 @@ memory store beside a queue that other isolates consume.
   ``compatibility_flags`` include ``python_workers``;
 - ``queues``: one producer per ``cloudflare`` connection's ``binding``, and a consumer of
   its queue with ``max_retries`` = the most ``tries`` - 1 and a dead-letter queue
-  (see :mod:`haze.build._cloudflare_config`, shared with ``haze_infra``);
+  (see :mod:`haze.build.cloudflare_plan`, shared with ``haze_infra``);
 - ``d1_databases`` for ``d1://`` connections, ``kv_namespaces`` for ``kv`` stores.
 
 Lists of bindings are merged by ``binding`` (a Worker's binding names are unique) and
@@ -59,11 +59,13 @@ from typing import Any
 
 from haze._app.app import App, _load_module_file
 from haze._app.config import env_source
+from haze._failed.resolve import failed_target
 from haze._kernel.errors import ConfigError
 from haze._kernel.hints import DISTRIBUTION
 from haze._orchestration.scheduling import bundle_packages, platform_triggers
 from haze.build import BuildContext, BuildResult
-from haze.build._cloudflare_config import (
+from haze.build._python import app_requirements, pack_wheel
+from haze.build.cloudflare_plan import (
     CloudflarePlan,
     app_jobs,
     cloudflare_consumer,
@@ -71,7 +73,6 @@ from haze.build._cloudflare_config import (
     connection_max_tries,
     wrangler_section,
 )
-from haze.build._python import app_requirements, pack_wheel
 from haze.database import dialect_of
 from haze.database.migrations import migration_files, migration_statements
 
@@ -343,13 +344,16 @@ def _failed_store_warnings(app: App) -> list[str]:
                 "the isolate's memory only; set failed_store to a D1 database connection"
             )
             continue
-        kind, _, bare = str(failed).partition(":")
-        if kind not in ("store", "database"):
-            bare = str(failed)
-        if bare in app.database_config.connections and kind != "store":
-            problem = _database_problem(app, bare)
+        # Where the driver will keep them: the runtime's own resolution, precedence too.
+        target = failed_target(
+            str(failed), app.cache_config.stores, app.database_config.connections
+        )
+        if target is None:
+            problem = None  # an unknown name: the connection's first use says so
+        elif target[0] == "database":
+            problem = _database_problem(app, target[1])
         else:
-            problem = _store_problem(app, bare)
+            problem = _store_problem(app, target[1])
         if problem is not None:
             warnings.append(
                 f"connection {name!r}: failed_store {failed!r} is {problem}; use a D1 "

@@ -179,15 +179,17 @@ class Driver(Protocol):
 
 @runtime_checkable
 class DeclaresOptions(Protocol):
-    """A plugin's driver or store class that names the config options it takes.
+    """A driver or store class that names the config options it takes.
 
-    Built-in drivers and stores have their option tables in the config module; a class
-    registered through the ``haze.drivers`` or ``haze.stores`` entry points (or
-    ``register_driver``/``register_store``) declares its own, beyond ``driver`` (and a
-    queue driver's ``max_message_size``, ``concurrency``, ``queues``). Each option maps
-    to its kind: ``"str"``, ``"int"``, ``"bool"``, ``"duration"``, ``"names"``,
-    ``"queues"``, ``"ident"`` or ``"dict"``. A plugin that declares nothing takes those
-    common options only; any other key is refused with the list of known ones.
+    Every driver and store class declares its own, built in or added by a package
+    through the ``haze.drivers`` or ``haze.stores`` entry points (or
+    ``register_driver``/``register_store``): the options beyond ``driver`` and, for a
+    queue driver that workers consume, ``max_message_size``, ``concurrency`` and
+    ``queues``. Each option maps to its kind: ``"str"``, ``"int"``, ``"bool"``,
+    ``"duration"``, ``"names"``, ``"queues"``, ``"ident"`` or ``"dict"``. A class that
+    declares nothing takes those common options only; the app refuses any other key
+    when it starts, with the list of known ones. The class keeps its own defaults: an
+    option left out (or ``None``) is absent from the checked options.
 
     >>> class MyDriver:
     ...     options: ClassVar[Mapping[str, str]] = {"url": "str", "retry_after": "duration"}

@@ -29,12 +29,11 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, runtime_checkable
 
 from haze._kernel import plugins
-from haze._kernel.deps import load_by_name
-from haze._kernel.errors import ConfigError
 from haze._kernel.urls import redact_url
 
 __all__ = [
     "GROUP",
+    "REGISTRY",
     "Connector",
     "Notifying",
     "Session",
@@ -91,13 +90,20 @@ class Notifying(Protocol):
         """Return on the next notification on ``channel``, or after ``timeout`` seconds."""
 
 
-_BACKENDS = {
-    "sqlite": ("haze.database.sqlite", "SQLiteConnector"),
-    "postgres": ("haze.database.postgres", "PostgresConnector"),
-    "mysql": ("haze.database.mysql", "MySQLConnector"),
-    "libsql": ("haze.database.libsql", "LibSQLConnector"),
-    "d1": ("haze.database.d1", "D1Connector"),
-}
+REGISTRY = plugins.Registry(
+    GROUP,
+    {
+        "sqlite": ("haze.database.sqlite", "SQLiteConnector"),
+        "postgres": ("haze.database.postgres", "PostgresConnector"),
+        "mysql": ("haze.database.mysql", "MySQLConnector"),
+        "libsql": ("haze.database.libsql", "LibSQLConnector"),
+        "d1": ("haze.database.d1", "D1Connector"),
+    },
+    taken="{name!r} is a built-in database backend",
+    what="the {name} backend",
+    unknown="unsupported database URL {subject!r} (built in: sqlite, postgresql, mysql, "
+    "libsql, d1); a package adds a scheme through the {group!r} entry point group",
+)
 
 
 def missing_column(e: BaseException) -> bool:
@@ -131,28 +137,12 @@ def dialect_of(url: str) -> str:
 def register_connector(dialect: str, target: object) -> None:
     """Make URLs of the scheme ``dialect`` use ``target``: a connector class, or
     ``"module:Class"`` (imported on first use). A built-in dialect is not taken over."""
-    if dialect in _BACKENDS:
-        raise ValueError(f"{dialect!r} is a built-in database backend")
-    plugins.register(GROUP, dialect, target)
+    REGISTRY.register(dialect, target)
 
 
 def connector_class(url: str, *, source: str = "", key: str = "url") -> Any:
     """The connector class for ``url``'s dialect (built in, then plugins)."""
-    dialect = dialect_of(url)
-    if dialect in _BACKENDS:
-        module_name, cls_name = _BACKENDS[dialect]
-        return load_by_name(
-            module_name, cls_name, what=f"the {dialect} backend", source=source, key=key
-        )
-    found = plugins.find(GROUP, dialect)
-    if found is None:
-        raise ConfigError(
-            f"unsupported database URL {redact_url(url)!r} (built in: sqlite, postgresql, "
-            f"mysql, libsql, d1); a package adds a scheme through the {GROUP!r} entry point group",
-            source=source,
-            key=key,
-        )
-    return found
+    return REGISTRY.load(dialect_of(url), source=source, key=key, subject=redact_url(url))
 
 
 def connect(name: str, options: dict[str, Any], *, root: Any = None, source: str = "") -> Connector:

@@ -1,6 +1,6 @@
 """Queue drivers, one module each, loaded by driver name when a connection is first used.
 
-The built-in drivers are in ``_DRIVERS``. Any other name is a plugin (``haze._kernel.plugins``):
+The built-in drivers are in ``REGISTRY``. Any other name is a plugin (``haze._kernel.plugins``):
 one registered in this process with ``register_driver``, or an installed distribution's
 entry point in the ``haze.drivers`` group::
 
@@ -15,12 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 from haze._kernel import plugins
-from haze._kernel.deps import load_by_name
-from haze._kernel.errors import ConfigError
 from haze.contracts.driver import Driver, FailedJob, FailedJobStore, Reserved
 
 __all__ = [
     "GROUP",
+    "REGISTRY",
     "Driver",
     "FailedJob",
     "FailedJobStore",
@@ -35,42 +34,33 @@ GROUP = plugins.DRIVERS
 
 # driver name -> (module, class). A missing optional client raises
 # MissingDependencyError from inside the module, naming the haze-jobs[extra] to install.
-_DRIVERS = {
-    "sync": ("haze.drivers.sync", "SyncDriver"),
-    "memory": ("haze.drivers.memory", "MemoryDriver"),
-    "redis": ("haze.drivers.redis", "RedisDriver"),
-    "database": ("haze.drivers.database", "DatabaseDriver"),
-    "sqs": ("haze.drivers.sqs", "SqsDriver"),
-    "cloudflare": ("haze.drivers.cloudflare", "CloudflareDriver"),
-    "failover": ("haze.drivers.failover", "FailoverDriver"),
-}
+REGISTRY = plugins.Registry(
+    GROUP,
+    {
+        "sync": ("haze.drivers.sync", "SyncDriver"),
+        "memory": ("haze.drivers.memory", "MemoryDriver"),
+        "redis": ("haze.drivers.redis", "RedisDriver"),
+        "database": ("haze.drivers.database", "DatabaseDriver"),
+        "sqs": ("haze.drivers.sqs", "SqsDriver"),
+        "cloudflare": ("haze.drivers.cloudflare", "CloudflareDriver"),
+        "failover": ("haze.drivers.failover", "FailoverDriver"),
+    },
+    taken="{name!r} is a built-in queue driver; register under another name",
+    what="the {name!r} driver",
+    unknown="no queue driver is named {name!r} (known: {known}); a package adds one "
+    "through the {group!r} entry point group",
+)
 
 
 def register_driver(name: str, target: object) -> None:
     """Make ``{"driver": name}`` use ``target``: a driver class, or ``"module:Class"``
     (imported on first use). A built-in driver's name is not taken over."""
-    if name in _DRIVERS:
-        raise ValueError(f"{name!r} is a built-in queue driver; register under another name")
-    plugins.register(GROUP, name, target)
+    REGISTRY.register(name, target)
 
 
 def driver_class(kind: str, *, source: str = "", key: str = "driver") -> Any:
     """The class of the queue driver named ``kind`` (built in, then plugins)."""
-    if kind in _DRIVERS:
-        module_name, cls_name = _DRIVERS[kind]
-        return load_by_name(
-            module_name, cls_name, what=f"the {kind!r} driver", source=source, key=key
-        )
-    found = plugins.find(GROUP, kind)
-    if found is None:
-        known = ", ".join(sorted({*_DRIVERS, *plugins.names(GROUP)}))
-        raise ConfigError(
-            f"no queue driver is named {kind!r} (known: {known}); a package adds one "
-            f"through the {GROUP!r} entry point group",
-            source=source,
-            key=key,
-        )
-    return found
+    return REGISTRY.load(kind, source=source, key=key)
 
 
 def create_driver(name: str, options: dict[str, Any], app: Any, source: str) -> Driver:

@@ -44,8 +44,8 @@ import json
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Protocol
 
 from haze._failed import failed_store
 from haze._kernel import plugins
@@ -324,6 +324,17 @@ class _Lease:
 class CloudflareDriver(Interruptible, DelayStep, CappedDelay, Concurrent):
     """Cloudflare Queues; see the module docstring."""
 
+    #: the config options it takes besides the common ones (``DeclaresOptions``)
+    options: ClassVar[Mapping[str, str]] = {
+        "binding": "str",
+        "account_id": "str",
+        "queue_id": "str",
+        "api_token": "str",
+        "api_url": "str",
+        "failed_store": "str",
+        "visibility_timeout": "duration",
+    }
+
     def cap_delay(self, delay: float) -> float:
         if delay <= MAX_DELAY_SECONDS:
             return delay
@@ -339,7 +350,7 @@ class CloudflareDriver(Interruptible, DelayStep, CappedDelay, Concurrent):
 
     def __init__(self, name: str, options: dict[str, Any], app: Any = None):
         self.name = name
-        self.options = options
+        self.settings = options
         self.app = app
         size = options.get("max_message_size")
         self.max_message_size: int | None = size if size is not None else DEFAULT_MAX_MESSAGE_SIZE
@@ -362,7 +373,7 @@ class CloudflareDriver(Interruptible, DelayStep, CappedDelay, Concurrent):
         """The REST client (``account_id``, ``queue_id``, ``api_token``; ``api_url``)."""
         if self._rest is None:
             needed = ("account_id", "queue_id", "api_token")
-            missing = [k for k in needed if not self.options.get(k)]
+            missing = [k for k in needed if not self.settings.get(k)]
             if missing:
                 raise ConfigError(
                     f"outside a Worker the cloudflare driver uses the REST API and needs "
@@ -371,10 +382,10 @@ class CloudflareDriver(Interruptible, DelayStep, CappedDelay, Concurrent):
                     key=f"connections.{self.name}",
                 )
             self._rest = RestClient(
-                self.options["account_id"],
-                self.options["queue_id"],
-                self.options["api_token"],
-                self.options.get("api_url") or API_URL,
+                self.settings["account_id"],
+                self.settings["queue_id"],
+                self.settings["api_token"],
+                self.settings.get("api_url") or API_URL,
             )
         return self._rest
 
@@ -392,7 +403,7 @@ class CloudflareDriver(Interruptible, DelayStep, CappedDelay, Concurrent):
     @property
     def failed(self) -> FailedJobStore:
         if self._failed is None:
-            self._failed = failed_store(self.name, self.options.get("failed_store"), self.app, log)
+            self._failed = failed_store(self.name, self.settings.get("failed_store"), self.app, log)
         return self._failed
 
     # -- producer side ----------------------------------------------------------------

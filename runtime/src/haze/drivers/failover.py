@@ -25,8 +25,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 from haze._failed import FailedJobsUnion
 from haze._kernel.errors import BackendUnavailableError, ConfigError
@@ -41,6 +41,10 @@ log = logging.getLogger("haze.drivers.failover")
 class FailoverDriver(DispatchOnly):
     """Dispatch-only connection over other connections; see the module docstring."""
 
+    #: the config options it takes; a dispatch-only connection takes none of the common
+    #: ones (``DeclaresOptions``)
+    options: ClassVar[Mapping[str, str]] = {"connections": "names"}
+
     inline = False
     #: every listed connection was tried: the error names each one's reason
     outage_errors: tuple[type[BaseException], ...] = (BackendUnavailableError,)
@@ -48,7 +52,6 @@ class FailoverDriver(DispatchOnly):
     def __init__(self, name: str, options: dict[str, Any], app: Any):
         self.name = name
         self.app = app
-        self.options = options
         names: list[str] = list(options.get("connections") or [])
         if not names:
             raise ConfigError("is required for failover", key=f"connections.{name}.connections")

@@ -13,8 +13,8 @@ import heapq
 import itertools
 import time
 from collections import deque
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from haze._failed import QueueFailedJobs
 from haze._kernel.message import MAX_MESSAGE_SIZE, Message, decode, decode_payload
@@ -63,6 +63,8 @@ def _item(job: Reserved) -> Item:
 class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
     """In-process queues. ``queues`` (optional) sets the priority order of the consumers."""
 
+    #: the config options it takes besides the common ones (``DeclaresOptions``)
+    options: ClassVar[Mapping[str, str]] = {}
     remote = False
     local_callbacks = True
     inline = False
@@ -71,7 +73,6 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
 
     def __init__(self, name: str, options: dict[str, Any], app: Any = None):
         self.name = name
-        self.options = options
         self.max_message_size: int | None = options.get("max_message_size") or MAX_MESSAGE_SIZE
         self.concurrency: int = options.get("concurrency") or 1
         self.priority: list[str] = list(options.get("queues") or [])

@@ -8,8 +8,8 @@ The manager sees ``inline = True`` and runs the pipeline itself.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from haze._failed import NoFailedJobs
 from haze._kernel.message import MAX_MESSAGE_SIZE, Message
@@ -19,6 +19,8 @@ __all__ = ["SyncDriver"]
 
 
 class SyncDriver:
+    #: the config options it takes besides the common ones (``DeclaresOptions``)
+    options: ClassVar[Mapping[str, str]] = {}
     remote = False
     local_callbacks = True
     inline = True

@@ -11,52 +11,40 @@ from __future__ import annotations
 from typing import Any
 
 from haze._kernel import plugins
-from haze._kernel.deps import load_by_name
-from haze._kernel.errors import ConfigError
 from haze.contracts.store import Store
 
-__all__ = ["GROUP", "Store", "create_store", "register_store", "store_class"]
+__all__ = ["GROUP", "REGISTRY", "Store", "create_store", "register_store", "store_class"]
 
 #: The entry point group of third-party stores.
 GROUP = plugins.STORES
 
 # driver name -> (module, class). Imported only when a config names the driver.
-_STORES = {
-    "memory": ("haze.stores.memory", "MemoryStore"),
-    "redis": ("haze.stores.redis", "RedisStore"),
-    "database": ("haze.stores.database", "database_store"),
-}
+REGISTRY = plugins.Registry(
+    GROUP,
+    {
+        "memory": ("haze.stores.memory", "MemoryStore"),
+        "redis": ("haze.stores.redis", "RedisStore"),
+        "database": ("haze.stores.database", "database_store"),
+    },
+    taken="{name!r} is a built-in store; register under another name",
+    what="the {name!r} store",
+    unknown="no store is named {name!r} (known: {known}); a package adds one through "
+    "the {group!r} entry point group",
+)
 
 
 def register_store(name: str, target: object) -> None:
     """Make ``{"driver": name}`` in ``config/cache.py`` use ``target``: a store class, or
     ``"module:Class"`` (imported on first use). A built-in store's name is not taken over."""
-    if name in _STORES:
-        raise ValueError(f"{name!r} is a built-in store; register under another name")
-    plugins.register(GROUP, name, target)
+    REGISTRY.register(name, target)
 
 
 def store_class(driver: str, *, source: str = "", key: str = "driver") -> Any:
     """The class (or factory) of the store named ``driver`` (built in, then plugins)."""
-    if driver in _STORES:
-        module_name, cls_name = _STORES[driver]
-        return load_by_name(
-            module_name, cls_name, what=f"the {driver!r} store", source=source, key=key
-        )
-    found = plugins.find(GROUP, driver)
-    if found is None:
-        known = ", ".join(sorted({*_STORES, *plugins.names(GROUP)}))
-        raise ConfigError(
-            f"no store is named {driver!r} (known: {known}); a package adds one through "
-            f"the {GROUP!r} entry point group",
-            source=source,
-            key=key,
-        )
-    return found
+    return REGISTRY.load(driver, source=source, key=key)
 
 
 def create_store(name: str, options: dict[str, Any], app: Any, source: str) -> Store:
-    driver = options["driver"]
-    cls = store_class(driver, source=source, key=f"stores.{name}.driver")
-    store: Store = cls(name, options, app) if driver != "memory" else cls(name, options)
+    cls = store_class(options["driver"], source=source, key=f"stores.{name}.driver")
+    store: Store = cls(name, options, app)
     return store

@@ -30,13 +30,11 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from haze._kernel.errors import ConfigError
 from haze._kernel.sqlfiles import sql_blocks
 from haze.contracts.store import BatchSettled, Subscription
 from haze.database.mysql import is_duplicate_key
@@ -47,11 +45,12 @@ if TYPE_CHECKING:
 __all__ = ["DatabaseStore", "PostgresDatabaseStore", "database_store"]
 
 _SQL_DIR = Path(__file__).parent / "sql"
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 class DatabaseStore:
+    #: the config options it takes besides ``driver`` (``DeclaresOptions``)
+    options: ClassVar[Mapping[str, str]] = {"connection": "str", "table": "ident"}
     atomic = True
     shared = True
 
@@ -59,10 +58,6 @@ class DatabaseStore:
         self.name = name
         self.app = app
         self.table = options.get("table") or "haze_cache"
-        if not _IDENT.match(self.table):
-            raise ConfigError(
-                f"{self.table!r} is not a valid SQL identifier", key=f"stores.{name}.table"
-            )
         self._db_name: str = options.get("connection") or app.database_config.default
         app.check_database_name(self._db_name, app.cache_config.source, f"stores.{name}.connection")
         self._db: Connector | None = None
@@ -312,16 +307,26 @@ class _PgSubscription:
             return None
 
 
-def database_store(name: str, options: dict[str, Any], app: Any) -> DatabaseStore:
-    """The ``database`` store for ``options``: with notifications on PostgreSQL."""
-    store = DatabaseStore(name, options, app)
-    try:
-        dialect = store.db.dialect
-    except Exception:
-        return store  # a bad connection config is reported at first use, as before
-    if dialect == "postgres":
-        return PostgresDatabaseStore(name, options, app)
-    return store
+class _DatabaseStoreFactory:
+    """Builds the ``database`` store: with notifications on PostgreSQL. The store class
+    picked depends on the connection, so the registry names this, which takes the
+    store's options."""
+
+    options: ClassVar[Mapping[str, str]] = DatabaseStore.options
+
+    def __call__(self, name: str, options: dict[str, Any], app: Any) -> DatabaseStore:
+        store = DatabaseStore(name, options, app)
+        try:
+            dialect = store.db.dialect
+        except Exception:
+            return store  # a bad connection config is reported at first use, as before
+        if dialect == "postgres":
+            return PostgresDatabaseStore(name, options, app)
+        return store
+
+
+#: The ``database`` store for ``options``: with notifications on PostgreSQL.
+database_store = _DatabaseStoreFactory()
 
 
 _DEADLOCK_RETRIES = 5

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from haze.contracts.store import BatchSettled
 
@@ -20,10 +20,14 @@ class MemoryStore:
     >>> store = MemoryStore()
     """
 
+    #: the config options it takes besides ``driver`` (``DeclaresOptions``)
+    options: ClassVar[Mapping[str, str]] = {}
     atomic = True
     shared = False
 
-    def __init__(self, name: str = "memory", options: dict[str, Any] | None = None):
+    def __init__(
+        self, name: str = "memory", options: dict[str, Any] | None = None, app: Any = None
+    ):
         self.name = name
         self._data: dict[str, tuple[Any, float | None]] = {}
 

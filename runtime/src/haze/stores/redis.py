@@ -29,9 +29,9 @@ import asyncio
 import contextlib
 import json
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from haze._kernel.errors import ConfigError, MissingDependencyError
 from haze._kernel.hints import did_you_mean
@@ -198,6 +198,8 @@ class _Conn:
 class RedisStore:
     """Atomic and shared by every process that uses the same Redis connection."""
 
+    #: the config options it takes besides ``driver`` (``DeclaresOptions``)
+    options: ClassVar[Mapping[str, str]] = {"connection": "str", "prefix": "str"}
     atomic = True
     shared = True
 

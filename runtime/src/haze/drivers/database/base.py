@@ -26,7 +26,6 @@ from haze.drivers.database.failed import _QueueFailedJobs
 if TYPE_CHECKING:
     from haze.database import Connector
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 #: D1's largest string, BLOB or table row, in bytes (SQLITE_TOOBIG past it)
 D1_ROW_LIMIT = 2_000_000
 #: The default max_message_size on D1: its row limit less room for the row's other
@@ -98,7 +97,7 @@ class _DatabaseBase:
     def __init__(self, name: str, options: dict[str, Any], app: Any):
         self.name = name
         self.app = app
-        self.options = options
+        self.settings = options
         self.concurrency: int = options.get("concurrency") or 1
         self.retry_after: float = options.get("retry_after") or 90.0
         self.sleep: float = options.get("sleep") or 1.0
@@ -106,11 +105,6 @@ class _DatabaseBase:
         self.heartbeat_interval: float = max(0.05, self.retry_after / 3)
         self.table = options.get("table") or "jobs"
         self.failed_table = options.get("failed_table") or "failed_jobs"
-        for key, value in (("table", self.table), ("failed_table", self.failed_table)):
-            if not _IDENT.match(value):
-                raise ConfigError(
-                    f"{value!r} is not a valid SQL identifier", key=f"connections.{name}.{key}"
-                )
         self._db_name: str = options.get("connection") or app.database_config.default
         app.check_database_name(
             self._db_name, app.queue_config.source, f"connections.{name}.connection"

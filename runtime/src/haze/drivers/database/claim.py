@@ -97,7 +97,7 @@ class _Claiming(_DatabaseBase):
     @_needs_tables
     async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
         # No queues given (Worker(queues=None)): the connection's ``queues``, as queue:work does.
-        queues = queues or self.options.get("queues") or ["default"]
+        queues = queues or self.settings.get("queues") or ["default"]
         event = self._wake() if wait > 0 else None
         if event is not None:
             # Cleared before the claims, not after: a dispatch or a stop (interrupt) that
@@ -123,7 +123,7 @@ class _Claiming(_DatabaseBase):
         """Up to ``limit`` jobs in one claim statement: from the first queue (in priority
         order) that has any; waits like ``reserve`` when none has. ``first_claimed``:
         ``ack_and_claim`` just found the first queue empty, after arming the wake-up."""
-        queues = queues or self.options.get("queues") or ["default"]
+        queues = queues or self.settings.get("queues") or ["default"]
         event = self._wake() if wait > 0 else None
         if event is not None and not first_claimed:
             event.clear()  # before the claims: see reserve()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from haze._kernel.message import Message, decode
 from haze.contracts.driver import (
@@ -25,6 +25,16 @@ from haze.drivers.database.settle import _Settling
 
 class DatabaseDriver(_Settling, AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
     """Queue connection on a SQL table; see the package docstring for the rules."""
+
+    #: the config options it takes besides the common ones (``DeclaresOptions``)
+    options: ClassVar[Mapping[str, str]] = {
+        "connection": "str",
+        "table": "ident",
+        "failed_table": "ident",
+        "retry_after": "duration",
+        "sleep": "duration",
+        "max_sleep": "duration",
+    }
 
     remote = True
     local_callbacks = False

@@ -30,7 +30,6 @@ class _RedisBase:
     def __init__(self, name: str, options: dict[str, Any], app: Any = None):
         self.name = name
         self.app = app
-        self.options = options
         self.max_message_size: int | None = options.get("max_message_size") or MAX_MESSAGE_SIZE
         self.concurrency: int = options.get("concurrency") or 1
         self.prefix: str = options.get("prefix") or "haze"

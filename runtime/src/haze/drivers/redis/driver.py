@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 from redis.exceptions import NoScriptError
 
@@ -19,6 +20,15 @@ from haze.drivers.redis.scripts import _BULK_CHUNK, _Collect, _NewJob, _now_ms, 
 class RedisDriver(_Claiming, _Inspecting, Interruptible, Leased, ConnectionAware, Concurrent):
     """A queue connection on Redis with BullMQ's data model; see the package docstring."""
 
+    #: the config options it takes besides the common ones (``DeclaresOptions``)
+    options: ClassVar[Mapping[str, str]] = {
+        "connection": "str",
+        "url": "str",
+        "prefix": "str",
+        "keep_completed": "int",
+        "keep_failed": "int",
+        "retry_after": "duration",
+    }
     remote = True
     local_callbacks = False
     inline = False

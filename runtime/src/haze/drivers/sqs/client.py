@@ -45,7 +45,7 @@ class _SqsClient:
         _boto3()  # fail at first use of the connection, naming haze-jobs[sqs]
         self.name = name
         self.app = app
-        self.options = options
+        self.settings = options
         queue_url = options.get("queue_url")
         if not queue_url:
             raise ConfigError("is required for the sqs driver", key=f"connections.{name}.queue_url")

@@ -4,6 +4,8 @@ close."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from typing import ClassVar
 
 from haze.contracts.driver import (
     Concurrent,
@@ -20,6 +22,17 @@ from haze.drivers.sqs.receive import _Receiving
 class SqsDriver(_Receiving, Interruptible, Leased, DelayStep, Concurrent):
     """Queue connection on Amazon SQS; see the package docstring for the rules."""
 
+    #: the config options it takes besides the common ones (``DeclaresOptions``)
+    options: ClassVar[Mapping[str, str]] = {
+        "queue_url": "str",
+        "region": "str",
+        "endpoint_url": "str",
+        "failed_store": "str",
+        "retry_after": "duration",
+        "wait_time": "duration",
+        "fifo": "bool",
+        "credentials": "dict",
+    }
     remote = True
     #: delays are whole seconds (a retry backoff is rounded up): what logs report
     delay_step = 1.0

@@ -50,7 +50,7 @@ class _Receiving(_Settling):
         }
 
     async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
-        queues = list(queues) or list(self.options.get("queues") or ["default"])
+        queues = list(queues) or list(self.settings.get("queues") or ["default"])
         stop = self._stop_event()
         if stop.is_set():
             stop.clear()

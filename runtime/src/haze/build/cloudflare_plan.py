@@ -21,7 +21,7 @@ The rules:
 Example::
 
     from haze import App
-    from haze.build._cloudflare_config import (
+    from haze.build.cloudflare_plan import (
         app_jobs, cloudflare_consumer, connection_max_tries,
     )
 

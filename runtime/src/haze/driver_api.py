@@ -1,0 +1,126 @@
+"""What the author of a driver, a store or a platform adapter builds on: one public path.
+
+A queue driver implements ``haze.contracts.driver.Driver`` (a store
+``haze.contracts.store.Store``) and registers through the ``haze.drivers`` or
+``haze.stores`` entry points; a platform adapter (a Worker's ``queue()`` handler, a
+Lambda's SQS handler, a scheduler's trigger) also runs delivered messages through the
+engine, reads the platform's environment and dispatches schedules. Everything such a
+package needs of haze beyond the contracts is here, under names that stay put while
+haze's private modules move; ``haze_cloudflare``, ``haze_lambda`` and ``haze_infra`` use
+nothing else.
+
+Names load on first use, so importing this module costs a Worker's or a Lambda's cold
+start nothing::
+
+    from haze.driver_api import Delivery, Message, decode
+
+======================  ==============================================================
+names                   what they are for
+======================  ==============================================================
+``App``, ``run_in_app`` the app; run a block with it as the current app
+``define_queue_config``  building an app's config in code (a Worker's default)
+``define_haze_config``
+``env``, ``env_source``  the app's environment; ``env_source`` makes ``env`` read a
+                        platform's variables (a Worker's ``env``) inside a block
+``env_duration``         a duration read from an environment variable
+``parse_duration``       ``"30s"``/``"5m"``/seconds to seconds
+``Message``, ``decode``  the message envelope, and the one parser of its JSON
+``new_id_prefix``        start a new job-id prefix (a Worker's isolate, per request)
+``Delivery``             run delivered messages through the engine: decode, run, settle
+``delivered``            a ``Reserved`` for a message a platform delivered (attempt,
+                        decode error kept)
+``Worker``               the pull-loop worker (a platform that polls)
+``invocations``          the presence record of a platform's invocations
+``dispatch_trigger``     dispatch the schedules a platform trigger stands for
+``platform_triggers``    the triggers a platform needs for the app's schedules
+``MISFIRE_GRACE``        how late a scheduled run may start
+``register_plugin``      register a plugin in this process (a bundle without package
+                        metadata): ``register_plugin("haze.stores", "kv", "m:KVStore")``
+``ConfigError``, ...     the errors of ``haze.errors``
+======================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import importlib as _importlib
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from haze._app.app import App
+    from haze._app.config import define_haze_config, define_queue_config, env, env_source
+    from haze._app.env import env_duration
+    from haze._kernel.current import run_in_app
+    from haze._kernel.durations import parse_duration
+    from haze._kernel.errors import ConfigError, HazeError, MessageDecodeError, ScheduleError
+    from haze._kernel.message import Message, decode, new_id_prefix
+    from haze._kernel.plugins import register as register_plugin
+    from haze._orchestration.scheduling import MISFIRE_GRACE, dispatch_trigger, platform_triggers
+    from haze._runners.delivery import Delivery, delivered
+    from haze._runners.presence import invocations
+    from haze._runners.worker import Worker
+
+__all__ = [
+    "MISFIRE_GRACE",
+    "App",
+    "ConfigError",
+    "Delivery",
+    "HazeError",
+    "Message",
+    "MessageDecodeError",
+    "ScheduleError",
+    "Worker",
+    "decode",
+    "define_haze_config",
+    "define_queue_config",
+    "delivered",
+    "dispatch_trigger",
+    "env",
+    "env_duration",
+    "env_source",
+    "invocations",
+    "new_id_prefix",
+    "parse_duration",
+    "platform_triggers",
+    "register_plugin",
+    "run_in_app",
+]
+
+#: name -> (module, attribute): where each name lives today.
+_HOMES: dict[str, tuple[str, str]] = {
+    "App": ("haze._app.app", "App"),
+    "run_in_app": ("haze._kernel.current", "run_in_app"),
+    "define_haze_config": ("haze._app.config", "define_haze_config"),
+    "define_queue_config": ("haze._app.config", "define_queue_config"),
+    "env": ("haze._app.config", "env"),
+    "env_source": ("haze._app.config", "env_source"),
+    "env_duration": ("haze._app.env", "env_duration"),
+    "parse_duration": ("haze._kernel.durations", "parse_duration"),
+    "ConfigError": ("haze._kernel.errors", "ConfigError"),
+    "HazeError": ("haze._kernel.errors", "HazeError"),
+    "MessageDecodeError": ("haze._kernel.errors", "MessageDecodeError"),
+    "ScheduleError": ("haze._kernel.errors", "ScheduleError"),
+    "Message": ("haze._kernel.message", "Message"),
+    "decode": ("haze._kernel.message", "decode"),
+    "new_id_prefix": ("haze._kernel.message", "new_id_prefix"),
+    "register_plugin": ("haze._kernel.plugins", "register"),
+    "MISFIRE_GRACE": ("haze._orchestration.scheduling", "MISFIRE_GRACE"),
+    "dispatch_trigger": ("haze._orchestration.scheduling", "dispatch_trigger"),
+    "platform_triggers": ("haze._orchestration.scheduling", "platform_triggers"),
+    "Delivery": ("haze._runners.delivery", "Delivery"),
+    "delivered": ("haze._runners.delivery", "delivered"),
+    "invocations": ("haze._runners.presence", "invocations"),
+    "Worker": ("haze._runners.worker", "Worker"),
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(home[0]), home[1])
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
