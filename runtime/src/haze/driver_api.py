@@ -27,8 +27,8 @@ names                   what they are for
 ``Message``, ``decode``  the message envelope, and the one parser of its JSON
 ``new_id_prefix``        start a new job-id prefix (a Worker's isolate, per request)
 ``Delivery``             run delivered messages through the engine: decode, run, settle
-``delivered``            a ``Reserved`` for a message a platform delivered (attempt,
-                        decode error kept)
+``DriverContext``        what a queue driver is handed when it is built:
+                        ``cls(name, options, context)`` (never the App)
 ``Worker``               the pull-loop worker (a platform that polls)
 ``invocations``          the presence record of a platform's invocations
 ``dispatch_trigger``     dispatch the schedules a platform trigger stands for
@@ -55,15 +55,17 @@ if _typing.TYPE_CHECKING:
     from haze._kernel.message import Message, decode, new_id_prefix
     from haze._kernel.plugins import register as register_plugin
     from haze._orchestration.scheduling import MISFIRE_GRACE, dispatch_trigger, platform_triggers
-    from haze._runners.delivery import Delivery, delivered
+    from haze._runners.delivery import Delivery
     from haze._runners.presence import invocations
     from haze._runners.worker import Worker
+    from haze.drivers.context import DriverContext
 
 __all__ = [
     "MISFIRE_GRACE",
     "App",
     "ConfigError",
     "Delivery",
+    "DriverContext",
     "HazeError",
     "Message",
     "MessageDecodeError",
@@ -72,7 +74,6 @@ __all__ = [
     "decode",
     "define_haze_config",
     "define_queue_config",
-    "delivered",
     "dispatch_trigger",
     "env",
     "env_duration",
@@ -107,9 +108,9 @@ _HOMES: dict[str, tuple[str, str]] = {
     "dispatch_trigger": ("haze._orchestration.scheduling", "dispatch_trigger"),
     "platform_triggers": ("haze._orchestration.scheduling", "platform_triggers"),
     "Delivery": ("haze._runners.delivery", "Delivery"),
-    "delivered": ("haze._runners.delivery", "delivered"),
     "invocations": ("haze._runners.presence", "invocations"),
     "Worker": ("haze._runners.worker", "Worker"),
+    "DriverContext": ("haze.drivers.context", "DriverContext"),
 }
 
 
