@@ -215,6 +215,43 @@ def test_the_apps_private_attributes_are_read_only_by_the_app() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+#: The adapters and the infrastructure package: they build on haze's public names only
+#: (``haze``, ``haze.driver_api``, ``haze.contracts``, ...), never on a private module.
+OUTSIDE = [
+    SRC.parents[1] / "adapters" / "cloudflare" / "src",
+    SRC.parents[1] / "adapters" / "lambda" / "src",
+    SRC.parents[1] / "infra" / "src",
+]
+
+
+def private_imports(path: pathlib.Path) -> Iterator[tuple[int, str]]:
+    """(line, module) for each import of a private haze module in ``path``, wherever it
+    is: at the top, inside a function or under ``if TYPE_CHECKING:``."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            base = node.module or ""
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "haze" and any(p.startswith("_") for p in parts[1:]):
+                yield node.lineno, name
+                break
+
+
+def test_the_adapters_and_infra_import_no_private_haze_module() -> None:
+    wrong = [
+        f"{path.relative_to(SRC.parents[1])}:{line} imports {name}"
+        for root in OUTSIDE
+        for path in sorted(root.rglob("*.py"))
+        for line, name in private_imports(path)
+    ]
+    assert not wrong, "use haze.driver_api (or another public path):\n" + "\n".join(wrong)
+
+
 # ----------------------------------------------------------------------------- size and parsers
 
 REPO = SRC.parents[1]
@@ -355,40 +392,3 @@ def test_one_envelope_parser() -> None:
         "a message body is parsed outside haze._kernel.message (use decode or envelope_of, "
         "or Reserved.delivered for a delivered message):\n" + "\n".join(found)
     )
-
-
-#: The adapters and the infrastructure package: they build on haze's public names only
-#: (``haze``, ``haze.driver_api``, ``haze.contracts``, ...), never on a private module.
-OUTSIDE = [
-    SRC.parents[1] / "adapters" / "cloudflare" / "src",
-    SRC.parents[1] / "adapters" / "lambda" / "src",
-    SRC.parents[1] / "infra" / "src",
-]
-
-
-def private_imports(path: pathlib.Path) -> Iterator[tuple[int, str]]:
-    """(line, module) for each import of a private haze module in ``path``, wherever it
-    is: at the top, inside a function or under ``if TYPE_CHECKING:``."""
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            base = node.module or ""
-            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "haze" and any(p.startswith("_") for p in parts[1:]):
-                yield node.lineno, name
-                break
-
-
-def test_the_adapters_and_infra_import_no_private_haze_module() -> None:
-    wrong = [
-        f"{path.relative_to(SRC.parents[1])}:{line} imports {name}"
-        for root in OUTSIDE
-        for path in sorted(root.rglob("*.py"))
-        for line, name in private_imports(path)
-    ]
-    assert not wrong, "use haze.driver_api (or another public path):\n" + "\n".join(wrong)

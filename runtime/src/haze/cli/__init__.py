@@ -39,6 +39,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "haze.cli.make",
     "haze.cli.db",
     "haze.cli.queue",
+    "haze.cli.queue_failed",
     "haze.cli.queue_admin",
     "haze.cli.queue_stats",
     "haze.cli.schedule",

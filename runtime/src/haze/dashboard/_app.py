@@ -7,19 +7,17 @@ parsed form the gate left in ``request.state.form``.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import json
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
@@ -37,10 +35,11 @@ from haze._kernel.errors import BackendUnavailableError, HazeError
 from haze._kernel.ids import short_id
 from haze._orchestration.batches import KEEP_JOB_IDS, find, jobs
 from haze._runners.presence import LEASE, SHORT_LEASE, live_workers
-from haze.dashboard._security import CSRF_COOKIE, CSRF_FIELD, CSRF_HEADER, Authorize, Guard
+from haze.dashboard._gate import NO_STORE, Gate, plain
+from haze.dashboard._security import CSRF_COOKIE, CSRF_FIELD, Authorize, Guard
 
 if TYPE_CHECKING:
-    from starlette.types import ASGIApp, Receive, Scope, Send
+    from starlette.types import ASGIApp
 
 __all__ = ["build"]
 
@@ -52,12 +51,10 @@ _STATIC = {
     "haze.js": ("text/javascript; charset=utf-8", _HERE / "static" / "haze.js"),
 }
 #: Largest POST body read (forms hold ids and filters, never payloads).
-_MAX_FORM = 256 * 1024
-_NO_STORE = {"Cache-Control": "no-store"}
 _FLASH_COOKIE = "haze_flash"
 #: Pages load only the dashboard's own files, and no other site may frame them.
 _PAGE_HEADERS = {
-    **_NO_STORE,
+    **NO_STORE,
     "Content-Security-Policy": (
         "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
         "form-action 'self'; frame-ancestors 'none'"
@@ -439,7 +436,7 @@ class Dashboard:
         return PlainTextResponse(
             prometheus_text(None, rows),
             media_type="text/plain; version=0.0.4; charset=utf-8",
-            headers=_NO_STORE,
+            headers=NO_STORE,
         )
 
     async def static(self, request: Request) -> Response:
@@ -497,79 +494,9 @@ def _form_list(request: Request, name: str) -> list[str]:
     return [v.strip() for v in values if v.strip()]
 
 
-class _Gate:
-    """Access control, CSRF and read-only checks in front of every route."""
-
-    def __init__(self, inner: ASGIApp, dashboard: Dashboard) -> None:
-        self.inner = inner
-        self.dashboard = dashboard
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.inner(scope, receive, send)
-            return
-        request = Request(scope)
-        guard = self.dashboard.guard
-        client = request.client.host if request.client else ""
-        wait = guard.sign_ins.locked(client)
-        if wait:
-            await PlainTextResponse(
-                "Too many failed sign-ins from this address: try again in a minute.",
-                status_code=429,
-                headers={**_NO_STORE, "Retry-After": str(math.ceil(wait))},
-            )(scope, receive, send)
-            return
-        if not await guard.allowed(request):
-            if "authorization" in request.headers:
-                await asyncio.sleep(guard.sign_ins.failed(client))
-            challenge = guard.challenge
-            if challenge is not None:
-                # Lets a browser ask for the password of `haze dashboard`'s basic auth.
-                await PlainTextResponse(
-                    "Unauthorized: sign in to use this dashboard.",
-                    status_code=401,
-                    headers={**_NO_STORE, "WWW-Authenticate": challenge},
-                )(scope, receive, send)
-                return
-            await _plain(403, "Forbidden: this dashboard needs authorization.")(
-                scope, receive, send
-            )
-            return
-        if "authorization" in request.headers:
-            guard.sign_ins.succeeded(client)
-        if scope["method"] != "POST":
-            await self.inner(scope, receive, send)
-            return
-        if self.dashboard.read_only:
-            await _plain(403, "Forbidden: this dashboard is read-only.")(scope, receive, send)
-            return
-        body = b""
-        more = True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > _MAX_FORM:
-                await _plain(413, "Request body too large.")(scope, receive, send)
-                return
-        form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
-        submitted = (form.get(CSRF_FIELD) or [""])[0] or request.headers.get(CSRF_HEADER)
-        if not self.dashboard.guard.check_post(request.cookies.get(CSRF_COOKIE), submitted):
-            await _plain(403, "Forbidden: missing or invalid CSRF token; reload the page.")(
-                scope, receive, send
-            )
-            return
-        scope["haze.form"] = form
-        await self.inner(scope, receive, send)
-
-
 def _no_action(action: str) -> Response:
     # Each handler's last branch is one of its actions: any other name must not reach it.
-    return _plain(404, f"Not found: the dashboard has no action {action[:40]!r} here.")
-
-
-def _plain(status: int, text: str) -> Response:
-    return PlainTextResponse(text, status_code=status, headers=_NO_STORE)
+    return plain(404, f"Not found: the dashboard has no action {action[:40]!r} here.")
 
 
 def _closing(d: Dashboard) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
@@ -617,4 +544,4 @@ def build(
     starlette = Starlette(
         routes=mounted, lifespan=lifespan, exception_handlers={HazeError: d.unreadable}
     )
-    return _Gate(starlette, d)
+    return Gate(starlette, d)

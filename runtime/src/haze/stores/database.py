@@ -30,11 +30,13 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from haze._kernel.errors import ConfigError
 from haze._kernel.sqlfiles import sql_blocks
 from haze.contracts.store import BatchSettled, Subscription
 from haze.database.mysql import is_duplicate_key
@@ -48,6 +50,9 @@ _SQL_DIR = Path(__file__).parent / "sql"
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
 class DatabaseStore:
     #: the config options it takes besides ``driver`` (``DeclaresOptions``)
     options: ClassVar[Mapping[str, str]] = {"connection": "str", "table": "ident"}
@@ -58,6 +63,11 @@ class DatabaseStore:
         self.name = name
         self.app = app
         self.table = options.get("table") or "haze_cache"
+        # Also here, not only in config: the name goes into SQL text.
+        if not _IDENT.match(self.table):
+            raise ConfigError(
+                f"{self.table!r} is not a valid SQL identifier", key=f"stores.{name}.table"
+            )
         self._db_name: str = options.get("connection") or app.database_config.default
         app.check_database_name(self._db_name, app.cache_config.source, f"stores.{name}.connection")
         self._db: Connector | None = None

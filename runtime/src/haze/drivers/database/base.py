@@ -90,6 +90,9 @@ def _needs_tables(fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, Coroutine[Any
     return call
 
 
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
 class _DatabaseBase:
     """The state every part of ``DatabaseDriver`` reads; see the package docstring."""
 
@@ -107,6 +110,13 @@ class _DatabaseBase:
         self.heartbeat_interval: float = max(0.05, self.retry_after / 3)
         self.table = options.get("table") or "jobs"
         self.failed_table = options.get("failed_table") or "failed_jobs"
+        # Also here, not only in config: the names go into SQL text, and a driver can be
+        # built from options that skipped the config's checks.
+        for key, value in (("table", self.table), ("failed_table", self.failed_table)):
+            if not _IDENT.match(value):
+                raise ConfigError(
+                    f"{value!r} is not a valid SQL identifier", key=f"connections.{name}.{key}"
+                )
         databases = context.database_config
         self._db_name: str = options.get("connection") or databases.default
         #: the app's shared connector, resolved once here (built; it connects on first use)
