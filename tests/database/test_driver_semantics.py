@@ -26,6 +26,7 @@ import haze
 import pytest
 from harness import BACKENDS, backend_url, mysql_database, pg_database
 from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
+from haze._app.driver_context import AppDriverContext
 from haze._base.errors import ConfigError
 from haze._base.message import Message, encode, new_id
 from haze._workers.worker import Worker
@@ -377,7 +378,9 @@ async def test_a_claim_slower_than_retry_after_is_not_run_by_two_workers(env: En
     first heartbeat. The slow claimer refreshes the heartbeat first and, finding the row
     taken, does not run it. (The slow claim is simulated by an older claim timestamp.)"""
     await dbx_sem_record.dispatch({"n": 1})
-    other = type(env.driver)("db", dict(env.driver.settings), env.app)
+    other = type(env.driver)(
+        "db", dict(env.driver.settings), AppDriverContext(env.app, "db", "'database'")
+    )
     real_execute = env.db.execute
     stolen: list[Any] = []
 
@@ -572,8 +575,9 @@ def test_table_names_are_validated_by_the_driver_too() -> None:
             default="main", connections={"main": {"url": "sqlite:///x.db"}}
         )
     )
+    context = AppDriverContext(app, "db", "'database'")
     with pytest.raises(ConfigError, match=r"connections\.db\.failed_table"):
-        DatabaseDriver("db", {"failed_table": "f; DROP TABLE jobs"}, app)
+        DatabaseDriver("db", {"failed_table": "f; DROP TABLE jobs"}, context)
 
 
 # =========================================================================== corrupt rows

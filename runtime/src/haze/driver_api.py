@@ -27,6 +27,8 @@ names                   what they are for
 ``Message``, ``decode``  the message envelope, and the one parser of its JSON
 ``new_id_prefix``        start a new job-id prefix (a Worker's isolate, per request)
 ``Delivery``             run delivered messages through the engine: decode, run, settle
+``DriverContext``        what a queue driver is handed when it is built:
+                        ``cls(name, options, context)`` (never the App)
 ``Worker``               the pull-loop worker (a platform that polls)
 ``invocations``          the presence record of a platform's invocations
 ``dispatch_trigger``     dispatch the schedules a platform trigger stands for
@@ -72,6 +74,7 @@ if _typing.TYPE_CHECKING:
     from haze._workflows.engine import workflow_state
     from haze._workflows.lambda_runs import DISPATCH_SUB_TYPE, operation_name, shown_name
     from haze._workflows.run import WorkflowRun, encode_result
+    from haze.drivers.context import DriverContext
 
 __all__ = [
     "DISPATCH_SUB_TYPE",
@@ -79,6 +82,7 @@ __all__ = [
     "App",
     "ConfigError",
     "Delivery",
+    "DriverContext",
     "HazeError",
     "Message",
     "MessageDecodeError",
@@ -144,6 +148,7 @@ _HOMES: dict[str, tuple[str, str]] = {
     "shown_name": ("haze._workflows.lambda_runs", "shown_name"),
     "WorkflowError": ("haze._base.errors", "WorkflowError"),
     "WorkflowRunError": ("haze._base.errors", "WorkflowRunError"),
+    "DriverContext": ("haze.drivers.context", "DriverContext"),
 }
 
 

@@ -31,12 +31,13 @@ from haze._app.config import (
 )
 from haze._app.discovery import _app_root, discover_jobs, load_schedules
 from haze._app.discovery import _load_module_file as _load_module_file  # cli, build
+from haze._app.driver_context import AppDriverContext
 from haze._app.env import env_duration
 from haze._base import current
 from haze._base.blocking import run_blocking
 from haze._base.crypto import check_keys
 from haze._base.current import run_in_app
-from haze._base.errors import ConfigError
+from haze._base.errors import ConfigError, MissingDependencyError
 from haze._base.hints import did_you_mean
 from haze._engine.manager import QueueManager
 from haze._failed import failed_target
@@ -264,7 +265,11 @@ class App:
         d = self._drivers.get(name)
         if d is None:
             options = self.queue_config.connections[name]
-            d = self._drivers[name] = create_driver(name, options, self, self.queue_config.source)
+            # The driver is handed a narrow context, never the App (it keeps what it needs).
+            context = AppDriverContext(self, name, repr(options["driver"]))
+            d = self._drivers[name] = create_driver(
+                name, options, context, self.queue_config.source
+            )
         return d
 
     def store(self, name: str | None = None) -> Store:
@@ -440,7 +445,13 @@ class App:
     async def __aenter__(self) -> App:
         self._entered = True
         self._token = current.entered(self)
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            # A refused start (a connection that cannot be built) leaves no app behind.
+            self._entered = False
+            current.left(self, self._token)
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -478,9 +489,16 @@ class App:
             run_blocking(self.__aexit__(None, None, None), "App.stop")
 
     async def start(self) -> None:
-        """Start in-process consumers for the ``memory`` connections."""
+        """Resolve every connection's route (a bad connection is refused here, not at
+        its first dispatch) and start in-process consumers for the ``memory`` ones."""
         self._lock_store_name()  # no usable lock/batch store is a start-up error
         self.check_keys()  # jobs imported since App() was built
+        for name in self.queue_config.connections:
+            try:
+                # Builds the driver object only: no connection is opened.
+                self.manager.dispatcher.route(name)
+            except MissingDependencyError:
+                continue  # its client is not installed here: its first dispatch says so
         for name, options in self.queue_config.connections.items():
             if options["driver"] == "memory":
                 self.manager.ensure_local_worker(name)

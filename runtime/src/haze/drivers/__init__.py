@@ -7,7 +7,8 @@ entry point in the ``haze.drivers`` group::
     [project.entry-points."haze.drivers"]
     mine = "my_package.driver:MyDriver"     # config/queue.py: {"driver": "mine", ...}
 
-A driver class is called ``cls(connection_name, options, app)``.
+A driver class is called ``cls(connection_name, options, context)``: ``context`` is a
+``DriverContext`` (``haze.drivers.context``), never the App.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from typing import Any
 
 from haze._base import plugins
 from haze.contracts.driver import Driver, FailedJob, FailedJobStore, Reserved
+from haze.drivers.context import DriverContext
 
 __all__ = [
     "GROUP",
     "REGISTRY",
     "Driver",
+    "DriverContext",
     "FailedJob",
     "FailedJobStore",
     "Reserved",
@@ -64,7 +67,10 @@ def driver_class(kind: str, *, source: str = "", key: str = "driver") -> Any:
     return REGISTRY.load(kind, source=source, key=key)
 
 
-def create_driver(name: str, options: dict[str, Any], app: Any, source: str) -> Driver:
+def create_driver(
+    name: str, options: dict[str, Any], context: DriverContext | None, source: str
+) -> Driver:
+    """Build connection ``name``'s driver, handing it ``context`` (None: built alone)."""
     cls = driver_class(options["driver"], source=source, key=f"connections.{name}.driver")
-    driver: Driver = cls(name, options, app)
+    driver: Driver = cls(name, options, context)
     return driver

@@ -62,6 +62,7 @@ from haze.contracts.driver import (
     MaxDelay,
     Reserved,
 )
+from haze.drivers.context import DriverContext
 
 __all__ = [
     "API_URL",
@@ -351,10 +352,10 @@ class CloudflareDriver(Interruptible, DelayStep, CappedDelay, MaxDelay, Concurre
     #: the REST client's unreachable-API errors are CloudflareError (not yet told apart)
     outage_errors: tuple[type[BaseException], ...] = ()
 
-    def __init__(self, name: str, options: dict[str, Any], app: Any = None):
+    def __init__(self, name: str, options: dict[str, Any], context: DriverContext | None = None):
         self.name = name
         self.settings = options
-        self.app = app
+        self.context = context
         size = options.get("max_message_size")
         self.max_message_size: int | None = size if size is not None else DEFAULT_MAX_MESSAGE_SIZE
         self.concurrency: int = options.get("concurrency") or 1
@@ -406,7 +407,9 @@ class CloudflareDriver(Interruptible, DelayStep, CappedDelay, MaxDelay, Concurre
     @property
     def failed(self) -> FailedJobStore:
         if self._failed is None:
-            self._failed = failed_store(self.name, self.settings.get("failed_store"), self.app, log)
+            self._failed = failed_store(
+                self.name, self.settings.get("failed_store"), self.context, log
+            )
         return self._failed
 
     # -- producer side ----------------------------------------------------------------

@@ -32,6 +32,7 @@ from haze._base.errors import BackendUnavailableError, ConfigError
 from haze._base.message import Message
 from haze._failed import FailedJobsUnion
 from haze.contracts.driver import DispatchOnly, Driver, FailedJob, Reserved, unavailable
+from haze.drivers.context import DriverContext
 
 __all__ = ["FailoverDriver"]
 
@@ -49,13 +50,16 @@ class FailoverDriver(DispatchOnly):
     #: every listed connection was tried: the error names each one's reason
     outage_errors: tuple[type[BaseException], ...] = (BackendUnavailableError,)
 
-    def __init__(self, name: str, options: dict[str, Any], app: Any):
+    def __init__(self, name: str, options: dict[str, Any], context: DriverContext):
         self.name = name
-        self.app = app
         names: list[str] = list(options.get("connections") or [])
         if not names:
             raise ConfigError("is required for failover", key=f"connections.{name}.connections")
-        self.members: list[Driver] = [app.driver(n) for n in names]
+        self.members: list[Driver] = [context.driver(n) for n in names]
+        # The two engine calls a member needs: an inline member runs the job here, a
+        # local one needs this process's consumer. Kept, not the context.
+        self._run_inline = context.run_inline
+        self._ensure_local_worker = context.ensure_local_worker
         #: Never consumed in this process under its own name (the listed connections
         #: are, by their own workers): the manager must not start a local worker for it.
         self.remote = True
@@ -73,7 +77,7 @@ class FailoverDriver(DispatchOnly):
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         async def send(member: Driver) -> None:
             if member.inline:
-                await self.app.manager.run_inline(message, body, member)
+                await self._run_inline(message, body, member)
             else:
                 await member.enqueue(body, message, delay)
 
@@ -86,7 +90,7 @@ class FailoverDriver(DispatchOnly):
         async def send(member: Driver) -> None:
             if member.inline:
                 for body, message, _ in items:
-                    await self.app.manager.run_inline(message, body, member)
+                    await self._run_inline(message, body, member)
             else:
                 await member.enqueue_many(items)
 
@@ -105,7 +109,7 @@ class FailoverDriver(DispatchOnly):
                 self._went_down(member, down)
                 continue
             if not member.remote and not member.inline:
-                self.app.manager.ensure_local_worker(member.name)
+                self._ensure_local_worker(member.name)
             self._took(member, what, skipped=len(reasons))
             return
         raise BackendUnavailableError(

@@ -29,6 +29,7 @@ from haze.contracts.driver import (
     Reserved,
     RunningJob,
 )
+from haze.drivers.context import DriverContext
 
 __all__ = ["MemoryDriver"]
 
@@ -71,7 +72,7 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
     #: in-process: there is no backend to become unreachable
     outage_errors: tuple[type[BaseException], ...] = ()
 
-    def __init__(self, name: str, options: dict[str, Any], app: Any = None):
+    def __init__(self, name: str, options: dict[str, Any], context: DriverContext | None = None):
         self.name = name
         self.max_message_size: int | None = options.get("max_message_size") or MAX_MESSAGE_SIZE
         self.concurrency: int = options.get("concurrency") or 1

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from haze._base.message import MAX_MESSAGE_SIZE, Message
 from haze._failed import NoFailedJobs
 from haze.contracts.driver import FailedJob, Reserved
+from haze.drivers.context import DriverContext
 
 __all__ = ["SyncDriver"]
 
@@ -27,7 +28,7 @@ class SyncDriver:
     #: in-process: there is no backend to become unreachable
     outage_errors: tuple[type[BaseException], ...] = ()
 
-    def __init__(self, name: str, options: dict[str, Any], app: Any = None):
+    def __init__(self, name: str, options: dict[str, Any], context: DriverContext | None = None):
         self.name = name
         self.max_message_size: int | None = options.get("max_message_size") or MAX_MESSAGE_SIZE
         self.failed = NoFailedJobs()

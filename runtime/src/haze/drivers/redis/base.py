@@ -15,6 +15,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from haze._base.errors import MessageDecodeError
 from haze._base.message import MAX_MESSAGE_SIZE, Message, decode
 from haze.contracts.driver import Reserved
+from haze.drivers.context import DriverContext
 from haze.drivers.redis.failed import RedisFailedJobs
 from haze.drivers.redis.link import _Link
 from haze.drivers.redis.scripts import _QueueOpts
@@ -27,9 +28,10 @@ class _RedisBase:
     #: what the worker treats as "Redis is unreachable" (one warning per outage, retries)
     outage_errors: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError)
 
-    def __init__(self, name: str, options: dict[str, Any], app: Any = None):
+    def __init__(self, name: str, options: dict[str, Any], context: DriverContext | None = None):
         self.name = name
-        self.app = app
+        #: what the app handed it (None: built alone, as the tests and fuzzers do)
+        self.context = context
         self.max_message_size: int | None = options.get("max_message_size") or MAX_MESSAGE_SIZE
         self.concurrency: int = options.get("concurrency") or 1
         self.prefix: str = options.get("prefix") or "haze"
@@ -43,11 +45,11 @@ class _RedisBase:
         #: how often stalled jobs are looked for (BullMQ's stalledInterval)
         self.stalled_interval = lock
         self._url, self._kwargs, _ = redis_settings(
-            app,
+            context,
             options.get("connection"),
             options.get("url"),
             where=f"connections.{name}.connection",
-            source=None if app is None else app.queue_config.source,  # None: built alone
+            source=None if context is None else context.source,  # None: built alone
         )
         self._worker_opts = {"lockDuration": self.lock_ms}
         self._queue_opts = _QueueOpts(self.lock_ms)

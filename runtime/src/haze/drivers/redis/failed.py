@@ -41,8 +41,8 @@ class RedisFailedJobs:
             return [queue]
         # Failed sets are per queue: a job's own queue must be looked at even when the
         # connection's ``queues`` option does not list it.
-        app = self._d.app
-        named = app.job_queues(self._d.name) if app is not None else {}
+        context = self._d.context
+        named = context.job_queues(self._d.name) if context is not None else {}
         return list(dict.fromkeys([*self._d.queues, *named]))
 
     async def record(self, job: FailedJob) -> None:

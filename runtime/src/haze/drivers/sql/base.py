@@ -24,7 +24,10 @@ from haze.connectors.migrations import MIGRATIONS_DIR
 from haze.drivers.sql.failed import _QueueFailedJobs
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from haze.connectors import Connector
+    from haze.drivers.context import DriverContext
 
 #: D1's largest string, BLOB or table row, in bytes (SQLITE_TOOBIG past it)
 D1_ROW_LIMIT = 2_000_000
@@ -97,9 +100,8 @@ class _DatabaseBase:
     #: busy_timeout): the worker logs it once per outage, dispatch shows it as one line
     outage_errors: tuple[type[BaseException], ...] = (DatabaseConnectionError,)
 
-    def __init__(self, name: str, options: dict[str, Any], app: Any):
+    def __init__(self, name: str, options: dict[str, Any], context: DriverContext):
         self.name = name
-        self.app = app
         self.settings = options
         self.concurrency: int = options.get("concurrency") or 1
         self.retry_after: float = options.get("retry_after") or 90.0
@@ -115,12 +117,19 @@ class _DatabaseBase:
                 raise ConfigError(
                     f"{value!r} is not a valid SQL identifier", key=f"connections.{name}.{key}"
                 )
-        self._db_name: str = options.get("connection") or app.database_config.default
-        app.check_database_name(
-            self._db_name, app.queue_config.source, f"connections.{name}.connection"
+        databases = context.database_config
+        self._db_name: str = options.get("connection") or databases.default
+        #: the app's shared connector, resolved once here (built; it connects on first use)
+        self._db: Connector = context.database(self._db_name, key="connection")
+        # The plain facts the missing-table hints name: no App is kept to ask later.
+        self._root: Path | None = context.root
+        self._source = context.source
+        self._default_connection = context.default_connection
+        self._default_database = databases.default
+        url = str((databases.connections.get(self._db_name) or {}).get("url") or "")
+        self.max_message_size: int | None = self._size_limit(
+            options.get("max_message_size"), d1=dialect_of(url) == "d1"
         )
-        self.max_message_size: int | None = self._size_limit(options.get("max_message_size"))
-        self._db: Connector | None = None
         self._wakes: tuple[Notifying, ...] | None = None
         self._sql: dict[str, str] | None = None
         self.failed: SqlFailedJobs = _QueueFailedJobs(self)
@@ -133,11 +142,10 @@ class _DatabaseBase:
         # over and finished it (a lost lease: the job ran twice).
         self._acks_sent: dict[tuple[int, Any], None] = {}
 
-    def _size_limit(self, configured: int | None) -> int:
+    def _size_limit(self, configured: int | None, *, d1: bool) -> int:
         """``max_message_size``: as configured, else 4 MiB; on D1 at most what its row
         limit leaves for the body (a larger one fails there with SQLITE_TOOBIG)."""
-        connection = self.app.database_config.connections.get(self._db_name) or {}
-        if dialect_of(str(connection.get("url") or "")) != "d1":
+        if not d1:
             return configured or MAX_MESSAGE_SIZE
         if configured is not None and configured > D1_MAX_MESSAGE_SIZE:
             raise ConfigError(
@@ -149,8 +157,6 @@ class _DatabaseBase:
 
     @property
     def db(self) -> Connector:
-        if self._db is None:
-            self._db = self.app.database(self._db_name)
         return self._db
 
     @property
@@ -183,7 +189,7 @@ class _DatabaseBase:
         """A table of the queue's name exists without the queue's columns: it is the
         app's own (``CREATE TABLE IF NOT EXISTS`` kept it), so no wait or migration
         helps; the queue tables need other names."""
-        root = self.app.root
+        root = self._root
         written = (
             sorted((root / MIGRATIONS_DIR).glob(f"*_create_{self.table}_and_*_tables.*"))
             if root is not None
@@ -196,12 +202,12 @@ class _DatabaseBase:
             "table (it lacks the queue's columns): when the app has a table of that name "
             f'of its own, set "table" and "failed_table" on connection "{self.name}" to '
             f"free names, {remove}then run haze make:queue-tables and haze db:migrate",
-            source=self.app.queue_config.source,
+            source=self._source,
         )
 
     def tables_missing(self) -> QueueTablesMissingError:
         """The error for this connection's missing tables, naming the command to run."""
-        root = self.app.root
+        root = self._root
         written = root is not None and any(
             path.suffix in (".sql", ".py")
             for path in (root / MIGRATIONS_DIR).glob(
@@ -209,11 +215,11 @@ class _DatabaseBase:
             )
         )
         migrate = "haze db:migrate"
-        if self._db_name != self.app.database_config.default:
+        if self._db_name != self._default_database:
             migrate += f" --database {self._db_name}"
         if not written:
             connection = (
-                "" if self.name == self.app.queue_config.default else f" --connection {self.name}"
+                "" if self.name == self._default_connection else f" --connection {self.name}"
             )
             migrate = f"haze make:queue-tables{connection}, then {migrate}"
         return QueueTablesMissingError(self._db_name, migrate)

@@ -18,6 +18,7 @@ from haze._base.errors import BackendUnavailableError, ConfigError, UnknownQueue
 from haze._base.message import Message
 from haze._failed import failed_store
 from haze.contracts.driver import FailedJobStore
+from haze.drivers.context import DriverContext
 from haze.drivers.sqs.messages import (
     _HEADROOM,
     _NO_QUEUE,
@@ -41,10 +42,11 @@ class _SqsClient:
     #: The longest DelaySeconds used; tests lower it to exercise forwarding.
     max_delay: float = SQS_MAX_DELAY
 
-    def __init__(self, name: str, options: dict[str, Any], app: Any = None) -> None:
+    def __init__(
+        self, name: str, options: dict[str, Any], context: DriverContext | None = None
+    ) -> None:
         _boto3()  # fail at first use of the connection, naming haze-jobs[sqs]
         self.name = name
-        self.app = app
         self.settings = options
         queue_url = options.get("queue_url")
         if not queue_url:
@@ -69,7 +71,7 @@ class _SqsClient:
         self.region: str | None = options.get("region") or self._region_from_url()
         self.endpoint_url: str | None = options.get("endpoint_url")
         self.credentials: dict[str, Any] = dict(options.get("credentials") or {})
-        self.failed: FailedJobStore = failed_store(name, options.get("failed_store"), app, log)
+        self.failed: FailedJobStore = failed_store(name, options.get("failed_store"), context, log)
         #: The wall clock (seconds since the epoch); tests may replace it.
         self.clock: Callable[[], float] = time.time
         self._client_obj: Any = None
