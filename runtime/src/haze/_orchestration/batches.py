@@ -24,72 +24,33 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from haze._base.blocking import blocking_method
-from haze._base.errors import BatchFinishedError, DispatchIncompleteError, HazeError
+from haze._base.errors import BatchFinishedError, DispatchIncompleteError
 from haze._base.message import Message, check_queue_name, new_id
 from haze._engine.hooks import Outcome, Run, Skip
 from haze._engine.manager import QueueManager
-from haze._jobs.definition import (
-    DispatchResult,
-    JobDefinition,
-    PendingDispatch,
-    get_job,
-    link_to_pending,
+from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch, link_to_pending
+from haze._orchestration import batch_prune, batch_settle, tails
+from haze._orchestration.batch_records import (
+    _CALLBACKS,
+    BatchJob,
+    _as_item,
+    _chain_links,
+    _check_queues,
+    _index,
+    _key,
+    _store,
 )
-from haze._orchestration import tails
+from haze._orchestration.batch_records import _INDEX_COUNT as _INDEX_COUNT
+from haze._orchestration.batch_records import DISPATCH_CHUNK as DISPATCH_CHUNK
+from haze._orchestration.batch_records import KEEP_JOB_IDS as KEEP_JOB_IDS
+from haze._orchestration.batch_records import _index_key as _index_key
+from haze._orchestration.batch_records import check_link_queues as check_link_queues
+from haze._orchestration.batch_records import claim_once as claim_once
+from haze._orchestration.batch_records import jobs as jobs
+from haze._orchestration.batch_records import recent_ids as recent_ids
 from haze.contracts.app import use_app
-from haze.contracts.driver import QueueNameRules
-from haze.contracts.store import Store
 
 __all__ = ["Batch", "BatchCount", "BatchGuard", "BatchJob", "PendingBatch"]
-
-_CALLBACKS = ("then", "catch", "finally", "progress", "failure")
-#: Jobs of a batch encoded and queued at a time: a batch of a million jobs holds this
-#: many messages in the dispatching process, not a million.
-DISPATCH_CHUNK = 1000
-#: Jobs of one batch whose ids are kept, in the order they ended (``jobs``): the first
-#: ones only, so a batch of a million jobs costs no more than one of a thousand.
-KEEP_JOB_IDS = 1000
-
-
-def _key(batch_id: str, part: str = "") -> str:
-    return f"haze:batch:{batch_id}{':' + part if part else ''}"
-
-
-# The batch index: slot n (from an ever-growing counter) names the n-th batch created,
-# so ``prune`` can enumerate batches in any store. Slots expire with the batch; the
-# floor is the highest slot below which every slot is known to be gone.
-_INDEX_COUNT = "haze:batches:count"
-_INDEX_FLOOR = "haze:batches:floor"
-_INDEX_SETTLED = "haze:batches:settled"
-
-
-def _index_key(n: int) -> str:
-    return f"haze:batches:index:{n}"
-
-
-async def _index(store: Store, batch_id: str, ttl: float | None) -> None:
-    n = await store.increment(_INDEX_COUNT)
-    await store.put(_index_key(n), batch_id, ttl)
-
-
-def _as_item(item: object, where: str) -> PendingDispatch[Any] | list[PendingDispatch[Any]]:
-    if isinstance(item, PendingDispatch):
-        return item
-    if isinstance(item, JobDefinition):
-        return PendingDispatch(item, None)
-    if isinstance(item, (list, tuple)):
-        if not item:
-            raise ValueError(f"{where}: a chain inside a batch needs at least one job")
-        out: list[PendingDispatch[Any]] = []
-        for i, x in enumerate(item):
-            p = _as_item(x, f"{where}[{i}]")
-            if isinstance(p, list):
-                raise ValueError(f"{where}[{i}]: chains cannot nest inside a chain in a batch")
-            out.append(p)
-        return out
-    raise TypeError(
-        f"{where}: expected job.with_(payload), a job or a list (a chain), got {item!r}"
-    )
 
 
 @dataclass
@@ -175,10 +136,6 @@ class Batch:
     fresh_blocking = blocking_method(fresh)
     cancel_blocking = blocking_method(cancel)
     add_blocking = blocking_method(add)
-
-
-def _store(manager: QueueManager) -> Store:
-    return manager.stores.batches()
 
 
 class PendingBatch:
@@ -344,7 +301,7 @@ async def start_batch(
         await _index(store, batch_id, ttl)  # listed: it runs what was queued, and ends
         raise
     if total == 0:
-        await _finish(manager, batch_id, store)
+        await batch_settle.finish(_CALLS, manager, batch_id, store)
     if b is None:
         b = await find(manager, batch_id)
     assert b is not None
@@ -409,38 +366,6 @@ async def _dispatch_items(
         raise first_error
 
 
-def _check_queues(
-    manager: QueueManager,
-    items: Sequence[PendingDispatch[Any] | list[PendingDispatch[Any]]],
-    options: dict[str, Any],
-) -> None:
-    """Every queue name the batch's jobs and chains will use, checked before the batch
-    is recorded or any job queued (as ``check_link_queues`` checks a chain's links)."""
-    queue, conn = options.get("queue"), options.get("connection")
-    for item in items:
-        for pending in item if isinstance(item, list) else (item,):
-            target, name = manager.dispatcher.resolve(pending, queue=queue, connection=conn)
-            driver = manager.app.driver(target)
-            if isinstance(driver, QueueNameRules):
-                driver.check_queue(name)
-
-
-def _chain_links(
-    manager: QueueManager, item: list[PendingDispatch[Any]], queue: Any, conn: Any
-) -> list[dict[str, Any]]:
-    """A chain inside a batch as links, on the batch's queue and connection unless a
-    link names its own."""
-    links = []
-    for p in item:
-        link = p.to_link(manager.app)
-        if queue and "queue" not in link:
-            link["queue"] = queue
-        if conn and "connection" not in link:
-            link["connection"] = conn
-        links.append(link)
-    return links
-
-
 async def _count_unsent(
     manager: QueueManager, batch_id: str, error: DispatchIncompleteError
 ) -> None:
@@ -483,324 +408,10 @@ async def find(manager: QueueManager, batch_id: str) -> Batch | None:
     )
 
 
-@dataclass
-class BatchJob:
-    """One job of a batch that has ended, as ``jobs`` lists it."""
-
-    id: str
-    #: ``done``, ``failed``, ``skipped`` (its batch was cancelled, or it was cancelled),
-    #: or ``retried`` (failed, then retried from the failed jobs and done).
-    state: str
-
-
-async def jobs(manager: QueueManager, batch_id: str) -> tuple[list[BatchJob], int]:
-    """The jobs of a batch that have ended, in the order they ended, and how many have
-    ended in all: only the first ``KEEP_JOB_IDS`` are listed (the dashboard's batch page;
-    jobs still pending are only counted)."""
-    store = _store(manager)
-    ended = int(await store.get(_key(batch_id, "jobs")) or 0)
-    if not ended:
-        return [], 0
-    slots = [_key(batch_id, f"jobs:{n}") for n in range(1, min(ended, KEEP_JOB_IDS) + 1)]
-    ids = [str(v) for v in await store.get_many(slots) if v is not None]
-    marks = await store.get_many(
-        [_key(batch_id, f"{part}:{i}") for i in ids for part in ("done", "recovered")]
-    )
-    out = []
-    for i, job_id in enumerate(ids):
-        state, recovered = marks[2 * i], marks[2 * i + 1]
-        out.append(BatchJob(job_id, "retried" if recovered is not None else str(state or "")))
-    return out, ended
-
-
-async def recent_ids(manager: QueueManager, limit: int = 50) -> list[str]:
-    """Ids of the newest batches in the index (newest first, at most ``limit``; the
-    dashboard's batch list). Slots of pruned or expired batches are skipped."""
-    store = _store(manager)
-    count, floor = (int(v or 0) for v in await store.get_many([_INDEX_COUNT, _INDEX_FLOOR]))
-    ids: list[str] = []
-    top = count
-    while top > floor and len(ids) < limit:
-        slots = list(range(top, max(floor, top - _PRUNE_CHUNK), -1))
-        values = await store.get_many([_index_key(n) for n in slots])
-        ids.extend(str(v) for v in values if v is not None)
-        top = slots[-1] - 1
-    return ids[:limit]
-
-
 async def load_for_job(manager: QueueManager, batch_id: str) -> Batch | None:
     return await find(manager, batch_id)
 
 
-async def settle(
-    manager: QueueManager, message: Message, outcome: str, error: BaseException | None
-) -> None:
-    """Count one job of a batch as done, skipped or failed, then run due callbacks.
-
-    Safe to run again for the same job (a redelivery after a crash): the count is one
-    atomic store step, and the callbacks it is due are dispatched once each.
-    """
-    store = _store(manager)
-    batch_id = message.batch_id
-    assert batch_id is not None
-    record = await store.get(_key(batch_id))
-    if record is None:
-        return  # expired or unknown batch: nothing to count
-    ttl = record["options"].get("ttl")
-    if outcome == "failed" and message.chain:
-        # The rest of this job's chain will never run: counted as skipped, once.
-        n = tails.chain_length(message.chain)
-        await _count(manager, store, record, f"{message.id}:rest", "skipped", n)
-    cancel = outcome == "failed" and not record["options"].get("allow_failures")
-    settled = await store.settle_batch_job(
-        _key(batch_id),
-        message.id,
-        outcome,
-        cancel=cancel,
-        now=time.time(),
-        ttl=ttl,
-        keep=KEEP_JOB_IDS,
-    )
-    callbacks = record.get("callbacks") or {}
-    if outcome == "failed" and settled.outcome == "failed":
-        # Also when this is a redelivery that finds the job counted: the crash that
-        # caused it may have come before these were dispatched.
-        if callbacks.get("failure"):
-            kind = f"failure:{message.id}"
-            await _dispatch_once(manager, record, kind, callbacks["failure"], error)
-        if callbacks.get("catch"):
-            await _dispatch_once(manager, record, "catch", callbacks["catch"], error)
-    if outcome == "done" and settled.outcome == "done" and callbacks.get("progress"):
-        # Also when a redelivery finds the job counted (the crash came after the count),
-        # and once: a claim key and a mark per job, as for then/catch/finally.
-        kind = f"progress:{message.id}"
-        await _dispatch_once(manager, record, kind, callbacks["progress"], None)
-    if settled.pending <= 0:
-        await _finish(manager, batch_id, store, record)
-
-
-async def settle_cancelled(manager: QueueManager, message: Message) -> None:
-    """Count a job cancelled with ``Queue.cancel`` like the jobs a cancelled batch skips
-    (processed, not failed; the batch goes on), and the rest of its chain with it."""
-    if message.chain:
-        store = _store(manager)
-        assert message.batch_id is not None
-        record = await store.get(_key(message.batch_id))
-        if record is not None:
-            n = tails.chain_length(message.chain)
-            await _count(manager, store, record, f"{message.id}:rest", "skipped", n)
-    await settle(manager, message, "skipped", None)
-
-
-async def _count(
-    manager: QueueManager, store: Store, record: dict[str, Any], job: str, outcome: str, n: int
-) -> None:
-    settled = await store.settle_batch_job(
-        _key(record["id"]), job, outcome, count=n, ttl=record["options"].get("ttl")
-    )
-    if settled.pending <= 0:
-        await _finish(manager, record["id"], store, record)
-
-
-async def _finish(
-    manager: QueueManager, batch_id: str, store: Store, record: dict[str, Any] | None = None
-) -> None:
-    """Dispatch what a finished batch is due (``then``/``finally``, the rest of its chain)
-    and then set the ``finished`` marker.
-
-    Any number of workers may run this for one batch (a job redelivered after a crash
-    comes here again whenever ``pending`` is 0): each callback is dispatched once
-    (``_dispatch_once``) and marked, so a run that died half-way is completed by the
-    next one, and the marker is written last.
-    """
-    if record is None:
-        record = await store.get(_key(batch_id))
-        if record is None:
-            return
-    ttl = record["options"].get("ttl")
-    if await store.get(_key(batch_id, "finished")) is not None:
-        return  # everything was dispatched
-    batch = await find(manager, batch_id)
-    if batch is None:
-        return
-    # Decided once, by the first finisher: a later one must not take the other branch
-    # (the batch cancelled, or a failed job retried, in between).
-    now = "cancelled" if batch.cancelled else "ok" if batch.failed == 0 else "failed"
-    await store.add(_key(batch_id, "outcome"), now, ttl)
-    result = await store.get(_key(batch_id, "outcome")) or now
-    finished_at = time.time()
-    batch.finished_at = finished_at  # callbacks see a finished batch
-    callbacks = record.get("callbacks") or {}
-    if result == "ok" and callbacks.get("then"):
-        await _dispatch_once(manager, record, "then", callbacks["then"], None, batch)
-    if callbacks.get("finally"):
-        await _dispatch_once(manager, record, "finally", callbacks["finally"], None, batch)
-    chain = record.get("chain")
-    if chain:
-        await _continue_chain(manager, record, chain, result, batch)
-    await store.add(_key(batch_id, "finished"), finished_at, ttl)
-    for refs in callbacks.values():
-        manager.forget_callbacks(refs)  # nothing of this batch can fire any more
-
-
-async def _continue_chain(
-    manager: QueueManager, record: dict[str, Any], chain: dict[str, Any], result: str, batch: Batch
-) -> None:
-    batch_id = record["id"]
-    if result == "ok" or (result == "failed" and batch.allows_failures):
-        links = chain.get("links")
-        store = _store(manager)
-        mark = _key(batch_id, "cb:chain")
-        if links and await store.get(mark) is None:
-            # A plain first link carries the once-claim; a batch as the next link is
-            # created again if a crash comes before the mark (it has no claim).
-            links = await tails.expand(manager, links, chain["chain_id"])
-            if links:
-                await start_links(
-                    manager,
-                    links,
-                    chain["chain_id"],
-                    chain.get("catch"),
-                    batch_id=None,
-                    meta={"once": _key(batch_id, "once:chain")},
-                )
-            await store.put(mark, time.time(), record["options"].get("ttl"))
-    else:
-        err = HazeError(f'batch "{batch_id}" in chain {chain["chain_id"]} failed')
-        refs = chain.get("catch") or []
-        if refs:
-            await _dispatch_once(manager, record, "chain-catch", refs, None, args=(err,))
-
-
-async def _dispatch_once(
-    manager: QueueManager,
-    record: dict[str, Any],
-    kind: str,
-    refs: list[dict[str, Any]],
-    error: BaseException | None,
-    batch: Batch | None = None,
-    *,
-    args: tuple[Any, ...] | None = None,
-) -> None:
-    """Dispatch the ``kind`` callbacks of a batch unless marked done; then mark them.
-
-    Each callback gets a claim key derived from the batch id and ``kind``: a second
-    dispatch (after a crash before the mark, or by a concurrent finisher) is a no-op,
-    because only the first message that claims the key runs (``claim_once``).
-    """
-    store = _store(manager)
-    batch_id = record["id"]
-    ttl = record["options"].get("ttl")
-    mark = _key(batch_id, f"cb:{kind}")
-    if await store.get(mark) is not None:
-        return
-    if args is None:
-        if batch is None:
-            batch = await find(manager, batch_id)
-        args = (batch,) if error is None else (batch, error)
-    for i, ref in enumerate(refs):
-        await manager.run_callback(
-            ref,
-            args,
-            connection=record["options"]["connection"],
-            once=_key(batch_id, f"once:{kind}:{i}"),
-        )
-    await store.put(mark, time.time(), ttl)
-
-
-async def claim_once(manager: QueueManager, key: str, owner: str) -> bool:
-    """True when ``owner`` (a message id) may run the callback claimed by ``key``.
-
-    The first message to claim the key owns it; a redelivery of that message still
-    owns it (it may have died mid-run), any other message is a duplicate dispatch.
-    """
-    return await manager.callbacks.claim_once(key, owner)
-
-
-_PRUNE_CHUNK = 200
-
-
-async def prune(
-    manager: QueueManager,
-    *,
-    finished_before: float,
-    unfinished_before: float | None = None,
-    cancelled_before: float | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> int:
-    """Delete batches (``haze queue:prune-batches``); returns how many were deleted.
-
-    Deleted: finished batches that finished before ``finished_before`` (a timestamp);
-    with ``unfinished_before``, unfinished ones created before it; with
-    ``cancelled_before``, cancelled ones created before it. The record, counters and
-    failed-job list go at once; per-job markers expire with ``batches.ttl``.
-    ``progress(done, total)`` is called as index slots are walked.
-    """
-    store = _store(manager)
-    count, floor, settled = (
-        int(v or 0) for v in await store.get_many([_INDEX_COUNT, _INDEX_FLOOR, _INDEX_SETTLED])
-    )
-    floor = max(0, min(floor, count))
-    total = count - floor
-    pruned = walked = 0
-    new_floor, advancing = floor, True
-    for start in range(floor + 1, count + 1, _PRUNE_CHUNK):
-        slots = list(range(start, min(count, start + _PRUNE_CHUNK - 1) + 1))
-        ids = await store.get_many([_index_key(n) for n in slots])
-        for n, value in zip(slots, ids, strict=True):
-            gone = value is None
-            if not gone:
-                batch = await find(manager, str(value))
-                if batch is None or _prunable(
-                    batch, finished_before, unfinished_before, cancelled_before
-                ):
-                    if batch is not None:
-                        await _delete(store, batch)
-                        pruned += 1
-                    await store.delete(_index_key(n))
-                    gone = True
-            # An empty slot allocated after the previous prune began may be a batch
-            # whose slot is being written right now: the floor stops before it.
-            if advancing and gone and (value is not None or n <= settled):
-                new_floor = n
-            else:
-                advancing = False
-        walked += len(slots)
-        if progress is not None:
-            progress(walked, total)
-    if new_floor > floor:
-        await store.put(_INDEX_FLOOR, new_floor)
-    await store.put(_INDEX_SETTLED, count)
-    return pruned
-
-
-def _prunable(
-    batch: Batch,
-    finished_before: float,
-    unfinished_before: float | None,
-    cancelled_before: float | None,
-) -> bool:
-    if batch.finished_at is not None and batch.finished_at < finished_before:
-        return True
-    created = batch.created_at
-    if unfinished_before is not None and not batch.finished and created < unfinished_before:
-        return True
-    return cancelled_before is not None and batch.cancelled and created < cancelled_before
-
-
-async def _delete(store: Store, batch: Batch) -> None:
-    # The record first: a job settling meanwhile then finds nothing to count.
-    raw_failed = int(await store.get(_key(batch.id, "failed")) or 0)  # recovered ones too
-    parts = ["", "total", "pending", "processed", "failed", "finished", "cancelled", "outcome"]
-    parts += ["cb:then", "cb:finally", "cb:catch", "cb:chain", "cb:chain-catch"]
-    parts += ["recovered", *(f"failed:{i}" for i in range(1, raw_failed + 1))]
-    listed = min(int(await store.get(_key(batch.id, "jobs")) or 0), KEEP_JOB_IDS)
-    parts += ["jobs", *(f"jobs:{i}" for i in range(1, listed + 1))]
-    for part in parts:
-        await store.delete(_key(batch.id, part))
-
-
-# ====================================================================== links of a chain
 # A chain's links may hold a batch and a batch may hold chains: the link runner lives
 # here, below chains.py, so the two modules import one way only.
 
@@ -841,30 +452,6 @@ def check_function_callbacks(
                     f'"{name}" (driver {type(driver).__name__}); pass a job reference '
                     "such as cleanup.with_({...}) instead"
                 )
-
-
-def check_link_queues(
-    manager: QueueManager,
-    links: Sequence[dict[str, Any]],
-    queue: str | None = None,
-    connection: str | None = None,
-) -> None:
-    """Ask the driver of each job that ``links`` will queue later (a chain's next links,
-    a batch's jobs) whether it takes the job's queue name (``QueueNameRules``): a name it
-    refuses then fails the dispatch instead of the link before it, which would lose the
-    rest of the chain."""
-    for link in links:
-        if "batch" in link:
-            spec = link["batch"]
-            check_link_queues(manager, spec["jobs"], spec.get("queue"), spec.get("connection"))
-        elif "chain" in link:
-            check_link_queues(manager, link["chain"], queue, connection)
-        else:
-            job = get_job(link["job"])
-            conn = link.get("connection") or connection or job.connection
-            driver = manager.app.driver(manager.app.connection_name(conn))
-            if isinstance(driver, QueueNameRules):
-                driver.check_queue(link.get("queue") or queue or job.queue or "default")
 
 
 async def start_links(
@@ -924,6 +511,40 @@ def _record_batch_link(
     return DispatchResult(batch.id, chain_id=chain_id)
 
 
+# ============================================ settle and prune (below: handed ``find``)
+
+
+async def settle(
+    manager: QueueManager, message: Message, outcome: str, error: BaseException | None
+) -> None:
+    """Count one job of a batch, then run due callbacks (:func:`batch_settle.settle`)."""
+    await batch_settle.settle(_CALLS, manager, message, outcome, error)
+
+
+async def settle_cancelled(manager: QueueManager, message: Message) -> None:
+    """Count a job cancelled with ``Queue.cancel`` (:func:`batch_settle.settle_cancelled`)."""
+    await batch_settle.settle_cancelled(_CALLS, manager, message)
+
+
+async def prune(
+    manager: QueueManager,
+    *,
+    finished_before: float,
+    unfinished_before: float | None = None,
+    cancelled_before: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> int:
+    """Delete old batches; returns how many were deleted (:func:`batch_prune.prune`)."""
+    return await batch_prune.prune(
+        find,
+        manager,
+        finished_before=finished_before,
+        unfinished_before=unfinished_before,
+        cancelled_before=cancelled_before,
+        progress=progress,
+    )
+
+
 # ====================================================================== outcome hooks
 
 
@@ -974,3 +595,6 @@ class BatchCount:
 
     async def settled(self, run: Run) -> None:
         return None
+
+
+_CALLS = batch_settle.BatchCalls(find=find, start_links=start_links)
