@@ -256,3 +256,34 @@ def test_an_unreachable_service_is_an_outage_not_a_traceback() -> None:
     with pytest.raises(Exception) as e:
         asyncio.run(go())
     assert "unavailable" in str(e.value) and "\n" not in str(e.value), e.value
+
+
+@pytest.mark.parametrize(
+    ("template", "says"),
+    [
+        ("haze-fixed", "{queue}"),  # every haze queue would share one topic
+        ("haze-{tenant}-{queue}", "{tenant}"),
+        ("haze-{0}-{queue}", "{0}"),
+        ("haze-{queue", "{queue}"),
+    ],
+)
+async def test_a_topic_template_that_is_not_one_topic_per_queue_is_one_line(
+    template: str, says: str
+) -> None:
+    with pytest.raises(ConfigError, match="topic") as e:
+        async with _app(topic=template):
+            await vb_echo.dispatch({}, queue="a")
+    assert says in str(e.value) and "\n" not in str(e.value), e.value
+
+
+@pytest.mark.parametrize(
+    ("options", "key"),
+    [({"region": "US-EAST"}, "region"), ({"base_url": "not a url"}, "base_url")],
+)
+async def test_a_bad_region_or_base_url_is_one_line_naming_the_key(
+    options: dict[str, Any], key: str
+) -> None:
+    with pytest.raises(ConfigError, match=key) as e:
+        async with _app(**options):
+            await vb_echo.dispatch({})
+    assert "\n" not in str(e.value), e.value

@@ -62,6 +62,7 @@ import logging
 import math
 import os
 import re
+import string
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -120,6 +121,8 @@ _RUN_MARGIN = 3600
 #: A message this close to its ``due`` time counts as due (delays are whole seconds).
 _DUE_TOLERANCE = 1.0
 _TOPIC = re.compile(r"[A-Za-z0-9_-]+")
+#: Region ids (``iad1``, ``sfo1``), as the SDK checks them.
+_REGION = re.compile(r"[a-z]{2,5}[0-9]{1,2}")
 _POLL_SLEEP, _POLL_MAX_SLEEP = 0.05, 1.0
 _SEND_TRIES = 3
 
@@ -192,6 +195,30 @@ def due_of(message: Message | None) -> float | None:
         return None
 
 
+def check_template(name: str, template: str) -> str:
+    """``template``, refused unless it makes one topic per haze queue (without ``{queue}``
+    a worker of one queue would run another's jobs)."""
+    key = f"connections.{name}.topic"
+    hint = "use letters, digits, '-', '_' and {queue} once, e.g. \"haze-{queue}\""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise ConfigError(f"{template!r} is not a topic template ({e}); {hint}", key=key) from e
+    fields = [(field, spec, conv) for _, field, spec, conv in parts if field is not None]
+    for field, spec, conv in fields:
+        if field != "queue" or spec or conv:
+            bad = f"{{{field}}}" if field != "queue" else "a format spec on {queue}"
+            raise ConfigError(f"{template!r} has {bad}, which haze cannot fill; {hint}", key=key)
+    literal = "".join(text for text, *_ in parts)
+    if len(fields) != 1 or (literal and not _TOPIC.fullmatch(literal)):
+        raise ConfigError(
+            f"{template!r} must hold {{queue}} exactly once, so each haze queue has a topic "
+            f"of its own, and only topic characters around it; {hint}",
+            key=key,
+        )
+    return template
+
+
 class VercelDriver(
     Interruptible, Leased, DelayStep, Concurrent, QueueNameRules, UncountedQueues, DeclaresOptions
 ):
@@ -222,7 +249,7 @@ class VercelDriver(
         self.name = name
         self.app = app
         self.config = options
-        self.topic_template: str = options.get("topic") or "haze-{queue}"
+        self.topic_template: str = check_template(name, options.get("topic") or "haze-{queue}")
         self.consumer_group: str = options.get("consumer_group") or "haze"
         self.retry_after = self._seconds("retry_after", 300, MIN_VISIBILITY, MAX_VISIBILITY)
         self.retention = self._seconds("retention", MAX_RETENTION, MIN_RETENTION, MAX_RETENTION)
@@ -293,6 +320,15 @@ class VercelDriver(
                 "outside Vercel the vercel driver needs where the Queue API is: set region "
                 "(the one the producers send to, e.g. iad1) or base_url",
                 key=f"{key}.region",
+            )
+        if region and not _REGION.fullmatch(region):
+            raise ConfigError(
+                f"{region!r} is not a Vercel region id (iad1, sfo1)", key=f"{key}.region"
+            )
+        if base_url and not re.match(r"https?://[^/\s]+", base_url):
+            raise ConfigError(
+                f"{base_url!r} is not an http(s) URL; use e.g. https://iad1.vercel-queue.com",
+                key=f"{key}.base_url",
             )
         settings: dict[str, Any] = {"region": region or "iad1", "token": token or None}
         if base_url:
