@@ -287,3 +287,53 @@ async def test_a_bad_region_or_base_url_is_one_line_naming_the_key(
         async with _app(**options):
             await vb_echo.dispatch({})
     assert "\n" not in str(e.value), e.value
+
+
+RUNS: list[Any] = []
+
+
+@define_job(name="vb_count")
+async def vb_count(payload: dict[str, Any]) -> None:
+    RUNS.append(payload["n"])
+
+
+async def _post(function: Any, body: bytes, headers: dict[str, str]) -> int:
+    """One push callback to the consumer function, as Vercel POSTs it (the ASGI app
+    called in process: uvicorn would only carry the same bytes)."""
+    sent: list[Any] = []
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+    }
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(event: Any) -> None:
+        sent.append(event)
+
+    await function(scope, receive, send)
+    return int(sent[0]["status"])
+
+
+async def test_a_push_callback_replayed_after_its_ack_or_forged_does_not_run_the_job() -> None:
+    from haze.integrations.vercel_queue import QueueFunction
+
+    RUNS.clear()
+    template = spec["unique_topic"]("replay")
+    async with _app(topic=template) as app:
+        await vb_count.dispatch({"n": 1})
+        function = QueueFunction(app=app)
+        server = spec["server"]()
+        [delivery] = list(server.iter_push_deliveries(template.format(queue="default"), "haze"))
+        headers = dict(delivery.headers)
+        assert await _post(function, delivery.body, headers) == 200
+        assert RUNS == [1]
+        # the same callback again (an HTTP retry of a delivery already acknowledged)
+        assert await _post(function, delivery.body, headers) < 500
+        # a callback no delivery of the service made: another payload, a made-up handle
+        forged = {**headers, "ce-vqsmessageid": "msg_forged", "ce-vqsreceipthandle": "rh_x"}
+        body = delivery.body.replace(b'"n":1', b'"n":2')
+        assert await _post(function, body, forged) < 500
+        assert RUNS == [1], RUNS
