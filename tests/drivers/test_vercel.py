@@ -337,3 +337,18 @@ async def test_a_push_callback_replayed_after_its_ack_or_forged_does_not_run_the
         body = delivery.body.replace(b'"n":1', b'"n":2')
         assert await _post(function, body, forged) < 500
         assert RUNS == [1], RUNS
+
+
+async def test_a_short_retention_keeps_half_of_it_to_run_the_job_not_an_hour() -> None:
+    # retention "10m" is allowed (1 min to 7 days): an hour kept to run a message left a
+    # 1 s hop, so a 30 s delay was refused (or bounced through 30 hops)
+    template = spec["unique_topic"]("ret")
+    async with _app(topic=template, retention="10m", hops=False):
+        await vb_echo.dispatch({}, delay=30)
+        with pytest.raises(DelayTooLongError, match="over the 300s cap") as e:
+            await vb_echo.dispatch({}, delay=301)
+        assert "\n" not in str(e.value)
+    state = spec["server"]().state
+    [stored] = [m for m in state.messages if m.topic == template.format(queue="default")]
+    assert stored.delay_seconds == 30
+    assert "meta" not in json.loads(stored.payload.read())

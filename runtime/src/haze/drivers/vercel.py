@@ -27,11 +27,10 @@ attempt``. A killed worker's message comes back when its lease runs out, with on
 delivery, which counts as the lost attempt.
 
 **Delays.** The service holds a message until it is due for at most its retention (7
-days); the driver keeps an hour of it to run the job, so one hop is at most 7 days less
-an hour. A longer delay is sent for that long with ``meta.due`` in the envelope; a
-consumer that receives it before it is due sends it on (the time left, up to one hop)
-and acknowledges it without running it. ``"hops": False`` refuses such a delay at
-dispatch with ``DelayTooLongError`` naming the cap.
+days); the driver keeps an hour of it (half, under 2 h) to run the job. A longer delay
+is sent for that long with ``meta.due`` in the envelope; a consumer that receives it
+before it is due sends it on (the time left, up to one hop) and acknowledges it.
+``"hops": False`` refuses such a delay at dispatch with ``DelayTooLongError``.
 
 **Duplicates.** Each send carries an idempotency key of its own, and the driver sends
 again (3 tries) with the same key when the answer is lost or the service is busy: the
@@ -116,7 +115,7 @@ SERVICE_MAX_MESSAGE_SIZE = 100_000_000
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 #: Bytes kept free at dispatch for the ``attempts`` and ``meta.due`` a re-send adds.
 _HEADROOM = 48
-#: Of a message's retention, what is kept to run it once due.
+#: Of a message's retention, what is kept to run it once due (half, under 2 h).
 _RUN_MARGIN = 3600
 #: A message this close to its ``due`` time counts as due (delays are whole seconds).
 _DUE_TOLERANCE = 1.0
@@ -254,7 +253,8 @@ class VercelDriver(
         self.retry_after = self._seconds("retry_after", 300, MIN_VISIBILITY, MAX_VISIBILITY)
         self.retention = self._seconds("retention", MAX_RETENTION, MIN_RETENTION, MAX_RETENTION)
         self.hops: bool = options.get("hops") is not False
-        self.max_delay: float = float(max(1, self.retention - _RUN_MARGIN))
+        self.run_margin = min(_RUN_MARGIN, self.retention // 2)
+        self.max_delay: float = float(self.retention - self.run_margin)
         limit = SERVICE_MAX_MESSAGE_SIZE - _HEADROOM
         size = options.get("max_message_size")
         if size is not None and size > limit:
@@ -379,7 +379,7 @@ class VercelDriver(
             raise DelayTooLongError(
                 f'job "{message.job}": a delay of {delay:g}s is over the {self.max_delay:g}s '
                 f'cap of connection "{self.name}" (Vercel Queues keeps a message '
-                f"{self.retention}s, less an hour to run it) and hops are off; set "
+                f"{self.retention}s, less {self.run_margin}s to run it) and hops are off; set "
                 '"hops": True or dispatch it later (nothing was enqueued)'
             )
         return int(self.max_delay), self.clock() + delay
