@@ -352,3 +352,53 @@ async def test_a_short_retention_keeps_half_of_it_to_run_the_job_not_an_hour() -
     [stored] = [m for m in state.messages if m.topic == template.format(queue="default")]
     assert stored.delay_seconds == 30
     assert "meta" not in json.loads(stored.payload.read())
+
+
+SLOW_JOB = """\
+import asyncio, os
+from haze import define_job
+
+
+@define_job(name="vp_slow", tries=3)
+async def vp_slow(payload: dict) -> None:
+    with open(payload["file"], "a") as f:
+        f.write(f"start {os.getpid()}\\n")
+    await asyncio.sleep(payload["secs"])
+"""
+
+
+def test_a_job_longer_than_the_shortest_lease_runs_once(tmp_path: Path) -> None:
+    # retry_after "1s" is allowed (the service's shortest lease): a heartbeat every
+    # second renewed it too late, so a 4 s job ran on each worker in turn and failed
+    # with its tries used up
+    server = spec["server"]()
+    template = spec["unique_topic"]("lease")
+    root = _write_app(tmp_path / "site", template, tmp_path)
+    queue_py = root / "config" / "queue.py"
+    queue_py.write_text(queue_py.read_text().replace('"30s"', '"1s"'))
+    (root / "app" / "job" / "vp_jobs.py").write_text(SLOW_JOB)
+    env = _env(VQ_URL=str(server.base_url))
+    out = tmp_path / "ran.txt"
+    producer = (
+        "import asyncio, sys\nfrom haze import App, Queue\nasync def main():\n"
+        f"    async with App(root={str(root)!r}):\n"
+        "        await Queue.dispatch('vp_slow', {'file': sys.argv[1], 'secs': 4})\n"
+        "asyncio.run(main())\n"
+    )
+    sent = _run(["-c", producer, str(out)], env, tmp_path)
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    args = ["-m", "haze.cli", "--root", str(root), "queue:work", "--max-time", "9s"]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, *args],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    logs = [w.communicate(timeout=120)[0] for w in workers]
+    assert out.read_text().count("start") == 1, (out.read_text(), logs)
+    assert "FAILED" not in "".join(logs), logs

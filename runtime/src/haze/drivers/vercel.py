@@ -266,7 +266,7 @@ class VercelDriver(
             )
         self.max_message_size: int | None = size or DEFAULT_MAX_MESSAGE_SIZE
         self.concurrency: int = options.get("concurrency") or 1
-        self.heartbeat_interval: float = max(1.0, self.retry_after / 3)
+        self.heartbeat_interval: float = self.retry_after / 3  # a 1 s lease: every 0.33 s
         sdk = _sdk()  # fails here, naming haze-jobs[vercel], when the SDK is missing
         #: the SDK's "cannot reach the Queue API" and "the service is overloaded / broken"
         self.outage_errors: tuple[type[BaseException], ...] = (
