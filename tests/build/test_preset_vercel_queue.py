@@ -244,3 +244,16 @@ async def test_the_trigger_names_the_consumer_group_the_poll_workers_read_as(
         # the poll workers' group: the message was settled for it too
         assert await driver.reserve(["default"], 0) is None
     assert lines_of(out).count("end grp") == 1, lines_of(out)
+
+
+def test_the_trigger_lease_is_the_drivers_for_a_fractional_retry_after(tmp_path: Path) -> None:
+    # "0.5s" is a lease of 1 s on the driver (whole seconds, rounded up); the trigger
+    # said 0, which is no lease at all
+    template = spec["unique_topic"]("frac")
+    files = _config(tmp_path, template)
+    files["config/queue.py"] = files["config/queue.py"].replace('"60s"', '"0.5s"')
+    root = write_app(tmp_path / "site", files, name="vq_write")
+    result = build(root, "vercel", tmp_path / "dist")
+    config = json.loads((result.path / "vercel.json").read_text())
+    [trigger] = config["functions"]["api/queue.py"]["experimentalTriggers"]
+    assert trigger["retryAfterSeconds"] == 1, trigger
