@@ -402,3 +402,15 @@ def test_a_job_longer_than_the_shortest_lease_runs_once(tmp_path: Path) -> None:
     logs = [w.communicate(timeout=120)[0] for w in workers]
     assert out.read_text().count("start") == 1, (out.read_text(), logs)
     assert "FAILED" not in "".join(logs), logs
+
+
+async def test_a_post_that_is_no_push_delivery_is_a_400_naming_what_is_missing() -> None:
+    from haze.integrations.vercel_queue import QueueFunction
+
+    template = spec["unique_topic"]("junk")
+    async with _app(topic=template) as app:
+        function = QueueFunction(app=app)
+        assert await _post(function, b"", {}) == 400
+        assert await _post(function, b"{}", {"ce-type": "com.example.other"}) == 400
+        only_type = {"ce-type": "com.vercel.queue.v2beta"}
+        assert await _post(function, b"{}", only_type) == 400

@@ -199,6 +199,11 @@ class QueueFunction:
         headers = {
             k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []
         }
+        missing = _not_a_delivery(headers)
+        if missing:
+            # a scanner or a misrouted request: nothing Vercel would deliver again
+            await _answer(send, 400, {"error": f"not a Vercel Queues push delivery: {missing}"})
+            return
         app = self.app()
         try:
             raw = bytes(body)
@@ -211,6 +216,19 @@ class QueueFunction:
             await _answer(send, 500, {"error": f"{type(e).__name__}: {line}"})
             return
         await _answer(send, 200, {"ok": True})
+
+
+#: The CloudEvent type and headers every Vercel Queues push delivery carries.
+_EVENT_TYPE = "com.vercel.queue.v2beta"
+_EVENT_HEADERS = ("ce-vqsqueuename", "ce-vqsconsumergroup", "ce-vqsmessageid")
+
+
+def _not_a_delivery(headers: dict[str, str]) -> str:
+    """What a request lacks to be a push delivery ("" when it has it all)."""
+    if headers.get("ce-type") != _EVENT_TYPE:
+        return f"ce-type is {headers.get('ce-type', '')!r}, not {_EVENT_TYPE!r}"
+    absent = [h for h in _EVENT_HEADERS if not headers.get(h)]
+    return f"no {', '.join(absent)} header" if absent else ""
 
 
 async def _answer(send: Send, status: int, data: dict[str, Any]) -> None:
