@@ -414,3 +414,21 @@ async def test_a_post_that_is_no_push_delivery_is_a_400_naming_what_is_missing()
         assert await _post(function, b"{}", {"ce-type": "com.example.other"}) == 400
         only_type = {"ce-type": "com.vercel.queue.v2beta"}
         assert await _post(function, b"{}", only_type) == 400
+
+
+async def test_queue_check_is_not_ok_when_the_queue_api_cannot_be_reached(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # no queue depth to read must not mean nothing to check: the service is still asked
+    from haze import queue_check
+
+    for name in ("VERCEL", "VERCEL_QUEUE_TOKEN", "VERCEL_OIDC_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    for options, says in [
+        ({"base_url": "http://127.0.0.1:9"}, "unavailable"),
+        ({"token": None}, "token"),
+    ]:
+        async with _app(**options):
+            report = await queue_check()
+        assert not report.ok and not report.reachable, (options, report)
+        assert report.error and says in report.error and "\n" not in report.error, report.error

@@ -56,7 +56,6 @@ dashboard read to say so), and ``purge()`` drains what is visible to the group n
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import os
@@ -64,20 +63,21 @@ import re
 import string
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 from haze._failed import failed_store
 from haze._kernel.deps import require
 from haze._kernel.errors import (
+    BackendUnavailableError,
     ConfigError,
     DelayTooLongError,
     PayloadTooLargeError,
     QueueCountUnavailableError,
 )
-from haze._kernel.message import Message, decode, envelope_of
+from haze._kernel.message import Message, decode
 from haze.contracts.driver import (
     Concurrent,
     DeclaresOptions,
@@ -90,6 +90,7 @@ from haze.contracts.driver import (
     Reserved,
     UncountedQueues,
 )
+from haze.drivers._vercel_message import _Body, due_of, rewrite
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
@@ -130,22 +131,6 @@ def _sdk() -> Any:
     return require("vercel.queue", what="the vercel driver", extra="vercel", package="vercel-queue")
 
 
-class _Body:
-    """The SDK transport of a haze envelope: JSON text out, the raw bytes back (a body
-    that is not JSON still arrives, and fails as a job instead of breaking the poll)."""
-
-    content_type = "application/json"
-
-    def serialize(self, value: bytes) -> bytes:
-        return value
-
-    async def deserialize(self, payload: AsyncIterator[bytes], *, content_type: str) -> bytes:
-        chunks = bytearray()
-        async for chunk in payload:
-            chunks.extend(chunk)
-        return bytes(chunks)
-
-
 @dataclass(slots=True)
 class VercelReceipt:
     """The driver's token on a delivered message (``Reserved.token``): the SDK message
@@ -158,40 +143,6 @@ class VercelReceipt:
     push: bool = False
     #: The visibility a push retry asks for (seconds), set by ``release``.
     retry_delay: int | None = None
-
-
-def rewrite(body: str, *, attempts: int | None = None, due: float | None = None) -> str:
-    """``body`` with another ``attempts`` offset (None: kept) and ``meta.due`` (None:
-    removed)."""
-    data = envelope_of(body)
-    if data is None:
-        return body
-    if attempts is not None:
-        if attempts > 0:
-            data["attempts"] = attempts
-        else:
-            data.pop("attempts", None)
-    meta = dict(data.get("meta") or {})
-    if due is not None:
-        meta["due"] = round(due, 3)
-    else:
-        meta.pop("due", None)
-    if meta:
-        data["meta"] = meta
-    else:
-        data.pop("meta", None)
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-def due_of(message: Message | None) -> float | None:
-    """``meta.due`` of a message sent in hops (None: none, or not a number)."""
-    if message is None or not message.meta:
-        return None
-    due = message.meta.get("due")
-    try:
-        return float(due) if due is not None else None
-    except (TypeError, ValueError):
-        return None
 
 
 def check_template(name: str, template: str) -> str:
@@ -580,6 +531,24 @@ class VercelDriver(
         raise QueueCountUnavailableError(
             f'connection "{self.name}" ({self.topic_name(queue)}): {self.counts_note}'
         )
+
+    async def probe(self, queue: str) -> None:
+        """Renew the lease of a message no one sent: the service answers "not found"
+        and nothing changes (the Queue API has no read-only call)."""
+        sdk = _sdk()
+        meta = sdk.MessageMetadata(
+            message_id="haze-probe", delivery_count=1, created_at=datetime.now(UTC),
+            topic=self.topic_name(queue), consumer_group=sdk.sanitize_name(self.consumer_group),
+            receipt_handle="haze-probe",
+        )  # fmt: skip
+        try:
+            await self.client().extend_lease(meta, timedelta(seconds=MIN_VISIBILITY))
+        except (sdk.MessageNotFoundError, sdk.MessageLockedError):
+            return
+        except self.outage_errors as e:
+            raise BackendUnavailableError(
+                f'connection "{self.name}": the Vercel Queues API is unavailable ({e})'
+            ) from e
 
     async def purge(self, queue: str) -> int:
         """Acknowledge every message of ``queue``'s topic visible to the consumer group
