@@ -432,3 +432,19 @@ async def test_queue_check_is_not_ok_when_the_queue_api_cannot_be_reached(
             report = await queue_check()
         assert not report.ok and not report.reachable, (options, report)
         assert report.error and says in report.error and "\n" not in report.error, report.error
+
+
+async def test_a_foreign_body_keeps_the_queue_it_was_sent_to() -> None:
+    # a body that is not JSON names no queue: it failed as queue "default", so its failed
+    # record (and queue:retry) pointed at a queue it was never on
+    from haze.drivers.vercel import VercelDriver
+
+    template = spec["unique_topic"]("foreign")
+    async with _app(topic=template) as app:
+        driver = app.driver("v")
+        assert isinstance(driver, VercelDriver)
+        await driver.client().send(driver.topic("high"), b"not json {")
+        job = await driver.reserve(["high"], 5)
+        assert job is not None and job.error is not None
+        assert job.queue == "high", job.queue
+        await driver.ack(job)

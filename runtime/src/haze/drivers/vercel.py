@@ -398,8 +398,9 @@ class VercelDriver(
 
     # -- consuming --------------------------------------------------------------------
 
-    def reserved(self, message: Any, client: Any) -> Reserved:
-        """A ``Reserved`` for one SDK message (a poll's or a push callback's)."""
+    def reserved(self, message: Any, client: Any, queue: str | None = None) -> Reserved:
+        """A ``Reserved`` for one SDK message (a poll's of ``queue``, or a push callback's);
+        a body that names no queue keeps the one its topic is of."""
         raw = message.payload
         count = int(message.metadata.delivery_count or 1)
         token = VercelReceipt(message, client)
@@ -415,7 +416,12 @@ class VercelDriver(
             except Exception as e:
                 error = e
         offset = decoded.attempts if decoded is not None else 0
-        queue = decoded.queue if decoded is not None else "default"
+        if decoded is not None:
+            queue = decoded.queue
+        elif queue is None:
+            topic = message.metadata.topic
+            known = self.config.get("queues") or ["default"]
+            queue = next((q for q in known if self.topic_name(q) == topic), "default")
         return Reserved(decoded, offset + count, body, queue, token, error)
 
     async def admit(self, job: Reserved) -> Reserved | None:
@@ -446,7 +452,7 @@ class VercelDriver(
             async for delivery in client.poll(
                 self.topic(queue), self.consumer_group, limit=1, lease_duration=self.retry_after
             ):
-                got = self.reserved(delivery.accept(), client)
+                got = self.reserved(delivery.accept(), client, queue)
             if got is None:
                 return None
             job = await self.admit(got)
