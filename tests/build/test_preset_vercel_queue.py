@@ -201,3 +201,59 @@ def test_the_example_app_builds_for_vercel_with_a_consumer(
     [trigger] = config["functions"]["api/queue.py"]["experimentalTriggers"]
     assert trigger["topic"] == "haze-example-*" and trigger["consumer"] == "haze"
     assert (result.path / "api" / "queue.py").is_file()
+
+
+async def test_the_trigger_names_the_consumer_group_the_poll_workers_read_as(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    # A consumer group with an underscore: the SDK escapes it ("haze_workers" is read as
+    # "haze__workers"), so a trigger naming it unescaped made a second group, and each
+    # message went to the push function (which had no subscriber for it) and to the
+    # poll workers both.
+    from haze import App, Queue
+    from haze.drivers.vercel import VercelDriver
+    from haze.integrations.vercel_queue import QueueFunction
+
+    server = spec["server"]()
+    template = spec["unique_topic"]("grp")
+    files = _config(tmp_path, template)
+    files["config/queue.py"] = files["config/queue.py"].replace(
+        '"failed_store": "main",', '"failed_store": "main", "consumer_group": "haze_workers",'
+    )
+    root = write_app(tmp_path / "site", files, name="vq_write")
+    result = build(root, "vercel", tmp_path / "dist")
+    config = json.loads((result.path / "vercel.json").read_text())
+    [trigger] = config["functions"]["api/queue.py"]["experimentalTriggers"]
+    monkeypatch.setenv("VQ_URL", str(server.base_url))
+    out = tmp_path / "ran.txt"
+    async with App(root=root) as app:
+        await Queue.dispatch("vq_write", {"file": str(out), "tag": "grp"})
+        function = QueueFunction(app=app)
+        transport = httpx.ASGITransport(app=function)
+        async with httpx.AsyncClient(transport=transport, base_url="http://fn") as client:
+            deliveries = list(
+                server.iter_push_deliveries(template.format(queue="default"), trigger["consumer"])
+            )
+            assert len(deliveries) == 1
+            answer = await client.post(
+                "/api/queue", content=deliveries[0].body, headers=dict(deliveries[0].headers)
+            )
+            assert answer.status_code == 200, answer.text
+        driver = app.driver("vercel")
+        assert isinstance(driver, VercelDriver)
+        # the poll workers' group: the message was settled for it too
+        assert await driver.reserve(["default"], 0) is None
+    assert lines_of(out).count("end grp") == 1, lines_of(out)
+
+
+def test_the_trigger_lease_is_the_drivers_for_a_fractional_retry_after(tmp_path: Path) -> None:
+    # "0.5s" is a lease of 1 s on the driver (whole seconds, rounded up); the trigger
+    # said 0, which is no lease at all
+    template = spec["unique_topic"]("frac")
+    files = _config(tmp_path, template)
+    files["config/queue.py"] = files["config/queue.py"].replace('"60s"', '"0.5s"')
+    root = write_app(tmp_path / "site", files, name="vq_write")
+    result = build(root, "vercel", tmp_path / "dist")
+    config = json.loads((result.path / "vercel.json").read_text())
+    [trigger] = config["functions"]["api/queue.py"]["experimentalTriggers"]
+    assert trigger["retryAfterSeconds"] == 1, trigger

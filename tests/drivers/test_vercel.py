@@ -256,3 +256,195 @@ def test_an_unreachable_service_is_an_outage_not_a_traceback() -> None:
     with pytest.raises(Exception) as e:
         asyncio.run(go())
     assert "unavailable" in str(e.value) and "\n" not in str(e.value), e.value
+
+
+@pytest.mark.parametrize(
+    ("template", "says"),
+    [
+        ("haze-fixed", "{queue}"),  # every haze queue would share one topic
+        ("haze-{tenant}-{queue}", "{tenant}"),
+        ("haze-{0}-{queue}", "{0}"),
+        ("haze-{queue", "{queue}"),
+    ],
+)
+async def test_a_topic_template_that_is_not_one_topic_per_queue_is_one_line(
+    template: str, says: str
+) -> None:
+    with pytest.raises(ConfigError, match="topic") as e:
+        async with _app(topic=template):
+            await vb_echo.dispatch({}, queue="a")
+    assert says in str(e.value) and "\n" not in str(e.value), e.value
+
+
+@pytest.mark.parametrize(
+    ("options", "key"),
+    [({"region": "US-EAST"}, "region"), ({"base_url": "not a url"}, "base_url")],
+)
+async def test_a_bad_region_or_base_url_is_one_line_naming_the_key(
+    options: dict[str, Any], key: str
+) -> None:
+    with pytest.raises(ConfigError, match=key) as e:
+        async with _app(**options):
+            await vb_echo.dispatch({})
+    assert "\n" not in str(e.value), e.value
+
+
+RUNS: list[Any] = []
+
+
+@define_job(name="vb_count")
+async def vb_count(payload: dict[str, Any]) -> None:
+    RUNS.append(payload["n"])
+
+
+async def _post(function: Any, body: bytes, headers: dict[str, str]) -> int:
+    """One push callback to the consumer function, as Vercel POSTs it (the ASGI app
+    called in process: uvicorn would only carry the same bytes)."""
+    sent: list[Any] = []
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+    }
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(event: Any) -> None:
+        sent.append(event)
+
+    await function(scope, receive, send)
+    return int(sent[0]["status"])
+
+
+async def test_a_push_callback_replayed_after_its_ack_or_forged_does_not_run_the_job() -> None:
+    from haze.integrations.vercel_queue import QueueFunction
+
+    RUNS.clear()
+    template = spec["unique_topic"]("replay")
+    async with _app(topic=template) as app:
+        await vb_count.dispatch({"n": 1})
+        function = QueueFunction(app=app)
+        server = spec["server"]()
+        [delivery] = list(server.iter_push_deliveries(template.format(queue="default"), "haze"))
+        headers = dict(delivery.headers)
+        assert await _post(function, delivery.body, headers) == 200
+        assert RUNS == [1]
+        # the same callback again (an HTTP retry of a delivery already acknowledged)
+        assert await _post(function, delivery.body, headers) < 500
+        # a callback no delivery of the service made: another payload, a made-up handle
+        forged = {**headers, "ce-vqsmessageid": "msg_forged", "ce-vqsreceipthandle": "rh_x"}
+        body = delivery.body.replace(b'"n":1', b'"n":2')
+        assert await _post(function, body, forged) < 500
+        assert RUNS == [1], RUNS
+
+
+async def test_a_short_retention_keeps_half_of_it_to_run_the_job_not_an_hour() -> None:
+    # retention "10m" is allowed (1 min to 7 days): an hour kept to run a message left a
+    # 1 s hop, so a 30 s delay was refused (or bounced through 30 hops)
+    template = spec["unique_topic"]("ret")
+    async with _app(topic=template, retention="10m", hops=False):
+        await vb_echo.dispatch({}, delay=30)
+        with pytest.raises(DelayTooLongError, match="over the 300s cap") as e:
+            await vb_echo.dispatch({}, delay=301)
+        assert "\n" not in str(e.value)
+    state = spec["server"]().state
+    [stored] = [m for m in state.messages if m.topic == template.format(queue="default")]
+    assert stored.delay_seconds == 30
+    assert "meta" not in json.loads(stored.payload.read())
+
+
+SLOW_JOB = """\
+import asyncio, os
+from haze import define_job
+
+
+@define_job(name="vp_slow", tries=3)
+async def vp_slow(payload: dict) -> None:
+    with open(payload["file"], "a") as f:
+        f.write(f"start {os.getpid()}\\n")
+    await asyncio.sleep(payload["secs"])
+"""
+
+
+def test_a_job_longer_than_the_shortest_lease_runs_once(tmp_path: Path) -> None:
+    # retry_after "1s" is allowed (the service's shortest lease): a heartbeat every
+    # second renewed it too late, so a 4 s job ran on each worker in turn and failed
+    # with its tries used up
+    server = spec["server"]()
+    template = spec["unique_topic"]("lease")
+    root = _write_app(tmp_path / "site", template, tmp_path)
+    queue_py = root / "config" / "queue.py"
+    queue_py.write_text(queue_py.read_text().replace('"30s"', '"1s"'))
+    (root / "app" / "job" / "vp_jobs.py").write_text(SLOW_JOB)
+    env = _env(VQ_URL=str(server.base_url))
+    out = tmp_path / "ran.txt"
+    producer = (
+        "import asyncio, sys\nfrom haze import App, Queue\nasync def main():\n"
+        f"    async with App(root={str(root)!r}):\n"
+        "        await Queue.dispatch('vp_slow', {'file': sys.argv[1], 'secs': 4})\n"
+        "asyncio.run(main())\n"
+    )
+    sent = _run(["-c", producer, str(out)], env, tmp_path)
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    args = ["-m", "haze.cli", "--root", str(root), "queue:work", "--max-time", "9s"]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, *args],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    logs = [w.communicate(timeout=120)[0] for w in workers]
+    assert out.read_text().count("start") == 1, (out.read_text(), logs)
+    assert "FAILED" not in "".join(logs), logs
+
+
+async def test_a_post_that_is_no_push_delivery_is_a_400_naming_what_is_missing() -> None:
+    from haze.integrations.vercel_queue import QueueFunction
+
+    template = spec["unique_topic"]("junk")
+    async with _app(topic=template) as app:
+        function = QueueFunction(app=app)
+        assert await _post(function, b"", {}) == 400
+        assert await _post(function, b"{}", {"ce-type": "com.example.other"}) == 400
+        only_type = {"ce-type": "com.vercel.queue.v2beta"}
+        assert await _post(function, b"{}", only_type) == 400
+
+
+async def test_queue_check_is_not_ok_when_the_queue_api_cannot_be_reached(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # no queue depth to read must not mean nothing to check: the service is still asked
+    from haze import queue_check
+
+    for name in ("VERCEL", "VERCEL_QUEUE_TOKEN", "VERCEL_OIDC_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    for options, says in [
+        ({"base_url": "http://127.0.0.1:9"}, "unavailable"),
+        ({"token": None}, "token"),
+    ]:
+        async with _app(**options):
+            report = await queue_check()
+        assert not report.ok and not report.reachable, (options, report)
+        assert report.error and says in report.error and "\n" not in report.error, report.error
+
+
+async def test_a_foreign_body_keeps_the_queue_it_was_sent_to() -> None:
+    # a body that is not JSON names no queue: it failed as queue "default", so its failed
+    # record (and queue:retry) pointed at a queue it was never on
+    from haze.drivers.vercel import VercelDriver
+
+    template = spec["unique_topic"]("foreign")
+    async with _app(topic=template) as app:
+        driver = app.driver("v")
+        assert isinstance(driver, VercelDriver)
+        await driver.client().send(driver.topic("high"), b"not json {")
+        job = await driver.reserve(["high"], 5)
+        assert job is not None and job.error is not None
+        assert job.queue == "high", job.queue
+        await driver.ack(job)

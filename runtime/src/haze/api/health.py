@@ -57,6 +57,7 @@ async def queue_check(
     report = QueueHealth(connection=name, ok=True, reachable=True)
     try:
         if isinstance(driver, UncountedQueues):
+            await driver.probe(names[0])
             report.notes.append(driver.counts_note)
         else:
             for q in names:

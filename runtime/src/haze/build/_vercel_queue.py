@@ -3,10 +3,12 @@ connection: ``api/queue.py`` (Vercel Queues push mode) and its ``vercel.json`` e
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from haze._app.app import App
 from haze.build import BuildContext
+from haze.drivers.vercel import _sdk
 
 __all__ = ["QUEUE_FUNCTION", "QUEUE_MAX_DURATION", "queue_function"]
 
@@ -51,8 +53,10 @@ def queue_function(ctx: BuildContext, include: str) -> tuple[list[Any], dict[str
     name = default if default in names else names[0]
     options = ctx.app.queue_config.connections[name]
     template = str(options.get("topic") or "haze-{queue}")
-    group = str(options.get("consumer_group") or "haze")
-    retry_after = int(options.get("retry_after") or 300)
+    # The group as the SDK names it on the wire ("haze_workers" is "haze__workers"), the
+    # name the poll workers and the function's subscriber read as.
+    group = str(_sdk().sanitize_name(str(options.get("consumer_group") or "haze")))
+    retry_after = math.ceil(float(options.get("retry_after") or 300))  # as the driver rounds
     chosen = "" if len(names) == 1 else f", connection={name!r}"
     files = [ctx.write(QUEUE_FUNCTION, QUEUE_PY.format(connection=chosen))]
     pattern = template.split("{queue}")[0] + "*"

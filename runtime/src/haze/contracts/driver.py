@@ -422,6 +422,10 @@ class UncountedQueues(Protocol):
     #: One line: what the backend does not tell, and where to look instead.
     counts_note: str
 
+    async def probe(self, queue: str) -> None:
+        """A round trip to the backend that changes nothing; raises what keeps it from
+        answering (``queue_check`` has no count to read that would tell)."""
+
 
 @dataclass(slots=True)
 class QueueCounts:

@@ -27,11 +27,10 @@ attempt``. A killed worker's message comes back when its lease runs out, with on
 delivery, which counts as the lost attempt.
 
 **Delays.** The service holds a message until it is due for at most its retention (7
-days); the driver keeps an hour of it to run the job, so one hop is at most 7 days less
-an hour. A longer delay is sent for that long with ``meta.due`` in the envelope; a
-consumer that receives it before it is due sends it on (the time left, up to one hop)
-and acknowledges it without running it. ``"hops": False`` refuses such a delay at
-dispatch with ``DelayTooLongError`` naming the cap.
+days); the driver keeps an hour of it (half, under 2 h) to run the job. A longer delay
+is sent for that long with ``meta.due`` in the envelope; a consumer that receives it
+before it is due sends it on (the time left, up to one hop) and acknowledges it.
+``"hops": False`` refuses such a delay at dispatch with ``DelayTooLongError``.
 
 **Duplicates.** Each send carries an idempotency key of its own, and the driver sends
 again (3 tries) with the same key when the answer is lost or the service is busy: the
@@ -57,26 +56,27 @@ dashboard read to say so), and ``purge()`` drains what is visible to the group n
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import os
 import re
+import string
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 from haze._base.deps import require
 from haze._base.errors import (
+    BackendUnavailableError,
     ConfigError,
     DelayTooLongError,
     PayloadTooLargeError,
     QueueCountUnavailableError,
 )
-from haze._base.message import Message, decode, envelope_of
+from haze._base.message import Message, decode
 from haze._failed import failed_store
 from haze.contracts.driver import (
     Concurrent,
@@ -90,6 +90,7 @@ from haze.contracts.driver import (
     Reserved,
     UncountedQueues,
 )
+from haze.drivers._vercel_message import _Body, due_of, rewrite
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
@@ -115,33 +116,19 @@ SERVICE_MAX_MESSAGE_SIZE = 100_000_000
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 #: Bytes kept free at dispatch for the ``attempts`` and ``meta.due`` a re-send adds.
 _HEADROOM = 48
-#: Of a message's retention, what is kept to run it once due.
+#: Of a message's retention, what is kept to run it once due (half, under 2 h).
 _RUN_MARGIN = 3600
 #: A message this close to its ``due`` time counts as due (delays are whole seconds).
 _DUE_TOLERANCE = 1.0
 _TOPIC = re.compile(r"[A-Za-z0-9_-]+")
+#: Region ids (``iad1``, ``sfo1``), as the SDK checks them.
+_REGION = re.compile(r"[a-z]{2,5}[0-9]{1,2}")
 _POLL_SLEEP, _POLL_MAX_SLEEP = 0.05, 1.0
 _SEND_TRIES = 3
 
 
 def _sdk() -> Any:
     return require("vercel.queue", what="the vercel driver", extra="vercel", package="vercel-queue")
-
-
-class _Body:
-    """The SDK transport of a haze envelope: JSON text out, the raw bytes back (a body
-    that is not JSON still arrives, and fails as a job instead of breaking the poll)."""
-
-    content_type = "application/json"
-
-    def serialize(self, value: bytes) -> bytes:
-        return value
-
-    async def deserialize(self, payload: AsyncIterator[bytes], *, content_type: str) -> bytes:
-        chunks = bytearray()
-        async for chunk in payload:
-            chunks.extend(chunk)
-        return bytes(chunks)
 
 
 @dataclass(slots=True)
@@ -158,38 +145,28 @@ class VercelReceipt:
     retry_delay: int | None = None
 
 
-def rewrite(body: str, *, attempts: int | None = None, due: float | None = None) -> str:
-    """``body`` with another ``attempts`` offset (None: kept) and ``meta.due`` (None:
-    removed)."""
-    data = envelope_of(body)
-    if data is None:
-        return body
-    if attempts is not None:
-        if attempts > 0:
-            data["attempts"] = attempts
-        else:
-            data.pop("attempts", None)
-    meta = dict(data.get("meta") or {})
-    if due is not None:
-        meta["due"] = round(due, 3)
-    else:
-        meta.pop("due", None)
-    if meta:
-        data["meta"] = meta
-    else:
-        data.pop("meta", None)
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-def due_of(message: Message | None) -> float | None:
-    """``meta.due`` of a message sent in hops (None: none, or not a number)."""
-    if message is None or not message.meta:
-        return None
-    due = message.meta.get("due")
+def check_template(name: str, template: str) -> str:
+    """``template``, refused unless it makes one topic per haze queue (without ``{queue}``
+    a worker of one queue would run another's jobs)."""
+    key = f"connections.{name}.topic"
+    hint = "use letters, digits, '-', '_' and {queue} once, e.g. \"haze-{queue}\""
     try:
-        return float(due) if due is not None else None
-    except (TypeError, ValueError):
-        return None
+        parts = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise ConfigError(f"{template!r} is not a topic template ({e}); {hint}", key=key) from e
+    fields = [(field, spec, conv) for _, field, spec, conv in parts if field is not None]
+    for field, spec, conv in fields:
+        if field != "queue" or spec or conv:
+            bad = f"{{{field}}}" if field != "queue" else "a format spec on {queue}"
+            raise ConfigError(f"{template!r} has {bad}, which haze cannot fill; {hint}", key=key)
+    literal = "".join(text for text, *_ in parts)
+    if len(fields) != 1 or (literal and not _TOPIC.fullmatch(literal)):
+        raise ConfigError(
+            f"{template!r} must hold {{queue}} exactly once, so each haze queue has a topic "
+            f"of its own, and only topic characters around it; {hint}",
+            key=key,
+        )
+    return template
 
 
 class VercelDriver(
@@ -222,12 +199,13 @@ class VercelDriver(
         self.name = name
         self.app = app
         self.config = options
-        self.topic_template: str = options.get("topic") or "haze-{queue}"
+        self.topic_template: str = check_template(name, options.get("topic") or "haze-{queue}")
         self.consumer_group: str = options.get("consumer_group") or "haze"
         self.retry_after = self._seconds("retry_after", 300, MIN_VISIBILITY, MAX_VISIBILITY)
         self.retention = self._seconds("retention", MAX_RETENTION, MIN_RETENTION, MAX_RETENTION)
         self.hops: bool = options.get("hops") is not False
-        self.max_delay: float = float(max(1, self.retention - _RUN_MARGIN))
+        self.run_margin = min(_RUN_MARGIN, self.retention // 2)
+        self.max_delay: float = float(self.retention - self.run_margin)
         limit = SERVICE_MAX_MESSAGE_SIZE - _HEADROOM
         size = options.get("max_message_size")
         if size is not None and size > limit:
@@ -239,7 +217,7 @@ class VercelDriver(
             )
         self.max_message_size: int | None = size or DEFAULT_MAX_MESSAGE_SIZE
         self.concurrency: int = options.get("concurrency") or 1
-        self.heartbeat_interval: float = max(1.0, self.retry_after / 3)
+        self.heartbeat_interval: float = self.retry_after / 3  # a 1 s lease: every 0.33 s
         sdk = _sdk()  # fails here, naming haze-jobs[vercel], when the SDK is missing
         #: the SDK's "cannot reach the Queue API" and "the service is overloaded / broken"
         self.outage_errors: tuple[type[BaseException], ...] = (
@@ -294,6 +272,15 @@ class VercelDriver(
                 "(the one the producers send to, e.g. iad1) or base_url",
                 key=f"{key}.region",
             )
+        if region and not _REGION.fullmatch(region):
+            raise ConfigError(
+                f"{region!r} is not a Vercel region id (iad1, sfo1)", key=f"{key}.region"
+            )
+        if base_url and not re.match(r"https?://[^/\s]+", base_url):
+            raise ConfigError(
+                f"{base_url!r} is not an http(s) URL; use e.g. https://iad1.vercel-queue.com",
+                key=f"{key}.base_url",
+            )
         settings: dict[str, Any] = {"region": region or "iad1", "token": token or None}
         if base_url:
             settings["base_url"] = base_url
@@ -343,7 +330,7 @@ class VercelDriver(
             raise DelayTooLongError(
                 f'job "{message.job}": a delay of {delay:g}s is over the {self.max_delay:g}s '
                 f'cap of connection "{self.name}" (Vercel Queues keeps a message '
-                f"{self.retention}s, less an hour to run it) and hops are off; set "
+                f"{self.retention}s, less {self.run_margin}s to run it) and hops are off; set "
                 '"hops": True or dispatch it later (nothing was enqueued)'
             )
         return int(self.max_delay), self.clock() + delay
@@ -411,8 +398,9 @@ class VercelDriver(
 
     # -- consuming --------------------------------------------------------------------
 
-    def reserved(self, message: Any, client: Any) -> Reserved:
-        """A ``Reserved`` for one SDK message (a poll's or a push callback's)."""
+    def reserved(self, message: Any, client: Any, queue: str | None = None) -> Reserved:
+        """A ``Reserved`` for one SDK message (a poll's of ``queue``, or a push callback's);
+        a body that names no queue keeps the one its topic is of."""
         raw = message.payload
         count = int(message.metadata.delivery_count or 1)
         token = VercelReceipt(message, client)
@@ -428,7 +416,12 @@ class VercelDriver(
             except Exception as e:
                 error = e
         offset = decoded.attempts if decoded is not None else 0
-        queue = decoded.queue if decoded is not None else "default"
+        if decoded is not None:
+            queue = decoded.queue
+        elif queue is None:
+            topic = message.metadata.topic
+            known = self.config.get("queues") or ["default"]
+            queue = next((q for q in known if self.topic_name(q) == topic), "default")
         return Reserved(decoded, offset + count, body, queue, token, error)
 
     async def admit(self, job: Reserved) -> Reserved | None:
@@ -459,7 +452,7 @@ class VercelDriver(
             async for delivery in client.poll(
                 self.topic(queue), self.consumer_group, limit=1, lease_duration=self.retry_after
             ):
-                got = self.reserved(delivery.accept(), client)
+                got = self.reserved(delivery.accept(), client, queue)
             if got is None:
                 return None
             job = await self.admit(got)
@@ -544,6 +537,24 @@ class VercelDriver(
         raise QueueCountUnavailableError(
             f'connection "{self.name}" ({self.topic_name(queue)}): {self.counts_note}'
         )
+
+    async def probe(self, queue: str) -> None:
+        """Renew the lease of a message no one sent: the service answers "not found"
+        and nothing changes (the Queue API has no read-only call)."""
+        sdk = _sdk()
+        meta = sdk.MessageMetadata(
+            message_id="haze-probe", delivery_count=1, created_at=datetime.now(UTC),
+            topic=self.topic_name(queue), consumer_group=sdk.sanitize_name(self.consumer_group),
+            receipt_handle="haze-probe",
+        )  # fmt: skip
+        try:
+            await self.client().extend_lease(meta, timedelta(seconds=MIN_VISIBILITY))
+        except (sdk.MessageNotFoundError, sdk.MessageLockedError):
+            return
+        except self.outage_errors as e:
+            raise BackendUnavailableError(
+                f'connection "{self.name}": the Vercel Queues API is unavailable ({e})'
+            ) from e
 
     async def purge(self, queue: str) -> int:
         """Acknowledge every message of ``queue``'s topic visible to the consumer group

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
+from datetime import timedelta
 from typing import Any
 
 from haze._app.app import App
@@ -63,6 +64,8 @@ async def _on_message(message: Any) -> None:
     receipt = job.token
     assert isinstance(receipt, VercelReceipt)
     receipt.push = True
+    if not await _holds_lease(driver, message, client):
+        raise sdk.Handoff()  # acknowledged already, or no delivery of the service: not run
     admitted = await driver.admit(job)
     if admitted is not None:
         # The SDK renews the lease while the job runs: no heartbeat of haze's own.
@@ -70,6 +73,32 @@ async def _on_message(message: Any) -> None:
     if receipt.retry_delay is not None:
         raise sdk.RetryAfter(receipt.retry_delay)
     raise sdk.Handoff()  # settled by haze: the SDK does nothing more
+
+
+async def _holds_lease(driver: VercelDriver, message: Any, client: Any) -> bool:
+    """Whether the service still leases ``message`` to this callback. The SDK trusts the
+    body and receipt handle a callback carries, so without asking, a callback POSTed again
+    after its message was acknowledged would run the job again, and one the service never
+    sent would run whatever it names. An outage propagates (500: Vercel delivers again)."""
+    sdk = _sdk()
+    try:
+        await client.extend_lease(message, timedelta(seconds=driver.retry_after))
+    except (
+        sdk.MessageNotFoundError,
+        sdk.MessageAlreadyProcessedError,
+        sdk.MessageLockedError,
+        sdk.BadRequestError,
+    ) as e:
+        meta = message.metadata
+        log.warning(
+            "queue callback for message %s of %s not run: the service does not lease it to "
+            "this delivery (%s)",
+            meta.message_id,
+            meta.topic,
+            type(e).__name__,
+        )
+        return False
+    return True
 
 
 def _subscribe(driver: VercelDriver) -> None:
@@ -170,6 +199,11 @@ class QueueFunction:
         headers = {
             k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []
         }
+        missing = _not_a_delivery(headers)
+        if missing:
+            # a scanner or a misrouted request: nothing Vercel would deliver again
+            await _answer(send, 400, {"error": f"not a Vercel Queues push delivery: {missing}"})
+            return
         app = self.app()
         try:
             raw = bytes(body)
@@ -182,6 +216,19 @@ class QueueFunction:
             await _answer(send, 500, {"error": f"{type(e).__name__}: {line}"})
             return
         await _answer(send, 200, {"ok": True})
+
+
+#: The CloudEvent type and headers every Vercel Queues push delivery carries.
+_EVENT_TYPE = "com.vercel.queue.v2beta"
+_EVENT_HEADERS = ("ce-vqsqueuename", "ce-vqsconsumergroup", "ce-vqsmessageid")
+
+
+def _not_a_delivery(headers: dict[str, str]) -> str:
+    """What a request lacks to be a push delivery ("" when it has it all)."""
+    if headers.get("ce-type") != _EVENT_TYPE:
+        return f"ce-type is {headers.get('ce-type', '')!r}, not {_EVENT_TYPE!r}"
+    absent = [h for h in _EVENT_HEADERS if not headers.get(h)]
+    return f"no {', '.join(absent)} header" if absent else ""
 
 
 async def _answer(send: Send, status: int, data: dict[str, Any]) -> None:
