@@ -10,6 +10,7 @@ number of skips is pinned so a new one is a deliberate change.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -249,3 +250,41 @@ def test_switching_to_redis_as_the_docs_say(tmp_path: Path) -> None:
     finally:
         client.flushdb()
         client.close()
+
+
+_DOC_IMPORT = re.compile(
+    r"^\s*from\s+(haze[\w.]*|haze_\w+[\w.]*)\s+import\s+(\([^)]*\)|[^\n#]+)", re.M
+)
+
+
+def _documented_imports() -> list[tuple[str, str, str]]:
+    """(file, module, name) of every ``from haze... import name`` in the user docs."""
+    found = []
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        if path.name == "architecture.md":
+            continue  # the contributor's map names private modules on purpose
+        for module, names in _DOC_IMPORT.findall(path.read_text()):
+            for name in names.strip("()").replace("\n", " ").split(","):
+                name = name.split(" as ")[0].strip()
+                if name and name != "*":
+                    found.append((path.name, module, name))
+    return found
+
+
+def test_every_documented_import_is_a_public_name_that_imports() -> None:
+    """The user docs name only public modules, and each name they import exists: a
+    restructure that moves a private module can never break a documented import."""
+    import importlib
+
+    imports = _documented_imports()
+    assert len(imports) > 40, "the docs' imports were not found"
+    wrong = []
+    for file, module, name in imports:
+        if any(part.startswith("_") for part in module.split(".")):
+            wrong.append(f"{file}: from {module} import {name} (a private module)")
+            continue
+        try:
+            getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            wrong.append(f"{file}: from {module} import {name} ({e})")
+    assert not wrong, "\n".join(wrong)
