@@ -433,3 +433,48 @@ async def test_a_dispatch_queued_again_after_a_crash_before_its_record_runs_once
     await done()
     assert (st.state, st.result, died) == ("done", "sent", ["dispatch:wfc_audit"])
     assert CALLS["audit:crash"] == 1
+
+
+@workflow(name="wfc_bad_sleep", tries=3, failed=_on_failed)
+async def wfc_bad_sleep(run: Any) -> None:
+    CALLS["replays"] += 1
+    await run.sleep("nap", "soon")
+
+
+@workflow(name="wfc_bad_timeout", tries=3, failed=_on_failed)
+async def wfc_bad_timeout(run: Any) -> None:
+    CALLS["replays"] += 1
+    await run.wait_for_event("go", timeout=-5)
+
+
+@workflow(name="wfc_bad_backoff", tries=3, failed=_on_failed)
+async def wfc_bad_backoff(run: Any) -> None:
+    CALLS["replays"] += 1
+    await run.step("charge", count, "charge", tries=2, backoff="later")
+
+
+@pytest.mark.parametrize(
+    ("wf", "reason"),
+    [
+        (wfc_bad_sleep, "run.sleep(\"nap\", ...): 'soon' is not a duration"),
+        (wfc_bad_timeout, 'run.wait_for_event("go", timeout=...): duration must be a finite'),
+        (wfc_bad_backoff, "run.step(\"charge\", backoff=...): 'later' is not a duration"),
+    ],
+    ids=["sleep", "wait-timeout", "step-backoff"],
+)
+async def test_a_bad_duration_fails_the_run_at_once_naming_the_call_and_value(
+    app: Any, done: Any, quietly: Any, wf: Any, reason: str
+) -> None:
+    # a broken rule, not a crash: the workflow's tries=3 do not replay it
+    rid = await quietly(Workflow.start(wf))
+    if isinstance(rid, Exception):  # sync: the run ran inside start() and raised
+        [run] = await Workflow.list(name=wf.name)
+        rid = run.id
+    error = await _failed_with(rid, quietly, done)
+    assert "WorkflowLimitError" in error and reason in error, error
+    assert "'soon'" in error or "-5" in error or "'later'" in error
+    assert f'workflow "{wf.name}" (run {rid})' in error
+    assert "\n" not in error
+    assert CALLS["replays"] == 1
+    assert [(rid, "WorkflowLimitError")] == FAILED
+    assert "charge" not in CALLS
