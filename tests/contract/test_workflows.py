@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from typing import Any
 
 import pytest
@@ -147,6 +148,17 @@ async def _failed_with(rid: str, quietly: Any, done: Any) -> str:
     return st.error
 
 
+def _logged_in_one_line(caplog: Any, workflow_name: str, rid: str, reason: str) -> None:
+    """A broken rule is the user's error, not a crash: the worker logs it as one line
+    naming the workflow, the run and the rule, and no traceback."""
+    records = [r for r in caplog.records if r.name.startswith("haze")]
+    assert [r.getMessage() for r in records if r.exc_info or "Traceback" in r.getMessage()] == []
+    lines = [r.getMessage() for r in records if reason in r.getMessage()]
+    assert lines, [r.getMessage() for r in records]
+    assert all(f'"{workflow_name}"' in line and rid in line for line in lines), lines
+    assert all("\n" not in line for line in lines)
+
+
 def _on_failed(run_id: str, error: BaseException) -> None:
     FAILED.append((run_id, type(error).__name__))
 
@@ -158,8 +170,9 @@ async def wfc_nondet(run: Any) -> None:
 
 
 async def test_nondeterminism_fails_the_run_naming_both_steps(
-    app: Any, done: Any, quietly: Any
+    app: Any, done: Any, quietly: Any, caplog: Any
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="haze")
     rid = await Workflow.start(wfc_nondet)
     await done()
     TOGGLE["name"] = "second"
@@ -168,6 +181,7 @@ async def test_nondeterminism_fails_the_run_naming_both_steps(
     assert "WorkflowNondeterminismError" in error
     assert '"first"' in error and '"second"' in error
     assert [(rid, "WorkflowNondeterminismError")] == FAILED
+    _logged_in_one_line(caplog, "wfc_nondet", rid, "the steps must come in the same order")
 
 
 @workflow(name="wfc_twice")
@@ -215,8 +229,9 @@ async def wfc_long_name(run: Any) -> None:
     ids=["duplicate-name", "not-json", "too-large", "step-limit", "sleep-366d", "long-name"],
 )
 async def test_a_broken_rule_fails_the_run_with_its_reason(
-    make_app: Any, done: Any, quietly: Any, wf: Any, reason: str
+    make_app: Any, done: Any, quietly: Any, wf: Any, reason: str, caplog: Any
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="haze")
     async with make_app(options={"max_message_size": 4096}):
         rid = await quietly(Workflow.start(wf))
         if isinstance(rid, Exception):  # sync: the run ran inside start() and raised
@@ -226,6 +241,7 @@ async def test_a_broken_rule_fails_the_run_with_its_reason(
         error = await _failed_with(rid, quietly, done)
         assert reason in error
         assert "\n" not in error
+        _logged_in_one_line(caplog, wf.name, rid, reason)
 
 
 async def test_input_and_events_must_be_json(app: Any) -> None:
@@ -463,8 +479,9 @@ async def wfc_bad_backoff(run: Any) -> None:
     ids=["sleep", "wait-timeout", "step-backoff"],
 )
 async def test_a_bad_duration_fails_the_run_at_once_naming_the_call_and_value(
-    app: Any, done: Any, quietly: Any, wf: Any, reason: str
+    app: Any, done: Any, quietly: Any, wf: Any, reason: str, caplog: Any
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="haze")
     # a broken rule, not a crash: the workflow's tries=3 do not replay it
     rid = await quietly(Workflow.start(wf))
     if isinstance(rid, Exception):  # sync: the run ran inside start() and raised
@@ -478,3 +495,4 @@ async def test_a_bad_duration_fails_the_run_at_once_naming_the_call_and_value(
     assert CALLS["replays"] == 1
     assert [(rid, "WorkflowLimitError")] == FAILED
     assert "charge" not in CALLS
+    _logged_in_one_line(caplog, wf.name, rid, reason)
