@@ -496,3 +496,46 @@ async def test_a_bad_duration_fails_the_run_at_once_naming_the_call_and_value(
     assert [(rid, "WorkflowLimitError")] == FAILED
     assert "charge" not in CALLS
     _logged_in_one_line(caplog, wf.name, rid, reason)
+
+
+@workflow(name="wfc_cancelled_mid")
+async def wfc_cancelled_mid(run: Any) -> None:
+    await run.step("before", count, "before")
+    await run.sleep("nap", 0.2)
+    await run.wait_for_event("go", timeout="1h")
+
+
+async def test_a_cancelled_run_shows_the_step_it_stopped_at_as_cancelled(
+    app: Any, driver: Any
+) -> None:
+    rid = await Workflow.start(wfc_cancelled_mid)
+    with pytest.raises(TimeoutError, match="still"):
+        await Workflow.wait(rid, timeout=0.8)
+    assert await Workflow.cancel(rid) is True
+    st = await Workflow.wait(rid, timeout=5)
+    shown = [(s.name, s.state) for s in st.steps]
+    if driver.inline:  # sync skips the sleep
+        assert shown == [("before", "done"), ("nap", "done"), ("go", "cancelled")]
+    else:
+        assert shown[0] == ("before", "done") and shown[-1][1] == "cancelled", shown
+    assert all(s.state in ("done", "cancelled") for s in st.steps), shown
+    assert st.steps[-1].finished_at is None
+
+
+@workflow(name="wfc_cancelled_asleep")
+async def wfc_cancelled_asleep(run: Any) -> None:
+    await run.sleep("nap", "1h")
+
+
+async def test_a_run_cancelled_in_its_sleep_shows_the_sleep_cancelled(
+    app: Any, driver: Any
+) -> None:
+    if driver.inline:
+        pytest.skip("sync skips a sleep: there is no sleeping run to cancel")
+    rid = await Workflow.start(wfc_cancelled_asleep)
+    with pytest.raises(TimeoutError, match="still sleeping"):
+        await Workflow.wait(rid, timeout=0.5)
+    assert await Workflow.cancel(rid) is True
+    st = await Workflow.status(rid)
+    assert st is not None and st.state == "cancelled"
+    assert [(s.name, s.state) for s in st.steps] == [("nap", "cancelled")]

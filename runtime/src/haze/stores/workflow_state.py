@@ -33,6 +33,7 @@ or display beside it.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -107,7 +108,8 @@ class KeyValueWorkflowState:
         if not found:
             return None
         run = found[0]
-        return WorkflowStatus(**{**_fields(run), "steps": await self._steps(run_id)})
+        steps = await self._steps(run_id, run.state == "cancelled")
+        return WorkflowStatus(**{**_fields(run), "steps": steps})
 
     async def list_runs(
         self, state: str | None = None, name: str | None = None, limit: int = 50
@@ -227,7 +229,7 @@ class KeyValueWorkflowState:
         kept = await self.store.get(self._k(run_id, "ev", name))
         return None if kept is None else str(kept)
 
-    async def _steps(self, run_id: str) -> list[StepStatus]:
+    async def _steps(self, run_id: str, cancelled: bool = False) -> list[StepStatus]:
         # concurrent steps keep their positions in the order they end, so a gap can
         # occur: a further page is read when this one is full to its end (a step past
         # a gap at a page's end is not shown until the gap's step is kept)
@@ -249,7 +251,11 @@ class KeyValueWorkflowState:
             res, att, first, fail = values[4 * i : 4 * i + 4]
             if "result" in m:  # kept with its mark in one write (first try succeeded)
                 res, att = {"result": m["result"], "at": m["done"]}, m["attempts"]
-            steps.append(_step(position, m, res, att, first, fail, kept_events[i]))
+            step = _step(position, m, res, att, first, fail, kept_events[i])
+            if cancelled and step.state not in ("done", "failed"):
+                # the run stopped there: the step never ends
+                step = dataclasses.replace(step, state="cancelled")
+            steps.append(step)
         return steps
 
 
