@@ -539,3 +539,54 @@ async def test_a_run_cancelled_in_its_sleep_shows_the_sleep_cancelled(
     st = await Workflow.status(rid)
     assert st is not None and st.state == "cancelled"
     assert [(s.name, s.state) for s in st.steps] == [("nap", "cancelled")]
+
+
+@workflow(name="wfc_late_event")
+async def wfc_late_event(run: Any) -> Any:
+    first = await run.wait_for_event("go", timeout=0.3)
+    return {"go": first, "next": await run.wait_for_event("next", timeout="1h")}
+
+
+async def test_an_event_after_its_wait_timed_out_is_refused_like_one_to_a_finished_run(
+    app: Any,
+) -> None:
+    # event names are unique in a run: no later wait can take an event whose wait
+    # ended, so keeping it would keep it for nothing, and True would say it arrives
+    rid = await Workflow.start(wfc_late_event)
+    for _ in range(100):
+        st = await Workflow.status(rid)
+        assert st is not None
+        if st.waiting_for == "next" or (st.state == "waiting" and st.resume_at is None):
+            break
+        if st.state == "waiting" and st.waiting_for == "go":  # sync: due once read
+            with pytest.raises(TimeoutError):
+                await Workflow.wait(rid, timeout=0.4)
+        await asyncio.sleep(0.1)
+    assert (st.steps[0].name, st.steps[0].state) == ("go", "done"), st
+    with pytest.raises(WorkflowRunError, match='wait for the event "go" has ended') as e:
+        await Workflow.send_event(rid, "go", {"late": True})
+    assert rid in str(e.value) and "\n" not in str(e.value)
+    assert await Workflow.send_event(rid, "next", 2) is True
+    st = await Workflow.wait(rid, timeout=20)
+    assert (st.state, st.result) == ("done", {"go": None, "next": 2}), st.error
+    with pytest.raises(WorkflowRunError, match="is done"):
+        await Workflow.send_event(rid, "go", 3)
+
+
+@workflow(name="wfc_one_event")
+async def wfc_one_event(run: Any) -> Any:
+    got = await run.wait_for_event("go", timeout="1h")
+    await run.wait_for_event("hold", timeout="1h")
+    return got
+
+
+async def test_an_event_sent_again_after_its_wait_got_one_is_not_kept(app: Any) -> None:
+    rid = await Workflow.start(wfc_one_event)
+    assert await Workflow.send_event(rid, "go", 1) is True
+    for _ in range(100):
+        st = await Workflow.status(rid)
+        if st is not None and st.waiting_for == "hold":
+            break
+        await asyncio.sleep(0.1)
+    assert await Workflow.send_event(rid, "go", 2) is False  # the first wins
+    assert await Workflow.cancel(rid) is True
