@@ -24,8 +24,9 @@ A replay reads ``run``, ``state``, ``final`` and the first hundred ``pos`` recor
 one ``get_many`` (one query, one MGET), and the ``res`` of positions kept without a
 result in a second one only when there are some.
 
-Crash windows: a run added but not yet numbered in the listing is missing from
-``list_runs`` (``status`` still finds it); a step's first try is one write (nothing
+Crash windows: a run is added and numbered in the listing in one write where the store
+can (``AddsListed``: memory, SQL, Redis); elsewhere a run added but not yet numbered is
+missing from ``list_runs`` (``status`` still finds it); a step's first try is one write (nothing
 of the step is kept before it ends); every other write is either the decision itself
 or display beside it.
 """
@@ -38,7 +39,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from haze.contracts.store import Store
+from haze.contracts.store import AddsListed, Store
 from haze.contracts.workflow import KeptRun, StepStatus, WorkflowStatus
 
 __all__ = ["KeyValueWorkflowState"]
@@ -63,6 +64,10 @@ class KeyValueWorkflowState:
         self, run_id: str, name: str, input: str, now: float, connection: str | None = None
     ) -> bool:
         record = {"name": name, "input": input, "connection": connection, "created_at": now}
+        if isinstance(self.store, AddsListed):  # added and listed in one write
+            return await self.store.add_listed(
+                self._k(run_id, "run"), record, f"{self.prefix}:runs", run_id
+            )
         if not await self.store.add(self._k(run_id, "run"), record):
             return False
         n = await self.store.increment(f"{self.prefix}:runs")
