@@ -121,26 +121,10 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
     """One delivery of a run's message: replay the workflow until it ends or suspends."""
     state = sealed_state(context_state(ctx), ctx.app, encrypt=wf.encrypted)
     run_id = str(payload["run"])
-    if "input" in payload:  # the start message
-        token = payload.get("start")
-        if token is not None and await state.keep(run_id, "start", str(token)) != token:
-            return  # another start of this id won the race: its own message runs the run
-    kept = await state.kept(run_id)  # the one read of this replay (input, states, steps)
-    if kept.input is None and "input" in payload:
-        # the start message adds the run when the starter has not (yet, or died first)
-        first = str(payload["input"])
-        if await state.create_run(run_id, wf.name, first, now(), ctx.connection):
-            kept = KeptRun(input=first)
-        else:  # the starter added it meanwhile
-            kept = await state.kept(run_id)
-    if kept.final is not None:
-        return  # a late or duplicate message of a finished run
-    if "event" in payload and not await _waits_for(state, run_id, str(payload["event"])):
-        return  # a run not at this wait yet finds the kept event when it gets there
-    text = kept.input
-    if text is None:
-        log.warning('workflow "%s": no run %s in the store; message dropped', wf.name, run_id)
+    kept = await _to_replay(wf, state, run_id, payload, ctx)
+    if kept is None or kept.input is None:
         return
+    text = kept.input
     driver = ctx.app.driver(ctx.connection)
 
     async def resume(delay: float, position: int, by: str) -> None:
@@ -181,6 +165,37 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
         raise
     output = encode_result(value, f'workflow "{wf.name}" (run {run_id})')
     await state.finish(run_id, "done", engine.now(), output, None)
+
+
+async def _to_replay(
+    wf: WorkflowDefinition,
+    state: WorkflowStateStore,
+    run_id: str,
+    payload: Any,
+    ctx: JobContext,
+) -> KeptRun | None:
+    """What this delivery replays (the one read of the replay: input, states, steps),
+    or None when it has nothing to replay."""
+    if "input" in payload:  # the start message
+        token = payload.get("start")
+        if token is not None and await state.keep(run_id, "start", str(token)) != token:
+            return None  # another start of this id won the race: its message runs the run
+    kept = await state.kept(run_id)
+    if kept.input is None and "input" in payload:
+        # the start message adds the run when the starter has not (yet, or died first)
+        first = str(payload["input"])
+        if await state.create_run(run_id, wf.name, first, now(), ctx.connection):
+            kept = KeptRun(input=first)
+        else:  # the starter added it meanwhile
+            kept = await state.kept(run_id)
+    if kept.final is not None:
+        return None  # a late or duplicate message of a finished run
+    if "event" in payload and not await _waits_for(state, run_id, str(payload["event"])):
+        return None  # a run not at this wait yet finds the kept event when it gets there
+    if kept.input is None:
+        log.warning('workflow "%s": no run %s in the store; message dropped', wf.name, run_id)
+        return None
+    return kept
 
 
 async def _waits_for(state: WorkflowStateStore, run_id: str, event: str) -> bool:
