@@ -202,3 +202,27 @@ async def test_a_replay_reads_runs_past_one_page_of_steps(state: Any) -> None:
     )
     run = await state.kept("long")
     assert len(run.marks) == len(run.results) == 230 and run.results["s229"] == "229"
+
+
+async def test_a_new_run_is_listed_in_the_same_write_that_adds_it(
+    state: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the process "dies" at a separate numbering write: with one atomic write there is
+    # none, so the run is either absent or both added and listed, never found by
+    # Workflow.status yet missing from Workflow.list / workflow:list / the dashboard
+    async def dies(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the process died here")
+
+    monkeypatch.setattr(state.store, "increment", dies)
+    monkeypatch.setattr(state.store, "put", dies)
+    try:
+        created = await state.create_run("listed-1", "wf", "{}", 1.0)
+    except RuntimeError:
+        created = False
+    monkeypatch.undo()
+    found = await state.get_run("listed-1")
+    listed = [r.id for r in await state.list_runs()]
+    assert (found is not None) == created == ("listed-1" in listed), (found, listed)
+    assert created is True
+    assert await state.create_run("listed-1", "wf", "{}", 2.0) is False
+    assert [r.id for r in await state.list_runs()].count("listed-1") == 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from typing import Any
 
 import pytest
@@ -147,6 +148,17 @@ async def _failed_with(rid: str, quietly: Any, done: Any) -> str:
     return st.error
 
 
+def _logged_in_one_line(caplog: Any, workflow_name: str, rid: str, reason: str) -> None:
+    """A broken rule is the user's error, not a crash: the worker logs it as one line
+    naming the workflow, the run and the rule, and no traceback."""
+    records = [r for r in caplog.records if r.name.startswith("haze")]
+    assert [r.getMessage() for r in records if r.exc_info or "Traceback" in r.getMessage()] == []
+    lines = [r.getMessage() for r in records if reason in r.getMessage()]
+    assert lines, [r.getMessage() for r in records]
+    assert all(f'"{workflow_name}"' in line and rid in line for line in lines), lines
+    assert all("\n" not in line for line in lines)
+
+
 def _on_failed(run_id: str, error: BaseException) -> None:
     FAILED.append((run_id, type(error).__name__))
 
@@ -158,8 +170,9 @@ async def wfc_nondet(run: Any) -> None:
 
 
 async def test_nondeterminism_fails_the_run_naming_both_steps(
-    app: Any, done: Any, quietly: Any
+    app: Any, done: Any, quietly: Any, caplog: Any
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="haze")
     rid = await Workflow.start(wfc_nondet)
     await done()
     TOGGLE["name"] = "second"
@@ -168,6 +181,7 @@ async def test_nondeterminism_fails_the_run_naming_both_steps(
     assert "WorkflowNondeterminismError" in error
     assert '"first"' in error and '"second"' in error
     assert [(rid, "WorkflowNondeterminismError")] == FAILED
+    _logged_in_one_line(caplog, "wfc_nondet", rid, "the steps must come in the same order")
 
 
 @workflow(name="wfc_twice")
@@ -215,8 +229,9 @@ async def wfc_long_name(run: Any) -> None:
     ids=["duplicate-name", "not-json", "too-large", "step-limit", "sleep-366d", "long-name"],
 )
 async def test_a_broken_rule_fails_the_run_with_its_reason(
-    make_app: Any, done: Any, quietly: Any, wf: Any, reason: str
+    make_app: Any, done: Any, quietly: Any, wf: Any, reason: str, caplog: Any
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="haze")
     async with make_app(options={"max_message_size": 4096}):
         rid = await quietly(Workflow.start(wf))
         if isinstance(rid, Exception):  # sync: the run ran inside start() and raised
@@ -226,6 +241,7 @@ async def test_a_broken_rule_fails_the_run_with_its_reason(
         error = await _failed_with(rid, quietly, done)
         assert reason in error
         assert "\n" not in error
+        _logged_in_one_line(caplog, wf.name, rid, reason)
 
 
 async def test_input_and_events_must_be_json(app: Any) -> None:
@@ -433,3 +449,144 @@ async def test_a_dispatch_queued_again_after_a_crash_before_its_record_runs_once
     await done()
     assert (st.state, st.result, died) == ("done", "sent", ["dispatch:wfc_audit"])
     assert CALLS["audit:crash"] == 1
+
+
+@workflow(name="wfc_bad_sleep", tries=3, failed=_on_failed)
+async def wfc_bad_sleep(run: Any) -> None:
+    CALLS["replays"] += 1
+    await run.sleep("nap", "soon")
+
+
+@workflow(name="wfc_bad_timeout", tries=3, failed=_on_failed)
+async def wfc_bad_timeout(run: Any) -> None:
+    CALLS["replays"] += 1
+    await run.wait_for_event("go", timeout=-5)
+
+
+@workflow(name="wfc_bad_backoff", tries=3, failed=_on_failed)
+async def wfc_bad_backoff(run: Any) -> None:
+    CALLS["replays"] += 1
+    await run.step("charge", count, "charge", tries=2, backoff="later")
+
+
+@pytest.mark.parametrize(
+    ("wf", "reason"),
+    [
+        (wfc_bad_sleep, "run.sleep(\"nap\", ...): 'soon' is not a duration"),
+        (wfc_bad_timeout, 'run.wait_for_event("go", timeout=...): duration must be a finite'),
+        (wfc_bad_backoff, "run.step(\"charge\", backoff=...): 'later' is not a duration"),
+    ],
+    ids=["sleep", "wait-timeout", "step-backoff"],
+)
+async def test_a_bad_duration_fails_the_run_at_once_naming_the_call_and_value(
+    app: Any, done: Any, quietly: Any, wf: Any, reason: str, caplog: Any
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="haze")
+    # a broken rule, not a crash: the workflow's tries=3 do not replay it
+    rid = await quietly(Workflow.start(wf))
+    if isinstance(rid, Exception):  # sync: the run ran inside start() and raised
+        [run] = await Workflow.list(name=wf.name)
+        rid = run.id
+    error = await _failed_with(rid, quietly, done)
+    assert "WorkflowLimitError" in error and reason in error, error
+    assert "'soon'" in error or "-5" in error or "'later'" in error
+    assert f'workflow "{wf.name}" (run {rid})' in error
+    assert "\n" not in error
+    assert CALLS["replays"] == 1
+    assert [(rid, "WorkflowLimitError")] == FAILED
+    assert "charge" not in CALLS
+    _logged_in_one_line(caplog, wf.name, rid, reason)
+
+
+@workflow(name="wfc_cancelled_mid")
+async def wfc_cancelled_mid(run: Any) -> None:
+    await run.step("before", count, "before")
+    await run.sleep("nap", 0.2)
+    await run.wait_for_event("go", timeout="1h")
+
+
+async def test_a_cancelled_run_shows_the_step_it_stopped_at_as_cancelled(
+    app: Any, driver: Any
+) -> None:
+    rid = await Workflow.start(wfc_cancelled_mid)
+    with pytest.raises(TimeoutError, match="still"):
+        await Workflow.wait(rid, timeout=0.8)
+    assert await Workflow.cancel(rid) is True
+    st = await Workflow.wait(rid, timeout=5)
+    shown = [(s.name, s.state) for s in st.steps]
+    if driver.inline:  # sync skips the sleep
+        assert shown == [("before", "done"), ("nap", "done"), ("go", "cancelled")]
+    else:
+        assert shown[0] == ("before", "done") and shown[-1][1] == "cancelled", shown
+    assert all(s.state in ("done", "cancelled") for s in st.steps), shown
+    assert st.steps[-1].finished_at is None
+
+
+@workflow(name="wfc_cancelled_asleep")
+async def wfc_cancelled_asleep(run: Any) -> None:
+    await run.sleep("nap", "1h")
+
+
+async def test_a_run_cancelled_in_its_sleep_shows_the_sleep_cancelled(
+    app: Any, driver: Any
+) -> None:
+    if driver.inline:
+        pytest.skip("sync skips a sleep: there is no sleeping run to cancel")
+    rid = await Workflow.start(wfc_cancelled_asleep)
+    with pytest.raises(TimeoutError, match="still sleeping"):
+        await Workflow.wait(rid, timeout=0.5)
+    assert await Workflow.cancel(rid) is True
+    st = await Workflow.status(rid)
+    assert st is not None and st.state == "cancelled"
+    assert [(s.name, s.state) for s in st.steps] == [("nap", "cancelled")]
+
+
+@workflow(name="wfc_late_event")
+async def wfc_late_event(run: Any) -> Any:
+    first = await run.wait_for_event("go", timeout=0.3)
+    return {"go": first, "next": await run.wait_for_event("next", timeout="1h")}
+
+
+async def test_an_event_after_its_wait_timed_out_is_refused_like_one_to_a_finished_run(
+    app: Any,
+) -> None:
+    # event names are unique in a run: no later wait can take an event whose wait
+    # ended, so keeping it would keep it for nothing, and True would say it arrives
+    rid = await Workflow.start(wfc_late_event)
+    for _ in range(100):
+        st = await Workflow.status(rid)
+        assert st is not None
+        if st.waiting_for == "next" or (st.state == "waiting" and st.resume_at is None):
+            break
+        if st.state == "waiting" and st.waiting_for == "go":  # sync: due once read
+            with pytest.raises(TimeoutError):
+                await Workflow.wait(rid, timeout=0.4)
+        await asyncio.sleep(0.1)
+    assert (st.steps[0].name, st.steps[0].state) == ("go", "done"), st
+    with pytest.raises(WorkflowRunError, match='wait for the event "go" has ended') as e:
+        await Workflow.send_event(rid, "go", {"late": True})
+    assert rid in str(e.value) and "\n" not in str(e.value)
+    assert await Workflow.send_event(rid, "next", 2) is True
+    st = await Workflow.wait(rid, timeout=20)
+    assert (st.state, st.result) == ("done", {"go": None, "next": 2}), st.error
+    with pytest.raises(WorkflowRunError, match="is done"):
+        await Workflow.send_event(rid, "go", 3)
+
+
+@workflow(name="wfc_one_event")
+async def wfc_one_event(run: Any) -> Any:
+    got = await run.wait_for_event("go", timeout="1h")
+    await run.wait_for_event("hold", timeout="1h")
+    return got
+
+
+async def test_an_event_sent_again_after_its_wait_got_one_is_not_kept(app: Any) -> None:
+    rid = await Workflow.start(wfc_one_event)
+    assert await Workflow.send_event(rid, "go", 1) is True
+    for _ in range(100):
+        st = await Workflow.status(rid)
+        if st is not None and st.waiting_for == "hold":
+            break
+        await asyncio.sleep(0.1)
+    assert await Workflow.send_event(rid, "go", 2) is False  # the first wins
+    assert await Workflow.cancel(rid) is True

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from haze._base.crypto import sealed_error
 from haze._base.describe import cap_text, error_line
 from haze._base.durations import MAX_DELAY, backoff_delay
-from haze._base.errors import JobFailedError
+from haze._base.errors import JobFailedError, WorkflowError
 from haze._base.message import UNRECORDED_FAILURE
 from haze._engine.hooks import Outcome, Run
 from haze.contracts.driver import CappedDelay, DelayStep, unavailable
@@ -159,7 +159,7 @@ class Settle:
             job.name,
             reserved.attempt,
             _shown(run, error),
-            exc_info=error if not run.inline and not _sealed(run) else None,
+            exc_info=error if _traceback(run, error) else None,
             extra={**_extra(run, "failed"), **_error_fields(run, error)},
         )
         if self.events.failing:
@@ -368,6 +368,13 @@ def _sealed(run: Run) -> bool:
     payload: "card 4242 declined") is kept in its encrypted failed record only. A payload
     that could not be decrypted (``enc`` still set) was never read: its error is plain."""
     return run.job.encrypted and run.message.enc is None
+
+
+def _traceback(run: Run, error: BaseException) -> bool:
+    """Whether the failure's log line carries its traceback: a crash's, not a broken
+    workflow rule's (the user's error, which its one line names), an inline run's (its
+    caller gets the error) or a sealed one's (the traceback would show its text)."""
+    return not (run.inline or _sealed(run) or isinstance(error, WorkflowError))
 
 
 def _shown(run: Run, error: BaseException) -> str:

@@ -75,6 +75,18 @@ class StoreRuns:
         return await self.state.finish(run_id, "cancelled", now(), None, "cancelled")
 
 
+async def _late_event(state: WorkflowStateStore, run: WorkflowStatus, name: str) -> bool:
+    """An event whose wait has ended: False when it ended with an event (the first
+    wins); else it timed out, and since no later wait of the run can take that name,
+    the event is refused rather than kept for nothing."""
+    if await state.event(run.id, name) is not None:
+        return False
+    raise WorkflowRunError(
+        f'Workflow.send_event: the wait for the event "{name}" has ended in run {run.id!r} '
+        f'of "{run.name}" (it timed out, or the run passed it); the event was not kept'
+    )
+
+
 def _state(app: Any, encrypt: bool = False) -> WorkflowStateStore:
     """The app's run state; sealed values are opened with its key, and a run's user
     data is sealed when ``encrypt`` (an encrypted workflow's start)."""
@@ -177,7 +189,8 @@ class Workflow(WorkflowDefinition):
     async def send_event(run_id: str, name: str, payload: Any = None) -> bool:
         """Send event ``name`` to a run: a wait for it resumes with ``payload``, and an
         event sent before its wait is kept for it. False when an event of that name was
-        already kept (the first wins). ``WorkflowRunError`` for an unknown or finished run.
+        already kept (the first wins). ``WorkflowRunError`` for an unknown or finished run,
+        or when the wait for that event timed out (no later wait can take it).
         """
         run_id = _run_id(run_id, "Workflow.send_event")
         check_name(name, "event", f"Workflow.send_event({run_id!r})")
@@ -205,6 +218,10 @@ class Workflow(WorkflowDefinition):
                 f'Workflow.send_event: run {run_id!r} of "{run.name}" is {run.state}; '
                 "an event can only reach a run that has not finished"
             )
+        # read unsealed: whether they are kept, not what they say (no key needed)
+        raw = workflow_state(app.manager.state_store())
+        if await raw.result(run_id, name) is not None:  # its wait has ended
+            return await _late_event(raw, run, name)
         kept = await state.put_event(run_id, name, text)
         wf = find_workflow(run.name)
         if wf is not None:  # resume it now, if it waits for this event (definition.replay)

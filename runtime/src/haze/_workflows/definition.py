@@ -121,13 +121,10 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
     """One delivery of a run's message: replay the workflow until it ends or suspends."""
     state = sealed_state(context_state(ctx), ctx.app, encrypt=wf.encrypted)
     run_id = str(payload["run"])
-    kept = await _kept_for(wf, state, run_id, payload, ctx.connection)
-    if kept is None:
+    kept = await _to_replay(wf, state, run_id, payload, ctx)
+    if kept is None or kept.input is None:
         return
     text = kept.input
-    if text is None:
-        log.warning('workflow "%s": no run %s in the store; message dropped', wf.name, run_id)
-        return
     driver = ctx.app.driver(ctx.connection)
 
     async def resume(delay: float, position: int, by: str) -> None:
@@ -170,24 +167,24 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
     await state.finish(run_id, "done", engine.now(), output, None)
 
 
-async def _kept_for(
+async def _to_replay(
     wf: WorkflowDefinition,
     state: WorkflowStateStore,
     run_id: str,
-    payload: dict[str, Any],
-    connection: str,
+    payload: Any,
+    ctx: JobContext,
 ) -> KeptRun | None:
-    """The one read of this replay (input, states, steps); None when this message has
-    nothing to replay (a start that lost the race, a finished run, an early event)."""
+    """What this delivery replays (the one read of the replay: input, states, steps),
+    or None when it has nothing to replay."""
     if "input" in payload:  # the start message
         token = payload.get("start")
         if token is not None and await state.keep(run_id, "start", str(token)) != token:
-            return None  # another start of this id won the race: its own message runs it
+            return None  # another start of this id won the race: its message runs the run
     kept = await state.kept(run_id)
     if kept.input is None and "input" in payload:
         # the start message adds the run when the starter has not (yet, or died first)
         first = str(payload["input"])
-        if await state.create_run(run_id, wf.name, first, now(), connection):
+        if await state.create_run(run_id, wf.name, first, now(), ctx.connection):
             kept = KeptRun(input=first)
         else:  # the starter added it meanwhile
             kept = await state.kept(run_id)
@@ -195,6 +192,9 @@ async def _kept_for(
         return None  # a late or duplicate message of a finished run
     if "event" in payload and not await _waits_for(state, run_id, str(payload["event"])):
         return None  # a run not at this wait yet finds the kept event when it gets there
+    if kept.input is None:
+        log.warning('workflow "%s": no run %s in the store; message dropped', wf.name, run_id)
+        return None
     return kept
 
 

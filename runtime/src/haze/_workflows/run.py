@@ -18,7 +18,7 @@ import contextvars
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from haze._base.durations import Duration, parse_backoff, parse_duration
 from haze._base.errors import (
@@ -50,6 +50,7 @@ MAX_NAME = 255
 #: The longest sleep or wait: 365 days.
 MAX_WAIT = 365 * 86400.0
 
+_T = TypeVar("_T")
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 #: The step whose call is running in this task (``run.step_key``).
 _current_step: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -178,8 +179,8 @@ class WorkflowRun:
         if kept != name:
             raise nondeterminism(self._where(), position, kept, name)
 
-    def _duration(self, value: Duration, what: str, name: str) -> float:
-        seconds = parse_duration(value, f"{self._where(name)}: {what}")
+    def _duration(self, value: Duration, what: str, name: str, call: str) -> float:
+        seconds = _rule(parse_duration, value, f"{self._where()}: {call}")
         if seconds > MAX_WAIT:
             raise WorkflowLimitError(
                 f"{self._where(name)}: {what} of {seconds:g}s is over the 365-day limit; "
@@ -213,7 +214,8 @@ class WorkflowRun:
             )
         if not callable(fn):
             raise TypeError(f"{self._where(checked)}: expected a function to run, got {fn!r}")
-        retry = StepRetry(tries, parse_backoff(backoff, f"{self._where(checked)}: backoff"))
+        call = f'{self._where()}: run.step("{checked}", backoff=...)'
+        retry = StepRetry(tries, _rule(parse_backoff, backoff, call))
         return self._step(checked, position, fn, args, kwargs, retry)
 
     async def _step(
@@ -245,7 +247,7 @@ class WorkflowRun:
         first reached this sleep. No worker is held meanwhile: the attempt ends and a
         delayed message resumes the run."""
         checked, position = self._claim(name, "sleep")
-        seconds = self._duration(duration, "a sleep", checked)
+        seconds = self._duration(duration, "a sleep", checked, f'run.sleep("{checked}", ...)')
         await self._mark(checked, position, "sleep")
         await self.engine.sleep(checked, position, seconds)
 
@@ -253,7 +255,8 @@ class WorkflowRun:
         """The payload of the event ``name`` sent with ``Workflow.send_event`` (also one
         sent before the wait began), or None after ``timeout`` (None: no limit)."""
         checked, position = self._claim(name, "event")
-        seconds = None if timeout is None else self._duration(timeout, "a timeout", checked)
+        call = f'run.wait_for_event("{checked}", timeout=...)'
+        seconds = None if timeout is None else self._duration(timeout, "a timeout", checked, call)
         await self._mark(checked, position, "event")
         return decode(await self.engine.wait_for_event(checked, position, seconds))
 
@@ -287,6 +290,17 @@ class WorkflowRun:
             return str(result.id)
 
         return await self.engine.dispatch_once(checked, position, send)
+
+
+def _rule(parse: Callable[[Any, str], _T], value: object, where: str) -> _T:
+    """``parse(value, where)``, its ``ValueError`` a broken rule (``WorkflowLimitError``):
+    a replay would break it again, so the run fails at once instead of retrying."""
+    try:
+        return parse(value, where)
+    except WorkflowLimitError:
+        raise
+    except ValueError as e:
+        raise WorkflowLimitError(str(e)) from None
 
 
 def _branch(step: Awaitable[Any]) -> Callable[[], Awaitable[Any]]:

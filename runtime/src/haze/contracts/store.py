@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-__all__ = ["BatchSettled", "StatusNotifier", "Store", "Subscription"]
+__all__ = ["AddsListed", "BatchSettled", "StatusNotifier", "Store", "Subscription"]
 
 
 class BatchSettled(NamedTuple):
@@ -108,6 +108,21 @@ class Store(Protocol):
 
     async def close(self) -> None:
         """Release connections."""
+
+
+@runtime_checkable
+class AddsListed(Protocol):
+    """A store that adds a key and numbers it in a listing in ONE atomic write (a Lua
+    script on Redis, a transaction on SQL), so a crash leaves it either absent or both
+    added and listed. Stores without it do the three writes one by one."""
+
+    async def add_listed(self, key: str, value: Any, counter: str, listed: Any) -> bool:
+        """When ``key`` is absent: set it to ``value``, increment ``counter`` to ``n``
+        and set ``<counter>:<n>`` to ``listed``; True. Else change nothing; False.
+
+        >>> # await store.add_listed("haze:wf:r1:run", {...}, "haze:wf:runs", "r1")
+        """
+        ...
 
 
 class Subscription(Protocol):

@@ -55,7 +55,8 @@ FINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
 @dataclass(frozen=True, slots=True)
 class StepStatus:
     """One step of a run, as ``Workflow.status(id).steps`` lists it (in the order first
-    reached). ``state``: ``running``, ``done``, ``failed``, ``sleeping``, ``waiting``.
+    reached). ``state``: ``running``, ``done``, ``failed``, ``sleeping``, ``waiting``, or
+    ``cancelled`` (the step a cancelled run stopped at).
     ``kind``: ``step``, ``sleep``, ``event``, ``dispatch``."""
 
     name: str

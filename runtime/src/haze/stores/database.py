@@ -177,6 +177,18 @@ class DatabaseStore:
                 return await _increment(tx, sql, key, by, self._exp(ttl, now), now)
         return await _increment(self.db, sql, key, by, self._exp(ttl, now), now)
 
+    async def add_listed(self, key: str, value: Any, counter: str, listed: Any) -> bool:
+        """``AddsListed`` in one transaction (statement by statement on D1, which has
+        no interactive transactions)."""
+        sql = await self._statements()
+        now = time.time()
+        async with self.db.transaction() as tx:
+            if not await _add(tx, sql, self._k(key), _dumps(value), None, now):
+                return False
+            n = await _increment(tx, sql, self._k(counter), 1, None, now)
+            await tx.execute(sql["put"], (self._k(f"{counter}:{n}"), _dumps(listed), None))
+        return True
+
     async def settle_batch_job(
         self,
         batch: str,

@@ -69,6 +69,17 @@ class MemoryStore:
         self._data[key] = (value, None if ttl is None else _monotonic() + ttl)
         return True
 
+    async def add_listed(self, key: str, value: Any, counter: str, listed: Any) -> bool:
+        # no await between the three: nothing else runs in between
+        if self._live(key) is not None:
+            return False
+        self._data[key] = (value, None)
+        item = self._live(counter)
+        n = 1 if item is None else int(item[0]) + 1
+        self._data[counter] = (n, None if item is None else item[1])
+        self._data[f"{counter}:{n}"] = (listed, None)
+        return True
+
     async def increment(self, key: str, by: int = 1, ttl: float | None = None) -> int:
         item = self._live(key)
         if item is None:

@@ -171,6 +171,7 @@ class _Conn:
     """One client (and its scripts) per event loop: redis-py clients are loop-bound."""
 
     __slots__ = (
+        "add_listed",
         "client",
         "delete_owner",
         "increment",
@@ -193,6 +194,9 @@ class _Conn:
         )
         self.touch_owner: AsyncScript = client.register_script(
             (_HERE / "redis_touch_owner.lua").read_text()
+        )
+        self.add_listed: AsyncScript = client.register_script(
+            (_HERE / "redis_add_listed.lua").read_text()
         )
 
 
@@ -248,6 +252,12 @@ class RedisStore:
     async def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
         px = None if ttl is None else _ms(ttl)
         return bool(await self._conn().client.set(self.prefix + key, _dumps(value), nx=True, px=px))
+
+    async def add_listed(self, key: str, value: Any, counter: str, listed: Any) -> bool:
+        """``AddsListed`` in one script: SET NX, then INCR and SET of the listing."""
+        keys = [self.prefix + key, self.prefix + counter]
+        added = await self._conn().add_listed(keys=keys, args=[_dumps(value), _dumps(listed)])
+        return bool(added)
 
     async def increment(self, key: str, by: int = 1, ttl: float | None = None) -> int:
         conn = self._conn()

@@ -24,8 +24,9 @@ A replay reads ``run``, ``state``, ``final`` and the first hundred ``pos`` recor
 one ``get_many`` (one query, one MGET), and the ``res`` of positions kept without a
 result in a second one only when there are some.
 
-Crash windows: a run added but not yet numbered in the listing is missing from
-``list_runs`` (``status`` still finds it); a step's first try is one write (nothing
+Crash windows: a run is added and numbered in the listing in one write where the store
+can (``AddsListed``: memory, SQL, Redis); elsewhere a run added but not yet numbered is
+missing from ``list_runs`` (``status`` still finds it); a step's first try is one write (nothing
 of the step is kept before it ends); every other write is either the decision itself
 or display beside it.
 """
@@ -33,11 +34,12 @@ or display beside it.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import json
 from collections.abc import Sequence
 from typing import Any
 
-from haze.contracts.store import Store
+from haze.contracts.store import AddsListed, Store
 from haze.contracts.workflow import KeptRun, StepStatus, WorkflowStatus
 
 __all__ = ["KeyValueWorkflowState"]
@@ -62,6 +64,10 @@ class KeyValueWorkflowState:
         self, run_id: str, name: str, input: str, now: float, connection: str | None = None
     ) -> bool:
         record = {"name": name, "input": input, "connection": connection, "created_at": now}
+        if isinstance(self.store, AddsListed):  # added and listed in one write
+            return await self.store.add_listed(
+                self._k(run_id, "run"), record, f"{self.prefix}:runs", run_id
+            )
         if not await self.store.add(self._k(run_id, "run"), record):
             return False
         n = await self.store.increment(f"{self.prefix}:runs")
@@ -107,7 +113,8 @@ class KeyValueWorkflowState:
         if not found:
             return None
         run = found[0]
-        return WorkflowStatus(**{**_fields(run), "steps": await self._steps(run_id)})
+        steps = await self._steps(run_id, run.state == "cancelled")
+        return WorkflowStatus(**{**_fields(run), "steps": steps})
 
     async def list_runs(
         self, state: str | None = None, name: str | None = None, limit: int = 50
@@ -227,7 +234,7 @@ class KeyValueWorkflowState:
         kept = await self.store.get(self._k(run_id, "ev", name))
         return None if kept is None else str(kept)
 
-    async def _steps(self, run_id: str) -> list[StepStatus]:
+    async def _steps(self, run_id: str, cancelled: bool = False) -> list[StepStatus]:
         # concurrent steps keep their positions in the order they end, so a gap can
         # occur: a further page is read when this one is full to its end (a step past
         # a gap at a page's end is not shown until the gap's step is kept)
@@ -249,7 +256,11 @@ class KeyValueWorkflowState:
             res, att, first, fail = values[4 * i : 4 * i + 4]
             if "result" in m:  # kept with its mark in one write (first try succeeded)
                 res, att = {"result": m["result"], "at": m["done"]}, m["attempts"]
-            steps.append(_step(position, m, res, att, first, fail, kept_events[i]))
+            step = _step(position, m, res, att, first, fail, kept_events[i])
+            if cancelled and step.state not in ("done", "failed"):
+                # the run stopped there: the step never ends
+                step = dataclasses.replace(step, state="cancelled")
+            steps.append(step)
         return steps
 
 
