@@ -129,10 +129,10 @@ async def on_store(
                     clock[0] = max(clock[0], st.resume_at or clock[0]) + 1
                     await wf.pending({"run": run_id}).dispatch()
                 st = await settle(run_id, st)
-            state = workflow_state(app.manager.state_store())
-            kept = {
-                s.name: json.loads(await state.result(run_id, s.name) or "null") for s in st.steps
-            }
+            # every kept result, in the one read a replay makes (a first try's result is
+            # kept with its step's position, a retried one under its name)
+            run = await workflow_state(app.manager.state_store()).kept(run_id)
+            kept = {s.name: json.loads(run.results.get(s.name) or "null") for s in st.steps}
             return st, kept
     finally:
         set_clock(None)
