@@ -13,11 +13,14 @@ A driver class is called ``cls(connection_name, options, context)``: ``context``
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from haze._base import plugins
 from haze.contracts.driver import Driver, FailedJob, FailedJobStore, Reserved
-from haze.drivers.context import DriverContext
+
+if TYPE_CHECKING:
+    from haze.drivers.context import DriverContext
 
 __all__ = [
     "GROUP",
@@ -74,3 +77,10 @@ def create_driver(
     cls = driver_class(options["driver"], source=source, key=f"connections.{name}.driver")
     driver: Driver = cls(name, options, context)
     return driver
+
+
+def __getattr__(name: str) -> Any:
+    # DriverContext loads on first use: importing haze (an App) loads no drivers module
+    if name == "DriverContext":
+        return importlib.import_module("haze.drivers.context").DriverContext
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
