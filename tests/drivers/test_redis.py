@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from haze import App, JobContext, Queue, define_job, define_queue_config, define_redis_config
+from haze._app.driver_context import AppDriverContext
 from haze._base.errors import ConfigError, MissingDependencyError
 from haze._workers.worker import Worker
 from haze.drivers.redis import RedisDriver
@@ -446,7 +447,9 @@ async def test_failed_list_find_retry_forget_flush(redis_app):
         assert found.queue == "mail"
         assert found.payload == {"n": "b"}
         fresh = RedisDriver(
-            "r", {"url": REDIS_URL, "prefix": driver.prefix, "queues": ["default", "mail"]}, app
+            "r",
+            {"url": REDIS_URL, "prefix": driver.prefix, "queues": ["default", "mail"]},
+            AppDriverContext(app, "r", "'redis'"),
         )
         try:  # a new process: finds the job by its haze id with the server-side scan
             again = await fresh.failed.find(a)

@@ -56,7 +56,8 @@ RUN_MJS = PYODIDE_DIR / "run.mjs"
 RUNNER = HERE / "cf_contract_runner.py"
 
 #: Suites parametrised by store, not by driver (their queue is always a memory driver,
-#: or none): not run here. The D1 store runs the store suite through Miniflare instead.
+#: or none): not run here. The D1 store runs the store suite through Miniflare instead,
+#: and the workflow state on D1 runs in test_cf_miniflare_workflows.py.
 #: test_public_driver_contract.py runs haze.testing.driver_contract over the server-side
 #: drivers and runs an author's suite in a subprocess (Pyodide has no processes).
 NOT_DRIVER_CONTRACT = {
@@ -66,6 +67,7 @@ NOT_DRIVER_CONTRACT = {
     "test_schedule_crash.py",
     "test_public_driver_contract.py",
     "test_failed_store_contract.py",
+    "test_workflow_state.py",
 }
 #: pytest and its plugins as pure-Python wheels, repacked from this environment (the
 #: versions uv.lock pins), so the Pyodide session needs no network.
