@@ -144,6 +144,7 @@ try:
                     "test_schedule_crash.py",
                     "test_public_driver_contract.py",
                     "test_failed_store_contract.py",
+                    "test_workflow_state.py",
                 )
             ),
             *(SELECT or ["tests/contract"]),
