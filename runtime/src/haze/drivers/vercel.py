@@ -90,7 +90,9 @@ from haze.contracts.driver import (
     Reserved,
     UncountedQueues,
 )
-from haze.drivers._vercel_message import _Body, due_of, rewrite
+from haze.drivers._hops import due_of
+from haze.drivers._hops import rewrite_hop as rewrite
+from haze.drivers._vercel_message import _Body
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",

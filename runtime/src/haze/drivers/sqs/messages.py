@@ -3,13 +3,11 @@ fields the driver rewrites in a body it sends again."""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from haze._base.deps import require
-from haze._base.message import Message, envelope_of
 
 #: SQS's message size limit (1 MiB since August 2025), also the send_message_batch total.
 SQS_MAX_MESSAGE_SIZE = 1_048_576
@@ -75,40 +73,6 @@ class SqsReceipt:
     #: Receives of this message that ran nothing (a FIFO trigger's records reported
     #: unprocessed): not attempts. Kept by the Lambda handler in the app's store.
     unused: int = 0
-
-
-def _rewrite(
-    body: str, *, attempts: int | None = None, due: float | None = None, keep_due: bool = False
-) -> str:
-    """``body`` with another ``attempts`` offset and ``meta.due`` (None: removed)."""
-    data = envelope_of(body)
-    if data is None:
-        return body
-    if attempts is not None:
-        if attempts > 0:
-            data["attempts"] = attempts
-        else:
-            data.pop("attempts", None)
-    meta = dict(data.get("meta") or {})
-    if due is not None:
-        meta["due"] = round(due, 3)
-    elif not keep_due:
-        meta.pop("due", None)
-    if meta:
-        data["meta"] = meta
-    else:
-        data.pop("meta", None)
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-def _due_of(message: Message | None) -> float | None:
-    if message is None or not message.meta:
-        return None
-    due = message.meta.get("due")
-    try:
-        return float(due) if due is not None else None
-    except (TypeError, ValueError):
-        return None
 
 
 #: What SQS takes as a MessageGroupId: 1 to 128 printable ASCII characters, no space.

@@ -12,12 +12,12 @@ from typing import Any
 
 from haze._base.message import Message
 from haze.contracts.driver import Reserved
+from haze.drivers._hops import due_of
 from haze.drivers.sqs.messages import (
     _BATCH,
     _DUE_TOLERANCE,
     _SYSTEM_ATTRIBUTES,
     SqsReceipt,
-    _due_of,
 )
 from haze.drivers.sqs.settle import _Settling
 
@@ -171,7 +171,7 @@ class _Receiving(_Settling):
         deliveries = receipt.receive_count - receipt.unused
         job = Reserved.delivered(body, deliveries, receipt, queue=self._queue_of_url(url))
         message = job.message
-        due = _due_of(message)
+        due = due_of(message)
         now = self.now()
         if message is not None and due is not None and due - now > _DUE_TOLERANCE:
             return None, await self._not_due(url, receipt, message, body, due - now)

@@ -9,6 +9,7 @@ from typing import Any
 
 from haze._base.errors import DispatchIncompleteError, PayloadTooLargeError, UnknownQueueError
 from haze._base.message import Message, new_id
+from haze.drivers._hops import rewrite_hop
 from haze.drivers.sqs.client import _SqsClient
 from haze.drivers.sqs.messages import (
     _BATCH,
@@ -16,7 +17,6 @@ from haze.drivers.sqs.messages import (
     SQS_MAX_DELAY,
     SQS_MAX_MESSAGE_SIZE,
     _group_id,
-    _rewrite,
 )
 
 
@@ -45,7 +45,7 @@ class _Sending(_SqsClient):
             else:
                 seconds = math.ceil(delay)
         if resend or due is not None:
-            body = _rewrite(body, attempts=attempts, due=due)
+            body = rewrite_hop(body, attempts=attempts, due=due)
             self._check_size(body, message)
         entry: dict[str, Any] = {"MessageBody": body}
         if seconds:
