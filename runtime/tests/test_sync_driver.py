@@ -156,3 +156,42 @@ async def test_bulk_on_sync_runs_inline(sync_app: App) -> None:
     ids = await Queue.bulk([sync_record.with_({"i": 1}), sync_record.with_({"i": 2})])
     assert len(ids) == 2
     assert [e[1] for e in events] == [{"i": 1}, {"i": 2}]
+
+
+@define_job(name="sync_link")
+async def sync_link(payload: dict, job: JobContext) -> None:
+    events.append(("link", payload["i"]))
+    if payload.get("fail"):
+        raise ValueError(f"link {payload['i']} failed")
+
+
+async def test_a_long_chain_runs_every_link_inside_dispatch(sync_app: App) -> None:
+    """Each link used to run inside the previous link's settling: past about 80 links
+    the nesting raised RecursionError."""
+    await Queue.chain([sync_link.with_({"i": i}) for i in range(400)]).dispatch()
+    assert events == [("link", i) for i in range(400)]
+
+
+async def test_a_long_chains_failing_link_raises_to_the_caller_and_stops_it(
+    sync_app: App,
+) -> None:
+    caught: list[str] = []
+    links = [sync_link.with_({"i": i, "fail": i == 300}) for i in range(400)]
+    with pytest.raises(ValueError, match="link 300 failed"):
+        await Queue.chain(links).catch(lambda error: caught.append(str(error))).dispatch()
+    assert events == [("link", i) for i in range(301)]
+    assert caught == ["link 300 failed"]
+
+
+async def test_a_job_that_dispatches_another_sees_it_run_inside_its_dispatch(
+    sync_app: App,
+) -> None:
+    await sync_parent.dispatch({})
+    assert events == [("parent", "before"), ("link", 7), ("parent", "after")]
+
+
+@define_job(name="sync_parent")
+async def sync_parent(payload: dict, job: JobContext) -> None:
+    events.append(("parent", "before"))
+    await sync_link.dispatch({"i": 7})
+    events.append(("parent", "after"))

@@ -35,7 +35,12 @@ from haze import (
     define_job,
     define_queue_config,
 )
-from haze._base.errors import DelayTooLongError, PayloadTooLargeError
+from haze._base.errors import (
+    ConfigError,
+    DatabaseConnectionError,
+    DelayTooLongError,
+    PayloadTooLargeError,
+)
 from haze._workers.worker import Worker
 from haze.connectors.d1 import D1Connector, D1Error
 
@@ -273,6 +278,11 @@ async def test_d1_rest_connector(standin: StandIn) -> None:
             await bad.fetchall("SELECT 1")
         assert e.value.status == 401
         assert "wrong" not in str(e.value)
+        # a refused token is a configuration error (waiting does not fix it), naming the
+        # setting; not an outage
+        assert isinstance(e.value, ConfigError)
+        assert not isinstance(e.value, DatabaseConnectionError)
+        assert "connections.d1.api_token" in str(e.value)
         await bad.close()
     finally:
         await db.close()
@@ -304,26 +314,55 @@ async def test_database_driver_over_d1_rest(standin: StandIn) -> None:
 # --------------------------------------------------------------------------- haze queue:work
 
 
-def test_queue_work_cli_pull_consumer(standin: StandIn, tmp_path: Path) -> None:
-    root = tmp_path / "cfapp"
+def write_app(root: Path, queue: dict[str, Any], database: dict[str, Any]) -> None:
+    """An app folder whose default queue connection is ``queue`` over the D1 ``database``."""
     (root / "config").mkdir(parents=True)
     (root / "app" / "job").mkdir(parents=True)
-    out = tmp_path / "ran.txt"
-    conn = cf_connection(standin)
     (root / "config" / "queue.py").write_text(
         textwrap.dedent(f"""
         from haze import define_queue_config
-        config = define_queue_config(default="cloudflare",
-                                     connections={{"cloudflare": {conn!r}}})
+        config = define_queue_config(default="main", connections={{"main": {queue!r}}})
     """)
     )
-    db = d1_connection(standin)
     (root / "config" / "database.py").write_text(
         textwrap.dedent(f"""
         from haze import define_database_config
-        config = define_database_config(default="d1", connections={{"d1": {db!r}}})
+        config = define_database_config(default="d1", connections={{"d1": {database!r}}})
     """)
     )
+
+
+def run_cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    haze = Path(sys.executable).with_name("haze")
+    env = {**os.environ, "HAZE_APP_ROOT": str(root)}
+    return subprocess.run(
+        [str(haze), *args], cwd=root, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_refused_d1_token_stops_the_worker_with_one_line(
+    standin: StandIn, tmp_path: Path
+) -> None:
+    root = tmp_path / "d1app"
+    write_app(
+        root,
+        {"driver": "database", "connection": "d1"},
+        {**d1_connection(standin), "api_token": "wrong-token-xyz"},
+    )
+    proc = run_cli(root, "queue:work", "--connection", "main", "--stop-when-empty")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output
+    assert "Traceback" not in output
+    assert "unavailable" not in output  # not an outage to wait out
+    [line] = [line for line in output.splitlines() if "HTTP 401" in line]
+    assert "connections.d1.api_token" in line
+    assert "wrong-token-xyz" not in output
+
+
+def test_queue_work_cli_pull_consumer(standin: StandIn, tmp_path: Path) -> None:
+    root = tmp_path / "cfapp"
+    out = tmp_path / "ran.txt"
+    write_app(root, cf_connection(standin), d1_connection(standin))
     (root / "app" / "job" / "cf_cli_job.py").write_text(
         textwrap.dedent(f"""
         from haze import define_job
@@ -344,22 +383,12 @@ def test_queue_work_cli_pull_consumer(standin: StandIn, tmp_path: Path) -> None:
                     "job": "cf_cli_job",
                     "payload": {"n": n},
                     "queue": "default",
-                    "connection": "cloudflare",
+                    "connection": "main",
                 },
                 "content_type": "json",
             }
         )
-    haze = Path(sys.executable).with_name("haze")
-    env = {**os.environ, "HAZE_APP_ROOT": str(root)}
-    proc = subprocess.run(
-        [str(haze), "queue:work", "--connection", "cloudflare", "--stop-when-empty", "-v"],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_cli(root, "queue:work", "--connection", "main", "--stop-when-empty", "-v")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(out.read_text().split()) == ["1", "2", "3"]
     assert standin.queue.messages == []

@@ -15,6 +15,7 @@ telemetry) is an outcome hook (``haze._engine.hooks``).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import logging
 import math
@@ -58,6 +59,25 @@ log = logging.getLogger("haze")
 job_log = logging.getLogger("haze.job")
 
 _DEBUG = logging.DEBUG
+
+
+class _InlineRun:
+    """The jobs an inline run queued while settling (a chain's next link, a callback).
+
+    They run after the job that queued them has settled, in the same ``dispatch()``:
+    run inside its settling, each link would nest in the one before, and a long chain
+    would exhaust the stack."""
+
+    __slots__ = ("pending", "settling")
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Message, str, Driver]] = []
+        self.settling = False
+
+
+_inline_run: contextvars.ContextVar[_InlineRun | None] = contextvars.ContextVar(
+    "haze_inline_run", default=None
+)
 _perf = time.perf_counter
 _time = time.time
 
@@ -112,13 +132,37 @@ class Execution(Settle):
     async def run_inline(self, message: Message, body: str, driver: Driver) -> None:
         """The ``sync`` driver: run now in the caller's context; raise a final failure.
 
-        The job gets a JSON copy of the payload, as from any other driver: the same
-        types (a tuple arrives as a list), and the caller's object is never the job's."""
+        A job dispatched while another inline job settles runs right after that one
+        settled, before the outer ``dispatch()`` returns (a loop, not a nesting)."""
+        outer = _inline_run.get()
+        if outer is not None and outer.settling:
+            outer.pending.append((message, body, driver))
+            return
+        state = _InlineRun()
+        token = _inline_run.set(state)
+        failure: BaseException | None = None
+        try:
+            failure = await self._run_inline_one(message, body, driver)
+            while state.pending:
+                state.settling = False
+                error = await self._run_inline_one(*state.pending.pop(0))
+                failure = failure or error
+        finally:
+            _inline_run.reset(token)
+        if failure is not None:
+            raise failure
+
+    async def _run_inline_one(
+        self, message: Message, body: str, driver: Driver
+    ) -> BaseException | None:
+        """Its final failure, raised by ``run_inline`` once what it queued has run (a
+        chain's catch job). The job gets a JSON copy of the payload, as from any other
+        driver: the same types (a tuple arrives as a list), and the caller's object is
+        never the job's."""
         copy = dataclasses.replace(message, payload=decode_payload(encode_payload(message.payload)))
         reserved = Reserved(copy, 1, body, message.queue)
         outcome, error = await self._process(reserved, driver, inline=True)
-        if outcome == Outcome.FAILED and error is not None:
-            raise error
+        return error if outcome == Outcome.FAILED else None
 
     async def process(self, reserved: Reserved, driver: Driver) -> str:
         """Run one claimed message to its outcome; never raises for job errors."""
@@ -225,6 +269,10 @@ class Execution(Settle):
         ):
             return await self._cancelled(run, None)
         elapsed = await self._attempt(run)
+        if inline:
+            state = _inline_run.get()
+            if state is not None:
+                state.settling = True
         ctx = run.ctx
         if run.error is None and ctx._fail_error is None and ctx._release_delay is None:
             return await self._success(run, elapsed)

@@ -68,6 +68,11 @@ class D1Error(HazeError):
         super().__init__(f"D1 connection {connection!r}: {detail}")
 
 
+class D1AuthError(D1Error, ConfigError):
+    """The REST API refused the token (HTTP 401 or 403): a configuration error, not an
+    outage. Waiting does not fix a wrong or expired token, so a worker stops on it."""
+
+
 class D1UnavailableError(D1Error, DatabaseConnectionError):
     """The D1 REST API could not be reached, or answered 502/503/504: an outage (a worker
     waits for it), not a refused statement."""
@@ -119,6 +124,12 @@ def encode_param(value: Any) -> Any:
     )
 
 
+def _first_error(data: Any) -> str | None:
+    errors = data.get("errors") if isinstance(data, dict) else None
+    first = errors[0] if isinstance(errors, list) and errors else None
+    return str(first.get("message")) if isinstance(first, dict) and first.get("message") else None
+
+
 class _RestExecutor:
     """``POST /accounts/{account}/d1/database/{database}/query`` per statement."""
 
@@ -150,6 +161,14 @@ class _RestExecutor:
             data = response.json()
         except ValueError:
             data = None
+        if response.status_code in (401, 403):
+            raise D1AuthError(
+                self._c.name,
+                f"{_first_error(data) or response.reason_phrase}; the API refused the token: "
+                f"set a valid connections.{self._c.name}.api_token in config/database.py (a "
+                "Cloudflare API token with D1 edit permission on this account)",
+                status=response.status_code,
+            )
         if response.status_code >= 400 or not isinstance(data, dict) or not data.get("success"):
             errors = data.get("errors") if isinstance(data, dict) else None
             first = errors[0] if isinstance(errors, list) and errors else {}
