@@ -56,7 +56,7 @@ def parse_target(app: App, value: str, param_hint: str = "'CONNECTION:QUEUE'") -
     if not sep:
         connection, queue = app.queue_config.default, value
     connection, queue = connection.strip(), queue.strip()
-    if not connection or not queue or "," in queue or any(c.isspace() for c in queue):
+    if not connection or not queue or "," in queue:
         raise click.BadParameter(f"{value!r}: {_TARGET_HELP}", param_hint=param_hint)
     try:
         queue_names(queue, many=False)
