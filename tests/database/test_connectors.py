@@ -31,6 +31,7 @@ import pytest
 from harness import MYSQL_ADMIN_URL, PG_ADMIN_URL
 from haze import (
     App,
+    ConfigError,
     JobContext,
     MissingDependencyError,
     Queue,
@@ -186,6 +187,29 @@ def test_missing_client_names_the_extra(
     assert info.value.extra == extra
     assert f"'{package}'" in str(info.value)
     assert f"haze-jobs[{extra}]" in str(info.value) or f"runtime[{extra}]" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "option", "hint"),
+    [
+        ("mysql://root@127.0.0.1:3306/test", "timeout", "connect_timeout"),
+        ("mysql://root@127.0.0.1:3306/test", "no_such_thing", None),
+        ("postgresql://postgres@127.0.0.1:5432/postgres", "timeout", "connect_timeout"),
+        ("postgresql://postgres@127.0.0.1:5432/postgres", "no_such_thing", None),
+    ],
+)
+def test_an_unknown_client_option_is_one_line_naming_it(
+    url: str, option: str, hint: str | None
+) -> None:
+    """``options`` go to the client's connect(): a key it does not take was the client's
+    own TypeError / ProgrammingError, raised at the first statement."""
+    with pytest.raises(ConfigError) as info:
+        connect("main", {"url": url, "options": {option: 5}})
+    message = str(info.value)
+    assert f"connections.main.options.{option}" in message
+    assert "\n" not in message
+    if hint:
+        assert f"did you mean {hint!r}" in message
 
 
 @pytest.mark.parametrize(

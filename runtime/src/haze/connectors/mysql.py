@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import inspect
 import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -40,6 +41,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from haze._base.deps import require
 from haze._base.errors import ConfigError, DatabaseConnectionError
 from haze._base.urls import redact_text
+from haze.connectors.client_options import check_client_options
 from haze.connectors.postgres import redact_url, translate_placeholders
 
 __all__ = ["DatabaseConnectionError", "MySQLConnector", "is_duplicate_key"]
@@ -166,7 +168,7 @@ class MySQLConnector:
     dialect = "mysql"
 
     def __init__(self, name: str, options: dict[str, Any], *, root: Path | None = None):
-        _require()
+        aiomysql = _require()
         self.name = name
         self.url: str = options["url"]
         try:
@@ -199,6 +201,12 @@ class MySQLConnector:
             kwargs["unix_socket"] = query["unix_socket"]
         extra = dict(options.get("options") or {})
         self.pool_recycle = int(extra.pop("pool_recycle", 3600))
+        check_client_options(
+            extra,
+            inspect.signature(aiomysql.connect).parameters,
+            key=f"connections.{name}.options",
+            client="aiomysql",
+        )
         kwargs.update(extra)
         self._kwargs = kwargs
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from haze._base.deps import require
 from haze._base.errors import ConfigError, DatabaseConnectionError
 from haze._base.urls import redact_text, redact_url
+from haze.connectors.client_options import check_client_options
 from haze.connectors.postgres_listen import _is_outage, _Listener
 
 if TYPE_CHECKING:
@@ -54,6 +55,8 @@ Row = tuple[Any, ...]
 
 #: seconds libpq waits for a connection unless the URL sets ``connect_timeout``
 CONNECT_TIMEOUT = 10
+#: what ``AsyncConnection.connect()`` takes besides libpq's connection parameters
+_CONNECT_ARGS = ("autocommit", "prepare_threshold", "context", "row_factory", "cursor_factory")
 
 
 #: seconds a connection stays parked for single statements before it goes back to the
@@ -150,6 +153,7 @@ class PostgresConnector:
         for module in ("psycopg", "psycopg_pool"):
             require(module, what="the PostgreSQL backend", extra="postgres")
         from psycopg.conninfo import conninfo_to_dict
+        from psycopg.pq import Conninfo
 
         self.name = name
         self.url: str = options["url"]
@@ -173,7 +177,14 @@ class PostgresConnector:
         self._kwargs: dict[str, Any] = {"autocommit": True}
         if "connect_timeout" not in params:
             self._kwargs["connect_timeout"] = CONNECT_TIMEOUT
-        self._kwargs.update(options.get("options") or {})
+        extra = options.get("options") or {}
+        check_client_options(
+            extra,
+            [*_CONNECT_ARGS, *(o.keyword.decode() for o in Conninfo.get_defaults())],
+            key=f"connections.{name}.options",
+            client="psycopg",
+        )
+        self._kwargs.update(extra)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
         #: one pooled connection kept checked out for single statements, with the cursor
