@@ -354,3 +354,33 @@ async def test_a_dispatch_to_an_unreachable_backend_is_a_json_503_without_a_trac
     }
     assert not [rec for rec in caplog.records if rec.exc_info], "no traceback in the log"
     assert any("DatabaseConnectionError" in rec.getMessage() for rec in caplog.records)
+
+
+@define_job(name="http_keyed", unique={"key": lambda p: p["order_id"]})
+async def http_keyed(payload: Any) -> None:
+    ran.append(payload)
+
+
+async def test_a_payload_its_unique_key_function_cannot_read_is_a_400_naming_it(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The key function reads the caller's payload: a field it lacks is the caller's
+    mistake, not a 500 with a traceback."""
+    raw = json.dumps({"job": "http_keyed", "payload": {"n": 1}}).encode()
+    async with client(app) as c:
+        r = await c.post("/dispatch", content=raw, headers={"authorization": f"Bearer {SECRET}"})
+    assert r.status_code == 400, r.text
+    assert r.json() == {
+        "error": "Job \"http_keyed\": its unique key function raised KeyError: 'order_id' "
+        "for this payload; nothing was queued"
+    }
+    assert not [rec for rec in caplog.records if rec.exc_info], "no traceback in the log"
+    assert ran == []
+
+
+async def test_a_key_function_error_in_code_keeps_the_functions_own_error(app: App) -> None:
+    from haze.errors import KeyFunctionError
+
+    with pytest.raises(KeyFunctionError, match="unique key function raised KeyError") as e:
+        await http_keyed.dispatch({"n": 1})
+    assert isinstance(e.value.__cause__, KeyError)

@@ -54,6 +54,7 @@ __all__ = [
     "JobDefinitionError",
     "JobFailedError",
     "JobTimeoutError",
+    "KeyFunctionError",
     "MaxAttemptsExceededError",
     "MaxExceptionsError",
     "MessageDecodeError",
@@ -140,6 +141,11 @@ class MissingDependencyError(HazeError, ImportError):
 
 class PayloadTooLargeError(HazeError, ValueError):
     """A message is larger than the connection accepts; nothing was enqueued."""
+
+
+class KeyFunctionError(HazeError, ValueError):
+    """A job's unique or debounce key function raised on the payload it was given; the
+    function's own error is the ``__cause__``. Nothing was queued."""
 
 
 class DispatchIncompleteError(HazeError):

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from haze._base.crypto import keyed_digest
-from haze._base.errors import HazeError
+from haze._base.errors import HazeError, KeyFunctionError
 from haze._engine.hooks import Outcome, Run
 from haze._jobs.context import current_tenant
 
@@ -48,9 +48,16 @@ class Locks:
     async def _key(self, kind: str, job: JobDefinition[Any], key_fn: Any, message: Message) -> str:
         suffix = ""
         if key_fn is not None:
-            value = key_fn(job.from_wire(message.payload))
-            if inspect.isawaitable(value):
-                value = await value
+            try:
+                value = key_fn(job.from_wire(message.payload))
+                if inspect.isawaitable(value):
+                    value = await value
+            except Exception as e:
+                said = (str(e).splitlines() or [""])[0]  # the error stays one line
+                raise KeyFunctionError(
+                    f'Job "{job.name}": its {kind} key function raised {type(e).__name__}: '
+                    f"{said} for this payload; nothing was queued"
+                ) from e
             # An encrypted job's key is often a field of its secret payload: keep a keyed
             # hash of it, not the value.
             suffix = keyed_digest(self.app, str(value)) if job.encrypted else str(value)
