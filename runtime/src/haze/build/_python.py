@@ -81,11 +81,18 @@ def stop_timeout(longest: float | None) -> int | None:
 
 def worker_queues(app: App, connection: str) -> list[str]:
     """The queues a worker on ``connection`` should take: the configured ones in their
-    priority order, then ``default`` and every queue a job names."""
+    priority order, then ``default`` and every queue a job names or is routed to."""
     options = app.queue_config.connections[connection]
     queues: list[str] = list(options.get("queues") or [])
-    jobs = app_jobs(app)
-    named = sorted({j.queue for j in jobs if j.queue and j.connection in (None, connection)})
+    routes = app.queue_config.routes
+    named = sorted(
+        {
+            q
+            for j in app_jobs(app)
+            if (q := routes.queue_for(j.name, j.queue))
+            and routes.connection_for(j.name, j.connection) in (None, connection)
+        }
+    )
     for q in ["default", *named]:
         if q not in queues:
             queues.append(q)
