@@ -332,3 +332,29 @@ def test_a_component_without_pulumi_names_the_extra() -> None:
         [sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True
     )
     assert out.stdout.count("Pulumi") == 2, out.stdout
+
+
+@define_job(name="inf_cfg_routed.mail", tries=4)
+async def inf_cfg_routed(payload: Any) -> None:
+    pass
+
+
+def test_a_routed_job_counts_where_its_route_sends_it_and_its_queue_is_made() -> None:
+    """``routes`` send the job to connection "q" and queue "mail": the stack makes an SQS
+    queue (and the Lambda's event source) for "mail" there, counts its tries there only,
+    and the other sqs connection neither gets the queue nor counts the job."""
+    app = App(
+        queue=define_queue_config(
+            default="other",
+            connections={
+                "q": {"driver": "sqs", "queue_url": "https://sqs.eu-west-1.amazonaws.com/1/x"},
+                "other": {"driver": "sqs", "queue_url": "https://sqs.eu-west-1.amazonaws.com/1/y"},
+            },
+            routes={"inf_cfg_routed.*": {"queue": "mail", "connection": "q"}},
+        )
+    )
+    c = stack_config(app, jobs=[inf_cfg_routed]).connections
+    assert c["q"].queues == ("default", "mail")
+    assert "mail" in c["q"].aws.queue_names
+    assert c["q"].jobs == ("inf_cfg_routed.mail",) and c["q"].max_tries == 4
+    assert c["other"].queues == ("default",) and c["other"].jobs == ()
