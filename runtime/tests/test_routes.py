@@ -24,6 +24,7 @@ from haze import (
 from haze._base.routes import JobRoute, JobRoutes
 from haze._orchestration import scheduling
 from haze._orchestration.scheduling import run_now
+from haze._workflows.lambda_runs import native_runs
 from haze.build._python import worker_queues
 from haze.cli.queue import unconsumed_queues
 
@@ -264,3 +265,19 @@ def test_no_routes_and_a_route_of_one_field_are_accepted(caplog: pytest.LogCaptu
         assert not _config(None).queue_config.routes
         one = _config({"x": {"connection": "sqs_main"}}).queue_config.routes
     assert list(one) == [JobRoute("x", connection="sqs_main")]
+
+
+def test_a_workflow_routed_to_a_native_sqs_connection_runs_on_its_engine() -> None:
+    url = "https://sqs.eu-west-1.amazonaws.com/1/x"
+    app = App(
+        queue=define_queue_config(
+            default="memory",
+            connections={
+                "memory": {"driver": "memory"},
+                "aws": {"driver": "sqs", "queue_url": url, "workflows": "native"},
+            },
+            routes={"rt.flow.*": {"connection": "aws"}},
+        )
+    )
+    runs_there = native_runs(app, "rt.flow.signup")
+    assert runs_there is not None and runs_there.connection == "aws"
