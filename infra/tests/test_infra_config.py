@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from haze import App, define_haze_config, define_job, define_queue_config
+from haze.build.cloudflare_plan import connection_jobs, connection_max_tries
 from haze.cli import get_cli
 from haze_infra.config import (
     InfraConfigError,
@@ -358,3 +359,9 @@ def test_a_routed_job_counts_where_its_route_sends_it_and_its_queue_is_made() ->
     assert "mail" in c["q"].aws.queue_names
     assert c["q"].jobs == ("inf_cfg_routed.mail",) and c["q"].max_tries == 4
     assert c["other"].queues == ("default",) and c["other"].jobs == ()
+    # `haze build` derives the same counts from the same app (one rule, not two)
+    routes = app.queue_config.routes
+    for name in ("q", "other"):
+        jobs = [inf_cfg_routed]
+        assert connection_max_tries(jobs, name, routes) == c[name].max_tries
+        assert [j.name for j in connection_jobs(jobs, name, routes)] == list(c[name].jobs)

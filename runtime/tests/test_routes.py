@@ -25,7 +25,8 @@ from haze._base.routes import JobRoute, JobRoutes
 from haze._orchestration import scheduling
 from haze._orchestration.scheduling import run_now
 from haze._workflows.lambda_runs import native_runs
-from haze.build._python import worker_queues
+from haze.build._python import longest_timeout, worker_queues
+from haze.build.cloudflare_plan import connection_max_tries
 from haze.cli.queue import unconsumed_queues
 
 #: (job, queue, connection, attempt) of every run
@@ -58,6 +59,11 @@ async def rt_report(payload: Any, job: JobContext) -> None:
 @define_job(name="rt.plain")
 async def rt_plain(payload: Any, job: JobContext) -> None:
     await _record(job)
+
+
+@define_job(name="rt.mail.timed", timeout="2m", tries=5)
+async def rt_timed(payload: Any) -> None:
+    pass
 
 
 @workflow(name="rt.flow.signup")
@@ -197,16 +203,23 @@ async def test_a_workflow_run_follows_the_route_of_its_name() -> None:
 def test_the_queues_listed_for_workers_include_the_routed_ones() -> None:
     app = routed_app()
     side = app.job_queues("side")
-    assert side["mail"] == ["rt.mail.welcome"]
+    assert side["mail"] == ["rt.mail.timed", "rt.mail.welcome"]
     assert side["vip"] == ["rt.mail.vip"]
     assert "reports" in app.job_queues("memory")
     assert "reports" in app.known_queues("memory")  # queue:failed/retry/size look there
     lines = unconsumed_queues(app, "side", ["default"])
-    assert any('job rt.mail.welcome uses queue "mail"' in ln for ln in lines), lines
+    assert any('rt.mail.timed, rt.mail.welcome use queue "mail"' in ln for ln in lines), lines
     # the docker preset's worker command takes them too
     assert {"mail", "vip"} <= set(worker_queues(app, "side"))
     assert "reports" in worker_queues(app, "memory")
     assert "mail" not in worker_queues(app, "memory")
+    # a job counts where its route pins it: the docker/server stop timeout and the
+    # Cloudflare consumer's max_retries see it there only
+    routes = app.queue_config.routes
+    assert longest_timeout([rt_timed], "side", routes) == 120.0
+    assert longest_timeout([rt_timed], "memory", routes) is None
+    assert connection_max_tries([rt_timed], "memory", routes) == 1
+    assert connection_max_tries([rt_timed], "side", routes) == 5
 
 
 # --------------------------------------------------------------------------- bad config
