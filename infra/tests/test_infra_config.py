@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from haze import App, define_haze_config, define_job, define_queue_config
+from haze.build.cloudflare_plan import connection_jobs, connection_max_tries
 from haze.cli import get_cli
 from haze_infra.config import (
     InfraConfigError,
@@ -332,3 +333,35 @@ def test_a_component_without_pulumi_names_the_extra() -> None:
         [sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True
     )
     assert out.stdout.count("Pulumi") == 2, out.stdout
+
+
+@define_job(name="inf_cfg_routed.mail", tries=4)
+async def inf_cfg_routed(payload: Any) -> None:
+    pass
+
+
+def test_a_routed_job_counts_where_its_route_sends_it_and_its_queue_is_made() -> None:
+    """``routes`` send the job to connection "q" and queue "mail": the stack makes an SQS
+    queue (and the Lambda's event source) for "mail" there, counts its tries there only,
+    and the other sqs connection neither gets the queue nor counts the job."""
+    app = App(
+        queue=define_queue_config(
+            default="other",
+            connections={
+                "q": {"driver": "sqs", "queue_url": "https://sqs.eu-west-1.amazonaws.com/1/x"},
+                "other": {"driver": "sqs", "queue_url": "https://sqs.eu-west-1.amazonaws.com/1/y"},
+            },
+            routes={"inf_cfg_routed.*": {"queue": "mail", "connection": "q"}},
+        )
+    )
+    c = stack_config(app, jobs=[inf_cfg_routed]).connections
+    assert c["q"].queues == ("default", "mail")
+    assert "mail" in c["q"].aws.queue_names
+    assert c["q"].jobs == ("inf_cfg_routed.mail",) and c["q"].max_tries == 4
+    assert c["other"].queues == ("default",) and c["other"].jobs == ()
+    # `haze build` derives the same counts from the same app (one rule, not two)
+    routes = app.queue_config.routes
+    for name in ("q", "other"):
+        jobs = [inf_cfg_routed]
+        assert connection_max_tries(jobs, name, routes) == c[name].max_tries
+        assert [j.name for j in connection_jobs(jobs, name, routes)] == list(c[name].jobs)

@@ -14,8 +14,11 @@ take the same :class:`StackConfig`::
 connection is usually chosen by an environment variable such as
 ``QUEUE_CONNECTION``, and ``.on_connection()`` can send it anywhere). A job pinned to
 one connection but dispatched to another with ``.on_connection()`` is not seen: pin it
-where it runs. With an app root, the jobs are those defined in files under the root;
-without one (``App(queue=...)``), every job of the process-wide registry.
+where it runs. A job the ``routes`` of ``config/queue.py`` send to a connection (and
+whose definition names none) counts as pinned there, and the queue a route gives it
+is one of that connection's queues. With an app root, the jobs are those defined in
+files under the root; without one (``App(queue=...)``), every job of the process-wide
+registry.
 
 **The rules** (each is one function below, shared by the components and the tests):
 
@@ -338,9 +341,14 @@ def _plan_connection(
     warnings: list[str],
 ) -> ConnectionPlan:
     driver = str(options["driver"])
-    jobs = sorted((j for j in all_jobs if j.connection in (None, name)), key=lambda j: j.name)
+    routes = app.queue_config.routes
+    jobs = sorted(
+        (j for j in all_jobs if routes.connection_for(j.name, j.connection) in (None, name)),
+        key=lambda j: j.name,
+    )
     queues: list[str] = list(options.get("queues") or [])
-    for q in ["default", *sorted({j.queue for j in jobs if j.queue})]:
+    routed = {q for j in jobs if (q := routes.queue_for(j.name, j.queue))}
+    for q in ["default", *sorted(routed)]:
         if q not in queues:
             queues.append(q)
     unbounded = [j.name for j in jobs if j.retry_until is not None]

@@ -319,13 +319,17 @@ class App:
         return c
 
     def job_queues(self, connection: str) -> dict[str, list[str]]:
-        """The queues the registered jobs name on ``connection``, each with those jobs'
-        names (a job without ``queue`` uses ``default``, without ``connection`` the
-        default connection)."""
+        """The queues the registered jobs land on on ``connection``, each with those
+        jobs' names: the definition's ``queue``/``connection``, else the route of the
+        job's name in ``routes``, else ``default`` and the default connection."""
         found: dict[str, list[str]] = {}
+        routes = self.queue_config.routes
         for job in registered_jobs().values():
-            if (job.connection or self.queue_config.default) == connection:
-                found.setdefault(job.queue or "default", []).append(job.name)
+            conn = routes.connection_for(job.name, job.connection)
+            if (conn or self.queue_config.default) == connection:
+                found.setdefault(routes.queue_for(job.name, job.queue) or "default", []).append(
+                    job.name
+                )
         return {q: sorted(found[q]) for q in sorted(found)}
 
     def known_queues(self, connection: str) -> list[str]:

@@ -83,11 +83,17 @@ class Dispatcher:
         queue: str | None = None,
         connection: str | None = None,
     ) -> tuple[str, str]:
-        """Connection and queue by precedence: pending > chain/batch > define_job > config."""
+        """Connection and queue, each by precedence: pending > chain/batch > define_job
+        > the config's route for the job's name > the default (``haze._base.routes``)."""
         job = pending.job
-        conn = self.app.connection_name(pending._connection or connection or job.connection)
-        q = pending._queue or queue or job.queue or "default"
-        return conn, q
+        conn = pending._connection or connection or job.connection
+        q = pending._queue or queue or job.queue
+        if conn is None or q is None:
+            route = self.app.queue_config.routes.match(job.name)
+            if route is not None:
+                conn = conn or route.connection
+                q = q or route.queue
+        return self.app.connection_name(conn), q or "default"
 
     def build(
         self,

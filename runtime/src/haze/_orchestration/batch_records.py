@@ -174,10 +174,13 @@ def check_link_queues(
             check_link_queues(manager, link["chain"], queue, connection)
         else:
             job = get_job(link["job"])
-            conn = link.get("connection") or connection or job.connection
+            routes = manager.app.queue_config.routes
+            conn = link.get("connection") or connection
+            conn = conn or routes.connection_for(job.name, job.connection)
             driver = manager.app.driver(manager.app.connection_name(conn))
             if isinstance(driver, QueueNameRules):
-                driver.check_queue(link.get("queue") or queue or job.queue or "default")
+                q = link.get("queue") or queue or routes.queue_for(job.name, job.queue)
+                driver.check_queue(q or "default")
 
 
 class BatchView(Protocol):

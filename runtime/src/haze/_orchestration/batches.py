@@ -416,17 +416,18 @@ async def load_for_job(manager: QueueManager, batch_id: str) -> Batch | None:
 # here, below chains.py, so the two modules import one way only.
 
 
-def _item_connections(item: Any, defaults: tuple[str | None, ...]) -> list[str | None]:
+def _item_connections(item: Any, defaults: tuple[str | None, ...], app: Any) -> list[str | None]:
     """Connections the jobs of a chain/batch item run on (None: the config default)."""
     if isinstance(item, PendingBatch):
         out: list[str | None] = []
         for m in item.jobs:
             for p in m if isinstance(m, list) else [m]:
-                out += _item_connections(p, (item._connection, *defaults))
+                out += _item_connections(p, (item._connection, *defaults), app)
         return out
     if isinstance(item, list):
-        return [c for p in item for c in _item_connections(p, defaults)]
-    return [next((c for c in (item._connection, *defaults, item.job.connection) if c), None)]
+        return [c for p in item for c in _item_connections(p, defaults, app)]
+    own = app.queue_config.routes.connection_for(item.job.name, item.job.connection)
+    return [next((c for c in (item._connection, *defaults, own) if c), None)]
 
 
 def check_function_callbacks(
@@ -436,14 +437,13 @@ def check_function_callbacks(
     defaults: tuple[str | None, ...],
     where: str,
 ) -> None:
-    """A plain-function callback needs every job of the chain/batch on a local connection
-    (its settle may run the callback in the worker that ran the job)."""
+    """A plain-function callback needs every job on a local connection (it may run there)."""
     if not any(
         callable(cb) and not isinstance(cb, (PendingDispatch, JobDefinition)) for cb in callbacks
     ):
         return
     for item in items:
-        for c in _item_connections(item, defaults):
+        for c in _item_connections(item, defaults, manager.app):
             name = manager.app.connection_name(c)
             driver = manager.app.driver(name)
             if not driver.local_callbacks:

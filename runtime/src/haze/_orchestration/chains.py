@@ -97,7 +97,11 @@ class PendingChain:
         connection = manager.app.connection_name(
             (first._connection if isinstance(first, PendingDispatch) else None)
             or self._connection
-            or (first.job.connection if isinstance(first, PendingDispatch) else None)
+            or (
+                manager.app.queue_config.routes.connection_for(first.job.name, first.job.connection)
+                if isinstance(first, PendingDispatch)
+                else None
+            )
         )
         chain_id = new_id()
         check_function_callbacks(

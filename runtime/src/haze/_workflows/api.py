@@ -99,7 +99,7 @@ _warned: set[str] = set()
 def _check_shared(app: Any, wf: WorkflowDefinition) -> None:
     """Warn once when the runs' store is this process's own while other processes run
     the workflow's messages: they would not see the runs started here."""
-    driver = app.driver(wf.job.connection)
+    driver = app.driver(app.queue_config.routes.connection_for(wf.job.name, wf.job.connection))
     store = app.manager.state_store()
     if driver.remote and not store.shared and driver.name not in _warned:
         _warned.add(driver.name)
@@ -180,7 +180,7 @@ class Workflow(WorkflowDefinition):
         # the message first: it carries the input and adds the run itself if this
         # process dies before the record below. Starts racing on one id each queue a
         # message; its token lets only one of them replay the run (definition.replay).
-        connection = wf.job.connection
+        connection = app.queue_config.routes.connection_for(wf.job.name, wf.job.connection)
         await wf.pending({"run": run_id, "input": text, "start": new_id()}).dispatch()
         await state.create_run(run_id, wf.name, text, now(), connection)
         return run_id
@@ -278,7 +278,9 @@ def _due_inline(st: WorkflowStatus) -> bool:
         return False
     wf = find_workflow(st.name)
     app = use_app()
-    return wf is not None and app.recorder is None and app.driver(wf.job.connection).inline
+    if wf is None or app.recorder is not None:
+        return False
+    return app.driver(app.queue_config.routes.connection_for(wf.job.name, wf.job.connection)).inline
 
 
 async def wake(run_id: str) -> bool:

@@ -447,7 +447,12 @@ def native_runs(app: Any, workflow: str | None = None) -> LambdaRuns | None:
     connections: Mapping[str, Mapping[str, Any]] = app.queue_config.connections
     if workflow is not None:
         wf = find_workflow(workflow)
-        name = (wf.job.connection if wf is not None else None) or app.queue_config.default
+        own = (
+            None
+            if wf is None
+            else app.queue_config.routes.connection_for(wf.job.name, wf.job.connection)
+        )
+        name = own or app.queue_config.default
         options = connections.get(name)
         if (
             options

@@ -51,7 +51,8 @@ def native_workflows(ctx: BuildContext) -> list[str]:
     names: list[str] = []
     classes: dict[str, str] = {}
     for name, wf in sorted(registered_workflows().items()):
-        if (wf.job.connection or app.queue_config.default) not in native:
+        conn = app.queue_config.routes.connection_for(wf.job.name, wf.job.connection)
+        if (conn or app.queue_config.default) not in native:
             continue
         where = f'workflow "{name}" ({wf.job.origin})'
         if not _NAME.fullmatch(name):

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from haze._base.errors import ConfigError
 from haze._base.hints import DISTRIBUTION, DISTRIBUTIONS
+from haze._base.routes import JobRoutes
 from haze._failed.resolve import failed_target
 from haze._orchestration.scheduling import app_schedules
 from haze.build.cloudflare_plan import app_jobs as jobs_under_root
@@ -68,9 +69,17 @@ def app_jobs(app: App) -> list[JobDefinition[Any]]:
     return sorted(jobs_under_root(app), key=lambda j: j.name)
 
 
-def longest_timeout(jobs: Iterable[JobDefinition[Any]], connection: str) -> float | None:
-    """The longest ``timeout`` of the jobs that can run on ``connection`` (None: none set)."""
-    timeouts = [float(j.timeout) for j in jobs if j.connection in (None, connection) and j.timeout]
+def longest_timeout(
+    jobs: Iterable[JobDefinition[Any]], connection: str, routes: JobRoutes | None = None
+) -> float | None:
+    """The longest ``timeout`` of the jobs that can run on ``connection`` (None: none set;
+    a job counts where its definition, else its route in ``routes``, pins it)."""
+    routes = routes if routes is not None else JobRoutes()
+    timeouts = [
+        float(j.timeout)
+        for j in jobs
+        if j.timeout and routes.connection_for(j.name, j.connection) in (None, connection)
+    ]
     return max(timeouts) if timeouts else None
 
 
@@ -81,11 +90,18 @@ def stop_timeout(longest: float | None) -> int | None:
 
 def worker_queues(app: App, connection: str) -> list[str]:
     """The queues a worker on ``connection`` should take: the configured ones in their
-    priority order, then ``default`` and every queue a job names."""
+    priority order, then ``default`` and every queue a job names or is routed to."""
     options = app.queue_config.connections[connection]
     queues: list[str] = list(options.get("queues") or [])
-    jobs = app_jobs(app)
-    named = sorted({j.queue for j in jobs if j.queue and j.connection in (None, connection)})
+    routes = app.queue_config.routes
+    named = sorted(
+        {
+            q
+            for j in app_jobs(app)
+            if (q := routes.queue_for(j.name, j.queue))
+            and routes.connection_for(j.name, j.connection) in (None, connection)
+        }
+    )
     for q in ["default", *named]:
         if q not in queues:
             queues.append(q)

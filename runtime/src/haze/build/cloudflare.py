@@ -319,7 +319,8 @@ def _queue_bindings(
     producers: list[dict[str, Any]] = []
     consumers: list[dict[str, Any]] = []
     for conn, options in cloudflare.items():
-        plan = cloudflare_consumer(app, conn, options, connection_max_tries(jobs, conn), warnings)
+        tries = connection_max_tries(jobs, conn, app.queue_config.routes)
+        plan = cloudflare_consumer(app, conn, options, tries, warnings)
         queue = plan.queue_name
         if queue is None:
             queue = _queue_slug(name, conn)

@@ -45,6 +45,7 @@ from haze.connectors.d1 import d1_target
 
 if TYPE_CHECKING:
     from haze._app.app import App
+    from haze._base.routes import JobRoutes
     from haze._jobs.definition import JobDefinition
 
 __all__ = [
@@ -150,17 +151,26 @@ def app_jobs(app: App) -> list[JobDefinition[Any]]:
     return mine
 
 
-def connection_jobs(jobs: Iterable[JobDefinition[Any]], name: str) -> list[JobDefinition[Any]]:
-    """The jobs that can land on connection ``name``: those pinned to it, and every job
-    without a ``connection`` (the default connection is often chosen by an environment
-    variable, and ``.on_connection()`` can send it anywhere). Sorted by name."""
-    return sorted((j for j in jobs if j.connection in (None, name)), key=lambda j: j.name)
+def connection_jobs(
+    jobs: Iterable[JobDefinition[Any]], name: str, routes: JobRoutes | None = None
+) -> list[JobDefinition[Any]]:
+    """The jobs that can land on connection ``name``: those pinned to it (by their
+    definition, else by a route of ``routes``), and every job pinned nowhere (the default
+    connection is often chosen by an environment variable, and ``.on_connection()`` can
+    send it anywhere). Sorted by name."""
+    return sorted((j for j in jobs if _pin(j, routes) in (None, name)), key=lambda j: j.name)
 
 
-def connection_max_tries(jobs: Iterable[JobDefinition[Any]], name: str) -> int | None:
+def _pin(job: JobDefinition[Any], routes: JobRoutes | None) -> str | None:
+    return job.connection if routes is None else routes.connection_for(job.name, job.connection)
+
+
+def connection_max_tries(
+    jobs: Iterable[JobDefinition[Any]], name: str, routes: JobRoutes | None = None
+) -> int | None:
     """The most ``tries`` of a job on connection ``name`` (1 with no job); None when a
     job there has ``retry_until`` (no try limit)."""
-    on = connection_jobs(jobs, name)
+    on = connection_jobs(jobs, name, routes)
     if any(j.retry_until is not None for j in on):
         return None
     return max((int(j.tries) for j in on), default=1)

@@ -171,7 +171,7 @@ def build(ctx: BuildContext) -> BuildResult:
     extras = ["cli", *(e for e in extras_for(app) if e != "cli")]
     queues = worker_queues(app, connection)
     cmd = ["--connection", connection, "--queue", ",".join(queues)]
-    longest = longest_timeout(app_jobs(app), connection)
+    longest = longest_timeout(app_jobs(app), connection, app.queue_config.routes)
     stop = stop_timeout(longest)
     stop_known = stop is not None
     stop = stop if stop is not None else UNKNOWN_STOP_TIMEOUT

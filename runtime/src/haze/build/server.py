@@ -110,7 +110,9 @@ def build(ctx: BuildContext) -> BuildResult:
         )
     else:
         worker_connection = app.connection_name(settings.get("connection"))
-        stop = stop_timeout(longest_timeout(app_jobs(app), worker_connection))
+        stop = stop_timeout(
+            longest_timeout(app_jobs(app), worker_connection, app.queue_config.routes)
+        )
         if stop is not None:
             notes.append(
                 f"on SIGTERM the in-server worker waits for its running jobs: give the "

@@ -42,6 +42,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "haze.cli.queue_failed",
     "haze.cli.queue_admin",
     "haze.cli.queue_stats",
+    "haze.cli.queue_routes",
     "haze.cli.schedule",
     "haze.cli.workflow",
     "haze.cli.infra",

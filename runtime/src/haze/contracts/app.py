@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 from haze._base import current
 
 if TYPE_CHECKING:
+    from haze._base.routes import JobRoutes
     from haze.contracts.driver import Driver
     from haze.contracts.recorder import DispatchRecorder
     from haze.contracts.store import Store
@@ -54,6 +55,10 @@ class QueueConfigView(Protocol):
     def track(self) -> bool: ...
     @property
     def keep_result(self) -> float | None: ...
+    @property
+    def routes(self) -> JobRoutes:
+        """``routes``: job-name glob -> queue/connection, below the call site and the
+        job definition."""
 
 
 class DatabaseConfigView(Protocol):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from haze._base.errors import ConfigError
+from haze._base.routes import JobRoutes
 
 __all__ = [
     "CacheConfig",
@@ -54,12 +55,15 @@ def define_queue_config(
     batches: Mapping[str, Any] | None = None,
     middleware: list[Any] | None = None,
     run_in_server: bool | Mapping[str, Any] = False,
+    routes: Mapping[str, Mapping[str, str]] | None = None,
     **extra: Any,
 ) -> ConfigSpec:
-    """Describe ``config/queue.py``: connections, the lock store, batches, global middleware.
+    """Describe ``config/queue.py``: connections, the lock store, batches, global
+    middleware, and ``routes`` (job-name glob -> its queue and/or connection).
 
     >>> config = define_queue_config(default="memory",
-    ...     connections={"memory": {"driver": "memory", "concurrency": 2}})
+    ...     connections={"memory": {"driver": "memory", "concurrency": 2}},
+    ...     routes={"mail.*": {"queue": "mail"}})
     """
     raw: dict[str, Any] = {
         "default": default,
@@ -69,6 +73,8 @@ def define_queue_config(
         "middleware": middleware,
         "run_in_server": run_in_server,
     }
+    if routes is not None:
+        raw["routes"] = routes
     raw.update(extra)
     return ConfigSpec("queue", raw, _caller_source())
 
@@ -129,6 +135,8 @@ class QueueConfig:
     #: (``Queue.status``/``wait``); ``keep_result``: also keep results that long.
     track: bool = False
     keep_result: float | None = None
+    #: ``routes``: job-name glob -> queue/connection (see ``haze._base.routes``).
+    routes: JobRoutes = field(default_factory=JobRoutes)
 
 
 @dataclass

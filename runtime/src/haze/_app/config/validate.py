@@ -14,6 +14,7 @@ from haze._app.config.checks import (
     declared_schema,
 )
 from haze._app.config.environment import env, origin
+from haze._app.config.routes import validate_routes
 from haze._app.config.schema import (
     CacheConfig,
     ConfigSpec,
@@ -56,6 +57,7 @@ def validate_queue(spec: object, source: str | None = None) -> QueueConfig:
     connections, queue_limits = _queue_connections(v, raw)
     _check_connection_links(v, connections)
     default = _queue_default(v, raw, connections)
+    routes = validate_routes(v, raw.get("routes"), connections, default)
     store = v.string(raw.get("store"), "store")
     batches = v.mapping(raw.get("batches"), "batches")
     v.unknown(batches, {"store", "ttl"}, "batches")
@@ -85,10 +87,12 @@ def validate_queue(spec: object, source: str | None = None) -> QueueConfig:
         source=src,
         telemetry=telemetry,
         queue_limits=queue_limits,
+        routes=routes,
     )
 
 
 _QUEUE_KEYS = {
+    "routes",
     "default",
     "connections",
     "store",
