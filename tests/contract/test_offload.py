@@ -1,0 +1,170 @@
+"""Large payloads through an object store (``"offload"`` on a connection), on every
+driver: the payload is written to a ``file://`` folder at dispatch, the message carries
+its reference, the worker reads it back and checks it, and the object goes after the
+job's final ack; a failed job keeps it until its record is forgotten.
+
+The S3 store (moto) and the 1,000-job sweep are in tests/drivers/test_offload_stores.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from haze import JobContext, PayloadTooLargeError, Queue, define_job
+from haze.crypto import generate_key
+
+SEEN: list[Any] = []
+OBJECTS_WHILE_RUNNING: list[int] = []
+FOLDER: list[Path] = []
+FIVE_MIB = 5 * 1024 * 1024
+
+
+@pytest.fixture(autouse=True)
+def _reset(tmp_path: Path) -> None:
+    SEEN.clear()
+    OBJECTS_WHILE_RUNNING.clear()
+    FAIL[:] = [True]
+    FOLDER[:] = [tmp_path / "offload"]
+
+
+def objects() -> list[str]:
+    folder = FOLDER[0]
+    return sorted(os.listdir(folder)) if folder.exists() else []
+
+
+def offload(over: str | int = "1KiB") -> dict[str, Any]:
+    return {"offload": {"to": f"file://{FOLDER[0]}", "over": over}}
+
+
+@define_job(name="ol_big")
+async def ol_big(payload: dict[str, Any], job: JobContext) -> None:
+    OBJECTS_WHILE_RUNNING.append(len(objects()))
+    SEEN.append((payload["n"], len(payload["blob"]), payload["blob"][:3]))
+
+
+FAIL: list[bool] = [True]
+
+
+@define_job(name="ol_fails", tries=1)
+async def ol_fails(payload: dict[str, Any], job: JobContext) -> None:
+    SEEN.append(len(payload["blob"]))
+    if FAIL[0]:
+        raise RuntimeError("told to fail")
+
+
+@define_job(name="ol_secret", encrypted=True)
+async def ol_secret(payload: dict[str, Any], job: JobContext) -> None:
+    SEEN.append(payload["blob"][:6])
+
+
+def blob(size: int, mark: str = "abc") -> str:
+    return mark + "x" * (size - len(mark))
+
+
+async def test_a_5_mib_payload_round_trips_and_its_object_goes_after_the_ack(
+    make_app, done
+) -> None:
+    async with make_app(options=offload()):
+        await ol_big.dispatch({"n": 1, "blob": blob(FIVE_MIB)})
+        await ol_big.dispatch({"n": 2, "blob": "small"})  # under the threshold: inline
+        await done()
+    assert sorted(SEEN) == [(1, FIVE_MIB, "abc"), (2, 5, "sma")]
+    assert max(OBJECTS_WHILE_RUNNING) >= 1  # it was offloaded, not sent in the message
+    assert objects() == []
+
+
+async def test_bulk_and_chain_links_over_the_threshold_are_offloaded_too(make_app, done) -> None:
+    async with make_app(options=offload()):
+        await Queue.bulk([ol_big.with_({"n": i, "blob": blob(4096)}) for i in range(3)])
+        await Queue.chain(
+            [ol_big.with_({"n": 10, "blob": blob(4096)}), ol_big.with_({"n": 11, "blob": blob(8)})]
+        ).dispatch()
+        await done()
+    assert sorted(n for n, _, _ in SEEN) == [0, 1, 2, 10, 11]
+    assert objects() == []
+
+
+async def test_an_encrypted_payload_is_encrypted_before_it_is_written(make_app, done) -> None:
+    async with make_app(options=offload(), key=generate_key()):
+        await ol_secret.dispatch({"blob": blob(4096, "secret")})
+        if objects():  # still queued: the object holds ciphertext only
+            stored = (FOLDER[0] / objects()[0]).read_bytes()
+            assert b"secret" not in stored and b"xxxx" not in stored
+        await done()
+    assert SEEN == ["secret"]
+    assert objects() == []
+
+
+@pytest.mark.requires("failed_store", "queued")
+async def test_a_failed_job_keeps_its_object_a_retry_reads_it_and_forget_deletes_it(
+    make_app, done
+) -> None:
+    async with make_app(options=offload()):
+        await ol_fails.dispatch({"blob": blob(4096)})
+        await done()
+        [record] = await Queue.failed()
+        assert len(objects()) == 1  # kept while the job is in failed jobs
+        ref = json.loads(record.body)["meta"]["offload"]
+        assert ref["offloaded"] == objects()[0] and ref["size"] > 4096
+        FAIL[0] = False
+        assert await Queue.retry(record.id) == [record.id]
+        await done()
+        assert SEEN == [4096, 4096]  # the retry read the same object back
+        assert objects() == []
+
+        FAIL[0] = True
+        await ol_fails.dispatch({"blob": blob(2048)})
+        await done()
+        [record] = await Queue.failed()
+        assert len(objects()) == 1
+        assert await Queue.forget(record.id)
+        assert objects() == []
+
+
+async def _tampered(make_app, done, change) -> str:
+    async with make_app(options=offload()):
+        await ol_big.with_({"n": 1, "blob": blob(4096)}).delay(0.6).dispatch()
+        [name] = objects()
+        change(FOLDER[0] / name)
+        await asyncio.sleep(0.6)
+        await done()
+        assert SEEN == []  # the job never ran with a wrong payload
+        [record] = await Queue.failed()
+    return record.exception
+
+
+@pytest.mark.requires("failed_store", "delay")
+async def test_a_tampered_object_fails_the_job_with_checksum_mismatch(make_app, done) -> None:
+    def tamper(path: Path) -> None:
+        data = bytearray(path.read_bytes())
+        data[20] ^= 1
+        path.write_bytes(bytes(data))
+
+    assert "checksum mismatch" in await _tampered(make_app, done, tamper)
+
+
+@pytest.mark.requires("failed_store", "delay")
+async def test_a_missing_object_fails_the_job_saying_so(make_app, done) -> None:
+    assert "is missing from file://" in await _tampered(make_app, done, Path.unlink)
+
+
+async def test_without_offload_an_oversized_message_names_the_setting(make_app) -> None:
+    async with make_app(options={"max_message_size": 2048}):
+        with pytest.raises(PayloadTooLargeError, match='"offload"'):
+            await ol_big.dispatch({"n": 1, "blob": blob(4096)})
+
+
+async def test_without_over_the_drivers_cap_decides(make_app, done) -> None:
+    async with make_app(
+        options={"max_message_size": 2048, "offload": {"to": f"file://{FOLDER[0]}"}}
+    ):
+        await ol_big.dispatch({"n": 1, "blob": blob(4096)})
+        await ol_big.dispatch({"n": 2, "blob": blob(1024)})
+        await done()
+    assert sorted(n for n, _, _ in SEEN) == [1, 2]
+    assert objects() == []
