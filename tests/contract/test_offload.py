@@ -168,3 +168,62 @@ async def test_without_over_the_drivers_cap_decides(make_app, done) -> None:
         await done()
     assert sorted(n for n, _, _ in SEEN) == [1, 2]
     assert objects() == []
+
+
+@define_job(name="ol_some_fail", tries=1)
+async def ol_some_fail(payload: dict[str, Any], job: JobContext) -> None:
+    if payload["n"] % 100 == 7:
+        raise RuntimeError(f"job {payload['n']} fails")
+
+
+async def test_1000_offloaded_jobs_leave_only_the_objects_of_the_failed_ones(
+    driver, make_app, done
+) -> None:
+    if driver.id != "redis":
+        pytest.skip("1,000 jobs on one backend (redis); the rest is the same engine path")
+    async with make_app(options=offload(200), concurrency=8):
+        await Queue.bulk([ol_some_fail.with_({"n": i, "blob": blob(300)}) for i in range(1000)])
+        await done(timeout=60)
+        failed = await Queue.failed()
+    assert sorted(json.loads(f.body)["payload"] is None for f in failed) == [True] * 10
+    refs = sorted(json.loads(f.body)["meta"]["offload"]["offloaded"] for f in failed)
+    assert objects() == refs  # 990 deleted after their ack, the 10 failed keep theirs
+
+
+S3: list[Any] = []
+
+
+@define_job(name="ol_s3")
+async def ol_s3(payload: dict[str, Any], job: JobContext) -> None:
+    client, bucket = S3
+    listed = client.list_objects_v2(Bucket=bucket, Prefix="jobs/").get("Contents", [])
+    OBJECTS_WHILE_RUNNING.extend(o["Size"] for o in listed)
+    SEEN.append(len(payload["blob"]))
+
+
+def _s3() -> tuple[Any, str]:
+    """A boto3 S3 client on the moto server the sqs tests use, and a fresh bucket."""
+    spec = __import__("runpy").run_path(str(Path(__file__).parents[1] / "drivers/sqs_spec.py"))
+    if spec["_MISSING"] is not None:
+        pytest.skip(spec["_MISSING"])
+    import boto3
+
+    endpoint = spec["endpoint"]()
+    client = boto3.client("s3", region_name="us-east-1", endpoint_url=endpoint)
+    bucket = f"haze-offload-{os.urandom(5).hex()}"
+    client.create_bucket(Bucket=bucket)
+    return client, f"s3://{bucket}/jobs?endpoint_url={endpoint}&region=us-east-1"
+
+
+async def test_a_5_mib_payload_round_trips_through_s3(driver, make_app, done) -> None:
+    if driver.id not in ("sqs", "redis", "database-postgres"):
+        pytest.skip("S3 (moto) on the sqs, redis and postgres drivers")
+    client, url = _s3()
+    bucket = url.split("/")[2]
+    S3[:] = [client, bucket]
+    async with make_app(options={"offload": {"to": url}}):  # over: the driver's own cap
+        await ol_s3.dispatch({"blob": blob(FIVE_MIB)})
+        await done()
+    assert SEEN == [FIVE_MIB]
+    assert [FIVE_MIB + len('{"blob":""}')] == OBJECTS_WHILE_RUNNING  # it was in S3
+    assert client.list_objects_v2(Bucket=bucket).get("KeyCount") == 0
