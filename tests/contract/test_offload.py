@@ -228,3 +228,36 @@ async def test_a_5_mib_payload_round_trips_through_s3(driver, make_app, done) ->
     assert SEEN == [FIVE_MIB]
     assert [FIVE_MIB + len('{"blob":""}')] == OBJECTS_WHILE_RUNNING  # it was in S3
     assert client.list_objects_v2(Bucket=bucket).get("KeyCount") == 0
+
+
+@pytest.mark.requires("queued")
+async def test_the_object_stays_until_the_ack_is_recorded(driver, make_app, done) -> None:
+    if driver.extra.get("consumer") is not None:
+        pytest.skip("a platform consumer acks with one local call: no ack is kept")
+    seen_at_failed_acks: list[int] = []
+    async with make_app(options=offload()) as app:
+        main = app.driver("main")
+        for name in ("ack", "ack_many", "ack_and_claim"):
+            real = getattr(type(main), name, None)
+            if real is None:
+                continue
+
+            def wrap(real: Any) -> Any:
+                async def call(*args: Any) -> Any:
+                    if len(seen_at_failed_acks) < 3:
+                        # a crash now redelivers the job: its payload must still be there
+                        seen_at_failed_acks.append(len(objects()))
+                        raise RuntimeError("injected ack failure")
+                    return await real(main, *args)
+
+                return call
+
+            setattr(main, name, wrap(real))
+        await ol_big.dispatch({"n": 1, "blob": blob(4096)})
+        for _ in range(400):
+            if len(seen_at_failed_acks) == 3 and not objects():
+                break
+            await asyncio.sleep(0.05)
+        await done()
+    assert seen_at_failed_acks == [1, 1, 1]
+    assert objects() == []

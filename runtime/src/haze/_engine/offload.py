@@ -210,7 +210,8 @@ def referenced(records: Iterable[FailedJob]) -> set[str]:
 
 class OffloadCleanup:
     """Outcome hook: an offloaded payload is deleted once its job has left the queue
-    for good (after the ack), and kept while it may run again or sits in failed jobs."""
+    for good (after the ack is recorded: by the worker, when it keeps the ack to send
+    it later), and kept while it may run again or sits in failed jobs."""
 
     def __init__(self, offload: Offload) -> None:
         self.offload = offload
@@ -220,7 +221,13 @@ class OffloadCleanup:
         return meta is not None and OFFLOADED in meta and run.outcome in _FINAL
 
     async def settling(self, run: Run) -> None:
-        return None
+        # Set before the ack: a worker that keeps the ack may record it (and call this)
+        # before the ``settled`` step runs.
+        meta, connection = run.message.meta, run.driver.name
+        run.reserved.after_ack = lambda: self.offload.discard(meta, connection)
 
     async def settled(self, run: Run) -> None:
-        await self.offload.discard(run.message.meta, run.driver.name)
+        reserved = run.reserved
+        if not reserved.ack_pending and reserved.after_ack is not None:
+            after, reserved.after_ack = reserved.after_ack, None
+            await after()
