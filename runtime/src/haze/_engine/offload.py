@@ -228,6 +228,9 @@ class OffloadCleanup:
 
     async def settled(self, run: Run) -> None:
         reserved = run.reserved
-        if not reserved.ack_pending and reserved.after_ack is not None:
-            after, reserved.after_ack = reserved.after_ack, None
+        after, reserved.after_ack = reserved.after_ack, None
+        if reserved.ack_pending:
+            reserved.after_ack = after  # the worker calls it once it recorded the ack
+        elif after is not None and not reserved.lease_lost:
+            # (a lost lease: another worker runs the job, and its ack deletes it)
             await after()
