@@ -23,7 +23,7 @@ SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 LAYERS: list[tuple[str, ...]] = [
     ("haze._base",),
     ("haze.contracts",),
-    ("haze.drivers", "haze.stores", "haze.connectors", "haze._failed"),
+    ("haze.drivers", "haze.stores", "haze.connectors", "haze._failed", "haze.offload"),
     ("haze._jobs", "haze.transactions"),
     ("haze._engine",),
     ("haze._orchestration", "haze._workflows"),

@@ -36,6 +36,10 @@ names                   what they are for
 ``MISFIRE_GRACE``        how late a scheduled run may start
 ``register_plugin``      register a plugin in this process (a bundle without package
                         metadata): ``register_plugin("haze.stores", "kv", "m:KVStore")``
+``ObjectStore``, ...     where large payloads are offloaded: the ``ObjectStore``
+                        Protocol (``cls(url)``; async ``put``/``get``/``delete`` and
+                        ``objects()`` of ``StoredObject``), registered by URL scheme in
+                        the ``OFFLOAD_GROUP`` (``"haze.offload"``); ``OffloadError``
 ``Workflow``, ...        durable workflows for a platform's own engine: ``Workflow``,
                         ``find_workflow``, ``registered_workflows``, ``WorkflowRun``,
                         ``encode_result``, ``workflow_state`` and the Lambda run names
@@ -59,11 +63,13 @@ if _typing.TYPE_CHECKING:
         ConfigError,
         HazeError,
         MessageDecodeError,
+        OffloadError,
         ScheduleError,
         WorkflowError,
         WorkflowRunError,
     )
     from haze._base.message import Message, decode, new_id_prefix
+    from haze._base.plugins import OFFLOAD as OFFLOAD_GROUP
     from haze._base.plugins import register as register_plugin
     from haze._orchestration.scheduling import MISFIRE_GRACE, dispatch_trigger, platform_triggers
     from haze._workers.delivery import Delivery
@@ -74,11 +80,13 @@ if _typing.TYPE_CHECKING:
     from haze._workflows.engine import workflow_state
     from haze._workflows.lambda_runs import DISPATCH_SUB_TYPE, operation_name, shown_name
     from haze._workflows.run import WorkflowRun, encode_result
+    from haze.contracts.offload import ObjectStore, StoredObject
     from haze.drivers.context import DriverContext
 
 __all__ = [
     "DISPATCH_SUB_TYPE",
     "MISFIRE_GRACE",
+    "OFFLOAD_GROUP",
     "App",
     "ConfigError",
     "Delivery",
@@ -86,7 +94,10 @@ __all__ = [
     "HazeError",
     "Message",
     "MessageDecodeError",
+    "ObjectStore",
+    "OffloadError",
     "ScheduleError",
+    "StoredObject",
     "Worker",
     "Workflow",
     "WorkflowError",
@@ -131,6 +142,10 @@ _HOMES: dict[str, tuple[str, str]] = {
     "decode": ("haze._base.message", "decode"),
     "new_id_prefix": ("haze._base.message", "new_id_prefix"),
     "register_plugin": ("haze._base.plugins", "register"),
+    "OFFLOAD_GROUP": ("haze._base.plugins", "OFFLOAD"),
+    "OffloadError": ("haze._base.errors", "OffloadError"),
+    "ObjectStore": ("haze.contracts.offload", "ObjectStore"),
+    "StoredObject": ("haze.contracts.offload", "StoredObject"),
     "MISFIRE_GRACE": ("haze._orchestration.scheduling", "MISFIRE_GRACE"),
     "dispatch_trigger": ("haze._orchestration.scheduling", "dispatch_trigger"),
     "platform_triggers": ("haze._orchestration.scheduling", "platform_triggers"),

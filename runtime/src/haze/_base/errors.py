@@ -17,6 +17,7 @@ The tree::
     ├── MaxAttemptsExceededError    reclaimed after a crash with no try left
     ├── RetryUntilExpiredError      ``retry_until`` passed
     ├── MessageDecodeError          a queued message is not valid haze JSON / cannot be decrypted
+    ├── OffloadError                an offloaded payload is missing or fails its checksum
     ├── JobFailedError              ``job.fail(reason)`` was called with a string
     ├── JobDefinitionError          define_job: unknown option, or a handler it cannot call
     ├── BackendUnavailableError     Redis, a database, SQS, libSQL or D1 cannot be reached
@@ -59,6 +60,7 @@ __all__ = [
     "MaxExceptionsError",
     "MessageDecodeError",
     "MissingDependencyError",
+    "OffloadError",
     "PayloadTooLargeError",
     "QueueCountUnavailableError",
     "QueueTablesMissingError",
@@ -190,6 +192,12 @@ class RetryUntilExpiredError(HazeError):
 
 class MessageDecodeError(HazeError):
     """A queued message could not be read: bad JSON, not a haze envelope, or undecryptable."""
+
+
+class OffloadError(HazeError):
+    """An offloaded payload cannot be used: its object is missing, or its bytes do not
+    match the size and sha256 its message carries (``checksum mismatch``). The job
+    fails with this reason, and its failed record keeps the reference."""
 
 
 class JobFailedError(HazeError):

@@ -54,6 +54,7 @@ __all__ = [
     "MAX_DELAY",
     "MAX_MESSAGE_SIZE",
     "MAX_QUEUE_NAME",
+    "OFFLOADED",
     "RETRIED",
     "RETRY_CLAIM",
     "UNRECORDED_FAILURE",
@@ -284,6 +285,11 @@ def envelope_of(body: Any) -> dict[str, Any] | None:
 #: could not keep when it happened: ``{"exception", "attempt", "handed_back"}``. Its next
 #: delivery records that failure, and runs neither the job nor its ``failed()``.
 UNRECORDED_FAILURE = "unrecorded_failure"
+
+#: The envelope ``meta`` field of a message whose payload was offloaded to an object
+#: store (``haze._engine.offload``): ``{"offloaded": key, "size": n, "sha256": hex}``,
+#: with ``"enc": true`` when the object holds the encrypted payload. Its ``payload`` is null.
+OFFLOADED = "offload"
 
 #: The envelope ``meta`` field of a message queued again by a retry from failed jobs:
 #: ``{"token", "connection"}``, the claim on the failed record (of that connection's

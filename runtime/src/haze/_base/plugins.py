@@ -16,6 +16,7 @@ group                   name                                the object
 ``haze.bindings``       ``cloudflare``, ``d1``              the Worker-binding lookup the
                                                             built-in backend of that name
                                                             uses when a binding is bound
+``haze.offload``        an offload URL's scheme (``r2``)    an ``ObjectStore`` class ``(url)``
 ======================  ==================================  ==================================
 
 One :class:`Registry` per group (``haze.drivers``, ``haze.stores``, ``haze.connectors``
@@ -44,6 +45,7 @@ __all__ = [
     "CONNECTORS",
     "DRIVERS",
     "GROUPS",
+    "OFFLOAD",
     "STORES",
     "Registry",
     "find",
@@ -55,7 +57,8 @@ DRIVERS = "haze.drivers"
 STORES = "haze.stores"
 CONNECTORS = "haze.connectors"
 BINDINGS = "haze.bindings"
-GROUPS = (DRIVERS, STORES, CONNECTORS, BINDINGS)
+OFFLOAD = "haze.offload"
+GROUPS = (DRIVERS, STORES, CONNECTORS, BINDINGS, OFFLOAD)
 
 _registered: dict[str, dict[str, object]] = {}
 _published: dict[str, dict[str, str]] = {}

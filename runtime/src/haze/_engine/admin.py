@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from haze._base.errors import BackendUnavailableError, MessageDecodeError
 from haze._base.message import RETRIED, RETRY_CLAIM, Message, decode, encode, new_id
+from haze._engine.offload import Offload, referenced
 from haze.contracts.driver import Driver, FailedJob, unavailable
 from haze.contracts.failed import RetriesAtomically, RetryClaims
 
@@ -37,10 +38,12 @@ class Admin:
         app: EngineApp,
         run_inline: Callable[[Message, str, Driver], Awaitable[None]],
         ensure_local_worker: Callable[[str], None],
+        offload: Offload | None = None,
     ) -> None:
         self.app = app
         self.run_inline = run_inline
         self.ensure_local_worker = ensure_local_worker
+        self.offload = offload if offload is not None else Offload(app)
 
     def unavailable(self, error: BaseException) -> BackendUnavailableError | None:
         """``error`` as a one-line ``BackendUnavailableError`` when it says the backend of
@@ -162,7 +165,16 @@ class Admin:
                 self.ensure_local_worker(target.name)
 
     async def forget(self, id: str, connection: str | None = None) -> bool:
-        return await self.app.driver(connection).failed.forget(id)
+        """Delete a failed record, then its offloaded payload (a crash between the two
+        leaves an orphan for ``queue:prune-offload``, never a record without its
+        payload)."""
+        driver = self.app.driver(connection)
+        offloads = self.offload.plan(driver.name) is not None
+        record = await driver.failed.find(id) if offloads else None
+        gone = await driver.failed.forget(id)
+        if gone and record is not None:
+            await self.offload.forgotten([record], driver.name)
+        return gone
 
     async def flush(
         self,
@@ -172,16 +184,25 @@ class Admin:
         queue: str | None = None,
     ) -> int:
         """Delete failed jobs (older than ``older_than`` seconds, from ``queue``); returns
-        how many."""
-        failed = self.app.driver(connection).failed
-        if queue is None:
-            return await failed.flush(older_than)
+        how many. Their offloaded payloads go with them."""
+        driver = self.app.driver(connection)
+        failed = driver.failed
         cutoff = _time() - (older_than or 0.0)
+        if queue is None and self.offload.plan(driver.name) is None:
+            return await failed.flush(older_than)
         n = 0
         for job in await failed.list(queue):
             if job.failed_at <= cutoff and await failed.forget(job.id):
+                await self.offload.forgotten([job], driver.name)
                 n += 1
         return n
+
+    async def prune_offload(self, older_than: float, connection: str | None = None) -> int:
+        """Delete the offloaded payloads of ``connection`` written more than
+        ``older_than`` seconds ago that no failed record refers to; returns how many."""
+        driver = self.app.driver(connection)
+        keep = referenced(await driver.failed.list(None))
+        return await self.offload.prune(driver.name, older_than, keep)
 
     async def size(self, queue: str | None = None, connection: str | None = None) -> int:
         return await self.app.driver(connection).size(queue or "default")

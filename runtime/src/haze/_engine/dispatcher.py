@@ -26,6 +26,7 @@ from haze._base.message import (
     is_plain,
     new_id,
 )
+from haze._engine.offload import Offload, reference
 from haze._engine.route import Route, RunInline, checked_size
 from haze._jobs.context import _tenant
 from haze._jobs.definition import DispatchResult, PendingDispatch
@@ -63,8 +64,10 @@ class Dispatcher:
         run_inline: RunInline,
         ensure_local_worker: Callable[[str], None],
         warn_implicit: Callable[[], None],
+        offload: Offload | None = None,
     ) -> None:
         self.app = app
+        self.offload = offload if offload is not None else Offload(app)
         self.locks = locks
         self.tracking = tracking
         self.telemetry = telemetry
@@ -156,13 +159,34 @@ class Dispatcher:
         return self._body(message, encode_payload(message.payload), driver, job)
 
     def _body(self, message: Message, payload: str, driver: Driver, job: JobDefinition[Any]) -> str:
-        """The body, from the payload's JSON: encrypted for an ``encrypted`` job (a copy:
-        the message keeps its plain payload for key functions, the fake and inline runs)."""
+        """The body, from the payload's JSON, its size checked."""
+        return checked_size(self._unchecked(message, payload, job)[0], driver, job)
+
+    def _unchecked(
+        self, message: Message, payload: str, job: JobDefinition[Any]
+    ) -> tuple[str, Message]:
+        """The body and the message it encodes: encrypted for an ``encrypted`` job (a
+        copy: the message keeps its plain payload for key functions, the fake and inline
+        runs)."""
         if job.encrypted:
             sealed = copy.copy(message)
             encrypt_payload(self.app, sealed, payload)
-            return checked_size(encode(sealed), driver, job)
-        return checked_size(encode_with(message, payload), driver, job)
+            return encode(sealed), sealed
+        return encode_with(message, payload), message
+
+    async def _encoded(
+        self, route: Route, message: Message, payload: str, job: JobDefinition[Any]
+    ) -> tuple[str, Message]:
+        """The body and the message it encodes, its payload offloaded first when the
+        connection offloads and it is over the threshold (encrypted before the write)."""
+        body, sent = self._unchecked(message, payload, job)
+        plan = self.offload.plan(route.name) if route.recorder is None else None
+        if plan is not None:
+            content = sent.enc if sent.enc is not None else payload
+            if self.offload.wanted(plan, content, body, route.driver):
+                sent = await Offload.write(plan, sent, content, encrypted=sent.enc is not None)
+                body = encode(sent)
+        return checked_size(body, route.driver, job), sent
 
     # ------------------------------------------------------------ one dispatch
 
@@ -263,7 +287,7 @@ class Dispatcher:
                         recorder.record_skipped(job, message)
                     return DispatchResult(holder, skipped=True, chain_id=message.chain_id)
         try:
-            body = self._body(message, payload, route.driver, job)
+            body, sent = await self._encoded(route, message, payload, job)
         except BaseException:
             # Too large with the lock's few bytes: a lock held for a job that was never
             # queued would block every dispatch until it expires.
@@ -271,10 +295,23 @@ class Dispatcher:
             raise
         if recorder is not None:
             recorder.record(job, message, delay)
-        else:
+        elif reference(sent.meta) is None:
             keep = route.keeper is not None and not job.encrypted and is_plain(message)
             await route.send(message, body, payload, delay, keep=keep)
+        else:
+            await self._send_offloaded(route, sent, body, payload, delay)
         return DispatchResult(message.id, chain_id=message.chain_id)
+
+    async def _send_offloaded(
+        self, route: Route, sent: Message, body: str, payload: str, delay: float
+    ) -> None:
+        """Queue a message whose payload was offloaded; its object goes when the
+        enqueue fails (a crash here leaves it to ``queue:prune-offload``)."""
+        try:
+            await route.send(sent, body, payload, delay, keep=False)
+        except BaseException:
+            await self.offload.discard(sent.meta, route.name)
+            raise
 
     def _check_before_locks(
         self, message: Message, payload: str, route: Route, job: JobDefinition[Any]
@@ -283,6 +320,8 @@ class Dispatcher:
         written for it (a mark for a message never queued would drop its burst). Only a
         payload within a few KiB of the limit costs an envelope encoded here."""
         limit = route.driver.max_message_size
+        if limit is not None and self.offload.plan(route.name) is not None:
+            return  # a payload over the limit is offloaded after the locks
         if limit is None or job.encrypted:
             size = None
         else:
@@ -315,7 +354,7 @@ class Dispatcher:
                 singles.append(p)
                 ids.append("")
                 continue
-            conn, message, item = self._grouped(p, queue, connection, batch_id)
+            conn, message, item = await self._grouped(p, queue, connection, batch_id)
             groups.setdefault(conn, []).append(item)
             ids.append(message.id)
         if groups and self.app.implicit:
@@ -341,7 +380,7 @@ class Dispatcher:
             or (in_tx and after_commit)
         )
 
-    def _grouped(
+    async def _grouped(
         self,
         p: PendingDispatch[Any],
         queue: str | None,
@@ -354,6 +393,7 @@ class Dispatcher:
         otel = self.telemetry.get()
         if otel is not None:
             otel.created(message)
-        body = self._body(message, encode_payload(message.payload), self.route(conn).driver, job)
+        route = self.route(conn)
+        body, sent = await self._encoded(route, message, encode_payload(message.payload), job)
         delay = check_delay(p._delay or 0.0, f'job "{job.name}": delay')
-        return conn, message, (body, message, delay)
+        return conn, message, (body, sent if reference(sent.meta) is not None else message, delay)

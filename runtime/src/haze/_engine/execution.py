@@ -28,10 +28,18 @@ from haze._base.current import app_var
 from haze._base.errors import (
     MaxAttemptsExceededError,
     MessageDecodeError,
+    OffloadError,
     UnknownJobError,
 )
-from haze._base.message import RETRIED, UNRECORDED_FAILURE, decode_payload, encode_payload
+from haze._base.message import (
+    OFFLOADED,
+    RETRIED,
+    UNRECORDED_FAILURE,
+    decode_payload,
+    encode_payload,
+)
 from haze._engine.hooks import Outcome, Run, Skip
+from haze._engine.offload import Offload
 from haze._engine.pipeline import Contained, Pipeline, compose, with_timeout
 from haze._engine.settle import Result, Settle, _extra
 from haze._engine.throughput import ReadDuration, Tally
@@ -99,8 +107,10 @@ class Execution(Settle):
         telemetry: TelemetrySlot,
         events: Events,
         read_duration: ReadDuration | None = None,
+        offload: Offload | None = None,
     ) -> None:
         self.app = app
+        self.offload = offload if offload is not None else Offload(app)
         self.hooks = hooks
         self.locks = locks
         self.tracking = tracking
@@ -246,6 +256,11 @@ class Execution(Settle):
             message=message,
         )
         run = Run(job, message, reserved, driver, ctx, inline)
+        meta = message.meta
+        if meta is not None and OFFLOADED in meta and UNRECORDED_FAILURE not in meta:
+            stopped = await self._restore(run)
+            if stopped is not None:
+                return stopped
         try:
             run.payload = self._decode(job, message)
         except Exception as e:
@@ -278,6 +293,18 @@ class Execution(Settle):
             return await self._success(run, elapsed)
         return await self._classify(run, elapsed)
 
+    async def _restore(self, run: Run) -> Result | None:
+        """Read an offloaded payload back; None: it is in the message now. A missing or
+        corrupt object fails the job; a store that cannot be reached is retried like
+        any error of an attempt."""
+        try:
+            await self.offload.restore(run.message, run.driver.name)
+        except OffloadError as e:
+            return await self._final(run, e)
+        except Exception as e:
+            return await self._failure(run, e)
+        return None
+
     def _decode(self, job: JobDefinition[Any], message: Message) -> Any:
         if message.enc is not None:
             message.payload = decrypt_payload(self.app, message)
@@ -306,10 +333,12 @@ class Execution(Settle):
                 message.id,
             )
             await self._ack(run.driver, run.reserved)
+            await self.offload.discard(message.meta, run.driver.name)
             return Outcome.SKIPPED, None
         debounced = message.meta is not None and "debounce" in message.meta
         if debounced and await self.locks.superseded(run.job, message):
             await self._ack(run.driver, run.reserved)
+            await self.offload.discard(message.meta, run.driver.name)
             if run.tracked:
                 why = "superseded (debounce)"
                 await self.tracking.record(message, run.ctx, "cancelled", error=why)

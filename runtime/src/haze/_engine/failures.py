@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from haze._base.crypto import encrypt_payload, seal_failure, sealed_error
 from haze._base.describe import cap_text, error_line, format_error
 from haze._base.errors import JobTimeoutError, MaxExceptionsError, RetryUntilExpiredError
-from haze._base.message import RETRIED, UNRECORDED_FAILURE, Message, encode, new_id
+from haze._base.message import OFFLOADED, RETRIED, UNRECORDED_FAILURE, Message, encode, new_id
 from haze._engine.hooks import Outcome, Run
 from haze._jobs.definition import find_job
 from haze.contracts.driver import FailedJob
@@ -241,12 +241,16 @@ class Failures:
             sealed = seal_failure(self.app, message.id, exception)
             body_message.meta = {**(body_message.meta or {}), "failed_exception": sealed}
             exception = sealed_error(error)
+        offloaded = meta is not None and OFFLOADED in meta
+        if offloaded:
+            # the object keeps the payload (a retry reads it again): the record, a reference
+            body_message.payload, body_message.enc = None, None
         return FailedJob(
             id=message.id,
             name=message.job,
             connection=connection,
             queue=message.queue,
-            payload=None if body_message.enc is not None else message.payload,
+            payload=None if body_message.enc is not None or offloaded else message.payload,
             exception=exception,
             failed_at=_time(),
             chain_id=message.chain_id,

@@ -30,6 +30,7 @@ from haze._engine.failures import ExceptionCount, Failures
 from haze._engine.hooks import Hooks, Stage
 from haze._engine.local import LocalWorkers, WorkerFactory
 from haze._engine.locks import Locks, UniqueRelease, scoped_key
+from haze._engine.offload import Offload, OffloadCleanup
 from haze._engine.otel import TelemetryHook, TelemetrySlot
 from haze._engine.stores import EngineStores
 from haze._engine.throughput import ReadDuration
@@ -71,6 +72,7 @@ class QueueManager:
         self.otel = TelemetrySlot(app)
         self.tracking = Tracking(app, self.stores, events, self.unavailable)
         self.failures = Failures(app, self.stores)
+        self.offload = Offload(app)
         # Looked up on the manager at each call: a test may replace them on it.
         run_inline = lambda *a: self.run_inline(*a)  # noqa: E731
         ensure_local_worker = lambda c: self.ensure_local_worker(c)  # noqa: E731
@@ -82,6 +84,7 @@ class QueueManager:
             run_inline=run_inline,
             ensure_local_worker=ensure_local_worker,
             warn_implicit=warn_implicit,
+            offload=self.offload,
         )
         self.callbacks = Callbacks(app, self.stores, self.dispatcher.dispatch)
         self.execution = Execution(
@@ -94,13 +97,15 @@ class QueueManager:
             self.otel,
             events,
             read_duration,
+            self.offload,
         )
-        self.admin = Admin(app, run_inline, ensure_local_worker)
+        self.admin = Admin(app, run_inline, ensure_local_worker, self.offload)
         self.hooks.add(StatusRecord(self.tracking), Stage.RECORD)
         self.hooks.add(UniqueRelease(self.locks), Stage.RELEASE)
         self.hooks.add(ExceptionCount(self.stores), Stage.RELEASE)
         self.hooks.add(AfterEvent(events), Stage.NOTIFY)
         self.hooks.add(TelemetryHook(self.otel), Stage.NOTIFY)
+        self.hooks.add(OffloadCleanup(self.offload), Stage.NOTIFY)
 
     # ------------------------------------------------------------ telemetry
 
@@ -261,6 +266,9 @@ class QueueManager:
         self, connection: str | None = None, older_than: float | None = None, **where: Any
     ) -> int:
         return await self.admin.flush(connection, older_than, **where)
+
+    async def prune_offload(self, older_than: float, connection: str | None = None) -> int:
+        return await self.admin.prune_offload(older_than, connection)
 
     async def size(self, queue: str | None = None, connection: str | None = None) -> int:
         return await self.admin.size(queue, connection)

@@ -46,8 +46,9 @@ def checked_size(body: str, driver: Driver, job: JobDefinition[Any]) -> str:
         if size > limit:
             raise PayloadTooLargeError(
                 f'job "{job.name}": the message is {size} bytes, over the {limit}-byte limit '
-                f'of connection "{driver.name}"; pass ids instead of data (nothing was '
-                "enqueued)"
+                f'of connection "{driver.name}"; pass ids instead of data, or set "offload" '
+                'on the connection ({"offload": {"to": "s3://bucket/prefix"}}) to send large '
+                "payloads through an object store (nothing was enqueued)"
             )
     return body
 

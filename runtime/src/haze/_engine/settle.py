@@ -320,6 +320,7 @@ class Settle:
         if later is not None:
             # A batching worker sends it with other acks in a few ms, and warns then if
             # the lease was lost. Chains, batches and unique locks were settled before.
+            reserved.ack_pending = True
             later(reserved)
             return
         try:
@@ -327,6 +328,7 @@ class Settle:
         except Exception as e:
             if reserved.ack_failed is None:
                 raise  # no consumer keeps it: the lease runs out and the job runs again
+            reserved.ack_pending = True
             reserved.ack_failed(reserved, e)  # the worker sends it again
             return
         self.owned(owned, reserved, "completion")

@@ -256,6 +256,12 @@ class ClaimsAndAcks:
             if not ok:
                 manager.owned(False, job, "completion")
                 self.leases_lost += 1
+            elif job.after_ack is not None:
+                after, job.after_ack = job.after_ack, None
+                try:
+                    await after()
+                except Exception:
+                    log.exception("haze worker: after the ack of job %s", job.token)
         if error is not None:
             self._acks_kept(len(jobs) - len(settled), error)
         return claimed

@@ -22,7 +22,16 @@ from haze._base.ids import match_id
 from haze._engine.control import pause, request_restart, resume
 from haze._engine.manager import events
 from haze._orchestration.batches import find, prune
-from haze.cli._core import QUEUE_NAMES, State, cli, connection_option, console, queue_names, run
+from haze.cli._core import (
+    DURATION,
+    QUEUE_NAMES,
+    State,
+    cli,
+    connection_option,
+    console,
+    queue_names,
+    run,
+)
 from haze.contracts.driver import UncountedQueues
 
 if TYPE_CHECKING:
@@ -39,6 +48,7 @@ __all__ = [
     "queue_pause",
     "queue_prune_batches",
     "queue_prune_failed",
+    "queue_prune_offload",
     "queue_restart",
     "queue_retry_batch",
 ]
@@ -263,6 +273,34 @@ def queue_prune_failed(state: State, hours: float, connection: str | None) -> No
     name, n = run(state, prune)
     console().print(
         f'Pruned {n} failed job(s) older than {hours:g} hour(s) on connection "{escape(name)}".'
+    )
+
+
+@cli.command("queue:prune-offload", short_help="Delete orphaned offloaded payloads.")
+@click.option(
+    "--older-than",
+    "older_than",
+    type=DURATION,
+    required=True,
+    help="Only objects written longer ago than this (e.g. 7d): longer than any delay, "
+    "retry backoff or run a queued job may still have ahead of it.",
+)
+@connection_option()
+@click.pass_obj
+def queue_prune_offload(state: State, older_than: float, connection: str | None) -> None:
+    """Delete offloaded payloads no job will read: objects of the connection's offload
+    store written more than --older-than ago that no failed job refers to (left by a
+    process that died between writing a payload and queueing its message, or between
+    a job's ack and the delete)."""
+
+    async def prune(app: App) -> tuple[str, int]:
+        name = app.connection_name(connection)
+        return name, await app.manager.prune_offload(older_than, name)
+
+    name, n = run(state, prune)
+    console().print(
+        f"Pruned {n} offloaded payload(s) older than {older_than:g}s on connection "
+        f'"{escape(name)}".'
     )
 
 

@@ -15,7 +15,7 @@ One message's life through a driver::
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -81,6 +81,13 @@ class Reserved:
     #: hands the job and the error to it instead of raising; the worker keeps the ack
     #: and sends it again until it is recorded or the driver says the lease is gone.
     ack_failed: Callable[[Reserved, Exception], None] | None = field(default=None, repr=False)
+    #: Set by the engine when it handed the ack to the worker (``ack_later``, or
+    #: ``ack_failed`` after the driver's ack raised): not recorded yet.
+    ack_pending: bool = False
+    #: Work that must wait until the job's ack is recorded (deleting its offloaded
+    #: payload: a redelivery must still find it). The engine awaits it after a direct
+    #: ack; a worker that keeps the ack awaits it once it recorded the ack.
+    after_ack: Callable[[], Awaitable[None]] | None = field(default=None, repr=False)
 
     @classmethod
     def delivered(

@@ -7,11 +7,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from haze._app.config.environment import origin
 from haze._base.durations import parse_duration
 from haze._base.errors import ConfigError, MissingDependencyError
+from haze._base.sizes import parse_size
 from haze.contracts.driver import DeclaresOptions, DispatchOnly
+from haze.offload import OBJECT_STORES, url_error
 
 __all__ = [
     "COMMON_QUEUE_OPTIONS",
@@ -174,6 +177,7 @@ COMMON_QUEUE_OPTIONS = {
     "max_message_size": "int",
     "concurrency": "int",
     "queues": "queues",
+    "offload": "offload",
 }
 
 
@@ -221,6 +225,39 @@ def check_options(
             out[k] = v.boolean(value, sub)
         elif kind == "dict":
             out[k] = v.mapping(value, sub)
+        elif kind == "offload":
+            out[k] = offload_option(v, value, sub)
         else:  # pragma: no cover - schema typo
             raise AssertionError(kind)
     return out
+
+
+def offload_option(v: Checks, value: object, key: str) -> dict[str, Any]:
+    """``{"to": url, "over": size}``: ``to`` names a store whose scheme is known here,
+    ``over`` is bytes or a size such as ``"192KiB"`` (None: the driver's cap)."""
+    raw = v.mapping(value, key, required=True)
+    v.unknown(raw, {"to", "over"}, key)
+    to = raw.get("to")
+    problem = url_error(to)
+    if problem is not None:
+        raise v.fail(f"{key}.to", problem)
+    assert isinstance(to, str)
+    scheme = urlsplit(to).scheme
+    if scheme not in OBJECT_STORES.names():
+        known = ", ".join(f"{name}://" for name in OBJECT_STORES.names())
+        raise v.fail(
+            f"{key}.to",
+            f"no object store handles {scheme}:// here (known: {known}); r2:// needs "
+            "haze-jobs[cloudflare]",
+        )
+    over = raw.get("over")
+    if over is None:
+        return {"to": to, "over": None}
+    if isinstance(over, int) and not isinstance(over, bool) and over >= 1:
+        return {"to": to, "over": over}
+    if isinstance(over, str):
+        try:
+            return {"to": to, "over": parse_size(over, f"{key}.over")}
+        except ValueError as e:
+            raise v.fail(f"{key}.over", str(e)) from None
+    raise v.fail(f"{key}.over", f'expected bytes or a size such as "192KiB", got {over!r}')

@@ -1,0 +1,263 @@
+"""Large payloads through an object store (``"offload"`` on a connection), on every
+driver: the payload is written to a ``file://`` folder at dispatch, the message carries
+its reference, the worker reads it back and checks it, and the object goes after the
+job's final ack; a failed job keeps it until its record is forgotten.
+
+The S3 store (moto) and the 1,000-job sweep are in tests/drivers/test_offload_stores.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from haze import JobContext, PayloadTooLargeError, Queue, define_job
+from haze.crypto import generate_key
+
+SEEN: list[Any] = []
+OBJECTS_WHILE_RUNNING: list[int] = []
+FOLDER: list[Path] = []
+FIVE_MIB = 5 * 1024 * 1024
+
+
+@pytest.fixture(autouse=True)
+def _reset(tmp_path: Path) -> None:
+    SEEN.clear()
+    OBJECTS_WHILE_RUNNING.clear()
+    FAIL[:] = [True]
+    FOLDER[:] = [tmp_path / "offload"]
+
+
+def objects() -> list[str]:
+    folder = FOLDER[0]
+    return sorted(os.listdir(folder)) if folder.exists() else []
+
+
+def offload(over: str | int = "1KiB") -> dict[str, Any]:
+    return {"offload": {"to": f"file://{FOLDER[0]}", "over": over}}
+
+
+@define_job(name="ol_big")
+async def ol_big(payload: dict[str, Any], job: JobContext) -> None:
+    OBJECTS_WHILE_RUNNING.append(len(objects()))
+    SEEN.append((payload["n"], len(payload["blob"]), payload["blob"][:3]))
+
+
+FAIL: list[bool] = [True]
+
+
+@define_job(name="ol_fails", tries=1)
+async def ol_fails(payload: dict[str, Any], job: JobContext) -> None:
+    SEEN.append(len(payload["blob"]))
+    if FAIL[0]:
+        raise RuntimeError("told to fail")
+
+
+@define_job(name="ol_secret", encrypted=True)
+async def ol_secret(payload: dict[str, Any], job: JobContext) -> None:
+    SEEN.append(payload["blob"][:6])
+
+
+def blob(size: int, mark: str = "abc") -> str:
+    return mark + "x" * (size - len(mark))
+
+
+async def test_a_5_mib_payload_round_trips_and_its_object_goes_after_the_ack(
+    make_app, done
+) -> None:
+    async with make_app(options=offload()):
+        await ol_big.dispatch({"n": 1, "blob": blob(FIVE_MIB)})
+        await ol_big.dispatch({"n": 2, "blob": "small"})  # under the threshold: inline
+        await done()
+    assert sorted(SEEN) == [(1, FIVE_MIB, "abc"), (2, 5, "sma")]
+    assert max(OBJECTS_WHILE_RUNNING) >= 1  # it was offloaded, not sent in the message
+    assert objects() == []
+
+
+async def test_bulk_and_chain_links_over_the_threshold_are_offloaded_too(make_app, done) -> None:
+    async with make_app(options=offload()):
+        await Queue.bulk([ol_big.with_({"n": i, "blob": blob(4096)}) for i in range(3)])
+        await Queue.chain(
+            [ol_big.with_({"n": 10, "blob": blob(4096)}), ol_big.with_({"n": 11, "blob": blob(8)})]
+        ).dispatch()
+        await done()
+    assert sorted(n for n, _, _ in SEEN) == [0, 1, 2, 10, 11]
+    assert objects() == []
+
+
+async def test_an_encrypted_payload_is_encrypted_before_it_is_written(make_app, done) -> None:
+    pytest.importorskip("cryptography", reason="encrypted jobs need haze[encryption]")
+    async with make_app(options=offload(), key=generate_key()):
+        await ol_secret.dispatch({"blob": blob(4096, "secret")})
+        if objects():  # still queued: the object holds ciphertext only
+            stored = (FOLDER[0] / objects()[0]).read_bytes()
+            assert b"secret" not in stored and b"xxxx" not in stored
+        await done()
+    assert SEEN == ["secret"]
+    assert objects() == []
+
+
+@pytest.mark.requires("failed_store", "queued")
+async def test_a_failed_job_keeps_its_object_a_retry_reads_it_and_forget_deletes_it(
+    make_app, done
+) -> None:
+    async with make_app(options=offload()):
+        await ol_fails.dispatch({"blob": blob(4096)})
+        await done()
+        [record] = await Queue.failed()
+        assert len(objects()) == 1  # kept while the job is in failed jobs
+        ref = json.loads(record.body)["meta"]["offload"]
+        assert ref["offloaded"] == objects()[0] and ref["size"] > 4096
+        FAIL[0] = False
+        assert await Queue.retry(record.id) == [record.id]
+        await done()
+        assert SEEN == [4096, 4096]  # the retry read the same object back
+        assert objects() == []
+
+        FAIL[0] = True
+        await ol_fails.dispatch({"blob": blob(2048)})
+        await done()
+        [record] = await Queue.failed()
+        assert len(objects()) == 1
+        assert await Queue.forget(record.id)
+        assert objects() == []
+
+
+async def _tampered(make_app, done, change) -> str:
+    async with make_app(options=offload()):
+        await ol_big.with_({"n": 1, "blob": blob(4096)}).delay(0.6).dispatch()
+        [name] = objects()
+        change(FOLDER[0] / name)
+        await asyncio.sleep(0.6)
+        await done()
+        assert SEEN == []  # the job never ran with a wrong payload
+        [record] = await Queue.failed()
+    return record.exception
+
+
+@pytest.mark.requires("failed_store", "delay")
+async def test_a_tampered_object_fails_the_job_with_checksum_mismatch(make_app, done) -> None:
+    def tamper(path: Path) -> None:
+        data = bytearray(path.read_bytes())
+        data[20] ^= 1
+        path.write_bytes(bytes(data))
+
+    assert "checksum mismatch" in await _tampered(make_app, done, tamper)
+
+
+@pytest.mark.requires("failed_store", "delay")
+async def test_a_missing_object_fails_the_job_saying_so(make_app, done) -> None:
+    assert "is missing from file://" in await _tampered(make_app, done, Path.unlink)
+
+
+async def test_without_offload_an_oversized_message_names_the_setting(make_app) -> None:
+    async with make_app(options={"max_message_size": 2048}):
+        with pytest.raises(PayloadTooLargeError, match='"offload"'):
+            await ol_big.dispatch({"n": 1, "blob": blob(4096)})
+
+
+async def test_without_over_the_drivers_cap_decides(make_app, done) -> None:
+    async with make_app(
+        options={"max_message_size": 2048, "offload": {"to": f"file://{FOLDER[0]}"}}
+    ):
+        await ol_big.dispatch({"n": 1, "blob": blob(4096)})
+        await ol_big.dispatch({"n": 2, "blob": blob(1024)})
+        await done()
+    assert sorted(n for n, _, _ in SEEN) == [1, 2]
+    assert objects() == []
+
+
+@define_job(name="ol_some_fail", tries=1)
+async def ol_some_fail(payload: dict[str, Any], job: JobContext) -> None:
+    if payload["n"] % 100 == 7:
+        raise RuntimeError(f"job {payload['n']} fails")
+
+
+async def test_1000_offloaded_jobs_leave_only_the_objects_of_the_failed_ones(
+    driver, make_app, done
+) -> None:
+    if driver.id != "redis":
+        pytest.skip("1,000 jobs on one backend (redis); the rest is the same engine path")
+    async with make_app(options=offload(200), concurrency=8):
+        await Queue.bulk([ol_some_fail.with_({"n": i, "blob": blob(300)}) for i in range(1000)])
+        await done(timeout=60)
+        failed = await Queue.failed()
+    assert sorted(json.loads(f.body)["payload"] is None for f in failed) == [True] * 10
+    refs = sorted(json.loads(f.body)["meta"]["offload"]["offloaded"] for f in failed)
+    assert objects() == refs  # 990 deleted after their ack, the 10 failed keep theirs
+
+
+S3: list[Any] = []
+
+
+@define_job(name="ol_s3")
+async def ol_s3(payload: dict[str, Any], job: JobContext) -> None:
+    client, bucket = S3
+    listed = client.list_objects_v2(Bucket=bucket, Prefix="jobs/").get("Contents", [])
+    OBJECTS_WHILE_RUNNING.extend(o["Size"] for o in listed)
+    SEEN.append(len(payload["blob"]))
+
+
+def _s3() -> tuple[Any, str]:
+    """A boto3 S3 client on the moto server the sqs tests use, and a fresh bucket."""
+    spec = __import__("runpy").run_path(str(Path(__file__).parents[1] / "drivers/sqs_spec.py"))
+    if spec["_MISSING"] is not None:
+        pytest.skip(spec["_MISSING"])
+    import boto3
+
+    endpoint = spec["endpoint"]()
+    client = boto3.client("s3", region_name="us-east-1", endpoint_url=endpoint)
+    bucket = f"haze-offload-{os.urandom(5).hex()}"
+    client.create_bucket(Bucket=bucket)
+    return client, f"s3://{bucket}/jobs?endpoint_url={endpoint}&region=us-east-1"
+
+
+async def test_a_5_mib_payload_round_trips_through_s3(driver, make_app, done) -> None:
+    if driver.id not in ("sqs", "redis", "database-postgres"):
+        pytest.skip("S3 (moto) on the sqs, redis and postgres drivers")
+    client, url = _s3()
+    bucket = url.split("/")[2]
+    S3[:] = [client, bucket]
+    async with make_app(options={"offload": {"to": url}}):  # over: the driver's own cap
+        await ol_s3.dispatch({"blob": blob(FIVE_MIB)})
+        await done()
+    assert SEEN == [FIVE_MIB]
+    assert [FIVE_MIB + len('{"blob":""}')] == OBJECTS_WHILE_RUNNING  # it was in S3
+    assert client.list_objects_v2(Bucket=bucket).get("KeyCount") == 0
+
+
+@pytest.mark.requires("queued")
+async def test_the_object_stays_until_the_ack_is_recorded(driver, make_app, done) -> None:
+    if driver.extra.get("consumer") is not None:
+        pytest.skip("a platform consumer acks with one local call: no ack is kept")
+    seen_at_failed_acks: list[int] = []
+    async with make_app(options=offload()) as app:
+        main = app.driver("main")
+        for name in ("ack", "ack_many", "ack_and_claim"):
+            real = getattr(type(main), name, None)
+            if real is None:
+                continue
+
+            def wrap(real: Any) -> Any:
+                async def call(*args: Any) -> Any:
+                    if len(seen_at_failed_acks) < 3:
+                        # a crash now redelivers the job: its payload must still be there
+                        seen_at_failed_acks.append(len(objects()))
+                        raise RuntimeError("injected ack failure")
+                    return await real(main, *args)
+
+                return call
+
+            setattr(main, name, wrap(real))
+        await ol_big.dispatch({"n": 1, "blob": blob(4096)})
+        for _ in range(400):
+            if len(seen_at_failed_acks) == 3 and not objects():
+                break
+            await asyncio.sleep(0.05)
+        await done()
+    assert seen_at_failed_acks == [1, 1, 1]
+    assert objects() == []
