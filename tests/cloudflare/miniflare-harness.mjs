@@ -29,7 +29,8 @@
 // The script then also finds: setWorkflowHandler(fn) (fn(kind, session, json) runs a
 // session's workflow ("open") or one step body ("body") in Pyodide), stepCall(session,
 // json) (a step call for the engine's step; resolves with the outcome's JSON) and
-// workflow(op, json) (a binding call made inside the "workflows" Worker).
+// workflow(op, json) (a binding call made inside the "workflows" Worker); env holds each
+// Workflow binding too (Miniflare's proxy of it), as a Worker's env does.
 import { readFile } from "node:fs/promises";
 import { existsSync } from "node:fs";
 import path from "node:path";
@@ -268,8 +269,14 @@ async function main() {
   try {
     const queue = await mf.getQueueProducer("QUEUE", "consumer");
     const db = await mf.getD1Database("DB", "consumer");
+    const env = { QUEUE: queue, DB: db };
+    if (workflows) {
+      // the Workflow bindings themselves (Miniflare's proxies to the "workflows" Worker's)
+      const bound = await mf.getBindings("workflows");
+      for (const w of workflows) env[w.binding] = bound[w.binding];
+    }
     globalThis.cfHarness = {
-      env: { QUEUE: queue, DB: db },
+      env,
       setHandler(fn) {
         handler = fn;
       },

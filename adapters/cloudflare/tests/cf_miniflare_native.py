@@ -20,11 +20,10 @@ import sys
 import time
 import traceback
 import types
-from collections import Counter
 
 import js
 from haze import App, Workflow, define_cache_config, define_database_config, define_queue_config
-from haze_cloudflare import QueueWorker
+from haze_cloudflare import QueueWorker, bind_env
 from haze_cloudflare.workflows import HazeWorkflow
 from pyodide.ffi import create_proxy
 
@@ -86,7 +85,7 @@ class JsError(Exception):
         self.js_name = name
 
 
-#: What the engine was asked, by instance: (session, op, name) in call order.
+#: What the engine was asked, by instance: [session, op, name, value] in call order.
 ASKED = {}
 
 
@@ -99,10 +98,13 @@ class RelayStep:
         self.bodies = {}
 
     async def _call(self, cmd):
-        ASKED.setdefault(self.instance, []).append([self.session, cmd["op"], cmd["name"]])
+        asked = [self.session, cmd["op"], cmd["name"]]
+        ASKED.setdefault(self.instance, []).append(asked)
         out = json.loads(await H.stepCall(self.session, json.dumps(cmd)))
         if "error" in out:
+            asked.append({"error": out["error"]})
             raise JsError(out.get("name"), out["error"])
+        asked.append(out.get("value"))  # what the engine handed back (kept, or new)
         return out.get("value")
 
     def do(self, name, config=None):
@@ -120,7 +122,9 @@ class RelayStep:
         await self._call({"op": "sleep", "name": name, "duration": duration})
 
     async def wait_for_event(self, name, event_type, timeout=None):
-        return await self._call({"op": "wait", "name": name, "type": event_type, "timeout": timeout})
+        return await self._call(
+            {"op": "wait", "name": name, "type": event_type, "timeout": timeout}
+        )
 
 
 STEPS = {}
@@ -175,6 +179,12 @@ async def asked_until(rid, name):
     raise AssertionError(f"run {rid} never reached {name}: {ASKED.get(rid)}")
 
 
+def shown(st):
+    if st is None:
+        return None
+    return {"state": st.state, "result": st.result, "error": st.error, "name": st.name}
+
+
 def snap(calls):
     out = dict(calls)
     calls.clear()
@@ -190,26 +200,52 @@ RECIPE_INPUTS = {
 result = {"cases": {}}
 try:
     await worker.get_app()
-    # the docs' recipes; the sign-up's two-day sleep on the engine's test clock
+    bind_env(env)
+    # the docs' recipes, started and reached through haze's calls (the bindings); the
+    # sign-up's two-day sleep on the engine's test clock
     ids = {"signup": "cf-signup", "payment": "cf-pay-1", "import": "cf-import"}
     await binding("disableSleeps", binding=BINDINGS["signup"], id=ids["signup"])
     for name, given in RECIPE_INPUTS.items():
-        await binding("create", binding=BINDINGS[name], id=ids[name], params=given)
+        result["started"] = await Workflow.start(recipes.RECIPES[name], id=ids[name], **given)
     await asked_until(ids["payment"], "paid")
-    await binding("sendEvent", binding=BINDINGS["payment"], id=ids["payment"], type="paid",
-                  payload={"amount": 1200})
+    result["waiting"] = shown(await Workflow.status(ids["payment"]))
+    result["sent"] = await Workflow.send_event(ids["payment"], "paid", {"amount": 1200})
     for name, rid in ids.items():
-        result["cases"][name] = await until(name, rid, FINAL)
+        raw = await until(name, rid, FINAL)
+        result["cases"][name] = {"raw": raw, "haze": shown(await Workflow.status(rid))}
     deadline = time.monotonic() + 30
     while recipes.CALLS["receipt"] < 1 and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     result["calls"] = snap(recipes.CALLS)
+    result["again"] = await Workflow.start(recipes.signup, id=ids["signup"], email="x@y")
+
+    # bad input: each one line
+    result["bad"] = {}
+    for what, call in {
+        "event_unknown": lambda: Workflow.send_event("no-such-run", "paid", 1),
+        "event_finished": lambda: Workflow.send_event(ids["import"], "paid", 1),
+    }.items():
+        try:
+            result["bad"][what] = ["no error", await call()]
+        except Exception as e:
+            result["bad"][what] = [type(e).__name__, str(e)]
+    result["cancel_finished"] = await Workflow.cancel(ids["import"])
+    result["status_unknown"] = await Workflow.status("no-such-run")
 
     # an event sent before the run waits for it is kept by the engine, handed over there
-    await binding("create", binding=BINDINGS["payment"], id="cf-pay-early",
-                  params={"order_id": "A-2", "cents": 900})
-    await binding("sendEvent", binding=BINDINGS["payment"], id="cf-pay-early", type="paid",
-                  payload={"amount": 900})
+    await binding(
+        "create",
+        binding=BINDINGS["payment"],
+        id="cf-pay-early",
+        params={"order_id": "A-2", "cents": 900},
+    )
+    await binding(
+        "sendEvent",
+        binding=BINDINGS["payment"],
+        id="cf-pay-early",
+        type="paid",
+        payload={"amount": 900},
+    )
     result["early"] = await until("payment", "cf-pay-early", FINAL)
 
     # a step that raises once, retried by the engine, across a pause and a replay
@@ -222,10 +258,18 @@ try:
         if len({a[0] for a in ASKED["cf-replay-1"] if a[2] == "go"}) > 1:
             break
         await asyncio.sleep(0.05)
-    await binding("sendEvent", binding=BINDINGS["cf_replay"], id="cf-replay-1", type="go",
-                  payload="go")
+    await binding(
+        "sendEvent", binding=BINDINGS["cf_replay"], id="cf-replay-1", type="go", payload="go"
+    )
     result["replay"] = await until("cf_replay", "cf-replay-1", FINAL)
     result["replay_effects"] = snap(flows.EFFECTS)
+
+    # a cancel of a running run: the binding's terminate
+    await Workflow.start(flows.cf_replay, id="cf-cancel-1")
+    await asked_until("cf-cancel-1", "go")
+    result["cancelled"] = await Workflow.cancel("cf-cancel-1")
+    result["cancelled_status"] = shown(await Workflow.status("cf-cancel-1"))
+    flows.EFFECTS.clear()
 
     # nondeterminism: the replay after a pause takes another path
     await binding("create", binding=BINDINGS["cf_nondet"], id="nondet-1")

@@ -17,24 +17,31 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cf_build import haze_wheels, miniflare_node
+from cf_build import CF_DIR, haze_wheels, miniflare_node
+from haze.build._cloudflare_workflows import workflow_binding, workflow_class
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "workflows"))
 
-import cf_native_flows
-import recipes
-from haze import App, Workflow, define_cache_config, define_database_config, define_queue_config
-from haze._workflows.definition import find_workflow
-from haze._workflows.engine import set_clock, workflow_state
+import cf_native_flows  # noqa: E402
+import recipes  # noqa: E402
+from haze import (  # noqa: E402
+    App,
+    Workflow,
+    define_cache_config,
+    define_database_config,
+    define_queue_config,
+)
+from haze._workflows.definition import find_workflow  # noqa: E402
+from haze._workflows.engine import set_clock, workflow_state  # noqa: E402
 
 pytestmark = pytest.mark.pyodide
 
@@ -48,20 +55,14 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
 
 
 def built_classes() -> list[dict[str, str]]:
-    from haze.build._cloudflare_workflows import workflow_binding, workflow_class
-
+    """The ``workflows`` entries ``haze build`` writes into wrangler.json."""
     return [
-        {"binding": workflow_binding(n), "name": n, "class_name": workflow_class(n)}
-        for n in NAMES
+        {"binding": workflow_binding(n), "name": n, "class_name": workflow_class(n)} for n in NAMES
     ]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    import subprocess
-
-    from cf_build import CF_DIR
-
     node = miniflare_node()
     wheels = haze_wheels(tmp_path_factory)
     script = tmp_path_factory.mktemp("cf-mf-native") / "cf_miniflare_native.py"
@@ -86,6 +87,168 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return result
 
 
-def test_smoke(run: dict[str, Any]) -> None:
-    print(json.dumps(run, indent=1)[:20000])
-    assert False
+# ------------------------------------------------------------- haze's engine (SQLite)
+
+
+async def on_store(
+    tmp: Path, name: str, given: dict[str, Any], run_id: str, events: dict[str, Any]
+) -> tuple[Any, dict[str, Any], list[str]]:
+    """Run workflow ``name`` on haze's own engine, its state in a SQLite file; sleeps and
+    timeouts pass on the workflows' clock. Its status, kept values and step order."""
+    app = App(
+        queue=define_queue_config(default="m", store="db", connections={"m": {"driver": "memory"}}),
+        cache=define_cache_config(
+            default="db", stores={"db": {"driver": "database", "connection": "main"}}
+        ),
+        database=define_database_config(
+            default="main", connections={"main": {"url": f"sqlite:///{tmp / 'store.db'}"}}
+        ),
+    )
+    clock = [time.time()]
+    set_clock(lambda: clock[0])
+    try:
+        async with app:
+            wf = find_workflow(name)
+            assert wf is not None
+            await Workflow.start(wf, id=run_id, **given)  # type: ignore[arg-type]
+            st = await settle(run_id)
+            while st.state in ("sleeping", "waiting"):
+                if st.state == "waiting" and st.waiting_for in events:
+                    await Workflow.send_event(run_id, st.waiting_for, events[st.waiting_for])
+                else:  # the sleep's (or the wait's timeout's) time passes
+                    clock[0] = max(clock[0], st.resume_at or clock[0]) + 1
+                    await wf.pending({"run": run_id}).dispatch()
+                st = await settle(run_id, st)
+            run = await workflow_state(app.manager.state_store()).kept(run_id)
+            kept = {s.name: json.loads(run.results.get(s.name) or "null") for s in st.steps}
+            await asyncio.sleep(0.2)  # the receipt job (memory connection) runs
+            return st, kept, [s.name for s in st.steps]
+    finally:
+        set_clock(None)
+
+
+async def settle(run_id: str, before: Any = None) -> Any:
+    st = None
+    for _ in range(500):
+        st = await Workflow.status(run_id)
+        if st is not None and st.state != "running" and (before is None or st != before):
+            return st
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"run {run_id} did not settle: {st}")
+
+
+def engine_steps(run: dict[str, Any], rid: str) -> tuple[dict[str, Any], list[str]]:
+    """What the Workflows engine handed back for each step, sleep and event of the run's
+    first run() call (haze's own position marks left out), and their order."""
+    asked = run["asked"][rid]
+    first = asked[0][0]
+    kept: dict[str, Any] = {}
+    order: list[str] = []
+    for session, _op, name, value in asked:
+        if session == first and not name.startswith("haze:"):
+            kept[name] = value if _op != "wait" else value["payload"]
+            order.append(name)
+    return kept, order
+
+
+def no_ids(kept: dict[str, Any]) -> dict[str, Any]:
+    """A dispatch keeps its job's id: a new one on each engine."""
+    out = dict(kept)
+    for step in [k for k in out if k.startswith("dispatch:")]:
+        assert isinstance(out[step], str) and len(out[step]) == 32
+        out[step] = "<job id>"
+    return out
+
+
+# ------------------------------------------------------------------------------ tests
+
+
+@pytest.mark.parametrize(("name", "given", "events"), CASES, ids=[c[0] for c in CASES])
+def test_the_recipes_reach_the_same_steps_results_and_output_on_both_engines(
+    run: dict[str, Any], tmp_path: Path, name: str, given: dict[str, Any], events: dict[str, Any]
+) -> None:
+    recipes.reset()
+    rid = {"signup": "cf-signup", "payment": "cf-pay-1", "import": "cf-import"}[name]
+    store, store_kept, store_order = asyncio.run(on_store(tmp_path, name, given, rid, events))
+    case = run["cases"][name]
+    assert case["raw"]["status"] == "complete", case
+    assert store.state == case["haze"]["state"] == "done", (store.error, case)
+    assert case["raw"]["output"] == case["haze"]["result"] == store.result
+    kept, order = engine_steps(run, rid)
+    assert no_ids(kept) == no_ids(store_kept)
+    assert order == store_order
+    # each side effect ran once on both engines
+    ran = {k: v for k, v in run["calls"].items() if k != "receipt"}
+    mine = {
+        "signup": {"create_account", "mail:welcome", "has_logged_in", "mail:nudge"},
+        "payment": {"create_payment_intent", "ship_order"},
+        "import": {"list_chunks", *(f"import:c.csv#{i}" for i in range(4))},
+    }[name]
+    assert (
+        {k: ran[k] for k in mine} == {k: recipes.CALLS[k] for k in mine} == dict.fromkeys(mine, 1)
+    )
+
+
+def test_the_runs_are_started_and_reached_through_the_bindings(run: dict[str, Any]) -> None:
+    assert run["started"] == "cf-import"
+    assert run["again"] == "cf-signup"  # a second start of an id starts nothing
+    # Miniflare's engine reports a run that waits for an event as "running" (its
+    # "waiting" status is never set locally); haze shows what the platform reports
+    assert run["waiting"]["state"] in ("running", "waiting"), run["waiting"]
+    assert run["sent"] is True
+    assert run["calls"]["receipt"] == 1  # run.dispatch sent the job once, a queue ran it
+    assert run["calls"]["create_account"] == 1  # the second start ran nothing
+
+
+def test_an_event_sent_before_the_wait_is_kept_by_the_engine(run: dict[str, Any]) -> None:
+    assert run["early"]["status"] == "complete", run["early"]
+    assert run["early"]["output"] == {
+        "order": "A-2",
+        "state": "shipped",
+        "paid": {"amount": 900},
+    }
+
+
+def test_a_step_that_raises_once_is_retried_by_the_engine_across_a_replay(
+    run: dict[str, Any],
+) -> None:
+    assert run["paused"] == "paused"
+    assert run["replay"]["status"] == "complete", run["replay"]
+    assert run["replay"]["output"] == ["before", "go", "ok", "after"]
+    sessions = {a[0] for a in run["asked"]["cf-replay-1"]}
+    assert len(sessions) == 2  # run() ran again from the top after the resume
+    # the steps before the flaky one kept their results: their functions ran once
+    assert run["replay_effects"] == {"before": 1, "flaky": 2, "after": 1}
+
+
+def test_nondeterminism_fails_the_run_with_the_store_engines_text(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    cf_native_flows.EFFECTS.clear()
+    store, _, _ = asyncio.run(on_store(tmp_path, "cf_nondet", {}, "nondet-1", {}))
+    assert store.state == "failed"
+    assert run["nondet"]["status"] == "errored", run["nondet"]
+    error = run["nondet"]["error"]
+    assert store.error == error["message"]
+    assert store.error.startswith("WorkflowNondeterminismError: ")
+    assert 'step 1 of this run is "first", but this replay reached "changed"' in store.error
+
+
+def test_bad_input_gets_one_clear_line(run: dict[str, Any]) -> None:
+    kind, text = run["bad"]["event_unknown"]
+    assert kind == "WorkflowRunError"
+    assert text == (
+        "Workflow.send_event: no workflow run 'no-such-run'; check the id "
+        "(Workflow.start returns it)"
+    )
+    kind, text = run["bad"]["event_finished"]
+    assert kind == "WorkflowRunError"
+    assert "is done; an event can only reach a run that has not finished" in text
+    assert "\n" not in text
+    assert run["cancel_finished"] is False  # like Queue.cancel: nothing to cancel
+    assert run["status_unknown"] is None
+
+
+def test_a_cancel_terminates_the_instance(run: dict[str, Any]) -> None:
+    assert run["cancelled"] is True
+    assert run["cancelled_status"]["state"] == "cancelled", run["cancelled_status"]

@@ -24,15 +24,20 @@ nondeterminism check        a step ``haze:at:<position>`` whose kept result is t
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from haze.errors import WorkflowRunError
+
+from haze_cloudflare._js import binding, to_js, to_py
+
 if TYPE_CHECKING:
     from haze.contracts.workflow import StepRetry
 
-__all__ = ["CloudflareStepEngine", "HazeWorkflow", "retries"]
+__all__ = ["BindingWorkflow", "CloudflareStepEngine", "HazeWorkflow", "binding_workflow", "retries"]
 
 try:  # the Cloudflare Python Workers runtime
     from workers import WorkflowEntrypoint as _Base
@@ -149,3 +154,55 @@ class HazeWorkflow(_Base):  # type: ignore[misc, unused-ignore]
             return json.loads(encode_result(value, f'workflow "{wf.name}" (run {run_id})'))
 
         return await run_in_app(cls._app, go)
+
+
+class BindingWorkflow:
+    """One Workflow's instances through its binding in the Worker's env (``create``,
+    ``get(id)`` -> ``status()``/``sendEvent``/``terminate``): what ``Workflow.start``,
+    ``send_event``, ``status`` and ``cancel`` of a native cloudflare connection use inside
+    a Worker. Listing runs needs the REST API (a binding cannot list)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def _binding(self) -> Any:
+        found = binding(self.name)
+        if found is None:
+            raise LookupError(f"the Worker env has no Workflow binding {self.name!r}")
+        return found
+
+    async def create(self, run_id: str, params: Any) -> None:
+        await _settle(self._binding().create(to_js({"id": run_id, "params": params})))
+
+    async def _instance(self, run_id: str) -> Any:
+        return await _settle(self._binding().get(run_id))
+
+    async def get(self, run_id: str) -> dict[str, Any] | None:
+        found: Any = to_py(await _settle((await self._instance(run_id)).status()))
+        return found if isinstance(found, dict) else None
+
+    async def send_event(self, run_id: str, event_type: str, payload: Any) -> None:
+        instance = await self._instance(run_id)
+        await _settle(instance.sendEvent(to_js({"type": event_type, "payload": payload})))
+
+    async def terminate(self, run_id: str) -> None:
+        await _settle((await self._instance(run_id)).terminate())
+
+    async def list(self, status: str | None, limit: int) -> list[dict[str, Any]]:
+        raise WorkflowRunError(
+            f"a Workflow binding ({self.name}) cannot list its instances: list runs "
+            "outside the Worker (haze workflow:list, the dashboard), through the REST API"
+        )
+
+
+async def _settle(value: Any) -> Any:
+    """Await a JS promise (or a coroutine from a Python stand-in); pass other values."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def binding_workflow(name: str) -> BindingWorkflow | None:
+    """The ``haze.bindings`` plugin ``workflows``: the Workflow binding ``name`` of the
+    bound env, or None (not bound: the runs are reached through the REST API)."""
+    return BindingWorkflow(name) if binding(name) is not None else None
