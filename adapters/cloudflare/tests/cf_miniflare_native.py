@@ -271,6 +271,14 @@ try:
     result["cancelled_status"] = shown(await Workflow.status("cf-cancel-1"))
     flows.EFFECTS.clear()
 
+    # the platform's limits: a step's result past 1 MiB, a step name it cannot hold
+    await Workflow.start(flows.cf_big, id="cf-big-1")
+    result["big"] = await until("cf_big", "cf-big-1", FINAL)
+    result["big"].pop("__LOCAL_DEV_STEP_OUTPUTS", None)
+    await Workflow.start(flows.cf_names, id="cf-names-1")
+    result["names"] = await until("cf_names", "cf-names-1", FINAL)
+    flows.EFFECTS.clear()
+
     # nondeterminism: the replay after a pause takes another path
     await binding("create", binding=BINDINGS["cf_nondet"], id="nondet-1")
     await asked_until("nondet-1", "go")

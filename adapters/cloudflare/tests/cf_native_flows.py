@@ -41,3 +41,18 @@ async def cf_nondet(run: Any) -> str:
     await run.step(first, count, first)
     await run.wait_for_event("go", timeout="1h")
     return "unreachable"
+
+
+def big() -> str:
+    return "x" * (1024 * 1024 + 10)  # past Cloudflare's 1 MiB for a step's result
+
+
+@workflow(name="cf_big")
+async def cf_big(run: Any) -> str:
+    return str(await run.step("big", big))
+
+
+@workflow(name="cf_names")
+async def cf_names(run: Any) -> str:
+    # a control character: haze takes it, the platform's step names may not hold it
+    return str(await run.step("tab\there", count, "tab"))

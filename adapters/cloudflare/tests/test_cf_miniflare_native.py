@@ -46,7 +46,7 @@ from haze._workflows.engine import set_clock, workflow_state  # noqa: E402
 pytestmark = pytest.mark.pyodide
 
 RECIPES = ROOT / "tests" / "workflows" / "recipes.py"
-NAMES = ["signup", "payment", "import", "cf_replay", "cf_nondet"]
+NAMES = ["signup", "payment", "import", "cf_replay", "cf_nondet", "cf_big", "cf_names"]
 CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("signup", {"email": "ada@example.com"}, {}),
     ("payment", {"order_id": "A-1", "cents": 1200}, {"paid": {"amount": 1200}}),
@@ -139,16 +139,20 @@ async def settle(run_id: str, before: Any = None) -> Any:
 
 def engine_steps(run: dict[str, Any], rid: str) -> tuple[dict[str, Any], list[str]]:
     """What the Workflows engine handed back for each step, sleep and event of the run's
-    first run() call (haze's own position marks left out), and their order."""
+    first run() call, and their order: the names its position marks (haze's own steps
+    ``haze:at:<position>``) keep."""
     asked = run["asked"][rid]
     first = asked[0][0]
     kept: dict[str, Any] = {}
-    order: list[str] = []
-    for session, _op, name, value in asked:
-        if session == first and not name.startswith("haze:"):
-            kept[name] = value if _op != "wait" else value["payload"]
-            order.append(name)
-    return kept, order
+    marks: dict[int, str] = {}
+    for session, op, name, value in asked:
+        if session != first:
+            continue
+        if name.startswith("haze:at:"):
+            marks[int(name.rsplit(":", 1)[1])] = value
+        else:
+            kept[name] = value["payload"] if op == "wait" else value
+    return kept, [marks[p] for p in sorted(marks)]
 
 
 def no_ids(kept: dict[str, Any]) -> dict[str, Any]:
@@ -252,3 +256,18 @@ def test_bad_input_gets_one_clear_line(run: dict[str, Any]) -> None:
 def test_a_cancel_terminates_the_instance(run: dict[str, Any]) -> None:
     assert run["cancelled"] is True
     assert run["cancelled_status"]["state"] == "cancelled", run["cancelled_status"]
+
+
+def test_a_result_past_the_platforms_limit_fails_the_run_with_haze_s_line(
+    run: dict[str, Any],
+) -> None:
+    assert run["big"]["status"] == "errored", run["big"]
+    message = run["big"]["error"]["message"]
+    assert message.startswith("WorkflowLimitError: "), message
+    assert "1048576 bytes" in message and "Cloudflare Workflows" in message
+    assert "\n" not in message
+
+
+def test_a_step_name_the_platform_cannot_hold_is_escaped(run: dict[str, Any]) -> None:
+    assert run["names"]["status"] == "complete", run["names"]
+    assert run["names"]["output"] == "tab"

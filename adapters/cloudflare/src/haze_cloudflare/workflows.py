@@ -19,14 +19,22 @@ haze                        Cloudflare Workflows
 nondeterminism check        a step ``haze:at:<position>`` whose kept result is the
                             name first reached there
 ==========================  ===================================================
+
+The platform's limits are kept by haze first, with its own one-line errors: a step's
+result (and the run's output) at most 1 MiB of JSON, at most ``MAX_STEPS`` steps of the
+workflow's (each takes two of the platform's: the position mark and the step), and a
+step name the platform cannot hold (a control character, past 256 characters) is
+%-escaped (with a hash when still too long).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import json
 import math
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +45,24 @@ from haze_cloudflare._js import binding, to_js, to_py
 if TYPE_CHECKING:
     from haze.contracts.workflow import StepRetry
 
-__all__ = ["BindingWorkflow", "CloudflareStepEngine", "HazeWorkflow", "binding_workflow", "retries"]
+#: Cloudflare Workflows keeps at most 1 MiB per step result.
+MAX_RESULT_SIZE = 1024 * 1024
+_RESULT_RULE = "Cloudflare Workflows' limit for a step's result"
+#: haze steps per run: the platform's default 10,000 steps, two for each of haze's.
+MAX_STEPS = 5_000
+_MAX_NAME = 256
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f%]")
+
+__all__ = [
+    "MAX_RESULT_SIZE",
+    "MAX_STEPS",
+    "BindingWorkflow",
+    "CloudflareStepEngine",
+    "HazeWorkflow",
+    "binding_workflow",
+    "retries",
+    "step_name",
+]
 
 try:  # the Cloudflare Python Workers runtime
     from workers import WorkflowEntrypoint as _Base
@@ -49,6 +74,15 @@ except ImportError:
         def __init__(self, ctx: Any = None, env: Any = None):
             self.ctx = ctx
             self.env = env
+
+
+def step_name(name: str) -> str:
+    """A name the platform's step can hold: control characters and ``%`` escaped as
+    ``%XX``; past 256 characters cut, with a hash of the whole name."""
+    escaped = _UNSAFE.sub(lambda m: f"%{ord(m.group()):02X}", name)
+    if len(escaped) <= _MAX_NAME:
+        return escaped
+    return f"{escaped[:230]}~{hashlib.sha256(name.encode()).hexdigest()[:24]}"
 
 
 def retries(retry: StepRetry) -> dict[str, Any]:
@@ -74,6 +108,7 @@ class CloudflareStepEngine:
         self, name: str, fn: Callable[[], Awaitable[Any]], config: dict[str, Any] | None = None
     ) -> Any:
         """``step.do(name, config=...)`` around ``fn``, awaited: its kept result."""
+        name = step_name(name)
         decorate: Any = self._steps.do(name, config=config) if config else self._steps.do(name)
         return await decorate(fn)()
 
@@ -100,12 +135,12 @@ class CloudflareStepEngine:
         return json.dumps(kept, separators=(",", ":"), ensure_ascii=False)
 
     async def sleep(self, name: str, position: int, seconds: float) -> None:
-        await self._steps.sleep(name, f"{max(1, math.ceil(seconds))} seconds")
+        await self._steps.sleep(step_name(name), f"{max(1, math.ceil(seconds))} seconds")
 
     async def wait_for_event(self, name: str, position: int, timeout: float | None) -> str | None:
         limit = f"{math.ceil(timeout)} seconds" if timeout else "365 days"
         try:
-            event = await self._steps.wait_for_event(name, name, timeout=limit)
+            event = await self._steps.wait_for_event(step_name(name), name, timeout=limit)
         except Exception as e:  # the SDK raises on a timeout
             if "timeout" in str(e).lower() or "timed out" in str(e).lower():
                 return None
@@ -149,9 +184,17 @@ class HazeWorkflow(_Base):  # type: ignore[misc, unused-ignore]
         run_id = str(getattr(event, "instance_id", None) or getattr(event, "instanceId", ""))
 
         async def go() -> Any:
-            run = WorkflowRun(run_id, wf.name, CloudflareStepEngine(step), max_steps=wf.max_steps)
+            run = WorkflowRun(
+                run_id,
+                wf.name,
+                CloudflareStepEngine(step),
+                max_steps=min(wf.max_steps, MAX_STEPS),
+                max_result_size=MAX_RESULT_SIZE,
+                result_rule=_RESULT_RULE,
+            )
             value = await wf.fn(run, **dict(payload))
-            return json.loads(encode_result(value, f'workflow "{wf.name}" (run {run_id})'))
+            where = f'workflow "{wf.name}" (run {run_id})'
+            return json.loads(encode_result(value, where, MAX_RESULT_SIZE, _RESULT_RULE))
 
         return await run_in_app(cls._app, go)
 
