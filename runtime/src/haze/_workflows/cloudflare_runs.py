@@ -52,6 +52,8 @@ _STATES = {
 }
 _KINDS = {"step": "step", "sleep": "sleep", "waitForEvent": "event"}
 _NOT_FOUND = re.compile(r"not[._ ]found", re.IGNORECASE)
+#: What Cloudflare takes as an instance id.
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,99}")
 
 
 class WorkflowApi(Protocol):
@@ -193,6 +195,11 @@ class CloudflareRuns:
     async def start(self, workflow: str, run_id: str, input_text: str) -> str:
         """Create instance ``run_id`` with the input; a start of an id that exists
         starts nothing."""
+        if not _INSTANCE_ID.fullmatch(run_id):
+            raise WorkflowRunError(
+                f'Workflow.start("{workflow}"): Cloudflare Workflows instance ids are 1-100 '
+                f"of A-Z a-z 0-9 _ - (not starting with -), got {run_id!r}; pass another id"
+            )
         api = self.api(workflow)
         if await _get(api, run_id) is not None:
             return run_id
