@@ -1,7 +1,7 @@
 // Harness (b): real local Cloudflare Queues + D1 (Miniflare/workerd from wrangler@4.86.0)
 // with the haze adapter running inside real Pyodide in this Node.js process.
 //
-//   node miniflare-harness.mjs [--wheel PATH]... SCRIPT.py
+//   node miniflare-harness.mjs [--wheel PATH]... [--workflows JSON] SCRIPT.py
 //
 // Python Workers cannot run in local workerd here: workerd downloads its Python runtime
 // bundle from the network (pyodide-capnp-bin.edgeworker.net), and this machine is
@@ -22,6 +22,15 @@
 // JS Worker delivered and what haze answered), dlq (dead-lettered messages), read(sql).
 // Printed: one JSON line {"python": <the script's last expression>, "events": [...],
 // "dlq": [...], "d1": {...rows read back through Miniflare's D1, not through haze}}.
+//
+// --workflows JSON (a built wrangler.json's `workflows` list: binding, name, class_name)
+// adds a Worker "workflows" (workflow-worker.mjs) whose classes Miniflare's REAL local
+// Workflows engine runs, each relaying its step calls to haze in Pyodide (see that file).
+// The script then also finds: setWorkflowHandler(fn) (fn(kind, session, json) runs a
+// session's workflow ("open") or one step body ("body") in Pyodide), stepCall(session,
+// json) (a step call for the engine's step; resolves with the outcome's JSON) and
+// workflow(op, json) (a binding call made inside the "workflows" Worker); env holds each
+// Workflow binding too (Miniflare's proxy of it), as a Worker's env does.
 import { readFile } from "node:fs/promises";
 import { existsSync } from "node:fs";
 import path from "node:path";
@@ -33,13 +42,59 @@ const HERE = path.dirname(fileURLToPath(import.meta.url));
 function parseArgs(argv) {
   const wheels = [];
   let script = null;
+  let workflows = null;
   for (let i = 0; i < argv.length; i++) {
     if (argv[i] === "--wheel") wheels.push(argv[++i]);
+    else if (argv[i] === "--workflows") workflows = JSON.parse(argv[++i]);
     else if (script === null) script = argv[i];
     else throw new Error(`unexpected argument ${argv[i]}`);
   }
   if (!script) throw new Error("usage: node miniflare-harness.mjs [--wheel PATH]... SCRIPT.py");
-  return { wheels, script };
+  return { wheels, script, workflows };
+}
+
+// One session per run() call of a relay class (a replay opens a new one).
+function workflowSessions() {
+  const sessions = new Map();
+  let next = 0;
+  const open = () => {
+    const id = String(++next);
+    sessions.set(id, { queue: [], takers: [], pending: new Map(), calls: 0 });
+    return id;
+  };
+  const push = (id, cmd) => {
+    const s = sessions.get(id);
+    const taker = s.takers.shift();
+    if (taker) taker(cmd);
+    else s.queue.push(cmd);
+  };
+  const take = (id) => {
+    const s = sessions.get(id);
+    if (s.queue.length) return Promise.resolve(s.queue.shift());
+    return new Promise((resolve) => s.takers.push(resolve));
+  };
+  const call = (id, cmd) => {
+    const s = sessions.get(id);
+    const n = String(++s.calls);
+    const done = new Promise((resolve) => s.pending.set(n, resolve));
+    push(id, { ...cmd, call: n });
+    return done;
+  };
+  const done = (id, n, outcome) => {
+    const s = sessions.get(id);
+    const resolve = s.pending.get(n);
+    s.pending.delete(n);
+    resolve?.(JSON.stringify(outcome));
+  };
+  return { open, push, take, call, done };
+}
+
+async function workflowWorker(workflows) {
+  let text = await readFile(path.join(HERE, "workflow-worker.mjs"), "utf8");
+  for (const w of workflows) {
+    text += `\nexport class ${w.class_name} extends HazeRelay { workflow = ${JSON.stringify(w.name)}; }\n`;
+  }
+  return text;
 }
 
 async function loadPython(wheels) {
@@ -75,7 +130,7 @@ async function loadPython(wheels) {
 }
 
 async function main() {
-  const { wheels, script } = parseArgs(process.argv.slice(2));
+  const { wheels, script, workflows } = parseArgs(process.argv.slice(2));
   const code = await readFile(script, "utf8");
   const t0 = performance.now();
   const now = () => (performance.now() - t0) / 1000;
@@ -84,12 +139,15 @@ async function main() {
   const scheduled = [];
   let handler = null;
   let scheduledHandler = null;
+  let workflowHandler = null;
+  const sessions = workflowSessions();
 
   const pyodide = await loadPython(wheels);
 
   async function serveHaze(request) {
     const url = new URL(request.url);
     const data = await request.json();
+    if (url.pathname.startsWith("/wf/")) return serveWorkflow(url.pathname, data);
     if (url.pathname === "/dlq") {
       dlq.push({ t: now(), ...data });
       return new Response("ok");
@@ -143,6 +201,44 @@ async function main() {
     });
   }
 
+  async function serveWorkflow(pathname, data) {
+    const json = (v) =>
+      new Response(JSON.stringify(v), { headers: { "content-type": "application/json" } });
+    if (!workflowHandler) return new Response("no workflow handler", { status: 503 });
+    if (pathname === "/wf/open") {
+      const session = sessions.open();
+      workflowHandler("open", session, JSON.stringify(data)).then(
+        (out) => sessions.push(session, JSON.parse(out)),
+        (e) => sessions.push(session, { op: "throw", name: "Error", message: String(e) }),
+      );
+      return json({ session });
+    }
+    if (pathname === "/wf/next") return json(await sessions.take(data.session));
+    if (pathname === "/wf/done") {
+      const { session, call, ...outcome } = data;
+      sessions.done(session, call, outcome);
+      return json({ ok: true });
+    }
+    if (pathname === "/wf/body") {
+      return json(JSON.parse(await workflowHandler("body", data.session, JSON.stringify(data))));
+    }
+    return new Response(`unknown ${pathname}`, { status: 404 });
+  }
+
+  const workers = [];
+  if (workflows) {
+    workers.push({
+      name: "workflows",
+      modules: true,
+      script: await workflowWorker(workflows),
+      scriptPath: path.join(HERE, "workflow-worker.mjs"),
+      compatibilityDate: "2025-01-01",
+      workflows: Object.fromEntries(
+        workflows.map((w) => [w.binding, { name: w.name, className: w.class_name }]),
+      ),
+      serviceBindings: { HAZE: serveHaze },
+    });
+  }
   const mf = new Miniflare({
     // /cdn-cgi/handler/scheduled?cron=…&time=… runs the Worker's scheduled() handler
     unsafeTriggerHandlers: true,
@@ -166,19 +262,35 @@ async function main() {
         d1Databases: { DB: "haze-d1" },
         serviceBindings: { HAZE: serveHaze },
       },
+      ...workers,
     ],
   });
   let output;
   try {
     const queue = await mf.getQueueProducer("QUEUE", "consumer");
     const db = await mf.getD1Database("DB", "consumer");
+    const env = { QUEUE: queue, DB: db };
+    if (workflows) {
+      // the Workflow bindings themselves (Miniflare's proxies to the "workflows" Worker's)
+      const bound = await mf.getBindings("workflows");
+      for (const w of workflows) env[w.binding] = bound[w.binding];
+    }
     globalThis.cfHarness = {
-      env: { QUEUE: queue, DB: db },
+      env,
       setHandler(fn) {
         handler = fn;
       },
       setScheduledHandler(fn) {
         scheduledHandler = fn;
+      },
+      setWorkflowHandler(fn) {
+        workflowHandler = fn;
+      },
+      stepCall: (session, cmd) => sessions.call(session, JSON.parse(cmd)),
+      async workflow(op, data) {
+        const worker = await mf.getWorker("workflows");
+        const res = await worker.fetch(`http://workflows/${op}`, { method: "POST", body: data });
+        return await res.text();
       },
       // Fire the consumer Worker's Cron Trigger the way `wrangler dev --test-scheduled` does.
       async trigger(cron, time) {

@@ -5,8 +5,7 @@ in ``wrangler.json``; a workflow Cloudflare cannot run as written is refused wit
 Real: the build (``haze build`` through its CLI, in a process of its own) and the
 generated ``entry.py``, imported by CPython from the bundle with the vendored ``haze``
 and ``haze_cloudflare`` first on ``sys.path``. Not run here: the classes on Miniflare's
-Workflows engine (see the report of this change: the runtime mapping in
-``haze_cloudflare.workflows`` is not yet exercised by a Workflows engine).
+Workflows engine (test_cf_miniflare_native.py runs them there).
 """
 
 from __future__ import annotations

@@ -29,9 +29,10 @@ from typing import Any
 from haze._base.durations import Duration, parse_duration
 from haze._base.errors import ConfigError, WorkflowResultError, WorkflowRunError
 from haze._base.message import new_id
+from haze._workflows.cloudflare_runs import CloudflareRuns, cloudflare_runs
 from haze._workflows.definition import WorkflowDefinition, find_workflow
 from haze._workflows.engine import now, workflow_state
-from haze._workflows.lambda_runs import EitherRuns, native_runs
+from haze._workflows.lambda_runs import EitherRuns, LambdaRuns, native_runs
 from haze._workflows.run import DEFAULT_MAX_STEPS, check_name
 from haze._workflows.sealed import sealed_state
 from haze.contracts.app import use_app
@@ -118,11 +119,18 @@ def runs_for(app: Any, name: str | None = None) -> WorkflowRuns:
         found = resolver(app, name)
         if found is not None:
             return found
-    native = native_runs(app, name)
-    if native is not None:  # Lambda durable functions ("workflows": "native")
+    native = _native(app, name)
+    if native is not None:  # a platform's engine ("workflows": "native")
         state = None if name is not None else _state_or_none(app)
         return native if state is None else EitherRuns(StoreRuns(state), native)
     return StoreRuns(_state(app))
+
+
+def _native(app: Any, name: str | None = None) -> LambdaRuns | CloudflareRuns | None:
+    """The platform runs (Lambda durable functions, Cloudflare Workflows) of workflow
+    ``name`` (None: of the app's native connection), or None: haze's own engine."""
+    found: LambdaRuns | CloudflareRuns | None = native_runs(app, name)
+    return found if found is not None else cloudflare_runs(app, name)
 
 
 def _state_or_none(app: Any) -> WorkflowStateStore | None:
@@ -170,8 +178,8 @@ class Workflow(WorkflowDefinition):
                 "lists, strings, numbers, booleans or None"
             ) from None
         app = use_app()
-        native = native_runs(app, wf.name)
-        if native is not None:  # Lambda durable functions: an execution named by the id
+        native = _native(app, wf.name)
+        if native is not None:  # a platform's engine: an execution/instance named by the id
             return await native.start(wf.name, run_id, text)
         state = _state(app, wf.encrypted)
         _check_shared(app, wf)
@@ -201,12 +209,12 @@ class Workflow(WorkflowDefinition):
                 f'Workflow.send_event({run_id!r}, "{name}"): the payload is not JSON ({e})'
             ) from None
         app = use_app()
-        native = native_runs(app)
+        native = _native(app)
         if native is not None and _state_or_none(app) is None:
-            return await native.send_event(run_id, name, text)  # no store: Lambda only
+            return await native.send_event(run_id, name, text)  # no store: the platform's
         state = _state(app)
         run = await state.get_run(run_id)
-        if run is None and native is not None:  # a run on Lambda durable functions
+        if run is None and native is not None:  # a run on the platform's engine
             return await native.send_event(run_id, name, text, keep=state)
         if run is None:
             raise WorkflowRunError(

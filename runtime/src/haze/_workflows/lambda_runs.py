@@ -454,16 +454,6 @@ def native_runs(app: Any, workflow: str | None = None) -> LambdaRuns | None:
         )
         name = own or app.queue_config.default
         options = connections.get(name)
-        if (
-            options
-            and options.get("driver") == "cloudflare"
-            and options.get("workflows") == "native"
-        ):
-            raise ConfigError(
-                f'workflow "{workflow}": connection {name!r} has "workflows": "native", but '
-                'the Cloudflare Workflows engine is not available yet; use "store" (the '
-                "default: haze's engine, its state in D1)"
-            )
         if not _is_native(options):
             return None
     else:
@@ -485,9 +475,9 @@ def _is_native(options: Mapping[str, Any] | None) -> bool:
 
 class EitherRuns:
     """``WorkflowRuns`` of an app whose workflows run on both engines: a run is looked
-    up in the store first, then on Lambda."""
+    up in the store first, then on the platform's (Lambda, Cloudflare)."""
 
-    def __init__(self, store: WorkflowRuns, native: LambdaRuns) -> None:
+    def __init__(self, store: WorkflowRuns, native: WorkflowRuns) -> None:
         self.store = store
         self.native = native
 

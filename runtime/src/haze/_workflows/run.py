@@ -70,9 +70,10 @@ def check_name(name: object, what: str, where: str) -> str:
     return name
 
 
-def encode_result(value: Any, where: str, limit: int | None = None) -> str:
+def encode_result(value: Any, where: str, limit: int | None = None, rule: str | None = None) -> str:
     """The JSON text of a step's result (or a run's output); ``WorkflowResultError``
-    when it is not JSON, ``WorkflowLimitError`` when past ``limit`` bytes."""
+    when it is not JSON, ``WorkflowLimitError`` when past ``limit`` bytes (``rule`` names
+    whose limit it is, when not the connection's ``max_message_size``)."""
     try:
         text: str = _encode(value)
     except (TypeError, ValueError) as e:
@@ -82,6 +83,11 @@ def encode_result(value: Any, where: str, limit: int | None = None) -> str:
         ) from None
     if limit is not None:
         size = len(text.encode())
+        if size > limit and rule is not None:
+            raise WorkflowLimitError(
+                f"{where} returned {size} bytes of JSON, over {rule} of {limit} bytes; "
+                "keep large data outside (a file, a bucket) and return its key"
+            )
         if size > limit:
             raise WorkflowLimitError(
                 f"{where} returned {size} bytes of JSON, over the connection's "
@@ -125,12 +131,14 @@ class WorkflowRun:
         max_steps: int = DEFAULT_MAX_STEPS,
         max_result_size: int | None = None,
         attempt: int = 1,
+        result_rule: str | None = None,
     ) -> None:
         self.id = id
         self.workflow = workflow
         self.engine = engine
         self.max_steps = max_steps
         self.max_result_size = max_result_size
+        self.result_rule = result_rule
         #: Which delivery of this run's messages is replaying it (1 = the first).
         self.attempt = attempt
         self._names: set[str] = set()
@@ -238,7 +246,7 @@ class WorkflowRun:
                     value = await value
             finally:
                 _current_step.reset(token)
-            return encode_result(value, where, self.max_result_size)
+            return encode_result(value, where, self.max_result_size, self.result_rule)
 
         return decode(await self.engine.step(name, position, attempt, retry))
 

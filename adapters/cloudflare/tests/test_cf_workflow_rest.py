@@ -1,0 +1,239 @@
+"""Native Cloudflare workflows reached from outside a Worker: ``Workflow.start``,
+``send_event``, ``status``, ``cancel``, ``haze workflow:list|show|cancel`` and the
+dashboard's Workflows pages read and drive the instances through Cloudflare's REST API.
+
+Real: haze's REST client (``haze._workflows.cloudflare_runs``, httpx over real HTTP), the
+CLI (click's runner, in this process) and the dashboard (starlette's TestClient).
+A MODEL: the server, ``cf_workflows_standin.py``, which serves the documented shapes of
+Cloudflare's Workflows REST API. Miniflare runs the engine and its bindings (see
+test_cf_miniflare_native.py) but serves no ``/client/v4`` account API, and no Cloudflare
+account is reachable here: anything Cloudflare does beyond those shapes is not checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from cf_workflows_standin import ACCOUNT, TOKEN, StandIn
+from click.testing import CliRunner, Result
+from haze import App, Workflow, workflow
+from haze.cli import get_cli
+from haze.dashboard import create_app
+from haze.errors import ConfigError, WorkflowRunError
+from starlette.testclient import TestClient
+
+T = TypeVar("T")
+
+
+@workflow(name="cfr_pay")
+async def cfr_pay(run: Any, order: str) -> Any:
+    intent = await run.step("intent", lambda: {"order": order})
+    paid = await run.wait_for_event("paid", timeout="3d")
+    return {"intent": intent, "paid": paid}
+
+
+QUEUE_PY = """\
+    from haze import define_queue_config
+    # the runs live on Cloudflare; the store only keeps this process's unique locks
+    config = define_queue_config(
+        default="edge",
+        store="memory",
+        connections={{"edge": {{
+            "driver": "cloudflare", "binding": "QUEUE", "workflows": "native",
+            {creds}
+        }}}},
+    )
+    """
+
+
+def write_app(root: Path, creds: str) -> Path:
+    (root / "config").mkdir(parents=True)
+    (root / "config" / "queue.py").write_text(textwrap.dedent(QUEUE_PY.format(creds=creds)))
+    return root
+
+
+def step(name: str, output: Any, attempts: int = 1) -> dict[str, Any]:
+    at = "2026-12-01T10:00:00.000Z"
+    return {
+        "type": "step",
+        "name": name,
+        "start": at,
+        "end": "2026-12-01T10:00:01.000Z",
+        "success": True,
+        "output": output,
+        "error": None,
+        "config": {"retries": {"limit": 0, "delay": "1 second", "backoff": "constant"}},
+        "attempts": [{"start": at, "end": at, "success": True, "error": None}] * attempts,
+    }
+
+
+def wait(name: str, finished: bool, output: Any = None) -> dict[str, Any]:
+    return {
+        "type": "waitForEvent",
+        "name": name,
+        "start": "2026-12-01T10:00:02.000Z",
+        "end": None,
+        "finished": finished,
+        "output": output,
+        "error": None,
+    }
+
+
+@pytest.fixture
+def cf() -> Iterator[StandIn]:
+    with StandIn() as standin:
+        standin.instances[("cfr_pay", "pay-1")] = {
+            "status": "complete",
+            "params": {"order": "A-1"},
+            "queued": "2026-12-01T09:59:59.000Z",
+            "end": "2026-12-01T10:00:05.000Z",
+            "output": {"intent": {"order": "A-1"}, "paid": {"amount": 5}},
+            "error": None,
+            "steps": [
+                step("haze:at:0", "intent"),
+                step("intent", {"order": "A-1"}, attempts=2),
+                step("haze:at:1", "paid"),
+                wait("paid", True, {"amount": 5}),
+            ],
+        }
+        standin.instances[("cfr_pay", "pay-2")] = {
+            "status": "waiting",
+            "params": {"order": "A-2"},
+            "queued": "2026-12-01T11:00:00.000Z",
+            "steps": [
+                step("haze:at:0", "intent"),
+                step("intent", {"order": "A-2"}),
+                step("haze:at:1", "paid"),
+                wait("paid", False),
+            ],
+        }
+        standin.instances[("cfr_pay", "pay-3")] = {
+            "status": "errored",
+            "params": {"order": "A-3"},
+            "queued": "2026-12-01T08:00:00.000Z",
+            "error": {"name": "Error", "message": "ValueError: card declined"},
+            "steps": [],
+        }
+        yield standin
+
+
+@pytest.fixture
+def root(tmp_path: Path, cf: StandIn) -> Path:
+    creds = f'"account_id": "{ACCOUNT}", "api_token": "{TOKEN}", "api_url": "{cf.api_url}"'
+    return write_app(tmp_path / "app", creds)
+
+
+def in_app(root: Path, fn: Callable[[App], Awaitable[T]]) -> T:
+    async def go() -> T:
+        async with App(root=root) as app:
+            return await fn(app)
+
+    return asyncio.run(go())
+
+
+def haze(root: Path, *args: str) -> Result:
+    return CliRunner().invoke(get_cli(), ["--root", str(root), *args])
+
+
+def test_the_cli_lists_shows_and_cancels_runs_through_the_rest_api(root: Path, cf: StandIn) -> None:
+    listed = haze(root, "workflow:list")
+    assert listed.exit_code == 0, listed.output
+    lines = {ln.split()[0]: ln for ln in listed.output.splitlines() if "pay-" in ln}
+    assert "done" in lines["pay-1"] and "cfr_pay" in lines["pay-1"]
+    assert "waiting" in lines["pay-2"] and "failed" in lines["pay-3"]
+    assert list(lines) == ["pay-2", "pay-1", "pay-3"]  # newest first
+
+    shown = haze(root, "workflow:show", "pay-1")
+    assert shown.exit_code == 0, shown.output
+    assert "cfr_pay run pay-1: done" in shown.output
+    assert "haze:at" not in shown.output  # haze's own position marks are not shown
+    steps = {ln.split()[1]: ln for ln in shown.output.splitlines() if ln.strip()[:1].isdigit()}
+    assert list(steps) == ["intent", "paid"]
+    assert "done" in steps["intent"]
+    failed = haze(root, "workflow:show", "pay-3")
+    assert "ValueError: card declined" in failed.output
+
+    cancelled = haze(root, "workflow:cancel", "pay-2")
+    assert cancelled.exit_code == 0, cancelled.output
+    assert cf.instances[("cfr_pay", "pay-2")]["status"] == "terminated"
+    finished = haze(root, "workflow:cancel", "pay-1")
+    assert finished.exit_code == 1 and "Traceback" not in finished.output
+    assert finished.output.strip().splitlines() == [
+        'Error: run "pay-1" of "cfr_pay" is done: nothing to cancel'
+    ]
+
+
+def test_start_and_events_from_outside_a_worker(root: Path, cf: StandIn) -> None:
+    async def go(app: App) -> Any:
+        rid = await Workflow.start(cfr_pay, id="pay-9", order="A-9")
+        again = await Workflow.start(cfr_pay, id="pay-9", order="other")
+        sent = await Workflow.send_event("pay-2", "paid", {"amount": 7})
+        errors = []
+        for call in (
+            lambda: Workflow.send_event("no-such-run", "paid", 1),
+            lambda: Workflow.send_event("pay-1", "paid", 1),
+        ):
+            try:
+                await call()
+            except WorkflowRunError as e:
+                errors.append(str(e))
+        return rid, again, sent, errors, await Workflow.status("pay-9")
+
+    rid, again, sent, errors, st = in_app(root, go)
+    assert rid == again == "pay-9"
+    assert cf.instances[("cfr_pay", "pay-9")]["params"] == {"order": "A-9"}
+    assert st is not None and st.state == "running" and st.input == {"order": "A-9"}
+    assert sent is True
+    assert cf.events == [("cfr_pay", "pay-2", "paid", {"amount": 7})]
+    assert errors == [
+        "Workflow.send_event: no workflow run 'no-such-run'; check the id "
+        "(Workflow.start returns it)",
+        "Workflow.send_event: run 'pay-1' of \"cfr_pay\" is done; an event can only reach "
+        "a run that has not finished",
+    ]
+
+
+def test_a_run_id_cloudflare_cannot_take_is_refused_in_one_line(root: Path, cf: StandIn) -> None:
+    async def go(app: App) -> str:
+        with pytest.raises(WorkflowRunError) as e:
+            await Workflow.start(cfr_pay, id="order 7/2026", order="A")
+        return str(e.value)
+
+    message = in_app(root, go)
+    assert message == (
+        'Workflow.start("cfr_pay"): Cloudflare Workflows instance ids are 1-100 of '
+        "A-Z a-z 0-9 _ - (not starting with -), got 'order 7/2026'; pass another id"
+    )
+    assert not [r for r in cf.requests if r[0] == "POST"]
+
+
+def test_without_credentials_outside_a_worker_one_line(tmp_path: Path) -> None:
+    root = write_app(tmp_path / "app", "")
+    result = haze(root, "workflow:list")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "needs account_id and api_token" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+    async def go(app: App) -> None:
+        await Workflow.start(cfr_pay, id="x", order="A")
+
+    with pytest.raises(ConfigError, match="needs account_id and api_token"):
+        in_app(root, go)
+
+
+def test_the_dashboard_reads_the_runs_and_steps_from_the_api(root: Path, cf: StandIn) -> None:
+    async def page(app: App) -> tuple[str, str]:
+        with TestClient(create_app(app, authorize=lambda request: True)) as client:
+            listing = client.get("/workflows")
+            detail = client.get("/workflows/pay-1")
+        assert listing.status_code == detail.status_code == 200
+        return listing.text, detail.text
+
+    listing, detail = in_app(root, page)
+    assert "pay-1" in listing and "pay-2" in listing and "pay-3" in listing
+    assert "intent" in detail and "haze:at" not in detail
