@@ -7,6 +7,8 @@ the same PostgreSQL.
 
 Method (the one of shared/tools/peerbench, per peer):
   * enqueue/s: one producer process, N single enqueues with the library's normal API;
+    ``raw-pg-notify`` is the like-for-like ceiling of haze's PostgreSQL enqueue (an
+    INSERT and its worker wake-up, NOTIFY, in one statement), ``raw-pg`` the plain INSERT;
   * bulk/s: the library's bulk API in chunks of 1,000 (haze: ``Queue.bulk``);
   * drain/s: N jobs queued first, then ONE worker process; rate = (N-1) / (last job start
     - first job start), so start-up is excluded;
@@ -56,6 +58,12 @@ def peers() -> dict[str, dict[str, object]]:
             "backend": "postgres",
             "desc": "1x1 SKIP LOCKED loop + LISTEN",
             "env": {},
+        },
+        "raw-pg-notify": {
+            "cmd": [sys.executable, str(PEERS / "raw_pg.py")],
+            "backend": "postgres",
+            "desc": "raw-pg, each INSERT with its NOTIFY in one statement",
+            "env": {"BENCH_RAW_NOTIFY": "1"},
         },
         "procrastinate": {
             "cmd": [str(PROCRASTINATE_PY), str(PEERS / "procrastinate_peer.py")],
@@ -277,10 +285,11 @@ def table(rows: list[dict[str, object]]) -> str:
     base = {r["peer"]: r for r in rows}
     proc = base.get("procrastinate", {})
     raw = base.get("raw-pg", {})
+    notify = base.get("raw-pg-notify", {})
     lines = [
         "| peer | procs x conc | enqueue/s | bulk/s | drain/s | drain vs procrastinate "
-        "| drain vs raw | enqueue vs raw | latency p50 / p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| drain vs raw | enqueue vs raw | enqueue vs raw+notify | latency p50 / p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
 
@@ -296,6 +305,7 @@ def table(rows: list[dict[str, object]]) -> str:
             f"{fmt(r.get('drain'))} | {ratio(r.get('drain'), proc.get('drain'))} | "
             f"{ratio(r.get('drain'), raw.get('drain'))} | "
             f"{ratio(r.get('enqueue'), raw.get('enqueue'))} | "
+            f"{ratio(r.get('enqueue'), notify.get('enqueue'))} | "
             f"{fmt(r.get('p50'), 1)} / {fmt(r.get('p99'), 1)} |"
         )
     return "\n".join(lines)

@@ -25,11 +25,22 @@ def clean() -> None:
         c.execute("TRUNCATE raw_jobs")
 
 
+#: ``BENCH_RAW_NOTIFY=1``: every enqueue wakes the workers in the same statement, as
+#: haze's PostgreSQL enqueue does (the like-for-like ceiling of a single dispatch).
+NOTIFY = os.environ.get("BENCH_RAW_NOTIFY") == "1"
+INSERT = "INSERT INTO raw_jobs (body) VALUES (%s)"
+INSERT_NOTIFY = (
+    "WITH j AS (INSERT INTO raw_jobs (body) VALUES (%s) RETURNING id) "
+    "SELECT pg_notify('raw_jobs', '') FROM j"
+)
+
+
 def enqueue(n: str) -> None:
+    stmt = INSERT_NOTIFY if NOTIFY else INSERT
     with _conn() as c:
         t0 = time.perf_counter()
         for _ in range(int(n)):
-            c.execute("INSERT INTO raw_jobs (body) VALUES (%s)", (json.dumps({"t": time.time()}),))
+            c.execute(stmt, (json.dumps({"t": time.time()}),))
         dt = time.perf_counter() - t0
     emit(n=int(n), seconds=dt, rate=int(n) / dt)
 

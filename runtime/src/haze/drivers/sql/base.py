@@ -136,6 +136,8 @@ class _DatabaseBase:
         self._wakeup: asyncio.Event | None = None
         self._wake_loop: asyncio.AbstractEventLoop | None = None
         self._last_ts = 0.0
+        #: queue -> when a claim of this driver last looked for lapsed leases
+        self._lapsed_looks: dict[str, float] = {}
         # The claims (row id, reserved_at) this driver acked, or sent an ack for that
         # raised, newest last: a later ack of one that finds its row gone is a repeat
         # (done), where a first ack that finds it gone means another worker took the job

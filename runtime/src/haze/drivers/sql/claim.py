@@ -26,7 +26,7 @@ class _Claiming(_DatabaseBase):
         """Up to ``limit`` rows of ``queue`` in one claim statement, in due order."""
         now = time.time()
         token = self._token()
-        abandoned = now - self.retry_after
+        abandoned = self._abandoned(queue, now)
         sql = self.sql
         rows: builtins.list[tuple[Any, ...]]
         if self.dialect == "mysql":
@@ -34,22 +34,39 @@ class _Claiming(_DatabaseBase):
                 lambda tx: self._mysql_claim(tx, queue, limit, now, abandoned, token)
             )
         else:
-            branches = (queue, now, limit, queue, abandoned, limit, limit)
-            # PostgreSQL's statement sets the token after its branches, SQLite's before
-            params = (
-                (*branches, token, token)
-                if self.dialect == "postgres"
-                else (token, token, *branches)
-            )
+            params = self._claim_params(queue, limit, now, abandoned, token)
             rows = await self.db.fetchall(sql["claim_many"], params)
         return await self._claimed(rows, queue, token)
+
+    def _claim_params(
+        self, queue: str, limit: int, now: float, abandoned: float, token: float
+    ) -> tuple[Any, ...]:
+        """The parameters of ``claim_many`` (PostgreSQL, SQLite)."""
+        branches = (queue, now, limit, queue, abandoned, abandoned, limit, limit)
+        # PostgreSQL's statement sets the token after its branches, SQLite's before
+        return (
+            (*branches, token, token) if self.dialect == "postgres" else (token, token, *branches)
+        )
+
+    def _abandoned(self, queue: str, now: float) -> float:
+        """The claim's abandoned_before: leases that ended before it are taken over.
+
+        0 (none) when this driver looked for lapsed rows of ``queue`` less than
+        ``retry_after / 10`` (at most 1 s) ago: a finished job's dead index entry falls
+        in that branch's range once its claim is ``retry_after`` old, and without VACUUM
+        a long backlog piles them up; read on every claim they would cost more with
+        every job done. A lease that ran out waits that much longer at most."""
+        if now - self._lapsed_looks.get(queue, 0.0) < min(1.0, self.retry_after / 10):
+            return 0.0
+        self._lapsed_looks[queue] = now
+        return now - self.retry_after
 
     async def _mysql_claim(
         self, tx: Session, queue: str, limit: int, now: float, abandoned: float, token: float
     ) -> builtins.list[tuple[Any, ...]]:
         """The claim on MySQL/MariaDB (no UPDATE … RETURNING): lock, then mark."""
         sql = self.sql
-        params = (queue, now, limit, queue, abandoned, limit, limit)
+        params = (queue, now, limit, queue, abandoned, abandoned, limit, limit)
         found = await tx.fetchall(sql["claim_many_select"], params)
         if found:
             ids = [r[0] for r in found]

@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS {failed} (
 -- rows (read from the queue index at (queue, NULL) in available_at, id order, so rows
 -- not due yet are never scanned) merged with the rows whose lease ran out, by
 -- available_at then id (FIFO among equally due rows).
--- params: queue, now, limit, queue, abandoned_before, limit, limit
+-- params: queue, now, limit, queue, abandoned_before, abandoned_before, limit, limit
+-- (see PostgreSQL's claim_many for the bound on reserved_at)
 (SELECT id, payload, attempts, available_at FROM {jobs}
  WHERE queue = ? AND reserved_at IS NULL AND available_at <= ?
  ORDER BY available_at, id
@@ -45,7 +46,8 @@ CREATE TABLE IF NOT EXISTS {failed} (
  FOR UPDATE SKIP LOCKED)
 UNION ALL
 (SELECT id, payload, attempts, available_at FROM {jobs}
- WHERE queue = ? AND reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?
+ WHERE queue = ? AND reserved_at IS NOT NULL AND reserved_at <= ?
+      AND COALESCE(heartbeat_at, reserved_at) <= ?
  ORDER BY available_at, id
  LIMIT ?
  FOR UPDATE SKIP LOCKED)

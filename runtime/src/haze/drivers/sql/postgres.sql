@@ -39,8 +39,13 @@ CREATE INDEX IF NOT EXISTS {failed}_failed_at_idx ON {failed} (failed_at);
 -- equally due rows). FOR UPDATE SKIP LOCKED: concurrent workers skip a locked row
 -- instead of waiting for it. Every row gets the same reserved_at (one token per claim);
 -- a row is still owned by (id, reserved_at).
--- params: queue, now, limit, queue, abandoned_before, limit, limit, reserved_at,
---         heartbeat_at
+-- The lapsed branch reads the reserved index only up to reserved_at <= abandoned_before
+-- (a lease never ends before its claim: heartbeat_at >= reserved_at): every finished
+-- job leaves a dead entry there until VACUUM, and a branch that read them all would
+-- cost more with every job done. The driver passes 0 (an empty range) between its
+-- looks for lapsed rows, so a long backlog's old dead entries are not read per claim.
+-- params: queue, now, limit, queue, abandoned_before, abandoned_before, limit, limit,
+--         reserved_at, heartbeat_at
 WITH due AS (
     SELECT id, available_at FROM {jobs}
     WHERE queue = ? AND reserved_at IS NULL AND available_at <= ?
@@ -49,7 +54,8 @@ WITH due AS (
     FOR UPDATE SKIP LOCKED
 ), lapsed AS (
     SELECT id, available_at FROM {jobs}
-    WHERE queue = ? AND reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?
+    WHERE queue = ? AND reserved_at IS NOT NULL AND reserved_at <= ?
+      AND COALESCE(heartbeat_at, reserved_at) <= ?
     ORDER BY available_at, id
     LIMIT ?
     FOR UPDATE SKIP LOCKED
@@ -90,7 +96,8 @@ WHERE oid = to_regclass(?)
 -- being acked (only a lapsed lease can make one look claimable): one statement must not
 -- both delete and update a row.
 -- params: ids (bigint[]), reserved_ats (double precision[]), queue, now, limit, queue,
---         abandoned_before, ids again, limit, limit, reserved_at, heartbeat_at
+--         abandoned_before, abandoned_before, ids again, limit, limit, reserved_at,
+--         heartbeat_at
 WITH done AS (
     DELETE FROM {jobs} AS j
     USING unnest(?::bigint[], ?::double precision[]) AS a(id, reserved_at)
@@ -104,7 +111,8 @@ WITH done AS (
     FOR UPDATE SKIP LOCKED
 ), lapsed AS (
     SELECT id, available_at FROM {jobs}
-    WHERE queue = ? AND reserved_at IS NOT NULL AND COALESCE(heartbeat_at, reserved_at) <= ?
+    WHERE queue = ? AND reserved_at IS NOT NULL AND reserved_at <= ?
+      AND COALESCE(heartbeat_at, reserved_at) <= ?
       AND id <> ALL(?::bigint[])
     ORDER BY available_at, id
     LIMIT ?

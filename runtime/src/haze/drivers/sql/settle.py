@@ -131,13 +131,14 @@ class _Settling(_Claiming):
     ) -> tuple[builtins.list[bool], builtins.list[Reserved]]:
         now = time.time()
         token = self._token()
+        abandoned = self._abandoned(queue, now)
         ids = [p[0] for p in pairs]
         if self.dialect == "mysql":
 
             async def both(tx: Session) -> tuple[set[int], builtins.list[tuple[Any, ...]]]:
                 acked = await self._mysql_ack(tx, pairs)
                 # the acked rows are deleted in this transaction: the claim cannot see them
-                rows = await self._mysql_claim(tx, queue, limit, now, now - self.retry_after, token)
+                rows = await self._mysql_claim(tx, queue, limit, now, abandoned, token)
                 return acked, rows
 
             acked, rows = await self._mysql_tx(both)
@@ -149,7 +150,8 @@ class _Settling(_Claiming):
             now,
             limit,
             queue,
-            now - self.retry_after,
+            abandoned,
+            abandoned,
             ids,
             limit,
             limit,

@@ -30,8 +30,8 @@ CREATE INDEX IF NOT EXISTS {failed}_failed_at_idx ON {failed} (failed_at);
 -- available_at order, so rows not due yet are never scanned) merged with the rows whose
 -- lease ran out, by available_at then id (FIFO among equally due rows). Every row gets
 -- the same reserved_at (one token per claim); a row is still owned by (id, reserved_at).
--- params: reserved_at, heartbeat_at, queue, now, limit, queue, abandoned_before, limit,
---         limit
+-- params: reserved_at, heartbeat_at, queue, now, limit, queue, abandoned_before,
+--         abandoned_before, limit, limit (see PostgreSQL's claim_many for the bound)
 UPDATE {jobs} SET reserved_at = ?, heartbeat_at = ?, attempts = attempts + 1
 WHERE id IN (
     SELECT id FROM (
@@ -43,7 +43,7 @@ WHERE id IN (
         UNION ALL
         SELECT id, available_at FROM (
             SELECT id, available_at FROM {jobs}
-            WHERE queue = ? AND reserved_at IS NOT NULL
+            WHERE queue = ? AND reserved_at IS NOT NULL AND reserved_at <= ?
               AND COALESCE(heartbeat_at, reserved_at) <= ?
             ORDER BY available_at, id LIMIT ?
         )
