@@ -34,6 +34,7 @@ class DatabaseDriver(_Settling, AcksInClaim, Advises, Leased, IdlePolling, Concu
         "retry_after": "duration",
         "sleep": "duration",
         "max_sleep": "duration",
+        "groups": "groups",
     }
 
     remote = True
