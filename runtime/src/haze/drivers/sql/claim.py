@@ -15,6 +15,15 @@ from haze.contracts.driver import Reserved
 from haze.drivers.sql.base import _DatabaseBase, _needs_tables
 
 
+def _branches(
+    queue: str, now: float, limit: int, abandoned: float
+) -> tuple[str | float | int, ...]:
+    """The claim's parameters (its three branches and the merged limit), the same on
+    every dialect: rows whose turn has come, groups' rows whose turn lies ahead, lapsed
+    leases."""
+    return (queue, now, now, limit, queue, now, now, limit, queue, abandoned, limit, limit)
+
+
 class _Claiming(_DatabaseBase):
     """Claiming rows and waiting for them."""
 
@@ -34,7 +43,7 @@ class _Claiming(_DatabaseBase):
                 lambda tx: self._mysql_claim(tx, queue, limit, now, abandoned, token)
             )
         else:
-            branches = (queue, now, limit, queue, abandoned, limit, limit)
+            branches = _branches(queue, now, limit, abandoned)
             # PostgreSQL's statement sets the token after its branches, SQLite's before
             params = (
                 (*branches, token, token)
@@ -49,7 +58,7 @@ class _Claiming(_DatabaseBase):
     ) -> builtins.list[tuple[Any, ...]]:
         """The claim on MySQL/MariaDB (no UPDATE … RETURNING): lock, then mark."""
         sql = self.sql
-        params = (queue, now, limit, queue, abandoned, limit, limit)
+        params = _branches(queue, now, limit, abandoned)
         found = await tx.fetchall(sql["claim_many_select"], params)
         if found:
             ids = [r[0] for r in found]
@@ -60,7 +69,7 @@ class _Claiming(_DatabaseBase):
     async def _claimed(
         self, rows: builtins.list[tuple[Any, ...]], queue: str, token: float
     ) -> builtins.list[Reserved]:
-        """``rows`` (id, payload, attempts, reserved_at, available_at) in due order."""
+        """``rows`` (id, payload, attempts, reserved_at, turn) in turn order."""
         if not rows:
             return []
         rows.sort(key=lambda r: (float(r[4]), int(r[0])))  # RETURNING's order is not the claim's
