@@ -80,9 +80,13 @@ def _app(groups: object, driver: str = "database") -> App:
 def test_the_groups_option_is_read_into_limits() -> None:
     app = _app({"concurrency": 2, "rate": "100/m"})
     groups = app.queue_config.connections["m"]["groups"]
-    assert groups == {"concurrency": 2, "rate": (100, 60.0)}
-    app = _app({"rate": "5/s"}, driver="redis")
-    assert app.queue_config.connections["m"]["groups"] == {"concurrency": None, "rate": (5, 1.0)}
+    assert groups == {"concurrency": 2, "rate": (100, 60.0), "expire_after": 30.0}
+    app = _app({"rate": "5/s", "expire_after": "1m"}, driver="redis")
+    assert app.queue_config.connections["m"]["groups"] == {
+        "concurrency": None,
+        "rate": (5, 1.0),
+        "expire_after": 60.0,
+    }
 
 
 @pytest.mark.parametrize(

@@ -48,11 +48,36 @@ async def dbx_groups_job(payload: dict[str, Any], job: JobContext) -> None:
     STARTED.append((payload["tenant"], payload["k"]))
 
 
+RUNNING: dict[str, int] = {}
+PEAK: dict[str, int] = {}
+
+
+@define_job(name="dbx_groups_slow", group=lambda payload: payload["tenant"])
+async def dbx_groups_slow(payload: dict[str, Any], job: JobContext) -> None:
+    tenant = payload["tenant"]
+    RUNNING[tenant] = RUNNING.get(tenant, 0) + 1
+    PEAK[tenant] = max(PEAK.get(tenant, 0), RUNNING[tenant])
+    STARTED.append((tenant, payload["k"]))
+    try:
+        await asyncio.sleep(0.15)
+    finally:
+        RUNNING[tenant] -= 1
+
+
 @contextlib.asynccontextmanager
-async def open_app(db_url: str, create: bool = True) -> AsyncIterator[tuple[App, str]]:
+async def open_app(
+    db_url: str, create: bool = True, groups: dict[str, Any] | None = None
+) -> AsyncIterator[tuple[App, str]]:
     n = next(_names)
     jobs, failed = f"dbx_grp_{os.getpid()}_{n}", f"dbx_grpf_{os.getpid()}_{n}"
-    conn = {"driver": "database", "connection": "main", "table": jobs, "failed_table": failed}
+    conn: dict[str, Any] = {
+        "driver": "database",
+        "connection": "main",
+        "table": jobs,
+        "failed_table": failed,
+    }
+    if groups is not None:
+        conn["groups"] = groups
     app = App(
         queue=define_queue_config(default="db", connections={"db": conn}),
         database=define_database_config(default="main", connections={"main": {"url": db_url}}),
@@ -174,6 +199,45 @@ async def test_db_migrate_gives_old_tables_the_group_columns(db_url: str) -> Non
         await Queue.bulk(_jobs("A", 3))
         order = await _claim_all(app.driver("db"), 2)
         assert order[0] == ("O", 0) and sorted(order[1:]) == [("A", 0), ("A", 1), ("A", 2)]
+
+
+# --------------------------------------------------------------------------- limits
+
+
+async def _drain(app: App, until: Any, concurrency: int = 8, limit: float = 20.0) -> None:
+    worker = Worker(app, "db", ["default"], concurrency, sleep=0.05)
+    run = asyncio.ensure_future(worker.run())
+    try:
+        async with asyncio.timeout(limit):
+            while not until():
+                await asyncio.sleep(0.02)
+    finally:
+        await worker.stop()
+        await asyncio.gather(run, return_exceptions=True)
+
+
+async def test_the_group_concurrency_limit_holds_per_group(tmp_path: Path) -> None:
+    STARTED.clear()
+    PEAK.clear()
+    async with open_app(f"sqlite:///{tmp_path}/q.db", groups={"concurrency": 2}) as (app, _):
+        for tenant in ("g", "h"):
+            await Queue.bulk([dbx_groups_slow.with_({"tenant": tenant, "k": i}) for i in range(8)])
+        await dbx_groups_slow.with_({"tenant": "-", "k": 0}).in_group("g").dispatch()
+        await _drain(app, lambda: len(STARTED) == 17)
+    # each group at most 2 at once, and 2 did run at once (8 worker slots, 2 groups)
+    assert PEAK["g"] == 2 and PEAK["h"] == 2
+    assert sorted(k for t, k in STARTED if t == "g") == list(range(8))
+
+
+async def test_the_group_rate_limit_holds_per_group(tmp_path: Path) -> None:
+    STARTED.clear()
+    async with open_app(f"sqlite:///{tmp_path}/q.db", groups={"rate": "3/d"}) as (app, _):
+        await Queue.bulk([dbx_groups_job.with_({"tenant": "r", "k": i}) for i in range(6)])
+        await Queue.bulk([dbx_groups_job.with_({"tenant": "s", "k": i}) for i in range(2)])
+        await _drain(app, lambda: len(STARTED) >= 5)
+        await asyncio.sleep(0.5)  # the other three of "r" wait for tomorrow's window
+        assert sorted(t for t, _ in STARTED) == ["r", "r", "r", "s", "s"]
+        assert await Queue.size("default") == 3  # released, not lost
 
 
 # --------------------------------------------------------------------------- fairness

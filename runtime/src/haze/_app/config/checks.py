@@ -152,9 +152,17 @@ class Checks:
 
     def groups(self, value: object, key: str) -> dict[str, Any]:
         """A connection's per-group limits: ``{"concurrency": 2, "rate": "100/m"}`` ->
-        ``{"concurrency": 2 or None, "rate": (100, 60.0) or None}``."""
+        ``{"concurrency": 2 or None, "rate": (100, 60.0) or None, "expire_after": 30.0}``
+        (``expire_after``: the lease of a concurrency slot, after which a crashed
+        worker's slot frees itself)."""
         raw = self.mapping(value, key)
-        self.unknown(raw, {"concurrency", "rate"}, key)
+        self.unknown(raw, {"concurrency", "rate", "expire_after"}, key)
+        expire = raw.get("expire_after")
+        expire_after = (
+            30.0
+            if expire is None
+            else self.duration(expire, f"{key}.expire_after", allow_zero=False)
+        )
         concurrency = raw.get("concurrency")
         if concurrency is not None:
             concurrency = self.integer(concurrency, f"{key}.concurrency", minimum=1)
@@ -168,7 +176,7 @@ class Checks:
                     f"got {rate!r}",
                 )
             rate = (int(match.group(1)), _RATE_UNITS[match.group(2)])
-        return {"concurrency": concurrency, "rate": rate}
+        return {"concurrency": concurrency, "rate": rate, "expire_after": expire_after}
 
     def names(self, value: object, key: str) -> list[str]:
         if isinstance(value, str):
