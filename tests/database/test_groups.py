@@ -20,6 +20,7 @@ from haze import App, JobContext, Queue, define_database_config, define_job, def
 from haze._base.errors import QueueTablesMissingError
 from haze._workers.worker import Worker
 from haze.connectors.migrations import ensure_queue_tables, migrate
+from haze.dashboard._data import overview
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -190,7 +191,7 @@ async def test_db_migrate_gives_old_tables_the_group_columns(db_url: str) -> Non
             "VALUES ('default', ?, 0, 1, 1)",
             ('{"v":1,"id":"x1","job":"dbx_groups_job","payload":{"tenant":"O","k":0}}',),
         )
-        with pytest.raises(QueueTablesMissingError, match="earlier haze.*db:migrate") as e:
+        with pytest.raises(QueueTablesMissingError, match=r"earlier haze.*db:migrate") as e:
             await dbx_groups_job.dispatch({"tenant": "A", "k": 0})
         assert "\n" not in str(e.value)
         result = await migrate(app)
@@ -199,6 +200,18 @@ async def test_db_migrate_gives_old_tables_the_group_columns(db_url: str) -> Non
         await Queue.bulk(_jobs("A", 3))
         order = await _claim_all(app.driver("db"), 2)
         assert order[0] == ("O", 0) and sorted(order[1:]) == [("A", 0), ("A", 1), ("A", 2)]
+
+
+async def test_the_dashboard_shows_the_backlog_per_group(db_url: str) -> None:
+    async with open_app(db_url) as (app, _):
+        await Queue.bulk(_jobs("A", 30))
+        await Queue.bulk(_jobs("B", 3))
+        await Queue.bulk(_jobs("b", 5))
+        await dbx_groups_job.with_({"tenant": "-", "k": 0}).dispatch()
+        [job] = await app.driver("db").reserve_many(["default"], 1, 0)  # claimed: not queued
+        rows = await overview(app)
+        [row] = [r for r in rows if r.queue == "default"]
+        assert row.groups == [("A", 29), ("b", 5), ("B", 3), ("-", 1)]
 
 
 # --------------------------------------------------------------------------- limits

@@ -9,6 +9,13 @@ VALUES (?, ?, ?, ?, ?, ?, ?)
 -- Reads nothing; fails unless the table has the queue's columns from before groups.
 SELECT queue, payload, attempts, reserved_at, heartbeat_at, available_at FROM {jobs} WHERE 1 = 0
 
+-- name: group_backlog
+-- The groups with the most queued (unclaimed) rows, largest first (the group index).
+-- params: queue, limit
+SELECT grp, COUNT(*) FROM {jobs}
+WHERE queue = ? AND grp IS NOT NULL AND reserved_at IS NULL
+GROUP BY grp ORDER BY COUNT(*) DESC, grp LIMIT ?
+
 -- name: group_turn
 -- What a new row of a group needs for its turn: the group's last turn, and the turn of
 -- the queue's first unclaimed row (a group back from idle starts there, not behind the

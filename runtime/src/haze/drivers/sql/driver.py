@@ -13,6 +13,7 @@ from haze.contracts.driver import (
     AcksInClaim,
     Advises,
     Concurrent,
+    GroupBacklog,
     IdlePolling,
     JobRecord,
     Leased,
@@ -24,7 +25,9 @@ from haze.drivers.sql.settle import _Settling
 from haze.drivers.sql.turns import group_of
 
 
-class DatabaseDriver(_Settling, AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
+class DatabaseDriver(
+    _Settling, AcksInClaim, Advises, Leased, IdlePolling, Concurrent, GroupBacklog
+):
     """Queue connection on a SQL table; see the package docstring for the rules."""
 
     #: the config options it takes besides the common ones (``DeclaresOptions``)
@@ -89,6 +92,11 @@ class DatabaseDriver(_Settling, AcksInClaim, Advises, Leased, IdlePolling, Concu
             values = ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
             params = [p for row in chunk for p in row]
             await self.db.execute(f"{base}VALUES {values}", params)
+
+    @_needs_tables
+    async def group_backlog(self, queue: str, limit: int = 20) -> builtins.list[tuple[str, int]]:
+        rows = await self.db.fetchall(self.sql["group_backlog"], (queue, limit))
+        return [(str(r[0]), int(r[1])) for r in rows]
 
     async def advice(self) -> builtins.list[str]:
         """PostgreSQL with autovacuum off for the jobs table: it would grow for ever."""
