@@ -208,7 +208,7 @@ async def test_the_dashboard_shows_the_backlog_per_group(db_url: str) -> None:
         await Queue.bulk(_jobs("B", 3))
         await Queue.bulk(_jobs("b", 5))
         await dbx_groups_job.with_({"tenant": "-", "k": 0}).dispatch()
-        [job] = await app.driver("db").reserve_many(["default"], 1, 0)  # claimed: not queued
+        [_claimed] = await app.driver("db").reserve_many(["default"], 1, 0)  # not queued now
         rows = await overview(app)
         [row] = [r for r in rows if r.queue == "default"]
         assert row.groups == [("A", 29), ("b", 5), ("B", 3), ("-", 1)]
