@@ -3,7 +3,9 @@
 Three ``haze queue:work`` processes (concurrency 8 each: 24 consumers) run jobs limited
 to 3 at once, on PostgreSQL and on Redis, with the slots in the same backend's shared
 store. The limit comes from ``limit_concurrency(3, "cls-storm")`` on the job, or (the
-``queue`` runs) from the connection's ``"queues": {"limited": {"concurrency": 3}}``.
+``queue`` runs) from the connection's ``"queues": {"limited": {"concurrency": 3}}``, or
+(the ``group`` runs: every job in group "tenant-1") from its ``"groups": {"concurrency":
+3}``.
 
 The jobs measure it themselves: each appends ``start`` once it holds a slot and ``end``
 before giving it back to an O_APPEND file (``app/job/cls_jobs.py``). Every few seconds a
@@ -42,6 +44,7 @@ PG_ADMIN_URL = os.environ.get(
 REDIS_URL = os.environ.get("HAZE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 JOBS, WORKERS, CONCURRENCY, MAX = 120, 3, 8, 3
+GROUP = "tenant-1"
 JOB_SLEEP = (0.2, 0.5)
 EXPIRE_AFTER = 6.0
 #: Kills happen during the first STORM_SECONDS; the run fails if not done by DEADLINE.
@@ -83,14 +86,15 @@ class Run(BackendProcs):
     def start_worker(self) -> subprocess.Popen[bytes]:
         args = ["--concurrency", str(CONCURRENCY), "--sleep", "0.2", "--quiet"]
         env = self.env("CLS", MAX=str(MAX), QUEUE_LIMIT=str(MAX), EXPIRE_AFTER=f"{EXPIRE_AFTER:g}s")
-        return self.spawn(self.connection, self.queue, args, env)
+        queue = "default" if self.queue == "group" else self.queue
+        return self.spawn(self.connection, queue, args, env)
 
     def slot_keys(self) -> list[str]:
-        base = (
-            "haze:mw:conc:name:cls-storm"
-            if self.queue == "default"
-            else f"haze:mw:conc:queue:{self.connection}:limited"
-        )
+        base = {
+            "default": "haze:mw:conc:name:cls-storm",
+            "limited": f"haze:mw:conc:queue:{self.connection}:limited",
+            "group": f"haze:mw:group:{self.connection}:{GROUP}",
+        }[self.queue]
         return [f"{base}:slot:{i}" for i in range(MAX)]
 
 
@@ -141,8 +145,22 @@ def _url(request: pytest.FixtureRequest, backend: str) -> str:
 
 @pytest.mark.parametrize(
     ("backend", "queue"),
-    [("postgres", "default"), ("redis", "default"), ("redis", "limited"), ("postgres", "limited")],
-    ids=["postgres-middleware", "redis-middleware", "redis-queue-config", "postgres-queue-config"],
+    [
+        ("postgres", "default"),
+        ("redis", "default"),
+        ("redis", "limited"),
+        ("postgres", "limited"),
+        ("postgres", "group"),
+        ("redis", "group"),
+    ],
+    ids=[
+        "postgres-middleware",
+        "redis-middleware",
+        "redis-queue-config",
+        "postgres-queue-config",
+        "postgres-group-config",
+        "redis-group-config",
+    ],
 )
 async def test_never_more_than_max_run_at_once_under_sigkills(
     request: pytest.FixtureRequest,
@@ -155,11 +173,12 @@ async def test_never_more_than_max_run_at_once_under_sigkills(
     async with limited_run(tmp_path, backend, _url(request, backend), queue) as r:
         job = cls_limited if queue == "default" else cls_plain
         for i in range(JOBS):
-            await (
-                job.with_({"k": f"j{i}", "sleep": rng.uniform(*JOB_SLEEP)})
-                .on_queue(queue)
-                .dispatch()
-            )
+            pending = job.with_({"k": f"j{i}", "sleep": rng.uniform(*JOB_SLEEP)})
+            if queue == "group":
+                pending.in_group(GROUP)
+            else:
+                pending.on_queue(queue)
+            await pending.dispatch()
         keys = {f"j{i}" for i in range(JOBS)}
 
         live = [r.start_worker() for _ in range(WORKERS)]
@@ -210,7 +229,9 @@ async def test_never_more_than_max_run_at_once_under_sigkills(
         starts = r.counts("start")
         data = {
             "backend": backend,
-            "limit_from": "middleware" if queue == "default" else "queue config",
+            "limit_from": {"default": "middleware", "limited": "queue config"}.get(
+                queue, "group config"
+            ),
             "jobs": JOBS,
             "workers": WORKERS,
             "concurrency": CONCURRENCY,

@@ -25,6 +25,7 @@ from harness import BACKENDS, backend_url, mysql_database, pg_database
 from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
 from haze._workers.worker import Worker
 from haze.connectors.migrations import ensure_queue_tables, migrate
+from haze.drivers.sql.claim import _branches
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -94,13 +95,21 @@ async def test_the_row_due_first_is_claimed_first_not_the_lowest_id(db_url: str)
         now = time.time()
         # The low ids became due a second ago, "late" ten seconds ago (a job dispatched
         # with a shorter delay after them) ...
-        await db.execute(f"UPDATE {table} SET available_at = ? WHERE id < ?", (now - 1, ids[-2]))
-        await db.execute(f"UPDATE {table} SET available_at = ? WHERE id = ?", (now - 10, ids[-2]))
+        # (A row without a group has its due time as its turn: both move together.)
+        await db.execute(
+            f"UPDATE {table} SET available_at = ?, turn = ? WHERE id < ?",
+            (now - 1, now - 1, ids[-2]),
+        )
+        await db.execute(
+            f"UPDATE {table} SET available_at = ?, turn = ? WHERE id = ?",
+            (now - 10, now - 10, ids[-2]),
+        )
         # ... and "lapsed" was claimed by a worker that died: due a minute ago, its lease
         # (retry_after 60 s) ran out since.
         await db.execute(
-            f"UPDATE {table} SET available_at = ?, reserved_at = ?, heartbeat_at = ? WHERE id = ?",
-            (now - 70, now - 65, now - 65, ids[-1]),
+            f"UPDATE {table} SET available_at = ?, turn = ?, reserved_at = ?, heartbeat_at = ? "
+            "WHERE id = ?",
+            (now - 70, now - 70, now - 65, now - 65, ids[-1]),
         )
         first = await driver.reserve(["default"], 0)
         assert await _keys([first]) == ["lapsed"]
@@ -109,7 +118,10 @@ async def test_the_row_due_first_is_claimed_first_not_the_lowest_id(db_url: str)
         assert await _keys(batch) == ["late", "a0", "a1"]
         await driver.ack_many([first, *batch])
         # the folded ack and claim (one statement on PostgreSQL) claims in due order too
-        await db.execute(f"UPDATE {table} SET available_at = ? WHERE id = ?", (now - 5, ids[250]))
+        await db.execute(
+            f"UPDATE {table} SET available_at = ?, turn = ? WHERE id = ?",
+            (now - 5, now - 5, ids[250]),
+        )
         jobs = await driver.reserve_many(["default"], 1, 0)
         assert await _keys(jobs) == ["a250"]
         _, claimed = await driver.ack_and_claim(jobs, "default", 2)
@@ -135,7 +147,7 @@ async def _pg_plan(app: App, sql: str, params: tuple[Any, ...]) -> str:
     return "\n".join(str(r[0]) for r in rows)
 
 
-async def test_postgres_claims_read_the_due_index(pg_only: str) -> None:
+async def test_postgres_claims_read_the_turn_index(pg_only: str) -> None:
     async with open_app(pg_only) as (app, table):
         driver: Any = app.driver("db")
         db = app.database()
@@ -143,18 +155,15 @@ async def test_postgres_claims_read_the_due_index(pg_only: str) -> None:
         await Queue.bulk([dbx_due_noop.with_({"k": i}).delay(3600) for i in range(3000)])
         await db.execute(f"ANALYZE {table}")
         now, token = time.time(), time.time()
-        claim = await _pg_plan(
-            app,
-            driver.sql["claim_many"],
-            ("default", now, 4, "default", now - 60, now - 60, 4, 4, token, token),
-        )
-        assert f"Index Scan using {table}_due_idx" in claim, claim
+        # (rows without a group have their due time as their turn: the turn index starts
+        # at the rows whose turn has come and stops at now)
+        b = ("default", now, now, 4, "default", now, now, 4, "default", now - 60, now - 60, 4, 4)
+        claim = await _pg_plan(app, driver.sql["claim_many"], (*b, token, token))
+        assert f"Index Scan using {table}_turn_idx" in claim, claim
         folded = await _pg_plan(
-            app,
-            driver.sql["ack_claim_many"],
-            ([1], [1.0], "default", now, 4, "default", now - 60, now - 60, [1], 4, 4, token, token),
+            app, driver.sql["ack_claim_many"], ([1], [1.0], *b[:11], [1], *b[11:], token, token)
         )
-        assert f"Index Scan using {table}_due_idx" in folded, folded
+        assert f"Index Scan using {table}_turn_idx" in folded, folded
 
 
 #: The PostgreSQL jobs table and index as haze created them before claims went in due
@@ -183,13 +192,20 @@ async def test_db_migrate_gives_old_postgres_tables_the_due_index(pg_only: str) 
         db = app.database()
         for stmt in OLD_PG_SCHEMA:
             await db.execute(stmt.format(jobs=table))
-        await dbx_due_noop.dispatch({"k": "kept"})
+        await db.execute(
+            f"INSERT INTO {table} (queue, payload, attempts, available_at, created_at) "
+            "VALUES ('default', ?, 0, 1, 1)",
+            ('{"v":1,"id":"x1","job":"dbx_due_noop","payload":{"k":"kept"}}',),
+        )
         result = await migrate(app)
         assert result.upgraded == [table]
         assert await _pg_indexes(app, table) == {
             f"{table}_pkey",
             f"{table}_due_idx",
             f"{table}_reserved_idx",
+            f"{table}_turn_idx",  # and the group columns' indexes (test_groups.py)
+            f"{table}_group_turn_idx",
+            f"{table}_group_idx",
         }
         assert (await migrate(app)).upgraded == [], "done once"
         job = await app.driver("db").reserve(["default"], 0)
@@ -254,7 +270,7 @@ async def test_postgres_claims_do_not_read_the_entries_of_finished_jobs(pg_only:
         await Queue.bulk([dbx_due_noop.with_({"k": i}) for i in range(5)])
         now = time.time()
         # a claim that looks for lapsed leases too (a worker's does, once a second)
-        params = driver._claim_params("default", 4, now, now - 60, now)
+        params = (*_branches("default", now, 4, now - 60), now, now)
         rows = await app.database().fetchall(
             f"EXPLAIN (ANALYZE, FORMAT JSON) {driver.sql['claim_many']}", params
         )

@@ -96,7 +96,12 @@ async def test_db_migrate_upgrades_tables_created_with_the_old_ddl(app: App) -> 
     db = app.database()
     for stmt in OLD_DDL:
         await db.execute(stmt)
-    await mt_noop.dispatch({"n": 1}, queue="Tenant")  # a row that must survive the upgrade
+    # a row that must survive the upgrade (written as the old haze did: a dispatch now
+    # needs the group columns db:migrate adds)
+    await db.execute(
+        "INSERT INTO jobs (queue, payload, attempts, available_at, created_at) "
+        "VALUES ('Tenant', '{}', 0, 1, 1)"
+    )
     await app.store().put("k:Alice", 1)
 
     result = await migrate(app)

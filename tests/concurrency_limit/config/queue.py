@@ -3,7 +3,8 @@ each with the same backend's shared store for the slots, pointed by environment 
 at the test's database, tables and Redis prefix (see ``test_concurrency_procs.py``).
 
 Queue ``limited`` has a per-queue limit of 3 (``CLS_QUEUE_LIMIT``), for the run that
-proves the config form; the middleware run uses queue ``default``.
+proves the config form; the middleware run uses queue ``default``, and so does the
+``group`` run, whose jobs are all in one group limited to 3 by ``groups``.
 """
 
 from haze import define_queue_config, env
@@ -11,6 +12,12 @@ from haze import define_queue_config, env
 _limit = {
     "concurrency": int(env("CLS_QUEUE_LIMIT", "3")),
     "release_after": "100ms",
+    "expire_after": env("CLS_EXPIRE_AFTER", "6s"),
+}
+
+#: Per-group limits (the ``group`` runs put every job in group "tenant-1").
+_groups = {
+    "concurrency": int(env("CLS_QUEUE_LIMIT", "3")),
     "expire_after": env("CLS_EXPIRE_AFTER", "6s"),
 }
 
@@ -27,12 +34,14 @@ config = define_queue_config(
             "sleep": "100ms",
             "max_sleep": "300ms",
             "queues": {"default": {}, "limited": _limit},
+            "groups": _groups,
         },
         "r": {
             "driver": "redis",
             "url": env("CLS_REDIS_URL", "redis://127.0.0.1:6379/0"),
             "prefix": env("CLS_PREFIX", "cls"),
             "queues": {"default": {}, "limited": _limit},
+            "groups": _groups,
             "retry_after": env("CLS_RETRY_AFTER", "3s"),
         },
     },

@@ -236,9 +236,11 @@ class QueueTablesMissingError(HazeError):
         the queue tables are missing on database "main": run haze db:migrate
     """
 
-    def __init__(self, database: str, run: str = "haze db:migrate"):
+    def __init__(self, database: str, run: str = "haze db:migrate", message: str | None = None):
         self.database = database
-        super().__init__(f'the queue tables are missing on database "{database}": run {run}')
+        super().__init__(
+            message or f'the queue tables are missing on database "{database}": run {run}'
+        )
 
 
 class AmbiguousIdError(HazeError, LookupError):

@@ -41,10 +41,12 @@ from haze._base.json_text import (
     check_json,
 )
 from haze._base.message_fields import (
+    MAX_GROUP_NAME,
     MAX_MESSAGE_SIZE,
     MAX_QUEUE_NAME,
     VERSION,
     Message,
+    check_group,
     check_queue_name,
     is_plain,
     redis_key_part_error,
@@ -52,6 +54,7 @@ from haze._base.message_fields import (
 
 __all__ = [
     "MAX_DELAY",
+    "MAX_GROUP_NAME",
     "MAX_MESSAGE_SIZE",
     "MAX_QUEUE_NAME",
     "OFFLOADED",
@@ -61,6 +64,7 @@ __all__ = [
     "VERSION",
     "FailedJob",
     "Message",
+    "check_group",
     "check_json",
     "check_queue_name",
     "decode",

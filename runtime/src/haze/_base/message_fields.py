@@ -19,10 +19,12 @@ from haze._base.durations import MAX_DELAY
 from haze._base.errors import MessageDecodeError
 
 __all__ = [
+    "MAX_GROUP_NAME",
     "MAX_MESSAGE_SIZE",
     "MAX_QUEUE_NAME",
     "VERSION",
     "Message",
+    "check_group",
     "check_queue_name",
     "is_plain",
     "redis_key_part_error",
@@ -184,6 +186,30 @@ def check_queue_name(queue: object, where: str) -> str:
     raise ValueError(
         f"{where}: a queue name must be a string of 1 to {MAX_QUEUE_NAME} characters, got {shown}"
     )
+
+
+#: The longest tenant group name: what an SQS FIFO ``MessageGroupId`` takes, and the
+#: database drivers' group column.
+MAX_GROUP_NAME = 128
+
+
+def check_group(group: object, where: str) -> str:
+    """Return ``group`` if it is a tenant group name (a string of 1 to 128 characters on
+    one line, no NUL), else raise ``ValueError`` saying so, prefixed with ``where``."""
+    if not isinstance(group, str):
+        raise ValueError(f"{where}: a group must be a string, got {_shown(group)}")
+    if not 0 < len(group) <= MAX_GROUP_NAME:
+        raise ValueError(
+            f"{where}: a group name has 1 to {MAX_GROUP_NAME} characters (an SQS FIFO "
+            f"MessageGroupId's limit), got {len(group)}"
+        )
+    if "\x00" in group:
+        # PostgreSQL refuses it in a text column.
+        raise ValueError(f"{where}: a group name cannot contain a NUL character")
+    if "\n" in group or "\r" in group:
+        # queue:stats and the dashboard show one group a line.
+        raise ValueError(f"{where}: a group name cannot contain a line break, got {group[:60]!r}")
+    return group
 
 
 def redis_key_part_error(what: str, value: str) -> str:

@@ -116,8 +116,9 @@ class Dispatcher:
         if queue.__class__ is not str or not 0 < len(queue) <= MAX_QUEUE_NAME or "," in queue:
             check_queue_name(queue, f'job "{job.name}": queue')  # raises, saying why
         payload = job.to_wire(pending.payload)
-        if pending._group is not None:
-            meta = {**(meta or {}), "group": pending._group}
+        group = pending._resolved_group()
+        if group is not None:
+            meta = {**(meta or {}), "group": group}
         track = self.tracking.meta_for(job)
         if track is not None:
             meta = {**(meta or {}), **track}

@@ -29,6 +29,7 @@ from haze._jobs.options import (
     _origin_of,
     _parse_debounce,
     _parse_dont_retry,
+    _parse_group,
     _parse_middleware,
     _parse_tracking,
     _parse_unique,
@@ -104,6 +105,7 @@ class JobDefinition(Generic[P]):
         dont_retry: Sequence[type[BaseException]] | type[BaseException] | None = None,
         track: bool | None = None,
         keep_result: Duration | None = None,
+        group: str | Callable[[Any], str | None] | None = None,
         origin: str | None = None,
     ) -> None:
         if not callable(handler):
@@ -135,6 +137,7 @@ class JobDefinition(Generic[P]):
         self.dont_retry: tuple[type[BaseException], ...] = _parse_dont_retry(dont_retry, where)
         #: None: the queue config's ``track`` decides (off unless it says True).
         self.track, self.keep_result = _parse_tracking(track, keep_result, where)
+        self.group = _parse_group(group, where)  # a name, or a function of the payload
         self.is_async = inspect.iscoroutinefunction(handler)
         self._n_params = _arity(handler, where)
         self._payload_type: Any = _UNSET
@@ -275,7 +278,9 @@ def define_job(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     ``{"key", "for", "until"}``), ``middleware``, ``after_commit``, ``failed``, and
     ``max_exceptions``, ``retry_until``, ``fail_on_timeout``, ``debounce``/``max_wait``,
     ``encrypted``, ``dont_retry``, ``track`` (keep a status record: ``Queue.status``,
-    ``Queue.wait``) and ``keep_result`` (a duration: also keep ``handle()``'s return value).
+    ``Queue.wait``), ``keep_result`` (a duration: also keep ``handle()``'s return value)
+    and ``group`` (the tenant group: a name, or a function of the payload such as
+    ``lambda payload: payload["tenant"]``; workers take groups round-robin).
     """
     if fn is not None:
         if options:

@@ -16,7 +16,7 @@ from typing import Any, TypedDict
 
 from haze._base.durations import Duration, parse_duration
 from haze._base.errors import JobDefinitionError
-from haze._base.message import check_queue_name
+from haze._base.message import check_group, check_queue_name
 
 __all__ = ["DebounceOptions", "JobOptions", "UniqueOptions"]
 
@@ -44,6 +44,7 @@ class JobOptions(TypedDict, total=False):
     dont_retry: Sequence[type[BaseException]] | type[BaseException] | None
     track: bool | None
     keep_result: Duration | None
+    group: str | Callable[[Any], str | None] | None
 
 
 @dataclass(slots=True)
@@ -107,6 +108,29 @@ def _parse_debounce(value: object, max_wait: object, where: str) -> DebounceOpti
     if mw is not None and mw < wait:
         raise ValueError(f"{where}: max_wait ({mw}s) must be at least debounce ({wait}s)")
     return DebounceOptions(wait, mw, key)
+
+
+def _parse_group(value: object, where: str) -> str | Callable[[Any], str | None] | None:
+    """``group``: one tenant group for every dispatch, or a function of the payload."""
+    if value is None or callable(value):
+        return value
+    if isinstance(value, str):
+        return check_group(value, f"{where}: group")
+    raise ValueError(
+        f"{where}: group must be a group name or a function of the payload "
+        f"(group=lambda payload: payload['tenant']), got {value!r}"
+    )
+
+
+def group_of(job_name: str, group: Callable[[Any], str | None], payload: Any) -> str | None:
+    """The group ``define_job(group=fn)`` gives ``payload``: one line naming the job when
+    the function fails or returns something that is no group."""
+    where = f'job "{job_name}": group'
+    try:
+        value = group(payload)
+    except Exception as e:
+        raise ValueError(f"{where}(payload) raised {type(e).__name__}: {e}") from None
+    return None if value is None else check_group(value, where)
 
 
 def _check_callable(value: object, option: str, where: str) -> None:

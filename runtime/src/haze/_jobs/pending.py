@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from haze._base.blocking import blocking_method
 from haze._base.crypto import seal_link, unseal_link
 from haze._base.durations import Duration, check_delay, parse_duration
-from haze._base.message import check_queue_name
+from haze._base.message import check_group, check_queue_name
 from haze._jobs import status
+from haze._jobs.options import group_of
 from haze._jobs.registry import get_job
 from haze.contracts.app import use_app
 
@@ -171,12 +172,31 @@ class PendingDispatch(Generic[P]):
         self._after_commit = flag
         return self
 
-    def on_group(self, group: str) -> PendingDispatch[P]:
-        """SQS FIFO message group id (ignored by other drivers)."""
-        if not isinstance(group, str) or not group:
-            raise ValueError(f"on_group: expected a group id, got {group!r}")
-        self._group = group
+    def in_group(self, group: str) -> PendingDispatch[P]:
+        """Put this dispatch in a tenant group (wins over ``define_job(group=...)``).
+
+        Workers of the database and redis drivers take a queue's groups round-robin, so
+        one tenant's backlog cannot starve the others; on SQS FIFO the group is the
+        ``MessageGroupId``; elsewhere it keeps order only::
+
+            await send_report.with_({"tenant": "t-42"}).in_group("t-42").dispatch()
+        """
+        self._group = check_group(group, "in_group")
         return self
+
+    def on_group(self, group: str) -> PendingDispatch[P]:
+        """The same as ``in_group`` (the name SQS FIFO users know)."""
+        self._group = check_group(group, "on_group")
+        return self
+
+    def _resolved_group(self) -> str | None:
+        """The tenant group this dispatch goes in: ``in_group``'s, else the job's."""
+        if self._group is not None:
+            return self._group
+        group = self.job.group
+        if group is None or isinstance(group, str):
+            return group
+        return group_of(self.job.name, group, self.payload)
 
     def to_link(self, app: JobsApp | None = None) -> dict[str, Any]:
         """The JSON form used in chains and callbacks (name, payload, explicit options).

@@ -10,7 +10,7 @@ from haze._engine.hooks import Stage
 from haze._engine.manager import QueueManager
 from haze._orchestration.batches import BatchCount, BatchGuard
 from haze._orchestration.chains import ChainCatch, ChainNext
-from haze._orchestration.middleware import queue_limits
+from haze._orchestration.middleware import group_limits, queue_limits
 from haze._orchestration.scheduling import TickEnd
 
 __all__ = ["install"]
@@ -29,3 +29,4 @@ def install(manager: QueueManager) -> None:
     # Per-queue limits run before every other middleware (read when a job's pipeline is
     # first composed, so a config changed before then counts).
     manager.execution.middleware_sources.append(lambda: queue_limits(manager.app))
+    manager.execution.middleware_sources.append(lambda: group_limits(manager.app))

@@ -276,6 +276,49 @@ def queue_limits(app: Any) -> list[JobMiddleware]:
     return [queue_concurrency]
 
 
+def group_limits(app: Any) -> list[JobMiddleware]:
+    """The per-group limits of ``config/queue.py`` (``"groups": {"concurrency": 2,
+    "rate": "100/m"}`` on a connection) as one middleware, or none when no connection
+    has any. A job without a group (``meta.group``) is not limited.
+
+    Crash safety: a run holds its group's slot with a lease of ``expire_after`` (renewed
+    every third of it while it runs), so a SIGKILLed worker's slot frees itself when the
+    lease runs out; the rate is a counter per fixed window that expires with it.
+    """
+    connections: dict[str, dict[str, Any]] = app.queue_config.connections
+    limits = {name: c["groups"] for name, c in connections.items() if c.get("groups")}
+    if not limits:
+        return []
+
+    async def group_limit(payload: Any, job: JobContext, call_next: CallNext) -> Any:
+        limit = limits.get(job.connection)
+        meta = job.message.meta if job.message is not None else None
+        group = meta.get("group") if meta else None
+        if limit is None or not isinstance(group, str):
+            return await call_next()
+        base = f"haze:mw:group:{job.connection}:{group}"
+        rate = limit.get("rate")
+        rated = call_next if rate is None else lambda: _rated(job, base, rate, call_next)
+        if limit.get("concurrency") is None:
+            return await rated()
+        keys = [f"{base}:slot:{i}" for i in range(int(limit["concurrency"]))]
+        return await _hold_slot(job, keys, limit["expire_after"], 1.0, rated)
+
+    return [group_limit]
+
+
+async def _rated(job: JobContext, base: str, rate: tuple[int, float], call_next: CallNext) -> Any:
+    """At most ``rate[0]`` starts of the group per window of ``rate[1]`` seconds; the
+    others are released to the next window (no try used)."""
+    count, window = rate
+    now = time.time()
+    slot = math.floor(now / window)
+    if await _store(job).increment(f"{base}:rate:{slot}", 1, window * 2) > count:
+        job.release(max_(0.001, (slot + 1) * window - now))
+        return None
+    return await call_next()
+
+
 def without_overlapping(
     key: Callable[[Any], Any] | str | None = None,
     *,

@@ -63,6 +63,8 @@ QUEUE_UPGRADES = (
     # claims read rows in due order from an index that starts at the due rows
     # (PostgreSQL; the other dialects' queue index already does)
     "due_index",
+    # tenant groups: the group and turn columns and their indexes (every dialect)
+    "groups",
 )
 
 

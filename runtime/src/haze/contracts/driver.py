@@ -37,6 +37,7 @@ __all__ = [
     "Driver",
     "FailedJob",
     "FailedJobStore",
+    "GroupBacklog",
     "IdlePolling",
     "Interruptible",
     "JobLookup",
@@ -487,6 +488,20 @@ class QueueInspector(Protocol):
     async def running(self, queue: str, limit: int = 50) -> builtins.list[RunningJob] | None:
         """Up to ``limit`` claimed jobs of ``queue``, oldest claim first; None when the
         backend cannot list them."""
+
+
+@runtime_checkable
+class GroupBacklog(Protocol):
+    """A driver that takes a queue's tenant groups in turn and can count each group's
+    queued jobs (the dashboard's backlog per group).
+
+    >>> isinstance(app.driver("database"), GroupBacklog)  # doctest: +SKIP
+    True
+    """
+
+    async def group_backlog(self, queue: str, limit: int = 20) -> builtins.list[tuple[str, int]]:
+        """The ``limit`` groups of ``queue`` with the most queued (unclaimed) jobs, and
+        how many each has, largest first."""
 
 
 @dataclass(slots=True)

@@ -23,7 +23,14 @@ from haze._engine.throughput import WINDOW, runtimes, series, wait_time
 from haze._jobs.status import read
 from haze._orchestration.batches import find, recent_ids
 from haze._workers.presence import live_workers
-from haze.contracts.driver import Driver, JobLookup, JobRecord, QueueInspector, UncountedQueues
+from haze.contracts.driver import (
+    Driver,
+    GroupBacklog,
+    JobLookup,
+    JobRecord,
+    QueueInspector,
+    UncountedQueues,
+)
 from haze.contracts.failed import FailedPages
 
 if TYPE_CHECKING:
@@ -80,6 +87,8 @@ class QueueRow:
     #: or when the backend cannot tell (``oldest_note`` then says why).
     oldest_ready_at: float | None = None
     oldest_note: str = ""
+    #: The tenant groups with the most queued jobs, largest first (``GroupBacklog``).
+    groups: builtins.list[tuple[str, int]] = field(default_factory=list)
     #: Jobs finished per minute over the last few minutes (the workers' counts).
     per_minute: float | None = None
     #: Over the last hour: jobs finished, how many of them failed for good, and the
@@ -182,6 +191,10 @@ async def overview(
     return rows
 
 
+#: How many tenant groups a queue's row lists (those with the most queued jobs).
+_GROUPS_SHOWN = 10
+
+
 async def _sizes(driver: Driver, row: QueueRow) -> None:
     """The queue's size, and its per-state counts where the driver can tell."""
     kind = row.driver
@@ -198,7 +211,9 @@ async def _sizes(driver: Driver, row: QueueRow) -> None:
         row.oldest_ready_at = counts.oldest_ready_at
         if kind == "sqs":
             row.oldest_note = _NO_OLDEST
-    else:
+    if isinstance(driver, GroupBacklog):
+        row.groups = await driver.group_backlog(row.queue, _GROUPS_SHOWN)
+    if not isinstance(driver, QueueInspector):
         row.oldest_note = f"the {kind} driver cannot count jobs by state"
 
 

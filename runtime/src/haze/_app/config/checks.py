@@ -27,6 +27,8 @@ __all__ = [
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,200}$")
 _QUEUE = re.compile(r"^[A-Za-z0-9_.:\-]{1,255}$")
+_RATE = re.compile(r"^\s*([1-9][0-9]*)\s*/\s*(s|m|h|d)\s*$")
+_RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 #: The longest queue connection name (failed jobs keep it in every store).
 MAX_CONNECTION_NAME = 64
 
@@ -151,6 +153,34 @@ class Checks:
             out[q] = limit
         return out
 
+    def groups(self, value: object, key: str) -> dict[str, Any]:
+        """A connection's per-group limits: ``{"concurrency": 2, "rate": "100/m"}`` ->
+        ``{"concurrency": 2 or None, "rate": (100, 60.0) or None, "expire_after": 30.0}``
+        (``expire_after``: the lease of a concurrency slot, after which a crashed
+        worker's slot frees itself)."""
+        raw = self.mapping(value, key)
+        self.unknown(raw, {"concurrency", "rate", "expire_after"}, key)
+        expire = raw.get("expire_after")
+        expire_after = (
+            30.0
+            if expire is None
+            else self.duration(expire, f"{key}.expire_after", allow_zero=False)
+        )
+        concurrency = raw.get("concurrency")
+        if concurrency is not None:
+            concurrency = self.integer(concurrency, f"{key}.concurrency", minimum=1)
+        rate = raw.get("rate")
+        if rate is not None:
+            match = _RATE.match(rate) if isinstance(rate, str) else None
+            if match is None:
+                raise self.fail(
+                    f"{key}.rate",
+                    f'expected jobs per period of one group, such as "100/m" (s, m, h or d), '
+                    f"got {rate!r}",
+                )
+            rate = (int(match.group(1)), _RATE_UNITS[match.group(2)])
+        return {"concurrency": concurrency, "rate": rate, "expire_after": expire_after}
+
     def names(self, value: object, key: str) -> list[str]:
         if isinstance(value, str):
             value = [value]
@@ -227,6 +257,8 @@ def check_options(
             out[k] = v.mapping(value, sub)
         elif kind == "offload":
             out[k] = offload_option(v, value, sub)
+        elif kind == "groups":
+            out[k] = v.groups(value, sub)
         else:  # pragma: no cover - schema typo
             raise AssertionError(kind)
     return out

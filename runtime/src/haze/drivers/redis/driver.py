@@ -28,6 +28,7 @@ class RedisDriver(_Claiming, _Inspecting, Interruptible, Leased, ConnectionAware
         "keep_completed": "int",
         "keep_failed": "int",
         "retry_after": "duration",
+        "groups": "groups",
     }
     remote = True
     local_callbacks = False

@@ -3,10 +3,12 @@ MySQL 8 / MariaDB), as the seed's 数据库驱动 section describes.
 
 - Claim: PostgreSQL and MySQL ``SELECT … FOR UPDATE SKIP LOCKED`` then mark the rows
   (``reserved_at``, ``attempts + 1``); SQLite/libSQL/D1 one atomic
-  ``UPDATE … WHERE id IN (SELECT … LIMIT n) RETURNING``. Rows are taken in due order
-  (``available_at``, then ``id``): the ready rows from an index that starts at them,
-  merged with the rows whose lease ran out, so rows not due yet are never scanned. An
-  idle worker's wait ends when the first of them comes due.
+  ``UPDATE … WHERE id IN (SELECT … LIMIT n) RETURNING``. Rows are taken in turn order
+  (``turn``, then ``id``; ``turns.py``): a row without a tenant group has its due time
+  (``available_at``) as its turn, so those are taken in due order, from an index that
+  starts at the rows whose turn has come; a group's rows take one turn each, so groups
+  are taken round-robin. Both are merged with the rows whose lease ran out. An idle
+  worker's wait ends when the first row not due yet comes due.
 - Delays and retries go through ``available_at``; ``job.release()`` re-inserts the
   row without using a try.
 - A row reserved (or heartbeated) longer ago than ``retry_after`` is reclaimed; a

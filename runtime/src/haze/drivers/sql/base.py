@@ -22,6 +22,7 @@ from haze._failed import SqlFailedJobs
 from haze.connectors import Notifying, Session, dialect_of, missing_column
 from haze.connectors.migrations import MIGRATIONS_DIR
 from haze.drivers.sql.failed import _QueueFailedJobs
+from haze.drivers.sql.turns import next_turn
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -82,7 +83,7 @@ def _needs_tables(fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, Coroutine[Any
             return await fn(*args, **kwargs)
         except Exception as e:
             driver: Any = args[0]
-            better = driver._tables_missing_for(e)
+            better = await driver._explain(e)
             if better is None:
                 raise
             raise better from None
@@ -91,6 +92,8 @@ def _needs_tables(fn: Callable[_P, Awaitable[_R]]) -> Callable[_P, Coroutine[Any
 
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+#: The columns tenant groups added to the jobs table.
+_GROUP_COLUMNS = re.compile(r"\b(turn|grp)\b")
 
 
 class _DatabaseBase:
@@ -186,6 +189,37 @@ class _DatabaseBase:
         if _missing_table(error):
             return self.tables_missing()
         return self.tables_not_ours() if missing_column(error) else None
+
+    async def _explain(self, error: BaseException) -> HazeError | None:
+        """``_tables_missing_for``, and a table an earlier haze made (it has the queue's
+        columns, not the group ones): ``tables_outdated()``."""
+        if missing_column(error) and _GROUP_COLUMNS.search(str(error)):
+            try:
+                await self.db.fetchall(self.sql["queue_columns"])
+            except Exception:
+                return self.tables_not_ours()
+            return self.tables_outdated()
+        return self._tables_missing_for(error)
+
+    def tables_outdated(self) -> QueueTablesMissingError:
+        """The queue table predates tenant groups (no ``grp``/``turn`` columns)."""
+        migrate = "haze db:migrate"
+        if self._db_name != self._default_database:
+            migrate += f" --database {self._db_name}"
+        return QueueTablesMissingError(
+            self._db_name,
+            migrate,
+            message=f'the queue table "{self.table}" was created by an earlier haze (it has no '
+            f"group columns): run {migrate} to upgrade it",
+        )
+
+    async def _turn(self, db: Session, queue: str, group: str | None, due: float) -> float:
+        """A new row's turn: its due time without a group (due order, as ever)."""
+        if group is None:
+            return due
+        row = await db.fetchone(self.sql["group_turn"], (queue, group, queue))
+        last, head = (row[0], row[1]) if row is not None else (None, None)
+        return next_turn(last, head, due)
 
     def tables_not_ours(self) -> ConfigError:
         """A table of the queue's name exists without the queue's columns: it is the

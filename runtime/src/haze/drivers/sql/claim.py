@@ -15,6 +15,23 @@ from haze.contracts.driver import Reserved
 from haze.drivers.sql.base import _DatabaseBase, _needs_tables
 
 
+def _branches(
+    queue: str, now: float, limit: int, abandoned: float
+) -> tuple[str | float | int, ...]:
+    """The claim's parameters (its three branches and the merged limit), the same on
+    every dialect: rows whose turn has come, groups' rows whose turn lies ahead, lapsed
+    leases (``abandoned`` twice: it bounds reserved_at and the lease's end)."""
+    return (
+        *(queue, now, now, limit, queue, now, now, limit),
+        *(queue, abandoned, abandoned, limit, limit),
+    )
+
+
+#: where the lapsed branch's abandoned_before pair ends in ``_branches``: the ack+claim
+#: statement puts the ids being acked there
+LAPSED_END = 11
+
+
 class _Claiming(_DatabaseBase):
     """Claiming rows and waiting for them."""
 
@@ -34,19 +51,15 @@ class _Claiming(_DatabaseBase):
                 lambda tx: self._mysql_claim(tx, queue, limit, now, abandoned, token)
             )
         else:
-            params = self._claim_params(queue, limit, now, abandoned, token)
+            branches = _branches(queue, now, limit, abandoned)
+            # PostgreSQL's statement sets the token after its branches, SQLite's before
+            params = (
+                (*branches, token, token)
+                if self.dialect == "postgres"
+                else (token, token, *branches)
+            )
             rows = await self.db.fetchall(sql["claim_many"], params)
         return await self._claimed(rows, queue, token)
-
-    def _claim_params(
-        self, queue: str, limit: int, now: float, abandoned: float, token: float
-    ) -> tuple[Any, ...]:
-        """The parameters of ``claim_many`` (PostgreSQL, SQLite)."""
-        branches = (queue, now, limit, queue, abandoned, abandoned, limit, limit)
-        # PostgreSQL's statement sets the token after its branches, SQLite's before
-        return (
-            (*branches, token, token) if self.dialect == "postgres" else (token, token, *branches)
-        )
 
     def _abandoned(self, queue: str, now: float) -> float:
         """The claim's abandoned_before: leases that ended before it are taken over.
@@ -66,7 +79,7 @@ class _Claiming(_DatabaseBase):
     ) -> builtins.list[tuple[Any, ...]]:
         """The claim on MySQL/MariaDB (no UPDATE … RETURNING): lock, then mark."""
         sql = self.sql
-        params = (queue, now, limit, queue, abandoned, abandoned, limit, limit)
+        params = _branches(queue, now, limit, abandoned)
         found = await tx.fetchall(sql["claim_many_select"], params)
         if found:
             ids = [r[0] for r in found]
@@ -77,7 +90,7 @@ class _Claiming(_DatabaseBase):
     async def _claimed(
         self, rows: builtins.list[tuple[Any, ...]], queue: str, token: float
     ) -> builtins.list[Reserved]:
-        """``rows`` (id, payload, attempts, reserved_at, available_at) in due order."""
+        """``rows`` (id, payload, attempts, reserved_at, turn) in turn order."""
         if not rows:
             return []
         rows.sort(key=lambda r: (float(r[4]), int(r[0])))  # RETURNING's order is not the claim's

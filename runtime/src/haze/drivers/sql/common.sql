@@ -1,7 +1,27 @@
 -- Statements shared by every dialect ({jobs}/{failed}: validated identifiers).
 
 -- name: enqueue
-INSERT INTO {jobs} (queue, payload, attempts, available_at, created_at) VALUES (?, ?, ?, ?, ?)
+-- params: queue, payload, attempts, available_at, created_at, grp, turn
+INSERT INTO {jobs} (queue, payload, attempts, available_at, created_at, grp, turn)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+
+-- name: queue_columns
+-- Reads nothing; fails unless the table has the queue's columns from before groups.
+SELECT queue, payload, attempts, reserved_at, heartbeat_at, available_at FROM {jobs} WHERE 1 = 0
+
+-- name: group_backlog
+-- The groups with the most queued (unclaimed) rows, largest first (the group index).
+-- params: queue, limit
+SELECT grp, COUNT(*) FROM {jobs}
+WHERE queue = ? AND grp IS NOT NULL AND reserved_at IS NULL
+GROUP BY grp ORDER BY COUNT(*) DESC, grp LIMIT ?
+
+-- name: group_turn
+-- What a new row of a group needs for its turn: the group's last turn, and the turn of
+-- the queue's first unclaimed row (a group back from idle starts there, not behind the
+-- turns it had). params: queue, grp, queue
+SELECT (SELECT MAX(turn) FROM {jobs} WHERE queue = ? AND grp = ?),
+       (SELECT MIN(turn) FROM {jobs} WHERE queue = ? AND reserved_at IS NULL)
 
 -- name: ack
 -- Only the worker whose claim is still current (its reserved_at) may delete the row.
@@ -14,7 +34,10 @@ DELETE FROM {jobs} WHERE id = ? AND reserved_at = ?
 SELECT id FROM {jobs} WHERE id IN ({{ids}})
 
 -- name: retry
-UPDATE {jobs} SET reserved_at = NULL, heartbeat_at = NULL, available_at = ?
+-- A row without a group keeps its due time as its turn; a group's row keeps its turn.
+-- params: available_at, available_at, id, reserved_at
+UPDATE {jobs} SET reserved_at = NULL, heartbeat_at = NULL, available_at = ?,
+    turn = CASE WHEN grp IS NULL THEN ? ELSE turn END
 WHERE id = ? AND reserved_at = ?
 
 -- name: heartbeat

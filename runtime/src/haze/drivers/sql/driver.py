@@ -13,6 +13,7 @@ from haze.contracts.driver import (
     AcksInClaim,
     Advises,
     Concurrent,
+    GroupBacklog,
     IdlePolling,
     JobRecord,
     Leased,
@@ -21,9 +22,12 @@ from haze.contracts.driver import (
 )
 from haze.drivers.sql.base import _JOB_ID, _needs_tables
 from haze.drivers.sql.settle import _Settling
+from haze.drivers.sql.turns import group_of
 
 
-class DatabaseDriver(_Settling, AcksInClaim, Advises, Leased, IdlePolling, Concurrent):
+class DatabaseDriver(
+    _Settling, AcksInClaim, Advises, Leased, IdlePolling, Concurrent, GroupBacklog
+):
     """Queue connection on a SQL table; see the package docstring for the rules."""
 
     #: the config options it takes besides the common ones (``DeclaresOptions``)
@@ -34,6 +38,7 @@ class DatabaseDriver(_Settling, AcksInClaim, Advises, Leased, IdlePolling, Concu
         "retry_after": "duration",
         "sleep": "duration",
         "max_sleep": "duration",
+        "groups": "groups",
     }
 
     remote = True
@@ -43,7 +48,9 @@ class DatabaseDriver(_Settling, AcksInClaim, Advises, Leased, IdlePolling, Concu
     @_needs_tables
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         now = time.time()
-        params = (message.queue, body, message.attempts, now + delay, now)
+        group = group_of(message)
+        turn = await self._turn(self.db, message.queue, group, now + delay)
+        params = (message.queue, body, message.attempts, now + delay, now, group, turn)
         if self.dialect == "postgres":
             # The NOTIFY rides in the INSERT's statement: a separate pg_notify round trip
             # per dispatch was half of a single dispatch's cost.
@@ -58,7 +65,20 @@ class DatabaseDriver(_Settling, AcksInClaim, Advises, Leased, IdlePolling, Concu
         if not items:
             return
         now = time.time()
-        rows = [(m.queue, body, m.attempts, now + delay, now) for body, m, delay in items]
+        rows = []
+        #: each (queue, group)'s next turn in this batch: one lookup per group, not per row
+        turns: dict[tuple[str, str], float] = {}
+        for body, m, delay in items:
+            group = group_of(m)
+            due = now + delay
+            if group is None:
+                turn = due
+            else:
+                key = (m.queue, group)
+                known = turns.get(key)
+                turn = known if known is not None else await self._turn(self.db, *key, due)
+                turns[key] = turn + 1.0
+            rows.append((m.queue, body, m.attempts, due, now, group, turn))
         await self._insert_many(rows)
         for q in {m.queue for _, m, _ in items}:
             self._notify(q)
@@ -66,12 +86,17 @@ class DatabaseDriver(_Settling, AcksInClaim, Advises, Leased, IdlePolling, Concu
     async def _insert_many(self, rows: list[tuple[Any, ...]]) -> None:
         # One multi-row INSERT per chunk: a single round trip and transaction.
         base = self.sql["enqueue"].split("VALUES", 1)[0]
-        per = 20 if self.dialect == "d1" else 500  # D1: at most 100 bound values a statement
+        per = 14 if self.dialect == "d1" else 500  # D1: at most 100 bound values a statement
         for i in range(0, len(rows), per):
             chunk = rows[i : i + per]
-            values = ", ".join(["(?, ?, ?, ?, ?)"] * len(chunk))
+            values = ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
             params = [p for row in chunk for p in row]
             await self.db.execute(f"{base}VALUES {values}", params)
+
+    @_needs_tables
+    async def group_backlog(self, queue: str, limit: int = 20) -> builtins.list[tuple[str, int]]:
+        rows = await self.db.fetchall(self.sql["group_backlog"], (queue, limit))
+        return [(str(r[0]), int(r[1])) for r in rows]
 
     async def advice(self) -> builtins.list[str]:
         """PostgreSQL with autovacuum off for the jobs table: it would grow for ever."""

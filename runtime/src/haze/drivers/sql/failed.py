@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from haze._base.message import Message, retry_claim_of
 from haze._failed import SqlFailedJobs
 from haze.connectors import Session
+from haze.drivers.sql.turns import group_of
 
 if TYPE_CHECKING:
     from haze.connectors import Connector
@@ -34,9 +35,11 @@ class _QueueFailedJobs(SqlFailedJobs):
         d = self._driver
         sql = d.sql
         now = time.time()
-        job = (message.queue, body, message.attempts, now, now)
+        group = group_of(message)
 
         async def step(tx: Session) -> bool:
+            turn = await d._turn(tx, message.queue, group, now)
+            job = (message.queue, body, message.attempts, now, now, group, turn)
             if d.dialect == "d1":
                 await tx.execute(sql["enqueue"], job)
                 await tx.execute(sql["failed_forget_body"], (id, found.body))

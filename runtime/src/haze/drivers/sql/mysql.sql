@@ -16,7 +16,11 @@ CREATE TABLE IF NOT EXISTS {jobs} (
     heartbeat_at DOUBLE NULL,
     available_at DOUBLE NOT NULL,
     created_at DOUBLE NOT NULL,
-    INDEX {jobs}_queue_idx (queue, reserved_at, available_at)
+    grp VARCHAR(128) NULL,
+    turn DOUBLE NOT NULL DEFAULT 0,
+    INDEX {jobs}_queue_idx (queue, reserved_at, available_at),
+    INDEX {jobs}_turn_idx (queue, reserved_at, turn),
+    INDEX {jobs}_group_idx (queue, grp, turn)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
   /*M! COLLATE=utf8mb4_nopad_bin */ /*!80000 COLLATE=utf8mb4_0900_bin */;
 CREATE TABLE IF NOT EXISTS {failed} (
@@ -33,25 +37,33 @@ CREATE TABLE IF NOT EXISTS {failed} (
 
 -- name: claim_many_select
 -- MySQL has no UPDATE … RETURNING: lock up to LIMIT rows FOR UPDATE SKIP LOCKED inside a
--- transaction, then mark them with claim_many_mark (one token). Due order: the ready
--- rows (read from the queue index at (queue, NULL) in available_at, id order, so rows
--- not due yet are never scanned) merged with the rows whose lease ran out, by
--- available_at then id (FIFO among equally due rows).
--- params: queue, now, limit, queue, abandoned_before, abandoned_before, limit, limit
--- (see PostgreSQL's claim_many for the bound on reserved_at)
-(SELECT id, payload, attempts, available_at FROM {jobs}
- WHERE queue = ? AND reserved_at IS NULL AND available_at <= ?
- ORDER BY available_at, id
+-- transaction, then mark them with claim_many_mark (one token). Turn order (see the
+-- package docstring): the due rows whose turn has come (read from the turn index at
+-- (queue, NULL) in turn order, up to now), the due rows of groups whose turn lies ahead,
+-- and the rows whose lease ran out, merged by turn then id.
+-- params: queue, now, now, limit, queue, now, now, limit, queue, abandoned_before,
+--         abandoned_before, limit, limit (see PostgreSQL's claim_many for the bound on
+--         reserved_at)
+(SELECT id, payload, attempts, turn FROM {jobs}
+ WHERE queue = ? AND reserved_at IS NULL AND turn <= ? AND available_at <= ?
+ ORDER BY turn, id
  LIMIT ?
  FOR UPDATE SKIP LOCKED)
 UNION ALL
-(SELECT id, payload, attempts, available_at FROM {jobs}
+(SELECT id, payload, attempts, turn FROM {jobs}
+ WHERE queue = ? AND reserved_at IS NULL AND turn > ? AND available_at <= ?
+   AND grp IS NOT NULL
+ ORDER BY turn, id
+ LIMIT ?
+ FOR UPDATE SKIP LOCKED)
+UNION ALL
+(SELECT id, payload, attempts, turn FROM {jobs}
  WHERE queue = ? AND reserved_at IS NOT NULL AND reserved_at <= ?
       AND COALESCE(heartbeat_at, reserved_at) <= ?
  ORDER BY available_at, id
  LIMIT ?
  FOR UPDATE SKIP LOCKED)
-ORDER BY available_at, id
+ORDER BY turn, id
 LIMIT ?
 
 -- name: claim_many_mark
@@ -68,3 +80,25 @@ SELECT id FROM {jobs} WHERE {{where}} FOR UPDATE
 
 -- name: ack_many_delete
 DELETE FROM {jobs} WHERE id IN ({{ids}})
+
+-- name: needs_groups
+-- One row when the jobs table exists without the group columns (created before tenant
+-- groups): `haze db:migrate` then runs upgrade_groups.
+SELECT 1 FROM information_schema.TABLES t
+WHERE t.TABLE_SCHEMA = DATABASE() AND t.TABLE_NAME = '{jobs}' AND NOT EXISTS (
+    SELECT 1 FROM information_schema.COLUMNS c
+    WHERE c.TABLE_SCHEMA = DATABASE() AND c.TABLE_NAME = '{jobs}' AND c.COLUMN_NAME = 'turn'
+)
+
+-- name: upgrade_groups
+-- ONE ALTER (applied whole or not at all), then every row's turn: its due time, the
+-- order it had. The group column takes the table's binary collation: `Tenant` and
+-- `tenant` are two groups. A crash between the two leaves old rows at turn 0: they are
+-- claimed first, as the oldest rows would be anyway.
+ALTER TABLE {jobs}
+    ADD COLUMN grp VARCHAR(128) NULL
+        /*M! COLLATE utf8mb4_nopad_bin */ /*!80000 COLLATE utf8mb4_0900_bin */,
+    ADD COLUMN turn DOUBLE NOT NULL DEFAULT 0,
+    ADD INDEX {jobs}_turn_idx (queue, reserved_at, turn),
+    ADD INDEX {jobs}_group_idx (queue, grp, turn);
+UPDATE {jobs} SET turn = available_at

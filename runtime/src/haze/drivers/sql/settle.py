@@ -13,7 +13,8 @@ from typing import Any
 from haze.connectors import Session
 from haze.contracts.driver import FailedJob, Reserved
 from haze.drivers.sql.base import _ACKS_KEPT, _needs_tables
-from haze.drivers.sql.claim import _Claiming
+from haze.drivers.sql.claim import LAPSED_END, _branches, _Claiming
+from haze.drivers.sql.turns import group_of
 
 
 class _Settling(_Claiming):
@@ -143,20 +144,11 @@ class _Settling(_Claiming):
 
             acked, rows = await self._mysql_tx(both)
             return await self._acked(pairs, acked), await self._claimed(rows, queue, token)
+        branches = _branches(queue, now, limit, abandoned)
+        # the lapsed branch skips the rows being acked: their ids follow abandoned_before
         params = (
-            ids,
-            [p[1] for p in pairs],
-            queue,
-            now,
-            limit,
-            queue,
-            abandoned,
-            abandoned,
-            ids,
-            limit,
-            limit,
-            token,
-            token,
+            *(ids, [p[1] for p in pairs], *branches[:LAPSED_END], ids),
+            *(*branches[LAPSED_END:], token, token),
         )
         rows = await self.db.fetchall(self.sql["ack_claim_many"], params)
         acked = {int(r[0]) for r in rows if r[1] is None}
@@ -179,17 +171,19 @@ class _Settling(_Claiming):
     async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
         row_id, reserved_at = job.token
         if consume_attempt:
-            params = (time.time() + delay, row_id, reserved_at)
-            return await self.db.execute(self.sql["retry"], params) > 0
+            due = time.time() + delay
+            return await self.db.execute(self.sql["retry"], (due, due, row_id, reserved_at)) > 0
         # release(): a new row with the attempt handed back, only if we still own the old one.
         now = time.time()
         async with self.db.transaction(immediate=True) as tx:
             if await tx.execute(self.sql["ack"], (row_id, reserved_at)) == 0:
                 return False
-            await tx.execute(
-                self.sql["enqueue"],
-                (job.queue, job.body, max(0, job.attempt - 1), now + delay, now),
-            )
+            # A group's released row goes behind the group's others: a group over its
+            # limit does not keep the head of the queue.
+            group = group_of(job.message)
+            turn = await self._turn(tx, job.queue, group, now + delay)
+            row = (job.queue, job.body, max(0, job.attempt - 1), now + delay, now, group, turn)
+            await tx.execute(self.sql["enqueue"], row)
         self._notify(job.queue)
         return True
 

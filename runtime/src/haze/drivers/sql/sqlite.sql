@@ -10,9 +10,13 @@ CREATE TABLE IF NOT EXISTS {jobs} (
     reserved_at REAL,
     heartbeat_at REAL,
     available_at REAL NOT NULL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    grp TEXT,
+    turn REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS {jobs}_queue_idx ON {jobs} (queue, reserved_at, available_at);
+CREATE INDEX IF NOT EXISTS {jobs}_turn_idx ON {jobs} (queue, reserved_at, turn);
+CREATE INDEX IF NOT EXISTS {jobs}_group_idx ON {jobs} (queue, grp, turn) WHERE grp IS NOT NULL;
 CREATE TABLE IF NOT EXISTS {failed} (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     uuid TEXT NOT NULL UNIQUE,
@@ -26,33 +30,57 @@ CREATE INDEX IF NOT EXISTS {failed}_failed_at_idx ON {failed} (failed_at);
 
 -- name: claim_many
 -- One atomic statement (a write takes the write lock before it reads): claim up to LIMIT
--- rows in due order, the ready rows (read from the queue index at (queue, NULL) in
--- available_at order, so rows not due yet are never scanned) merged with the rows whose
--- lease ran out, by available_at then id (FIFO among equally due rows). Every row gets
--- the same reserved_at (one token per claim); a row is still owned by (id, reserved_at).
--- params: reserved_at, heartbeat_at, queue, now, limit, queue, abandoned_before,
---         abandoned_before, limit, limit (see PostgreSQL's claim_many for the bound)
+-- rows in turn order (see the package docstring): the due rows whose turn has come (read
+-- from the turn index at (queue, NULL) in turn order, up to now), the due rows of groups
+-- whose turn lies ahead, and the rows whose lease ran out, merged by turn then id. Every
+-- row gets the same reserved_at (one token per claim); a row is still owned by (id,
+-- reserved_at).
+-- params: reserved_at, heartbeat_at, queue, now, now, limit, queue, now, now, limit,
+--         queue, abandoned_before, abandoned_before, limit, limit (see PostgreSQL's
+--         claim_many for the bound on reserved_at)
 UPDATE {jobs} SET reserved_at = ?, heartbeat_at = ?, attempts = attempts + 1
 WHERE id IN (
     SELECT id FROM (
-        SELECT id, available_at FROM (
-            SELECT id, available_at FROM {jobs}
-            WHERE queue = ? AND reserved_at IS NULL AND available_at <= ?
-            ORDER BY available_at, id LIMIT ?
+        SELECT id, turn FROM (
+            SELECT id, turn FROM {jobs}
+            WHERE queue = ? AND reserved_at IS NULL AND turn <= ? AND available_at <= ?
+            ORDER BY turn, id LIMIT ?
         )
         UNION ALL
-        SELECT id, available_at FROM (
-            SELECT id, available_at FROM {jobs}
+        SELECT id, turn FROM (
+            SELECT id, turn FROM {jobs}
+            WHERE queue = ? AND reserved_at IS NULL AND turn > ? AND available_at <= ?
+              AND grp IS NOT NULL
+            ORDER BY turn, id LIMIT ?
+        )
+        UNION ALL
+        SELECT id, turn FROM (
+            SELECT id, turn FROM {jobs}
             WHERE queue = ? AND reserved_at IS NOT NULL AND reserved_at <= ?
               AND COALESCE(heartbeat_at, reserved_at) <= ?
             ORDER BY available_at, id LIMIT ?
         )
     )
-    ORDER BY available_at, id LIMIT ?
+    ORDER BY turn, id LIMIT ?
 )
-RETURNING id, payload, attempts, reserved_at, available_at
+RETURNING id, payload, attempts, reserved_at, turn
 
 -- name: ack_many
 -- The driver appends one "(?, ?)" per (id, reserved_at) pair after VALUES; RETURNING
 -- names the rows that were still owned.
 DELETE FROM {jobs} WHERE (id, reserved_at) IN (VALUES {{pairs}}) RETURNING id
+
+-- name: needs_groups
+-- One row when the jobs table exists without the group columns (created before tenant
+-- groups): `haze db:migrate` then runs upgrade_groups.
+SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{jobs}'
+  AND NOT EXISTS (SELECT 1 FROM pragma_table_info('{jobs}') WHERE name = 'turn')
+
+-- name: upgrade_groups
+-- One transaction: the columns, every row's turn (its due time: the order it had), the
+-- indexes. A crash leaves the table as it was; the next db:migrate runs it again.
+ALTER TABLE {jobs} ADD COLUMN grp TEXT;
+ALTER TABLE {jobs} ADD COLUMN turn REAL NOT NULL DEFAULT 0;
+UPDATE {jobs} SET turn = available_at;
+CREATE INDEX IF NOT EXISTS {jobs}_turn_idx ON {jobs} (queue, reserved_at, turn);
+CREATE INDEX IF NOT EXISTS {jobs}_group_idx ON {jobs} (queue, grp, turn) WHERE grp IS NOT NULL
