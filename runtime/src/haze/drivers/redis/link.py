@@ -70,10 +70,8 @@ class _Link:
         #: one lean connection per list of queues waited on, for BZPOPMIN on their
         #: markers with the claim of the first one behind it (RedisDriver._block)
         self.blockers: dict[tuple[str, ...], Wire | None] = {}
-        #: haze's copy of moveToActive for its claims (claim_job.lua), on the lean
-        #: connection: every claim, and the one sent behind a wait (an empty timestamp:
-        #: the server's clock). None (another bullmq, no lean connection): BullMQ's
-        #: moveToActive, and the claim after the wait returns
+        #: haze's moveToActive (claim_job.lua) for every claim, also behind a wait; None
+        #: (another bullmq, no lean connection): BullMQ's, and no claim behind a wait
         self.claim_lite = self._claim_script()
         self.claim_loaded = False
         self._claim_heads: dict[str, bytes] = {}
