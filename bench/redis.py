@@ -72,6 +72,8 @@ class Peer:
     loop: str = "asyncio"  # haze's: queue:work --loop, and the producer's (BENCH_LOOP)
 
     def python(self) -> str:
+        if self.haze and self.venv != "haze":
+            return str(VENVS / self.venv / "bin" / "python")  # haze-base: made by hand
         if self.haze:
             # bench/.venvs/haze: this tree's runtime (editable) + the redis extra + hiredis,
             # which `uv sync` cannot strip the way it strips undeclared packages from .venv
@@ -111,6 +113,13 @@ PEERS: dict[str, Peer] = {
              "1x1 asyncio (queue:work, driver default concurrency 1)", bulk=True, haze=True),
         Peer("haze-c10", "haze", "redis_haze.py", ["haze", "10"],
              "1x10 asyncio (queue:work --concurrency 10)", variant=True, haze=True),
+        # another commit's runtime beside this tree's, for a change's before/after in one
+        # run: bench/.venvs/haze-base made by hand (see bench/README.md)
+        Peer("haze-base", "haze-base", "redis_haze.py", ["haze"],
+             "1x1 asyncio, the base commit's runtime (bench/.venvs/haze-base)", bulk=True,
+             haze=True),
+        Peer("haze-base-c10", "haze-base", "redis_haze.py", ["haze", "10"],
+             "1x10 asyncio, the base commit's runtime", variant=True, haze=True),
         Peer("haze-uvloop", "haze", "redis_haze.py", ["haze"],
              "1x1 uvloop (queue:work --loop uvloop, producer on uvloop)", bulk=True, haze=True,
              loop="uvloop"),
@@ -416,7 +425,29 @@ def targets(results: list[Result], haze: Result) -> str:
             f"p50 ≤ 1 ms: {p50:.2f} {'met' if p50 <= 1 else 'MISSED'}; "
             f"p99 ≤ 3 ms: {p99:.2f} {'met' if p99 <= 3 else 'MISSED'}"
         )
+    checks.extend(_relative_targets(results, haze, best["drain"]))
     return "Targets (haze): " + "; ".join(checks) + "."
+
+
+def _relative_targets(
+    results: list[Result], haze: Result, best_drain: tuple[str, float] | None
+) -> list[str]:
+    """Drain at the driver's default concurrency ≥ 1.5× the best peer, and p50 latency
+    ≤ 1.5× the raw loop's, each against the same run."""
+    checks = []
+    drain = _med(haze.drain)
+    if drain is not None and best_drain is not None:
+        x = drain / best_drain[1]
+        checks.append(
+            f"drain at the default concurrency ≥ 1.5× best peer: {x:.2f}× "
+            f"{'met' if x >= 1.5 else 'MISSED'}"
+        )
+    raw = next((r for r in results if r.name == "raw"), None)
+    p50, raw_p50 = _med(haze.lat_p50), _med(raw.lat_p50) if raw is not None else None
+    if p50 is not None and raw_p50:
+        x = p50 / raw_p50
+        checks.append(f"p50 ≤ 1.5× raw: {x:.2f}× {'met' if x <= 1.5 else 'MISSED'}")
+    return checks
 
 
 # ----------------------------------------------------------------------------- main

@@ -88,7 +88,7 @@ def info() -> None:
     if loop == "uvloop":
         loop = f"uvloop {m.version('uvloop')}"
     emit(
-        version=f"haze {m.version('haze')} (bullmq {m.version('bullmq')}, "
+        version=f"haze {m.version('haze-jobs')} (bullmq {m.version('bullmq')}, "
         f"redis-py {m.version('redis')}, {parser}, {loop})"
     )
 

@@ -180,6 +180,73 @@ async def test_retry_is_a_warning_and_final_failure_an_error(
     assert isinstance(error.exc_info[1], RuntimeError)
 
 
+def _lines_of(caplog: pytest.LogCaptureFixture, job: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "haze.job" and getattr(r, "job", None) == job]
+
+
+@define_job(name="ctx_log_order")
+async def ctx_log_order(payload: dict, job: JobContext) -> None:
+    state["at_start"] = [r.getMessage() for r in state["caplog"].records]
+    state["t0"] = time.time()
+    job.logger.info("inside")
+    await asyncio.sleep(0.01)
+    job.logger.info("after an await")
+
+
+@define_job(name="ctx_log_thread")
+def ctx_log_thread(payload: dict, job: JobContext) -> None:
+    job.logger.info("inside, in a thread")
+
+
+@define_job(name="ctx_log_quiet")
+async def ctx_log_quiet(payload: dict) -> None:
+    await asyncio.sleep(0.5)
+
+
+async def test_the_running_line_is_made_after_the_job_started_and_keeps_its_place(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The RUNNING record is not made on the way to the job's start (the job sees none),
+    yet it is dated when the job started and comes before the job's own lines."""
+    caplog.set_level(logging.DEBUG, logger="haze.job")
+    state["caplog"] = caplog
+    before = time.time()
+    await ctx_log_order.dispatch({})
+    await Queue.idle()
+    assert not any("ctx_log_order" in m for m in state["at_start"]), state["at_start"]
+    mine = _lines_of(caplog, "ctx_log_order")
+    assert [r.getMessage().split(" (")[0] for r in mine[1:3]] == ["inside", "after an await"]
+    assert [getattr(r, "state", None) for r in mine] == ["running", None, None, "done"]
+    assert before <= mine[0].created <= state["t0"]
+    assert mine[0].msecs == int((mine[0].created % 1) * 1000)
+    assert mine[0].funcName == "_attempt"  # the code that logged it, as before
+
+
+async def test_a_thread_jobs_own_line_follows_its_running_line(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="haze.job")
+    await ctx_log_thread.dispatch({})
+    await Queue.idle()
+    mine = _lines_of(caplog, "ctx_log_thread")
+    assert [getattr(r, "state", r.getMessage()) for r in mine] == [
+        "running",
+        "inside, in a thread",
+        "done",
+    ]
+
+
+async def test_the_running_line_is_out_while_the_job_waits(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="haze.job")
+    await ctx_log_quiet.dispatch({})
+    await asyncio.sleep(0.2)
+    assert [getattr(r, "state", None) for r in _lines_of(caplog, "ctx_log_quiet")] == ["running"]
+    await Queue.idle()
+    assert [r.state for r in _lines_of(caplog, "ctx_log_quiet")] == ["running", "done"]  # type: ignore[attr-defined]
+
+
 # --------------------------------------------------------------------------- timeout
 
 

@@ -17,7 +17,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import msgpack  # type: ignore[import-untyped]
 import pytest
 import redis.asyncio as aioredis
 from bullmq.redis_connection import loadScript  # type: ignore[import-untyped]
@@ -25,7 +24,6 @@ from haze._base.message import Message, encode, new_id
 from haze.drivers.redis import RedisDriver
 from haze.drivers.redis import link as redis_link
 from haze.drivers.redis import wire as redis_wire
-from haze.drivers.redis.scripts import _ACTIVATE_KEYS, _NewJob
 from haze.drivers.redis.wire import Wire, wire_for
 from redis.exceptions import ResponseError
 from redis_spec import REDIS_URL, needs_redis
@@ -105,9 +103,9 @@ class _Monitor:
         if name != "EVALSHA":
             return name
         sha = command.split(" ", 2)[1]
-        assert link.claim_after_wait is not None
+        assert link.claim_lite is not None
         scripts = {
-            link.claim_after_wait.sha: "claim-after-wait",
+            link.claim_lite.sha: "claim",
             link.commands["moveToActive"].sha: "moveToActive",
             link.commands["moveToFinished"].sha: "moveToFinished",
             link.commands["addStandardJob"].sha: "add",
@@ -169,7 +167,7 @@ async def test_the_job_that_wakes_a_waiting_worker_is_claimed_by_the_command_sen
     assert job is not None and job.message is not None and job.message.id == message.id
     after = (await monitor.commands())[before:]
     kinds = [k for k, _ in after]
-    assert kinds == ["add", "claim-after-wait"], after
+    assert kinds == ["add", "claim"], after
     waits = [port for k, port in (await monitor.commands())[:before] if k == "BZPOPMIN"]
     assert waits and after[1][1] == waits[-1], "the claim did not ride behind the wait"
     # The claim ran ~0.3 s after it was written: its processedOn is the server's time
@@ -193,8 +191,8 @@ async def test_a_wait_woken_by_a_marker_with_no_job_waits_again_without_claiming
     mark = len(await monitor.commands())
     assert await driver.reserve([Q], 0.6) is None
     kinds = [k for k, _ in (await monitor.commands())[mark:]]
-    assert "moveToActive" not in kinds, kinds
-    assert kinds[:3] == ["BZPOPMIN", "claim-after-wait", "BZPOPMIN"], kinds
+    assert all(kinds[i - 1] == "BZPOPMIN" for i, k in enumerate(kinds) if k == "claim"), kinds
+    assert kinds[:3] == ["BZPOPMIN", "claim", "BZPOPMIN"], kinds
 
 
 async def test_after_a_finish_finds_the_queue_empty_the_next_claim_is_the_wait(
@@ -217,7 +215,7 @@ async def test_after_a_finish_finds_the_queue_empty_the_next_claim_is_the_wait(
     assert got is not None and got.message is not None and got.message.id == message.id
     kinds = [k for k, _ in (await monitor.commands())[mark:]]
     assert kinds[0] == "moveToFinished", kinds
-    assert kinds[1:] == ["BZPOPMIN", "claim-after-wait", "BZPOPMIN", "add", "claim-after-wait"]
+    assert kinds[1:] == ["BZPOPMIN", "claim", "BZPOPMIN", "add", "claim"]
 
 
 async def test_finishing_a_job_fetches_the_next_one_in_the_same_call(
@@ -236,7 +234,7 @@ async def test_finishing_a_job_fetches_the_next_one_in_the_same_call(
         assert await driver.ack(job)
     assert got == [m.id for _, m in sent]
     kinds = [k for k, _ in await monitor.commands() if k != "add"]
-    assert kinds == ["moveToActive", "moveToFinished", "moveToFinished", "moveToFinished"]
+    assert kinds == ["claim", "moveToFinished", "moveToFinished", "moveToFinished"]
 
 
 async def test_a_due_delayed_job_is_claimed_with_the_servers_clock(
@@ -360,59 +358,12 @@ async def test_close_ends_a_blocked_wait_and_strands_no_job(
 
 
 def test_the_claim_after_a_wait_is_the_installed_bullmq_movetoactive() -> None:
-    """The driver compares the SHA at run time and claims after the wait returns when it
-    differs; this says so loudly after a bullmq upgrade: check that moveToActive still
-    takes the timestamp as ARGV[2], then update ``_MOVE_TO_ACTIVE_SHA``."""
+    """The driver compares the SHA at run time and, when it differs, claims with BullMQ's
+    moveToActive after the wait returns; this says so loudly after a bullmq upgrade:
+    re-derive claim_job.lua from the new moveToActive, run test_redis_lite_claim.py,
+    then update ``_MOVE_TO_ACTIVE_SHA`` and ``_CLAIM_JOB_SHA``."""
     installed = hashlib.sha1(loadScript("moveToActive-11.lua").encode()).hexdigest()
     assert installed == redis_link._MOVE_TO_ACTIVE_SHA
-
-
-async def test_the_claim_script_writes_what_movetoactive_writes_given_a_timestamp(
-    driver: RedisDriver, client: aioredis.Redis, redis_prefix: str
-) -> None:
-    """With a timestamp, the claim sent behind a wait is BullMQ's moveToActive (its
-    first line only fills in an empty one): the same jobs (two waiting, one delayed and
-    due) claimed both ways, with the same token and time, leave the same keys."""
-    link = driver._link()
-    script = link.claim_after_wait
-    assert script is not None and link.wire is not None
-    ts = _now_ms() - 1000
-    bodies = [_message(i)[0] for i in range(3)]
-    for q in ("bull", "haze"):
-        s = link.scripts(q)
-        for i, delay in enumerate((0, 0, 500)):
-            await s.addJob(_NewJob("rd_plain", bodies[i], delay, ts + i), link.client)
-    packed = msgpack.packb(
-        {"token": "tok", "lockDuration": 30000, "limiter": None}, use_bin_type=True
-    )
-    now = _now_ms()
-    keys = {q: link.scripts(q).getKeys(_ACTIVATE_KEYS) for q in ("bull", "haze")}
-    args = {q: [link.scripts(q).keys[""], now, packed] for q in ("bull", "haze")}
-    bull = await link.commands["moveToActive"](keys=keys["bull"], args=args["bull"])
-    haze = await link.wire.run_script(script, keys["haze"], args["haze"])
-    assert haze == bull
-    snap = {}
-    for q in ("bull", "haze"):
-        base = f"{redis_prefix}:{q}:"
-        snap[q] = {
-            "active": await client.lrange(base + "active", 0, -1),
-            "lock": await client.get(base + "1:lock"),
-            "wait": await client.lrange(base + "wait", 0, -1),
-            "delayed": await client.zrange(base + "delayed", 0, -1, withscores=True),
-            "marker": await client.zrange(base + "marker", 0, -1, withscores=True),
-            "jobs": [await client.hgetall(base + i) for i in ("1", "2", "3")],
-            "events": [f for _, f in await client.xrange(base + "events")],
-        }
-    assert snap["haze"] == snap["bull"]
-    assert snap["haze"]["active"] == ["1"] and snap["haze"]["lock"] == "tok"
-    assert snap["haze"]["jobs"][0]["processedOn"] == str(now)
-    assert snap["haze"]["wait"] == ["3", "2"]  # the delayed job was promoted
-    # an empty timestamp: the server's clock
-    before = _now_ms()
-    raw = await link.wire.run_script(script, keys["haze"], [args["haze"][0], "", packed])
-    assert raw[1] == "2"
-    started = int(await client.hget(f"{redis_prefix}:haze:2", "processedOn"))
-    assert before - 5 <= started <= _now_ms() + 5
 
 
 async def test_another_bullmq_claims_after_the_wait_returns(
@@ -421,7 +372,7 @@ async def test_another_bullmq_claims_after_the_wait_returns(
     monkeypatch.setattr(redis_link, "_MOVE_TO_ACTIVE_SHA", "0" * 40)
     d = RedisDriver("r", {"url": REDIS_URL, "prefix": redis_prefix})
     try:
-        assert d._link().claim_after_wait is None
+        assert d._link().claim_lite is None
         reserve = asyncio.ensure_future(d.reserve([Q], 30.0))
         await _blocked(reserve, d)
         body, message = _message()
@@ -443,7 +394,7 @@ async def test_without_the_lean_connection_the_wait_is_redis_pys_and_a_stop_ends
     d = RedisDriver("r", {"url": REDIS_URL, "prefix": redis_prefix})
     try:
         link = d._link()
-        assert link.wire is None and link.claim_after_wait is None
+        assert link.wire is None and link.claim_lite is None
         reserve = asyncio.ensure_future(d.reserve([Q], 60.0))
         await asyncio.sleep(0.5)
         assert not reserve.done()

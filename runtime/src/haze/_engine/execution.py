@@ -45,6 +45,7 @@ from haze._engine.settle import Result, Settle, _extra
 from haze._engine.throughput import ReadDuration, Tally
 from haze._jobs.context import JobContext, _tenant
 from haze._jobs.definition import find_job, get_job
+from haze._jobs.lines import job_lines
 from haze.contracts.driver import Reserved
 from haze.contracts.failed import RetryClaims
 
@@ -393,13 +394,13 @@ class Execution(Settle):
         if self.events.before:
             await self.events.emit("before", ctx)
         if job_log.isEnabledFor(_DEBUG):
-            # ``state`` marks the lifecycle records `haze queue:work` prints as job lines.
-            job_log.debug(
+            # ``state`` marks the lifecycle records `haze queue:work` prints as job lines;
+            # this one is logged once the job has started (_jobs/lines.py)
+            job_lines.debug(
+                _time(),
                 'Job "%s" running (attempt %d/%d)',
-                job.name,
-                run.reserved.attempt,
-                job.tries,
-                extra=_extra(run, "running"),
+                (job.name, run.reserved.attempt, job.tries),
+                _extra(run, "running"),
             )
         started = _perf()
         run.started = True

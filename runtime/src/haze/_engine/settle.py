@@ -14,6 +14,7 @@ record the store cannot keep is handed back to the queue, never dropped.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from haze._base.crypto import sealed_error
@@ -22,6 +23,7 @@ from haze._base.durations import MAX_DELAY, backoff_delay
 from haze._base.errors import JobFailedError, WorkflowError
 from haze._base.message import UNRECORDED_FAILURE
 from haze._engine.hooks import Outcome, Run
+from haze._jobs.lines import job_lines
 from haze.contracts.driver import CappedDelay, DelayStep, unavailable
 
 if TYPE_CHECKING:
@@ -38,6 +40,7 @@ log = logging.getLogger("haze")
 job_log = logging.getLogger("haze.job")
 
 _DEBUG = logging.DEBUG
+_time = time.time
 
 Result = tuple[str, "BaseException | None"]
 
@@ -52,6 +55,7 @@ class Settle:
     events: Events
 
     async def _classify(self, run: Run, elapsed: float) -> Result:
+        job_lines.flush()  # its RUNNING line before the outcome's
         ctx, error = run.ctx, run.error
         if error is not None and ctx._signal is not None and ctx.cancelled():
             # Stopped after Queue.cancel(): cancelled, not failed (no retry, no failed()).
@@ -69,13 +73,12 @@ class Settle:
     async def _success(self, run: Run, elapsed: float) -> Result:
         job = run.job
         if job_log.isEnabledFor(_DEBUG):
-            job_log.debug(
+            # logged while the ack is on its way (_jobs/lines.py)
+            job_lines.debug(
+                _time(),
                 'Job "%s" done in %dms (attempt %d/%d)',
-                job.name,
-                round(elapsed * 1000),
-                run.reserved.attempt,
-                job.tries,
-                extra={**_extra(run, "done"), "elapsed": elapsed},
+                (job.name, round(elapsed * 1000), run.reserved.attempt, job.tries),
+                {**_extra(run, "done"), "elapsed": elapsed},
             )
         run.outcome = Outcome.SUCCESS
         # A plain job (no chain, batch, lock, record or listener) awaits no hook at all.
@@ -83,6 +86,7 @@ class Settle:
         if hooks:
             await self.hooks.settling(run)
         await self._ack(run.driver, run.reserved)
+        job_lines.flush()  # written already unless the ack did not wait
         if hooks:
             await self.hooks.settled(run)
         if run.raise_after is not None:
@@ -339,6 +343,7 @@ class Settle:
         if owned is not False:  # a driver from before the bool return says None
             return
         reserved.lease_lost = True
+        job_lines.flush()  # the job's DONE line before this one
         m = reserved.message
         name = m.job if m is not None else "<undecodable>"
         job_id = m.id if m is not None else str(reserved.token)

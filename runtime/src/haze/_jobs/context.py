@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from haze._base.durations import Duration, check_delay, parse_duration
 from haze._base.errors import JobFailedError
+from haze._jobs.lines import job_lines
 from haze._jobs.status import cancelled_reason, check_progress
 
 if TYPE_CHECKING:
@@ -94,6 +95,7 @@ class AbortSignal:
 
 class _JobLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:
+        job_lines.flush()  # the job's RUNNING line first
         extra = dict(self.extra or {})
         if "extra" in kwargs:
             extra.update(kwargs["extra"])

@@ -42,10 +42,13 @@ How haze's rules map onto BullMQ:
   queues' marker keys (``BZPOPMIN``) on a connection of its own, with the claim of the
   first queue (BullMQ's ``moveToActive``) written behind it in the same write: Redis
   runs the claim the moment the wait returns, so a job that wakes an idle worker is
-  claimed with no round trip after its marker. That claim can run long after it was
-  written, so it is ``moveToActive`` with a first line that takes the time from the
-  server's clock (``_CLAIM_CLOCK``), used only next to the bullmq script whose
-  arguments haze builds (same SHA). A stopping worker ends such a wait with
+  claimed with no round trip after its marker. Every claim (behind a wait or not) is
+  ``claim_job.lua``, haze's copy of BullMQ's ``moveToActive`` for the options haze
+  sends (the same writes, plain arguments instead of msgpack, less server time), used
+  only next to the bullmq script it copies (same SHA);
+  tests/drivers/test_redis_lite_claim.py compares the two. A claim behind a wait can run
+  long after it was written, so it sends an empty timestamp, which the script takes
+  from the server's clock. A stopping worker ends such a wait with
   ``CLIENT UNBLOCK`` and hands back what its claim took. ``enqueue_many`` adds a whole
   group in one ``MULTI`` round trip (``addBulk``). The per-job script calls (add, claim,
   finish) go over a lean connection of their own (``haze.drivers.redis.wire``) with their arguments

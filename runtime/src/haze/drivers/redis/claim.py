@@ -37,28 +37,41 @@ class _Claiming(_Finishing):
         if link.stalled_task is None or link.stalled_task.done():
             link.stalled_task = asyncio.ensure_future(self._stalled_loop(link))
 
+    def _token(self) -> str:
+        return f"{self._id}:{next(self._tokens)}"
+
     def _claim_opts(self) -> tuple[str, bytes]:
         """A new lock token and moveToActive's packed options with it."""
-        token = f"{self._id}:{next(self._tokens)}"
+        token = self._token()
         packed = msgpack.packb(
             {"token": token, "lockDuration": self.lock_ms, "limiter": None}, use_bin_type=True
         )
         return token, packed
 
     async def _activate(self, link: _Link, queue: str) -> tuple[Reserved | None, int]:
-        s = link.scripts(queue)
         while True:  # again after a job that had already finished (``_claimed``)
-            token, packed = self._claim_opts()
-            # bullmq's Scripts.moveToActive, on the lean connection
-            args = [s.keys[""], _now_ms(), packed]
-            keys = s.getKeys(_ACTIVATE_KEYS)
-            raw = await link.script("moveToActive", keys, args, fixed_keys=True)
+            token, raw = await self._move_to_active(link, queue)
             data, job_id, _, due = raw2NextJobData(raw)
             if not data:
                 return None, int(due or 0)
             job = await self._claimed(link, queue, data, job_id, token)
             if job is not None:
                 return job, 0
+
+    async def _move_to_active(self, link: _Link, queue: str) -> tuple[str, Any]:
+        """One claim on ``queue``: the lite claim, else bullmq's moveToActive (its
+        ``Scripts.moveToActive``, on the lean connection when there is one)."""
+        lite = link.claim_lite
+        if lite is not None:
+            assert link.wire is not None
+            token = self._token()
+            head = link.claim_head(queue)
+            return token, await link.wire.run_head(lite, head, (_now_ms(), token, self.lock_ms))
+        token, packed = self._claim_opts()
+        s = link.scripts(queue)
+        args = [s.keys[""], _now_ms(), packed]
+        keys = s.getKeys(_ACTIVATE_KEYS)
+        return token, await link.script("moveToActive", keys, args, fixed_keys=True)
 
     async def _claim(
         self, link: _Link, order: Sequence[str], known: int | None = None
@@ -176,7 +189,7 @@ class _Claiming(_Finishing):
         if wire is None:
             return await self._block_redis_py(link, markers, timeout)
         stop = link.stop
-        script = link.claim_after_wait
+        script = link.claim_lite
         commands = [encode("BZPOPMIN", *markers, timeout)]
         token = ""
         if script is not None:
@@ -185,8 +198,10 @@ class _Claiming(_Finishing):
                 link.claim_loaded = True
                 if stop.is_set():
                     return False, None
-            token, packed = self._claim_opts()
-            commands.append(Wire.script_call(link.claim_head(queues[0]), packed))
+            token = self._token()
+            # an empty timestamp: the claim runs when the wait returns, on Redis's clock
+            head = link.claim_head(queues[0])
+            commands.append(Wire.script_call(head, "", token, self.lock_ms))
         # a server that stopped answering without a reset: give up a little after
         # Redis's own timeout (the calls fail as a lost connection)
         guard = asyncio.get_running_loop().call_later(timeout + _BLOCK_GRACE, wire.close)

@@ -131,7 +131,7 @@ class _Finishing(_RedisBase):
                     },
                 )
                 return False
-            if asked and link.fetch_next and link.claim_after_wait is not None:
+            if asked and link.fetch_next and link.claim_lite is not None:
                 link.drained = (job.queue, 0)
             return True
         if not result:
@@ -143,7 +143,7 @@ class _Finishing(_RedisBase):
                 link.prefetched.append(fetched)
             if not link.fetch_next:  # the worker stopped meanwhile
                 await self._return_prefetched(link)
-        elif asked and link.fetch_next and link.claim_after_wait is not None:
+        elif asked and link.fetch_next and link.claim_lite is not None:
             link.drained = (job.queue, int(due or 0))
         return True
 

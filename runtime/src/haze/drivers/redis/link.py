@@ -26,18 +26,12 @@ _HERE = Path(__file__).parent
 #: SHA-1 of bullmq's addStandardJob-9.lua that add_job.lua copies: another bullmq
 #: release may change what a job add writes, so the copy is used only next to this one
 _ADD_STANDARD_SHA = "10f8d228e89ed4f765afc5b3bafb6defbb84e311"
-#: SHA-1 of bullmq's moveToActive-11.lua, whose arguments ``_activate`` builds; the claim
-#: sent behind a blocking wait (``_CLAIM_CLOCK`` + that script) is used only next to it
+#: SHA-1 of bullmq's moveToActive-11.lua that claim_job.lua copies: another bullmq
+#: release may change what a claim writes, so the copy is used only next to this one
 _MOVE_TO_ACTIVE_SHA = "d96ca626f1ea141b44a856b312fc636d99aa9ea9"
-#: Put in front of moveToActive for the claim written behind a ``BZPOPMIN``: it runs
-#: when the wait returns, maybe seconds after haze wrote it, so an empty timestamp
-#: (ARGV[2]) is taken from the server's clock, in ms rounded as haze rounds its own
-#: (``_now_ms``): the job's ``processedOn`` and the promotion of due delayed jobs are
-#: as of the claim, not of the start of the wait.
-_CLAIM_CLOCK = (
-    "if ARGV[2] == '' then local t = redis.call('TIME') "
-    "ARGV[2] = string.format('%d', t[1] * 1000 + math.floor((t[2] + 500) / 1000)) end\n"
-)
+#: SHA-1 of claim_job.lua as tests/drivers/test_redis_lite_claim.py last compared it
+#: with moveToActive: a copy that differs (edited, not re-checked) is not used
+_CLAIM_JOB_SHA = "6d61eada9a589dde01e274f119a66eab317208ff"
 
 
 class _Link:
@@ -76,9 +70,9 @@ class _Link:
         #: one lean connection per list of queues waited on, for BZPOPMIN on their
         #: markers with the claim of the first one behind it (RedisDriver._block)
         self.blockers: dict[tuple[str, ...], Wire | None] = {}
-        #: the claim sent behind a wait: bullmq's moveToActive on the server's clock;
-        #: None (another bullmq, no lean connection): claim after the wait returns
-        self.claim_after_wait = self._claim_script()
+        #: haze's moveToActive (claim_job.lua) for every claim, also behind a wait; None
+        #: (another bullmq, no lean connection): BullMQ's, and no claim behind a wait
+        self.claim_lite = self._claim_script()
         self.claim_loaded = False
         self._claim_heads: dict[str, bytes] = {}
         #: (queue, due) when the last claim of a job on the first queue, with the
@@ -131,10 +125,10 @@ class _Link:
         return self.wire, self.add_lite, head
 
     def _claim_script(self) -> AsyncScript | None:
-        move_to_active = self.commands["moveToActive"]
-        if self.wire is None or move_to_active.sha != _MOVE_TO_ACTIVE_SHA:
+        if self.wire is None or self.commands["moveToActive"].sha != _MOVE_TO_ACTIVE_SHA:
             return None
-        return self.client.register_script(_CLAIM_CLOCK + str(move_to_active.script))
+        script = self.client.register_script((_HERE / "claim_job.lua").read_text())
+        return script if script.sha == _CLAIM_JOB_SHA else None
 
     def blocker(self, queues: tuple[str, ...]) -> Wire | None:
         """The lean connection that waits on these queues' markers (None: redis-py's)."""
@@ -143,15 +137,13 @@ class _Link:
         return self.blockers[queues]
 
     def claim_head(self, queue: str) -> bytes:
-        """The encoded start of the claim sent behind a wait on ``queue``: its keys, the
-        key prefix and an empty timestamp (the server's clock); the options follow."""
+        """The encoded start of a lite claim on ``queue``: its keys and the key prefix;
+        the timestamp ('': the server's clock), the lock token and its duration follow."""
         head = self._claim_heads.get(queue)
         if head is None:
-            assert self.claim_after_wait is not None
+            assert self.claim_lite is not None
             s = self.scripts(queue)
-            head = Wire.script_head(
-                self.claim_after_wait, s.getKeys(_ACTIVATE_KEYS), [s.keys[""], ""], 1
-            )
+            head = Wire.script_head(self.claim_lite, s.getKeys(_ACTIVATE_KEYS), [s.keys[""]], 3)
             self._claim_heads[queue] = head
         return head
 
