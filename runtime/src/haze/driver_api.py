@@ -63,7 +63,8 @@ if _typing.TYPE_CHECKING:
         WorkflowError,
         WorkflowRunError,
     )
-    from haze._base.message import Message, decode, new_id_prefix
+    from haze._base.id_prefix import new_id_prefix
+    from haze._base.message import Message, decode
     from haze._base.plugins import register as register_plugin
     from haze._orchestration.scheduling import MISFIRE_GRACE, dispatch_trigger, platform_triggers
     from haze._workers.delivery import Delivery
@@ -129,7 +130,7 @@ _HOMES: dict[str, tuple[str, str]] = {
     "ScheduleError": ("haze._base.errors", "ScheduleError"),
     "Message": ("haze._base.message", "Message"),
     "decode": ("haze._base.message", "decode"),
-    "new_id_prefix": ("haze._base.message", "new_id_prefix"),
+    "new_id_prefix": ("haze._base.id_prefix", "new_id_prefix"),
     "register_plugin": ("haze._base.plugins", "register"),
     "MISFIRE_GRACE": ("haze._orchestration.scheduling", "MISFIRE_GRACE"),
     "dispatch_trigger": ("haze._orchestration.scheduling", "dispatch_trigger"),
