@@ -26,6 +26,7 @@ from haze._base.message import (
     is_plain,
     new_id,
 )
+from haze._base.json_text import copy_plain
 from haze._engine.route import Route, RunInline, checked_size
 from haze._jobs.context import _tenant
 from haze._jobs.definition import DispatchResult, PendingDispatch
@@ -240,8 +241,11 @@ class Dispatcher:
         self, route: Route, message: Message, job: JobDefinition[Any], delay: float
     ) -> DispatchResult:
         recorder = route.recorder
-        if recorder is None and self.app.implicit:
-            self.warn_implicit()
+        if recorder is None:
+            if self.app.implicit:
+                self.warn_implicit()
+            if self._kept(route, message, job, delay):
+                return DispatchResult(message.id, chain_id=message.chain_id)
         # The payload is encoded once, before any lock: one JSON cannot carry fails here,
         # with nothing taken; the envelope is written after the locks marked it.
         payload = encode_payload(message.payload)
@@ -269,6 +273,30 @@ class Dispatcher:
             keep = route.keeper is not None and not job.encrypted and is_plain(message)
             await route.send(message, body, payload, delay, keep=keep)
         return DispatchResult(message.id, chain_id=message.chain_id)
+
+    def _kept(self, route: Route, message: Message, job: JobDefinition[Any], delay: float) -> bool:
+        """An in-process queue keeps a plain message with a structural copy of its
+        payload (what JSON would give back): no body is written, no JSON read at the
+        claim. A payload outside what ``copy_plain`` copies, or that might come near the
+        size limit, takes the JSON path, which refuses it or checks its size exactly."""
+        if (
+            route.keeper is None
+            or job.encrypted
+            or job.unique is not None
+            or job.debounce is not None
+            or not is_plain(message)
+        ):
+            return False
+        copied = copy_plain(message.payload)
+        if copied is None:
+            return False
+        limit = route.driver.max_message_size
+        if limit is not None:
+            fields = len(message.id) + len(message.job) + len(message.queue)
+            fields += len(message.connection or "") + len(message.tenant or "")
+            if copied[1] + 6 * fields + _ENVELOPE_ROOM > limit:
+                return False
+        return route.keep(message, copied[0], delay)
 
     def _check_before_locks(
         self, message: Message, payload: str, route: Route, job: JobDefinition[Any]
