@@ -54,16 +54,19 @@ class _KeptClaim(Reserved):
     __slots__ = ("_text", "kept")
 
     kept: Kept
+    _text: str | None
 
-    @property  # type: ignore[override]
+    @property
     def body(self) -> str:
         text = self._text
         if text is None:
-            text = self._text = _kept_body(self.kept)
+            text = _kept_body(self.kept)
+            self._text = text
         return text
 
     @body.setter
-    def body(self, value: str | None) -> None:
+    def body(self, value: str) -> None:
+        # None (from _claim_kept): written on first read
         self._text = value
 
 
