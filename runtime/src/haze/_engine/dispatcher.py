@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from haze._base.crypto import encrypt_payload, seal, unseal
 from haze._base.durations import check_delay
+from haze._base.json_text import copy_plain
 from haze._base.message import (
     MAX_QUEUE_NAME,
     Message,
@@ -26,7 +27,6 @@ from haze._base.message import (
     is_plain,
     new_id,
 )
-from haze._base.json_text import copy_plain
 from haze._engine.route import Route, RunInline, checked_size
 from haze._jobs.context import _tenant
 from haze._jobs.definition import DispatchResult, PendingDispatch
