@@ -99,8 +99,8 @@ import haze_cloudflare
 from haze_cloudflare import QueueWorker
 t2 = time.perf_counter()
 # what the first queue() batch of a Worker loads on top (app, manager, driver, D1)
-import haze._app.app, haze.manager, haze.message, haze.drivers.base
-import haze_cloudflare.driver, haze_cloudflare.d1
+import haze._app.app, haze._engine.manager, haze._base.message, haze.contracts.driver
+import haze._base.plugins, haze_cloudflare.driver, haze_cloudflare.d1
 t3 = time.perf_counter()
 import sys
 {"haze_ms": (t1 - t0) * 1000, "haze_cloudflare_ms": (t2 - t1) * 1000,

@@ -115,3 +115,26 @@ def test_import_haze_cloudflare_loads_no_driver_d1_or_httpx_code() -> None:
         "haze_cloudflare.driver",
     ):
         assert heavy not in entry, heavy
+
+
+def test_a_queue_worker_entry_loads_no_envelope_or_plugin_table_code() -> None:
+    # What a Worker isolate's cold start pays for ``from haze_cloudflare import
+    # QueueWorker``: the adapter's own modules, the package, its errors and the
+    # driver_api names. The envelope (message, its fields' dataclasses, JSON, durations)
+    # and the plugin registry load with the first invocation, which uses them.
+    entry = loaded_after(
+        "from haze_cloudflare import QueueWorker\nclass Default(QueueWorker): pass"
+    )
+    assert entry <= {
+        "haze",
+        "haze._base",
+        "haze._base.errors",
+        "haze._base.hints",
+        "haze._base.version",
+        "haze._base.id_prefix",
+        "haze.driver_api",
+        "haze_cloudflare",
+        "haze_cloudflare._js",
+        "haze_cloudflare._plugins",
+        "haze_cloudflare.worker",
+    }, sorted(entry)

@@ -15,7 +15,7 @@ needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork() he
 
 
 def test_importing_haze_draws_no_prefix() -> None:
-    code = "import haze, haze._base.message as m; print(repr(m._prefix))"
+    code = "import haze, haze._base.message, haze._base.id_prefix as m; print(repr(m._prefix))"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )

@@ -6,6 +6,8 @@ shortcut changes nothing a job or a driver wrapper can see)."""
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Any
 
 import pytest
@@ -82,3 +84,57 @@ async def test_a_body_changed_on_its_way_to_the_driver_is_what_runs(
     await pc_record.dispatch({"n": 1})
     await done()
     assert [p["n"] for p in SEEN] == [7]
+
+
+#: Payloads whose JSON round trip changes a type or takes haze's JSON path; each pair is
+#: (payload, what the job must see).
+ROUND_TRIPS: list[tuple[Any, Any]] = [
+    ({"t": (1, 2.5, None, True), "n": [[-0.0, 1e300, 'a\n\x01"']]}, None),
+    ({"big": 2**60, "neg": -(2**53) - 1}, None),
+    ({"é": "naïve ✓ \U0001f600"}, None),
+    ({1: "int key", "k": {2: [3]}}, {"1": "int key", "k": {"2": [3]}}),
+    ({"deep": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}, None),
+]
+
+
+@pytest.mark.parametrize(("sent", "expected"), ROUND_TRIPS)
+async def test_the_job_sees_what_a_json_round_trip_gives(app, done, sent, expected) -> None:
+    await pc_record.dispatch(sent)
+    await done()
+    assert len(SEEN) == 1
+    seen = {k: v for k, v in SEEN[0].items() if k != "touched_by_job"}
+    want = expected if expected is not None else json.loads(json.dumps(sent))
+    assert seen == want
+    assert repr(seen) == repr(want)  # the same types too: lists for tuples, -0.0 kept
+
+
+@pytest.mark.parametrize(
+    "bad", [{"x": float("nan")}, {"x": float("inf")}, {"x": object()}, {"x": "\ud800"}]
+)
+async def test_a_value_json_cannot_carry_is_refused_at_dispatch(app, done, bad) -> None:
+    with pytest.raises((TypeError, ValueError)):
+        await pc_record.dispatch(bad)
+    await done()
+    assert SEEN == []
+    assert await app.driver("main").size("default") == 0
+
+
+ATTEMPTS: list[dict[str, Any]] = []
+
+
+@define_job(name="pc_mutate_then_fail", tries=2, backoff=0)
+async def pc_mutate_then_fail(payload: dict[str, Any], job: JobContext) -> None:
+    ATTEMPTS.append(copy.deepcopy(payload))
+    payload["items"].append("changed by the job")
+    raise ValueError("declined")
+
+
+@pytest.mark.requires("retries", "failed_store")
+async def test_every_attempt_sees_the_payload_as_dispatched(app, done) -> None:
+    ATTEMPTS.clear()
+    sent = {"items": [1, (2, 3)], "s": "x"}
+    sent_id = await pc_mutate_then_fail.dispatch(sent)
+    await done()
+    assert ATTEMPTS == [{"items": [1, [2, 3]], "s": "x"}] * 2
+    assert [f.id for f in await Queue.failed()] == [sent_id]
+    assert sent == {"items": [1, (2, 3)], "s": "x"}

@@ -47,14 +47,25 @@ def test_the_runtime_finds_them_without_importing_the_adapter() -> None:
     assert out.stdout.split() == ["haze_cloudflare.kv", "haze_cloudflare.d1"]
 
 
-def test_the_worker_path_registers_them_without_metadata() -> None:
-    # As in a Worker bundle: the entry points are hidden, importing the adapter registers.
+@pytest.mark.parametrize(
+    "first_request",
+    [
+        "haze_cloudflare.bind_env(object())",
+        "W = type('W', (QueueWorker,), {'haze_app': 1}); W.__new__(W).create_app()",
+    ],
+)
+def test_the_worker_path_registers_them_without_metadata(first_request: str) -> None:
+    # As in a Worker bundle: the entry points are hidden. The entry's import registers
+    # nothing (a cold start does not load the registry); its first request does, and
+    # so does the app a QueueWorker builds.
     code = (
-        "import importlib.metadata as m\n"
+        "import importlib.metadata as m, sys\n"
         "m.entry_points = lambda **kw: []\n"
+        "import haze_cloudflare\n"
+        "from haze_cloudflare import QueueWorker\n"
+        "assert 'haze._base.plugins' not in sys.modules\n"
+        f"{first_request}\n"
         "from haze._base import plugins\n"
-        "assert plugins.find('haze.stores', 'kv') is None\n"
-        "import haze_cloudflare._js\n"
         "print(plugins.find('haze.stores', 'kv').__name__)\n"
         "print(plugins.find('haze.bindings', 'cloudflare').__name__)\n"
     )

@@ -68,7 +68,8 @@ if _typing.TYPE_CHECKING:
         WorkflowError,
         WorkflowRunError,
     )
-    from haze._base.message import Message, decode, new_id_prefix
+    from haze._base.id_prefix import new_id_prefix
+    from haze._base.message import Message, decode
     from haze._base.plugins import OFFLOAD as OFFLOAD_GROUP
     from haze._base.plugins import register as register_plugin
     from haze._orchestration.scheduling import MISFIRE_GRACE, dispatch_trigger, platform_triggers
@@ -140,7 +141,7 @@ _HOMES: dict[str, tuple[str, str]] = {
     "ScheduleError": ("haze._base.errors", "ScheduleError"),
     "Message": ("haze._base.message", "Message"),
     "decode": ("haze._base.message", "decode"),
-    "new_id_prefix": ("haze._base.message", "new_id_prefix"),
+    "new_id_prefix": ("haze._base.id_prefix", "new_id_prefix"),
     "register_plugin": ("haze._base.plugins", "register"),
     "OFFLOAD_GROUP": ("haze._base.plugins", "OFFLOAD"),
     "OffloadError": ("haze._base.errors", "OffloadError"),

@@ -32,12 +32,9 @@ try:
 except ImportError:
     _jsnull = None
 
-from haze.driver_api import new_id_prefix
+import haze.driver_api as _api
 
 from haze_cloudflare import _plugins
-
-# A Worker bundle has no .dist-info to read entry points from: register them here.
-_plugins.register()
 
 __all__ = [
     "IN_PYODIDE",
@@ -47,6 +44,7 @@ __all__ = [
     "env_vars",
     "is_nullish",
     "js_null",
+    "register_plugins",
     "to_js",
     "to_py",
 ]
@@ -60,12 +58,20 @@ def bind_env(env: Any) -> None:
     """Make a Worker's ``env`` (its bindings) the one haze uses (``QueueWorker`` calls it on
     every invocation; call it yourself before dispatching from a plain Worker)."""
     global _env, _first_request
+    # A Worker bundle has no .dist-info to read entry points from: the table is
+    # registered here, at the first request, not at import (an isolate's cold start).
+    register_plugins()
     if _first_request and env is not None:
         # Every isolate of a deployed Worker starts from one memory snapshot of the
         # top-level code: an id prefix drawn there would be every isolate's.
-        new_id_prefix()
+        _api.new_id_prefix()
         _first_request = False
     _env = env
+
+
+def register_plugins() -> None:
+    """Register this adapter's plugins in this process (a bundle has no entry points)."""
+    _plugins.register()
 
 
 def current_env() -> Any:

@@ -2,15 +2,16 @@
 
 The same table is declared as entry points in ``pyproject.toml`` (a test checks the two
 agree), which is how an installed haze finds it. A Worker bundle vendors the packages
-without their ``.dist-info``, so no entry point is found there: importing ``_js`` (every
-path into a Worker does: ``QueueWorker``, ``bind_env``) registers the table in this
-process instead. Targets are ``"module:attribute"`` strings, imported on first use, so
-registering costs no cold start.
+without their ``.dist-info``, so no entry point is found there: the table is registered
+in this process instead, by ``_js.register_plugins()`` at the first request
+(``bind_env``) and when ``QueueWorker`` builds its app. Not at import: an isolate's cold
+start does not load the plugin registry. Targets are ``"module:attribute"`` strings,
+imported on first use.
 """
 
 from __future__ import annotations
 
-from haze.driver_api import register_plugin
+import haze.driver_api as _api
 
 __all__ = ["PLUGINS", "register"]
 
@@ -23,7 +24,14 @@ PLUGINS: dict[tuple[str, str], str] = {
 }
 
 
+_registered = False
+
+
 def register() -> None:
-    """Register every plugin of the table in this process (idempotent)."""
+    """Register every plugin of the table in this process (once; idempotent)."""
+    global _registered
+    if _registered:
+        return
     for (group, name), target in PLUGINS.items():
-        register_plugin(group, name, target)
+        _api.register_plugin(group, name, target)
+    _registered = True

@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from haze.driver_api import ConfigError, HazeError
 
-from haze_cloudflare._js import bind_env, binding, env_vars, to_py
+from haze_cloudflare._js import bind_env, binding, env_vars, register_plugins, to_py
 
 if TYPE_CHECKING:  # loaded by the first invocation, not at import (cold start)
     from haze.contracts.driver import Reserved
@@ -230,6 +230,7 @@ class QueueWorker(_Base):  # type: ignore[misc, valid-type, unused-ignore]
 
     def create_app(self) -> App:
         """Build the app (once per isolate): ``haze_app``, ``app_root`` or HAZE_APP_ROOT."""
+        register_plugins()  # a bundle has no entry points: before the app resolves any
         if self.haze_app is not None:
             return self.haze_app
         from haze.driver_api import App

@@ -3,9 +3,11 @@ installs a part of haze (``pip install 'haze-jobs[redis]'``)."""
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = ["DISTRIBUTION", "DISTRIBUTIONS", "did_you_mean", "install_hint"]
 
@@ -28,6 +30,10 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     >>> did_you_mean("retries", ["tries", "backoff"])
     " (did you mean 'tries'?)"
     """
+    # difflib and pathlib load here, on an error's path: every import of haze loads
+    # this module, and a Worker's or a Lambda's cold start would pay for them.
+    import difflib
+
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -35,6 +41,8 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 def _checkout() -> Path | None:
     """The haze checkout this haze runs from (its ``runtime/`` is this package's
     project), or None for an installed haze."""
+    from pathlib import Path
+
     # runtime/src/haze/_base/hints.py -> the checkout holding runtime/ and adapters/
     here = Path(__file__).resolve()
     if len(here.parents) < 5:
@@ -61,6 +69,6 @@ def install_hint(extras: str = "", *, package: str = "haze") -> str:
     if checkout is None or not member or not (checkout / member / "pyproject.toml").is_file():
         target = f"{dist}{suffix}"
         return f"pip install '{target}'" if suffix else f"pip install {target}"
-    where = f"./{member}" if Path.cwd().resolve() == checkout else str(checkout / member)
+    where = f"./{member}" if checkout.cwd().resolve() == checkout else str(checkout / member)
     hint = f"pip install '{where}{suffix}'" if suffix else f"pip install {where}"
     return hint if package == "haze" else f"{hint} (or `uv sync` in {checkout})"

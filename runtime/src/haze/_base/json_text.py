@@ -184,3 +184,84 @@ def _walk(value: Any, path: str, seen: set[int]) -> None:
         f"{path} is a {type(value).__module__}.{type(value).__qualname__}, which is not "
         "JSON-serialisable; pass plain data (ids, str, int, float, bool, None, list, dict)"
     )
+
+
+#: Ints JSON carries and reads back as the same int on every driver's decoder.
+_INT_BOUND = 2**53
+#: How deep a payload copied without JSON may nest; deeper ones take the JSON path.
+_COPY_DEPTH = 32
+
+
+class _NotPlain(Exception):
+    """A value outside what ``copy_plain`` copies: the caller goes through JSON."""
+
+
+def _copy_list(items: Any, depth: int, size: list[int]) -> list[Any]:
+    return [_copy(v, depth, size) for v in items]
+
+
+def _copy_dict(d: dict[Any, Any], depth: int, size: list[int]) -> dict[str, Any]:
+    # Scalars inline: a flat dict (most payloads) costs no call per value.
+    out = {}
+    n = 2
+    for k, v in d.items():
+        if k.__class__ is not str or not k.isascii():
+            raise _NotPlain
+        cls = v.__class__
+        if cls is int and -_INT_BOUND < v < _INT_BOUND:
+            n += 6 * len(k) + 22
+        elif cls is str and v.isascii():
+            n += 6 * (len(k) + len(v)) + 7
+        else:
+            v = _copy(v, depth, size)
+            n += 6 * len(k) + 4
+        out[k] = v
+    size[0] += n
+    return out
+
+
+def _copy(v: Any, depth: int, size: list[int]) -> Any:
+    cls = v.__class__
+    if cls is str:
+        if not v.isascii():
+            raise _NotPlain
+        size[0] += 6 * len(v) + 3  # each char at most a \u00XX escape
+        return v
+    if cls is int:
+        if not -_INT_BOUND < v < _INT_BOUND:
+            raise _NotPlain
+        size[0] += 18
+        return v
+    if cls is float:
+        if v - v != 0.0:  # NaN or an infinity: JSON refuses them
+            raise _NotPlain
+        size[0] += 26
+        return v
+    if v is None or cls is bool:
+        size[0] += 6
+        return v
+    if depth > _COPY_DEPTH:
+        raise _NotPlain
+    if cls is dict:
+        return _copy_dict(v, depth + 1, size)
+    if cls is list or cls is tuple:
+        size[0] += 2 + len(v)
+        return _copy_list(v, depth + 1, size)
+    raise _NotPlain
+
+
+def copy_plain(value: Any) -> tuple[Any, int] | None:
+    """A fresh copy of ``value`` equal to what a JSON round trip through haze gives, and
+    an upper bound of its JSON's size in bytes; None when ``value`` holds anything
+    beyond plain dicts (str keys), lists, tuples, ASCII str, ints within 2**53, finite
+    floats, bools and None (the caller then encodes it, which refuses what JSON cannot
+    carry and words the error). No JSON text is written or read.
+
+    >>> copy_plain({"a": (1, 2.5, None)})[0], copy_plain({1: "x"})
+    ({'a': [1, 2.5, None]}, None)
+    """
+    size = [0]
+    try:
+        return _copy(value, 0, size), size[0]
+    except (_NotPlain, RecursionError):
+        return None

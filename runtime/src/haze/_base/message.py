@@ -21,15 +21,14 @@ place of ``payload``. No code is ever named by a message beyond a registered job
 
 from __future__ import annotations
 
-import itertools
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from haze._base.durations import MAX_DELAY
 from haze._base.errors import MessageDecodeError
+from haze._base.id_prefix import new_id, new_id_prefix
 from haze._base.json_text import (
     _check_utf8,
     _dumps,
@@ -76,41 +75,12 @@ __all__ = [
     "envelope_of",
     "is_plain",
     "new_id",
+    "new_id_prefix",
     "redis_key_part_error",
     "retry_claim_of",
     "with_meta",
     "with_retry_claim",
 ]
-
-
-_prefix = ""
-_counter = itertools.count()
-
-
-def new_id() -> str:
-    """A fresh id: 32 lowercase hex characters, unique across processes.
-
-    A 64-bit random prefix per process and a 64-bit counter: one syscall per process
-    instead of one per job, and ``next()`` on the counter is atomic, so threads never
-    share an id. The prefix is drawn at the first id, never at import: a process forked
-    after it (``register_at_fork``) and a Python Worker isolate started from a memory
-    snapshot (``new_id_prefix`` at its first request) each draw their own.
-    """
-    global _prefix
-    if not _prefix:
-        _prefix = os.urandom(8).hex()
-    return f"{_prefix}{next(_counter):016x}"
-
-
-def new_id_prefix() -> None:
-    """Draw the id prefix again at the next id: this process's memory was copied (a
-    fork, or a Worker isolate restored from a snapshot) and may share it."""
-    global _prefix
-    _prefix = ""
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows or Pyodide (no fork there)
-    os.register_at_fork(after_in_child=new_id_prefix)
 
 
 def encode(message: Message) -> str:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from haze._base.crypto import encrypt_payload, seal, unseal
 from haze._base.durations import check_delay
+from haze._base.json_text import copy_plain
 from haze._base.message import (
     MAX_QUEUE_NAME,
     Message,
@@ -271,8 +272,11 @@ class Dispatcher:
         self, route: Route, message: Message, job: JobDefinition[Any], delay: float
     ) -> DispatchResult:
         recorder = route.recorder
-        if recorder is None and self.app.implicit:
-            self.warn_implicit()
+        if recorder is None:
+            if self.app.implicit:
+                self.warn_implicit()
+            if self._kept(route, message, job, delay):
+                return DispatchResult(message.id, chain_id=message.chain_id)
         # The payload is encoded once, before any lock: one JSON cannot carry fails here,
         # with nothing taken; the envelope is written after the locks marked it.
         payload = encode_payload(message.payload)
@@ -313,6 +317,31 @@ class Dispatcher:
         except BaseException:
             await self.offload.discard(sent.meta, route.name)
             raise
+
+    def _kept(self, route: Route, message: Message, job: JobDefinition[Any], delay: float) -> bool:
+        """An in-process queue keeps a plain message with a structural copy of its
+        payload (what JSON would give back): no body is written, no JSON read at the
+        claim. A payload outside what ``copy_plain`` copies, or that might come near the
+        size limit, takes the JSON path, which refuses it or checks its size exactly."""
+        if (
+            route.keeper is None
+            or job.encrypted
+            or job.unique is not None
+            or job.debounce is not None
+            or not is_plain(message)
+            or self.offload.plan(route.name) is not None  # its threshold needs the JSON size
+        ):
+            return False
+        copied = copy_plain(message.payload)
+        if copied is None:
+            return False
+        limit = route.driver.max_message_size
+        if limit is not None:
+            fields = len(message.id) + len(message.job) + len(message.queue)
+            fields += len(message.connection or "") + len(message.tenant or "")
+            if copied[1] + 6 * fields + _ENVELOPE_ROOM > limit:
+                return False
+        return route.keep(message, copied[0], delay)
 
     def _check_before_locks(
         self, message: Message, payload: str, route: Route, job: JobDefinition[Any]

@@ -128,6 +128,17 @@ class Route:
         if not self.remote and not self.inline:
             self._ensure_local_worker(self.name)
 
+    def keep(self, message: Message, payload: Any, delay: float) -> bool:
+        """A plain, unencrypted, untracked message with its payload already copied
+        (``copy_plain``): queued by the keeping driver with no body written. False: the
+        driver did not keep it, and it goes through ``send``."""
+        keeper = self.keeper
+        if keeper is None or not keeper.keep(message, payload, delay):
+            return False
+        if not self.remote:
+            self._ensure_local_worker(self.name)
+        return True
+
     async def send_many(self, items: list[Item]) -> None:
         """Many built and encoded messages, with the driver's batch primitive."""
         driver = self.driver

@@ -268,6 +268,12 @@ class KeepsMessages(Protocol):
         whole body, as every driver gets it) may keep the message: the dispatcher checked
         that it is plain and wrote its payload's JSON as ``payload``."""
 
+    def keep(self, message: Message, payload: Any, delay: float) -> bool:
+        """Queue this plain ``message`` with no body written: ``payload`` is the
+        dispatcher's own copy of its payload, what a JSON round trip would give (checked
+        JSON-safe and within the size limit), never handed to a job as it is. False: not
+        kept (the dispatcher then encodes the body and calls ``enqueue``)."""
+
 
 @runtime_checkable
 class Concurrent(Protocol):

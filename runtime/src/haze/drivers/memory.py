@@ -16,7 +16,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from haze._base.message import MAX_MESSAGE_SIZE, Message, decode, decode_payload
+from haze._base.json_text import copy_plain
+from haze._base.message import MAX_MESSAGE_SIZE, Message, decode, decode_payload, encode
 from haze._failed import QueueFailedJobs
 from haze.contracts.driver import (
     Backlog,
@@ -37,23 +38,48 @@ _monotonic = time.monotonic
 _time = time.time
 
 #: A plain message kept as dispatched: its body, then the fields of its ``Message`` in
-#: order, with its payload's JSON in place of the payload (strings and numbers only, so
-#: the garbage collector stops tracking it: a long queue costs it nothing).
-Kept = tuple[str, str, str, str, str, str | None, float, int, str | None]
+#: order, with its payload's JSON in place of the payload; or, kept through ``keep``,
+#: no body (None: written only when something reads it) and the dispatcher's private
+#: copy of the payload, copied again for every claim.
+Kept = tuple[str | None, str, str, Any, str, str | None, float, int, str | None]
 #: What a queue holds: a body, or a kept message.
 Item = str | Kept
 
 
 class _KeptClaim(Reserved):
-    """The claim of a kept message (queued again as it is on a release)."""
+    """The claim of a kept message (queued again as it is on a release). Its body is
+    written on first read (a failed job's record, a lookup): a job that succeeds never
+    has one."""
 
-    __slots__ = ("kept",)
+    __slots__ = ("_text", "kept")
 
     kept: Kept
+    _text: str | None
+
+    @property
+    def body(self) -> str:
+        text = self._text
+        if text is None:
+            text = _kept_body(self.kept)
+            self._text = text
+        return text
+
+    @body.setter
+    def body(self, value: str) -> None:
+        # None (from _claim_kept): written on first read
+        self._text = value
+
+
+def _kept_body(kept: Kept) -> str:
+    body, mid, job, payload, queue, conn, ts, attempts, tenant = kept
+    if body is None:
+        # encode() reads the payload and never changes it: the kept copy stays pristine
+        body = encode(Message(mid, job, payload, queue, conn, ts, attempts, tenant))
+    return body
 
 
 def _body(item: Item) -> str:
-    return item if isinstance(item, str) else item[0]
+    return item if isinstance(item, str) else _kept_body(item)
 
 
 def _item(job: Reserved) -> Item:
@@ -133,6 +159,16 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
         # Checked by identity in enqueue: a wrapper that changes the body (or sends
         # another message first) gets it decoded, as before.
         self._next = (message, body, payload)
+
+    def keep(self, message: Message, payload: Any, delay: float) -> bool:
+        if "enqueue" in self.__dict__:
+            # A wrapper around this driver's enqueue (instrumentation, a test double) is
+            # handed every body, so nothing is queued past it.
+            return False
+        m = message
+        item = (None, m.id, m.job, payload, m.queue, m.connection, m.ts, m.attempts, m.tenant)
+        self._push(m.queue, item, m.attempts, delay)
+        return True
 
     def _push(self, queue: str, body: Item, used: int, delay: float) -> None:
         wakeup = self._bind()
@@ -219,6 +255,14 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
         """A fresh message for the job: the kept fields and a new copy of the payload,
         which is what decoding its body gives (a copy that fails, fails as that does)."""
         body, mid, job_name, payload, mq, conn, ts, attempts, tenant = kept
+        if body is None:
+            # the copy the dispatcher checked: a fresh one per claim, no JSON involved
+            copied = copy_plain(payload)
+            assert copied is not None
+            message = Message(mid, job_name, copied[0], mq, conn, ts, attempts, tenant)
+            job = _KeptClaim(message, attempt, None, queue, _time())  # type: ignore[arg-type]
+            job.kept = kept
+            return job
         try:
             data = decode_payload(payload)
         except Exception:
