@@ -29,6 +29,51 @@ def test_slow_modules_are_collected_after_the_fast_ones() -> None:
     assert set(order[:-1]) == {"tests/test_docs.py", "tests/test_services.py"}, order
 
 
+def test_under_xdist_a_module_runs_in_one_worker() -> None:
+    """``--dist loadgroup`` (scripts/test) keeps each module's tests in one worker: with
+    pytest 9.2, xdist's group suffix on the test id was lost and every test went to any
+    worker (the Miniflare and Pyodide modules ran in all workers at once)."""
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v"),
+            *("-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder"),
+            *("tests/test_services.py", "runtime/tests/test_message_fields.py"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    workers: dict[str, set[str]] = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("[gw") and " PASSED " in line:
+            module = line.split(" PASSED ")[1].split("::")[0]
+            workers.setdefault(module, set()).add(line.split("]")[0])
+    assert len(workers) == 2 and all(len(w) == 1 for w in workers.values()), workers
+
+
+#: What a test module calls to start Node.js heavily: Pyodide, Miniflare's workerd, wrangler.
+NODE_STARTERS = ("run_pyodide", "pyodide_node", "run_miniflare", "miniflare_node", "_dry_run")
+
+
+def test_every_module_that_starts_node_is_in_the_node_lane() -> None:
+    """Under xdist, the modules marked ``pyodide`` or ``workerd`` run one after the other
+    in one worker (tests/conftest.py); two of them at once on two cores run out of their
+    time limits, so a module that starts Pyodide, workerd or wrangler carries a mark."""
+    unmarked = []
+    for folder in ("tests", "runtime/tests", "adapters", "infra/tests"):
+        for path in sorted((REPO / folder).rglob("test_*.py")):
+            if "node_modules" in path.parts:
+                continue
+            text = path.read_text()
+            starts = [name for name in NODE_STARTERS if f"{name}(" in text]
+            marked = "mark.pyodide" in text or "mark.workerd" in text
+            if starts and not marked:
+                unmarked.append(f"{path.relative_to(REPO)} ({', '.join(starts)})")
+    assert unmarked == [], "mark these pytest.mark.workerd (or pyodide): " + "; ".join(unmarked)
+
+
 def _ensure_tools(tmp_path: Path, **env: str) -> tuple[str, str]:
     """``ensure_tools`` of scripts/_services.sh on a PATH without chromium and tmux, with
     a stand-in ``apt-get`` that records its arguments (a fake: the test must not install

@@ -11,7 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_build_cloudflare import _dry_run
+
+# wrangler's dry run (Node.js): in the one Node lane under xdist (tests/conftest.py)
+pytestmark = pytest.mark.workerd
 
 QUEUE_PY = """\
 from haze import define_queue_config
