@@ -19,6 +19,7 @@ PLUGINS: dict[tuple[str, str], str] = {
     ("haze.stores", "kv"): "haze_cloudflare.kv:KVStore",
     ("haze.bindings", "cloudflare"): "haze_cloudflare.driver:binding_producer",
     ("haze.bindings", "d1"): "haze_cloudflare.d1:binding_executor",
+    ("haze.offload", "r2"): "haze_cloudflare.r2:R2ObjectStore",
 }
 
 
