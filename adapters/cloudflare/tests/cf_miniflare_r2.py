@@ -38,6 +38,8 @@ app = App(
                 "failed_store": "main",
                 "offload": {"to": URL},  # over: the driver's cap (128 KB)
             },
+            # the same queue without offload: a body over the cap is refused at dispatch
+            "plain": {"driver": "cloudflare", "binding": "QUEUE", "failed_store": "main"},
             "database": {"driver": "database", "connection": "main", "queues": ["default"]},
         },
     ),
@@ -147,6 +149,17 @@ try:
     result["after_all"] = await listed()
     result["runs"] = runs
     result["seen_objects"] = seen_objects
+    # between Cloudflare's 128,000 bytes and 128 KiB (131,072): offloaded by default,
+    # refused by haze (naming the cap) without offload, never by the queue's own error
+    mid = "m" * 129_500
+    await cf_r2_big.dispatch({"key": "mid", "b": mid})
+    await until(lambda: any(r["key"] == "mid" for r in runs))
+    try:
+        await cf_r2_big.with_({"key": "mid-plain", "b": mid}).on_connection("plain").dispatch()
+        result["mid_plain"] = "sent"
+    except Exception as e:
+        result["mid_plain"] = f"{type(e).__name__}: {e}"
+    result["runs"] = runs
     # last: what it sends is no haze message, and fails into failed jobs when delivered
     result["cap"] = await queue_cap()
 except BaseException:

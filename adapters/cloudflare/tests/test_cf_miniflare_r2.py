@@ -78,5 +78,14 @@ def test_a_failed_job_keeps_its_object(run: dict[str, Any]) -> None:
 def test_miniflare_enforces_the_queue_message_cap(run: dict[str, Any]) -> None:
     cap = run["cap"]
     assert cap["128000"] == "sent", cap
-    # the larger sizes: what workerd answers is recorded, and printed when it changes
-    assert cap["131072"] != "sent", cap
+    assert "exceeds limit of 128000" in cap["128001"], cap
+    assert "exceeds limit of 128000" in cap["131072"], cap
+
+
+def test_a_body_between_128000_bytes_and_128_kib_is_offloaded_or_refused_by_haze(
+    run: dict[str, Any],
+) -> None:
+    assert [r["len"] for r in run["runs"] if r["key"] == "mid"] == [129_500]
+    refused = run["mid_plain"]
+    assert refused.startswith("PayloadTooLargeError"), refused
+    assert "128000-byte" in refused, refused
