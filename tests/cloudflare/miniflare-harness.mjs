@@ -8,11 +8,13 @@
 // offline. So the pieces are split, and each piece is real:
 //   * Miniflare runs consumer-worker.mjs (a JS Worker, in workerd) bound to a real local
 //     queue "haze-jobs" (max_retries 2, dead-letter queue "haze-dlq"), a real local D1
-//     database and a real local R2 bucket (binding R2). workerd owns delivery, batching, attempts, retry delays and dead-lettering.
+//     database and a real local R2 bucket (binding R2). workerd owns delivery, batching,
+//     attempts, retry delays and dead-lettering.
 //   * haze (haze + haze_cloudflare wheels) runs in Pyodide here. Its env holds Miniflare's
 //     own Queue producer, D1 and R2 bindings (mf.getQueueProducer / getD1Database /
-//     getR2Bucket, proxies to the same local queue, database and bucket), so haze's send/sendBatch, re-sends on
-//     release and D1 statements go to the real local services.
+//     getR2Bucket, proxies to the same local queue, database and bucket), so haze's
+//     send/sendBatch, re-sends on release, D1 statements and R2 objects go to the real
+//     local services.
 //   * The JS Worker hands each delivery (id, body, attempts) to Node through the HAZE
 //     service binding; Node runs haze_cloudflare.QueueWorker.queue() on relay messages
 //     whose ack()/retry({delaySeconds}) record a verdict; the JS Worker applies the
