@@ -7,12 +7,14 @@
 // bundle from the network (pyodide-capnp-bin.edgeworker.net), and this machine is
 // offline. So the pieces are split, and each piece is real:
 //   * Miniflare runs consumer-worker.mjs (a JS Worker, in workerd) bound to a real local
-//     queue "haze-jobs" (max_retries 2, dead-letter queue "haze-dlq") and a real local D1
-//     database. workerd owns delivery, batching, attempts, retry delays and dead-lettering.
+//     queue "haze-jobs" (max_retries 2, dead-letter queue "haze-dlq"), a real local D1
+//     database and a real local R2 bucket (binding R2). workerd owns delivery, batching,
+//     attempts, retry delays and dead-lettering.
 //   * haze (haze + haze_cloudflare wheels) runs in Pyodide here. Its env holds Miniflare's
-//     own Queue producer and D1 bindings (mf.getQueueProducer / mf.getD1Database, proxies
-//     to the same local queue and database), so haze's send/sendBatch, re-sends on
-//     release and D1 statements go to the real local services.
+//     own Queue producer, D1 and R2 bindings (mf.getQueueProducer / getD1Database /
+//     getR2Bucket, proxies to the same local queue, database and bucket), so haze's
+//     send/sendBatch, re-sends on release, D1 statements and R2 objects go to the real
+//     local services.
 //   * The JS Worker hands each delivery (id, body, attempts) to Node through the HAZE
 //     service binding; Node runs haze_cloudflare.QueueWorker.queue() on relay messages
 //     whose ack()/retry({delaySeconds}) record a verdict; the JS Worker applies the
@@ -260,6 +262,7 @@ async function main() {
           "haze-dlq": { maxBatchSize: 10, maxBatchTimeout: 0 },
         },
         d1Databases: { DB: "haze-d1" },
+        r2Buckets: { R2: "haze-r2" },
         serviceBindings: { HAZE: serveHaze },
       },
       ...workers,
@@ -269,7 +272,9 @@ async function main() {
   try {
     const queue = await mf.getQueueProducer("QUEUE", "consumer");
     const db = await mf.getD1Database("DB", "consumer");
-    const env = { QUEUE: queue, DB: db };
+    // workerd's own R2 bucket (a local one, on disk in Miniflare's temp storage)
+    const r2 = await mf.getR2Bucket("R2", "consumer");
+    const env = { QUEUE: queue, DB: db, R2: r2 };
     if (workflows) {
       // the Workflow bindings themselves (Miniflare's proxies to the "workflows" Worker's)
       const bound = await mf.getBindings("workflows");

@@ -175,7 +175,7 @@ def test_delay_and_size_limits(scenarios: dict[str, Any]) -> None:
     v = outcome(scenarios, "limits")
     assert [s["delaySeconds"] for s in v["sends"]] == [30, 43200]
     assert "12-hour (43200 s) limit" in v["errors"]["delay"]
-    assert "131072-byte limit" in v["errors"]["size"]
+    assert "128000-byte limit" in v["errors"]["size"]
 
 
 def test_bulk_uses_send_batch(scenarios: dict[str, Any]) -> None:

@@ -141,7 +141,7 @@ async def test_rest_producer_send_delay_and_limits(standin: StandIn) -> None:
 
         with pytest.raises(DelayTooLongError, match=r"12-hour \(43200 s\) limit"):
             await cf_rest_ok.dispatch({"n": 4}, delay="13h")
-        with pytest.raises(PayloadTooLargeError, match="131072-byte limit"):
+        with pytest.raises(PayloadTooLargeError, match="128000-byte limit"):
             await cf_rest_ok.dispatch({"blob": "x" * 132_000})
 
     one = sent(standin, "/messages")

@@ -21,6 +21,7 @@ PLUGINS: dict[tuple[str, str], str] = {
     ("haze.bindings", "cloudflare"): "haze_cloudflare.driver:binding_producer",
     ("haze.bindings", "d1"): "haze_cloudflare.d1:binding_executor",
     ("haze.bindings", "workflows"): "haze_cloudflare.workflows:binding_workflow",
+    ("haze.offload", "r2"): "haze_cloudflare.r2:R2ObjectStore",
 }
 
 

@@ -40,7 +40,8 @@ memory store beside a queue that other isolates consume.
 - ``queues``: one producer per ``cloudflare`` connection's ``binding``, and a consumer of
   its queue with ``max_retries`` = the most ``tries`` - 1 and a dead-letter queue
   (see :mod:`haze.build.cloudflare_plan`, shared with ``haze_infra``);
-- ``d1_databases`` for ``d1://`` connections, ``kv_namespaces`` for ``kv`` stores.
+- ``d1_databases`` for ``d1://`` connections, ``kv_namespaces`` for ``kv`` stores,
+  ``r2_buckets`` for connections that offload to ``r2://BINDING/prefix``.
 
 Lists of bindings are merged by ``binding`` (a Worker's binding names are unique) and
 consumers by ``queue`` (a queue has one consumer); other lists are the app's when given,
@@ -75,6 +76,7 @@ from haze.build.cloudflare_plan import (
     cloudflare_consumer,
     cloudflare_storage,
     connection_max_tries,
+    r2_buckets,
     wrangler_section,
 )
 from haze.build.cloudflare_warnings import worker_warnings
@@ -352,7 +354,8 @@ def _consumer(plan: CloudflarePlan, queue: str) -> dict[str, Any]:
 
 
 def _add_storage(app: App, config: dict[str, Any]) -> None:
-    """The D1 databases and KV namespaces the app's connections and stores bind."""
+    """The D1 databases, KV namespaces and R2 buckets the app's connections and stores
+    bind."""
     d1, kv = cloudflare_storage(app)
     d1_entries = [
         {"binding": d.binding, "database_id": d.database} for d in d1 if d.connection is not None
@@ -362,6 +365,8 @@ def _add_storage(app: App, config: dict[str, Any]) -> None:
         config["d1_databases"] = d1_entries
     if kv_entries:
         config["kv_namespaces"] = kv_entries
+    if r2 := r2_buckets(app):
+        config["r2_buckets"] = r2
 
 
 def _check_merged(merged: dict[str, Any], notes: list[str]) -> None:

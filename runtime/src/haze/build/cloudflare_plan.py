@@ -35,11 +35,14 @@ Example::
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
 
+from haze._base.errors import ConfigError
 from haze._jobs.definition import registered_jobs
 from haze.connectors.d1 import d1_target
 
@@ -63,6 +66,7 @@ __all__ = [
     "cloudflare_storage",
     "connection_jobs",
     "connection_max_tries",
+    "r2_buckets",
     "wrangler_queues",
     "wrangler_section",
 ]
@@ -247,3 +251,33 @@ def cloudflare_storage(app: App) -> tuple[tuple[D1Plan, ...], tuple[KvPlan, ...]
             b = str(entry["binding"])
             kv.setdefault(b, KvPlan(binding=b, store=None))
     return tuple(d1.values()), tuple(kv.values())
+
+
+#: A Worker binding's name: what wrangler accepts (and a Python attribute of ``env``).
+_BINDING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def r2_buckets(app: App) -> list[dict[str, str]]:
+    """``r2_buckets`` entries for the connections that offload to ``r2://BINDING/prefix``:
+    the bucket is the URL's ``?bucket=``, else the binding's name in lower case with ``_``
+    as ``-`` (the same default haze_cloudflare's store uses outside a Worker)."""
+    qc = app.queue_config
+    found: dict[str, dict[str, str]] = {}
+    for conn, options in qc.connections.items():
+        offload = options.get("offload")
+        url = offload.get("to") if isinstance(offload, dict) else None
+        if not isinstance(url, str) or not url.lower().startswith("r2://"):
+            continue
+        parts = urlsplit(url)
+        if not _BINDING_NAME.match(parts.netloc):
+            raise ConfigError(
+                f"{url!r}: {parts.netloc!r} is not an R2 binding name; use r2://BINDING/prefix "
+                "with letters, digits and _ (not starting with a digit), such as "
+                "r2://PAYLOADS/haze",
+                source=qc.source,
+                key=f"connections.{conn}.offload.to",
+            )
+        bucket = parse_qs(parts.query).get("bucket", [""])[-1]
+        bucket = bucket or parts.netloc.lower().replace("_", "-")
+        found.setdefault(parts.netloc, {"binding": parts.netloc, "bucket_name": bucket})
+    return list(found.values())

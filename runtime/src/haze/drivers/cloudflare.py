@@ -82,11 +82,13 @@ log = logging.getLogger("haze.drivers.cloudflare")
 
 #: Cloudflare Queues hold a delayed message (or a retry) at most 12 hours.
 MAX_DELAY_SECONDS = 12 * 60 * 60
-#: Cloudflare Queues accept messages up to 128 KB.
-DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024
-#: sendBatch / messages/batch: at most 100 messages and 256 KB per call.
+#: Cloudflare Queues accept messages up to 128 KB: 128,000 bytes, not 128 KiB (workerd's
+#: queue broker refuses a 128,001-byte body), so a body between the two is offloaded or
+#: refused by haze rather than failing at the queue.
+DEFAULT_MAX_MESSAGE_SIZE = 128_000
+#: sendBatch / messages/batch: at most 100 messages and 256 KB (256,000 bytes) per call.
 MAX_BATCH_MESSAGES = 100
-MAX_BATCH_BYTES = 256 * 1024
+MAX_BATCH_BYTES = 256_000
 API_URL = "https://api.cloudflare.com/client/v4"
 
 Json = dict[str, Any]
