@@ -237,3 +237,32 @@ def test_the_dashboard_reads_the_runs_and_steps_from_the_api(root: Path, cf: Sta
     listing, detail = in_app(root, page)
     assert "pay-1" in listing and "pay-2" in listing and "pay-3" in listing
     assert "intent" in detail and "haze:at" not in detail
+
+
+def test_odd_run_ids_and_event_names_stay_inside_their_url_segment(root: Path, cf: StandIn) -> None:
+    """An id no instance can have is unknown without a request (a ``/``, ``..`` or ``?``
+    in it must not reach another endpoint); an event's name travels %-escaped, whole."""
+
+    async def go(app: App) -> Any:
+        odd = ["a/b", "../cfr_pay", "pay-2?status=x", "pay-2/events/paid", "-x", "é"]
+        statuses = [await Workflow.status(rid) for rid in odd]
+        cancels = [await Workflow.cancel(rid) for rid in odd]
+        seen = len(cf.requests)
+        errors = []
+        for rid in odd:
+            try:
+                await Workflow.send_event(rid, "paid", 1)
+            except WorkflowRunError as e:
+                errors.append(str(e))
+        sent = await Workflow.send_event("pay-2", "paid/now?x=1 %", {"amount": 1})
+        return statuses, cancels, seen, errors, sent
+
+    statuses, cancels, seen, errors, sent = in_app(root, go)
+    assert statuses == [None] * 6 and cancels == [False] * 6
+    assert seen == 0, cf.requests
+    assert errors == [
+        f"Workflow.send_event: no workflow run {rid!r}; check the id (Workflow.start returns it)"
+        for rid in ["a/b", "../cfr_pay", "pay-2?status=x", "pay-2/events/paid", "-x", "é"]
+    ]
+    assert sent is True
+    assert cf.events == [("cfr_pay", "pay-2", "paid/now?x=1 %", {"amount": 1})]

@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Protocol
+from urllib.parse import quote
 
 from haze._base import plugins
 from haze._base.errors import ConfigError, WorkflowRunError
@@ -98,7 +99,8 @@ class RestWorkflow:
 
     def __init__(self, options: Mapping[str, Any], workflow: str) -> None:
         base = str(options.get("api_url") or API_URL).rstrip("/")
-        self.base = f"{base}/accounts/{options['account_id']}/workflows/{workflow}/instances"
+        account, name = options["account_id"], quote(workflow, safe="")
+        self.base = f"{base}/accounts/{account}/workflows/{name}/instances"
         self._http = LoopClient(
             what="native workflows outside a Worker (REST API)",
             extra="cloudflare",
@@ -133,16 +135,25 @@ class RestWorkflow:
 
     async def get(self, run_id: str) -> Mapping[str, Any] | None:
         try:
-            found = await self._call("GET", f"/{run_id}")
+            found = await self._call("GET", f"/{quote(run_id, safe='')}")
         except LookupError:
             return None
         return found if isinstance(found, dict) else None
 
     async def send_event(self, run_id: str, event_type: str, payload: Any) -> None:
-        await self._call("POST", f"/{run_id}/events/{event_type}", json=payload)
+        # the type is the wait's name as written: escaped, a "/" or "?" in it stays in it
+        path = f"/{quote(run_id, safe='')}/events/{quote(event_type, safe='')}"
+        try:
+            await self._call("POST", path, json=payload)
+        except LookupError as e:
+            raise WorkflowRunError(f"Workflow.send_event: no workflow run {run_id!r}") from e
 
     async def terminate(self, run_id: str) -> None:
-        await self._call("PATCH", f"/{run_id}/status", json={"status": "terminate"})
+        path = f"/{quote(run_id, safe='')}/status"
+        try:
+            await self._call("PATCH", path, json={"status": "terminate"})
+        except LookupError as e:  # gone meanwhile: nothing left to terminate
+            raise WorkflowRunError(f"cannot terminate {run_id!r}: not found") from e
 
     async def list(self, status: str | None, limit: int) -> builtins.list[Mapping[str, Any]]:
         query: dict[str, Any] = {"per_page": max(1, min(limit, 100)), "direction": "desc"}
@@ -186,6 +197,8 @@ class CloudflareRuns:
         return wf is not None and (wf.job.connection or self.connection) == self.connection
 
     async def _find(self, run_id: str) -> tuple[str, Mapping[str, Any]] | None:
+        if not _INSTANCE_ID.fullmatch(run_id):
+            return None  # no instance has it; asking would put its "/" or "?" in the URL
         for workflow in self._workflows():
             found = await _get(self.api(workflow), run_id)
             if found is not None:
