@@ -266,3 +266,18 @@ def test_odd_run_ids_and_event_names_stay_inside_their_url_segment(root: Path, c
     ]
     assert sent is True
     assert cf.events == [("cfr_pay", "pay-2", "paid/now?x=1 %", {"amount": 1})]
+
+
+def test_retry_of_a_native_run_says_in_one_line_that_the_platform_keeps_it(
+    root: Path, cf: StandIn
+) -> None:
+    """haze replays failed runs of its own engine only: a failed run on Cloudflare
+    Workflows is not "of a workflow this app does not define" (nor a store error)."""
+    result = haze(root, "workflow:retry", "pay-3")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.strip().splitlines() == [
+        "Error: Workflow.retry: run 'pay-3' of \"cfr_pay\" runs on the platform's own "
+        "workflow engine, which keeps its runs: haze cannot replay it; start a new run "
+        "(Workflow.start) instead"
+    ]
+    assert not [r for r in cf.requests if r[0] != "GET"]
