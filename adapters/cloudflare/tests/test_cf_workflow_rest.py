@@ -281,3 +281,33 @@ def test_retry_of_a_native_run_says_in_one_line_that_the_platform_keeps_it(
         "(Workflow.start) instead"
     ]
     assert not [r for r in cf.requests if r[0] != "GET"]
+
+
+def test_a_workflow_routed_to_the_native_connection_runs_there(tmp_path: Path, cf: StandIn) -> None:
+    """A route, like a definition's connection=, puts a workflow on Cloudflare Workflows
+    when the default connection is another one (it ran on haze's engine instead)."""
+    root = tmp_path / "app"
+    (root / "config").mkdir(parents=True)
+    (root / "config" / "queue.py").write_text(
+        "from haze import define_queue_config\n"
+        "config = define_queue_config(\n"
+        '    default="memory",\n'
+        '    store="memory",\n'
+        "    connections={\n"
+        '        "memory": {"driver": "memory"},\n'
+        '        "edge": {"driver": "cloudflare", "binding": "QUEUE", "workflows": "native",\n'
+        f'                 "account_id": "{ACCOUNT}", "api_token": "{TOKEN}",\n'
+        f'                 "api_url": "{cf.api_url}"}},\n'
+        "    },\n"
+        '    routes={"cfr_*": {"connection": "edge"}},\n'
+        ")\n"
+    )
+
+    async def go(app: App) -> Any:
+        rid = await Workflow.start(cfr_pay, id="pay-7", order="A-7")
+        return rid, await Workflow.status("pay-1")
+
+    rid, st = in_app(root, go)
+    assert rid == "pay-7"
+    assert cf.instances[("cfr_pay", "pay-7")]["params"] == {"order": "A-7"}
+    assert st is not None and st.state == "done" and st.name == "cfr_pay"

@@ -166,9 +166,11 @@ class RestWorkflow:
 class CloudflareRuns:
     """``WorkflowRuns`` (and the start and events) of one native cloudflare connection."""
 
-    def __init__(self, connection: str, options: Mapping[str, Any]) -> None:
+    def __init__(self, connection: str, options: Mapping[str, Any], app: Any = None) -> None:
         self.connection = connection
         self.options = options
+        # weak: _runs is keyed weakly by this app, and a strong ref here would keep it alive
+        self._app = None if app is None else weakref.ref(app)
         self._rest: dict[str, RestWorkflow] = {}
 
     def api(self, workflow: str) -> WorkflowApi:
@@ -194,7 +196,12 @@ class CloudflareRuns:
 
     def _owns(self, workflow: str) -> bool:
         wf = find_workflow(workflow)
-        return wf is not None and (wf.job.connection or self.connection) == self.connection
+        if wf is None:
+            return False
+        app = None if self._app is None else self._app()
+        if app is None:
+            return (wf.job.connection or self.connection) == self.connection
+        return _connection_of(app, workflow) == self.connection
 
     async def _find(self, run_id: str) -> tuple[str, Mapping[str, Any]] | None:
         if not _INSTANCE_ID.fullmatch(run_id):
@@ -359,13 +366,21 @@ def is_cloudflare_native(options: Mapping[str, Any] | None) -> bool:
     )
 
 
+def _connection_of(app: Any, workflow: str) -> str:
+    """Where a workflow's runs go: its definition's connection, else its route's, else
+    the default connection (as for any job)."""
+    wf = find_workflow(workflow)
+    own = None if wf is None else wf.job.connection
+    routed: str | None = app.queue_config.routes.connection_for(workflow, own)
+    return routed or str(app.queue_config.default)
+
+
 def cloudflare_runs(app: Any, workflow: str | None = None) -> CloudflareRuns | None:
     """The Cloudflare runs of workflow ``workflow`` (None: of the app's native
     cloudflare connection, if it has one), or None when they run elsewhere."""
     connections: Mapping[str, Mapping[str, Any]] = app.queue_config.connections
     if workflow is not None:
-        wf = find_workflow(workflow)
-        name = (wf.job.connection if wf is not None else None) or app.queue_config.default
+        name = _connection_of(app, workflow)
         if not is_cloudflare_native(connections.get(name)):
             return None
     else:
@@ -375,5 +390,5 @@ def cloudflare_runs(app: Any, workflow: str | None = None) -> CloudflareRuns | N
         name = found[0]
     kept = _runs.setdefault(app, {})
     if name not in kept:
-        kept[name] = CloudflareRuns(name, connections[name])
+        kept[name] = CloudflareRuns(name, connections[name], app)
     return kept[name]
