@@ -9,6 +9,7 @@ number of skips is pinned so a new one is a deliberate change.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import pytest
 from docs_blocks import blocks
+from haze import App, define_queue_config
+from haze.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -288,3 +291,20 @@ def test_every_documented_import_is_a_public_name_that_imports() -> None:
         except (ImportError, AttributeError) as e:
             wrong.append(f"{file}: from {module} import {name} ({e})")
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_native_engine_connections_in_workflows_md_are_valid(tmp_path: Path) -> None:
+    """The two connection lines of "Store engine and native engines" are what a user
+    copies into config/queue.py: each must pass the config check as written."""
+    text = (REPO / "docs" / "workflows.md").read_text()
+    section = text.split("## Store engine and native engines", 1)[1].split("```", 2)[1]
+    rows = [ln for ln in section.splitlines() if ln.startswith('"')]
+    assert len(rows) == 2, section
+    (tmp_path / "config").mkdir()
+    for row in rows:
+        name, options = next(iter(ast.literal_eval("{" + row.rstrip(",") + "}").items()))
+        config = define_queue_config(connections={name: options}, store="memory")
+        try:
+            App(root=tmp_path, queue=config)
+        except ConfigError as e:
+            pytest.fail(f"{row}: {e}")

@@ -347,3 +347,40 @@ def test_a_worker_image_needs_a_queue_another_process_can_read(
         monkeypatch.setenv("QUEUE_CONNECTION", connection)
         with pytest.raises(ConfigError, match=words):
             build(root, "docker", tmp_path / "dist")
+
+
+def test_jobs_routed_to_another_connection_are_named_in_the_build_notes(tmp_path: Path) -> None:
+    """The image's worker takes one connection: a job whose route sends it elsewhere has
+    no worker there, and the build says which jobs and the worker command that takes
+    them, rather than leaving them to wait unseen."""
+    config = {
+        **CONFIG,
+        "config/queue.py": """\
+        from haze import define_queue_config
+        config = define_queue_config(
+            default="database",
+            connections={
+                "database": {"driver": "database"},
+                "side": {"driver": "redis", "queues": ["default"]},
+            },
+            routes={
+                "docker_routed": {"connection": "side", "queue": "bulk"},
+                "docker_stays": {"queue": "mail"},
+            },
+        )
+        """,
+        "app/job/docker_stays.py": """\
+        from haze import define_job
+
+        @define_job(name="docker_stays")
+        async def docker_stays(payload: dict) -> None:
+            pass
+        """,
+    }
+    root = write_app(tmp_path / "site", config, name="docker_routed")
+    notes = build(root, "docker", tmp_path / "dist").notes
+    [note] = [n for n in notes if "docker_routed" in n]
+    assert 'connection "side"' in note
+    # only the queues of the jobs that go there: docker_stays stays on "database"
+    assert "haze queue:work --connection side --queue default,bulk`" in note
+    assert "--queue default,mail" in " ".join(notes)

@@ -25,7 +25,7 @@ import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 ACCOUNT = "acc0123"
 TOKEN = "wf-token"
@@ -111,7 +111,7 @@ class StandIn:
                     found["status"] = "terminated"
                     return self._send(200, {"status": "terminated"})
                 if method == "POST" and rest and rest.startswith("/events/"):
-                    standin.events.append((wf, rid, rest[len("/events/") :], self._body()))
+                    standin.events.append((wf, rid, unquote(rest[len("/events/") :]), self._body()))
                     return self._send(200, None)
                 return self._send(405, error=f"{method} {url.path}")
 

@@ -237,3 +237,77 @@ def test_the_dashboard_reads_the_runs_and_steps_from_the_api(root: Path, cf: Sta
     listing, detail = in_app(root, page)
     assert "pay-1" in listing and "pay-2" in listing and "pay-3" in listing
     assert "intent" in detail and "haze:at" not in detail
+
+
+def test_odd_run_ids_and_event_names_stay_inside_their_url_segment(root: Path, cf: StandIn) -> None:
+    """An id no instance can have is unknown without a request (a ``/``, ``..`` or ``?``
+    in it must not reach another endpoint); an event's name travels %-escaped, whole."""
+
+    async def go(app: App) -> Any:
+        odd = ["a/b", "../cfr_pay", "pay-2?status=x", "pay-2/events/paid", "-x", "é"]
+        statuses = [await Workflow.status(rid) for rid in odd]
+        cancels = [await Workflow.cancel(rid) for rid in odd]
+        seen = len(cf.requests)
+        errors = []
+        for rid in odd:
+            try:
+                await Workflow.send_event(rid, "paid", 1)
+            except WorkflowRunError as e:
+                errors.append(str(e))
+        sent = await Workflow.send_event("pay-2", "paid/now?x=1 %", {"amount": 1})
+        return statuses, cancels, seen, errors, sent
+
+    statuses, cancels, seen, errors, sent = in_app(root, go)
+    assert statuses == [None] * 6 and cancels == [False] * 6
+    assert seen == 0, cf.requests
+    assert errors == [
+        f"Workflow.send_event: no workflow run {rid!r}; check the id (Workflow.start returns it)"
+        for rid in ["a/b", "../cfr_pay", "pay-2?status=x", "pay-2/events/paid", "-x", "é"]
+    ]
+    assert sent is True
+    assert cf.events == [("cfr_pay", "pay-2", "paid/now?x=1 %", {"amount": 1})]
+
+
+def test_retry_of_a_native_run_says_in_one_line_that_the_platform_keeps_it(
+    root: Path, cf: StandIn
+) -> None:
+    """haze replays failed runs of its own engine only: a failed run on Cloudflare
+    Workflows is not "of a workflow this app does not define" (nor a store error)."""
+    result = haze(root, "workflow:retry", "pay-3")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.strip().splitlines() == [
+        "Error: Workflow.retry: run 'pay-3' of \"cfr_pay\" runs on the platform's own "
+        "workflow engine, which keeps its runs: haze cannot replay it; start a new run "
+        "(Workflow.start) instead"
+    ]
+    assert not [r for r in cf.requests if r[0] != "GET"]
+
+
+def test_a_workflow_routed_to_the_native_connection_runs_there(tmp_path: Path, cf: StandIn) -> None:
+    """A route, like a definition's connection=, puts a workflow on Cloudflare Workflows
+    when the default connection is another one (it ran on haze's engine instead)."""
+    root = tmp_path / "app"
+    (root / "config").mkdir(parents=True)
+    (root / "config" / "queue.py").write_text(
+        "from haze import define_queue_config\n"
+        "config = define_queue_config(\n"
+        '    default="memory",\n'
+        '    store="memory",\n'
+        "    connections={\n"
+        '        "memory": {"driver": "memory"},\n'
+        '        "edge": {"driver": "cloudflare", "binding": "QUEUE", "workflows": "native",\n'
+        f'                 "account_id": "{ACCOUNT}", "api_token": "{TOKEN}",\n'
+        f'                 "api_url": "{cf.api_url}"}},\n'
+        "    },\n"
+        '    routes={"cfr_*": {"connection": "edge"}},\n'
+        ")\n"
+    )
+
+    async def go(app: App) -> Any:
+        rid = await Workflow.start(cfr_pay, id="pay-7", order="A-7")
+        return rid, await Workflow.status("pay-1")
+
+    rid, st = in_app(root, go)
+    assert rid == "pay-7"
+    assert cf.instances[("cfr_pay", "pay-7")]["params"] == {"order": "A-7"}
+    assert st is not None and st.state == "done" and st.name == "cfr_pay"

@@ -304,14 +304,32 @@ async def wake(run_id: str) -> bool:
     return True
 
 
+async def _refuse_native_retry(app: Any, run_id: str) -> None:
+    """A run the platform's engine keeps is not replayed by haze: say so, rather than
+    "unknown" (the platform has the run, and its own retries were the steps')."""
+    native = _native(app)
+    found = None if native is None else await native.status(run_id)
+    if found is not None:
+        raise WorkflowRunError(
+            f'Workflow.retry: run {run_id!r} of "{found.name}" runs on the platform\'s own '
+            "workflow engine, which keeps its runs: haze cannot replay it; start a new run "
+            "(Workflow.start) instead"
+        )
+    if _state_or_none(app) is None:
+        _state(app)  # no store and no such run: the store's own one-line ConfigError
+
+
 async def retry(run_id: str) -> bool:
     """Replay a failed run from its last kept step (its steps' results stay kept; the
     step that failed gets its tries again). False when the run is unknown, not failed,
     or its workflow is not defined in this process."""
-    state = _state(use_app())
-    run = await state.get_run(run_id)
+    app = use_app()
+    state = _state_or_none(app)
+    run = None if state is None else await state.get_run(run_id)
+    if run is None:
+        await _refuse_native_retry(app, run_id)
     wf = None if run is None or run.state != "failed" else find_workflow(run.name)
-    if wf is None or not await state.reopen(run_id):
+    if state is None or wf is None or not await state.reopen(run_id):
         return False
     await wf.pending({"run": run_id}).dispatch()
     return True

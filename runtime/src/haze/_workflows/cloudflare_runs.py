@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Protocol
+from urllib.parse import quote
 
 from haze._base import plugins
 from haze._base.errors import ConfigError, WorkflowRunError
@@ -98,7 +99,8 @@ class RestWorkflow:
 
     def __init__(self, options: Mapping[str, Any], workflow: str) -> None:
         base = str(options.get("api_url") or API_URL).rstrip("/")
-        self.base = f"{base}/accounts/{options['account_id']}/workflows/{workflow}/instances"
+        account, name = options["account_id"], quote(workflow, safe="")
+        self.base = f"{base}/accounts/{account}/workflows/{name}/instances"
         self._http = LoopClient(
             what="native workflows outside a Worker (REST API)",
             extra="cloudflare",
@@ -133,16 +135,25 @@ class RestWorkflow:
 
     async def get(self, run_id: str) -> Mapping[str, Any] | None:
         try:
-            found = await self._call("GET", f"/{run_id}")
+            found = await self._call("GET", f"/{quote(run_id, safe='')}")
         except LookupError:
             return None
         return found if isinstance(found, dict) else None
 
     async def send_event(self, run_id: str, event_type: str, payload: Any) -> None:
-        await self._call("POST", f"/{run_id}/events/{event_type}", json=payload)
+        # the type is the wait's name as written: escaped, a "/" or "?" in it stays in it
+        path = f"/{quote(run_id, safe='')}/events/{quote(event_type, safe='')}"
+        try:
+            await self._call("POST", path, json=payload)
+        except LookupError as e:
+            raise WorkflowRunError(f"Workflow.send_event: no workflow run {run_id!r}") from e
 
     async def terminate(self, run_id: str) -> None:
-        await self._call("PATCH", f"/{run_id}/status", json={"status": "terminate"})
+        path = f"/{quote(run_id, safe='')}/status"
+        try:
+            await self._call("PATCH", path, json={"status": "terminate"})
+        except LookupError as e:  # gone meanwhile: nothing left to terminate
+            raise WorkflowRunError(f"cannot terminate {run_id!r}: not found") from e
 
     async def list(self, status: str | None, limit: int) -> builtins.list[Mapping[str, Any]]:
         query: dict[str, Any] = {"per_page": max(1, min(limit, 100)), "direction": "desc"}
@@ -155,9 +166,11 @@ class RestWorkflow:
 class CloudflareRuns:
     """``WorkflowRuns`` (and the start and events) of one native cloudflare connection."""
 
-    def __init__(self, connection: str, options: Mapping[str, Any]) -> None:
+    def __init__(self, connection: str, options: Mapping[str, Any], app: Any = None) -> None:
         self.connection = connection
         self.options = options
+        # weak: _runs is keyed weakly by this app, and a strong ref here would keep it alive
+        self._app = None if app is None else weakref.ref(app)
         self._rest: dict[str, RestWorkflow] = {}
 
     def api(self, workflow: str) -> WorkflowApi:
@@ -183,9 +196,16 @@ class CloudflareRuns:
 
     def _owns(self, workflow: str) -> bool:
         wf = find_workflow(workflow)
-        return wf is not None and (wf.job.connection or self.connection) == self.connection
+        if wf is None:
+            return False
+        app = None if self._app is None else self._app()
+        if app is None:
+            return (wf.job.connection or self.connection) == self.connection
+        return _connection_of(app, workflow) == self.connection
 
     async def _find(self, run_id: str) -> tuple[str, Mapping[str, Any]] | None:
+        if not _INSTANCE_ID.fullmatch(run_id):
+            return None  # no instance has it; asking would put its "/" or "?" in the URL
         for workflow in self._workflows():
             found = await _get(self.api(workflow), run_id)
             if found is not None:
@@ -346,13 +366,21 @@ def is_cloudflare_native(options: Mapping[str, Any] | None) -> bool:
     )
 
 
+def _connection_of(app: Any, workflow: str) -> str:
+    """Where a workflow's runs go: its definition's connection, else its route's, else
+    the default connection (as for any job)."""
+    wf = find_workflow(workflow)
+    own = None if wf is None else wf.job.connection
+    routed: str | None = app.queue_config.routes.connection_for(workflow, own)
+    return routed or str(app.queue_config.default)
+
+
 def cloudflare_runs(app: Any, workflow: str | None = None) -> CloudflareRuns | None:
     """The Cloudflare runs of workflow ``workflow`` (None: of the app's native
     cloudflare connection, if it has one), or None when they run elsewhere."""
     connections: Mapping[str, Mapping[str, Any]] = app.queue_config.connections
     if workflow is not None:
-        wf = find_workflow(workflow)
-        name = (wf.job.connection if wf is not None else None) or app.queue_config.default
+        name = _connection_of(app, workflow)
         if not is_cloudflare_native(connections.get(name)):
             return None
     else:
@@ -362,5 +390,5 @@ def cloudflare_runs(app: Any, workflow: str | None = None) -> CloudflareRuns | N
         name = found[0]
     kept = _runs.setdefault(app, {})
     if name not in kept:
-        kept[name] = CloudflareRuns(name, connections[name])
+        kept[name] = CloudflareRuns(name, connections[name], app)
     return kept[name]

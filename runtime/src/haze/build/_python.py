@@ -44,6 +44,7 @@ __all__ = [
     "app_requirements",
     "extra_requirements",
     "extras_for",
+    "jobs_elsewhere",
     "longest_timeout",
     "pack_wheel",
     "stop_timeout",
@@ -93,19 +94,34 @@ def worker_queues(app: App, connection: str) -> list[str]:
     priority order, then ``default`` and every queue a job names or is routed to."""
     options = app.queue_config.connections[connection]
     queues: list[str] = list(options.get("queues") or [])
-    routes = app.queue_config.routes
+    routes, default = app.queue_config.routes, app.queue_config.default
     named = sorted(
         {
             q
             for j in app_jobs(app)
             if (q := routes.queue_for(j.name, j.queue))
-            and routes.connection_for(j.name, j.connection) in (None, connection)
+            # no pinned connection means the default one, not any
+            and (routes.connection_for(j.name, j.connection) or default) == connection
         }
     )
     for q in ["default", *named]:
         if q not in queues:
             queues.append(q)
     return queues
+
+
+def jobs_elsewhere(app: App, connection: str) -> dict[str, list[str]]:
+    """The jobs a worker on ``connection`` never sees, by the connection their definition
+    or route pins them to (a sync or memory one runs them in the dispatching process)."""
+    routes = app.queue_config.routes
+    out: dict[str, list[str]] = {}
+    for j in app_jobs(app):
+        other = routes.connection_for(j.name, j.connection)
+        if other in (None, connection) or other not in app.queue_config.connections:
+            continue
+        if driver_of(app, other) not in ("sync", "memory"):
+            out.setdefault(other, []).append(j.name)
+    return out
 
 
 def driver_of(app: App, connection: str) -> str:

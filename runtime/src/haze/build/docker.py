@@ -37,6 +37,7 @@ from haze.build._python import (
     extras_for,
     is_remote,
     is_sqlite,
+    jobs_elsewhere,
     longest_timeout,
     pack_wheel,
     stop_timeout,
@@ -207,6 +208,7 @@ def build(ctx: BuildContext) -> BuildResult:
         "HAZE_BUILD_EXTRAS=postgres,... if production's environment picks other backends",
         _stop_note(stop, longest if stop_known else None),
     ]
+    notes.extend(_elsewhere_notes(ctx, connection))
     if driver == "database" and is_sqlite(app, connection):
         notes.append(
             f'connection "{connection}" is SQLite here: inside a container that file is not '
@@ -214,6 +216,20 @@ def build(ctx: BuildContext) -> BuildResult:
             "the file) when you run the image"
         )
     return BuildResult(preset=ctx.preset, path=dest, files=files, notes=notes)
+
+
+def _elsewhere_notes(ctx: BuildContext, connection: str) -> list[str]:
+    """One note per other connection that jobs are pinned to: this image's worker does
+    not take them, so they would wait there unseen."""
+    app, notes = ctx.app, []
+    for other, names in sorted(jobs_elsewhere(app, connection).items()):
+        cmd = ["--connection", other, "--queue", ",".join(worker_queues(app, other))]
+        notes.append(
+            f'jobs {", ".join(names)} go to connection "{other}" (their route or '
+            f"definition), which this worker does not take: run another container with "
+            f"`docker run IMAGE {shlex.join(cmd)}` (`haze queue:work {shlex.join(cmd)}`)"
+        )
+    return notes
 
 
 def _refuse_local(ctx: BuildContext, connection: str, driver: str) -> None:
