@@ -291,9 +291,29 @@ async def test_batch_callbacks_with_1_mib_payloads_fit_a_128_kb_cap(make_app, do
         )
         await batch.dispatch()
         await done(timeout=30)
-    assert sorted(SEEN) == [(0, 5, "sma"), (1, 5, "sma"), (10, ONE_MIB, "abc")] + [
-        (20, ONE_MIB, "abc")
-    ] * 2
+    assert (
+        sorted(SEEN)
+        == [(0, 5, "sma"), (1, 5, "sma"), (10, ONE_MIB, "abc")] + [(20, ONE_MIB, "abc")] * 2
+    )
     # the callbacks' own copies stay with the batch record (a callback may be dispatched
     # again) until queue:prune-offload; each dispatched message's object is gone
     assert len(objects()) == 2
+
+
+@define_job(name="ol_debounced", debounce=0.3)
+async def ol_debounced(payload: dict[str, Any], job: JobContext) -> None:
+    SEEN.append(payload["n"])
+
+
+@pytest.mark.requires("delay")
+async def test_a_debounced_job_superseded_by_a_later_one_has_its_object_deleted(
+    make_app, done
+) -> None:
+    async with make_app(options=offload()):
+        for n in range(3):  # one burst: dispatched well inside the 0.3 s window
+            await ol_debounced.dispatch({"n": n, "blob": blob(4096)})
+        assert len(objects()) == 3
+        await asyncio.sleep(0.4)
+        await done()
+    assert SEEN[-1:] == [2]  # (a slow machine may run an earlier one: not the point here)
+    assert objects() == []  # the superseded runs deleted theirs too
