@@ -317,3 +317,33 @@ async def test_a_debounced_job_superseded_by_a_later_one_has_its_object_deleted(
         await done()
     assert SEEN[-1:] == [2]  # (a slow machine may run an earlier one: not the point here)
     assert objects() == []  # the superseded runs deleted theirs too
+
+
+@pytest.mark.requires("failed_store", "queued", "delay")
+async def test_a_duplicate_retry_that_is_skipped_leaves_the_object_to_the_copy_that_ran(
+    make_app, done
+) -> None:
+    from haze._base.message import decode
+    from haze._engine.admin import Admin
+
+    async with make_app(options=offload()) as app:
+        await ol_fails.dispatch({"blob": blob(4096)})
+        await done()
+        [record] = await Queue.failed()
+        # a retry that died after queueing its copy, and the retry that took its claim
+        # over: two copies of one record; the second, later, is skipped
+        message = decode(record.body)
+        main = app.driver("main")
+        body = Admin._fresh(message, main, "a-retry-that-died", record.failed_at)
+        await main.enqueue(body, message, 0.5)
+        assert await Queue.retry(record.id) == [record.id]
+        await asyncio.sleep(0.6)
+        await done()
+        assert SEEN == [4096, 4096]  # the first copy ran, and failed again
+        [again] = await Queue.failed()
+        assert len(objects()) == 1  # its failed record still has its payload
+        FAIL[0] = False
+        assert await Queue.retry(again.id) == [again.id]
+        await done()
+    assert SEEN == [4096, 4096, 4096]
+    assert objects() == []
