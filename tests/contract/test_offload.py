@@ -347,3 +347,39 @@ async def test_a_duplicate_retry_that_is_skipped_leaves_the_object_to_the_copy_t
         await done()
     assert SEEN == [4096, 4096, 4096]
     assert objects() == []
+
+
+@pytest.mark.requires("failed_store", "queued")
+async def test_prune_spares_the_objects_of_a_failed_chain_and_a_retry_continues_it(
+    make_app, done
+) -> None:
+    async with make_app(options=offload()) as app:
+        big = blob(20_000)
+        await Queue.chain(
+            [ol_fails.with_({"blob": big}), ol_big.with_({"n": 1, "blob": big})]
+        ).dispatch()
+        await done()
+        [record] = await Queue.failed()
+        assert len(objects()) == 2  # the failed job's payload, and its next link's
+        assert await app.manager.prune_offload(0, "main") == 0  # both still referenced
+        FAIL[0] = False
+        assert await Queue.retry(record.id) == [record.id]
+        await done()
+    assert SEEN == [20_000, 20_000, (1, 20_000, "abc")]
+    assert objects() == []
+
+
+@pytest.mark.requires("failed_store", "queued")
+async def test_forgetting_a_failed_chain_link_deletes_the_objects_of_the_links_after_it(
+    make_app, done
+) -> None:
+    async with make_app(options=offload()):
+        big = blob(20_000)
+        await Queue.chain(
+            [ol_fails.with_({"blob": big}), ol_big.with_({"n": 1, "blob": big})]
+        ).dispatch()
+        await done()
+        [record] = await Queue.failed()
+        assert len(objects()) == 2
+        assert await Queue.forget(record.id)
+        assert objects() == []

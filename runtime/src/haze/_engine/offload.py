@@ -224,12 +224,17 @@ class Offload:
             )
 
     async def forgotten(self, records: Iterable[FailedJob], connection: str) -> None:
-        """Delete the objects of failed records that were just forgotten."""
+        """Delete the objects of failed records that were just forgotten (and of the
+        chain links they carried: nothing will dispatch them now)."""
         for record in records:
             data = envelope_of(record.body) if record.body else None
             meta = data.get("meta") if data is not None else None
             if isinstance(meta, dict):
                 await self.discard(meta, connection)
+            chain = data.get("chain") if data is not None else None
+            for link in chain if isinstance(chain, list) else []:
+                if isinstance(link, dict):
+                    await self.discard_link(link)
 
     async def prune(self, connection: str, older_than: float, keep: set[str]) -> int:
         """Delete the objects of ``connection``'s store written more than ``older_than``
