@@ -417,7 +417,9 @@ async def test_a_lost_lease_keeps_the_offloaded_payload_for_the_new_owner(
             await worker.stop()
         assert len(os.listdir(folder)) == 1  # ...and it leaves the payload alone
         # the new owner's lease runs out too: a third worker runs it, with its payload
-        await db.execute(f"UPDATE {table} SET reserved_at = reserved_at - 5000, heartbeat_at = NULL")
+        await db.execute(
+            f"UPDATE {table} SET reserved_at = reserved_at - 5000, heartbeat_at = NULL"
+        )
         worker = Worker(app, "db", ["default"], 1, sleep=0.05)
         worker.start()
         try:

@@ -478,15 +478,8 @@ async def start_links(
         )
         return DispatchResult(batch.id, chain_id=chain_id)
     pending = link_to_pending(head, manager.app)
-    result = await manager.dispatcher.dispatch(
-        pending,
-        chain=rest or None,
-        chain_id=chain_id,
-        chain_catch=catch,
-        batch_id=batch_id,
-        id=id,
-        meta=meta,
-    )
+    opts: dict[str, Any] = {"chain": rest or None, "chain_id": chain_id, "chain_catch": catch}
+    result = await manager.dispatcher.dispatch(pending, **opts, batch_id=batch_id, id=id, meta=meta)
     await manager.offload.discard_link(links[0])  # its message has an object of its own
     return result
 
