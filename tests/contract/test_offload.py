@@ -261,3 +261,125 @@ async def test_the_object_stays_until_the_ack_is_recorded(driver, make_app, done
         await done()
     assert seen_at_failed_acks == [1, 1, 1]
     assert objects() == []
+
+
+ONE_MIB = 1024 * 1024
+
+
+async def test_a_chain_of_five_1_mib_links_fits_a_128_kb_cap(make_app, done) -> None:
+    # the rest of the chain travels in each message (or in its stored tail): a link's
+    # payload must go through the store there too, not inline
+    async with make_app(
+        options={"max_message_size": 128_000, "offload": {"to": f"file://{FOLDER[0]}"}}
+    ):
+        await Queue.chain(
+            [ol_big.with_({"n": i, "blob": blob(ONE_MIB)}) for i in range(5)]
+        ).dispatch()
+        await done(timeout=30)
+    assert sorted(SEEN) == [(i, ONE_MIB, "abc") for i in range(5)]
+    assert objects() == []
+
+
+async def test_batch_callbacks_with_1_mib_payloads_fit_a_128_kb_cap(make_app, done) -> None:
+    async with make_app(
+        options={"max_message_size": 128_000, "offload": {"to": f"file://{FOLDER[0]}"}}
+    ):
+        batch = (
+            Queue.batch([ol_big.with_({"n": i, "blob": "small"}) for i in range(2)])
+            .then(ol_big.with_({"n": 10, "blob": blob(ONE_MIB)}))
+            .progress(ol_big.with_({"n": 20, "blob": blob(ONE_MIB)}))
+        )
+        await batch.dispatch()
+        await done(timeout=30)
+    assert (
+        sorted(SEEN)
+        == [(0, 5, "sma"), (1, 5, "sma"), (10, ONE_MIB, "abc")] + [(20, ONE_MIB, "abc")] * 2
+    )
+    # the callbacks' own copies stay with the batch record (a callback may be dispatched
+    # again) until queue:prune-offload; each dispatched message's object is gone
+    assert len(objects()) == 2
+
+
+@define_job(name="ol_debounced", debounce=0.3)
+async def ol_debounced(payload: dict[str, Any], job: JobContext) -> None:
+    SEEN.append(payload["n"])
+
+
+@pytest.mark.requires("delay")
+async def test_a_debounced_job_superseded_by_a_later_one_has_its_object_deleted(
+    make_app, done
+) -> None:
+    async with make_app(options=offload()):
+        for n in range(3):  # one burst: dispatched well inside the 0.3 s window
+            await ol_debounced.dispatch({"n": n, "blob": blob(4096)})
+        assert len(objects()) == 3
+        await asyncio.sleep(0.4)
+        await done()
+    assert SEEN[-1:] == [2]  # (a slow machine may run an earlier one: not the point here)
+    assert objects() == []  # the superseded runs deleted theirs too
+
+
+@pytest.mark.requires("failed_store", "queued", "delay")
+async def test_a_duplicate_retry_that_is_skipped_leaves_the_object_to_the_copy_that_ran(
+    make_app, done
+) -> None:
+    from haze._base.message import decode
+    from haze._engine.admin import Admin
+
+    async with make_app(options=offload()) as app:
+        await ol_fails.dispatch({"blob": blob(4096)})
+        await done()
+        [record] = await Queue.failed()
+        # a retry that died after queueing its copy, and the retry that took its claim
+        # over: two copies of one record; the second, later, is skipped
+        message = decode(record.body)
+        main = app.driver("main")
+        body = Admin._fresh(message, main, "a-retry-that-died", record.failed_at)
+        await main.enqueue(body, message, 0.5)
+        assert await Queue.retry(record.id) == [record.id]
+        await asyncio.sleep(0.6)
+        await done()
+        assert SEEN == [4096, 4096]  # the first copy ran, and failed again
+        [again] = await Queue.failed()
+        assert len(objects()) == 1  # its failed record still has its payload
+        FAIL[0] = False
+        assert await Queue.retry(again.id) == [again.id]
+        await done()
+    assert SEEN == [4096, 4096, 4096]
+    assert objects() == []
+
+
+@pytest.mark.requires("failed_store", "queued")
+async def test_prune_spares_the_objects_of_a_failed_chain_and_a_retry_continues_it(
+    make_app, done
+) -> None:
+    async with make_app(options=offload()) as app:
+        big = blob(20_000)
+        await Queue.chain(
+            [ol_fails.with_({"blob": big}), ol_big.with_({"n": 1, "blob": big})]
+        ).dispatch()
+        await done()
+        [record] = await Queue.failed()
+        assert len(objects()) == 2  # the failed job's payload, and its next link's
+        assert await app.manager.prune_offload(0, "main") == 0  # both still referenced
+        FAIL[0] = False
+        assert await Queue.retry(record.id) == [record.id]
+        await done()
+    assert SEEN == [20_000, 20_000, (1, 20_000, "abc")]
+    assert objects() == []
+
+
+@pytest.mark.requires("failed_store", "queued")
+async def test_forgetting_a_failed_chain_link_deletes_the_objects_of_the_links_after_it(
+    make_app, done
+) -> None:
+    async with make_app(options=offload()):
+        big = blob(20_000)
+        await Queue.chain(
+            [ol_fails.with_({"blob": big}), ol_big.with_({"n": 1, "blob": big})]
+        ).dispatch()
+        await done()
+        [record] = await Queue.failed()
+        assert len(objects()) == 2
+        assert await Queue.forget(record.id)
+        assert objects() == []

@@ -395,6 +395,41 @@ def _claims(spy: StatementSpy, driver: Any) -> int:
     return len(spy.matching(_claim_sql(driver))) + (len(spy.matching(folded)) if folded else 0)
 
 
+async def test_a_lost_lease_keeps_the_offloaded_payload_for_the_new_owner(
+    db_url: str, tmp_path: Path
+) -> None:
+    folder = tmp_path / "offload"
+    offload = {"to": f"file://{folder}", "over": 100}
+    async with open_app(db_url, retry_after=60, offload=offload) as (app, table):
+        GATE["open"] = asyncio.Event()
+        await dbx_bc_hold.dispatch({"k": "lost", "hold": True, "blob": "x" * 1000})
+        assert len(os.listdir(folder)) == 1
+        worker = Worker(app, "db", ["default"], 1, sleep=0.05)
+        worker.start()
+        db = app.database()
+        try:
+            await until(lambda: "lost" in STARTED)
+            # another worker took the job over: this one's ack is not recorded...
+            await db.execute(f"UPDATE {table} SET reserved_at = reserved_at + 1000")
+            GATE["open"].set()
+            await until(lambda: worker.leases_lost == 1)
+        finally:
+            await worker.stop()
+        assert len(os.listdir(folder)) == 1  # ...and it leaves the payload alone
+        # the new owner's lease runs out too: a third worker runs it, with its payload
+        await db.execute(
+            f"UPDATE {table} SET reserved_at = reserved_at - 5000, heartbeat_at = NULL"
+        )
+        worker = Worker(app, "db", ["default"], 1, sleep=0.05)
+        worker.start()
+        try:
+            await until(lambda: ENDED == ["lost", "lost"])
+            await until(lambda: not os.listdir(folder))  # its ack deleted the object
+        finally:
+            await worker.stop()
+        assert not await db.fetchall(f"SELECT id FROM {table}")
+
+
 async def test_going_idle_costs_one_claim_after_the_folded_one(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

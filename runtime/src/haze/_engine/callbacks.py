@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from haze._base.message import new_id
+from haze._engine.offload import Offload
 from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch, link_to_pending
 
 if TYPE_CHECKING:
@@ -31,8 +32,11 @@ Dispatch = Callable[..., Awaitable[DispatchResult]]
 class Callbacks:
     """Plain-function callbacks of one app, and how any callback runs."""
 
-    def __init__(self, app: EngineApp, stores: EngineStores, dispatch: Dispatch) -> None:
+    def __init__(
+        self, app: EngineApp, stores: EngineStores, dispatch: Dispatch, offload: Offload
+    ) -> None:
         self.app = app
+        self.offload = offload
         self.stores = stores
         self._dispatch = dispatch
         self._local: dict[str, Callable[..., Any]] = {}  # id -> function
@@ -78,6 +82,8 @@ class Callbacks:
         (with ``once``: only one of any number of dispatches runs)."""
         if "fn" not in ref:
             meta = None if once is None else {"once": once}
+            # an offloaded payload stays in the store: a callback may run again
+            ref = await self.offload.restore_link(ref)
             await self._dispatch(link_to_pending(ref, self.app), meta=meta, **opts)
             return
         fn = self._local.get(ref["fn"])

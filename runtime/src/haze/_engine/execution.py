@@ -333,8 +333,9 @@ class Execution(Settle):
                 run.job.name,
                 message.id,
             )
+            # Its object is the other copy's too, which owns it: that copy may still
+            # be retried, or be in failed jobs again.
             await self._ack(run.driver, run.reserved)
-            await self.offload.discard(message.meta, run.driver.name)
             return Outcome.SKIPPED, None
         debounced = message.meta is not None and "debounce" in message.meta
         if debounced and await self.locks.superseded(run.job, message):

@@ -86,7 +86,7 @@ class QueueManager:
             warn_implicit=warn_implicit,
             offload=self.offload,
         )
-        self.callbacks = Callbacks(app, self.stores, self.dispatcher.dispatch)
+        self.callbacks = Callbacks(app, self.stores, self.dispatcher.dispatch, self.offload)
         self.execution = Execution(
             app,
             self.hooks,

@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from haze._base.errors import OffloadError
-from haze._base.message import OFFLOADED, decode_payload, envelope_of
+from haze._base.message import OFFLOADED, decode_payload, encode_payload, envelope_of, new_id
 from haze._engine.hooks import Outcome
 from haze.offload import object_store
 
@@ -49,6 +49,9 @@ __all__ = ["Offload", "OffloadCleanup", "Plan", "reference", "referenced"]
 
 log = logging.getLogger("haze")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+#: Bytes of a chain link's or a callback's payload kept inline (at most: less when the
+#: connection's ``over`` is lower); links travel in the messages before them.
+LINK_OVER = 16 * 1024
 #: Outcomes after which the message is gone from its queue and its failed jobs.
 _FINAL = (Outcome.SUCCESS, Outcome.CANCELLED, Outcome.SKIPPED)
 
@@ -68,6 +71,17 @@ def reference(meta: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def _size(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def _ref(key: str, data: bytes, *, encrypted: bool) -> dict[str, Any]:
+    ref: dict[str, Any] = {
+        "offloaded": key,
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    if encrypted:
+        ref["enc"] = True
+    return ref
 
 
 class Offload:
@@ -105,28 +119,51 @@ class Offload:
         data = content.encode("utf-8")
         key = f"{_UNSAFE.sub('_', message.id)[:100]}.{os.urandom(6).hex()}"
         await plan.store.put(key, data)
-        ref: dict[str, Any] = {
-            "offloaded": key,
-            "size": len(data),
-            "sha256": hashlib.sha256(data).hexdigest(),
-        }
-        if encrypted:
-            ref["enc"] = True
+        ref = _ref(key, data, encrypted=encrypted)
         out = copy.copy(message)
         out.payload, out.enc = None, None
         out.meta = {**(message.meta or {}), OFFLOADED: ref}
         return out
 
-    async def restore(self, message: Message, connection: str) -> None:
-        """Put the offloaded payload back into ``message`` (``OffloadError`` when the
-        object is missing or does not match its reference)."""
-        ref = reference(message.meta)
-        assert ref is not None
-        who = f'job "{message.job}" ({message.id})'
+    async def offload_link(self, link: dict[str, Any], connection: str) -> dict[str, Any]:
+        """``link`` (a chain link or a callback, kept in every message before it and in
+        the batches store) with its payload in ``connection``'s store when it is over
+        the threshold, or over ``LINK_OVER``: links ride along in other messages."""
+        plan = self.plan(connection) if "job" in link else None
+        field = "enc" if "enc" in link else "payload"
+        if plan is None or field not in link:
+            return link
+        content = link[field] if field == "enc" else encode_payload(link[field])
+        over = LINK_OVER if plan.over is None else min(plan.over, LINK_OVER)
+        if _size(content) <= over:
+            return link
+        data = content.encode("utf-8")
+        key = f"link-{new_id()}.{os.urandom(6).hex()}"
+        await plan.store.put(key, data)
+        out = {k: v for k, v in link.items() if k != field}
+        out[OFFLOADED] = {**_ref(key, data, encrypted=field == "enc"), "connection": connection}
+        return out
+
+    async def restore_link(self, link: dict[str, Any]) -> dict[str, Any]:
+        """``link`` with its offloaded payload read back and checked (``OffloadError``
+        when it is missing or does not match)."""
+        ref = reference(link)
+        if ref is None:
+            return link
+        who = f'a chain link or callback of job "{link.get("job")}"'
+        text = await self._fetch(ref, str(ref.get("connection")), who)
+        out = {k: v for k, v in link.items() if k != OFFLOADED}
+        if ref.get("enc"):
+            out["enc"] = text
+        else:
+            out["payload"] = decode_payload(text)
+        return out
+
+    async def _fetch(self, ref: dict[str, Any], connection: str, who: str) -> str:
         key, size, digest = ref.get("offloaded"), ref.get("size"), ref.get("sha256")
         if not isinstance(key, str) or not isinstance(digest, str) or size.__class__ is not int:
             raise OffloadError(f"{who}: its offload reference is unreadable: {ref!r}")
-        plan = self.plan(connection) or self.plan(message.connection or connection)
+        plan = self.plan(connection)
         if plan is None:
             raise OffloadError(
                 f'{who}: its payload was offloaded ({key!r}), but connection "{connection}" '
@@ -142,13 +179,30 @@ class Offload:
             raise OffloadError(
                 f"{who}: checksum mismatch: the offloaded payload {key!r} in "
                 f"{plan.store.url} is {len(data)} bytes with sha256 "
-                f"{hashlib.sha256(data).hexdigest()}, its message says {size} and {digest}"
+                f"{hashlib.sha256(data).hexdigest()}, its reference says {size} and {digest}"
             )
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
+
+    async def restore(self, message: Message, connection: str) -> None:
+        """Put the offloaded payload back into ``message`` (``OffloadError`` when the
+        object is missing or does not match its reference)."""
+        ref = reference(message.meta)
+        assert ref is not None
+        who = f'job "{message.job}" ({message.id})'
+        if self.plan(connection) is None and message.connection:
+            connection = message.connection
+        text = await self._fetch(ref, connection, who)
         if ref.get("enc"):
             message.enc = text
         else:
             message.payload = decode_payload(text)
+
+    async def discard_link(self, link: dict[str, Any]) -> None:
+        """Delete a chain link's object once its own message (with an object of its
+        own) is queued."""
+        ref = reference(link)
+        if ref is not None:
+            await self.discard(link, str(ref.get("connection")))
 
     async def discard(self, meta: dict[str, Any] | None, connection: str) -> None:
         """Delete the object ``meta`` refers to; a store that fails leaves an orphan
@@ -170,12 +224,17 @@ class Offload:
             )
 
     async def forgotten(self, records: Iterable[FailedJob], connection: str) -> None:
-        """Delete the objects of failed records that were just forgotten."""
+        """Delete the objects of failed records that were just forgotten (and of the
+        chain links they carried: nothing will dispatch them now)."""
         for record in records:
             data = envelope_of(record.body) if record.body else None
             meta = data.get("meta") if data is not None else None
             if isinstance(meta, dict):
                 await self.discard(meta, connection)
+            chain = data.get("chain") if data is not None else None
+            for link in chain if isinstance(chain, list) else []:
+                if isinstance(link, dict):
+                    await self.discard_link(link)
 
     async def prune(self, connection: str, older_than: float, keep: set[str]) -> int:
         """Delete the objects of ``connection``'s store written more than ``older_than``
@@ -197,14 +256,19 @@ class Offload:
 
 
 def referenced(records: Iterable[FailedJob]) -> set[str]:
-    """The object keys the failed ``records`` refer to."""
+    """The object keys the failed ``records`` refer to (their own payload's, and those
+    of the chain links they carry: a retry continues the chain)."""
     keys: set[str] = set()
     for record in records:
         data = envelope_of(record.body) if record.body else None
-        meta = data.get("meta") if data is not None else None
-        ref = reference(meta) if isinstance(meta, dict) else None
-        if ref is not None and isinstance(ref.get("offloaded"), str):
-            keys.add(ref["offloaded"])
+        if data is None:
+            continue
+        meta, chain = data.get("meta"), data.get("chain")
+        holders = [meta, *chain] if isinstance(chain, list) else [meta]
+        for holder in holders:
+            ref = reference(holder) if isinstance(holder, dict) else None
+            if ref is not None and isinstance(ref.get("offloaded"), str):
+                keys.add(ref["offloaded"])
     return keys
 
 

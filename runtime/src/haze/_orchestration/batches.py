@@ -284,7 +284,7 @@ async def start_batch(
         "name": spec.get("name"),
         "created_at": now,
         "options": options,
-        "callbacks": spec.get("callbacks") or {},
+        "callbacks": await tails.offloaded_callbacks(manager, spec),
         "chain": chain,
     }
     _check_queues(manager, items, options)
@@ -471,23 +471,17 @@ async def start_links(
     if "batch" in head and manager.app.recorder is not None:
         return _record_batch_link(manager, head["batch"], chain_id)
     if manager.app.recorder is None:
-        connection = head["batch"]["connection"] if "batch" in head else head.get("connection")
-        rest = await tails.spill(manager, rest, manager.app.connection_name(connection))
+        head, rest = await tails.prepared(manager, head, rest)
     if "batch" in head:
         batch = await dispatch_spec(
             manager, head["batch"], chain={"links": rest, "chain_id": chain_id, "catch": catch}
         )
         return DispatchResult(batch.id, chain_id=chain_id)
     pending = link_to_pending(head, manager.app)
-    return await manager.dispatcher.dispatch(
-        pending,
-        chain=rest or None,
-        chain_id=chain_id,
-        chain_catch=catch,
-        batch_id=batch_id,
-        id=id,
-        meta=meta,
-    )
+    opts: dict[str, Any] = {"chain": rest or None, "chain_id": chain_id, "chain_catch": catch}
+    result = await manager.dispatcher.dispatch(pending, **opts, batch_id=batch_id, id=id, meta=meta)
+    await manager.offload.discard_link(links[0])  # its message has an object of its own
+    return result
 
 
 def _record_batch_link(

@@ -88,6 +88,37 @@ async def spill(
     return [*chunks[0], {"tail": tail, "chunk": 1, "of": len(chunks), "links": stored}]
 
 
+async def prepared(
+    manager: QueueManager, head: dict[str, Any], rest: list[dict[str, Any]]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The link to dispatch with its payload read back from the object store, and the
+    links after it as its message carries them: a large payload offloaded (never held
+    inline in the messages or in the stored tail), a long tail stored."""
+    connection = head["batch"]["connection"] if "batch" in head else head.get("connection")
+    connection = manager.app.connection_name(connection)
+    offload = manager.offload
+    rest = [await offload.offload_link(link, _conn(manager, link, connection)) for link in rest]
+    return await offload.restore_link(head), await spill(manager, rest, connection)
+
+
+def _conn(manager: QueueManager, link: dict[str, Any], default: str) -> str:
+    return manager.app.connection_name(link.get("connection") or default)
+
+
+async def offloaded_callbacks(
+    manager: QueueManager, spec: dict[str, Any]
+) -> dict[str, list[dict[str, Any]]]:
+    """A batch's callbacks as its record keeps them: a large payload in the object store
+    of the batch's connection (read back each time the callback is dispatched)."""
+    connection = spec["connection"]
+    out: dict[str, list[dict[str, Any]]] = {}
+    for kind, refs in (spec.get("callbacks") or {}).items():
+        out[kind] = [
+            await manager.offload.offload_link(r, _conn(manager, r, connection)) for r in refs
+        ]
+    return out
+
+
 async def expand(
     manager: QueueManager, links: list[dict[str, Any]], chain_id: str | None
 ) -> list[dict[str, Any]]:
