@@ -109,3 +109,27 @@ def test_a_bad_groups_option_is_one_config_error(groups: object, key: str, said:
 def test_groups_limits_are_refused_where_the_driver_cannot_keep_them() -> None:
     with pytest.raises(ConfigError, match="unknown option"):
         _app({"concurrency": 2}, driver="memory")
+
+
+RAN: list[Any] = []
+
+
+@define_job(name="groups_recorded", group=lambda payload: payload["tenant"])
+async def recorded(payload: dict[str, Any]) -> None:
+    RAN.append(payload)
+
+
+@pytest.mark.parametrize("where", ["link", "batch in the chain"])
+async def test_a_chain_link_with_a_bad_group_fails_the_chains_dispatch(
+    app: App, where: str
+) -> None:
+    # Checked before anything is queued: found later, by the worker dispatching the next
+    # link, it would drop the rest of the chain after its first link had run.
+    RAN.clear()
+    bad = recorded.with_({"customer": 1})
+    later: Any = bad if where == "link" else Queue.batch([recorded.with_({"tenant": "b"}), bad])
+    with pytest.raises(ValueError, match='job "groups_recorded": group') as e:
+        await Queue.chain([recorded.with_({"tenant": "t-1"}), later]).dispatch()
+    assert "KeyError" in str(e.value) and "\n" not in str(e.value)
+    await Queue.idle()
+    assert RAN == []
