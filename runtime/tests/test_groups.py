@@ -48,6 +48,10 @@ async def test_group_names_are_case_sensitive_and_kept_as_given(app: App) -> Non
         (42, "a string"),
         ("a\nb", "line break"),
         ("a\x00b", "NUL"),
+        ("a\u2028b", "line break"),  # every separator str.splitlines() breaks at
+        ("a\x85b", "line break"),
+        ("a\x0bb", "line break"),
+        ("a\ud800b", "lone surrogate"),  # UTF-8 cannot store it
     ],
 )
 def test_a_bad_group_is_one_line_naming_the_rule(group: Any, said: str) -> None:
@@ -97,6 +101,9 @@ def test_the_groups_option_is_read_into_limits() -> None:
         ({"rate": "0/m"}, "groups.rate", '"100/m"'),
         ({"rate": "3/fortnight"}, "groups.rate", '"100/m"'),
         ({"limit": 2}, "groups.limit", "unknown option"),
+        # a lease renewed every third of 100ms lapses under any store's latency, so the
+        # slot would go to another job while this one runs: the limit silently not held
+        ({"expire_after": "100ms"}, "groups.expire_after", "at least 1s"),
         ("fair", "groups", "expected a dict"),
     ],
 )
