@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from haze import App, Queue, define_job, define_queue_config
+from haze import App, JobContext, Queue, define_job, define_queue_config
 from haze._base.errors import ConfigError
 
 
@@ -139,4 +139,26 @@ async def test_a_chain_link_with_a_bad_group_fails_the_chains_dispatch(
         await Queue.chain([recorded.with_({"tenant": "t-1"}), later]).dispatch()
     assert "KeyError" in str(e.value) and "\n" not in str(e.value)
     await Queue.idle()
+    assert RAN == []
+
+
+@define_job(name="groups_appender", tries=1)
+async def appender(payload: dict[str, Any], job: JobContext) -> None:
+    link = recorded.with_(payload)
+    if "prepend" in payload:
+        job.prepend_to_chain(link)
+    else:
+        job.append_to_chain(link)
+
+
+@pytest.mark.parametrize("how", ["append", "prepend"])
+async def test_a_link_with_a_bad_group_added_from_a_job_fails_that_job(app: App, how: str) -> None:
+    # The job that adds it fails (kept in the failed jobs, retried as any failure), not
+    # the worker queueing it after the job succeeded, which would lose it and the rest.
+    RAN.clear()
+    await appender.dispatch({"customer": 1, how: True})
+    await Queue.idle()
+    [failed] = await Queue.failed()
+    assert failed.name == "groups_appender"
+    assert 'job "groups_recorded": group(payload) raised KeyError' in failed.exception
     assert RAN == []
