@@ -109,3 +109,15 @@ def test_scripts_test_says_what_it_installs_and_why_before_apt_get(tmp_path: Pat
     assert "HAZE_NO_APT=1 skips this" in told
     told, calls = _ensure_tools(tmp_path / "b", HAZE_NO_APT="1")
     assert calls == "" and told == ""
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    # The test folders are not packages: pytest imports each module by its basename, so a
+    # second test_x.py anywhere stops the whole run at collection ("import file mismatch").
+    paths = [REPO / p for p in ("tests", "runtime/tests", "adapters", "infra/tests")]
+    seen: dict[str, list[str]] = {}
+    for base in paths:
+        for f in base.rglob("test_*.py"):
+            if "node_modules" not in f.parts and ".venv" not in f.parts:
+                seen.setdefault(f.name, []).append(str(f.relative_to(REPO)))
+    assert {n: fs for n, fs in seen.items() if len(fs) > 1} == {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from haze import App, Queue, define_job, define_queue_config
+from haze import App, JobContext, Queue, define_job, define_queue_config
 from haze._base.errors import ConfigError
 
 
@@ -48,6 +48,10 @@ async def test_group_names_are_case_sensitive_and_kept_as_given(app: App) -> Non
         (42, "a string"),
         ("a\nb", "line break"),
         ("a\x00b", "NUL"),
+        ("a\u2028b", "line break"),  # every separator str.splitlines() breaks at
+        ("a\x85b", "line break"),
+        ("a\x0bb", "line break"),
+        ("a\ud800b", "lone surrogate"),  # UTF-8 cannot store it
     ],
 )
 def test_a_bad_group_is_one_line_naming_the_rule(group: Any, said: str) -> None:
@@ -97,6 +101,9 @@ def test_the_groups_option_is_read_into_limits() -> None:
         ({"rate": "0/m"}, "groups.rate", '"100/m"'),
         ({"rate": "3/fortnight"}, "groups.rate", '"100/m"'),
         ({"limit": 2}, "groups.limit", "unknown option"),
+        # a lease renewed every third of 100ms lapses under any store's latency, so the
+        # slot would go to another job while this one runs: the limit silently not held
+        ({"expire_after": "100ms"}, "groups.expire_after", "at least 1s"),
         ("fair", "groups", "expected a dict"),
     ],
 )
@@ -109,3 +116,49 @@ def test_a_bad_groups_option_is_one_config_error(groups: object, key: str, said:
 def test_groups_limits_are_refused_where_the_driver_cannot_keep_them() -> None:
     with pytest.raises(ConfigError, match="unknown option"):
         _app({"concurrency": 2}, driver="memory")
+
+
+RAN: list[Any] = []
+
+
+@define_job(name="groups_recorded", group=lambda payload: payload["tenant"])
+async def recorded(payload: dict[str, Any]) -> None:
+    RAN.append(payload)
+
+
+@pytest.mark.parametrize("where", ["link", "batch in the chain"])
+async def test_a_chain_link_with_a_bad_group_fails_the_chains_dispatch(
+    app: App, where: str
+) -> None:
+    # Checked before anything is queued: found later, by the worker dispatching the next
+    # link, it would drop the rest of the chain after its first link had run.
+    RAN.clear()
+    bad = recorded.with_({"customer": 1})
+    later: Any = bad if where == "link" else Queue.batch([recorded.with_({"tenant": "b"}), bad])
+    with pytest.raises(ValueError, match='job "groups_recorded": group') as e:
+        await Queue.chain([recorded.with_({"tenant": "t-1"}), later]).dispatch()
+    assert "KeyError" in str(e.value) and "\n" not in str(e.value)
+    await Queue.idle()
+    assert RAN == []
+
+
+@define_job(name="groups_appender", tries=1)
+async def appender(payload: dict[str, Any], job: JobContext) -> None:
+    link = recorded.with_(payload)
+    if "prepend" in payload:
+        job.prepend_to_chain(link)
+    else:
+        job.append_to_chain(link)
+
+
+@pytest.mark.parametrize("how", ["append", "prepend"])
+async def test_a_link_with_a_bad_group_added_from_a_job_fails_that_job(app: App, how: str) -> None:
+    # The job that adds it fails (kept in the failed jobs, retried as any failure), not
+    # the worker queueing it after the job succeeded, which would lose it and the rest.
+    RAN.clear()
+    await appender.dispatch({"customer": 1, how: True})
+    await Queue.idle()
+    [failed] = await Queue.failed()
+    assert failed.name == "groups_appender"
+    assert 'job "groups_recorded": group(payload) raised KeyError' in failed.exception
+    assert RAN == []

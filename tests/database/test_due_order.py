@@ -203,7 +203,7 @@ async def test_db_migrate_gives_old_postgres_tables_the_due_index(pg_only: str) 
             f"{table}_pkey",
             f"{table}_due_idx",
             f"{table}_reserved_idx",
-            f"{table}_turn_idx",  # and the group columns' indexes (test_groups.py)
+            f"{table}_turn_idx",  # and the group columns' indexes (test_sql_groups.py)
             f"{table}_group_turn_idx",
             f"{table}_group_idx",
         }

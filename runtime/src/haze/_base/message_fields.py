@@ -206,9 +206,12 @@ def check_group(group: object, where: str) -> str:
     if "\x00" in group:
         # PostgreSQL refuses it in a text column.
         raise ValueError(f"{where}: a group name cannot contain a NUL character")
-    if "\n" in group or "\r" in group:
-        # queue:stats and the dashboard show one group a line.
+    if group.splitlines() != [group]:
+        # queue:stats and the dashboard show one group a line (\u2028, \x85 break too).
         raise ValueError(f"{where}: a group name cannot contain a line break, got {group[:60]!r}")
+    if any("\ud800" <= c <= "\udfff" for c in group):
+        # UTF-8 (every queue's message) cannot encode it.
+        raise ValueError(f"{where}: a group name cannot contain a lone surrogate, got {group!r}")
     return group
 
 

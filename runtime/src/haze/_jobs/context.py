@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 from haze._base.durations import Duration, check_delay, parse_duration
 from haze._base.errors import JobFailedError
 from haze._jobs.lines import job_lines
+from haze._jobs.pending import PendingDispatch
 from haze._jobs.status import cancelled_reason, check_progress
 
 if TYPE_CHECKING:
     from haze._base.message import Message
-    from haze._jobs.definition import PendingDispatch
     from haze._jobs.views import BatchView, JobsApp
 
 __all__ = ["AbortSignal", "JobContext", "current_tenant", "tenant"]
@@ -244,12 +244,17 @@ class JobContext:
 
     def prepend_to_chain(self, job: PendingDispatch[Any]) -> None:
         """Run ``job`` right after this one, before the rest of the chain."""
+        # A bad group fails this job now, not the queueing of the link after it succeeded.
+        if isinstance(job, PendingDispatch):  # (a batch given anyway is checked when queued)
+            job._resolved_group()
         if self._chain_prepended is None:
             self._chain_prepended = []
         self._chain_prepended.append(job)
 
     def append_to_chain(self, job: PendingDispatch[Any]) -> None:
         """Run ``job`` at the end of this job's chain (starting one if there is none)."""
+        if isinstance(job, PendingDispatch):  # as in prepend_to_chain
+            job._resolved_group()
         if self._chain_appended is None:
             self._chain_appended = []
         self._chain_appended.append(job)

@@ -205,6 +205,9 @@ class PendingDispatch(Generic[P]):
         default: the current app) in place of ``payload``: links are stored with the
         chain, the batch or the failed job.
         """
+        # A bad group fails the dispatch of the chain or batch holding this link, before
+        # anything is queued, not the worker queueing it later (the rest would be lost).
+        self._resolved_group()
         link: dict[str, Any] = {"job": self.job.name, "payload": self.job.to_wire(self.payload)}
         if self._queue is not None:
             link["queue"] = self._queue

@@ -166,6 +166,14 @@ class Checks:
             if expire is None
             else self.duration(expire, f"{key}.expire_after", allow_zero=False)
         )
+        if expire_after < _MIN_SLOT_LEASE:
+            # Renewed every third of it: a shorter lease lapses under a store's latency
+            # and the slot goes to another job while this one still runs.
+            raise self.fail(
+                f"{key}.expire_after",
+                f"must be at least {_MIN_SLOT_LEASE:g}s (the lease of a running job's "
+                f"slot), got {expire!r}",
+            )
         concurrency = raw.get("concurrency")
         if concurrency is not None:
             concurrency = self.integer(concurrency, f"{key}.concurrency", minimum=1)
@@ -194,6 +202,9 @@ class Checks:
                 hint = ", ".join(sorted(allowed))
                 raise self.fail(f"{key}.{k}", f"unknown option; allowed here: {hint}")
 
+
+#: The shortest ``groups.expire_after``: a slot lease renewed every third of it.
+_MIN_SLOT_LEASE = 1.0
 
 #: A per-queue concurrency limit's other options (``"queues": {"emails": {"concurrency":
 #: 5}}``): the released job's wait, and the lease after which a crashed worker's slot

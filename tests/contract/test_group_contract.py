@@ -1,7 +1,7 @@
 """Tenant groups on every driver: a group (``define_job(group=...)`` or
 ``.in_group(...)``) is accepted and reaches the job with its message, spelled exactly
 as given. What a group does to the claim order is each driver's: turns on the database
-driver (``tests/database/test_groups.py``), the MessageGroupId on SQS FIFO, order only
+driver (``tests/database/test_sql_groups.py``), the MessageGroupId on SQS FIFO, order only
 elsewhere (docs/guide.md, "Tenant groups")."""
 
 from __future__ import annotations
