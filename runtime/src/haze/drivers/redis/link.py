@@ -57,6 +57,13 @@ class _Link:
         self.forget_failed: AsyncScript = self.client.register_script(
             (_HERE / "forget_failed.lua").read_text()
         )
+        #: haze's add of a tenant group's job, and the count of each group's backlog
+        self.add_group: AsyncScript = self.client.register_script(
+            (_HERE / "add_group_job.lua").read_text()
+        )
+        self.group_backlog: AsyncScript = self.client.register_script(
+            (_HERE / "group_backlog.lua").read_text()
+        )
         #: haze's copy of addStandardJob for the plain job of a single dispatch
         #: (add_job.lua): half the server time per add. Only on the lean
         #: connection, and only next to the BullMQ script it copies.
