@@ -139,3 +139,35 @@ async def test_ten_thousand_jobs_of_one_tenant_starve_no_other(
         a_200th = [i for i, (t, _) in enumerate(STARTED) if t == "A"][199]
         others = [i for i, (t, _) in enumerate(STARTED) if t != "A"]
         assert len(others) == 40 and max(others) < a_200th
+
+
+@define_job(name="rd_groups_fails", group=lambda payload: payload["tenant"])
+async def rd_groups_fails(payload: dict[str, Any]) -> None:
+    raise RuntimeError("tenant down")
+
+
+async def test_a_retried_grouped_job_goes_back_to_its_group(
+    redis_app: Callable[..., Any], raw: aioredis.Redis, redis_prefix: str
+) -> None:
+    async with redis_app() as app:
+        failed_id = await rd_groups_fails.dispatch({"tenant": "F"})
+        await Worker(app, "r", ["default"], 1, sleep=0.05, stop_when_empty=True).run()
+        [failed] = await Queue.failed()
+        assert failed.id == failed_id
+        assert await Queue.retry(failed_id) == [failed_id]
+        [job_id] = await raw.zrange(f"{redis_prefix}:default:prioritized", 0, -1)
+        assert await raw.hget(f"{redis_prefix}:default:{job_id}", "hzg") == "F"
+        assert await raw.llen(f"{redis_prefix}:default:wait") == 0
+
+
+async def test_a_paused_queue_holds_its_grouped_jobs(
+    redis_app: Callable[..., Any], raw: aioredis.Redis, redis_prefix: str
+) -> None:
+    """BullMQ's pause (a Node ``queue.pause()``) holds grouped jobs like the others."""
+    async with redis_app() as app:
+        await raw.hset(f"{redis_prefix}:default:meta", "paused", 1)
+        await Queue.bulk(_jobs("A", 2))
+        assert await app.driver("r").reserve(["default"], 0) is None  # type: ignore[attr-defined]
+        assert await Queue.size("default") == 2
+        await raw.hdel(f"{redis_prefix}:default:meta", "paused")
+        assert await _claim_all(app) == [("A", 0), ("A", 1)]
