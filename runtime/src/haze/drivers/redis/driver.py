@@ -59,7 +59,10 @@ class RedisDriver(
         if group is not None:
             job = _NewJob(message.job, body, delay_ms, _now_ms())
             keys, args = group_add_call(link.scripts(message.queue), job, group)
-            await link.add_group(keys=keys, args=args, client=link.client)
+            if link.wire is not None:
+                await link.wire.run_script(link.add_group, keys, args, fixed_keys=True)
+            else:
+                await link.add_group(keys=keys, args=args, client=link.client)
             return
         if not delay_ms:
             lite = link.lite_adds.get(message.queue)
