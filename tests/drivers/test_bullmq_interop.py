@@ -114,3 +114,21 @@ async def test_node_bullmq_reads_haze_queues_and_feeds_a_job(node_bullmq, redis_
         assert SEEN[1]["payload"] == {"from": "node"}
         assert SEEN[1]["attempt"] == 1
         assert await Queue.size() == 1  # the delayed one
+
+
+@define_job(name="rd_interop_group", group=lambda payload: payload["tenant"])
+async def rd_interop_group(payload: Any) -> None:
+    pass
+
+
+async def test_a_node_bullmq_worker_takes_haze_groups_in_turn(node_bullmq, redis_app, redis_prefix):
+    """Grouped jobs are BullMQ prioritized jobs (the group's turn is the priority): a
+    Node worker counts them as prioritized and runs the groups round-robin too."""
+    async with redis_app():
+        await Queue.bulk([rd_interop_group.with_({"tenant": "A", "k": i}) for i in range(4)])
+        await Queue.bulk([rd_interop_group.with_({"tenant": "B", "k": i}) for i in range(2)])
+        seen = await _node(
+            node_bullmq.parent / "groups_worker.mjs", REDIS_URL, redis_prefix, "default"
+        )
+    assert seen["counts"] == {"wait": 0, "prioritized": 6, "delayed": 0}
+    assert seen["order"] == [["A", 0], ["B", 0], ["A", 1], ["B", 1], ["A", 2], ["A", 3]]

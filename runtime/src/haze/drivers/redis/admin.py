@@ -12,7 +12,15 @@ from redis.exceptions import NoScriptError
 from haze.contracts.driver import JobRecord, QueueCounts, RunningJob
 from haze.drivers.redis.base import _RedisBase
 from haze.drivers.redis.failed import _epoch_ms
-from haze.drivers.redis.scripts import _COUNTED, _FIND_KEYS, _FIND_LIMIT, _SIZED, _Pipe, check_queue
+from haze.drivers.redis.scripts import (
+    _BACKLOG_SCAN,
+    _COUNTED,
+    _FIND_KEYS,
+    _FIND_LIMIT,
+    _SIZED,
+    _Pipe,
+    check_queue,
+)
 
 
 class _Inspecting(_RedisBase):
@@ -144,6 +152,19 @@ class _Inspecting(_RedisBase):
             )
         return sorted(jobs, key=lambda j: j.started_at or 0.0)
 
+    async def group_backlog(self, queue: str, limit: int = 20) -> list[tuple[str, int]]:
+        """The groups with the most queued jobs (waiting or delayed), largest first.
+
+        Counts the first 10,000 jobs of each set: a bigger backlog is counted in part
+        (the order of the groups at its head is what a worker meets next)."""
+        link = self._link()
+        s = link.scripts(queue)
+        keys = s.getKeys(["prioritized", "delayed"])
+        flat = await link.group_backlog(keys=keys, args=[s.keys[""], _BACKLOG_SCAN])
+        pairs = [(_text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
+        pairs.sort(key=lambda p: (-p[1], p[0]))
+        return pairs[:limit]
+
     async def purge(self, queue: str) -> int:
         """Delete the waiting and delayed jobs (BullMQ's ``drain``); returns how many."""
         link = self._link()
@@ -165,3 +186,7 @@ class _Inspecting(_RedisBase):
             if isinstance(r, Exception):
                 raise r
         return sum(int(c) for c in results[0])
+
+
+def _text(raw: str | bytes) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw

@@ -10,14 +10,30 @@ from typing import ClassVar
 from redis.exceptions import NoScriptError
 
 from haze._base.message import Message
-from haze.contracts.driver import Concurrent, ConnectionAware, Interruptible, Leased
+from haze.contracts.driver import (
+    Concurrent,
+    ConnectionAware,
+    GroupBacklog,
+    Interruptible,
+    Leased,
+)
 from haze.drivers.redis.admin import _Inspecting
 from haze.drivers.redis.claim import _Claiming
 from haze.drivers.redis.link import _Link
-from haze.drivers.redis.scripts import _BULK_CHUNK, _Collect, _NewJob, _now_ms, _Pipe
+from haze.drivers.redis.scripts import (
+    _BULK_CHUNK,
+    _Collect,
+    _NewJob,
+    _now_ms,
+    _Pipe,
+    group_add_call,
+    group_of,
+)
 
 
-class RedisDriver(_Claiming, _Inspecting, Interruptible, Leased, ConnectionAware, Concurrent):
+class RedisDriver(
+    _Claiming, _Inspecting, Interruptible, Leased, ConnectionAware, Concurrent, GroupBacklog
+):
     """A queue connection on Redis with BullMQ's data model; see the package docstring."""
 
     #: the config options it takes besides the common ones (``DeclaresOptions``)
@@ -39,6 +55,15 @@ class RedisDriver(_Claiming, _Inspecting, Interruptible, Leased, ConnectionAware
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         link = self._link()
         delay_ms = round(delay * 1000) if delay > 0 else 0
+        group = group_of(message)
+        if group is not None:
+            job = _NewJob(message.job, body, delay_ms, _now_ms())
+            keys, args = group_add_call(link.scripts(message.queue), job, group)
+            if link.wire is not None:
+                await link.wire.run_script(link.add_group, keys, args, fixed_keys=True)
+            else:
+                await link.add_group(keys=keys, args=args, client=link.client)
+            return
         if not delay_ms:
             lite = link.lite_adds.get(message.queue)
             if lite is not None:
@@ -70,8 +95,21 @@ class RedisDriver(_Claiming, _Inspecting, Interruptible, Leased, ConnectionAware
             (m.queue, _NewJob(m.job, body, round(d * 1000) if d > 0 else 0, now))
             for body, m, d in items
         ]
-        for i in range(0, len(jobs), _BULK_CHUNK):
-            await self._add_chunk(link, jobs[i : i + _BULK_CHUNK])
+        groups = [group_of(m) for _, m, _ in items]
+        plain = [j for j, g in zip(jobs, groups, strict=True) if g is None]
+        for i in range(0, len(plain), _BULK_CHUNK):
+            await self._add_chunk(link, plain[i : i + _BULK_CHUNK])
+        grouped = [(q, j, g) for (q, j), g in zip(jobs, groups, strict=True) if g is not None]
+        for i in range(0, len(grouped), _BULK_CHUNK):
+            await self._add_grouped(link, grouped[i : i + _BULK_CHUNK])
+
+    async def _add_grouped(self, link: _Link, jobs: list[tuple[str, _NewJob, str]]) -> None:
+        """Jobs of tenant groups, one ``add_group_job.lua`` each, in one ``MULTI``."""
+        async with link.client.pipeline(transaction=True) as pipe:
+            for queue, job, group in jobs:
+                keys, args = group_add_call(link.scripts(queue), job, group)
+                await link.add_group(keys=keys, args=args, client=pipe)
+            await pipe.execute()
 
     async def _add_chunk(self, link: _Link, jobs: list[tuple[str, _NewJob]]) -> None:
         for _ in range(2):

@@ -12,7 +12,14 @@ from redis.exceptions import WatchError
 
 from haze._base.message import Message, envelope_of
 from haze.contracts.driver import FailedJob
-from haze.drivers.redis.scripts import _BULK_CHUNK, _EvalPipe, _NewJob, _now_ms
+from haze.drivers.redis.scripts import (
+    _BULK_CHUNK,
+    _EvalPipe,
+    _NewJob,
+    _now_ms,
+    group_add_call,
+    group_of,
+)
 
 if TYPE_CHECKING:
     from haze.drivers.redis.base import _RedisBase
@@ -284,10 +291,13 @@ class RedisFailedJobs:
                     return False
                 up_to = round(float(claim.get("failed_at") or 0.0) * 1000)
                 pipe.multi()  # type: ignore[no-untyped-call]
-                await s.addJob(
-                    _NewJob(message.job, body, 0, _now_ms()),
-                    _EvalPipe(pipe, link.commands.values()),
-                )
+                job = _NewJob(message.job, body, 0, _now_ms())
+                group = group_of(message)
+                if group is None:
+                    await s.addJob(job, _EvalPipe(pipe, link.commands.values()))
+                else:  # back in its group's turns
+                    keys, args = group_add_call(s, job, group)
+                    pipe.execute_command("EVAL", link.add_group.script, len(keys), *keys, *args)
                 failed = [link.scripts(q).keys["failed"] for q in queues]
                 prefixes = [link.scripts(q).keys[""] for q in queues]
                 pipe.execute_command(

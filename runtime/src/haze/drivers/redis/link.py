@@ -48,15 +48,12 @@ class _Link:
         self.move_back: AsyncScript = self.client.register_script(
             loadScript("moveJobFromActiveToWait-9.lua")
         )
-        self.find_failed: AsyncScript = self.client.register_script(
-            (_HERE / "find_failed.lua").read_text()
-        )
-        self.find_job: AsyncScript = self.client.register_script(
-            (_HERE / "find_job.lua").read_text()
-        )
-        self.forget_failed: AsyncScript = self.client.register_script(
-            (_HERE / "forget_failed.lua").read_text()
-        )
+        self.find_failed = self._own("find_failed.lua")
+        self.find_job = self._own("find_job.lua")
+        self.forget_failed = self._own("forget_failed.lua")
+        #: haze's add of a tenant group's job, and the count of each group's backlog
+        self.add_group = self._own("add_group_job.lua")
+        self.group_backlog = self._own("group_backlog.lua")
         #: haze's copy of addStandardJob for the plain job of a single dispatch
         #: (add_job.lua): half the server time per add. Only on the lean
         #: connection, and only next to the BullMQ script it copies.
@@ -96,6 +93,10 @@ class _Link:
         self.waits: dict[tuple[str, ...], asyncio.Future[tuple[bool, int | None]]] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.stalled_task: asyncio.Task[None] | None = None
+
+    def _own(self, name: str) -> AsyncScript:
+        """One of haze's own Lua scripts of this package, registered on the client."""
+        return self.client.register_script((_HERE / name).read_text())
 
     def scripts(self, queue: str) -> _Scripts:
         s = self._scripts.get(queue)

@@ -4,6 +4,7 @@ script calls into one round trip."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack  # type: ignore[import-untyped]
 from bullmq.scripts import Scripts  # type: ignore[import-untyped]
 
-from haze._base.message import redis_key_part_error
+from haze._base.message import Message, redis_key_part_error
 
 if TYPE_CHECKING:
     from redis.commands.core import AsyncScript
@@ -37,6 +38,10 @@ _ACTIVATE_KEYS = [
     "marker",
 ]
 _SIZED = [*_COUNTED, "active"]
+#: add_group_job.lua's BullMQ keys; the queue's two haze keys follow them
+_GROUP_KEYS = ["prioritized", "delayed", "meta", "id", "active", "events", "marker", "pc"]
+#: the jobs group_backlog.lua looks at per set (it blocks Redis while it runs)
+_BACKLOG_SCAN = 10_000
 #: The lists and sets find_job looks through, in find_job.lua's order, and how
 #: many jobs of each at most (the script blocks Redis while it runs).
 _FIND_KEYS = ("active", "wait", "paused", "prioritized", "delayed", "completed")
@@ -52,6 +57,20 @@ _LOCK_ERRORS = {
 def check_queue(queue: str) -> None:
     if ":" in queue:
         raise ValueError(redis_key_part_error("a queue name", queue))
+
+
+def group_of(message: Message) -> str | None:
+    """The tenant group a message was dispatched in (``meta.group``), if any."""
+    group = message.meta.get("group") if message.meta else None
+    return group if isinstance(group, str) else None
+
+
+def group_add_call(s: _Scripts, job: _NewJob, group: str) -> tuple[list[str], list[Any]]:
+    """Keys and args of ``add_group_job.lua`` for a job of ``group`` on ``s``'s queue."""
+    keys = [*s.getKeys(_GROUP_KEYS), s.keys[""] + "haze-groups", s.keys[""] + "haze-turn"]
+    opts = json.dumps(job.opts, separators=(",", ":"))
+    delay = job.opts.get("delay", 0)
+    return keys, [s.keys[""], opts, job.name, job.raw, job.timestamp, delay, group]
 
 
 def _now_ms() -> int:
