@@ -138,3 +138,18 @@ async def test_every_attempt_sees_the_payload_as_dispatched(app, done) -> None:
     assert ATTEMPTS == [{"items": [1, [2, 3]], "s": "x"}] * 2
     assert [f.id for f in await Queue.failed()] == [sent_id]
     assert sent == {"items": [1, (2, 3)], "s": "x"}
+
+
+@pytest.mark.requires("retries", "failed_store")
+async def test_the_failed_record_keeps_the_payload_as_dispatched(app, done) -> None:
+    """A job that changes its payload and then fails for good: its failed record (and so
+    ``Queue.retry``) holds what was dispatched, not what the job made of it."""
+    ATTEMPTS.clear()
+    sent_id = await pc_mutate_then_fail.dispatch({"items": [1], "s": "x"})
+    await done()
+    (record,) = await Queue.failed()
+    assert record.id == sent_id
+    assert record.payload == {"items": [1], "s": "x"}
+    assert await Queue.retry(sent_id) == [sent_id]
+    await done()
+    assert ATTEMPTS == [{"items": [1], "s": "x"}] * 4

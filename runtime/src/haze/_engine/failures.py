@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from haze._base.crypto import encrypt_payload, seal_failure, sealed_error
 from haze._base.describe import cap_text, error_line, format_error
 from haze._base.errors import JobTimeoutError, MaxExceptionsError, RetryUntilExpiredError
-from haze._base.message import OFFLOADED, RETRIED, UNRECORDED_FAILURE, Message, encode, new_id
+from haze._base.message import (
+    OFFLOADED,
+    RETRIED,
+    UNRECORDED_FAILURE,
+    Message,
+    decode,
+    encode,
+    new_id,
+)
 from haze._engine.hooks import Outcome, Run
 from haze._jobs.definition import find_job
 from haze.contracts.driver import FailedJob
@@ -213,13 +221,16 @@ class Failures:
         attempt: int | None = None,
         *,
         exception: str | None = None,
+        delivered: str | None = None,
     ) -> FailedJob:
         """The failed-job record of ``message`` (``exception``: its text, when it was
-        described earlier; else ``error``'s traceback)."""
+        described earlier; else ``error``'s traceback). ``delivered``: the body it came
+        in, whose payload the record keeps: the job may have changed its own."""
         # A retried job must not release a lock it no longer holds: the stored body drops
         # ``unique``, but ``message`` keeps it so that the failure can still release it.
         body_message = copy.copy(message)
         body_message.unique = None
+        _as_delivered(body_message, delivered)
         meta = message.meta
         if meta is not None and (RETRIED in meta or UNRECORDED_FAILURE in meta):
             # the claim of the retry that queued it; a failure sent back to be recorded
@@ -233,7 +244,8 @@ class Failures:
         if exception is None:
             exception = format_error(error)
         if message.enc is None and job is not None and job.encrypted:
-            encrypt_payload(self.app, body_message)
+            if body_message.enc is None:
+                encrypt_payload(self.app, body_message)
             # The job saw its plaintext, and its error text is often made of it ("card
             # 4242 declined"): kept encrypted in the body, the record's own column names
             # the type only. (A payload that could not be decrypted keeps its plain
@@ -250,7 +262,7 @@ class Failures:
             name=message.job,
             connection=connection,
             queue=message.queue,
-            payload=None if body_message.enc is not None or offloaded else message.payload,
+            payload=None if body_message.enc is not None or offloaded else body_message.payload,
             exception=exception,
             failed_at=_time(),
             chain_id=message.chain_id,
@@ -312,3 +324,19 @@ class ExceptionCount:
     async def _forget(self, run: Run) -> None:
         if run.job.max_exceptions is not None:
             await self.stores.state().delete(exceptions_key(run.message))
+
+
+def _as_delivered(message: Message, delivered: str | None) -> None:
+    """Give ``message`` the payload (plain or sealed) of the body it was delivered in.
+
+    The job received a copy it may change (a dict it appended to); a record of the
+    changed payload would make ``Queue.retry`` run something nobody dispatched. Read on
+    the failure path only: every other path keeps no payload."""
+    if delivered is None:
+        return
+    try:
+        original = decode(delivered)
+    except Exception:  # a body that cannot be read again keeps what the run had
+        return
+    if original.id == message.id and original.job == message.job:
+        message.payload, message.enc = original.payload, original.enc

@@ -236,7 +236,12 @@ class Settle:
             self._unless_outage(e, also)
         try:
             record = self.failures.record(
-                run.message, driver.name, error, attempt or reserved.attempt, exception=exception
+                run.message,
+                driver.name,
+                error,
+                attempt or reserved.attempt,
+                exception=exception,
+                delivered=reserved.body,
             )
         except Exception as e:  # e.g. a payload that cannot be encrypted again
             also.append(e)
