@@ -152,14 +152,17 @@ async def test_a_sleep_past_the_longest_delay_goes_in_hops(
     # The memory driver given a 0.3 s longest delay, as Cloudflare has 12 h.
     monkeypatch.setattr(MemoryDriver, "max_delay", 0.3, raising=False)
     delays: list[float] = []
-    enqueue = MemoryDriver.enqueue
+    driver = app.driver("main")
+    enqueue = driver.enqueue
 
-    async def counting(self: MemoryDriver, body: str, message: Any, delay: float) -> None:
+    async def counting(body: str, message: Any, delay: float) -> None:
         if '"wake"' in body:
             delays.append(delay)
-        await enqueue(self, body, message, delay)
+        await enqueue(body, message, delay)
 
-    monkeypatch.setattr(MemoryDriver, "enqueue", counting)
+    # on the instance: the memory driver then hands it every body (it keeps a plain
+    # message without writing one otherwise)
+    monkeypatch.setattr(driver, "enqueue", counting)
     started = time.monotonic()
     rid = await Workflow.start(wfe_hops)
     st = await Workflow.wait(rid, timeout=10)

@@ -197,12 +197,18 @@ class Admin:
                 n += 1
         return n
 
-    async def prune_offload(self, older_than: float, connection: str | None = None) -> int:
+    async def prune_offload(
+        self,
+        older_than: float,
+        connection: str | None = None,
+        spare: Callable[[str], Awaitable[bool]] | None = None,
+    ) -> int:
         """Delete the offloaded payloads of ``connection`` written more than
-        ``older_than`` seconds ago that no failed record refers to; returns how many."""
+        ``older_than`` seconds ago that no failed record refers to and ``spare`` does not
+        keep; returns how many."""
         driver = self.app.driver(connection)
         keep = referenced(await driver.failed.list(None))
-        return await self.offload.prune(driver.name, older_than, keep)
+        return await self.offload.prune(driver.name, older_than, keep, spare)
 
     async def size(self, queue: str | None = None, connection: str | None = None) -> int:
         return await self.app.driver(connection).size(queue or "default")

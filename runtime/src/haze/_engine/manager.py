@@ -18,7 +18,7 @@ the manager and adds the hooks of the layers above the engine (chains, batches).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from haze._engine.admin import Admin
@@ -267,8 +267,13 @@ class QueueManager:
     ) -> int:
         return await self.admin.flush(connection, older_than, **where)
 
-    async def prune_offload(self, older_than: float, connection: str | None = None) -> int:
-        return await self.admin.prune_offload(older_than, connection)
+    async def prune_offload(
+        self,
+        older_than: float,
+        connection: str | None = None,
+        spare: Callable[[str], Awaitable[bool]] | None = None,
+    ) -> int:
+        return await self.admin.prune_offload(older_than, connection, spare)
 
     async def size(self, queue: str | None = None, connection: str | None = None) -> int:
         return await self.admin.size(queue, connection)

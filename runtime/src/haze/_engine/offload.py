@@ -30,7 +30,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from haze._base.errors import OffloadError
@@ -144,6 +144,14 @@ class Offload:
         out[OFFLOADED] = {**_ref(key, data, encrypted=field == "enc"), "connection": connection}
         return out
 
+    @staticmethod
+    async def put(plan: Plan, key: str, content: str, *, encrypted: bool) -> dict[str, Any]:
+        """Write ``content`` under ``key`` (a safe prefix is added to it); its reference."""
+        data = content.encode("utf-8")
+        key = f"{_UNSAFE.sub('_', key)[:100]}.{os.urandom(6).hex()}"
+        await plan.store.put(key, data)
+        return _ref(key, data, encrypted=encrypted)
+
     async def restore_link(self, link: dict[str, Any]) -> dict[str, Any]:
         """``link`` with its offloaded payload read back and checked (``OffloadError``
         when it is missing or does not match)."""
@@ -151,7 +159,7 @@ class Offload:
         if ref is None:
             return link
         who = f'a chain link or callback of job "{link.get("job")}"'
-        text = await self._fetch(ref, str(ref.get("connection")), who)
+        text = await self.fetch(ref, str(ref.get("connection")), who)
         out = {k: v for k, v in link.items() if k != OFFLOADED}
         if ref.get("enc"):
             out["enc"] = text
@@ -159,7 +167,9 @@ class Offload:
             out["payload"] = decode_payload(text)
         return out
 
-    async def _fetch(self, ref: dict[str, Any], connection: str, who: str) -> str:
+    async def fetch(self, ref: dict[str, Any], connection: str, who: str) -> str:
+        """The text an offload reference names, read back and checked (``OffloadError``
+        when it is missing or does not match)."""
         key, size, digest = ref.get("offloaded"), ref.get("size"), ref.get("sha256")
         if not isinstance(key, str) or not isinstance(digest, str) or size.__class__ is not int:
             raise OffloadError(f"{who}: its offload reference is unreadable: {ref!r}")
@@ -191,7 +201,7 @@ class Offload:
         who = f'job "{message.job}" ({message.id})'
         if self.plan(connection) is None and message.connection:
             connection = message.connection
-        text = await self._fetch(ref, connection, who)
+        text = await self.fetch(ref, connection, who)
         if ref.get("enc"):
             message.enc = text
         else:
@@ -236,9 +246,16 @@ class Offload:
                 if isinstance(link, dict):
                     await self.discard_link(link)
 
-    async def prune(self, connection: str, older_than: float, keep: set[str]) -> int:
+    async def prune(
+        self,
+        connection: str,
+        older_than: float,
+        keep: set[str],
+        spare: Callable[[str], Awaitable[bool]] | None = None,
+    ) -> int:
         """Delete the objects of ``connection``'s store written more than ``older_than``
-        seconds ago, except those in ``keep`` (referenced by failed records)."""
+        seconds ago, except those in ``keep`` (referenced by failed records) and those
+        ``spare`` says are still in use (a workflow run's results)."""
         plan = self.plan(connection)
         if plan is None:
             raise OffloadError(
@@ -249,7 +266,7 @@ class Offload:
         old = [o.key async for o in plan.store.objects() if o.modified < cutoff]
         n = 0
         for key in old:
-            if key not in keep:
+            if key not in keep and not (spare is not None and await spare(key)):
                 await plan.store.delete(key)
                 n += 1
         return n

@@ -30,6 +30,7 @@ from haze._workflows.engine import (
     hop,
     now,
 )
+from haze._workflows.results import StoreResults
 from haze._workflows.run import DEFAULT_MAX_STEPS, WorkflowRun, encode_result
 from haze._workflows.sealed import sealed_state
 from haze.contracts.workflow import KeptRun, WorkflowStateStore
@@ -146,6 +147,7 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
         kept=kept,
         workflow=wf.name,
     )
+    results = _results(ctx, wf, run_id, driver.max_message_size)
     run = WorkflowRun(
         run_id,
         wf.name,
@@ -153,6 +155,7 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
         max_steps=wf.max_steps,
         max_result_size=driver.max_message_size,
         attempt=ctx.attempt,
+        results=results,
     )
     try:
         value = await wf.fn(run, **json.loads(text))
@@ -161,10 +164,26 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
     except Exception as e:
         if step_engine.gave_up(e):  # the run's own tries are for crashes, not for this
             ctx.fail(e)
+            if results is not None:
+                await results.delete()
             return
         raise
     output = encode_result(value, f'workflow "{wf.name}" (run {run_id})')
     await state.finish(run_id, "done", engine.now(), output, None)
+    if results is not None:  # after the finish: a crash before it replays with them
+        await results.delete()
+
+
+def _results(
+    ctx: JobContext, wf: WorkflowDefinition, run_id: str, limit: int | None
+) -> StoreResults | None:
+    """Where this run's large step results go: its connection's offload store."""
+    offload = cast("EngineApp", ctx.app).manager.offload
+    plan = offload.plan(ctx.connection)
+    if plan is None:
+        return None
+    sealing = ctx.app if wf.encrypted else None
+    return StoreResults(offload, plan, ctx.connection, run_id, limit=limit, sealing=sealing)
 
 
 async def _to_replay(

@@ -18,7 +18,7 @@ import contextvars
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from haze._base.durations import Duration, parse_backoff, parse_duration
 from haze._base.errors import (
@@ -92,7 +92,7 @@ def encode_result(value: Any, where: str, limit: int | None = None, rule: str | 
             raise WorkflowLimitError(
                 f"{where} returned {size} bytes of JSON, over the connection's "
                 f"max_message_size of {limit} bytes; keep large data outside (a file, a "
-                "bucket) and return its key, or raise the connection's max_message_size"
+                'bucket) and return its key, or give the connection an "offload" store'
             )
     return text
 
@@ -109,6 +109,17 @@ def nondeterminism(where: str, position: int, kept: str, name: str) -> WorkflowN
 
 def decode(text: str | None) -> Any:
     return None if text is None else json.loads(text)
+
+
+class LargeResults(Protocol):
+    """Where a step result over the threshold goes instead of the run's record (the
+    store engine's offload: ``haze._workflows.results``)."""
+
+    def wanted(self, text: str) -> bool: ...
+
+    async def put(self, text: str) -> str: ...
+
+    async def get(self, text: str) -> str: ...
 
 
 class WorkflowRun:
@@ -132,6 +143,7 @@ class WorkflowRun:
         max_result_size: int | None = None,
         attempt: int = 1,
         result_rule: str | None = None,
+        results: LargeResults | None = None,
     ) -> None:
         self.id = id
         self.workflow = workflow
@@ -139,6 +151,7 @@ class WorkflowRun:
         self.max_steps = max_steps
         self.max_result_size = max_result_size
         self.result_rule = result_rule
+        self._results = results
         #: Which delivery of this run's messages is replaying it (1 = the first).
         self.attempt = attempt
         self._names: set[str] = set()
@@ -246,9 +259,14 @@ class WorkflowRun:
                     value = await value
             finally:
                 _current_step.reset(token)
-            return encode_result(value, where, self.max_result_size, self.result_rule)
+            results = self._results
+            if results is None:
+                return encode_result(value, where, self.max_result_size, self.result_rule)
+            text = encode_result(value, where)
+            return await results.put(text) if results.wanted(text) else text
 
-        return decode(await self.engine.step(name, position, attempt, retry))
+        kept = await self.engine.step(name, position, attempt, retry)
+        return decode(kept if self._results is None else await self._results.get(kept))
 
     async def sleep(self, name: str, duration: Duration) -> None:
         """Wait ``duration`` (seconds or ``"2d"``, at most 365 days) from when the run

@@ -22,6 +22,8 @@ from haze._base.ids import match_id
 from haze._engine.control import pause, request_restart, resume
 from haze._engine.manager import events
 from haze._orchestration.batches import find, prune
+from haze._workflows.api import Workflow
+from haze._workflows.results import run_of_key
 from haze.cli._core import (
     DURATION,
     QUEUE_NAMES,
@@ -51,6 +53,7 @@ __all__ = [
     "queue_prune_offload",
     "queue_restart",
     "queue_retry_batch",
+    "unfinished_run",
 ]
 
 _TARGET_HELP = (
@@ -295,13 +298,23 @@ def queue_prune_offload(state: State, older_than: float, connection: str | None)
 
     async def prune(app: App) -> tuple[str, int]:
         name = app.connection_name(connection)
-        return name, await app.manager.prune_offload(older_than, name)
+        return name, await app.manager.prune_offload(older_than, name, spare=unfinished_run)
 
     name, n = run(state, prune)
     console().print(
         f"Pruned {n} offloaded payload(s) older than {older_than:g}s on connection "
         f'"{escape(name)}".'
     )
+
+
+async def unfinished_run(key: str) -> bool:
+    """Whether ``key`` holds a step result of a workflow run that has not ended (a run
+    that sleeps for weeks still reads its results on every replay)."""
+    run_id = run_of_key(key)
+    if run_id is None:
+        return False
+    status = await Workflow.status(run_id)
+    return status is not None and not status.finished
 
 
 @cli.command("queue:prune-batches", short_help="Delete old batch records.")
