@@ -3,6 +3,7 @@ inspection and advice."""
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import time
 from collections.abc import Mapping, Sequence
@@ -39,6 +40,7 @@ class DatabaseDriver(
         "sleep": "duration",
         "max_sleep": "duration",
         "groups": "groups",
+        "vacuum": "bool",
     }
 
     remote = True
@@ -109,6 +111,12 @@ class DatabaseDriver(
         if row is None:
             return []
         where = "on this server" if row[0] == "off" else f'for the "{self.table}" table'
+        if self._vacuum_on:
+            return [
+                f"autovacuum is off {where}: every job leaves dead rows in {self.table!r}, "
+                "so this worker runs VACUUM on it itself when they pile up; turn "
+                "autovacuum on to leave that to the server"
+            ]
         return [
             f"autovacuum is off {where}: every job leaves dead rows in {self.table!r} and "
             "it grows until VACUUM runs; turn autovacuum on, or run VACUUM on the table "
@@ -184,4 +192,9 @@ class DatabaseDriver(
         return await self.db.execute(self.sql["purge"], (queue,))
 
     async def close(self) -> None:
-        return None  # the connector belongs to the app, which closes it
+        # The connector belongs to the app, which closes it; a VACUUM under way ends
+        # with its own connection (and its lock with it).
+        task, self._vacuum_task = self._vacuum_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
