@@ -9,7 +9,9 @@ the same PostgreSQL.
 Method (the one of shared/tools/peerbench, per peer):
   * enqueue/s: one producer process, N single enqueues with the library's normal API;
     ``raw-pg-notify`` is the like-for-like ceiling of haze's PostgreSQL enqueue (an
-    INSERT and its worker wake-up, NOTIFY, in one statement), ``raw-pg`` the plain INSERT;
+    INSERT and its worker wake-up, NOTIFY, in one statement), ``raw-pg`` the plain INSERT,
+    ``raw-pg-notify-async`` raw-pg-notify's loop on psycopg's async connection (the floor
+    of any asyncio client: what the async driver and the event loop cost per statement);
   * bulk/s: the library's bulk API in chunks of 1,000 (haze: ``Queue.bulk``);
   * drain/s: N jobs queued first, then ONE worker process; rate = (N-1) / (last job start
     - first job start), so start-up is excluded;
@@ -65,6 +67,12 @@ def peers() -> dict[str, dict[str, object]]:
             "backend": "postgres",
             "desc": "raw-pg, each INSERT with its NOTIFY in one statement",
             "env": {"BENCH_RAW_NOTIFY": "1"},
+        },
+        "raw-pg-notify-async": {
+            "cmd": [sys.executable, str(PEERS / "raw_pg.py")],
+            "backend": "postgres",
+            "desc": "raw-pg-notify's enqueue on psycopg's async connection (asyncio)",
+            "env": {"BENCH_RAW_NOTIFY": "1", "BENCH_RAW_ASYNC": "1"},
         },
         "procrastinate": {
             "cmd": [str(PROCRASTINATE_PY), str(PEERS / "procrastinate_peer.py")],

@@ -50,16 +50,19 @@ class DatabaseDriver(
     @_needs_tables
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         now = time.time()
+        due = now + delay
         group = group_of(message)
-        turn = await self._turn(self.db, message.queue, group, now + delay)
-        params = (message.queue, body, message.attempts, now + delay, now, group, turn)
-        if self.dialect == "postgres":
+        db = self._db
+        # A job without a group takes its due time as its turn: no read, no coroutine.
+        turn = due if group is None else await self._turn(db, message.queue, group, due)
+        params = (message.queue, body, message.attempts, due, now, group, turn)
+        if db.dialect == "postgres":
             # The NOTIFY rides in the INSERT's statement: a separate pg_notify round trip
             # per dispatch was half of a single dispatch's cost.
-            await self.db.execute(self.sql["enqueue_notify"], (*params, f"haze_{self.table}"))
+            await db.execute(self.sql["enqueue_notify"], (*params, f"haze_{self.table}"))
             self._wake_local()
             return
-        await self.db.execute(self.sql["enqueue"], params)
+        await db.execute(self.sql["enqueue"], params)
         self._notify(message.queue)
 
     @_needs_tables
