@@ -37,6 +37,9 @@ class _Vacuuming(_DatabaseBase):
         now = time.monotonic()
         if now - self._vacuum_checked < VACUUM_CHECK_SECONDS:
             return
+        if self._vacuum_checked == float("-inf") and not isinstance(self._db, Vacuuming):
+            self._vacuum_on = False  # SQLite, MySQL, ...: no task, now or later
+            return
         self._vacuum_checked = now
         self._vacuum_task = asyncio.get_running_loop().create_task(self._vacuum_soon())
 
