@@ -46,7 +46,9 @@ class _Vacuuming(_DatabaseBase):
     async def _vacuum_soon(self) -> None:
         try:
             await self.maintain()
-        except Exception as e:  # the claims report an outage; a failed VACUUM is not one
+        except self.outage_errors:
+            pass  # the worker's claims report an outage, once; the next look tries again
+        except Exception as e:
             log.warning("VACUUM of %r failed: %s", self.table, e)
         finally:
             self._vacuum_task = None
