@@ -4,11 +4,14 @@ the same PostgreSQL.
 
     python bench/sql.py [--n 5000] [--lat-n 1000] [--rate 200] [--only haze-postgres,...]
     python bench/sql.py --burn 1000000 --burn-workers 4 --no-single   # burn-down only
+    python bench/sql.py --enqueue-only 5 --only raw-pg,raw-pg-notify,haze-postgres --n 3000
 
 Method (the one of shared/tools/peerbench, per peer):
   * enqueue/s: one producer process, N single enqueues with the library's normal API;
     ``raw-pg-notify`` is the like-for-like ceiling of haze's PostgreSQL enqueue (an
-    INSERT and its worker wake-up, NOTIFY, in one statement), ``raw-pg`` the plain INSERT;
+    INSERT and its worker wake-up, NOTIFY, in one statement), ``raw-pg`` the plain INSERT,
+    ``raw-pg-notify-async`` raw-pg-notify's loop on psycopg's async connection (the floor
+    of any asyncio client: what the async driver and the event loop cost per statement);
   * bulk/s: the library's bulk API in chunks of 1,000 (haze: ``Queue.bulk``);
   * drain/s: N jobs queued first, then ONE worker process; rate = (N-1) / (last job start
     - first job start), so start-up is excluded;
@@ -64,6 +67,12 @@ def peers() -> dict[str, dict[str, object]]:
             "backend": "postgres",
             "desc": "raw-pg, each INSERT with its NOTIFY in one statement",
             "env": {"BENCH_RAW_NOTIFY": "1"},
+        },
+        "raw-pg-notify-async": {
+            "cmd": [sys.executable, str(PEERS / "raw_pg.py")],
+            "backend": "postgres",
+            "desc": "raw-pg-notify's enqueue on psycopg's async connection (asyncio)",
+            "env": {"BENCH_RAW_NOTIFY": "1", "BENCH_RAW_ASYNC": "1"},
         },
         "procrastinate": {
             "cmd": [str(PROCRASTINATE_PY), str(PEERS / "procrastinate_peer.py")],
@@ -261,9 +270,10 @@ def burn_table(rows: list[dict[str, object]]) -> str:
 def prepare() -> None:
     import psycopg
 
+    name = psycopg.conninfo.conninfo_to_dict(PG_DSN)["dbname"]
     with psycopg.connect(PG_ADMIN, autocommit=True) as c:
-        if not c.execute("SELECT 1 FROM pg_database WHERE datname = 'haze_bench'").fetchone():
-            c.execute("CREATE DATABASE haze_bench")
+        if not c.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            c.execute(f'CREATE DATABASE "{name}"')
     try:
         import pymysql
 
@@ -311,6 +321,24 @@ def table(rows: list[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
+def enqueue_rounds(chosen: list[str], n: int, rounds: int) -> list[dict[str, object]]:
+    """Single enqueue only: every peer once a round, ROUNDS rounds; the median round."""
+    rates: dict[str, list[float]] = {name: [] for name in chosen}
+    for i in range(rounds):
+        for name in chosen:
+            peer = peers()[name]
+            run(peer, "clean")
+            rate = run(peer, "enqueue", str(n))["rate"]
+            assert isinstance(rate, float)
+            rates[name].append(rate)
+            print(f"round {i + 1} {name}: {rate:,.0f}/s", file=sys.stderr, flush=True)
+        run(peers()[chosen[-1]], "clean")
+    return [
+        {"peer": name, "desc": peers()[name]["desc"], "enqueue": statistics.median(r)}
+        for name, r in rates.items()
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=5000)
@@ -320,6 +348,7 @@ def main() -> None:
     ap.add_argument("--burn", type=int, default=20000, help="burn-down rows (0: skip)")
     ap.add_argument("--burn-workers", type=int, default=2)
     ap.add_argument("--no-single", action="store_true", help="burn-down only")
+    ap.add_argument("--enqueue-only", type=int, default=0, metavar="ROUNDS")
     ap.add_argument("--json")
     args = ap.parse_args()
     prepare()
@@ -333,6 +362,9 @@ def main() -> None:
             continue
         chosen.append(name)
     rows, burns = [], []
+    if args.enqueue_only:
+        rows = enqueue_rounds(chosen, args.n, args.enqueue_only)
+        args.no_single, args.burn = True, 0
     for name in chosen if not args.no_single else []:
         print(f"== {name}", file=sys.stderr, flush=True)
         try:
@@ -353,6 +385,9 @@ def main() -> None:
         print(
             f"\nN={args.n}, latency {args.lat_n} jobs at {args.rate:g}/s; one worker process "
             f"each; 1-min load {load:.1f} on {os.cpu_count()} CPUs.\n"
+            if not args.enqueue_only
+            else f"\nN={args.n} single enqueues, median of {args.enqueue_only} interleaved "
+            f"rounds; 1-min load {load:.1f} on {os.cpu_count()} CPUs.\n"
         )
     if burns:
         print(burn_table(burns))

@@ -35,8 +35,30 @@ INSERT_NOTIFY = (
 )
 
 
+#: ``BENCH_RAW_ASYNC=1``: the same loop on psycopg's async connection on asyncio, as an
+#: asyncio library sends it (the floor of an async client on this machine).
+ASYNC = os.environ.get("BENCH_RAW_ASYNC") == "1"
+
+
+async def _enqueue_async(n: int, stmt: str) -> float:
+    c = await psycopg.AsyncConnection.connect(DSN, autocommit=True)
+    cur = c.cursor()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        await cur.execute(stmt, (json.dumps({"t": time.time()}),))
+    dt = time.perf_counter() - t0
+    await c.close()
+    return dt
+
+
 def enqueue(n: str) -> None:
     stmt = INSERT_NOTIFY if NOTIFY else INSERT
+    if ASYNC:
+        import asyncio
+
+        dt = asyncio.run(_enqueue_async(int(n), stmt))
+        emit(n=int(n), seconds=dt, rate=int(n) / dt)
+        return
     with _conn() as c:
         t0 = time.perf_counter()
         for _ in range(int(n)):

@@ -11,6 +11,8 @@ and checks what haze must say in that case.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import signal
 from collections.abc import Iterator
@@ -21,6 +23,7 @@ from harness import pg_database
 from haze import App, define_database_config, define_queue_config
 from haze.connectors.migrations import ensure_queue_tables
 from haze.contracts.driver import Advises
+from haze.drivers.sql import DatabaseDriver
 from worker_procs import WorkerProcs
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -111,3 +114,106 @@ async def test_queue_work_warns_when_its_table_is_never_vacuumed(
     warned = [line for line in text.splitlines() if "autovacuum is off" in line]
     assert len(warned) == 1, procs.log(worker)
     assert "'vac_proc'" in warned[0] and "Traceback" not in text, procs.log(worker)
+
+
+# --------------------------------------------------------------- the worker's own VACUUM
+#
+# With autovacuum off, every claim starts at the head of the due index and steps over
+# the dead entries of the jobs done since the last VACUUM: a backlog gets slower with
+# every job. A worker then vacuums its table itself (one process at a time, at most
+# every few seconds, when enough dead rows piled up); ``vacuum: False`` opts out.
+
+
+def _dead_rows(url: str, table: str, n: int) -> None:
+    """``n`` dead rows in ``table``, counted in pg_stat_user_tables at once."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(
+            f"INSERT INTO {table} (queue, payload, attempts, available_at, created_at, turn) "
+            "SELECT 'other', '{}', 0, 0, 0, 0 FROM generate_series(1, %s)",
+            (n,),
+        )
+        c.execute(f"DELETE FROM {table}")
+        c.execute("SELECT pg_stat_force_next_flush()")
+        c.execute("SELECT 1")  # the flush happens when the session goes idle
+
+
+def _vacuums(url: str, table: str) -> tuple[int, int]:
+    """(vacuum_count, n_dead_tup) of ``table``."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as c:
+        row = c.execute(
+            "SELECT vacuum_count, n_dead_tup FROM pg_stat_user_tables WHERE relname = %s",
+            (table,),
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def _vac_app(url: str, table: str, **extra: object) -> App:
+    conn: dict[str, object] = {"driver": "database", "connection": "main", "table": table}
+    conn.update(failed_table=f"{table}_failed", **extra)
+    return App(
+        queue=define_queue_config(default="db", connections={"db": conn}),
+        database=define_database_config(default="main", connections={"main": {"url": url}}),
+    )
+
+
+async def test_a_worker_vacuums_its_table_when_autovacuum_will_not(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with _vac_app(pg_url, "vac_self") as app:
+        await ensure_queue_tables(app)
+        await app.database().execute("ALTER TABLE vac_self SET (autovacuum_enabled = false)")
+        driver = app.driver("db")
+        assert isinstance(driver, DatabaseDriver)
+        _dead_rows(pg_url, "vac_self", 100)
+        # Few dead rows: not worth a VACUUM yet.
+        assert await driver.maintain() is False
+        assert _vacuums(pg_url, "vac_self")[0] == 0
+        _dead_rows(pg_url, "vac_self", 6000)
+        assert _vacuums(pg_url, "vac_self")[1] >= 6000
+        with caplog.at_level(logging.INFO, logger="haze"):
+            # The claim path runs it (in the background, once per check interval).
+            assert await driver.reserve_many(["default"], 1, 0.0) == []
+            for _ in range(100):
+                if _vacuums(pg_url, "vac_self")[0] >= 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert _vacuums(pg_url, "vac_self")[0] == 1
+            _dead_rows(pg_url, "vac_self", 6000)
+            # Checked at most once per interval: the next claim does not look again.
+            assert await driver.reserve_many(["default"], 1, 0.0) == []
+            await asyncio.sleep(0.3)
+            assert _vacuums(pg_url, "vac_self")[0] == 1
+            # Called directly (no interval), it vacuums again: logged once only.
+            assert await driver.maintain() is True
+        assert _vacuums(pg_url, "vac_self")[0] == 2
+        said = [r.getMessage() for r in caplog.records if "VACUUM" in r.getMessage()]
+        assert len(said) == 1 and "'vac_self'" in said[0] and "vacuum" in said[0], said
+
+
+async def test_one_process_vacuums_at_a_time_and_the_option_turns_it_off(pg_url: str) -> None:
+    import psycopg
+
+    async with _vac_app(pg_url, "vac_lock") as app:
+        await ensure_queue_tables(app)
+        await app.database().execute("ALTER TABLE vac_lock SET (autovacuum_enabled = false)")
+        driver = app.driver("db")
+        assert isinstance(driver, DatabaseDriver)
+        _dead_rows(pg_url, "vac_lock", 6000)
+        with psycopg.connect(pg_url, autocommit=True) as other:
+            # Another worker is vacuuming the table (it holds the table's lock).
+            other.execute("SELECT pg_advisory_lock(hashtext('haze_vacuum:' || 'vac_lock'))")
+            assert await driver.maintain() is False
+            other.execute("SELECT pg_advisory_unlock_all()")
+        assert _vacuums(pg_url, "vac_lock")[0] == 0
+    async with _vac_app(pg_url, "vac_lock", vacuum=False) as app:
+        driver = app.driver("db")
+        assert isinstance(driver, DatabaseDriver)
+        assert await driver.maintain() is False
+        assert await driver.reserve_many(["default"], 1, 0.0) == []
+        await asyncio.sleep(0.3)
+    assert _vacuums(pg_url, "vac_lock")[0] == 0

@@ -281,3 +281,34 @@ async def test_ten_thousand_jobs_of_one_tenant_starve_no_other(pg_only: str) -> 
         a_200th = [i for i, (t, _) in enumerate(STARTED) if t == "A"][199]
         others = [i for i, (t, _) in enumerate(STARTED) if t != "A"]
         assert len(others) == 40 and max(others) < a_200th
+
+
+@define_job(name="dbx_groups_plain")
+async def dbx_groups_plain(payload: dict[str, Any], job: JobContext) -> None:
+    STARTED.append(("", payload["k"]))
+
+
+async def test_a_postgres_dispatch_is_one_statement_and_only_a_grouped_one_reads_first(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job without a group costs one round trip (the INSERT and its NOTIFY, autocommit):
+    no table check, no turn read; a grouped job reads its group's last turn first."""
+    import psycopg
+
+    sent: list[str] = []
+    execute = psycopg.AsyncCursor.execute
+
+    async def spy(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+        sent.append(str(query))
+        return await execute(self, query, params, **kw)
+
+    async with open_app(pg_url) as (_app, table):
+        await dbx_groups_plain.dispatch({"k": 0})  # the first one opens the pool
+        monkeypatch.setattr(psycopg.AsyncCursor, "execute", spy)
+        for k in range(1, 6):
+            await dbx_groups_plain.dispatch({"k": k})
+        assert len(sent) == 5, sent
+        assert all(f"INSERT INTO {table}" in q and "pg_notify" in q for q in sent), sent
+        sent.clear()
+        await dbx_groups_job.dispatch({"tenant": "a", "k": 0})
+        assert len(sent) == 2 and f"INSERT INTO {table}" in sent[1], sent

@@ -90,6 +90,16 @@ class Notifying(Protocol):
         """Return on the next notification on ``channel``, or after ``timeout`` seconds."""
 
 
+@runtime_checkable
+class Vacuuming(Protocol):
+    """A connector that can ``VACUUM`` a table outside any transaction, one process at a
+    time (PostgreSQL): the database driver's own upkeep when autovacuum is off."""
+
+    async def vacuum(self, table: str) -> bool:
+        """``VACUUM table`` unless another process is vacuuming it through haze; True
+        when this call ran it."""
+
+
 REGISTRY = plugins.Registry(
     GROUP,
     {

@@ -410,6 +410,24 @@ class PostgresConnector:
             async with pool.connection() as conn, conn.transaction():
                 yield _PgSession(conn)
 
+    async def vacuum(self, table: str) -> bool:
+        """``VACUUM table`` on a connection of its own, unless another process holds the
+        table's advisory lock (it is vacuuming it). Closing that connection ends its
+        session, so the lock never outlives the call, even when it is cancelled."""
+        conn = await self._connect()
+        try:
+            with self._outages():
+                cur = await conn.execute(
+                    "SELECT pg_try_advisory_lock(hashtext(%s))", (f"haze_vacuum:{table}",)
+                )
+                row = await cur.fetchone()
+                if not row or not row[0]:
+                    return False
+                await conn.execute(f'VACUUM "{table}"')
+                return True
+        finally:
+            await conn.close()
+
     # -- LISTEN/NOTIFY ----------------------------------------------------------------
 
     def notify(self, channel: str, payload: str = "") -> None:

@@ -16,6 +16,8 @@ MySQL 8 / MariaDB), as the seed's 数据库驱动 section describes.
 - Final failures move to ``failed_jobs`` in the same transaction as the delete.
 - While a job runs the worker refreshes ``heartbeat_at`` (lease heartbeats), so a long
   job is not reclaimed while its worker lives.
+- PostgreSQL with autovacuum off: the workers vacuum the jobs table themselves, one at
+  a time, when dead rows pile up (``vacuum.py``; ``vacuum: False`` turns it off).
 
 SQL lives beside this package's modules: ``common.sql`` plus one file per dialect.
 """

@@ -141,6 +141,11 @@ class _DatabaseBase:
         self._last_ts = 0.0
         #: queue -> when a claim of this driver last looked for lapsed leases
         self._lapsed_looks: dict[str, float] = {}
+        #: the worker's own VACUUM of the jobs table (vacuum.py)
+        self._vacuum_on: bool = options.get("vacuum", True) is not False
+        self._vacuum_checked = float("-inf")
+        self._vacuum_task: asyncio.Task[None] | None = None
+        self._vacuum_said = False
         # The claims (row id, reserved_at) this driver acked, or sent an ack for that
         # raised, newest last: a later ack of one that finds its row gone is a repeat
         # (done), where a first ack that finds it gone means another worker took the job

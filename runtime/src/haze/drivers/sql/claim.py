@@ -12,7 +12,8 @@ from typing import Any
 from haze._base.message import Message, decode
 from haze.connectors import Session
 from haze.contracts.driver import Reserved
-from haze.drivers.sql.base import _DatabaseBase, _needs_tables
+from haze.drivers.sql.base import _needs_tables
+from haze.drivers.sql.vacuum import _Vacuuming
 
 
 def _branches(
@@ -32,7 +33,7 @@ def _branches(
 LAPSED_END = 11
 
 
-class _Claiming(_DatabaseBase):
+class _Claiming(_Vacuuming):
     """Claiming rows and waiting for them."""
 
     async def _claim(self, queue: str) -> Reserved | None:
@@ -41,6 +42,7 @@ class _Claiming(_DatabaseBase):
 
     async def _claim_many(self, queue: str, limit: int) -> builtins.list[Reserved]:
         """Up to ``limit`` rows of ``queue`` in one claim statement, in due order."""
+        self._maybe_vacuum()
         now = time.time()
         token = self._token()
         abandoned = self._abandoned(queue, now)

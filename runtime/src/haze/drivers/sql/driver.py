@@ -3,6 +3,7 @@ inspection and advice."""
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import time
 from collections.abc import Mapping, Sequence
@@ -39,6 +40,7 @@ class DatabaseDriver(
         "sleep": "duration",
         "max_sleep": "duration",
         "groups": "groups",
+        "vacuum": "bool",
     }
 
     remote = True
@@ -48,16 +50,19 @@ class DatabaseDriver(
     @_needs_tables
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         now = time.time()
+        due = now + delay
         group = group_of(message)
-        turn = await self._turn(self.db, message.queue, group, now + delay)
-        params = (message.queue, body, message.attempts, now + delay, now, group, turn)
-        if self.dialect == "postgres":
+        db = self._db
+        # A job without a group takes its due time as its turn: no read, no coroutine.
+        turn = due if group is None else await self._turn(db, message.queue, group, due)
+        params = (message.queue, body, message.attempts, due, now, group, turn)
+        if db.dialect == "postgres":
             # The NOTIFY rides in the INSERT's statement: a separate pg_notify round trip
             # per dispatch was half of a single dispatch's cost.
-            await self.db.execute(self.sql["enqueue_notify"], (*params, f"haze_{self.table}"))
+            await db.execute(self.sql["enqueue_notify"], (*params, f"haze_{self.table}"))
             self._wake_local()
             return
-        await self.db.execute(self.sql["enqueue"], params)
+        await db.execute(self.sql["enqueue"], params)
         self._notify(message.queue)
 
     @_needs_tables
@@ -109,6 +114,12 @@ class DatabaseDriver(
         if row is None:
             return []
         where = "on this server" if row[0] == "off" else f'for the "{self.table}" table'
+        if self._vacuum_on:
+            return [
+                f"autovacuum is off {where}: every job leaves dead rows in {self.table!r}, "
+                "so this worker runs VACUUM on it itself when they pile up; turn "
+                "autovacuum on to leave that to the server"
+            ]
         return [
             f"autovacuum is off {where}: every job leaves dead rows in {self.table!r} and "
             "it grows until VACUUM runs; turn autovacuum on, or run VACUUM on the table "
@@ -184,4 +195,9 @@ class DatabaseDriver(
         return await self.db.execute(self.sql["purge"], (queue,))
 
     async def close(self) -> None:
-        return None  # the connector belongs to the app, which closes it
+        # The connector belongs to the app, which closes it; a VACUUM under way ends
+        # with its own connection (and its lock with it).
+        task, self._vacuum_task = self._vacuum_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

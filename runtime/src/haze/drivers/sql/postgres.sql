@@ -95,6 +95,15 @@ USING unnest(?::bigint[], ?::double precision[]) AS a(id, reserved_at)
 WHERE j.id = a.id AND j.reserved_at = a.reserved_at
 RETURNING j.id
 
+-- name: vacuum_due
+-- The jobs table's dead rows when autovacuum will never vacuum it (off for the whole
+-- server, or for the table); no row when it will.
+-- params: table name
+SELECT s.n_dead_tup FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+WHERE s.relid = to_regclass(?)
+  AND (current_setting('autovacuum') = 'off'
+       OR 'autovacuum_enabled=false' = ANY(COALESCE(c.reloptions, '{{}}')))
+
 -- name: autovacuum_off
 -- One row when autovacuum will never vacuum the jobs table: off for the whole server,
 -- or turned off for the table.
