@@ -138,6 +138,9 @@ class UniqueRelease:
     def __init__(self, locks: Locks) -> None:
         self.locks = locks
 
+    #: ``wants`` is False for a plain message that succeeded (``PlainQuiet``)
+    plain_quiet = True
+
     def wants(self, run: Run) -> bool:
         return run.message.unique is not None
 

@@ -216,6 +216,9 @@ class OffloadCleanup:
     def __init__(self, offload: Offload) -> None:
         self.offload = offload
 
+    #: ``wants`` is False for a plain message that succeeded (``PlainQuiet``)
+    plain_quiet = True
+
     def wants(self, run: Run) -> bool:
         meta = run.message.meta
         return meta is not None and OFFLOADED in meta and run.outcome in _FINAL

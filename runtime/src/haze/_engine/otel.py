@@ -499,6 +499,9 @@ class TelemetryHook:
     def __init__(self, slot: TelemetrySlot) -> None:
         self.slot = slot
 
+    #: ``wants`` is False for a plain message that succeeded (``PlainQuiet``)
+    plain_quiet = True
+
     def wants(self, run: Run) -> bool:
         return run.outcome in (Outcome.RETRY, Outcome.RELEASED)
 

@@ -284,6 +284,9 @@ class StatusRecord:
     def __init__(self, tracking: Tracking) -> None:
         self.tracking = tracking
 
+    #: ``wants`` is False for a plain message that succeeded (``PlainQuiet``)
+    plain_quiet = True
+
     def wants(self, run: Run) -> bool:
         return run.tracked
 

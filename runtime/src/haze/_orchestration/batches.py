@@ -555,6 +555,9 @@ class BatchGuard:
     def __init__(self, manager: QueueManager) -> None:
         self.manager = manager
 
+    #: ``wants`` is False for a plain message that succeeded (``PlainQuiet``)
+    plain_quiet = True
+
     def wants(self, run: Run) -> bool:
         return run.message.batch_id is not None
 
@@ -575,6 +578,9 @@ class BatchCount:
 
     def __init__(self, manager: QueueManager) -> None:
         self.manager = manager
+
+    #: ``wants`` is False for a plain message that succeeded (``PlainQuiet``)
+    plain_quiet = True
 
     def wants(self, run: Run) -> bool:
         return run.message.batch_id is not None

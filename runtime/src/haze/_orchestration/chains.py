@@ -181,6 +181,9 @@ class ChainNext:
     def __init__(self, manager: QueueManager) -> None:
         self.manager = manager
 
+    #: ``wants`` is False for a plain message that succeeded (``PlainQuiet``)
+    plain_quiet = True
+
     def wants(self, run: Run) -> bool:
         ctx = run.ctx
         return run.outcome == Outcome.SUCCESS and bool(
@@ -219,6 +222,9 @@ class ChainCatch:
 
     def __init__(self, manager: QueueManager) -> None:
         self.manager = manager
+
+    #: ``wants`` is False for a plain message that succeeded (``PlainQuiet``)
+    plain_quiet = True
 
     def wants(self, run: Run) -> bool:
         message = run.message

@@ -86,6 +86,9 @@ class TickEnd:
     def __init__(self, manager: QueueManager) -> None:
         self.manager = manager
 
+    #: ``wants`` is False for a plain message that succeeded (``PlainQuiet``)
+    plain_quiet = True
+
     def wants(self, run: Run) -> bool:
         meta = run.message.meta
         return (
