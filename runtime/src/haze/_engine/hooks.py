@@ -233,7 +233,7 @@ class Hooks:
             and not m.chain
             and not m.chain_catch
         )
-        for _, wants in self._loud_guards if plain else self._guards:  # noqa: SIM110
+        for _, wants in self._loud_guards if plain else self._guards:
             if wants is None or wants(run):
                 return True
         return False
