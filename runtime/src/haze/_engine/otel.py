@@ -496,11 +496,10 @@ class TelemetrySlot:
 class TelemetryHook:
     """Outcome hook: a retry or a release is an event of the running job's span."""
 
+    plain_quiet = True  # wants() is False for a plain success (PlainQuiet)
+
     def __init__(self, slot: TelemetrySlot) -> None:
         self.slot = slot
-
-    #: ``wants`` is False for a plain message that succeeded (``PlainQuiet``)
-    plain_quiet = True
 
     def wants(self, run: Run) -> bool:
         return run.outcome in (Outcome.RETRY, Outcome.RELEASED)

@@ -83,11 +83,10 @@ class TickEnd:
     next tick whether it is still queued (no once key yet) or still running (no end
     marker) and warn that the schedule outruns its job."""
 
+    plain_quiet = True  # wants() is False for a plain success (PlainQuiet)
+
     def __init__(self, manager: QueueManager) -> None:
         self.manager = manager
-
-    #: ``wants`` is False for a plain message that succeeded (``PlainQuiet``)
-    plain_quiet = True
 
     def wants(self, run: Run) -> bool:
         meta = run.message.meta
