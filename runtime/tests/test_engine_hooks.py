@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from haze import App, JobContext, Queue, define_job, define_queue_config
-from haze._engine.hooks import Outcome, Run, Skip, Stage
+from haze._engine.hooks import Outcome, PlainQuiet, Run, Skip, Stage
 
 seen: list[tuple[str, str, str]] = []
 
@@ -90,3 +90,58 @@ async def test_a_run_guard_skips_the_attempt() -> None:
         await Queue.idle()
         assert await Queue.failed() == []
     assert seen == [("h", "settling", Outcome.SKIPPED), ("h", "settled", Outcome.SKIPPED)]
+
+
+class Captured:
+    """A loud hook (not ``Selective``): it sees every run, so it can keep one."""
+
+    def __init__(self) -> None:
+        self.runs: list[Run] = []
+
+    async def settling(self, run: Run) -> None:
+        self.runs.append(run)
+
+    async def settled(self, run: Run) -> None:
+        return None
+
+
+class QuietCounter:
+    """Declares itself ``PlainQuiet``: a plain success must not even ask ``wants``."""
+
+    plain_quiet = True
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def wants(self, run: Run) -> bool:
+        self.asked.append(run.outcome)
+        return False
+
+    async def settling(self, run: Run) -> None:
+        return None
+
+    async def settled(self, run: Run) -> None:
+        return None
+
+
+async def test_a_plain_success_asks_no_plain_quiet_hook_and_every_declaration_holds() -> None:
+    captured, quiet = Captured(), QuietCounter()
+    async with memory_app() as app:
+        hooks = app.manager.hooks
+        hooks.add(captured, Stage.NOTIFY)
+        hooks.add(quiet, Stage.NOTIFY)
+        await hooks_ok.dispatch({})
+        await hooks_boom.dispatch({})
+        await Queue.idle()
+        # Every built-in hook and guard that says it is quiet for a plain success says
+        # False when asked about one (so skipping the question changes nothing).
+        plain = next(r for r in captured.runs if r.outcome == Outcome.SUCCESS)
+        declared = [
+            h for h in [*(e[0] for e in hooks._ordered), *hooks.guards] if isinstance(h, PlainQuiet)
+        ]
+        assert len(declared) >= 9
+        for h in declared:
+            if h is not quiet:
+                assert h.wants(plain) is False, h
+    # Asked only about the failing job's runs, never about the plain success.
+    assert sorted(quiet.asked) == [Outcome.FAILED, Outcome.RETRY]

@@ -262,6 +262,8 @@ def copy_plain(value: Any) -> tuple[Any, int] | None:
     """
     size = [0]
     try:
+        if value.__class__ is dict:  # most payloads: one frame fewer, same result as _copy
+            return _copy_dict(value, 1, size), size[0]
         return _copy(value, 0, size), size[0]
     except (_NotPlain, RecursionError):
         return None

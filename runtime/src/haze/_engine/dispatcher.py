@@ -52,6 +52,10 @@ Batch = list[tuple[str, Message, float]]
 _ENVELOPE_ROOM = 4096
 
 
+#: Payload classes ``to_wire`` hands back as they are (checked here without its frame).
+_WIRE = frozenset({dict, list, str, int, float, bool, type(None)})
+
+
 class Dispatcher:
     """Dispatch for one app."""
 
@@ -97,6 +101,8 @@ class Dispatcher:
             if route is not None:
                 conn = conn or route.connection
                 q = q or route.queue
+        if conn is None:  # the default connection: nothing to check
+            return self.app.queue_config.default, q or "default"
         return self.app.connection_name(conn), q or "default"
 
     def build(
@@ -116,11 +122,14 @@ class Dispatcher:
         job = pending.job
         if queue.__class__ is not str or not 0 < len(queue) <= MAX_QUEUE_NAME or "," in queue:
             check_queue_name(queue, f'job "{job.name}": queue')  # raises, saying why
-        payload = job.to_wire(pending.payload)
-        group = pending._resolved_group()
+        payload = pending.payload
+        if payload.__class__ not in _WIRE:  # a dataclass or model (a subclass: to_wire decides)
+            payload = job.to_wire(payload)
+        group = None if pending._group is None and job.group is None else pending._resolved_group()
         if group is not None:
             meta = {**(meta or {}), "group": group}
-        track = self.tracking.meta_for(job)
+        known = self.tracking.meta
+        track = known[job] if job in known else self.tracking.meta_for(job)
         if track is not None:
             meta = {**(meta or {}), **track}
         # Positional, in field order (as in Message.from_dict): keywords cost more.
@@ -259,8 +268,11 @@ class Dispatcher:
         """The message is built: lock, encode, and hand it to its route (in a producer
         span when telemetry is on and no test recorder takes it)."""
         assert message.connection is not None
-        route = self.route(message.connection)
-        otel = self.telemetry.get()
+        route = self._routes.get(message.connection)
+        if route is None:
+            route = self.route(message.connection)
+        slot = self.telemetry
+        otel = slot.value if slot.resolved else slot.get()
         if otel is not None and route.recorder is None:
             sent: Awaitable[DispatchResult] = otel.send(
                 message, delay, lambda: self._send(route, message, job, delay)

@@ -180,7 +180,9 @@ class Execution(Settle):
         if not driver.remote:
             message = reserved.message
             job = find_job(message.job) if message is not None else None
-            if message is None or job is None or self.telemetry.get() is not None:
+            slot = self.telemetry
+            otel = slot.value if slot.resolved else slot.get()
+            if message is None or job is None or otel is not None:
                 return (await self._process(reserved, driver, inline=False))[0]
             # What _process does, in this frame: every in-process job passes here.
             app_token = app_var.set(self.app)
@@ -275,13 +277,15 @@ class Execution(Settle):
                 "its worker stopped (crash or retry_after passed) after using the last try"
             )
             return await self._final(run, err)
-        if self._guarded(run):
+        if message.unique is not None or message.meta is not None or self.hooks.guarded(run):
             skipped = await self._guard(run)
             if skipped is not None:
                 return skipped
         tracking = self.tracking
-        if tracking.may_be_cancelled(run.tracked) and await tracking.cancel_seen(
-            message, run.tracked, reserved.attempt
+        meta = message.meta
+        tracked = meta is not None and "track" in meta  # run.tracked, without its frame
+        if tracking.may_be_cancelled(tracked) and await tracking.cancel_seen(
+            message, tracked, reserved.attempt
         ):
             return await self._cancelled(run, None)
         elapsed = await self._attempt(run)
@@ -313,11 +317,6 @@ class Execution(Settle):
         if job._n_params == 0:
             return None
         return job.from_wire(message.payload)
-
-    def _guarded(self, run: Run) -> bool:
-        """Whether ``_guard`` has anything to check (a plain message: no)."""
-        message = run.message
-        return message.unique is not None or message.meta is not None or self.hooks.guarded(run)
 
     async def _guard(self, run: Run) -> Result | None:
         """Whatever stops the attempt before it runs; None: it runs."""
@@ -406,11 +405,14 @@ class Execution(Settle):
         started = _perf()
         run.started = True
         self.tracking.started(ctx, run.inline)
+        pipe = self._pipelines.get(job)
+        if pipe is None:
+            pipe = self.pipeline(job)
         try:
             if job.timeout is None:
-                run.result = await self.pipeline(job)(run.payload, ctx)
+                run.result = await pipe(run.payload, ctx)
             else:
-                run.result = await with_timeout(job, self.pipeline(job), run.payload, ctx)
+                run.result = await with_timeout(job, pipe, run.payload, ctx)
         except Exception as e:
             run.error = e.error if isinstance(e, Contained) else e
         except asyncio.CancelledError as e:

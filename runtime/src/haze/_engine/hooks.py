@@ -36,7 +36,17 @@ if TYPE_CHECKING:
     from haze._jobs.definition import JobDefinition
     from haze.contracts.driver import Driver, Reserved
 
-__all__ = ["Hooks", "Outcome", "OutcomeHook", "Run", "RunGuard", "Selective", "Skip", "Stage"]
+__all__ = [
+    "Hooks",
+    "Outcome",
+    "OutcomeHook",
+    "PlainQuiet",
+    "Run",
+    "RunGuard",
+    "Selective",
+    "Skip",
+    "Stage",
+]
 
 
 class Outcome:
@@ -130,6 +140,17 @@ class Selective(Protocol):
         """False: neither step (or ``admit``) would do anything for ``run`` as it is now."""
 
 
+@runtime_checkable
+class PlainQuiet(Selective, Protocol):
+    """A ``Selective`` hook or guard that declares, once, that it never wants a run of a
+    plain message (no meta, lock, chain, catch or batch) that succeeded without adding
+    a chain link, nor (a guard) such a message before it runs. ``Hooks`` then does not
+    even ask it for those runs: a plain job is most jobs, and one call per hook per job
+    was a large share of its cost."""
+
+    plain_quiet: bool
+
+
 #: A hook or guard with its ``wants`` (None: it always runs).
 _Entry = tuple[Any, "Callable[[Run], bool] | None"]
 
@@ -144,17 +165,22 @@ class Hooks:
     def __init__(self) -> None:
         self._hooks: list[tuple[int, int, OutcomeHook]] = []
         self._ordered: tuple[_Entry, ...] = ()
+        #: ``_ordered`` without the ``PlainQuiet`` ones: what a plain success asks
+        self._loud: tuple[_Entry, ...] = ()
         self.guards: list[RunGuard] = []
         self._guards: tuple[_Entry, ...] = ()
+        self._loud_guards: tuple[_Entry, ...] = ()
 
     def add(self, hook: OutcomeHook, stage: Stage) -> None:
         self._hooks.append((int(stage), len(self._hooks), hook))
         ordered = [h for _, _, h in sorted(self._hooks, key=lambda x: x[:2])]
         self._ordered = tuple(_entry(h) for h in ordered)
+        self._loud = tuple(e for e in self._ordered if not _quiet(e[0]))
 
     def guard(self, guard: RunGuard) -> None:
         self.guards.append(guard)
         self._guards = tuple(_entry(g) for g in self.guards)
+        self._loud_guards = tuple(e for e in self._guards if not _quiet(e[0]))
 
     def wanted(self, run: Run) -> list[OutcomeHook]:
         """The hooks that have something to do for ``run`` (often none)."""
@@ -166,7 +192,21 @@ class Hooks:
         if hooks is None:
             # wanted(), without its two frames: this runs for every job
             hooks = []
-            for hook, wants in self._ordered:
+            m, ctx = run.message, run.ctx
+            entries = (
+                self._loud
+                if run.outcome == Outcome.SUCCESS
+                and m.meta is None
+                and m.unique is None
+                and m.batch_id is None
+                and m.chain_id is None
+                and not m.chain
+                and not m.chain_catch
+                and not ctx._chain_appended
+                and not ctx._chain_prepended
+                else self._ordered
+            )
+            for hook, wants in entries:
                 if wants is None or wants(run):
                     hooks.append(hook)
             run.hooks = hooks
@@ -184,7 +224,16 @@ class Hooks:
         """Whether any guard wants to look at ``run`` before it runs."""
         # A loop, not any(<genexpr>): this runs for every job, and the generator's frame
         # cost more than the one guard it usually asks.
-        for _, wants in self._guards:  # noqa: SIM110
+        m = run.message
+        plain = (
+            m.meta is None
+            and m.unique is None
+            and m.batch_id is None
+            and m.chain_id is None
+            and not m.chain
+            and not m.chain_catch
+        )
+        for _, wants in self._loud_guards if plain else self._guards:
             if wants is None or wants(run):
                 return True
         return False
@@ -197,6 +246,10 @@ class Hooks:
             if skip is not None:
                 return skip
         return None
+
+
+def _quiet(hook: Any) -> bool:
+    return isinstance(hook, PlainQuiet) and hook.plain_quiet
 
 
 def _entry(hook: Any) -> _Entry:

@@ -135,6 +135,8 @@ class UniqueRelease:
     """Outcome hook: a unique job's lock goes when the job ends (after the failed record
     for a failure, so a new dispatch cannot start before the failure is kept)."""
 
+    plain_quiet = True  # wants() is False for a plain success (PlainQuiet)
+
     def __init__(self, locks: Locks) -> None:
         self.locks = locks
 

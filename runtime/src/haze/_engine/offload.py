@@ -294,6 +294,8 @@ class OffloadCleanup:
     for good (after the ack is recorded: by the worker, when it keeps the ack to send
     it later), and kept while it may run again or sits in failed jobs."""
 
+    plain_quiet = True  # wants() is False for a plain success (PlainQuiet)
+
     def __init__(self, offload: Offload) -> None:
         self.offload = offload
 

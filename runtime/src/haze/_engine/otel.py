@@ -496,6 +496,8 @@ class TelemetrySlot:
 class TelemetryHook:
     """Outcome hook: a retry or a release is an event of the running job's span."""
 
+    plain_quiet = True  # wants() is False for a plain success (PlainQuiet)
+
     def __init__(self, slot: TelemetrySlot) -> None:
         self.slot = slot
 

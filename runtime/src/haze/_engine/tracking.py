@@ -281,6 +281,8 @@ class Tracking:
 class StatusRecord:
     """Outcome hook: a tracked job's record says each outcome, once the queue has it."""
 
+    plain_quiet = True  # wants() is False for a plain success (PlainQuiet)
+
     def __init__(self, tracking: Tracking) -> None:
         self.tracking = tracking
 

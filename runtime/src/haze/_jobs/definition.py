@@ -163,7 +163,9 @@ class JobDefinition(Generic[P]):
         return payload
 
     def from_wire(self, data: Any) -> Any:
-        tp = self.payload_type
+        tp = self._payload_type
+        if tp is _UNSET:
+            tp = self.payload_type
         if tp is None or data is None:
             return data
         if hasattr(tp, "model_validate"):

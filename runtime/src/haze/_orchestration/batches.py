@@ -539,12 +539,10 @@ async def prune(
     )
 
 
-# ====================================================================== outcome hooks
-
-
 class BatchGuard:
-    """Run guard: a job of a cancelled batch is skipped (and every job of a batch sees
-    its batch, read before the attempt, as ``job.batch()``)."""
+    """Run guard: skips a cancelled batch's jobs; reads the batch for ``job.batch()``."""
+
+    plain_quiet = True  # wants() is False for a plain success (PlainQuiet)
 
     def __init__(self, manager: QueueManager) -> None:
         self.manager = manager
@@ -566,6 +564,8 @@ class BatchGuard:
 class BatchCount:
     """Outcome hook: a job of a batch is counted, and the callbacks it makes due run,
     before the queue records its outcome (a redelivery after a crash counts it once)."""
+
+    plain_quiet = True  # wants() is False for a plain success (PlainQuiet)
 
     def __init__(self, manager: QueueManager) -> None:
         self.manager = manager

@@ -178,6 +178,8 @@ class ChainNext:
     """Outcome hook: a link that succeeded dispatches the next one before it is acked
     (a crash in between runs the link again, and it dispatches the next link again)."""
 
+    plain_quiet = True  # wants() is False for a plain success (PlainQuiet)
+
     def __init__(self, manager: QueueManager) -> None:
         self.manager = manager
 
@@ -216,6 +218,8 @@ class ChainNext:
 class ChainCatch:
     """Outcome hook: a link that failed for good runs the chain's ``catch`` callbacks
     (once it is in the failed list); a chain that ended drops its function callbacks."""
+
+    plain_quiet = True  # wants() is False for a plain success (PlainQuiet)
 
     def __init__(self, manager: QueueManager) -> None:
         self.manager = manager

@@ -83,6 +83,8 @@ class TickEnd:
     next tick whether it is still queued (no once key yet) or still running (no end
     marker) and warn that the schedule outruns its job."""
 
+    plain_quiet = True  # wants() is False for a plain success (PlainQuiet)
+
     def __init__(self, manager: QueueManager) -> None:
         self.manager = manager
 

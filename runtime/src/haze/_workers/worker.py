@@ -343,7 +343,7 @@ class Worker(ClaimsAndAcks):
         ready = self._ready
         # Rows a batch claim took for this worker run even after a stop: they are claimed.
         while not self.stopping or ready:
-            if self._limit_reached():
+            if (self.max_jobs is not None or self.max_time is not None) and self._limit_reached():
                 self.request_stop()
                 if not ready:
                     break
