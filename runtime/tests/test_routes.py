@@ -72,7 +72,7 @@ async def rt_signup(run: Any, user: int) -> int:
 
 
 ROUTES = {
-    "rt.mail.*": {"queue": "mail", "connection": "side"},
+    "rt.mail.*": {"queue": "rt-mail", "connection": "side"},
     "rt.report": {"queue": "reports"},
     # The first glob that matches wins: the rt.* jobs above take an earlier row, and the
     # workflow's job "rt.flow.signup" takes this one, never the row after it.
@@ -142,8 +142,8 @@ async def test_call_site_beats_definition_beats_route_beats_default(app: App) ->
     await Queue.idle()
     assert sorted(r[:3] for r in runs) == [
         ("rt.mail.vip", "vip", "side"),
-        ("rt.mail.welcome", "mail", "side"),
         ("rt.mail.welcome", "now", "memory"),
+        ("rt.mail.welcome", "rt-mail", "side"),
         ("rt.plain", "kw", "memory"),
         ("rt.report", "reports", "memory"),
     ]
@@ -164,7 +164,7 @@ async def test_chains_and_batches_follow_the_routes(app: App) -> None:
     # definition's connection=: only the route's queue applies inside it.
     assert sorted(r[:3] for r in runs) == [
         ("rt.mail.vip", "vip", "memory"),
-        ("rt.mail.welcome", "mail", "side"),
+        ("rt.mail.welcome", "rt-mail", "side"),
         ("rt.plain", "plain", "memory"),
         ("rt.report", "reports", "memory"),
     ]
@@ -203,16 +203,17 @@ async def test_a_workflow_run_follows_the_route_of_its_name() -> None:
 def test_the_queues_listed_for_workers_include_the_routed_ones() -> None:
     app = routed_app()
     side = app.job_queues("side")
-    assert side["mail"] == ["rt.mail.timed", "rt.mail.welcome"]
+    assert side["rt-mail"] == ["rt.mail.timed", "rt.mail.welcome"]
     assert side["vip"] == ["rt.mail.vip"]
     assert "reports" in app.job_queues("memory")
     assert "reports" in app.known_queues("memory")  # queue:failed/retry/size look there
     lines = unconsumed_queues(app, "side", ["default"])
-    assert any('rt.mail.timed, rt.mail.welcome use queue "mail"' in ln for ln in lines), lines
-    # the docker preset's worker command takes them too
-    assert {"mail", "vip"} <= set(worker_queues(app, "side"))
+    assert any('rt.mail.timed, rt.mail.welcome use queue "rt-mail"' in ln for ln in lines), lines
+    # the docker preset's worker command takes them too ("rt-mail": other test modules
+    # register jobs of their own on a "mail" queue)
+    assert {"rt-mail", "vip"} <= set(worker_queues(app, "side"))
     assert "reports" in worker_queues(app, "memory")
-    assert "mail" not in worker_queues(app, "memory")
+    assert "rt-mail" not in worker_queues(app, "memory")
     # a job counts where its route pins it: the docker/server stop timeout and the
     # Cloudflare consumer's max_retries see it there only
     routes = app.queue_config.routes
