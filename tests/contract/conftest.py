@@ -549,7 +549,11 @@ async def wait_done(app: App | None = None, timeout: float = 20.0) -> None:
                 if pending():
                     return True
                 continue
-            for q in getattr(d, "options", {}).get("queues") or QUEUES:
+            # the connection's own queues (its settings; a driver class's ``options`` only
+            # declares which options it takes): the database connection polls two more
+            settings = getattr(d, "settings", None)
+            queues = settings.get("queues") if isinstance(settings, dict) else None
+            for q in queues or QUEUES:
                 if await d.size(q):
                     return True
         return False
