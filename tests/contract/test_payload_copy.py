@@ -98,12 +98,21 @@ ROUND_TRIPS: list[tuple[Any, Any]] = [
 
 
 @pytest.mark.parametrize(("sent", "expected"), ROUND_TRIPS)
-async def test_the_job_sees_what_a_json_round_trip_gives(app, done, sent, expected) -> None:
+async def test_the_job_sees_what_a_json_round_trip_gives(app, done, driver, sent, expected) -> None:
+    if driver.id == "cloudflare" and "big" in sent:
+        # a JavaScript number cannot carry it, and a JSON queue message no BigInt
+        with pytest.raises(ValueError, match="past the integers JavaScript carries"):
+            await pc_record.dispatch(sent)
+        return
     await pc_record.dispatch(sent)
     await done()
     assert len(SEEN) == 1
     seen = {k: v for k, v in SEEN[0].items() if k != "touched_by_job"}
     want = expected if expected is not None else json.loads(json.dumps(sent))
+    if driver.id == "cloudflare":
+        # the message crosses into JavaScript, whose JSON writes -0 as 0: what a
+        # Cloudflare queue delivers, not haze's choice
+        want = json.loads(json.dumps(want).replace("-0.0", "0"))
     assert seen == want
     assert repr(seen) == repr(want)  # the same types too: lists for tuples, -0.0 kept
 

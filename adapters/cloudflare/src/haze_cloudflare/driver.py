@@ -65,13 +65,42 @@ class BindingProducer:
         return q
 
     async def send(self, body: dict[str, Any], delay: int) -> None:
-        await _settle(self._queue().send(to_js(body), to_js(_options(delay))))
+        try:
+            await _settle(self._queue().send(to_js(body), to_js(_options(delay))))
+        except Exception:
+            _refuse_unsafe_integers(body.get("payload"))
+            raise
 
     async def send_batch(self, items: Sequence[tuple[dict[str, Any], int]]) -> None:
         q = self._queue()
         for chunk in _rt._chunks(items):
             messages = [{"body": body, **_options(delay)} for body, delay in chunk]
-            await _settle(q.sendBatch(to_js(messages)))
+            try:
+                await _settle(q.sendBatch(to_js(messages)))
+            except Exception:
+                for body, _ in chunk:
+                    _refuse_unsafe_integers(body.get("payload"))
+                raise
+
+
+_JS_SAFE = 2**53 - 1
+
+
+def _refuse_unsafe_integers(value: Any, path: str = "payload") -> None:
+    """After a send the binding refused: one line when a body held an integer that
+    JavaScript's numbers cannot carry (it becomes a BigInt, which a JSON queue message
+    cannot hold), instead of the bare ``JsException``."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _refuse_unsafe_integers(v, f"{path}[{k!r}]")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _refuse_unsafe_integers(v, f"{path}[{i}]")
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > _JS_SAFE:
+        raise ValueError(
+            f"{path} is {value}, past the integers JavaScript carries exactly (±2**53 - 1): "
+            "a Cloudflare queue cannot send it; send it as a string"
+        )
 
 
 def binding_producer(name: str) -> BindingProducer | None:
