@@ -383,3 +383,13 @@ async def test_forgetting_a_failed_chain_link_deletes_the_objects_of_the_links_a
         assert len(objects()) == 2
         assert await Queue.forget(record.id)
         assert objects() == []
+
+
+async def test_a_message_still_too_large_once_offloaded_leaves_no_object(make_app) -> None:
+    # the reference alone is over this cap: the dispatch fails, and its object goes too
+    async with make_app(
+        options={"max_message_size": 120, "offload": {"to": f"file://{FOLDER[0]}"}}
+    ):
+        with pytest.raises(PayloadTooLargeError, match="even with its payload offloaded"):
+            await ol_big.dispatch({"n": 1, "blob": blob(5000)})
+        assert objects() == []

@@ -60,3 +60,23 @@ def test_one_store_per_url_and_no_io_to_build_one(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/never-made"
     assert object_store(url) is object_store(url)
     assert not (tmp_path / "never-made").exists()
+
+
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ("endpoint=http://127.0.0.1:9000", "'endpoint'"),  # a typo: never AWS instead
+        ("endpoint_url=minio:9000", "endpoint_url"),
+    ],
+)
+async def test_an_s3_url_with_an_unknown_or_bad_query_stops_the_app_at_start(
+    query: str, says: str
+) -> None:
+    from haze import App, ConfigError, define_queue_config
+
+    to = f"s3://haze-bucket/odd-{os.urandom(3).hex()}?{query}"
+    conn = {"driver": "memory", "offload": {"to": to, "over": 10}}
+    with pytest.raises(ConfigError, match=f"offload.to: .*{says}") as caught:
+        async with App(queue=define_queue_config(default="m", connections={"m": conn})):
+            pass
+    assert "\n" not in str(caught.value)

@@ -122,3 +122,36 @@ async def test_prune_spares_the_results_of_a_run_that_has_not_ended(folder: Path
         st = await Workflow.wait(rid, timeout=20)
         assert (st.state, st.result) == ("done", 100_000 + len(MARKER))
     assert objects(folder) == []
+
+
+FAIL_STEP = [True]
+
+
+def fails_once_told() -> int:
+    if FAIL_STEP[0]:
+        raise RuntimeError("the step fails")
+    return 1
+
+
+@workflow(name="wfo_fails")
+async def wfo_fails(run: Any, n: int) -> int:
+    first = await run.step("make", big, n)
+    await run.step("boom", fails_once_told)
+    return len(first["blob"])
+
+
+async def test_a_failed_run_keeps_its_results_and_a_retry_replays_them(folder: Path) -> None:
+    from haze._workflows.api import retry
+
+    FAIL_STEP[0] = True
+    async with app_with(folder) as app:
+        rid = await Workflow.start(wfo_fails, n=100_000)
+        st = await Workflow.wait(rid, timeout=20)
+        assert st.state == "failed", st.error
+        assert len(objects(folder)) == 1  # a retry replays the steps that finished
+        assert await app.manager.prune_offload(0.0, "main", spare=unfinished_run) == 0
+        FAIL_STEP[0] = False
+        assert await retry(rid)
+        st = await Workflow.wait(rid, timeout=20)
+        assert (st.state, st.error, st.result) == ("done", None, 100_000 + len(MARKER))
+    assert objects(folder) == []

@@ -196,7 +196,12 @@ class Dispatcher:
             content = sent.enc if sent.enc is not None else payload
             if self.offload.wanted(plan, content, body, route.driver):
                 sent = await Offload.write(plan, sent, content, encrypted=sent.enc is not None)
-                body = encode(sent)
+                try:
+                    return checked_size(encode(sent), route.driver, job, offloaded=True), sent
+                except BaseException:
+                    # nothing is queued: no message will ever read the object
+                    await self.offload.discard(sent.meta, route.name)
+                    raise
         return checked_size(body, route.driver, job), sent
 
     # ------------------------------------------------------------ one dispatch

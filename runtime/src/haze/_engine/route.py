@@ -38,17 +38,23 @@ RunInline = Callable[["Message", str, "Driver"], Awaitable[None]]
 Item = tuple[str, "Message", float]
 
 
-def checked_size(body: str, driver: Driver, job: JobDefinition[Any]) -> str:
-    """``body`` unless it is over ``driver``'s size limit: ``PayloadTooLargeError``."""
+def checked_size(
+    body: str, driver: Driver, job: JobDefinition[Any], *, offloaded: bool = False
+) -> str:
+    """``body`` unless it is over ``driver``'s size limit: ``PayloadTooLargeError``
+    (``offloaded``: its payload already went to the store, so ``offload`` is no remedy)."""
     limit = driver.max_message_size
     if limit is not None:
         size = len(body) if body.isascii() else len(body.encode("utf-8"))
         if size > limit:
+            what = f'job "{job.name}": the message is {size} bytes, over the {limit}-byte limit'
             raise PayloadTooLargeError(
-                f'job "{job.name}": the message is {size} bytes, over the {limit}-byte limit '
-                f'of connection "{driver.name}"; pass ids instead of data, or set "offload" '
-                'on the connection ({"offload": {"to": "s3://bucket/prefix"}}) to send large '
-                "payloads through an object store (nothing was enqueued)"
+                f'{what} of connection "{driver.name}" even with its payload offloaded; '
+                'raise "max_message_size" or keep chain links small (nothing was enqueued)'
+                if offloaded
+                else f'{what} of connection "{driver.name}"; pass ids instead of data, or set '
+                '"offload" on the connection ({"offload": {"to": "s3://bucket/prefix"}}) to '
+                "send large payloads through an object store (nothing was enqueued)"
             )
     return body
 

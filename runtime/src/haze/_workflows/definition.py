@@ -163,9 +163,8 @@ async def replay(wf: WorkflowDefinition, payload: Any, ctx: JobContext) -> None:
         return
     except Exception as e:
         if step_engine.gave_up(e):  # the run's own tries are for crashes, not for this
+            # its large results stay: a retry of the failed run replays them
             ctx.fail(e)
-            if results is not None:
-                await results.delete()
             return
         raise
     output = encode_result(value, f'workflow "{wf.name}" (run {run_id})')

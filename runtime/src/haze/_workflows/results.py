@@ -2,9 +2,10 @@
 
 The run keeps ``{"haze:offloaded": {...}}`` (key, size, sha256) in place of the result;
 every replay reads the object back and checks it. An encrypted workflow's result is
-sealed before the write. The objects a run wrote or read are deleted when it ends; a
-crash between the object's write and the step's record leaves an orphan, which
-``haze queue:prune-offload`` sweeps (it spares the objects of runs that have not ended).
+sealed before the write. The objects a run wrote or read are deleted when it finishes
+(a failed run keeps them for its retry); a crash between the object's write and the
+step's record leaves an orphan, which ``haze queue:prune-offload`` sweeps (it spares the
+objects of runs that have not ended or that failed).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class StoreResults:
         self._run_id = run_id
         self._over = plan.over if plan.over is not None else limit
         self._sealing = sealing
-        #: every object this replay wrote or read: the run's, deleted when it ends
+        #: every object this replay wrote or read: the run's, deleted when it finishes
         self.keys: set[str] = set()
 
     def _context(self) -> str:

@@ -309,12 +309,13 @@ def queue_prune_offload(state: State, older_than: float, connection: str | None)
 
 async def unfinished_run(key: str) -> bool:
     """Whether ``key`` holds a step result of a workflow run that has not ended (a run
-    that sleeps for weeks still reads its results on every replay)."""
+    that sleeps for weeks still reads its results on every replay) or that failed (a
+    retry replays it with them)."""
     run_id = run_of_key(key)
     if run_id is None:
         return False
     status = await Workflow.status(run_id)
-    return status is not None and not status.finished
+    return status is not None and (not status.finished or status.state == "failed")
 
 
 @cli.command("queue:prune-batches", short_help="Delete old batch records.")

@@ -61,7 +61,10 @@ def object_store(url: str, *, source: str = "", key: str = "") -> ObjectStore:
             raise ConfigError(problem, source=source, key=key)
         scheme = urlsplit(url).scheme
         cls = OBJECT_STORES.load(scheme, source=source, key=key, subject=url)
-        store = cls(url)
+        try:
+            store = cls(url)
+        except ValueError as e:  # a store says what in its URL it cannot use
+            raise ConfigError(str(e), source=source, key=key) from None
         if not isinstance(store, ObjectStore):
             raise ConfigError(
                 f"the {scheme}:// store {type(store).__name__} lacks put/get/delete/objects",

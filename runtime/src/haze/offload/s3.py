@@ -30,10 +30,22 @@ class S3ObjectStore:
         self.prefix = f"{prefix}/" if prefix else ""
         query = parse_qs(parts.query)
         self._client_options = {
-            name: query[key][-1]
+            name: query.pop(key)[-1]
             for key, name in (("region", "region_name"), ("endpoint_url", "endpoint_url"))
             if key in query
         }
+        # a typo (?endpoint=) would otherwise send the payloads to AWS itself
+        if query:
+            raise ValueError(
+                f"{url!r}: unknown query option(s) {', '.join(map(repr, sorted(query)))}; "
+                "an s3:// URL takes region and endpoint_url"
+            )
+        endpoint = urlsplit(self._client_options.get("endpoint_url", "http://x"))
+        if endpoint.scheme not in ("http", "https") or not endpoint.netloc:
+            raise ValueError(
+                f"{url!r}: endpoint_url must be an http:// or https:// URL "
+                "(endpoint_url=http://127.0.0.1:9000)"
+            )
         self._client: Any = None
 
     def client(self) -> Any:

@@ -14,7 +14,7 @@ from haze._base.durations import parse_duration
 from haze._base.errors import ConfigError, MissingDependencyError
 from haze._base.sizes import parse_size
 from haze.contracts.driver import DeclaresOptions, DispatchOnly
-from haze.offload import OBJECT_STORES, url_error
+from haze.offload import OBJECT_STORES, object_store, url_error
 
 __all__ = [
     "COMMON_QUEUE_OPTIONS",
@@ -293,6 +293,7 @@ def offload_option(v: Checks, value: object, key: str) -> dict[str, Any]:
             f"no object store handles {scheme}:// here (known: {known}); r2:// needs "
             "haze-jobs[cloudflare]",
         )
+    object_store(to, source=v.source, key=f"{key}.to")  # the store checks the rest of its URL
     over = raw.get("over")
     if over is None:
         return {"to": to, "over": None}
