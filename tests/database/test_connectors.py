@@ -346,7 +346,7 @@ async def test_queue_schema_creates_cleanly_and_twice(db: Connector, table: str)
             await db.execute(stmt)
     sql = queue_sql(db.dialect, table, f"{table}_failed")
     now = time.time()
-    await db.execute(sql["enqueue"], ("default", "{}", 0, now, now))
+    await db.execute(sql["enqueue"], ("default", "{}", 0, now, now, None, now))  # no group
     assert await db.fetchone(sql["size"], ("default",)) == (1,)
     await db.execute(sql["failed_insert"], ("u-1", "db", "default", "{}", "boom", now))
     row = await db.fetchone(sql["failed_find"], ("u-1",))
