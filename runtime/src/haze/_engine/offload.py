@@ -116,10 +116,7 @@ class Offload:
     async def write(plan: Plan, message: Message, content: str, *, encrypted: bool) -> Message:
         """Write ``content`` to the store; the message that carries its reference (a copy:
         ``message`` keeps its payload for the caller)."""
-        data = content.encode("utf-8")
-        key = f"{_UNSAFE.sub('_', message.id)[:100]}.{os.urandom(6).hex()}"
-        await plan.store.put(key, data)
-        ref = _ref(key, data, encrypted=encrypted)
+        ref = await Offload.put(plan, message.id, content, encrypted=encrypted)
         out = copy.copy(message)
         out.payload, out.enc = None, None
         out.meta = {**(message.meta or {}), OFFLOADED: ref}
@@ -137,16 +134,15 @@ class Offload:
         over = LINK_OVER if plan.over is None else min(plan.over, LINK_OVER)
         if _size(content) <= over:
             return link
-        data = content.encode("utf-8")
-        key = f"link-{new_id()}.{os.urandom(6).hex()}"
-        await plan.store.put(key, data)
+        ref = await self.put(plan, f"link-{new_id()}", content, encrypted=field == "enc")
         out = {k: v for k, v in link.items() if k != field}
-        out[OFFLOADED] = {**_ref(key, data, encrypted=field == "enc"), "connection": connection}
+        out[OFFLOADED] = {**ref, "connection": connection}
         return out
 
     @staticmethod
     async def put(plan: Plan, key: str, content: str, *, encrypted: bool) -> dict[str, Any]:
-        """Write ``content`` under ``key`` (a safe prefix is added to it); its reference."""
+        """Write ``content`` under ``key`` made safe, cut to 100 characters and given a
+        random suffix (two messages of one id never share an object); its reference."""
         data = content.encode("utf-8")
         key = f"{_UNSAFE.sub('_', key)[:100]}.{os.urandom(6).hex()}"
         await plan.store.put(key, data)
