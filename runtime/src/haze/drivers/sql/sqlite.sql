@@ -48,7 +48,10 @@ WHERE id IN (
         )
         UNION ALL
         SELECT id, turn FROM (
-            SELECT id, turn FROM {jobs}
+            -- INDEXED BY: the planner took the turn index here, which reads every row not
+            -- due yet (a delayed backlog) on every claim; the group index holds only
+            -- grouped rows
+            SELECT id, turn FROM {jobs} INDEXED BY {jobs}_group_idx
             WHERE queue = ? AND reserved_at IS NULL AND turn > ? AND available_at <= ?
               AND grp IS NOT NULL
             ORDER BY turn, id LIMIT ?
@@ -68,7 +71,12 @@ RETURNING id, payload, attempts, reserved_at, turn
 -- name: ack_many
 -- The driver appends one "(?, ?)" per (id, reserved_at) pair after VALUES; RETURNING
 -- names the rows that were still owned.
-DELETE FROM {jobs} WHERE (id, reserved_at) IN (VALUES {{pairs}}) RETURNING id
+-- The id IN (...) is what reaches the rows by primary key: SQLite scans the whole table
+-- for a row value IN a list of more than one pair.
+WITH owned(id, reserved_at) AS (VALUES {{pairs}})
+DELETE FROM {jobs} WHERE id IN (SELECT id FROM owned)
+  AND (id, reserved_at) IN (SELECT id, reserved_at FROM owned)
+RETURNING id
 
 -- name: needs_groups
 -- One row when the jobs table exists without the group columns (created before tenant
