@@ -20,6 +20,7 @@ The tree::
     ├── OffloadError                an offloaded payload is missing or fails its checksum
     ├── JobFailedError              ``job.fail(reason)`` was called with a string
     ├── JobDefinitionError          define_job: unknown option, or a handler it cannot call
+    │   └── JobOptionError          define_job: an option of the wrong type or value
     ├── BackendUnavailableError     Redis, a database, SQS, libSQL or D1 cannot be reached
     │   └── DatabaseConnectionError a config/database.py database is unreachable or locked
     ├── QueueTablesMissingError     the database queue tables do not exist (run db:migrate)
@@ -54,6 +55,7 @@ __all__ = [
     "HazeError",
     "JobDefinitionError",
     "JobFailedError",
+    "JobOptionError",
     "JobTimeoutError",
     "KeyFunctionError",
     "MaxAttemptsExceededError",
@@ -208,6 +210,11 @@ class JobDefinitionError(HazeError, TypeError):
     """``define_job`` got an option it does not know, or a handler haze cannot call as
     ``(payload)`` or ``(payload, job)``. Raised when the module is imported, not when a
     job runs."""
+
+
+class JobOptionError(JobDefinitionError, ValueError):
+    """A ``define_job`` option of the wrong type or value (``unique=10``, ``tries="3"``):
+    the message names the job, where it is defined, and the option."""
 
 
 class BackendUnavailableError(HazeError, ConnectionError):
