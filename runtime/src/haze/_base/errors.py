@@ -9,6 +9,7 @@ The tree::
     ├── UnknownJobError             a message or a call names a job nobody registered
     ├── MissingDependencyError      an optional extra is not installed (names haze-jobs[extra])
     ├── PayloadTooLargeError        the JSON payload exceeds the connection's message limit
+    ├── PayloadError                a payload JSON cannot carry, or nested too deeply
     ├── DispatchIncompleteError     a bulk send queued some messages and not others
     ├── DelayTooLongError           a delay over 365 days (or the driver's lower cap: cloudflare)
     ├── BatchFinishedError          Batch.add() after the batch finished
@@ -33,7 +34,7 @@ The tree::
         └── WorkflowRunError        an event or call for an unknown or finished run
 
 ``TypeError`` and ``ValueError`` are used where Python users expect them: a payload
-that is not JSON (``TypeError``), a bad duration or option (``ValueError``).
+that is not JSON is a ``PayloadError`` and a ``TypeError``, a bad option a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ __all__ = [
     "MessageDecodeError",
     "MissingDependencyError",
     "OffloadError",
+    "PayloadError",
     "PayloadTooLargeError",
     "QueueCountUnavailableError",
     "QueueTablesMissingError",
@@ -145,6 +147,11 @@ class MissingDependencyError(HazeError, ImportError):
 
 class PayloadTooLargeError(HazeError, ValueError):
     """A message is larger than the connection accepts; nothing was enqueued."""
+
+
+class PayloadError(HazeError, TypeError):
+    """A payload JSON cannot carry (a value that is not JSON, a reference to itself) or
+    nested deeper than haze carries; raised by ``dispatch()``, nothing was enqueued."""
 
 
 class KeyFunctionError(HazeError, ValueError):
