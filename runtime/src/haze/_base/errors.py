@@ -23,7 +23,8 @@ The tree::
     ├── JobDefinitionError          define_job: unknown option, or a handler it cannot call
     │   └── JobOptionError          define_job: an option of the wrong type or value
     ├── BackendUnavailableError     Redis, a database, SQS, libSQL or D1 cannot be reached
-    │   └── DatabaseConnectionError a config/database.py database is unreachable or locked
+    │   ├── DatabaseConnectionError a config/database.py database is unreachable or locked
+    │   └── OffloadStoreError       a connection's offload store could not be written
     ├── QueueTablesMissingError     the database queue tables do not exist (run db:migrate)
     ├── AmbiguousIdError            a short job id given to a command matches several jobs
     ├── ScheduleError               a bad schedule(): cron, every, tz or a duplicate name
@@ -64,6 +65,7 @@ __all__ = [
     "MessageDecodeError",
     "MissingDependencyError",
     "OffloadError",
+    "OffloadStoreError",
     "PayloadError",
     "PayloadTooLargeError",
     "QueueCountUnavailableError",
@@ -230,6 +232,13 @@ class BackendUnavailableError(HazeError, ConnectionError):
     The message names the connection and where it points. Nothing was changed on that
     backend by the call that raised it; a worker waits for the backend to come back.
     """
+
+
+class OffloadStoreError(BackendUnavailableError):
+    """A connection's offload store (``"offload": {"to": ...}``) could not be written:
+    the message names the connection, the store and the cause, and nothing was queued.
+    Unlike ``OffloadError`` (an object missing or not matching, which fails its job at
+    once) it says the store is down, not that a payload is lost."""
 
 
 class QueueCountUnavailableError(HazeError):
