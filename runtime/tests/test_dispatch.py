@@ -9,7 +9,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from haze import App, DispatchResult, JobContext, Queue, UnknownJobError, define_job
+from haze import (
+    App,
+    DispatchResult,
+    JobContext,
+    PayloadError,
+    Queue,
+    UnknownJobError,
+    define_job,
+)
 from pydantic import BaseModel
 
 runs: list[dict[str, Any]] = []
@@ -149,12 +157,13 @@ async def test_jobs_without_payload(app: App) -> None:
 async def test_non_json_payload_raises_type_error_naming_the_path(
     app: App, payload: Any, path: str
 ) -> None:
-    with pytest.raises(TypeError) as info:
+    with pytest.raises(PayloadError) as info:
         await dispatch_record.dispatch(payload)
-    assert str(info.value).startswith(path + " ")
-    with pytest.raises(TypeError):
+    assert isinstance(info.value, TypeError)
+    assert str(info.value).startswith(f'job "dispatch_record": {path} ')
+    with pytest.raises(PayloadError, match="dispatch_record"):
         await dispatch_record.with_(payload).on_queue("high").dispatch()
-    with pytest.raises(TypeError):
+    with pytest.raises(PayloadError, match="dispatch_record"):
         await dispatch_record.dispatch(payload, connection="sync")
     # nothing was enqueued (or run)
     assert await Queue.size("emails") == 0

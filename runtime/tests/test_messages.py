@@ -197,3 +197,51 @@ def test_an_unknown_connection_without_config_says_there_is_no_file(tmp_path: An
         App(root=tmp_path).connection_name("redis")
     assert f"there is no config/queue.py under {tmp_path}" in str(info.value)
     assert "built-in memory" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "option"),
+    [
+        ({"unique": 10}, "unique"),
+        ({"unique": {"for": [1]}}, "unique['for']"),
+        ({"tries": "3"}, "tries"),
+        ({"backoff": object()}, "backoff"),
+        ({"timeout": [1]}, "timeout"),
+        ({"queue": 5}, "queue"),
+        ({"middleware": 5}, "middleware"),
+        ({"after_commit": "y"}, "after_commit"),
+        ({"failed": 5}, "failed"),
+        ({"max_exceptions": "2"}, "max_exceptions"),
+        ({"debounce": 5j}, "debounce"),
+        ({"debounce": 1, "max_wait": "x"}, "max_wait"),
+        ({"dont_retry": 5}, "dont_retry"),
+        ({"dont_retry": [5]}, "dont_retry"),
+        ({"track": "x"}, "track"),
+        ({"keep_result": "x"}, "keep_result"),
+        ({"group": 5}, "group"),
+        ({"group": ""}, "group"),
+        ({"fail_on_timeout": "yes"}, "fail_on_timeout"),
+        ({"encrypted": "no"}, "encrypted"),
+        ({"name": 5}, "name"),
+    ],
+)
+def test_a_bad_define_job_option_is_one_haze_line_naming_the_job_and_the_option(
+    options: dict[str, Any], option: str
+) -> None:
+    async def handler(payload: Any) -> None: ...
+
+    handler.__name__ = f"msg_bad_option_{option}"
+    with pytest.raises(JobDefinitionError) as info:
+        define_job(**options)(handler)
+    message = str(info.value)
+    assert "\n" not in message
+    assert isinstance(info.value, ValueError)  # a bad value stays a ValueError too
+    assert message.startswith('job "'), message
+    assert f"): {option}" in message, message
+
+
+def test_define_job_on_something_that_is_not_a_function_is_a_haze_error() -> None:
+    with pytest.raises(JobDefinitionError, match="the handler must be a function, got 5"):
+        define_job(name="msg_not_a_function")(5)  # type: ignore[arg-type]
+    with pytest.raises(JobDefinitionError, match="pass options as @define_job"):
+        define_job(msg_send_invoice.handler, tries=2)  # type: ignore[call-overload]

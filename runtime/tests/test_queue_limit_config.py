@@ -55,6 +55,13 @@ def test_the_list_form_has_no_limits() -> None:
             "",
         ),
         ({"emails": {"concurrency": 1, "release_after": "x"}}, r"release_after", ""),
+        # renewed every third of it, a sub-second lease lapses under a store's latency
+        # and the slot goes to another job while this one still runs
+        (
+            {"emails": {"concurrency": 1, "expire_after": "500ms"}},
+            r"queues\.emails\.expire_after",
+            "at least 1s",
+        ),
         ({"bad name!": {"concurrency": 1}}, r"connections\.m\.queues", "not a valid queue name"),
         ({}, r"connections\.m\.queues", "non-empty list of queue names, or a dict"),
     ],

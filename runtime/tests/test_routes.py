@@ -130,6 +130,40 @@ def test_an_exact_name_wins_over_any_glob_else_the_first_glob_in_order() -> None
     assert routes.connection_for("mail.bulk", None) is None  # the route names no connection
 
 
+@define_job(name="rt.report[eu]*")
+async def rt_glob_named(payload: Any, job: JobContext) -> None:
+    await _record(job)
+
+
+@pytest.mark.parametrize("name", ["report[eu]", "nightly*", "who?", "a[*]?b"])
+def test_a_name_with_glob_characters_is_routed_by_its_exact_name(name: str) -> None:
+    # the pattern equal to the name wins (an exact route beats every glob), though
+    # read as a glob it would not match the name itself ("[eu]" is one character)
+    routes = JobRoutes((JobRoute("*", queue="catch-all"), JobRoute(name, queue="exact")))
+    assert routes.match(name).queue == "exact"  # type: ignore[union-attr]
+    assert routes.match("other").queue == "catch-all"  # type: ignore[union-attr]
+    # still a glob for the other names it matches
+    assert JobRoutes((JobRoute("report[eu]", queue="g"),)).match("reporte").queue == "g"  # type: ignore[union-attr]
+
+
+async def test_a_job_named_with_glob_characters_dispatches_to_its_route() -> None:
+    app = App(
+        queue=define_queue_config(
+            default="m",
+            connections={"m": {"driver": "memory"}},
+            routes={"rt.*": {"queue": "globbed"}, "rt.report[eu]*": {"queue": "exact"}},
+        )
+    )
+    async with app:
+        fake = Queue.fake()
+        try:
+            await rt_glob_named.dispatch({})
+            [sent] = fake.recorded("rt.report[eu]*")
+        finally:
+            Queue.restore()
+        assert sent.queue == "exact"
+
+
 # --------------------------------------------------------------------------- precedence
 
 

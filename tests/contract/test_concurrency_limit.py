@@ -91,7 +91,7 @@ async def cl_drop(payload: dict, job: JobContext) -> None:
 
 @define_job(
     name="cl_lease",
-    middleware=[limit_concurrency(1, release_after=0.02, expire_after=0.15)],
+    middleware=[limit_concurrency(1, release_after=0.02, expire_after=1)],
 )
 async def cl_lease(payload: dict, job: JobContext) -> None:
     await _gated("lease", payload, job)
@@ -185,9 +185,10 @@ async def test_a_crashed_holders_slot_frees_itself_when_its_lease_expires(app, d
 
 @pytest.mark.requires("concurrency", "release")
 async def test_a_running_job_renews_its_lease(make_app, done):
-    # The lease is 0.15 s; a run of 0.6 s keeps its slot, so the second never overlaps it.
+    # The lease is 1 s (the shortest); a run of 1.6 s keeps its slot, so the second
+    # never overlaps it.
     async with make_app(concurrency=2):
-        await cl_lease.dispatch({"n": 0, "sleep": 0.6})
+        await cl_lease.dispatch({"n": 0, "sleep": 1.6})
         await _wait_for(lambda: _running() == 1)
         await cl_lease.dispatch({"n": 1, "sleep": 0.01})
         await done()

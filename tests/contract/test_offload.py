@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from haze import JobContext, PayloadTooLargeError, Queue, define_job
+from haze import (
+    JobContext,
+    OffloadError,
+    OffloadStoreError,
+    PayloadTooLargeError,
+    Queue,
+    define_job,
+)
 from haze.crypto import generate_key
 
 SEEN: list[Any] = []
@@ -393,3 +400,42 @@ async def test_a_message_still_too_large_once_offloaded_leaves_no_object(make_ap
         with pytest.raises(PayloadTooLargeError, match="even with its payload offloaded"):
             await ol_big.dispatch({"n": 1, "blob": blob(5000)})
         assert objects() == []
+
+
+@pytest.mark.parametrize("first", [{"n": 1, "blob": "x" * 900}, {"n": 1, "blob": {1, 2}}])
+async def test_a_batch_whose_dispatch_raises_leaves_no_callback_object(
+    driver, make_app, first
+) -> None:
+    # the callbacks' payloads go to the store before the jobs are queued; the first job
+    # is refused (over the cap though under "over", or not JSON): nothing of the batch
+    # runs, so nothing may keep their objects
+    if driver.inline:
+        pytest.skip("sync runs the other jobs inside dispatch(): the batch goes on")
+    async with make_app(options={"max_message_size": 600, **offload("1KiB")}):
+        batch = (
+            Queue.batch([ol_big.with_(first), ol_big.with_({"n": 2, "blob": "small"})])
+            .then(ol_big.with_({"n": 10, "blob": blob(4096)}))
+            .catch(ol_big.with_({"n": 11, "blob": blob(4096)}))
+        )
+        with pytest.raises((PayloadTooLargeError, TypeError)):
+            await batch.dispatch()
+        assert objects() == []
+    assert SEEN == []
+
+
+async def test_a_store_that_is_down_at_dispatch_is_one_line_naming_it(make_app, tmp_path) -> None:
+    # the store's folder cannot be made (a file is in its way): what an unreachable
+    # store does to a write; the dispatch names the connection, the store and the cause
+    blocker = tmp_path / "blocked"
+    blocker.write_text("a file, not a folder")
+    url = f"file://{blocker}/offload"
+    async with make_app(options={"offload": {"to": url, "over": "1KiB"}}) as app:
+        with pytest.raises(OffloadStoreError) as info:
+            await ol_big.dispatch({"n": 1, "blob": blob(4096)})
+        message = str(info.value)
+        assert "\n" not in message
+        assert message.startswith(f'connection "main": its offload store {url} ')
+        assert "Error" in message  # the cause
+        assert not isinstance(info.value, OffloadError)  # not a payload that is lost
+        assert await app.driver("main").size("default") == 0
+    assert SEEN == []

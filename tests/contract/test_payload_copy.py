@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 import pytest
-from haze import JobContext, Queue, define_job
+from haze import JobContext, PayloadError, Queue, define_job
 
 SEEN: list[Any] = []
 
@@ -162,3 +162,60 @@ async def test_the_failed_record_keeps_the_payload_as_dispatched(app, done) -> N
     assert await Queue.retry(sent_id) == [sent_id]
     await done()
     assert ATTEMPTS == [{"items": [1], "s": "x"}] * 4
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("depth", [1_000, 201])
+async def test_a_payload_nested_too_deeply_is_refused_at_dispatch(app, done, depth) -> None:
+    # {"deep": [...]}: the dict is one level, so 201 lists make 202, past the limit of 200
+    with pytest.raises(PayloadError) as info:
+        await pc_record.dispatch({"deep": _nested(depth)})
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith('job "pc_record": payload is nested more than 200 levels deep')
+    assert isinstance(info.value, TypeError)  # what a payload JSON cannot carry raises
+    with pytest.raises(PayloadError, match='job "pc_record": payload'):
+        await Queue.bulk([pc_record.with_({"deep": _nested(depth)})])
+    await done()
+    assert SEEN == []
+    assert await app.driver("main").size("default") == 0
+
+
+async def test_a_payload_at_the_depth_limit_runs(app, done) -> None:
+    await pc_record.dispatch({"deep": _nested(199)})
+    await done()
+    assert len(SEEN) == 1
+
+
+@pytest.mark.requires("queued", "failed_store")
+async def test_a_queued_message_nested_too_deeply_fails_once_with_the_reason(
+    app, done, monkeypatch
+) -> None:
+    """A producer that is not haze (or an older one) queued a body nested deeper than a
+    worker reads: the job fails with the reason and is kept, never run, never retried
+    in a loop."""
+    ATTEMPTS.clear()
+    drv = app.driver("main")
+    real = drv.enqueue
+
+    async def forge(body: str, message: Any, delay: float) -> Any:
+        data = json.loads(body)
+        data["payload"] = None
+        deep = "[" * 5_000 + "]" * 5_000
+        text = json.dumps(data).replace('"payload": null', f'"payload": {deep}')
+        return await real(text, message, delay)
+
+    monkeypatch.setattr(drv, "enqueue", forge)
+    await pc_mutate_then_fail.dispatch({"items": [], "s": "x"})
+    await done()
+    assert ATTEMPTS == []
+    [failed] = await Queue.failed()  # its id unread: the record has one of its own
+    assert "MessageDecodeError" in failed.exception
+    assert "nested too deeply" in failed.exception
+    assert await drv.size("default") == 0

@@ -80,3 +80,27 @@ async def test_an_s3_url_with_an_unknown_or_bad_query_stops_the_app_at_start(
         async with App(queue=define_queue_config(default="m", connections={"m": conn})):
             pass
     assert "\n" not in str(caught.value)
+
+
+async def test_an_s3_store_that_is_down_at_dispatch_is_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # nothing listens on port 9: botocore's EndpointConnectionError, worded by haze
+    pytest.importorskip("boto3")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")  # dummies: no request reaches a server
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    from haze import App, OffloadStoreError, define_job, define_queue_config
+
+    @define_job(name="os_down_big")
+    async def big(payload: Any) -> None: ...
+
+    to = "s3://haze-bucket/down?endpoint_url=http://127.0.0.1:9&region=us-east-1"
+    conn = {"driver": "memory", "offload": {"to": to, "over": 10}}
+    async with App(queue=define_queue_config(default="m", connections={"m": conn})) as app:
+        with pytest.raises(OffloadStoreError) as caught:
+            await big.dispatch({"blob": "x" * 100})
+        assert await app.driver("m").size("default") == 0
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f'connection "m": its offload store {to} could not be written (')
+    assert "EndpointConnectionError" in message

@@ -36,6 +36,12 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 6048
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 
 
+#: The shortest lease of a concurrency slot (``limit_concurrency``'s and a queue's or a
+#: group's ``expire_after``): renewed every third of it, a shorter one lapses under a
+#: store's latency and the slot goes to another job while this one still runs.
+MIN_SLOT_LEASE = 1.0
+
+
 def parse_duration(value: object, option: str, *, allow_zero: bool = True) -> float:
     """Turn a number of seconds or a string like ``"500ms"``, ``"30s"``, ``"7d"`` into seconds.
 

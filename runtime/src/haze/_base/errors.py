@@ -9,6 +9,7 @@ The tree::
     ├── UnknownJobError             a message or a call names a job nobody registered
     ├── MissingDependencyError      an optional extra is not installed (names haze-jobs[extra])
     ├── PayloadTooLargeError        the JSON payload exceeds the connection's message limit
+    ├── PayloadError                a payload JSON cannot carry, or nested too deeply
     ├── DispatchIncompleteError     a bulk send queued some messages and not others
     ├── DelayTooLongError           a delay over 365 days (or the driver's lower cap: cloudflare)
     ├── BatchFinishedError          Batch.add() after the batch finished
@@ -20,8 +21,10 @@ The tree::
     ├── OffloadError                an offloaded payload is missing or fails its checksum
     ├── JobFailedError              ``job.fail(reason)`` was called with a string
     ├── JobDefinitionError          define_job: unknown option, or a handler it cannot call
+    │   └── JobOptionError          define_job: an option of the wrong type or value
     ├── BackendUnavailableError     Redis, a database, SQS, libSQL or D1 cannot be reached
-    │   └── DatabaseConnectionError a config/database.py database is unreachable or locked
+    │   ├── DatabaseConnectionError a config/database.py database is unreachable or locked
+    │   └── OffloadStoreError       a connection's offload store could not be written
     ├── QueueTablesMissingError     the database queue tables do not exist (run db:migrate)
     ├── AmbiguousIdError            a short job id given to a command matches several jobs
     ├── ScheduleError               a bad schedule(): cron, every, tz or a duplicate name
@@ -32,7 +35,7 @@ The tree::
         └── WorkflowRunError        an event or call for an unknown or finished run
 
 ``TypeError`` and ``ValueError`` are used where Python users expect them: a payload
-that is not JSON (``TypeError``), a bad duration or option (``ValueError``).
+that is not JSON is a ``PayloadError`` and a ``TypeError``, a bad option a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ __all__ = [
     "HazeError",
     "JobDefinitionError",
     "JobFailedError",
+    "JobOptionError",
     "JobTimeoutError",
     "KeyFunctionError",
     "MaxAttemptsExceededError",
@@ -61,6 +65,8 @@ __all__ = [
     "MessageDecodeError",
     "MissingDependencyError",
     "OffloadError",
+    "OffloadStoreError",
+    "PayloadError",
     "PayloadTooLargeError",
     "QueueCountUnavailableError",
     "QueueTablesMissingError",
@@ -145,6 +151,11 @@ class PayloadTooLargeError(HazeError, ValueError):
     """A message is larger than the connection accepts; nothing was enqueued."""
 
 
+class PayloadError(HazeError, TypeError):
+    """A payload JSON cannot carry (a value that is not JSON, a reference to itself) or
+    nested deeper than haze carries; raised by ``dispatch()``, nothing was enqueued."""
+
+
 class KeyFunctionError(HazeError, ValueError):
     """A job's unique or debounce key function raised on the payload it was given; the
     function's own error is the ``__cause__``. Nothing was queued."""
@@ -210,12 +221,24 @@ class JobDefinitionError(HazeError, TypeError):
     job runs."""
 
 
+class JobOptionError(JobDefinitionError, ValueError):
+    """A ``define_job`` option of the wrong type or value (``unique=10``, ``tries="3"``):
+    the message names the job, where it is defined, and the option."""
+
+
 class BackendUnavailableError(HazeError, ConnectionError):
     """A queue or store backend (Redis, a database, SQS, libSQL, D1) could not be reached.
 
     The message names the connection and where it points. Nothing was changed on that
     backend by the call that raised it; a worker waits for the backend to come back.
     """
+
+
+class OffloadStoreError(BackendUnavailableError):
+    """A connection's offload store (``"offload": {"to": ...}``) could not be written:
+    the message names the connection, the store and the cause, and nothing was queued.
+    Unlike ``OffloadError`` (an object missing or not matching, which fails its job at
+    once) it says the store is down, not that a payload is lost."""
 
 
 class QueueCountUnavailableError(HazeError):

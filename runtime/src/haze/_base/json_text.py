@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
+
+from haze._base.errors import PayloadError
 
 __all__ = ["check_json"]
 
@@ -95,23 +98,23 @@ def _fast_loads(body: Any) -> Any:
     return _strict_loads(body)
 
 
-def _check_utf8(text: str, payload: Any, whole: Any) -> None:
+def _check_utf8(text: str, payload: Any, whole: Any, where: str = "payload") -> None:
     """A lone surrogate (``"\\ud800"`` from a bad decode) is valid in a Python str and in
     JSON text, but no backend can store it as UTF-8: refuse it here, naming where."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        _find_surrogate(payload, "payload")
+        _find_surrogate(payload, where)
         _find_surrogate(whole(), "message")
         raise
 
 
 def _find_surrogate(value: Any, path: str) -> None:
-    """Raise ``TypeError`` naming the first str in ``value`` with a lone surrogate."""
+    """Raise ``PayloadError`` naming the first str in ``value`` with a lone surrogate."""
     if isinstance(value, str):
         for i, ch in enumerate(value):
             if "\ud800" <= ch <= "\udfff":
-                raise TypeError(
+                raise PayloadError(
                     f"{path} holds a lone surrogate {ch!r} at index {i}, which UTF-8 cannot "
                     "encode; decode the text with errors='replace' (or drop the character) "
                     "before dispatch"
@@ -148,8 +151,41 @@ def _non_finite_path(value: Any, path: str, depth: int) -> str | None:
 
 
 def check_json(value: Any, path: str = "payload") -> None:
-    """Raise ``TypeError`` naming the first path in ``value`` that JSON cannot carry."""
+    """Raise ``PayloadError`` naming the first path in ``value`` that JSON cannot carry."""
     _walk(value, path, set())
+
+
+#: The deepest nesting of arrays and objects a payload may have. Reading deeper JSON
+#: recurses: CPython raises RecursionError (a worker could not read the message), and
+#: Pyodide (a Cloudflare Worker) can overflow the JavaScript stack and abort.
+MAX_PAYLOAD_DEPTH = 200
+
+_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+
+
+def too_deep(text: str, limit: int = MAX_PAYLOAD_DEPTH) -> bool:
+    """Whether the JSON ``text`` nests arrays/objects more than ``limit`` deep, without
+    recursing; strings are skipped whole. Text with fewer brackets than that is not
+    scanned (most payloads: two counts in C)."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    for m in _TOKENS.finditer(text):
+        token = m.group()
+        if token in ("[", "{"):
+            depth += 1
+            if depth > limit:
+                return True
+        elif token in ("]", "}"):
+            depth -= 1
+    return False
+
+
+def too_deep_error(where: str) -> PayloadError:
+    return PayloadError(
+        f"{where} is nested more than {MAX_PAYLOAD_DEPTH} levels deep (arrays and objects), "
+        "deeper than a worker can read; send a flatter payload (ids instead of data)"
+    )
 
 
 def _walk(value: Any, path: str, seen: set[int]) -> None:
@@ -157,11 +193,11 @@ def _walk(value: Any, path: str, seen: set[int]) -> None:
         return
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
-            raise TypeError(f"{path} is {value!r}, which JSON cannot represent")
+            raise PayloadError(f"{path} is {value!r}, which JSON cannot represent")
         return
     if isinstance(value, (list, tuple)):
         if id(value) in seen:
-            raise TypeError(f"{path} contains a reference to itself")
+            raise PayloadError(f"{path} contains a reference to itself")
         seen.add(id(value))
         for i, v in enumerate(value):
             _walk(v, f"{path}[{i}]", seen)
@@ -169,18 +205,18 @@ def _walk(value: Any, path: str, seen: set[int]) -> None:
         return
     if isinstance(value, dict):
         if id(value) in seen:
-            raise TypeError(f"{path} contains a reference to itself")
+            raise PayloadError(f"{path} contains a reference to itself")
         seen.add(id(value))
         for k, v in value.items():
             if not isinstance(k, str):
-                raise TypeError(
+                raise PayloadError(
                     f"{path} has a key {k!r} of type {type(k).__name__}; JSON object keys "
                     "must be strings"
                 )
             _walk(v, f"{path}[{k!r}]", seen)
         seen.discard(id(value))
         return
-    raise TypeError(
+    raise PayloadError(
         f"{path} is a {type(value).__module__}.{type(value).__qualname__}, which is not "
         "JSON-serialisable; pass plain data (ids, str, int, float, bool, None, list, dict)"
     )

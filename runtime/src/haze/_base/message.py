@@ -38,6 +38,8 @@ from haze._base.json_text import (
     _non_finite_path,
     _NotJsonConstant,
     check_json,
+    too_deep,
+    too_deep_error,
 )
 from haze._base.message_fields import (
     MAX_GROUP_NAME,
@@ -84,27 +86,37 @@ __all__ = [
 
 
 def encode(message: Message) -> str:
-    """The JSON body of a message. Raises ``TypeError`` naming the bad path in the payload."""
+    """The JSON body of a message. Raises ``PayloadError`` naming the bad path in the
+    payload (and the job)."""
+    where = f'job "{message.job}": payload'
     try:
         body: str = _dumps(message.to_dict())
+    except RecursionError:
+        raise too_deep_error(where) from None
     except (TypeError, ValueError):
-        check_json(message.payload, "payload")
+        check_json(message.payload, where)
         raise
     if not body.isascii():
-        _check_utf8(body, message.payload, message.to_dict)
+        _check_utf8(body, message.payload, message.to_dict, where)
     return body
 
 
-def encode_payload(payload: Any) -> str:
-    """The JSON of a payload alone, failing as ``encode`` fails on it: for a driver that
-    keeps a plain message's envelope and copies only its payload (``KeepsMessages``)."""
+def encode_payload(payload: Any, job: str | None = None) -> str:
+    """The JSON of a payload alone, failing as ``encode`` fails on it, and refusing one
+    nested deeper than a worker can read (the dispatcher encodes every payload here
+    first). ``job`` names the job in the error."""
+    where = "payload" if job is None else f'job "{job}": payload'
     try:
         text: str = _dumps(payload)
+    except RecursionError:
+        raise too_deep_error(where) from None
     except (TypeError, ValueError):
-        check_json(payload, "payload")
+        check_json(payload, where)
         raise
+    if too_deep(text):
+        raise too_deep_error(where)
     if not text.isascii():
-        _check_utf8(text, payload, dict)
+        _check_utf8(text, payload, dict, where)
     return text
 
 

@@ -8,9 +8,9 @@ Resolution, field by field (queue and connection each on their own), first set w
       > the route of the job's name
       > the config's default connection / the "default" queue
 
-Which route a name takes: a pattern without glob characters that equals the name wins;
-else the first glob, in table order, that matches it (``fnmatch``: ``*`` also matches
-dots, case-sensitive).
+Which route a name takes: a pattern that equals the name wins (a job named with glob
+characters, ``report[eu]``, is routed by its exact name too); else the first glob, in
+table order, that matches it (``fnmatch``: ``*`` also matches dots, case-sensitive).
 
 >>> routes = JobRoutes((JobRoute("mail.*", queue="mail"),
 ...                     JobRoute("reports.Nightly", connection="sqs")))
@@ -47,7 +47,7 @@ class JobRoute:
     connection: str | None = None
 
     def matches(self, name: str) -> bool:
-        return fnmatchcase(name, self.pattern) if is_glob(self.pattern) else name == self.pattern
+        return name == self.pattern or (is_glob(self.pattern) and fnmatchcase(name, self.pattern))
 
 
 class JobRoutes:
@@ -57,7 +57,11 @@ class JobRoutes:
 
     def __init__(self, routes: tuple[JobRoute, ...] = ()) -> None:
         self._routes = routes
-        self._exact = {r.pattern: r for r in routes if not is_glob(r.pattern)}
+        # Every pattern, globs too: a name with glob characters in it (report[eu]) is
+        # reached by its exact name, which a glob read of it would not match.
+        self._exact: dict[str, JobRoute] = {}
+        for r in routes:
+            self._exact.setdefault(r.pattern, r)
         self._globs = tuple(r for r in routes if is_glob(r.pattern))
         #: name -> its route: dispatch asks once per job name, not once per message
         self._matched: dict[str, JobRoute | None] = {}

@@ -167,7 +167,7 @@ class Dispatcher:
 
     def encode(self, message: Message, driver: Driver, job: JobDefinition[Any]) -> str:
         """The body of a built ``message`` for ``driver``'s connection (size checked)."""
-        return self._body(message, encode_payload(message.payload), driver, job)
+        return self._body(message, encode_payload(message.payload, message.job), driver, job)
 
     def _body(self, message: Message, payload: str, driver: Driver, job: JobDefinition[Any]) -> str:
         """The body, from the payload's JSON, its size checked."""
@@ -244,7 +244,9 @@ class Dispatcher:
         if defer and after_commit:
             tx = current_transaction()
             if tx is not None:
-                encode(message)  # a payload JSON cannot carry raises TypeError now, not at COMMIT
+                # a payload JSON cannot carry raises PayloadError now, not at COMMIT
+                encode_payload(message.payload, message.job)
+                encode(message)
                 return self._defer(tx, message, job, delay)
         return await self.send(message, job, delay)
 
@@ -296,7 +298,7 @@ class Dispatcher:
                 return DispatchResult(message.id, chain_id=message.chain_id)
         # The payload is encoded once, before any lock: one JSON cannot carry fails here,
         # with nothing taken; the envelope is written after the locks marked it.
-        payload = encode_payload(message.payload)
+        payload = encode_payload(message.payload, message.job)
         locked = message.batch_id is None and (job.debounce is not None or job.unique is not None)
         if locked:
             self._check_before_locks(message, payload, route, job)
@@ -441,6 +443,8 @@ class Dispatcher:
         if otel is not None:
             otel.created(message)
         route = self.route(conn)
-        body, sent = await self._encoded(route, message, encode_payload(message.payload), job)
+        body, sent = await self._encoded(
+            route, message, encode_payload(message.payload, message.job), job
+        )
         delay = check_delay(p._delay or 0.0, f'job "{job.name}": delay')
         return conn, message, (body, sent if reference(sent.meta) is not None else message, delay)

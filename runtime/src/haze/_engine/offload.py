@@ -33,7 +33,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from haze._base.errors import OffloadError
+from haze._base.describe import error_line
+from haze._base.errors import HazeError, OffloadError, OffloadStoreError
 from haze._base.message import OFFLOADED, decode_payload, encode_payload, envelope_of, new_id
 from haze._engine.hooks import Outcome
 from haze.offload import object_store
@@ -61,6 +62,7 @@ class Plan(NamedTuple):
 
     store: ObjectStore
     over: int | None
+    connection: str = ""
 
 
 def reference(meta: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -100,7 +102,7 @@ class Offload:
         plan = None
         if isinstance(offload, dict):
             key = f"connections.{connection}.offload.to"
-            plan = Plan(object_store(offload["to"], key=key), offload.get("over"))
+            plan = Plan(object_store(offload["to"], key=key), offload.get("over"), connection)
         self._plans[connection] = plan
         return plan
 
@@ -145,7 +147,16 @@ class Offload:
         random suffix (two messages of one id never share an object); its reference."""
         data = content.encode("utf-8")
         key = f"{_UNSAFE.sub('_', key)[:100]}.{os.urandom(6).hex()}"
-        await plan.store.put(key, data)
+        try:
+            await plan.store.put(key, data)
+        except HazeError:
+            raise
+        except Exception as e:  # OSError, botocore's: the store is down or refuses
+            cause = " ".join(error_line(e).split())[:300]  # one line, however it words it
+            raise OffloadStoreError(
+                f'connection "{plan.connection}": its offload store {plan.store.url} could '
+                f"not be written ({cause}); check that it is reachable and writable"
+            ) from None
         return _ref(key, data, encrypted=encrypted)
 
     async def restore_link(self, link: dict[str, Any]) -> dict[str, Any]:

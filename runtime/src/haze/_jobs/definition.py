@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Unpack, overl
 
 from haze._base.blocking import blocking_method
 from haze._base.durations import Duration, parse_backoff
-from haze._base.errors import JobDefinitionError
+from haze._base.errors import JobDefinitionError, JobOptionError
 from haze._base.hints import did_you_mean
 from haze._jobs.options import (
     DebounceOptions,
@@ -24,6 +24,7 @@ from haze._jobs.options import (
     UniqueOptions,
     _arity,
     _check_callable,
+    _check_flag,
     _check_max_exceptions,
     _check_target,
     _origin_of,
@@ -35,6 +36,7 @@ from haze._jobs.options import (
     _parse_unique,
     _payload_type,
     _positive_duration,
+    checked,
 )
 from haze._jobs.pending import DispatchResult, PendingDispatch, _Dispatching, link_to_pending
 from haze._jobs.registry import _register, find_job, get_job, registered_jobs
@@ -109,31 +111,29 @@ class JobDefinition(Generic[P]):
         origin: str | None = None,
     ) -> None:
         if not callable(handler):
-            raise ValueError(f"define_job: the handler must be a function, got {handler!r}")
+            raise JobOptionError(f"define_job: the handler must be a function, got {handler!r}")
         self.handler = handler
         self.name = name if name is not None else handler.__name__
         self.origin = origin or _origin_of(handler)
         where = f'job "{self.name}" ({self.origin})'
         if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
-            raise ValueError(f"{where}: name must be a non-empty string, got {self.name!r}")
+            raise JobOptionError(f"{where}: name must be a non-empty string, got {self.name!r}")
         if isinstance(tries, bool) or not isinstance(tries, int) or tries < 1:
-            raise ValueError(f"{where}: tries must be an integer >= 1, got {tries!r}")
+            raise JobOptionError(f"{where}: tries must be an integer >= 1, got {tries!r}")
         self.tries = tries
-        self.backoff = parse_backoff(backoff, f"{where}: backoff")
+        self.backoff = checked(parse_backoff, backoff, f"{where}: backoff")
         self.timeout = _positive_duration(timeout, f"{where}: timeout")
         self.queue, self.connection = _check_target(queue, connection, where)
         self.unique = _parse_unique(unique, where)
         self.middleware: tuple[Callable[..., Any], ...] = _parse_middleware(middleware, where)
-        if not isinstance(after_commit, bool):
-            raise ValueError(f"{where}: after_commit must be True or False, got {after_commit!r}")
-        self.after_commit = after_commit
+        self.after_commit = _check_flag(after_commit, "after_commit", where)
         _check_callable(failed, "failed", where)
         self.failed = failed
         self.max_exceptions = _check_max_exceptions(max_exceptions, where)
         self.retry_until = _positive_duration(retry_until, f"{where}: retry_until")
-        self.fail_on_timeout = bool(fail_on_timeout)
+        self.fail_on_timeout = _check_flag(fail_on_timeout, "fail_on_timeout", where)
         self.debounce = _parse_debounce(debounce, max_wait, where)
-        self.encrypted = bool(encrypted)
+        self.encrypted = _check_flag(encrypted, "encrypted", where)
         self.dont_retry: tuple[type[BaseException], ...] = _parse_dont_retry(dont_retry, where)
         #: None: the queue config's ``track`` decides (off unless it says True).
         self.track, self.keep_result = _parse_tracking(track, keep_result, where)
@@ -286,7 +286,7 @@ def define_job(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     """
     if fn is not None:
         if options:
-            raise TypeError("define_job: pass options as @define_job(...) keywords")
+            raise JobDefinitionError("define_job: pass options as @define_job(...) keywords")
         return JobDefinition(fn, origin=_origin_of(fn))
     for option in options:
         if option not in _OPTIONS:

@@ -12,13 +12,26 @@ import sys
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 from haze._base.durations import Duration, parse_duration
-from haze._base.errors import JobDefinitionError
+from haze._base.errors import JobDefinitionError, JobOptionError
 from haze._base.message import check_group, check_queue_name
 
-__all__ = ["DebounceOptions", "JobOptions", "UniqueOptions"]
+__all__ = ["DebounceOptions", "JobOptions", "UniqueOptions", "checked"]
+
+_T = TypeVar("_T")
+
+
+def checked(parse: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """``parse(*args)``: the kernel's checks (durations, names) raise a plain ValueError,
+    which a define_job option turns into its own JobOptionError (the same one line)."""
+    try:
+        return parse(*args, **kwargs)
+    except JobDefinitionError:
+        raise
+    except ValueError as e:
+        raise JobOptionError(str(e)) from None
 
 
 class JobOptions(TypedDict, total=False):
@@ -60,21 +73,25 @@ def _parse_unique(value: object, where: str) -> UniqueOptions | None:
     if value is True:
         return UniqueOptions(None, 86400.0, "processed")
     if not isinstance(value, dict):
-        raise ValueError(
+        raise JobOptionError(
             f"{where}: unique must be True or a dict with 'key', 'for', 'until', got {value!r}"
         )
     unknown = set(value) - {"key", "for", "until"}
     if unknown:
-        raise ValueError(
+        raise JobOptionError(
             f"{where}: unique has unknown option(s) {sorted(unknown)}; allowed: key, for, until"
         )
     key = value.get("key")
     if key is not None and not callable(key):
-        raise ValueError(f"{where}: unique['key'] must be a function of the payload, got {key!r}")
-    ttl = parse_duration(value.get("for", "1d"), f"{where}: unique['for']", allow_zero=False)
+        raise JobOptionError(
+            f"{where}: unique['key'] must be a function of the payload, got {key!r}"
+        )
+    ttl = checked(
+        parse_duration, value.get("for", "1d"), f"{where}: unique['for']", allow_zero=False
+    )
     until = value.get("until", "processed")
     if until not in ("processed", "processing"):
-        raise ValueError(
+        raise JobOptionError(
             f"{where}: unique['until'] must be 'processed' or 'processing', got {until!r}"
         )
     return UniqueOptions(key, ttl, until)
@@ -90,23 +107,23 @@ class DebounceOptions:
 def _parse_debounce(value: object, max_wait: object, where: str) -> DebounceOptions | None:
     if value is None or value is False:
         if max_wait is not None:
-            raise ValueError(f"{where}: max_wait needs debounce")
+            raise JobOptionError(f"{where}: max_wait needs debounce")
         return None
     key = None
     if isinstance(value, dict):
         unknown = set(value) - {"for", "max_wait", "key"}
         if unknown:
-            raise ValueError(f"{where}: debounce has unknown option(s) {sorted(unknown)}")
+            raise JobOptionError(f"{where}: debounce has unknown option(s) {sorted(unknown)}")
         key = value.get("key")
         if key is not None and not callable(key):
-            raise ValueError(f"{where}: debounce['key'] must be a function of the payload")
+            raise JobOptionError(f"{where}: debounce['key'] must be a function of the payload")
         if max_wait is None:
             max_wait = value.get("max_wait")
         value = value.get("for")
-    wait = parse_duration(value, f"{where}: debounce", allow_zero=False)
-    mw = None if max_wait is None else parse_duration(max_wait, f"{where}: max_wait")
+    wait = checked(parse_duration, value, f"{where}: debounce", allow_zero=False)
+    mw = None if max_wait is None else checked(parse_duration, max_wait, f"{where}: max_wait")
     if mw is not None and mw < wait:
-        raise ValueError(f"{where}: max_wait ({mw}s) must be at least debounce ({wait}s)")
+        raise JobOptionError(f"{where}: max_wait ({mw}s) must be at least debounce ({wait}s)")
     return DebounceOptions(wait, mw, key)
 
 
@@ -115,8 +132,8 @@ def _parse_group(value: object, where: str) -> str | Callable[[Any], str | None]
     if value is None or callable(value):
         return value
     if isinstance(value, str):
-        return check_group(value, f"{where}: group")
-    raise ValueError(
+        return checked(check_group, value, f"{where}: group")
+    raise JobOptionError(
         f"{where}: group must be a group name or a function of the payload "
         f"(group=lambda payload: payload['tenant']), got {value!r}"
     )
@@ -135,7 +152,13 @@ def group_of(job_name: str, group: Callable[[Any], str | None], payload: Any) ->
 
 def _check_callable(value: object, option: str, where: str) -> None:
     if value is not None and not callable(value):
-        raise ValueError(f"{where}: {option} must be callable, got {value!r}")
+        raise JobOptionError(f"{where}: {option} must be callable, got {value!r}")
+
+
+def _check_flag(value: object, option: str, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise JobOptionError(f"{where}: {option} must be True or False, got {value!r}")
+    return value
 
 
 def _payload_type(fn: Callable[..., Any]) -> Any:
@@ -154,15 +177,15 @@ def _payload_type(fn: Callable[..., Any]) -> Any:
 
 
 def _positive_duration(value: Duration | None, what: str) -> float | None:
-    return None if value is None else parse_duration(value, what, allow_zero=False)
+    return None if value is None else checked(parse_duration, value, what, allow_zero=False)
 
 
 def _check_target(queue: object, connection: object, where: str) -> tuple[Any, Any]:
     for opt, val in (("queue", queue), ("connection", connection)):
         if val is not None and (not isinstance(val, str) or not val):
-            raise ValueError(f"{where}: {opt} must be a non-empty string, got {val!r}")
+            raise JobOptionError(f"{where}: {opt} must be a non-empty string, got {val!r}")
     if queue is not None:
-        check_queue_name(queue, f"{where}: queue")
+        checked(check_queue_name, queue, f"{where}: queue")
     return queue, connection
 
 
@@ -170,28 +193,32 @@ def _parse_middleware(middleware: object, where: str) -> tuple[Callable[..., Any
     if middleware is None:
         middleware = ()
     if not isinstance(middleware, (list, tuple)):
-        raise ValueError(f"{where}: middleware must be a list, got {middleware!r}")
+        raise JobOptionError(f"{where}: middleware must be a list, got {middleware!r}")
     for i, mw in enumerate(middleware):
         if not callable(mw):
-            raise ValueError(f"{where}: middleware[{i}] must be callable, got {mw!r}")
+            raise JobOptionError(f"{where}: middleware[{i}] must be callable, got {mw!r}")
     return tuple(middleware)
 
 
 def _check_max_exceptions(value: object, where: str) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{where}: max_exceptions must be an integer >= 1, got {value!r}")
+        raise JobOptionError(f"{where}: max_exceptions must be an integer >= 1, got {value!r}")
     return value
 
 
 def _parse_dont_retry(
     value: Sequence[type[BaseException]] | type[BaseException] | None, where: str
 ) -> tuple[type[BaseException], ...]:
+    if value is not None and not isinstance(value, (type, list, tuple)):
+        raise JobOptionError(
+            f"{where}: dont_retry must be an exception class or a list of them, got {value!r}"
+        )
     items: Sequence[object] = (
         () if value is None else (value,) if isinstance(value, type) else value
     )
     for t in items:
         if not (isinstance(t, type) and issubclass(t, BaseException)):
-            raise ValueError(f"{where}: dont_retry must list exception classes, got {t!r}")
+            raise JobOptionError(f"{where}: dont_retry must list exception classes, got {t!r}")
     return tuple(t for t in items if isinstance(t, type) and issubclass(t, BaseException))
 
 
@@ -199,10 +226,10 @@ def _parse_tracking(
     track: object, keep_result: Duration | None, where: str
 ) -> tuple[bool | None, float | None]:
     if track is not None and not isinstance(track, bool):
-        raise ValueError(f"{where}: track must be True or False, got {track!r}")
+        raise JobOptionError(f"{where}: track must be True or False, got {track!r}")
     keep = _positive_duration(keep_result, f"{where}: keep_result")
     if track is False and keep is not None:
-        raise ValueError(
+        raise JobOptionError(
             f"{where}: keep_result needs a status record; drop track=False (keep_result "
             "tracks the job)"
         )

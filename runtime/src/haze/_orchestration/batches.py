@@ -130,7 +130,7 @@ class Batch:
         ttl = self.options.get("ttl")
         await store.increment(_key(self.id, "total"), n, ttl)
         await store.increment(_key(self.id, "pending"), n, ttl)
-        await _dispatch_items(manager, self.id, items, self.options)
+        await _dispatch_items(manager, self.id, items, self.options, [0])
         return await self.fresh()
 
     fresh_blocking = blocking_method(fresh)
@@ -279,15 +279,10 @@ async def start_batch(
         "allow_failures": bool(spec.get("allow_failures")),
         "ttl": ttl,
     }
-    record = {
-        "id": batch_id,
-        "name": spec.get("name"),
-        "created_at": now,
-        "options": options,
-        "callbacks": await tails.offloaded_callbacks(manager, spec),
-        "chain": chain,
-    }
-    _check_queues(manager, items, options)
+    _check_queues(manager, items, options)  # before any callback is offloaded
+    callbacks = await tails.offloaded_callbacks(manager, spec)
+    record = {"id": batch_id, "name": spec.get("name"), "created_at": now}
+    record |= {"options": options, "callbacks": callbacks, "chain": chain}
     await store.put(_key(batch_id), record, ttl)
     await store.put(_key(batch_id, "total"), total, ttl)
     await store.put(_key(batch_id, "pending"), total, ttl)
@@ -295,10 +290,15 @@ async def start_batch(
     # otherwise move it on. Inline (sync) runs and empty batches are read afterwards.
     queued = total > 0 and not manager.app.driver(spec["connection"]).inline
     b = await find(manager, batch_id) if queued else None
+    sent = [0]  # items queued (or run, inline) so far
     try:
-        await _dispatch_items(manager, batch_id, items, options)
+        await _dispatch_items(manager, batch_id, items, options, sent)
     except DispatchIncompleteError:
         await _index(store, batch_id, ttl)  # listed: it runs what was queued, and ends
+        raise
+    except BaseException:
+        if not sent[0]:  # no job of it will ever settle it: nothing reads its callbacks
+            await tails.discard_callbacks(manager, callbacks)
         raise
     if total == 0:
         await batch_settle.finish(_CALLS, manager, batch_id, store)
@@ -315,6 +315,7 @@ async def _dispatch_items(
     batch_id: str,
     items: Sequence[PendingDispatch[Any] | list[PendingDispatch[Any]]],
     options: dict[str, Any],
+    sent: list[int],
 ) -> None:
     conn, queue = options.get("connection"), options.get("queue")
     first_error: BaseException | None = None
@@ -328,7 +329,9 @@ async def _dispatch_items(
             return
         try:
             await manager.dispatcher.bulk(run, queue=queue, connection=conn, batch_id=batch_id)
+            sent[0] += len(run)
         except DispatchIncompleteError as e:
+            sent[0] += len(run) - len(e.failed)
             # The jobs not queued never run: counted as failed now, so the batch still
             # ends (and its catch/finally run) when the queued ones do.
             await _count_unsent(manager, batch_id, e)
@@ -353,6 +356,7 @@ async def _dispatch_items(
                 await manager.dispatcher.dispatch(
                     item, queue=queue, connection=conn, batch_id=batch_id
                 )
+            sent[0] += 1
         except Exception as e:
             # sync runs each job inside dispatch(): a failure is raised here. Dispatch
             # the rest so the batch still reaches its end (they are skipped once it is

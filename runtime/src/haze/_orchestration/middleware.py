@@ -24,7 +24,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from haze._base.crypto import keyed_digest
-from haze._base.durations import Duration, parse_duration
+from haze._base.durations import MIN_SLOT_LEASE, Duration, parse_duration
+from haze._base.errors import ConfigError
 from haze._jobs.definition import find_job
 from haze.contracts.store import Store
 
@@ -74,13 +75,20 @@ async def _key_value(job: JobContext, key_fn: Callable[[Any], Any], payload: Any
 
 def _positive_int(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{where}: expected an integer >= 1, got {value!r}")
+        raise ConfigError(f"{where}: expected an integer >= 1, got {value!r}")
     return value
+
+
+def _check_key(key: object, where: str) -> None:
+    if key is not None and not (callable(key) or isinstance(key, str)):
+        raise ConfigError(
+            f"{where}: key must be a string or a function of the payload, got {key!r}"
+        )
 
 
 def _key_fn(key: object, where: str) -> Callable[[Any], Any] | None:
     if key is not None and not callable(key):
-        raise ValueError(f"{where}: key must be a function of the payload, got {key!r}")
+        raise ConfigError(f"{where}: key must be a function of the payload, got {key!r}")
     return key
 
 
@@ -92,9 +100,9 @@ def rate_limited(
     next window."""
     where = f"rate_limited({name!r})"
     if not isinstance(name, str) or not name:
-        raise ValueError(f"rate_limited: name must be a non-empty string, got {name!r}")
+        raise ConfigError(f"rate_limited: name must be a non-empty string, got {name!r}")
     limit = _positive_int(max, f"{where}: max")
-    window = parse_duration(per, f"{where}: per", allow_zero=False)
+    window = _duration(per, f"{where}: per", allow_zero=False)
     key_fn = _key_fn(key, where)
 
     async def rate_limit(payload: Any, job: JobContext, call_next: CallNext) -> Any:
@@ -119,8 +127,27 @@ def _release_delay(release_after: Duration | bool, where: str) -> float | None:
     if release_after is False:
         return None
     if release_after is True:
-        raise ValueError(f"{where}: release_after must be a duration or False, got True")
-    return parse_duration(release_after, f"{where}: release_after")
+        raise ConfigError(f"{where}: release_after must be a duration or False, got True")
+    return _duration(release_after, f"{where}: release_after")
+
+
+def _duration(value: object, what: str, *, allow_zero: bool = True) -> float:
+    """``parse_duration``, its error a ConfigError like the middleware's others."""
+    try:
+        return parse_duration(value, what, allow_zero=allow_zero)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _lease(value: object, where: str) -> float:
+    """A slot's ``expire_after``: renewed every third of it while the job runs."""
+    lease = _duration(value, f"{where}: expire_after", allow_zero=False)
+    if lease < MIN_SLOT_LEASE:
+        raise ConfigError(
+            f"{where}: expire_after must be at least {MIN_SLOT_LEASE:g}s (the lease of a "
+            f"running job's slot, renewed every third of it), got {value!r}"
+        )
+    return lease
 
 
 #: The stores already warned about (once per store, as for unique locks).
@@ -234,12 +261,11 @@ def limit_concurrency(
     """
     where = f"limit_concurrency({max!r})"
     limit = _positive_int(max, f"{where}: max")
-    if key is not None and not (callable(key) or isinstance(key, str)):
-        raise ValueError(f"{where}: key must be a string or a function of the payload, got {key!r}")
+    _check_key(key, where)
     if isinstance(key, str) and not key:
-        raise ValueError(f"{where}: key must be a non-empty string")
+        raise ConfigError(f"{where}: key must be a non-empty string")
     retry = _release_delay(release_after, where)
-    lease = parse_duration(expire_after, f"{where}: expire_after", allow_zero=False)
+    lease = _lease(expire_after, where)
 
     async def concurrency(payload: Any, job: JobContext, call_next: CallNext) -> Any:
         if key is None:
@@ -331,10 +357,9 @@ def without_overlapping(
     lease of ``expire_after``, renewed while the job runs. Keys are scoped to the job name
     unless ``shared=True``."""
     where = "without_overlapping"
-    if key is not None and not (callable(key) or isinstance(key, str)):
-        raise ValueError(f"{where}: key must be a string or a function of the payload, got {key!r}")
+    _check_key(key, where)
     retry = _release_delay(release_after, where)
-    expire = parse_duration(expire_after, f"{where}: expire_after", allow_zero=False)
+    expire = _lease(expire_after, where)
 
     async def no_overlap(payload: Any, job: JobContext, call_next: CallNext) -> Any:
         if key is None:
@@ -366,12 +391,11 @@ def throttles_exceptions(
     """
     where = "throttles_exceptions"
     limit = _positive_int(max, f"{where}: max")
-    window = parse_duration(per, f"{where}: per", allow_zero=False)
-    wait = None if backoff is None else parse_duration(backoff, f"{where}: backoff")
-    if key is not None and not (callable(key) or isinstance(key, str)):
-        raise ValueError(f"{where}: key must be a string or a function of the payload, got {key!r}")
+    window = _duration(per, f"{where}: per", allow_zero=False)
+    wait = None if backoff is None else _duration(backoff, f"{where}: backoff")
+    _check_key(key, where)
     if when is not None and not callable(when):
-        raise ValueError(f"{where}: when must be a predicate (payload, job), got {when!r}")
+        raise ConfigError(f"{where}: when must be a predicate (payload, job), got {when!r}")
 
     async def throttle(payload: Any, job: JobContext, call_next: CallNext) -> Any:
         if key is None:
@@ -414,7 +438,7 @@ def throttles_exceptions(
 def skip_if(predicate: Callable[[Any, Any], Any]) -> JobMiddleware:
     """Skip the run (it counts as done) when ``predicate(payload, job)`` is true."""
     if not callable(predicate):
-        raise ValueError(f"skip_if: expected a predicate (payload, job), got {predicate!r}")
+        raise ConfigError(f"skip_if: expected a predicate (payload, job), got {predicate!r}")
 
     async def skip(payload: Any, job: JobContext, call_next: CallNext) -> Any:
         if await _maybe(predicate(payload, job)):
@@ -435,12 +459,12 @@ def fail_on_exception(
         if isinstance(exceptions, type):
             exceptions = [exceptions]
         if not isinstance(exceptions, (list, tuple)) or not exceptions:
-            raise ValueError(
+            raise ConfigError(
                 f"fail_on_exception: expected a list of exception classes, got {exceptions!r}"
             )
         for t in exceptions:
             if not (isinstance(t, type) and issubclass(t, BaseException)):
-                raise ValueError(f"fail_on_exception: {t!r} is not an exception class")
+                raise ConfigError(f"fail_on_exception: {t!r} is not an exception class")
         types = tuple(exceptions)
 
         def test(error: BaseException, job: Any) -> bool:

@@ -119,6 +119,16 @@ async def offloaded_callbacks(
     return out
 
 
+async def discard_callbacks(
+    manager: QueueManager, callbacks: dict[str, list[dict[str, Any]]]
+) -> None:
+    """Delete the objects of a batch's offloaded callbacks (``offloaded_callbacks``):
+    its dispatch failed before any job of it was queued."""
+    for refs in callbacks.values():
+        for link in refs:
+            await manager.offload.discard_link(link)
+
+
 async def expand(
     manager: QueueManager, links: list[dict[str, Any]], chain_id: str | None
 ) -> list[dict[str, Any]]:

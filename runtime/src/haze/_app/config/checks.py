@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from haze._app.config.environment import origin
-from haze._base.durations import parse_duration
+from haze._base.durations import MIN_SLOT_LEASE, parse_duration
 from haze._base.errors import ConfigError, MissingDependencyError
 from haze._base.sizes import parse_size
 from haze.contracts.driver import DeclaresOptions, DispatchOnly
@@ -150,8 +150,17 @@ class Checks:
                     if given is None
                     else self.duration(given, f"{sub}.{name}", allow_zero=name == "release_after")
                 )
+            if limit["expire_after"] < MIN_SLOT_LEASE:
+                raise self.lease_error(f"{sub}.expire_after", opts["expire_after"])
             out[q] = limit
         return out
+
+    def lease_error(self, key: str, given: object) -> ConfigError:
+        return self.fail(
+            key,
+            f"must be at least {MIN_SLOT_LEASE:g}s (the lease of a running job's slot, "
+            f"renewed every third of it), got {given!r}",
+        )
 
     def groups(self, value: object, key: str) -> dict[str, Any]:
         """A connection's per-group limits: ``{"concurrency": 2, "rate": "100/m"}`` ->
@@ -166,14 +175,8 @@ class Checks:
             if expire is None
             else self.duration(expire, f"{key}.expire_after", allow_zero=False)
         )
-        if expire_after < _MIN_SLOT_LEASE:
-            # Renewed every third of it: a shorter lease lapses under a store's latency
-            # and the slot goes to another job while this one still runs.
-            raise self.fail(
-                f"{key}.expire_after",
-                f"must be at least {_MIN_SLOT_LEASE:g}s (the lease of a running job's "
-                f"slot), got {expire!r}",
-            )
+        if expire_after < MIN_SLOT_LEASE:
+            raise self.lease_error(f"{key}.expire_after", expire)
         concurrency = raw.get("concurrency")
         if concurrency is not None:
             concurrency = self.integer(concurrency, f"{key}.concurrency", minimum=1)
@@ -202,9 +205,6 @@ class Checks:
                 hint = ", ".join(sorted(allowed))
                 raise self.fail(f"{key}.{k}", f"unknown option; allowed here: {hint}")
 
-
-#: The shortest ``groups.expire_after``: a slot lease renewed every third of it.
-_MIN_SLOT_LEASE = 1.0
 
 #: A per-queue concurrency limit's other options (``"queues": {"emails": {"concurrency":
 #: 5}}``): the released job's wait, and the lease after which a crashed worker's slot

@@ -235,7 +235,21 @@ class _Finishing(_RedisBase):
             fields,
         )
         result = await link.commands["moveToFinished"](keys=keys, args=args, client=link.fast)
-        return await self._settled(link, job, result, "failing", fetch)
+        settled = await self._settled(link, job, result, "failing", fetch)
+        if settled:
+            try:
+                await self.failed.indexed(link, failed.id, job.queue, job_id)
+            except Exception as e:  # the failure is recorded: an older copy merely stays
+                log.warning(
+                    "haze redis: could not replace the older failed record of job %s on "
+                    "%s/%s (%s: %s); queue:failed still shows one",
+                    failed.id,
+                    self.name,
+                    job.queue,
+                    type(e).__name__,
+                    e,
+                )
+        return settled
 
     async def heartbeat(self, jobs: Sequence[Reserved]) -> None:
         """Renew the BullMQ locks of running jobs (one script call per queue)."""

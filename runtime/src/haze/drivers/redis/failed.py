@@ -75,6 +75,18 @@ class RedisFailedJobs:
             )
             pipe.zadd(s.keys["failed"], {job.id: finished})
             await pipe.execute()
+        await self.indexed(link, job.id, job.queue, job.id)
+
+    def _index_key(self) -> str:
+        # beside BullMQ's queues, under the connection's prefix: a name no queue takes
+        return f"{self._d.prefix}:haze-failed-ids"
+
+    async def indexed(self, link: _Link, id: str | None, queue: str, job_id: str) -> None:
+        """A failed record was written for message ``id``: the one it had before (another
+        BullMQ job) goes, so each id keeps one record (``one_failed.lua``)."""
+        if id:
+            args = [id, f"{self._d.prefix}:", queue, job_id]
+            await link.one_failed(keys=[self._index_key()], args=args)
 
     async def list(self, queue: str | None = None) -> list[FailedJob]:
         link = self._d._link()
@@ -169,8 +181,14 @@ class RedisFailedJobs:
             if up_to is not None and int(row[4] or 0) / 1000 > up_to:
                 break  # failed again after the claim: that record stays
             self._where.pop(id, None)
-            if not await self._d._link().scripts(q).remove(job_id, False):
+            link = self._d._link()
+            if not await link.scripts(q).remove(job_id, False):
                 break  # locked (not failed any more): leave it to its worker
+            if await link.client.hget(self._index_key(), id) in (
+                f"{q}:{job_id}",
+                f"{q}:{job_id}".encode(),
+            ):
+                await link.client.hdel(self._index_key(), id)
             n += 1
         return n
 
@@ -304,6 +322,7 @@ class RedisFailedJobs:
                     "EVAL", link.forget_failed.script, len(failed), *failed, id, up_to, *prefixes
                 )
                 pipe.delete(key)
+                pipe.hdel(self._index_key(), id)  # a record after the claim: only unindexed
                 try:
                     results = await pipe.execute(raise_on_error=False)
                 except WatchError:
@@ -321,6 +340,8 @@ class RedisFailedJobs:
         n = 0
         for q in self._queues(None):
             n += len(await link.scripts(q).cleanJobsInSet("failed", grace, 0))
+        if not grace:  # every record went (entries left by a partial flush are checked)
+            await link.client.delete(self._index_key())
         self._where.clear()
         return n
 

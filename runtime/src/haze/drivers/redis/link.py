@@ -51,6 +51,7 @@ class _Link:
         self.find_failed = self._own("find_failed.lua")
         self.find_job = self._own("find_job.lua")
         self.forget_failed = self._own("forget_failed.lua")
+        self.one_failed = self._own("one_failed.lua")
         #: haze's add of a tenant group's job, and the count of each group's backlog
         self.add_group = self._own("add_group_job.lua")
         self.group_backlog = self._own("group_backlog.lua")
