@@ -20,8 +20,8 @@ import httpx
 import pytest
 from haze import App, ConfigError, Queue, define_job, define_queue_config
 from haze._app.env import env_duration, env_size, parse_size
+from haze._base.json_text import MAX_PAYLOAD_DEPTH
 from haze.integrations.http_dispatch import (
-    MAX_NESTING,
     MAX_SKEW,
     DispatchApp,
     authorize_headers,
@@ -185,9 +185,9 @@ async def test_bearer_tokens_are_unchanged(app: App) -> None:
 # --------------------------------------------------------------------------- deep JSON
 
 
-@pytest.mark.parametrize("depth", [200_000, 5_000, 990, MAX_NESTING])
+@pytest.mark.parametrize("depth", [200_000, 5_000, 990, MAX_PAYLOAD_DEPTH])
 async def test_deeply_nested_json_is_a_400_not_a_500(app: App, depth: int) -> None:
-    # the body object is one level, so a payload of MAX_NESTING levels is one too many
+    # the body object is one level, so a payload of MAX_PAYLOAD_DEPTH levels is one too many
     payload = "[" * depth + "]" * depth
     raw = ('{"job": "http_dispatch_ok", "payload": ' + payload + "}").encode()
     async with client(app) as c:
@@ -199,7 +199,7 @@ async def test_deeply_nested_json_is_a_400_not_a_500(app: App, depth: int) -> No
 
 
 async def test_nesting_up_to_the_limit_and_brackets_in_strings_are_fine(app: App) -> None:
-    depth = MAX_NESTING - 1
+    depth = MAX_PAYLOAD_DEPTH - 1
     nested = json.loads("[" * depth + "]" * depth)
     brackets = '[[{"\\"' * 1000  # in a string: no nesting at all
     bearer = {"authorization": f"Bearer {SECRET}"}

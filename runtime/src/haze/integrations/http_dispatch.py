@@ -67,7 +67,6 @@ import hmac
 import json
 import logging
 import os
-import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
@@ -85,6 +84,7 @@ from haze._base.errors import (
     UnknownJobError,
     UnknownQueueError,
 )
+from haze._base.json_text import MAX_PAYLOAD_DEPTH, too_deep
 from haze._jobs.definition import PendingDispatch, get_job
 from haze.api.health import queue_check
 from haze.integrations.http_events import EVENT_KEYS, send_event_request
@@ -131,32 +131,10 @@ class DispatchResponse:
         return {"content-type": "application/json", **self.headers}
 
 
-#: The deepest JSON nesting a body may have. Parsing deeper JSON recurses: CPython raises
-#: RecursionError, and Pyodide (a Cloudflare Worker) can overflow the JS stack and abort.
-MAX_NESTING = 200
-
 _TOO_DEEP = (
-    f"the body is nested too deeply (more than {MAX_NESTING} levels of arrays/objects); "
+    f"the body is nested too deeply (more than {MAX_PAYLOAD_DEPTH} levels of arrays/objects); "
     "send a flatter payload (ids instead of data)"
 )
-_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
-
-
-def _too_deep(raw: bytes) -> bool:
-    """True when ``raw`` nests arrays/objects more than MAX_NESTING deep, without
-    recursing. Strings are skipped whole, so brackets inside them do not count."""
-    if raw.count(b"[") + raw.count(b"{") <= MAX_NESTING:
-        return False
-    depth = 0
-    for m in _TOKENS.finditer(raw):
-        token = m.group()
-        if token in (b"[", b"{"):
-            depth += 1
-            if depth > MAX_NESTING:
-                return True
-        elif token in (b"]", b"}"):
-            depth -= 1
-    return False
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> DispatchResponse:
@@ -407,13 +385,17 @@ async def _dispatched(
 
 def _body(raw: bytes) -> dict[str, Any] | DispatchResponse:
     """The request's JSON object, or the 400 that says what is wrong with it."""
-    if _too_deep(raw):
-        return _error(400, _TOO_DEEP)
     try:
         # decoded first: json.loads(bytes) would guess UTF-16 or UTF-32 from the bytes
-        data = json.loads(raw.decode("utf-8-sig"))
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         return _error(400, f"the body is not UTF-8 text (byte {e.start} is not valid UTF-8)")
+    # Parsing deeper JSON recurses: CPython raises RecursionError, and Pyodide (a
+    # Cloudflare Worker) can overflow the JavaScript stack and abort.
+    if too_deep(text):
+        return _error(400, _TOO_DEEP)
+    try:
+        data = json.loads(text)
     except ValueError as e:
         return _error(400, f"the body is not valid JSON: {e}")
     except RecursionError:
