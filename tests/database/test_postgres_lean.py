@@ -86,7 +86,11 @@ async def test_values_and_rowcount_are_psycopgs(db: PostgresConnector) -> None:
     assert got == [(i, n, x, s, None if b is None else b) for i, n, x, s, b in rows]
     assert await db.execute(f"UPDATE {t} SET s = ? WHERE id > ?", ("u", 1)) == 3
     assert await db.execute(f"DELETE FROM {t} WHERE id = ?", (99,)) == 0
-    # the rowcount of a SELECT: its rows (the enqueue's INSERT … SELECT pg_notify)
+    # the rowcount of a SELECT: its rows (the enqueue's INSERT … SELECT pg_notify); as
+    # psycopg does, a statement is prepared after it ran prepare_threshold (5) times
+    for _ in range(5):
+        assert await db.execute(f"SELECT id FROM {t} WHERE id >= ?", (2,)) == 3
+    assert not any(name.startswith("_haze_") for name in await _prepared(db))
     assert await db.execute(f"SELECT id FROM {t} WHERE id >= ?", (2,)) == 3
     assert any(name.startswith("_haze_") for name in await _prepared(db))
 
@@ -122,12 +126,33 @@ async def test_server_errors_are_psycopgs_classes_and_keep_the_connection(
 async def test_a_statement_the_server_forgot_is_prepared_again(db: PostgresConnector) -> None:
     t = _t(db)
     sql = f"INSERT INTO {t} (id) VALUES (?)"
-    await db.execute(sql, (1,))
+    for i in range(6):
+        await db.execute(sql, (i,))
     assert await _prepared(db)
     await db.execute("DEALLOCATE ALL")  # as psycopg does after a DROP or ALTER
     assert await _prepared(db) == []
-    assert await db.execute(sql, (2,)) == 1
-    assert await db.fetchone(f"SELECT count(*) FROM {t}") == (2,)
+    assert await db.execute(sql, (6,)) == 1
+    assert await db.fetchone(f"SELECT count(*) FROM {t}") == (7,)
+    assert await _prepared(db)
+
+
+async def test_statements_built_on_the_fly_prepare_a_bounded_number(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import haze.connectors.postgres_lean as lean
+
+    monkeypatch.setattr(lean, "MAX_PREPARED", 3)
+    db = _connector(pg_url, options={"prepare_threshold": 0})
+    try:
+        for i in range(10):
+            assert await db.execute(f"SELECT ? + {i}", (1,)) == 1
+        assert [n for n in await _prepared(db) if n.startswith("_haze_")] == [
+            "_haze_0",
+            "_haze_1",
+            "_haze_2",
+        ]
+    finally:
+        await db.close()
 
 
 async def test_prepared_statements_turned_off_prepare_nothing(pg_url: str) -> None:

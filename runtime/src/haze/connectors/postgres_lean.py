@@ -36,6 +36,12 @@ _ACTIVE = 1
 #: how long a cancelled statement may take to stop before its connection is closed
 _CANCEL_SECONDS = 5.0
 
+#: the most statements one connector prepares (haze's own are a few dozen); the server
+#: keeps each for the life of every connection that ran it
+MAX_PREPARED = 100
+#: the most statements counted towards the prepare threshold at once
+_MAX_SEEN = 1000
+
 _TOKENS = re.compile(r"'[^']*'|\"[^\"]*\"|--[^\n]*|/\*.*?\*/|\?", re.S)
 
 
@@ -97,10 +103,35 @@ class LeanStatements:
     connections has prepared."""
 
     def __init__(self) -> None:
+        from psycopg.errors import InvalidSqlStatementName
+
+        #: the server answers a prepared statement it does not know with this
+        self._forgotten = InvalidSqlStatementName
         self._names: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
+        #: statements not prepared yet, and how often each ran
+        self._seen: dict[tuple[bytes, tuple[int, ...]], int] = {}
         self._prepared: weakref.WeakKeyDictionary[AsyncConnection[Any], set[bytes]] = (
             weakref.WeakKeyDictionary()
         )
+
+    def _name(self, key: tuple[bytes, tuple[int, ...]], threshold: int) -> bytes | None:
+        """The prepared statement's name for ``key``, or None to send it unnamed: as
+        psycopg does, a statement is prepared once it has run ``threshold`` times, and
+        past ``MAX_PREPARED`` statements (an app's own SQL built on the fly) none is."""
+        name = self._names.get(key)
+        if name is not None:
+            return name
+        if len(self._names) >= MAX_PREPARED:
+            return None
+        seen = self._seen.get(key, 0) + 1
+        if seen <= threshold:
+            if len(self._seen) >= _MAX_SEEN:
+                self._seen.clear()
+            self._seen[key] = seen
+            return None
+        self._seen.pop(key, None)
+        name = self._names[key] = f"_haze_{len(self._names)}".encode()
+        return name
 
     def usable(self, conn: AsyncConnection[Any]) -> bool:
         """Whether ``conn`` runs a single statement as its own transaction, in UTF-8."""
@@ -119,17 +150,13 @@ class LeanStatements:
         encoded = encode(params)
         if encoded is None or not self.usable(conn):
             return None
-        from psycopg.errors import InvalidSqlStatementName
-
         values, oids = encoded
         query = numbered(sql)
-        if conn.prepare_threshold is None:
+        threshold = conn.prepare_threshold
+        name = None if threshold is None else self._name((query, oids), threshold)
+        if name is None:
             conn.pgconn.send_query_params(query, values, oids)
             return await _result(conn)
-        key = (query, oids)
-        name = self._names.get(key)
-        if name is None:
-            name = self._names[key] = f"_haze_{len(self._names)}".encode()
         done = self._prepared[conn]
         for attempt in (0, 1):
             if name not in done:
@@ -139,7 +166,7 @@ class LeanStatements:
             conn.pgconn.send_query_prepared(name, values)
             try:
                 return await _result(conn)
-            except InvalidSqlStatementName:
+            except self._forgotten:
                 # psycopg sends DEALLOCATE ALL after a DROP, ALTER or ROLLBACK on the
                 # same connection, so the server forgot this one: nothing ran, prepare again.
                 if attempt:
@@ -152,8 +179,6 @@ async def _result(conn: AsyncConnection[Any]) -> int:
     """Wait for the statement sent on ``conn`` and return its rowcount; a server error
     raises psycopg's class for its SQLSTATE once every result is read (the connection is
     idle again), a lost connection psycopg's ``OperationalError``."""
-    from psycopg.errors import error_from_result
-
     pgconn = conn.pgconn
     try:
         await _until_idle(conn)
@@ -164,6 +189,8 @@ async def _result(conn: AsyncConnection[Any]) -> int:
     while (res := pgconn.get_result()) is not None:
         status = res.status
         if status == _FATAL_ERROR:
+            from psycopg.errors import error_from_result
+
             error = error or error_from_result(res, encoding="utf-8")
         elif status in (_TUPLES_OK, _COMMAND_OK):
             n = res.command_tuples
