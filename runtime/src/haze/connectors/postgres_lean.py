@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from haze._base.prompt_future import PromptFuture
+
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
 
@@ -235,11 +237,13 @@ async def _cancel(conn: AsyncConnection[Any]) -> None:
 
 
 async def _ready(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool) -> None:
-    fut: asyncio.Future[None] = loop.create_future()
+    # A PromptFuture: the task resumes from the fd callback itself, not one loop pass
+    # (and its epoll_wait) later.
+    fut = PromptFuture(loop=loop)
 
     def wake() -> None:
         if not fut.done():
-            fut.set_result(None)
+            fut.deliver(None)
 
     if write:
         loop.add_writer(fd, wake)
