@@ -6,6 +6,7 @@
     python enqueue_profile.py ping-async N asyncio|uvloop         # asyncio protocol PING
     python enqueue_profile.py haze-pg N asyncio|uvloop [cprofile] # BENCH_PG_DSN
     python enqueue_profile.py pg-async N asyncio|uvloop           # psycopg async, no haze
+    python enqueue_profile.py pg-lean N asyncio|uvloop            # haze's lean execute alone
     python enqueue_profile.py pg-sync N -                         # psycopg sync, no haze
 
 Prints one ``RESULT {json}`` line: per-call latencies (µs) as percentiles, CPU per call,
@@ -189,6 +190,24 @@ def pg_async(n: int, loop: str, profile: bool) -> None:
     _run(go, loop)
 
 
+def pg_lean(n: int, loop: str) -> None:
+    """haze's lean execute (haze.connectors.postgres_lean) alone: no dispatch around it."""
+    import json
+
+    import psycopg
+    from haze.connectors.postgres_lean import LeanStatements
+
+    async def go() -> None:
+        c = await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True)
+        await c.execute("CREATE TABLE IF NOT EXISTS raw_jobs (id BIGSERIAL PRIMARY KEY, body TEXT)")
+        lean = LeanStatements()
+        sql = PG_INSERT_NOTIFY.replace("%s", "?")
+        await _atimed(lambda: lean.execute(c, sql, (json.dumps({"t": time.time()}),)), n, False)
+        await c.close()
+
+    _run(go, loop)
+
+
 def pg_sync(n: int) -> None:
     import json
 
@@ -261,6 +280,8 @@ if __name__ == "__main__":
         haze_pg(int(count), loop_name, prof_on)
     elif who == "pg-async":
         pg_async(int(count), loop_name, prof_on)
+    elif who == "pg-lean":
+        pg_lean(int(count), loop_name)
     elif who == "pg-sync":
         pg_sync(int(count))
     elif who == "ping-sync":
