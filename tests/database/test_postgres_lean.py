@@ -246,3 +246,26 @@ async def test_other_users_of_the_pool_at_the_same_time(db: PostgresConnector) -
         )
     assert counts[:40] == [1] * 40
     assert await db.fetchone(f"SELECT count(*) FROM {t}") == (45,)
+
+
+def test_on_uvloop_too(pg_url: str) -> None:
+    """The lean wait registers the socket with the running loop: uvloop's as well."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def go() -> None:
+        db = _connector(pg_url)
+        try:
+            await db.execute("CREATE TEMP TABLE u (id INTEGER PRIMARY KEY)")
+            for i in range(10):
+                assert await db.execute("INSERT INTO u (id) VALUES (?)", (i,)) == 1
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                await db.execute("INSERT INTO u (id) VALUES (?)", (0,))
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(db.execute("SELECT pg_sleep(?)", (5.0,)), 0.2)
+            async with asyncio.timeout(3):
+                assert await db.fetchone("SELECT count(*) FROM u") == (10,)
+        finally:
+            await db.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(go())
