@@ -9,6 +9,9 @@
   return per statement; busy or not idle afterwards, statements use the pool as before.
   A pool of one parks nothing, and the parked connection goes back to the pool every
   ``PARK_SECONDS`` so its lifetime rules still apply.
+- ``execute()`` with parameters that are all ``str``, ``int``, ``float`` or ``None`` (a
+  dispatch's ``INSERT``) skips psycopg's async cursor and goes through the connection's
+  libpq object (``postgres_lean``), with the same results and exceptions.
 - SQL is written with ``?`` placeholders; they become ``%s`` (and a literal ``%``
   becomes ``%%``) once per distinct statement.
 - LISTEN/NOTIFY, so an idle worker in another process wakes as soon as a job is
