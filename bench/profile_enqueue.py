@@ -4,6 +4,11 @@
     .venv/bin/python bench/profile_enqueue.py                  # 5,000 calls, 5 rounds
     .venv/bin/python bench/profile_enqueue.py --n 2000 --reps 2 --cprofile
 
+``--pg`` profiles PostgreSQL instead (``BENCH_PG_DSN``): haze's dispatch, its lean
+execute alone, and one ``INSERT … pg_notify`` statement on psycopg's async and sync
+connections; ``--base-src DIR`` adds ``haze-asyncio-base`` / ``haze-pg-base`` sides that
+import haze from another tree's ``runtime/src`` (a ``git archive`` of the commit before).
+
 Each round runs every side once, in fresh processes, one after the other (so a burst
 of load hits them alike): haze's ``await job.dispatch()`` on asyncio and on uvloop (when
 installed in bench/.venvs/haze), Huey's ``task()``, and two floors with no queue library
@@ -34,19 +39,31 @@ os.environ.setdefault("BENCH_RECORDS", "/tmp/haze-bench-profile-records.bin")
 sys.path[:] = [x for x in sys.path if Path(x or ".").resolve() != HERE]  # bench/redis.py
 
 
-def _py(venv: str) -> str:
-    own = VENVS / venv / "bin" / "python"
-    return str(own) if own.exists() else sys.executable
+def _py(venv: str | None) -> str:
+    """The venv's python; the workspace's for None (PostgreSQL: psycopg is there)."""
+    own = VENVS / venv / "bin" / "python" if venv else None
+    return str(own) if own is not None and own.exists() else sys.executable
 
 
-SIDES: dict[str, tuple[str, list[str]]] = {
+SIDES: dict[str, tuple[str | None, list[str]]] = {
     "haze-asyncio": ("haze", ["haze", "asyncio"]),
+    "haze-asyncio-base": ("haze", ["haze", "asyncio"]),
     "haze-uvloop": ("haze", ["haze", "uvloop"]),
     "huey": ("huey", ["huey", "-"]),
     "ping-sync": ("huey", ["ping-sync", "-"]),
     "ping-asyncio": ("haze", ["ping-async", "asyncio"]),
     "ping-uvloop": ("haze", ["ping-async", "uvloop"]),
+    # PostgreSQL (--pg): haze's dispatch, its lean execute alone, psycopg async and sync
+    "haze-pg": (None, ["haze-pg", "asyncio"]),
+    "haze-pg-base": (None, ["haze-pg", "asyncio"]),
+    "pg-lean": (None, ["pg-lean", "asyncio"]),
+    "pg-async": (None, ["pg-async", "asyncio"]),
+    "pg-sync": (None, ["pg-sync", "-"]),
 }
+REDIS_SIDES = "haze-asyncio,haze-uvloop,huey,ping-sync,ping-asyncio,ping-uvloop"
+PG_SIDES = "haze-pg,pg-lean,pg-async,pg-sync"
+#: ``--base-src``: the runtime/src the ``*-base`` sides import haze from
+BASE_SRC = ""
 
 
 def _has(venv: str, module: str) -> bool:
@@ -81,9 +98,10 @@ def run_side(name: str, n: int, cprofile: bool) -> dict[str, Any]:
     venv, args = SIDES[name]
     who, loop = args
     argv = [_py(venv), str(PEERS / "enqueue_profile.py"), who, str(n), loop]
-    if cprofile and who in ("haze", "huey"):
+    if cprofile and who in ("haze", "huey", "haze-pg"):
         argv.append("cprofile")
-    env = dict(os.environ, PYTHONPATH=str(PEERS))
+    path = f"{BASE_SRC}{os.pathsep}{PEERS}" if name.endswith("-base") else str(PEERS)
+    env = dict(os.environ, PYTHONPATH=path)
     before = _cmdstats()
     out = subprocess.run(argv, env=env, cwd=PEERS, capture_output=True, text=True, timeout=600)
     after = _cmdstats()
@@ -99,10 +117,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--n", type=int, default=5000, help="timed calls per side and round")
     ap.add_argument("--reps", type=int, default=5, help="rounds (5)")
-    ap.add_argument("--sides", default=",".join(SIDES))
+    ap.add_argument("--sides", default=REDIS_SIDES)
+    ap.add_argument("--pg", action="store_true", help=f"PostgreSQL sides: {PG_SIDES}")
+    ap.add_argument("--base-src", default="", help="runtime/src of the *-base sides")
     ap.add_argument("--cprofile", action="store_true", help="also print cProfile top lists")
     a = ap.parse_args()
-    sides = [s for s in a.sides.split(",") if s]
+    global BASE_SRC
+    BASE_SRC = a.base_src
+    sides = [s for s in (PG_SIDES if a.pg and a.sides == REDIS_SIDES else a.sides).split(",") if s]
+    if not BASE_SRC:
+        sides = [s for s in sides if not s.endswith("-base")]
     if not _has("haze", "uvloop"):
         sides = [s for s in sides if "uvloop" not in s]
         print(
@@ -141,6 +165,17 @@ def main() -> int:
             f"{med(s, 'p99'):.0f} | {span(s, 'cpu_us', '.1f')} | {med(s, 'slow_share'):.1%} "
             f"| {med(s, 'gc_collections'):.0f} | {res[s][-1]['server']} |"
         )
+    for a_side, b_side in (
+        ("haze-asyncio", "haze-asyncio-base"),
+        ("haze-pg", "haze-pg-base"),
+        ("haze-pg", "pg-sync"),
+    ):
+        if a_side in res and b_side in res:
+            ratios = [x["rate"] / y["rate"] for x, y in zip(res[a_side], res[b_side], strict=True)]
+            print(
+                f"{a_side}/{b_side} per round: {', '.join(f'{x:.2f}' for x in ratios)} "
+                f"(median {statistics.median(ratios):.2f}×)"
+            )
     if "huey" in res and "haze-asyncio" in res:
         ratios = [
             h["rate"] / y["rate"] for h, y in zip(res["haze-asyncio"], res["huey"], strict=True)
@@ -161,7 +196,7 @@ def main() -> int:
     )
     # profiled in a round of its own: the profiler's overhead stays out of the table
     for s in sides if a.cprofile else []:
-        if s in ("haze-asyncio", "haze-uvloop", "huey"):
+        if s in ("haze-asyncio", "haze-uvloop", "huey", "haze-pg"):
             prof = run_side(s, a.n, True)["profile"]
             print(f"\n#### cProfile, {s} (an extra round, by own time)\n\n```\n{prof}```")
     return 0

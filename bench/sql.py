@@ -5,6 +5,8 @@ the same PostgreSQL.
     python bench/sql.py [--n 5000] [--lat-n 1000] [--rate 200] [--only haze-postgres,...]
     python bench/sql.py --burn 1000000 --burn-workers 4 --no-single   # burn-down only
     python bench/sql.py --enqueue-only 5 --only raw-pg,raw-pg-notify,haze-postgres --n 3000
+    python bench/sql.py --enqueue-only 5 --base-src /tmp/base/runtime/src \
+        --only raw-pg,raw-pg-notify,haze-postgres-base,haze-postgres   # before and after
 
 Method (the one of shared/tools/peerbench, per peer):
   * enqueue/s: one producer process, N single enqueues with the library's normal API;
@@ -50,6 +52,8 @@ MY_URL = os.environ.get("BENCH_MYSQL_URL", "mysql://root@127.0.0.1:3306/haze_ben
 PROCRASTINATE_PY = HERE / ".venvs" / "procrastinate" / "bin" / "python"
 PGQUEUER_PY = HERE / ".venvs" / "pgqueuer" / "bin" / "python"
 VENVS = {"procrastinate": PROCRASTINATE_PY, "pgqueuer": PGQUEUER_PY}
+#: ``--base-src``: the ``runtime/src`` the haze-postgres-base row imports haze from
+BASE_SRC = ""
 
 
 def peers() -> dict[str, dict[str, object]]:
@@ -104,6 +108,14 @@ def peers() -> dict[str, dict[str, object]]:
             "desc": f"1x{conc} asyncio",
             "env": {"BENCH_DB_URL": MY_URL},
         },
+        # ``--base-src``: the haze-postgres row on another tree's runtime (a ``git archive``
+        # of the commit to compare with), in the same run
+        "haze-postgres-base": {
+            "cmd": haze,
+            "backend": "postgres",
+            "desc": f"1x{conc} asyncio, runtime from --base-src",
+            "env": {"BENCH_DB_URL": PG_DSN, "BENCH_BASE_SRC": BASE_SRC},
+        },
         **{
             f"haze-uvloop-{backend}": {
                 "cmd": haze,
@@ -126,6 +138,9 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
         {"BENCH_PG_DSN": PG_DSN, "BENCH_RECORDS": records.RECORD_FILE, "PYTHONPATH": str(PEERS)}
     )
     env.update(extra)
+    base = env.pop("BENCH_BASE_SRC", "")
+    if base:
+        env["PYTHONPATH"] = f"{base}{os.pathsep}{env['PYTHONPATH']}"
     env.pop("PYTEST_CURRENT_TEST", None)
     return env
 
@@ -350,11 +365,17 @@ def main() -> None:
     ap.add_argument("--no-single", action="store_true", help="burn-down only")
     ap.add_argument("--enqueue-only", type=int, default=0, metavar="ROUNDS")
     ap.add_argument("--json")
+    ap.add_argument("--base-src", default="", help="runtime/src of the haze-postgres-base row")
     args = ap.parse_args()
+    global BASE_SRC
+    BASE_SRC = args.base_src
     prepare()
     chosen = []
     for name in peers():
         if args.only and name not in args.only.split(","):
+            continue
+        if name == "haze-postgres-base" and not BASE_SRC:
+            print(f"{name} needs --base-src", file=sys.stderr)
             continue
         venv = VENVS.get(name)
         if venv is not None and not venv.exists():

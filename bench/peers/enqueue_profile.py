@@ -4,6 +4,10 @@
     python enqueue_profile.py huey N - [cprofile]                 # bench/.venvs/huey
     python enqueue_profile.py ping-sync N -                       # blocking socket PING
     python enqueue_profile.py ping-async N asyncio|uvloop         # asyncio protocol PING
+    python enqueue_profile.py haze-pg N asyncio|uvloop [cprofile] # BENCH_PG_DSN
+    python enqueue_profile.py pg-async N asyncio|uvloop           # psycopg async, no haze
+    python enqueue_profile.py pg-lean N asyncio|uvloop            # haze's lean execute alone
+    python enqueue_profile.py pg-sync N -                         # psycopg sync, no haze
 
 Prints one ``RESULT {json}`` line: per-call latencies (µs) as percentiles, CPU per call,
 garbage collections and their time inside the window, and a cProfile top list if asked.
@@ -31,6 +35,7 @@ from records import emit  # noqa: E402
 from redis_common import REDIS_URL  # noqa: E402
 
 WARMUP = 500
+PG_DSN = os.environ.get("BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/haze_bench")
 _gc = {"n": 0, "ns": 0, "t0": 0}
 
 
@@ -68,7 +73,9 @@ def _summary(lat: array[int], cpu: float, wall: float, prof: cProfile.Profile | 
     }
     if prof is not None:
         s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(14)
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(
+            int(os.environ.get("BENCH_PROFILE_TOP", "14"))
+        )
         out["profile"] = s.getvalue()
     emit(**out)
 
@@ -139,6 +146,78 @@ def haze(n: int, loop: str, profile: bool) -> None:
     _run(go, loop)
 
 
+def haze_pg(n: int, loop: str, profile: bool) -> None:
+    """haze's database driver on PostgreSQL (bench/peers/app, ``BENCH_DB_URL``)."""
+    os.environ["BENCH_DB_URL"] = PG_DSN
+
+    async def go() -> None:
+        from haze import App
+        from haze.connectors.migrations import ensure_queue_tables
+
+        sys.path.insert(0, str(HERE / "app"))
+        app = App(root=HERE / "app")
+        await app.__aenter__()
+        await ensure_queue_tables(app)
+        from app.job.noop import noop
+
+        await _atimed(lambda: noop.dispatch({"t": time.time()}), n, profile)
+        await app.__aexit__(None, None, None)
+
+    _run(go, loop)
+
+
+#: raw_pg.py's INSERT with its NOTIFY: the like-for-like statement of haze's enqueue
+PG_INSERT_NOTIFY = (
+    "WITH j AS (INSERT INTO raw_jobs (body) VALUES (%s) RETURNING id) "
+    "SELECT pg_notify('raw_jobs', '') FROM j"
+)
+
+
+def pg_async(n: int, loop: str, profile: bool) -> None:
+    import json
+
+    import psycopg
+
+    async def go() -> None:
+        c = await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True)
+        await c.execute("CREATE TABLE IF NOT EXISTS raw_jobs (id BIGSERIAL PRIMARY KEY, body TEXT)")
+        cur = c.cursor()
+        await _atimed(
+            lambda: cur.execute(PG_INSERT_NOTIFY, (json.dumps({"t": time.time()}),)), n, profile
+        )
+        await c.close()
+
+    _run(go, loop)
+
+
+def pg_lean(n: int, loop: str) -> None:
+    """haze's lean execute (haze.connectors.postgres_lean) alone: no dispatch around it."""
+    import json
+
+    import psycopg
+    from haze.connectors.postgres_lean import LeanStatements
+
+    async def go() -> None:
+        c = await psycopg.AsyncConnection.connect(PG_DSN, autocommit=True)
+        await c.execute("CREATE TABLE IF NOT EXISTS raw_jobs (id BIGSERIAL PRIMARY KEY, body TEXT)")
+        lean = LeanStatements()
+        sql = PG_INSERT_NOTIFY.replace("%s", "?")
+        await _atimed(lambda: lean.execute(c, sql, (json.dumps({"t": time.time()}),)), n, False)
+        await c.close()
+
+    _run(go, loop)
+
+
+def pg_sync(n: int) -> None:
+    import json
+
+    import psycopg
+
+    with psycopg.connect(PG_DSN, autocommit=True) as c:
+        c.execute("CREATE TABLE IF NOT EXISTS raw_jobs (id BIGSERIAL PRIMARY KEY, body TEXT)")
+        _timed(lambda: c.execute(PG_INSERT_NOTIFY, (json.dumps({"t": time.time()}),)), n, False)
+
+
 def huey(n: int, profile: bool) -> None:
     from redis_huey import huey as h
     from redis_huey import noop
@@ -197,6 +276,14 @@ if __name__ == "__main__":
         haze(int(count), loop_name, prof_on)
     elif who == "huey":
         huey(int(count), prof_on)
+    elif who == "haze-pg":
+        haze_pg(int(count), loop_name, prof_on)
+    elif who == "pg-async":
+        pg_async(int(count), loop_name, prof_on)
+    elif who == "pg-lean":
+        pg_lean(int(count), loop_name)
+    elif who == "pg-sync":
+        pg_sync(int(count))
     elif who == "ping-sync":
         ping_sync(int(count))
     elif who == "ping-async":

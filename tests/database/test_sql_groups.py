@@ -298,13 +298,24 @@ async def test_a_postgres_dispatch_is_one_statement_and_only_a_grouped_one_reads
     sent: list[str] = []
     execute = psycopg.AsyncCursor.execute
 
+    from haze.connectors.postgres_lean import LeanStatements
+
+    lean = LeanStatements.execute
+
     async def spy(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
         sent.append(str(query))
         return await execute(self, query, params, **kw)
 
+    async def lean_spy(self: Any, conn: Any, sql: str, params: Any) -> Any:
+        n = await lean(self, conn, sql, params)
+        if n is not None:  # else it goes on to the cursor, which the other spy sees
+            sent.append(sql)
+        return n
+
     async with open_app(pg_url) as (_app, table):
         await dbx_groups_plain.dispatch({"k": 0})  # the first one opens the pool
         monkeypatch.setattr(psycopg.AsyncCursor, "execute", spy)
+        monkeypatch.setattr(LeanStatements, "execute", lean_spy)
         for k in range(1, 6):
             await dbx_groups_plain.dispatch({"k": k})
         assert len(sent) == 5, sent

@@ -9,6 +9,9 @@
   return per statement; busy or not idle afterwards, statements use the pool as before.
   A pool of one parks nothing, and the parked connection goes back to the pool every
   ``PARK_SECONDS`` so its lifetime rules still apply.
+- ``execute()`` with parameters that are all ``str``, ``int``, ``float`` or ``None`` (a
+  dispatch's ``INSERT``) skips psycopg's async cursor and goes through the connection's
+  libpq object (``postgres_lean``), with the same results and exceptions.
 - SQL is written with ``?`` placeholders; they become ``%s`` (and a literal ``%``
   becomes ``%%``) once per distinct statement.
 - LISTEN/NOTIFY, so an idle worker in another process wakes as soon as a job is
@@ -41,6 +44,7 @@ from haze._base.deps import require
 from haze._base.errors import ConfigError, DatabaseConnectionError
 from haze._base.urls import redact_text, redact_url
 from haze.connectors.client_options import check_client_options
+from haze.connectors.postgres_lean import LeanStatements
 from haze.connectors.postgres_listen import _is_outage, _Listener
 
 if TYPE_CHECKING:
@@ -192,6 +196,7 @@ class PostgresConnector:
         self._parked: tuple[AsyncConnection[Any], AsyncCursor[Any]] | None = None
         self._parked_until = 0.0
         self._open_lock: asyncio.Lock | None = None
+        self._lean = LeanStatements()
         self._listener: _Listener | None = None
         self._pending: set[tuple[str, str]] = set()
         self._notify_task: asyncio.Task[None] | None = None
@@ -359,6 +364,10 @@ class PostgresConnector:
                 conn = await pool.getconn()
                 cur = conn.cursor()
             try:
+                if want == _ROWCOUNT and params:
+                    n = await self._lean.execute(conn, sql, params)
+                    if n is not None:
+                        return n
                 await cur.execute(*_q(sql, params))
                 if want == _ROWCOUNT:
                     return cur.rowcount

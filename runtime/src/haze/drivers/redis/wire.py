@@ -27,15 +27,15 @@ worker's outage handling expects) and the next call connects again.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import socket
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
+from haze._base.prompt_future import PromptFuture
 from haze.drivers.redis.resp import _BULK_MAX, _bulk, _error, _fresh, _pack, _reader, encode
 
 if TYPE_CHECKING:
@@ -44,74 +44,15 @@ if TYPE_CHECKING:
 __all__ = ["Wire", "encode", "wire_for"]
 
 _CONNECT_TIMEOUT = 10.0
-_current_task = asyncio.current_task
 
 
 class _NotSent(RedisConnectionError):
     """The connection was gone before the command was written: safe to send again."""
 
 
-class _Reply(asyncio.Future[Any]):
-    """The future of one reply; ``deliver`` resumes the task awaiting it at once.
-
-    A plain future hands the wake-up of its task to ``call_soon``: one more pass of the
-    event loop, with its ``epoll_wait``, per round trip, which is a few percent of a
-    sequential ``dispatch()``. ``deliver`` runs that wake-up right away instead, from
-    ``data_received``: no task is running there (checked), so the task resumes as it
-    would on the next pass, one pass sooner. Every other way a reply future ends
-    (``set_result``, ``set_exception``, ``cancel``) schedules it as usual.
-    """
-
-    _waker: tuple[Callable[[Any], object], contextvars.Context] | None = None
-
-    def add_done_callback(
-        self, fn: Callable[[Any], object], *, context: contextvars.Context | None = None
-    ) -> None:
-        # the first callback given a context: the wake-up of the task that awaits it
-        if self._waker is None and context is not None and not self.done():
-            self._waker = (fn, context)
-            return
-        super().add_done_callback(fn, context=context)
-
-    def remove_done_callback(self, fn: Callable[[Any], object]) -> int:
-        waker = self._waker
-        if waker is not None and waker[0] == fn:
-            self._waker = None
-            return 1 + super().remove_done_callback(fn)
-        return super().remove_done_callback(fn)
-
-    def _wake_later(self) -> None:
-        waker = self._waker
-        if waker is not None:
-            self._waker = None
-            self.get_loop().call_soon(waker[0], self, context=waker[1])
-
-    def set_result(self, result: Any) -> None:
-        super().set_result(result)
-        self._wake_later()
-
-    def set_exception(self, exception: type | BaseException) -> None:
-        super().set_exception(exception)
-        self._wake_later()
-
-    def cancel(self, msg: Any | None = None) -> bool:
-        if not super().cancel(msg):
-            return False
-        self._wake_later()
-        return True
-
-    def deliver(self, reply: Any) -> None:
-        if isinstance(reply, BaseException):
-            super().set_exception(reply)
-        else:
-            super().set_result(reply)
-        waker = self._waker
-        if waker is not None:
-            self._waker = None
-            if _current_task() is None:
-                waker[1].run(waker[0], self)
-            else:  # pragma: no cover - data_received runs outside tasks
-                self.get_loop().call_soon(waker[0], self, context=waker[1])
+class _Reply(PromptFuture):
+    """The future of one reply (``haze._base.prompt_future``: ``deliver`` resumes the
+    task awaiting it at once)."""
 
 
 class _Protocol(asyncio.Protocol):
