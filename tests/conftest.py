@@ -23,6 +23,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     check_marked_servers(item)
 
 
+@pytest.fixture(autouse=True)
+def _piped_output_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test reads the CLI's output as a script piping ``haze`` does: 200 columns
+    wide, unless the test sets ``COLUMNS`` itself (``haze.cli._core.console``). A
+    pytest-xdist worker's environment gains ``COLUMNS=80`` and ``LINES=24`` before its
+    first test (the no-terminal default readline exports), and a developer's shell may
+    export its own: tables then wrapped only there."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
 def _weight(item: pytest.Item) -> int:
     if item.get_closest_marker("slow") is not None:
         return 2

@@ -3,7 +3,7 @@
 Whether a server answers, and what a test does when it does not: locally it skips; under
 ``CI=true`` it fails, naming the server and how to start it, because CI runs every test
 (Dramatiq's ``check_redis``). A throwaway PostgreSQL database for one test module, and
-removing what a run left under a Redis key prefix.
+removing what a run left under a Redis key prefix, and a Redis database leased whole.
 
 >>> # require_server("Redis", REDIS_URL)      in a test or fixture: skip, or fail in CI
 >>> # @needs_server("PostgreSQL", PG_URL)     the same as a mark (checked at test setup)
@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
+import uuid
 from collections.abc import Iterator
 from typing import NoReturn
 from urllib.parse import urlsplit
@@ -108,3 +110,38 @@ async def delete_redis_prefix(url: str, prefix: str) -> None:
             await client.delete(*keys[i : i + 500])
     finally:
         await client.aclose()
+
+
+#: The Redis databases a test leases whole (``leased_redis_db``), for an app whose keys
+#: have no prefix or a test that flushes: no test names them otherwise (bench/ owns 9).
+LEASED_REDIS_DBS = range(10, 16)
+_LEASE_KEY = "haze-test:lease"
+
+
+@contextlib.contextmanager
+def leased_redis_db(server: str = "redis://127.0.0.1:6379", wait: float = 300) -> Iterator[str]:
+    """The URL of a Redis database no other process uses meanwhile (another worker, or
+    another run on the same server): the first of ``LEASED_REDIS_DBS`` whose lease key
+    this process sets, emptied before and flushed after. The lease expires, so a run that
+    was killed frees its database within the hour."""
+    import redis
+
+    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
+    deadline = time.monotonic() + wait
+    while True:
+        for db in LEASED_REDIS_DBS:
+            client = redis.Redis.from_url(f"{server}/{db}")
+            try:
+                if client.set(_LEASE_KEY, owner, nx=True, ex=3600):
+                    for key in [k for k in client.scan_iter() if k != _LEASE_KEY.encode()]:
+                        client.delete(key)
+                    try:
+                        yield f"{server}/{db}"
+                    finally:
+                        client.flushdb()  # the lease with the rest
+                    return
+            finally:
+                client.close()
+        if time.monotonic() > deadline:
+            pytest.fail(f"every Redis database of {list(LEASED_REDIS_DBS)} stayed leased")
+        time.sleep(0.5)

@@ -198,7 +198,8 @@ def _apply(app: Path, printed: str) -> None:
 
 
 def test_switching_to_postgres_as_the_docs_say(tmp_path: Path) -> None:
-    """getting-started's PostgreSQL steps, typed as written, on the real server."""
+    """getting-started's PostgreSQL steps, typed as written, on the real server (the
+    database named ``myapp_<pid>`` instead of ``myapp``: another run may be at it)."""
     psycopg = pytest.importorskip("psycopg")
     admin = "postgresql://postgres@127.0.0.1:5432/postgres"
     try:
@@ -209,10 +210,13 @@ def test_switching_to_postgres_as_the_docs_say(tmp_path: Path) -> None:
         server_missing("PostgreSQL", admin, str(e))
     section = _section("**PostgreSQL.**", "**Redis.**")
     (block,) = _fenced(section, "bash")
+    name = f"myapp_{os.getpid()}"
+    assert block.count(" myapp\n") == 1 and block.count("5432/myapp\n") == 1, block
+    block = block.replace(" myapp\n", f" {name}\n").replace("5432/myapp\n", f"5432/{name}\n")
 
     def drop() -> None:
         with psycopg.connect(admin, autocommit=True) as c:
-            c.execute("DROP DATABASE IF EXISTS myapp WITH (FORCE)")
+            c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
     drop()
     try:
@@ -225,21 +229,22 @@ def test_switching_to_postgres_as_the_docs_say(tmp_path: Path) -> None:
 
 def test_switching_to_redis_as_the_docs_say(tmp_path: Path) -> None:
     """getting-started's Redis steps: `haze init --redis` prints the lines the docs show,
-    pasted in they make a Redis app, and the job runs on the real server."""
+    pasted in they make a Redis app, and the job runs on the real server (in a database
+    of its own: the app's keys have no prefix)."""
     redis = pytest.importorskip("redis")
-    url = "redis://127.0.0.1:6379/12"  # a db no other test uses, instead of the default 0
-    client = redis.Redis.from_url(url)
+    from services import leased_redis_db, server_missing
+
+    client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
     try:
         client.ping()
     except redis.ConnectionError as e:
-        from services import server_missing
-
-        server_missing("Redis", url, str(e))
+        server_missing("Redis", "redis://127.0.0.1:6379", str(e))
+    finally:
+        client.close()
     section = _section("**Redis.**", "## 8. The first deploy")
     init_block, run_block = _fenced(section, "bash")
     (printed,) = _fenced(section, "text")
-    client.flushdb()
-    try:
+    with leased_redis_db() as url:
         env = _reader_env()
         app = _new_app(tmp_path, env)
         env["REDIS_URL"] = url
@@ -249,10 +254,8 @@ def test_switching_to_redis_as_the_docs_say(tmp_path: Path) -> None:
         out = _shell(app, run_block, env, "redis")
         assert " DONE " in out and "Worker stopped after 1 job(s)." in out, out
         assert 'Working connection "redis"' in out
-        assert client.keys("haze:default:*"), "the job went through Redis"
-    finally:
-        client.flushdb()
-        client.close()
+        with redis.Redis.from_url(url) as client:
+            assert client.keys("haze:default:*"), "the job went through Redis"
 
 
 _DOC_IMPORT = re.compile(

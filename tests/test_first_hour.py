@@ -1,7 +1,7 @@
 """A new user's first hour, as real processes: ``haze init``, then
 ``haze db:migrate && python main.py && haze queue:work --stop-when-empty`` in the new
 folder, on SQLite, on the real PostgreSQL (a fresh database) and on the real Redis (a
-db number no other test uses, its haze keys deleted before and after); and one app
+database leased for the test: its keys have no prefix); and one app
 migrated on SQLite, PostgreSQL, MariaDB and libSQL (a real sqld) in turn.
 """
 
@@ -19,10 +19,9 @@ from urllib.parse import urlsplit
 
 import pytest
 from haze._base.sqlfiles import queue_schema
-from services import server_missing, throwaway_pg_database, tool_missing
+from services import leased_redis_db, server_missing, throwaway_pg_database, tool_missing
 
 PG_ADMIN = os.environ.get("HAZE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = "redis://127.0.0.1:6379/11"
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -125,22 +124,17 @@ def test_init_postgres_runs_against_the_real_server(tmp_path: Path, pg_url: str)
 
 @pytest.fixture
 def redis_db() -> Iterator[str]:
+    """A Redis database of this test's own: the app ``haze init`` writes has no key prefix."""
     redis = pytest.importorskip("redis")
-    client = redis.Redis.from_url(REDIS_URL)
+    client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
     try:
         client.ping()
     except redis.ConnectionError as e:
-        server_missing("Redis", REDIS_URL, str(e))
-
-    def clean() -> None:
-        keys = list(client.scan_iter("haze:*"))
-        if keys:
-            client.delete(*keys)
-
-    clean()
-    yield REDIS_URL
-    clean()
-    client.close()
+        server_missing("Redis", "redis://127.0.0.1:6379", str(e))
+    finally:
+        client.close()
+    with leased_redis_db() as url:
+        yield url
 
 
 def test_init_redis_runs_against_the_real_server(tmp_path: Path, redis_db: str) -> None:

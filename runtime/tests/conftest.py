@@ -15,6 +15,17 @@ from haze import App, Queue, define_queue_config
 from haze import testing as haze_testing
 
 
+@pytest.fixture(autouse=True)
+def _piped_output_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test reads the CLI's output as a script piping ``haze`` does: 200 columns
+    wide, unless the test sets ``COLUMNS`` itself (``haze.cli._core.console``). A
+    pytest-xdist worker's environment gains ``COLUMNS=80`` and ``LINES=24`` before its
+    first test (the no-terminal default readline exports), and a developer's shell may
+    export its own: tables then wrapped only there."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
 def make_app(**connections: dict[str, Any]) -> App:
     """An app with a ``memory`` default connection, a ``sync`` one, and any extras."""
     conns: dict[str, dict[str, Any]] = {

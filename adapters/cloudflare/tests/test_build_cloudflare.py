@@ -633,30 +633,40 @@ def test_pywrangler_sync_reads_the_project(built: Path, pywrangler: Path, tmp_pa
     """Real ``pywrangler sync`` in the built project: it must accept the project and derive
     Python 3.13 from the pinned compatibility date. Its next steps have uv download
     interpreters from GitHub (CPython 3.13 when none is installed, and the Pyodide one)
-    and resolve against index.pyodide.org, which this machine does not reach: where that
-    download fails, the vendoring it would do is done by
-    test_synced_python_modules_load_under_pyodide with the same uv commands."""
+    and resolve against index.pyodide.org: uv runs offline here, with a cache of its own,
+    so the step ends in seconds whatever the network does (a download that hangs, or
+    another uv holding the shared cache's lock, once took it past 300 s on a loaded box).
+    The vendoring it would do is done by test_synced_python_modules_load_under_pyodide
+    with the same uv commands."""
     project = tmp_path / "cloudflare"
     shutil.copytree(built / "cloudflare", project)
+    offline = {"UV_OFFLINE": "1", "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}
     proc = subprocess.run(
         [str(pywrangler), "--debug", "sync"],
         cwd=project,
-        env={**os.environ, "PATH": f"{pywrangler.parent}{os.pathsep}{os.environ['PATH']}"},
+        env={
+            **os.environ,
+            **offline,
+            "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+            "COLUMNS": "200",  # its log lines unwrapped
+            "PATH": f"{pywrangler.parent}{os.pathsep}{os.environ['PATH']}",
+        },
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=120,
         check=False,
     )
     out = proc.stdout + proc.stderr
-    assert "pyproject.toml" in out and "not found" not in out, out[-3000:]
+    read = "pyproject.toml" in out and "Sync needed - proceeding with installation" in out
+    assert read and "not found in " not in out, out[-3000:]  # its project files
     assert "Using python version from wrangler config: 3.13" in out, out[-3000:]
     if proc.returncode == 0:
         assert (project / "python_modules" / "haze" / "__init__.py").is_file()
         assert (project / "python_modules" / "haze_cloudflare" / "worker.py").is_file()
     else:
-        # the steps that cannot run here: uv fetching an interpreter from GitHub (the
-        # host's CPython 3.13 when none is installed, then the Pyodide one)
-        assert "uv venv" in out and "Failed to download `https://github.com/" in out, out[-3000:]
+        # the project was read; what failed is a uv step that needs an interpreter or
+        # a package this machine does not have offline
+        assert "Error running command: uv " in out, out[-3000:]
 
 
 def pywrangler_vendor(project: Path) -> Path:

@@ -46,8 +46,6 @@ from typing import Any
 import pytest
 from cf_build import haze_wheels, npm_ci, tool_missing
 
-pytestmark = pytest.mark.pyodide
-
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 CONTRACT = ROOT / "tests" / "contract"
@@ -73,9 +71,14 @@ NOT_DRIVER_CONTRACT = {
 #: versions uv.lock pins), so the Pyodide session needs no network.
 PYTEST_DISTS = ("pytest", "pluggy", "iniconfig", "packaging", "pygments", "pytest-asyncio")
 
-#: Wall-time budgets (seconds): the first session, and the re-run of its failures.
-BUDGET = float(os.environ.get("HAZE_CF_CONTRACT_BUDGET", "200"))
+#: Wall-time budgets (seconds): the first session, and the re-run of its failures. The
+#: first session takes about 110 s alone on 2 cores; in the Node lane next to three busy
+#: xdist workers on a loaded box (load average 10 to 14) it had run half the suite at
+#: 200 s. The budget bounds a hang, so it is generous; the pytest timeout of these tests
+#: (their module fixture runs the sessions) covers both budgets and the wheel builds.
+BUDGET = float(os.environ.get("HAZE_CF_CONTRACT_BUDGET", "480"))
 RERUN_BUDGET = 60.0
+pytestmark = [pytest.mark.pyodide, pytest.mark.timeout(BUDGET + RERUN_BUDGET + 240)]
 MAX_RERUNS = 20
 
 

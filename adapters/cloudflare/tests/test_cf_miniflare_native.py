@@ -43,7 +43,9 @@ from haze import (  # noqa: E402
 from haze._workflows.definition import find_workflow  # noqa: E402
 from haze._workflows.engine import set_clock, workflow_state  # noqa: E402
 
-pytestmark = pytest.mark.pyodide
+# The module fixture's one workerd run has a 600 s budget of its own (a loaded box):
+# pytest's 300 s default timeout must not cut it short.
+pytestmark = [pytest.mark.pyodide, pytest.mark.timeout(720)]
 
 RECIPES = ROOT / "tests" / "workflows" / "recipes.py"
 NAMES = ["signup", "payment", "import", "cf_replay", "cf_nondet", "cf_big", "cf_names"]

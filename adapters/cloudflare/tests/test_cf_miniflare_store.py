@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 from cf_build import haze_wheels, miniflare_node, run_miniflare
 
-pytestmark = pytest.mark.pyodide
+# The module fixture's one workerd run has a 600 s budget of its own (a loaded box):
+# pytest's 300 s default timeout must not cut it short.
+pytestmark = [pytest.mark.pyodide, pytest.mark.timeout(720)]
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]

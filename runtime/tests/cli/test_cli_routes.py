@@ -16,8 +16,8 @@ from haze.cli import get_cli
 pytestmark = pytest.mark.usefixtures("isolated_imports")
 
 
-def haze(root: Path, *args: str) -> Result:
-    return CliRunner().invoke(get_cli(), ["--root", str(root), *args])
+def haze(root: Path, *args: str, env: dict[str, str | None] | None = None) -> Result:
+    return CliRunner().invoke(get_cli(), ["--root", str(root), *args], env=env)
 
 
 def app_root(root: Path, routes: str) -> str:
@@ -55,6 +55,18 @@ def app_root(root: Path, routes: str) -> str:
 
 
 ROUTES = '{"UID.mail.*": {"queue": "mail", "connection": "side"}, "UID.none.*": {"queue": "x"}}'
+
+
+def test_piped_tables_are_wide_unless_columns_says_otherwise(tmp_path: Path) -> None:
+    """Output piped to a script or grep is one row a line, 200 columns wide, whatever
+    terminal started it; an exported ``COLUMNS`` is the width asked for."""
+    uid = app_root(tmp_path, ROUTES)
+    wide = haze(tmp_path, "queue:routes", env={"COLUMNS": None, "LINES": None}).output
+    assert f"{uid}.mail.vip (own queue vip wins)" in wide
+    assert max(map(len, wide.splitlines())) > 80
+    narrow = haze(tmp_path, "queue:routes", env={"COLUMNS": "60"}).output
+    assert f"{uid}.mail.vip (own queue vip wins)" not in narrow
+    assert max(map(len, narrow.splitlines())) <= 60
 
 
 def test_queue_routes_prints_the_table_with_the_jobs_of_each_route(tmp_path: Path) -> None:
