@@ -36,7 +36,13 @@ from haze._jobs.options import (
     _payload_type,
     _positive_duration,
 )
-from haze._jobs.pending import DispatchResult, PendingDispatch, _Dispatching, link_to_pending
+from haze._jobs.pending import (
+    DispatchResult,
+    PendingDispatch,
+    _Dispatching,
+    _Quick,
+    link_to_pending,
+)
 from haze._jobs.registry import _register, find_job, get_job, registered_jobs
 from haze._jobs.registry import _registry as _registry  # tests save and restore it here
 from haze.contracts.app import use_app
@@ -208,6 +214,14 @@ class JobDefinition(Generic[P]):
 
         Nothing is queued until it is awaited; one never awaited warns, naming the job.
         """
+        if (
+            delay is None
+            and queue is None
+            and connection is None
+            and after_commit is None
+            and group is None
+        ):
+            return _Quick(self, payload, sys._getframe(1))
         coro = self._dispatch(payload, delay, queue, connection, after_commit, group)
         return _Dispatching(coro, self.name, sys._getframe(1))
 

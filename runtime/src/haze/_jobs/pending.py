@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from haze._base.blocking import blocking_method
 from haze._base.crypto import seal_link, unseal_link
+from haze._base.current import use_app as current_app
 from haze._base.durations import Duration, check_delay, parse_duration
 from haze._base.message import check_group, check_queue_name
 from haze._jobs import status
@@ -113,6 +114,37 @@ class _Dispatching(Coroutine[Any, Any, _R]):
             RuntimeWarning,
             *self._line,
         )
+
+
+class _Quick(_Dispatching[str]):
+    """``job.dispatch(payload)`` with no option: awaited, a plain job on an in-process
+    queue is queued in this one step (``JobDispatcher.quick``); anything else, and a
+    coroutine driven by hand (``send``), takes the job's full dispatch."""
+
+    __slots__ = ("_definition", "_payload")
+
+    def __init__(self, job: JobDefinition[Any], payload: Any, caller: FrameType) -> None:
+        self._definition = job
+        self._payload = payload
+        self._line = (caller.f_code.co_filename, caller.f_lineno)
+        self._used = False
+        self._job = job.name
+
+    def __getattr__(self, name: str) -> Any:
+        if name != "_coro":
+            raise AttributeError(name)
+        # send/throw/close, or the never-awaited warning: the full path's coroutine
+        coro = self._coro = self._definition._dispatch(self._payload, None, None, None, None, None)
+        return coro
+
+    def __await__(self) -> Generator[Any, None, str]:
+        self._used = True
+        app: JobsApp = current_app()  # type: ignore[assignment]  # use_app(), one frame
+        job_id = app.manager.dispatcher.quick(self._definition, self._payload)
+        if job_id is not None:
+            return job_id
+        coro = self._definition._dispatch(self._payload, None, None, None, None, None)
+        return (yield from coro.__await__())
 
 
 class PendingDispatch(Generic[P]):
