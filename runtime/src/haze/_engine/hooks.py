@@ -154,12 +154,15 @@ class PlainQuiet(Selective, Protocol):
 
 @runtime_checkable
 class QuietFor(Protocol):
-    """A hook that can tell from the job alone, now, that its ``wants`` is False for
-    every plain success of it (a listener list that is empty, an option not set): a
-    plain job then runs with no ``Run`` built for the hooks (``haze._engine.plain``)."""
+    """A hook that can tell from the job alone that its ``wants`` is False for every
+    plain success of it (an option not set): a plain job then runs with no ``Run``
+    built for the hooks (``haze._engine.plain``). Asked once per job definition, so
+    the answer may depend on nothing else, except the ``before`` and ``after``
+    listeners of the queue events, which the short path reads at every claim."""
 
     def quiet_for(self, job: JobDefinition[Any]) -> bool:
-        """True: ``wants`` would be False for a plain success of ``job`` now."""
+        """True: ``wants`` is False for a plain success of ``job`` (with no ``before``
+        or ``after`` listener)."""
 
 
 #: A hook or guard with its ``wants`` (None: it always runs).
@@ -200,8 +203,8 @@ class Hooks:
         self._loud_guards = tuple(e for e in self._guards if not _quiet(e[0]))
 
     def plain_success_quiet(self, job: JobDefinition[Any]) -> bool:
-        """Whether a plain run of ``job`` that succeeds needs no hook and no guard now:
-        ``choose`` and ``guarded`` would find none."""
+        """Whether a plain run of ``job`` that succeeds needs no hook and no guard (with
+        no ``before`` or ``after`` listener): ``choose`` and ``guarded`` would find none."""
         checks = self._quiet_for
         if checks is None or self._loud_guards:
             return False

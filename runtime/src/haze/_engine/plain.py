@@ -61,6 +61,13 @@ class PlainRuns:
         #: job is defined and the app started: its middleware is composed once too)
         self._fits: dict[JobDefinition[Any], bool] = {}
 
+    def enter(self) -> None:
+        """Called by a worker's slot when it starts, in its own task: the slot runs as
+        its app and as no tenant, so a plain job sets neither (a job's own tenant is
+        set around it). A job on the full path sets both around it, as always."""
+        app_var.set(self.execution.app)
+        _tenant.set(None)
+
     def next(self, queues: Sequence[str] | None) -> Next:
         """Claim the next job; run it here when it is plain (see the module doc)."""
         source = self._queue
@@ -78,17 +85,18 @@ class PlainRuns:
             not fits
             or attempt > job.tries  # type: ignore[union-attr]
             or events.before
+            or events.after
             or (slot.value if slot.resolved else slot.get()) is not None
             or job_log.isEnabledFor(_DEBUG)
             or ex.tracking.may_be_cancelled(False)
-            or not ex.hooks.plain_success_quiet(job)  # type: ignore[arg-type]
         ):
             return source.plain_claim(claim)
         assert job is not None
         payload = copy_plain(kept[3])[0]  # type: ignore[index]  # checked at dispatch
         started = _perf()
-        app_token = app_var.set(ex.app)
-        tenant_token = _tenant.set(kept[8])
+        # The slot runs as its app already (``enter``); the tenant is set when it differs
+        tenant = kept[8]
+        tenant_token = _tenant.set(tenant) if _tenant.get() != tenant else None
         try:
             coro = job.handler(payload) if job._n_params else job.handler()
             try:
@@ -101,8 +109,8 @@ class PlainRuns:
             else:
                 rest = _Rest(coro, waiting)
         finally:
-            _tenant.reset(tenant_token)
-            app_var.reset(app_token)
+            if tenant_token is not None:
+                _tenant.reset(tenant_token)
         return self._carry_on(claim, job, payload, rest, started)
 
     def _carry_on(
@@ -147,6 +155,7 @@ class PlainRuns:
             and not job.middleware
             and not middleware
             and not ex.app.queue_config.middleware
+            and ex.hooks.plain_success_quiet(job)
         )
 
 

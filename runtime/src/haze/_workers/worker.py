@@ -355,6 +355,8 @@ class Worker(ClaimsAndAcks):
         idle = False  # this slot's last claim found nothing
         ready = self._ready
         plain, outcomes = self._plain, self._delivery.outcomes
+        if plain is not None:
+            plain.enter()
         # Rows a batch claim took for this worker run even after a stop: they are claimed.
         while not self.stopping or ready:
             if (self.max_jobs is not None or self.max_time is not None) and self._limit_reached():
