@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from haze._base.current import app_var
-from haze._base.json_text import copy_plain
+from haze._base.json_text import copy_plain, copy_plain_dict
 from haze._engine.hooks import Outcome, Run
 from haze._jobs.context import JobContext, _tenant
 from haze._jobs.registry import _registry
@@ -92,7 +92,8 @@ class PlainRuns:
         ):
             return source.plain_claim(claim)
         assert job is not None
-        payload = copy_plain(kept[3])[0]  # type: ignore[index]  # checked at dispatch
+        value = kept[3]  # copied by copy_plain at dispatch: plain
+        payload = copy_plain_dict(value, 1, [0]) if value.__class__ is dict else _copy(value)
         started = _perf()
         # The slot runs as its app already (``enter``); the tenant is set when it differs
         tenant = kept[8]
@@ -157,6 +158,12 @@ class PlainRuns:
             and not ex.app.queue_config.middleware
             and ex.hooks.plain_success_quiet(job)
         )
+
+
+def _copy(value: Any) -> Any:
+    copied = copy_plain(value)
+    assert copied is not None  # it was copied once already
+    return copied[0]
 
 
 class _Rest:

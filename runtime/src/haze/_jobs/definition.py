@@ -69,6 +69,7 @@ P_co = TypeVar("P_co", covariant=True)
 _R = TypeVar("_R")
 
 _UNSET: Any = object()
+_new = object.__new__
 
 
 # --------------------------------------------------------------------------- registry
@@ -221,7 +222,12 @@ class JobDefinition(Generic[P]):
             and after_commit is None
             and group is None
         ):
-            return _Quick(self, payload, sys._getframe(1))
+            # _Quick's fields set here: an __init__ would be one more frame per dispatch
+            quick: _Quick = _new(_Quick)
+            quick._definition, quick._payload, quick._used = self, payload, False
+            caller = sys._getframe(1)
+            quick._code, quick._lasti = caller.f_code, caller.f_lasti
+            return quick
         coro = self._dispatch(payload, delay, queue, connection, after_commit, group)
         return _Dispatching(coro, self.name, sys._getframe(1))
 

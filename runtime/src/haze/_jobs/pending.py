@@ -13,7 +13,7 @@ import sys
 import warnings
 from collections.abc import Coroutine, Generator
 from dataclasses import dataclass
-from types import FrameType
+from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from haze._base.blocking import blocking_method
@@ -119,16 +119,29 @@ class _Dispatching(Coroutine[Any, Any, _R]):
 class _Quick(_Dispatching[str]):
     """``job.dispatch(payload)`` with no option: awaited, a plain job on an in-process
     queue is queued in this one step (``JobDispatcher.quick``); anything else, and a
-    coroutine driven by hand (``send``), takes the job's full dispatch."""
+    coroutine driven by hand (``send``), takes the job's full dispatch. Made in
+    ``JobDefinition.dispatch`` without an ``__init__`` frame; the caller's line is
+    looked up only for the warning."""
 
-    __slots__ = ("_definition", "_payload")
+    __slots__ = ("_code", "_definition", "_lasti", "_payload")
 
-    def __init__(self, job: JobDefinition[Any], payload: Any, caller: FrameType) -> None:
-        self._definition = job
-        self._payload = payload
-        self._line = (caller.f_code.co_filename, caller.f_lineno)
-        self._used = False
-        self._job = job.name
+    _definition: JobDefinition[Any]
+    _payload: Any
+    _code: CodeType
+    _lasti: int
+
+    def __del__(self) -> None:
+        if self._used:
+            return
+        code, lasti = self._code, self._lasti
+        line = next((n for a, b, n in code.co_lines() if a <= lasti < b and n), None)
+        warnings.warn_explicit(
+            f"job {self._definition.name!r}: dispatch() was never awaited, so nothing was "
+            "queued; did you forget `await`?",
+            RuntimeWarning,
+            code.co_filename,
+            line or code.co_firstlineno,
+        )
 
     def __getattr__(self, name: str) -> Any:
         if name != "_coro":
