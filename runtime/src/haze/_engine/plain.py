@@ -42,6 +42,7 @@ __all__ = ["PlainRuns"]
 job_log = logging.getLogger("haze.job")
 _DEBUG = logging.DEBUG
 _perf = time.perf_counter
+_time = time.time
 
 #: What ``next`` gives a worker's slot: the outcome of a job it ran to its end; a claim
 #: and the rest of its run, to await; a claim for the full path; or nothing queued.
@@ -88,7 +89,7 @@ class PlainRuns:
             or events.after
             or (slot.value if slot.resolved else slot.get()) is not None
             or job_log.isEnabledFor(_DEBUG)
-            or ex.tracking.may_be_cancelled(False)
+            or _time() > ex.tracking.quiet_until  # may_be_cancelled(False), no frame
         ):
             return source.plain_claim(claim)
         assert job is not None
