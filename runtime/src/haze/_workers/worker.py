@@ -132,6 +132,9 @@ class Worker(ClaimsAndAcks):
         self._tasks: list[asyncio.Task[None]] = []
         self._waiting: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: the loop its slots run on (an attribute: the engine reads it at every dispatch
+        #: to a memory connection, ``LocalWorkers.ensure``)
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._started_at = 0.0
         #: Runs the claimed jobs and keeps the running ones (whose leases are renewed).
         self._delivery = Delivery(app.manager, connection)
@@ -211,10 +214,6 @@ class Worker(ClaimsAndAcks):
         self._flushes: set[asyncio.Task[list[Reserved] | None]] = set()
 
     @property
-    def loop(self) -> asyncio.AbstractEventLoop | None:
-        return self._loop
-
-    @property
     def running(self) -> int:
         return self._busy
 
@@ -229,7 +228,7 @@ class Worker(ClaimsAndAcks):
 
     def start(self) -> None:
         """Start the slots as tasks on the running loop."""
-        self._loop = asyncio.get_running_loop()
+        self._loop = self.loop = asyncio.get_running_loop()
         self._started_at = time.monotonic()
         self.stopping = False
         self._idle_gate = (
