@@ -116,6 +116,9 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages, PlainQueue):
         self._active: dict[int, Reserved] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
+        #: whether ``_wakeup`` is set (its ``is_set()`` without a frame, on every push):
+        #: only ``reserve`` clears it
+        self._woken = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._idle_waiters: list[asyncio.Future[None]] = []
@@ -133,6 +136,7 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages, PlainQueue):
         if loop is not self._loop or self._wakeup is None:
             self._loop = loop
             self._wakeup = asyncio.Event()
+            self._woken = False
             self._timer = None
             self._idle_waiters = []
             # Messages reserved on a dead loop will never be settled.
@@ -190,7 +194,8 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages, PlainQueue):
             q = self._ready[queue] = deque()
         q.append(((None, mid, job, payload, queue, self.name, now, 0, tenant), 0, now))
         self._ready_count += 1
-        if not wakeup.is_set():
+        if not self._woken:
+            self._woken = True
             wakeup.set()
         return True
 
@@ -207,7 +212,8 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages, PlainQueue):
             q = self._ready[queue] = deque()
         q.append((body, used, time.time()))
         self._ready_count += 1
-        if not wakeup.is_set():
+        if not self._woken:
+            self._woken = True
             wakeup.set()
 
     def _arm_timer(self) -> None:
@@ -238,6 +244,7 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages, PlainQueue):
             self._ready_count += 1
             moved = True
         if moved and self._wakeup is not None:
+            self._woken = True
             self._wakeup.set()
         self._arm_timer()
 
@@ -354,6 +361,7 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages, PlainQueue):
             return got
         wakeup = self._bind()
         wakeup.clear()
+        self._woken = False
         try:
             await asyncio.wait_for(wakeup.wait(), wait)
         except TimeoutError:
