@@ -256,6 +256,11 @@ def _copy_dict(d: dict[Any, Any], depth: int, size: list[int]) -> dict[str, Any]
     return out
 
 
+#: ``copy_plain``'s copier of a dict, for one that ``copy_plain`` already copied (so it
+#: is plain): ``copy_plain_dict(d, 1, [0])``, without ``copy_plain``'s frame.
+copy_plain_dict = _copy_dict
+
+
 def _copy(v: Any, depth: int, size: list[int]) -> Any:
     cls = v.__class__
     if cls is str:

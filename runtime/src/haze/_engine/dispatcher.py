@@ -31,6 +31,7 @@ from haze._engine.offload import Offload, reference
 from haze._engine.route import Route, RunInline, checked_size
 from haze._jobs.context import _tenant
 from haze._jobs.definition import DispatchResult, PendingDispatch
+from haze.contracts.plain import PlainQueue
 from haze.transactions import current_transaction
 
 if TYPE_CHECKING:
@@ -54,6 +55,11 @@ _ENVELOPE_ROOM = 4096
 
 #: Payload classes ``to_wire`` hands back as they are (checked here without its frame).
 _WIRE = frozenset({dict, list, str, int, float, bool, type(None)})
+#: A job's short path: (its queue, its connection, the driver, that driver's size limit
+#: less what the envelope of a plain message adds besides its payload and tenant, whether
+#: the app is the implicit default one).
+Plan = tuple[str, str, PlainQueue, int | None, bool]
+_UNPLANNED: Any = object()
 
 
 class Dispatcher:
@@ -81,6 +87,8 @@ class Dispatcher:
         self.warn_implicit = warn_implicit
         #: connection -> its route, resolved on the connection's first dispatch
         self._routes: dict[str, Route] = {}
+        #: job -> its short path (None: it has none), found on its first dispatch
+        self._plans: dict[JobDefinition[Any], Plan | None] = {}
 
     # ------------------------------------------------------------ build and encode
 
@@ -377,6 +385,64 @@ class Dispatcher:
             size = len(payload) if payload.isascii() else len(payload.encode("utf-8"))
         if limit is not None and (size is None or size > limit - _ENVELOPE_ROOM):
             self._body(message, payload, route.driver, job)
+
+    # ------------------------------------------------------------ plain jobs
+
+    def quick(self, job: JobDefinition[Any], payload: Any) -> str | None:
+        """``job.dispatch(payload)`` with no option, on the short path: the job is
+        plain (``_plan``), nothing watches dispatches (a test recorder, telemetry) and the
+        payload is plain data, copied here as JSON would give it back; queued with no
+        ``Message`` built. Its id; None: not taken (the full path dispatches it)."""
+        plan = self._plans.get(job, _UNPLANNED)
+        if plan is _UNPLANNED:
+            plan = self._plans[job] = self._plan(job)
+        if plan is None:
+            return None
+        app = self.app
+        slot = self.telemetry
+        if app.recorder is not None or (slot.value if slot.resolved else slot.get()) is not None:
+            return None
+        copied = copy_plain(payload)
+        if copied is None:
+            return None  # the full path refuses it, or copies it through JSON
+        queue, connection, driver, room, implicit = plan
+        tenant = _tenant.get()
+        if room is not None and copied[1] + (6 * len(tenant) if tenant else 0) > room:
+            return None  # near the size limit: the full path measures the body
+        if implicit:
+            self.warn_implicit()
+        mid = new_id()
+        if not driver.keep_plain(mid, job.name, copied[0], queue, tenant):
+            return None
+        self.ensure_local_worker(connection)
+        return mid
+
+    def _plan(self, job: JobDefinition[Any]) -> Plan | None:
+        """The short path of ``job``'s dispatches with no option (None: none): nothing
+        of it needs a lock, a record, a transaction, encryption, a group or an object
+        store, and its connection is an in-process ``PlainQueue``. Found once per job
+        definition: these are fixed when the job is defined and the app configured."""
+        if (
+            job.unique is not None
+            or job.debounce is not None
+            or job.encrypted
+            or job.after_commit
+            or job.group is not None
+            or self.tracking.meta_for(job) is not None
+        ):
+            return None
+        connection, queue = self.resolve(PendingDispatch(job, None))
+        if queue.__class__ is not str or not 0 < len(queue) <= MAX_QUEUE_NAME or "," in queue:
+            return None  # the full path says why
+        route = self.route(connection)
+        driver = route.plain
+        if driver is None or self.offload.plan(connection) is not None:
+            return None
+        limit, implicit = driver.max_message_size, self.app.implicit
+        if limit is None:
+            return queue, connection, driver, None, implicit
+        fields = 32 + len(job.name) + len(queue) + len(connection)  # an id is 32 characters
+        return queue, connection, driver, limit - 6 * fields - _ENVELOPE_ROOM, implicit
 
     # ------------------------------------------------------------ many dispatches
 

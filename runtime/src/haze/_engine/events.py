@@ -13,9 +13,12 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from haze._engine.hooks import Outcome, Run
+
+if TYPE_CHECKING:
+    from haze._jobs.definition import JobDefinition
 
 __all__ = ["EVENTS", "AfterEvent", "Events", "events"]
 
@@ -83,6 +86,9 @@ class AfterEvent:
 
     def wants(self, run: Run) -> bool:
         return run.outcome == Outcome.SUCCESS and bool(self.events.after)
+
+    def quiet_for(self, job: JobDefinition[Any]) -> bool:
+        return True  # its listeners are read at every claim of the short path
 
     async def settling(self, run: Run) -> None:
         return None

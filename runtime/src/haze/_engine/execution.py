@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from haze._base.crypto import decrypt_payload
@@ -415,23 +415,50 @@ class Execution(Settle):
                 run.result = await with_timeout(job, pipe, run.payload, ctx)
         except Exception as e:
             run.error = e.error if isinstance(e, Contained) else e
-        except asyncio.CancelledError as e:
+        except BaseException as e:
+            await self._stopped(run, e)
+        finally:
+            self.tracking.ended(ctx)
+        return _perf() - started
+
+    async def _stopped(self, run: Run, error: BaseException) -> None:
+        """A BaseException out of the handler: the run's error, or raised on."""
+        if isinstance(error, asyncio.CancelledError):
             task = asyncio.current_task()
             if task is None or task.cancelling():
                 # The worker itself is being cancelled: put the job back untouched.
                 owned = await run.driver.release(run.reserved, 0.0, consume_attempt=False)
                 self.owned(owned, run.reserved, "release")
-                raise
-            run.error = e  # raised by the job's own code, not a cancellation of this worker
-        except GeneratorExit:
-            raise  # the coroutine itself is being closed: it must not go on
-        except BaseException as e:
-            # KeyboardInterrupt, SystemExit ... raised by job code: that job's failure (the
-            # worker's own signals never get here: its handlers stop it without raising).
-            run.error = e
+                raise error
+        elif isinstance(error, GeneratorExit):
+            raise error  # the coroutine itself is being closed: it must not go on
+        # the job's own CancelledError, KeyboardInterrupt, SystemExit...: its failure (the
+        # worker's own signals never get here: its handlers stop it without raising)
+        run.error = error
+
+    async def resume(self, run: Run, rest: Awaitable[Any], started: float) -> str:
+        """Finish an attempt begun on the short path of a plain job (``haze._engine.
+        plain``): ``rest`` is the rest of its handler (or raises what it raised), then
+        the outcome as ``_run`` settles it."""
+        app_token = app_var.set(self.app)
+        tenant_token = _tenant.set(run.message.tenant)
+        try:
+            try:
+                run.result = await rest
+            except Exception as e:
+                run.error = e
+            except BaseException as e:
+                await self._stopped(run, e)
+            finally:
+                self.tracking.ended(run.ctx)
+            elapsed = _perf() - started
+            ctx = run.ctx
+            if run.error is None and ctx._fail_error is None and ctx._release_delay is None:
+                return (await self._success(run, elapsed))[0]
+            return (await self._classify(run, elapsed))[0]
         finally:
-            self.tracking.ended(ctx)
-        return _perf() - started
+            _tenant.reset(tenant_token)
+            app_var.reset(app_token)
 
 
 def _once_ttl(meta: dict[str, Any] | None) -> float | None:

@@ -313,6 +313,9 @@ class ExceptionCount:
     def wants(self, run: Run) -> bool:
         return run.job.max_exceptions is not None
 
+    def quiet_for(self, job: JobDefinition[Any]) -> bool:
+        return job.max_exceptions is None
+
     async def settling(self, run: Run) -> None:
         if run.outcome in (Outcome.SUCCESS, Outcome.CANCELLED):
             await self._forget(run)

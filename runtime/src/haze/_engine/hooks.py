@@ -41,6 +41,7 @@ __all__ = [
     "Outcome",
     "OutcomeHook",
     "PlainQuiet",
+    "QuietFor",
     "Run",
     "RunGuard",
     "Selective",
@@ -151,6 +152,19 @@ class PlainQuiet(Selective, Protocol):
     plain_quiet: bool
 
 
+@runtime_checkable
+class QuietFor(Protocol):
+    """A hook that can tell from the job alone that its ``wants`` is False for every
+    plain success of it (an option not set): a plain job then runs with no ``Run``
+    built for the hooks (``haze._engine.plain``). Asked once per job definition, so
+    the answer may depend on nothing else, except the ``before`` and ``after``
+    listeners of the queue events, which the short path reads at every claim."""
+
+    def quiet_for(self, job: JobDefinition[Any]) -> bool:
+        """True: ``wants`` is False for a plain success of ``job`` (with no ``before``
+        or ``after`` listener)."""
+
+
 #: A hook or guard with its ``wants`` (None: it always runs).
 _Entry = tuple[Any, "Callable[[Run], bool] | None"]
 
@@ -170,17 +184,34 @@ class Hooks:
         self.guards: list[RunGuard] = []
         self._guards: tuple[_Entry, ...] = ()
         self._loud_guards: tuple[_Entry, ...] = ()
+        #: each loud hook's ``quiet_for`` (None: a loud hook cannot tell, so no job
+        #: takes the short path)
+        self._quiet_for: tuple[Callable[[JobDefinition[Any]], bool], ...] | None = ()
 
     def add(self, hook: OutcomeHook, stage: Stage) -> None:
         self._hooks.append((int(stage), len(self._hooks), hook))
         ordered = [h for _, _, h in sorted(self._hooks, key=lambda x: x[:2])]
         self._ordered = tuple(_entry(h) for h in ordered)
         self._loud = tuple(e for e in self._ordered if not _quiet(e[0]))
+        loud = [h for h, _ in self._loud]
+        fits = all(isinstance(h, QuietFor) for h in loud)
+        self._quiet_for = tuple(h.quiet_for for h in loud) if fits else None
 
     def guard(self, guard: RunGuard) -> None:
         self.guards.append(guard)
         self._guards = tuple(_entry(g) for g in self.guards)
         self._loud_guards = tuple(e for e in self._guards if not _quiet(e[0]))
+
+    def plain_success_quiet(self, job: JobDefinition[Any]) -> bool:
+        """Whether a plain run of ``job`` that succeeds needs no hook and no guard (with
+        no ``before`` or ``after`` listener): ``choose`` and ``guarded`` would find none."""
+        checks = self._quiet_for
+        if checks is None or self._loud_guards:
+            return False
+        for quiet in checks:  # noqa: SIM110 - all(<genexpr>) costs a frame, per job
+            if not quiet(job):
+                return False
+        return True
 
     def wanted(self, run: Run) -> list[OutcomeHook]:
         """The hooks that have something to do for ``run`` (often none)."""

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from haze._base.errors import PayloadTooLargeError
 from haze.contracts.driver import KeepsMessages, unavailable
+from haze.contracts.plain import PlainQueue
 
 if TYPE_CHECKING:
     from haze._base.message import Message
@@ -72,6 +73,7 @@ class Route:
         "inline",
         "keeper",
         "name",
+        "plain",
         "remote",
     )
 
@@ -93,6 +95,9 @@ class Route:
         self.keeper = driver if isinstance(driver, KeepsMessages) and not driver.inline else None
         self.inline = driver.inline
         self.remote = driver.remote
+        #: the driver, when plain jobs take its short path (an in-process queue)
+        local = self.keeper is not None and not self.remote
+        self.plain = driver if local and isinstance(driver, PlainQueue) else None
         self._tracking = tracking
         self._locks = locks
         self._run_inline = run_inline

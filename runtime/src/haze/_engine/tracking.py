@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,10 @@ class Tracking:
         self._watcher: asyncio.Task[None] | None = None
         self._hint_on = False  # a cancel may be outstanding: check markers before runs
         self._hint_at = 0.0  # when the hint was last read from the store
+        #: until when (epoch s) an untracked attempt need not read its cancel marker:
+        #: -inf while the hint is on, else a CANCEL_POLL after the hint was read (kept
+        #: by ``_hinted``, so that ``may_be_cancelled`` is one comparison)
+        self.quiet_until = -math.inf
         self._final_events: dict[str, asyncio.Event] = {}
 
     # ------------------------------------------------------------ status.StatusHost
@@ -80,7 +85,7 @@ class Tracking:
             event.set()
 
     def cancel_hint(self, on: bool) -> None:
-        self._hint_on, self._hint_at = on, _time()
+        self._hinted(on)
 
     def abort_running(self, job_id: str) -> None:
         ctx = self.running.get(job_id)
@@ -156,7 +161,12 @@ class Tracking:
 
     def may_be_cancelled(self, tracked: bool) -> bool:
         """Whether an attempt must read its cancel marker before it starts."""
-        return tracked or self._hint_on or _time() - self._hint_at > status.CANCEL_POLL
+        return tracked or _time() > self.quiet_until
+
+    def _hinted(self, on: bool) -> None:
+        """The cancel hint was read from the store now: ``on`` (a cancel is outstanding)."""
+        self._hint_on, self._hint_at = on, _time()
+        self.quiet_until = -math.inf if on else self._hint_at + status.CANCEL_POLL
 
     async def cancel_seen(self, message: Message, tracked: bool, attempt: int) -> bool:
         """Whether a cancel marker stops this attempt before it starts.
@@ -173,7 +183,7 @@ class Tracking:
             if _time() - self._hint_at > status.CANCEL_POLL:
                 keys = [status.HINT_KEY, status.cancel_key(message.id)]
                 hint, marker = await store.get_many(keys)
-                self._hint_on, self._hint_at = hint is not None, _time()
+                self._hinted(hint is not None)
             elif tracked or self._hint_on:
                 marker = await store.get(status.cancel_key(message.id))
             else:
@@ -231,7 +241,7 @@ class Tracking:
                         log.warning("could not read cancel markers from the store: %s", e)
                     continue
                 told = False
-                self._hint_on, self._hint_at = values[0] is not None, _time()
+                self._hinted(values[0] is not None)
                 for job_id, marker in zip(ids, values[1:], strict=True):
                     if marker is not None:
                         self.abort_running(job_id)

@@ -38,7 +38,13 @@ from haze._jobs.options import (
     _positive_duration,
     checked,
 )
-from haze._jobs.pending import DispatchResult, PendingDispatch, _Dispatching, link_to_pending
+from haze._jobs.pending import (
+    DispatchResult,
+    PendingDispatch,
+    _Dispatching,
+    _Quick,
+    link_to_pending,
+)
 from haze._jobs.registry import _register, find_job, get_job, registered_jobs
 from haze._jobs.registry import _registry as _registry  # tests save and restore it here
 from haze.contracts.app import use_app
@@ -65,6 +71,7 @@ P_co = TypeVar("P_co", covariant=True)
 _R = TypeVar("_R")
 
 _UNSET: Any = object()
+_new = object.__new__
 
 
 # --------------------------------------------------------------------------- registry
@@ -208,6 +215,19 @@ class JobDefinition(Generic[P]):
 
         Nothing is queued until it is awaited; one never awaited warns, naming the job.
         """
+        if (
+            delay is None
+            and queue is None
+            and connection is None
+            and after_commit is None
+            and group is None
+        ):
+            # _Quick's fields set here: an __init__ would be one more frame per dispatch
+            quick: _Quick = _new(_Quick)
+            quick._definition, quick._payload, quick._used = self, payload, False
+            caller = sys._getframe(1)
+            quick._code, quick._lasti = caller.f_code, caller.f_lasti
+            return quick
         coro = self._dispatch(payload, delay, queue, connection, after_commit, group)
         return _Dispatching(coro, self.name, sys._getframe(1))
 

@@ -13,11 +13,12 @@ import sys
 import warnings
 from collections.abc import Coroutine, Generator
 from dataclasses import dataclass
-from types import FrameType
+from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from haze._base.blocking import blocking_method
 from haze._base.crypto import seal_link, unseal_link
+from haze._base.current import use_app as current_app
 from haze._base.durations import Duration, check_delay, parse_duration
 from haze._base.message import check_group, check_queue_name
 from haze._jobs import status
@@ -113,6 +114,50 @@ class _Dispatching(Coroutine[Any, Any, _R]):
             RuntimeWarning,
             *self._line,
         )
+
+
+class _Quick(_Dispatching[str]):
+    """``job.dispatch(payload)`` with no option: awaited, a plain job on an in-process
+    queue is queued in this one step (``JobDispatcher.quick``); anything else, and a
+    coroutine driven by hand (``send``), takes the job's full dispatch. Made in
+    ``JobDefinition.dispatch`` without an ``__init__`` frame; the caller's line is
+    looked up only for the warning."""
+
+    __slots__ = ("_code", "_definition", "_lasti", "_payload")
+
+    _definition: JobDefinition[Any]
+    _payload: Any
+    _code: CodeType
+    _lasti: int
+
+    def __del__(self) -> None:
+        if self._used:
+            return
+        code, lasti = self._code, self._lasti
+        line = next((n for a, b, n in code.co_lines() if a <= lasti < b and n), None)
+        warnings.warn_explicit(
+            f"job {self._definition.name!r}: dispatch() was never awaited, so nothing was "
+            "queued; did you forget `await`?",
+            RuntimeWarning,
+            code.co_filename,
+            line or code.co_firstlineno,
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        if name != "_coro":
+            raise AttributeError(name)
+        # send/throw/close, or the never-awaited warning: the full path's coroutine
+        coro = self._coro = self._definition._dispatch(self._payload, None, None, None, None, None)
+        return coro
+
+    def __await__(self) -> Generator[Any, None, str]:
+        self._used = True
+        app: JobsApp = current_app()  # type: ignore[assignment]  # use_app(), one frame
+        job_id = app.manager.dispatcher.quick(self._definition, self._payload)
+        if job_id is not None:
+            return job_id
+        coro = self._definition._dispatch(self._payload, None, None, None, None, None)
+        return (yield from coro.__await__())
 
 
 class PendingDispatch(Generic[P]):

@@ -18,7 +18,7 @@ from haze.contracts.app import AppView
 
 if TYPE_CHECKING:
     from haze._jobs.context import JobContext
-    from haze._jobs.definition import DispatchResult, PendingDispatch
+    from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch
 
 __all__ = ["BatchView", "JobDispatcher", "JobEngine", "JobsApp"]
 
@@ -26,6 +26,10 @@ __all__ = ["BatchView", "JobDispatcher", "JobEngine", "JobsApp"]
 class JobDispatcher(Protocol):
     async def dispatch(self, pending: PendingDispatch[Any]) -> DispatchResult:
         """Queue one pending dispatch."""
+
+    def quick(self, job: JobDefinition[Any], payload: Any) -> str | None:
+        """Queue ``job`` with ``payload`` and no option on the short path of a plain job;
+        its id, or None when it must take ``dispatch``."""
 
 
 class JobEngine(StatusHost, Protocol):

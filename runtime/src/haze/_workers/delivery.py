@@ -51,13 +51,24 @@ class Delivery:
         """The jobs running now, oldest first."""
         return [job for _, job in self._running.values()]
 
-    async def run(self, job: Reserved, driver: Driver, *, leased: Leased | None = None) -> str:
+    async def run(
+        self,
+        job: Reserved,
+        driver: Driver,
+        *,
+        leased: Leased | None = None,
+        resumed: Awaitable[str] | None = None,
+    ) -> str:
         """Run ``job`` to its outcome, settled on ``driver``; ``leased`` renews its lease
         meanwhile (``renew``). Job errors are outcomes; a backend error raises, for the
-        consumer to answer its platform's way."""
+        consumer to answer its platform's way. ``resumed``: the rest of a run that began
+        on the short path of a plain job (``haze._engine.plain``), awaited instead."""
         self._running[id(job)] = (leased, job)
         try:
-            outcome = await self.manager.process(job, driver)
+            if resumed is None:
+                outcome = await self.manager.process(job, driver)
+            else:
+                outcome = await resumed
         finally:
             del self._running[id(job)]
         self.outcomes[outcome] += 1

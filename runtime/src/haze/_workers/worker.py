@@ -26,11 +26,12 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from haze._base.errors import ConfigError, HazeError
 from haze._engine.control import paused_queues, restart_requested_at
+from haze._engine.plain import PlainRuns
 from haze._workers.claims import ClaimsAndAcks
 from haze._workers.delivery import Delivery
 from haze._workers.presence import Presence
@@ -46,6 +47,7 @@ from haze.contracts.driver import (
     QueueNameRules,
     Reserved,
 )
+from haze.contracts.plain import PlainQueue
 
 if TYPE_CHECKING:
     from haze._engine.view import EngineApp
@@ -130,6 +132,9 @@ class Worker(ClaimsAndAcks):
         self._tasks: list[asyncio.Task[None]] = []
         self._waiting: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: the loop its slots run on (an attribute: the engine reads it at every dispatch
+        #: to a memory connection, ``LocalWorkers.ensure``)
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._started_at = 0.0
         #: Runs the claimed jobs and keeps the running ones (whose leases are renewed).
         self._delivery = Delivery(app.manager, connection)
@@ -139,6 +144,17 @@ class Worker(ClaimsAndAcks):
         #: A setup error no retry can cure (missing queue tables): run() raises it.
         self._fatal: HazeError | None = None
         self._init_batching()
+        self._plain = self._plain_runs()
+
+    def _plain_runs(self) -> PlainRuns | None:
+        """An in-process queue's short path for plain jobs: not with the limits and the
+        callback that count every job one by one."""
+        driver = self.driver
+        if not isinstance(driver, PlainQueue) or self._local is None:
+            return None
+        if self.on_job is not None or self.max_jobs is not None or self.max_time is not None:
+            return None
+        return PlainRuns(self.app.manager.execution, driver, driver)
 
     def _init_tasks(self) -> None:
         """The state of the control (``control=True``) and heartbeat tasks."""
@@ -198,10 +214,6 @@ class Worker(ClaimsAndAcks):
         self._flushes: set[asyncio.Task[list[Reserved] | None]] = set()
 
     @property
-    def loop(self) -> asyncio.AbstractEventLoop | None:
-        return self._loop
-
-    @property
     def running(self) -> int:
         return self._busy
 
@@ -216,7 +228,7 @@ class Worker(ClaimsAndAcks):
 
     def start(self) -> None:
         """Start the slots as tasks on the running loop."""
-        self._loop = asyncio.get_running_loop()
+        self._loop = self.loop = asyncio.get_running_loop()
         self._started_at = time.monotonic()
         self.stopping = False
         self._idle_gate = (
@@ -341,6 +353,9 @@ class Worker(ClaimsAndAcks):
         idle_wait = self.sleep
         idle = False  # this slot's last claim found nothing
         ready = self._ready
+        plain, outcomes = self._plain, self._delivery.outcomes
+        if plain is not None:
+            plain.enter()
         # Rows a batch claim took for this worker run even after a stop: they are claimed.
         while not self.stopping or ready:
             if (self.max_jobs is not None or self.max_time is not None) and self._limit_reached():
@@ -349,7 +364,24 @@ class Worker(ClaimsAndAcks):
                     break
             if events.looping:
                 await events.emit("looping", self.connection, self.queues)
-            job = self._local.reserve_nowait(self.queues) if self._local is not None else None
+            if plain is not None:
+                got = plain.next(self.queues)
+                if isinstance(got, str):  # it ran to its end in that call
+                    self._claimed += 1
+                    self._ended += 1
+                    self.processed += 1
+                    outcomes[got] += 1
+                    idle, idle_wait = False, self.sleep
+                    continue
+                if isinstance(got, tuple):  # it suspended or raised: the rest of its run
+                    idle, idle_wait = False, self.sleep
+                    await self._run(*got)
+                    continue
+                job = got
+            elif self._local is not None:
+                job = self._local.reserve_nowait(self.queues)
+            else:
+                job = None
             if job is None and ready:
                 job = ready.popleft()
             idle_told, ended_before = False, self._ended
@@ -425,8 +457,9 @@ class Worker(ClaimsAndAcks):
         await asyncio.sleep(0.005)  # another slot is busy and may queue more
         return False
 
-    async def _run(self, job: Reserved) -> None:
-        """Run a claimed job through the consumer core and count it."""
+    async def _run(self, job: Reserved, resumed: Awaitable[str] | None = None) -> None:
+        """Run a claimed job through the consumer core and count it (``resumed``: the
+        rest of a plain job's run, begun on its short path)."""
         self._claimed += 1
         self._busy += 1
         started = time.perf_counter() if self.on_job is not None else 0.0
@@ -434,7 +467,9 @@ class Worker(ClaimsAndAcks):
             job.ack_later = self._ack_later
         job.ack_failed = self._ack_failed
         try:
-            outcome = await self._delivery.run(job, self.driver, leased=self._leased)
+            outcome = await self._delivery.run(
+                job, self.driver, leased=self._leased, resumed=resumed
+            )
         except Exception as e:  # process() handles job errors itself: a backend error
             if isinstance(e, self._outage_errors):
                 self._enter_outage(e)

@@ -30,11 +30,13 @@ from haze.contracts.driver import (
     Reserved,
     RunningJob,
 )
+from haze.contracts.plain import PlainClaim, PlainQueue
 from haze.drivers.context import DriverContext
 
 __all__ = ["MemoryDriver"]
 
 _monotonic = time.monotonic
+get_running_loop = asyncio.get_running_loop
 _time = time.time
 
 #: A plain message kept as dispatched: its body, then the fields of its ``Message`` in
@@ -87,7 +89,7 @@ def _item(job: Reserved) -> Item:
     return job.kept if isinstance(job, _KeptClaim) else job.body
 
 
-class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
+class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages, PlainQueue):
     """In-process queues. ``queues`` (optional) sets the priority order of the consumers."""
 
     #: the config options it takes besides the common ones (``DeclaresOptions``)
@@ -114,11 +116,17 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
         self._active: dict[int, Reserved] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
+        #: whether ``_wakeup`` is set (its ``is_set()`` without a frame, on every push):
+        #: only ``reserve`` clears it
+        self._woken = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._idle_waiters: list[asyncio.Future[None]] = []
         #: (message, body, its payload's JSON): the next enqueue of both keeps it
         self._next: tuple[Message, str, str] | None = None
+        #: The plain claim running on the short path (at most one: it runs to its end
+        #: or becomes a ``Reserved`` before the loop runs anything else)
+        self._plain: PlainClaim | None = None
 
     # -------------------------------------------------------------- loop binding
 
@@ -128,11 +136,13 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
         if loop is not self._loop or self._wakeup is None:
             self._loop = loop
             self._wakeup = asyncio.Event()
+            self._woken = False
             self._timer = None
             self._idle_waiters = []
             # Messages reserved on a dead loop will never be settled.
             self._running = 0
             self._active.clear()
+            self._plain = None
             if self._delayed:
                 self._arm_timer()
         return self._wakeup
@@ -170,6 +180,25 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
         self._push(m.queue, item, m.attempts, delay)
         return True
 
+    def keep_plain(self, mid: str, job: str, payload: Any, queue: str, tenant: str | None) -> bool:
+        if "enqueue" in self.__dict__:
+            return False  # as in keep(): a wrapper sees every body
+        # _push, without its two frames: one plain job after another comes here
+        loop = get_running_loop()
+        wakeup = self._wakeup
+        if loop is not self._loop or wakeup is None:
+            wakeup = self._bind()
+        now = _time()
+        q = self._ready.get(queue)
+        if q is None:
+            q = self._ready[queue] = deque()
+        q.append(((None, mid, job, payload, queue, self.name, now, 0, tenant), 0, now))
+        self._ready_count += 1
+        if not self._woken:
+            self._woken = True
+            wakeup.set()
+        return True
+
     def _push(self, queue: str, body: Item, used: int, delay: float) -> None:
         wakeup = self._bind()
         if delay > 0:
@@ -183,7 +212,8 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
             q = self._ready[queue] = deque()
         q.append((body, used, time.time()))
         self._ready_count += 1
-        if not wakeup.is_set():
+        if not self._woken:
+            self._woken = True
             wakeup.set()
 
     def _arm_timer(self) -> None:
@@ -214,6 +244,7 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
             self._ready_count += 1
             moved = True
         if moved and self._wakeup is not None:
+            self._woken = True
             self._wakeup.set()
         self._arm_timer()
 
@@ -276,12 +307,61 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
         job.kept = kept
         return job
 
+    def claim_plain(self, queues: list[str] | None) -> PlainClaim | Reserved | None:
+        if not self._ready_count:
+            return None
+        ready = self._ready
+        for name in queues or self.priority or ready:
+            q = ready.get(name)
+            if q:
+                item = q[0][0]
+                if item.__class__ is str or item[0] is not None:
+                    return self.reserve_nowait(queues)
+                used = q.popleft()[1]
+                self._ready_count -= 1
+                self._running += 1
+                claim: PlainClaim = (item, used + 1, name)  # type: ignore[assignment]
+                self._plain = claim
+                return claim
+        return self.reserve_nowait(queues)  # the rest, after the priority queues
+
+    def plain_claim(self, claim: PlainClaim, payload: Any = None) -> Reserved:
+        kept, attempt, queue = claim
+        if self._plain is claim:
+            self._plain = None
+        if payload is None:
+            job = self._claim_kept(kept, attempt, queue)
+        else:
+            _, mid, name, _, mq, conn, ts, attempts, tenant = kept
+            message = Message(mid, name, payload, mq, conn, ts, attempts, tenant)
+            job = _KeptClaim(message, attempt, None, queue, _time())  # type: ignore[arg-type]
+            job.kept = kept
+        self._active[id(job)] = job
+        return job
+
+    def plain_done(self) -> None:
+        self._plain = None
+        running = self._running = self._running - 1
+        if running <= 0:
+            self._running = 0
+            if self._idle_waiters and not self._ready_count and not self._delayed:
+                self._wake_idle()
+
+    def _claims(self) -> builtins.list[Reserved]:
+        """The running claims, the one on the short path too (as its ``Reserved``)."""
+        claims = list(self._active.values())
+        if self._plain is not None:
+            kept, attempt, queue = self._plain
+            claims.append(self._claim_kept(kept, attempt, queue))
+        return claims
+
     async def reserve(self, queues: Sequence[str] | None, wait: float) -> Reserved | None:
         got = self.reserve_nowait(queues)
         if got is not None or wait <= 0:
             return got
         wakeup = self._bind()
         wakeup.clear()
+        self._woken = False
         try:
             await asyncio.wait_for(wakeup.wait(), wait)
         except TimeoutError:
@@ -323,7 +403,7 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
     async def counts(self, queue: str) -> QueueCounts:
         q = self._ready.get(queue)
         delayed = sum(1 for d in self._delayed if d[2] == queue)
-        running = sum(1 for job in self._active.values() if job.queue == queue)
+        running = sum(1 for job in self._claims() if job.queue == queue)
         soonest = min((d[0] for d in self._delayed if d[2] == queue), default=None)
         # the heap keeps monotonic times; the counts speak epoch seconds
         due = None if soonest is None else time.time() + soonest - _monotonic()
@@ -339,7 +419,7 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
                 job.attempt,
                 job.token,
             )
-            for job in self._active.values()
+            for job in self._claims()
             if job.queue == queue
         ]
         return sorted(jobs, key=lambda j: j.started_at or 0.0)[:limit]
@@ -349,7 +429,7 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages):
         needle = f'"id":"{job_id}"'
         now, clock = time.time(), _monotonic()
         found: list[tuple[str, str, str, int, float | None]] = [
-            ("running", job.queue, job.body, job.attempt, None) for job in self._active.values()
+            ("running", job.queue, job.body, job.attempt, None) for job in self._claims()
         ]
         for queue, ready in self._ready.items():
             found += [("ready", queue, _body(item), used, None) for item, used, _ in ready]
