@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -168,6 +169,19 @@ class Calls:
         return len(self.calls.get(kind, [])) + count("record", "cb:" + kind)
 
 
+@contextlib.asynccontextmanager
+async def gated(make_app: Any, **kw: Any) -> Any:
+    """``make_app(**kw)`` for a test that holds ``bt_gate``: the gate opens whenever the
+    test leaves the app, since leaving waits for the running jobs and a check that
+    failed while the gate was shut would otherwise hang there, not be reported."""
+    STATE["gate_started"], STATE["gate_open"] = asyncio.Event(), asyncio.Event()
+    async with make_app(**kw) as app:
+        try:
+            yield app
+        finally:
+            STATE["gate_open"].set()
+
+
 async def the_batch() -> Batch:
     """The one batch the members of this test ran in (works when dispatch() raised)."""
     assert len(BATCH_IDS) == 1, BATCH_IDS
@@ -210,8 +224,7 @@ async def test_every_field_of_a_finished_batch(app, done):
 
 @pytest.mark.requires("queued")
 async def test_fields_before_the_jobs_run(make_app, done):
-    STATE["gate_started"], STATE["gate_open"] = asyncio.Event(), asyncio.Event()
-    async with make_app() as app:
+    async with gated(make_app) as app:
         batch = await Queue.batch([bt_gate.with_(0), bt_ok.with_(1)]).dispatch()
         assert (batch.total, batch.pending, batch.processed, batch.failed) == (2, 2, 0, 0)
         assert batch.progress == 0 and batch.finished is False and batch.finished_at is None
@@ -485,9 +498,8 @@ async def test_cancel_from_a_job_skips_not_started_jobs(make_app, done, driver):
 
 @pytest.mark.requires("queued")
 async def test_cancel_from_outside_while_a_job_runs(make_app, done, driver):
-    STATE["gate_started"], STATE["gate_open"] = asyncio.Event(), asyncio.Event()
     c = Calls(driver)
-    async with make_app(concurrency=1) as app:
+    async with gated(make_app, concurrency=1) as app:
         batch = (
             await Queue.batch([bt_gate.with_(0), bt_ok.with_(1), bt_ok.with_(2)])
             .then(c.cb("then"))
@@ -526,9 +538,8 @@ async def test_add_from_inside_a_job(app, done, driver):
 
 @pytest.mark.requires("queued")
 async def test_add_from_outside_before_it_finished(make_app, done, driver):
-    STATE["gate_started"], STATE["gate_open"] = asyncio.Event(), asyncio.Event()
     c = Calls(driver)
-    async with make_app(concurrency=1) as app:
+    async with gated(make_app, concurrency=1) as app:
         batch = await Queue.batch([bt_gate.with_(0)]).then(c.cb("then")).dispatch()
         await asyncio.wait_for(STATE["gate_started"].wait(), 5)
         added = await batch.add([bt_ok.with_(1), [bt_ok.with_(2), bt_ok.with_(3)]])

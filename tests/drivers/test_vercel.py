@@ -448,3 +448,31 @@ async def test_a_foreign_body_keeps_the_queue_it_was_sent_to() -> None:
         assert job is not None and job.error is not None
         assert job.queue == "high", job.queue
         await driver.ack(job)
+
+
+async def test_a_bulk_reaches_each_topic_in_dispatch_order() -> None:
+    # the members were sent all at once, so the service stored them in whatever order
+    # the requests ended: a worker of concurrency 1 ran a batch's later members first
+    # (a first failure cancelled nothing; a member held at a gate ran after the others)
+    from haze import Queue
+
+    template = spec["unique_topic"]("order")
+    # the first member of each queue the largest, as a batch's data-carrying head may be
+    blob = {0: "x" * 1_000_000, 1: "x" * 1_000_000}
+    async with _app(topic=template):
+        await Queue.bulk(
+            [
+                vb_echo.with_({"n": n, "blob": blob.get(n, "")}).on_queue(
+                    "high" if n % 3 else "default"
+                )
+                for n in range(30)
+            ]
+        )
+    state = spec["server"]().state
+    for queue in ("default", "high"):
+        topic = template.format(queue=queue)
+        sent = [
+            json.loads(m.payload.read())["payload"]["n"] for m in state.messages if m.topic == topic
+        ]
+        want = [n for n in range(30) if (queue == "high") == bool(n % 3)]
+        assert sent == want, (queue, sent)

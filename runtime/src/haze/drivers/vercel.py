@@ -380,12 +380,25 @@ class VercelDriver(
 
     async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
         """One send per message (the Queue API has no batch send), the sizes and delays
-        of all checked first so a refused one sends none."""
+        of all checked first so a refused one sends none.
+
+        A topic's messages go one after the other, in the order given: the service
+        stores them in the order their sends arrive, so sends in flight together could
+        put a batch's later members ahead of its first (a worker of concurrency 1 then
+        runs them first). Topics are sent to side by side; a send that fails stops its
+        topic's later ones, which would otherwise overtake it."""
+        by_topic: dict[str, list[tuple[str, Message, float]]] = {}
         for body, message, delay in items:
-            self.topic_name(message.queue)
+            topic = self.topic_name(message.queue)
             self._delay(delay, message)
             self._check_size(body, message, self.max_message_size or DEFAULT_MAX_MESSAGE_SIZE)
-        await asyncio.gather(*(self._enqueue(b, m, d) for b, m, d in items))
+            by_topic.setdefault(topic, []).append((body, message, delay))
+
+        async def in_order(run: list[tuple[str, Message, float]]) -> None:
+            for body, message, delay in run:
+                await self._enqueue(body, message, delay)
+
+        await asyncio.gather(*(in_order(run) for run in by_topic.values()))
 
     async def resend(self, job: Reserved, delay: float, attempts: int) -> None:
         """Send ``job`` again as a new message carrying ``attempts`` tries used (a
