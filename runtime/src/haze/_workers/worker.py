@@ -123,6 +123,10 @@ class Worker(ClaimsAndAcks):
         #: Jobs ended so far: a claim that found nothing only proves the queue empty if no
         #: job ended (and maybe queued a retry or a chain link) while it ran.
         self._ended = 0
+        #: Set (and replaced) when a job ends, and when the last claim in flight ends:
+        #: ``stop_when_empty`` slots wait on them, rather than poll.
+        self._job_ended = asyncio.Event()
+        self._claims_settled = asyncio.Event()
         #: Remote drivers: one idle slot polls at a time (the seed's "one loop per worker");
         #: the other idle slots wait for it instead of each polling the backend.
         self._idle_gate: asyncio.Lock | None = None
@@ -196,6 +200,10 @@ class Worker(ClaimsAndAcks):
         self._flush_lock: asyncio.Lock | None = None  # one flush at a time
         self._flush_timer: asyncio.TimerHandle | None = None
         self._flushes: set[asyncio.Task[list[Reserved] | None]] = set()
+        #: Fetches that found nothing, and ``_ended`` when the last of them began: with
+        #: ``stop_when_empty``, the slots queued behind such a fetch need not claim again.
+        self._empty_fetches = 0
+        self._empty_ended = -1
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -365,8 +373,9 @@ class Worker(ClaimsAndAcks):
             if events.worker_idle and not idle_told:
                 await events.emit("worker_idle", self.connection, self.queues)
             if self.stop_when_empty:
-                if await self._drained(ended_before):
+                if await self._drained(ended_before, idle_wait):
                     break
+                idle_wait = min(idle_wait * 2, self.max_sleep)
                 continue
             idle_wait = min(idle_wait * 2, self.max_sleep)
         if self._local is not None:
@@ -402,18 +411,21 @@ class Worker(ClaimsAndAcks):
                     job = await self._claim(wait)
             finally:
                 self._claiming -= 1
+                if not self._claiming:
+                    self._claims_settled.set()
+                    self._claims_settled = asyncio.Event()
         finally:
             if gate is not None:
                 gate.release()
         return job, idle_told, ended_before
 
-    async def _drained(self, ended_before: int) -> bool:
+    async def _drained(self, ended_before: int, idle_wait: float) -> bool:
         """``stop_when_empty`` and a claim found nothing: True (and stopping) when the
         queues are empty, False when another slot may still bring or queue more."""
         # Wait for the claims still in flight rather than claim again (slots re-claiming
         # in turn would keep _claiming above 0 forever).
         while self._busy == 0 and self._claiming and not self.stopping:
-            await asyncio.sleep(0.005)
+            await self._claims_settled.wait()
         if (
             self._busy == 0
             and self._claiming == 0
@@ -422,7 +434,17 @@ class Worker(ClaimsAndAcks):
         ):
             self.request_stop()
             return True
-        await asyncio.sleep(0.005)  # another slot is busy and may queue more
+        if self._busy:
+            # Another slot's job may queue more (a retry, a chain link) when it ends:
+            # wait for that, polling at the idle interval meanwhile, instead of claiming
+            # again every few milliseconds from every idle slot while it runs.
+            ended = self._job_ended
+            try:
+                await asyncio.wait_for(ended.wait(), min(idle_wait, self._wait_for(idle_wait)))
+            except TimeoutError:
+                pass
+            return False
+        await asyncio.sleep(0.005)  # a job ended during the claim: claim again
         return False
 
     async def _run(self, job: Reserved) -> None:
@@ -447,6 +469,8 @@ class Worker(ClaimsAndAcks):
         finally:
             self._busy -= 1
             self._ended += 1
+            self._job_ended.set()
+            self._job_ended = asyncio.Event()
         self.processed += 1
         if job.lease_lost:
             self.leases_lost += 1
@@ -468,10 +492,19 @@ class Worker(ClaimsAndAcks):
         if freed and lock.locked() and self._fetch_idle:
             self._cut_wait = True
             self._batch.interrupt()
+        empty_before = self._empty_fetches
         async with lock:
             if self._ready:
                 return self._ready.popleft()
             if self.stopping:
+                return None
+            if (
+                self.stop_when_empty
+                and self._empty_fetches != empty_before
+                and self._empty_ended == self._ended
+            ):
+                # A fetch for every free slot found nothing while this slot queued, and
+                # no job ended since it began: another claim would find nothing either.
                 return None
             limit = self.concurrency - self._busy
             if self.max_jobs is not None:
@@ -479,11 +512,14 @@ class Worker(ClaimsAndAcks):
             if limit <= 0:
                 return None
             self._fetch_idle = wait > 0
+            ended = self._ended
             try:
                 jobs = await self._claim_many(wait, limit)
             finally:
                 self._fetch_idle = False
             if not jobs:
+                self._empty_fetches += 1
+                self._empty_ended = ended
                 return None
             self._ready.extend(jobs[1:])
             return jobs[0]

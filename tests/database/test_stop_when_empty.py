@@ -1,0 +1,115 @@
+"""``--stop-when-empty`` on a database connection with several slots, on real backends.
+
+A worker with ``stop_when_empty`` stops once a claim finds nothing and no slot is busy.
+Its idle slots used to claim again every 5 ms while another slot ran a job, so one long
+job at concurrency 8 sent about 800 claims a second to the server (6,660 transactions on
+PostgreSQL for one 8-second job, against 62 at concurrency 1); and the slots queued
+behind a fetch that found nothing each claimed again in turn, so at concurrency 2,000 a
+worker on an empty queue took 36 s to stop, and at 3,000 it never did while the slots
+polled. Claims are counted by wrapping the driver's claim calls (the real ones run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import BACKENDS, backend_url, mysql_database, pg_database
+from haze import App, Queue, define_database_config, define_job, define_queue_config
+from haze._workers.worker import Worker
+from haze.connectors.migrations import ensure_queue_tables
+
+pytestmark = [pytest.mark.timeout(180)]
+
+_names = itertools.count()
+RAN: list[str] = []
+
+
+@define_job(name="dbx_swe_sleep")
+async def dbx_swe_sleep(payload: dict[str, Any]) -> None:
+    await asyncio.sleep(payload["seconds"])
+    RAN.append(payload["k"])
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    yield from pg_database("dbx_swe")
+
+
+@pytest.fixture(scope="session")
+def mysql_url() -> Iterator[str]:
+    yield from mysql_database("dbx_swe")
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    RAN.clear()
+    return backend_url(request, request.param, tmp_path)
+
+
+@contextlib.asynccontextmanager
+async def open_app(db_url: str) -> AsyncIterator[App]:
+    n = next(_names)
+    jobs, failed = f"dbx_swej_{os.getpid()}_{n}", f"dbx_swef_{os.getpid()}_{n}"
+    conn = {"driver": "database", "connection": "main", "table": jobs, "failed_table": failed}
+    app = App(
+        queue=define_queue_config(default="db", connections={"db": conn}),
+        database=define_database_config(default="main", connections={"main": {"url": db_url}}),
+    )
+    async with app:
+        await ensure_queue_tables(app)
+        try:
+            yield app
+        finally:
+            with contextlib.suppress(Exception):
+                await app.database().execute(f"DROP TABLE IF EXISTS {jobs}")
+                await app.database().execute(f"DROP TABLE IF EXISTS {failed}")
+
+
+def count_claims(driver: Any) -> list[int]:
+    """Wrap the driver's claim calls (plain, and acks folded into a claim): one entry
+    per claim sent, holding how many rows it took."""
+    claims: list[int] = []
+    for name in ("reserve_many", "ack_and_claim"):
+        real = getattr(driver, name, None)
+        if real is None:
+            continue
+
+        async def call(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            result = await _real(*args, **kwargs)
+            claims.append(len(result) if isinstance(result, list) else -1)
+            return result
+
+        setattr(driver, name, call)
+    return claims
+
+
+async def test_many_slots_on_an_empty_queue_stop_after_one_claim(db_url: str) -> None:
+    async with open_app(db_url) as app:
+        claims = count_claims(app.driver("db"))
+        worker = Worker(app, "db", ["default"], 3000, stop_when_empty=True, sleep=0.05)
+        assert await asyncio.wait_for(worker.run(), 90) == 0
+        # One claim for all 3,000 free slots found nothing: that proves the queue empty
+        # for the slots that queued behind it too.
+        assert len(claims) <= 2, f"{len(claims)} claims on an empty queue"
+
+
+async def test_idle_slots_do_not_poll_the_server_while_a_job_runs(db_url: str) -> None:
+    async with open_app(db_url) as app:
+        await dbx_swe_sleep.dispatch({"k": "long", "seconds": 2.0})
+        claims = count_claims(app.driver("db"))
+        worker = Worker(app, "db", ["default"], 4, stop_when_empty=True, sleep=0.2)
+        assert await asyncio.wait_for(worker.run(), 150) == 1
+        assert RAN == ["long"]
+        assert await Queue.size() == 0
+        # The claim that took the job, the idle polls at `sleep` doubling to `max_sleep`
+        # while it ran (one per wait, not one per slot), and the last one that found
+        # nothing: not one claim every 5 ms from each of the 3 idle slots (about 1,200).
+        assert sum(1 for n in claims if n == 1) == 1, claims
+        assert len(claims) <= 20, f"{len(claims)} claims while one 2 s job ran"
