@@ -1,15 +1,13 @@
 """A worker with many slots or many running jobs, on each SQL backend.
 
-The heartbeat renews the leases of a claim's running rows in one statement (see the last
-test). ``--stop-when-empty`` with several slots:
-
-A worker with ``stop_when_empty`` stops once a claim finds nothing and no slot is busy.
-Its idle slots used to claim again every 5 ms while another slot ran a job, so one long
-job at concurrency 8 sent about 800 claims a second to the server (6,660 transactions on
-PostgreSQL for one 8-second job, against 62 at concurrency 1); and the slots queued
-behind a fetch that found nothing each claimed again in turn, so at concurrency 2,000 a
-worker on an empty queue took 36 s to stop, and at 3,000 it never did while the slots
-polled. Claims are counted by wrapping the driver's claim calls (the real ones run).
+The heartbeat renews the leases of a claim's running rows in one statement. A worker
+with ``stop_when_empty`` stops once a claim finds nothing and no slot is busy. Its idle
+slots used to claim again every 5 ms while another slot ran a job, so one long job at
+concurrency 8 sent about 800 claims a second to the server (6,660 transactions on
+PostgreSQL for one 8-second job, against 62 at concurrency 1); and a slot waiting for
+the other slots' claims polled every 5 ms, so at concurrency 2,000 a worker on an empty
+queue took 36 s to stop, and at 3,000 it did not stop within 100 s. Claims are counted
+by wrapping the driver's claim calls (the real ones run).
 """
 
 from __future__ import annotations
@@ -93,14 +91,14 @@ def count_claims(driver: Any) -> list[int]:
     return claims
 
 
-async def test_many_slots_on_an_empty_queue_stop_after_one_claim(db_url: str) -> None:
+async def test_many_slots_on_an_empty_queue_stop(db_url: str) -> None:
     async with open_app(db_url) as app:
         claims = count_claims(app.driver("db"))
         worker = Worker(app, "db", ["default"], 3000, stop_when_empty=True, sleep=0.05)
         assert await asyncio.wait_for(worker.run(), 90) == 0
-        # One claim for all 3,000 free slots found nothing: that proves the queue empty
-        # for the slots that queued behind it too.
-        assert len(claims) <= 2, f"{len(claims)} claims on an empty queue"
+        # Each slot claims once (one answer cannot speak for the others: see the last
+        # test); the slots waiting for those claims wait on an event, not a 5 ms poll.
+        assert len(claims) <= 3000, f"{len(claims)} claims on an empty queue"
 
 
 async def test_idle_slots_do_not_poll_the_server_while_a_job_runs(db_url: str) -> None:
@@ -143,3 +141,21 @@ async def test_one_heartbeat_renews_a_claims_rows_in_one_statement(db_url: str) 
         rows = await db.fetchall(f"SELECT heartbeat_at FROM {driver.table}")
         assert len(rows) == 60 and all(r[0] is not None for r in rows), rows
         assert await driver.ack_many(jobs) == [True] * 60
+
+
+@pytest.mark.parametrize("backend", ["mariadb", "postgres", "sqlite"])
+async def test_stop_when_empty_leaves_no_ready_job_behind(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # On MariaDB a claim can find nothing while ready rows are left (SKIP LOCKED skips
+    # rows other statements of this worker hold locked). Letting the slots queued behind
+    # such a claim trust its answer, instead of claiming themselves, stopped a worker
+    # with 349 to 5,019 of 20,000 jobs ready at --concurrency 1,000-5,000.
+    RAN.clear()
+    async with open_app(backend_url(request, backend, tmp_path)) as app:
+        n = 6000
+        await Queue.bulk([dbx_swe_sleep.with_({"k": str(i), "seconds": 0}) for i in range(n)])
+        worker = Worker(app, "db", ["default"], 500, stop_when_empty=True, sleep=0.05)
+        assert await asyncio.wait_for(worker.run(), 150) == n
+        assert await Queue.size() == 0
+        assert sorted(RAN) == sorted(str(i) for i in range(n))

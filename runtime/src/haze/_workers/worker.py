@@ -200,10 +200,6 @@ class Worker(ClaimsAndAcks):
         self._flush_lock: asyncio.Lock | None = None  # one flush at a time
         self._flush_timer: asyncio.TimerHandle | None = None
         self._flushes: set[asyncio.Task[list[Reserved] | None]] = set()
-        #: Fetches that found nothing, and ``_ended`` when the last of them began: with
-        #: ``stop_when_empty``, the slots queued behind such a fetch need not claim again.
-        self._empty_fetches = 0
-        self._empty_ended = -1
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -492,19 +488,10 @@ class Worker(ClaimsAndAcks):
         if freed and lock.locked() and self._fetch_idle:
             self._cut_wait = True
             self._batch.interrupt()
-        empty_before = self._empty_fetches
         async with lock:
             if self._ready:
                 return self._ready.popleft()
             if self.stopping:
-                return None
-            if (
-                self.stop_when_empty
-                and self._empty_fetches != empty_before
-                and self._empty_ended == self._ended
-            ):
-                # A fetch for every free slot found nothing while this slot queued, and
-                # no job ended since it began: another claim would find nothing either.
                 return None
             limit = self.concurrency - self._busy
             if self.max_jobs is not None:
@@ -512,14 +499,11 @@ class Worker(ClaimsAndAcks):
             if limit <= 0:
                 return None
             self._fetch_idle = wait > 0
-            ended = self._ended
             try:
                 jobs = await self._claim_many(wait, limit)
             finally:
                 self._fetch_idle = False
             if not jobs:
-                self._empty_fetches += 1
-                self._empty_ended = ended
                 return None
             self._ready.extend(jobs[1:])
             return jobs[0]
