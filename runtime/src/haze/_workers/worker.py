@@ -125,6 +125,10 @@ class Worker(ClaimsAndAcks):
         #: Jobs ended so far: a claim that found nothing only proves the queue empty if no
         #: job ended (and maybe queued a retry or a chain link) while it ran.
         self._ended = 0
+        #: Set (and replaced) when a job ends, and when the last claim in flight ends:
+        #: ``stop_when_empty`` slots wait on them, rather than poll.
+        self._job_ended = asyncio.Event()
+        self._claims_settled = asyncio.Event()
         #: Remote drivers: one idle slot polls at a time (the seed's "one loop per worker");
         #: the other idle slots wait for it instead of each polling the backend.
         self._idle_gate: asyncio.Lock | None = None
@@ -397,8 +401,9 @@ class Worker(ClaimsAndAcks):
             if events.worker_idle and not idle_told:
                 await events.emit("worker_idle", self.connection, self.queues)
             if self.stop_when_empty:
-                if await self._drained(ended_before):
+                if await self._drained(ended_before, idle_wait):
                     break
+                idle_wait = min(idle_wait * 2, self.max_sleep)
                 continue
             idle_wait = min(idle_wait * 2, self.max_sleep)
         if self._local is not None:
@@ -434,18 +439,21 @@ class Worker(ClaimsAndAcks):
                     job = await self._claim(wait)
             finally:
                 self._claiming -= 1
+                if not self._claiming:
+                    self._claims_settled.set()
+                    self._claims_settled = asyncio.Event()
         finally:
             if gate is not None:
                 gate.release()
         return job, idle_told, ended_before
 
-    async def _drained(self, ended_before: int) -> bool:
+    async def _drained(self, ended_before: int, idle_wait: float) -> bool:
         """``stop_when_empty`` and a claim found nothing: True (and stopping) when the
         queues are empty, False when another slot may still bring or queue more."""
         # Wait for the claims still in flight rather than claim again (slots re-claiming
         # in turn would keep _claiming above 0 forever).
         while self._busy == 0 and self._claiming and not self.stopping:
-            await asyncio.sleep(0.005)
+            await self._claims_settled.wait()
         if (
             self._busy == 0
             and self._claiming == 0
@@ -454,7 +462,17 @@ class Worker(ClaimsAndAcks):
         ):
             self.request_stop()
             return True
-        await asyncio.sleep(0.005)  # another slot is busy and may queue more
+        if self._busy:
+            # Another slot's job may queue more (a retry, a chain link) when it ends:
+            # wait for that, polling at the idle interval meanwhile, instead of claiming
+            # again every few milliseconds from every idle slot while it runs.
+            ended = self._job_ended
+            try:
+                await asyncio.wait_for(ended.wait(), min(idle_wait, self._wait_for(idle_wait)))
+            except TimeoutError:
+                pass
+            return False
+        await asyncio.sleep(0.005)  # a job ended during the claim: claim again
         return False
 
     async def _run(self, job: Reserved, resumed: Awaitable[str] | None = None) -> None:
@@ -482,6 +500,8 @@ class Worker(ClaimsAndAcks):
         finally:
             self._busy -= 1
             self._ended += 1
+            self._job_ended.set()
+            self._job_ended = asyncio.Event()
         self.processed += 1
         if job.lease_lost:
             self.leases_lost += 1

@@ -43,6 +43,11 @@ WHERE id = ? AND reserved_at = ?
 -- name: heartbeat
 UPDATE {jobs} SET heartbeat_at = ? WHERE id = ? AND reserved_at = ?
 
+-- name: heartbeat_many
+-- The rows of one claim (they share reserved_at); the driver fills one ? per row id.
+-- params: heartbeat_at, reserved_at, id…
+UPDATE {jobs} SET heartbeat_at = ? WHERE reserved_at = ? AND id IN ({{ids}})
+
 -- name: next_due
 -- When the first row of the queue not due yet comes due: an idle worker's wait ends
 -- then. The first entry of the index the claim reads (due rows first). params: queue

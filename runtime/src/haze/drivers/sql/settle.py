@@ -211,7 +211,17 @@ class _Settling(_Claiming):
 
     async def heartbeat(self, jobs: Sequence[Reserved]) -> None:
         """Refresh ``heartbeat_at`` of running jobs so they are not reclaimed."""
+        # One statement per claim token (and per chunk of ids), not one per job: a
+        # heartbeat that costs a round trip per job outlasts retry_after with enough
+        # running jobs, and the worker then takes its own running jobs over.
         now = time.time()
+        by_token: dict[Any, builtins.list[int]] = {}
         for job in jobs:
             row_id, reserved_at = job.token
-            await self.db.execute(self.sql["heartbeat"], (now, row_id, reserved_at))
+            by_token.setdefault(reserved_at, []).append(int(row_id))
+        per = 90 if self.dialect == "d1" else 400  # D1: at most 100 bound values a statement
+        for reserved_at, ids in by_token.items():
+            for i in range(0, len(ids), per):
+                chunk = ids[i : i + per]
+                stmt = self.sql["heartbeat_many"].replace("{ids}", ", ".join(["?"] * len(chunk)))
+                await self.db.execute(stmt, [now, reserved_at, *chunk])
