@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar
 
 from haze._base.durations import Duration, parse_duration
-from haze._base.errors import JobDefinitionError, JobOptionError
+from haze._base.errors import HazeError, JobDefinitionError, JobOptionError
 from haze._base.message import check_group, check_queue_name
 
 __all__ = ["DebounceOptions", "JobOptions", "UniqueOptions", "checked"]
@@ -25,10 +25,12 @@ _T = TypeVar("_T")
 
 def checked(parse: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     """``parse(*args)``: the kernel's checks (durations, names) raise a plain ValueError,
-    which a define_job option turns into its own JobOptionError (the same one line)."""
+    which a define_job option turns into its own JobOptionError (the same one line).
+    haze's own errors (a backoff past the longest delay: ``DelayTooLongError``) keep
+    their class: code catches them by it."""
     try:
         return parse(*args, **kwargs)
-    except JobDefinitionError:
+    except HazeError:
         raise
     except ValueError as e:
         raise JobOptionError(str(e)) from None

@@ -117,27 +117,23 @@ class Worker(ClaimsAndAcks):
         self.max_sleep = max_sleep if max_sleep is not None else sleep * 5
         self.on_job = on_job
         self.processed = 0
-        #: Jobs whose ack/release/fail found another worker owning them (lease expired).
-        self.leases_lost = 0
+        self.leases_lost = 0  # acks/releases/fails that found another owner (lease lost)
         self.stopping = False
         self._busy = 0
         self._claiming = 0  # slots inside a claim: it may return a job (stop_when_empty)
-        #: Jobs ended so far: a claim that found nothing only proves the queue empty if no
-        #: job ended (and maybe queued a retry or a chain link) while it ran.
+        #: Jobs ended so far: a claim that found nothing proves the queue empty only if
+        #: no job ended (and maybe queued a retry or a chain link) while it ran.
         self._ended = 0
-        #: Set (and replaced) when a job ends, and when the last claim in flight ends:
-        #: ``stop_when_empty`` slots wait on them, rather than poll.
+        #: set and replaced when a job / the last claim in flight ends (stop_when_empty)
         self._job_ended = asyncio.Event()
         self._claims_settled = asyncio.Event()
-        #: Remote drivers: one idle slot polls at a time (the seed's "one loop per worker");
-        #: the other idle slots wait for it instead of each polling the backend.
+        #: remote drivers: one idle slot polls at a time, the others wait for it
         self._idle_gate: asyncio.Lock | None = None
         self._claimed = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._waiting: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: the loop its slots run on (an attribute: the engine reads it at every dispatch
-        #: to a memory connection, ``LocalWorkers.ensure``)
+        #: its slots' loop (an attribute: read at every dispatch to a memory connection)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._started_at = 0.0
         #: Runs the claimed jobs and keeps the running ones (whose leases are renewed).
@@ -145,7 +141,7 @@ class Worker(ClaimsAndAcks):
         self._init_outage(self.driver)
         self.control = control
         self._init_tasks()
-        #: A setup error no retry can cure (missing queue tables): run() raises it.
+        #: a setup error no retry can cure (missing queue tables): run() raises it
         self._fatal: HazeError | None = None
         self._init_batching()
         self._plain = self._plain_runs()
