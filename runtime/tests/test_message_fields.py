@@ -117,3 +117,28 @@ def test_nan_and_infinity_tokens_are_refused_naming_the_field(text: str, named: 
     with pytest.raises(MessageDecodeError) as from_bytes:
         decode(text.encode())
     assert str(from_bytes.value) == str(e.value)
+
+
+def test_a_body_nested_past_what_a_worker_reads_is_refused_before_it_is_parsed() -> None:
+    """Parsing deeper JSON recurses: CPython raises RecursionError near 1,000 levels,
+    but Pyodide (a Cloudflare Worker) overflows the JavaScript stack much sooner and
+    aborts the isolate. So the depth is read from the text first (no recursion)."""
+    from haze._base.errors import MessageDecodeError
+    from haze._base.message import decode
+
+    deep = "[" * 300 + "]" * 300
+    body = '{"id": "m1", "job": "j", "queue": "default", "payload": ' + deep + "}"
+    with pytest.raises(MessageDecodeError, match="nested too deeply"):
+        decode(body)
+    with pytest.raises(MessageDecodeError, match="nested too deeply"):
+        decode(body.encode())
+    ok = '{"id": "m1", "job": "j", "queue": "default", "payload": ' + "[" * 199 + "]" * 199 + "}"
+    assert decode(ok).payload is not None
+
+
+def test_a_failed_record_nested_too_deeply_is_read_as_not_json_without_parsing() -> None:
+    from haze._base.message import envelope_of
+
+    assert envelope_of('{"payload": ' + "[" * 300 + "]" * 300 + "}") is None
+    assert envelope_of(b'{"payload": ' + b"[" * 300 + b"]" * 300 + b"}") is None
+    assert envelope_of('{"payload": ' + "[" * 150 + "]" * 150 + "}") is not None

@@ -30,6 +30,7 @@ from haze._base.durations import MAX_DELAY
 from haze._base.errors import MessageDecodeError
 from haze._base.id_prefix import new_id, new_id_prefix
 from haze._base.json_text import (
+    MAX_PAYLOAD_DEPTH,
     _check_utf8,
     _dumps,
     _esc,
@@ -210,8 +211,24 @@ def encode_with(message: Message, payload: str) -> str:
 encode_with = _checked_encode_with() or encode_with
 
 
+#: the deepest body a worker reads: a payload's limit and the envelope's own levels
+MAX_BODY_DEPTH = MAX_PAYLOAD_DEPTH + 16
+
+
+def _too_deep_body(body: str | bytes) -> bool:
+    return too_deep(
+        body if isinstance(body, str) else body.decode("utf-8", "replace"), MAX_BODY_DEPTH
+    )
+
+
 def decode(body: str | bytes) -> Message:
     """Parse a JSON body into a Message, or raise MessageDecodeError saying what is wrong."""
+    # Read the depth from the text before parsing: json recurses, and in Pyodide (a
+    # Cloudflare Worker) a deep body overflows the JavaScript stack and aborts the
+    # isolate long before CPython's RecursionError. The envelope (meta, a chain's links)
+    # wraps a payload in a few levels more.
+    if _too_deep_body(body):
+        raise MessageDecodeError("message body is nested too deeply to be read as JSON")
     try:
         data = _fast_loads(body)
     except RecursionError:
@@ -248,6 +265,8 @@ _NOT_JSON = object()
 
 
 def _loads_or_not_json(body: Any) -> Any:
+    if isinstance(body, (str, bytes)) and _too_deep_body(body):
+        return _NOT_JSON  # too deep to read (see decode): unreadable
     try:
         return _loads(body)
     except (ValueError, TypeError, RecursionError):  # too deep to read: unreadable too
