@@ -212,7 +212,17 @@ async def test_a_queued_message_nested_too_deeply_fails_once_with_the_reason(
         return await real(text, message, delay)
 
     monkeypatch.setattr(drv, "enqueue", forge)
-    await pc_mutate_then_fail.dispatch({"items": [], "s": "x"})
+    refused = ""
+    try:
+        await pc_mutate_then_fail.dispatch({"items": [], "s": "x"})
+    except TypeError as e:
+        refused = str(e)
+    if refused:
+        # A driver that sends the body as a JSON value (a Cloudflare queue) reads it
+        # first: it refuses one too deep to read, and nothing is queued.
+        assert "a haze message body is a JSON object" in refused
+        assert await drv.size("default") == 0
+        pytest.skip("this driver sends a body as a JSON value: one too deep is refused when sent")
     await done()
     assert ATTEMPTS == []
     [failed] = await Queue.failed()  # its id unread: the record has one of its own
