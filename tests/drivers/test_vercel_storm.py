@@ -42,7 +42,7 @@ from haze import JobContext, define_job
 
 
 def note(event: str, key: str, attempt: int) -> None:
-    line = f"{event} {key} {attempt} {os.getpid()} {time.time():.3f}\\n"
+    line = f"{event} {key} {attempt} {os.getpid()} {time.time():.6f}\\n"
     fd = os.open(os.environ["RUNS_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
@@ -169,7 +169,12 @@ async def test_sigkill_storm_of_poll_workers_loses_nothing_and_completes_nothing
     for event, key, _attempt, pid, at in procs.events():
         if event == "end" and key not in first_end:
             first_end[key] = (pid, at)
-    unacked = [k for k in twice if 0 <= killed_at.get(first_end[k][0], -1e9) - first_end[k][1] < 5]
+    # killed_at is read after kill() returns, and a SIGKILL lands on the other core a
+    # moment later: a dead process writes nothing, so an end its worker wrote up to
+    # 0.1 s "after" the recorded kill was written before it died.
+    unacked = [
+        k for k in twice if -0.1 <= killed_at.get(first_end[k][0], -1e9) - first_end[k][1] < 5
+    ]
     print(f"vercel storm: {len(unacked)} of them killed between the job's end and its ack")
     detail = [e for e in procs.events() if e[1] in twice[:3]]
     other = sorted(set(twice) - set(unacked))
