@@ -8,7 +8,10 @@ CPython: each of ``import haze``, ``import haze_lambda`` and ``import haze_cloud
 and what the generated entry points import (``from haze_lambda import sqs_handler, …``
 in ``dist/aws-lambda/handler.py``, ``from haze_cloudflare import QueueWorker`` in
 ``dist/cloudflare/src/entry.py``), runs in a fresh ``python -X importtime -c "…"``
-process (bytecode already cached: one warm-up process first). ``--src DIR`` measures
+process, twice: with bytecode (as an installed package or a built bundle has it: one
+warm-up process writes it into a private cache, ``PYTHONPYCACHEPREFIX``, whatever
+``PYTHONDONTWRITEBYTECODE`` says) and without (each module compiled from source, as in a
+read-only directory with no ``__pycache__``). ``--src DIR`` measures
 another checkout (a ``git worktree`` of an older commit) through ``PYTHONPATH``.
 The figure is the sum of the *self* times of haze's own modules (``haze``, ``haze.*``,
 ``haze_lambda*``, ``haze_cloudflare*``), so third-party and standard-library imports do
@@ -50,9 +53,20 @@ ENTRIES = (
 )
 
 
-def one_run(statement: str, python: str, src: Path | None = None) -> dict[str, int]:
-    """Self time in µs of each haze module ``statement`` imports (a fresh process)."""
+def one_run(
+    statement: str, python: str, src: Path | None, cache: Path, bytecode: bool
+) -> dict[str, int]:
+    """Self time in µs of each haze module ``statement`` imports (a fresh process).
+
+    ``cache`` is the bytecode cache: written and read with ``bytecode``, an empty directory
+    that nothing is written to without.
+    """
     env = dict(os.environ)
+    env["PYTHONPYCACHEPREFIX"] = str(cache)
+    if bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    else:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
     if src is not None:  # another checkout's sources, ahead of the installed ones
         paths = [src / "runtime/src", src / "adapters/lambda/src", src / "adapters/cloudflare/src"]
         env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
@@ -71,22 +85,26 @@ def one_run(statement: str, python: str, src: Path | None = None) -> dict[str, i
     return own
 
 
-def cpython(runs: int, python: str, src: Path | None) -> dict[str, dict[str, object]]:
+def cpython(
+    runs: int, python: str, src: Path | None, bytecode: bool
+) -> dict[str, dict[str, object]]:
     results: dict[str, dict[str, object]] = {}
-    for module in ENTRIES:
-        one_run(module, python, src)  # warm-up: writes any missing bytecode
-        samples = [one_run(module, python, src) for _ in range(runs)]
-        totals = [sum(s.values()) for s in samples]
-        median = statistics.median(totals)
-        middle = min(samples, key=lambda s: abs(sum(s.values()) - median))
-        slowest = sorted(middle.items(), key=lambda kv: -kv[1])[:3]
-        results[module] = {
-            "median_ms": median / 1000,
-            "min_ms": min(totals) / 1000,
-            "modules": len(middle),
-            "slowest": [(name, us / 1000) for name, us in slowest],
-            "loaded": sorted(middle),
-        }
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = Path(tmp)
+        for module in ENTRIES:
+            one_run(module, python, src, cache, bytecode)  # warm-up: writes the bytecode
+            samples = [one_run(module, python, src, cache, bytecode) for _ in range(runs)]
+            totals = [sum(s.values()) for s in samples]
+            median = statistics.median(totals)
+            middle = min(samples, key=lambda s: abs(sum(s.values()) - median))
+            slowest = sorted(middle.items(), key=lambda kv: -kv[1])[:3]
+            results[module] = {
+                "median_ms": median / 1000,
+                "min_ms": min(totals) / 1000,
+                "modules": len(middle),
+                "slowest": [(name, us / 1000) for name, us in slowest],
+                "loaded": sorted(middle),
+            }
     return results
 
 
@@ -161,14 +179,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results to this file too")
     args = parser.parse_args(argv)
 
-    results: dict[str, object] = {"cpython": cpython(args.runs, args.python, args.src)}
+    results: dict[str, object] = {
+        "cpython": cpython(args.runs, args.python, args.src, bytecode=True),
+        "cpython_source": cpython(args.runs, args.python, args.src, bytecode=False),
+    }
     print(f"CPython {sys.version.split()[0]}: haze's own modules, self time, {args.runs} runs")
-    print("| statement | median ms | min ms | modules | slowest (ms) |")
-    print("|---|---:|---:|---:|---|")
+    print("| statement | median ms | min ms | modules | slowest (ms) | no bytecode: median ms |")
+    print("|---|---:|---:|---:|---|---:|")
+    source = results["cpython_source"]
     for module, r in results["cpython"].items():  # type: ignore[union-attr]
         slow = ", ".join(f"{n} {ms:.1f}" for n, ms in r["slowest"])
+        compiled = source[module]["median_ms"]  # type: ignore[index]
         print(
-            f"| `{module}` | {r['median_ms']:.1f} | {r['min_ms']:.1f} | {r['modules']} | {slow} |"
+            f"| `{module}` | {r['median_ms']:.1f} | {r['min_ms']:.1f} | {r['modules']} | {slow} "
+            f"| {compiled:.1f} |"
         )
     if args.pyodide:
         p = pyodide(args.pyodide_runs, args.src or ROOT)

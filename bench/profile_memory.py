@@ -25,8 +25,38 @@ sys.path.insert(0, str(HERE))
 
 import memory_driver  # noqa: E402
 
-#: (file suffix, function name) -> step; a name alone matches any file.
+#: (file suffix, function name) -> step; a name alone matches any file. The short
+#: path of a plain job (``haze._engine.plain``) first, then the full path's steps.
 STEPS: dict[str, list[str]] = {
+    "plain dispatch: job.dispatch() and its awaitable (warning on drop)": [
+        "definition.py:dispatch",
+        "pending.py:__await__",
+        "pending.py:__del__",
+        "current.py:use_app",
+    ],
+    "plain dispatch: plan, checks, id (Dispatcher.quick, new_id)": [
+        "dispatcher.py:quick",
+        "id_prefix.py:new_id",
+    ],
+    "plain dispatch: payload copy (copy_payload)": [
+        "json_text.py:copy_payload",
+        "json_text.py:_copy",
+        "json_text.py:_copy_dict",
+        "json_text.py:_copy_list",
+    ],
+    "plain dispatch: memory keep_plain": ["memory.py:keep_plain"],
+    "plain run: claim, its ack, payload copy (claim_plain, plain_done, copy_tree)": [
+        "memory.py:claim_plain",
+        "memory.py:plain_done",
+        "json_text.py:copy_tree",
+        "<method 'copy' of 'dict' objects>",
+    ],
+    "plain run: checks and the handler's first step (PlainRuns.run)": [
+        "plain.py:run",
+        "__init__.py:isEnabledFor",
+        "<method 'send' of 'coroutine' objects>",
+    ],
+    "bench: the producer loop (memory_driver._haze)": ["memory_driver.py:_haze"],
     "dispatch: build envelope": [
         "dispatcher.py:build",
         "dispatcher.py:resolve",
@@ -58,7 +88,6 @@ STEPS: dict[str, list[str]] = {
         "dispatcher.py:_plain",
         "otel.py:get",
         "transactions.py:current_transaction",
-        "current.py:use_app",
     ],
     "dispatch: driver enqueue": [
         "dispatcher.py:_sink",
@@ -67,7 +96,6 @@ STEPS: dict[str, list[str]] = {
         "memory.py:_push",
         "memory.py:_bind",
         "local.py:ensure",
-        "definition.py:dispatch",
     ],
     "execute: claim + decode (JSON)": [
         "memory.py:reserve_nowait",
@@ -110,7 +138,6 @@ STEPS: dict[str, list[str]] = {
         "settling",
         "settled",
     ],
-    "execute: logging checks": ["__init__.py:isEnabledFor"],
     "execute: ack": [
         "execution.py:_ack",
         "memory.py:ack",

@@ -315,16 +315,24 @@ def test_next_step_commands_are_shell_quoted(tmp_path: Path) -> None:
     assert shlex.split(pywrangler)[4] == str(out / "cloudflare")
 
 
+def _tree(root: Path) -> list[str]:
+    """The files and folders under ``root``, but Python's bytecode: loading the app's
+    config may write it (where PYTHONDONTWRITEBYTECODE is not set) and is no build output."""
+    return sorted(
+        p.relative_to(root).as_posix() for p in root.rglob("*") if "__pycache__" not in p.parts
+    )
+
+
 @pytest.mark.parametrize("inside", ["app/out", "config/dist", "database/x", "."])
 def test_an_output_folder_inside_the_app_sources_is_refused(tmp_path: Path, inside: str) -> None:
     root = _cloudflare_app(tmp_path / "app")
     (root / "app").mkdir(exist_ok=True)
     (root / "database").mkdir(exist_ok=True)
-    before = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+    before = _tree(root)
     with pytest.raises(ConfigError, match="inside the app's sources") as info:
         build(root, "cloudflare", root / inside)
     assert "\n" not in str(info.value)
-    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == before
+    assert _tree(root) == before
 
 
 @pytest.mark.parametrize("app_at", ["cloudflare", "cloudflare/my app"])
@@ -334,9 +342,9 @@ def test_an_output_folder_whose_build_folder_holds_the_app_is_refused(
     # The build replaces <out>/cloudflare whole: with the app inside it, that deleted the app.
     root = _cloudflare_app(tmp_path / app_at)
     (root / "notes.txt").write_text("mine")
-    before = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+    before = _tree(root)
     with pytest.raises(ConfigError, match="which holds the app") as info:
         build(root, "cloudflare", tmp_path)
     assert "\n" not in str(info.value)
-    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == before
+    assert _tree(root) == before
     assert not list(tmp_path.glob(".haze-build-*"))

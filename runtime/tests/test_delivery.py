@@ -125,3 +125,31 @@ async def test_a_failed_renewal_goes_to_on_error() -> None:
     errors: list[Exception] = []
     await delivery.renew(errors.append, [(Broken(), _job("x"))])
     assert [str(e) for e in errors] == ["down"]
+
+
+async def test_a_round_that_ends_an_interval_behind_schedule_is_told() -> None:
+    # A round that takes longer than the interval leaves leases unrenewed for longer
+    # than the driver planned: the consumer is told (the worker warns, naming
+    # --concurrency and retry_after) instead of finding out from jobs run twice.
+    class Slow(_Leases):
+        async def heartbeat(self, jobs: Sequence[Reserved]) -> None:
+            await asyncio.sleep(self.heartbeat_interval * 3)
+            self.beats.append([j.body for j in jobs])
+
+    delivery = Delivery(_Manager())  # type: ignore[arg-type]
+    slow = Slow()
+    told: list[tuple[float, int]] = []
+    beating = asyncio.ensure_future(
+        delivery.keep_leases(
+            slow.heartbeat_interval,
+            lambda e: None,
+            also=lambda: [(slow, _job("ready")), (slow, _job("acked"))],
+            late=lambda behind, n: told.append((behind, n)),
+        )
+    )
+    while not told:
+        await asyncio.sleep(0.005)
+    beating.cancel()
+    behind, leases = told[0]
+    assert behind > slow.heartbeat_interval and leases == 2
+    assert slow.beats[0] == ["ready", "acked"]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from haze import define_job
-from haze._base.durations import backoff_delay, parse_backoff, parse_duration
+from haze import DelayTooLongError, JobOptionError, define_job
+from haze._base.durations import backoff_delay, parse_backoff, parse_delay, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -103,3 +103,52 @@ def test_pending_delay_parses_durations() -> None:
     assert job.with_({}).delay("1m")._delay == 60.0
     with pytest.raises(ValueError, match="delay"):
         job.with_({}).delay("whenever")
+
+
+#: Finite numbers of seconds past a float's range: a float reads each as infinity.
+PAST_A_FLOAT = [
+    pytest.param(10**400, id="10**400"),
+    pytest.param(10**5000, id="10**5000"),  # past the ints Python writes as text, too
+    pytest.param("9" * 400 + "s", id="400 digits s"),
+    pytest.param("9" * 400, id="400 digits"),
+    "1e400",
+    " 1e999 ",
+]
+
+
+@pytest.mark.parametrize("value", PAST_A_FLOAT)
+def test_a_delay_too_long_for_a_float_is_too_long_not_infinite(value: object) -> None:
+    with pytest.raises(DelayTooLongError, match=r"^delay: .* is longer than the longest delay"):
+        parse_delay(value)
+    with pytest.raises(DelayTooLongError, match=r"backoff\[1\]: .* is longer than the longest"):
+        parse_backoff([1, value])
+    with pytest.raises(DelayTooLongError, match=r"^delay: "):
+        define_job(name="durations_huge_delay")(_handler).with_({}).delay(value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", PAST_A_FLOAT)
+def test_a_duration_too_long_for_a_float_says_so_in_one_short_line(value: object) -> None:
+    with pytest.raises(ValueError, match=r"^timeout: .* is too long to be a duration") as info:
+        parse_duration(value, "timeout")
+    assert len(str(info.value)) < 200 and "finite" not in str(info.value)
+    for option in ({"timeout": value}, {"unique": {"for": value}}, {"keep_result": value}):
+        with pytest.raises(JobOptionError, match="is too long to be a duration"):
+            define_job(name="durations_huge", **option)(_handler)  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [pytest.param(-(10**5000), id="-10**5000"), "-1e400", "inf", float("inf"), float("nan")],
+)
+def test_negative_and_infinite_durations_are_still_not_finite_numbers(value: object) -> None:
+    with pytest.raises(ValueError, match=r"^delay: duration must be a finite number >= 0") as e:
+        parse_delay(value)
+    assert not isinstance(e.value, DelayTooLongError) and len(str(e.value)) < 200
+
+
+def test_the_largest_float_delay_is_too_long() -> None:
+    with pytest.raises(DelayTooLongError, match=r"^delay: 1e\+308s is longer"):
+        parse_delay(1e308)
+
+
+async def _handler(payload: object) -> None: ...

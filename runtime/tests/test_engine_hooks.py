@@ -3,10 +3,13 @@ after the driver records it; a run guard can skip an attempt."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+import pytest
 from haze import App, JobContext, Queue, define_job, define_queue_config
 from haze._engine.hooks import Outcome, PlainQuiet, Run, Skip, Stage
+from haze_plain_conditions import plain_conditions
 
 seen: list[tuple[str, str, str]] = []
 
@@ -145,3 +148,49 @@ async def test_a_plain_success_asks_no_plain_quiet_hook_and_every_declaration_ho
                 assert h.wants(plain) is False, h
     # Asked only about the failing job's runs, never about the plain success.
     assert sorted(quiet.asked) == [Outcome.FAILED, Outcome.RETRY]
+
+
+callers: list[str] = []
+
+
+@define_job(name="hooks_caller")
+async def hooks_caller(payload: dict[str, Any]) -> None:
+    # the module that started this handler: the short path (haze._engine.plain) calls
+    # its first step itself; the full way awaits it from the execution
+    callers.append(sys._getframe(1).f_globals["__name__"])
+
+
+async def test_queue_off_removes_a_listener_and_plain_jobs_take_the_short_path_again() -> None:
+    """A ``before`` listener sends every plain claim the full way; once ``Queue.off``
+    removed it, plain jobs run on the short path again."""
+    ran: list[str] = []
+
+    def before(job: JobContext) -> None:
+        ran.append(job.name)
+
+    async def callers_of_three() -> set[str]:
+        callers.clear()
+        for _ in range(3):  # queued together: the worker claims all but the first
+            await hooks_caller.dispatch({})
+        await Queue.idle()
+        return set(callers)
+
+    short = "haze._engine.plain"
+    async with memory_app() as app:
+        with plain_conditions(app):  # none left by earlier tests in this process
+            assert short in await callers_of_three()
+            Queue.on("before", before)
+            try:
+                assert short not in await callers_of_three()
+            finally:
+                Queue.off("before", before)
+            assert ran == ["hooks_caller"] * 3
+            assert short in await callers_of_three()
+            Queue.off("before", before)  # not listening: nothing to remove
+    assert ran == ["hooks_caller"] * 3
+
+
+def test_queue_off_names_an_unknown_event() -> None:
+    for call in (Queue.on, Queue.off):
+        with pytest.raises(ValueError, match=r"^Queue\.o(n|ff): unknown queue event 'befor'"):
+            call("befor", print)

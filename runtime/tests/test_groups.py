@@ -62,7 +62,7 @@ def test_a_bad_group_is_one_line_naming_the_rule(group: Any, said: str) -> None:
 
 async def test_a_group_function_that_fails_is_one_line_naming_the_job(app: App) -> None:
     Queue.fake()
-    with pytest.raises(ValueError, match='job "groups_by_tenant": group') as e:
+    with pytest.raises(ValueError, match='Job "groups_by_tenant": its group key function') as e:
         await by_tenant.dispatch({"customer": 1})
     assert "KeyError" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(ValueError, match="1 to 128 characters"):
@@ -135,7 +135,7 @@ async def test_a_chain_link_with_a_bad_group_fails_the_chains_dispatch(
     RAN.clear()
     bad = recorded.with_({"customer": 1})
     later: Any = bad if where == "link" else Queue.batch([recorded.with_({"tenant": "b"}), bad])
-    with pytest.raises(ValueError, match='job "groups_recorded": group') as e:
+    with pytest.raises(ValueError, match='Job "groups_recorded": its group key function') as e:
         await Queue.chain([recorded.with_({"tenant": "t-1"}), later]).dispatch()
     assert "KeyError" in str(e.value) and "\n" not in str(e.value)
     await Queue.idle()
@@ -160,5 +160,21 @@ async def test_a_link_with_a_bad_group_added_from_a_job_fails_that_job(app: App,
     await Queue.idle()
     [failed] = await Queue.failed()
     assert failed.name == "groups_appender"
-    assert 'job "groups_recorded": group(payload) raised KeyError' in failed.exception
+    assert 'Job "groups_recorded": its group key function raised KeyError' in failed.exception
     assert RAN == []
+
+
+async def test_a_group_function_that_raises_is_a_key_function_error_naming_job_and_option(
+    app: App,
+) -> None:
+    from haze.errors import KeyFunctionError
+
+    with pytest.raises(KeyFunctionError) as e:
+        await by_tenant.dispatch({"customer": 1})
+    said = str(e.value)
+    assert said.startswith('Job "groups_by_tenant": its group key function raised KeyError')
+    assert "nothing was queued" in said and "\n" not in said
+    assert isinstance(e.value.__cause__, KeyError)  # the function's own error
+    with pytest.raises(KeyFunctionError):  # a pending dispatch resolves it the same way
+        await by_tenant.with_({"customer": 1}).dispatch()
+    assert await Queue.size() == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -11,11 +12,13 @@ from haze import (
     DuplicateJobError,
     JobContext,
     JobDefinition,
+    JobDefinitionError,
     PendingDispatch,
     UnknownJobError,
     define_job,
 )
 from haze._jobs.definition import get_job, registered_jobs
+from haze.errors import JobOptionError
 
 
 @define_job
@@ -237,3 +240,45 @@ def test_define_jobs_options_are_one_list() -> None:
         if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "origin"
     ]
     assert list(JobOptions.__annotations__) == keywords
+
+
+def _yields(payload: object) -> Any:
+    yield payload
+
+
+async def _yields_async(payload: object) -> Any:
+    yield payload
+
+
+class _YieldingCall:
+    def __call__(self, payload: object) -> Any:
+        yield payload
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [_yields, _yields_async, _YieldingCall(), functools.partial(_yields_async)],
+    ids=["generator", "async generator", "callable object", "partial"],
+)
+def test_a_generator_handler_is_refused_at_definition(handler: Any) -> None:
+    """Calling a generator function runs none of its body: a job run that way would
+    count as done with nothing done."""
+    with pytest.raises(JobDefinitionError, match=r'^job "jobs_gen" \(.*\): the handler yields'):
+        define_job(name="jobs_gen")(handler)
+
+
+@pytest.mark.parametrize("name", ["report\x00", "two\nlines", "tab\there", "del\x7f", "c1\x85"])
+def test_a_job_name_with_a_control_character_is_refused(name: str) -> None:
+    # A NUL in a job name cost the job its failed record on PostgreSQL; a newline cuts
+    # the worker's log lines. One line names the job and the character.
+    with pytest.raises(JobOptionError, match="cannot hold control characters") as info:
+        define_job(name=name)(lambda payload: None)
+    assert "\n" not in str(info.value)
+    assert repr(name) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "name", ["names.emails.send", "names Report: Q1/Q2", "names té ✓", "n" * 200]
+)
+def test_a_job_name_of_printable_characters_is_kept(name: str) -> None:
+    assert define_job(name=name)(lambda payload: None).name == name

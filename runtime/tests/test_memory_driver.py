@@ -339,6 +339,39 @@ async def test_size_and_clear() -> None:
     assert log == [("busy", 0)]
 
 
+@define_job(name="mem_plain")
+async def mem_plain(payload: dict) -> None:
+    log.append(payload["i"])
+    if payload.get("stop"):
+        gate["worker"].request_stop()
+
+
+async def test_plain_jobs_run_in_a_burst_are_each_counted_by_the_worker() -> None:
+    async with memory_app() as app:
+        for i in range(5):
+            await mem_plain.dispatch({"i": i})
+        await Queue.idle()
+        worker: Any = app.manager.local.workers["memory"]
+        assert log == [0, 1, 2, 3, 4]
+        assert worker.processed == 5
+        assert worker._delivery.outcomes["done"] == 5
+
+
+async def test_a_worker_stopped_by_a_plain_job_runs_none_after_it() -> None:
+    async with memory_app() as app:
+        await mem_plain.dispatch({"i": -1})  # starts the consumer
+        await Queue.idle()
+        first: Any = app.manager.local.workers["memory"]
+        gate["worker"] = first
+        for i in range(5):
+            await mem_plain.dispatch({"i": i, "stop": i == 1})
+        await asyncio.sleep(0.05)
+        assert log == [-1, 0, 1], "the stopped worker ran no job after the one that stopped it"
+        assert first.processed == 3
+        await Queue.idle()  # a new consumer runs the rest
+        assert log == [-1, 0, 1, 2, 3, 4]
+
+
 # --------------------------------------------------------------------------- app exit
 
 

@@ -142,3 +142,24 @@ def test_a_failed_record_nested_too_deeply_is_read_as_not_json_without_parsing()
     assert envelope_of('{"payload": ' + "[" * 300 + "]" * 300 + "}") is None
     assert envelope_of(b'{"payload": ' + b"[" * 300 + b"]" * 300 + b"}") is None
     assert envelope_of('{"payload": ' + "[" * 150 + "]" * 150 + "}") is not None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 201 + "]" * 201,
+        "[" * 200 + "]" * 200,
+        '["' + "[" * 300 + '"]',  # brackets inside a string do not nest
+        '["\\"' + "{" * 300 + '"]',  # nor after an escaped quote
+        '{"é": "ü' + "[" * 300 + '", "x": ' + "[" * 199 + "]" * 199 + "}",
+        '{"é": "ü", "x": ' + "[" * 250 + "]" * 250 + "}",
+        '["\\\\"' + ", [" * 250 + "]" * 250 + "]",  # an escaped backslash ends no string
+    ],
+)
+def test_the_depth_of_a_bytes_body_is_read_as_its_text_s(text: str) -> None:
+    """A bytes body is scanned without decoding it: UTF-8 keeps every byte of a
+    non-ASCII character above 0x7F, so its brackets and quotes are the text's own."""
+    from haze._base.json_text import too_deep
+
+    assert too_deep(text.encode()) == too_deep(text)
+    assert too_deep(text.encode("utf-8") + b"\xff") == too_deep(text)  # not UTF-8: still read

@@ -121,6 +121,26 @@ async def test_an_awaited_dispatch_does_not_warn(app: App) -> None:
     await Queue.idle()
 
 
+async def test_a_dispatch_driven_by_hand_queues_once_and_one_closed_unstarted_does_not_warn(
+    app: App,
+) -> None:
+    import gc
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        coro = msg_send_invoice.dispatch({"id": 1})
+        with pytest.raises(StopIteration) as stop:
+            coro.send(None)  # the memory dispatch does not suspend
+        assert isinstance(stop.value.value, str) and len(stop.value.value) == 32
+        closed = msg_send_invoice.dispatch({"id": 2})
+        closed.close()  # never started: nothing queued, no warning
+        del closed
+        gc.collect()
+    assert await Queue.size() == 1
+    await Queue.idle()
+
+
 def test_a_mistyped_connection_from_the_environment_names_the_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

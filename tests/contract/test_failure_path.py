@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import sys
 from typing import Any
 
 import pytest
@@ -65,6 +66,58 @@ async def test_an_error_in_the_failure_path_still_settles_the_job(app: App, done
     assert "ValueError: order 8 declined" in failed.exception
     assert "KeyError: 'hook bug'" in failed.exception
     assert await app.driver().size("default") == 0
+
+
+async def test_a_failure_whose_text_holds_nul_is_kept(app: App, done: Any) -> None:
+    # The error is made of the payload, which may hold NUL: PostgreSQL text cannot, so
+    # every store keeps the text with NUL shown as the four characters \x00.
+    job_id = await declined.dispatch({"order": "7\x00b"})
+    await done()
+    [failed] = await Queue.failed()
+    assert failed.id == job_id
+    assert "ValueError: order 7\\x00b declined" in failed.exception
+    assert failed.payload == {"order": "7\x00b"}
+
+
+async def test_a_failure_no_store_keeps_goes_back_to_its_queue(
+    app: App, monkeypatch: pytest.MonkeyPatch, driver: Any
+) -> None:
+    """A failed-job store that refuses the record (here its ``fail`` raises on cue, a
+    fault injected on the driver object: no real store refuses on cue on every driver)
+    twice: the job is not dropped with only a log line; it goes back to its queue, to
+    run again later."""
+    if driver.id == "cloudflare" and sys.platform == "emscripten":
+        pytest.skip(
+            "inside a Worker the released message goes back to Cloudflare's queue, which "
+            "has no count and which this session cannot purge (the REST API is outside)"
+        )
+    conn = app.driver()
+    refused: list[str] = []
+
+    async def refuse(reserved: Any, record: Any) -> bool:
+        refused.append(record.id)
+        raise RuntimeError("the failed-job store refuses this record")
+
+    real_release = conn.release
+    released: list[float] = []
+
+    async def release(reserved: Any, delay: float, *, consume_attempt: bool) -> bool:
+        owned = await real_release(reserved, delay, consume_attempt=consume_attempt)
+        released.append(delay)
+        return owned
+
+    monkeypatch.setattr(conn, "fail", refuse)
+    monkeypatch.setattr(conn, "release", release)
+    job_id = await declined.dispatch({"order": 10})
+    for _ in range(400):
+        if released:
+            break
+        await asyncio.sleep(0.05)
+    assert refused == [job_id, job_id]
+    assert released and released[0] > 0
+    assert await conn.size("default") == 1
+    assert await Queue.failed() == []
+    await conn.purge("default")
 
 
 #: Whether fp_flaky fails, and how often each of its messages ran.

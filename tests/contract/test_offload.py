@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -408,9 +409,8 @@ async def test_a_batch_whose_dispatch_raises_leaves_no_callback_object(
 ) -> None:
     # the callbacks' payloads go to the store before the jobs are queued; the first job
     # is refused (over the cap though under "over", or not JSON): nothing of the batch
-    # runs, so nothing may keep their objects
-    if driver.inline:
-        pytest.skip("sync runs the other jobs inside dispatch(): the batch goes on")
+    # runs (on sync neither: every job is checked before the first one runs), so
+    # nothing may keep their objects
     async with make_app(options={"max_message_size": 600, **offload("1KiB")}):
         batch = (
             Queue.batch([ol_big.with_(first), ol_big.with_({"n": 2, "blob": "small"})])
@@ -439,3 +439,41 @@ async def test_a_store_that_is_down_at_dispatch_is_one_line_naming_it(make_app, 
         assert not isinstance(info.value, OffloadError)  # not a payload that is lost
         assert await app.driver("main").size("default") == 0
     assert SEEN == []
+
+
+@define_job(name="ol_outage", tries=1)
+async def ol_outage(payload: dict[str, Any], job: JobContext) -> None:
+    SEEN.append((job.attempt, len(payload["blob"])))
+
+
+@pytest.mark.requires("delay")
+async def test_a_store_that_is_down_when_the_worker_reads_releases_the_job(
+    make_app, done, caplog
+) -> None:
+    # The object is there, but the store cannot be read (a file is in the way of its
+    # folder: what an unreachable store does to a read). An outage, not a lost payload:
+    # the job goes back to its queue with its attempt handed back (tries=1 would fail it
+    # otherwise), says so in one line naming the store and the job, and runs once the
+    # store is back.
+    folder = FOLDER[0]
+    aside = folder.with_name("offload-aside")
+    async with make_app(options=offload()):
+        job_id = (await ol_outage.with_({"blob": blob(4096)}).delay(0.6).dispatch()).id
+        [name] = objects()
+        with caplog.at_level(logging.WARNING, logger="haze"):
+            folder.rename(aside)
+            folder.write_text("a file, not a folder")
+            deadline = asyncio.get_running_loop().time() + 20
+            while "could not be read" not in caplog.text:
+                assert asyncio.get_running_loop().time() < deadline, caplog.text
+                await asyncio.sleep(0.05)
+            folder.unlink()
+            aside.rename(folder)
+            await done()
+        assert SEEN == [(1, 4096)]  # once, as its first attempt, with its payload
+        [line] = [r.getMessage() for r in caplog.records if "could not be read" in r.getMessage()]
+        assert "\n" not in line and "Traceback" not in caplog.text
+        assert f"file://{folder}" in line and '"ol_outage"' in line and job_id in line
+        assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+        assert await Queue.failed() == []
+        assert name not in objects()  # deleted after the ack, as always

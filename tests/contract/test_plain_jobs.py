@@ -7,6 +7,7 @@ is redefined, or meets listeners and log lines added after its first run."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from typing import Any
 
@@ -68,6 +69,23 @@ async def pl_parent(payload: dict[str, Any]) -> None:
     await pl_ok.dispatch({"child": payload["n"]})
 
 
+@define_job(name="pl_mangle", tries=2)
+async def pl_mangle(payload: Any) -> None:
+    # mutates every level it can reach, then fails once: the retry must not see it
+    SEEN.append(("mangle", copy.deepcopy(payload)))
+    if isinstance(payload, dict):
+        payload["top"] = "changed"
+        for v in payload.values():
+            if isinstance(v, list):
+                v.append("changed")
+            elif isinstance(v, dict):
+                v["changed"] = True
+    elif isinstance(payload, list):
+        payload.append("changed")
+    if sum(1 for s in SEEN if s[0] == "mangle") == 1:
+        raise RuntimeError("mangled")
+
+
 @define_job(name="pl_ctx")
 async def pl_ctx(payload: dict[str, Any], job: JobContext) -> None:
     SEEN.append(("ctx", job.id, job.attempt, job.tries, payload))
@@ -101,6 +119,29 @@ async def test_a_plain_job_that_raises_is_retried_with_its_original_payload(app,
     await pl_flaky.dispatch({"ok_at": 3})
     await done()
     assert SEEN == [("flaky", {"ok_at": 3})] * 3
+    assert await Queue.failed() == []
+
+
+@pytest.mark.requires("retries")
+@pytest.mark.parametrize(
+    "sent",
+    [
+        {"n": 1, "s": "x"},
+        {"n": 1, "tags": ["a"], "inner": {"k": [1, 2]}},
+        [1, "a", None],
+        [1, [2], {"k": "v"}],
+        "text",
+        7,
+    ],
+)
+async def test_a_plain_job_that_mutates_its_payload_then_fails_is_retried_with_the_original(
+    app, done, sent
+) -> None:
+    sent_copy = copy.deepcopy(sent)
+    await pl_mangle.dispatch(sent)
+    await done()
+    assert [("mangle", sent_copy)] * 2 == SEEN
+    assert sent == sent_copy  # the caller's object: never touched by the job
     assert await Queue.failed() == []
 
 

@@ -274,6 +274,24 @@ async def test_long_keys_are_kept_whole(store):
     assert await store.delete(LONG) is True
 
 
+async def test_keys_holding_nul_are_kept_apart(store):
+    # A unique, debounce or without_overlapping key is made of a payload, which may hold
+    # NUL: every store takes such a key, and no two keys share a lock (PostgreSQL text
+    # cannot hold NUL, so its stored form must not meet another key's).
+    keys = ["k:a\x00b", "k:a\u24000b", "k:a\u2400\u24000b", "k:a\u2400\x00b", "k:a0b", "k:ab"]
+    for i, key in enumerate(keys):
+        assert await store.add(key, f"owner-{i}", 60) is True, repr(key)
+    assert await store.add(keys[0], "other", 60) is False
+    assert await store.get_many(keys) == [f"owner-{i}" for i in range(len(keys))]
+    assert await store.touch(keys[0], "owner-0", 30) is True
+    assert await store.delete(keys[0], "owner-0") is True
+    assert await store.get(keys[0]) is None
+    assert await store.get(keys[1]) == "owner-1"
+    assert await store.increment("k:n\x00", 2) == 2
+    await store.put("k:p\x00", {"v": "\x00"})
+    assert await store.get("k:p\x00") == {"v": "\x00"}
+
+
 # --------------------------------------------------------------------------- settle_batch_job
 # One job of a batch counted in one atomic step (haze.batches): the per-job marker, the
 # processed/failed counters and the pending decrement never exist one without the other.

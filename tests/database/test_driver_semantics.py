@@ -24,13 +24,13 @@ from typing import Any
 
 import haze
 import pytest
-from harness import BACKENDS, backend_url, mysql_database, pg_database
+from harness import BACKENDS, backend_url, database_app, mysql_database, pg_database
 from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
 from haze._app.driver_context import AppDriverContext
 from haze._base.errors import ConfigError
 from haze._base.message import Message, encode, new_id
 from haze._workers.worker import Worker
-from haze.connectors.migrations import ensure_queue_tables, make_queue_tables, migrate
+from haze.connectors.migrations import make_queue_tables, migrate
 from haze.drivers import FailedJob
 
 pytestmark = pytest.mark.timeout(90)
@@ -83,33 +83,10 @@ class Env:
 
 
 @contextlib.asynccontextmanager
-async def open_env(
-    db_url: str, tables: tuple[str, str] | None = None, **options: Any
-) -> AsyncIterator[Env]:
-    n = next(_names)
-    jobs, failed = tables or (f"dbx_jobs_{os.getpid()}_{n}", f"dbx_failed_{os.getpid()}_{n}")
-    key = options.pop("key", None)
-    conn = {
-        "driver": "database",
-        "connection": "main",
-        "table": jobs,
-        "failed_table": failed,
-        **options,
-    }
-    app = App(
-        queue=define_queue_config(default="db", connections={"db": conn}),
-        database=define_database_config(default="main", connections={"main": {"url": db_url}}),
-        key=key,
-    )
-    async with app:
-        await ensure_queue_tables(app)
-        env = Env(app, jobs, failed)
-        try:
-            yield env
-        finally:
-            with contextlib.suppress(Exception):
-                await env.db.execute(f"DROP TABLE IF EXISTS {jobs}")
-                await env.db.execute(f"DROP TABLE IF EXISTS {failed}")
+async def open_env(db_url: str, **options: Any) -> AsyncIterator[Env]:
+    async with database_app(db_url, "dbx_sem", **options) as app:
+        driver: Any = app.driver("db")
+        yield Env(app, driver.table, driver.failed_table)
 
 
 @pytest.fixture
@@ -355,20 +332,25 @@ async def test_slow_worker_cannot_delete_or_release_a_reclaimed_row(env: Env) ->
 
 async def test_slow_job_whose_row_was_reclaimed_does_not_delete_the_new_run(db_url: str) -> None:
     """End to end: a job outlives retry_after with heartbeats off (a stuck worker); another
-    worker reclaims and runs it; the slow run's ack deletes nothing."""
+    worker reclaims and runs it; the slow run's ack deletes nothing. The other worker
+    has a driver of its own, as another process would: this process's driver leaves a
+    job its worker still runs to that worker."""
     async with open_env(db_url, retry_after=0.4) as env:
         env.driver.heartbeat_interval = 3600  # this worker looks dead to the others
+        other = type(env.driver)(
+            "db", dict(env.driver.settings), AppDriverContext(env.app, "db", "'database'")
+        )
         await dbx_sem_long.dispatch({"secs": 0.8})
         slow = Worker(env.app, "db", ["default"], 1, sleep=0.05, max_sleep=0.05, max_jobs=1)
         slow.start()
         await until(lambda: runs("long:start"))
         await asyncio.sleep(0.5)
-        again = await env.reserve()  # the other worker
+        again = await other.reserve(["default"], 0)  # the other worker
         assert again is not None and again.attempt == 2
         await slow.run()  # the slow run finishes and acks with its stale reserved_at
         [row] = await env.rows()
         assert float(row["reserved_at"]) == again.token[1], "the reclaimed row survived"
-        await env.driver.ack(again)
+        await other.ack(again)
         assert await env.rows() == []
 
 
@@ -383,9 +365,10 @@ async def test_a_claim_slower_than_retry_after_is_not_run_by_two_workers(env: En
     )
     real_execute = env.db.execute
     stolen: list[Any] = []
+    refresh = env.driver.sql["heartbeat_many"].replace("{ids}", "?")  # the claim's one row
 
     async def execute(sql: str, params: Any = ()) -> int:
-        if sql == env.driver.sql["heartbeat"] and not stolen:
+        if sql == refresh and not stolen:
             stolen.append(await other.reserve(["default"], 0))  # between claim and refresh
         return await real_execute(sql, params)
 

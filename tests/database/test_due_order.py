@@ -12,24 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
-import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import BACKENDS, backend_url, mysql_database, pg_database
-from haze import App, JobContext, Queue, define_database_config, define_job, define_queue_config
+from harness import BACKENDS, backend_url, database_app, mysql_database, pg_database
+from haze import App, JobContext, Queue, define_job
 from haze._workers.worker import Worker
 from haze.connectors.migrations import ensure_queue_tables, migrate
 from haze.drivers.sql.claim import _branches
 
 pytestmark = pytest.mark.timeout(90)
-
-_names = itertools.count()
 
 
 @pytest.fixture(scope="session")
@@ -54,28 +50,9 @@ async def dbx_due_noop(payload: dict[str, Any], job: JobContext) -> None:
 
 @contextlib.asynccontextmanager
 async def open_app(db_url: str, create: bool = True) -> AsyncIterator[tuple[App, str]]:
-    n = next(_names)
-    jobs, failed = f"dbx_due_{os.getpid()}_{n}", f"dbx_duef_{os.getpid()}_{n}"
-    conn = {
-        "driver": "database",
-        "connection": "main",
-        "table": jobs,
-        "failed_table": failed,
-        "retry_after": 60,
-    }
-    app = App(
-        queue=define_queue_config(default="db", connections={"db": conn}),
-        database=define_database_config(default="main", connections={"main": {"url": db_url}}),
-    )
-    async with app:
-        if create:
-            await ensure_queue_tables(app)
-        try:
-            yield app, jobs
-        finally:
-            with contextlib.suppress(Exception):
-                await app.database().execute(f"DROP TABLE IF EXISTS {jobs}")
-                await app.database().execute(f"DROP TABLE IF EXISTS {failed}")
+    async with database_app(db_url, "dbx_due", create=create, retry_after=60) as app:
+        driver: Any = app.driver("db")
+        yield app, driver.table
 
 
 async def _keys(jobs: list[Any]) -> list[str]:

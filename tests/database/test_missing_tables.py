@@ -137,3 +137,32 @@ def _not_ours(error: BaseException, table: str) -> None:
     assert 'set "table" and "failed_table"' in message, message
     assert "\n" not in message, message
     assert error.__suppress_context__
+
+
+# ------------------------------------------------------------- what counts as "missing"
+
+
+async def test_only_the_databases_own_missing_table_or_column_error_is_read_as_one(
+    app: App,
+) -> None:
+    """The backend's real errors are told apart by the client's exception classes, not
+    by whatever attributes an error carries: a KeyError for row 1146 (MySQL's "no such
+    table" code) or an error with an ``sqlstate`` of 42P01 raised by something else is a
+    bug to show as it is, not a reason to tell the user to run db:migrate."""
+    driver: Any = app.driver("db")
+    async with app:
+        with pytest.raises(Exception) as no_table:
+            await driver.db.fetchall(f"SELECT id FROM {driver.table}")
+        with pytest.raises(Exception) as no_column:
+            await driver.db.fetchall("SELECT nope FROM (SELECT 1 AS id) AS t")
+    assert isinstance(driver._tables_missing_for(no_table.value), QueueTablesMissingError)
+    assert isinstance(driver._tables_missing_for(no_column.value), ConfigError)
+
+    class Stray(Exception):
+        sqlstate = "42P01"
+
+    class StrayColumn(Exception):
+        sqlstate = "42703"
+
+    for look_alike in (KeyError(1146), KeyError(1054), Stray("x"), StrayColumn("x")):
+        assert driver._tables_missing_for(look_alike) is None, look_alike

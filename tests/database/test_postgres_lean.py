@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 from harness import PG_ADMIN_URL
 from haze.connectors import connect
-from haze.connectors.postgres import DatabaseConnectionError, PostgresConnector
+from haze.connectors.postgres import PostgresConnector
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -192,9 +192,12 @@ async def test_a_cancelled_statement_does_not_come_back_busy(db: PostgresConnect
     assert all(c.pgconn.transaction_status == 0 for c in conns)
 
 
-async def test_a_terminated_connection_is_an_outage_then_replaced(
+async def test_a_terminated_connection_is_replaced_before_its_next_statement(
     db: PostgresConnector, pg_url: str
 ) -> None:
+    """An idle connection the server closed (a restart, a failover, pg_terminate_backend)
+    is found closed when next used and replaced: the statement runs on a new one, with no
+    error while the server is up."""
     pid = await _pid(db)
     other = _connector(pg_url)
     try:
@@ -202,15 +205,7 @@ async def test_a_terminated_connection_is_an_outage_then_replaced(
     finally:
         await other.close()
     await asyncio.sleep(0.1)
-    with pytest.raises(DatabaseConnectionError, match="unavailable"):
-        await db.execute(f"INSERT INTO {_t(db)} (id) VALUES (?)", (1,))
-    async with asyncio.timeout(10):
-        while True:  # the pool drops the broken connection and opens another
-            try:
-                assert await db.execute(f"INSERT INTO {_t(db)} (id) VALUES (?)", (2,)) == 1
-                break
-            except DatabaseConnectionError:
-                await asyncio.sleep(0.1)
+    assert await db.execute(f"INSERT INTO {_t(db)} (id) VALUES (?)", (1,)) == 1
     assert await _pid(db) != pid
 
 

@@ -14,21 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import BACKENDS, backend_url, mysql_database, pg_database
-from haze import App, Queue, define_database_config, define_job, define_queue_config
+from harness import BACKENDS, backend_url, database_app, mysql_database, pg_database
+from haze import App, Queue, define_job
 from haze._workers.worker import Worker
-from haze.connectors.migrations import ensure_queue_tables
 
 pytestmark = [pytest.mark.timeout(180)]
 
-_names = itertools.count()
 RAN: list[str] = []
 
 
@@ -54,23 +50,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return backend_url(request, request.param, tmp_path)
 
 
-@contextlib.asynccontextmanager
-async def open_app(db_url: str) -> AsyncIterator[App]:
-    n = next(_names)
-    jobs, failed = f"dbx_swej_{os.getpid()}_{n}", f"dbx_swef_{os.getpid()}_{n}"
-    conn = {"driver": "database", "connection": "main", "table": jobs, "failed_table": failed}
-    app = App(
-        queue=define_queue_config(default="db", connections={"db": conn}),
-        database=define_database_config(default="main", connections={"main": {"url": db_url}}),
-    )
-    async with app:
-        await ensure_queue_tables(app)
-        try:
-            yield app
-        finally:
-            with contextlib.suppress(Exception):
-                await app.database().execute(f"DROP TABLE IF EXISTS {jobs}")
-                await app.database().execute(f"DROP TABLE IF EXISTS {failed}")
+def open_app(db_url: str) -> contextlib.AbstractAsyncContextManager[App]:
+    return database_app(db_url, "dbx_swe")
 
 
 def count_claims(driver: Any) -> list[int]:
@@ -141,6 +122,89 @@ async def test_one_heartbeat_renews_a_claims_rows_in_one_statement(db_url: str) 
         rows = await db.fetchall(f"SELECT heartbeat_at FROM {driver.table}")
         assert len(rows) == 60 and all(r[0] is not None for r in rows), rows
         assert await driver.ack_many(jobs) == [True] * 60
+
+
+def count_statements(db: Any) -> tuple[list[str], Any]:
+    """Record each statement ``db.execute``/``fetchall`` sends (the real ones run)."""
+    sent: list[str] = []
+    real = (db.execute, db.fetchall)
+
+    async def execute(sql: str, params: Any = ()) -> Any:
+        sent.append(sql)
+        return await real[0](sql, params)
+
+    async def fetchall(sql: str, params: Any = ()) -> Any:
+        sent.append(sql)
+        return await real[1](sql, params)
+
+    db.execute, db.fetchall = execute, fetchall
+    return sent, real
+
+
+async def test_one_heartbeat_renews_the_rows_of_many_claims_in_one_statement(db_url: str) -> None:
+    # A worker fed by a producer claims a few jobs at a time, each claim with its own
+    # reserved_at: one UPDATE per claim made a round for 2,000 such jobs take 2 s, and
+    # at retry_after 2 s the worker took its own running jobs over and ran them twice
+    # (tests/database/test_lease_storm.py).
+    async with open_app(db_url) as app:
+        driver: Any = app.driver("db")
+        await Queue.bulk([dbx_swe_sleep.with_({"k": str(i), "seconds": 0}) for i in range(40)])
+        jobs = [job for _ in range(40) for job in await driver.reserve_many(["default"], 1, 0.0)]
+        assert len(jobs) == 40 and len({job.token[1] for job in jobs}) == 40
+        db = app.database()
+        await db.execute(f"UPDATE {driver.table} SET heartbeat_at = NULL")
+        # one row taken over by another worker: its lease is not this worker's to renew
+        await db.execute(
+            f"UPDATE {driver.table} SET reserved_at = 1.5 WHERE id = ?", (jobs[0].token[0],)
+        )
+        sent, real = count_statements(db)
+        await driver.heartbeat(jobs)
+        db.execute, db.fetchall = real
+        per = 45 if db.dialect == "d1" else 40
+        assert len(sent) == -(-40 // per), f"{len(sent)} statements for 40 jobs of 40 claims"
+        rows = await db.fetchall(f"SELECT id, heartbeat_at FROM {driver.table} ORDER BY id")
+        renewed = {int(r[0]) for r in rows if r[1] is not None}
+        assert renewed == {int(job.token[0]) for job in jobs[1:]}
+
+
+async def test_a_slow_claim_refreshes_its_rows_in_one_statement(db_url: str) -> None:
+    # A claim answered late (a loaded server) wrote a reserved_at that is already old:
+    # its rows are refreshed before they run, in one statement, not one per row, and a
+    # row another worker took over meanwhile is dropped.
+    async with open_app(db_url) as app:
+        driver: Any = app.driver("db")
+        await Queue.bulk([dbx_swe_sleep.with_({"k": str(i), "seconds": 0}) for i in range(30)])
+        jobs = await driver.reserve_many(["default"], 30, 0.0)
+        token = jobs[0].token[1]
+        rows = [(job.token[0], job.body, job.attempt, token, 0.0) for job in jobs]
+        db = app.database()
+        await db.execute(
+            f"UPDATE {driver.table} SET reserved_at = 1.5 WHERE id = ?", (jobs[0].token[0],)
+        )
+        driver.retry_after = 0.0  # any claim counts as slow
+        sent, real = count_statements(db)
+        kept = await driver._fresh(rows, token)
+        db.execute, db.fetchall = real
+        assert [r[0] for r in kept] == [r[0] for r in rows[1:]]
+        assert len(sent) <= 2, f"{len(sent)} statements to refresh a claim of 30 rows"
+
+
+async def test_a_worker_warns_when_its_concurrency_is_more_leases_than_it_can_renew(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with open_app(db_url) as app:
+        driver: Any = app.driver("db")
+        # a lease a thousand slots cannot renew in time on any dialect
+        driver.retry_after, driver.heartbeat_interval = 0.03, 0.01
+        for concurrency, told in ((10, False), (1000, True)):
+            caplog.clear()
+            worker = Worker(app, "db", ["default"], concurrency, stop_when_empty=True)
+            worker.start()
+            await worker.stop()
+            lines = [r.getMessage() for r in caplog.records if "--concurrency" in r.getMessage()]
+            assert bool(lines) is told, lines
+        assert "--concurrency 1000 " in lines[0] and "retry_after 0.03s" in lines[0]
+        assert driver.lease_warning(1000) == lines[0].removeprefix("haze worker: ")
 
 
 @pytest.mark.parametrize("backend", ["mariadb", "postgres", "sqlite"])

@@ -104,3 +104,29 @@ async def test_an_s3_store_that_is_down_at_dispatch_is_one_line_naming_it(
     assert "\n" not in message
     assert message.startswith(f'connection "m": its offload store {to} could not be written (')
     assert "EndpointConnectionError" in message
+
+
+async def test_an_s3_store_that_is_down_when_a_worker_reads_is_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the read a worker makes before the job runs: an unreachable store is an outage
+    # (OffloadStoreError, a BackendUnavailableError), not a missing payload (OffloadError)
+    pytest.importorskip("boto3")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    from haze import App, BackendUnavailableError, OffloadError, define_queue_config
+
+    to = "s3://haze-bucket/down?endpoint_url=http://127.0.0.1:9&region=us-east-1"
+    conn = {"driver": "memory", "offload": {"to": to, "over": 10}}
+    ref = {"offloaded": "m1.abc", "size": 3, "sha256": "0" * 64}
+    async with App(queue=define_queue_config(default="m", connections={"m": conn})) as app:
+        with pytest.raises(BackendUnavailableError) as caught:
+            await app.manager.execution.offload.fetch(ref, "m", 'job "os_down_read" (m1)')
+    assert not isinstance(caught.value, OffloadError)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"job \"os_down_read\" (m1): its offloaded payload 'm1.abc' could not be read from "
+        f"the offload store {to} ("
+    )
+    assert "EndpointConnectionError" in message

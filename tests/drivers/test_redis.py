@@ -592,3 +592,15 @@ async def test_failed_store_record_keeps_a_failure_from_elsewhere(redis_app):
         await _work(app, lambda: len(RUNS) == 1)
         assert RUNS[0]["payload"] == {"n": 9}
         assert await Queue.failed() == []
+
+
+def test_a_starting_worker_is_told_when_its_locks_cannot_all_be_renewed_in_time() -> None:
+    # One heartbeat renews every running job's lock in one script call; with more
+    # running jobs than that call renews within the heartbeat interval (half the lock),
+    # a job goes past its lock between two renewals and the stalled check hands it out
+    # again. Built alone: no connection is opened.
+    driver = RedisDriver("r", {"url": REDIS_URL, "retry_after": 0.1})
+    assert driver.lease_warning(100) is None
+    line = driver.lease_warning(10_000)
+    assert line is not None
+    assert "--concurrency 10000 " in line and "retry_after 0.1s" in line and "Redis" in line

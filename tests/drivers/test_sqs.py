@@ -498,6 +498,28 @@ async def test_heartbeats_extend_the_visibility_of_running_jobs(
         assert beats[0]["Entries"][0]["VisibilityTimeout"] == 2
 
 
+async def test_one_heartbeat_round_renews_every_running_job_in_calls_of_ten(
+    app: App,
+) -> None:
+    """95 running jobs: ten calls of at most ten entries (several in flight at once), each
+    receipt renewed once, none refused."""
+    driver: Any = app.driver("sqs")
+    await Queue.bulk([sqs_ok.with_({"i": i}) for i in range(95)])
+    running: list[Any] = []
+    while len(running) < 95:
+        got = await driver.reserve(["default"], 1)
+        assert got is not None, f"only {len(running)} of 95 received"
+        running.append(got)
+    spy = SpyCalls(driver)
+    await driver.heartbeat(running)
+    beats = spy.of("change_message_visibility_batch")
+    assert sorted(len(b["Entries"]) for b in beats) == [5] + [10] * 9
+    handles = [e["ReceiptHandle"] for b in beats for e in b["Entries"]]
+    assert sorted(handles) == sorted(j.token.handle for j in running)
+    for job in running:
+        await driver.ack(job)
+
+
 async def test_stop_interrupts_a_long_poll(make_app: Callable[..., App]) -> None:
     app = make_app(wait_time="10s")
     async with app:
@@ -731,6 +753,41 @@ async def test_bulk_reports_every_entry_sqs_refused(app: App) -> None:
     assert all(job_id in str(e.value) for job_id in refused)
     assert "InvalidMessageContents" in str(e.value)
     assert await driver.size("default") == 22  # the others were sent
+
+
+class UnreachableOnce:
+    """SQS unreachable for the ``n``-th ``SendMessageBatch`` call only (the connection
+    dropped for that one request); the other calls go to moto."""
+
+    def __init__(self, driver: Any, n: int) -> None:
+        original = driver._submit
+        calls = [0]
+
+        def submit(op: str, **params: Any) -> Any:
+            if op == "send_message_batch":
+                calls[0] += 1
+                if calls[0] == n:
+                    from botocore.exceptions import EndpointConnectionError
+
+                    async def down() -> Any:
+                        raise EndpointConnectionError(endpoint_url="http://sqs.test")
+
+                    return asyncio.ensure_future(down())
+            return original(op, **params)
+
+        driver._submit = submit
+
+
+async def test_a_call_that_cannot_reach_sqs_names_its_messages_when_others_were_queued(
+    app: App,
+) -> None:
+    driver: Any = app.driver("sqs")
+    UnreachableOnce(driver, 2)
+    with pytest.raises(DispatchIncompleteError) as e:
+        await Queue.bulk([sqs_ok.with_({"i": i}) for i in range(25)])
+    assert len(e.value.failed) == 10, e.value  # the second call's ten
+    assert "15 of 25" in str(e.value), e.value
+    assert await driver.size("default") == 15
 
 
 async def test_a_batch_whose_members_partly_failed_to_send_still_finishes(app: App) -> None:

@@ -476,3 +476,54 @@ async def test_a_bulk_reaches_each_topic_in_dispatch_order() -> None:
         ]
         want = [n for n in range(30) if (queue == "high") == bool(n % 3)]
         assert sent == want, (queue, sent)
+
+
+class _RefuseSends:
+    """The local queue service refusing (400) each send whose body holds ``marker``, as
+    the hosted one refuses a message it will not take; the other sends reach it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, marker: bytes) -> None:
+        server = spec["server"]().app.server
+        put = server.put
+
+        def refusing(topic: str, payload: bytes, headers: Any) -> Any:
+            if marker in payload:
+                raise ValueError("refused by the test")  # the service answers 400
+            return put(topic, payload, headers)
+
+        monkeypatch.setattr(server, "put", refusing)
+
+
+async def test_a_send_refused_mid_bulk_names_the_messages_not_queued(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from haze import DispatchIncompleteError, Queue
+
+    _RefuseSends(monkeypatch, b'"refuse"')
+    template = spec["unique_topic"]("partial")
+    async with _app(topic=template):
+        jobs = [vb_echo.with_({"n": n, "mark": "refuse" if n == 2 else ""}) for n in range(5)]
+        with pytest.raises(DispatchIncompleteError) as e:
+            await Queue.bulk(jobs)
+    # the two before it were sent; it and the two after it (same topic) were not
+    assert spec["pending_on"](template) == 2
+    assert len(e.value.failed) == 3 and e.value.unsent == 3, e.value
+    assert "queued 2 of 5" in str(e.value) and "\n" not in str(e.value)
+
+
+async def test_a_batch_whose_send_is_refused_mid_way_still_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from haze import DispatchIncompleteError, Queue
+
+    _RefuseSends(monkeypatch, b'"refuse"')
+    async with _app() as app:
+        jobs = [vb_echo.with_({"n": n, "mark": "refuse" if n == 1 else ""}) for n in range(3)]
+        with pytest.raises(DispatchIncompleteError) as e:
+            await Queue.batch(jobs).allow_failures().dispatch()
+        assert e.value.batch_id is not None
+        # counted before dispatch() returned: the refused one and the one after it
+        batch = await Queue.find_batch(e.value.batch_id)
+        assert batch is not None
+        assert (batch.total, batch.failed, batch.pending) == (3, 2, 1), batch
+        del app

@@ -321,6 +321,48 @@ async def test_a_dispatch_before_the_migration_is_a_json_503_naming_the_tables(
     assert not [rec for rec in caplog.records if rec.exc_info], "no traceback in the log"
 
 
+async def test_a_dispatch_whose_outcome_is_unknown_is_a_504_naming_the_job(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SQL dispatch whose INSERT lost its connection while the server still ran it, and
+    whose row never showed up: not a 503 saying nothing was queued (a caller retrying on
+    it would queue the job twice) but a 504 saying it may be queued, with its id. The
+    lost connection is injected into the real SQLite connector's execute (no server can
+    lose a reply on cue)."""
+    from haze import DatabaseConnectionError, define_database_config
+    from haze.connectors.migrations import ensure_queue_tables
+    from haze.drivers.sql import landed
+
+    a = App(
+        queue=define_queue_config(
+            default="database", connections={"database": {"driver": "database"}}
+        ),
+        database=define_database_config(
+            default="main", connections={"main": {"url": f"sqlite:///{tmp_path / 'q.db'}"}}
+        ),
+    )
+    async with a:
+        await ensure_queue_tables(a)
+        db: Any = a.database("main")
+        real = db.execute
+
+        async def execute(sql: str, params: Any = ()) -> int:
+            if sql.lstrip().upper().startswith("INSERT"):
+                raise DatabaseConnectionError(
+                    "the server still runs it (injected)", write="unsettled"
+                )
+            return int(await real(sql, params))
+
+        monkeypatch.setattr(db, "execute", execute)
+        monkeypatch.setattr(landed, "RESOLVE_SECONDS", 0.1)
+        async with client(a) as c:
+            r = await c.post(
+                "/dispatch", content=BODY, headers={"authorization": f"Bearer {SECRET}"}
+            )
+    assert r.status_code == 504, r.text
+    assert "may be" in r.json()["error"] and r.json()["id"]
+
+
 async def test_a_dispatch_to_an_unreachable_backend_is_a_json_503_without_a_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

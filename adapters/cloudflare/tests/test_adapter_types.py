@@ -27,7 +27,15 @@ def sdk_mypy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if uv is None:
         tool_missing("uv is not installed")
     venv = tmp_path_factory.mktemp("workers-sdk") / "venv"
-    packages = [SDK, "mypy", "httpx", "cronsim", "opentelemetry-api", "opentelemetry-sdk"]
+    packages = [
+        SDK,
+        "mypy",
+        "httpx",
+        "cronsim",
+        "opentelemetry-api",
+        "opentelemetry-sdk",
+        "psycopg",
+    ]
     for cmd in (
         [uv, "venv", "-q", "-p", sys.executable, str(venv)],
         [uv, "pip", "install", "-q", "-p", str(venv / "bin" / "python"), *packages],

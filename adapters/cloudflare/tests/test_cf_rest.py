@@ -167,6 +167,27 @@ async def test_rest_producer_bulk_uses_messages_batch(standin: StandIn) -> None:
     assert sent(standin, "/messages") == []
 
 
+async def test_rest_bulk_a_refused_call_after_another_names_the_messages_not_queued(
+    standin: StandIn,
+) -> None:
+    from haze import DispatchIncompleteError
+
+    push = standin.queue.push
+
+    def refusing(msg: dict[str, Any], default_delay: int = 0) -> None:
+        if msg["body"]["payload"].get("refuse"):  # the first message of the second call
+            raise ValueError("refused by the stand-in")  # answered 400
+        push(msg, default_delay)
+
+    standin.queue.push = refusing  # type: ignore[method-assign]
+    async with make_app(standin):
+        jobs = [cf_rest_ok.with_({"i": i, "refuse": i == 100}) for i in range(150)]
+        with pytest.raises(DispatchIncompleteError) as e:
+            await Queue.bulk(jobs)
+    assert len(e.value.failed) == 50 and "100 of 150" in str(e.value), str(e.value)[:300]
+    assert len(standin.queue.messages) == 100
+
+
 # --------------------------------------------------------------------------- pull consumer
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -158,7 +159,15 @@ def test_zip_holds_the_handler_the_app_and_the_vendored_packages(bundle: dict[st
         "haze_lambda/__init__.py",
     ):
         assert name in names, name
-    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    # bytecode of every module, compiled at build time: /var/task is read-only on AWS,
+    # so a bundle without it compiles every module again on each cold start
+    tag = sys.implementation.cache_tag
+    sources = [n for n in names if n.endswith(".py")]
+    for source in sources:
+        folder, _, stem = source.rpartition("/")
+        cached = f"{folder}/__pycache__/{stem[:-3]}.{tag}.pyc".lstrip("/")
+        assert cached in names, cached
+    assert len([n for n in names if n.endswith(".pyc")]) == len(sources)
     # the zip is dist/aws-lambda/, file for file
     on_disk = sorted(
         p.relative_to(dist / "aws-lambda").as_posix()
@@ -177,6 +186,34 @@ def test_zip_holds_the_handler_the_app_and_the_vendored_packages(bundle: dict[st
     output = " ".join(bundle["build_output"].split())  # the CLI wraps long notes
     assert "warning: database 'main' is a SQLite file as read now" in output, output
     assert "not shared between instances" in output
+
+
+def test_the_bundle_imports_from_its_bytecode_without_compiling(bundle: dict[str, Any]) -> None:
+    """A cold start on the bundle reads every haze module's bytecode and compiles none.
+
+    The bytecode is hash-based and unchecked, so it holds whatever time stamps the zip's
+    entries unpack with; ``python -v`` says where each code object came from.
+    """
+    task: Path = bundle["root"]
+    # as on AWS: no PYTHONPATH and no bytecode cache elsewhere (PYTHONPYCACHEPREFIX)
+    left_out = ("PYTHONPATH", "HAZE_APP_ROOT", "PYTHONPYCACHEPREFIX")
+    env = {k: v for k, v in os.environ.items() if k not in left_out}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-v", "-c", "import handler, haze.driver_api"],
+        cwd=task,
+        env={**env, **bundle["env"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    loaded = re.findall(r"^# code object from '?([^'\n]+)'?$", proc.stderr, re.M)
+    bundled = [p for p in loaded if p.startswith(str(task))]
+    for package in ("/haze_lambda/", "/haze/_base/"):
+        assert any(package in p for p in bundled), (package, proc.stderr[-2000:])
+    compiled = [p for p in bundled if not p.endswith(".pyc")]
+    assert not compiled, compiled
 
 
 def test_the_zip_is_deterministic(bundle: dict[str, Any], tmp_path: Path) -> None:

@@ -213,6 +213,7 @@ config = define_database_config(default="main", connections={"main": {"url": env
 
 JOBS_PY = """
 import asyncio
+import functools
 import json
 import os
 
@@ -260,6 +261,30 @@ async def lam_release(payload: dict, job: JobContext) -> None:
 async def lam_slow(payload: dict, job: JobContext) -> None:
     await asyncio.sleep(payload["seconds"])
     note("lam_slow", payload, job)
+
+
+def logged(fn):
+    @functools.wraps(fn)
+    def wrapper(*args):
+        return fn(*args)
+
+    return wrapper
+
+
+@define_job(tries=1)
+@logged
+async def lam_decorated(payload: dict, job: JobContext) -> None:
+    await asyncio.sleep(0)
+    note("lam_decorated", payload, job)
+
+
+class LamCallable:
+    async def __call__(self, payload: dict, job: JobContext) -> None:
+        await asyncio.sleep(0)
+        note("lam_callable", payload, job)
+
+
+define_job(name="lam_callable", tries=1)(LamCallable())
 """
 
 
@@ -563,6 +588,22 @@ def test_sqs_handler_partial_batch_response(lam_app: dict[str, Any]) -> None:
         # one warm process (one app, one event loop) served both invocations
         assert len({o["pid"] for o in outputs(lam_app) if o["id"] in mine}) == 1
         assert queue_counts(client, url) == (0, 0, 0)
+
+
+def test_sqs_handler_runs_async_handlers_that_are_not_a_bare_async_def(
+    lam_app: dict[str, Any],
+) -> None:
+    """An async def under a plain-def decorator and an object whose __call__ is async
+    def run their bodies through the Lambda entry path, as on a worker."""
+    name = "lam-t-kinds"
+    q = queued_batch(name, ("lam_decorated", "lam_callable"), "t-kinds")
+    with runtime(lam_app, "haze_lambda.sqs_handler") as api:
+        kind, response = api.invoke(sqs_event(q["messages"], name))
+    assert (kind, response) == ("response", {"batchItemFailures": []})
+    mine = set(q["ids"].values())
+    runs = {o["job"]: o["id"] for o in outputs(lam_app) if o["id"] in mine}
+    assert runs == q["ids"]
+    assert queue_counts(q["client"], q["url"]) == (0, 0, 0)
 
 
 def test_sqs_handler_forwards_a_message_that_is_not_due(lam_app: dict[str, Any]) -> None:

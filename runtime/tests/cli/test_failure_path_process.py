@@ -200,10 +200,11 @@ def test_three_concurrent_retry_all_processes_queue_each_job_once(tmp_path: Path
     assert _rows(db, "SELECT uuid FROM failed_jobs") == []
 
 
-def test_a_failed_store_that_refuses_every_record_still_settles_the_job(tmp_path: Path) -> None:
+def test_a_failed_store_that_refuses_every_record_keeps_the_job_queued(tmp_path: Path) -> None:
     """A failed_jobs table that refuses every insert (a trigger, as a constraint or a
-    full disk would): the failure goes to the log, whole, and the row leaves the queue
-    instead of failing the same way after every retry_after."""
+    full disk would): the failure goes to the log, whole, and the row goes back to the
+    queue for a minute (not dropped with the log line as its only record, nor failing
+    the same way after every retry_after)."""
     root = _app(tmp_path, FAILING_JOB)
     db = root / "q.db"
     with sqlite3.connect(db) as c:
@@ -214,9 +215,12 @@ def test_a_failed_store_that_refuses_every_record_still_settles_the_job(tmp_path
     _dispatch_twice(db, "fp_always_fails", {"order": 9})
     run = _work(root)
     assert run.returncode == 0, run.stderr
-    assert _rows(db, "SELECT id FROM jobs") == []
+    rows = _rows(db, "SELECT reserved_at, available_at FROM jobs")
+    assert len(rows) == 2  # the row and its copy, each waiting to run again
+    assert all(reserved is None and due > time.time() for reserved, due in rows)
     out = run.stdout + run.stderr
     assert "could not be recorded" in out
+    assert "goes back to its queue" in out
     assert "failed_jobs is read-only here" in out
     assert "ValueError: order 9 declined" in out
     assert "unexpected error" not in out

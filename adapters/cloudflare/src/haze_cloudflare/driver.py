@@ -68,7 +68,7 @@ class BindingProducer:
         try:
             await _settle(self._queue().send(to_js(body), to_js(_options(delay))))
         except Exception:
-            _refuse_unsafe_integers(body.get("payload"))
+            _refuse_unsafe_integers(body.get("payload"), _where(body))
             raise
 
     async def send_batch(self, items: Sequence[tuple[dict[str, Any], int]]) -> None:
@@ -79,11 +79,15 @@ class BindingProducer:
                 await _settle(q.sendBatch(to_js(messages)))
             except Exception:
                 for body, _ in chunk:
-                    _refuse_unsafe_integers(body.get("payload"))
+                    _refuse_unsafe_integers(body.get("payload"), _where(body))
                 raise
 
 
 _JS_SAFE = 2**53 - 1
+
+
+def _where(body: dict[str, Any]) -> str:
+    return f'job "{body.get("job")}": payload'
 
 
 def _refuse_unsafe_integers(value: Any, path: str = "payload") -> None:
@@ -97,10 +101,16 @@ def _refuse_unsafe_integers(value: Any, path: str = "payload") -> None:
         for i, v in enumerate(value):
             _refuse_unsafe_integers(v, f"{path}[{i}]")
     elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > _JS_SAFE:
+        # a page of digits helps no one: past 30 of them, their count
+        shown = value if value.bit_length() < 100 else f"an int of about {_digits(value)} digits"
         raise ValueError(
-            f"{path} is {value}, past the integers JavaScript carries exactly (±2**53 - 1): "
+            f"{path} is {shown}, past the integers JavaScript carries exactly (±2**53 - 1): "
             "a Cloudflare queue cannot send it; send it as a string"
         )
+
+
+def _digits(n: int) -> int:
+    return int(abs(n).bit_length() * 0.30103) + 1
 
 
 def binding_producer(name: str) -> BindingProducer | None:

@@ -42,6 +42,7 @@ from haze._base.hints import did_you_mean
 from haze._engine.manager import QueueManager
 from haze._failed import failed_target
 from haze._jobs.definition import registered_jobs
+from haze._orchestration import batch_settle
 from haze._orchestration.install import install as install_orchestration
 from haze._workers.worker import Worker
 from haze.connectors import Connector, connect, dialect_of
@@ -509,6 +510,7 @@ class App:
 
     async def stop(self) -> None:
         """Stop taking jobs, wait for running ones, and report what stays queued."""
+        batch_settle.stop_asking(self.manager)
         await self.manager.shutdown()
         for d in self._drivers.values():
             await d.close()

@@ -3,7 +3,9 @@
 A job may raise anything: an exception whose ``str()`` raises, or recurses through a
 deeply nested argument (``RecursionError``), or is megabytes long. The failure path
 records and logs it, so each description here falls back to the type name and a
-truncated ``repr`` of its arguments, and is capped at ``MAX_ERROR_TEXT`` bytes.
+truncated ``repr`` of its arguments, is capped at ``MAX_ERROR_TEXT`` bytes, and shows a
+NUL character as the four characters ``\x00`` (a failed-jobs table on PostgreSQL
+cannot store NUL, and a record that cannot be stored must not cost the job).
 """
 
 from __future__ import annotations
@@ -23,12 +25,17 @@ _short.maxother = 200
 
 
 def cap_text(text: str, limit: int = MAX_ERROR_TEXT) -> str:
-    """``text`` (made encodable as UTF-8) if it fits in ``limit`` bytes; else its head
-    and tail (a traceback's last lines name the error) around a note of what was cut.
+    """``text`` (made storable: encodable as UTF-8, NUL shown as ``\\x00``) if it fits in
+    ``limit`` bytes; else its head and tail (a traceback's last lines name the error)
+    around a note of what was cut.
 
     >>> len(cap_text("x" * 100_000).encode()) <= MAX_ERROR_TEXT
     True
+    >>> cap_text("report" + chr(0) + ".csv")
+    'report\\\\x00.csv'
     """
+    if "\x00" in text:  # PostgreSQL text cannot hold NUL: a failure must still be kept
+        text = text.replace("\x00", "\\x00")
     # "replace": a lone surrogate (which no database or JSON encoder takes) becomes "?"
     data = text.encode("utf-8", "replace")
     if len(data) <= limit:

@@ -22,6 +22,7 @@ __all__ = [
     "check_delay",
     "format_age",
     "parse_backoff",
+    "parse_delay",
     "parse_duration",
 ]
 
@@ -49,11 +50,17 @@ def parse_duration(value: object, option: str, *, allow_zero: bool = True) -> fl
     """
     if isinstance(value, bool):
         raise ValueError(f"{option}: expected seconds or a duration like '30s', got {value!r}")
+    amount = _past_float(value)
+    if amount is not None:
+        raise ValueError(
+            f"{option}: {amount} is too long to be a duration (more than a float holds); "
+            "use a shorter one"
+        )
     if isinstance(value, (int, float)):
         try:
             seconds = float(value)
-        except OverflowError:  # an int past a float's range: no duration either
-            seconds = math.inf
+        except OverflowError:  # a negative int past a float's range
+            seconds = -math.inf
     elif isinstance(value, str):
         m = _PATTERN.match(value)
         if m is None:
@@ -61,21 +68,51 @@ def parse_duration(value: object, option: str, *, allow_zero: bool = True) -> fl
                 seconds = float(value.strip())
             except ValueError:
                 raise ValueError(
-                    f"{option}: {value!r} is not a duration; use seconds (30, 1.5) or a string "
-                    "like '500ms', '30s', '5m', '1h', '1d', '7d'"
+                    f"{option}: {_shown(value)} is not a duration; use seconds (30, 1.5) or a "
+                    "string like '500ms', '30s', '5m', '1h', '1d', '7d'"
                 ) from None
         else:
             seconds = float(m.group(1)) * _UNITS[m.group(2)]
     else:
         raise ValueError(
             f"{option}: expected seconds or a duration like '30s', got {type(value).__name__} "
-            f"{value!r}"
+            f"{_shown(value)}"
         )
     if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
-        raise ValueError(f"{option}: duration must be a finite number >= 0, got {value!r}")
+        raise ValueError(f"{option}: duration must be a finite number >= 0, got {_shown(value)}")
     if not allow_zero and seconds == 0:
         raise ValueError(f"{option}: duration must be greater than 0, got {value!r}")
     return seconds
+
+
+def _past_float(value: object) -> str | None:
+    """``value`` as an error shows it when it is a finite, positive number of seconds
+    past a float's range (``10**400``, ``"1e400"``, 400 digits and a unit: a float
+    reads them as infinity, which they are not); else None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            float(value)
+        except OverflowError:
+            return f"{_shown(value)} seconds" if value > 0 else None
+        return None
+    if not isinstance(value, str):
+        return None
+    m = _PATTERN.match(value)
+    try:
+        seconds = float(m.group(1)) * _UNITS[m.group(2)] if m else float(value.strip())
+    except ValueError:
+        return None
+    # "inf" and "infinity" spell infinity itself; digits read as infinity do not
+    return _shown(value) if seconds == math.inf and "i" not in value.lower() else None
+
+
+def _shown(value: object) -> str:
+    """``value`` as an error message shows it: short (an int of thousands of digits
+    cannot even be written out past Python's limit, and a page of digits helps no one)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"about {'-' if value < 0 else ''}1e{int(value.bit_length() * 0.30103)}"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:50]}…{text[-1]}"
 
 
 def check_delay(seconds: float, option: str = "delay") -> float:
@@ -88,18 +125,37 @@ def check_delay(seconds: float, option: str = "delay") -> float:
     3600.0
     """
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
-        raise ValueError(f"{option}: expected seconds, got {seconds!r}")
+        raise ValueError(f"{option}: expected seconds, got {_shown(seconds)}")
+    if isinstance(seconds, int) and seconds > MAX_DELAY:  # 10**400 is no float
+        raise _delay_too_long(option, f"{_shown(seconds)}s")
     if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
         raise ValueError(
-            f"{option}: a delay must be a finite number of seconds >= 0, got {seconds!r}"
+            f"{option}: a delay must be a finite number of seconds >= 0, got {_shown(seconds)}"
         )
     if seconds > MAX_DELAY:
-        raise DelayTooLongError(
-            f"{option}: {seconds:g}s is longer than the longest delay haze queues "
-            f"(365 days = {MAX_DELAY:g}s); schedule the job closer to its time instead "
-            "(nothing was enqueued)"
-        )
+        raise _delay_too_long(option, f"{seconds:g}s")
     return float(seconds)
+
+
+def parse_delay(value: object, option: str = "delay") -> float:
+    """``parse_duration`` then ``check_delay``: a delay's seconds, or its error (a delay
+    too long for a float too is a ``DelayTooLongError``).
+
+    >>> parse_delay("2h")
+    7200.0
+    """
+    amount = _past_float(value)
+    if amount is not None:
+        raise _delay_too_long(option, amount)
+    return check_delay(parse_duration(value, option), option)
+
+
+def _delay_too_long(option: str, amount: str) -> DelayTooLongError:
+    return DelayTooLongError(
+        f"{option}: {amount} is longer than the longest delay haze queues "
+        f"(365 days = {MAX_DELAY:g}s); schedule the job closer to its time instead "
+        "(nothing was enqueued)"
+    )
 
 
 def parse_backoff(value: object, option: str = "backoff") -> float | tuple[float, ...] | str:
@@ -113,11 +169,8 @@ def parse_backoff(value: object, option: str = "backoff") -> float | tuple[float
     if isinstance(value, (list, tuple)):
         if not value:
             raise ValueError(f"{option}: a backoff list needs at least one entry")
-        return tuple(
-            check_delay(parse_duration(v, f"{option}[{i}]"), f"{option}[{i}]")
-            for i, v in enumerate(value)
-        )
-    return check_delay(parse_duration(value, option), option)
+        return tuple(parse_delay(v, f"{option}[{i}]") for i, v in enumerate(value))
+    return parse_delay(value, option)
 
 
 def backoff_delay(backoff: float | tuple[float, ...] | str, retry: int) -> float:

@@ -10,6 +10,7 @@ The tree::
     ├── MissingDependencyError      an optional extra is not installed (names haze-jobs[extra])
     ├── PayloadTooLargeError        the JSON payload exceeds the connection's message limit
     ├── PayloadError                a payload JSON cannot carry, or nested too deeply
+    ├── KeyFunctionError            a unique, debounce or group key function raised
     ├── DispatchIncompleteError     a bulk send queued some messages and not others
     ├── DelayTooLongError           a delay over 365 days (or the driver's lower cap: cloudflare)
     ├── BatchFinishedError          Batch.add() after the batch finished
@@ -24,7 +25,8 @@ The tree::
     │   └── JobOptionError          define_job: an option of the wrong type or value
     ├── BackendUnavailableError     Redis, a database, SQS, libSQL or D1 cannot be reached
     │   ├── DatabaseConnectionError a config/database.py database is unreachable or locked
-    │   └── OffloadStoreError       a connection's offload store could not be written
+    │   ├── DispatchOutcomeUnknownError  a dispatch lost its reply and cannot tell: may be queued
+    │   └── OffloadStoreError       a connection's offload store could not be written or read
     ├── QueueTablesMissingError     the database queue tables do not exist (run db:migrate)
     ├── AmbiguousIdError            a short job id given to a command matches several jobs
     ├── ScheduleError               a bad schedule(): cron, every, tz or a duplicate name
@@ -41,6 +43,7 @@ that is not JSON is a ``PayloadError`` and a ``TypeError``, a bad option a ``Val
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal
 
 from haze._base.hints import did_you_mean, install_hint
 
@@ -53,6 +56,7 @@ __all__ = [
     "DatabaseConnectionError",
     "DelayTooLongError",
     "DispatchIncompleteError",
+    "DispatchOutcomeUnknownError",
     "DuplicateJobError",
     "HazeError",
     "JobDefinitionError",
@@ -157,19 +161,35 @@ class PayloadError(HazeError, TypeError):
 
 
 class KeyFunctionError(HazeError, ValueError):
-    """A job's unique or debounce key function raised on the payload it was given; the
-    function's own error is the ``__cause__``. Nothing was queued."""
+    """A job's unique, debounce or group key function raised on the payload it was
+    given; the function's own error is the ``__cause__``. Nothing was queued."""
 
 
 class DispatchIncompleteError(HazeError):
     """A bulk send (``Queue.bulk``, a batch's jobs) queued some messages and not others.
 
-    ``failed`` maps the id of every message that was not queued to the reason; the
-    others were queued. A batch counts the ones not queued as failed jobs.
+    ``failed`` maps the id of every message that was surely not queued to the reason.
+    ``unknown`` lists the ids whose send lost its reply and whose outcome could not be
+    looked up: they may be queued, so look them up (``Queue.status`` for a tracked job)
+    before dispatching them again. The others were queued. ``unsent`` is how many were
+    surely not queued (more than ``failed`` lists when some had no id yet: a batch
+    stops at a send that fails and never builds the rest). A batch counts the ones not
+    queued as failed jobs, so it still ends, and names itself in ``batch_id``.
     """
 
-    def __init__(self, message: str, *, failed: dict[str, str]):
+    def __init__(
+        self,
+        message: str,
+        *,
+        failed: dict[str, str],
+        unsent: int | None = None,
+        batch_id: str | None = None,
+        unknown: list[str] | None = None,
+    ):
         self.failed = failed
+        self.unknown: list[str] = list(unknown or ())
+        self.unsent = len(failed) if unsent is None else unsent
+        self.batch_id = batch_id
         super().__init__(message)
 
 
@@ -235,10 +255,11 @@ class BackendUnavailableError(HazeError, ConnectionError):
 
 
 class OffloadStoreError(BackendUnavailableError):
-    """A connection's offload store (``"offload": {"to": ...}``) could not be written:
-    the message names the connection, the store and the cause, and nothing was queued.
-    Unlike ``OffloadError`` (an object missing or not matching, which fails its job at
-    once) it says the store is down, not that a payload is lost."""
+    """A connection's offload store (``"offload": {"to": ...}``) could not be written
+    (at dispatch: nothing was queued) or read (by a worker: the job goes back to its
+    queue as the same attempt); the message names the store and the cause. Unlike
+    ``OffloadError`` (an object missing or not matching, which fails its job at once)
+    it says the store is down, not that a payload is lost."""
 
 
 class QueueCountUnavailableError(HazeError):
@@ -248,6 +269,36 @@ class QueueCountUnavailableError(HazeError):
 
 class DatabaseConnectionError(BackendUnavailableError):
     """A database from ``config/database.py`` could not be reached, or stayed locked."""
+
+    #: What a write that raised this did, when its connector knows: ``"unsent"`` (no
+    #: connection was had: nothing was written), ``"unsettled"`` (the connection died
+    #: and the server process was still running the statement when the wait for it
+    #: ended, or may have been: what it writes is not known yet); None otherwise.
+    write: Literal["unsent", "unsettled"] | None = None
+
+    def __init__(self, message: str, *, write: Literal["unsent", "unsettled"] | None = None):
+        super().__init__(message)
+        if write is not None:
+            self.write = write
+
+
+class DispatchOutcomeUnknownError(BackendUnavailableError):
+    """A dispatch's INSERT (or Redis add) lost its connection before the server's reply,
+    and the server could not tell in time whether the job was written: it may be queued.
+
+    Unlike its parent (nothing was queued), dispatching again may queue the job twice.
+    ``job_ids`` holds the ids of the jobs in question; a unique job's lock and a tracked
+    job's status record stay in place::
+
+        try:
+            await send_invoice.dispatch({"id": 7})
+        except DispatchOutcomeUnknownError as e:
+            log.warning("invoice job %s may be queued; not sending it again", e.job_ids)
+    """
+
+    def __init__(self, message: str, job_ids: Iterable[str] = ()):
+        super().__init__(message)
+        self.job_ids: tuple[str, ...] = tuple(job_ids)
 
 
 class QueueTablesMissingError(HazeError):

@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 from haze._base.errors import PayloadError
 
-__all__ = ["check_json"]
+__all__ = ["check_encodable", "check_json", "check_links"]
 
 
 _encoder = json.JSONEncoder(
@@ -160,23 +162,34 @@ def check_json(value: Any, path: str = "payload") -> None:
 #: Pyodide (a Cloudflare Worker) can overflow the JavaScript stack and abort.
 MAX_PAYLOAD_DEPTH = 200
 
-_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+#: a whole string (skipped), an opening bracket (group 1) or a closing one (group 2)
+_TOKENS = r'"[^"\\]*(?:\\.[^"\\]*)*"|([\[{])|([\]}])'
+_TEXT_TOKENS = re.compile(_TOKENS, re.DOTALL)
+# In UTF-8 every byte of a multi-byte character is >= 0x80, so the brackets, quotes and
+# backslashes of a bytes body are its characters' own: it is scanned without decoding.
+_BYTE_TOKENS = re.compile(_TOKENS.encode(), re.DOTALL)
 
 
-def too_deep(text: str, limit: int = MAX_PAYLOAD_DEPTH) -> bool:
-    """Whether the JSON ``text`` nests arrays/objects more than ``limit`` deep, without
-    recursing; strings are skipped whole. Text with fewer brackets than that is not
-    scanned (most payloads: two counts in C)."""
-    if text.count("[") + text.count("{") <= limit:
-        return False
+def too_deep(text: str | bytes, limit: int = MAX_PAYLOAD_DEPTH) -> bool:
+    """Whether the JSON ``text`` (or its UTF-8 bytes) nests arrays/objects more than
+    ``limit`` deep, without recursing; strings are skipped whole. Text with fewer
+    brackets than that is not scanned (most payloads: two counts in C)."""
+    tokens: Iterator[re.Match[Any]]
+    if isinstance(text, bytes):
+        if text.count(b"[") + text.count(b"{") <= limit:
+            return False
+        tokens = _BYTE_TOKENS.finditer(text)
+    else:
+        if text.count("[") + text.count("{") <= limit:
+            return False
+        tokens = _TEXT_TOKENS.finditer(text)
     depth = 0
-    for m in _TOKENS.finditer(text):
-        token = m.group()
-        if token in ("[", "{"):
+    for m in tokens:
+        if m.lastindex == 1:
             depth += 1
             if depth > limit:
                 return True
-        elif token in ("]", "}"):
+        elif m.lastindex == 2:
             depth -= 1
     return False
 
@@ -189,7 +202,11 @@ def too_deep_error(where: str) -> PayloadError:
 
 
 def _walk(value: Any, path: str, seen: set[int]) -> None:
-    if value is None or isinstance(value, (str, bool, int)):
+    if value is None or isinstance(value, (str, bool)):
+        return
+    if isinstance(value, int):
+        if _too_many_digits(value):
+            raise _long_int_error(path, value)
         return
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
@@ -208,12 +225,8 @@ def _walk(value: Any, path: str, seen: set[int]) -> None:
             raise PayloadError(f"{path} contains a reference to itself")
         seen.add(id(value))
         for k, v in value.items():
-            if not isinstance(k, str):
-                raise PayloadError(
-                    f"{path} has a key {k!r} of type {type(k).__name__}; JSON object keys "
-                    "must be strings"
-                )
-            _walk(v, f"{path}[{k!r}]", seen)
+            _check_key(k, path)
+            _walk(v, f"{path}[{_key_repr(k)}]", seen)
         seen.discard(id(value))
         return
     raise PayloadError(
@@ -222,10 +235,98 @@ def _walk(value: Any, path: str, seen: set[int]) -> None:
     )
 
 
+def _check_key(key: Any, path: str) -> None:
+    """JSON writes a key that is an int, a float, a bool or None as a string; any other
+    type, and a key whose text JSON cannot write, is refused naming it."""
+    if key is None or isinstance(key, (str, bool)):
+        return
+    if isinstance(key, int):
+        if _too_many_digits(key):
+            raise _long_int_error(f"{path} has a key that", key)
+        return
+    if isinstance(key, float):
+        if math.isnan(key) or math.isinf(key):
+            raise PayloadError(f"{path} has a key {key!r}, which JSON cannot represent")
+        return
+    raise PayloadError(
+        f"{path} has a key {key!r} of type {type(key).__name__}; JSON object keys must be "
+        "str (an int, float, bool or None key is written as a string)"
+    )
+
+
+def _too_many_digits(n: int) -> bool:
+    """Whether ``n`` has more decimal digits than Python turns into text (CPython's
+    ``sys.get_int_max_str_digits()``, 4,300 by default): JSON cannot write it."""
+    limit = sys.get_int_max_str_digits()
+    if not limit or n.bit_length() < limit * 3.3:  # fewer digits than the limit: text
+        return False
+    try:
+        int.__repr__(n)
+    except ValueError:
+        return True
+    return False
+
+
+def _digits(n: int) -> int:
+    """About how many decimal digits ``n`` has, without converting it to text."""
+    return int(abs(n).bit_length() * 0.30103) + 1
+
+
+def _key_repr(key: Any) -> str:
+    if isinstance(key, int) and not isinstance(key, bool) and _too_many_digits(key):
+        return f"<int of about {_digits(key)} digits>"
+    return repr(key)
+
+
+def _long_int_error(path: str, n: int) -> PayloadError:
+    return PayloadError(
+        f"{path} is an int of about {_digits(n)} digits, more than Python writes as text "
+        f"({sys.get_int_max_str_digits()} digits), so JSON cannot carry it; send it as a "
+        "string, or send a smaller number"
+    )
+
+
+def check_encodable(value: Any, where: str) -> None:
+    """Raise ``PayloadError`` (``check_links``) when haze's JSON cannot write ``value``:
+    for what is kept as it is (a memory store) and written only later."""
+    try:
+        _dumps(value)
+    except (TypeError, ValueError):
+        check_links(value, where)
+        raise
+
+
+def check_links(value: Any, where: str) -> None:
+    """Raise ``PayloadError`` naming the job and the path of a link (a chain's next jobs,
+    a batch's callbacks, anything shaped ``{"job", "payload"}``) in ``value`` whose
+    payload JSON cannot carry; then the first bad path anywhere else in ``value``."""
+    _links(value, 0)
+    check_json(value, where)
+
+
+def _links(value: Any, depth: int) -> None:
+    if depth > MAX_PAYLOAD_DEPTH:
+        return
+    items: Any = ()
+    if isinstance(value, dict):
+        job = value.get("job")
+        if isinstance(job, str) and "payload" in value:
+            check_json(value["payload"], f'job "{job}": payload')
+        items = (v for k, v in value.items() if k != "payload")
+    elif isinstance(value, (list, tuple)):
+        items = value
+    for v in items:
+        _links(v, depth + 1)
+
+
 #: Ints JSON carries and reads back as the same int on every driver's decoder.
 _INT_BOUND = 2**53
+_INT_MIN = -_INT_BOUND
 #: How deep a payload copied without JSON may nest; deeper ones take the JSON path.
 _COPY_DEPTH = 32
+#: What a plain copy holds that ``.copy()`` shares: ``copy_plain`` makes every sequence
+#: a list.
+_CONTAINERS = frozenset({dict, list})
 
 
 class _NotPlain(Exception):
@@ -233,7 +334,20 @@ class _NotPlain(Exception):
 
 
 def _copy_list(items: Any, depth: int, size: list[int]) -> list[Any]:
-    return [_copy(v, depth, size) for v in items]
+    # Scalars inline, as in _copy_dict
+    out = []
+    n = 0
+    for v in items:
+        cls = v.__class__
+        if cls is int and _INT_MIN < v < _INT_BOUND:
+            n += 18
+        elif cls is str and v.isascii():
+            n += 6 * len(v) + 3
+        else:
+            v = _copy(v, depth, size)
+        out.append(v)
+    size[0] += n
+    return out
 
 
 def _copy_dict(d: dict[Any, Any], depth: int, size: list[int]) -> dict[str, Any]:
@@ -244,7 +358,7 @@ def _copy_dict(d: dict[Any, Any], depth: int, size: list[int]) -> dict[str, Any]
         if k.__class__ is not str or not k.isascii():
             raise _NotPlain
         cls = v.__class__
-        if cls is int and -_INT_BOUND < v < _INT_BOUND:
+        if cls is int and _INT_MIN < v < _INT_BOUND:
             n += 6 * len(k) + 22
         elif cls is str and v.isascii():
             n += 6 * (len(k) + len(v)) + 7
@@ -256,9 +370,27 @@ def _copy_dict(d: dict[Any, Any], depth: int, size: list[int]) -> dict[str, Any]
     return out
 
 
-#: ``copy_plain``'s copier of a dict, for one that ``copy_plain`` already copied (so it
-#: is plain): ``copy_plain_dict(d, 1, [0])``, without ``copy_plain``'s frame.
-copy_plain_dict = _copy_dict
+def copy_tree(value: Any) -> Any:
+    """A fresh copy of a value ``copy_plain`` made (so plain: nothing to check or
+    measure), one call per dict or list in it.
+
+    >>> v = {"a": [1, {"b": 2}], "c": "x"}; w = copy_tree(v); w == v, w["a"][1] is v["a"][1]
+    (True, False)
+    """
+    cls = value.__class__
+    if cls is dict:
+        out = value.copy()
+        for k, v in value.items():
+            if v.__class__ in _CONTAINERS:
+                out[k] = copy_tree(v)
+        return out
+    if cls is list:
+        out = value.copy()
+        for i, v in enumerate(value):
+            if v.__class__ in _CONTAINERS:
+                out[i] = copy_tree(v)
+        return out
+    return value
 
 
 def _copy(v: Any, depth: int, size: list[int]) -> Any:
@@ -269,7 +401,7 @@ def _copy(v: Any, depth: int, size: list[int]) -> Any:
         size[0] += 6 * len(v) + 3  # each char at most a \u00XX escape
         return v
     if cls is int:
-        if not -_INT_BOUND < v < _INT_BOUND:
+        if not _INT_MIN < v < _INT_BOUND:
             raise _NotPlain
         size[0] += 18
         return v
@@ -289,6 +421,49 @@ def _copy(v: Any, depth: int, size: list[int]) -> Any:
         size[0] += 2 + len(v)
         return _copy_list(v, depth + 1, size)
     raise _NotPlain
+
+
+def copy_payload(value: Any) -> tuple[Any, int, bool] | None:
+    """``copy_plain`` for a dispatch: the copy, the bound of its JSON's size, and whether
+    the copy is *flat* (a dict or list holding no dict or list, so that its ``.copy()``
+    is a full copy: what a claim hands the job, without a walk). A dict of ints and
+    ASCII strings (most payloads) is copied in this one frame.
+
+    >>> copy_payload({"a": 1, "b": "x"}), copy_payload([1, [2]]), copy_payload({1: 2})
+    (({'a': 1, 'b': 'x'}, 49, True), ([1, [2]], 43, False), None)
+    """
+    if value.__class__ is not dict:
+        copied = copy_plain(value)
+        if copied is None:
+            return None
+        out = copied[0]
+        return out, copied[1], out.__class__ is list and _CONTAINERS.isdisjoint(map(type, out))
+    out = {}
+    n = 2
+    flat = True
+    try:
+        for k, v in value.items():
+            if k.__class__ is not str or not k.isascii():
+                return None
+            cls = v.__class__
+            if cls is int and _INT_MIN < v < _INT_BOUND:
+                n += 6 * len(k) + 22
+            elif cls is str and v.isascii():
+                n += 6 * (len(k) + len(v)) + 7
+            else:
+                size = [0]
+                if cls is dict:  # what _copy(v, 1, size) does, without its frame
+                    v, flat = _copy_dict(v, 2, size), False
+                elif cls is list or cls is tuple:
+                    size[0] = 2 + len(v)
+                    v, flat = _copy_list(v, 2, size), False
+                else:
+                    v = _copy(v, 1, size)
+                n += 6 * len(k) + 4 + size[0]
+            out[k] = v
+    except (_NotPlain, RecursionError):
+        return None
+    return out, n, flat
 
 
 def copy_plain(value: Any) -> tuple[Any, int] | None:

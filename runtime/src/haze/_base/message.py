@@ -39,6 +39,7 @@ from haze._base.json_text import (
     _non_finite_path,
     _NotJsonConstant,
     check_json,
+    check_links,
     too_deep,
     too_deep_error,
 )
@@ -95,7 +96,8 @@ def encode(message: Message) -> str:
     except RecursionError:
         raise too_deep_error(where) from None
     except (TypeError, ValueError):
-        check_json(message.payload, where)
+        # the payload first, then the links it carries (a chain's next jobs, callbacks)
+        check_links(message.to_dict(), f'job "{message.job}": message')
         raise
     if not body.isascii():
         _check_utf8(body, message.payload, message.to_dict, where)
@@ -216,9 +218,7 @@ MAX_BODY_DEPTH = MAX_PAYLOAD_DEPTH + 16
 
 
 def _too_deep_body(body: str | bytes) -> bool:
-    return too_deep(
-        body if isinstance(body, str) else body.decode("utf-8", "replace"), MAX_BODY_DEPTH
-    )
+    return too_deep(body, MAX_BODY_DEPTH)
 
 
 def decode(body: str | bytes) -> Message:

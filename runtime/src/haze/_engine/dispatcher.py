@@ -11,12 +11,14 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from asyncio import get_running_loop
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from haze._base.crypto import encrypt_payload, seal, unseal
 from haze._base.durations import check_delay
-from haze._base.json_text import copy_plain
+from haze._base.errors import DispatchIncompleteError, DispatchOutcomeUnknownError
+from haze._base.json_text import copy_payload, copy_plain
 from haze._base.message import (
     MAX_QUEUE_NAME,
     Message,
@@ -28,6 +30,7 @@ from haze._base.message import (
     new_id,
 )
 from haze._engine.offload import Offload, reference
+from haze._engine.partial import Sent
 from haze._engine.route import Route, RunInline, checked_size
 from haze._jobs.context import _tenant
 from haze._jobs.definition import DispatchResult, PendingDispatch
@@ -35,6 +38,7 @@ from haze.contracts.plain import PlainQueue
 from haze.transactions import current_transaction
 
 if TYPE_CHECKING:
+    from haze._engine.local import LocalWorker
     from haze._engine.locks import Locks
     from haze._engine.otel import TelemetrySlot
     from haze._engine.tracking import Tracking
@@ -76,6 +80,7 @@ class Dispatcher:
         ensure_local_worker: Callable[[str], None],
         warn_implicit: Callable[[], None],
         offload: Offload | None = None,
+        local_workers: Mapping[str, LocalWorker] | None = None,
     ) -> None:
         self.app = app
         self.offload = offload if offload is not None else Offload(app)
@@ -84,6 +89,11 @@ class Dispatcher:
         self.telemetry = telemetry
         self.run_inline = run_inline
         self.ensure_local_worker = ensure_local_worker
+        #: connection -> its running in-process consumer: a plain dispatch asks
+        #: ``ensure_local_worker`` only when none is running on this loop
+        self._local_workers: Mapping[str, LocalWorker] = (
+            local_workers if local_workers is not None else {}
+        )
         self.warn_implicit = warn_implicit
         #: connection -> its route, resolved on the connection's first dispatch
         self._routes: dict[str, Route] = {}
@@ -402,7 +412,7 @@ class Dispatcher:
         slot = self.telemetry
         if app.recorder is not None or (slot.value if slot.resolved else slot.get()) is not None:
             return None
-        copied = copy_plain(payload)
+        copied = copy_payload(payload)
         if copied is None:
             return None  # the full path refuses it, or copies it through JSON
         queue, connection, driver, room, implicit = plan
@@ -412,9 +422,11 @@ class Dispatcher:
         if implicit:
             self.warn_implicit()
         mid = new_id()
-        if not driver.keep_plain(mid, job.name, copied[0], queue, tenant):
+        if not driver.keep_plain(mid, job.name, copied[0], queue, tenant, copied[2]):
             return None
-        self.ensure_local_worker(connection)
+        worker = self._local_workers.get(connection)
+        if worker is None or worker.stopping or worker.loop is not get_running_loop():
+            self.ensure_local_worker(connection)
         return mid
 
     def _plan(self, job: JobDefinition[Any]) -> Plan | None:
@@ -446,6 +458,39 @@ class Dispatcher:
 
     # ------------------------------------------------------------ many dispatches
 
+    def check(
+        self,
+        pending: PendingDispatch[Any],
+        *,
+        queue: str | None = None,
+        connection: str | None = None,
+        batch_id: str | None = None,
+    ) -> None:
+        """Raise what ``bulk`` would raise for ``pending`` before sending it (its queue
+        name, payload, size and delay), sending nothing and keeping nothing: a batch
+        checks every member before its first chunk goes out."""
+        job = pending.job
+        conn, q = self.resolve(pending, queue=queue, connection=connection)
+        wire = pending.payload
+        if wire.__class__ not in _WIRE:
+            wire = job.to_wire(wire)
+        payload = encode_payload(wire, job.name)
+        route = self.route(conn)
+        limit = route.driver.max_message_size
+        size = len(payload) if payload.isascii() else len(payload.encode("utf-8"))
+        if limit is not None and (job.encrypted or size > limit - _ENVELOPE_ROOM):
+            # near the limit: the whole envelope, as it will be sent (built only here:
+            # a batch of a million small jobs is checked at the cost of their JSON)
+            message = self.build(pending, conn, q, batch_id=batch_id)
+            self._check_before_locks(message, payload, route, job)
+        else:
+            if q.__class__ is not str or not 0 < len(q) <= MAX_QUEUE_NAME or "," in q:
+                check_queue_name(q, f'job "{job.name}": queue')  # raises, as build() does
+            if pending._group is not None or job.group is not None:
+                pending._resolved_group()
+        if pending._delay:
+            check_delay(pending._delay, f'job "{job.name}": delay')
+
     async def bulk(
         self,
         pendings: Sequence[PendingDispatch[Any]],
@@ -462,29 +507,56 @@ class Dispatcher:
         ids: list[str] = []
         singles: list[PendingDispatch[Any]] = []
         in_tx = current_transaction() is not None
-        for p in pendings:
-            if not isinstance(p, PendingDispatch):
-                raise TypeError(f"Queue.bulk: expected job.with_(payload) items, got {p!r}")
-            if self._alone(p, batch_id, in_tx):
-                singles.append(p)
-                ids.append("")
-                continue
-            conn, message, item = await self._grouped(p, queue, connection, batch_id)
-            groups.setdefault(conn, []).append(item)
-            ids.append(message.id)
+        try:
+            for p in pendings:
+                if not isinstance(p, PendingDispatch):
+                    raise TypeError(f"Queue.bulk: expected job.with_(payload) items, got {p!r}")
+                if self._alone(p, batch_id, in_tx):
+                    singles.append(p)
+                    ids.append("")
+                    continue
+                conn, message, item = await self._grouped(p, queue, connection, batch_id)
+                groups.setdefault(conn, []).append(item)
+                ids.append(message.id)
+        except BaseException:
+            await self._discard(groups, None)  # nothing was sent: no message reads them
+            raise
         if groups and self.app.implicit:
             self.warn_implicit()
+        sent = Sent(len(pendings))
         for conn, items in groups.items():
-            await self.route(conn).send_many(items)
+            try:
+                await self.route(conn).send_many(items)
+            except BaseException as e:
+                later = list(groups)[list(groups).index(conn) :]
+                lost = e.failed if isinstance(e, DispatchIncompleteError) else None
+                if isinstance(e, DispatchOutcomeUnknownError):
+                    # the payloads of jobs that may be queued stay with them
+                    lost = {m.id: "" for _, m, _ in items if m.id not in e.job_ids}
+                await self._discard({c: groups[c] for c in later}, (conn, lost))
+                sent.failed(e, [m.id for _, m, _ in items], groups, conn)
+            sent.queued += len(items)
         if singles:
             it = iter(singles)
             for i, v in enumerate(ids):
                 if v == "":
-                    sent = await self.dispatch(
+                    one = await self.dispatch(
                         next(it), queue=queue, connection=connection, batch_id=batch_id
                     )
-                    ids[i] = sent.id
+                    ids[i] = one.id
+                    sent.queued += 1
         return ids
+
+    async def _discard(
+        self, groups: dict[str, Batch], partly: tuple[str, dict[str, str] | None] | None
+    ) -> None:
+        """Delete the offloaded payloads of messages not queued (``partly``: on that
+        connection, only those its ``DispatchIncompleteError`` names)."""
+        for conn, items in groups.items():
+            named = partly[1] if partly is not None and conn == partly[0] else None
+            for _, message, _ in items:
+                if reference(message.meta) is not None and (named is None or message.id in named):
+                    await self.offload.discard(message.meta, conn)
 
     def _alone(self, p: PendingDispatch[Any], batch_id: str | None, in_tx: bool) -> bool:
         job = p.job

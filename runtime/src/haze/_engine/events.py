@@ -49,14 +49,15 @@ class Events:
         self.progress: list[Callable[..., Any]] = []
 
     def on(self, event: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        if event not in EVENTS:
-            raise ValueError(f"unknown queue event {event!r}; events: {', '.join(EVENTS)}")
+        _check_event(event, "Queue.on")
         if not callable(fn):
             raise TypeError(f"Queue.on({event!r}): expected a callable, got {fn!r}")
         getattr(self, event).append(fn)
         return fn
 
     def off(self, event: str, fn: Callable[..., Any] | None = None) -> None:
+        """Remove ``fn`` from ``event``'s listeners (every listener when None)."""
+        _check_event(event, "Queue.off")
         listeners: list[Callable[..., Any]] = getattr(self, event)
         if fn is None:
             listeners.clear()
@@ -71,6 +72,11 @@ class Events:
                     await result
             except Exception:
                 log.exception("queue event listener %r for %r failed", fn, event)
+
+
+def _check_event(event: object, call: str) -> None:
+    if not isinstance(event, str) or event not in EVENTS:
+        raise ValueError(f"{call}: unknown queue event {event!r}; events: {', '.join(EVENTS)}")
 
 
 #: Process-wide queue events (``Queue.on``): listeners registered at import time work

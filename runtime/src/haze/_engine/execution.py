@@ -29,6 +29,7 @@ from haze._base.errors import (
     MaxAttemptsExceededError,
     MessageDecodeError,
     OffloadError,
+    OffloadStoreError,
     UnknownJobError,
 )
 from haze._base.message import (
@@ -43,7 +44,7 @@ from haze._engine.offload import Offload
 from haze._engine.pipeline import Contained, Pipeline, compose, with_timeout
 from haze._engine.settle import Result, Settle, _extra
 from haze._engine.throughput import ReadDuration, Tally
-from haze._jobs.context import JobContext, _tenant
+from haze._jobs.context import _tenant
 from haze._jobs.definition import find_job, get_job
 from haze._jobs.lines import job_lines
 from haze.contracts.driver import Reserved
@@ -89,6 +90,10 @@ _inline_run: contextvars.ContextVar[_InlineRun | None] = contextvars.ContextVar(
 )
 _perf = time.perf_counter
 _time = time.time
+
+#: Seconds until a job whose offloaded payload could not be read (the store is down)
+#: is claimed again; its attempt is handed back, so an outage never uses up its tries.
+OFFLOAD_OUTAGE_DELAY = 5.0
 
 #: Middleware that runs before the app's and the job's (the queue limits of the config).
 MiddlewareSource = Callable[[], list[Callable[..., Any]]]
@@ -248,17 +253,7 @@ class Execution(Settle):
         driver: Driver,
         inline: bool,
     ) -> Result:
-        ctx = JobContext(
-            id=message.id,
-            name=job.name,
-            attempt=reserved.attempt,
-            tries=job.tries,
-            queue=message.queue,
-            connection=driver.name,
-            app=self.app,
-            message=message,
-        )
-        run = Run(job, message, reserved, driver, ctx, inline)
+        run = Run(job, message, reserved, driver, self.app, inline)
         meta = message.meta
         if meta is not None and OFFLOADED in meta and UNRECORDED_FAILURE not in meta:
             stopped = await self._restore(run)
@@ -300,10 +295,21 @@ class Execution(Settle):
 
     async def _restore(self, run: Run) -> Result | None:
         """Read an offloaded payload back; None: it is in the message now. A missing or
-        corrupt object fails the job; a store that cannot be reached is retried like
-        any error of an attempt."""
+        corrupt object fails the job. A store that cannot be read is an outage, not a
+        lost payload: the job is released with its attempt handed back (one warning),
+        to run once the store is back."""
         try:
             await self.offload.restore(run.message, run.driver.name)
+        except OffloadStoreError as e:
+            if run.inline:  # sync: no queue to put it back on
+                return await self._final(run, e)
+            log.warning(
+                "%s; the job is back in its queue in %gs, as the same attempt",
+                e,
+                OFFLOAD_OUTAGE_DELAY,
+                extra={"job": run.job.name, "job_id": run.message.id},
+            )
+            return await self._release(run, OFFLOAD_OUTAGE_DELAY)
         except OffloadError as e:
             return await self._final(run, e)
         except Exception as e:

@@ -241,8 +241,7 @@ class Failures:
             meta = {**(meta or {}), "failed_attempt": attempt}
         body_message.meta = meta
         job = find_job(message.job)
-        if exception is None:
-            exception = format_error(error)
+        exception = format_error(error) if exception is None else cap_text(exception)
         if message.enc is None and job is not None and job.encrypted:
             if body_message.enc is None:
                 encrypt_payload(self.app, body_message)

@@ -28,12 +28,14 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from haze._jobs.context import JobContext
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from haze._base.message import Message
-    from haze._jobs.context import JobContext
     from haze._jobs.definition import JobDefinition
+    from haze._jobs.views import JobsApp
     from haze.contracts.driver import Driver, Reserved
 
 __all__ = [
@@ -72,7 +74,7 @@ class Stage(enum.IntEnum):
     NOTIFY = 60  # queue events, telemetry
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class Run:
     """One attempt of one job, as execution and the hooks see it."""
 
@@ -82,23 +84,57 @@ class Run:
     driver: Driver
     ctx: JobContext
     inline: bool
-    payload: Any = None
-    outcome: str = ""
-    error: BaseException | None = None
+    payload: Any
+    outcome: str
+    error: BaseException | None
     #: What ``handle()`` returned (a success).
-    result: Any = None
+    result: Any
     #: Seconds until the job is due again (a retry or a release).
-    delay: float = 0.0
+    delay: float
     #: ``delay`` as the driver will apply it (whole seconds on SQS): what logs say.
-    shown_delay: float = 0.0
+    shown_delay: float
     #: Why a skipped or cancelled run did not run; None: nothing to record.
-    note: str | None = None
+    note: str | None
     #: Raised to the dispatch() caller after the run settled (a sync chain's next link).
-    raise_after: BaseException | None = None
+    raise_after: BaseException | None
     #: The hooks its ``settling`` step chose; ``settled`` calls the same ones.
-    hooks: list[OutcomeHook] | None = None
+    hooks: list[OutcomeHook] | None
     #: Whether the handler was started (False: skipped or cancelled before it ran).
-    started: bool = False
+    started: bool
+
+    def __init__(
+        self,
+        job: JobDefinition[Any],
+        message: Message,
+        reserved: Reserved,
+        driver: Driver,
+        app: JobsApp,
+        inline: bool,
+    ) -> None:
+        # The job's context is built here, the one place both paths (``Execution`` and
+        # a plain job carrying on) build it, in the frame the Run costs anyway.
+        self.job = job
+        self.message = message
+        self.reserved = reserved
+        self.driver = driver
+        self.ctx = JobContext(
+            id=message.id,
+            name=job.name,
+            attempt=reserved.attempt,
+            tries=job.tries,
+            queue=message.queue,
+            connection=driver.name,
+            app=app,
+            message=message,
+        )
+        self.inline = inline
+        self.payload = self.result = None
+        self.outcome = ""
+        self.error = self.raise_after = None
+        self.delay = self.shown_delay = 0.0
+        self.note = None
+        self.hooks = None
+        self.started = False
 
     @property
     def tracked(self) -> bool:

@@ -8,6 +8,7 @@ at dispatch; a run whose id is no longer there was superseded and is skipped.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
@@ -30,6 +31,13 @@ __all__ = ["Locks", "UniqueRelease", "scoped_key"]
 log = logging.getLogger("haze")
 _time = time.time
 
+#: how long releasing a lock is tried again while its store cannot be reached
+RELEASE_SECONDS = 2.0
+#: how long a release the store could not take then goes on in the background
+RELEASE_BACKGROUND_SECONDS = 300.0
+#: how long an app's stop waits for the releases still going on in the background
+STOP_RELEASE_SECONDS = 2.0
+
 
 def scoped_key(kind: str, *parts: object) -> str:
     """A store key scoped by the current tenant (locks and middleware state)."""
@@ -44,6 +52,8 @@ class Locks:
     def __init__(self, app: EngineApp, stores: EngineStores) -> None:
         self.app = app
         self.stores = stores
+        #: key -> the background release of a failed dispatch's lock (see _release)
+        self._releasing: dict[str, asyncio.Task[bool]] = {}
 
     async def _key(self, kind: str, job: JobDefinition[Any], key_fn: Any, message: Message) -> str:
         suffix = ""
@@ -71,13 +81,24 @@ class Locks:
         store = self.stores.state()
         if self.app.recorder is None:
             self.stores.check(store, driver, "unique jobs")
+        if self._releasing:
+            await self._released(key)
         # The holder's lock can expire between a failed add and the get: try again
         # rather than report a skip with no holder id.
         for _ in range(3):
-            if await store.add(key, message.id, opts.ttl):
+            try:
+                taken = await store.add(key, message.id, opts.ttl)
+                holder = None if taken else await store.get(key)
+            except OSError:  # BackendUnavailableError
+                # The add may have been written before its reply was lost: a lock named
+                # for this message (and only such a one) goes with the failed dispatch.
+                await self._release(key, message.id)
+                raise
+            # holder == message.id: a client that sent the add again on a fresh
+            # connection after its reply was lost (redis-py's retry) found this lock
+            if taken or holder == message.id:
                 message.unique = {"key": key, "until": opts.until}
                 return None
-            holder = await store.get(key)
             if holder is not None:
                 return str(holder)
         raise HazeError(
@@ -87,10 +108,76 @@ class Locks:
     async def unlock(self, message: Message) -> None:
         if message.unique is None:
             return
-        try:
-            await self.stores.state().delete(message.unique["key"], owner=message.id)
-        except Exception:
-            log.exception("could not release unique lock %s", message.unique.get("key"))
+        await self._release(message.unique["key"], message.id)
+
+    async def discard(self, key: str) -> None:
+        """Delete ``key`` whoever wrote it (the status record of a dispatch that raised),
+        asked again while the store cannot take it, as a lock's release is: a record
+        left behind would say queued for a job that never was."""
+        await self._release(key, None)
+
+    async def _release(self, key: str, owner: str | None) -> None:
+        """Delete ``key`` if ``owner`` holds it. A lock left behind blocks its key for its
+        whole ``for`` with no job to release it, so a delete the store cannot take now
+        (a connection killed under it is not the store gone) is asked again for up to
+        ``RELEASE_SECONDS``, then goes on in the background for up to
+        ``RELEASE_BACKGROUND_SECONDS``; a dispatch of the key in this process waits for
+        it first."""
+        if await self._try_release(key, owner, RELEASE_SECONDS):
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._try_release(key, owner, RELEASE_BACKGROUND_SECONDS, last=True)
+        )
+        self._releasing[key] = task
+        task.add_done_callback(
+            lambda t: self._releasing.pop(key) if self._releasing.get(key) is t else None
+        )
+
+    async def finish_releases(self) -> None:
+        """At the app's stop: wait (a little) for this loop's background releases; name
+        the keys still there after that (the loop and the store go with the app, so a
+        release dropped silently would leave a key blocked with no job to free it)."""
+        loop = asyncio.get_running_loop()
+        tasks = {k: t for k, t in self._releasing.items() if t.get_loop() is loop}
+        if not tasks:
+            return
+        await asyncio.wait(set(tasks.values()), timeout=STOP_RELEASE_SECONDS)
+        for key, task in tasks.items():
+            if not task.done():
+                task.cancel()
+                log.warning(
+                    "%s of a dispatch that failed could not be deleted before the app "
+                    "stopped (its store is unreachable): it stays until it expires",
+                    key,
+                )
+
+    async def _released(self, key: str) -> None:
+        """Wait (a little) for this process's background release of ``key``, if any."""
+        task = self._releasing.get(key)
+        if task is not None and task.get_loop() is asyncio.get_running_loop():
+            await asyncio.wait({task}, timeout=RELEASE_SECONDS)
+
+    async def _try_release(
+        self, key: str, owner: str | None, seconds: float, last: bool = False
+    ) -> bool:
+        """True once the delete went through (or failed for good: logged)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        pause = 0.01
+        while True:
+            try:
+                await self.stores.state().delete(key, owner=owner)
+                return True
+            except Exception as e:
+                # OSError (BackendUnavailableError): the store's server is unreachable, so
+                # try again until ``seconds`` pass; anything else fails for good
+                unreachable = isinstance(e, OSError)
+                if not unreachable or loop.time() + pause > end:
+                    if last or not unreachable:
+                        log.exception("could not delete %s of a dispatch that failed", key)
+                    return not unreachable
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.2)
 
     async def debounce(self, job: JobDefinition[Any], message: Message, delay: float) -> float:
         """Make ``message`` the latest of its burst; returns how long it waits."""

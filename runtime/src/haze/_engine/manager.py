@@ -85,6 +85,7 @@ class QueueManager:
             ensure_local_worker=ensure_local_worker,
             warn_implicit=warn_implicit,
             offload=self.offload,
+            local_workers=self.local.workers,
         )
         self.callbacks = Callbacks(app, self.stores, self.dispatcher.dispatch, self.offload)
         self.execution = Execution(
@@ -179,6 +180,7 @@ class QueueManager:
         await self.stop_local_workers()
         self.local.workers.clear()
         await self.execution.flush_tally()
+        await self.locks.finish_releases()
         self.local.warn_lost()
 
     async def idle(self) -> None:

@@ -65,6 +65,11 @@ class Plan(NamedTuple):
     connection: str = ""
 
 
+def _cause(error: BaseException) -> str:
+    """A store client's error on one line, however it words it (and at most 300 chars)."""
+    return " ".join(error_line(error).split())[:300]
+
+
 def reference(meta: dict[str, Any] | None) -> dict[str, Any] | None:
     """The offload reference an envelope's ``meta`` carries, or None."""
     ref = meta.get(OFFLOADED) if meta is not None else None
@@ -132,7 +137,7 @@ class Offload:
         field = "enc" if "enc" in link else "payload"
         if plan is None or field not in link:
             return link
-        content = link[field] if field == "enc" else encode_payload(link[field])
+        content = link[field] if field == "enc" else encode_payload(link[field], link["job"])
         over = LINK_OVER if plan.over is None else min(plan.over, LINK_OVER)
         if _size(content) <= over:
             return link
@@ -152,10 +157,9 @@ class Offload:
         except HazeError:
             raise
         except Exception as e:  # OSError, botocore's: the store is down or refuses
-            cause = " ".join(error_line(e).split())[:300]  # one line, however it words it
             raise OffloadStoreError(
                 f'connection "{plan.connection}": its offload store {plan.store.url} could '
-                f"not be written ({cause}); check that it is reachable and writable"
+                f"not be written ({_cause(e)}); check that it is reachable and writable"
             ) from None
         return _ref(key, data, encrypted=encrypted)
 
@@ -176,7 +180,8 @@ class Offload:
 
     async def fetch(self, ref: dict[str, Any], connection: str, who: str) -> str:
         """The text an offload reference names, read back and checked (``OffloadError``
-        when it is missing or does not match)."""
+        when it is missing or does not match, ``OffloadStoreError`` when the store cannot
+        be read)."""
         key, size, digest = ref.get("offloaded"), ref.get("size"), ref.get("sha256")
         if not isinstance(key, str) or not isinstance(digest, str) or size.__class__ is not int:
             raise OffloadError(f"{who}: its offload reference is unreadable: {ref!r}")
@@ -187,7 +192,16 @@ class Offload:
                 'has no "offload" store to read it from; add the same "offload" setting '
                 "as the connection that sent it"
             )
-        data = await plan.store.get(key)
+        try:
+            data = await plan.store.get(key)
+        except HazeError:
+            raise
+        except Exception as e:  # OSError, botocore's: the store is down or refuses
+            raise OffloadStoreError(
+                f"{who}: its offloaded payload {key!r} could not be read from the offload "
+                f"store {plan.store.url} ({_cause(e)}); check that it is reachable and "
+                "readable"
+            ) from None
         if data is None:
             raise OffloadError(
                 f"{who}: its offloaded payload {key!r} is missing from {plan.store.url}"

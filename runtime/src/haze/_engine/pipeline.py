@@ -100,17 +100,26 @@ def _sync_call(handler: Callable[..., Any], n: int) -> Pipeline:
             return handler(payload)
         return handler(payload, ctx)
 
+    # A plain def that returns an awaitable (a decorator's wrapper around an async
+    # function) is an async handler in disguise: its awaitable is awaited here, on the
+    # loop. Dropped, its body would never run and the job would count as done.
     if _EMSCRIPTEN:  # no threads under Pyodide: run inline
 
         async def inline(payload: Any, ctx: JobContext) -> Any:
-            return invoke(payload, ctx)
+            result = invoke(payload, ctx)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
 
         return inline
 
     async def threaded(payload: Any, ctx: JobContext) -> Any:
         loop = ctx._loop = asyncio.get_running_loop()  # for job.progress() from the thread
         cv = contextvars.copy_context()
-        return await loop.run_in_executor(None, cv.run, invoke, payload, ctx)
+        result = await loop.run_in_executor(None, cv.run, invoke, payload, ctx)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
 
     return threaded
 

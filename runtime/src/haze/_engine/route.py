@@ -17,7 +17,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from haze._base.errors import PayloadTooLargeError
+from haze._base.errors import (
+    DispatchIncompleteError,
+    DispatchOutcomeUnknownError,
+    PayloadTooLargeError,
+)
 from haze.contracts.driver import KeepsMessages, unavailable
 from haze.contracts.plain import PlainQueue
 
@@ -131,7 +135,9 @@ class Route:
         except BaseException as e:
             if self.inline:
                 raise
-            await self._undo(message, tracked)
+            if not isinstance(e, DispatchOutcomeUnknownError):
+                # the job may be queued: its lock and status record stay with it
+                await self._undo(message, tracked)
             down = unavailable(driver, e) if isinstance(e, Exception) else None
             if down is not None:
                 raise down from None  # one line, not the client library's traceback chain
@@ -163,6 +169,14 @@ class Route:
         try:
             await driver.enqueue_many(items)
         except Exception as e:
+            # A status record may not outlive a job that was not queued: the driver
+            # names those it did not queue, any other error means none was (a
+            # cancellation says nothing of what went out: the records stay).
+            lost = e.failed if isinstance(e, DispatchIncompleteError) else None
+            maybe = e.job_ids if isinstance(e, DispatchOutcomeUnknownError) else ()
+            for _, message, _ in items:
+                if (lost is None or message.id in lost) and message.id not in maybe:
+                    await self._undo(message, message.meta is not None and "track" in message.meta)
             down = unavailable(driver, e)
             if down is None:
                 raise
@@ -173,7 +187,9 @@ class Route:
     async def _undo(self, message: Message, tracked: bool) -> None:
         """The enqueue failed: no record or lock may outlive a job that was not queued."""
         if tracked:
-            await self.state_store().delete(f"haze:status:{message.id}")
+            # its reply may be lost while the store is unreachable: asked again, and
+            # never in the way of the lock's release below
+            await self._locks.discard(f"haze:status:{message.id}")
         if message.unique is not None:
             await self._locks.unlock(message)
 

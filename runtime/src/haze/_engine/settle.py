@@ -42,6 +42,10 @@ job_log = logging.getLogger("haze.job")
 _DEBUG = logging.DEBUG
 _time = time.time
 
+#: seconds a job whose final failure no failed-job store would keep waits in its queue
+#: before it runs again (not dropped: the log line alone is no record)
+UNRECORDED_RETRY = 60.0
+
 Result = tuple[str, "BaseException | None"]
 
 
@@ -259,8 +263,10 @@ class Settle:
 
     async def _store_failure(self, driver: Driver, reserved: Reserved, record: FailedJob) -> bool:
         """``driver.fail``; when it raises other than for an outage, once more with its
-        error in the record, and then, as a last resort, the record goes to the log
-        and the message is acknowledged: never left to fail the same way for ever."""
+        error in the record, and then, as a last resort, the record goes to the log and
+        the message goes back to its queue for ``UNRECORDED_RETRY`` seconds: a job is
+        never dropped with no failed record (it runs again later, and is recorded once
+        the store takes it)."""
         try:
             return await driver.fail(reserved, record)
         except Exception as e:
@@ -275,16 +281,17 @@ class Settle:
                 raise
             log.error(
                 'haze: the failure of job "%s" (%s) on %s/%s could not be recorded (%s); the '
-                "message is removed from its queue and this line is its only record: %s\n%s",
+                "message goes back to its queue and runs again in %.0fs: %s\n%s",
                 record.name,
                 record.id,
                 driver.name,
                 record.queue,
                 error_line(e),
+                UNRECORDED_RETRY,
                 record.exception,
                 cap_text(record.body, 4096),
             )
-        return await driver.ack(reserved)
+        return await driver.release(reserved, UNRECORDED_RETRY, consume_attempt=False)
 
     def _outage(self, error: BaseException) -> bool:
         """Whether ``error`` says a backend cannot be reached (of any connection in use)."""

@@ -35,6 +35,7 @@ __all__ = ["StatusRecord", "Tracking"]
 
 log = logging.getLogger("haze")
 _time = time.time
+_perf = time.perf_counter
 
 
 class Tracking:
@@ -58,9 +59,10 @@ class Tracking:
         self._watcher: asyncio.Task[None] | None = None
         self._hint_on = False  # a cancel may be outstanding: check markers before runs
         self._hint_at = 0.0  # when the hint was last read from the store
-        #: until when (epoch s) an untracked attempt need not read its cancel marker:
-        #: -inf while the hint is on, else a CANCEL_POLL after the hint was read (kept
-        #: by ``_hinted``, so that ``may_be_cancelled`` is one comparison)
+        #: until when (``time.perf_counter`` s) an untracked attempt need not read its
+        #: cancel marker: -inf while the hint is on, else a CANCEL_POLL after the hint
+        #: was read (kept by ``_hinted``, so that ``may_be_cancelled`` is one
+        #: comparison; on the clock a plain run reads anyway to time its job)
         self.quiet_until = -math.inf
         self._final_events: dict[str, asyncio.Event] = {}
 
@@ -161,12 +163,12 @@ class Tracking:
 
     def may_be_cancelled(self, tracked: bool) -> bool:
         """Whether an attempt must read its cancel marker before it starts."""
-        return tracked or _time() > self.quiet_until
+        return tracked or _perf() > self.quiet_until
 
     def _hinted(self, on: bool) -> None:
         """The cancel hint was read from the store now: ``on`` (a cancel is outstanding)."""
         self._hint_on, self._hint_at = on, _time()
-        self.quiet_until = -math.inf if on else self._hint_at + status.CANCEL_POLL
+        self.quiet_until = -math.inf if on else _perf() + status.CANCEL_POLL
 
     async def cancel_seen(self, message: Message, tracked: bool, attempt: int) -> bool:
         """Whether a cancel marker stops this attempt before it starts.

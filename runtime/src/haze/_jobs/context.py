@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from haze._base.durations import Duration, check_delay, parse_duration
+from haze._base.durations import Duration, parse_delay
 from haze._base.errors import JobFailedError
 from haze._jobs.lines import job_lines
 from haze._jobs.pending import PendingDispatch
@@ -198,9 +198,7 @@ class JobContext:
         Not a failure and it consumes no try. Call it, then return (middleware: do not
         call ``call_next``).
         """
-        self._release_delay = check_delay(
-            parse_duration(delay, "job.release(delay)"), "job.release(delay)"
-        )
+        self._release_delay = parse_delay(delay, "job.release(delay)")
 
     @property
     def error(self) -> BaseException | None:

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, Unpack, overload
@@ -27,6 +26,8 @@ from haze._jobs.options import (
     _check_flag,
     _check_max_exceptions,
     _check_target,
+    _is_async,
+    _name_of,
     _origin_of,
     _parse_debounce,
     _parse_dont_retry,
@@ -120,11 +121,12 @@ class JobDefinition(Generic[P]):
         if not callable(handler):
             raise JobOptionError(f"define_job: the handler must be a function, got {handler!r}")
         self.handler = handler
-        self.name = name if name is not None else handler.__name__
+        self.name = name if name is not None else _name_of(handler)
         self.origin = origin or _origin_of(handler)
         where = f'job "{self.name}" ({self.origin})'
         if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
             raise JobOptionError(f"{where}: name must be a non-empty string, got {self.name!r}")
+        _check_name_characters(self.name, self.origin)
         if isinstance(tries, bool) or not isinstance(tries, int) or tries < 1:
             raise JobOptionError(f"{where}: tries must be an integer >= 1, got {tries!r}")
         self.tries = tries
@@ -145,7 +147,7 @@ class JobDefinition(Generic[P]):
         #: None: the queue config's ``track`` decides (off unless it says True).
         self.track, self.keep_result = _parse_tracking(track, keep_result, where)
         self.group = _parse_group(group, where)  # a name, or a function of the payload
-        self.is_async = inspect.iscoroutinefunction(handler)
+        self.is_async = _is_async(handler, where)
         self._n_params = _arity(handler, where)
         self._payload_type: Any = _UNSET
         _register(self)
@@ -319,3 +321,15 @@ def define_job(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
         return JobDefinition(handler, origin=_origin_of(handler), **options)
 
     return decorate
+
+
+def _check_name_characters(name: str, origin: str) -> None:
+    """A job name is written into logs, failed records and database rows: a control
+    character (NUL, newline, tab, ...) would cut a log line or be refused by
+    PostgreSQL, costing the job its failed record. Everything else is kept."""
+    for i, ch in enumerate(name):
+        if ch < " " or "\x7f" <= ch <= "\x9f":
+            raise JobOptionError(
+                f"job {name!r} ({origin}): a job name cannot hold control characters "
+                f"(NUL, newline, tab, ...); it has {ch!r} at position {i}: rename the job"
+            )

@@ -7,6 +7,7 @@ Each bad option value is one ``JobDefinitionError`` line naming the job and the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import sys
 import typing
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar
 
 from haze._base.durations import Duration, parse_duration
-from haze._base.errors import HazeError, JobDefinitionError, JobOptionError
+from haze._base.errors import HazeError, JobDefinitionError, JobOptionError, KeyFunctionError
 from haze._base.message import check_group, check_queue_name
 
 __all__ = ["DebounceOptions", "JobOptions", "UniqueOptions", "checked"]
@@ -143,13 +144,17 @@ def _parse_group(value: object, where: str) -> str | Callable[[Any], str | None]
 
 def group_of(job_name: str, group: Callable[[Any], str | None], payload: Any) -> str | None:
     """The group ``define_job(group=fn)`` gives ``payload``: one line naming the job when
-    the function fails or returns something that is no group."""
-    where = f'job "{job_name}": group'
+    the function raises (``KeyFunctionError``, as a unique or debounce key function's) or
+    returns something that is no group (``ValueError``)."""
     try:
         value = group(payload)
     except Exception as e:
-        raise ValueError(f"{where}(payload) raised {type(e).__name__}: {e}") from None
-    return None if value is None else check_group(value, where)
+        said = (str(e).splitlines() or [""])[0]  # the error stays one line
+        raise KeyFunctionError(
+            f'Job "{job_name}": its group key function raised {type(e).__name__}: '
+            f"{said} for this payload; nothing was queued"
+        ) from e
+    return None if value is None else check_group(value, f'job "{job_name}": group')
 
 
 def _check_callable(value: object, option: str, where: str) -> None:
@@ -238,6 +243,40 @@ def _parse_tracking(
     return track, keep
 
 
+def _is_async(handler: Callable[..., Any], where: str) -> bool:
+    """Whether calling ``handler`` returns a coroutine: an ``async def`` function or
+    method, a ``functools.partial`` of one, or an object whose class's ``__call__`` is
+    ``async def``. A plain ``def`` wrapping an async function (a decorator) is not
+    counted even with ``__wrapped__``: it may run the function itself (a sync adapter).
+    It runs as a sync handler, and the pipeline awaits whatever awaitable it returns.
+
+    A generator function is refused: calling it runs none of its body, so every run
+    would count as done with nothing done."""
+    fn: Any = handler
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if not (inspect.isfunction(fn) or inspect.ismethod(fn) or isinstance(fn, type)):
+        fn = type(fn).__call__  # a callable object: what calling it runs
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise JobDefinitionError(
+            f"{where}: the handler yields, so calling it runs none of its body; return "
+            "(or await) instead of yield"
+        )
+    return inspect.iscoroutinefunction(fn)
+
+
+def _name_of(handler: Callable[..., Any]) -> str:
+    """The job name a handler gives: its ``__name__`` (a callable object or a partial
+    has none: the job is named with ``name=``)."""
+    name = getattr(handler, "__name__", None)
+    if not isinstance(name, str):
+        raise JobDefinitionError(
+            f"define_job: the handler {handler!r} has no __name__ to name the job by; "
+            "name it: @define_job(name=...)"
+        )
+    return name
+
+
 def _arity(handler: Callable[..., Any], where: str) -> int:
     """How many of ``(payload, job)`` the handler takes: 0, 1 or 2.
 
@@ -296,7 +335,11 @@ def _is_job_context(first: inspect.Parameter, rest: list[inspect.Parameter]) -> 
 
 
 def _origin_of(fn: Callable[..., Any]) -> str:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
     code = getattr(fn, "__code__", None)
+    if code is None and not isinstance(fn, type):  # a callable object: its __call__
+        code = getattr(type(fn).__call__, "__code__", None)
     if code is not None:
         return f"{code.co_filename}:{code.co_firstlineno}"
     module = sys.modules.get(getattr(fn, "__module__", "") or "")

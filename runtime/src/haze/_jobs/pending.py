@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from haze._base.blocking import blocking_method
 from haze._base.crypto import seal_link, unseal_link
+from haze._base.current import app_var
 from haze._base.current import use_app as current_app
-from haze._base.durations import Duration, check_delay, parse_duration
+from haze._base.durations import Duration, parse_delay, parse_duration
 from haze._base.message import check_group, check_queue_name
 from haze._jobs import status
 from haze._jobs.options import group_of
@@ -143,16 +144,42 @@ class _Quick(_Dispatching[str]):
             line or code.co_firstlineno,
         )
 
-    def __getattr__(self, name: str) -> Any:
-        if name != "_coro":
-            raise AttributeError(name)
-        # send/throw/close, or the never-awaited warning: the full path's coroutine
-        coro = self._coro = self._definition._dispatch(self._payload, None, None, None, None, None)
-        return coro
+    # No __getattr__ making _coro on first read: a class with one has every attribute
+    # read go through it (unspecialised), four per dispatch. send/throw/close make it.
+
+    def _full(self) -> Coroutine[Any, Any, str]:
+        """The full path's coroutine (a coroutine driven by hand), made on first use."""
+        try:
+            return self._coro
+        except AttributeError:
+            coro = self._coro = self._definition._dispatch(
+                self._payload, None, None, None, None, None
+            )
+            return coro
+
+    def send(self, value: Any) -> Any:
+        self._used = True
+        return self._full().send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        self._used = True
+        return self._full().throw(typ, val, tb)
+
+    def close(self) -> None:
+        self._used = True
+        try:
+            coro = self._coro
+        except AttributeError:
+            return  # never started: nothing to close, nothing queued
+        coro.close()
 
     def __await__(self) -> Generator[Any, None, str]:
         self._used = True
-        app: JobsApp = current_app()  # type: ignore[assignment]  # use_app(), one frame
+        # use_app() without its frame when an app is current (inside a job, a slot, or
+        # ``async with app``)
+        app: JobsApp = app_var.get()
+        if app is None:
+            app = current_app()
         job_id = app.manager.dispatcher.quick(self._definition, self._payload)
         if job_id is not None:
             return job_id
@@ -208,7 +235,7 @@ class PendingDispatch(Generic[P]):
         return self
 
     def delay(self, delay: Duration) -> PendingDispatch[P]:
-        self._delay = check_delay(parse_duration(delay, "delay"))
+        self._delay = parse_delay(delay, "delay")
         return self
 
     def after_commit(self, flag: bool = True) -> PendingDispatch[P]:

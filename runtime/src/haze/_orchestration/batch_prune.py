@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from haze._engine.manager import QueueManager
+from haze._orchestration import batch_unknown
 from haze._orchestration.batch_records import (
     _INDEX_COUNT,
     _INDEX_FLOOR,
@@ -96,9 +97,10 @@ async def _delete(store: Store, batch: BatchView) -> None:
     raw_failed = int(await store.get(_key(batch.id, "failed")) or 0)  # recovered ones too
     parts = ["", "total", "pending", "processed", "failed", "finished", "cancelled", "outcome"]
     parts += ["cb:then", "cb:finally", "cb:catch", "cb:chain", "cb:chain-catch"]
-    parts += ["recovered", *(f"failed:{i}" for i in range(1, raw_failed + 1))]
+    parts += ["recovered", "unsent", *(f"failed:{i}" for i in range(1, raw_failed + 1))]
     listed = min(int(await store.get(_key(batch.id, "jobs")) or 0), KEEP_JOB_IDS)
     parts += ["jobs", *(f"jobs:{i}" for i in range(1, listed + 1))]
+    parts += await batch_unknown.parts(store, batch.id)
     for part in parts:
         await store.delete(_key(batch.id, part))
 

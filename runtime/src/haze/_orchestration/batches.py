@@ -29,12 +29,11 @@ from haze._base.message import Message, check_queue_name, new_id
 from haze._engine.hooks import Outcome, Run, Skip
 from haze._engine.manager import QueueManager
 from haze._jobs.definition import DispatchResult, JobDefinition, PendingDispatch, link_to_pending
-from haze._orchestration import batch_prune, batch_settle, tails
+from haze._orchestration import batch_dispatch, batch_prune, batch_settle, batch_unknown, tails
 from haze._orchestration.batch_records import (
     _CALLBACKS,
     BatchJob,
     _as_item,
-    _chain_links,
     _check_queues,
     _index,
     _key,
@@ -70,6 +69,8 @@ class Batch:
     allows_failures: bool = False
     options: dict[str, Any] = field(default_factory=dict, repr=False)
     jobs: list[Any] = field(default_factory=list, repr=False)
+    #: jobs whose send lost its reply: pending until they start, or voided (failed)
+    unknown: int = 0
 
     @property
     def progress(self) -> int:
@@ -125,12 +126,24 @@ class Batch:
             raise BatchFinishedError(
                 f'batch "{self.id}" has finished; start a new batch instead of adding jobs'
             )
-        n = sum(len(i) if isinstance(i, list) else 1 for i in items)
+        n = sum(batch_dispatch.size(i) for i in items)
         _check_queues(manager, items, self.options)
+        batch_dispatch.check_items(manager, self.id, items, self.options)
         ttl = self.options.get("ttl")
         await store.increment(_key(self.id, "total"), n, ttl)
         await store.increment(_key(self.id, "pending"), n, ttl)
-        await _dispatch_items(manager, self.id, items, self.options, [0])
+        try:
+            state = await batch_dispatch.dispatch_items(
+                _CALLS, manager, self.id, items, self.options
+            )
+        except Exception:
+            # Nothing was queued: the jobs are taken back. Pending first, and the batch
+            # finished here when its other jobs ended meanwhile (none of them could).
+            if await store.increment(_key(self.id, "pending"), -n, ttl) <= 0:
+                await batch_settle.finish(_CALLS, manager, self.id, store)
+            await store.increment(_key(self.id, "total"), -n, ttl)
+            raise
+        _raise_for(state, self.id)
         return await self.fresh()
 
     fresh_blocking = blocking_method(fresh)
@@ -280,6 +293,7 @@ async def start_batch(
         "ttl": ttl,
     }
     _check_queues(manager, items, options)  # before any callback is offloaded
+    batch_dispatch.check_items(manager, batch_id, items, options)
     callbacks = await tails.offloaded_callbacks(manager, spec)
     record = {"id": batch_id, "name": spec.get("name"), "created_at": now}
     record |= {"options": options, "callbacks": callbacks, "chain": chain}
@@ -290,16 +304,17 @@ async def start_batch(
     # otherwise move it on. Inline (sync) runs and empty batches are read afterwards.
     queued = total > 0 and not manager.app.driver(spec["connection"]).inline
     b = await find(manager, batch_id) if queued else None
-    sent = [0]  # items queued (or run, inline) so far
     try:
-        await _dispatch_items(manager, batch_id, items, options, sent)
-    except DispatchIncompleteError:
+        state = await batch_dispatch.dispatch_items(_CALLS, manager, batch_id, items, options)
+    except Exception:
+        # Nothing of it was queued or counted: no job will ever settle it.
+        await tails.discard_callbacks(manager, callbacks)
+        for part in ("", "total", "pending"):
+            await store.delete(_key(batch_id, part))
+        raise
+    if state.touched and (state.error is not None or state.job_error is not None):
         await _index(store, batch_id, ttl)  # listed: it runs what was queued, and ends
-        raise
-    except BaseException:
-        if not sent[0]:  # no job of it will ever settle it: nothing reads its callbacks
-            await tails.discard_callbacks(manager, callbacks)
-        raise
+        _raise_for(state, batch_id)
     if total == 0:
         await batch_settle.finish(_CALLS, manager, batch_id, store)
     if b is None:
@@ -310,82 +325,26 @@ async def start_batch(
     return b
 
 
-async def _dispatch_items(
-    manager: QueueManager,
-    batch_id: str,
-    items: Sequence[PendingDispatch[Any] | list[PendingDispatch[Any]]],
-    options: dict[str, Any],
-    sent: list[int],
-) -> None:
-    conn, queue = options.get("connection"), options.get("queue")
-    first_error: BaseException | None = None
-    # Runs of plain jobs for queue drivers go in one enqueue_many per connection (one
-    # round trip, one sendBatch on Cloudflare) instead of a send per member.
-    run: list[PendingDispatch[Any]] = []
-
-    async def flush() -> None:
-        nonlocal first_error
-        if not run:
-            return
-        try:
-            await manager.dispatcher.bulk(run, queue=queue, connection=conn, batch_id=batch_id)
-            sent[0] += len(run)
-        except DispatchIncompleteError as e:
-            sent[0] += len(run) - len(e.failed)
-            # The jobs not queued never run: counted as failed now, so the batch still
-            # ends (and its catch/finally run) when the queued ones do.
-            await _count_unsent(manager, batch_id, e)
-            first_error = first_error or e
-        finally:
-            run.clear()
-
-    for item in items:
-        head = item[0] if isinstance(item, list) else item
-        target = manager.dispatcher.resolve(head, queue=queue, connection=conn)[0]
-        if not isinstance(item, list) and not manager.app.driver(target).inline:
-            run.append(item)
-            if len(run) >= DISPATCH_CHUNK:
-                await flush()
-            continue
-        await flush()
-        try:
-            if isinstance(item, list):
-                links = _chain_links(manager, item, queue, conn)
-                await start_links(manager, links, new_id(), None, batch_id=batch_id)
-            else:
-                await manager.dispatcher.dispatch(
-                    item, queue=queue, connection=conn, batch_id=batch_id
-                )
-            sent[0] += 1
-        except Exception as e:
-            # sync runs each job inside dispatch(): a failure is raised here. Dispatch
-            # the rest so the batch still reaches its end (they are skipped once it is
-            # cancelled), then raise the first failure to the caller.
-            if not manager.app.driver(target).inline:
-                raise
-            if first_error is None:
-                first_error = e
-    await flush()
-    if first_error is not None:
-        raise first_error
-
-
-async def _count_unsent(
-    manager: QueueManager, batch_id: str, error: DispatchIncompleteError
-) -> None:
-    for job_id in error.failed:
-        unsent = Message(id=job_id, job="", payload=None, batch_id=batch_id)
-        await settle(manager, unsent, "failed", error)
+def _raise_for(state: batch_dispatch.Sending, batch_id: str) -> None:
+    """What the caller of a batch's dispatch that went wrong part of the way sees."""
+    if state.error is not None:
+        raise state.incomplete(batch_id)
+    if state.job_error is not None:
+        raise state.job_error
 
 
 async def find(manager: QueueManager, batch_id: str) -> Batch | None:
     """Read a batch from the store (None when unknown or expired)."""
     store = _store(manager)
     names = ("", "total", "pending", "processed", "failed", "finished", "cancelled", "recovered")
-    values = await store.get_many([_key(batch_id, n) for n in names])
-    record, total, pending, processed, failed, finished, cancelled, recovered = values
+    values = await store.get_many([_key(batch_id, n) for n in (*names, "unsent", "unknown")])
+    record, total, pending, processed, failed, finished, cancelled, recovered, *more = values
+    unsent, unknown = more
     if record is None:
         return None
+    # jobs never sent (batch_settle.settle_unsent): counted off pending as processed,
+    # they are failed jobs with no id
+    unsent = int(unsent or 0)
     n_failed = int(failed or 0)
     ids: list[str] = []
     if n_failed:
@@ -394,14 +353,14 @@ async def find(manager: QueueManager, batch_id: str) -> Batch | None:
     if recovered and ids:
         marks = await store.get_many([_key(batch_id, f"recovered:{i}") for i in ids])
         ids = [i for i, mark in zip(ids, marks, strict=True) if mark is None]
-    n_failed = max(0, n_failed - int(recovered or 0))
+    n_failed = max(0, n_failed - int(recovered or 0)) + unsent
     options = dict(record.get("options") or {})
     return Batch(
         id=batch_id,
         name=record.get("name"),
         total=int(total or 0),
         pending=max(0, int(pending or 0)),
-        processed=int(processed or 0),
+        processed=max(0, int(processed or 0) - unsent),
         failed=n_failed,
         finished_at=None if finished is None else float(finished),
         cancelled_at=None if cancelled is None else float(cancelled),
@@ -409,6 +368,7 @@ async def find(manager: QueueManager, batch_id: str) -> Batch | None:
         failed_job_ids=ids,
         allows_failures=bool(options.get("allow_failures")),
         options=options,
+        unknown=int(unknown or 0),
     )
 
 
@@ -474,18 +434,39 @@ async def start_links(
     head, rest = links[0], links[1:]
     if "batch" in head and manager.app.recorder is not None:
         return _record_batch_link(manager, head["batch"], chain_id)
+    written: list[dict[str, Any]] = []
     if manager.app.recorder is None:
-        head, rest = await tails.prepared(manager, head, rest)
-    if "batch" in head:
-        batch = await dispatch_spec(
-            manager, head["batch"], chain={"links": rest, "chain_id": chain_id, "catch": catch}
+        head, rest, written = await tails.prepared(manager, head, rest)
+    try:
+        if "batch" in head:
+            chain = {"links": rest, "chain_id": chain_id, "catch": catch}
+            batch = await dispatch_spec(manager, head["batch"], chain=chain)
+            return DispatchResult(batch.id, chain_id=chain_id)
+        pending = link_to_pending(head, manager.app)
+        opts: dict[str, Any] = {"chain": rest or None, "chain_id": chain_id, "chain_catch": catch}
+        result = await manager.dispatcher.dispatch(
+            pending, **opts, batch_id=batch_id, id=id, meta=meta
         )
-        return DispatchResult(batch.id, chain_id=chain_id)
-    pending = link_to_pending(head, manager.app)
-    opts: dict[str, Any] = {"chain": rest or None, "chain_id": chain_id, "chain_catch": catch}
-    result = await manager.dispatcher.dispatch(pending, **opts, batch_id=batch_id, id=id, meta=meta)
+    except DispatchIncompleteError:
+        raise  # a batch as the link: part of it was queued, and reads these links
+    except Exception:
+        if not _inline(manager, head):  # sync ran it, and what came after: they were read
+            await tails.discard(manager, written)  # not sent: nothing will read them
+        raise
     await manager.offload.discard_link(links[0])  # its message has an object of its own
     return result
+
+
+def _inline(manager: QueueManager, link: dict[str, Any]) -> bool:
+    """Whether ``link`` runs inside its dispatch (its connection's driver is ``sync``)."""
+    try:
+        if "batch" in link:
+            connection = manager.app.connection_name(link["batch"]["connection"])
+        else:
+            connection = manager.dispatcher.resolve(link_to_pending(link, manager.app))[0]
+        return manager.app.driver(connection).inline
+    except Exception:  # a link that cannot even be read was not sent
+        return False
 
 
 def _record_batch_link(
@@ -560,6 +541,10 @@ class BatchGuard:
             return None
         batch = await load_for_job(self.manager, batch_id)
         run.ctx._batch = batch
+        if batch is not None and batch.unknown:
+            store, ttl = _store(self.manager), batch.options.get("ttl")
+            if not await batch_unknown.claim_run(store, batch_id, run.message.id, ttl):
+                return Skip("its send lost its reply and its batch has counted it as failed")
         if batch is not None and batch.cancelled:
             return Skip("its batch was cancelled")
         return None

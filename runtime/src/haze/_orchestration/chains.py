@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from haze._base.blocking import blocking_method
-from haze._base.durations import Duration, check_delay, parse_duration
+from haze._base.durations import Duration, parse_delay
 from haze._base.message import Message, check_queue_name, new_id
 from haze._engine.hooks import Outcome, Run
 from haze._engine.manager import QueueManager
@@ -73,7 +73,7 @@ class PendingChain:
 
     def delay(self, delay: Duration) -> PendingChain:
         """Delay the first link."""
-        self._delay = check_delay(parse_duration(delay, "chain delay"), "chain delay")
+        self._delay = parse_delay(delay, "chain delay")
         return self
 
     def catch(self, callback: Any) -> PendingChain:

@@ -22,6 +22,7 @@ import json
 from typing import Any
 
 from haze._base.errors import ChainTailLostError
+from haze._base.json_text import check_encodable, check_links
 from haze._base.message import new_id
 from haze._engine.manager import QueueManager
 
@@ -50,7 +51,11 @@ def chain_length(links: list[dict[str, Any]] | None) -> int:
 def _size(link: dict[str, Any]) -> int:
     # "surrogatepass": only a measure; a lone surrogate is refused, naming its path,
     # where the link is encoded
-    text = json.dumps(link, separators=(",", ":"), ensure_ascii=False)
+    try:
+        text = json.dumps(link, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError):
+        check_links(link, "chain link")  # names the link's job and the path
+        raise
     return len(text.encode("utf-8", "surrogatepass")) + 1
 
 
@@ -90,15 +95,41 @@ async def spill(
 
 async def prepared(
     manager: QueueManager, head: dict[str, Any], rest: list[dict[str, Any]]
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """The link to dispatch with its payload read back from the object store, and the
     links after it as its message carries them: a large payload offloaded (never held
-    inline in the messages or in the stored tail), a long tail stored."""
+    inline in the messages or in the stored tail), a long tail stored. Third, what this
+    wrote (``discard`` deletes it when the link is not sent after all)."""
     connection = head["batch"]["connection"] if "batch" in head else head.get("connection")
     connection = manager.app.connection_name(connection)
     offload = manager.offload
-    rest = [await offload.offload_link(link, _conn(manager, link, connection)) for link in rest]
-    return await offload.restore_link(head), await spill(manager, rest, connection)
+    written: list[dict[str, Any]] = []
+    try:
+        out = []
+        for link in rest:
+            out.append(await offload.offload_link(link, _conn(manager, link, connection)))
+            if out[-1] is not link:  # a link offloaded before is the message's, not ours
+                written.append(out[-1])
+        spilled = await spill(manager, out, connection)
+        if spilled is not out and spilled and is_ref(spilled[-1]):
+            written.append(spilled[-1])
+        return await offload.restore_link(head), spilled, written
+    except BaseException:
+        await discard(manager, written)
+        raise
+
+
+async def discard(manager: QueueManager, written: list[dict[str, Any]]) -> None:
+    """Delete what ``prepared`` wrote for a link that was not sent: nothing will read
+    it (a crash before this leaves the objects to ``queue:prune-offload`` and the
+    stored links to ``batches.ttl``)."""
+    store = manager.stores.batches()
+    for link in written:
+        if is_ref(link):
+            for n in range(1, int(link["of"])):
+                await store.delete(_key(link["tail"], str(n)))
+        else:
+            await manager.offload.discard_link(link)
 
 
 def _conn(manager: QueueManager, link: dict[str, Any], default: str) -> str:
@@ -109,7 +140,9 @@ async def offloaded_callbacks(
     manager: QueueManager, spec: dict[str, Any]
 ) -> dict[str, list[dict[str, Any]]]:
     """A batch's callbacks as its record keeps them: a large payload in the object store
-    of the batch's connection (read back each time the callback is dispatched)."""
+    of the batch's connection (read back each time the callback is dispatched). A
+    payload JSON cannot carry is refused now, not when the batch ends in a worker."""
+    check_encodable(spec.get("callbacks"), "batch callbacks")
     connection = spec["connection"]
     out: dict[str, list[dict[str, Any]]] = {}
     for kind, refs in (spec.get("callbacks") or {}).items():

@@ -24,6 +24,7 @@ from haze.contracts.driver import AcksInClaim, BatchConsumer, ConnectionAware, D
 
 if TYPE_CHECKING:
     from haze._engine.view import EngineApp
+    from haze._workers.delivery import Delivery
 
 __all__ = ["ClaimsAndAcks"]
 
@@ -51,7 +52,7 @@ class ClaimsAndAcks:
     reached: bool
     leases_lost: int
     outage_error: BaseException | None
-    _loop: asyncio.AbstractEventLoop | None
+    loop: asyncio.AbstractEventLoop | None
     _batch: BatchConsumer | None
     _acks_in_claim: AcksInClaim | None
     _connection_aware: ConnectionAware | None
@@ -65,6 +66,10 @@ class ClaimsAndAcks:
     _outage_errors: tuple[type[BaseException], ...]
     _unrecorded: list[str]
     _acks: list[Reserved]
+    _sending: list[Reserved]
+    _in_hand: list[Reserved]
+    _ready: collections.deque[Reserved]
+    _delivery: Delivery
     _ack_retry: float
     _flush_lock: asyncio.Lock | None
     _flush_timer: asyncio.TimerHandle | None
@@ -185,14 +190,25 @@ class ClaimsAndAcks:
         if self._connection_aware is not None:
             self._connection_aware.connection_lost()
 
+    def _renewal_set(self) -> list[Reserved]:
+        """Every job this worker holds a claim of: running, claimed but not started,
+        finished with the ack not recorded yet (buffered or on its way)."""
+        return [
+            *self._delivery.running(),
+            *self._ready,
+            *self._in_hand,
+            *self._acks,
+            *self._sending,
+        ]
+
     def _ack_failed(self, job: Reserved, error: Exception) -> None:
         """The driver's ack of ``job`` raised: keep it, and send it again soon."""
         self._acks.append(job)
         self._acks_kept(1, error)
 
     def _arm_flush(self, delay: float) -> None:
-        if self._flush_timer is None and self._loop is not None:
-            self._flush_timer = self._loop.call_later(delay, self._flush_due)
+        if self._flush_timer is None and self.loop is not None:
+            self._flush_timer = self.loop.call_later(delay, self._flush_due)
 
     def _cancel_flush_timer(self) -> None:
         if self._flush_timer is not None:
@@ -201,9 +217,9 @@ class ClaimsAndAcks:
 
     def _flush_due(self) -> None:
         self._flush_timer = None
-        if not self._acks or self._loop is None:
+        if not self._acks or self.loop is None:
             return
-        task = self._loop.create_task(self._flush_acks())
+        task = self.loop.create_task(self._flush_acks())
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)
 
@@ -247,21 +263,31 @@ class ClaimsAndAcks:
             if not jobs:
                 return None
             began = time.monotonic()
-            settled, claimed, error = await self._send_acks(jobs, claim)
+            self._sending = jobs
+            try:
+                settled, claimed, error = await self._send_acks(jobs, claim)
+            finally:
+                self._sending = []
         if error is None:
             self._ack_retry = 0.0
             self._answered(began)
         manager = self.app.manager
-        for job, ok in settled:
-            if not ok:
-                manager.owned(False, job, "completion")
-                self.leases_lost += 1
-            elif job.after_ack is not None:
-                after, job.after_ack = job.after_ack, None
-                try:
-                    await after()
-                except Exception:
-                    log.exception("haze worker: after the ack of job %s", job.token)
+        # The jobs claimed with the acks are held (renewed, and left to this worker by
+        # its own claims) while the after-ack calls below run: they are in no slot yet.
+        self._in_hand = claimed or []
+        try:
+            for job, ok in settled:
+                if not ok:
+                    manager.owned(False, job, "completion")
+                    self.leases_lost += 1
+                elif job.after_ack is not None:
+                    after, job.after_ack = job.after_ack, None
+                    try:
+                        await after()
+                    except Exception:
+                        log.exception("haze worker: after the ack of job %s", job.token)
+        finally:
+            self._in_hand = []
         if error is not None:
             self._acks_kept(len(jobs) - len(settled), error)
         return claimed

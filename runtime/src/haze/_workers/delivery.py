@@ -121,16 +121,20 @@ class Delivery:
         also: Iterable[tuple[Leased, Reserved]] = (),
     ) -> None:
         """One heartbeat: renew the leases of the running jobs (and ``also``, jobs claimed
-        but not started), one call per driver; a driver's error goes to ``on_error``."""
+        but not started or finished but not acknowledged), one call per driver; a
+        driver's error goes to ``on_error``."""
         by_driver: dict[int, tuple[Leased, list[Reserved]]] = {}
-        for leased, job in [*self._running.values(), *also]:
-            if leased is not None:
-                by_driver.setdefault(id(leased), (leased, []))[1].append(job)
+        for leased, job in [*self._leased(), *also]:
+            by_driver.setdefault(id(leased), (leased, []))[1].append(job)
         for leased, jobs in by_driver.values():
             try:
                 await leased.heartbeat(jobs)
             except Exception as e:
                 on_error(e)
+
+    def _leased(self) -> list[tuple[Leased, Reserved]]:
+        """The running jobs whose lease a driver renews."""
+        return [(leased, job) for leased, job in self._running.values() if leased is not None]
 
     async def keep_leases(
         self,
@@ -139,12 +143,30 @@ class Delivery:
         *,
         alive: Callable[[], bool] = lambda: True,
         also: Callable[[], Iterable[tuple[Leased, Reserved]]] = lambda: (),
+        late: Callable[[float, int], None] | None = None,
     ) -> None:
-        """``renew`` every ``interval`` seconds while ``alive()`` (or until cancelled)."""
+        """``renew`` every ``interval`` seconds while ``alive()`` (or until cancelled).
+
+        Each round is due ``interval`` after the previous one was due, not after it
+        ended: a round that takes long (thousands of leases, a loaded server) does not
+        push every later one back by its own length. ``late(behind, leases)``: a round
+        ended more than ``interval`` after it was due (the event loop woke it late, or
+        renewing took that long), so leases may run out before the next one."""
         # Ends on the flag, not only on cancel(): a client library can swallow a
         # cancellation that lands mid-command, and a task that outlives its consumer
         # would keep asyncio.run() from returning.
+        loop = asyncio.get_running_loop()
+        due = loop.time() + interval
         while alive():
-            await asyncio.sleep(interval)
-            if alive():
-                await self.renew(on_error, also())
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            if not alive():
+                return
+            extra = list(also())
+            await self.renew(on_error, extra)
+            ended = loop.time()
+            leases = len(self._running) + len(extra)
+            # a round with nothing to renew cannot lose a lease, however late it ran
+            if late is not None and leases and ended - due > interval:
+                late(ended - due, leases)
+            # Behind schedule: the next round at once.
+            due = max(due + interval, ended)

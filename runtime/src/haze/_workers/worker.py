@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from haze._base.errors import ConfigError, HazeError
 from haze._engine.control import paused_queues, restart_requested_at
+from haze._engine.hooks import Outcome
 from haze._engine.plain import PlainRuns
 from haze._workers.claims import ClaimsAndAcks
 from haze._workers.delivery import Delivery
@@ -41,7 +42,9 @@ from haze.contracts.driver import (
     ConnectionAware,
     DispatchOnly,
     Driver,
+    HeldLeases,
     Interruptible,
+    LeaseBudget,
     Leased,
     LocalQueue,
     QueueNameRules,
@@ -132,7 +135,6 @@ class Worker(ClaimsAndAcks):
         self._claimed = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._waiting: set[asyncio.Task[Any]] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
         #: its slots' loop (an attribute: read at every dispatch to a memory connection)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._started_at = 0.0
@@ -166,6 +168,8 @@ class Worker(ClaimsAndAcks):
         self._started_wall = 0.0
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._beating = False
+        self._unhold: Callable[[], None] | None = None  # ends the driver's HeldLeases
+        self._late_told = float("-inf")
 
     def _init_outage(self, driver: Driver) -> None:
         self._outage = False
@@ -187,6 +191,8 @@ class Worker(ClaimsAndAcks):
         """The driver's optional capabilities, checked once (``haze.contracts.driver``)."""
         #: Renews the lease of running jobs (heartbeat task).
         self._leased = driver if isinstance(driver, Leased) else None
+        #: Told the renewal set, so its claim does not hand back a job running here.
+        self._held = driver if isinstance(driver, HeldLeases) else None
         #: Ends its claims' waits itself on a stop (else the waiting claims are cancelled).
         self._interruptible = driver if isinstance(driver, Interruptible) else None
         #: Told when the backend goes away, to drop what the lost connection held.
@@ -208,6 +214,8 @@ class Worker(ClaimsAndAcks):
         #: Finished jobs whose ack is still to be sent: buffered by a batching worker, or
         #: kept after a driver's ack raised (any driver), until the ack is recorded.
         self._acks: list[Reserved] = []
+        self._sending: list[Reserved] = []  # the acks of the flush in flight
+        self._in_hand: list[Reserved] = []  # claimed with them, not yet in a slot
         self._ack_retry = 0.0  # the wait before the next try while acks keep failing
         self._flush_lock: asyncio.Lock | None = None  # one flush at a time
         self._flush_timer: asyncio.TimerHandle | None = None
@@ -228,7 +236,7 @@ class Worker(ClaimsAndAcks):
 
     def start(self) -> None:
         """Start the slots as tasks on the running loop."""
-        self._loop = self.loop = asyncio.get_running_loop()
+        self.loop = loop = asyncio.get_running_loop()
         self._started_at = time.monotonic()
         self.stopping = False
         self._idle_gate = (
@@ -239,15 +247,21 @@ class Worker(ClaimsAndAcks):
         self._fetch_lock = asyncio.Lock()
         self._flush_lock = asyncio.Lock()
         self._tasks = [
-            self._loop.create_task(self._slot(i), name=f"haze-worker-{self.connection}-{i}")
+            loop.create_task(self._slot(i), name=f"haze-worker-{self.connection}-{i}")
             for i in range(self.concurrency)
         ]
         if self._leased is not None:
+            if isinstance(self._leased, LeaseBudget):
+                too_many = self._leased.lease_warning(self.concurrency)
+                if too_many is not None:
+                    log.warning("haze worker: %s", too_many)
             self._beating = True
-            self._heartbeat_task = self._loop.create_task(self._heartbeat(self._leased))
+            self._heartbeat_task = loop.create_task(self._heartbeat(self._leased))
+        if self._held is not None:
+            self._unhold = self._held.hold_leases(self._renewal_set)
         self._started_wall = time.time()
         if self.control:
-            self._control_task = self._loop.create_task(self._control())
+            self._control_task = loop.create_task(self._control())
 
     async def run(self) -> int:
         """Run until stopped (signal, limits, or empty with ``stop_when_empty``)."""
@@ -270,6 +284,9 @@ class Worker(ClaimsAndAcks):
 
     def _stop_heartbeat(self) -> None:
         self._beating = False
+        unhold, self._unhold = self._unhold, None
+        if unhold is not None:
+            unhold()
         for task in (self._heartbeat_task, self._control_task):
             if task is not None:
                 task.cancel()
@@ -305,7 +322,8 @@ class Worker(ClaimsAndAcks):
     async def _heartbeat(self, leased: Leased) -> None:
         """Renew the lease of running jobs (database heartbeat, BullMQ lock, SQS visibility)
         so a long job is not handed to another worker while this one lives; the jobs a
-        batch claim took and no slot started yet are claimed too."""
+        batch claim took and no slot started yet, and finished jobs whose ack is not
+        recorded yet, are claimed too."""
 
         def failed(e: Exception) -> None:
             if isinstance(e, self._outage_errors):
@@ -317,7 +335,26 @@ class Worker(ClaimsAndAcks):
             float(leased.heartbeat_interval),
             failed,
             alive=lambda: self._beating,
-            also=lambda: [(leased, job) for job in self._ready],
+            also=lambda: [(leased, job) for job in (*self._ready, *self._in_hand, *self._acks)],
+            late=self._renewed_late,
+        )
+
+    def _renewed_late(self, behind: float, leases: int) -> None:
+        """A heartbeat round ended more than an interval late: say so (once a minute)."""
+        now = time.monotonic()
+        if now - self._late_told < 60.0:
+            return
+        self._late_told = now
+        interval = float(self._leased.heartbeat_interval) if self._leased else 0.0
+        log.warning(
+            "haze worker: the heartbeat renewing %d leases on %r ended %.1fs behind "
+            "schedule (it is due every %.1fs): leases may run out and their jobs run "
+            "twice; lower --concurrency (%d) or raise the connection's retry_after",
+            leases,
+            self.connection,
+            behind,
+            interval,
+            self.concurrency,
         )
 
     def request_stop(self) -> None:
@@ -365,14 +402,15 @@ class Worker(ClaimsAndAcks):
             if events.looping:
                 await events.emit("looping", self.connection, self.queues)
             if plain is not None:
-                got = plain.next(self.queues)
-                if isinstance(got, str):  # it ran to its end in that call
-                    self._claimed += 1
-                    self._ended += 1
-                    self.processed += 1
-                    outcomes[got] += 1
+                ran, got = plain.run(self.queues, self)
+                if ran:  # that many plain jobs succeeded in that call
+                    self._claimed += ran
+                    self._ended += ran
+                    self.processed += ran
+                    outcomes[Outcome.SUCCESS] += ran
                     idle, idle_wait = False, self.sleep
-                    continue
+                    if got is None:
+                        continue
                 if isinstance(got, tuple):  # it suspended or raised: the rest of its run
                     idle, idle_wait = False, self.sleep
                     await self._run(*got)

@@ -16,6 +16,7 @@ from haze import testing
 from haze._app.app import use_app
 from haze._base.blocking import blocking
 from haze._base.durations import Duration, parse_duration
+from haze._base.message import check_queue_name
 from haze._engine.manager import QueueManager, events
 from haze._jobs import status
 from haze._jobs.definition import JobDefinition, PendingDispatch, get_job
@@ -30,6 +31,12 @@ __all__ = ["Queue"]
 
 def _manager() -> QueueManager:
     return use_app().manager
+
+
+def _queue(queue: str | None, call: str) -> str | None:
+    """``queue`` (None: the default one), or the ``ValueError`` a dispatch to it gets: a
+    name no queue can have would otherwise be answered as an empty queue."""
+    return None if queue is None else check_queue_name(queue, call)
 
 
 async def _dispatch(
@@ -70,7 +77,7 @@ async def _find_batch(batch_id: str) -> Batch | None:
 
 async def _failed(connection: str | None = None, queue: str | None = None) -> list[FailedJob]:
     """Failed jobs on a connection (default: the config default)."""
-    jobs: list[FailedJob] = await _manager().failed(connection, queue)
+    jobs: list[FailedJob] = await _manager().failed(connection, _queue(queue, "Queue.failed"))
     return jobs
 
 
@@ -81,7 +88,8 @@ async def _retry(
     queue: str | None = None,
 ) -> list[str]:
     """Put failed jobs back (all when no id is given); a chain member continues its chain."""
-    done: list[str] = await _manager().retry(ids, connection=connection, queue=queue)
+    where = _queue(queue, "Queue.retry")
+    done: list[str] = await _manager().retry(ids, connection=connection, queue=where)
     return done
 
 
@@ -103,12 +111,12 @@ async def _idle() -> None:
 
 async def _size(queue: str | None = None, *, connection: str | None = None) -> int:
     """Jobs waiting (ready and delayed) on a queue."""
-    return int(await _manager().size(queue, connection))
+    return int(await _manager().size(_queue(queue, "Queue.size"), connection))
 
 
 async def _clear(queue: str | None = None, *, connection: str | None = None) -> int:
     """Delete the jobs waiting on a queue; returns how many."""
-    return int(await _manager().clear(queue, connection))
+    return int(await _manager().clear(_queue(queue, "Queue.clear"), connection))
 
 
 async def _status(id: str) -> JobStatus | None:
@@ -189,6 +197,19 @@ class Queue:
         if fn is None:
             return lambda f: events.on(event, f)
         return events.on(event, fn)
+
+    @staticmethod
+    def off(event: str, fn: Callable[..., Any]) -> None:
+        """Remove a listener added with ``Queue.on(event, fn)`` (nothing when it is not
+        listening). With no ``before`` or ``after`` listener left, plain jobs on an
+        in-process queue take their short path again.
+
+        >>> def log_start(job): print("start", job.id)
+        >>> Queue.on("before", log_start)  # doctest: +ELLIPSIS
+        <function log_start at ...>
+        >>> Queue.off("before", log_start)
+        """
+        events.off(event, fn)
 
     @staticmethod
     def fake() -> testing.FakeQueue:

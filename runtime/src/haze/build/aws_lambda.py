@@ -5,6 +5,8 @@ Writes, under the output directory (``dist/``)::
     aws-lambda/handler.py      sqs, schedule, http and workflows: the haze_lambda handlers
     aws-lambda/config/ app/    the app (and database/, haze.config.py when present)
     aws-lambda/haze/ …         the vendored runtime and haze_lambda
+    aws-lambda/**/__pycache__  bytecode of every module (this build's Python; hash-based,
+                               so a read-only /var/task never compiles at a cold start)
     aws-lambda.zip             the same files, zipped (deterministic: sorted entries,
                                fixed timestamps), to upload as the function's code
 
@@ -23,13 +25,14 @@ packages the app's connections need that the runtime does not provide.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from haze._base.errors import ConfigError
 from haze._orchestration.scheduling import bundle_packages, platform_triggers
 from haze._workflows.lambda_runs import lambda_refusals
-from haze.build import BuildContext, BuildResult, deterministic_zip
+from haze.build import BuildContext, BuildResult, compile_bytecode, deterministic_zip
 from haze.connectors import dialect_of
 
 if TYPE_CHECKING:
@@ -144,6 +147,7 @@ def build(ctx: BuildContext) -> BuildResult:
     native = native_workflows(ctx)
     durable = ("aws_durable_execution_sdk_python",) if native else ()
     files += ctx.vendor((*PACKAGES, *durable, *bundle_packages(ctx.root)), ctx.dest)
+    files += compile_bytecode(ctx.dest)
     archive = deterministic_zip(ctx.dest, ctx.out / f"{ctx.preset}.zip")
     files.append(archive)
     notes = [
@@ -162,6 +166,11 @@ def build(ctx: BuildContext) -> BuildResult:
             "with handler handler.workflows and a durable configuration (haze_infra makes "
             "it); the AWS durable execution SDK is bundled"
         )
+    notes.append(
+        f"bytecode compiled for Python {sys.version_info.major}.{sys.version_info.minor} "
+        "(this build's): a function on that runtime imports it instead of compiling on "
+        "each cold start; build with the runtime's Python to match it"
+    )
     notes.extend(sqlite_warnings(ctx.app))
     for requirement, users in sorted(third_party_packages(ctx).items()):
         if requirement in _IN_RUNTIME:

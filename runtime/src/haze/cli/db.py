@@ -69,8 +69,12 @@ def db_migrate(state: State, database: str | None) -> None:
     """Apply database/migrations/*.sql and *.py not applied yet (recorded in
     haze_migrations), then upgrade the tables an earlier haze version created."""
 
+    dialect = ""  # the migrated database's, to read its errors by
+
     async def apply(app: App) -> tuple[str, bool, MigrationResult]:
+        nonlocal dialect
         name = database or app.database_config.default
+        dialect = app.database(database).dialect
         has_files = bool(pending_migrations(app))
         return name, has_files, await migrate(app, database)
 
@@ -86,7 +90,7 @@ def db_migrate(state: State, database: str | None) -> None:
             '; a table of the queue\'s name exists with other columns: set "table" and '
             '"failed_table" on the queue connection in config/queue.py to free names, '
             "delete the migration that failed, and run haze make:queue-tables again"
-            if missing_column(e)
+            if missing_column(e, dialect)
             else ""
         )
         raise click.ClickException(

@@ -24,9 +24,10 @@ called ``cls(connection_name, options, root=app_root)``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from haze._base import plugins
 from haze._base.urls import redact_url
@@ -41,13 +42,17 @@ __all__ = [
     "connector_class",
     "dialect_of",
     "missing_column",
+    "missing_table",
+    "mysql_error_code",
     "register_connector",
+    "statement_chunks",
 ]
 
 #: The entry point group of third-party database backends, named by dialect.
 GROUP = plugins.CONNECTORS
 
 Row = tuple[Any, ...]
+_T = TypeVar("_T")
 
 
 @runtime_checkable
@@ -116,17 +121,58 @@ REGISTRY = plugins.Registry(
 )
 
 
-def missing_column(e: BaseException) -> bool:
-    """The backend's "no such column": a table of the queue's name that haze did not
-    create. PostgreSQL's SQLSTATE 42703, MySQL/MariaDB's error 1054, and the texts of
-    SQLite, libSQL and D1."""
-    if getattr(e, "sqlstate", None) == "42703":
-        return True
-    args = getattr(e, "args", ())
-    if args and args[0] == 1054:
-        return True
+def missing_table(e: BaseException, dialect: str) -> bool:
+    """Whether ``e`` is the ``dialect`` backend's "no such table": PostgreSQL's
+    ``UndefinedTable`` (SQLSTATE 42P01), MySQL/MariaDB's error 1146, and the text SQLite,
+    libSQL and D1 answer with."""
+    if dialect == "postgres":
+        from psycopg import errors  # its connector imported psycopg already
+
+        return isinstance(e, errors.UndefinedTable)
+    if dialect == "mysql":
+        return mysql_error_code(e) == 1146
+    return "no such table" in str(e)
+
+
+def missing_column(e: BaseException, dialect: str) -> bool:
+    """Whether ``e`` is the ``dialect`` backend's "no such column" (a table of the
+    queue's name that haze did not create): PostgreSQL's ``UndefinedColumn`` (SQLSTATE
+    42703), MySQL/MariaDB's error 1054, and the texts of SQLite, libSQL and D1."""
+    if dialect == "postgres":
+        from psycopg import errors
+
+        return isinstance(e, errors.UndefinedColumn)
+    if dialect == "mysql":
+        return mysql_error_code(e) == 1054
     text = str(e)
     return "no such column" in text or "has no column named" in text
+
+
+def statement_chunks(
+    items: Sequence[_T],
+    dialect: str,
+    *,
+    d1: int,
+    other: int,
+    postgres: int | None = None,
+    mysql: int | None = None,
+) -> Iterator[Sequence[_T]]:
+    """``items`` in slices one statement can bind on ``dialect``: ``d1`` at a time on D1
+    (it binds at most 100 values a statement), ``postgres`` or ``mysql`` on those servers
+    when given, ``other`` everywhere else."""
+    per = {"d1": d1, "postgres": postgres, "mysql": mysql}.get(dialect) or other
+    for i in range(0, len(items), per):
+        yield items[i : i + per]
+
+
+def mysql_error_code(e: BaseException) -> int | None:
+    """The MySQL/MariaDB error number of a PyMySQL (aiomysql) error, else None: an
+    error of anything else is not the server's, whatever its ``args`` hold."""
+    # importlib: PyMySQL ships no type hints; the MySQL connector imported it already
+    err = importlib.import_module("pymysql.err")
+    if isinstance(e, err.MySQLError) and e.args and isinstance(e.args[0], int):
+        return int(e.args[0])
+    return None
 
 
 def dialect_of(url: str) -> str:

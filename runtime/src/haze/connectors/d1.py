@@ -148,9 +148,10 @@ class _RestExecutor:
         try:
             response = await self._http.get().post(url, content=body)
         except self._http.httpx.HTTPError as e:
-            raise D1UnavailableError(
-                self._c.name, f"cannot reach {url} ({type(e).__name__}: {e})"
-            ) from None
+            down = D1UnavailableError(self._c.name, f"cannot reach {url} ({type(e).__name__}: {e})")
+            if isinstance(e, self._http.httpx.ConnectError):
+                down.write = "unsent"  # no connection: the request never left
+            raise down from None
         if response.status_code in (502, 503, 504):
             raise D1UnavailableError(
                 self._c.name,

@@ -385,11 +385,20 @@ class LibSQLConnector:
             async with asyncio.timeout(self.timeout):
                 response = await self._http.get().post(endpoint, content=body)
         except (TimeoutError, self._http.httpx.TimeoutException) as e:
-            raise self._timed_out(requests, e) from None
+            down = self._timed_out(requests, e)
+            down.write = "unsettled"  # the server may be running it still
+            raise down from None
         except self._http.httpx.HTTPError as e:
-            raise LibSQLUnavailableError(
+            down = LibSQLUnavailableError(
                 self.name, self.url, f"cannot reach the server ({type(e).__name__}: {e})"
-            ) from None
+            )
+            # No connection: the request never left. Any later failure (a write error
+            # too: the bytes may be out) leaves a request sqld may have read, and sqld
+            # runs what it read whether or not the client is still there (a write
+            # waiting for the lock runs after the cut), so an empty lookup is no answer.
+            connected = not isinstance(e, self._http.httpx.ConnectError)
+            down.write = "unsettled" if connected else "unsent"
+            raise down from None
         if response.status_code in _UNAVAILABLE_STATUS:
             raise LibSQLUnavailableError(
                 self.name, self.url, self._http_message(response), status=response.status_code

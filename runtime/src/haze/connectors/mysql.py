@@ -20,7 +20,8 @@
   the gaps it scanned, and concurrent dispatches (``INSERT``) then deadlock with it.
 
 URL: ``mysql://user:password@host:3306/dbname`` (``mariadb://`` too; query
-parameters ``charset``, ``unix_socket`` and ``connect_timeout``). Options:
+parameters ``charset`` (``utf8mb4``, the default, only), ``unix_socket`` and
+``connect_timeout``). Options:
 ``pool_size`` (default 10) and ``options`` (extra ``aiomysql.connect()`` keyword
 arguments, plus ``pool_recycle``, default 3600 seconds).
 """
@@ -39,9 +40,12 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from haze._base.deps import require
-from haze._base.errors import ConfigError, DatabaseConnectionError
+from haze._base.errors import (
+    ConfigError,
+    DatabaseConnectionError,
+)
 from haze._base.urls import redact_text
-from haze.connectors.client_options import check_client_options
+from haze.connectors.client_options import check_client_options, check_utf8
 from haze.connectors.postgres import redact_url, translate_placeholders
 
 __all__ = ["DatabaseConnectionError", "MySQLConnector", "is_duplicate_key"]
@@ -56,6 +60,9 @@ CONNECT_TIMEOUT = 10
 #: Every session's sql_mode, whatever the server's default: a value too long for its
 #: column (or any other bad value) is an error, never a warning and a cut value.
 STRICT_SQL_MODE = "STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
+
+#: at most how long a failed write waits for its server thread to finish the statement
+ENDED_SECONDS = 2.0
 
 #: client error codes that mean "could not connect / log in"
 _CONNECT_ERRORS = {1044, 1045, 1049, 1698, 2002, 2003, 2005, 2006, 2013, 2059}
@@ -208,6 +215,19 @@ class MySQLConnector:
             client="aiomysql",
         )
         kwargs.update(extra)
+        check_utf8(
+            kwargs["charset"], ("UTF8MB4",), setting="charset", connection=name, client="MySQL"
+        )
+        # the check takes utf8mb4 in any spelling (utf-8mb4); aiomysql knows only this one
+        kwargs["charset"] = "utf8mb4"
+        # use_unicode=False read every text column back as bytes
+        check_utf8(
+            kwargs.get("use_unicode"),
+            ("TRUE",),
+            setting="use_unicode",
+            connection=name,
+            client="MySQL",
+        )
         self._kwargs = kwargs
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: Any = None
@@ -286,10 +306,42 @@ class MySQLConnector:
     # -- statements -------------------------------------------------------------------
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        pool = await self._get_pool()
-        with self._outages():
-            async with pool.acquire() as conn:
-                return await _MySession(conn).execute(sql, params)
+        thread = None
+        try:
+            pool = await self._get_pool()
+            with self._outages():
+                async with pool.acquire() as conn:
+                    thread = conn.server_thread_id[0]
+                    return await _MySession(conn).execute(sql, params)
+        except DatabaseConnectionError as e:
+            # What the statement wrote decides what a dispatch may do next: nothing when
+            # no connection was had; unknown while the server thread still runs it.
+            if thread is None:
+                raise DatabaseConnectionError(str(e), write="unsent") from None
+            if not await self._ended(thread):
+                raise DatabaseConnectionError(str(e), write="unsettled") from None
+            raise
+
+    async def _ended(self, thread: int) -> bool:
+        """Wait (a little) until server thread ``thread`` runs no statement; False when
+        that was not seen. ``KILL`` shuts a connection's socket at once, but the
+        statement it was running goes on to its commit: the caller is about to look for
+        what that statement wrote."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + ENDED_SECONDS
+        while loop.time() < end:
+            try:
+                row = await self.fetchone(
+                    "SELECT COUNT(*) FROM information_schema.processlist "
+                    "WHERE id = ? AND command <> 'Sleep'",
+                    (thread,),
+                )
+            except Exception:
+                row = None
+            if row is not None and not row[0]:
+                return True
+            await asyncio.sleep(0.01)
+        return False
 
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         pool = await self._get_pool()

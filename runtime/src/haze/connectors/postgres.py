@@ -41,11 +41,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from haze._base.deps import require
-from haze._base.errors import ConfigError, DatabaseConnectionError
+from haze._base.errors import (
+    ConfigError,
+    DatabaseConnectionError,
+)
 from haze._base.urls import redact_text, redact_url
-from haze.connectors.client_options import check_client_options
+from haze.connectors import client_options as opts
 from haze.connectors.postgres_lean import LeanStatements
-from haze.connectors.postgres_listen import _is_outage, _Listener
+from haze.connectors.postgres_listen import _gone, _is_outage, _Listener, failed_write
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection, AsyncCursor
@@ -68,6 +71,8 @@ _CONNECT_ARGS = ("autocommit", "prepare_threshold", "context", "row_factory", "c
 PARK_SECONDS = 60.0
 
 _ROWCOUNT, _ONE, _ALL = 0, 1, 2
+#: admin_shutdown: pg_terminate_backend() ended the session (the server is up)
+_TERMINATED = "57P01"
 _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open, no statement running
 _running_loop = asyncio.get_running_loop
 
@@ -182,13 +187,21 @@ class PostgresConnector:
         if "connect_timeout" not in params:
             self._kwargs["connect_timeout"] = CONNECT_TIMEOUT
         extra = options.get("options") or {}
-        check_client_options(
+        opts.check_client_options(
             extra,
             [*_CONNECT_ARGS, *(o.keyword.decode() for o in Conninfo.get_defaults())],
             key=f"connections.{name}.options",
             client="psycopg",
         )
         self._kwargs.update(extra)
+        opts.check_utf8(
+            self._kwargs.get("client_encoding") or params.get("client_encoding"),
+            ("UTF8", "UNICODE"),
+            setting="client_encoding",
+            connection=name,
+            client="PostgreSQL",
+        )
+        self._kwargs["client_encoding"] = "UTF8"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
         #: one pooled connection kept checked out for single statements, with the cursor
@@ -265,7 +278,7 @@ class PostgresConnector:
         return self._unavailable(error)
 
     def _connect_error(self, error: BaseException) -> DatabaseConnectionError:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = opts.connect_refusal(error, self.dbname, self.name)
         # libpq may cut a password with an unescaped '/' into the host and database
         where = redact_text(
             f"{reason}. Check that the server is running and reachable at "
@@ -312,7 +325,9 @@ class PostgresConnector:
         # A plain connection first: it fails fast and says why (the pool would retry
         # in the background and only report a timeout).
         probe = await self._connect()
+        encoding = probe.info.parameter_status("server_encoding")
         await probe.close()
+        opts.check_server_encoding(encoding, self.dbname, self.name)
         pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
             self.conninfo,
             kwargs=self._kwargs,
@@ -335,10 +350,8 @@ class PostgresConnector:
         return result
 
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
-        pool = await self._get_pool()
-        with self._outages():
-            async with pool.connection() as conn:
-                return await _PgSession(conn).executemany(sql, rows)
+        async with self._session() as session:
+            return await session.executemany(sql, rows)
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         rows: list[Row] = await self._one(sql, params, _ALL)
@@ -354,15 +367,21 @@ class PostgresConnector:
         A pool checkout and return (psycopg_pool's lock, stats, logging and reset checks,
         a dozen coroutines) and a new cursor were about 90 of the 330 Python calls of a
         single dispatch on PostgreSQL (cProfile)."""
+        pid = None
         try:
             parked, pool = self._parked, self._pool
             if parked is not None and pool is not None and self._loop is _running_loop():
                 self._parked = None
                 conn, cur = parked
+                if _gone(conn):
+                    await self._discard(pool, conn)
+                    conn = await self._getconn(pool)
+                    cur = conn.cursor()
             else:
                 pool = await self._get_pool()
-                conn = await pool.getconn()
+                conn = await self._getconn(pool)
                 cur = conn.cursor()
+            pid = conn.pgconn.backend_pid
             try:
                 if want == _ROWCOUNT and params:
                     n = await self._lean.execute(conn, sql, params)
@@ -380,9 +399,42 @@ class PostgresConnector:
                     await pool.putconn(conn)
         except Exception as e:  # _outages() inline: no generator per statement
             down = self._outage_of(e)
+            if want == _ROWCOUNT:
+                down = await failed_write(self, e, down, pid)
             if down is None:
                 raise
             raise down from None
+
+    async def _getconn(
+        self, pool: AsyncConnectionPool[AsyncConnection[Any]]
+    ) -> AsyncConnection[Any]:
+        """A pooled connection the server has not closed: each dead one found is closed
+        and handed back (the pool replaces it), so a server restart costs no statement."""
+        for _ in range(self.pool_size):
+            conn = await pool.getconn()
+            if not _gone(conn):
+                return conn
+            await self._discard(pool, conn)
+        return await pool.getconn()
+
+    async def _discard(
+        self, pool: AsyncConnectionPool[AsyncConnection[Any]], conn: AsyncConnection[Any]
+    ) -> None:
+        """Close a connection the server closed and hand it back (the pool replaces it).
+        Then one connection of our own says whether the server answers: a pool without a
+        live connection would wait its whole timeout for one, where a server that is down
+        must fail the statement at once."""
+        import psycopg
+
+        await conn.close()
+        await pool.putconn(conn)
+        try:
+            probe = await psycopg.AsyncConnection.connect(self.conninfo, **self._kwargs)
+        except psycopg.OperationalError as e:
+            if e.sqlstate == _TERMINATED:
+                return  # the server answered, and someone ended this very session
+            raise self._unavailable(e) from None
+        await probe.close()
 
     def _park(
         self, conn: AsyncConnection[Any], cur: AsyncCursor[Any], pool: AsyncConnectionPool[Any]
@@ -414,10 +466,19 @@ class PostgresConnector:
     @asynccontextmanager
     async def transaction(self, *, immediate: bool = False) -> AsyncIterator[_PgSession]:
         """``BEGIN`` … ``COMMIT`` on one pooled connection (``immediate`` is for SQLite)."""
+        async with self._session() as session, session._conn.transaction():
+            yield session
+
+    @asynccontextmanager
+    async def _session(self) -> AsyncIterator[_PgSession]:
+        """One pooled connection the server has not closed, handed back afterwards."""
         pool = await self._get_pool()
         with self._outages():
-            async with pool.connection() as conn, conn.transaction():
+            conn = await self._getconn(pool)
+            try:
                 yield _PgSession(conn)
+            finally:
+                await pool.putconn(conn)
 
     async def vacuum(self, table: str) -> bool:
         """``VACUUM table`` on a connection of its own, unless another process holds the

@@ -1,11 +1,12 @@
 """The LISTEN connection of a PostgreSQL connector (``_Listener``), and what counts as
-the server being unreachable."""
+the server being unreachable (or a pooled connection closed by it)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import select
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,61 @@ def _is_outage(error: BaseException) -> bool:
     # No SQLSTATE: a client-side failure (socket closed, "consuming input failed").
     state = error.sqlstate
     return state is None or state.startswith(_OUTAGE_SQLSTATE)
+
+
+def _gone(conn: AsyncConnection[Any]) -> bool:
+    """Whether the server closed this idle connection (a restart, a failover,
+    ``pg_terminate_backend``, an idle timeout): an idle session is sent nothing unasked,
+    so a readable socket holds the server's goodbye or its EOF. A poll of the socket,
+    not a round trip: a dispatch pays no ping for it."""
+    if conn.closed:
+        return True
+    try:
+        ready = select.select([conn.pgconn.socket], [], [], 0)[0]
+    except (OSError, ValueError):  # no socket, or one select() cannot watch
+        return False
+    return bool(ready)
+
+
+#: at most how long a failed write waits for its server process to finish the statement
+ENDED_SECONDS = 2.0
+
+
+async def statement_ended(connector: PostgresConnector, pid: int) -> bool:
+    """Wait (a little) until server process ``pid`` runs no statement (False when that
+    was not seen): its socket is
+    gone, but a backend that was not terminated finishes and commits its statement
+    anyway, and the caller is about to look for what that statement wrote."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + ENDED_SECONDS
+    while loop.time() < end:
+        try:
+            row = await connector.fetchone(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ? AND state = 'active'",
+                (pid,),
+            )
+        except Exception:
+            row = None
+        if row is not None and not row[0]:
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+async def failed_write(
+    connector: PostgresConnector,
+    error: Exception,
+    down: DatabaseConnectionError | None,
+    pid: int | None,
+) -> DatabaseConnectionError | None:
+    """The error a write that raised ``error`` (``down``: as an outage, else None) ends
+    with, telling what it did: nothing when no connection was had (``pid`` None); not
+    known yet while server process ``pid`` still runs it. A dispatch decides by it."""
+    if pid is None and (down or isinstance(error, DatabaseConnectionError)):
+        return DatabaseConnectionError(str(down or error), write="unsent")
+    if down is not None and pid is not None and not await statement_ended(connector, pid):
+        return DatabaseConnectionError(str(down), write="unsettled")
+    return down
 
 
 class _Listener:

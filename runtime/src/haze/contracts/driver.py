@@ -15,7 +15,7 @@ One message's life through a driver::
 from __future__ import annotations
 
 import builtins
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -38,11 +38,14 @@ __all__ = [
     "FailedJob",
     "FailedJobStore",
     "GroupBacklog",
+    "HeldLeases",
     "IdlePolling",
     "Interruptible",
     "JobLookup",
     "JobRecord",
     "KeepsMessages",
+    "KnowsQueued",
+    "LeaseBudget",
     "Leased",
     "LocalQueue",
     "MaxDelay",
@@ -149,7 +152,11 @@ class Driver(Protocol):
         """Queue one message, available after ``delay`` seconds."""
 
     async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
-        """Queue several messages with the backend's batch primitive."""
+        """Queue several messages with the backend's batch primitive.
+
+        When some are queued and others not, raise ``DispatchIncompleteError`` naming
+        each message not queued (``failed``: id -> why). Any other exception means that
+        none of them was queued: a batch then counts them all as not sent."""
 
     async def reserve(self, queues: Sequence[str], wait: float) -> Reserved | None:
         """Claim the next available message, queues in priority order; wait up to ``wait``s."""
@@ -191,15 +198,14 @@ class Driver(Protocol):
 class DeclaresOptions(Protocol):
     """A driver or store class that names the config options it takes.
 
-    Every driver and store class declares its own, built in or added by a package
-    through the ``haze.drivers`` or ``haze.stores`` entry points (or
-    ``register_driver``/``register_store``): the options beyond ``driver`` and, for a
-    queue driver that workers consume, ``max_message_size``, ``concurrency`` and
-    ``queues``. Each option maps to its kind: ``"str"``, ``"int"``, ``"bool"``,
-    ``"duration"``, ``"names"``, ``"queues"``, ``"ident"`` or ``"dict"``. A class that
-    declares nothing takes those common options only; the app refuses any other key
-    when it starts, with the list of known ones. The class keeps its own defaults: an
-    option left out (or ``None``) is absent from the checked options.
+    Every driver and store class declares its own (built in, or added through the
+    ``haze.drivers``/``haze.stores`` entry points or ``register_driver``/``register_store``):
+    the options beyond ``driver`` and, for a queue driver that workers consume,
+    ``max_message_size``, ``concurrency`` and ``queues``. Each maps to its kind (``"str"``,
+    ``"int"``, ``"bool"``, ``"duration"``, ``"names"``, ``"queues"``, ``"ident"``, ``"dict"``).
+    A class that declares nothing takes the common options only; the app refuses any
+    other key when it starts, naming the known ones. An option left out (or ``None``) is
+    absent from the checked options: the class keeps its own default.
 
     >>> class MyDriver:
     ...     options: ClassVar[Mapping[str, str]] = {"url": "str", "retry_after": "duration"}
@@ -232,6 +238,35 @@ class Leased(Protocol):
 
     async def heartbeat(self, jobs: Sequence[Reserved]) -> None:
         """Renew the lease of ``jobs`` (all claimed by this consumer and still running)."""
+
+
+@runtime_checkable
+class HeldLeases(Protocol):
+    """A ``Leased`` driver whose claim can meet a lease its own consumer let lapse
+    without dying: an event loop starved past the lease (a handler blocking it, a
+    loaded machine) renews nothing, so the consumer's running jobs look like a dead
+    worker's to its own next claim. Told which jobs the consumer renews, the driver
+    passes such a claim's lease to the run that holds the job (its renewals and its
+    ack use it) instead of handing the job out a second time.
+
+    >>> stop = driver.hold_leases(lambda: running_jobs)  # doctest: +SKIP
+    """
+
+    def hold_leases(self, renewing: Callable[[], Iterable[Reserved]]) -> Callable[[], None]:
+        """Count the jobs ``renewing()`` returns (a consumer's renewal set, read when a
+        claim may have met one) as running until the returned call is made."""
+
+
+@runtime_checkable
+class LeaseBudget(Protocol):
+    """A ``Leased`` driver that can tell a starting worker its concurrency is more
+    running jobs than one heartbeat round renews within the heartbeat interval on a
+    typical server (their leases would run out and the jobs run twice).
+    """
+
+    def lease_warning(self, concurrency: int) -> str | None:
+        """One line naming the concurrency and the lease (``retry_after``) when
+        ``concurrency`` leases are too many to renew in time, else None."""
 
 
 @runtime_checkable
@@ -375,9 +410,6 @@ class Advises(Protocol):
 
     ``haze queue:work`` prints each line as a warning under its start line (the
     database driver: PostgreSQL with autovacuum off for the jobs table).
-
-    >>> isinstance(app.driver("database"), Advises)  # doctest: +SKIP
-    True
     """
 
     async def advice(self) -> builtins.list[str]:
@@ -406,9 +438,6 @@ class AcksInClaim(BatchConsumer, Protocol):
     A busy worker sends them with the claim that refills its slots instead of in a
     flush of their own: one round trip and one commit for both (the database driver on
     PostgreSQL; its other dialects run the two one after the other).
-
-    >>> isinstance(app.driver("database"), AcksInClaim)  # doctest: +SKIP
-    True
     """
 
     async def ack_and_claim(
@@ -500,9 +529,6 @@ class QueueInspector(Protocol):
 class GroupBacklog(Protocol):
     """A driver that takes a queue's tenant groups in turn and can count each group's
     queued jobs (the dashboard's backlog per group).
-
-    >>> isinstance(app.driver("database"), GroupBacklog)  # doctest: +SKIP
-    True
     """
 
     async def group_backlog(self, queue: str, limit: int = 20) -> builtins.list[tuple[str, int]]:
@@ -541,6 +567,18 @@ class JobLookup(Protocol):
         """The job whose full id is ``job_id`` on one of ``queues``; None when this
         driver holds no such job now (never run, finished and deleted, or failed: the
         failed-job store has those)."""
+
+
+@runtime_checkable
+class KnowsQueued(Protocol):
+    """A driver that can tell whether a job whose send lost its reply is queued: a batch
+    asks it before it counts such a job as failed (without it: counted as failed once
+    the batch's other jobs have ended)."""
+
+    async def holds_job(self, job_id: str) -> bool | None:
+        """True: the job is queued, delayed or running here; False: it is not (never
+        queued, or already ran and removed); None: not an id this driver can look up.
+        Raises when the backend gives no answer."""
 
 
 def unavailable(driver: Driver, error: BaseException) -> BackendUnavailableError | None:

@@ -62,6 +62,7 @@ from haze.contracts.driver import (
     MaxDelay,
     Reserved,
 )
+from haze.drivers._parts import Item, in_parts
 from haze.drivers.context import DriverContext
 
 __all__ = [
@@ -424,7 +425,19 @@ class CloudflareDriver(Interruptible, DelayStep, CappedDelay, MaxDelay, Concurre
         if not items:
             return
         prepared = [(_body_dict(body), delay_seconds(delay, self.name)) for body, _, delay in items]
-        await self.producer().send_batch(prepared)
+        # One sendBatch per chunk, sent here rather than by the producer: a chunk that
+        # fails after others were queued is then raised naming its messages (in_parts).
+        of = {m.id: p for (_, m, _), p in zip(items, prepared, strict=True)}
+        parts, start = [], 0
+        for chunk in _chunks(prepared):
+            parts.append(items[start : start + len(chunk)])
+            start += len(chunk)
+        producer = self.producer()
+
+        async def send(part: Sequence[Item]) -> None:
+            await producer.send_batch([of[m.id] for _, m, _ in part])
+
+        await in_parts(parts, send, self.name)
 
     # -- settling a delivered message -------------------------------------------------
 

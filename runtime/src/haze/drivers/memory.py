@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from haze._base.json_text import copy_plain
+from haze._base.json_text import copy_tree
 from haze._base.message import MAX_MESSAGE_SIZE, Message, decode, decode_payload, encode
 from haze._failed import QueueFailedJobs
 from haze.contracts.driver import (
@@ -42,8 +42,9 @@ _time = time.time
 #: A plain message kept as dispatched: its body, then the fields of its ``Message`` in
 #: order, with its payload's JSON in place of the payload; or, kept through ``keep``,
 #: no body (None: written only when something reads it) and the dispatcher's private
-#: copy of the payload, copied again for every claim.
-Kept = tuple[str | None, str, str, Any, str, str | None, float, int, str | None]
+#: copy of the payload, copied again for every claim. Last, whether that copy is flat
+#: (a dict or list of scalars: its ``.copy()`` is a full copy).
+Kept = tuple[str | None, str, str, Any, str, str | None, float, int, str | None, bool]
 #: What a queue holds: a body, or a kept message.
 Item = str | Kept
 
@@ -73,7 +74,7 @@ class _KeptClaim(Reserved):
 
 
 def _kept_body(kept: Kept) -> str:
-    body, mid, job, payload, queue, conn, ts, attempts, tenant = kept
+    body, mid, job, payload, queue, conn, ts, attempts, tenant, _ = kept
     if body is None:
         # encode() reads the payload and never changes it: the kept copy stays pristine
         body = encode(Message(mid, job, payload, queue, conn, ts, attempts, tenant))
@@ -156,7 +157,18 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages, PlainQueue):
             # The payload is copied back out of its JSON at every claim; its other fields
             # are immutable, and nothing changes them after dispatch.
             m = message
-            item = (body, m.id, m.job, kept[2], m.queue, m.connection, m.ts, m.attempts, m.tenant)
+            item = (
+                body,
+                m.id,
+                m.job,
+                kept[2],
+                m.queue,
+                m.connection,
+                m.ts,
+                m.attempts,
+                m.tenant,
+                False,
+            )
             self._push(m.queue, item, m.attempts, delay)
             return
         self._push(message.queue, body, message.attempts, delay)
@@ -176,11 +188,24 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages, PlainQueue):
             # handed every body, so nothing is queued past it.
             return False
         m = message
-        item = (None, m.id, m.job, payload, m.queue, m.connection, m.ts, m.attempts, m.tenant)
+        item = (
+            None,
+            m.id,
+            m.job,
+            payload,
+            m.queue,
+            m.connection,
+            m.ts,
+            m.attempts,
+            m.tenant,
+            False,
+        )
         self._push(m.queue, item, m.attempts, delay)
         return True
 
-    def keep_plain(self, mid: str, job: str, payload: Any, queue: str, tenant: str | None) -> bool:
+    def keep_plain(
+        self, mid: str, job: str, payload: Any, queue: str, tenant: str | None, flat: bool
+    ) -> bool:
         if "enqueue" in self.__dict__:
             return False  # as in keep(): a wrapper sees every body
         # _push, without its two frames: one plain job after another comes here
@@ -192,7 +217,7 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages, PlainQueue):
         q = self._ready.get(queue)
         if q is None:
             q = self._ready[queue] = deque()
-        q.append(((None, mid, job, payload, queue, self.name, now, 0, tenant), 0, now))
+        q.append(((None, mid, job, payload, queue, self.name, now, 0, tenant, flat), 0, now))
         self._ready_count += 1
         if not self._woken:
             self._woken = True
@@ -285,12 +310,11 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages, PlainQueue):
     def _claim_kept(kept: Kept, attempt: int, queue: str) -> Reserved:
         """A fresh message for the job: the kept fields and a new copy of the payload,
         which is what decoding its body gives (a copy that fails, fails as that does)."""
-        body, mid, job_name, payload, mq, conn, ts, attempts, tenant = kept
+        body, mid, job_name, payload, mq, conn, ts, attempts, tenant, flat = kept
         if body is None:
             # the copy the dispatcher checked: a fresh one per claim, no JSON involved
-            copied = copy_plain(payload)
-            assert copied is not None
-            message = Message(mid, job_name, copied[0], mq, conn, ts, attempts, tenant)
+            data = payload.copy() if flat else copy_tree(payload)
+            message = Message(mid, job_name, data, mq, conn, ts, attempts, tenant)
             job = _KeptClaim(message, attempt, None, queue, _time())  # type: ignore[arg-type]
             job.kept = kept
             return job
@@ -307,8 +331,19 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages, PlainQueue):
         job.kept = kept
         return job
 
-    def claim_plain(self, queues: list[str] | None) -> PlainClaim | Reserved | None:
-        if not self._ready_count:
+    def claim_plain(
+        self, queues: list[str] | None, ended: bool = False
+    ) -> PlainClaim | Reserved | None:
+        if ended:  # plain_done() of the claim before, without its frame
+            self._plain = None
+            running = self._running = self._running - 1
+            if not self._ready_count:
+                if running <= 0:
+                    self._running = 0
+                    if self._idle_waiters and not self._delayed:
+                        self._wake_idle()
+                return None
+        elif not self._ready_count:
             return None
         ready = self._ready
         for name in queues or self.priority or ready:
@@ -332,7 +367,7 @@ class MemoryDriver(LocalQueue, Backlog, Concurrent, KeepsMessages, PlainQueue):
         if payload is None:
             job = self._claim_kept(kept, attempt, queue)
         else:
-            _, mid, name, _, mq, conn, ts, attempts, tenant = kept
+            _, mid, name, _, mq, conn, ts, attempts, tenant, _ = kept
             message = Message(mid, name, payload, mq, conn, ts, attempts, tenant)
             job = _KeptClaim(message, attempt, None, queue, _time())  # type: ignore[arg-type]
             job.kept = kept

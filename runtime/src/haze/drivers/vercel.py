@@ -92,6 +92,7 @@ from haze.contracts.driver import (
 )
 from haze.drivers._hops import due_of
 from haze.drivers._hops import rewrite_hop as rewrite
+from haze.drivers._parts import side_by_side
 from haze.drivers._vercel_message import _Body
 
 __all__ = [
@@ -386,19 +387,15 @@ class VercelDriver(
         stores them in the order their sends arrive, so sends in flight together could
         put a batch's later members ahead of its first (a worker of concurrency 1 then
         runs them first). Topics are sent to side by side; a send that fails stops its
-        topic's later ones, which would otherwise overtake it."""
+        topic's later ones, which would otherwise overtake it. When some were sent, the
+        others are raised in one ``DispatchIncompleteError``, each with its id."""
         by_topic: dict[str, list[tuple[str, Message, float]]] = {}
         for body, message, delay in items:
             topic = self.topic_name(message.queue)
             self._delay(delay, message)
             self._check_size(body, message, self.max_message_size or DEFAULT_MAX_MESSAGE_SIZE)
             by_topic.setdefault(topic, []).append((body, message, delay))
-
-        async def in_order(run: list[tuple[str, Message, float]]) -> None:
-            for body, message, delay in run:
-                await self._enqueue(body, message, delay)
-
-        await asyncio.gather(*(in_order(run) for run in by_topic.values()))
+        await side_by_side(list(by_topic.values()), self._enqueue, self.name)
 
     async def resend(self, job: Reserved, delay: float, attempts: int) -> None:
         """Send ``job`` again as a new message carrying ``attempts`` tries used (a

@@ -56,6 +56,8 @@ Responses (JSON, ``{"error": "..."}`` on failure):
        queue connection is misconfigured
 503    the queue tables are missing (the body says what to run), or the queue backend
        cannot be reached (nothing was queued: try again)
+504    the SQL backend's connection died during the dispatch and whether the job was
+       queued is unknown (``"id"`` names it): sending it again may run it twice
 =====  ==============================================================================
 """
 
@@ -79,6 +81,7 @@ from haze._base.errors import (
     BackendUnavailableError,
     ConfigError,
     DelayTooLongError,
+    DispatchOutcomeUnknownError,
     PayloadTooLargeError,
     QueueTablesMissingError,
     UnknownJobError,
@@ -363,6 +366,19 @@ async def _dispatched(
     except ConfigError as e:
         log.error("%s: cannot dispatch %s: %s", where, name, e)
         return _error(500, f"the queue connection is misconfigured: {e}")
+    except DispatchOutcomeUnknownError as e:
+        # Not "nothing was queued": a caller that retries on a 503 would queue it twice.
+        log.error("%s: cannot dispatch %s: %s", where, name, e)
+        return DispatchResponse(
+            504,
+            {
+                "error": "the queue backend's connection died during the dispatch and it "
+                "could not tell whether the job was queued: it may be, so sending it "
+                "again may run it twice",
+                "id": e.job_ids[0] if e.job_ids else None,
+            },
+            {},
+        )
     except BackendUnavailableError as e:
         # An outage, not a bug: one line in the log, and a status the caller can retry
         # on. The body names no URL: the error's message holds where the backend is.

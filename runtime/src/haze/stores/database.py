@@ -15,6 +15,11 @@ longer than 128 characters is stored as its first 64 characters, ``~`` and its S
 long keys that share a prefix stay apart. Every insert is a plain ``INSERT``: an error
 (a duplicate key aside) is raised, never turned into a warning.
 
+PostgreSQL text cannot hold NUL (``\x00``), which a key made of a payload can: there a
+key holding NUL or ``\u2400`` (the symbol for NUL) is stored with each ``\u2400``
+doubled and each NUL written as ``\u2400`` and ``0``. Every other key is stored as it
+is, and no two keys share a stored form (a stored ``\u2400`` is always escaped).
+
 On PostgreSQL the store is also a ``StatusNotifier``: ``notify`` is a ``pg_notify`` on
 one channel per table (``<table>_notify``, the payload naming the store's channel), and
 ``subscribe`` listens on the connector's LISTEN connection.
@@ -38,6 +43,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from haze._base.errors import ConfigError
 from haze._base.sqlfiles import sql_blocks
+from haze.connectors import statement_chunks
 from haze.connectors.mysql import is_duplicate_key
 from haze.contracts.store import BatchSettled, Subscription
 from haze.stores.workflow_state import KeyValueWorkflowState
@@ -77,6 +83,7 @@ class DatabaseStore:
         self._ready: set[asyncio.AbstractEventLoop] = set()
         self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
         self._hash_long_keys = False
+        self._escape_nul = False
 
     @property
     def db(self) -> Connector:
@@ -119,13 +126,18 @@ class DatabaseStore:
                         await asyncio.sleep(0.05)
                         await self.db.execute(sql["schema"])
                     self._hash_long_keys = dialect == "mysql"
+                    self._escape_nul = dialect == "postgres"
                     self._sql = sql
         assert self._sql is not None
         return self._sql
 
     def _k(self, key: str) -> str:
         """The key as stored (see the module docstring); call after ``_statements()``."""
-        return _fit_key(key) if self._hash_long_keys else key
+        if self._hash_long_keys:
+            return _fit_key(key)
+        if self._escape_nul and ("\x00" in key or _ESC in key):
+            return _escaped(key)
+        return key
 
     @staticmethod
     def _exp(ttl: float | None, now: float) -> float | None:
@@ -147,12 +159,10 @@ class DatabaseStore:
             return []
         sql = await self._statements()
         stored = [self._k(k) for k in keys]
-        # D1 binds at most 100 values a statement (the keys and the time)
-        per = 90 if self.db.dialect == "d1" else 500
         found: dict[str, Any] = {}
         now = time.time()
-        for i in range(0, len(stored), per):
-            part = stored[i : i + per]
+        # D1 binds at most 100 values a statement (the keys and the time)
+        for part in statement_chunks(stored, self.db.dialect, d1=90, other=500):
             stmt = sql["get_many"].replace("{marks}", ", ".join("?" * len(part)))
             rows = await self.db.fetchall(stmt, (*part, now))
             found.update((r[0], json.loads(r[1])) for r in rows)
@@ -369,6 +379,15 @@ _DEADLOCK_RETRIES = 5
 
 #: Keys up to this many characters are stored as they are (see the module docstring).
 _KEPT_WHOLE = 128
+
+
+#: PostgreSQL text cannot hold NUL: in a key it is written as this character and "0", and
+#: the character itself doubled (see the module docstring)
+_ESC = "\u2400"
+
+
+def _escaped(key: str) -> str:
+    return key.replace(_ESC, _ESC + _ESC).replace("\x00", _ESC + "0")
 
 
 def _fit_key(key: str) -> str:

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Concatenate, ParamSpec, TypeVar
 
-from haze._base.errors import ConfigError, MissingDependencyError
+from haze._base.errors import BackendUnavailableError, ConfigError, MissingDependencyError
 from haze._base.hints import did_you_mean
 from haze._base.urls import redact_text, redact_url
 from haze.contracts.store import BatchSettled, Subscription
@@ -44,6 +45,7 @@ try:
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
 except ImportError as e:  # pragma: no cover - exercised without the extra installed
     raise MissingDependencyError("the redis store", "redis", "redis") from e
 
@@ -200,6 +202,32 @@ class _Conn:
         )
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _reachable(
+    op: Callable[Concatenate[RedisStore, _P], Coroutine[Any, Any, _R]],
+) -> Callable[Concatenate[RedisStore, _P], Coroutine[Any, Any, _R]]:
+    """redis-py's connection errors as a one-line ``BackendUnavailableError``: the
+    engine tells "the store is down" from a failure by that type (a unique lock whose
+    SET lost its reply is released, and its release is asked again while the store
+    cannot take it), not by the client library's classes."""
+
+    @functools.wraps(op)
+    async def call(self: RedisStore, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return await op(self, *args, **kwargs)
+        except (RedisConnectionError, RedisTimeoutError) as e:
+            reason = (str(e).strip().splitlines() or [""])[0]
+            raise BackendUnavailableError(
+                f"store {self.name!r} is unavailable ({type(e).__name__}: {reason}); check "
+                "that its Redis server is running and reachable, and the connection's settings"
+            ) from None
+
+    return call
+
+
 class RedisStore:
     """Atomic and shared by every process that uses the same Redis connection."""
 
@@ -236,50 +264,60 @@ class RedisStore:
             self._workflow_state = KeyValueWorkflowState(self)
         return self._workflow_state
 
+    @_reachable
     async def get(self, key: str) -> Any | None:
         return _load(await self._conn().client.get(self.prefix + key))
 
+    @_reachable
     async def get_many(self, keys: Sequence[str]) -> list[Any | None]:
         if not keys:
             return []
         raw = await self._conn().client.mget([self.prefix + k for k in keys])
         return [_load(r) for r in raw]
 
+    @_reachable
     async def put(self, key: str, value: Any, ttl: float | None = None) -> None:
         px = None if ttl is None else _ms(ttl)
         await self._conn().client.set(self.prefix + key, _dumps(value), px=px)
 
+    @_reachable
     async def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
         px = None if ttl is None else _ms(ttl)
         return bool(await self._conn().client.set(self.prefix + key, _dumps(value), nx=True, px=px))
 
+    @_reachable
     async def add_listed(self, key: str, value: Any, counter: str, listed: Any) -> bool:
         """``AddsListed`` in one script: SET NX, then INCR and SET of the listing."""
         keys = [self.prefix + key, self.prefix + counter]
         added = await self._conn().add_listed(keys=keys, args=[_dumps(value), _dumps(listed)])
         return bool(added)
 
+    @_reachable
     async def increment(self, key: str, by: int = 1, ttl: float | None = None) -> int:
         conn = self._conn()
         ttl_arg = "" if ttl is None else _ms(ttl)
         return int(await conn.increment(keys=[self.prefix + key], args=[int(by), ttl_arg]))
 
+    @_reachable
     async def delete(self, key: str, owner: Any | None = None) -> bool:
         conn = self._conn()
         if owner is None:
             return bool(await conn.client.delete(self.prefix + key))
         return bool(await conn.delete_owner(keys=[self.prefix + key], args=[_dumps(owner)]))
 
+    @_reachable
     async def ttl(self, key: str) -> float | None:
         ms = int(await self._conn().client.pttl(self.prefix + key))
         return None if ms < 0 else ms / 1000
 
+    @_reachable
     async def touch(self, key: str, owner: Any, ttl: float) -> bool:
         conn = self._conn()
         return bool(
             await conn.touch_owner(keys=[self.prefix + key], args=[_dumps(owner), _ms(ttl)])
         )
 
+    @_reachable
     async def settle_batch_job(
         self,
         batch: str,
@@ -302,6 +340,7 @@ class RedisStore:
         counted, pending, first = await self._conn().settle_batch(keys=keys, args=args)
         return BatchSettled(bool(counted), int(pending), str(_load(first)))
 
+    @_reachable
     async def notify(self, channel: str, message: str) -> None:
         await self._conn().client.publish(self.prefix + channel, message)
 

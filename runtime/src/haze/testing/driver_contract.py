@@ -63,6 +63,7 @@ from haze.contracts.driver import (
     FailedJobStore,
     IdlePolling,
     Interruptible,
+    LeaseBudget,
     Leased,
     LocalQueue,
     QueueInspector,
@@ -492,6 +493,16 @@ class DriverContract:
         lines = await d.driver.advice()
         assert isinstance(lines, list), f"advice() returned {lines!r}"
         assert all(isinstance(x, str) and x and "\n" not in x for x in lines), lines
+
+    @contract_test(needs=LeaseBudget)
+    async def test_lease_warning_is_one_line_for_too_many_leases(self, d: DriverUnderTest) -> None:
+        """``lease_warning`` lets one worker slot be, and names --concurrency and
+        retry_after in one line for more leases than any server renews in time."""
+        assert isinstance(d.driver, LeaseBudget)
+        assert d.driver.lease_warning(1) is None
+        line = d.driver.lease_warning(10**12)
+        assert isinstance(line, str) and "\n" not in line, line
+        assert "--concurrency" in line and "retry_after" in line, line
 
     @contract_test(needs=AcksInClaim)
     async def test_acks_ride_in_the_next_claim(self, d: DriverUnderTest) -> None:

@@ -29,7 +29,8 @@ How haze's rules map onto BullMQ:
 - ``job.release(delay)`` uses BullMQ's ``DelayedError`` machinery: ``moveToDelayed``
   with ``skipAttempt``, so the job keeps its id and no try is used.
 - Stalled jobs: claiming sets a lock for ``retry_after`` (default 30s); the worker's
-  heartbeat renews the locks of running jobs every ``retry_after / 2``; every
+  heartbeat renews the locks of running jobs every ``retry_after / 3`` (BullMQ's
+  default is a half: a third leaves a late round on a busy event loop more slack); every
   ``retry_after`` a stalled check (``moveStalledJobsToWait``, shared by all workers
   through BullMQ's stalled-check key) puts back the jobs whose lock expired.
 - ``fail()`` moves the job to the failed set (``failedReason`` = the exception line,

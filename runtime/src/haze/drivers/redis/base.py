@@ -40,8 +40,10 @@ class _RedisBase:
         self.keep_failed: int | None = options.get("keep_failed")
         lock = float(options.get("retry_after") or 30.0)
         self.lock_ms = max(1, round(lock * 1000))
-        #: the worker renews running jobs' locks this often (BullMQ's lockRenewTime)
-        self.heartbeat_interval = lock / 2
+        #: the worker renews running jobs' locks this often (BullMQ's lockRenewTime; its
+        #: default is a half: a third lets a round run a whole interval late, as a busy
+        #: event loop with thousands of running jobs does, and still renew in time)
+        self.heartbeat_interval = lock / 3
         #: how often stalled jobs are looked for (BullMQ's stalledInterval)
         self.stalled_interval = lock
         self._url, self._kwargs, _ = redis_settings(

@@ -34,6 +34,20 @@ _MOVE_TO_ACTIVE_SHA = "d96ca626f1ea141b44a856b312fc636d99aa9ea9"
 _CLAIM_JOB_SHA = "6d61eada9a589dde01e274f119a66eab317208ff"
 
 
+class _LostAdds:
+    """The adds of one queue whose reply was lost in one loop turn (most often all those
+    of one dead connection), looked up together by one ``find_added.lua`` call."""
+
+    __slots__ = ("done", "ids", "since")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.ids: set[str] = set()
+        #: the earliest of their send times (ms)
+        self.since = 1 << 62
+        #: (whether the ids not found were not written, the ids found)
+        self.done: asyncio.Future[tuple[bool, set[str]]] = loop.create_future()
+
+
 class _Link:
     """The Redis client, BullMQ scripts and consumer state of one event loop."""
 
@@ -50,6 +64,9 @@ class _Link:
         )
         self.find_failed = self._own("find_failed.lua")
         self.find_job = self._own("find_job.lua")
+        #: whether an add whose reply was lost wrote its job (RedisDriver._written)
+        self.find_added = self._own("find_added.lua")
+        self.lost_adds: dict[str, _LostAdds] = {}
         self.forget_failed = self._own("forget_failed.lua")
         self.one_failed = self._own("one_failed.lua")
         #: haze's add of a tenant group's job, and the count of each group's backlog

@@ -168,7 +168,8 @@ class Wire:
                 _CONNECT_TIMEOUT,
             )
         except (TimeoutError, OSError) as e:
-            raise RedisConnectionError(
+            # nothing was written: a dispatch knows its job was not queued
+            raise _NotSent(
                 f"Error connecting to Redis at {self.address}: {e or type(e).__name__}"
             ) from e
         sock = protocol.transport.get_extra_info("socket") if protocol.transport else None

@@ -15,7 +15,9 @@ MySQL 8 / MariaDB), as the seed's 数据库驱动 section describes.
   worker only deletes or releases a row that still carries its own ``reserved_at``.
 - Final failures move to ``failed_jobs`` in the same transaction as the delete.
 - While a job runs the worker refreshes ``heartbeat_at`` (lease heartbeats), so a long
-  job is not reclaimed while its worker lives.
+  job is not reclaimed while its worker lives: one statement per chunk of (id,
+  reserved_at) pairs, whatever claims they came from, each chunk stamped with the time
+  it is sent.
 - PostgreSQL with autovacuum off: the workers vacuum the jobs table themselves, one at
   a time, when dead rows pile up (``vacuum.py``; ``vacuum: False`` turns it off).
 

@@ -7,7 +7,7 @@ import asyncio
 import functools
 import re
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from haze._base.errors import (
@@ -19,7 +19,15 @@ from haze._base.errors import (
 from haze._base.message import MAX_MESSAGE_SIZE
 from haze._base.sqlfiles import queue_sql
 from haze._failed import SqlFailedJobs
-from haze.connectors import Notifying, Session, dialect_of, missing_column
+from haze.connectors import (
+    Notifying,
+    Session,
+    dialect_of,
+    missing_column,
+    missing_table,
+    mysql_error_code,
+    statement_chunks,
+)
 from haze.connectors.migrations import MIGRATIONS_DIR
 from haze.drivers.sql.failed import _QueueFailedJobs
 from haze.drivers.sql.turns import next_turn
@@ -28,6 +36,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from haze.connectors import Connector
+    from haze.contracts.driver import Reserved
     from haze.drivers.context import DriverContext
 
 #: D1's largest string, BLOB or table row, in bytes (SQLITE_TOOBIG past it)
@@ -39,17 +48,7 @@ D1_MAX_MESSAGE_SIZE = D1_ROW_LIMIT - 64 * 1024
 _JOB_ID = re.compile(r"^[A-Za-z0-9-]{1,128}$")
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
-
-
-def _missing_table(e: BaseException) -> bool:
-    """The backend's "no such table": PostgreSQL's SQLSTATE 42P01, MySQL/MariaDB's error
-    1146, and the text SQLite, libSQL and D1 answer with."""
-    if getattr(e, "sqlstate", None) == "42P01":
-        return True
-    args = getattr(e, "args", ())
-    if args and args[0] == 1146:
-        return True
-    return "no such table" in str(e)
+_T = TypeVar("_T")
 
 
 #: MySQL/MariaDB: deadlock found (1213), lock wait timeout (1205). The whole transaction
@@ -67,8 +66,7 @@ async def _mysql_retry(fn: Callable[[], Awaitable[_R]], tries: int = 5) -> _R:
         try:
             return await fn()
         except Exception as e:
-            args = getattr(e, "args", ())
-            if attempt == tries - 1 or not args or args[0] not in _MYSQL_RETRY:
+            if attempt == tries - 1 or mysql_error_code(e) not in _MYSQL_RETRY:
                 raise
             await asyncio.sleep(0.002 * (attempt + 1))
     raise AssertionError("unreachable")  # pragma: no cover
@@ -151,6 +149,29 @@ class _DatabaseBase:
         # (done), where a first ack that finds it gone means another worker took the job
         # over and finished it (a lost lease: the job ran twice).
         self._acks_sent: dict[tuple[int, Any], None] = {}
+        self._init_own_leases()
+
+    def _init_own_leases(self) -> None:
+        """What tells this process's own leases from other workers' (``HeldLeases``)."""
+        #: The renewal sets of the consumers running this driver's jobs (``HeldLeases``):
+        #: a claim that takes back a lapsed row one of them holds leaves it to that run.
+        self._holders: list[Callable[[], Iterable[Reserved]]] = []
+        #: The claims (row id, reserved_at) released for a retry, newest last: their run
+        #: is over, so a claim of their row is the next attempt even while the ended run
+        #: is still in its consumer's renewal set. True once a claim of this driver took
+        #: the row as that next attempt.
+        self._released: dict[tuple[int, Any], bool] = {}
+        #: This driver's recent claim tokens: a row under one of them is this process's.
+        self._tokens: dict[float, None] = {}
+        #: The claims in flight, with the task of each: done once their jobs are handed
+        #: out (a claim taking over lapsed leases waits for the others)...
+        self._claims: dict[asyncio.Future[None], asyncio.Task[Any] | None] = {}
+        #: ... and once any held row's new lease is passed to its run (``_adopted``): a
+        #: settle that lost its row waits for the others' (never for their whole claim:
+        #: two claims each settling acks inside would wait for each other for ever).
+        self._adopting: dict[asyncio.Future[None], asyncio.Task[Any] | None] = {}
+        #: The claim in flight that takes over lapsed leases: it runs alone (_claiming).
+        self._lapsed_claim: asyncio.Future[None] | None = None
 
     def _size_limit(self, configured: int | None, *, d1: bool) -> int:
         """``max_message_size``: as configured, else 4 MiB; on D1 at most what its row
@@ -182,6 +203,21 @@ class _DatabaseBase:
     def dialect(self) -> str:
         return self.db.dialect
 
+    def _chunks(
+        self,
+        items: Sequence[_T],
+        *,
+        d1: int,
+        other: int,
+        postgres: int | None = None,
+        mysql: int | None = None,
+    ) -> Iterator[Sequence[_T]]:
+        """``items`` in slices one statement of this dialect can bind
+        (``statement_chunks``)."""
+        return statement_chunks(
+            items, self.dialect, d1=d1, other=other, postgres=postgres, mysql=mysql
+        )
+
     @property
     def sql(self) -> dict[str, str]:
         if self._sql is None:
@@ -191,14 +227,14 @@ class _DatabaseBase:
     def _tables_missing_for(self, error: BaseException) -> HazeError | None:
         """``tables_missing()`` when ``error`` is the backend's "no such table", and
         ``tables_not_ours()`` when it is "no such column"."""
-        if _missing_table(error):
+        if missing_table(error, self.dialect):
             return self.tables_missing()
-        return self.tables_not_ours() if missing_column(error) else None
+        return self.tables_not_ours() if missing_column(error, self.dialect) else None
 
     async def _explain(self, error: BaseException) -> HazeError | None:
         """``_tables_missing_for``, and a table an earlier haze made (it has the queue's
         columns, not the group ones): ``tables_outdated()``."""
-        if missing_column(error) and _GROUP_COLUMNS.search(str(error)):
+        if missing_column(error, self.dialect) and _GROUP_COLUMNS.search(str(error)):
             try:
                 await self.db.fetchall(self.sql["queue_columns"])
             except Exception:
@@ -271,6 +307,9 @@ class _DatabaseBase:
         if now <= self._last_ts:
             now = self._last_ts + 1e-6
         self._last_ts = now
+        self._tokens[now] = None
+        while len(self._tokens) > _ACKS_KEPT:
+            del self._tokens[next(iter(self._tokens))]
         return now
 
     def _wake(self) -> asyncio.Event:

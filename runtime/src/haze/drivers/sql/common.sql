@@ -48,6 +48,14 @@ UPDATE {jobs} SET heartbeat_at = ? WHERE id = ? AND reserved_at = ?
 -- params: heartbeat_at, reserved_at, id…
 UPDATE {jobs} SET heartbeat_at = ? WHERE reserved_at = ? AND id IN ({{ids}})
 
+-- name: reserved_of
+-- The claim a row is under now. params: id
+SELECT reserved_at FROM {jobs} WHERE id = ?
+
+-- name: still_mine
+-- Of a claim's rows, those that still carry its reserved_at. params: reserved_at, id…
+SELECT id FROM {jobs} WHERE reserved_at = ? AND id IN ({{ids}})
+
 -- name: next_due
 -- When the first row of the queue not due yet comes due: an idle worker's wait ends
 -- then. The first entry of the index the claim reads (due rows first). params: queue
@@ -152,3 +160,10 @@ DELETE FROM {failed} WHERE uuid = ? AND payload = ?
 
 -- name: failed_forget_body_of
 DELETE FROM {failed} WHERE uuid = ? AND payload = ? AND connection = ?
+
+-- name: adopt
+-- A claim took back lapsed rows that a consumer of the same driver is still running
+-- (its event loop was starved past the lease): the runs keep them under the claim's
+-- reserved_at, and the attempt the claim counted goes back (no run started).
+-- params: reserved_at, id…
+UPDATE {jobs} SET attempts = attempts - 1 WHERE reserved_at = ? AND id IN ({{ids}})

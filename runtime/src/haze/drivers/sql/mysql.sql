@@ -81,6 +81,13 @@ SELECT id FROM {jobs} WHERE {{where}} FOR UPDATE
 -- name: ack_many_delete
 DELETE FROM {jobs} WHERE id IN ({{ids}})
 
+-- name: heartbeat_pairs
+-- Renew the leases of running rows of any number of claims (see PostgreSQL's). The
+-- driver fills every id of the chunk (the primary key range the statement reads), then
+-- the condition: (reserved_at = ? AND id IN (?, …)) OR …, one group per claim token,
+-- compared by the server as the ack does. params: heartbeat_at, id…, then the groups'
+UPDATE {jobs} SET heartbeat_at = ? WHERE id IN ({{ids}}) AND ({{where}})
+
 -- name: needs_groups
 -- One row when the jobs table exists without the group columns (created before tenant
 -- groups): `haze db:migrate` then runs upgrade_groups.

@@ -95,6 +95,15 @@ USING unnest(?::bigint[], ?::double precision[]) AS a(id, reserved_at)
 WHERE j.id = a.id AND j.reserved_at = a.reserved_at
 RETURNING j.id
 
+-- name: heartbeat_pairs
+-- Renew the leases of running rows of any number of claims in one statement: a worker
+-- that claimed its jobs in thousands of small claims holds thousands of tokens, and one
+-- statement per token made a round outlast retry_after. params: heartbeat_at, ids
+-- (bigint[]), reserved_ats (double precision[])
+UPDATE {jobs} AS j SET heartbeat_at = ?
+FROM unnest(?::bigint[], ?::double precision[]) AS a(id, reserved_at)
+WHERE j.id = a.id AND j.reserved_at = a.reserved_at
+
 -- name: vacuum_due
 -- The jobs table's dead rows when autovacuum will never vacuum it (off for the whole
 -- server, or for the table); no row when it will.

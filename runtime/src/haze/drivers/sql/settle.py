@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from haze.connectors import Session
 from haze.contracts.driver import FailedJob, Reserved
-from haze.drivers.sql.base import _ACKS_KEPT, _needs_tables
+from haze.drivers.sql.base import _ACKS_KEPT, _mysql_retry, _needs_tables
 from haze.drivers.sql.claim import LAPSED_END, _branches, _Claiming
 from haze.drivers.sql.turns import group_of
 
@@ -49,10 +50,26 @@ class _Settling(_Claiming):
         and nothing was deleted."""
         if not jobs:
             return []
+        tokens = [job.token for job in jobs]
         pairs = [(int(job.token[0]), job.token[1]) for job in jobs]
         with self._sending_acks(pairs):
             owned = await self._ack_pairs(pairs)
-        return await self._acked(pairs, owned)
+        return await self._moved_acks(jobs, tokens, await self._acked(pairs, owned))
+
+    async def _moved_acks(
+        self, jobs: Sequence[Reserved], tokens: builtins.list[Any], owned: builtins.list[bool]
+    ) -> builtins.list[bool]:
+        """``owned``, with the acks that found their row under a new lease of their own
+        run sent again with it: a claim of this driver passed it to the run meanwhile
+        (``_adopted``)."""
+        if not all(owned):
+            await self._claims_done()
+        moved = [i for i, ok in enumerate(owned) if not ok and jobs[i].token != tokens[i]]
+        if moved:
+            again = await self.ack_many([jobs[i] for i in moved])
+            for i, ok in zip(moved, again, strict=True):
+                owned[i] = ok
+        return owned
 
     async def _ack_pairs(self, pairs: builtins.list[tuple[int, Any]]) -> set[int]:
         """The ids of ``pairs`` (row id, reserved_at) whose rows this call deleted."""
@@ -65,9 +82,7 @@ class _Settling(_Claiming):
         elif self.dialect == "mysql":
             owned = await self._mysql_tx(lambda tx: self._mysql_ack(tx, pairs))
         else:
-            per = 45 if self.dialect == "d1" else 400  # D1: at most 100 bound values a statement
-            for i in range(0, len(pairs), per):
-                chunk = pairs[i : i + per]
+            for chunk in self._chunks(pairs, d1=45, other=400):
                 stmt = sql["ack_many"].replace("{pairs}", ", ".join(["(?, ?)"] * len(chunk)))
                 rows = await self.db.fetchall(stmt, [v for p in chunk for v in p])
                 owned.update(int(r[0]) for r in rows)
@@ -99,9 +114,7 @@ class _Settling(_Claiming):
         is gone: done): then only a row still there, under another claim, is one."""
         repeats = [i for i, t in pairs if i not in deleted and (i, t) in self._acks_sent]
         there: set[int] = set()
-        per = 90 if self.dialect == "d1" else 500  # D1: at most 100 bound values a statement
-        for n in range(0, len(repeats), per):
-            chunk = repeats[n : n + per]
+        for chunk in self._chunks(repeats, d1=90, other=500):
             stmt = self.sql["still_there"].replace("{ids}", ", ".join(["?"] * len(chunk)))
             there.update(int(r[0]) for r in await self.db.fetchall(stmt, chunk))
         self._remember_acks([p for p in pairs if p[0] in deleted])
@@ -123,16 +136,23 @@ class _Settling(_Claiming):
         if self.dialect not in ("postgres", "mysql") or not jobs:
             owned = await self.ack_many(jobs)
             return owned, await self._claim_many(queue, limit)
+        tokens = [job.token for job in jobs]
         pairs = [(int(job.token[0]), job.token[1]) for job in jobs]
+        lapsed = self._looks_for_lapsed(queue)
         with self._sending_acks(pairs):
-            return await self._ack_and_claim(pairs, queue, limit)
+            # the acks that crossed a claim are settled inside this claim: until it
+            # returns, the jobs it took are in no renewal set, and a claim taking over
+            # lapsed leases meanwhile must wait for it (_claiming)
+            async with self._claiming(lapsed=lapsed):
+                owned, claimed = await self._ack_and_claim(pairs, queue, limit, lapsed)
+                return await self._moved_acks(jobs, tokens, owned), claimed
 
     async def _ack_and_claim(
-        self, pairs: builtins.list[tuple[int, Any]], queue: str, limit: int
+        self, pairs: builtins.list[tuple[int, Any]], queue: str, limit: int, lapsed: bool
     ) -> tuple[builtins.list[bool], builtins.list[Reserved]]:
         now = time.time()
         token = self._token()
-        abandoned = self._abandoned(queue, now)
+        abandoned = now - self.retry_after if lapsed else 0.0
         ids = [p[0] for p in pairs]
         if self.dialect == "mysql":
 
@@ -143,7 +163,8 @@ class _Settling(_Claiming):
                 return acked, rows
 
             acked, rows = await self._mysql_tx(both)
-            return await self._acked(pairs, acked), await self._claimed(rows, queue, token)
+            owned = await self._acked(pairs, acked)
+            return owned, await self._claimed(rows, queue, token, lapsed=lapsed)
         branches = _branches(queue, now, limit, abandoned)
         # the lapsed branch skips the rows being acked: their ids follow abandoned_before
         params = (
@@ -153,14 +174,30 @@ class _Settling(_Claiming):
         rows = await self.db.fetchall(self.sql["ack_claim_many"], params)
         acked = {int(r[0]) for r in rows if r[1] is None}
         claimed = [r for r in rows if r[1] is not None]
-        return await self._acked(pairs, acked), await self._claimed(claimed, queue, token)
+        owned = await self._acked(pairs, acked)
+        return owned, await self._claimed(claimed, queue, token, lapsed=lapsed)
+
+    async def _as_held(self, job: Reserved, settle: Callable[[Any], Awaitable[bool]]) -> bool:
+        """``settle(job.token)``, sent again when it found the row under a new lease of
+        this very run: a claim of this driver passed it to the run meanwhile
+        (``_adopted``)."""
+        while True:
+            token = job.token
+            done = await settle(token)
+            if not done:
+                await self._claims_done()
+            if done or job.token == token:
+                return done
 
     @_needs_tables
     async def ack(self, job: Reserved) -> bool:
         # ack, release and fail match the row by its id and this claim's reserved_at: 0
         # rows means another worker reclaimed it after retry_after (False, nothing
         # changed), unless the row is gone: an earlier try deleted it (True)
-        row_id, reserved_at = job.token
+        return await self._as_held(job, self._ack_token)
+
+    async def _ack_token(self, token: Any) -> bool:
+        row_id, reserved_at = token
         pair = (int(row_id), reserved_at)
         with self._sending_acks([pair]):
             deleted = await self.db.execute(self.sql["ack"], (row_id, reserved_at)) > 0
@@ -169,11 +206,42 @@ class _Settling(_Claiming):
 
     @_needs_tables
     async def release(self, job: Reserved, delay: float, *, consume_attempt: bool) -> bool:
-        row_id, reserved_at = job.token
         if consume_attempt:
+            return await self._retry(job, delay)
+        return await self._as_held(job, functools.partial(self._reinsert, job, delay))
+
+    async def _retry(self, job: Reserved, delay: float) -> bool:
+        """release(consume_attempt=True): the row due again after ``delay``."""
+        while True:
+            row_id, reserved_at = token = job.token
+            pair = (int(row_id), reserved_at)
+            # Before the write: once it commits, a claim of the row (this driver's too)
+            # is the next attempt, even while this run is still in its renewal set.
+            self._note_released(pair)
             due = time.time() + delay
-            return await self.db.execute(self.sql["retry"], (due, due, row_id, reserved_at)) > 0
-        # release(): a new row with the attempt handed back, only if we still own the old one.
+            if await self.db.execute(self.sql["retry"], (due, due, row_id, reserved_at)) > 0:
+                return True
+            # 0 rows: the lease lapsed, and a claim of this driver took the row: one
+            # passing it to this run (go again with its lease), or one that took it as
+            # the next attempt (done).
+            await self._claims_done()
+            if job.token != token:
+                continue
+            now_under = await self.db.fetchone(self.sql["reserved_of"], (row_id,))
+            if now_under is not None and float(now_under[0] or 0) in self._tokens:
+                return True
+            return self._released.get(pair, False)
+
+    def _note_released(self, pair: tuple[int, Any]) -> None:
+        released = self._released
+        released[pair] = False
+        while len(released) > _ACKS_KEPT:
+            del released[next(iter(released))]
+
+    async def _reinsert(self, job: Reserved, delay: float, token: Any) -> bool:
+        """release(): a new row with the attempt handed back, only if ``token`` (the
+        job's claim) still owns the old one."""
+        row_id, reserved_at = token
         now = time.time()
         async with self.db.transaction(immediate=True) as tx:
             if await tx.execute(self.sql["ack"], (row_id, reserved_at)) == 0:
@@ -189,7 +257,10 @@ class _Settling(_Claiming):
 
     @_needs_tables
     async def fail(self, job: Reserved, failed: FailedJob) -> bool:
-        row_id, reserved_at = job.token
+        return await self._as_held(job, functools.partial(self._fail_token, failed))
+
+    async def _fail_token(self, failed: FailedJob, token: Any) -> bool:
+        row_id, reserved_at = token
         async with self.db.transaction(immediate=True) as tx:
             if await tx.execute(self.sql["ack"], (row_id, reserved_at)) == 0:
                 return False  # another worker reclaimed the row; it owns the outcome now
@@ -211,17 +282,40 @@ class _Settling(_Claiming):
 
     async def heartbeat(self, jobs: Sequence[Reserved]) -> None:
         """Refresh ``heartbeat_at`` of running jobs so they are not reclaimed."""
-        # One statement per claim token (and per chunk of ids), not one per job: a
-        # heartbeat that costs a round trip per job outlasts retry_after with enough
-        # running jobs, and the worker then takes its own running jobs over.
-        now = time.time()
+        # A statement per chunk of (id, reserved_at) pairs, whatever claims they came
+        # from: one per claim token cost a round trip per claim, and a worker fed by a
+        # producer claims its jobs a few at a time, so at --concurrency 4,000 a round
+        # outlasted retry_after and the worker took its own running jobs over. Each chunk
+        # is its own statement (all of its rows or none): a worker that dies between two
+        # leaves the rest at their last renewal, and every row it held lapses
+        # retry_after after its own, as after any crash.
+        pairs = sorted({(int(job.token[0]), job.token[1]) for job in jobs})
+        for chunk in self._chunks(pairs, d1=45, other=400, postgres=5000, mysql=500):
+            # the time of this chunk's write, not of the round's start: a long round
+            # must not write a heartbeat that is already old
+            now = time.time()
+            if self.dialect == "postgres":
+                ids, tokens = [p[0] for p in chunk], [p[1] for p in chunk]
+                await self.db.execute(self.sql["heartbeat_pairs"], (now, ids, tokens))
+            elif self.dialect == "mysql":
+                await _mysql_retry(functools.partial(self._mysql_heartbeat, chunk, now))
+            else:
+                marks = ", ".join(["(?, ?)"] * len(chunk))
+                stmt = self.sql["heartbeat_pairs"].replace("{pairs}", marks)
+                await self.db.execute(stmt, [*(v for p in chunk for v in p), now])
+
+    async def _mysql_heartbeat(self, chunk: Sequence[tuple[int, Any]], now: float) -> None:
         by_token: dict[Any, builtins.list[int]] = {}
-        for job in jobs:
-            row_id, reserved_at = job.token
-            by_token.setdefault(reserved_at, []).append(int(row_id))
-        per = 90 if self.dialect == "d1" else 400  # D1: at most 100 bound values a statement
-        for reserved_at, ids in by_token.items():
-            for i in range(0, len(ids), per):
-                chunk = ids[i : i + per]
-                stmt = self.sql["heartbeat_many"].replace("{ids}", ", ".join(["?"] * len(chunk)))
-                await self.db.execute(stmt, [now, reserved_at, *chunk])
+        for row_id, token in chunk:
+            by_token.setdefault(token, []).append(row_id)
+        where = " OR ".join(
+            f"(reserved_at = ? AND id IN ({', '.join(['?'] * len(ids))}))"
+            for ids in by_token.values()
+        )
+        stmt = (
+            self.sql["heartbeat_pairs"]
+            .replace("{ids}", ", ".join(["?"] * len(chunk)))
+            .replace("{where}", where)
+        )
+        groups = [v for token, ids in by_token.items() for v in (token, *ids)]
+        await self.db.execute(stmt, [now, *(p[0] for p in chunk), *groups])

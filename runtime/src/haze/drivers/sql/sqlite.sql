@@ -78,6 +78,14 @@ DELETE FROM {jobs} WHERE id IN (SELECT id FROM owned)
   AND (id, reserved_at) IN (SELECT id, reserved_at FROM owned)
 RETURNING id
 
+-- name: heartbeat_pairs
+-- Renew the leases of running rows of any number of claims (see PostgreSQL's): the
+-- driver appends one "(?, ?)" per (id, reserved_at) pair after VALUES; heartbeat_at is
+-- the last parameter. The id IN (...) reaches the rows by primary key (see ack_many).
+WITH owned(id, reserved_at) AS (VALUES {{pairs}})
+UPDATE {jobs} SET heartbeat_at = ? WHERE id IN (SELECT id FROM owned)
+  AND (id, reserved_at) IN (SELECT id, reserved_at FROM owned)
+
 -- name: needs_groups
 -- One row when the jobs table exists without the group columns (created before tenant
 -- groups): `haze db:migrate` then runs upgrade_groups.

@@ -11,16 +11,19 @@ from haze.contracts.driver import (
     Concurrent,
     DelayStep,
     Interruptible,
+    LeaseBudget,
     Leased,
     MaxDelay,
     QueueCounts,
     RunningJob,
 )
+from haze.drivers._leases import lease_warning
 from haze.drivers.sqs.messages import SQS_MAX_WAIT, _error_code
 from haze.drivers.sqs.receive import _Receiving
+from haze.drivers.sqs.settle import RENEWALS_PER_SECOND
 
 
-class SqsDriver(_Receiving, Interruptible, Leased, DelayStep, MaxDelay, Concurrent):
+class SqsDriver(_Receiving, Interruptible, Leased, LeaseBudget, DelayStep, MaxDelay, Concurrent):
     """Queue connection on Amazon SQS; see the package docstring for the rules."""
 
     #: the config options it takes besides the common ones (``DeclaresOptions``)
@@ -39,6 +42,16 @@ class SqsDriver(_Receiving, Interruptible, Leased, DelayStep, MaxDelay, Concurre
     delay_step = 1.0
     local_callbacks = False
     inline = False
+
+    def lease_warning(self, concurrency: int) -> str | None:
+        return lease_warning(
+            self.name,
+            "SQS",
+            concurrency,
+            rate=RENEWALS_PER_SECOND,
+            interval=self.heartbeat_interval,
+            retry_after=self.retry_after,
+        )
 
     # -- inspection ---------------------------------------------------------------
 

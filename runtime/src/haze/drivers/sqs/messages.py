@@ -3,6 +3,7 @@ fields the driver rewrites in a body it sends again."""
 
 from __future__ import annotations
 
+import importlib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -53,9 +54,10 @@ def _boto3() -> Any:
 
 
 def _error_code(error: BaseException) -> str:
-    response = getattr(error, "response", None)
-    if isinstance(response, dict):
-        return str((response.get("Error") or {}).get("Code") or "")
+    """SQS's error code of a botocore ``ClientError`` ("" for any other error)."""
+    client_error = importlib.import_module("botocore.exceptions").ClientError
+    if isinstance(error, client_error):
+        return str((error.response.get("Error") or {}).get("Code") or "")
     return ""
 
 

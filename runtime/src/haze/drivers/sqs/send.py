@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from haze._base.describe import error_line
 from haze._base.errors import DispatchIncompleteError, PayloadTooLargeError, UnknownQueueError
 from haze._base.message import Message, new_id
 from haze.drivers._hops import rewrite_hop
@@ -117,23 +118,18 @@ class _Sending(_SqsClient):
             by_url.setdefault(self._send_url(message.queue), []).append(
                 (self._entry(body, message, delay, resend=False), message)
             )
-        chunks: list[tuple[str, list[tuple[dict[str, Any], Message]]]] = []
-        for url, entries in by_url.items():
-            chunk: list[tuple[dict[str, Any], Message]] = []
-            size = 0
-            for entry, message in entries:
-                n = len(entry["MessageBody"].encode("utf-8"))
-                if chunk and (len(chunk) == _BATCH or size + n > SQS_MAX_MESSAGE_SIZE):
-                    chunks.append((url, chunk))
-                    chunk, size = [], 0
-                chunk.append((entry, message))
-                size += n
-            if chunk:
-                chunks.append((url, chunk))
+        chunks = _batches(by_url)
         failed: dict[str, str] = {}
+        # A call that fails (the service unreachable) refuses its whole chunk; raised as
+        # it is only when no other chunk was queued.
+        errors: list[Exception] = []
         if self.fifo:  # one batch after the other: the order within a group is the order sent
             for i, (url, chunk) in enumerate(chunks):
-                failed.update(await self._send_batch(url, chunk))
+                try:
+                    failed.update(await self._send_batch(url, chunk))
+                except Exception as e:
+                    errors.append(e)
+                    failed.update((m.id, error_line(e)) for _, m in chunk)
                 if failed:
                     for _, rest in chunks[i + 1 :]:
                         failed.update(
@@ -144,10 +140,16 @@ class _Sending(_SqsClient):
             results = await asyncio.gather(
                 *(self._send_batch(url, chunk) for url, chunk in chunks), return_exceptions=True
             )
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
-                failed.update(result)
+            for result, (_, chunk) in zip(results, chunks, strict=True):
+                if isinstance(result, Exception):
+                    errors.append(result)
+                    failed.update((m.id, error_line(result)) for _, m in chunk)
+                elif isinstance(result, BaseException):
+                    raise result  # cancelled, or the process is stopping
+                else:
+                    failed.update(result)
+        if errors and len(failed) == len(items):
+            raise errors[0]  # nothing was queued: the call's own error
         if failed:
             listed = ", ".join(f"{job_id} ({why})" for job_id, why in failed.items())
             raise DispatchIncompleteError(
@@ -169,3 +171,23 @@ class _Sending(_SqsClient):
             again = await self._call("send_message_batch", QueueUrl=url, Entries=retry)
             failed = [{**f, "Id": retry[int(f["Id"])]["Id"]} for f in again.get("Failed") or []]
         return {chunk[int(f["Id"])][1].id: f"{f.get('Code')}: {f.get('Message')}" for f in failed}
+
+
+def _batches(
+    by_url: dict[str, list[tuple[dict[str, Any], Message]]],
+) -> list[tuple[str, list[tuple[dict[str, Any], Message]]]]:
+    """Each queue's entries cut into ``SendMessageBatch`` calls (10 entries, 1 MiB)."""
+    chunks: list[tuple[str, list[tuple[dict[str, Any], Message]]]] = []
+    for url, entries in by_url.items():
+        chunk: list[tuple[dict[str, Any], Message]] = []
+        size = 0
+        for entry, message in entries:
+            n = len(entry["MessageBody"].encode("utf-8"))
+            if chunk and (len(chunk) == _BATCH or size + n > SQS_MAX_MESSAGE_SIZE):
+                chunks.append((url, chunk))
+                chunk, size = [], 0
+            chunk.append((entry, message))
+            size += n
+        if chunk:
+            chunks.append((url, chunk))
+    return chunks

@@ -3,6 +3,7 @@ running ones invisible."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Sequence
@@ -23,6 +24,12 @@ from haze.drivers.sqs.messages import (
     _error_code,
 )
 from haze.drivers.sqs.send import _Sending
+
+#: how many visibility calls of one heartbeat round are in flight at once
+_HEARTBEAT_CALLS = 8
+#: about how many leases a round renews a second: _HEARTBEAT_CALLS calls of 10 at about
+#: 40 ms each, in the queue's region
+RENEWALS_PER_SECOND = 2_000
 
 log = logging.getLogger("haze.sqs")
 
@@ -164,31 +171,40 @@ class _Settling(_Sending):
         return True
 
     async def heartbeat(self, jobs: Sequence[Reserved]) -> None:
-        """Extend the visibility of running jobs to ``retry_after`` again."""
+        """Extend the visibility of running jobs to ``retry_after`` again, 10 a call and
+        ``_HEARTBEAT_CALLS`` calls at once: one after the other, 40,000 running jobs took
+        4,000 round trips a round, longer than the round's interval."""
         by_url: dict[str, list[SqsReceipt]] = {}
         for job in jobs:
             if isinstance(job.token, SqsReceipt):
                 by_url.setdefault(job.token.url, []).append(job.token)
         visibility = math.ceil(self.retry_after)
-        for url, receipts in by_url.items():
-            for i in range(0, len(receipts), _BATCH):
-                chunk = receipts[i : i + _BATCH]
-                entries = [
-                    {
-                        "Id": str(n),
-                        "ReceiptHandle": r.handle,
-                        "VisibilityTimeout": max(0, min(visibility, self._visibility_budget(r))),
-                    }
-                    for n, r in enumerate(chunk)
-                ]
-                response = await self._call(
-                    "change_message_visibility_batch", QueueUrl=url, Entries=entries
-                )
-                for f in response.get("Failed") or []:
-                    r = chunk[int(f["Id"])]
-                    log.warning(
-                        "haze sqs: heartbeat of message %s failed (%s: %s)",
-                        r.message_id,
-                        f.get("Code"),
-                        f.get("Message"),
-                    )
+        calls = [
+            (url, receipts[i : i + _BATCH])
+            for url, receipts in by_url.items()
+            for i in range(0, len(receipts), _BATCH)
+        ]
+        for i in range(0, len(calls), _HEARTBEAT_CALLS):
+            wave = calls[i : i + _HEARTBEAT_CALLS]
+            await asyncio.gather(*(self._renew(url, chunk, visibility) for url, chunk in wave))
+
+    async def _renew(self, url: str, chunk: Sequence[SqsReceipt], visibility: int) -> None:
+        entries = [
+            {
+                "Id": str(n),
+                "ReceiptHandle": r.handle,
+                "VisibilityTimeout": max(0, min(visibility, self._visibility_budget(r))),
+            }
+            for n, r in enumerate(chunk)
+        ]
+        response = await self._call(
+            "change_message_visibility_batch", QueueUrl=url, Entries=entries
+        )
+        for f in response.get("Failed") or []:
+            r = chunk[int(f["Id"])]
+            log.warning(
+                "haze sqs: heartbeat of message %s failed (%s: %s)",
+                r.message_id,
+                f.get("Code"),
+                f.get("Message"),
+            )
