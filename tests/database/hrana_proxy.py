@@ -8,7 +8,10 @@ request goes through ``rule(statements)``, which says what to do with it:
 - ``"stall"``: never answer (the connection stays open until ``release()`` or the
   proxy stops), as a stuck sqld that still accepts connections does;
 - ``("answer", status, body)``: answer that instead of sqld (``busy_answer`` is the
-  answer sqld itself gives to a statement that found the database locked).
+  answer sqld itself gives to a statement that found the database locked);
+- ``("late", status, seconds)``: answer ``status`` now (a gateway's 504, say) and send
+  the request on to sqld ``seconds`` later, as a gateway that timed out waiting for its
+  upstream (which runs it still) does.
 
 ``statements`` is the list of SQL texts of the request (batch steps included).
 
@@ -131,11 +134,24 @@ class HranaProxy:
                     proxy.released.wait(600)
                     self.close_connection = True
                     return
+                if isinstance(action, tuple) and action[0] == "late":
+                    _, status, seconds = action
+                    later = threading.Timer(seconds, _send_on, (self.path, raw, dict(self.headers)))
+                    later.daemon = True
+                    later.start()
+                    self._reply(status, b'{"error": "gateway timeout"}')
+                    return
                 if isinstance(action, tuple):
                     _, status, answer = action
                     self._reply(status, json.dumps(answer).encode())
                     return
                 self._forward("POST", raw)
+
+        def _send_on(path: str, body: bytes, headers: dict[str, str]) -> None:
+            keep = {k: v for k, v in headers.items() if k.lower() in ("authorization", "content-type")}
+            request = urllib.request.Request(proxy.upstream + path, data=body, headers=keep)
+            with urllib.request.urlopen(request, timeout=60) as response:
+                response.read()
 
         return Handler
 

@@ -650,3 +650,33 @@ def test_a_bad_request_timeout_is_a_config_error_naming_its_key(timeout: Any) ->
     with pytest.raises(ConfigError) as info:
         LibSQLConnector("lsq_cfg", {"url": "http://127.0.0.1:1", "options": {"timeout": timeout}})
     assert "connections.lsq_cfg.options.timeout" in str(info.value)
+
+
+@pytest.mark.parametrize("status", [502, 504])
+async def test_an_insert_a_gateway_timed_out_on_and_that_ran_later_queues_once(
+    sqld_url: str, status: int
+) -> None:
+    """When a backend is down: a dispatch that returns queued its job once. A gateway in
+    front of sqld (the proxy) answers the INSERT with a 502 or 504 and passes it on to
+    sqld 0.8 s later. Before the fix the dispatch looked for its row once, found none,
+    sent the INSERT again, and the job was queued twice."""
+    late = 0
+
+    def rule(body: dict[str, Any]) -> Any:
+        nonlocal late
+        if not late and any(s.startswith("INSERT INTO lsq_late ") for s in statements_of(body)):
+            late += 1
+            return "late", status, 0.8
+        return "forward"
+
+    with HranaProxy(sqld_url, rule) as proxy:
+        app = busy_app(proxy.url, "lsq_late")
+        async with app:
+            db = app.database("main")
+            for table in ("lsq_late", "lsq_late_failed"):
+                await db.execute(f"DROP TABLE IF EXISTS {table}")
+            await haze.connectors.migrations.ensure_queue_tables(app)
+            await lsq_ok.dispatch({"i": 1, "text": "a"})
+            assert late == 1
+            await asyncio.sleep(1.5)  # the late INSERT has run
+            assert await db.fetchone("SELECT COUNT(*) FROM lsq_late") == (1,)

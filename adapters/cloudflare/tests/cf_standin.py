@@ -136,6 +136,10 @@ class D1State:
         self.conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self.lock = threading.Lock()
         self.statements: list[str] = []
+        #: the next statement starting with this: its reply is lost (``"cut"``: the
+        #: connection closes unanswered; ``"504"``: the gateway times out) and it runs
+        #: ``late`` seconds after, as a statement the API had passed on still would
+        self.lose_next: tuple[str, str, float] | None = None
 
     def query(self, sql: str, params: list[Any]) -> dict[str, Any]:
         with self.lock:
@@ -226,6 +230,8 @@ class StandIn:
                     return
                 m = _D1_PATH.match(self.path)
                 if m and m["acc"] == ACCOUNT and m["db"] == D1_ID:
+                    if self._lost(body):
+                        return
                     try:
                         result = standin.d1.query(body["sql"], list(body.get("params") or []))
                     except sqlite3.Error as e:
@@ -234,6 +240,22 @@ class StandIn:
                     self._send(200, [result])
                     return
                 self._send(404, errors=[{"code": 7003, "message": f"no route {self.path}"}])
+
+            def _lost(self, body: dict[str, Any]) -> bool:
+                d1 = standin.d1
+                lose = d1.lose_next
+                if lose is None or not str(body.get("sql", "")).startswith(lose[0]):
+                    return False
+                d1.lose_next = None
+                params = list(body.get("params") or [])
+                late = threading.Timer(lose[2], d1.query, (body["sql"], params))
+                late.daemon = True
+                late.start()
+                if lose[1] == "504":
+                    self._send(504, errors=[{"code": 504, "message": "Gateway Timeout"}])
+                else:
+                    self.close_connection = True
+                return True
 
             def _queue(self, rest: str, body: dict[str, Any]) -> None:
                 q = standin.queue

@@ -332,6 +332,34 @@ async def test_database_driver_over_d1_rest(standin: StandIn) -> None:
     assert any("RETURNING" in s for s in standin.d1.statements)  # the atomic claim
 
 
+@pytest.mark.parametrize("how", ["cut", "504"])
+async def test_a_d1_insert_whose_reply_was_lost_and_that_ran_later_queues_once(
+    standin: StandIn, how: str
+) -> None:
+    """When a backend is down: a dispatch that returns queued its job once. The API takes
+    the INSERT, then its reply is lost (the connection closes unanswered, or the gateway
+    answers 504) and D1 runs it 0.8 s later. Before the fix the dispatch looked for its
+    row once, found none, sent the INSERT again, and the job was queued twice."""
+    from haze.connectors.migrations import ensure_queue_tables
+
+    app = App(
+        queue=define_queue_config(
+            default="database",
+            connections={
+                "database": {"driver": "database", "connection": "d1", "queues": ["default"]}
+            },
+        ),
+        database=define_database_config(default="d1", connections={"d1": d1_connection(standin)}),
+    )
+    async with app:
+        await ensure_queue_tables(app)
+        standin.d1.lose_next = ("INSERT INTO", how, 0.8)
+        await cf_rest_ok.dispatch({"n": 1})
+        assert standin.d1.lose_next is None  # the reply was lost
+        await asyncio.sleep(1.2)  # the late INSERT has run
+        assert await app.driver("database").size("default") == 1
+
+
 # --------------------------------------------------------------------------- haze queue:work
 
 

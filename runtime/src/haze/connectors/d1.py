@@ -149,15 +149,21 @@ class _RestExecutor:
             response = await self._http.get().post(url, content=body)
         except self._http.httpx.HTTPError as e:
             down = D1UnavailableError(self._c.name, f"cannot reach {url} ({type(e).__name__}: {e})")
-            if isinstance(e, self._http.httpx.ConnectError):
-                down.write = "unsent"  # no connection: the request never left
+            # No connection: the request never left. Any later failure leaves a request
+            # the API may have passed on to D1, which runs it whether or not this client
+            # still waits, so an empty lookup is no answer yet.
+            connected = not isinstance(e, self._http.httpx.ConnectError)
+            down.write = "unsettled" if connected else "unsent"
             raise down from None
         if response.status_code in (502, 503, 504):
-            raise D1UnavailableError(
+            down = D1UnavailableError(
                 self._c.name,
                 f"{url} answered {response.reason_phrase or 'unavailable'}",
                 status=response.status_code,
             )
+            if response.status_code != 503:  # a gateway's: D1 may be running it still
+                down.write = "unsettled"
+            raise down
         try:
             data = response.json()
         except ValueError:

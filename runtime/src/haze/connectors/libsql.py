@@ -400,9 +400,12 @@ class LibSQLConnector:
             down.write = "unsettled" if connected else "unsent"
             raise down from None
         if response.status_code in _UNAVAILABLE_STATUS:
-            raise LibSQLUnavailableError(
+            down = LibSQLUnavailableError(
                 self.name, self.url, self._http_message(response), status=response.status_code
             )
+            if response.status_code != 503:  # a gateway's: sqld may be running it still
+                down.write = "unsettled"
+            raise down
         if response.status_code in (401, 403):
             raise self._refused(response)
         if response.status_code != 200:
