@@ -110,6 +110,44 @@ async def test_a_send_failing_after_some_were_queued_still_ends_the_batch(
         assert batch.failed_job_ids == []
 
 
+class _DumpsOnce:
+    """A payload model whose JSON form can be taken once: the batch's check before the
+    first send takes it, the send of its chunk takes it again and gets a ``RuntimeError``
+    (an error that is neither an outage nor a partial send, raised by the app's own
+    code in the middle of a dispatch, the same way on every driver)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.dumps = 0
+
+    def model_dump(self, mode: str = "python") -> dict[str, Any]:
+        self.dumps += 1
+        if self.dumps > 1:
+            raise RuntimeError("the payload cannot be read twice")
+        return {"n": self.n}
+
+
+async def test_a_later_chunk_failing_with_an_unexpected_error_still_ends_the_batch(
+    app: Any, done: Any
+) -> None:
+    # the first chunk (2 jobs) is queued, the second's first job raises a RuntimeError
+    jobs: list[Any] = [bdf_ok.with_({"n": 0}), bdf_ok.with_({"n": 1})]
+    jobs += [bdf_ok.with_(_DumpsOnce(2)), bdf_ok.with_({"n": 3})]
+    with pytest.raises(DispatchIncompleteError) as e:
+        await callbacks(Queue.batch(jobs).allow_failures()).dispatch()
+    assert "2 of 4 jobs were queued" in str(e.value), e.value
+    assert "RuntimeError: the payload cannot be read twice" in str(e.value)
+    assert "\n" not in str(e.value)
+    assert e.value.unsent == 2 and e.value.batch_id is not None
+    await done()
+    batch = await Queue.find_batch(e.value.batch_id)
+    assert batch is not None and batch.finished, batch
+    assert (batch.total, batch.processed, batch.failed, batch.pending) == (4, 2, 2, 0)
+    assert sorted(p["n"] for p in RAN if isinstance(p, dict)) == [0, 1]
+    assert sorted(p for p in RAN if isinstance(p, str)) == ["catch", "finally"]
+    assert e.value.batch_id in await recent_ids(app.manager)
+
+
 async def test_a_send_failing_first_queues_nothing_and_raises_its_own_error(
     make_app: Any, done: Any
 ) -> None:

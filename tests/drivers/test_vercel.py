@@ -256,6 +256,10 @@ def test_an_unreachable_service_is_an_outage_not_a_traceback() -> None:
     with pytest.raises(Exception) as e:
         asyncio.run(go())
     assert "unavailable" in str(e.value) and "\n" not in str(e.value), e.value
+    # no try got a connection: nothing can be queued, so not "may be queued"
+    from haze import DispatchOutcomeUnknownError
+
+    assert not isinstance(e.value, DispatchOutcomeUnknownError), e.value
 
 
 @pytest.mark.parametrize(
@@ -527,3 +531,113 @@ async def test_a_batch_whose_send_is_refused_mid_way_still_ends(
         assert batch is not None
         assert (batch.total, batch.failed, batch.pending) == (3, 2, 1), batch
         del app
+
+
+class _LoseAnswers:
+    """The local queue service storing each send whose body holds ``marker`` and then
+    failing before it answers (a 500, every try), as a service that wrote the message
+    and lost its answer: the client cannot know whether it was stored."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, marker: bytes) -> None:
+        server = spec["server"]().app.server
+        put = server.put
+
+        def losing(topic: str, payload: bytes, headers: Any) -> Any:
+            stored = put(topic, payload, headers)
+            if marker in payload:
+                raise RuntimeError("answer lost by the test")  # the service answers 500
+            return stored
+
+        monkeypatch.setattr(server, "put", losing)
+
+
+def _stored_ids(template: str) -> dict[int, str]:
+    """Payload ``n`` -> job id of the messages the service kept on the "default" topic."""
+    state = spec["server"]().state
+    topic = template.format(queue="default")
+    bodies = [
+        json.loads(m.payload.read())
+        for m in list(state.messages)
+        if m.topic == topic and m.duplicate_of is None
+    ]
+    return {b["payload"]["n"]: b["id"] for b in bodies}
+
+
+async def test_a_send_whose_answer_is_lost_mid_bulk_is_named_as_may_be_queued(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # it went out: counted "not queued", a batch counted a job that runs as failed
+    from haze import DispatchIncompleteError, Queue
+
+    _LoseAnswers(monkeypatch, b'"lose"')
+    template = spec["unique_topic"]("lost")
+    async with _app(topic=template):
+        jobs = [vb_echo.with_({"n": n, "mark": "lose" if n == 2 else ""}) for n in range(4)]
+        with pytest.raises(DispatchIncompleteError) as e:
+            await Queue.bulk(jobs)
+    stored = _stored_ids(template)
+    assert sorted(stored) == [0, 1, 2], stored  # the service kept the one it did not answer
+    assert e.value.unknown == [stored[2]], e.value
+    assert len(e.value.failed) == 1 and stored[2] not in e.value.failed, e.value
+    assert e.value.unsent == 1, e.value
+    assert "queued 2 of 4" in str(e.value) and "1 may be queued" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+async def test_a_dispatch_whose_answer_is_lost_may_be_queued() -> None:
+    from haze import DispatchOutcomeUnknownError
+
+    template = spec["unique_topic"]("lost1")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _LoseAnswers(monkeypatch, b'"lose"')
+        async with _app(topic=template):
+            with pytest.raises(DispatchOutcomeUnknownError) as e:
+                await vb_echo.dispatch({"n": 0, "mark": "lose"})
+    assert list(e.value.job_ids) == [_stored_ids(template)[0]], e.value
+    assert "may be queued" in str(e.value) and "\n" not in str(e.value), e.value
+
+
+@define_job(name="vb_note")
+async def vb_note(payload: Any) -> None:
+    RUNS.append(payload)
+
+
+async def test_a_batch_whose_send_lost_its_answer_waits_for_that_job_and_ends_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the job whose answer was lost was counted failed at dispatch, and ran as well
+    from haze import DispatchIncompleteError, Queue
+    from haze._workers.worker import Worker
+
+    RUNS.clear()
+    _LoseAnswers(monkeypatch, b'"lose"')
+    template = spec["unique_topic"]("lostb")
+    async with _app(topic=template) as app:
+        jobs = [vb_note.with_({"n": n, "mark": "lose" if n == 1 else ""}) for n in range(3)]
+        pending = Queue.batch(jobs).allow_failures()
+        pending = pending.catch(vb_note.with_("catch")).finally_(vb_note.with_("finally"))
+        with pytest.raises(DispatchIncompleteError) as e:
+            await pending.dispatch()
+        assert e.value.batch_id is not None and len(e.value.unknown) == 1, e.value
+        batch = await Queue.find_batch(e.value.batch_id)
+        assert batch is not None
+        # the one after it was not sent: failed; the one whose answer was lost: pending
+        assert (batch.total, batch.failed, batch.pending, batch.unknown) == (3, 1, 2, 1), batch
+        worker = Worker(app, "v", None, 1, sleep=0.01, max_sleep=0.05)
+        worker.start()
+        try:
+            for _ in range(400):  # until the batch ended and every message was taken
+                batch = await Queue.find_batch(e.value.batch_id)
+                assert batch is not None
+                if batch.finished and "finally" in RUNS and spec["pending_on"](template) == 0:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await worker.stop()
+    assert batch.finished, batch
+    # it ran and counted, or (taken after the batch's other job had ended: the Queue API
+    # cannot look it up) counted failed and was skipped: never both
+    ran = sorted(r["n"] for r in RUNS if isinstance(r, dict))
+    assert ran in ([0], [0, 1]), RUNS
+    assert (batch.processed, batch.failed) == (len(ran), 3 - len(ran)), batch
+    assert sorted(r for r in RUNS if isinstance(r, str)) == ["catch", "finally"], RUNS

@@ -284,7 +284,9 @@ class DatabaseConnectionError(BackendUnavailableError):
 
 class DispatchOutcomeUnknownError(BackendUnavailableError):
     """A dispatch's INSERT (or Redis add) lost its connection before the server's reply,
-    and the server could not tell in time whether the job was written: it may be queued.
+    and the server could not tell in time whether the job was written, or a Vercel
+    Queues send failed on every try after one that may have reached the service: it may
+    be queued.
 
     Unlike its parent (nothing was queued), dispatching again may queue the job twice.
     ``job_ids`` holds the ids of the jobs in question; a unique job's lock and a tracked

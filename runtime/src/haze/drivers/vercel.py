@@ -94,6 +94,7 @@ from haze.drivers._hops import due_of
 from haze.drivers._hops import rewrite_hop as rewrite
 from haze.drivers._parts import side_by_side
 from haze.drivers._vercel_message import _Body
+from haze.drivers._vercel_send import lost_answer, may_have_landed
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
@@ -348,10 +349,13 @@ class VercelDriver(
             )
         return raw
 
-    async def _send(self, queue: str, raw: bytes, delay: int) -> None:
+    async def _send(self, queue: str, raw: bytes, delay: int, job_id: str | None = None) -> None:
         """One send, repeated (up to 3 tries) when the answer is lost or the service is
-        busy; every try carries the same idempotency key, so the service keeps one."""
+        busy; every try carries the same idempotency key, so the service keeps one. A
+        send of job ``job_id`` whose tries all failed after one may have stored it
+        raises ``DispatchOutcomeUnknownError`` (``_vercel_send``)."""
         key = f"haze-{uuid.uuid4().hex}"
+        landed = False
         for left in range(_SEND_TRIES - 1, -1, -1):
             try:
                 await self.client().send(
@@ -362,10 +366,15 @@ class VercelDriver(
                     delay=timedelta(seconds=delay) if delay else None,
                 )
                 return
-            except self.outage_errors:
-                if not left:
+            except self.outage_errors as e:
+                landed = landed or may_have_landed(e, _sdk())
+                if left:
+                    await asyncio.sleep(0.2 * (_SEND_TRIES - left))
+                    continue
+                if not landed or job_id is None:
                     raise
-                await asyncio.sleep(0.2 * (_SEND_TRIES - left))
+                topic = self.topic_name(queue)
+                raise lost_answer(self.name, job_id, topic, _SEND_TRIES, e) from e
 
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         await self._enqueue(body, message, delay)
@@ -377,7 +386,7 @@ class VercelDriver(
         raw = self._check_size(body, message, self.max_message_size or DEFAULT_MAX_MESSAGE_SIZE)
         if due is not None:
             raw = rewrite(body, due=due).encode("utf-8")
-        await self._send(message.queue, raw, seconds)
+        await self._send(message.queue, raw, seconds, message.id)
 
     async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
         """One send per message (the Queue API has no batch send), the sizes and delays
