@@ -447,3 +447,45 @@ async def test_postgres_idle_connections_the_server_closed_cost_no_dispatch(
             else:
                 assert await Queue.size() == 25
         assert await Queue.size() == 25
+
+
+@pytest.mark.parametrize("bulk", [False, True], ids=["dispatch", "bulk"])
+async def test_a_failover_connection_does_not_send_a_job_that_may_be_queued_elsewhere(
+    url: str, bulk: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failover connection moves on only when nothing was queued: a first connection
+    whose INSERT may still commit (its dispatch raises DispatchOutcomeUnknownError) is
+    not followed by the next one. Before the fix the job went to the second connection
+    too, and ran twice once the first INSERT committed."""
+    table = "dbx_lost_failover"
+    conns = {
+        "db": {
+            "driver": "database",
+            "connection": "main",
+            "table": table,
+            "failed_table": f"{table}_f",
+        },
+        "spare": {"driver": "database", "connection": "spare"},
+        "both": {"driver": "failover", "connections": ["db", "spare"]},
+    }
+    app = App(
+        queue=define_queue_config(default="both", connections=conns),
+        database=define_database_config(
+            default="main",
+            connections={"main": {"url": url}, "spare": {"url": f"sqlite:///{tmp_path}/spare.db"}},
+        ),
+    )
+    async with app:
+        await ensure_queue_tables(app, "db")
+        await ensure_queue_tables(app, "spare")
+        await app.driver("db").purge("default")
+        _lose_replies(app, monkeypatch, table, ["held"])
+        monkeypatch.setattr(landed, "RESOLVE_SECONDS", 0.2)
+        with pytest.raises(DispatchOutcomeUnknownError):
+            if bulk:
+                await Queue.bulk([noted.with_({"n": n}) for n in range(3)])
+            else:
+                await noted.dispatch({"n": 0})
+        await _held.pop()()  # the first connection's INSERT commits after all
+        queued = await app.driver("db").size("default"), await app.driver("spare").size("default")
+    assert queued == ((3 if bulk else 1), 0)

@@ -8,7 +8,9 @@
   each listed connection in order. It moves on to the next one only when a connection's
   backend cannot be reached (what its driver counts as an outage: Redis refusing
   connections, a database that is down or locked). Any other error, such as a payload over
-  the size limit, is raised at once: the next connection would refuse it too.
+  the size limit, is raised at once: the next connection would refuse it too. So is
+  ``DispatchOutcomeUnknownError`` (the connection lost its reply and the job may be
+  queued there): sent to the next connection too, it could run twice.
 - **Logs.** The first dispatch that skips a connection logs one warning naming it and the
   connection that took the job; later dispatches during the same outage log at INFO, and
   the connection taking jobs again is logged at INFO too.
@@ -28,7 +30,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from haze._base.errors import BackendUnavailableError, ConfigError
+from haze._base.errors import BackendUnavailableError, ConfigError, DispatchOutcomeUnknownError
 from haze._base.message import Message
 from haze._failed import FailedJobsUnion
 from haze.contracts.driver import DispatchOnly, Driver, FailedJob, Reserved, unavailable
@@ -101,6 +103,8 @@ class FailoverDriver(DispatchOnly):
         for member in self.members:
             try:
                 await send(member)
+            except DispatchOutcomeUnknownError:
+                raise  # it may be queued there: sent to the next too, it could run twice
             except Exception as e:
                 down = unavailable(member, e) if not member.inline else None
                 if down is None:

@@ -374,7 +374,7 @@ class VercelDriver(
                 if not landed or job_id is None:
                     raise
                 topic = self.topic_name(queue)
-                raise lost_answer(self.name, job_id, topic, _SEND_TRIES, e) from e
+                raise lost_answer(self.name, job_id, topic, _SEND_TRIES, e) from None
 
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
         await self._enqueue(body, message, delay)
