@@ -449,15 +449,9 @@ async def test_postgres_idle_connections_the_server_closed_cost_no_dispatch(
         assert await Queue.size() == 25
 
 
-@pytest.mark.parametrize("bulk", [False, True], ids=["dispatch", "bulk"])
-async def test_a_failover_connection_does_not_send_a_job_that_may_be_queued_elsewhere(
-    url: str, bulk: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A failover connection moves on only when nothing was queued: a first connection
-    whose INSERT may still commit (its dispatch raises DispatchOutcomeUnknownError) is
-    not followed by the next one. Before the fix the job went to the second connection
-    too, and ran twice once the first INSERT committed."""
-    table = "dbx_lost_failover"
+@contextlib.asynccontextmanager
+async def _failover_app(url: str, table: str, tmp_path: Path) -> AsyncIterator[App]:
+    """An app whose default connection fails over from ``url`` to a SQLite file."""
     conns = {
         "db": {
             "driver": "database",
@@ -479,13 +473,64 @@ async def test_a_failover_connection_does_not_send_a_job_that_may_be_queued_else
         await ensure_queue_tables(app, "db")
         await ensure_queue_tables(app, "spare")
         await app.driver("db").purge("default")
+        yield app
+
+
+@pytest.mark.parametrize("bulk", [False, True], ids=["dispatch", "bulk"])
+async def test_a_failover_connection_does_not_send_a_job_that_may_be_queued_elsewhere(
+    url: str, bulk: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failover connection moves on only when nothing was queued: a first connection
+    whose INSERT may still commit (its dispatch raises DispatchOutcomeUnknownError) is
+    not followed by the next one. Before the fix the job went to the second connection
+    too, and ran twice once the first INSERT committed."""
+    table = "dbx_lost_failover"
+    async with _failover_app(url, table, tmp_path) as app:
         _lose_replies(app, monkeypatch, table, ["held"])
         monkeypatch.setattr(landed, "RESOLVE_SECONDS", 0.2)
+        send = (
+            Queue.bulk([noted.with_({"n": n}) for n in range(3)])
+            if bulk
+            else noted.dispatch({"n": 0})
+        )
         with pytest.raises(DispatchOutcomeUnknownError):
-            if bulk:
-                await Queue.bulk([noted.with_({"n": n}) for n in range(3)])
-            else:
-                await noted.dispatch({"n": 0})
+            await send
         await _held.pop()()  # the first connection's INSERT commits after all
         queued = await app.driver("db").size("default"), await app.driver("spare").size("default")
     assert queued == ((3 if bulk else 1), 0)
+
+
+async def test_a_failover_bulk_sends_what_its_first_connection_did_not_queue_to_the_next(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bulk of 501 (two INSERTs of 500 and 1) whose second INSERT finds the first
+    connection down (twice: it is sent once more) goes on to the next connection with
+    only the job not queued: the bulk returns, every job queued once. Before, the bulk
+    raised DispatchIncompleteError naming that job."""
+    table = "dbx_lost_failover_part"
+    async with _failover_app(url, table, tmp_path) as app:
+        _lose_replies(app, monkeypatch, table, ["ok", "before", "before"])
+        ids = await Queue.bulk([noted.with_({"n": n}) for n in range(501)])
+        assert len(set(ids)) == 501
+        queued = await app.driver("db").size("default"), await app.driver("spare").size("default")
+    assert queued == (500, 1)
+    assert _injected[table] == ["ok", "before", "before"]
+
+
+async def test_a_failover_bulk_keeps_the_jobs_that_may_be_queued_on_its_first_connection(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second INSERT of a bulk of 1,001 may still commit (its outcome is unknown)
+    and the third was not sent: only the third's job goes to the next connection; the
+    bulk raises DispatchIncompleteError naming the 500 that may be queued, none failed."""
+    table = "dbx_lost_failover_unknown"
+    async with _failover_app(url, table, tmp_path) as app:
+        _lose_replies(app, monkeypatch, table, ["ok", "held"])
+        monkeypatch.setattr(landed, "RESOLVE_SECONDS", 0.2)
+        with pytest.raises(DispatchIncompleteError) as e:
+            await Queue.bulk([noted.with_({"n": n}) for n in range(1001)])
+        assert (len(e.value.unknown), e.value.failed) == (500, {})
+        assert "may be queued" in str(e.value)
+        await _held.pop()()
+        queued = await app.driver("db").size("default"), await app.driver("spare").size("default")
+    assert queued == (1000, 1)

@@ -19,21 +19,29 @@
 - The message keeps ``"connection": "<failover name>"``: chain links, batch callbacks and
   ``queue:retry`` of a failed job dispatch through the failover connection again.
 - ``size``/``purge`` add up the listed connections; failed jobs are the union of theirs.
-- A bulk dispatch goes to one connection as a whole. A backend that fails midway through
-  a bulk write may have kept part of it, and those jobs are then queued on the next
-  connection too (at least once, never lost).
+- A bulk dispatch goes to one connection. When that connection queued part of it before
+  its backend went away, only the messages it did not queue go on to the next one; those
+  whose send lost its reply (they may be queued) are never sent again, and the bulk
+  raises ``DispatchIncompleteError`` listing them in ``unknown``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from haze._base.errors import BackendUnavailableError, ConfigError, DispatchOutcomeUnknownError
+from haze._base.describe import error_line
+from haze._base.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    DispatchIncompleteError,
+    DispatchOutcomeUnknownError,
+)
 from haze._base.message import Message
 from haze._failed import FailedJobsUnion
 from haze.contracts.driver import DispatchOnly, Driver, FailedJob, Reserved, unavailable
+from haze.drivers._parts import Item, counts
 from haze.drivers.context import DriverContext
 
 __all__ = ["FailoverDriver"]
@@ -77,49 +85,99 @@ class FailoverDriver(DispatchOnly):
     # -- producer -----------------------------------------------------------------
 
     async def enqueue(self, body: str, message: Message, delay: float) -> None:
-        async def send(member: Driver) -> None:
-            if member.inline:
+        await self._first_that_takes([(body, message, delay)], many=False)
+
+    async def enqueue_many(self, items: Sequence[Item]) -> None:
+        if items:
+            await self._first_that_takes(items, many=True)
+
+    async def _send(self, member: Driver, items: Sequence[Item], many: bool) -> None:
+        if member.inline:
+            for body, message, _ in items:
                 await self._run_inline(message, body, member)
-            else:
-                await member.enqueue(body, message, delay)
+        elif many:
+            await member.enqueue_many(items)
+        else:
+            await member.enqueue(*items[0])
 
-        await self._first_that_takes(send, f"job {message.id}")
-
-    async def enqueue_many(self, items: Sequence[tuple[str, Message, float]]) -> None:
-        if not items:
-            return
-
-        async def send(member: Driver) -> None:
-            if member.inline:
-                for body, message, _ in items:
-                    await self._run_inline(message, body, member)
-            else:
-                await member.enqueue_many(items)
-
-        await self._first_that_takes(send, f"{len(items)} job(s)")
-
-    async def _first_that_takes(self, send: Callable[[Driver], Awaitable[None]], what: str) -> None:
-        reasons: list[str] = []
+    async def _first_that_takes(self, items: Sequence[Item], *, many: bool) -> None:
+        """Send ``items`` to the first connection that takes them. A bulk that a
+        connection queued in part before its backend went away goes on to the next
+        connection with only the messages surely not queued."""
+        what = f"{len(items)} job(s)" if many else f"job {items[0][1].id}"
+        left, unknown, reasons = list(items), list[str](), list[str]()
+        partial: DispatchIncompleteError | None = None  # the first part queued
         for member in self.members:
             try:
-                await send(member)
-            except DispatchOutcomeUnknownError:
-                raise  # it may be queued there: sent to the next too, it could run twice
-            except Exception as e:
-                down = unavailable(member, e) if not member.inline else None
+                await self._send(member, left, many)
+            except DispatchIncompleteError as e:
+                unknown += e.unknown
+                down = self._outage(member, e.__cause__)
                 if down is None:
-                    raise  # not an outage: the next connection would refuse it too
+                    raise self._incomplete(items, e.failed, unknown, e) from None
+                left, partial = [i for i in left if i[1].id in e.failed], partial or e
+                if not member.remote:
+                    self._ensure_local_worker(member.name)  # it queued the rest
+                reasons.append(f"{member.name!r}: {down}")
+                self._went_down(member, down)
+                if not left:
+                    raise self._incomplete(items, {}, unknown, e) from None
+                continue
+            except Exception as e:
+                down = (
+                    None if isinstance(e, DispatchOutcomeUnknownError) else self._outage(member, e)
+                )
+                if partial is None and down is None:
+                    # not an outage (the next connection would refuse it too), or it
+                    # may be queued there (sent to the next too, it could run twice)
+                    raise
+                if down is None:
+                    maybe = set(e.job_ids if isinstance(e, DispatchOutcomeUnknownError) else ())
+                    unknown += [m.id for _, m, _ in left if m.id in maybe]
+                    failed = {m.id: error_line(e) for _, m, _ in left if m.id not in maybe}
+                    raise self._incomplete(items, failed, unknown, e) from None
                 reasons.append(f"{member.name!r}: {down}")
                 self._went_down(member, down)
                 continue
             if not member.remote and not member.inline:
                 self._ensure_local_worker(member.name)
             self._took(member, what, skipped=len(reasons))
+            if partial is not None and unknown:
+                raise self._incomplete(items, {}, unknown, partial) from None
             return
-        raise BackendUnavailableError(
-            f"failover connection {self.name!r}: no listed connection could take {what} "
-            f"({'; '.join(reasons)})"
-        ) from None
+        why = f"no listed connection could take {what} ({'; '.join(reasons)})"
+        if partial is not None:
+            raise self._incomplete(
+                items, dict.fromkeys((m.id for _, m, _ in left), why), unknown, partial
+            )
+        raise BackendUnavailableError(f"failover connection {self.name!r}: {why}") from None
+
+    def _outage(
+        self, member: Driver, error: BaseException | None
+    ) -> BackendUnavailableError | None:
+        """``error`` as the outage of ``member``'s backend, or None (another error)."""
+        if error is None or member.inline:
+            return None
+        return unavailable(member, error)
+
+    def _incomplete(
+        self,
+        items: Sequence[Item],
+        failed: dict[str, str],
+        unknown: list[str],
+        cause: BaseException,
+    ) -> DispatchIncompleteError:
+        """The error of a bulk whose messages were queued on the listed connections
+        but those ``failed`` names (surely not queued) and ``unknown`` lists."""
+        queued = len(items) - len(failed) - len(unknown)
+        error = DispatchIncompleteError(
+            f"failover connection {self.name!r} {counts(queued, failed, unknown)} "
+            f"({error_line(cause)})",
+            failed=failed,
+            unknown=unknown,
+        )
+        error.__cause__ = cause
+        return error
 
     def _went_down(self, member: Driver, error: BaseException) -> None:
         if member.name in self._down:
