@@ -148,7 +148,9 @@ class HranaProxy:
                 self._forward("POST", raw)
 
         def _send_on(path: str, body: bytes, headers: dict[str, str]) -> None:
-            keep = {k: v for k, v in headers.items() if k.lower() in ("authorization", "content-type")}
+            keep = {
+                k: v for k, v in headers.items() if k.lower() in ("authorization", "content-type")
+            }
             request = urllib.request.Request(proxy.upstream + path, data=body, headers=keep)
             with urllib.request.urlopen(request, timeout=60) as response:
                 response.read()
