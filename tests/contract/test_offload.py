@@ -447,14 +447,16 @@ async def ol_outage(payload: dict[str, Any], job: JobContext) -> None:
 
 
 @pytest.mark.requires("delay")
+@pytest.mark.parametrize("outage", ["a file in its way", "its folder gone"])
 async def test_a_store_that_is_down_when_the_worker_reads_releases_the_job(
-    make_app, done, caplog
+    make_app, done, caplog, outage
 ) -> None:
-    # The object is there, but the store cannot be read (a file is in the way of its
-    # folder: what an unreachable store does to a read). An outage, not a lost payload:
-    # the job goes back to its queue with its attempt handed back (tries=1 would fail it
-    # otherwise), says so in one line naming the store and the job, and runs once the
-    # store is back.
+    # The object is there, but the store cannot be read: a file is in the way of its
+    # folder (what an unreachable store does to a read), or the folder itself is gone (a
+    # volume not mounted, a directory removed: not one object missing). An outage, not
+    # a lost payload: the job goes back to its queue with its attempt handed back
+    # (tries=1 would fail it otherwise), says so in one line naming the store and the
+    # job, and runs once the store is back.
     folder = FOLDER[0]
     aside = folder.with_name("offload-aside")
     async with make_app(options=offload()):
@@ -462,12 +464,14 @@ async def test_a_store_that_is_down_when_the_worker_reads_releases_the_job(
         [name] = objects()
         with caplog.at_level(logging.WARNING, logger="haze"):
             folder.rename(aside)
-            folder.write_text("a file, not a folder")
+            if outage == "a file in its way":
+                folder.write_text("a file, not a folder")
             deadline = asyncio.get_running_loop().time() + 20
             while "could not be read" not in caplog.text:
                 assert asyncio.get_running_loop().time() < deadline, caplog.text
+                assert await Queue.failed() == []
                 await asyncio.sleep(0.05)
-            folder.unlink()
+            folder.unlink(missing_ok=True)
             aside.rename(folder)
             await done()
         assert SEEN == [(1, 4096)]  # once, as its first attempt, with its payload

@@ -24,7 +24,7 @@ from click.testing import CliRunner, Result
 from haze import App, Workflow, workflow
 from haze.cli import get_cli
 from haze.dashboard import create_app
-from haze.errors import ConfigError, WorkflowRunError
+from haze.errors import ConfigError, WorkflowLimitError, WorkflowRunError
 from starlette.testclient import TestClient
 
 T = TypeVar("T")
@@ -210,6 +210,44 @@ def test_a_run_id_cloudflare_cannot_take_is_refused_in_one_line(root: Path, cf: 
         "A-Z a-z 0-9 _ - (not starting with -), got 'order 7/2026'; pass another id"
     )
     assert not [r for r in cf.requests if r[0] == "POST"]
+
+
+MIB = 1024 * 1024
+
+
+def test_an_input_or_event_over_1_mib_is_refused_before_it_is_sent(root: Path, cf: StandIn) -> None:
+    """Cloudflare Workflows takes at most 1 MiB of JSON as an event's payload, and haze
+    holds a run's input (the payload of the event that starts it) to the same: past it,
+    one line naming the workflow and the limit, and nothing is sent (a start makes no
+    request at all; an event is refused once its run is found, before the POST)."""
+
+    async def go(app: App) -> tuple[list[str], int]:
+        errors = []
+        with pytest.raises(WorkflowLimitError) as e:
+            await Workflow.start(cfr_pay, id="pay-big", order="x" * MIB)
+        errors.append(str(e.value))
+        asked = len(cf.requests)
+        with pytest.raises(WorkflowLimitError) as e:
+            await Workflow.send_event("pay-2", "paid", "é" * (MIB // 2))  # 2 bytes each
+        errors.append(str(e.value))
+        await Workflow.send_event("pay-2", "paid", "x" * (MIB - 2))  # '"x…x"': 1 MiB exactly
+        return errors, asked
+
+    errors, asked = in_app(root, go)
+    assert asked == 0, cf.requests
+    size = len('{"order":""}') + MIB
+    assert errors == [
+        f'Workflow.start("cfr_pay"): the input is {size:,} bytes of JSON, over Cloudflare '
+        "Workflows' limit of 1,048,576 bytes (1 MiB) for a run's input; keep large data "
+        "outside (a file, a bucket) and pass its key",
+        'Workflow.send_event(\'pay-2\', "paid") of "cfr_pay": the payload is 1,048,578 '
+        "bytes of JSON, over Cloudflare Workflows' limit of 1,048,576 bytes (1 MiB) for an "
+        "event's payload; keep large data outside (a file, a bucket) and send its key",
+    ]
+    assert ("cfr_pay", "pay-big") not in cf.instances
+    assert [(wf, rid, name, len(p)) for wf, rid, name, p in cf.events] == [
+        ("cfr_pay", "pay-2", "paid", MIB - 2)
+    ]
 
 
 def test_without_credentials_outside_a_worker_one_line(tmp_path: Path) -> None:

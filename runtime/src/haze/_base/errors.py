@@ -32,7 +32,7 @@ The tree::
     ├── ScheduleError               a bad schedule(): cron, every, tz or a duplicate name
     └── WorkflowError               a durable workflow broke one of its rules
         ├── WorkflowNondeterminismError  a replay reached another step than the run recorded
-        ├── WorkflowLimitError      a step name, step count, sleep or result past a limit
+        ├── WorkflowLimitError      a step name or count, sleep, result, input or event past a limit
         ├── WorkflowResultError     a step's result is not JSON
         └── WorkflowRunError        an event or call for an unknown or finished run
 
@@ -368,7 +368,9 @@ class WorkflowNondeterminismError(WorkflowError):
 
 class WorkflowLimitError(WorkflowError, ValueError):
     """A step name that is empty, too long or used twice in a run, a run past its step
-    limit, a sleep past 365 days, or a step result past the connection's message size."""
+    limit, a sleep past 365 days, a step result past the connection's message size, or a
+    run's input or an event's payload past what the platform's engine takes (1 MiB on
+    Cloudflare Workflows; nothing was sent)."""
 
 
 class WorkflowResultError(WorkflowError, TypeError):

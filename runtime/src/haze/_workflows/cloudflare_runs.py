@@ -24,13 +24,14 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 from haze._base import plugins
-from haze._base.errors import ConfigError, WorkflowRunError
+from haze._base.errors import ConfigError, WorkflowLimitError, WorkflowRunError
 from haze._base.http import LoopClient
 from haze._workflows.definition import find_workflow, registered_workflows
 from haze.contracts.workflow import FINAL_STATES, StepStatus, WorkflowStatus
 
 __all__ = [
     "API_URL",
+    "MAX_EVENT_SIZE",
     "CloudflareRuns",
     "WorkflowApi",
     "cloudflare_runs",
@@ -55,6 +56,9 @@ _KINDS = {"step": "step", "sleep": "sleep", "waitForEvent": "event"}
 _NOT_FOUND = re.compile(r"not[._ ]found", re.IGNORECASE)
 #: What Cloudflare takes as an instance id.
 _INSTANCE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,99}")
+#: Cloudflare Workflows takes at most 1 MiB of JSON as an event's payload; a run's input
+#: (the payload of the event that starts it) is held to the same.
+MAX_EVENT_SIZE = 1024 * 1024
 
 
 class WorkflowApi(Protocol):
@@ -220,6 +224,7 @@ class CloudflareRuns:
                 f'Workflow.start("{workflow}"): Cloudflare Workflows instance ids are 1-100 '
                 f"of A-Z a-z 0-9 _ - (not starting with -), got {run_id!r}; pass another id"
             )
+        _check_size(input_text, f'Workflow.start("{workflow}")', "input", "a run's input", "pass")
         api = self.api(workflow)
         if await _get(api, run_id) is not None:
             return run_id
@@ -247,6 +252,8 @@ class CloudflareRuns:
                 f'Workflow.send_event: run {run_id!r} of "{workflow}" is {state}; '
                 "an event can only reach a run that has not finished"
             )
+        where = f'Workflow.send_event({run_id!r}, "{name}") of "{workflow}"'
+        _check_size(payload_text, where, "payload", "an event's payload", "send")
         await self.api(workflow).send_event(run_id, name, json.loads(payload_text))
         return True
 
@@ -281,6 +288,19 @@ class CloudflareRuns:
                 return False
             raise
         return True
+
+
+def _check_size(text: str, where: str, what: str, whose: str, verb: str) -> None:
+    """Refuse JSON past the platform's limit here, in one line naming the workflow,
+    before anything is sent (through the REST API or a binding alike), rather than leave
+    it to whatever the platform answers to an oversized request."""
+    size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    if size > MAX_EVENT_SIZE:
+        raise WorkflowLimitError(
+            f"{where}: the {what} is {size:,} bytes of JSON, over Cloudflare Workflows' "
+            f"limit of {MAX_EVENT_SIZE:,} bytes (1 MiB) for {whose}; keep large data "
+            f"outside (a file, a bucket) and {verb} its key"
+        )
 
 
 async def _get(api: WorkflowApi, run_id: str) -> Mapping[str, Any] | None:

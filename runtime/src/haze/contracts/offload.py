@@ -51,7 +51,9 @@ class ObjectStore(Protocol):
         """Write ``data`` at ``key`` (replacing what was there)."""
 
     async def get(self, key: str) -> bytes | None:
-        """The bytes at ``key``; None when there is no such object."""
+        """The bytes at ``key``; None when there is no such object (its job fails).
+        Raise when the store itself cannot be read (down, refusing, its folder or bucket
+        not there): the worker puts the job back until it can."""
 
     async def delete(self, key: str) -> None:
         """Remove ``key``; a missing key is no error."""

@@ -41,6 +41,13 @@ class FileObjectStore:
         try:
             return self._path(key).read_bytes()
         except FileNotFoundError:
+            if not self.root.is_dir():
+                # The whole folder is gone (a volume not mounted, a directory removed):
+                # the store is down, not this object lost. None would fail its job for
+                # good; raising lets the worker put the job back until the folder returns.
+                raise FileNotFoundError(
+                    f"the offload folder {self.root} does not exist (not mounted, or removed)"
+                ) from None
             return None
 
     async def delete(self, key: str) -> None:
