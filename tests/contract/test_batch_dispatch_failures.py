@@ -274,3 +274,53 @@ async def test_a_bulk_keeps_no_status_record_for_a_message_not_queued(
         assert await Queue.status(lost) is None  # it was never queued: no "queued" record
         await done()
         assert RAN == [{"n": 0}]
+
+
+class _CancelsOnSecondDump:
+    """A payload model whose second JSON dump (its chunk's send; the batch's check took
+    the first) cancels the task awaiting the batch's dispatch, as a caller's timeout
+    (``asyncio.wait_for``) does while the batch's jobs go out."""
+
+    task: asyncio.Task[Any] | None = None
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.dumps = 0
+
+    def model_dump(self, mode: str = "python") -> dict[str, Any]:
+        self.dumps += 1
+        if self.dumps == 2 and self.task is not None:
+            self.task.cancel()
+        return {"n": self.n}
+
+
+async def test_a_batch_whose_dispatch_is_cancelled_midway_still_ends(app: Any, done: Any) -> None:
+    """The send in flight when the caller cancels goes out whole; the jobs after it are
+    counted as failed, so the batch is listed and ends once the queued ones do, and the
+    caller gets its CancelledError. Before, the batch was never listed and never ended."""
+    jobs: list[Any] = [bdf_ok.with_({"n": 0}), bdf_ok.with_({"n": 1})]
+    jobs += [bdf_ok.with_(_CancelsOnSecondDump(2)), bdf_ok.with_({"n": 3})]
+    jobs += [bdf_ok.with_({"n": 4}), bdf_ok.with_({"n": 5})]
+    before = set(await recent_ids(app.manager))
+    task = asyncio.ensure_future(callbacks(Queue.batch(jobs).allow_failures()).dispatch())
+    _CancelsOnSecondDump.task = task
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        _CancelsOnSecondDump.task = None
+    await done()
+    listed = set(await recent_ids(app.manager)) - before
+    assert len(listed) == 1, listed
+    batch = await Queue.find_batch(listed.pop())
+    assert batch is not None and batch.finished, batch
+    ran = sorted(p["n"] for p in RAN if isinstance(p, dict))
+    assert ran == list(range(len(ran))) and len(ran) >= 2, ran
+    assert (batch.total, batch.processed, batch.failed, batch.pending) == (
+        6,
+        len(ran),
+        6 - len(ran),
+        0,
+    )
+    called = ["catch", "finally"] if len(ran) < 6 else ["finally", "then"]
+    assert sorted(p for p in RAN if isinstance(p, str)) == called

@@ -13,6 +13,7 @@ error that is not a ``DispatchIncompleteError``, and the caller gets a
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,7 @@ class Sending:
     error: BaseException | None = None  # the first send that failed
     job_error: BaseException | None = None  # sync: the first job that ran and failed
     lost: BaseException | None = None  # counting the unsent failed too
+    cancelled: bool = False  # the caller was cancelled: no send after the one in flight
 
     @property
     def touched(self) -> bool:
@@ -118,8 +120,32 @@ async def dispatch_items(
     options: dict[str, Any],
 ) -> Sending:
     """Queue ``items`` as jobs of the batch (see the module docstring); raises the
-    first send's own error only when nothing was queued or counted."""
+    first send's own error only when nothing was queued or counted.
+
+    A caller cancelled meanwhile (a timeout around the dispatch) waits for the send in
+    flight, whose outcome could not be known otherwise; the jobs after it count as
+    failed and ``state.cancelled`` says so (the caller lists the batch, then raises
+    ``CancelledError``). Nothing queued: the ``CancelledError`` is raised here."""
     state = Sending(sum(size(i) for i in items))
+    sending = asyncio.ensure_future(_dispatch(calls, manager, batch_id, items, options, state))
+    while not sending.done():
+        try:
+            await asyncio.shield(sending)
+        except asyncio.CancelledError:
+            state.cancelled = True  # _dispatch stops before its next send
+    if state.cancelled and (sending.cancelled() or sending.exception() is not None):
+        raise asyncio.CancelledError  # nothing of the batch went out
+    return sending.result()
+
+
+async def _dispatch(
+    calls: batch_settle.BatchCalls,
+    manager: QueueManager,
+    batch_id: str,
+    items: Sequence[Item],
+    options: dict[str, Any],
+    state: Sending,
+) -> Sending:
     conn = options.get("connection")
     run: list[PendingDispatch[Any]] = []  # plain jobs for queue drivers: one bulk per chunk
     done = 0  # jobs of ``items`` sent or counted so far
@@ -160,6 +186,7 @@ async def _flush(
     n = len(run)
     if not n:
         return 0
+    _stop_if_cancelled(state)
     try:
         await manager.dispatcher.bulk(
             run, queue=options.get("queue"), connection=options.get("connection"), batch_id=batch_id
@@ -205,6 +232,7 @@ async def _one(
     from one that never ran."""
     queue, conn = options.get("queue"), options.get("connection")
     mid = new_id()
+    _stop_if_cancelled(state)
     try:
         if isinstance(item, list):
             links = _chain_links(manager, item, queue, conn)
@@ -226,6 +254,18 @@ async def _one(
         state.error = state.error or e
         raise _Stop from e
     state.sent += size(item)
+
+
+def _stop_if_cancelled(state: Sending) -> None:
+    """Before a send: stop when the caller was cancelled meanwhile."""
+    if not state.cancelled:
+        return
+    if not state.touched:
+        raise asyncio.CancelledError
+    state.error = state.error or asyncio.CancelledError(
+        "the batch's dispatch was cancelled before these jobs were sent"
+    )
+    raise _Stop
 
 
 async def _ran(manager: QueueManager, batch_id: str, mid: str, state: Sending) -> bool:

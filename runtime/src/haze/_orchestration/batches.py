@@ -18,6 +18,7 @@ to claim its key runs. So ``then``/``finally`` and ``catch`` run once.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -136,7 +137,7 @@ class Batch:
             state = await batch_dispatch.dispatch_items(
                 _CALLS, manager, self.id, items, self.options
             )
-        except Exception:
+        except BaseException:  # a cancelled caller too
             # Nothing was queued: the jobs are taken back. Pending first, and the batch
             # finished here when its other jobs ended meanwhile (none of them could).
             if await store.increment(_key(self.id, "pending"), -n, ttl) <= 0:
@@ -306,13 +307,13 @@ async def start_batch(
     b = await find(manager, batch_id) if queued else None
     try:
         state = await batch_dispatch.dispatch_items(_CALLS, manager, batch_id, items, options)
-    except Exception:
+    except BaseException:  # a cancelled caller too
         # Nothing of it was queued or counted: no job will ever settle it.
         await tails.discard_callbacks(manager, callbacks)
         for part in ("", "total", "pending"):
             await store.delete(_key(batch_id, part))
         raise
-    if state.touched and (state.error is not None or state.job_error is not None):
+    if state.touched and (state.error or state.job_error or state.cancelled):
         await _index(store, batch_id, ttl)  # listed: it runs what was queued, and ends
         _raise_for(state, batch_id)
     if total == 0:
@@ -327,6 +328,8 @@ async def start_batch(
 
 def _raise_for(state: batch_dispatch.Sending, batch_id: str) -> None:
     """What the caller of a batch's dispatch that went wrong part of the way sees."""
+    if state.cancelled:
+        raise asyncio.CancelledError
     if state.error is not None:
         raise state.incomplete(batch_id)
     if state.job_error is not None:
