@@ -123,13 +123,9 @@ def app_copy(base_app: Path, tmp_path: Path) -> Path:
 # --- output that vanishes ----------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="COLUMNS=0 (set by some CI runners and `docker exec` without a tty): "
-    "queue:failed, queue:size and queue:stats print nothing at all and exit 0",
-)
+@pytest.mark.parametrize("columns", ["0", "5"])
 @pytest.mark.parametrize("command", ["queue:failed", "queue:size", "queue:stats"])
-def test_columns_zero_still_prints_the_tables(base_app: Path, command: str) -> None:
+def test_columns_zero_still_prints_the_tables(base_app: Path, command: str, columns: str) -> None:
     """configuration.md: ``COLUMNS`` is "the ``haze`` command's table width" (int). guide.md:
     ``haze queue:failed`` lists the failed jobs "as wide as the terminal". A width the
     command cannot use must not turn the list into nothing: a script reading
@@ -139,7 +135,7 @@ def test_columns_zero_still_prints_the_tables(base_app: Path, command: str) -> N
         "queue:size": "default",
         "queue:stats": "default",
     }[command]
-    proc = haze(base_app, command, COLUMNS="0")
+    proc = haze(base_app, command, COLUMNS=columns)
     assert proc.returncode == 0, proc.stderr
     assert wanted in proc.stdout, (proc.stdout, proc.stderr)
 
@@ -186,12 +182,6 @@ def test_a_worker_beside_a_memory_store_warns_at_start(app_copy: Path) -> None:
     assert "memory" in said and "store" in said, proc.stdout + proc.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--concurrency 10**20 --once: the worker creates one task per slot before anything "
-    "else, so it prints nothing (not even its start line or the lease warning) and eats ~100 MB "
-    "of memory a second until killed",
-)
 def test_an_absurd_concurrency_is_refused_or_warned_at_once(base_app: Path) -> None:
     """guide.md, Leases: "a starting worker warns when ``--concurrency`` is more than one
     round renews in time"; ``queue:work --help``: ``--concurrency INTEGER RANGE [x>=1]``.
@@ -330,11 +320,6 @@ def test_config_queues_take_every_queue_name_dispatch_takes(tmp_path: Path, queu
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the start line's advice for a job on queue 'my queue' is "
-    "`add --queue my queue,default`, which the shell splits into two arguments",
-)
 def test_the_missing_queue_advice_can_be_pasted(app_copy: Path) -> None:
     """guide.md, The worker: "at start it names every queue your jobs use that it does not
     take: ... add --queue emails,default". A queue name may hold inner spaces, so the
@@ -356,11 +341,6 @@ def test_the_missing_queue_advice_can_be_pasted(app_copy: Path) -> None:
 # --- saying where ---------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='db:migrate stopped: OperationalError: near "TABLEX": syntax error: the line does '
-    "not say which migration file failed",
-)
 def test_a_failing_migration_is_named(app_copy: Path) -> None:
     """configuration.md: "``database/migrations/`` may hold ``.sql`` files ... ``haze
     db:migrate`` applies the ones not recorded yet, in name order"; the house rule: every
@@ -408,11 +388,6 @@ def test_sync_takes_only_its_documented_options(option: dict[str, object]) -> No
         App(queue=define_queue_config(default="sync", connections={"sync": conn}))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='`haze queue:pause defualt` says it paused queue "defualt": no job, no worker and '
-    "no configured queue uses that name, and nothing says so",
-)
 def test_pausing_a_mistyped_queue_says_so(app_copy: Path) -> None:
     """operations.md / ``queue:pause --help``: "Workers stop claiming jobs from
     CONNECTION:QUEUE (running jobs finish)". guide.md: "A mistyped ``--connection`` ...
@@ -420,17 +395,21 @@ def test_pausing_a_mistyped_queue_says_so(app_copy: Path) -> None:
     while the operator believes it paused; the command names the queues it knows."""
     proc = haze(app_copy, "queue:pause", "defualt")
     assert "default" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    # Paused all the same (a queue chosen at dispatch is known to no config), with a warning.
+    assert proc.returncode == 0 and 'Paused queue "defualt"' in proc.stdout, proc.stdout
+    warned = [ln for ln in proc.stderr.splitlines() if ln.startswith("Warning:")]
+    assert len(warned) == 1 and "defualt" in warned[0] and "default" in warned[0], proc.stderr
+    assert "Warning" not in haze(app_copy, "queue:pause", "default").stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="queue:stats --jobs 10**20 exits 0 with every count n/a and 'OverflowError: Python "
-    "int too large to convert to SQLite INTEGER'; queue:flush --hours nan is taken",
-)
 @pytest.mark.parametrize(
     "args",
-    [("queue:stats", "--jobs", str(10**20)), ("queue:flush", "--hours", "nan")],
-    ids=["stats-jobs-huge", "flush-hours-nan"],
+    [
+        ("queue:stats", "--jobs", str(10**20)),
+        ("queue:flush", "--hours", "nan"),
+        ("queue:prune-failed", "--hours", "inf"),
+    ],
+    ids=["stats-jobs-huge", "flush-hours-nan", "prune-hours-inf"],
 )
 def test_absurd_numbers_are_usage_errors(app_copy: Path, args: tuple[str, ...]) -> None:
     """``--help``: ``--jobs INTEGER RANGE [x>=0]``, ``--hours FLOAT RANGE [x>=0]``: a value
@@ -438,4 +417,4 @@ def test_absurd_numbers_are_usage_errors(app_copy: Path, args: tuple[str, ...]) 
     ``--hours -1`` are."""
     proc = haze(app_copy, *args)
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
+    assert args[1] in one_error_line(proc), proc.stderr

@@ -7,7 +7,9 @@ Command modules register with ``@cli.command("group:name")`` and get the app wit
 from __future__ import annotations
 
 import asyncio
+import math
 import os
+import shutil
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -126,9 +128,25 @@ def find_root(start: Path) -> Path:
 def console() -> Console:
     """A console on the current stdout (CliRunner swaps it per invocation)."""
     tty = sys.stdout.isatty()
-    # Piped output is read by scripts and grep: wide tables beat wrapped cells there.
-    width = None if tty or os.environ.get("COLUMNS") else 200
-    return Console(file=sys.stdout, highlight=False, soft_wrap=not tty, width=width)
+    return Console(file=sys.stdout, highlight=False, soft_wrap=not tty, width=_width(tty))
+
+
+# Below this the tables cut ids and counts to "…": a script reading them would lose data.
+MIN_COLUMNS = 80
+
+
+def _width(tty: bool) -> int | None:
+    """COLUMNS when it is a whole number above 0 (at least MIN_COLUMNS), else as if unset:
+    the terminal's, 200 when piped. CI runners and ``docker exec`` set COLUMNS=0, at which
+    rich draws every table as nothing."""
+    raw = os.environ.get("COLUMNS", "").strip()
+    if raw.isdecimal() and int(raw) > 0:
+        return max(int(raw), MIN_COLUMNS)
+    if not tty:
+        # Piped output is read by scripts and grep: wide tables beat wrapped cells there.
+        return 200
+    # Given no width, rich would read the unusable COLUMNS itself; shutil skips it.
+    return shutil.get_terminal_size().columns if raw else None
 
 
 def run(
@@ -199,6 +217,25 @@ class DurationType(_ParamType):
 
 
 DURATION = DurationType()
+
+
+class HoursType(click.FloatRange):
+    """``--hours N``: hours, at least 0. ``nan`` is refused (every comparison with it is
+    false, so a plain range takes it and the command then matches nothing), as is ``inf``."""
+
+    def __init__(self) -> None:
+        super().__init__(min=0)
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        hours = float(super().convert(value, param, ctx))
+        if not math.isfinite(hours):
+            self.fail(f"{value!r} is not a number of hours; give one such as 24 or 0.5", param, ctx)
+        return hours
+
+
+HOURS = HoursType()
 
 #: The longest queue name every driver can store (a MariaDB ``VARCHAR(255)`` column).
 MAX_QUEUE_NAME = 255

@@ -13,6 +13,7 @@ from haze.cli._core import State, cli, connection_option, console, run
 from haze.connectors import missing_column
 from haze.connectors.migrations import (
     MIGRATIONS_DIR,
+    MigrationResult,
     convert_hint,
     dialect_specific,
     migrate,
@@ -22,7 +23,6 @@ from haze.connectors.migrations import make_queue_tables as write
 
 if TYPE_CHECKING:
     from haze._app.app import App
-    from haze.connectors.migrations import MigrationResult
 
 __all__ = ["db_migrate", "make_queue_tables"]
 
@@ -70,13 +70,14 @@ def db_migrate(state: State, database: str | None) -> None:
     haze_migrations), then upgrade the tables an earlier haze version created."""
 
     dialect = ""  # the migrated database's, to read its errors by
+    progress = MigrationResult([], [])  # names the migration that failed
 
     async def apply(app: App) -> tuple[str, bool, MigrationResult]:
         nonlocal dialect
         name = database or app.database_config.default
         dialect = app.database(database).dialect
         has_files = bool(pending_migrations(app))
-        return name, has_files, await migrate(app, database)
+        return name, has_files, await migrate(app, database, progress)
 
     try:
         name, has_files, result = run(state, apply)
@@ -93,9 +94,10 @@ def db_migrate(state: State, database: str | None) -> None:
             if missing_column(e, dialect)
             else ""
         )
+        where = f"{MIGRATIONS_DIR / progress.current}: " if progress.current else ""
         raise click.ClickException(
-            f"db:migrate stopped: {type(e).__name__}: {first}{hint} (migrations applied "
-            "before it stay applied)"
+            f"db:migrate stopped: {where}{type(e).__name__}: {first}{hint} (migrations "
+            "applied before it stay applied)"
         ) from None
     out = console()
     for table in result.upgraded:

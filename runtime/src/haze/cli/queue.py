@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shlex
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -20,6 +21,7 @@ from haze._engine.throughput import retention
 from haze._workers.worker import Worker
 from haze.cli._core import (
     DURATION,
+    HOURS,
     QUEUE_NAME,
     State,
     cli,
@@ -78,6 +80,11 @@ def _default_queues(app: App, connection: str) -> list[str]:
 #: its connections may take. A stuck backend answers none of them; past this the worker
 #: exits without them (an unsent ack runs its job again after retry_after).
 STOP_GRACE = 5.0
+
+#: A worker builds one slot per job it may run at once, before its start line: past this
+#: many, building them takes seconds of silence (and 10**20 all the memory). One process's
+#: heartbeat cannot renew that many leases in time anyway: run more processes.
+MAX_CONCURRENCY = 100_000
 
 
 async def _exit_after_grace(
@@ -165,7 +172,7 @@ def _stop_on_signals(
 )
 @click.option(
     "--concurrency",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_CONCURRENCY),
     default=None,
     help="Jobs run at once (default: the connection's concurrency, else 1).",
 )
@@ -395,7 +402,8 @@ def unconsumed_queues(app: App, connection: str, consumed: Sequence[str]) -> lis
     missing = {q: jobs for q, jobs in app.job_queues(connection).items() if q not in consumed}
     if not missing:
         return []
-    flag = ",".join([*missing, *consumed])
+    # Quoted for the shell: a queue name may hold spaces, and the advice is pasted.
+    flag = shlex.quote(",".join([*missing, *consumed]))
     lines = []
     for q, jobs in missing.items():
         who = f"job {jobs[0]} uses" if len(jobs) == 1 else f"jobs {', '.join(jobs)} use"
@@ -406,7 +414,7 @@ def unconsumed_queues(app: App, connection: str, consumed: Sequence[str]) -> lis
 @cli.command("queue:flush")
 @click.option(
     "--hours",
-    type=click.FloatRange(min=0),
+    type=HOURS,
     default=None,
     help="Only failed jobs older than this many hours.",
 )

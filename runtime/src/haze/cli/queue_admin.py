@@ -7,6 +7,7 @@ need a store every process shares (redis or database).
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,10 +23,12 @@ from haze._base.ids import match_id
 from haze._engine.control import pause, request_restart, resume
 from haze._engine.manager import events
 from haze._orchestration.batches import find, prune
+from haze._workers.presence import live_workers
 from haze._workflows.api import Workflow
 from haze._workflows.results import run_of_key
 from haze.cli._core import (
     DURATION,
+    HOURS,
     QUEUE_NAMES,
     State,
     cli,
@@ -146,11 +149,30 @@ def queue_pause(state: State, target: str) -> None:
             "claims them, so there is nothing to pause"
         )
     _require_shared_store(app, "queue:pause")
-    run(state, lambda a: pause(a, connection, queue))
+    known = run(state, lambda a: _pause(a, connection, queue))
     console().print(
         f'Paused queue "{escape(queue)}" on connection "{escape(connection)}": workers finish '
         "their running jobs and claim no new ones from it until queue:continue."
     )
+    if queue not in known:
+        # Paused all the same: a queue picked at dispatch (on_queue) is known to no config,
+        # yet a typo leaves the queue meant running while the operator believes it paused.
+        click.echo(
+            f'Warning: no configured queue, job or running worker uses queue "{queue}" on '
+            f'connection "{connection}" (they use: {", ".join(known)}); if that was a typo, '
+            f"undo it with haze queue:continue {shlex.quote(target)}",
+            err=True,
+        )
+
+
+async def _pause(app: App, connection: str, queue: str) -> list[str]:
+    """Pause ``queue``; the queues the config, the jobs and the live workers use there."""
+    await pause(app, connection, queue)
+    known = app.known_queues(connection)
+    for record in await live_workers(app) or []:
+        if record.get("connection") == connection:
+            known.extend(q for q in record.get("queues") or [] if q not in known)
+    return known
 
 
 @cli.command("queue:continue", short_help="Let workers claim from a paused queue again.")
@@ -259,7 +281,7 @@ def queue_monitor(
 @cli.command("queue:prune-failed", short_help="Delete failed jobs older than --hours.")
 @click.option(
     "--hours",
-    type=click.FloatRange(min=0),
+    type=HOURS,
     default=24.0,
     show_default=True,
     help="Keep the failed jobs of the last this many hours.",
@@ -321,21 +343,21 @@ async def unfinished_run(key: str) -> bool:
 @cli.command("queue:prune-batches", short_help="Delete old batch records.")
 @click.option(
     "--hours",
-    type=click.FloatRange(min=0),
+    type=HOURS,
     default=24.0,
     show_default=True,
     help="Delete finished batches that finished more than this many hours ago.",
 )
 @click.option(
     "--unfinished",
-    type=click.FloatRange(min=0),
+    type=HOURS,
     default=None,
     metavar="HOURS",
     help="Also delete unfinished batches created more than this many hours ago.",
 )
 @click.option(
     "--cancelled",
-    type=click.FloatRange(min=0),
+    type=HOURS,
     default=None,
     metavar="HOURS",
     help="Also delete cancelled batches created more than this many hours ago.",

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 __all__ = ["QueueStats", "collect", "queue_stats", "queue_top", "render"]
 
+#: The most running jobs ``--jobs`` lists per queue: more is no listing a person reads, and
+#: past 2**63 the database refuses the number (a count "n/a" for every queue).
+MAX_LISTED_JOBS = 10_000
 #: What a driver without counts by state gives instead, and why.
 _NO_COUNTS = {
     "cloudflare": "Cloudflare reports one backlog for the whole queue (all haze queues on "
@@ -274,7 +277,7 @@ def render(rows: list[QueueStats], *, now: float | None = None, title: str = "")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 @click.option(
     "--jobs",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=MAX_LISTED_JOBS),
     default=0,
     show_default=True,
     help="Also list up to this many running jobs per queue.",

@@ -74,6 +74,8 @@ class MigrationResult:
     skipped: list[str]
     #: haze's own tables upgraded from an earlier version's definition
     upgraded: list[str] = field(default_factory=list)
+    #: the migration being applied, left set when applying it raised: where it failed
+    current: str | None = None
 
 
 def _queue_db_connection(app: MigratingApp, connection: str | None) -> tuple[str, str, str, str]:
@@ -263,15 +265,19 @@ def _check_dialect(path: Path, dialect: str) -> None:
         raise ConfigError(f"is not for {dialect}: {convert_hint(path)}", source=str(path))
 
 
-async def migrate(app: MigratingApp, database: str | None = None) -> MigrationResult:
-    """Apply the app's migrations that are not recorded yet (idempotent)."""
+async def migrate(
+    app: MigratingApp, database: str | None = None, result: MigrationResult | None = None
+) -> MigrationResult:
+    """Apply the app's migrations that are not recorded yet (idempotent), recording them
+    in ``result`` as they go: when one raises, its ``current`` names the one that failed."""
     db = app.database(database)
     done = await _ledger(db)
-    result = MigrationResult([], [])
+    result = result if result is not None else MigrationResult([], [])
     for path in pending_migrations(app):
         if path.stem in done:
             result.skipped.append(path.name)
             continue
+        result.current = path.name
         _check_dialect(path, db.dialect)
         statements = migration_statements(path, db.dialect)
         async with db.transaction() as tx:
@@ -282,6 +288,7 @@ async def migrate(app: MigratingApp, database: str | None = None) -> MigrationRe
             )
         done.add(path.stem)
         result.applied.append(path.name)
+    result.current = None
     result.upgraded = await upgrade_tables(db)
     await _upgrade_queue_tables(app, database or app.database_config.default, result)
     return result
