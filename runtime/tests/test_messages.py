@@ -24,13 +24,17 @@ async def msg_send_invoice(payload: dict[str, Any]) -> None: ...
 
 def test_an_unknown_define_job_option_suggests_the_right_one() -> None:
     with pytest.raises(JobDefinitionError) as info:
-        define_job(retries=3)  # type: ignore[call-overload]
-    assert str(info.value).startswith(
-        "define_job: unknown option 'retries' (did you mean 'tries'?)"
-    )
+
+        @define_job(retries=3)  # type: ignore[call-overload]
+        async def nightly(payload: dict[str, Any]) -> None: ...
+
+    assert str(info.value).startswith(f'job "nightly" ({__file__}:'), (
+        info.value
+    )  # the job and where it is defined, as a wrong value names them
+    assert "unknown option 'retries' (did you mean 'tries'?)" in str(info.value)
     assert isinstance(info.value, TypeError)
     with pytest.raises(JobDefinitionError, match="unknown option 'zzz'; options: name, tries"):
-        define_job(zzz=1)  # type: ignore[call-overload]
+        define_job(zzz=1)(lambda payload: None)  # type: ignore[call-overload]
 
 
 @pytest.mark.parametrize(

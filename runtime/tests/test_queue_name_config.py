@@ -22,7 +22,14 @@ def test_a_configured_queue_name_may_have_255_characters() -> None:
 
 @pytest.mark.parametrize(
     ("queue", "says"),
-    [("q" * 256, "1 to 255 characters, got 256"), ("", "not a valid queue name"), (5, "5")],
+    [
+        ("q" * 256, "1 to 255 characters, got a name of 256 characters"),
+        ("", "got a name of 0 characters"),
+        (5, "got 5"),
+        ("emails,eu", "cannot contain a comma"),
+        (" emails", "cannot start or end with whitespace"),
+        ("a\x00b", "NUL character"),
+    ],
 )
 def test_a_bad_configured_queue_name_is_a_config_error_naming_the_key(
     queue: object, says: str

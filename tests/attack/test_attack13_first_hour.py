@@ -143,11 +143,6 @@ def test_columns_zero_still_prints_the_tables(base_app: Path, command: str, colu
 # --- a default that cannot work ---------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an in-memory SQLite URL is taken: db:migrate says 'Applied 1 migration(s)' into a "
-    "database that is gone when it exits, and every later command says 'run haze db:migrate'",
-)
 @pytest.mark.parametrize("url", ["sqlite:///:memory:", "sqlite:///"])
 def test_an_in_memory_sqlite_url_is_refused(app_copy: Path, url: str) -> None:
     """getting-started: "every process that dispatches or works jobs must read the same
@@ -161,12 +156,6 @@ def test_an_in_memory_sqlite_url_is_refused(app_copy: Path, url: str) -> None:
     assert "DATABASE_URL" in line or "memory" in line, line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="queue:work with store='memory' on a database connection starts without a word; "
-    "only a dispatch of a unique job or a batch warns, and the worker then settles batch jobs "
-    "in its own memory, so their then/catch/finally never run, silently",
-)
 def test_a_worker_beside_a_memory_store_warns_at_start(app_copy: Path) -> None:
     """configuration.md, ``store``: "every process must share it (a ``memory`` store beside
     a connection other processes consume logs a warning: locks taken here are never released
@@ -220,11 +209,6 @@ def test_an_absurd_concurrency_is_refused_or_warned_at_once(base_app: Path) -> N
 
 
 @needs_server("MySQL/MariaDB", MYSQL_SERVER)
-@pytest.mark.xfail(
-    strict=True,
-    reason="a MySQL URL without a database name: queue:size prints pymysql's traceback "
-    "(1046, 'No database selected'); queue:work calls it unreachable and says to start the server",
-)
 def test_a_mysql_url_without_a_database_is_one_line(base_app: Path) -> None:
     """configuration.md: ``DATABASE_URL`` is a URL such as ``mysql://`` (MariaDB too); every
     bad value fails with one line naming what is wrong."""
@@ -240,13 +224,6 @@ def redis_app(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @needs_server("Redis", REDIS)
-@pytest.mark.xfail(
-    strict=True,
-    reason="REDIS_URL with a database index the server does not have (/99) prints redis-py's "
-    "traceback (ResponseError: DB index is out of range); one that is not a number (/abc) is "
-    "silently taken as database 0; a unix:// URL (a scheme haze's own error message offers) "
-    "dies in a TypeError traceback (socket_keepalive)",
-)
 @pytest.mark.parametrize(
     "url",
     [f"{REDIS}/99", f"{REDIS}/abc", "unix:///nonexistent/redis.sock"],
@@ -260,11 +237,6 @@ def test_a_bad_redis_url_is_one_line(redis_app: Path, url: str) -> None:
 
 
 @needs_server("Redis", REDIS)
-@pytest.mark.xfail(
-    strict=True,
-    reason="config/redis.py with url and ssl=True: TypeError traceback (AbstractConnection "
-    "got an unexpected keyword argument 'ssl'); ssl is not type-checked either",
-)
 def test_ssl_beside_a_redis_url_is_one_line(redis_app: Path, tmp_path: Path) -> None:
     """configuration.md, ``config/redis.py``: ``host``, ``port``, ``db``, ``username``,
     ``password``, ``ssl`` "instead of ``url``". Given both, the user gets one line saying
@@ -279,13 +251,6 @@ def test_ssl_beside_a_redis_url_is_one_line(redis_app: Path, tmp_path: Path) -> 
 
 
 @needs_server("MySQL/MariaDB", MYSQL_SERVER)
-@pytest.mark.xfail(
-    strict=True,
-    reason="max_message_size above MariaDB's max_allowed_packet (16 MiB here) is accepted "
-    "without a warning, and a 20 MiB dispatch then raises pymysql's own error: OperationalError "
-    "(1153, 'Got a packet bigger than max_allowed_packet'), or InternalError 'Packet sequence "
-    "number wrong - got 2 expected 6' on another run",
-)
 async def test_a_message_over_max_allowed_packet_is_a_haze_error(mysql_url: str) -> None:
     """configuration.md: ``max_message_size`` "a bigger message raises
     ``PayloadTooLargeError`` at dispatch"; guide.md: "Set ``max_message_size`` (bytes) on a
@@ -300,11 +265,6 @@ async def test_a_message_over_max_allowed_packet_is_a_haze_error(mysql_url: str)
 # --- names ------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a connection's `queues` in config/queue.py only takes ASCII letters, digits and "
-    "_ . : -, while define_job(queue=), on_queue() and --queue take 'ténant' and 'my queue'",
-)
 @pytest.mark.parametrize("queue", ["ténant", "my queue", "emails/eu"])
 def test_config_queues_take_every_queue_name_dispatch_takes(tmp_path: Path, queue: str) -> None:
     """guide.md: "Queue names have 1 to 255 characters, no comma, no NUL character and no
@@ -352,12 +312,6 @@ def test_a_failing_migration_is_named(app_copy: Path) -> None:
     assert "20991231000000_create_outcomes.sql" in line, line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="define_job(retries=3) in a job module: every haze command prints "
-    "\"define_job: unknown option 'retries' (did you mean 'tries'?)\" without the file or job; "
-    "a wrong type (tries='3') names both",
-)
 def test_an_unknown_define_job_option_names_its_module(app_copy: Path) -> None:
     """guide.md: "``define_job(retries=3)`` raises ``unknown option 'retries' (did you mean
     'tries'?)``, and an option of the wrong type or value ... raises ``JobOptionError`` ...
@@ -375,10 +329,6 @@ def test_an_unknown_define_job_option_names_its_module(app_copy: Path) -> None:
 # --- options and arguments that are taken silently ---------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a sync connection accepts concurrency and queues (and ignores them)",
-)
 @pytest.mark.parametrize("option", [{"concurrency": 4}, {"queues": ["high", "default"]}])
 def test_sync_takes_only_its_documented_options(option: dict[str, object]) -> None:
     """configuration.md: "``sync`` takes only ``driver``, ``max_message_size`` and

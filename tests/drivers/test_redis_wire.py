@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 
 pytest.importorskip("redis")
+from haze._base.errors import ConfigError
 from haze.drivers.redis.resp import _PyReader
 from haze.drivers.redis.wire import Wire, wire_for
 from redis.asyncio import Redis
@@ -188,3 +189,15 @@ async def test_the_wire_keeps_tcp_keepalive_like_the_store_clients() -> None:
     finally:
         wire.close()
         await client.aclose()
+
+
+async def test_a_database_the_server_lacks_is_one_config_line() -> None:
+    """SELECT of a database past the server's ``databases`` fails the first command with
+    a ConfigError naming the server and the database, not redis-py's ResponseError."""
+    parts = urlsplit(REDIS_URL)
+    wire = Wire(parts.hostname or "127.0.0.1", parts.port or 6379, db=99, password=parts.password)
+    try:
+        with pytest.raises(ConfigError, match=r"has no database 99 \(DB index is out of range\)"):
+            await wire.execute("PING")
+    finally:
+        wire.close()

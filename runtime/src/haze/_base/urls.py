@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
-__all__ = ["redact_text", "redact_url"]
+__all__ = ["redact_text", "redact_url", "redis_url_problem"]
 
 #: a query option whose name contains one of these carries a secret
 _SECRET_WORDS = ("pass", "pwd", "token", "secret", "key", "auth", "sig", "credential")
@@ -82,3 +82,21 @@ def redact_text(text: str, url: str) -> str:
         if len(piece) >= 3 and piece in text:  # a shorter piece would mask unrelated words
             text = text.replace(piece, _MASK)
     return text
+
+
+def redis_url_problem(url: str) -> str | None:
+    """What redis-py would take from ``url`` in silence or choke on later, if anything:
+    a database path that is not a number (``/abc`` was database 0)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # redis-py's own parse names it
+        return None
+    if parts.scheme not in ("redis", "rediss"):
+        return None
+    database = parts.path.strip("/")
+    if database and not (database.isascii() and database.isdigit()):
+        return (
+            f"{redact_url(url)!r}: the path names the database, a number such as /0, "
+            f"got /{database[:40]}"
+        )
+    return None

@@ -37,6 +37,30 @@ class EngineStores:
         recorder = self.app.recorder
         return recorder.store if recorder is not None else self.app.batch_store
 
+    def worker_warnings(self, driver: Driver) -> list[str]:
+        """The lines a starting worker of ``driver`` prints when the state or batch store
+        is one this process alone sees: the dispatchers' locks would never be released
+        here, and the batches they dispatch never settle here (their callbacks never run).
+        Said at start: the dispatch warning comes only with a unique job or a batch."""
+        if not driver.remote:
+            return []
+        lost: dict[str, list[str]] = {}
+        for store, what in ((self.state(), "unique jobs"), (self.batches(), "batches")):
+            if not store.shared:
+                lost.setdefault(store.name, []).append(what)
+                self._warned.update((what, "long chains") if what == "batches" else (what,))
+        effects = {
+            "unique jobs": "locks taken by other processes are never released here",
+            "batches": "batch then/catch/finally callbacks never run",
+        }
+        return [
+            f'The "{name}" store holds {" and ".join(whats)} in this process only, but '
+            f'connection "{driver.name}" is shared with other processes: '
+            f"{'; '.join(effects[w] for w in whats)}. Set store='redis' (or 'database') in "
+            "config/queue.py."
+            for name, whats in lost.items()
+        ]
+
     def check(self, store: Store, driver: Driver, what: str) -> None:
         """Warn once per ``what`` when ``store`` cannot hold it for ``driver``: a store
         this process alone sees beside a connection other processes consume, or a store

@@ -310,15 +310,19 @@ def define_job(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
         if options:
             raise JobDefinitionError("define_job: pass options as @define_job(...) keywords")
         return JobDefinition(fn, origin=_origin_of(fn))
-    for option in options:
-        if option not in _OPTIONS:
-            raise JobDefinitionError(
-                f"define_job: unknown option {option!r}{did_you_mean(option, _OPTIONS)}; "
-                f"options: {', '.join(_OPTIONS)}"
-            )
 
     def decorate(handler: Callable[..., Any]) -> JobDefinition[Any]:
-        return JobDefinition(handler, origin=_origin_of(handler), **options)
+        origin = _origin_of(handler)
+        for option in options:
+            if option not in _OPTIONS:
+                # Checked here, not at define_job(...): the line names the job and its
+                # file, as a wrong value does, in an app of many job modules.
+                name = options.get("name", _name_of(handler))
+                raise JobDefinitionError(
+                    f'job "{name}" ({origin}): unknown option {option!r}'
+                    f"{did_you_mean(option, _OPTIONS)}; options: {', '.join(_OPTIONS)}"
+                )
+        return JobDefinition(handler, origin=origin, **options)
 
     return decorate
 

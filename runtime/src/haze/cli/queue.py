@@ -340,6 +340,8 @@ async def _work(app: App, plan: _WorkPlan) -> int:
         driver = app.driver(plan.name)
         for line in await driver.advice() if isinstance(driver, Advises) else []:
             say(line, level="WARNING")
+        for line in app.manager.stores.worker_warnings(driver):
+            say(line, level="WARNING")
         try:
             processed = await task
         except asyncio.CancelledError:

@@ -43,6 +43,7 @@ from haze._base.deps import require
 from haze._base.errors import (
     ConfigError,
     DatabaseConnectionError,
+    PayloadTooLargeError,
 )
 from haze._base.urls import redact_text
 from haze.connectors.client_options import check_client_options, check_utf8
@@ -139,22 +140,61 @@ def _abandon(pool: Any, loop: asyncio.AbstractEventLoop | None) -> None:
                 conn._writer = conn._reader = None
 
 
+def _size(value: object) -> int:
+    if isinstance(value, str):
+        return len(value) if value.isascii() else len(value.encode("utf-8"))
+    return len(value) if isinstance(value, (bytes, bytearray)) else 0
+
+
+class _Packet:
+    """The server's ``max_allowed_packet`` of one connector. A statement over it is
+    refused before it is sent: the server drops the connection mid-packet, and PyMySQL
+    reports that as error 1153 or as a packet out of sequence, never the same way."""
+
+    def __init__(self, name: str, limit: int | None = None) -> None:
+        self.name = name
+        self.limit = limit
+
+    def check(self, cur: Any, sql: str, params: Sequence[Any]) -> None:
+        limit = self.limit
+        if limit is None or not params:
+            return
+        # Escaping at most doubles a value: only a statement that may be near the limit
+        # is rendered to be measured.
+        if len(sql) + 2 * sum(_size(p) for p in params) < limit:
+            return
+        size = _size(cur.mogrify(sql, params)) + 1  # the command byte
+        if size > limit:
+            raise PayloadTooLargeError(
+                f"MySQL database connection {self.name!r}: a statement of {size} bytes is "
+                f"over the server's max_allowed_packet of {limit} bytes (nothing was sent); "
+                "set the queue connection's max_message_size below it, or raise "
+                "max_allowed_packet on the server"
+            )
+
+
 class _MySession:
     """Statements on one connection (inside the transaction of ``transaction()``)."""
 
-    def __init__(self, conn: Any):
+    def __init__(self, conn: Any, packet: _Packet):
         self._conn = conn
+        self._packet = packet
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         async with self._conn.cursor() as cur:
-            await cur.execute(*_q(sql, params))
+            query, args = _q(sql, params)
+            self._packet.check(cur, query, args or ())
+            await cur.execute(query, args)
             return int(cur.rowcount)
 
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         if not rows:
             return 0
         async with self._conn.cursor() as cur:
-            await cur.executemany(translate_placeholders(sql, "mysql"), rows)
+            query = translate_placeholders(sql, "mysql")
+            for row in rows:  # a multi-row INSERT is cut between rows, never inside one
+                self._packet.check(cur, query, row)
+            await cur.executemany(query, rows)
             return int(cur.rowcount)
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
@@ -232,6 +272,8 @@ class MySQLConnector:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: Any = None
         self._open_lock: asyncio.Lock | None = None
+        #: the server's max_allowed_packet, read when the pool opens
+        self._packet = _Packet(name)
 
     def __repr__(self) -> str:
         return f"<MySQLConnector {self.name!r} {redact_url(self.url)}>"
@@ -293,9 +335,18 @@ class MySQLConnector:
         kwargs["client_flag"] = int(kwargs.get("client_flag") or 0) | found_rows
         kwargs.setdefault("cursorclass", _quiet_cursor())
         try:
-            return await aiomysql.create_pool(
+            pool = await aiomysql.create_pool(
                 minsize=1, maxsize=self.pool_size, pool_recycle=self.pool_recycle, **kwargs
             )
+            try:
+                async with pool.acquire() as conn, conn.cursor() as cur:
+                    await cur.execute("SELECT @@max_allowed_packet")
+                    row = await cur.fetchone()
+            except BaseException:
+                pool.close()
+                raise
+            self._packet.limit = int(row[0]) if row and row[0] else None
+            return pool
         except aiomysql.OperationalError as e:
             if e.args and e.args[0] in _CONNECT_ERRORS:
                 raise self._connect_error(e) from None
@@ -312,7 +363,7 @@ class MySQLConnector:
             with self._outages():
                 async with pool.acquire() as conn:
                     thread = conn.server_thread_id[0]
-                    return await _MySession(conn).execute(sql, params)
+                    return await _MySession(conn, self._packet).execute(sql, params)
         except DatabaseConnectionError as e:
             # What the statement wrote decides what a dispatch may do next: nothing when
             # no connection was had; unknown while the server thread still runs it.
@@ -347,19 +398,19 @@ class MySQLConnector:
         pool = await self._get_pool()
         with self._outages():
             async with pool.acquire() as conn:
-                return await _MySession(conn).executemany(sql, rows)
+                return await _MySession(conn, self._packet).executemany(sql, rows)
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         pool = await self._get_pool()
         with self._outages():
             async with pool.acquire() as conn:
-                return await _MySession(conn).fetchall(sql, params)
+                return await _MySession(conn, self._packet).fetchall(sql, params)
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
         pool = await self._get_pool()
         with self._outages():
             async with pool.acquire() as conn:
-                return await _MySession(conn).fetchone(sql, params)
+                return await _MySession(conn, self._packet).fetchone(sql, params)
 
     @asynccontextmanager
     async def transaction(self, *, immediate: bool = False) -> AsyncIterator[_MySession]:
@@ -369,7 +420,7 @@ class MySQLConnector:
             async with pool.acquire() as conn:
                 await conn.begin()
                 try:
-                    yield _MySession(conn)
+                    yield _MySession(conn, self._packet)
                 except BaseException:
                     try:
                         await conn.rollback()

@@ -36,15 +36,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, Concatenate, ParamSpec, TypeVar
 
 from haze._base.errors import BackendUnavailableError, ConfigError, MissingDependencyError
 from haze._base.hints import did_you_mean
-from haze._base.urls import redact_text, redact_url
+from haze._base.urls import redact_text, redact_url, redis_url_problem
 from haze.contracts.store import BatchSettled, Subscription
 from haze.stores.workflow_state import KeyValueWorkflowState
 
 try:
     import redis.asyncio as aioredis
+    from redis.asyncio.connection import AbstractConnection
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import ResponseError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 except ImportError as e:  # pragma: no cover - exercised without the extra installed
     raise MissingDependencyError("the redis store", "redis", "redis") from e
@@ -52,7 +54,7 @@ except ImportError as e:  # pragma: no cover - exercised without the extra insta
 if TYPE_CHECKING:
     from redis.commands.core import AsyncScript
 
-__all__ = ["RedisStore", "new_client", "redis_settings"]
+__all__ = ["RedisStore", "db_index_error", "new_client", "redis_settings"]
 
 _HERE = Path(__file__).parent
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
@@ -141,8 +143,22 @@ def new_client(url: str | None, kwargs: dict[str, Any]) -> aioredis.Redis:
     kw = dict(kwargs)
     if kw.get("socket_keepalive") is False:
         opts.pop("socket_keepalive_options")
+    if url and url.startswith("unix:"):
+        # A Unix socket has no TCP keepalive: redis-py's socket connection refuses it.
+        if kw.get("socket_keepalive"):
+            raise ConfigError(
+                f"socket_keepalive is for TCP; the Unix socket URL {redact_url(url)!r} "
+                "takes none: remove it from config/redis.py"
+            )
+        opts.pop("socket_keepalive", None)
+        opts.pop("socket_keepalive_options", None)
+        kw.pop("socket_keepalive", None)
     opts.update(kw)
+    opts["redis_connect_func"] = _on_connect
     if url:
+        problem = redis_url_problem(url)
+        if problem is not None:
+            raise ConfigError(problem)
         try:
             pool = aioredis.BlockingConnectionPool.from_url(url, **opts)
         except ValueError as e:  # a bad port or scheme: one line, without the password
@@ -154,6 +170,37 @@ def new_client(url: str | None, kwargs: dict[str, Any]) -> aioredis.Redis:
             opts["connection_class"] = aioredis.SSLConnection
         pool = aioredis.BlockingConnectionPool(**opts)
     return aioredis.Redis.from_pool(pool)
+
+
+async def _on_connect(conn: AbstractConnection) -> None:
+    """redis-py's own connection setup, with a database the server lacks said as one
+    line (its ResponseError surfaced at the first command, as a traceback)."""
+    try:
+        await conn.on_connect()
+    except ResponseError as e:
+        where = (
+            conn.path
+            if isinstance(conn, aioredis.UnixDomainSocketConnection)
+            else f"{conn.host}:{conn.port}"
+            if isinstance(conn, aioredis.Connection)
+            else "the server"
+        )
+        bad_db = db_index_error(e, conn.db, where)
+        if bad_db is None:
+            raise
+        await conn.disconnect()
+        raise bad_db from None
+
+
+def db_index_error(e: ResponseError, db: object, address: str) -> ConfigError | None:
+    """The one line for SELECT of a database ``address`` does not have, else None."""
+    if "DB index" not in str(e):
+        return None
+    return ConfigError(
+        f"Redis at {address} has no database {db} ({str(e).removeprefix('ERR ')}): use "
+        "one it has (0 to 15 unless its `databases` setting says more) in the URL or db "
+        "of config/redis.py"
+    )
 
 
 def _ms(ttl: float) -> int:

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from haze._app.config.environment import origin
 from haze._base.durations import MIN_SLOT_LEASE, parse_duration
 from haze._base.errors import ConfigError, MissingDependencyError
+from haze._base.message_fields import check_queue_name
 from haze._base.sizes import parse_size
 from haze.contracts.driver import DeclaresOptions, DispatchOnly
 from haze.offload import OBJECT_STORES, object_store, url_error
@@ -26,7 +27,6 @@ __all__ = [
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,200}$")
-_QUEUE = re.compile(r"^[A-Za-z0-9_.:\-]{1,255}$")
 _RATE = re.compile(r"^\s*([1-9][0-9]*)\s*/\s*(s|m|h|d)\s*$")
 _RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 #: The longest queue connection name (failed jobs keep it in every store).
@@ -98,9 +98,9 @@ class Checks:
             raise self.fail(key, str(e).split(": ", 1)[-1]) from None
 
     def queue_names(self, value: object, key: str) -> list[str]:
-        """Queue names: the characters of ``names``, 1 to 255 of them (what every driver
-        stores). The dict form (``{"emails": {"concurrency": 5}}``) gives its keys, in
-        order; ``queue_limits`` reads its values."""
+        """Queue names, by the rules dispatch applies (``check_queue_name``). The dict
+        form (``{"emails": {"concurrency": 5}}``) gives its keys, in order;
+        ``queue_limits`` reads its values."""
         if isinstance(value, str):
             value = [value]
         mapping = isinstance(value, Mapping)
@@ -113,12 +113,11 @@ class Checks:
         assert isinstance(value, (Mapping, list, tuple))
         for i, q in enumerate(value):
             where = f"{key}.{q}" if mapping else f"{key}[{i}]"
-            if isinstance(q, str) and len(q) > 255:
-                raise self.fail(where, f"a queue name has 1 to 255 characters, got {len(q)}")
-            if not isinstance(q, str) or not _QUEUE.match(q):
-                raise self.fail(
-                    where, f"{q!r} is not a valid queue name (letters, digits, _ . : -)"
-                )
+            try:
+                # The rules dispatch applies: a queue a job may go to can be listed here.
+                check_queue_name(q, where)
+            except ValueError as e:
+                raise self.fail(where, str(e).removeprefix(f"{where}: ")) from None
         return list(value)
 
     def queue_limits(self, value: object, key: str) -> dict[str, dict[str, float]]:

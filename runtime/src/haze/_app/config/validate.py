@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from haze._app.config.checks import (
     COMMON_QUEUE_OPTIONS,
@@ -26,6 +27,8 @@ from haze._app.config.schema import (
 )
 from haze._base.hints import did_you_mean
 from haze._base.message import redis_key_part_error
+from haze._base.urls import redact_url, redis_url_problem
+from haze.connectors.sqlite import sqlite_path
 from haze.drivers import driver_class
 from haze.stores import store_class
 
@@ -127,7 +130,11 @@ def _queue_connections(
         c = v.mapping(c, key, required=True)
         driver = v.string(c.get("driver"), f"{key}.driver", required=True)
         engine = _workflow_engine(v, c.pop("workflows", None), driver or "", key)
-        schema = declared_schema(v, driver or "", COMMON_QUEUE_OPTIONS, key, driver_class)
+        common = COMMON_QUEUE_OPTIONS
+        if driver == "sync":
+            # No worker consumes it (queue:work refuses it): a worker option would be ignored.
+            common = {k: t for k, t in common.items() if k not in ("concurrency", "queues")}
+        schema = declared_schema(v, driver or "", common, key, driver_class)
         connections[name] = c if schema is None else check_options(v, c, schema, key)
         if driver in NATIVE_WORKFLOW_DRIVERS:
             connections[name]["workflows"] = engine
@@ -288,8 +295,19 @@ def validate_redis(spec: object, source: str | None = None) -> RedisConfig:
                 c[name] = v.duration(c[name], f"{key}.{name}", allow_zero=False)
         if c.get("socket_keepalive") is not None:
             c["socket_keepalive"] = v.boolean(c["socket_keepalive"], f"{key}.socket_keepalive")
+        if c.get("ssl") is not None:
+            v.boolean(c["ssl"], f"{key}.ssl")
         if "url" in c and c["url"] is not None:
             v.string(c["url"], f"{key}.url")
+            problem = redis_url_problem(c["url"])
+            if problem is not None:
+                raise v.fail(f"{key}.url", f"{problem}{origin(c['url'])}")
+            if c.get("ssl") is not None:
+                # redis-py's URL form takes no ssl flag (a TypeError at the first command).
+                raise v.fail(
+                    f"{key}.ssl",
+                    "is for host/port; a url says TLS by its scheme: use rediss:// and remove ssl",
+                )
         if "port" in c:
             v.integer(c["port"], f"{key}.port", minimum=1)
         if "db" in c:
@@ -326,6 +344,9 @@ def validate_database(spec: object, source: str | None = None) -> DatabaseConfig
                 f"{key}.url",
                 f"unsupported URL scheme {scheme!r}{origin(url)}; use one of {known}",
             )
+        problem = _database_url_problem(url, scheme, c.get("options"))
+        if problem is not None:
+            raise v.fail(f"{key}.url", problem)
         # Checked here, not on the first connect (a str busy_timeout was a ValueError
         # from int() inside the worker, and a pool of 0 was taken in silence).
         if c.get("busy_timeout") is not None:
@@ -344,6 +365,33 @@ def validate_database(spec: object, source: str | None = None) -> DatabaseConfig
         check,
     )
     return DatabaseConfig(default=default, connections=conns, source=src)
+
+
+def _database_url_problem(url: str, scheme: str, options: object) -> str | None:
+    """What makes a database URL of a known scheme unusable for haze's tables, if
+    anything: said at start, in one line, not at the first statement."""
+    sqlite = scheme == "sqlite" and url.split(":", 1)[1].startswith("//")
+    if sqlite and sqlite_path(url, None) == ":memory:":
+        # Each process would have its own, gone when it exits: db:migrate would report
+        # tables no other process (dispatcher, worker) ever sees.
+        return (
+            f"{url!r}{origin(url)} is an in-memory SQLite database, which every process "
+            "has its own of and loses when it exits; give a file path such as "
+            "sqlite:///storage/app.db"
+        )
+    if scheme in ("mysql", "mariadb"):
+        db_option = isinstance(options, dict) and options.get("db")
+        try:
+            database = urlsplit(url).path.strip("/")
+        except ValueError:  # the connector names what is wrong with the URL
+            return None
+        if not database and not db_option:
+            # MySQL would take it and fail every statement ("No database selected").
+            return (
+                f"{redact_url(url)!r}{origin(url)} names no database; add it to the URL, such as "
+                "mysql://user:password@host:3306/app"
+            )
+    return None
 
 
 def validate_haze(spec: object, source: str | None = None) -> HazeConfig:

@@ -37,6 +37,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from haze._base.prompt_future import PromptFuture
 from haze.drivers.redis.resp import _BULK_MAX, _bulk, _error, _fresh, _pack, _reader, encode
+from haze.stores.redis import db_index_error
 
 if TYPE_CHECKING:
     from redis.commands.core import AsyncScript
@@ -145,6 +146,7 @@ class Wire:
         self._keepalive = keepalive
         self.address = f"{host}:{port}"
         self._setup: list[tuple[Any, ...]] = []
+        self._db = db
         if password is not None:
             auth = ("AUTH", username, password) if username else ("AUTH", password)
             self._setup.append(auth)
@@ -187,9 +189,13 @@ class Wire:
                 reply = await f
             if self._track_id:
                 protocol.client_id = int(reply)
-        except BaseException:
+        except BaseException as e:
             if protocol.transport is not None:
                 protocol.transport.abort()
+            if isinstance(e, ResponseError):
+                bad_db = db_index_error(e, self._db, self.address)
+                if bad_db is not None:
+                    raise bad_db from None
             raise
         return protocol
 

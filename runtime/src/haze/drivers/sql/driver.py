@@ -195,7 +195,10 @@ class DatabaseDriver(
         )
 
     async def advice(self) -> builtins.list[str]:
-        """PostgreSQL with autovacuum off for the jobs table: it would grow for ever."""
+        """PostgreSQL with autovacuum off for the jobs table: it would grow for ever;
+        MySQL whose max_allowed_packet is below max_message_size."""
+        if self.dialect == "mysql":
+            return await self._packet_advice()
         if self.dialect != "postgres":
             return []
         try:
@@ -215,6 +218,22 @@ class DatabaseDriver(
             f"autovacuum is off {where}: every job leaves dead rows in {self.table!r} and "
             "it grows until VACUUM runs; turn autovacuum on, or run VACUUM on the table "
             "every few minutes"
+        ]
+
+    async def _packet_advice(self) -> builtins.list[str]:
+        try:
+            row = await self.db.fetchone("SELECT @@max_allowed_packet")
+        except Exception:  # unreachable: the worker reports that itself
+            return []
+        packet = int(row[0]) if row and row[0] else None
+        limit = self.max_message_size
+        if packet is None or limit is None or limit < packet:
+            return []
+        return [
+            f"max_message_size ({limit} bytes) is not below the server's max_allowed_packet "
+            f"({packet} bytes): a message near the limit is refused at dispatch "
+            "(PayloadTooLargeError); raise max_allowed_packet on the server, or lower "
+            f'max_message_size of connection "{self.name}"'
         ]
 
     @_needs_tables
