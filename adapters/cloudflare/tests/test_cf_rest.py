@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -309,7 +310,10 @@ async def test_d1_rest_connector(standin: StandIn) -> None:
         await db.close()
 
 
-async def test_database_driver_over_d1_rest(standin: StandIn) -> None:
+@contextlib.asynccontextmanager
+async def d1_queue_app(standin: StandIn) -> AsyncIterator[App]:
+    """An app whose default queue connection is the database driver over D1's REST API,
+    its tables made."""
     from haze.connectors.migrations import ensure_queue_tables
 
     app = App(
@@ -323,6 +327,11 @@ async def test_database_driver_over_d1_rest(standin: StandIn) -> None:
     )
     async with app:
         await ensure_queue_tables(app)
+        yield app
+
+
+async def test_database_driver_over_d1_rest(standin: StandIn) -> None:
+    async with d1_queue_app(standin) as app:
         await cf_rest_ok.dispatch({"n": 1})
         await Queue.bulk([cf_rest_ok.with_({"n": i}) for i in range(3)])
         assert await app.driver("database").size("default") == 4
@@ -340,19 +349,7 @@ async def test_a_d1_insert_whose_reply_was_lost_and_that_ran_later_queues_once(
     the INSERT, then its reply is lost (the connection closes unanswered, or the gateway
     answers 504) and D1 runs it 0.8 s later. Before the fix the dispatch looked for its
     row once, found none, sent the INSERT again, and the job was queued twice."""
-    from haze.connectors.migrations import ensure_queue_tables
-
-    app = App(
-        queue=define_queue_config(
-            default="database",
-            connections={
-                "database": {"driver": "database", "connection": "d1", "queues": ["default"]}
-            },
-        ),
-        database=define_database_config(default="d1", connections={"d1": d1_connection(standin)}),
-    )
-    async with app:
-        await ensure_queue_tables(app)
+    async with d1_queue_app(standin) as app:
         standin.d1.lose_next = ("INSERT INTO", how, 0.8)
         await cf_rest_ok.dispatch({"n": 1})
         assert standin.d1.lose_next is None  # the reply was lost
