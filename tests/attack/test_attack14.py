@@ -486,3 +486,55 @@ async def test_batch_add_cancelled_early_leaves_counts_that_add_up(
         assert not broken, f"(turns, total, pending, processed, failed, finished): {broken}"
         assert len(RAN) == len(set(RAN)), "a job ran twice"
         assert ["finally"] * len(batches) == CALLBACKS, CALLBACKS
+
+
+_VALID_DB_URLS = [
+    "sqlite:///storage/app.db",
+    "sqlite:///rel/x.db?timeout=5",
+    "sqlite:////tmp/abs.db",
+    "sqlite:////tmp/abs.db?mode=rwc",
+    "mysql://root@127.0.0.1:3306/app",
+    "mysql://user:pw@127.0.0.1/app?charset=utf8mb4",
+    "mariadb://root@127.0.0.1:3306/app",
+    "postgresql://app@127.0.0.1:5432/reports",
+]
+_VALID_REDIS_URLS = [
+    "redis://127.0.0.1:6379/0",
+    "redis://127.0.0.1:6379",
+    "redis://127.0.0.1:6379/15",
+    "rediss://:pw@cache:6380/0",
+    "redis://user:pw@127.0.0.1:6379/3",
+    "unix:///path/redis.sock?db=1",
+]
+
+
+@pytest.mark.parametrize("url", _VALID_DB_URLS)
+def test_valid_database_urls_are_accepted(url: str) -> None:
+    """configuration.md, config/database.py: the URL forms it shows start."""
+    App(database=define_database_config(default="main", connections={"main": {"url": url}}))
+    App(
+        database=define_database_config(
+            default="main",
+            connections={"main": {"url": url.split("/app")[0], "options": {"db": "app"}}}
+            if url.startswith("mysql://root")
+            else {"main": {"url": url}},
+        )
+    )
+
+
+@pytest.mark.parametrize("url", _VALID_REDIS_URLS)
+def test_valid_redis_urls_and_unicode_queues_are_accepted(url: str) -> None:
+    """configuration.md, config/redis.py and `queues`: these forms start, and queue names
+    in any language are queues like any other."""
+    from haze import define_redis_config
+
+    App(
+        queue=define_queue_config(
+            default="r",
+            connections={
+                "r": {"driver": "redis", "connection": "default", "queues": ["ténant", "默认"]},
+                "d": {"driver": "database", "connection": "main", "queues": {"émails": {}}},
+            },
+        ),
+        redis=define_redis_config(default="default", connections={"default": {"url": url}}),
+    )
