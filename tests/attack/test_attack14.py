@@ -436,20 +436,7 @@ async def test_failover_batch_and_bulk_with_a_dead_first_member(tmp_path: Path) 
     assert sorted(CALLBACKS) == ["finally", "then"]
 
 
-_SQL_STORE_ADD = pytest.mark.xfail(
-    strict=True,
-    reason="Batch.add bumps total and pending before its try: a cancel landing on either "
-    "increment leaves total > processed + failed, or pending that no job will settle",
-)
-
-
-@pytest.mark.parametrize(
-    "kind",
-    [
-        pytest.param("sqlite", marks=_SQL_STORE_ADD),
-        pytest.param("postgres", marks=_SQL_STORE_ADD),
-    ],
-)
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 async def test_batch_add_cancelled_early_leaves_counts_that_add_up(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

@@ -14,7 +14,7 @@ error that is not a ``DispatchIncompleteError``, and the caller gets a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ from haze._orchestration.batch_records import (
 
 Item = PendingDispatch[Any] | list[PendingDispatch[Any]]
 
-__all__ = ["Sending", "check_items", "dispatch_items", "size"]
+__all__ = ["Sending", "check_items", "dispatch_items", "finish", "size"]
 
 
 def size(item: Item) -> int:
@@ -127,15 +127,34 @@ async def dispatch_items(
     failed and ``state.cancelled`` says so (the caller lists the batch, then raises
     ``CancelledError``). Nothing queued: the ``CancelledError`` is raised here."""
     state = Sending(sum(size(i) for i in items))
+
+    def stop() -> None:
+        state.cancelled = True  # _dispatch stops before its next send
+
     sending = asyncio.ensure_future(_dispatch(calls, manager, batch_id, items, options, state))
-    while not sending.done():
-        try:
-            await asyncio.shield(sending)
-        except asyncio.CancelledError:
-            state.cancelled = True  # _dispatch stops before its next send
-    if state.cancelled and (sending.cancelled() or sending.exception() is not None):
+    cancelled = await finish(sending, stop)
+    if cancelled and (sending.cancelled() or sending.exception() is not None):
         raise asyncio.CancelledError  # nothing of the batch went out
     return sending.result()
+
+
+async def finish(task: asyncio.Future[Any], on_cancel: Callable[[], None] | None = None) -> bool:
+    """Wait for ``task`` to end even when the caller is cancelled meanwhile (calling
+    ``on_cancel`` then): whether it was. A store write or a send cut off half-way
+    leaves counts no one can tell apart."""
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():  # the caller's, not the task's own
+                cancelled = True
+                if on_cancel is not None and not task.done():
+                    on_cancel()
+        except Exception:
+            pass  # the task's own error: the caller reads it
+    return cancelled
 
 
 async def _dispatch(

@@ -131,18 +131,31 @@ class Batch:
         _check_queues(manager, items, self.options)
         batch_dispatch.check_items(manager, self.id, items, self.options)
         ttl = self.options.get("ttl")
-        await store.increment(_key(self.id, "total"), n, ttl)
-        await store.increment(_key(self.id, "pending"), n, ttl)
+
+        counted: list[str] = []  # the counts raised so far, taken back if nothing is queued
+
+        async def count() -> None:
+            for part in ("total", "pending"):
+                await store.increment(_key(self.id, part), n, ttl)
+                counted.append(part)
+
         try:
+            # A cancel waits for both counts: cut between them, they would disagree.
+            counting = asyncio.ensure_future(count())
+            if await batch_dispatch.finish(counting):
+                raise asyncio.CancelledError
+            counting.result()
             state = await batch_dispatch.dispatch_items(
                 _CALLS, manager, self.id, items, self.options
             )
         except BaseException:  # a cancelled caller too
             # Nothing was queued: the jobs are taken back. Pending first, and the batch
             # finished here when its other jobs ended meanwhile (none of them could).
-            if await store.increment(_key(self.id, "pending"), -n, ttl) <= 0:
+            pending = "pending" in counted
+            if pending and await store.increment(_key(self.id, "pending"), -n, ttl) <= 0:
                 await batch_settle.finish(_CALLS, manager, self.id, store)
-            await store.increment(_key(self.id, "total"), -n, ttl)
+            if "total" in counted:
+                await store.increment(_key(self.id, "total"), -n, ttl)
             raise
         _raise_for(state, self.id)
         return await self.fresh()
@@ -298,14 +311,14 @@ async def start_batch(
     callbacks = await tails.offloaded_callbacks(manager, spec)
     record = {"id": batch_id, "name": spec.get("name"), "created_at": now}
     record |= {"options": options, "callbacks": callbacks, "chain": chain}
-    await store.put(_key(batch_id), record, ttl)
-    await store.put(_key(batch_id, "total"), total, ttl)
-    await store.put(_key(batch_id, "pending"), total, ttl)
     # The snapshot is read before the jobs are queued: a fast remote worker could
     # otherwise move it on. Inline (sync) runs and empty batches are read afterwards.
     queued = total > 0 and not manager.app.driver(spec["connection"]).inline
-    b = await find(manager, batch_id) if queued else None
     try:
+        await store.put(_key(batch_id), record, ttl)
+        await store.put(_key(batch_id, "total"), total, ttl)
+        await store.put(_key(batch_id, "pending"), total, ttl)
+        b = await find(manager, batch_id) if queued else None
         state = await batch_dispatch.dispatch_items(_CALLS, manager, batch_id, items, options)
     except BaseException:  # a cancelled caller too
         # Nothing of it was queued or counted: no job will ever settle it.
