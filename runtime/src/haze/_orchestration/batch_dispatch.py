@@ -132,9 +132,11 @@ async def dispatch_items(
         state.cancelled = True  # _dispatch stops before its next send
 
     sending = asyncio.ensure_future(_dispatch(calls, manager, batch_id, items, options, state))
-    cancelled = await finish(sending, stop)
-    if cancelled and (sending.cancelled() or sending.exception() is not None):
+    if not await finish(sending, stop):
+        return sending.result()
+    if sending.cancelled() or sending.exception() is not None:
         raise asyncio.CancelledError  # nothing of the batch went out
+    state.cancelled = True  # even when it all went out: the caller raises CancelledError
     return sending.result()
 
 
