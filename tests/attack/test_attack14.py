@@ -367,18 +367,7 @@ async def test_failover_batch_whose_redis_member_dies_midway(tmp_path: Path) -> 
 
 @pytest.mark.parametrize(
     "cut_at",
-    [
-        pytest.param(
-            "first",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="a failover bulk whose first chunk lost its reply raises "
-                "DispatchOutcomeUnknownError and never sends the jobs surely not queued "
-                "to the next connection",
-            ),
-        ),
-        "later",
-    ],
+    ["first", "later"],
 )
 async def test_failover_bulk_whose_redis_member_dies_midway(cut_at: str, tmp_path: Path) -> None:
     """guide.md, Failover: "A bulk dispatch goes to one connection: if its backend goes

@@ -106,7 +106,7 @@ class FailoverDriver(DispatchOnly):
         connection with only the messages surely not queued."""
         what = f"{len(items)} job(s)" if many else f"job {items[0][1].id}"
         left, unknown, reasons = list(items), list[str](), list[str]()
-        partial: DispatchIncompleteError | None = None  # the first part queued
+        partial: BackendUnavailableError | DispatchIncompleteError | None = None  # a part queued
         for member in self.members:
             try:
                 await self._send(member, left, many)
@@ -123,19 +123,25 @@ class FailoverDriver(DispatchOnly):
                 if not left:
                     raise self._incomplete(items, {}, unknown, e) from None
                 continue
+            except DispatchOutcomeUnknownError as e:
+                # its first part may be queued there; the parts after it were not sent
+                maybe = set(e.job_ids)
+                rest = [i for i in left if i[1].id not in maybe]
+                if not many or not rest or len(rest) == len(left):
+                    if partial is None:
+                        raise  # sent to the next too, it could run twice
+                    raise self._incomplete(items, _ids(rest, e), unknown + list(maybe), e) from None
+                unknown += [m.id for _, m, _ in left if m.id in maybe]
+                left, partial = rest, partial or e
+                reasons.append(f"{member.name!r}: {error_line(e)}")
+                self._went_down(member, e)
+                continue
             except Exception as e:
-                down = (
-                    None if isinstance(e, DispatchOutcomeUnknownError) else self._outage(member, e)
-                )
+                down = self._outage(member, e)
                 if partial is None and down is None:
-                    # not an outage (the next connection would refuse it too), or it
-                    # may be queued there (sent to the next too, it could run twice)
-                    raise
+                    raise  # not an outage: the next connection would refuse it too
                 if down is None:
-                    maybe = set(e.job_ids if isinstance(e, DispatchOutcomeUnknownError) else ())
-                    unknown += [m.id for _, m, _ in left if m.id in maybe]
-                    failed = {m.id: error_line(e) for _, m, _ in left if m.id not in maybe}
-                    raise self._incomplete(items, failed, unknown, e) from None
+                    raise self._incomplete(items, _ids(left, e), unknown, e) from None
                 reasons.append(f"{member.name!r}: {down}")
                 self._went_down(member, down)
                 continue
@@ -147,9 +153,7 @@ class FailoverDriver(DispatchOnly):
             return
         why = f"no listed connection could take {what} ({'; '.join(reasons)})"
         if partial is not None:
-            raise self._incomplete(
-                items, dict.fromkeys((m.id for _, m, _ in left), why), unknown, partial
-            )
+            raise self._incomplete(items, dict.fromkeys(_ids(left, partial), why), unknown, partial)
         raise BackendUnavailableError(f"failover connection {self.name!r}: {why}") from None
 
     def _outage(
@@ -240,3 +244,9 @@ class FailoverDriver(DispatchOnly):
 
     async def close(self) -> None:
         return None  # the listed connections belong to the app, which closes them
+
+
+def _ids(items: Sequence[Item], error: BaseException) -> dict[str, str]:
+    """Each of ``items`` not queued, with ``error`` as the reason."""
+    why = error_line(error)
+    return {m.id: why for _, m, _ in items}
