@@ -65,10 +65,13 @@ async def statement_ended(connector: PostgresConnector, pid: int) -> bool:
     end = loop.time() + ENDED_SECONDS
     while loop.time() < end:
         try:
-            row = await connector.fetchone(
-                "SELECT count(*) FROM pg_stat_activity WHERE pid = ? AND state = 'active'",
-                (pid,),
-            )
+            # bounded: a server that went away leaves the pool waiting for a connection
+            # for its own timeout (30 s), far past this wait
+            async with asyncio.timeout(max(end - loop.time(), 0.01)):
+                row = await connector.fetchone(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = ? AND state = 'active'",
+                    (pid,),
+                )
         except Exception:
             row = None
         if row is not None and not row[0]:

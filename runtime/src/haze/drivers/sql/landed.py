@@ -74,8 +74,11 @@ async def look(landed: Landed, *, settled: bool) -> bool | None:
     pause = 0.01
     while True:
         try:
-            found = await landed()
-        except DatabaseConnectionError:
+            # bounded: a pool waiting for a connection to a server that went away would
+            # hold the dispatch for the pool's own timeout
+            async with asyncio.timeout(max(end - loop.time(), 0.01)):
+                found = await landed()
+        except (DatabaseConnectionError, TimeoutError):
             pass
         else:
             if found is None or found or settled:
