@@ -28,7 +28,6 @@ from haze._app.config.schema import (
 from haze._base.hints import did_you_mean
 from haze._base.message import redis_key_part_error
 from haze._base.urls import redact_url, redis_url_problem
-from haze.connectors.sqlite import sqlite_path
 from haze.drivers import driver_class
 from haze.stores import store_class
 
@@ -370,15 +369,6 @@ def validate_database(spec: object, source: str | None = None) -> DatabaseConfig
 def _database_url_problem(url: str, scheme: str, options: object) -> str | None:
     """What makes a database URL of a known scheme unusable for haze's tables, if
     anything: said at start, in one line, not at the first statement."""
-    sqlite = scheme == "sqlite" and url.split(":", 1)[1].startswith("//")
-    if sqlite and sqlite_path(url, None) == ":memory:":
-        # Each process would have its own, gone when it exits: db:migrate would report
-        # tables no other process (dispatcher, worker) ever sees.
-        return (
-            f"{url!r}{origin(url)} is an in-memory SQLite database, which every process "
-            "has its own of and loses when it exits; give a file path such as "
-            "sqlite:///storage/app.db"
-        )
     if scheme in ("mysql", "mariadb"):
         db_option = isinstance(options, dict) and options.get("db")
         try:
