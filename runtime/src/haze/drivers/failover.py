@@ -153,7 +153,7 @@ class FailoverDriver(DispatchOnly):
             return
         why = f"no listed connection could take {what} ({'; '.join(reasons)})"
         if partial is not None:
-            raise self._incomplete(items, dict.fromkeys(_ids(left, partial), why), unknown, partial)
+            raise self._incomplete(items, {m.id: why for _, m, _ in left}, unknown, partial)
         raise BackendUnavailableError(f"failover connection {self.name!r}: {why}") from None
 
     def _outage(
